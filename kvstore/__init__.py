@@ -1,0 +1,58 @@
+"""kvstore: chat and agent conversations in Redis or Valkey, one atomic Lua script per write."""
+
+from . import errors
+from .config import StoreConfig
+from .messages import (
+    ApprovalRequestMessage,
+    ApprovalResponseMessage,
+    AssistantMessage,
+    CompactionStats,
+    EventMessage,
+    HiddenReasoningMessage,
+    ImageContent,
+    Message,
+    ReasoningMessage,
+    SummaryMessage,
+    SystemMessage,
+    TextContent,
+    ToolCall,
+    ToolCallMessage,
+    ToolReturn,
+    ToolReturnMessage,
+    UserMessage,
+    parse_message,
+)
+from .models import MessagesPage, ThreadSnapshot, ThreadStats, TurnResult, TurnState
+from .store import AsyncMessageStore, AsyncThread, MessageStore, Thread
+
+__all__ = [
+    "ApprovalRequestMessage",
+    "ApprovalResponseMessage",
+    "AssistantMessage",
+    "AsyncMessageStore",
+    "AsyncThread",
+    "CompactionStats",
+    "EventMessage",
+    "HiddenReasoningMessage",
+    "ImageContent",
+    "Message",
+    "MessageStore",
+    "MessagesPage",
+    "ReasoningMessage",
+    "StoreConfig",
+    "SummaryMessage",
+    "SystemMessage",
+    "TextContent",
+    "Thread",
+    "ThreadSnapshot",
+    "ThreadStats",
+    "ToolCall",
+    "ToolCallMessage",
+    "ToolReturn",
+    "ToolReturnMessage",
+    "TurnResult",
+    "TurnState",
+    "UserMessage",
+    "errors",
+    "parse_message",
+]

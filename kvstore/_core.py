@@ -1,0 +1,543 @@
+"""The sans-IO core: every operation as a generator of requests.
+
+An operation yields :class:`Eval` (one script call) or :class:`Batch` (native commands sent in
+one round trip) and receives the reply; it returns the result. The sync and async stores are
+executors that drive these generators over a client, so both share one implementation of every
+operation: keys and arguments are built here, replies are parsed here.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Generator, Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel
+
+from . import errors
+from ._keys import ThreadKeys
+from ._record import decode_records, encode_record
+from ._scripts import SCRIPTS, Script
+from .config import StoreConfig
+from .messages import Message, check_inline_parts, inline_media_bytes, parse_message
+from .models import MessagesPage, ThreadSnapshot, ThreadStats, TurnOutcome, TurnResult, TurnState
+
+
+@dataclass(frozen=True, slots=True)
+class Eval:
+    script: Script
+    keys: Sequence[str]
+    args: Sequence[Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    commands: Sequence[tuple[Any, ...]]
+
+
+Operation = Generator[Eval | Batch, Any, Any]
+
+MAX_LIMIT = 1000
+SNAPSHOT_SIZE = 200
+# Chunks one page plan names at most; a page needing more plans again from where it stopped.
+PLAN_MAX_CHUNKS = 64
+# A read whose containers changed under it (rollover, deletion) is re-planned this many times.
+MAX_READ_ATTEMPTS = 20
+MAX_TOKEN_LENGTH = 256
+TURN_OUTCOMES = ("completed", "steered", "cancelled", "failed")
+
+Cursor = str | int | None
+
+
+@dataclass(frozen=True, slots=True)
+class ThreadRef:
+    """What every operation needs to know about its thread."""
+
+    config: StoreConfig
+    keys: ThreadKeys
+
+    @classmethod
+    def of(cls, config: StoreConfig, thread_id: str) -> ThreadRef:
+        return cls(config, ThreadKeys.of(config.namespace, thread_id))
+
+
+# --------------------------------------------------------------------------------- append
+
+
+@dataclass(frozen=True, slots=True)
+class _Prepared:
+    message: Message
+    record: bytes
+    media: int
+
+
+def _check_token(kind: str, value: str) -> None:
+    if not value or len(value) > MAX_TOKEN_LENGTH or any(c in value for c in "\t\n\r\0"):
+        raise errors.InvalidMessage(
+            f"{kind} {value[:80]!r} must be 1-{MAX_TOKEN_LENGTH} characters without tabs,"
+            " newlines or NUL"
+        )
+
+
+def prepare_batch(
+    config: StoreConfig, messages: Message | dict | Iterable[Message | dict], turn_id: str | None
+) -> list[_Prepared]:
+    """Validates, fills ids and dates, encodes; every limit is enforced here, before the socket."""
+    if isinstance(messages, (dict, BaseModel)) or not isinstance(messages, Iterable):
+        messages = [messages]
+    batch = [parse_message(m) for m in messages]
+    if not batch:
+        raise errors.InvalidMessage("append needs at least one message")
+    if len(batch) > config.max_batch_messages:
+        raise errors.BatchTooLarge(
+            f"{len(batch)} messages in one call; at most {config.max_batch_messages}"
+        )
+    if turn_id is not None:
+        _check_token("turn_id", turn_id)
+    now = datetime.now(UTC)
+    prepared, total = [], 0
+    for position, message in enumerate(batch):
+        check_inline_parts(message, config.max_inline_part_bytes)
+        message = message.model_copy(
+            update={
+                "id": message.id or f"message-{uuid.uuid4()}",
+                "date": message.date or now,
+                "seq_id": None,
+            }
+        )
+        _check_token("message id", message.id)
+        if message.otid is not None:
+            _check_token("otid", message.otid)
+        record = encode_record(message, turn_id)
+        if len(record) > config.max_message_bytes:
+            raise errors.MessageTooLarge(
+                f"message {position} ({message.message_type}) encodes to {len(record)} bytes;"
+                f" max_message_bytes is {config.max_message_bytes}"
+            )
+        total += len(record)
+        prepared.append(_Prepared(message, record, inline_media_bytes(message)))
+    if total > config.max_batch_bytes:
+        raise errors.BatchTooLarge(
+            f"the batch encodes to {total} bytes; max_batch_bytes is {config.max_batch_bytes}"
+        )
+    return prepared
+
+
+def append(
+    thread: ThreadRef, messages: Message | dict | Iterable[Message | dict], turn_id: str | None
+) -> Operation:
+    config, keys = thread.config, thread.keys
+    prepared = prepare_batch(config, messages, turn_id)
+    args: list[Any] = [
+        config.window_size,
+        config.chunk_size,
+        config.chunk_max_bytes,
+        config.max_chunks_per_call,
+        config.max_bytes_per_call,
+        config.max_message_bytes,
+        turn_id or "",
+        len(prepared),
+    ]
+    for item in prepared:
+        args += (item.message.id, item.message.otid or "", item.media, item.record)
+    reply = yield Eval(SCRIPTS["append"], _append_keys(keys), args)
+    if reply[0] == 1:
+        first = int(reply[1])
+        return [
+            item.message.model_copy(update={"seq_id": first + i})
+            for i, item in enumerate(prepared)
+        ]
+    # Every message was already stored: a replay returns what the first call stored.
+    sequences = [int(s) for s in reply[1:]]
+    return (yield from fetch_sequences(thread, sequences, missing_ok=True))
+
+
+def _append_keys(keys: ThreadKeys) -> tuple[str, ...]:
+    return (
+        keys.meta, keys.window, keys.window_side, keys.chunk_index, keys.large_index,
+        keys.ids, keys.otids, keys.turns, keys.chunk_prefix,
+    )
+
+
+# ---------------------------------------------------------------------------------- turns
+
+
+def start_turn(thread: ThreadRef, turn_id: str) -> Operation:
+    _check_token("turn_id", turn_id)
+    keys = thread.keys
+    sequence = yield Eval(SCRIPTS["start_turn"], (keys.meta, keys.turns), (turn_id,))
+    return int(sequence)
+
+
+def finish_turn(thread: ThreadRef, turn_id: str, outcome: TurnOutcome) -> Operation:
+    _check_token("turn_id", turn_id)
+    if outcome not in TURN_OUTCOMES:
+        raise errors.InvalidMessage(f"outcome {outcome!r} is not one of {', '.join(TURN_OUTCOMES)}")
+    keys = thread.keys
+    count, first, last, _start = yield Eval(
+        SCRIPTS["finish_turn"], (keys.meta, keys.turns), (turn_id, outcome)
+    )
+    return TurnResult(
+        turn_id=turn_id,
+        outcome=outcome,
+        reply_count=int(count),
+        first_sequence=int(first) or None,
+        last_sequence=int(last) or None,
+    )
+
+
+# ---------------------------------------------------------------------------------- reads
+
+
+def _decode(entries: list[tuple[int, bytes]]) -> list[Message]:
+    return decode_records(entries) if entries else []
+
+
+def fetch_sequences(thread: ThreadRef, sequences: Sequence[int], missing_ok: bool = False) -> Operation:
+    """Reads messages by sequence, in the order given."""
+    return (yield from _fetch_located(thread, "seq", [str(s) for s in sequences], missing_ok))
+
+
+def get(thread: ThreadRef, message_id: str) -> Operation:
+    if not isinstance(message_id, str) or not message_id:
+        raise errors.InvalidCursor(f"message id must be a non-empty str, got {message_id!r}")
+    found = yield from _fetch_located(thread, "id", [message_id], missing_ok=True)
+    if not found:
+        raise errors.MessageNotFound(f"no stored message has id {message_id!r}")
+    return found[0]
+
+
+def _fetch_located(thread: ThreadRef, kind: str, targets: list[str], missing_ok: bool) -> Operation:
+    keys = thread.keys
+    locate_keys = (keys.meta, keys.window_side, keys.chunk_index, keys.large_index, keys.ids)
+    for _ in range(MAX_READ_ATTEMPTS):
+        reply = yield Eval(SCRIPTS["locate"], locate_keys, (kind, *targets))
+        gen, places = reply[0], reply[2:]
+        commands: list[tuple[Any, ...]] = []
+        wanted: list[int] = []
+        for i in range(0, len(places), 2):
+            sequence, where = int(places[i]), int(places[i + 1])
+            if where == -1:
+                commands.append(("ZRANGE", keys.window, sequence, sequence, "BYSCORE"))
+            elif where > 0:
+                commands.append(("HMGET", keys.chunk(where), sequence))
+            else:
+                continue
+            wanted.append(sequence)
+        commands.append(("HGET", keys.meta, "gen"))
+        results = yield Batch(commands)
+        if _int(results[-1]) != int(gen):
+            continue
+        entries = []
+        for sequence, result in zip(wanted, results[:-1]):
+            record = result[0] if result else None
+            if record is not None:
+                entries.append((sequence, record))
+        if len(entries) < len(targets) and not missing_ok:
+            raise errors.MessageNotFound(f"{len(targets) - len(entries)} messages are not stored")
+        return _decode(entries)
+    raise errors.ServerError("the thread changed under every read attempt; try again")
+
+
+def _score_pairs(reply: list) -> list[tuple[Any, Any]]:
+    """(member, score) pairs of a WITHSCORES reply: flat in RESP2, nested in RESP3."""
+    if reply and isinstance(reply[0], list):
+        return [(member, score) for member, score in reply]
+    return list(zip(reply[0::2], reply[1::2]))
+
+
+def _int(value: Any) -> int:
+    return int(value) if value is not None else 0
+
+
+def _cursor(value: Cursor, name: str) -> tuple[str, str]:
+    if value is None:
+        return "", ""
+    if isinstance(value, bool):
+        raise errors.InvalidCursor(f"{name} must be a message id or a sequence, got {value!r}")
+    if isinstance(value, int):
+        if value < 0:
+            raise errors.InvalidCursor(f"{name} sequence must be >= 0, got {value}")
+        return "seq", str(value)
+    if isinstance(value, str) and value and len(value) <= MAX_TOKEN_LENGTH:
+        return "id", value
+    raise errors.InvalidCursor(f"{name} must be a message id or a sequence, got {value!r}")
+
+
+def list_page(
+    thread: ThreadRef,
+    after: Cursor = None,
+    before: Cursor = None,
+    limit: int = 50,
+    order: Literal["asc", "desc"] = "asc",
+    turn_id: str | None = None,
+) -> Operation:
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
+        raise errors.InvalidCursor(f"limit must be an int from 1 to {MAX_LIMIT}, got {limit!r}")
+    if order not in ("asc", "desc"):
+        raise errors.InvalidCursor(f"order must be 'asc' or 'desc', got {order!r}")
+    after_c, before_c = _cursor(after, "after"), _cursor(before, "before")
+    if turn_id is not None:
+        _check_token("turn_id", turn_id)
+        return (yield from _turn_page(thread, after_c, before_c, limit, order, turn_id))
+    # In ascending order `after` is the lower bound; in descending order it is the upper one.
+    # With only `before`, the page is the one next to the cursor, so the walk starts there.
+    if order == "asc":
+        low, high = after_c, before_c
+        walk = "down" if before_c[0] and not after_c[0] else "up"
+    else:
+        low, high = before_c, after_c
+        walk = "up" if before_c[0] and not after_c[0] else "down"
+    entries, has_more, deleted_before = yield from _walk(thread, low, high, walk, limit + 1)
+    if (walk == "up") != (order == "asc"):
+        entries.reverse()
+    return MessagesPage(
+        messages=_decode(entries), has_more=has_more, deleted_before_sequence=deleted_before or None
+    )
+
+
+def _walk(
+    thread: ThreadRef, low: tuple[str, str], high: tuple[str, str], walk: str, need: int
+) -> Operation:
+    """Collects up to `limit` = need - 1 records of the range in walk order.
+
+    Returns (entries, has_more, deleted_before); entries are (sequence, record) pairs.
+    """
+    keys = thread.keys
+    if walk == "down" and not low[0] and not high[0]:
+        # The newest page: the window always holds the newest window_size messages, so one
+        # native read usually answers it.
+        window, newest_large, deleted_before = yield Batch(
+            [
+                ("ZRANGE", keys.window, "+inf", "-inf", "BYSCORE", "REV", "LIMIT", 0, need, "WITHSCORES"),
+                ("ZRANGE", keys.large_index, "+inf", "-inf", "BYSCORE", "REV", "LIMIT", 0, 1, "WITHSCORES"),
+                ("HGET", keys.meta, "deleted_before"),
+            ]
+        )
+        pairs = _score_pairs(window)
+        large = _score_pairs(newest_large)
+        # An oversized message newer than the page's oldest would belong in it: plan instead.
+        if len(pairs) == need and not (large and float(large[0][1]) > float(pairs[-2][1])):
+            entries = [(int(float(score)), member) for member, score in pairs[: need - 1]]
+            return entries, True, _int(deleted_before)
+
+    plan_keys = (keys.meta, keys.window, keys.chunk_index, keys.large_index, keys.ids)
+    collected: list[tuple[int, bytes]] = []
+    attempts = 0
+    while True:
+        plan = yield Eval(
+            SCRIPTS["page_plan"], plan_keys,
+            (low[0], low[1], high[0], high[1], walk, need - len(collected), PLAN_MAX_CHUNKS),
+        )
+        gen, deleted_before, lo, hi, bound, include_window = (int(v) for v in plan[:6])
+        chunk_count = int(plan[6])
+        chunks = [(int(plan[7 + 2 * i]), int(plan[8 + 2 * i])) for i in range(chunk_count)]
+        large_at = 7 + 2 * chunk_count
+        large = [int(s) for s in plan[large_at + 1 : large_at + 1 + int(plan[large_at])]]
+
+        commands: list[tuple[Any, ...]] = []
+        if include_window:
+            if walk == "up":
+                commands.append(("ZRANGE", keys.window, f"({lo}", f"({hi}", "BYSCORE", "LIMIT", 0, need, "WITHSCORES"))
+            else:
+                commands.append(("ZRANGE", keys.window, f"({hi}", f"({lo}", "BYSCORE", "REV", "LIMIT", 0, need, "WITHSCORES"))
+        chunk_sequences = []
+        for first, last in chunks:
+            sequences = list(range(max(first, lo + 1), min(last, hi - 1) + 1))
+            chunk_sequences.append(sequences)
+            commands.append(("HMGET", keys.chunk(first), *sequences))
+        for sequence in large:
+            commands.append(("HMGET", keys.chunk(sequence), sequence))
+        commands.append(("HGET", keys.meta, "gen"))
+        results = yield Batch(commands)
+
+        if _int(results[-1]) != gen:
+            attempts += 1
+            if attempts >= MAX_READ_ATTEMPTS:
+                raise errors.ServerError("the thread changed under every read attempt; try again")
+            continue
+
+        found: dict[int, bytes] = {}
+        position = 0
+        if include_window:
+            for member, score in _score_pairs(results[0]):
+                found[int(float(score))] = member
+            position = 1
+        for sequences in chunk_sequences:
+            for sequence, record in zip(sequences, results[position]):
+                if record is not None:
+                    found[sequence] = record
+            position += 1
+        for sequence in large:
+            record = results[position][0]
+            if record is not None:
+                found[sequence] = record
+            position += 1
+
+        upward = walk == "up"
+        ordered = sorted(
+            (s for s in found if lo < s < hi and (s <= bound if upward else s >= bound)),
+            reverse=not upward,
+        )
+        for sequence in ordered[: need - len(collected)]:
+            collected.append((sequence, found[sequence]))
+        complete = bound >= hi if upward else bound <= lo
+        if len(collected) >= need:
+            return collected[: need - 1], True, deleted_before
+        if complete:
+            return collected, False, deleted_before
+        # Holes left the planned chunks short: plan again past what was read.
+        if upward:
+            low = ("seq", str(bound))
+        else:
+            high = ("seq", str(bound))
+
+
+def _turn_page(
+    thread: ThreadRef,
+    after: tuple[str, str],
+    before: tuple[str, str],
+    limit: int,
+    order: str,
+    turn_id: str,
+) -> Operation:
+    keys = thread.keys
+    commands: list[tuple[Any, ...]] = [("HGET", keys.turns, turn_id), ("HGET", keys.meta, "deleted_before")]
+    for kind, value in (after, before):
+        if kind == "id":
+            commands.append(("HGET", keys.ids, value))
+    results = yield Batch(commands)
+    record, deleted_before = results[0], _int(results[1])
+    resolved = iter(results[2:])
+
+    def bound(cursor: tuple[str, str]) -> int | None:
+        if not cursor[0]:
+            return None
+        if cursor[0] == "seq":
+            return int(cursor[1])
+        sequence = next(resolved)
+        if sequence is None:
+            raise errors.MessageNotFound(f"no stored message has id {cursor[1]!r}")
+        return int(sequence)
+
+    after_seq, before_seq = bound(after), bound(before)
+    sequences = [s for s in _turn_sequences(record) if s >= deleted_before]
+    if order == "desc":
+        sequences.reverse()
+
+    def follows(s: int, cursor: int) -> bool:
+        return s > cursor if order == "asc" else s < cursor
+
+    if after_seq is not None:
+        sequences = [s for s in sequences if follows(s, after_seq)]
+    if before_seq is not None:
+        sequences = [s for s in sequences if follows(before_seq, s)]
+    if before_seq is not None and after_seq is None:
+        page, has_more = sequences[-limit:], len(sequences) > limit
+    else:
+        page, has_more = sequences[:limit], len(sequences) > limit
+    messages = yield from fetch_sequences(thread, page, missing_ok=True)
+    return MessagesPage(messages=messages, has_more=has_more, deleted_before_sequence=deleted_before or None)
+
+
+def _turn_sequences(record: bytes | str | None) -> list[int]:
+    if not record:
+        return []
+    text = record.decode() if isinstance(record, bytes) else record
+    _start, _, ranges = text.partition("|")
+    sequences: list[int] = []
+    for part in filter(None, ranges.split(",")):
+        first, _, last = part.partition("-")
+        sequences.extend(range(int(first), int(last) + 1))
+    return sequences
+
+
+def stats(thread: ThreadRef) -> Operation:
+    keys = thread.keys
+    meta, window, chunks, large = yield Batch(
+        [
+            ("HGETALL", keys.meta),
+            ("ZCARD", keys.window),
+            ("ZCARD", keys.chunk_index),
+            ("ZCARD", keys.large_index),
+        ]
+    )
+    return _stats_from(meta, window, chunks + large)
+
+
+def _stats_from(meta: dict, window: int, chunks: int) -> ThreadStats:
+    fields = {(k.decode() if isinstance(k, bytes) else k): v for k, v in meta.items()}
+
+    def number(name: str) -> int | None:
+        value = fields.get(name)
+        return int(value) if value is not None else None
+
+    return ThreadStats(
+        stored_messages=number("stored") or 0,
+        window_messages=window,
+        chunks=chunks,
+        stored_bytes=number("bytes") or 0,
+        media_bytes=number("media") or 0,
+        next_sequence=(number("last_seq") or 0) + 1,
+        deleted_before_sequence=number("deleted_before") or None,
+        summary_last_sequence=number("summary_last"),
+        layout_version=number("layout"),
+    )
+
+
+def snapshot(thread: ThreadRef) -> Operation:
+    page = yield from list_page(thread, limit=SNAPSHOT_SIZE, order="desc")
+    keys = thread.keys
+    meta, window, chunks, large = yield Batch(
+        [
+            ("HGETALL", keys.meta),
+            ("ZCARD", keys.window),
+            ("ZCARD", keys.chunk_index),
+            ("ZCARD", keys.large_index),
+        ]
+    )
+    fields = {(k.decode() if isinstance(k, bytes) else k): v for k, v in meta.items()}
+    turn = None
+    if fields.get("turn_id"):
+        turn = TurnState(
+            turn_id=fields["turn_id"].decode() if isinstance(fields["turn_id"], bytes) else fields["turn_id"],
+            sequence=int(fields["turn_seq"]),
+            outcome=(fields.get("turn_outcome") or b"open").decode()
+            if isinstance(fields.get("turn_outcome") or b"open", bytes)
+            else fields["turn_outcome"],
+        )
+    return ThreadSnapshot(
+        messages=list(reversed(page.messages)),
+        summary=None,
+        turn=turn,
+        stats=_stats_from(meta, window, chunks + large),
+    )
+
+
+def delete_step(thread: ThreadRef, batch: int = 256) -> Operation:
+    """Deletes up to `batch` chunks, then the fixed keys once no chunk is left.
+
+    Returns True when the thread is gone. Bounded work per call for huge threads.
+    """
+    keys = thread.keys
+    normal, large = yield Batch(
+        [
+            ("ZRANGE", keys.chunk_index, 0, batch - 1, "WITHSCORES"),
+            ("ZRANGE", keys.large_index, 0, batch - 1, "WITHSCORES"),
+        ]
+    )
+    normal, large = _score_pairs(normal), _score_pairs(large)
+    firsts = [int(float(score)) for _member, score in (*normal, *large)]
+    if firsts:
+        yield Batch(
+            [
+                ("DEL", *(keys.chunk(f) for f in firsts)),
+                ("ZREM", keys.chunk_index, *(m for m, _ in normal)) if normal else ("PING",),
+                ("ZREM", keys.large_index, *(m for m, _ in large)) if large else ("PING",),
+            ]
+        )
+        return False
+    yield Batch([("DEL", *keys.fixed())])
+    return True

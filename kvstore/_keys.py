@@ -1,0 +1,91 @@
+"""Every Redis key kvstore uses is named here, and only here.
+
+A thread's keys share one Redis Cluster hash tag, ``{<thread id>}``, under the store's namespace,
+so a thread lives in one slot and every script touches one slot. docs/LAYOUT.md describes what
+each key holds; this module and that page must say the same thing.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from .errors import ConfigError, InvalidThreadId
+
+MAX_THREAD_ID_LENGTH = 200
+
+# Letters, digits and a few separators. Braces are excluded so an id can never open or close
+# the hash tag; whitespace, glob characters (* ? [ ]) and backslashes are excluded so keys stay
+# printable and safe to use in SCAN patterns and ACL key patterns.
+_THREAD_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@/+=-]*")
+_NAMESPACE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,63}")
+
+
+def check_namespace(namespace: str) -> str:
+    if not isinstance(namespace, str) or not _NAMESPACE.fullmatch(namespace):
+        raise ConfigError(
+            f"namespace {namespace!r} must be 1-64 characters of letters, digits and . _ : -,"
+            " starting with a letter or digit"
+        )
+    return namespace
+
+
+def check_thread_id(thread_id: str) -> str:
+    if not isinstance(thread_id, str):
+        raise InvalidThreadId(f"thread id must be a str, not {type(thread_id).__name__}")
+    if not 1 <= len(thread_id) <= MAX_THREAD_ID_LENGTH:
+        raise InvalidThreadId(
+            f"thread id must be 1-{MAX_THREAD_ID_LENGTH} characters long, got {len(thread_id)}"
+        )
+    if not _THREAD_ID.fullmatch(thread_id):
+        raise InvalidThreadId(
+            f"thread id {thread_id!r} may hold only letters, digits and . _ : @ / + = -,"
+            " and must start with a letter or digit"
+        )
+    return thread_id
+
+
+@dataclass(frozen=True, slots=True)
+class ThreadKeys:
+    """The keys of one thread. ``chunk_prefix`` + first sequence names a chunk."""
+
+    meta: str
+    window: str
+    window_side: str
+    chunk_index: str
+    large_index: str
+    ids: str
+    otids: str
+    turns: str
+    chunk_prefix: str
+
+    @classmethod
+    def of(cls, namespace: str, thread_id: str) -> ThreadKeys:
+        base = f"{namespace}:{{{check_thread_id(thread_id)}}}:"
+        return cls(
+            meta=base + "meta",
+            window=base + "window",
+            window_side=base + "wside",
+            chunk_index=base + "chunks",
+            large_index=base + "large",
+            ids=base + "ids",
+            otids=base + "otids",
+            turns=base + "turns",
+            chunk_prefix=base + "chunk:",
+        )
+
+    def chunk(self, first_sequence: int) -> str:
+        return f"{self.chunk_prefix}{first_sequence}"
+
+    def fixed(self) -> tuple[str, ...]:
+        """Every key whose name does not depend on the thread's contents."""
+        return (
+            self.meta,
+            self.window,
+            self.window_side,
+            self.chunk_index,
+            self.large_index,
+            self.ids,
+            self.otids,
+            self.turns,
+        )

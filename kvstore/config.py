@@ -1,0 +1,74 @@
+"""StoreConfig: the sizes and limits of a store, checked once when it is made."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ._keys import check_namespace
+from .errors import ConfigError
+
+KiB = 1024
+MiB = 1024 * KiB
+
+
+@dataclass(frozen=True, slots=True)
+class StoreConfig:
+    """Sizes and limits. Every store and every worker of a thread must use the same values.
+
+    window_size: messages kept in the window before the oldest roll into chunks.
+    chunk_size / chunk_max_bytes: a chunk holds at most this many messages and record bytes; a
+        message larger than chunk_max_bytes skips the window into its own chunk.
+    max_message_bytes: one encoded message larger than this is refused before the socket.
+    max_chunks_per_call / max_bytes_per_call: the most one call moves out of the window.
+    max_batch_messages / max_batch_bytes: the most one append call may carry.
+    retained_message_limit: messages always kept after a compaction (None keeps everything).
+    max_inline_part_bytes / max_inline_media_bytes: inline media limits (decoded bytes).
+    thread_ttl: seconds an idle thread lives (None: forever).
+    """
+
+    namespace: str = "kv"
+    window_size: int = 64
+    chunk_size: int = 32
+    chunk_max_bytes: int = 1 * MiB
+    max_message_bytes: int = 16 * MiB
+    max_chunks_per_call: int = 4
+    max_bytes_per_call: int = 8 * MiB
+    max_batch_messages: int = 500
+    max_batch_bytes: int = 32 * MiB
+    retained_message_limit: int | None = 1000
+    max_inline_part_bytes: int = 5 * MiB
+    max_inline_media_bytes: int = 20 * MiB
+    thread_ttl: int | None = None
+
+    def __post_init__(self) -> None:
+        check_namespace(self.namespace)
+        _positive(self, "window_size", "chunk_size", "chunk_max_bytes", "max_message_bytes",
+                  "max_chunks_per_call", "max_bytes_per_call", "max_batch_messages",
+                  "max_batch_bytes", "max_inline_part_bytes", "max_inline_media_bytes")
+        if self.chunk_max_bytes > 8 * MiB:
+            raise ConfigError(f"chunk_max_bytes is {self.chunk_max_bytes}; at most 8 MiB")
+        if self.chunk_size > 1000:
+            raise ConfigError(f"chunk_size is {self.chunk_size}; at most 1000")
+        if self.max_bytes_per_call < self.chunk_max_bytes:
+            raise ConfigError("max_bytes_per_call must be at least chunk_max_bytes")
+        if self.max_message_bytes > 256 * MiB:
+            raise ConfigError("max_message_bytes is at most 256 MiB (the server's bulk limit is 512 MB)")
+        if self.max_inline_part_bytes > self.max_inline_media_bytes:
+            raise ConfigError("max_inline_part_bytes must not exceed max_inline_media_bytes")
+        if self.retained_message_limit is not None:
+            _non_negative_int(self, "retained_message_limit")
+        if self.thread_ttl is not None:
+            _positive(self, "thread_ttl")
+
+
+def _positive(config: StoreConfig, *names: str) -> None:
+    for name in names:
+        value = getattr(config, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ConfigError(f"{name} must be a positive int, got {value!r}")
+
+
+def _non_negative_int(config: StoreConfig, name: str) -> None:
+    value = getattr(config, name)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"{name} must be a non-negative int or None, got {value!r}")

@@ -1,0 +1,78 @@
+"""The typed errors kvstore raises.
+
+Every error a caller can act on is a subclass of :class:`KVStoreError`. Lua scripts fail with
+``KVS_<CODE> <detail>``; :func:`kvstore._scripts.error_from_reply` maps the code to a class here.
+"""
+
+from __future__ import annotations
+
+
+class KVStoreError(Exception):
+    """Base class of every error kvstore raises on purpose."""
+
+
+class ConfigError(KVStoreError, ValueError):
+    """A StoreConfig value is out of range or inconsistent."""
+
+
+class InvalidThreadId(KVStoreError, ValueError):
+    """A thread id is empty, too long, or holds characters that could break its key tag."""
+
+
+class InvalidMessage(KVStoreError, ValueError):
+    """A message failed validation (wraps pydantic's ValidationError, naming the field)."""
+
+
+class InvalidCursor(KVStoreError, ValueError):
+    """A paging cursor or limit is malformed or out of range."""
+
+
+class InlineMediaTooLarge(InvalidMessage):
+    """One inline media part is larger than ``max_inline_part_bytes``."""
+
+
+class MessageTooLarge(KVStoreError, ValueError):
+    """One encoded message is larger than ``max_message_bytes``; nothing was written."""
+
+
+class BatchTooLarge(KVStoreError, ValueError):
+    """One append call carries more messages or bytes than a single call may move."""
+
+
+class RecordError(KVStoreError):
+    """A stored record could not be decoded (malformed bytes, nesting bomb, unknown version)."""
+
+
+class OtidConflict(KVStoreError):
+    """A batch mixes stored and new otids, or repeats an otid; nothing was written."""
+
+
+class DuplicateMessageId(KVStoreError):
+    """A message id given by the caller is already stored in the thread; nothing was written."""
+
+
+class MessageNotFound(KVStoreError, LookupError):
+    """No stored message has that id (or it was deleted by retention)."""
+
+
+class TurnNotFound(KVStoreError, LookupError):
+    """No turn with that id is open in the thread."""
+
+
+class OutcomeUnknown(KVStoreError):
+    """The write may or may not have happened: the connection failed after the command was sent.
+
+    Re-sending the same call (same otids) is safe: it stores nothing twice.
+    """
+
+
+class LayoutError(KVStoreError):
+    """The thread's keys hold something kvstore did not write (wrong type, unknown layout)."""
+
+
+class PermissionDenied(KVStoreError):
+    """The server refused a command for this user (ACL)."""
+
+
+class ServerError(KVStoreError):
+    """The server answered with an error kvstore does not know how to name."""

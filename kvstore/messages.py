@@ -1,0 +1,732 @@
+"""The messages kvstore stores: the eleven list-API message types, their parts, and inline media.
+
+Shape
+    Each message type is a pydantic v2 model named as in the list API (``UserMessage``,
+    ``ToolReturnMessage`` …) and discriminated by ``message_type``, which defaults to the type's own
+    value, so ``UserMessage(content="hi")`` works. :data:`Message` is the union of all eleven and
+    :func:`parse_message` the one entry point for untrusted input (a dict, JSON text or bytes).
+    ``to_dict()`` / ``to_json()`` give the list API's JSON shape: ``None`` fields are left out,
+    ``message_type`` and the ``type`` of every part and source are always written.
+
+Unknown fields are rejected
+    Every model except :class:`Attachment` (and its tools) uses ``extra="forbid"``: a misspelt field
+    name fails loudly instead of being silently dropped from the stored record. When the list API
+    grows a field, it is added here. Attachments stay open (``extra="allow"``) because their shape
+    differs between agent APIs (``data_source`` instead of ``file_id`` …) and we only carry them.
+
+Parts without a ``type``
+    In the API the ``type`` of a content part, image source, and approval item is optional, so a
+    missing ``type`` is inferred from the shape: a part with ``source`` is an image, otherwise text;
+    a source with ``url`` is a URL, with ``file_id`` a Letta file, with ``data`` base64; an approval
+    item with ``approve`` is an :class:`ApprovalReturn`, otherwise a :class:`ToolReturn`. A
+    ``tool_call`` holding all of ``arguments``, ``name`` and ``tool_call_id`` is a :class:`ToolCall`,
+    anything less a :class:`ToolCallDelta`.
+
+Thread-message fields
+    Every message also carries ``status`` (in_progress, incomplete, completed), ``incomplete_details``,
+    ``completed_at``, ``incomplete_at``, ``attachments``, ``assistant_id`` and ``metadata`` (at most 16
+    pairs, keys ≤ 64 characters, values ≤ 512 characters). On a :class:`ToolReturnMessage`,
+    ``status`` keeps its list-API meaning: ``success`` or ``error``.
+
+Timestamps
+    ``date``, ``completed_at`` and ``incomplete_at`` accept ISO 8601 strings, datetimes and unix
+    seconds (int or float); naive values are taken as UTC; they dump as ISO 8601 strings. An aware
+    value keeps its own UTC offset.
+
+Inline media
+    An inline part is an :class:`ImageContent` whose source carries ``data`` (a :class:`Base64Image`,
+    or a :class:`LettaImage` with data), wherever a message holds content parts: ``content``,
+    ``tool_returns[i].tool_return`` and ``approvals[i].tool_return``. Its size is the length of the
+    DECODED bytes, computed from the base64 text without decoding it (``len * 3 // 4`` minus the
+    padding), so a 5 MiB limit means 5 MiB of image, whatever the encoding overhead. The contents are
+    not checked to be valid base64. See :func:`inline_parts`, :func:`check_inline_parts` and
+    :func:`strip_inline_media`.
+
+Mutability
+    Messages are ordinary mutable models with ``validate_assignment`` on, so ``msg.status = "done"``
+    fails at once. The store never mutates a caller's message: it fills ``id``, ``date`` and
+    ``seq_id`` on a ``model_copy``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from datetime import datetime, timezone
+from typing import Annotated, Any, Literal, TypeVar, Union
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    TypeAdapter,
+    ValidationError,
+)
+from pydantic_core import from_json
+
+from kvstore.errors import InlineMediaTooLarge, InvalidMessage
+
+__all__ = [
+    "MAX_EVENT_DATA_DEPTH",
+    "MAX_METADATA_KEY_CHARS",
+    "MAX_METADATA_PAIRS",
+    "MAX_METADATA_VALUE_CHARS",
+    "MESSAGE_ADAPTER",
+    "MESSAGE_LIST_ADAPTER",
+    "ApprovalRequestMessage",
+    "ApprovalResponseMessage",
+    "ApprovalReturn",
+    "AssistantMessage",
+    "Attachment",
+    "AttachmentTool",
+    "Base64Image",
+    "BaseMessage",
+    "CompactionStats",
+    "ContentPart",
+    "EventMessage",
+    "HiddenReasoningMessage",
+    "ImageContent",
+    "ImageSource",
+    "IncompleteDetails",
+    "LettaImage",
+    "Message",
+    "ReasoningMessage",
+    "SummaryMessage",
+    "SystemMessage",
+    "TextContent",
+    "ToolCall",
+    "ToolCallDelta",
+    "ToolCallMessage",
+    "ToolReturn",
+    "ToolReturnMessage",
+    "URLImage",
+    "UserMessage",
+    "base64_decoded_size",
+    "check_inline_parts",
+    "inline_media_bytes",
+    "inline_parts",
+    "parse_message",
+    "strip_inline_media",
+]
+
+MAX_METADATA_PAIRS = 16
+MAX_METADATA_KEY_CHARS = 64
+MAX_METADATA_VALUE_CHARS = 512
+# event_data is free-form JSON; deeper than this is a bug or an attack, and msgpack refuses to pack
+# past ~500 levels anyway, so the limit is enforced where the caller can still be told.
+MAX_EVENT_DATA_DEPTH = 64
+
+# How many validation errors an InvalidMessage spells out; the rest stay in `.errors`.
+_ERRORS_SHOWN = 5
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# --- field types ------------------------------------------------------------------------------
+
+
+def _assume_utc(value: datetime) -> datetime:
+    # One stored instant per value, whatever zone the writing process runs in.
+    return value if value.tzinfo is not None else value.replace(tzinfo=timezone.utc)
+
+
+Timestamp = Annotated[datetime, AfterValidator(_assume_utc)]
+
+
+def _check_metadata(value: dict[str, str]) -> dict[str, str]:
+    if len(value) > MAX_METADATA_PAIRS:
+        raise ValueError(
+            f"metadata holds {len(value)} pairs; at most {MAX_METADATA_PAIRS} are allowed"
+        )
+    for key, item in value.items():
+        if len(key) > MAX_METADATA_KEY_CHARS:
+            raise ValueError(
+                f"metadata key {key[:16]!r}… is {len(key)} characters; "
+                f"keys are at most {MAX_METADATA_KEY_CHARS}"
+            )
+        if len(item) > MAX_METADATA_VALUE_CHARS:
+            raise ValueError(
+                f"metadata value of {key!r} is {len(item)} characters; "
+                f"values are at most {MAX_METADATA_VALUE_CHARS}"
+            )
+    return value
+
+
+Metadata = Annotated[dict[str, str], AfterValidator(_check_metadata)]
+
+
+def _check_json_tree(value: dict[str, Any]) -> dict[str, Any]:
+    # Walks with an explicit stack: a recursive walk would itself hit RecursionError on the input
+    # it is meant to reject. Only JSON values are allowed, so the dump reads back identical.
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, dict):
+            if depth > MAX_EVENT_DATA_DEPTH:
+                raise ValueError(f"event_data nests deeper than {MAX_EVENT_DATA_DEPTH} levels")
+            for key, item in node.items():
+                if not isinstance(key, str):
+                    raise ValueError(f"event_data keys must be strings, not {type(key).__name__}")
+                stack.append((item, depth + 1))
+        elif isinstance(node, list):
+            if depth > MAX_EVENT_DATA_DEPTH:
+                raise ValueError(f"event_data nests deeper than {MAX_EVENT_DATA_DEPTH} levels")
+            stack.extend((item, depth + 1) for item in node)
+        elif isinstance(node, float):
+            if node != node or node in (float("inf"), float("-inf")):
+                raise ValueError("event_data holds a NaN or infinite number, which JSON cannot carry")
+        elif isinstance(node, int) and not -(2**63) <= node < 2**64:
+            # msgpack stores 64-bit integers only.
+            raise ValueError("event_data holds an integer outside the 64-bit range")
+        elif node is not None and not isinstance(node, (str, int, bool)):
+            raise ValueError(f"event_data holds a {type(node).__name__}, which is not a JSON value")
+    return value
+
+
+JsonObject = Annotated[dict[str, Any], AfterValidator(_check_json_tree)]
+
+
+def _declared_type(value: Any) -> Any:
+    """The ``type`` a part, source or approval item states, for dicts and built models alike."""
+    if isinstance(value, dict):
+        return value.get("type")
+    return getattr(value, "type", None)
+
+
+# --- content parts ----------------------------------------------------------------------------
+
+
+class TextContent(_Model):
+    type: Literal["text"] = "text"
+    text: str
+    signature: str | None = None
+
+
+class URLImage(_Model):
+    type: Literal["url"] = "url"
+    url: str
+
+
+class Base64Image(_Model):
+    type: Literal["base64"] = "base64"
+    data: str
+    media_type: str
+    detail: str | None = None
+
+
+class LettaImage(_Model):
+    type: Literal["letta"] = "letta"
+    file_id: str
+    data: str | None = None
+    detail: str | None = None
+    media_type: str | None = None
+
+
+# Union tags are the class names, not the `type` values: pydantic puts the tag into error
+# locations, and a tag like "text" would read as the field `text` in the path we report.
+_SOURCE_TAGS = {"url": "URLImage", "base64": "Base64Image", "letta": "LettaImage"}
+
+
+def _source_tag(value: Any) -> str | None:
+    kind = _declared_type(value)
+    if kind is None and isinstance(value, dict):
+        if "url" in value:
+            kind = "url"
+        elif "file_id" in value:
+            kind = "letta"
+        elif "data" in value:
+            kind = "base64"
+    return _SOURCE_TAGS.get(kind) if isinstance(kind, str) else None
+
+
+ImageSource = Annotated[
+    Union[
+        Annotated[URLImage, Tag("URLImage")],
+        Annotated[Base64Image, Tag("Base64Image")],
+        Annotated[LettaImage, Tag("LettaImage")],
+    ],
+    Discriminator(
+        _source_tag,
+        custom_error_type="image_source",
+        custom_error_message=(
+            "an image source needs type 'url' (with url), 'base64' (with data and media_type) "
+            "or 'letta' (with file_id)"
+        ),
+    ),
+]
+
+
+class ImageContent(_Model):
+    type: Literal["image"] = "image"
+    source: ImageSource
+
+
+_PART_TAGS = {"text": "TextContent", "image": "ImageContent"}
+
+
+def _part_tag(value: Any) -> str | None:
+    kind = _declared_type(value)
+    if kind is None and isinstance(value, dict):
+        kind = "image" if "source" in value else "text"
+    return _PART_TAGS.get(kind) if isinstance(kind, str) else None
+
+
+ContentPart = Annotated[
+    Union[
+        Annotated[TextContent, Tag("TextContent")],
+        Annotated[ImageContent, Tag("ImageContent")],
+    ],
+    Discriminator(
+        _part_tag,
+        custom_error_type="content_part",
+        custom_error_message="a content part needs type 'text' (with text) or 'image' (with source)",
+    ),
+]
+
+
+def _string_or_parts(value: Any) -> str | None:
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "parts"
+    return None
+
+
+_STRING_OR_PARTS_ERROR = "must be a string or a list of content parts"
+
+Content = Annotated[
+    Union[Annotated[str, Tag("string")], Annotated[list[ContentPart], Tag("parts")]],
+    Discriminator(
+        _string_or_parts,
+        custom_error_type="content",
+        custom_error_message=_STRING_OR_PARTS_ERROR,
+    ),
+]
+# The API allows only text parts in assistant content.
+AssistantContent = Annotated[
+    Union[Annotated[str, Tag("string")], Annotated[list[TextContent], Tag("parts")]],
+    Discriminator(
+        _string_or_parts,
+        custom_error_type="content",
+        custom_error_message=_STRING_OR_PARTS_ERROR,
+    ),
+]
+
+
+# --- tool calls, returns, approvals -----------------------------------------------------------
+
+
+class ToolCall(_Model):
+    arguments: str
+    name: str
+    tool_call_id: str
+
+
+class ToolCallDelta(_Model):
+    """A tool call as streamed: any field may still be missing."""
+
+    arguments: str | None = None
+    name: str | None = None
+    tool_call_id: str | None = None
+
+
+_TOOL_CALL_FIELDS = ("arguments", "name", "tool_call_id")
+
+
+def _tool_call_tag(value: Any) -> str | None:
+    if isinstance(value, (ToolCall, ToolCallDelta)):
+        return type(value).__name__
+    if isinstance(value, dict):
+        complete = all(isinstance(value.get(name), str) for name in _TOOL_CALL_FIELDS)
+        return "ToolCall" if complete else "ToolCallDelta"
+    return None
+
+
+AnyToolCall = Annotated[
+    Union[Annotated[ToolCall, Tag("ToolCall")], Annotated[ToolCallDelta, Tag("ToolCallDelta")]],
+    Discriminator(
+        _tool_call_tag,
+        custom_error_type="tool_call",
+        custom_error_message="a tool call must be an object with arguments, name and tool_call_id",
+    ),
+]
+
+
+def _tool_calls_tag(value: Any) -> str | None:
+    if isinstance(value, list):
+        return "list"
+    if isinstance(value, (dict, ToolCallDelta)):
+        return "ToolCallDelta"
+    return None
+
+
+ToolCalls = Annotated[
+    Union[Annotated[list[ToolCall], Tag("list")], Annotated[ToolCallDelta, Tag("ToolCallDelta")]],
+    Discriminator(
+        _tool_calls_tag,
+        custom_error_type="tool_calls",
+        custom_error_message="tool_calls must be a list of tool calls or one tool call delta",
+    ),
+]
+
+
+class ToolReturn(_Model):
+    type: Literal["tool"] = "tool"
+    status: Literal["success", "error"]
+    tool_call_id: str
+    tool_return: Content
+    stdout: list[str] | None = None
+    stderr: list[str] | None = None
+
+
+class ApprovalReturn(_Model):
+    type: Literal["approval"] = "approval"
+    approve: bool
+    tool_call_id: str
+    reason: str | None = None
+
+
+_APPROVAL_TAGS = {"approval": "ApprovalReturn", "tool": "ToolReturn"}
+
+
+def _approval_tag(value: Any) -> str | None:
+    kind = _declared_type(value)
+    if kind is None and isinstance(value, dict):
+        kind = "approval" if "approve" in value else "tool"
+    return _APPROVAL_TAGS.get(kind) if isinstance(kind, str) else None
+
+
+ApprovalItem = Annotated[
+    Union[Annotated[ApprovalReturn, Tag("ApprovalReturn")], Annotated[ToolReturn, Tag("ToolReturn")]],
+    Discriminator(
+        _approval_tag,
+        custom_error_type="approval",
+        custom_error_message=(
+            "an approval item needs type 'approval' (with approve) or 'tool' (a tool return)"
+        ),
+    ),
+]
+
+
+class CompactionStats(_Model):
+    context_window: int
+    messages_count_after: int
+    messages_count_before: int
+    trigger: str
+    context_tokens_after: int | None = None
+    context_tokens_before: int | None = None
+
+
+# --- thread-message fields --------------------------------------------------------------------
+
+
+class IncompleteDetails(_Model):
+    reason: str
+
+
+class AttachmentTool(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    type: str
+
+
+class Attachment(BaseModel):
+    """A file attached to a message and the tools it was added to; other keys are kept as given."""
+
+    model_config = ConfigDict(extra="allow")
+
+    file_id: str | None = None
+    tools: list[AttachmentTool] | None = None
+
+
+# --- messages ---------------------------------------------------------------------------------
+
+
+class BaseMessage(_Model):
+    """Fields every message type carries, and its JSON output."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    message_type: str
+    id: str | None = None
+    date: Timestamp | None = None
+    name: str | None = None
+    otid: str | None = None
+    run_id: str | None = None
+    step_id: str | None = None
+    sender_id: str | None = None
+    seq_id: int | None = None
+    is_err: bool | None = None
+    status: Literal["in_progress", "incomplete", "completed"] | None = None
+    incomplete_details: IncompleteDetails | None = None
+    completed_at: Timestamp | None = None
+    incomplete_at: Timestamp | None = None
+    attachments: list[Attachment] | None = None
+    assistant_id: str | None = None
+    metadata: Metadata | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The message in the list API's JSON shape (``None`` fields left out)."""
+        return self.model_dump(mode="json", exclude_none=True)
+
+    def to_json(self) -> str:
+        return self.model_dump_json(exclude_none=True)
+
+
+class SystemMessage(BaseMessage):
+    message_type: Literal["system_message"] = "system_message"
+    content: str
+
+
+class UserMessage(BaseMessage):
+    message_type: Literal["user_message"] = "user_message"
+    content: Content
+
+
+class ReasoningMessage(BaseMessage):
+    message_type: Literal["reasoning_message"] = "reasoning_message"
+    reasoning: str
+    source: Literal["reasoner_model", "non_reasoner_model"] = "reasoner_model"
+    signature: str | None = None
+
+
+class HiddenReasoningMessage(BaseMessage):
+    message_type: Literal["hidden_reasoning_message"] = "hidden_reasoning_message"
+    state: Literal["redacted", "omitted"]
+    hidden_reasoning: str | None = None
+
+
+class ToolCallMessage(BaseMessage):
+    message_type: Literal["tool_call_message"] = "tool_call_message"
+    tool_call: AnyToolCall
+    tool_calls: ToolCalls | None = None
+
+
+class ToolReturnMessage(BaseMessage):
+    message_type: Literal["tool_return_message"] = "tool_return_message"
+    # The list API's meaning of `status` (how the tool call ended), not the thread-message one.
+    status: Literal["success", "error"]  # type: ignore[assignment]
+    tool_call_id: str
+    tool_return: str
+    stdout: list[str] | None = None
+    stderr: list[str] | None = None
+    tool_returns: list[ToolReturn] | None = None
+
+
+class AssistantMessage(BaseMessage):
+    message_type: Literal["assistant_message"] = "assistant_message"
+    content: AssistantContent
+
+
+class ApprovalRequestMessage(BaseMessage):
+    message_type: Literal["approval_request_message"] = "approval_request_message"
+    tool_call: AnyToolCall
+    tool_calls: ToolCalls | None = None
+
+
+class ApprovalResponseMessage(BaseMessage):
+    message_type: Literal["approval_response_message"] = "approval_response_message"
+    approval_request_id: str | None = None
+    approvals: list[ApprovalItem] | None = None
+    approve: bool | None = None
+    reason: str | None = None
+
+
+class SummaryMessage(BaseMessage):
+    message_type: Literal["summary_message"] = "summary_message"
+    summary: str
+    compaction_stats: CompactionStats | None = None
+
+
+class EventMessage(BaseMessage):
+    message_type: Literal["event_message"] = "event_message"
+    event_type: Literal["compaction"]
+    event_data: JsonObject
+
+
+Message = Annotated[
+    Union[
+        SystemMessage,
+        UserMessage,
+        ReasoningMessage,
+        HiddenReasoningMessage,
+        ToolCallMessage,
+        ToolReturnMessage,
+        AssistantMessage,
+        ApprovalRequestMessage,
+        ApprovalResponseMessage,
+        SummaryMessage,
+        EventMessage,
+    ],
+    Field(discriminator="message_type"),
+]
+
+# Built once: building a TypeAdapter compiles the whole schema.
+MESSAGE_ADAPTER: TypeAdapter[Message] = TypeAdapter(Message)
+MESSAGE_LIST_ADAPTER: TypeAdapter[list[Message]] = TypeAdapter(list[Message])
+
+
+# --- parsing and errors -----------------------------------------------------------------------
+
+
+def parse_message(data: Mapping[str, Any] | str | bytes | BaseMessage) -> Message:
+    """Validate one message from a dict, JSON text or bytes; a built message is returned as is.
+
+    Raises InvalidMessage naming the offending field (pydantic's error is its ``__cause__`` and its
+    error list is ``.errors``).
+    """
+    if isinstance(data, BaseMessage):
+        return data  # type: ignore[return-value]  # validated when it was built
+    if isinstance(data, (str, bytes, bytearray)):
+        # pydantic-core's parser caps nesting depth; json.loads would raise RecursionError instead.
+        try:
+            data = from_json(data, allow_inf_nan=False)
+        except ValueError as exc:
+            raise InvalidMessage(f"message is not valid JSON: {exc}") from exc
+    try:
+        return MESSAGE_ADAPTER.validate_python(data)
+    except ValidationError as exc:
+        raise invalid_message(exc, data) from exc
+
+
+def invalid_message(exc: ValidationError, data: Any, prefix: str | None = None) -> InvalidMessage:
+    """An InvalidMessage whose text names each failing field as a path into ``data``."""
+    if prefix is None:
+        kind = data.get("message_type") if isinstance(data, Mapping) else None
+        prefix = f"invalid {kind}" if isinstance(kind, str) else "invalid message"
+    error = InvalidMessage(f"{prefix}: {describe_errors(exc, data)}")
+    error.errors = exc.errors(include_url=False)  # type: ignore[attr-defined]
+    return error
+
+
+def describe_errors(exc: ValidationError, data: Any) -> str:
+    """pydantic's errors as ``path: message`` items, e.g. ``content[0].text: Field required``."""
+    errors = exc.errors(include_url=False)
+    shown = [f"{_error_path(err, data)}: {err['msg']}" for err in errors[:_ERRORS_SHOWN]]
+    if len(errors) > _ERRORS_SHOWN:
+        shown.append(f"and {len(errors) - _ERRORS_SHOWN} more errors")
+    return "; ".join(shown)
+
+
+def _error_path(error: Any, data: Any) -> str:
+    loc = error["loc"]
+    # A message-level tag error has an empty location; the field at fault is message_type.
+    if error["type"] in ("union_tag_invalid", "union_tag_not_found") and (
+        not loc or (len(loc) == 1 and isinstance(loc[0], int))
+    ):
+        loc = (*loc, "message_type")
+    return _field_path(loc, data) or "(message)"
+
+
+def _field_path(loc: tuple[int | str, ...], data: Any) -> str:
+    # pydantic's locations also hold union tags ("user_message", "TextContent", "parts" …). Walking
+    # the input alongside keeps only real keys and indexes, plus a trailing missing field name.
+    path = ""
+    node = data
+    last = len(loc) - 1
+    for position, item in enumerate(loc):
+        if isinstance(item, int) and isinstance(node, list) and 0 <= item < len(node):
+            path += f"[{item}]"
+            node = node[item]
+        elif isinstance(item, str) and isinstance(node, Mapping) and item in node:
+            path += f".{item}" if path else item
+            node = node[item]
+        elif position == last and isinstance(item, str) and isinstance(node, Mapping):
+            path += f".{item}" if path else item
+    return path if len(path) <= 200 else path[:200] + "…"
+
+
+# --- inline media -----------------------------------------------------------------------------
+
+M = TypeVar("M", bound=BaseMessage)
+
+
+def base64_decoded_size(data: str) -> int:
+    """How many bytes ``data`` decodes to, from its length alone (no decoding)."""
+    padding = 2 if data.endswith("==") else 1 if data.endswith("=") else 0
+    return max(0, len(data) * 3 // 4 - padding)
+
+
+def _part_lists(message: BaseMessage) -> Iterator[tuple[str, list[Any]]]:
+    """Every list of content parts the message holds, with its path, in message order."""
+    if isinstance(message, UserMessage) and isinstance(message.content, list):
+        yield "content", message.content
+    if isinstance(message, ToolReturnMessage):
+        items: list[Any] = list(message.tool_returns or ())
+        field = "tool_returns"
+    elif isinstance(message, ApprovalResponseMessage):
+        items = list(message.approvals or ())
+        field = "approvals"
+    else:
+        return
+    for index, item in enumerate(items):
+        if isinstance(item, ToolReturn) and isinstance(item.tool_return, list):
+            yield f"{field}[{index}].tool_return", item.tool_return
+
+
+def _inline_size(part: Any) -> int | None:
+    """The decoded size of an inline image part, or None for any other part."""
+    if isinstance(part, ImageContent):
+        source = part.source
+        if isinstance(source, (Base64Image, LettaImage)) and source.data is not None:
+            return base64_decoded_size(source.data)
+    return None
+
+
+def inline_parts(message: BaseMessage) -> list[tuple[str, int]]:
+    """Each inline media part as ``(path, decoded bytes)``, e.g. ``("content[2]", 3145728)``."""
+    found = []
+    for path, parts in _part_lists(message):
+        for index, part in enumerate(parts):
+            size = _inline_size(part)
+            if size is not None:
+                found.append((f"{path}[{index}]", size))
+    return found
+
+
+def inline_media_bytes(message: BaseMessage) -> int:
+    """The decoded bytes of all the message's inline media parts."""
+    return sum(size for _, size in inline_parts(message))
+
+
+def check_inline_parts(message: BaseMessage, max_part_bytes: int) -> None:
+    """Raise InlineMediaTooLarge if any one inline part decodes to more than ``max_part_bytes``."""
+    for path, size in inline_parts(message):
+        if size > max_part_bytes:
+            error = InlineMediaTooLarge(
+                f"inline image at {path} is {size} bytes decoded; one inline part may hold at "
+                f"most {max_part_bytes} bytes (max_inline_part_bytes)"
+            )
+            error.errors = []  # type: ignore[attr-defined]  # same surface as other InvalidMessage
+            raise error
+
+
+def strip_inline_media(message: M, bytes_to_free: int) -> M:
+    """A copy whose inline parts are replaced, first to last, by a text part naming what was removed,
+    until at least ``bytes_to_free`` decoded bytes are gone (or no inline part is left).
+
+    The message itself is not changed; with nothing to free it is returned as is.
+    """
+    if bytes_to_free <= 0 or not inline_parts(message):
+        return message
+    stripped = message.model_copy(deep=True)
+    freed = 0
+    for _, parts in _part_lists(stripped):
+        for index, part in enumerate(parts):
+            if freed >= bytes_to_free:
+                return stripped
+            size = _inline_size(part)
+            if size is not None:
+                parts[index] = TextContent(text=_removed_note(part.source, size))
+                freed += size
+    return stripped
+
+
+def _removed_note(source: Base64Image | LettaImage, size: int) -> str:
+    media_type = source.media_type or "unknown media type"
+    file_note = f", file {source.file_id}" if isinstance(source, LettaImage) else ""
+    return f"[image removed: {media_type}, {size} bytes{file_note}, thread inline media limit]"

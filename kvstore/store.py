@@ -1,0 +1,276 @@
+"""MessageStore and AsyncMessageStore: thin executors over the sans-IO core.
+
+Each thread method hands one core operation to its store's executor. The executor sends script
+calls by SHA (loading the script once on NOSCRIPT), sends native commands in one pipeline, and
+maps server errors to kvstore's typed errors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterable, Iterator
+from typing import Any, Literal
+
+import redis
+import redis.asyncio
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoPermissionError, NoScriptError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from . import _core, errors
+from ._core import Batch, Cursor, Eval, Operation, ThreadRef
+from ._scripts import SCRIPTS, Script, error_from_reply
+from .config import StoreConfig
+from .messages import Message
+from .models import MessagesPage, ThreadSnapshot, ThreadStats, TurnOutcome, TurnResult
+
+ITER_PAGE = 200
+
+
+class _Executor:
+    """What both executors share: script variants and error mapping."""
+
+    def __init__(self, client: Any, config: StoreConfig | None) -> None:
+        self.client = client
+        self.config = config if config is not None else StoreConfig()
+        if _decodes_responses(client):
+            raise errors.ConfigError("the client must return bytes: create it with decode_responses=False")
+        self._scripts = {name: s for name, s in SCRIPTS.items()}
+        if _is_fakeredis(client):
+            # fakeredis's Lua does not parse the shebang line.
+            self._scripts = {name: s.without_shebang() for name, s in SCRIPTS.items()}
+
+    def script(self, request: Eval) -> Script:
+        return self._scripts[request.script.name]
+
+    def script_error(self, script: Script, exc: Exception) -> errors.KVStoreError:
+        if isinstance(exc, NoPermissionError):
+            return errors.PermissionDenied(f"{script.name}: {exc}")
+        if isinstance(exc, (RedisConnectionError, RedisTimeoutError)):
+            if script.writes:
+                return errors.OutcomeUnknown(
+                    f"{script.name}: the connection failed after the call was sent ({exc}); it may"
+                    " or may not have run. Re-send the same call (same message ids or otids):"
+                    " nothing is stored twice."
+                )
+            return errors.ServerError(f"{script.name}: {exc}")
+        return error_from_reply(script, str(exc))
+
+
+def _decodes_responses(client: Any) -> bool:
+    pool = getattr(client, "connection_pool", None)
+    kwargs = getattr(pool, "connection_kwargs", None) or {}
+    if not kwargs and hasattr(client, "get_connection_kwargs"):
+        kwargs = client.get_connection_kwargs()
+    return bool(kwargs.get("decode_responses"))
+
+
+def _is_fakeredis(client: Any) -> bool:
+    return type(client).__module__.startswith("fakeredis")
+
+
+class MessageStore(_Executor):
+    """A store over a synchronous client (redis.Redis, RedisCluster or fakeredis)."""
+
+    @classmethod
+    def from_url(cls, url: str, config: StoreConfig | None = None, **client_kwargs: Any) -> MessageStore:
+        return cls(redis.Redis.from_url(url, decode_responses=False, **client_kwargs), config)
+
+    @classmethod
+    def in_memory(cls, config: StoreConfig | None = None) -> MessageStore:
+        """A store on an in-process fakeredis server with Lua, for users' own tests."""
+        import fakeredis
+
+        return cls(fakeredis.FakeRedis(), config)
+
+    def thread(self, thread_id: str) -> Thread:
+        return Thread(self, ThreadRef.of(self.config, thread_id))
+
+    def run(self, operation: Operation) -> Any:
+        try:
+            request = next(operation)
+            while True:
+                request = operation.send(self._execute(request))
+        except StopIteration as done:
+            return done.value
+
+    def _execute(self, request: Eval | Batch) -> Any:
+        if isinstance(request, Batch):
+            pipe = self.client.pipeline(transaction=False)
+            for command in request.commands:
+                pipe.execute_command(*command)
+            try:
+                return pipe.execute()
+            except NoPermissionError as exc:
+                raise errors.PermissionDenied(str(exc)) from exc
+        script = self.script(request)
+        try:
+            try:
+                return self.client.evalsha(script.sha, len(request.keys), *request.keys, *request.args)
+            except NoScriptError:
+                self.client.script_load(script.source)
+                return self.client.evalsha(script.sha, len(request.keys), *request.keys, *request.args)
+        except (ResponseError, RedisConnectionError, RedisTimeoutError) as exc:
+            raise self.script_error(script, exc) from exc
+
+    def close(self) -> None:
+        self.client.close()
+
+
+class Thread:
+    """One conversation. Cheap to make; holds no state beyond its keys."""
+
+    def __init__(self, store: MessageStore, ref: ThreadRef) -> None:
+        self._store = store
+        self._ref = ref
+
+    @property
+    def keys(self) -> _core.ThreadKeys:
+        return self._ref.keys
+
+    def append(self, messages: Message | dict | Iterable[Message | dict], turn_id: str | None = None) -> list[Message]:
+        return self._store.run(_core.append(self._ref, messages, turn_id))
+
+    def start_turn(self, turn_id: str) -> int:
+        return self._store.run(_core.start_turn(self._ref, turn_id))
+
+    def finish_turn(self, turn_id: str, outcome: TurnOutcome = "completed") -> TurnResult:
+        return self._store.run(_core.finish_turn(self._ref, turn_id, outcome))
+
+    def list(
+        self,
+        after: Cursor = None,
+        before: Cursor = None,
+        limit: int = 50,
+        order: Literal["asc", "desc"] = "asc",
+        turn_id: str | None = None,
+    ) -> MessagesPage:
+        return self._store.run(_core.list_page(self._ref, after, before, limit, order, turn_id))
+
+    def iter(self, order: Literal["asc", "desc"] = "asc") -> Iterator[Message]:
+        after: Cursor = None
+        while True:
+            page = self.list(after=after, limit=ITER_PAGE, order=order)
+            yield from page.messages
+            if not page.has_more or not page.messages:
+                return
+            after = page.messages[-1].seq_id
+
+    def get(self, message_id: str) -> Message:
+        return self._store.run(_core.get(self._ref, message_id))
+
+    def snapshot(self) -> ThreadSnapshot:
+        return self._store.run(_core.snapshot(self._ref))
+
+    def context(self) -> list[Message]:
+        return list(self.iter())
+
+    def stats(self) -> ThreadStats:
+        return self._store.run(_core.stats(self._ref))
+
+    def delete(self) -> None:
+        while not self._store.run(_core.delete_step(self._ref)):
+            pass
+
+
+class AsyncMessageStore(_Executor):
+    """A store over an asyncio client (redis.asyncio.Redis or RedisCluster)."""
+
+    @classmethod
+    def from_url(cls, url: str, config: StoreConfig | None = None, **client_kwargs: Any) -> AsyncMessageStore:
+        return cls(redis.asyncio.Redis.from_url(url, decode_responses=False, **client_kwargs), config)
+
+    @classmethod
+    def in_memory(cls, config: StoreConfig | None = None) -> AsyncMessageStore:
+        import fakeredis
+
+        return cls(fakeredis.FakeAsyncRedis(), config)
+
+    def thread(self, thread_id: str) -> AsyncThread:
+        return AsyncThread(self, ThreadRef.of(self.config, thread_id))
+
+    async def run(self, operation: Operation) -> Any:
+        try:
+            request = next(operation)
+            while True:
+                request = operation.send(await self._execute(request))
+        except StopIteration as done:
+            return done.value
+
+    async def _execute(self, request: Eval | Batch) -> Any:
+        if isinstance(request, Batch):
+            pipe = self.client.pipeline(transaction=False)
+            for command in request.commands:
+                pipe.execute_command(*command)
+            try:
+                return await pipe.execute()
+            except NoPermissionError as exc:
+                raise errors.PermissionDenied(str(exc)) from exc
+        script = self.script(request)
+        try:
+            try:
+                return await self.client.evalsha(script.sha, len(request.keys), *request.keys, *request.args)
+            except NoScriptError:
+                await self.client.script_load(script.source)
+                return await self.client.evalsha(script.sha, len(request.keys), *request.keys, *request.args)
+        except (ResponseError, RedisConnectionError, RedisTimeoutError) as exc:
+            raise self.script_error(script, exc) from exc
+
+    async def close(self) -> None:
+        await self.client.aclose()
+
+
+class AsyncThread:
+    """The asyncio twin of :class:`Thread`: same methods, awaited."""
+
+    def __init__(self, store: AsyncMessageStore, ref: ThreadRef) -> None:
+        self._store = store
+        self._ref = ref
+
+    @property
+    def keys(self) -> _core.ThreadKeys:
+        return self._ref.keys
+
+    async def append(self, messages: Message | dict | Iterable[Message | dict], turn_id: str | None = None) -> list[Message]:
+        return await self._store.run(_core.append(self._ref, messages, turn_id))
+
+    async def start_turn(self, turn_id: str) -> int:
+        return await self._store.run(_core.start_turn(self._ref, turn_id))
+
+    async def finish_turn(self, turn_id: str, outcome: TurnOutcome = "completed") -> TurnResult:
+        return await self._store.run(_core.finish_turn(self._ref, turn_id, outcome))
+
+    async def list(
+        self,
+        after: Cursor = None,
+        before: Cursor = None,
+        limit: int = 50,
+        order: Literal["asc", "desc"] = "asc",
+        turn_id: str | None = None,
+    ) -> MessagesPage:
+        return await self._store.run(_core.list_page(self._ref, after, before, limit, order, turn_id))
+
+    async def iter(self, order: Literal["asc", "desc"] = "asc") -> AsyncIterator[Message]:
+        after: Cursor = None
+        while True:
+            page = await self.list(after=after, limit=ITER_PAGE, order=order)
+            for message in page.messages:
+                yield message
+            if not page.has_more or not page.messages:
+                return
+            after = page.messages[-1].seq_id
+
+    async def get(self, message_id: str) -> Message:
+        return await self._store.run(_core.get(self._ref, message_id))
+
+    async def snapshot(self) -> ThreadSnapshot:
+        return await self._store.run(_core.snapshot(self._ref))
+
+    async def context(self) -> list[Message]:
+        return [message async for message in self.iter()]
+
+    async def stats(self) -> ThreadStats:
+        return await self._store.run(_core.stats(self._ref))
+
+    async def delete(self) -> None:
+        while not await self._store.run(_core.delete_step(self._ref)):
+            pass

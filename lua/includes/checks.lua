@@ -1,0 +1,23 @@
+-- Preconditions shared by the writing scripts. They run before the first write, because a Lua
+-- error after a write does not roll the write back.
+
+-- Fails unless every key is missing or of the expected type.
+-- `expected` is a list of {key, type} pairs.
+local function check_key_types(expected)
+  for _, pair in ipairs(expected) do
+    local actual = redis.call('TYPE', pair[1])['ok']
+    if actual ~= 'none' and actual ~= pair[2] then
+      return redis.error_reply('KVS_WRONGTYPE ' .. pair[1] .. ' holds a ' .. actual .. ', expected a ' .. pair[2])
+    end
+  end
+  return nil
+end
+
+-- Fails unless the thread is missing or stored in layout 2.
+local function check_layout(meta_key)
+  local layout = redis.call('HGET', meta_key, 'layout')
+  if layout and layout ~= '2' then
+    return redis.error_reply('KVS_LAYOUT thread is stored in layout ' .. layout .. ', this version writes layout 2')
+  end
+  return nil
+end

@@ -1,0 +1,48 @@
+-- Moves the oldest window messages into immutable chunk hashes, oldest first.
+--
+-- A chunk is cut only when the window keeps at least `window_size` messages after the cut, so a
+-- newest page of up to `window_size` messages is always one native read of the window. A chunk
+-- holds at most `chunk_size` messages and `chunk_max_bytes` of records (always at least one).
+-- One call moves at most `max_chunks` chunks and `max_bytes` bytes; what is left moves in later
+-- calls. Returns the number of chunks written.
+local function rollover(keys, window_size, chunk_size, chunk_max_bytes, max_chunks, max_bytes)
+  local moved_chunks, moved_bytes = 0, 0
+  while moved_chunks < max_chunks do
+    local count = redis.call('ZCARD', keys.window)
+    if count - 1 < window_size then break end
+    local oldest = redis.call('ZRANGE', keys.window, 0, chunk_size - 1, 'WITHSCORES')
+    local fields, sequences, bytes, take = {}, {}, 0, 0
+    for i = 1, #oldest, 2 do
+      local size = #oldest[i]
+      if take > 0 and bytes + size > chunk_max_bytes then break end
+      take = take + 1
+      bytes = bytes + size
+      sequences[take] = oldest[i + 1]
+      fields[#fields + 1] = oldest[i + 1]
+      fields[#fields + 1] = oldest[i]
+    end
+    if count - take < window_size then break end
+    if moved_chunks > 0 and moved_bytes + bytes > max_bytes then break end
+
+    local sides = redis.call('HMGET', keys.window_side, unpack(sequences))
+    local manifest, media = {}, 0
+    for i, side in ipairs(sides) do
+      side = side or '\t\t0'
+      manifest[i] = manifest_line(tonumber(sequences[i]), side)
+      media = media + tonumber(string.match(side, '\t(%d+)$') or '0')
+    end
+    local first, last = tonumber(sequences[1]), tonumber(sequences[take])
+    fields[#fields + 1] = '_m'
+    fields[#fields + 1] = table.concat(manifest)
+    redis.call('HSET', keys.chunk_prefix .. string.format('%d', first), unpack(fields))
+    redis.call('ZADD', keys.chunk_index, first, chunk_index_member(first, last, take, bytes, media))
+    redis.call('ZREMRANGEBYRANK', keys.window, 0, take - 1)
+    redis.call('HDEL', keys.window_side, unpack(sequences))
+    moved_chunks = moved_chunks + 1
+    moved_bytes = moved_bytes + bytes
+  end
+  if moved_chunks > 0 then
+    redis.call('HINCRBY', keys.meta, 'gen', 1)
+  end
+  return moved_chunks
+end

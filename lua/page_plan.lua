@@ -1,0 +1,148 @@
+#!lua flags=no-writes
+--- Plans a page read: resolves cursors and names the containers that hold the next messages
+--- of a walk, without reading any message. The client then fetches the records with native
+--- commands and compares `gen` to detect a concurrent rollover or deletion.
+---
+--- KEYS[1] meta         hash
+--- KEYS[2] window       zset  (only counted here)
+--- KEYS[3] chunk_index  zset
+--- KEYS[4] large_index  zset
+--- KEYS[5] ids          hash
+---
+--- ARGV[1] lo_kind   '' | 'seq' | 'id'   exclusive lower bound of the range
+--- ARGV[2] lo
+--- ARGV[3] hi_kind   '' | 'seq' | 'id'   exclusive upper bound of the range
+--- ARGV[4] hi
+--- ARGV[5] walk      'up' | 'down'       which end of the range the page starts from
+--- ARGV[6] need      int                 messages wanted (the page limit + 1)
+--- ARGV[7] max_chunks int                chunks named per plan at most
+---
+--- Reply: {gen, deleted_before, lo, hi, bound, window (0|1), n_chunks, (first, last) per chunk...,
+---         n_large, large sequences...}
+---   Messages of the walk are complete up to `bound` (walk up: seq <= bound; walk down:
+---   seq >= bound); past it the client plans again from `bound`. hi = -1 means unbounded.
+--- Errors: KVS_WRONGTYPE, KVS_CURSOR_NOT_FOUND
+--- @include "includes/checks"
+
+local meta_key, window_key, chunk_index_key, large_index_key, ids_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local lo_kind, lo_arg, hi_kind, hi_arg = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local walk, need, max_chunks = ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7])
+
+local err = check_key_types({
+  {meta_key, 'hash'}, {window_key, 'zset'}, {chunk_index_key, 'zset'},
+  {large_index_key, 'zset'}, {ids_key, 'hash'},
+})
+if err then return err end
+
+local function resolve(kind, value)
+  if kind == 'seq' then return tonumber(value) end
+  if kind == 'id' then
+    local sequence = redis.call('HGET', ids_key, value)
+    if not sequence then
+      return nil, redis.error_reply('KVS_CURSOR_NOT_FOUND no stored message has id ' .. value)
+    end
+    return tonumber(sequence)
+  end
+  return nil
+end
+
+local meta = redis.call('HMGET', meta_key, 'gen', 'deleted_before', 'last_seq')
+local gen = tonumber(meta[1] or '0')
+local deleted_before = tonumber(meta[2] or '0')
+local last_seq = tonumber(meta[3] or '0')
+
+local lo, lo_err = resolve(lo_kind, lo_arg)
+if lo_err then return lo_err end
+local hi, hi_err = resolve(hi_kind, hi_arg)
+if hi_err then return hi_err end
+lo = lo or 0
+if deleted_before > 0 and lo < deleted_before - 1 then lo = deleted_before - 1 end
+if not hi or hi > last_seq + 1 then hi = last_seq + 1 end
+
+local function parse_chunk(member)
+  local first, last, count = string.match(member, '^(%d+):(%d+):(%d+):')
+  return tonumber(first), tonumber(last), tonumber(count)
+end
+
+-- How many of a chunk's messages can lie inside (lo, hi): at most its count, at most its span.
+local function in_range(first, last, count)
+  local a, b = math.max(first, lo + 1), math.min(last, hi - 1)
+  if b < a then return 0 end
+  return math.min(count, b - a + 1)
+end
+
+local chunks, include_window, bound = {}, 0, nil
+if hi - lo > 1 then
+  if walk == 'up' then
+    local acc = 0
+    local below = redis.call('ZRANGE', chunk_index_key, lo, '-inf', 'BYSCORE', 'REV', 'LIMIT', 0, 1)
+    local candidates = {}
+    if below[1] then candidates[1] = below[1] end
+    local above = redis.call('ZRANGE', chunk_index_key, '(' .. lo, '(' .. hi, 'BYSCORE', 'LIMIT', 0, max_chunks + 1)
+    for _, member in ipairs(above) do candidates[#candidates + 1] = member end
+    local stopped = false
+    for _, member in ipairs(candidates) do
+      local first, last, count = parse_chunk(member)
+      local n = in_range(first, last, count)
+      if n > 0 then
+        if acc >= need or #chunks >= max_chunks then
+          stopped = true
+          break
+        end
+        chunks[#chunks + 1] = {first, last}
+        acc = acc + n
+        bound = last
+      end
+    end
+    if not stopped and acc < need then
+      include_window = 1
+      bound = hi
+    elseif not stopped then
+      -- The chunks read hold enough; whatever lies past them is for the next page.
+      bound = bound or hi
+    end
+  else
+    local in_window = redis.call('ZCOUNT', window_key, '(' .. lo, '(' .. hi)
+    include_window = 1
+    bound = lo
+    if in_window < need then
+      local acc = in_window
+      local candidates = redis.call('ZRANGE', chunk_index_key, '(' .. hi, '-inf', 'BYSCORE', 'REV', 'LIMIT', 0, max_chunks + 1)
+      for _, member in ipairs(candidates) do
+        local first, last, count = parse_chunk(member)
+        if last <= lo then break end
+        local n = in_range(first, last, count)
+        if n > 0 then
+          if acc >= need or #chunks >= max_chunks then
+            bound = chunks[#chunks] and chunks[#chunks][1] or lo
+            break
+          end
+          chunks[#chunks + 1] = {first, last}
+          acc = acc + n
+        end
+      end
+    end
+  end
+end
+
+-- Oversized single-message chunks can sit anywhere in the range; the first `need` of them in
+-- walk order are enough, whatever else the walk reads.
+local large = {}
+if hi - lo > 1 then
+  if walk == 'up' then
+    large = redis.call('ZRANGE', large_index_key, '(' .. lo, '(' .. hi, 'BYSCORE', 'LIMIT', 0, need)
+  else
+    large = redis.call('ZRANGE', large_index_key, '(' .. hi, '(' .. lo, 'BYSCORE', 'REV', 'LIMIT', 0, need)
+  end
+end
+
+local reply = {gen, deleted_before, lo, hi, bound or (walk == 'up' and hi or lo), include_window, #chunks}
+for _, chunk in ipairs(chunks) do
+  reply[#reply + 1] = chunk[1]
+  reply[#reply + 1] = chunk[2]
+end
+reply[#reply + 1] = #large
+for _, member in ipairs(large) do
+  reply[#reply + 1] = tonumber(string.match(member, '^(%d+):'))
+end
+return reply

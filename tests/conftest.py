@@ -1,0 +1,157 @@
+"""Test tiers: real Valkey (always), real Debian Redis (where installed; required in CI) and
+fakeredis (the in-process tier). Each test gets a fresh random namespace, never FLUSHALL."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import pytest
+import redis
+
+from kvstore import AsyncMessageStore, MessageStore, StoreConfig
+
+from .servers import ServerProcess, redis_binary, require_redis, valkey_binary
+
+_servers: dict[str, ServerProcess] = {}
+
+
+def _start_servers() -> dict[str, ServerProcess]:
+    if _servers:
+        return _servers
+    _servers["valkey"] = ServerProcess("valkey", valkey_binary()).start()
+    binary = redis_binary()
+    if binary:
+        _servers["redis"] = ServerProcess("redis", binary).start()
+    elif require_redis():
+        raise RuntimeError("KVSTORE_REQUIRE_REDIS=1 but redis-server is not on PATH")
+    return _servers
+
+
+def pytest_report_header(config):
+    servers = _start_servers()
+    lines = [f"kvstore test servers: {name} {s.version()} on {s.url}" for name, s in servers.items()]
+    if "redis" not in servers:
+        lines.append("kvstore test servers: redis-server not on PATH, the Redis tier is not run")
+    return lines
+
+
+def pytest_sessionfinish(session, exitstatus):
+    for server in _servers.values():
+        server.cleanup()
+    _servers.clear()
+
+
+def pytest_generate_tests(metafunc):
+    if "backend" in metafunc.fixturenames:
+        names = list(_start_servers())
+        if "server_only" not in metafunc.fixturenames:
+            names.append("fakeredis")
+        metafunc.parametrize("backend", names, scope="session")
+    if "mode" in metafunc.fixturenames:
+        metafunc.parametrize("mode", ["sync", "async"])
+
+
+@pytest.fixture
+def server_only():
+    """Ask for this fixture to run a backend test on the real servers only."""
+
+
+@pytest.fixture
+def server(backend) -> ServerProcess:
+    if backend == "fakeredis":
+        pytest.fail("this test needs a real server; add the server_only fixture")
+    return _servers[backend]
+
+
+@pytest.fixture
+def namespace() -> str:
+    return f"t{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def raw_client(backend):
+    """A plain client on the backend's server, for crafting and inspecting state."""
+    if backend == "fakeredis":
+        import fakeredis
+
+        client = fakeredis.FakeRedis(server=_fake_server())
+    else:
+        client = redis.Redis.from_url(_servers[backend].url)
+    yield client
+    client.close()
+
+
+_fake = {}
+
+
+def _fake_server():
+    import fakeredis
+
+    if "server" not in _fake:
+        _fake["server"] = fakeredis.FakeServer()
+    return _fake["server"]
+
+
+def make_sync_store(backend: str, config: StoreConfig) -> MessageStore:
+    if backend == "fakeredis":
+        import fakeredis
+
+        return MessageStore(fakeredis.FakeRedis(server=_fake_server()), config)
+    return MessageStore.from_url(_servers[backend].url, config)
+
+
+def make_async_store(backend: str, config: StoreConfig) -> AsyncMessageStore:
+    if backend == "fakeredis":
+        import fakeredis
+
+        return AsyncMessageStore(fakeredis.FakeAsyncRedis(server=_fake_server()), config)
+    return AsyncMessageStore.from_url(_servers[backend].url, config)
+
+
+class SyncFacade:
+    """Runs an async thread's methods to completion so one test body serves both modes."""
+
+    def __init__(self, thread, loop):
+        self._thread = thread
+        self._loop = loop
+
+    def __getattr__(self, name):
+        attr = getattr(self._thread, name)
+        if name == "iter":
+            def collect(*args, **kwargs):
+                async def gather():
+                    return [m async for m in attr(*args, **kwargs)]
+                return iter(self._loop.run_until_complete(gather()))
+            return collect
+        if callable(attr):
+            def call(*args, **kwargs):
+                return self._loop.run_until_complete(attr(*args, **kwargs))
+            return call
+        return attr
+
+
+@pytest.fixture
+def make_thread(backend, mode, namespace):
+    """make_thread(thread_id, **config) -> a thread with sync-looking methods, in either mode."""
+    loop = asyncio.new_event_loop() if mode == "async" else None
+    stores = []
+
+    def make(thread_id: str = "thread-1", **config_values):
+        config = StoreConfig(namespace=namespace, **config_values)
+        if mode == "sync":
+            store = make_sync_store(backend, config)
+            stores.append(store)
+            return store.thread(thread_id)
+        store = make_async_store(backend, config)
+        stores.append(store)
+        return SyncFacade(store.thread(thread_id), loop)
+
+    yield make
+    for store in stores:
+        if mode == "sync":
+            store.close()
+        else:
+            loop.run_until_complete(store.close())
+    if loop:
+        loop.close()
