@@ -1,0 +1,79 @@
+"""Reads a thread's keys with raw commands and checks the layout's invariants (docs/LAYOUT.md)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvstore._keys import ThreadKeys
+from kvstore.config import StoreConfig
+
+
+@dataclass
+class Layout:
+    window: dict[int, bytes]
+    chunks: dict[int, dict[int, bytes]]  # first sequence -> {sequence: record}
+    large: dict[int, bytes]
+    meta: dict[str, str]
+
+    def all_sequences(self) -> list[int]:
+        sequences = list(self.window) + list(self.large)
+        for fields in self.chunks.values():
+            sequences += list(fields)
+        return sorted(sequences)
+
+
+def read_layout(client, keys: ThreadKeys) -> Layout:
+    meta = {k.decode(): v.decode() for k, v in client.hgetall(keys.meta).items()}
+    window = {int(score): member for member, score in client.zrange(keys.window, 0, -1, withscores=True)}
+    chunks, large = {}, {}
+    for member, score in client.zrange(keys.chunk_index, 0, -1, withscores=True):
+        first = int(score)
+        fields = client.hgetall(keys.chunk(first))
+        chunks[first] = {int(f): v for f, v in fields.items() if f != b"_m"}
+    for member, score in client.zrange(keys.large_index, 0, -1, withscores=True):
+        fields = client.hgetall(keys.chunk(int(score)))
+        large[int(score)] = fields[str(int(score)).encode()]
+    return Layout(window, chunks, large, meta)
+
+
+def check_layout(client, keys: ThreadKeys, config: StoreConfig) -> Layout:
+    """Asserts every invariant of docs/LAYOUT.md that holds after any completed call."""
+    layout = read_layout(client, keys)
+    index = {}
+    for member, score in client.zrange(keys.chunk_index, 0, -1, withscores=True):
+        first, last, count, nbytes, media = (int(x) for x in member.decode().split(":"))
+        assert first == int(score)
+        index[first] = (last, count, nbytes, media)
+    # The index matches the chunks exactly.
+    for first, fields in layout.chunks.items():
+        last, count, nbytes, _media = index[first]
+        assert fields, f"chunk {first} is listed but empty or missing"
+        assert min(fields) == first and max(fields) == last, (first, last, sorted(fields))
+        assert len(fields) == count
+        assert sum(len(r) for r in fields.values()) == nbytes
+        assert count <= config.chunk_size
+        assert count == 1 or nbytes <= config.chunk_max_bytes, (first, nbytes)
+        assert all(len(r) <= config.chunk_max_bytes for r in fields.values())
+    for sequence, record in layout.large.items():
+        assert len(record) > config.chunk_max_bytes
+        assert client.hlen(keys.chunk(sequence)) == 2  # the record and its manifest
+    # Normal chunks hold disjoint, ordered ranges, all older than the window.
+    ranges = sorted((first, index[first][0]) for first in layout.chunks)
+    for (_, last), (next_first, _) in zip(ranges, ranges[1:]):
+        assert last < next_first
+    if ranges and layout.window:
+        assert ranges[-1][1] < min(layout.window)
+    # No chunk key exists that the index does not list.
+    listed = {keys.chunk(f).encode() for f in (*layout.chunks, *layout.large)}
+    present = set(client.scan_iter(match=keys.chunk_prefix + "*", count=1000))
+    assert present == listed, present ^ listed
+    # Window side info covers exactly the window.
+    assert {int(f) for f in client.hkeys(keys.window_side)} == set(layout.window)
+    # Counters agree with what is stored.
+    sequences = layout.all_sequences()
+    assert len(sequences) == len(set(sequences))
+    assert int(layout.meta.get("stored", 0)) == len(sequences)
+    if sequences:
+        assert int(layout.meta["last_seq"]) >= sequences[-1]
+    assert client.hlen(keys.ids) == len(sequences)
+    return layout

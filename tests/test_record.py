@@ -1,0 +1,194 @@
+"""Unit tests of kvstore._record: the stored record's layout, versions, and hostile bytes."""
+
+from __future__ import annotations
+
+import json
+
+import msgpack
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvstore._record import RECORD_VERSION, decode_records, encode_record, record_turn_id
+from kvstore.errors import InvalidMessage, RecordError
+from kvstore.messages import (
+    AssistantMessage,
+    EventMessage,
+    SystemMessage,
+    TextContent,
+    ToolReturnMessage,
+    UserMessage,
+    parse_message,
+)
+
+USER = UserMessage(id="message-1", date="2024-05-01T12:00:00Z", content="hello", seq_id=9)
+
+
+def _packed(*fields: object) -> bytes:
+    return msgpack.packb(list(fields), use_bin_type=True)
+
+
+def test_record_is_a_compact_msgpack_array_without_seq_id() -> None:
+    record = encode_record(USER)
+    assert msgpack.unpackb(record, raw=False) == [
+        RECORD_VERSION,
+        {"message_type": "user_message", "id": "message-1", "date": "2024-05-01T12:00:00Z", "content": "hello"},
+    ]
+    assert record[0] == 0x92  # fixarray of two
+
+
+def test_record_carries_the_turn_id() -> None:
+    record = encode_record(USER, turn_id="turn-7")
+    assert record[0] == 0x93
+    assert msgpack.unpackb(record, raw=False)[2] == "turn-7"
+    assert record_turn_id(record) == "turn-7"
+    assert record_turn_id(encode_record(USER)) is None
+
+
+def test_strings_are_stored_as_msgpack_str_never_bin() -> None:
+    record = encode_record(UserMessage(content="héllo ✓"))
+    # raw=True would return bytes for str; bin would come back as bytes even with raw=False
+    assert isinstance(msgpack.unpackb(record, raw=False)[1]["content"], str)
+    with pytest.raises(ValueError):
+        msgpack.unpackb(record, raw=False, max_bin_len=0, max_str_len=0)
+
+
+def test_decoder_sets_seq_id_from_the_entry_not_the_record() -> None:
+    records = [(5, encode_record(USER)), (6, encode_record(SystemMessage(content="s"), "turn-1"))]
+    decoded = decode_records(records)
+    assert [message.seq_id for message in decoded] == [5, 6]
+    assert decoded[0] == USER.model_copy(update={"seq_id": 5})
+    assert isinstance(decoded[1], SystemMessage)
+
+
+def test_decode_of_no_entries_is_empty() -> None:
+    assert decode_records([]) == []
+
+
+def test_version_2_string_content_stays_a_string() -> None:
+    [decoded] = decode_records([(1, encode_record(AssistantMessage(content="plain")))])
+    assert decoded.content == "plain"
+
+
+def test_encoded_size_is_len_of_the_record() -> None:
+    big = UserMessage(content="x" * 100_000)
+    assert 100_000 < len(encode_record(big)) < 100_100  # no size limit is applied here
+
+
+def test_message_that_cannot_be_encoded_is_an_invalid_message() -> None:
+    with pytest.raises(InvalidMessage, match="cannot be encoded"):
+        encode_record(UserMessage(content="lone \ud800 surrogate"))
+
+
+# --- version 1 ----------------------------------------------------------------------------------
+
+
+def test_version_1_json_record_reads_string_content_as_one_text_part() -> None:
+    v1 = json.dumps(
+        {"message_type": "user_message", "id": "message-old", "date": "2023-01-01T00:00:00", "content": "hi there"}
+    ).encode()
+    [decoded] = decode_records([(3, v1)])
+    assert isinstance(decoded, UserMessage)
+    assert decoded.content == [TextContent(text="hi there")]
+    assert decoded.seq_id == 3
+    assert decoded.to_dict()["content"] == [{"type": "text", "text": "hi there"}]
+    assert record_turn_id(v1) is None
+
+
+def test_version_1_assistant_content_becomes_a_text_part_and_tool_returns_stay() -> None:
+    assistant = json.dumps({"message_type": "assistant_message", "content": "answer", "name": None}).encode()
+    tool = json.dumps(
+        {
+            "message_type": "tool_return_message",
+            "status": "success",
+            "tool_call_id": "c",
+            "tool_return": "out",
+            "tool_returns": [{"status": "success", "tool_call_id": "c", "tool_return": "out"}],
+        }
+    ).encode()
+    system = json.dumps({"message_type": "system_message", "content": "rules"}).encode()
+    decoded = decode_records([(1, assistant), (2, tool), (3, system)])
+    assert decoded[0].content == [TextContent(text="answer")]
+    assert isinstance(decoded[1], ToolReturnMessage)
+    assert decoded[1].tool_return == "out"
+    assert decoded[1].tool_returns[0].tool_return == "out"
+    assert decoded[2].content == "rules"
+
+
+def test_version_1_and_2_records_mix_in_one_page() -> None:
+    v1 = b'{"message_type": "user_message", "content": "old"}'
+    decoded = decode_records([(1, v1), (2, encode_record(UserMessage(content="new")))])
+    assert [message.content for message in decoded] == [[TextContent(text="old")], "new"]
+
+
+# --- hostile and broken records -----------------------------------------------------------------
+
+GOOD = encode_record(UserMessage(content="fine"))
+
+
+@pytest.mark.parametrize(
+    ("record", "expected"),
+    [
+        (b"\x91" * 100_000 + b"\xc0", r"sequence 7 is not valid msgpack: nested too deep"),
+        (GOOD[:-3], r"sequence 7 is not valid msgpack"),
+        (GOOD + b"\x00", r"sequence 7 is not valid msgpack"),
+        (b"", r"sequence 7 is not valid msgpack"),
+        (_packed(3, {"message_type": "user_message", "content": "x"}), r"sequence 7 has version 3"),
+        (_packed(True, {"message_type": "user_message", "content": "x"}), r"sequence 7 has version True"),
+        (_packed(2), r"sequence 7 is not a \[version, message, turn_id\?\] array"),
+        (_packed(2, {}, "t", "extra"), r"sequence 7 is not a \[version"),
+        (_packed({"message_type": "user_message"}), r"sequence 7 is not a \[version"),
+        (_packed(2, ["not", "a", "dict"]), r"sequence 7 holds a list, not a message"),
+        (_packed(2, {"message_type": "user_message", "content": "x"}, 5), r"sequence 7 has a int turn id"),
+        (_packed(2, {"message_type": "user_message"}), r"sequence 7 does not hold a valid message: content: Field required"),
+        (_packed(2, {"message_type": "user_message", "content": [{"type": "text"}]}), r"content\[0\]\.text: Field required"),
+        (_packed(2, {"message_type": "nope"}), r"sequence 7 does not hold a valid message: message_type: Input tag 'nope'"),
+        (msgpack.packb([2, {"message_type": "user_message", "content": b"raw"}], use_bin_type=True), r"not valid msgpack"),
+        (msgpack.packb([2, msgpack.ExtType(5, b"x")]), r"not valid msgpack"),
+        (b"{not json", r"version-1 record at sequence 7 is not valid JSON"),
+        (b'{"content": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", r"version-1 record at sequence 7 is not valid JSON: recursion limit"),
+        (b'{"message_type": "user_message", "content": "x", "seq": 1}', r"sequence 7 does not hold a valid message: seq: Extra inputs"),
+    ],
+)
+def test_bad_record_is_a_record_error_naming_its_sequence(record: bytes, expected: str) -> None:
+    with pytest.raises(RecordError, match=expected):
+        decode_records([(1, GOOD), (7, record), (8, GOOD)])
+
+
+@settings(max_examples=300, deadline=None)
+@given(record=st.binary(max_size=200))
+def test_random_bytes_never_escape_as_anything_but_record_error(record: bytes) -> None:
+    try:
+        decode_records([(1, record)])
+    except RecordError:
+        pass
+    try:
+        record_turn_id(record)
+    except RecordError:
+        pass
+
+
+@settings(max_examples=200, deadline=None)
+@given(cut=st.integers(0, len(GOOD) - 1))
+def test_every_truncation_of_a_record_is_a_record_error(cut: int) -> None:
+    with pytest.raises(RecordError):
+        decode_records([(1, GOOD[:cut])])
+
+
+def test_record_turn_id_rejects_a_bad_record() -> None:
+    for record in (b"\x91" * 100_000 + b"\xc0", _packed(3, {}, "t"), b"\xc1", _packed(2, {}, 5)):
+        with pytest.raises(RecordError):
+            record_turn_id(record)
+
+
+def test_event_data_round_trips_exactly() -> None:
+    message = parse_message(
+        {
+            "message_type": "event_message",
+            "event_type": "compaction",
+            "event_data": {"null": None, "big": 2**64 - 1, "small": -(2**63), "float": 1.5, "list": [{"a": [None]}]},
+        }
+    )
+    [decoded] = decode_records([(1, encode_record(message))])
+    assert isinstance(decoded, EventMessage)
+    assert decoded.event_data == message.event_data
