@@ -1,0 +1,153 @@
+"""`kvstore demo`: worker processes hold simulated chat conversations on shared threads."""
+
+from __future__ import annotations
+
+import multiprocessing
+import random
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+
+import redis
+
+from .config import StoreConfig
+from .messages import (
+    AssistantMessage,
+    ReasoningMessage,
+    ToolCall,
+    ToolCallMessage,
+    ToolReturnMessage,
+    UserMessage,
+)
+from .store import MessageStore
+
+MESSAGES_PER_TURN = 5
+
+
+@dataclass(frozen=True)
+class DemoOptions:
+    url: str
+    namespace: str
+    workers: int = 4
+    threads: int = 8
+    turns: int = 400  # per worker
+
+
+def _turn_messages(rng: random.Random, worker: int, turn: int) -> tuple[UserMessage, list]:
+    question = f"worker {worker} turn {turn}: " + " ".join(rng.choice(WORDS) for _ in range(rng.randint(10, 60)))
+    call_id = f"call-{worker}-{turn}"
+    replies = [
+        ReasoningMessage(reasoning="Thinking about " + question[:80]),
+        ToolCallMessage(tool_call=ToolCall(name="search", arguments='{"q": "%d"}' % turn, tool_call_id=call_id)),
+        ToolReturnMessage(
+            tool_call_id=call_id, status="success",
+            tool_return=" ".join(rng.choice(WORDS) for _ in range(rng.randint(20, 200))),
+        ),
+        AssistantMessage(content=" ".join(rng.choice(WORDS) for _ in range(rng.randint(20, 120)))),
+    ]
+    return UserMessage(content=question), replies
+
+
+def _worker(options: DemoOptions, worker: int, progress, results) -> None:
+    rng = random.Random(worker)
+    store = MessageStore.from_url(options.url, StoreConfig(namespace=options.namespace))
+    append_us: list[float] = []
+    page_us: list[float] = []
+    for turn in range(options.turns):
+        thread = store.thread(f"demo-{rng.randrange(options.threads)}")
+        turn_id = f"w{worker}-t{turn}"
+        user, replies = _turn_messages(rng, worker, turn)
+        started = time.perf_counter()
+        thread.append(user, turn_id=turn_id)
+        append_us.append((time.perf_counter() - started) * 1e6)
+        thread.start_turn(turn_id)
+        for reply in replies:
+            started = time.perf_counter()
+            thread.append(reply, turn_id=turn_id)
+            append_us.append((time.perf_counter() - started) * 1e6)
+        result = thread.finish_turn(turn_id)
+        if result.reply_count != len(replies):
+            raise RuntimeError(f"turn {turn_id} counted {result.reply_count} replies")
+        started = time.perf_counter()
+        thread.list(limit=50, order="desc")
+        page_us.append((time.perf_counter() - started) * 1e6)
+        with progress.get_lock():
+            progress.value += 1
+    results.put((append_us, page_us))
+    store.close()
+
+
+def run_demo(options: DemoOptions, out=sys.stdout) -> int:
+    context = multiprocessing.get_context("spawn")
+    progress = context.Value("i", 0)
+    results = context.Queue()
+    total_turns = options.workers * options.turns
+    print(f"kvstore demo: {options.workers} workers, {total_turns} turns on {options.threads} shared threads", file=out)
+    started = time.perf_counter()
+    processes = [
+        context.Process(target=_worker, args=(options, w, progress, results)) for w in range(options.workers)
+    ]
+    for process in processes:
+        process.start()
+    collected = []
+    while len(collected) < len(processes):
+        _draw(progress.value, total_turns, out)
+        try:
+            collected.append(results.get(timeout=0.2))
+        except Exception:
+            if any(p.exitcode not in (None, 0) for p in processes):
+                print("\na worker failed; see its traceback above", file=out)
+                return 1
+    for process in processes:
+        process.join()
+    elapsed = time.perf_counter() - started
+    _draw(total_turns, total_turns, out)
+    print(file=out)
+
+    append_us = sorted(x for a, _ in collected for x in a)
+    page_us = sorted(x for _, p in collected for x in p)
+    store = MessageStore.from_url(options.url, StoreConfig(namespace=options.namespace))
+    client = redis.Redis.from_url(options.url)
+    messages = 0
+    thread_bytes = []
+    for t in range(options.threads):
+        thread = store.thread(f"demo-{t}")
+        stored = list(thread.iter())
+        sequences = [m.seq_id for m in stored]
+        if sequences != list(range(1, len(sequences) + 1)):
+            print(f"demo-{t}: sequences are not gap-free", file=out)
+            return 1
+        messages += len(stored)
+        keys = list(client.scan_iter(match=thread.keys.meta.rsplit(":", 1)[0] + ":*", count=1000))
+        thread_bytes.append(sum(client.memory_usage(k) or 0 for k in keys))
+    rows = [
+        ("threads", f"{options.threads}"),
+        ("turns", f"{total_turns}"),
+        ("messages", f"{messages} (gap-free sequences on every thread)"),
+        ("appends/s", f"{len(append_us) / elapsed:,.0f} over {options.workers} processes"),
+        ("append p50 / p99", f"{_pct(append_us, 50):.0f} / {_pct(append_us, 99):.0f} µs"),
+        ("newest page of 50 p50 / p99", f"{_pct(page_us, 50):.0f} / {_pct(page_us, 99):.0f} µs"),
+        ("bytes per thread (MEMORY USAGE)", f"{statistics.mean(thread_bytes):,.0f}"),
+        ("wall time", f"{elapsed:.1f} s"),
+    ]
+    width = max(len(name) for name, _ in rows)
+    for name, value in rows:
+        print(f"  {name:<{width}}  {value}", file=out)
+    return 0
+
+
+def _pct(values: list[float], pct: float) -> float:
+    return values[min(len(values) - 1, int(len(values) * pct / 100))] if values else 0.0
+
+
+def _draw(done: int, total: int, out) -> None:
+    width = 40
+    filled = int(width * done / max(total, 1))
+    print(f"\r  [{'#' * filled}{'.' * (width - filled)}] {done}/{total} turns", end="", file=out, flush=True)
+
+
+WORDS = (
+    "the a thread message model tool call result user answer question context window chunk index "
+    "summary turn reply stream token latency memory server worker process append page cursor order"
+).split()
