@@ -7,13 +7,15 @@ which sets ``seq_id`` from it.
 Version 2 (written now)
     A msgpack array ``[2, message]`` or ``[2, message, turn_id]``: ``message`` is the message's
     JSON-mode dump without ``None`` fields and without ``seq_id``; strings are msgpack str, never
-    bin (``use_bin_type=True``). Content keeps the shape it was stored with: a string stays a string.
+    bin (``use_bin_type=True``). Content keeps the shape it was stored with: a string stays a
+    string.
 
 Version 1 (read only)
     Plain JSON bytes of the message, so its first byte is ``{`` (a version-2 record starts with a
     msgpack array byte, never ``{``). Version 1 knew only string content; a user or assistant
-    message's string ``content`` reads as one text part, which carries the same meaning in version 2.
-    Tool returns are read as stored (a ``tool_return`` string is valid version 2 as it is).
+    message's string ``content`` reads as one text part, which carries the same meaning in
+    version 2. Tool returns are read as stored (a ``tool_return`` string is valid version 2 as it
+    is).
 
 Reading never trusts the bytes: every malformed record, unknown version, nesting bomb or invalid
 message raises RecordError naming the record's sequence.
@@ -102,7 +104,7 @@ def record_turn_id(record: bytes) -> str | None:
         turn_id = unpacker.unpack()
     except Exception as exc:  # any failure of msgpack on foreign bytes is a bad record
         raise RecordError(f"not a readable record: {_unpack_failure(exc)}") from exc
-    if turn_id is not None and not isinstance(turn_id, str):
+    if not isinstance(turn_id, str):
         raise RecordError(f"record turn id is a {type(turn_id).__name__}, not a string")
     return turn_id
 
@@ -137,7 +139,9 @@ def _version_2_body(sequence: int, record: bytes) -> dict[str, Any]:
         )
     body = fields[1]
     if not isinstance(body, dict):
-        raise RecordError(f"record at sequence {sequence} holds a {type(body).__name__}, not a message")
+        raise RecordError(
+            f"record at sequence {sequence} holds a {type(body).__name__}, not a message"
+        )
     if len(fields) == 3 and not isinstance(fields[2], str):
         raise RecordError(f"record at sequence {sequence} has a {type(fields[2]).__name__} turn id")
     return body
@@ -148,7 +152,9 @@ def _version_1_body(sequence: int, record: bytes) -> dict[str, Any]:
         # pydantic-core's parser caps nesting depth where json.loads would raise RecursionError.
         body = from_json(record, allow_inf_nan=False)
     except ValueError as exc:
-        raise RecordError(f"version-1 record at sequence {sequence} is not valid JSON: {exc}") from exc
+        raise RecordError(
+            f"version-1 record at sequence {sequence} is not valid JSON: {exc}"
+        ) from exc
     if not isinstance(body, dict):
         raise RecordError(f"version-1 record at sequence {sequence} is not a JSON object")
     content = body.get("content")

@@ -1,32 +1,33 @@
-"""The messages kvstore stores: the eleven list-API message types, their parts, and inline media.
+"""The messages kvstore stores: the eleven list-API message types, their parts, inline media.
 
 Shape
     Each message type is a pydantic v2 model named as in the list API (``UserMessage``,
-    ``ToolReturnMessage`` …) and discriminated by ``message_type``, which defaults to the type's own
-    value, so ``UserMessage(content="hi")`` works. :data:`Message` is the union of all eleven and
-    :func:`parse_message` the one entry point for untrusted input (a dict, JSON text or bytes).
-    ``to_dict()`` / ``to_json()`` give the list API's JSON shape: ``None`` fields are left out,
-    ``message_type`` and the ``type`` of every part and source are always written.
+    ``ToolReturnMessage`` …) and discriminated by ``message_type``, which defaults to the type's
+    own value, so ``UserMessage(content="hi")`` works. :data:`Message` is the union of all eleven
+    and :func:`parse_message` the one entry point for untrusted input (a dict, JSON text or
+    bytes). ``to_dict()`` / ``to_json()`` give the list API's JSON shape: ``None`` fields are left
+    out, ``message_type`` and the ``type`` of every part and source are always written.
 
 Unknown fields are rejected
-    Every model except :class:`Attachment` (and its tools) uses ``extra="forbid"``: a misspelt field
-    name fails loudly instead of being silently dropped from the stored record. When the list API
-    grows a field, it is added here. Attachments stay open (``extra="allow"``) because their shape
-    differs between agent APIs (``data_source`` instead of ``file_id`` …) and we only carry them.
+    Every model except :class:`Attachment` (and its tools) uses ``extra="forbid"``: a misspelt
+    field name fails loudly instead of being silently dropped from the stored record. When the
+    list API grows a field, it is added here. Attachments stay open (``extra="allow"``) because
+    their shape differs between agent APIs (``data_source`` instead of ``file_id`` …) and we only
+    carry them.
 
 Parts without a ``type``
     In the API the ``type`` of a content part, image source, and approval item is optional, so a
-    missing ``type`` is inferred from the shape: a part with ``source`` is an image, otherwise text;
-    a source with ``url`` is a URL, with ``file_id`` a Letta file, with ``data`` base64; an approval
-    item with ``approve`` is an :class:`ApprovalReturn`, otherwise a :class:`ToolReturn`. A
-    ``tool_call`` holding all of ``arguments``, ``name`` and ``tool_call_id`` is a :class:`ToolCall`,
-    anything less a :class:`ToolCallDelta`.
+    missing ``type`` is inferred from the shape: a part with ``source`` is an image, otherwise
+    text; a source with ``url`` is a URL, with ``file_id`` a Letta file, with ``data`` base64; an
+    approval item with ``approve`` is an :class:`ApprovalReturn`, otherwise a :class:`ToolReturn`.
+    A ``tool_call`` holding all of ``arguments``, ``name`` and ``tool_call_id`` is a
+    :class:`ToolCall`, anything less a :class:`ToolCallDelta`.
 
 Thread-message fields
-    Every message also carries ``status`` (in_progress, incomplete, completed), ``incomplete_details``,
-    ``completed_at``, ``incomplete_at``, ``attachments``, ``assistant_id`` and ``metadata`` (at most 16
-    pairs, keys ≤ 64 characters, values ≤ 512 characters). On a :class:`ToolReturnMessage`,
-    ``status`` keeps its list-API meaning: ``success`` or ``error``.
+    Every message also carries ``status`` (in_progress, incomplete, completed),
+    ``incomplete_details``, ``completed_at``, ``incomplete_at``, ``attachments``, ``assistant_id``
+    and ``metadata`` (at most 16 pairs, keys ≤ 64 characters, values ≤ 512 characters). On a
+    :class:`ToolReturnMessage`, ``status`` keeps its list-API meaning: ``success`` or ``error``.
 
 Timestamps
     ``date``, ``completed_at`` and ``incomplete_at`` accept ISO 8601 strings, datetimes and unix
@@ -34,25 +35,25 @@ Timestamps
     value keeps its own UTC offset.
 
 Inline media
-    An inline part is an :class:`ImageContent` whose source carries ``data`` (a :class:`Base64Image`,
-    or a :class:`LettaImage` with data), wherever a message holds content parts: ``content``,
-    ``tool_returns[i].tool_return`` and ``approvals[i].tool_return``. Its size is the length of the
-    DECODED bytes, computed from the base64 text without decoding it (``len * 3 // 4`` minus the
-    padding), so a 5 MiB limit means 5 MiB of image, whatever the encoding overhead. The contents are
-    not checked to be valid base64. See :func:`inline_parts`, :func:`check_inline_parts` and
-    :func:`strip_inline_media`.
+    An inline part is an :class:`ImageContent` whose source carries ``data`` (a
+    :class:`Base64Image`, or a :class:`LettaImage` with data), wherever a message holds content
+    parts: ``content``, ``tool_returns[i].tool_return`` and ``approvals[i].tool_return``. Its size
+    is the length of the DECODED bytes, computed from the base64 text without decoding it
+    (``len * 3 // 4`` minus the padding), so a 5 MiB limit means 5 MiB of image, whatever the
+    encoding overhead. The contents are not checked to be valid base64. See :func:`inline_parts`,
+    :func:`check_inline_parts` and :func:`strip_inline_media`.
 
 Mutability
-    Messages are ordinary mutable models with ``validate_assignment`` on, so ``msg.status = "done"``
-    fails at once. The store never mutates a caller's message: it fills ``id``, ``date`` and
-    ``seq_id`` on a ``model_copy``.
+    Messages are ordinary mutable models with ``validate_assignment`` on, so ``msg.status =
+    "done"`` fails at once. The store never mutates a caller's message: it fills ``id``, ``date``
+    and ``seq_id`` on a ``model_copy``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from datetime import datetime, timezone
-from typing import Annotated, Any, Literal, TypeVar, Union
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import (
     AfterValidator,
@@ -131,7 +132,7 @@ class _Model(BaseModel):
 
 def _assume_utc(value: datetime) -> datetime:
     # One stored instant per value, whatever zone the writing process runs in.
-    return value if value.tzinfo is not None else value.replace(tzinfo=timezone.utc)
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 
 Timestamp = Annotated[datetime, AfterValidator(_assume_utc)]
@@ -178,7 +179,9 @@ def _check_json_tree(value: dict[str, Any]) -> dict[str, Any]:
             stack.extend((item, depth + 1) for item in node)
         elif isinstance(node, float):
             if node != node or node in (float("inf"), float("-inf")):
-                raise ValueError("event_data holds a NaN or infinite number, which JSON cannot carry")
+                raise ValueError(
+                    "event_data holds a NaN or infinite number, which JSON cannot carry"
+                )
         elif isinstance(node, int) and not -(2**63) <= node < 2**64:
             # msgpack stores 64-bit integers only.
             raise ValueError("event_data holds an integer outside the 64-bit range")
@@ -244,11 +247,9 @@ def _source_tag(value: Any) -> str | None:
 
 
 ImageSource = Annotated[
-    Union[
-        Annotated[URLImage, Tag("URLImage")],
-        Annotated[Base64Image, Tag("Base64Image")],
-        Annotated[LettaImage, Tag("LettaImage")],
-    ],
+    Annotated[URLImage, Tag("URLImage")]
+    | Annotated[Base64Image, Tag("Base64Image")]
+    | Annotated[LettaImage, Tag("LettaImage")],
     Discriminator(
         _source_tag,
         custom_error_type="image_source",
@@ -276,14 +277,13 @@ def _part_tag(value: Any) -> str | None:
 
 
 ContentPart = Annotated[
-    Union[
-        Annotated[TextContent, Tag("TextContent")],
-        Annotated[ImageContent, Tag("ImageContent")],
-    ],
+    Annotated[TextContent, Tag("TextContent")] | Annotated[ImageContent, Tag("ImageContent")],
     Discriminator(
         _part_tag,
         custom_error_type="content_part",
-        custom_error_message="a content part needs type 'text' (with text) or 'image' (with source)",
+        custom_error_message=(
+            "a content part needs type 'text' (with text) or 'image' (with source)"
+        ),
     ),
 ]
 
@@ -299,7 +299,7 @@ def _string_or_parts(value: Any) -> str | None:
 _STRING_OR_PARTS_ERROR = "must be a string or a list of content parts"
 
 Content = Annotated[
-    Union[Annotated[str, Tag("string")], Annotated[list[ContentPart], Tag("parts")]],
+    Annotated[str, Tag("string")] | Annotated[list[ContentPart], Tag("parts")],
     Discriminator(
         _string_or_parts,
         custom_error_type="content",
@@ -308,7 +308,7 @@ Content = Annotated[
 ]
 # The API allows only text parts in assistant content.
 AssistantContent = Annotated[
-    Union[Annotated[str, Tag("string")], Annotated[list[TextContent], Tag("parts")]],
+    Annotated[str, Tag("string")] | Annotated[list[TextContent], Tag("parts")],
     Discriminator(
         _string_or_parts,
         custom_error_type="content",
@@ -347,7 +347,7 @@ def _tool_call_tag(value: Any) -> str | None:
 
 
 AnyToolCall = Annotated[
-    Union[Annotated[ToolCall, Tag("ToolCall")], Annotated[ToolCallDelta, Tag("ToolCallDelta")]],
+    Annotated[ToolCall, Tag("ToolCall")] | Annotated[ToolCallDelta, Tag("ToolCallDelta")],
     Discriminator(
         _tool_call_tag,
         custom_error_type="tool_call",
@@ -365,7 +365,7 @@ def _tool_calls_tag(value: Any) -> str | None:
 
 
 ToolCalls = Annotated[
-    Union[Annotated[list[ToolCall], Tag("list")], Annotated[ToolCallDelta, Tag("ToolCallDelta")]],
+    Annotated[list[ToolCall], Tag("list")] | Annotated[ToolCallDelta, Tag("ToolCallDelta")],
     Discriminator(
         _tool_calls_tag,
         custom_error_type="tool_calls",
@@ -401,7 +401,7 @@ def _approval_tag(value: Any) -> str | None:
 
 
 ApprovalItem = Annotated[
-    Union[Annotated[ApprovalReturn, Tag("ApprovalReturn")], Annotated[ToolReturn, Tag("ToolReturn")]],
+    Annotated[ApprovalReturn, Tag("ApprovalReturn")] | Annotated[ToolReturn, Tag("ToolReturn")],
     Discriminator(
         _approval_tag,
         custom_error_type="approval",
@@ -549,19 +549,17 @@ class EventMessage(BaseMessage):
 
 
 Message = Annotated[
-    Union[
-        SystemMessage,
-        UserMessage,
-        ReasoningMessage,
-        HiddenReasoningMessage,
-        ToolCallMessage,
-        ToolReturnMessage,
-        AssistantMessage,
-        ApprovalRequestMessage,
-        ApprovalResponseMessage,
-        SummaryMessage,
-        EventMessage,
-    ],
+    SystemMessage
+    | UserMessage
+    | ReasoningMessage
+    | HiddenReasoningMessage
+    | ToolCallMessage
+    | ToolReturnMessage
+    | AssistantMessage
+    | ApprovalRequestMessage
+    | ApprovalResponseMessage
+    | SummaryMessage
+    | EventMessage,
     Field(discriminator="message_type"),
 ]
 
@@ -593,11 +591,10 @@ def parse_message(data: Mapping[str, Any] | str | bytes | BaseMessage) -> Messag
         raise invalid_message(exc, data) from exc
 
 
-def invalid_message(exc: ValidationError, data: Any, prefix: str | None = None) -> InvalidMessage:
+def invalid_message(exc: ValidationError, data: Any) -> InvalidMessage:
     """An InvalidMessage whose text names each failing field as a path into ``data``."""
-    if prefix is None:
-        kind = data.get("message_type") if isinstance(data, Mapping) else None
-        prefix = f"invalid {kind}" if isinstance(kind, str) else "invalid message"
+    kind = data.get("message_type") if isinstance(data, Mapping) else None
+    prefix = f"invalid {kind}" if isinstance(kind, str) else "invalid message"
     error = InvalidMessage(f"{prefix}: {describe_errors(exc, data)}")
     error.errors = exc.errors(include_url=False)  # type: ignore[attr-defined]
     return error
@@ -706,8 +703,8 @@ def check_inline_parts(message: BaseMessage, max_part_bytes: int) -> None:
 
 
 def strip_inline_media(message: M, bytes_to_free: int) -> M:
-    """A copy whose inline parts are replaced, first to last, by a text part naming what was removed,
-    until at least ``bytes_to_free`` decoded bytes are gone (or no inline part is left).
+    """A copy whose inline parts are replaced, first to last, by a text part naming what was
+    removed, until at least ``bytes_to_free`` decoded bytes are gone (or no inline part is left).
 
     The message itself is not changed; with nothing to free it is returned as is.
     """

@@ -6,7 +6,7 @@ import base64
 import copy
 import json
 import string
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 from hypothesis import given, settings
@@ -73,7 +73,12 @@ EXAMPLES: dict[str, dict] = {
             {"type": "image", "source": {"type": "url", "url": "https://example.com/a.png"}},
             {
                 "type": "image",
-                "source": {"type": "base64", "data": PNG, "media_type": "image/png", "detail": "high"},
+                "source": {
+                    "type": "base64",
+                    "data": PNG,
+                    "media_type": "image/png",
+                    "detail": "high",
+                },
             },
             {
                 "type": "image",
@@ -98,7 +103,10 @@ EXAMPLES: dict[str, dict] = {
         "incomplete_at": "2024-05-01T12:00:06.250000Z",
         "attachments": [
             {"file_id": "file-9", "tools": [{"type": "code_interpreter"}, {"type": "file_search"}]},
-            {"data_source": {"uri": "azureml://x", "type": "uri_asset"}, "tools": [{"type": "file_search"}]},
+            {
+                "data_source": {"uri": "azureml://x", "type": "uri_asset"},
+                "tools": [{"type": "file_search"}],
+            },
         ],
         "assistant_id": "asst-1",
         "metadata": {"tenant": "acme", "ticket": "T-1"},
@@ -141,14 +149,22 @@ EXAMPLES: dict[str, dict] = {
         "stdout": ["searching", "done"],
         "stderr": [],
         "tool_returns": [
-            {"type": "tool", "status": "success", "tool_call_id": "call-1", "tool_return": "3 results"},
+            {
+                "type": "tool",
+                "status": "success",
+                "tool_call_id": "call-1",
+                "tool_return": "3 results",
+            },
             {
                 "type": "tool",
                 "status": "error",
                 "tool_call_id": "call-2",
                 "tool_return": [
                     {"type": "text", "text": "screenshot"},
-                    {"type": "image", "source": {"type": "base64", "data": PNG, "media_type": "image/png"}},
+                    {
+                        "type": "image",
+                        "source": {"type": "base64", "data": PNG, "media_type": "image/png"},
+                    },
                 ],
                 "stdout": ["x"],
                 "stderr": ["boom"],
@@ -159,7 +175,10 @@ EXAMPLES: dict[str, dict] = {
     "assistant_parts": {
         **COMMON,
         "message_type": "assistant_message",
-        "content": [{"type": "text", "text": "Hi"}, {"type": "text", "text": "there", "signature": "s"}],
+        "content": [
+            {"type": "text", "text": "Hi"},
+            {"type": "text", "text": "there", "signature": "s"},
+        ],
     },
     "approval_request": {
         **COMMON,
@@ -178,7 +197,10 @@ EXAMPLES: dict[str, dict] = {
                 "status": "success",
                 "tool_call_id": "call-4",
                 "tool_return": [
-                    {"type": "image", "source": {"type": "base64", "data": PNG, "media_type": "image/png"}}
+                    {
+                        "type": "image",
+                        "source": {"type": "base64", "data": PNG, "media_type": "image/png"},
+                    }
                 ],
             },
         ],
@@ -202,7 +224,11 @@ EXAMPLES: dict[str, dict] = {
         **COMMON,
         "message_type": "event_message",
         "event_type": "compaction",
-        "event_data": {"trigger": "post_step_context_check", "removed": [1, 2.5, None, True], "nested": {"a": {}}},
+        "event_data": {
+            "trigger": "post_step_context_check",
+            "removed": [1, 2.5, None, True],
+            "nested": {"a": {}},
+        },
     },
 }
 
@@ -290,7 +316,10 @@ def test_complete_tool_call_is_a_tool_call_and_partial_one_a_delta() -> None:
     assert type(complete.tool_call) is ToolCall
     assert type(partial.tool_call) is ToolCallDelta
     assert type(partial.tool_calls) is ToolCallDelta
-    with_null = {"message_type": "tool_call_message", "tool_call": {"name": "x", "arguments": None, "tool_call_id": "c"}}
+    with_null = {
+        "message_type": "tool_call_message",
+        "tool_call": {"name": "x", "arguments": None, "tool_call_id": "c"},
+    }
     assert type(parse_message(with_null).tool_call) is ToolCallDelta
 
 
@@ -325,8 +354,13 @@ def test_missing_message_type_is_named() -> None:
 
 
 def test_validation_error_is_wrapped_with_its_field_path() -> None:
-    bad = {"message_type": "user_message", "content": [{"type": "text", "text": "a"}, {"type": "text"}]}
-    with pytest.raises(InvalidMessage, match=r"invalid user_message: content\[1\]\.text: Field required") as caught:
+    bad = {
+        "message_type": "user_message",
+        "content": [{"type": "text", "text": "a"}, {"type": "text"}],
+    }
+    with pytest.raises(
+        InvalidMessage, match=r"invalid user_message: content\[1\]\.text: Field required"
+    ) as caught:
         parse_message(bad)
     assert type(caught.value.__cause__).__name__ == "ValidationError"
     assert caught.value.errors[0]["type"] == "missing"
@@ -359,7 +393,12 @@ def test_metadata_limits(metadata: dict, expected: str) -> None:
 
 def test_metadata_at_its_limits_is_fine() -> None:
     metadata = {f"{i:064d}": "v" * 512 for i in range(16)}
-    assert parse_message({"message_type": "user_message", "content": "x", "metadata": metadata}).metadata == metadata
+    assert (
+        parse_message(
+            {"message_type": "user_message", "content": "x", "metadata": metadata}
+        ).metadata
+        == metadata
+    )
 
 
 def test_assignment_is_validated() -> None:
@@ -394,13 +433,25 @@ def test_deep_event_data_given_as_python_is_an_invalid_message() -> None:
     for _ in range(100_000):
         nested = [nested]
     with pytest.raises(InvalidMessage, match=r"event_data: .*nests deeper than 64 levels"):
-        parse_message({"message_type": "event_message", "event_type": "compaction", "event_data": {"a": nested}})
+        parse_message(
+            {
+                "message_type": "event_message",
+                "event_type": "compaction",
+                "event_data": {"a": nested},
+            }
+        )
 
 
 @pytest.mark.parametrize("value", [{1, 2}, b"bytes", float("nan"), datetime(2024, 1, 1)])
 def test_event_data_holds_only_json_values(value: object) -> None:
     with pytest.raises(InvalidMessage, match=r"event_data: "):
-        parse_message({"message_type": "event_message", "event_type": "compaction", "event_data": {"a": value}})
+        parse_message(
+            {
+                "message_type": "event_message",
+                "event_type": "compaction",
+                "event_data": {"a": value},
+            }
+        )
 
 
 def test_non_dict_input_is_an_invalid_message() -> None:
@@ -425,17 +476,21 @@ def test_non_dict_input_is_an_invalid_message() -> None:
 )
 def test_timestamps_accept_iso_and_unix_seconds(value: object) -> None:
     message = UserMessage(content="x", date=value, completed_at=value, incomplete_at=value)
-    expected = datetime(2023, 11, 14, 22, 13, 20, tzinfo=timezone.utc)
+    expected = datetime(2023, 11, 14, 22, 13, 20, tzinfo=UTC)
     for field in (message.date, message.completed_at, message.incomplete_at):
         assert field == expected
         assert field.tzinfo is not None
 
 
 def test_timestamps_dump_as_iso_8601() -> None:
-    dumped = UserMessage(content="x", date=1_700_000_000.5, completed_at="2023-11-14T22:13:20").to_dict()
+    dumped = UserMessage(
+        content="x", date=1_700_000_000.5, completed_at="2023-11-14T22:13:20"
+    ).to_dict()
     assert dumped["date"] == "2023-11-14T22:13:20.500000Z"
     assert dumped["completed_at"] == "2023-11-14T22:13:20Z"
-    assert datetime.fromisoformat(dumped["date"]) == datetime(2023, 11, 14, 22, 13, 20, 500000, tzinfo=timezone.utc)
+    assert datetime.fromisoformat(dumped["date"]) == datetime(
+        2023, 11, 14, 22, 13, 20, 500000, tzinfo=UTC
+    )
 
 
 def test_bad_timestamp_is_named() -> None:
@@ -451,7 +506,10 @@ def _b64(size: int) -> str:
 
 
 def _image(size: int, media_type: str = "image/png") -> dict:
-    return {"type": "image", "source": {"type": "base64", "data": _b64(size), "media_type": media_type}}
+    return {
+        "type": "image",
+        "source": {"type": "base64", "data": _b64(size), "media_type": media_type},
+    }
 
 
 @pytest.mark.parametrize("size", [0, 1, 2, 3, 4, 5, 1000, 3 * MiB + 1])
@@ -465,8 +523,12 @@ def test_inline_parts_are_found_everywhere_with_their_paths() -> None:
     user = parse_message(EXAMPLES["user_parts"])
     png_size = len(base64.b64decode(PNG))
     assert inline_parts(user) == [("content[2]", png_size), ("content[3]", png_size)]
-    assert inline_parts(parse_message(EXAMPLES["tool_return"])) == [("tool_returns[1].tool_return[1]", png_size)]
-    assert inline_parts(parse_message(EXAMPLES["approval_response"])) == [("approvals[1].tool_return[0]", png_size)]
+    assert inline_parts(parse_message(EXAMPLES["tool_return"])) == [
+        ("tool_returns[1].tool_return[1]", png_size)
+    ]
+    assert inline_parts(parse_message(EXAMPLES["approval_response"])) == [
+        ("approvals[1].tool_return[0]", png_size)
+    ]
     assert inline_media_bytes(user) == 2 * png_size
     assert inline_parts(parse_message(EXAMPLES["assistant_parts"])) == []
     assert inline_media_bytes(UserMessage(content="no media")) == 0
@@ -474,9 +536,14 @@ def test_inline_parts_are_found_everywhere_with_their_paths() -> None:
 
 def test_check_inline_parts_rejects_a_part_over_the_limit() -> None:
     message = parse_message(
-        {"message_type": "user_message", "content": [{"type": "text", "text": "x"}, _image(MiB), _image(6 * MiB)]}
+        {
+            "message_type": "user_message",
+            "content": [{"type": "text", "text": "x"}, _image(MiB), _image(6 * MiB)],
+        }
     )
-    with pytest.raises(InlineMediaTooLarge, match=r"content\[2\] is 6291456 bytes decoded.* at most 5242880 bytes") as caught:
+    with pytest.raises(
+        InlineMediaTooLarge, match=r"content\[2\] is 6291456 bytes decoded.* at most 5242880 bytes"
+    ) as caught:
         check_inline_parts(message, max_part_bytes=5 * MiB)
     assert isinstance(caught.value, InvalidMessage)
     check_inline_parts(message, max_part_bytes=6 * MiB)  # exactly at the limit is fine
@@ -486,7 +553,12 @@ def test_strip_inline_media_replaces_own_parts_first_to_last() -> None:
     original = parse_message(
         {
             "message_type": "user_message",
-            "content": [_image(3 * MiB), {"type": "text", "text": "keep me"}, _image(2 * MiB, "image/jpeg"), _image(MiB)],
+            "content": [
+                _image(3 * MiB),
+                {"type": "text", "text": "keep me"},
+                _image(2 * MiB, "image/jpeg"),
+                _image(MiB),
+            ],
         }
     )
     before = copy.deepcopy(original.to_dict())
@@ -494,10 +566,21 @@ def test_strip_inline_media_replaces_own_parts_first_to_last() -> None:
     stripped = strip_inline_media(original, bytes_to_free=4 * MiB)
 
     assert original.to_dict() == before  # the caller's message is untouched
-    assert [type(part).__name__ for part in stripped.content] == ["TextContent", "TextContent", "TextContent", "ImageContent"]
-    assert stripped.content[0].text == "[image removed: image/png, 3145728 bytes, thread inline media limit]"
+    assert [type(part).__name__ for part in stripped.content] == [
+        "TextContent",
+        "TextContent",
+        "TextContent",
+        "ImageContent",
+    ]
+    assert (
+        stripped.content[0].text
+        == "[image removed: image/png, 3145728 bytes, thread inline media limit]"
+    )
     assert stripped.content[1].text == "keep me"
-    assert stripped.content[2].text == "[image removed: image/jpeg, 2097152 bytes, thread inline media limit]"
+    assert (
+        stripped.content[2].text
+        == "[image removed: image/jpeg, 2097152 bytes, thread inline media limit]"
+    )
     assert inline_media_bytes(stripped) == MiB
 
 
@@ -506,16 +589,26 @@ def test_strip_inline_media_covers_tool_returns_and_letta_images() -> None:
     assert inline_parts(stripped) == []
     assert stripped.tool_returns[1].tool_return[1].text.startswith("[image removed: image/png")
     letta = parse_message(
-        {"message_type": "user_message", "content": [{"type": "image", "source": {"type": "letta", "file_id": "f-1", "data": _b64(30)}}]}
+        {
+            "message_type": "user_message",
+            "content": [
+                {"type": "image", "source": {"type": "letta", "file_id": "f-1", "data": _b64(30)}}
+            ],
+        }
     )
     note = strip_inline_media(letta, 1).content[0].text
-    assert note == "[image removed: unknown media type, 30 bytes, file f-1, thread inline media limit]"
+    assert (
+        note == "[image removed: unknown media type, 30 bytes, file f-1, thread inline media limit]"
+    )
 
 
 def test_strip_inline_media_with_nothing_to_free_returns_the_message() -> None:
     message = parse_message(EXAMPLES["user_parts"])
     assert strip_inline_media(message, 0) is message
-    assert strip_inline_media(UserMessage(content="x"), 100).to_dict() == {"message_type": "user_message", "content": "x"}
+    assert strip_inline_media(UserMessage(content="x"), 100).to_dict() == {
+        "message_type": "user_message",
+        "content": "x",
+    }
 
 
 def test_strip_inline_media_removes_everything_when_the_budget_is_unreachable() -> None:
@@ -531,12 +624,17 @@ ids = st.text(alphabet=string.ascii_letters + string.digits + "-_", min_size=1, 
 timestamps = st.none() | st.datetimes(
     min_value=datetime(1970, 1, 2),
     max_value=datetime(9999, 1, 1),
-    timezones=st.just(timezone.utc) | st.builds(lambda m: timezone(timedelta(minutes=m)), st.integers(-14 * 60, 14 * 60)),
+    timezones=st.just(UTC)
+    | st.builds(lambda m: timezone(timedelta(minutes=m)), st.integers(-14 * 60, 14 * 60)),
 )
 metadata = st.none() | st.dictionaries(st.text(max_size=64), st.text(max_size=512), max_size=16)
 b64_data = st.binary(max_size=64).map(lambda raw: base64.b64encode(raw).decode())
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.floats(allow_nan=False, allow_infinity=False) | text,
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**64 - 1)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | text,
     lambda children: st.lists(children, max_size=4) | st.dictionaries(text, children, max_size=4),
     max_leaves=12,
 )
@@ -545,16 +643,22 @@ text_parts = st.builds(TextContent, text=text, signature=optional_text)
 image_sources = (
     st.builds(URLImage, url=text)
     | st.builds(Base64Image, data=b64_data, media_type=text, detail=optional_text)
-    | st.builds(LettaImage, file_id=ids, data=st.none() | b64_data, detail=optional_text, media_type=optional_text)
+    | st.builds(
+        LettaImage,
+        file_id=ids,
+        data=st.none() | b64_data,
+        detail=optional_text,
+        media_type=optional_text,
+    )
 )
 parts = text_parts | st.builds(ImageContent, source=image_sources)
 content = text | st.lists(parts, max_size=4)
 tool_call = st.builds(ToolCall, arguments=text, name=text, tool_call_id=ids)
 # A delta with every field set reads back as a ToolCall (tested on its own below), so the
 # generated deltas miss at least one field.
-tool_call_delta = st.builds(ToolCallDelta, arguments=optional_text, name=optional_text, tool_call_id=optional_text).filter(
-    lambda delta: None in (delta.arguments, delta.name, delta.tool_call_id)
-)
+tool_call_delta = st.builds(
+    ToolCallDelta, arguments=optional_text, name=optional_text, tool_call_id=optional_text
+).filter(lambda delta: None in (delta.arguments, delta.name, delta.tool_call_id))
 output_lines = st.none() | st.lists(text, max_size=3)
 tool_return = st.builds(
     ToolReturn,
@@ -580,7 +684,11 @@ common_fields = {
     "incomplete_at": timestamps,
     "attachments": st.none()
     | st.lists(
-        st.builds(Attachment, file_id=st.none() | ids, tools=st.none() | st.lists(st.builds(AttachmentTool, type=text), max_size=2)),
+        st.builds(
+            Attachment,
+            file_id=st.none() | ids,
+            tools=st.none() | st.lists(st.builds(AttachmentTool, type=text), max_size=2),
+        ),
         max_size=2,
     ),
     "assistant_id": optional_text,
@@ -595,9 +703,22 @@ def _message(cls: type, **fields: st.SearchStrategy) -> st.SearchStrategy:
 messages = st.one_of(
     _message(SystemMessage, content=text),
     _message(UserMessage, content=content),
-    _message(ReasoningMessage, reasoning=text, source=st.sampled_from(["reasoner_model", "non_reasoner_model"]), signature=optional_text),
-    _message(HiddenReasoningMessage, state=st.sampled_from(["redacted", "omitted"]), hidden_reasoning=optional_text),
-    _message(ToolCallMessage, tool_call=tool_call | tool_call_delta, tool_calls=st.none() | st.lists(tool_call, max_size=3) | tool_call_delta),
+    _message(
+        ReasoningMessage,
+        reasoning=text,
+        source=st.sampled_from(["reasoner_model", "non_reasoner_model"]),
+        signature=optional_text,
+    ),
+    _message(
+        HiddenReasoningMessage,
+        state=st.sampled_from(["redacted", "omitted"]),
+        hidden_reasoning=optional_text,
+    ),
+    _message(
+        ToolCallMessage,
+        tool_call=tool_call | tool_call_delta,
+        tool_calls=st.none() | st.lists(tool_call, max_size=3) | tool_call_delta,
+    ),
     _message(
         ToolReturnMessage,
         status=st.sampled_from(["success", "error"]),
@@ -608,12 +729,20 @@ messages = st.one_of(
         tool_returns=st.none() | st.lists(tool_return, max_size=3),
     ),
     _message(AssistantMessage, content=text | st.lists(text_parts, max_size=3)),
-    _message(ApprovalRequestMessage, tool_call=tool_call | tool_call_delta, tool_calls=st.none() | st.lists(tool_call, max_size=3)),
+    _message(
+        ApprovalRequestMessage,
+        tool_call=tool_call | tool_call_delta,
+        tool_calls=st.none() | st.lists(tool_call, max_size=3),
+    ),
     _message(
         ApprovalResponseMessage,
         approval_request_id=st.none() | ids,
         approvals=st.none()
-        | st.lists(st.builds(ApprovalReturn, approve=st.booleans(), tool_call_id=ids, reason=optional_text) | tool_return, max_size=3),
+        | st.lists(
+            st.builds(ApprovalReturn, approve=st.booleans(), tool_call_id=ids, reason=optional_text)
+            | tool_return,
+            max_size=3,
+        ),
         approve=st.none() | st.booleans(),
         reason=optional_text,
     ),
@@ -631,13 +760,19 @@ messages = st.one_of(
             context_tokens_before=st.none() | st.integers(0, 2**31),
         ),
     ),
-    _message(EventMessage, event_type=st.just("compaction"), event_data=st.dictionaries(text, json_values, max_size=4)),
+    _message(
+        EventMessage,
+        event_type=st.just("compaction"),
+        event_data=st.dictionaries(text, json_values, max_size=4),
+    ),
 )
 
 
 @settings(max_examples=300, deadline=None)
 @given(message=messages, sequence=st.integers(1, 2**53), turn_id=st.none() | ids)
-def test_every_message_round_trips_through_dict_json_and_record(message, sequence: int, turn_id: str | None) -> None:
+def test_every_message_round_trips_through_dict_json_and_record(
+    message, sequence: int, turn_id: str | None
+) -> None:
     as_dict = message.to_dict()
     assert parse_message(as_dict) == message
     assert parse_message(message.to_json()) == message
