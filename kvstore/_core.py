@@ -8,6 +8,8 @@ operation: keys and arguments are built here, replies are parsed here.
 
 from __future__ import annotations
 
+import logging
+import time
 import uuid
 from collections.abc import Generator, Iterable, Sequence
 from dataclasses import dataclass
@@ -18,10 +20,18 @@ from pydantic import BaseModel
 
 from . import errors
 from ._keys import ThreadKeys
-from ._record import decode_records, encode_record
+from ._record import decode_records, encode_record, record_turn_id
 from ._scripts import SCRIPTS, Script
 from .config import StoreConfig
-from .messages import Message, check_inline_parts, inline_media_bytes, parse_message
+from .messages import (
+    CompactionStats,
+    Message,
+    SummaryMessage,
+    check_inline_parts,
+    inline_media_bytes,
+    parse_message,
+    strip_inline_media,
+)
 from .models import MessagesPage, ThreadSnapshot, ThreadStats, TurnOutcome, TurnResult, TurnState
 
 
@@ -47,6 +57,12 @@ PLAN_MAX_CHUNKS = 64
 MAX_READ_ATTEMPTS = 20
 MAX_TOKEN_LENGTH = 256
 TURN_OUTCOMES = ("completed", "steered", "cancelled", "failed")
+# The most messages one remove_turn call retracts; larger turns take several calls.
+REMOVE_TURN_STEP = 500
+# The most chunks one delete call removes.
+DELETE_STEP = 256
+
+log = logging.getLogger("kvstore")
 
 Cursor = str | int | None
 
@@ -61,6 +77,27 @@ class ThreadRef:
     @classmethod
     def of(cls, config: StoreConfig, thread_id: str) -> ThreadRef:
         return cls(config, ThreadKeys.of(config.namespace, thread_id))
+
+    def script_keys(self) -> tuple[str, ...]:
+        """KEYS[1..9] of every script (lua/includes/thread.lua)."""
+        return (*self.keys.fixed(), self.keys.chunk_prefix)
+
+    def limits(self) -> list[Any]:
+        """ARGV[1..10] of every writing script (lua/includes/thread.lua: read_limits)."""
+        config = self.config
+        retained = config.retained_message_limit
+        return [
+            config.window_size,
+            config.chunk_size,
+            config.chunk_max_bytes,
+            config.max_chunks_per_call,
+            config.max_bytes_per_call,
+            config.max_message_bytes,
+            config.max_inline_media_bytes,
+            -1 if retained is None else retained,
+            (config.thread_ttl or 0) * 1000,
+            int(time.time() * 1000),
+        ]
 
 
 # --------------------------------------------------------------------------------- append
@@ -110,14 +147,12 @@ def prepare_batch(
         _check_token("message id", message.id)
         if message.otid is not None:
             _check_token("otid", message.otid)
-        record = encode_record(message, turn_id)
-        if len(record) > config.max_message_bytes:
-            raise errors.MessageTooLarge(
-                f"message {position} ({message.message_type}) encodes to {len(record)} bytes;"
-                f" max_message_bytes is {config.max_message_bytes}"
-            )
-        total += len(record)
-        prepared.append(_Prepared(message, record, inline_media_bytes(message)))
+        try:
+            item = _prepared(config, message, turn_id)
+        except errors.MessageTooLarge as exc:
+            raise errors.MessageTooLarge(f"message {position} ({message.message_type}): {exc}") from None
+        total += len(item.record)
+        prepared.append(item)
     if total > config.max_batch_bytes:
         raise errors.BatchTooLarge(
             f"the batch encodes to {total} bytes; max_batch_bytes is {config.max_batch_bytes}"
@@ -128,21 +163,17 @@ def prepare_batch(
 def append(
     thread: ThreadRef, messages: Message | dict | Iterable[Message | dict], turn_id: str | None
 ) -> Operation:
-    config, keys = thread.config, thread.keys
-    prepared = prepare_batch(config, messages, turn_id)
-    args: list[Any] = [
-        config.window_size,
-        config.chunk_size,
-        config.chunk_max_bytes,
-        config.max_chunks_per_call,
-        config.max_bytes_per_call,
-        config.max_message_bytes,
-        turn_id or "",
-        len(prepared),
-    ]
-    for item in prepared:
-        args += (item.message.id, item.message.otid or "", item.media, item.record)
-    reply = yield Eval(SCRIPTS["append"], _append_keys(keys), args)
+    prepared = prepare_batch(thread.config, messages, turn_id)
+    while True:
+        args: list[Any] = [*thread.limits(), turn_id or "", len(prepared)]
+        for item in prepared:
+            args += (item.message.id, item.message.otid or "", item.media, item.record)
+        try:
+            reply = yield Eval(SCRIPTS["append"], thread.script_keys(), args)
+        except errors.InlineMediaBudget as over:
+            prepared = _fit_media(prepared, over.available, turn_id)
+            continue
+        break
     if reply[0] == 1:
         first = int(reply[1])
         return [
@@ -154,11 +185,16 @@ def append(
     return (yield from fetch_sequences(thread, sequences, missing_ok=True))
 
 
-def _append_keys(keys: ThreadKeys) -> tuple[str, ...]:
-    return (
-        keys.meta, keys.window, keys.window_side, keys.chunk_index, keys.large_index,
-        keys.ids, keys.otids, keys.turns, keys.chunk_prefix,
-    )
+def _fit_media(prepared: list[_Prepared], available: int, turn_id: str | None) -> list[_Prepared]:
+    """Replaces the batch's own inline parts, first to last, until it fits `available` bytes."""
+    fitted = []
+    for item in prepared:
+        if item.media > available:
+            message = strip_inline_media(item.message, item.media - available)
+            item = _Prepared(message, encode_record(message, turn_id), inline_media_bytes(message))
+        available -= item.media
+        fitted.append(item)
+    return fitted
 
 
 # ---------------------------------------------------------------------------------- turns
@@ -166,8 +202,7 @@ def _append_keys(keys: ThreadKeys) -> tuple[str, ...]:
 
 def start_turn(thread: ThreadRef, turn_id: str) -> Operation:
     _check_token("turn_id", turn_id)
-    keys = thread.keys
-    sequence = yield Eval(SCRIPTS["start_turn"], (keys.meta, keys.turns), (turn_id,))
+    sequence = yield Eval(SCRIPTS["start_turn"], thread.script_keys(), (*thread.limits(), turn_id))
     return int(sequence)
 
 
@@ -175,9 +210,8 @@ def finish_turn(thread: ThreadRef, turn_id: str, outcome: TurnOutcome) -> Operat
     _check_token("turn_id", turn_id)
     if outcome not in TURN_OUTCOMES:
         raise errors.InvalidMessage(f"outcome {outcome!r} is not one of {', '.join(TURN_OUTCOMES)}")
-    keys = thread.keys
     count, first, last, _start = yield Eval(
-        SCRIPTS["finish_turn"], (keys.meta, keys.turns), (turn_id, outcome)
+        SCRIPTS["finish_turn"], thread.script_keys(), (*thread.limits(), turn_id, outcome)
     )
     return TurnResult(
         turn_id=turn_id,
@@ -210,10 +244,17 @@ def get(thread: ThreadRef, message_id: str) -> Operation:
 
 
 def _fetch_located(thread: ThreadRef, kind: str, targets: list[str], missing_ok: bool) -> Operation:
+    entries = yield from _locate_records(thread, kind, targets)
+    if len(entries) < len(targets) and not missing_ok:
+        raise errors.MessageNotFound(f"{len(targets) - len(entries)} messages are not stored")
+    return _decode(entries)
+
+
+def _locate_records(thread: ThreadRef, kind: str, targets: list[str]) -> Operation:
+    """(sequence, record) of each target that is stored, by sequence or by id, in order."""
     keys = thread.keys
-    locate_keys = (keys.meta, keys.window_side, keys.chunk_index, keys.large_index, keys.ids)
     for _ in range(MAX_READ_ATTEMPTS):
-        reply = yield Eval(SCRIPTS["locate"], locate_keys, (kind, *targets))
+        reply = yield Eval(SCRIPTS["locate"], thread.script_keys(), (kind, *targets))
         gen, places = reply[0], reply[2:]
         commands: list[tuple[Any, ...]] = []
         wanted: list[int] = []
@@ -230,14 +271,11 @@ def _fetch_located(thread: ThreadRef, kind: str, targets: list[str], missing_ok:
         results = yield Batch(commands)
         if _int(results[-1]) != int(gen):
             continue
-        entries = []
-        for sequence, result in zip(wanted, results[:-1]):
-            record = result[0] if result else None
-            if record is not None:
-                entries.append((sequence, record))
-        if len(entries) < len(targets) and not missing_ok:
-            raise errors.MessageNotFound(f"{len(targets) - len(entries)} messages are not stored")
-        return _decode(entries)
+        return [
+            (sequence, result[0])
+            for sequence, result in zip(wanted, results[:-1])
+            if result and result[0] is not None
+        ]
     raise errors.ServerError("the thread changed under every read attempt; try again")
 
 
@@ -323,7 +361,7 @@ def _walk(
             entries = [(int(float(score)), member) for member, score in pairs[: need - 1]]
             return entries, True, _int(deleted_before)
 
-    plan_keys = (keys.meta, keys.window, keys.chunk_index, keys.large_index, keys.ids)
+    plan_keys = thread.script_keys()
     collected: list[tuple[int, bytes]] = []
     attempts = 0
     while True:
@@ -498,46 +536,136 @@ def snapshot(thread: ThreadRef) -> Operation:
             ("ZCARD", keys.large_index),
         ]
     )
-    fields = {(k.decode() if isinstance(k, bytes) else k): v for k, v in meta.items()}
+    fields = {_text(k): _text(v) for k, v in meta.items()}
     turn = None
     if fields.get("turn_id"):
         turn = TurnState(
-            turn_id=fields["turn_id"].decode() if isinstance(fields["turn_id"], bytes) else fields["turn_id"],
+            turn_id=fields["turn_id"],
             sequence=int(fields["turn_seq"]),
-            outcome=(fields.get("turn_outcome") or b"open").decode()
-            if isinstance(fields.get("turn_outcome") or b"open", bytes)
-            else fields["turn_outcome"],
+            outcome=fields.get("turn_outcome") or "open",
         )
+    summary = yield from _summary(thread, fields)
     return ThreadSnapshot(
         messages=list(reversed(page.messages)),
-        summary=None,
+        summary=summary,
         turn=turn,
         stats=_stats_from(meta, window, chunks + large),
     )
 
 
-def delete_step(thread: ThreadRef, batch: int = 256) -> Operation:
-    """Deletes up to `batch` chunks, then the fixed keys once no chunk is left.
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
 
-    Returns True when the thread is gone. Bounded work per call for huge threads.
-    """
+
+def _summary(thread: ThreadRef, fields: dict[str, str]) -> Operation:
+    """The context summary named by meta, or None."""
+    if not fields.get("summary_seq"):
+        return None
+    found = yield from fetch_sequences(thread, [int(fields["summary_seq"])], missing_ok=True)
+    summary = found[0] if found else None
+    return summary if isinstance(summary, SummaryMessage) else None
+
+
+# ------------------------------------------------------------------------------ lifecycle
+
+
+def compact(
+    thread: ThreadRef, summary: str, last_sequence: int, stats: CompactionStats | dict | None = None
+) -> Operation:
+    if isinstance(last_sequence, bool) or not isinstance(last_sequence, int) or last_sequence < 1:
+        raise errors.InvalidCursor(f"last_sequence must be a positive int, got {last_sequence!r}")
+    message = SummaryMessage(summary=summary, compaction_stats=stats)
+    (item,) = prepare_batch(thread.config, message, None)
+    while True:
+        args = [*thread.limits(), last_sequence, item.message.id, item.message.otid or "", item.media, item.record]
+        try:
+            replay_or_stored, sequence, _deleted = yield Eval(SCRIPTS["compact"], thread.script_keys(), args)
+        except errors.InlineMediaBudget as over:
+            (item,) = _fit_media([item], over.available, None)
+            continue
+        break
+    if replay_or_stored == 0:
+        found = yield from fetch_sequences(thread, [int(sequence)])
+        return found[0]
+    return item.message.model_copy(update={"seq_id": int(sequence)})
+
+
+def context(thread: ThreadRef) -> Operation:
+    """The model input: the context summary and every message after its last sequence."""
     keys = thread.keys
-    normal, large = yield Batch(
-        [
-            ("ZRANGE", keys.chunk_index, 0, batch - 1, "WITHSCORES"),
-            ("ZRANGE", keys.large_index, 0, batch - 1, "WITHSCORES"),
-        ]
-    )
-    normal, large = _score_pairs(normal), _score_pairs(large)
-    firsts = [int(float(score)) for _member, score in (*normal, *large)]
-    if firsts:
-        yield Batch(
-            [
-                ("DEL", *(keys.chunk(f) for f in firsts)),
-                ("ZREM", keys.chunk_index, *(m for m, _ in normal)) if normal else ("PING",),
-                ("ZREM", keys.large_index, *(m for m, _ in large)) if large else ("PING",),
-            ]
+    (meta,) = yield Batch([("HMGET", keys.meta, "summary_last", "summary_seq", "deleted_before")])
+    summary_last, summary_seq, deleted_before = meta
+    messages: list[Message] = []
+    after: Cursor = None
+    if summary_seq is not None:
+        summary = yield from _summary(thread, {"summary_seq": _text(summary_seq)})
+        if summary is not None:
+            messages.append(summary)
+        after = int(summary_last)
+    elif deleted_before is not None:
+        log.warning(
+            "thread %s has deleted messages (before sequence %s) but no summary: its model input"
+            " starts mid-conversation",
+            keys.meta,
+            _text(deleted_before),
         )
-        return False
-    yield Batch([("DEL", *keys.fixed())])
-    return True
+    skip = int(summary_seq) if summary_seq is not None else None
+    while True:
+        page = yield from list_page(thread, after=after, limit=MAX_LIMIT)
+        messages += [m for m in page.messages if m.seq_id != skip]
+        if not page.has_more or not page.messages:
+            return messages
+        after = page.messages[-1].seq_id
+
+
+def replace(thread: ThreadRef, message_id: str, message: Message | dict) -> Operation:
+    if not isinstance(message_id, str) or not message_id:
+        raise errors.InvalidCursor(f"message id must be a non-empty str, got {message_id!r}")
+    incoming = parse_message(message)
+    check_inline_parts(incoming, thread.config.max_inline_part_bytes)
+    found = yield from _locate_records(thread, "id", [message_id])
+    if not found:
+        raise errors.MessageNotFound(f"no stored message has id {message_id!r}")
+    sequence, record = found[0]
+    (original,) = _decode([(sequence, record)])
+    turn_id = record_turn_id(record)
+    # Same id and sequence; the otid stays the original's (the otid map is not changed).
+    replacement = incoming.model_copy(
+        update={"id": original.id, "otid": original.otid, "date": incoming.date or original.date, "seq_id": None}
+    )
+    item = _prepared(thread.config, replacement, turn_id)
+    while True:
+        args = [*thread.limits(), message_id, item.media, item.record]
+        try:
+            stored_at = yield Eval(SCRIPTS["replace"], thread.script_keys(), args)
+        except errors.InlineMediaBudget as over:
+            (item,) = _fit_media([item], over.available, turn_id)
+            continue
+        return item.message.model_copy(update={"seq_id": int(stored_at)})
+
+
+def _prepared(config: StoreConfig, message: Message, turn_id: str | None) -> _Prepared:
+    record = encode_record(message, turn_id)
+    if len(record) > config.max_message_bytes:
+        raise errors.MessageTooLarge(
+            f"the message encodes to {len(record)} bytes; max_message_bytes is {config.max_message_bytes}"
+        )
+    return _Prepared(message, record, inline_media_bytes(message))
+
+
+def remove_turn(thread: ThreadRef, turn_id: str) -> Operation:
+    _check_token("turn_id", turn_id)
+    removed = 0
+    while True:
+        count, remaining = yield Eval(
+            SCRIPTS["remove_turn"], thread.script_keys(), (*thread.limits(), turn_id, REMOVE_TURN_STEP)
+        )
+        removed += int(count)
+        if int(remaining) == 0:
+            return removed
+
+
+def delete(thread: ThreadRef) -> Operation:
+    """Removes every key of the thread, DELETE_STEP chunks per call."""
+    while not (yield Eval(SCRIPTS["delete"], thread.script_keys(), (DELETE_STEP,))):
+        pass

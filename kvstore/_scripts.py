@@ -71,7 +71,10 @@ class Script:
         return Script(self.name, body, hashlib.sha1(body.encode()).hexdigest(), self.writes)
 
 
-SCRIPT_NAMES = ("append", "start_turn", "finish_turn", "page_plan", "locate")
+SCRIPT_NAMES = (
+    "append", "compact", "start_turn", "finish_turn", "replace", "remove_turn", "delete",
+    "page_plan", "locate",
+)
 SCRIPTS: dict[str, Script] = {name: Script.load(name) for name in SCRIPT_NAMES}
 
 
@@ -85,6 +88,8 @@ _ERRORS: dict[str, type[errors.KVStoreError]] = {
     "KVS_DUPLICATE_ID": errors.DuplicateMessageId,
     "KVS_CURSOR_NOT_FOUND": errors.MessageNotFound,
     "KVS_TURN_NOT_FOUND": errors.TurnNotFound,
+    "KVS_NOT_FOUND": errors.MessageNotFound,
+    "KVS_BAD_SUMMARY": errors.InvalidCursor,
 }
 
 _KVS_CODE = re.compile(r"(KVS_[A-Z_]+) ?(.*)", re.DOTALL)
@@ -93,6 +98,8 @@ _KVS_CODE = re.compile(r"(KVS_[A-Z_]+) ?(.*)", re.DOTALL)
 def error_from_reply(script: Script, message: str) -> errors.KVStoreError:
     """Maps a script's error reply to a typed error; unknown errors name the script."""
     match = _KVS_CODE.search(message)
+    if match and match.group(1) == "KVS_MEDIA_OVER":
+        return errors.InlineMediaBudget(int(match.group(2).split()[0]))
     if match and match.group(1) in _ERRORS:
         return _ERRORS[match.group(1)](match.group(2).strip() or match.group(1))
     if message.startswith("NOPERM") or "no permissions" in message:

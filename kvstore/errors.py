@@ -31,6 +31,18 @@ class InlineMediaTooLarge(InvalidMessage):
     """One inline media part is larger than ``max_inline_part_bytes``."""
 
 
+class InlineMediaBudget(KVStoreError):
+    """The thread's inline media budget has `available` bytes left.
+
+    The store handles it itself (it replaces the incoming message's own inline parts and sends
+    the call again); it reaches callers only through the low-level core.
+    """
+
+    def __init__(self, available: int) -> None:
+        super().__init__(f"{available} bytes of inline media are left in the thread")
+        self.available = available
+
+
 class MessageTooLarge(KVStoreError, ValueError):
     """One encoded message is larger than ``max_message_bytes``; nothing was written."""
 

@@ -20,7 +20,7 @@ from . import _core, errors
 from ._core import Batch, Cursor, Eval, Operation, ThreadRef
 from ._scripts import SCRIPTS, Script, error_from_reply
 from .config import StoreConfig
-from .messages import Message
+from .messages import CompactionStats, Message, SummaryMessage
 from .models import MessagesPage, ThreadSnapshot, ThreadStats, TurnOutcome, TurnResult
 
 ITER_PAGE = 200
@@ -86,10 +86,16 @@ class MessageStore(_Executor):
         return Thread(self, ThreadRef.of(self.config, thread_id))
 
     def run(self, operation: Operation) -> Any:
+        """Drives a core operation; a typed error is thrown back into it (it may handle it)."""
         try:
             request = next(operation)
             while True:
-                request = operation.send(self._execute(request))
+                try:
+                    result = self._execute(request)
+                except errors.KVStoreError as exc:
+                    request = operation.throw(exc)
+                else:
+                    request = operation.send(result)
         except StopIteration as done:
             return done.value
 
@@ -162,14 +168,22 @@ class Thread:
         return self._store.run(_core.snapshot(self._ref))
 
     def context(self) -> list[Message]:
-        return list(self.iter())
+        return self._store.run(_core.context(self._ref))
+
+    def compact(self, summary: str, last_sequence: int, stats: CompactionStats | dict | None = None) -> SummaryMessage:
+        return self._store.run(_core.compact(self._ref, summary, last_sequence, stats))
+
+    def replace(self, message_id: str, message: Message | dict) -> Message:
+        return self._store.run(_core.replace(self._ref, message_id, message))
+
+    def remove_turn(self, turn_id: str) -> int:
+        return self._store.run(_core.remove_turn(self._ref, turn_id))
 
     def stats(self) -> ThreadStats:
         return self._store.run(_core.stats(self._ref))
 
     def delete(self) -> None:
-        while not self._store.run(_core.delete_step(self._ref)):
-            pass
+        self._store.run(_core.delete(self._ref))
 
 
 class AsyncMessageStore(_Executor):
@@ -189,10 +203,16 @@ class AsyncMessageStore(_Executor):
         return AsyncThread(self, ThreadRef.of(self.config, thread_id))
 
     async def run(self, operation: Operation) -> Any:
+        """Drives a core operation; a typed error is thrown back into it (it may handle it)."""
         try:
             request = next(operation)
             while True:
-                request = operation.send(await self._execute(request))
+                try:
+                    result = await self._execute(request)
+                except errors.KVStoreError as exc:
+                    request = operation.throw(exc)
+                else:
+                    request = operation.send(result)
         except StopIteration as done:
             return done.value
 
@@ -266,11 +286,19 @@ class AsyncThread:
         return await self._store.run(_core.snapshot(self._ref))
 
     async def context(self) -> list[Message]:
-        return [message async for message in self.iter()]
+        return await self._store.run(_core.context(self._ref))
+
+    async def compact(self, summary: str, last_sequence: int, stats: CompactionStats | dict | None = None) -> SummaryMessage:
+        return await self._store.run(_core.compact(self._ref, summary, last_sequence, stats))
+
+    async def replace(self, message_id: str, message: Message | dict) -> Message:
+        return await self._store.run(_core.replace(self._ref, message_id, message))
+
+    async def remove_turn(self, turn_id: str) -> int:
+        return await self._store.run(_core.remove_turn(self._ref, turn_id))
 
     async def stats(self) -> ThreadStats:
         return await self._store.run(_core.stats(self._ref))
 
     async def delete(self) -> None:
-        while not await self._store.run(_core.delete_step(self._ref)):
-            pass
+        await self._store.run(_core.delete(self._ref))

@@ -3,11 +3,7 @@
 --- of a walk, without reading any message. The client then fetches the records with native
 --- commands and compares `gen` to detect a concurrent rollover or deletion.
 ---
---- KEYS[1] meta         hash
---- KEYS[2] window       zset  (only counted here)
---- KEYS[3] chunk_index  zset
---- KEYS[4] large_index  zset
---- KEYS[5] ids          hash
+--- KEYS[1..9]  the thread's keys (docs/LAYOUT.md); the window is only counted here
 ---
 --- ARGV[1] lo_kind   '' | 'seq' | 'id'   exclusive lower bound of the range
 --- ARGV[2] lo
@@ -23,8 +19,11 @@
 ---   seq >= bound); past it the client plans again from `bound`. hi = -1 means unbounded.
 --- Errors: KVS_WRONGTYPE, KVS_CURSOR_NOT_FOUND
 --- @include "includes/checks"
+--- @include "includes/thread"
+--- @include "includes/index"
 
-local meta_key, window_key, chunk_index_key, large_index_key, ids_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local keys = thread_keys()
+local meta_key, window_key, chunk_index_key, large_index_key, ids_key = keys.meta, keys.window, keys.chunk_index, keys.large_index, keys.ids
 local lo_kind, lo_arg, hi_kind, hi_arg = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local walk, need, max_chunks = ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7])
 
@@ -59,11 +58,6 @@ lo = lo or 0
 if deleted_before > 0 and lo < deleted_before - 1 then lo = deleted_before - 1 end
 if not hi or hi > last_seq + 1 then hi = last_seq + 1 end
 
-local function parse_chunk(member)
-  local first, last, count = string.match(member, '^(%d+):(%d+):(%d+):')
-  return tonumber(first), tonumber(last), tonumber(count)
-end
-
 -- How many of a chunk's messages can lie inside (lo, hi): at most its count, at most its span.
 local function in_range(first, last, count)
   local a, b = math.max(first, lo + 1), math.min(last, hi - 1)
@@ -82,7 +76,7 @@ if hi - lo > 1 then
     for _, member in ipairs(above) do candidates[#candidates + 1] = member end
     local stopped = false
     for _, member in ipairs(candidates) do
-      local first, last, count = parse_chunk(member)
+      local first, last, count = parse_chunk_member(member)
       local n = in_range(first, last, count)
       if n > 0 then
         if acc >= need or #chunks >= max_chunks then
@@ -109,7 +103,7 @@ if hi - lo > 1 then
       local acc = in_window
       local candidates = redis.call('ZRANGE', chunk_index_key, '(' .. hi, '-inf', 'BYSCORE', 'REV', 'LIMIT', 0, max_chunks + 1)
       for _, member in ipairs(candidates) do
-        local first, last, count = parse_chunk(member)
+        local first, last, count = parse_chunk_member(member)
         if last <= lo then break end
         local n = in_range(first, last, count)
         if n > 0 then

@@ -1,16 +1,80 @@
--- The chunk index: a sorted set scored by a chunk's first sequence, whose member carries
--- "first:last:count:bytes:media". Oversized single-message chunks are listed apart, in the
--- large index, as "sequence:bytes:media", so normal chunks keep disjoint, ordered ranges.
+-- The chunk index and the per-message side info.
+--
+-- Normal chunks are listed in the chunk index, a sorted set scored by a chunk's first sequence
+-- whose member is "first:last:count:bytes:media". Oversized single-message chunks are listed
+-- apart, in the large index, as "sequence:bytes:media", so normal chunks keep disjoint, ordered
+-- ranges. A message's side info, "id\totid\tmedia\tbytes\tturn", lives in the window side hash
+-- while the message is in the window and in its chunk's manifest ("_m", one
+-- "sequence\t<side info>\n" line per message) afterwards: it is what retention and turn removal
+-- need, without unpacking records.
+
+local function fmt(n)
+  return string.format('%d', n)
+end
 
 local function chunk_index_member(first, last, count, bytes, media)
   return string.format('%d:%d:%d:%d:%d', first, last, count, bytes, media)
+end
+
+local function parse_chunk_member(member)
+  local first, last, count, bytes, media = string.match(member, '^(%d+):(%d+):(%d+):(%d+):(%d+)$')
+  return tonumber(first), tonumber(last), tonumber(count), tonumber(bytes), tonumber(media)
 end
 
 local function large_index_member(sequence, bytes, media)
   return string.format('%d:%d:%d', sequence, bytes, media)
 end
 
--- A chunk's manifest line: what retention and remove_turn need without unpacking records.
+local function parse_large_member(member)
+  local sequence, bytes, media = string.match(member, '^(%d+):(%d+):(%d+)$')
+  return tonumber(sequence), tonumber(bytes), tonumber(media)
+end
+
+local function side_info(id, otid, media, bytes, turn)
+  return id .. '\t' .. otid .. '\t' .. fmt(media) .. '\t' .. fmt(bytes) .. '\t' .. turn
+end
+
+-- Returns id, otid, media, bytes, turn.
+local function parse_side(side)
+  local id, otid, media, bytes, turn = string.match(side, '^([^\t]*)\t([^\t]*)\t(%d+)\t(%d+)\t(.*)$')
+  return id, otid, tonumber(media), tonumber(bytes), turn
+end
+
 local function manifest_line(sequence, side)
-  return string.format('%d', sequence) .. '\t' .. side .. '\n'
+  return fmt(sequence) .. '\t' .. side .. '\n'
+end
+
+-- The side info of one sequence in a manifest, or nil.
+local function manifest_find(manifest, sequence)
+  local prefix = fmt(sequence) .. '\t'
+  local at = 1
+  while true do
+    if string.sub(manifest, at, at + #prefix - 1) == prefix then
+      local stop = string.find(manifest, '\n', at, true)
+      return string.sub(manifest, at + #prefix, stop - 1), at, stop
+    end
+    local stop = string.find(manifest, '\n', at, true)
+    if not stop then return nil end
+    at = stop + 1
+  end
+end
+
+-- Finds where a sequence is stored: 'window', 'large' (with its index member) or 'chunk'
+-- (with its first sequence and index member); nil when it is not stored.
+local function locate(keys, sequence)
+  if redis.call('HEXISTS', keys.window_side, sequence) == 1 then
+    return 'window'
+  end
+  local large = redis.call('ZRANGE', keys.large_index, sequence, sequence, 'BYSCORE', 'LIMIT', 0, 1)[1]
+  if large then
+    return 'large', sequence, large
+  end
+  local member = redis.call('ZRANGE', keys.chunk_index, sequence, '-inf', 'BYSCORE', 'REV', 'LIMIT', 0, 1)[1]
+  if member then
+    local first, last = parse_chunk_member(member)
+    if last >= sequence and redis.call('HEXISTS', keys.chunk_prefix .. fmt(first), sequence) == 1 then
+      return 'chunk', first, member
+    end
+  end
+  return nil
 end

@@ -5,36 +5,38 @@
 -- holds at most `chunk_size` messages and `chunk_max_bytes` of records (always at least one).
 -- One call moves at most `max_chunks` chunks and `max_bytes` bytes; what is left moves in later
 -- calls. Returns the number of chunks written.
-local function rollover(keys, window_size, chunk_size, chunk_max_bytes, max_chunks, max_bytes)
+local function rollover(keys, limits)
   local moved_chunks, moved_bytes = 0, 0
-  while moved_chunks < max_chunks do
+  while moved_chunks < limits.max_move_chunks do
     local count = redis.call('ZCARD', keys.window)
-    if count - 1 < window_size then break end
-    local oldest = redis.call('ZRANGE', keys.window, 0, chunk_size - 1, 'WITHSCORES')
+    if count - 1 < limits.window_size then break end
+    local oldest = redis.call('ZRANGE', keys.window, 0, limits.chunk_size - 1, 'WITHSCORES')
     local fields, sequences, bytes, take = {}, {}, 0, 0
     for i = 1, #oldest, 2 do
       local size = #oldest[i]
-      if take > 0 and bytes + size > chunk_max_bytes then break end
+      if take > 0 and bytes + size > limits.chunk_max_bytes then break end
       take = take + 1
       bytes = bytes + size
       sequences[take] = oldest[i + 1]
       fields[#fields + 1] = oldest[i + 1]
       fields[#fields + 1] = oldest[i]
     end
-    if count - take < window_size then break end
-    if moved_chunks > 0 and moved_bytes + bytes > max_bytes then break end
+    if count - take < limits.window_size then break end
+    if moved_chunks > 0 and moved_bytes + bytes > limits.max_move_bytes then break end
 
     local sides = redis.call('HMGET', keys.window_side, unpack(sequences))
     local manifest, media = {}, 0
     for i, side in ipairs(sides) do
-      side = side or '\t\t0'
       manifest[i] = manifest_line(tonumber(sequences[i]), side)
-      media = media + tonumber(string.match(side, '\t(%d+)$') or '0')
+      local _, _, message_media = parse_side(side)
+      media = media + message_media
     end
     local first, last = tonumber(sequences[1]), tonumber(sequences[take])
+    local chunk_key = keys.chunk_prefix .. fmt(first)
     fields[#fields + 1] = '_m'
     fields[#fields + 1] = table.concat(manifest)
-    redis.call('HSET', keys.chunk_prefix .. string.format('%d', first), unpack(fields))
+    redis.call('HSET', chunk_key, unpack(fields))
+    expire_new_chunk(keys, chunk_key)
     redis.call('ZADD', keys.chunk_index, first, chunk_index_member(first, last, take, bytes, media))
     redis.call('ZREMRANGEBYRANK', keys.window, 0, take - 1)
     redis.call('HDEL', keys.window_side, unpack(sequences))

@@ -34,3 +34,15 @@ local function count_from(ranges, start)
   end
   return count, first, last
 end
+
+-- The ranges that remain at or after `from`.
+local function trim_from(ranges, from)
+  local kept = {}
+  for a, b in string.gmatch(ranges, '(%d+)-(%d+)') do
+    a, b = tonumber(a), tonumber(b)
+    if b >= from then
+      kept[#kept + 1] = string.format('%d-%d', math.max(a, from), b)
+    end
+  end
+  return table.concat(kept, ',')
+end

@@ -1,0 +1,50 @@
+#!lua
+--- Stores a summary message and moves the context summary to it, then runs retention.
+---
+--- KEYS[1..9]  the thread's keys (docs/LAYOUT.md)
+--- ARGV[1..10] the limits (includes/thread.lua: read_limits)
+--- ARGV[11]    summary_last (int): the last sequence the summary covers
+--- ARGV[12..15] the summary message: id, otid ('' for none), inline media bytes, record
+---
+--- The summary covers messages up to summary_last; it must be stored (or deleted) already and
+--- may not move back. Retention then deletes the oldest chunks it allows (includes/retention).
+---
+--- Reply: {1, summary_sequence, chunks_deleted}, or {0, summary_sequence, 0} for a replay
+--- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_TOO_LARGE, KVS_OTID_CONFLICT, KVS_DUPLICATE_ID,
+---         KVS_MEDIA_OVER, KVS_BAD_SUMMARY
+--- @include "includes/checks"
+--- @include "includes/thread"
+--- @include "includes/index"
+--- @include "includes/turns"
+--- @include "includes/expiry"
+--- @include "includes/store"
+--- @include "includes/rollover"
+--- @include "includes/retention"
+
+local keys = thread_keys()
+local limits = read_limits()
+local summary_last = tonumber(ARGV[11])
+local batch = read_batch(11, 1, '')
+
+local failure = check_thread(keys) or check_batch(keys, batch, limits)
+if failure then
+  if type(failure) == 'table' and failure[1] == 0 then return {0, failure[2], 0} end
+  return failure
+end
+local meta = redis.call('HMGET', keys.meta, 'last_seq', 'summary_last')
+local last_seq, previous = tonumber(meta[1] or '0'), tonumber(meta[2] or '0')
+if summary_last < 1 or summary_last > last_seq then
+  return redis.error_reply(string.format('KVS_BAD_SUMMARY last_sequence %d is not a stored sequence (1..%d)', summary_last, last_seq))
+end
+if summary_last < previous then
+  return redis.error_reply(string.format('KVS_BAD_SUMMARY last_sequence %d is before the current summary\'s %d', summary_last, previous))
+end
+
+local deadline, moved = expiry_deadline(keys, limits.ttl_ms, limits.now_ms)
+keys.deadline = deadline
+local sequence = store_batch(keys, batch, limits)
+redis.call('HSET', keys.meta, 'summary_last', summary_last, 'summary_seq', sequence)
+rollover(keys, limits)
+local deleted = retain(keys, limits.retained_limit, limits.max_move_chunks)
+apply_expiry(keys, deadline, moved)
+return {1, sequence, deleted}

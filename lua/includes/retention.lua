@@ -1,0 +1,80 @@
+-- Retention: after a compaction, the oldest chunk is deleted while its last sequence is at or
+-- before the summary's last sequence AND at least `retained_limit` messages are stored after
+-- it. At most `max_chunks` chunks go per call. Deleting a chunk trims the id and otid maps and
+-- the turn records of its messages (from its manifest), gives its bytes and media back, and
+-- moves `deleted_before` past it. Returns the number of chunks deleted.
+
+-- Trims a turn record's ranges to sequences >= `from`; returns the new record or nil if empty.
+local function trim_turn(record, from)
+  local start, ranges = parse_turn(record)
+  local kept = trim_from(ranges, from)
+  if kept == '' and start < from then return nil end
+  return fmt(start) .. '|' .. kept
+end
+
+-- Deletes one chunk (normal or oversized) and everything that points into it.
+local function drop_chunk(keys, first, index_key, member, bytes, touched_turns)
+  local chunk_key = keys.chunk_prefix .. fmt(first)
+  local manifest = redis.call('HGET', chunk_key, '_m') or ''
+  local ids, otids, count, media = {}, {}, 0, 0
+  for _, side in string.gmatch(manifest, '(%d+)\t([^\n]*)\n') do
+    local id, otid, message_media, _, turn = parse_side(side)
+    ids[#ids + 1] = id
+    if otid ~= '' then otids[#otids + 1] = otid end
+    if turn ~= '' then touched_turns[turn] = true end
+    count = count + 1
+    media = media + message_media
+  end
+  if #ids > 0 then redis.call('HDEL', keys.ids, unpack(ids)) end
+  if #otids > 0 then redis.call('HDEL', keys.otids, unpack(otids)) end
+  redis.call('DEL', chunk_key)
+  redis.call('ZREM', index_key, member)
+  redis.call('HINCRBY', keys.meta, 'stored', -count)
+  redis.call('HINCRBY', keys.meta, 'bytes', -bytes)
+  if media > 0 then redis.call('HINCRBY', keys.meta, 'media', -media) end
+end
+
+-- The oldest chunk of either index: first, last, count, bytes, index key, member.
+local function oldest_chunk(keys)
+  local normal = redis.call('ZRANGE', keys.chunk_index, 0, 0)[1]
+  local large = redis.call('ZRANGE', keys.large_index, 0, 0)[1]
+  local n_first, n_last, n_count, n_bytes
+  if normal then n_first, n_last, n_count, n_bytes = parse_chunk_member(normal) end
+  if large then
+    local sequence, bytes = parse_large_member(large)
+    if not normal or sequence < n_first then
+      return sequence, sequence, 1, bytes, keys.large_index, large
+    end
+  end
+  if normal then return n_first, n_last, n_count, n_bytes, keys.chunk_index, normal end
+  return nil
+end
+
+local function retain(keys, retained_limit, max_chunks)
+  if retained_limit < 0 then return 0 end
+  local summary_last = tonumber(redis.call('HGET', keys.meta, 'summary_last') or '0')
+  if summary_last <= 0 then return 0 end
+  local deleted, deleted_before, touched_turns = 0, nil, {}
+  while deleted < max_chunks do
+    local first, last, count, bytes, index_key, member = oldest_chunk(keys)
+    if not first or last > summary_last then break end
+    local stored = tonumber(redis.call('HGET', keys.meta, 'stored') or '0')
+    if stored - count < retained_limit then break end
+    drop_chunk(keys, first, index_key, member, bytes, touched_turns)
+    deleted = deleted + 1
+    deleted_before = last + 1
+  end
+  if deleted > 0 then
+    redis.call('HSET', keys.meta, 'deleted_before', fmt(deleted_before))
+    for turn in pairs(touched_turns) do
+      local trimmed = trim_turn(redis.call('HGET', keys.turns, turn), deleted_before)
+      if trimmed then
+        redis.call('HSET', keys.turns, turn, trimmed)
+      else
+        redis.call('HDEL', keys.turns, turn)
+      end
+    end
+    redis.call('HINCRBY', keys.meta, 'gen', 1)
+  end
+  return deleted
+end

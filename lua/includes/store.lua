@@ -1,0 +1,117 @@
+-- Stores a batch of messages: the shared body of append and compact.
+--
+-- `batch` holds parallel lists ids, otids, media, records and the turn id ('' for none).
+-- `limits` holds window_size, chunk_size, chunk_max_bytes, max_move_chunks, max_move_bytes,
+-- max_message_bytes and max_media.
+
+-- Checks the batch against the thread; returns nil when it may be stored, or a reply: an error,
+-- or {0, sequences...} when every message is already stored (a replay).
+local function check_batch(keys, batch, limits)
+  local count = #batch.ids
+  for i = 1, count do
+    if #batch.records[i] > limits.max_message_bytes then
+      return redis.error_reply(string.format('KVS_TOO_LARGE message %d is %d bytes, the limit is %d',
+        i - 1, #batch.records[i], limits.max_message_bytes))
+    end
+  end
+
+  -- otids: all stored means a replay, none stored means new, anything else is refused.
+  local given, seen = {}, {}
+  for i = 1, count do
+    local otid = batch.otids[i]
+    if otid ~= '' then
+      if seen[otid] then return redis.error_reply('KVS_OTID_REPEATED otid ' .. otid .. ' appears twice in the batch') end
+      seen[otid] = true
+      given[#given + 1] = otid
+    end
+  end
+  if #given > 0 then
+    local stored = redis.call('HMGET', keys.otids, unpack(given))
+    local present = 0
+    for _, sequence in ipairs(stored) do
+      if sequence then present = present + 1 end
+    end
+    if present > 0 then
+      if present == count then
+        local reply = {0}
+        for i, sequence in ipairs(stored) do reply[i + 1] = tonumber(sequence) end
+        return reply
+      end
+      return redis.error_reply(string.format('KVS_OTID_CONFLICT %d of %d messages carry an otid that is already stored', present, count))
+    end
+  end
+
+  -- Message ids double as the call's idempotency token: a retried call re-sends the same ids.
+  seen = {}
+  for i = 1, count do
+    if seen[batch.ids[i]] then return redis.error_reply('KVS_ID_REPEATED message id ' .. batch.ids[i] .. ' appears twice in the batch') end
+    seen[batch.ids[i]] = true
+  end
+  local stored = redis.call('HMGET', keys.ids, unpack(batch.ids))
+  local present = 0
+  for _, sequence in ipairs(stored) do
+    if sequence then present = present + 1 end
+  end
+  if present > 0 then
+    if present == count then
+      local reply = {0}
+      for i, sequence in ipairs(stored) do reply[i + 1] = tonumber(sequence) end
+      return reply
+    end
+    return redis.error_reply(string.format('KVS_DUPLICATE_ID %d of %d message ids are already stored', present, count))
+  end
+
+  -- The thread's inline media budget: the client strips the incoming messages' own inline parts
+  -- to fit what is left, and sends the call again.
+  local incoming = 0
+  for i = 1, count do incoming = incoming + batch.media[i] end
+  if incoming > 0 then
+    local current = tonumber(redis.call('HGET', keys.meta, 'media') or '0')
+    if current + incoming > limits.max_media then
+      return redis.error_reply(string.format('KVS_MEDIA_OVER %d bytes of inline media are left in the thread',
+        math.max(0, limits.max_media - current)))
+    end
+  end
+  return nil
+end
+
+-- Writes a checked batch; returns its first sequence.
+local function store_batch(keys, batch, limits)
+  local count = #batch.ids
+  local last = tonumber(redis.call('HGET', keys.meta, 'last_seq') or '0')
+  local first = last + 1
+  local total_bytes, total_media = 0, 0
+  local id_fields = {}
+  for i = 1, count do
+    local sequence = last + i
+    local record = batch.records[i]
+    local side = side_info(batch.ids[i], batch.otids[i], batch.media[i], #record, batch.turn_id)
+    if #record > limits.chunk_max_bytes then
+      local chunk_key = keys.chunk_prefix .. fmt(sequence)
+      redis.call('HSET', chunk_key, sequence, record, '_m', manifest_line(sequence, side))
+      expire_new_chunk(keys, chunk_key)
+      redis.call('ZADD', keys.large_index, sequence, large_index_member(sequence, #record, batch.media[i]))
+    else
+      redis.call('ZADD', keys.window, sequence, record)
+      redis.call('HSET', keys.window_side, sequence, side)
+    end
+    id_fields[#id_fields + 1] = batch.ids[i]
+    id_fields[#id_fields + 1] = sequence
+    if batch.otids[i] ~= '' then redis.call('HSET', keys.otids, batch.otids[i], sequence) end
+    total_bytes = total_bytes + #record
+    total_media = total_media + batch.media[i]
+  end
+  redis.call('HSET', keys.ids, unpack(id_fields))
+
+  if batch.turn_id ~= '' then
+    local start, ranges = parse_turn(redis.call('HGET', keys.turns, batch.turn_id))
+    redis.call('HSET', keys.turns, batch.turn_id,
+      fmt(start or 0) .. '|' .. extend_ranges(ranges or '', first, last + count))
+  end
+
+  redis.call('HSET', keys.meta, 'layout', '2', 'last_seq', last + count)
+  redis.call('HINCRBY', keys.meta, 'stored', count)
+  redis.call('HINCRBY', keys.meta, 'bytes', total_bytes)
+  if total_media > 0 then redis.call('HINCRBY', keys.meta, 'media', total_media) end
+  return first
+end

@@ -1,0 +1,43 @@
+-- The thread's keys, named once from KEYS (every writing script takes the same nine).
+local function thread_keys()
+  return {
+    meta = KEYS[1], window = KEYS[2], window_side = KEYS[3], chunk_index = KEYS[4],
+    large_index = KEYS[5], ids = KEYS[6], otids = KEYS[7], turns = KEYS[8], chunk_prefix = KEYS[9],
+  }
+end
+
+-- Fails unless every key is missing or of its type, and the thread is in layout 2.
+local function check_thread(keys)
+  return check_key_types({
+    {keys.meta, 'hash'}, {keys.window, 'zset'}, {keys.window_side, 'hash'},
+    {keys.chunk_index, 'zset'}, {keys.large_index, 'zset'}, {keys.ids, 'hash'},
+    {keys.otids, 'hash'}, {keys.turns, 'hash'},
+  }) or check_layout(keys.meta)
+end
+
+-- Reads the batch of `count` messages whose 4 arguments each (id, otid, media, record) start
+-- after ARGV[offset].
+local function read_batch(offset, count, turn_id)
+  local batch = {ids = {}, otids = {}, media = {}, records = {}, turn_id = turn_id}
+  for i = 1, count do
+    local base = offset + (i - 1) * 4
+    batch.ids[i] = ARGV[base + 1]
+    batch.otids[i] = ARGV[base + 2]
+    batch.media[i] = tonumber(ARGV[base + 3])
+    batch.records[i] = ARGV[base + 4]
+  end
+  return batch
+end
+
+-- The limits every writing script takes as ARGV[1..10]:
+-- window_size, chunk_size, chunk_max_bytes, max_move_chunks, max_move_bytes,
+-- max_message_bytes, max_media, retained_limit (-1 keeps all), ttl_ms (0: none), now_ms.
+local function read_limits()
+  return {
+    window_size = tonumber(ARGV[1]), chunk_size = tonumber(ARGV[2]),
+    chunk_max_bytes = tonumber(ARGV[3]), max_move_chunks = tonumber(ARGV[4]),
+    max_move_bytes = tonumber(ARGV[5]), max_message_bytes = tonumber(ARGV[6]),
+    max_media = tonumber(ARGV[7]), retained_limit = tonumber(ARGV[8]),
+    ttl_ms = tonumber(ARGV[9]), now_ms = tonumber(ARGV[10]),
+  }
+end

@@ -1,0 +1,97 @@
+#!lua
+--- Retracts a turn: removes its messages wherever they are stored. Nothing evicted by the
+--- media budget is restored; removed messages give their bytes and media back.
+---
+--- KEYS[1..9]  the thread's keys (docs/LAYOUT.md)
+--- ARGV[1..10] the limits (includes/thread.lua: read_limits)
+--- ARGV[11]    turn_id (str)
+--- ARGV[12]    max_messages (int): the most one call removes; the client calls again for more
+---
+--- Reply: {removed, remaining}
+--- Errors: KVS_WRONGTYPE, KVS_LAYOUT
+--- @include "includes/checks"
+--- @include "includes/thread"
+--- @include "includes/index"
+--- @include "includes/turns"
+--- @include "includes/expiry"
+
+local keys = thread_keys()
+local limits = read_limits()
+local turn_id, max_messages = ARGV[11], tonumber(ARGV[12])
+
+local err = check_thread(keys)
+if err then return err end
+
+local record = redis.call('HGET', keys.turns, turn_id)
+if not record then return {0, 0} end
+local start, ranges = parse_turn(record)
+local sequences = {}
+for a, b in string.gmatch(ranges, '(%d+)-(%d+)') do
+  for s = tonumber(a), tonumber(b) do sequences[#sequences + 1] = s end
+end
+
+local deadline, moved = expiry_deadline(keys, limits.ttl_ms, limits.now_ms)
+keys.deadline = deadline
+local removed, bytes, media = 0, 0, 0
+local ids, otids = {}, {}
+local last_done = nil
+for _, sequence in ipairs(sequences) do
+  if removed >= max_messages then break end
+  local where, first, member = locate(keys, sequence)
+  local side
+  if where == 'window' then
+    side = redis.call('HGET', keys.window_side, sequence)
+    redis.call('HDEL', keys.window_side, sequence)
+    redis.call('ZREMRANGEBYSCORE', keys.window, sequence, sequence)
+  elseif where == 'large' then
+    side = manifest_find(redis.call('HGET', keys.chunk_prefix .. fmt(first), '_m'), sequence)
+    redis.call('DEL', keys.chunk_prefix .. fmt(first))
+    redis.call('ZREM', keys.large_index, member)
+  elseif where == 'chunk' then
+    local chunk_key = keys.chunk_prefix .. fmt(first)
+    local manifest = redis.call('HGET', chunk_key, '_m')
+    local found, at, stop = manifest_find(manifest, sequence)
+    side = found
+    local c_first, c_last, c_count, c_bytes, c_media = parse_chunk_member(member)
+    local _, _, m_media, m_bytes = parse_side(side)
+    redis.call('ZREM', keys.chunk_index, member)
+    if c_count == 1 then
+      redis.call('DEL', chunk_key)
+    else
+      redis.call('HDEL', chunk_key, sequence)
+      redis.call('HSET', chunk_key, '_m', string.sub(manifest, 1, at - 1) .. string.sub(manifest, stop + 1))
+      redis.call('ZADD', keys.chunk_index, c_first,
+        chunk_index_member(c_first, c_last, c_count - 1, c_bytes - m_bytes, c_media - m_media))
+    end
+  end
+  if side then
+    local id, otid, m_media, m_bytes = parse_side(side)
+    ids[#ids + 1] = id
+    if otid ~= '' then otids[#otids + 1] = otid end
+    bytes = bytes + m_bytes
+    media = media + m_media
+    removed = removed + 1
+  end
+  last_done = sequence
+end
+
+if #ids > 0 then redis.call('HDEL', keys.ids, unpack(ids)) end
+if #otids > 0 then redis.call('HDEL', keys.otids, unpack(otids)) end
+local remaining = 0
+if last_done and last_done < sequences[#sequences] then
+  local kept = trim_from(ranges, last_done + 1)
+  redis.call('HSET', keys.turns, turn_id, fmt(start) .. '|' .. kept)
+  for _, s in ipairs(sequences) do if s > last_done then remaining = remaining + 1 end end
+else
+  redis.call('HDEL', keys.turns, turn_id)
+  local current = redis.call('HGET', keys.meta, 'turn_id')
+  if current == turn_id then redis.call('HDEL', keys.meta, 'turn_id', 'turn_seq', 'turn_outcome') end
+end
+if removed > 0 then
+  redis.call('HINCRBY', keys.meta, 'stored', -removed)
+  redis.call('HINCRBY', keys.meta, 'bytes', -bytes)
+  if media > 0 then redis.call('HINCRBY', keys.meta, 'media', -media) end
+  redis.call('HINCRBY', keys.meta, 'gen', 1)
+end
+apply_expiry(keys, deadline, moved)
+return {removed, remaining}

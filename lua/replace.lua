@@ -1,0 +1,94 @@
+#!lua
+--- Replaces a stored message in place: same id, same sequence, same container.
+---
+--- KEYS[1..9]  the thread's keys (docs/LAYOUT.md)
+--- ARGV[1..10] the limits (includes/thread.lua: read_limits)
+--- ARGV[11]    id (str) of the stored message
+--- ARGV[12]    inline media bytes (int) of the replacement
+--- ARGV[13]    record (bytes) of the replacement
+---
+--- A window message whose replacement is larger than chunk_max_bytes moves into its own chunk,
+--- as an oversized append would. A chunk message's replacement must keep its chunk within
+--- chunk_max_bytes (unless it is alone in it).
+---
+--- Reply: the message's sequence
+--- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_NOT_FOUND, KVS_TOO_LARGE, KVS_MEDIA_OVER <bytes left>
+--- @include "includes/checks"
+--- @include "includes/thread"
+--- @include "includes/index"
+--- @include "includes/expiry"
+
+local keys = thread_keys()
+local limits = read_limits()
+local id, media, record = ARGV[11], tonumber(ARGV[12]), ARGV[13]
+
+local err = check_thread(keys)
+if err then return err end
+if #record > limits.max_message_bytes then
+  return redis.error_reply(string.format('KVS_TOO_LARGE the replacement is %d bytes, the limit is %d', #record, limits.max_message_bytes))
+end
+local sequence = tonumber(redis.call('HGET', keys.ids, id) or '0')
+local where, first, member = nil, nil, nil
+if sequence > 0 then where, first, member = locate(keys, sequence) end
+if not where then
+  return redis.error_reply('KVS_NOT_FOUND no stored message has id ' .. id)
+end
+
+local chunk_key = first and (keys.chunk_prefix .. fmt(first))
+local side, manifest
+if where == 'window' then
+  side = redis.call('HGET', keys.window_side, sequence)
+else
+  manifest = redis.call('HGET', chunk_key, '_m')
+  side = manifest_find(manifest, sequence)
+end
+local old_id, otid, old_media, old_bytes, turn = parse_side(side)
+
+local current_media = tonumber(redis.call('HGET', keys.meta, 'media') or '0')
+if media > old_media and current_media - old_media + media > limits.max_media then
+  return redis.error_reply(string.format('KVS_MEDIA_OVER %d bytes of inline media are left in the thread',
+    math.max(0, limits.max_media - (current_media - old_media))))
+end
+local new_side = side_info(old_id, otid, media, #record, turn)
+local c_first, c_last, c_count, c_bytes, c_media
+if where == 'chunk' then
+  c_first, c_last, c_count, c_bytes, c_media = parse_chunk_member(member)
+  if c_count > 1 and c_bytes - old_bytes + #record > limits.chunk_max_bytes then
+    return redis.error_reply(string.format(
+      'KVS_TOO_LARGE the replacement (%d bytes) would grow its chunk past chunk_max_bytes (%d)', #record, limits.chunk_max_bytes))
+  end
+end
+
+-- Write.
+local deadline, moved = expiry_deadline(keys, limits.ttl_ms, limits.now_ms)
+keys.deadline = deadline
+if where == 'window' then
+  redis.call('ZREMRANGEBYSCORE', keys.window, sequence, sequence)
+  if #record > limits.chunk_max_bytes then
+    redis.call('HDEL', keys.window_side, sequence)
+    local own_key = keys.chunk_prefix .. fmt(sequence)
+    redis.call('HSET', own_key, sequence, record, '_m', manifest_line(sequence, new_side))
+    expire_new_chunk(keys, own_key)
+    redis.call('ZADD', keys.large_index, sequence, large_index_member(sequence, #record, media))
+    redis.call('HINCRBY', keys.meta, 'gen', 1)
+  else
+    redis.call('ZADD', keys.window, sequence, record)
+    redis.call('HSET', keys.window_side, sequence, new_side)
+  end
+else
+  local _, at, stop = manifest_find(manifest, sequence)
+  manifest = string.sub(manifest, 1, at - 1) .. manifest_line(sequence, new_side) .. string.sub(manifest, stop + 1)
+  redis.call('HSET', chunk_key, sequence, record, '_m', manifest)
+  if where == 'chunk' then
+    redis.call('ZREM', keys.chunk_index, member)
+    redis.call('ZADD', keys.chunk_index, c_first,
+      chunk_index_member(c_first, c_last, c_count, c_bytes - old_bytes + #record, c_media - old_media + media))
+  else
+    redis.call('ZREM', keys.large_index, member)
+    redis.call('ZADD', keys.large_index, sequence, large_index_member(sequence, #record, media))
+  end
+end
+redis.call('HINCRBY', keys.meta, 'bytes', #record - old_bytes)
+if media ~= old_media then redis.call('HINCRBY', keys.meta, 'media', media - old_media) end
+apply_expiry(keys, deadline, moved)
+return sequence
