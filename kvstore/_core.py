@@ -579,11 +579,14 @@ def compact(
     while True:
         args = [*thread.limits(), last_sequence, item.message.id, item.message.otid or "", item.media, item.record]
         try:
-            replay_or_stored, sequence, _deleted = yield Eval(SCRIPTS["compact"], thread.script_keys(), args)
+            replay_or_stored, sequence, deleted = yield Eval(SCRIPTS["compact"], thread.script_keys(), args)
         except errors.InlineMediaBudget as over:
             (item,) = _fit_media([item], over.available, None)
             continue
         break
+    # Each call deletes at most max_chunks_per_call chunks; go on while that cap was reached.
+    while int(deleted) >= thread.config.max_chunks_per_call:
+        deleted = yield Eval(SCRIPTS["retain"], thread.script_keys(), thread.limits())
     if replay_or_stored == 0:
         found = yield from fetch_sequences(thread, [int(sequence)])
         return found[0]

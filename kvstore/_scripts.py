@@ -72,7 +72,7 @@ class Script:
 
 
 SCRIPT_NAMES = (
-    "append", "compact", "start_turn", "finish_turn", "replace", "remove_turn", "delete",
+    "append", "compact", "retain", "start_turn", "finish_turn", "replace", "remove_turn", "delete",
     "page_plan", "locate",
 )
 SCRIPTS: dict[str, Script] = {name: Script.load(name) for name in SCRIPT_NAMES}

@@ -1,0 +1,26 @@
+#!lua
+--- Runs retention alone: compact calls it again while the per-call cap stopped it short.
+---
+--- KEYS[1..9]  the thread's keys (docs/LAYOUT.md)
+--- ARGV[1..10] the limits (includes/thread.lua: read_limits)
+---
+--- Reply: the number of chunks deleted (at most max_move_chunks)
+--- Errors: KVS_WRONGTYPE, KVS_LAYOUT
+--- @include "includes/checks"
+--- @include "includes/thread"
+--- @include "includes/index"
+--- @include "includes/turns"
+--- @include "includes/expiry"
+--- @include "includes/retention"
+
+local keys = thread_keys()
+local limits = read_limits()
+
+local err = check_thread(keys)
+if err then return err end
+
+local deadline, moved = expiry_deadline(keys, limits.ttl_ms, limits.now_ms)
+keys.deadline = deadline
+local deleted = retain(keys, limits.retained_limit, limits.max_move_chunks)
+apply_expiry(keys, deadline, moved)
+return deleted
