@@ -145,7 +145,7 @@ def image(decoded_bytes: int, fill_byte: bytes = b"\x89") -> ImageContent:
     return ImageContent(source={"type": "base64", "data": data, "media_type": "image/png"})
 
 
-def test_seven_3_mib_images_all_append_and_the_thread_stays_within_20_mib(make_thread, raw_client, namespace, server_only):
+def test_seven_3_mib_images_all_append_and_the_thread_stays_within_20_mib(make_thread, raw_client, namespace):
     thread = make_thread(max_message_bytes=16 * MiB)
     results = []
     for i in range(7):
@@ -266,7 +266,7 @@ def _expiry_times(client, namespace):
     return {k: client.pexpiretime(k) for k in client.scan_iter(match=f"{namespace}:*", count=1000)}
 
 
-def test_thread_ttl_expires_every_key_together_and_writes_refresh_it(make_thread, raw_client, namespace, server_only):
+def test_thread_ttl_expires_every_key_together_and_writes_refresh_it(make_thread, raw_client, namespace):
     thread = make_thread(thread_ttl=1, **SMALL)
     fill(thread, 30)
     thread.append(UserMessage(content="B" * 6000))
