@@ -79,7 +79,7 @@ class ThreadRef:
         return cls(config, ThreadKeys.of(config.namespace, thread_id))
 
     def script_keys(self) -> tuple[str, ...]:
-        """KEYS[1..9] of every script (lua/includes/thread.lua)."""
+        """KEYS[1..10] of every script (lua/includes/thread.lua)."""
         return (*self.keys.fixed(), self.keys.chunk_prefix)
 
     def limits(self) -> list[Any]:
@@ -262,6 +262,8 @@ def _locate_records(thread: ThreadRef, kind: str, targets: list[str]) -> Operati
             sequence, where = int(places[i]), int(places[i + 1])
             if where == -1:
                 commands.append(("ZRANGE", keys.window, sequence, sequence, "BYSCORE"))
+            elif where == -2:
+                commands.append(("HMGET", keys.legacy, sequence))
             elif where > 0:
                 commands.append(("HMGET", keys.chunk(where), sequence))
             else:
@@ -371,21 +373,28 @@ def _walk(
         )
         gen, deleted_before, lo, hi, bound, include_window = (int(v) for v in plan[:6])
         chunk_count = int(plan[6])
-        chunks = [(int(plan[7 + 2 * i]), int(plan[8 + 2 * i])) for i in range(chunk_count)]
-        large_at = 7 + 2 * chunk_count
+        chunks = [tuple(int(v) for v in plan[7 + 3 * i : 10 + 3 * i]) for i in range(chunk_count)]
+        large_at = 7 + 3 * chunk_count
         large = [int(s) for s in plan[large_at + 1 : large_at + 1 + int(plan[large_at])]]
 
+        upward = walk == "up"
         commands: list[tuple[Any, ...]] = []
         if include_window:
-            if walk == "up":
+            if upward:
                 commands.append(("ZRANGE", keys.window, f"({lo}", f"({hi}", "BYSCORE", "LIMIT", 0, need, "WITHSCORES"))
             else:
                 commands.append(("ZRANGE", keys.window, f"({hi}", f"({lo}", "BYSCORE", "REV", "LIMIT", 0, need, "WITHSCORES"))
         chunk_sequences = []
-        for first, last in chunks:
+        for first, last, kind in chunks:
             sequences = list(range(max(first, lo + 1), min(last, hi - 1) + 1))
+            # A container can span more than a page (a layout-1 legacy hash): read only the
+            # walk's end of it, and trust the result only that far.
+            if len(sequences) > need:
+                sequences = sequences[:need] if upward else sequences[-need:]
+                bound = min(bound, sequences[-1]) if upward else max(bound, sequences[0])
             chunk_sequences.append(sequences)
-            commands.append(("HMGET", keys.chunk(first), *sequences))
+            key = keys.legacy if kind == 1 else keys.chunk(first)
+            commands.append(("HMGET", key, *sequences))
         for sequence in large:
             commands.append(("HMGET", keys.chunk(sequence), sequence))
         commands.append(("HGET", keys.meta, "gen"))
@@ -414,7 +423,6 @@ def _walk(
                 found[sequence] = record
             position += 1
 
-        upward = walk == "up"
         ordered = sorted(
             (s for s in found if lo < s < hi and (s <= bound if upward else s >= bound)),
             reverse=not upward,
@@ -492,28 +500,36 @@ def _turn_sequences(record: bytes | str | None) -> list[int]:
     return sequences
 
 
+def _stats_commands(keys: ThreadKeys) -> list[tuple[Any, ...]]:
+    return [
+        ("HGETALL", keys.meta),
+        ("ZCARD", keys.window),
+        ("ZCARD", keys.chunk_index),
+        ("ZCARD", keys.large_index),
+        ("HLEN", keys.legacy),
+    ]
+
+
 def stats(thread: ThreadRef) -> Operation:
-    keys = thread.keys
-    meta, window, chunks, large = yield Batch(
-        [
-            ("HGETALL", keys.meta),
-            ("ZCARD", keys.window),
-            ("ZCARD", keys.chunk_index),
-            ("ZCARD", keys.large_index),
-        ]
-    )
-    return _stats_from(meta, window, chunks + large)
+    meta, window, chunks, large, legacy = yield Batch(_stats_commands(thread.keys))
+    return _stats_from(meta, window, chunks + large, legacy)
 
 
-def _stats_from(meta: dict, window: int, chunks: int) -> ThreadStats:
+def _stats_from(meta: dict, window: int, chunks: int, legacy: int) -> ThreadStats:
     fields = {(k.decode() if isinstance(k, bytes) else k): v for k, v in meta.items()}
 
     def number(name: str) -> int | None:
         value = fields.get(name)
         return int(value) if value is not None else None
 
+    stored = number("stored") or 0
+    layout = number("layout")
+    if legacy and number("legacy_last") is None:
+        # A layout-1 thread no write has touched yet: its messages are all in the legacy hash.
+        stored += legacy
+        layout = 1
     return ThreadStats(
-        stored_messages=number("stored") or 0,
+        stored_messages=stored,
         window_messages=window,
         chunks=chunks,
         stored_bytes=number("bytes") or 0,
@@ -521,21 +537,13 @@ def _stats_from(meta: dict, window: int, chunks: int) -> ThreadStats:
         next_sequence=(number("last_seq") or 0) + 1,
         deleted_before_sequence=number("deleted_before") or None,
         summary_last_sequence=number("summary_last"),
-        layout_version=number("layout"),
+        layout_version=layout,
     )
 
 
 def snapshot(thread: ThreadRef) -> Operation:
     page = yield from list_page(thread, limit=SNAPSHOT_SIZE, order="desc")
-    keys = thread.keys
-    meta, window, chunks, large = yield Batch(
-        [
-            ("HGETALL", keys.meta),
-            ("ZCARD", keys.window),
-            ("ZCARD", keys.chunk_index),
-            ("ZCARD", keys.large_index),
-        ]
-    )
+    meta, window, chunks, large, legacy = yield Batch(_stats_commands(thread.keys))
     fields = {_text(k): _text(v) for k, v in meta.items()}
     turn = None
     if fields.get("turn_id"):
@@ -549,7 +557,7 @@ def snapshot(thread: ThreadRef) -> Operation:
         messages=list(reversed(page.messages)),
         summary=summary,
         turn=turn,
-        stats=_stats_from(meta, window, chunks + large),
+        stats=_stats_from(meta, window, chunks + large, legacy),
     )
 
 
@@ -626,6 +634,7 @@ def replace(thread: ThreadRef, message_id: str, message: Message | dict) -> Oper
         raise errors.InvalidCursor(f"message id must be a non-empty str, got {message_id!r}")
     incoming = parse_message(message)
     check_inline_parts(incoming, thread.config.max_inline_part_bytes)
+    yield from migrate(thread)
     found = yield from _locate_records(thread, "id", [message_id])
     if not found:
         raise errors.MessageNotFound(f"no stored message has id {message_id!r}")
@@ -658,6 +667,7 @@ def _prepared(config: StoreConfig, message: Message, turn_id: str | None) -> _Pr
 
 def remove_turn(thread: ThreadRef, turn_id: str) -> Operation:
     _check_token("turn_id", turn_id)
+    yield from migrate(thread)
     removed = 0
     while True:
         count, remaining = yield Eval(
@@ -672,3 +682,17 @@ def delete(thread: ThreadRef) -> Operation:
     """Removes every key of the thread, DELETE_STEP chunks per call."""
     while not (yield Eval(SCRIPTS["delete"], thread.script_keys(), (DELETE_STEP,))):
         pass
+
+
+def migrate(thread: ThreadRef, max_calls: int | None = None) -> Operation:
+    """Moves a layout-1 thread into chunks, one bounded call at a time; returns the calls made.
+
+    Stops when the thread is in layout 2 or after `max_calls` calls (None: until done).
+    """
+    calls = 0
+    while max_calls is None or calls < max_calls:
+        _chunks, layout = yield Eval(SCRIPTS["migrate"], thread.script_keys(), thread.limits())
+        calls += 1
+        if int(layout) == 2:
+            break
+    return calls

@@ -57,6 +57,7 @@ class ThreadKeys:
     ids: str
     otids: str
     turns: str
+    legacy: str
     chunk_prefix: str
 
     @classmethod
@@ -71,6 +72,7 @@ class ThreadKeys:
             ids=base + "ids",
             otids=base + "otids",
             turns=base + "turns",
+            legacy=base + "messages",
             chunk_prefix=base + "chunk:",
         )
 
@@ -88,4 +90,5 @@ class ThreadKeys:
             self.ids,
             self.otids,
             self.turns,
+            self.legacy,
         )

@@ -73,6 +73,7 @@ class Script:
 
 SCRIPT_NAMES = (
     "append", "compact", "retain", "start_turn", "finish_turn", "replace", "remove_turn", "delete",
+    "migrate",
     "page_plan", "locate",
 )
 SCRIPTS: dict[str, Script] = {name: Script.load(name) for name in SCRIPT_NAMES}
@@ -90,6 +91,7 @@ _ERRORS: dict[str, type[errors.KVStoreError]] = {
     "KVS_TURN_NOT_FOUND": errors.TurnNotFound,
     "KVS_NOT_FOUND": errors.MessageNotFound,
     "KVS_BAD_SUMMARY": errors.InvalidCursor,
+    "KVS_MIGRATING": errors.LayoutError,
 }
 
 _KVS_CODE = re.compile(r"(KVS_[A-Z_]+) ?(.*)", re.DOTALL)

@@ -179,6 +179,9 @@ class Thread:
     def remove_turn(self, turn_id: str) -> int:
         return self._store.run(_core.remove_turn(self._ref, turn_id))
 
+    def migrate(self, max_calls: int | None = None) -> int:
+        return self._store.run(_core.migrate(self._ref, max_calls))
+
     def stats(self) -> ThreadStats:
         return self._store.run(_core.stats(self._ref))
 
@@ -296,6 +299,9 @@ class AsyncThread:
 
     async def remove_turn(self, turn_id: str) -> int:
         return await self._store.run(_core.remove_turn(self._ref, turn_id))
+
+    async def migrate(self, max_calls: int | None = None) -> int:
+        return await self._store.run(_core.migrate(self._ref, max_calls))
 
     async def stats(self) -> ThreadStats:
         return await self._store.run(_core.stats(self._ref))

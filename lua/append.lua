@@ -1,8 +1,8 @@
 #!lua
 --- Appends a batch of messages to a thread in one atomic step.
 ---
---- KEYS[1..9]  the thread's keys: meta, window, window_side, chunk_index, large_index, ids,
----             otids, turns, chunk_prefix (docs/LAYOUT.md)
+--- KEYS[1..10] the thread's keys: meta, window, window_side, chunk_index, large_index, ids,
+---             otids, turns, legacy, chunk_prefix (docs/LAYOUT.md)
 --- ARGV[1..10] the limits (includes/thread.lua: read_limits)
 --- ARGV[11]    turn_id (str, '' for none)
 --- ARGV[12]    count (int), then 4 arguments per message: id (str), otid (str, '' for none),
@@ -20,6 +20,7 @@
 --- @include "includes/store"
 --- @include "includes/rollover"
 --- @include "includes/retention"
+--- @include "includes/migration"
 
 local keys = thread_keys()
 local limits = read_limits()
@@ -30,8 +31,10 @@ if failure then return failure end
 
 local deadline, moved = expiry_deadline(keys, limits.ttl_ms, limits.now_ms)
 keys.deadline = deadline
+-- A layout-1 thread moves a bounded step first; that step uses this call's move budget.
+local migrated = migrate_step(keys, limits)
 local first = store_batch(keys, batch, limits)
-if rollover(keys, limits) > 0 then
+if migrated == 0 and rollover(keys, limits) > 0 then
   -- A new chunk may make the oldest one deletable: retention keeps the thread bounded.
   retain(keys, limits.retained_limit, limits.max_move_chunks)
 end

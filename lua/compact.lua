@@ -1,7 +1,7 @@
 #!lua
 --- Stores a summary message and moves the context summary to it, then runs retention.
 ---
---- KEYS[1..9]  the thread's keys (docs/LAYOUT.md)
+--- KEYS[1..10] the thread's keys (docs/LAYOUT.md)
 --- ARGV[1..10] the limits (includes/thread.lua: read_limits)
 --- ARGV[11]    summary_last (int): the last sequence the summary covers
 --- ARGV[12..15] the summary message: id, otid ('' for none), inline media bytes, record
@@ -20,6 +20,7 @@
 --- @include "includes/store"
 --- @include "includes/rollover"
 --- @include "includes/retention"
+--- @include "includes/migration"
 
 local keys = thread_keys()
 local limits = read_limits()
@@ -42,9 +43,10 @@ end
 
 local deadline, moved = expiry_deadline(keys, limits.ttl_ms, limits.now_ms)
 keys.deadline = deadline
+local migrated = migrate_step(keys, limits)
 local sequence = store_batch(keys, batch, limits)
 redis.call('HSET', keys.meta, 'summary_last', summary_last, 'summary_seq', sequence)
-rollover(keys, limits)
+if migrated == 0 then rollover(keys, limits) end
 local deleted = retain(keys, limits.retained_limit, limits.max_move_chunks)
 apply_expiry(keys, deadline, moved)
 return {1, sequence, deleted}

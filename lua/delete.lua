@@ -2,7 +2,7 @@
 --- Deletes a thread in bounded steps: up to max_chunks chunks per call, then, once no chunk is
 --- listed, every other key in the same call (so a rollover racing the delete leaves no orphan).
 ---
---- KEYS[1..9]  the thread's keys (docs/LAYOUT.md)
+--- KEYS[1..10] the thread's keys (docs/LAYOUT.md)
 --- ARGV[1]     max_chunks (int)
 ---
 --- Reply: 1 when the thread is gone, 0 when more calls are needed
@@ -29,5 +29,5 @@ for _, index in ipairs({keys.chunk_index, keys.large_index}) do
 end
 if left < max_chunks then return 0 end
 redis.call('DEL', keys.meta, keys.window, keys.window_side, keys.chunk_index, keys.large_index,
-  keys.ids, keys.otids, keys.turns)
+  keys.ids, keys.otids, keys.turns, keys.legacy)
 return 1

@@ -1,7 +1,7 @@
 #!lua
 --- Closes a turn and counts its replies without reading any message.
 ---
---- KEYS[1..9]  the thread's keys (docs/LAYOUT.md)
+--- KEYS[1..10] the thread's keys (docs/LAYOUT.md)
 --- ARGV[1..10] the limits (includes/thread.lua: read_limits)
 --- ARGV[11]    turn_id (str)
 --- ARGV[12]    outcome (str): completed | steered | cancelled | failed
@@ -18,6 +18,7 @@
 --- @include "includes/index"
 --- @include "includes/turns"
 --- @include "includes/expiry"
+--- @include "includes/migration"
 
 local keys = thread_keys()
 local limits = read_limits()
@@ -26,6 +27,10 @@ local turn_id, outcome = ARGV[11], ARGV[12]
 local err = check_thread(keys)
 if err then return err end
 
+-- A layout-1 thread's turn in progress gets its turn record when its migration begins.
+local deadline, moved = expiry_deadline(keys, limits.ttl_ms, limits.now_ms)
+keys.deadline = deadline
+migrate_step(keys, limits)
 local current = redis.call('HMGET', keys.meta, 'turn_id', 'turn_seq')
 local record_start, ranges = parse_turn(redis.call('HGET', keys.turns, turn_id))
 local start
@@ -34,11 +39,10 @@ if current[1] == turn_id then
 elseif record_start and record_start > 0 then
   start = record_start
 else
+  apply_expiry(keys, deadline, moved)
   return redis.error_reply('KVS_TURN_NOT_FOUND turn ' .. turn_id .. ' was never started in this thread')
 end
 
-local deadline, moved = expiry_deadline(keys, limits.ttl_ms, limits.now_ms)
-keys.deadline = deadline
 local count, first, last = count_from(ranges or '', start)
 if current[1] == turn_id then
   redis.call('HSET', keys.meta, 'turn_outcome', outcome)

@@ -1,13 +1,14 @@
 #!lua flags=no-writes
 --- Finds where messages live, by sequence or by id, without reading them.
 ---
---- KEYS[1..9]  the thread's keys (docs/LAYOUT.md)
+--- KEYS[1..10] the thread's keys (docs/LAYOUT.md)
 --- ARGV[1]     kind: 'seq' | 'id'
 --- ARGV[2..]   sequences or message ids
 ---
 --- Reply: {gen, deleted_before, seq_1, where_1, ..., seq_n, where_n}
----   where = -1 in the window, 0 not stored, otherwise the first sequence of its chunk (an
----   oversized message's chunk is named by its own sequence). seq = 0 for an unknown id.
+---   where = -1 in the window, -2 in a layout-1 thread's legacy hash, 0 not stored, otherwise
+---   the first sequence of its chunk (an oversized message's chunk is named by its own
+---   sequence). seq = 0 for an unknown id.
 --- Errors: KVS_WRONGTYPE
 --- @include "includes/checks"
 --- @include "includes/thread"
@@ -18,7 +19,7 @@ local kind = ARGV[1]
 
 local err = check_key_types({
   {keys.meta, 'hash'}, {keys.window_side, 'hash'}, {keys.chunk_index, 'zset'},
-  {keys.large_index, 'zset'}, {keys.ids, 'hash'},
+  {keys.large_index, 'zset'}, {keys.ids, 'hash'}, {keys.legacy, 'hash'},
 })
 if err then return err end
 
@@ -32,8 +33,14 @@ for i = 2, #ARGV do
     sequence = tonumber(ARGV[i])
   end
   local where, first = nil, nil
-  if sequence > 0 then where, first = locate(keys, sequence) end
+  if sequence > 0 then
+    if redis.call('HEXISTS', keys.legacy, sequence) == 1 then
+      where = 'legacy'
+    else
+      where, first = locate(keys, sequence)
+    end
+  end
   reply[#reply + 1] = sequence
-  reply[#reply + 1] = (where == 'window' and -1) or first or 0
+  reply[#reply + 1] = (where == 'window' and -1) or (where == 'legacy' and -2) or first or 0
 end
 return reply

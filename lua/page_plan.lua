@@ -3,7 +3,7 @@
 --- of a walk, without reading any message. The client then fetches the records with native
 --- commands and compares `gen` to detect a concurrent rollover or deletion.
 ---
---- KEYS[1..9]  the thread's keys (docs/LAYOUT.md); the window is only counted here
+--- KEYS[1..10] the thread's keys (docs/LAYOUT.md); the window is only counted here
 ---
 --- ARGV[1] lo_kind   '' | 'seq' | 'id'   exclusive lower bound of the range
 --- ARGV[2] lo
@@ -13,14 +13,18 @@
 --- ARGV[6] need      int                 messages wanted (the page limit + 1)
 --- ARGV[7] max_chunks int                chunks named per plan at most
 ---
---- Reply: {gen, deleted_before, lo, hi, bound, window (0|1), n_chunks, (first, last) per chunk...,
----         n_large, large sequences...}
+--- Reply: {gen, deleted_before, lo, hi, bound, window (0|1), n_chunks,
+---         (first, last, kind) per chunk..., n_large, large sequences...}
+---   kind 0 is a chunk hash; kind 1 is the part of a layout-1 thread's legacy hash not yet
+---   migrated, which is read like one more chunk.
 ---   Messages of the walk are complete up to `bound` (walk up: seq <= bound; walk down:
 ---   seq >= bound); past it the client plans again from `bound`. hi = -1 means unbounded.
 --- Errors: KVS_WRONGTYPE, KVS_CURSOR_NOT_FOUND
 --- @include "includes/checks"
 --- @include "includes/thread"
 --- @include "includes/index"
+--- @include "includes/expiry"
+--- @include "includes/migration"
 
 local keys = thread_keys()
 local meta_key, window_key, chunk_index_key, large_index_key, ids_key = keys.meta, keys.window, keys.chunk_index, keys.large_index, keys.ids
@@ -29,7 +33,7 @@ local walk, need, max_chunks = ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7])
 
 local err = check_key_types({
   {meta_key, 'hash'}, {window_key, 'zset'}, {chunk_index_key, 'zset'},
-  {large_index_key, 'zset'}, {ids_key, 'hash'},
+  {large_index_key, 'zset'}, {ids_key, 'hash'}, {keys.legacy, 'hash'},
 })
 if err then return err end
 
@@ -65,25 +69,54 @@ local function in_range(first, last, count)
   return math.min(count, b - a + 1)
 end
 
+local function candidate(member)
+  local first, last, count = parse_chunk_member(member)
+  return {first, last, count, 0}
+end
+
+-- A layout-1 thread's legacy messages not yet migrated, as one more candidate.
+local legacy = nil
+if is_layout_1(keys) then
+  local state = redis.call('HMGET', meta_key, 'migrated', 'legacy_last')
+  local first = tonumber(state[1] or '0') + 1
+  local last = tonumber(state[2] or last_seq)
+  if last >= first then legacy = {first, last, redis.call('HLEN', keys.legacy), 1} end
+end
+
+-- Puts the legacy candidate among the others in walk order.
+local function with_legacy(candidates, ascending)
+  if not legacy then return candidates end
+  local merged, placed = {}, false
+  for _, c in ipairs(candidates) do
+    if not placed and ((ascending and legacy[1] < c[1]) or (not ascending and legacy[1] > c[1])) then
+      merged[#merged + 1] = legacy
+      placed = true
+    end
+    merged[#merged + 1] = c
+  end
+  if not placed then merged[#merged + 1] = legacy end
+  return merged
+end
+
 local chunks, include_window, bound = {}, 0, nil
 if hi - lo > 1 then
   if walk == 'up' then
     local acc = 0
     local below = redis.call('ZRANGE', chunk_index_key, lo, '-inf', 'BYSCORE', 'REV', 'LIMIT', 0, 1)
     local candidates = {}
-    if below[1] then candidates[1] = below[1] end
+    if below[1] then candidates[1] = candidate(below[1]) end
     local above = redis.call('ZRANGE', chunk_index_key, '(' .. lo, '(' .. hi, 'BYSCORE', 'LIMIT', 0, max_chunks + 1)
-    for _, member in ipairs(above) do candidates[#candidates + 1] = member end
+    for _, member in ipairs(above) do candidates[#candidates + 1] = candidate(member) end
     local stopped = false
-    for _, member in ipairs(candidates) do
-      local first, last, count = parse_chunk_member(member)
+    for _, c in ipairs(with_legacy(candidates, true)) do
+      local first, last, count = c[1], c[2], c[3]
       local n = in_range(first, last, count)
       if n > 0 then
         if acc >= need or #chunks >= max_chunks then
           stopped = true
           break
         end
-        chunks[#chunks + 1] = {first, last}
+        chunks[#chunks + 1] = c
         acc = acc + n
         bound = last
       end
@@ -101,9 +134,12 @@ if hi - lo > 1 then
     bound = lo
     if in_window < need then
       local acc = in_window
-      local candidates = redis.call('ZRANGE', chunk_index_key, '(' .. hi, '-inf', 'BYSCORE', 'REV', 'LIMIT', 0, max_chunks + 1)
-      for _, member in ipairs(candidates) do
-        local first, last, count = parse_chunk_member(member)
+      local candidates = {}
+      for _, member in ipairs(redis.call('ZRANGE', chunk_index_key, '(' .. hi, '-inf', 'BYSCORE', 'REV', 'LIMIT', 0, max_chunks + 1)) do
+        candidates[#candidates + 1] = candidate(member)
+      end
+      for _, c in ipairs(with_legacy(candidates, false)) do
+        local first, last, count = c[1], c[2], c[3]
         if last <= lo then break end
         local n = in_range(first, last, count)
         if n > 0 then
@@ -111,7 +147,7 @@ if hi - lo > 1 then
             bound = chunks[#chunks] and chunks[#chunks][1] or lo
             break
           end
-          chunks[#chunks + 1] = {first, last}
+          chunks[#chunks + 1] = c
           acc = acc + n
         end
       end
@@ -134,6 +170,7 @@ local reply = {gen, deleted_before, lo, hi, bound or (walk == 'up' and hi or lo)
 for _, chunk in ipairs(chunks) do
   reply[#reply + 1] = chunk[1]
   reply[#reply + 1] = chunk[2]
+  reply[#reply + 1] = chunk[4]
 end
 reply[#reply + 1] = #large
 for _, member in ipairs(large) do

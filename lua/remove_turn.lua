@@ -2,18 +2,19 @@
 --- Retracts a turn: removes its messages wherever they are stored. Nothing evicted by the
 --- media budget is restored; removed messages give their bytes and media back.
 ---
---- KEYS[1..9]  the thread's keys (docs/LAYOUT.md)
+--- KEYS[1..10] the thread's keys (docs/LAYOUT.md)
 --- ARGV[1..10] the limits (includes/thread.lua: read_limits)
 --- ARGV[11]    turn_id (str)
 --- ARGV[12]    max_messages (int): the most one call removes; the client calls again for more
 ---
 --- Reply: {removed, remaining}
---- Errors: KVS_WRONGTYPE, KVS_LAYOUT
+--- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_MIGRATING
 --- @include "includes/checks"
 --- @include "includes/thread"
 --- @include "includes/index"
 --- @include "includes/turns"
 --- @include "includes/expiry"
+--- @include "includes/migration"
 
 local keys = thread_keys()
 local limits = read_limits()
@@ -21,6 +22,9 @@ local turn_id, max_messages = ARGV[11], tonumber(ARGV[12])
 
 local err = check_thread(keys)
 if err then return err end
+if is_layout_1(keys) then
+  return redis.error_reply('KVS_MIGRATING the thread is still in layout 1: migrate it first')
+end
 
 local record = redis.call('HGET', keys.turns, turn_id)
 if not record then return {0, 0} end

@@ -1,7 +1,7 @@
 #!lua
 --- Replaces a stored message in place: same id, same sequence, same container.
 ---
---- KEYS[1..9]  the thread's keys (docs/LAYOUT.md)
+--- KEYS[1..10] the thread's keys (docs/LAYOUT.md)
 --- ARGV[1..10] the limits (includes/thread.lua: read_limits)
 --- ARGV[11]    id (str) of the stored message
 --- ARGV[12]    inline media bytes (int) of the replacement
@@ -12,11 +12,12 @@
 --- chunk_max_bytes (unless it is alone in it).
 ---
 --- Reply: the message's sequence
---- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_NOT_FOUND, KVS_TOO_LARGE, KVS_MEDIA_OVER <bytes left>
+--- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_MIGRATING, KVS_NOT_FOUND, KVS_TOO_LARGE, KVS_MEDIA_OVER <bytes left>
 --- @include "includes/checks"
 --- @include "includes/thread"
 --- @include "includes/index"
 --- @include "includes/expiry"
+--- @include "includes/migration"
 
 local keys = thread_keys()
 local limits = read_limits()
@@ -24,6 +25,9 @@ local id, media, record = ARGV[11], tonumber(ARGV[12]), ARGV[13]
 
 local err = check_thread(keys)
 if err then return err end
+if is_layout_1(keys) then
+  return redis.error_reply('KVS_MIGRATING the thread is still in layout 1: migrate it first')
+end
 if #record > limits.max_message_bytes then
   return redis.error_reply(string.format('KVS_TOO_LARGE the replacement is %d bytes, the limit is %d', #record, limits.max_message_bytes))
 end

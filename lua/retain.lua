@@ -1,7 +1,7 @@
 #!lua
 --- Runs retention alone: compact calls it again while the per-call cap stopped it short.
 ---
---- KEYS[1..9]  the thread's keys (docs/LAYOUT.md)
+--- KEYS[1..10] the thread's keys (docs/LAYOUT.md)
 --- ARGV[1..10] the limits (includes/thread.lua: read_limits)
 ---
 --- Reply: the number of chunks deleted (at most max_move_chunks)

@@ -13,11 +13,11 @@ local function check_key_types(expected)
   return nil
 end
 
--- Fails unless the thread is missing or stored in layout 2.
+-- Fails unless the thread is missing, in layout 2, or in layout 1 (which it migrates).
 local function check_layout(meta_key)
   local layout = redis.call('HGET', meta_key, 'layout')
-  if layout and layout ~= '2' then
-    return redis.error_reply('KVS_LAYOUT thread is stored in layout ' .. layout .. ', this version writes layout 2')
+  if layout and layout ~= '2' and layout ~= '1' then
+    return redis.error_reply('KVS_LAYOUT thread is stored in layout ' .. layout .. ', this version reads layouts 1 and 2')
   end
   return nil
 end

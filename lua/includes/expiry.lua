@@ -17,7 +17,7 @@ local function apply_expiry(keys, deadline, moved)
   if deadline <= 0 then return end
   redis.call('HSET', keys.meta, 'expire_at', fmt(deadline))
   for _, key in ipairs({keys.meta, keys.window, keys.window_side, keys.chunk_index, keys.large_index,
-                        keys.ids, keys.otids, keys.turns}) do
+                        keys.ids, keys.otids, keys.turns, keys.legacy}) do
     redis.call('PEXPIREAT', key, deadline)
   end
   if moved then

@@ -109,7 +109,8 @@ local function store_batch(keys, batch, limits)
       fmt(start or 0) .. '|' .. extend_ranges(ranges or '', first, last + count))
   end
 
-  redis.call('HSET', keys.meta, 'layout', '2', 'last_seq', last + count)
+  redis.call('HSETNX', keys.meta, 'layout', '2')  -- a migrating thread stays at 1 until done
+  redis.call('HSET', keys.meta, 'last_seq', last + count)
   redis.call('HINCRBY', keys.meta, 'stored', count)
   redis.call('HINCRBY', keys.meta, 'bytes', total_bytes)
   if total_media > 0 then redis.call('HINCRBY', keys.meta, 'media', total_media) end

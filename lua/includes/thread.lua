@@ -1,8 +1,9 @@
--- The thread's keys, named once from KEYS (every writing script takes the same nine).
+-- The thread's keys, named once from KEYS (every script takes the same ten).
 local function thread_keys()
   return {
     meta = KEYS[1], window = KEYS[2], window_side = KEYS[3], chunk_index = KEYS[4],
-    large_index = KEYS[5], ids = KEYS[6], otids = KEYS[7], turns = KEYS[8], chunk_prefix = KEYS[9],
+    large_index = KEYS[5], ids = KEYS[6], otids = KEYS[7], turns = KEYS[8], legacy = KEYS[9],
+    chunk_prefix = KEYS[10],
   }
 end
 
@@ -11,7 +12,7 @@ local function check_thread(keys)
   return check_key_types({
     {keys.meta, 'hash'}, {keys.window, 'zset'}, {keys.window_side, 'hash'},
     {keys.chunk_index, 'zset'}, {keys.large_index, 'zset'}, {keys.ids, 'hash'},
-    {keys.otids, 'hash'}, {keys.turns, 'hash'},
+    {keys.otids, 'hash'}, {keys.turns, 'hash'}, {keys.legacy, 'hash'},
   }) or check_layout(keys.meta)
 end
 
