@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-import uuid
+
+import redis
 
 from . import errors
 
@@ -24,23 +25,73 @@ def main(argv: list[str] | None = None) -> int:
     server.add_argument("--data-dir", default=".kvstore-data")
     server.add_argument("--port", type=int, default=None)
 
+    def with_store(name: str, help_text: str) -> argparse.ArgumentParser:
+        sub = commands.add_parser(name, help=help_text)
+        sub.add_argument("--url", help="a Redis/Valkey URL; without it the embedded server over --data-dir")
+        sub.add_argument("--namespace", default="kv", help="the store's namespace (default: kv)")
+        sub.add_argument("--data-dir", default=".kvstore-data", help="embedded server data directory")
+        return sub
+
+    inspect = with_store("inspect", "show a thread's layout: window, chunks, index, turn, summary")
+    inspect.add_argument("thread")
+    export = with_store("export", "write a thread's messages as JSON lines (the list API's shape)")
+    export.add_argument("thread")
+    export.add_argument("-o", "--output", help="file to write (default: standard output)")
+    import_ = with_store("import", "append JSON-lines messages to a thread (ids and otids kept)")
+    import_.add_argument("thread")
+    import_.add_argument("file", help="a JSON-lines file, or - for standard input")
+    with_store("migrate", "find layout-1 threads with SCAN and migrate them (resumable)")
+
     args = parser.parse_args(argv)
     try:
         if args.command == "demo":
             return _demo(args)
-        return _server(args)
+        if args.command == "server":
+            return _server(args)
+        return _store_command(args)
     except errors.KVStoreError as exc:
+        print(f"kvstore: {exc}", file=sys.stderr)
+        return 1
+    except redis.RedisError as exc:
+        print(f"kvstore: the server failed: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:
         print(f"kvstore: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
 
 
+def _store_command(args: argparse.Namespace) -> int:
+    from . import _commands
+
+    with _commands.open_store(args.url, args.namespace, args.data_dir) as store:
+        if args.command == "inspect":
+            _commands.inspect(store, args.thread)
+        elif args.command == "export":
+            if args.output:
+                with open(args.output, "w", encoding="utf-8") as out:
+                    count = _commands.export(store, args.thread, out)
+                print(f"exported {count} messages to {args.output}", file=sys.stderr)
+            else:
+                _commands.export(store, args.thread, sys.stdout)
+        elif args.command == "import":
+            if args.file == "-":
+                count = _commands.import_lines(store, args.thread, sys.stdin)
+            else:
+                with open(args.file, encoding="utf-8") as lines:
+                    count = _commands.import_lines(store, args.thread, lines)
+            print(f"imported {count} messages into {args.thread}", file=sys.stderr)
+        elif args.command == "migrate":
+            _commands.migrate_all(store)
+    return 0
+
+
 def _demo(args: argparse.Namespace) -> int:
     from ._demo import DemoOptions, run_demo
     from ._embedded import EmbeddedServer
 
-    namespace = f"demo-{uuid.uuid4().hex[:8]}"
+    namespace = "demo"
     if args.url:
         _check_reachable(args.url)
         return run_demo(DemoOptions(args.url, namespace, args.workers, args.threads, args.turns))

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import multiprocessing
 import random
-import statistics
 import sys
 import time
 from dataclasses import dataclass
 
 import redis
 
+from . import errors
 from .config import StoreConfig
 from .messages import (
     AssistantMessage,
@@ -23,6 +23,13 @@ from .messages import (
 from .store import MessageStore
 
 MESSAGES_PER_TURN = 5
+# The demo keeps a short history so compaction visibly holds memory flat.
+RETAINED = 200
+COMPACT_EVERY = 5  # turns of one worker
+
+
+def demo_config(namespace: str) -> StoreConfig:
+    return StoreConfig(namespace=namespace, retained_message_limit=RETAINED)
 
 
 @dataclass(frozen=True)
@@ -51,7 +58,7 @@ def _turn_messages(rng: random.Random, worker: int, turn: int) -> tuple[UserMess
 
 def _worker(options: DemoOptions, worker: int, progress, results) -> None:
     rng = random.Random(worker)
-    store = MessageStore.from_url(options.url, StoreConfig(namespace=options.namespace))
+    store = MessageStore.from_url(options.url, demo_config(options.namespace))
     append_us: list[float] = []
     page_us: list[float] = []
     for turn in range(options.turns):
@@ -69,6 +76,11 @@ def _worker(options: DemoOptions, worker: int, progress, results) -> None:
         result = thread.finish_turn(turn_id)
         if result.reply_count != len(replies):
             raise RuntimeError(f"turn {turn_id} counted {result.reply_count} replies")
+        if turn % COMPACT_EVERY == COMPACT_EVERY - 1:
+            try:
+                thread.compact(f"summary by worker {worker} after turn {turn}", result.last_sequence)
+            except errors.InvalidCursor:
+                pass  # another worker's summary of this thread already reaches further
         started = time.perf_counter()
         thread.list(limit=50, order="desc")
         page_us.append((time.perf_counter() - started) * 1e6)
@@ -84,6 +96,12 @@ def run_demo(options: DemoOptions, out=sys.stdout) -> int:
     results = context.Queue()
     total_turns = options.workers * options.turns
     print(f"kvstore demo: {options.workers} workers, {total_turns} turns on {options.threads} shared threads", file=out)
+    store = MessageStore.from_url(options.url, demo_config(options.namespace))
+    client = redis.Redis.from_url(options.url)
+    for t in range(options.threads):
+        store.thread(f"demo-{t}").delete()  # start from empty threads
+    samples: list[tuple[int, int]] = []
+    next_sample = total_turns // 4
     started = time.perf_counter()
     processes = [
         context.Process(target=_worker, args=(options, w, progress, results)) for w in range(options.workers)
@@ -93,6 +111,9 @@ def run_demo(options: DemoOptions, out=sys.stdout) -> int:
     collected = []
     while len(collected) < len(processes):
         _draw(progress.value, total_turns, out)
+        if progress.value >= next_sample:
+            samples.append((progress.value, _namespace_bytes(client, options.namespace)))
+            next_sample += total_turns // 4
         try:
             collected.append(results.get(timeout=0.2))
         except Exception:
@@ -105,36 +126,41 @@ def run_demo(options: DemoOptions, out=sys.stdout) -> int:
     _draw(total_turns, total_turns, out)
     print(file=out)
 
+    samples.append((total_turns, _namespace_bytes(client, options.namespace)))
     append_us = sorted(x for a, _ in collected for x in a)
     page_us = sorted(x for _, p in collected for x in p)
-    store = MessageStore.from_url(options.url, StoreConfig(namespace=options.namespace))
-    client = redis.Redis.from_url(options.url)
     messages = 0
-    thread_bytes = []
+    kept = 0
     for t in range(options.threads):
         thread = store.thread(f"demo-{t}")
         stored = list(thread.iter())
+        stats = thread.stats()
         sequences = [m.seq_id for m in stored]
-        if sequences != list(range(1, len(sequences) + 1)):
+        first = stats.deleted_before_sequence or 1
+        if sequences != list(range(first, first + len(sequences))):
             print(f"demo-{t}: sequences are not gap-free", file=out)
             return 1
-        messages += len(stored)
-        keys = list(client.scan_iter(match=thread.keys.meta.rsplit(":", 1)[0] + ":*", count=1000))
-        thread_bytes.append(sum(client.memory_usage(k) or 0 for k in keys))
+        messages += stats.next_sequence - 1
+        kept += len(stored)
     rows = [
         ("threads", f"{options.threads}"),
         ("turns", f"{total_turns}"),
-        ("messages", f"{messages} (gap-free sequences on every thread)"),
+        ("messages", f"{messages} appended, {kept} kept (retention {RETAINED}/thread), gap-free"),
         ("appends/s", f"{len(append_us) / elapsed:,.0f} over {options.workers} processes"),
         ("append p50 / p99", f"{_pct(append_us, 50):.0f} / {_pct(append_us, 99):.0f} µs"),
         ("newest page of 50 p50 / p99", f"{_pct(page_us, 50):.0f} / {_pct(page_us, 99):.0f} µs"),
-        ("bytes per thread (MEMORY USAGE)", f"{statistics.mean(thread_bytes):,.0f}"),
+        ("bytes per thread (MEMORY USAGE)", f"{samples[-1][1] / options.threads:,.0f}"),
+        ("memory over the run", " → ".join(f"{b / 1024:,.0f} KiB @ {t} turns" for t, b in samples)),
         ("wall time", f"{elapsed:.1f} s"),
     ]
     width = max(len(name) for name, _ in rows)
     for name, value in rows:
         print(f"  {name:<{width}}  {value}", file=out)
     return 0
+
+
+def _namespace_bytes(client: redis.Redis, namespace: str) -> int:
+    return sum(client.memory_usage(k, samples=0) or 0 for k in client.scan_iter(match=f"{namespace}:*", count=1000))
 
 
 def _pct(values: list[float], pct: float) -> float:

@@ -204,6 +204,14 @@ def test_otid_semantics(make_thread, raw_client):
     # None stored: appended.
     new = thread.append([UserMessage(content="e", otid="o4")])
     assert new[0].seq_id == 3
+    # Stored otids beside a message without one: a replay of the same call (same ids) returns
+    # what it stored; new messages beside stored otids are a mix, refused.
+    batch = [UserMessage(content="f", otid="o5"), UserMessage(content="g")]
+    stored = thread.append(batch)
+    assert thread.append([m.model_copy(update={"seq_id": None}) for m in stored]) == stored
+    with pytest.raises(errors.OtidConflict, match="other messages are new"):
+        thread.append([UserMessage(content="f", otid="o5"), UserMessage(content="h")])
+    assert thread.stats().stored_messages == 5
 
 
 def test_a_retried_call_stores_nothing_twice(make_thread):

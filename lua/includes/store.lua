@@ -25,19 +25,19 @@ local function check_batch(keys, batch, limits)
       given[#given + 1] = otid
     end
   end
+  local otids_stored = 0
   if #given > 0 then
     local stored = redis.call('HMGET', keys.otids, unpack(given))
-    local present = 0
     for _, sequence in ipairs(stored) do
-      if sequence then present = present + 1 end
+      if sequence then otids_stored = otids_stored + 1 end
     end
-    if present > 0 then
-      if present == count then
-        local reply = {0}
-        for i, sequence in ipairs(stored) do reply[i + 1] = tonumber(sequence) end
-        return reply
-      end
-      return redis.error_reply(string.format('KVS_OTID_CONFLICT %d of %d messages carry an otid that is already stored', present, count))
+    if otids_stored > 0 and otids_stored < #given then
+      return redis.error_reply(string.format('KVS_OTID_CONFLICT %d of %d otids in the batch are already stored', otids_stored, #given))
+    end
+    if otids_stored == count then
+      local reply = {0}
+      for i, sequence in ipairs(stored) do reply[i + 1] = tonumber(sequence) end
+      return reply
     end
   end
 
@@ -59,6 +59,10 @@ local function check_batch(keys, batch, limits)
       return reply
     end
     return redis.error_reply(string.format('KVS_DUPLICATE_ID %d of %d message ids are already stored', present, count))
+  end
+  if otids_stored > 0 then
+    -- Every otid is stored but the messages without one are new: a mix.
+    return redis.error_reply(string.format('KVS_OTID_CONFLICT the batch\'s %d otids are stored but its other messages are new', otids_stored))
   end
 
   -- The thread's inline media budget: the client strips the incoming messages' own inline parts

@@ -1,0 +1,160 @@
+"""What the `kvstore` subcommands do, apart from parsing arguments (kvstore/__main__.py)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import IO
+
+import redis
+
+from . import errors
+from ._embedded import EmbeddedServer
+from ._keys import check_thread_id
+from .config import StoreConfig
+from .messages import parse_message
+from .store import MessageStore
+
+IMPORT_BATCH = 100
+
+
+@contextmanager
+def open_store(url: str | None, namespace: str, data_dir: str) -> Iterator[MessageStore]:
+    """A store on `url`, or on the embedded server over `data_dir` when no URL is given."""
+    config = StoreConfig(namespace=namespace)
+    if url:
+        client = _connect(url)
+        try:
+            yield MessageStore(client, config)
+        finally:
+            client.close()
+        return
+    with EmbeddedServer(data_dir) as embedded:
+        client = _connect(embedded.url)
+        try:
+            yield MessageStore(client, config)
+        finally:
+            client.close()
+
+
+def _connect(url: str) -> redis.Redis:
+    try:
+        client = redis.Redis.from_url(url, socket_connect_timeout=3)
+    except ValueError as exc:
+        raise errors.ConfigError(f"bad URL {url!r}: {exc}") from None
+    try:
+        client.ping()
+    except redis.RedisError as exc:
+        raise errors.ServerError(f"cannot reach {url}: {exc}") from None
+    return client
+
+
+def _existing_thread(store: MessageStore, thread_id: str):
+    thread = store.thread(thread_id)
+    keys = thread.keys
+    if not store.client.exists(keys.meta, keys.legacy):
+        raise errors.KVStoreError(
+            f"thread {thread_id!r} not found in namespace {store.config.namespace!r}"
+        )
+    return thread
+
+
+def inspect(store: MessageStore, thread_id: str, out: IO[str] = sys.stdout) -> None:
+    thread = _existing_thread(store, thread_id)
+    keys, client = thread.keys, store.client
+    stats = thread.stats()
+    meta = {k.decode(): v.decode() for k, v in client.hgetall(keys.meta).items()}
+    window = client.zrange(keys.window, 0, -1, withscores=True)
+    chunks = client.zrange(keys.chunk_index, 0, -1)
+    large = client.zrange(keys.large_index, 0, -1)
+    print(f"thread {thread_id} (namespace {store.config.namespace}, layout {stats.layout_version})", file=out)
+    print(f"  messages stored   {stats.stored_messages} ({stats.stored_bytes:,} record bytes)", file=out)
+    print(f"  next sequence     {stats.next_sequence}", file=out)
+    print(f"  deleted before    {stats.deleted_before_sequence or '-'}", file=out)
+    print(f"  inline media      {stats.media_bytes:,} bytes", file=out)
+    summary = meta.get("summary_last")
+    print(f"  summary           {'covers ..' + summary + ' (message ' + meta['summary_seq'] + ')' if summary else '-'}", file=out)
+    if meta.get("turn_id"):
+        print(f"  turn              {meta['turn_id']}: replies from {meta['turn_seq']}, {meta.get('turn_outcome', 'open')}", file=out)
+    else:
+        print("  turn              -", file=out)
+    if window:
+        size = sum(len(member) for member, _ in window)
+        print(f"  window            {len(window)} messages, {int(window[0][1])}..{int(window[-1][1])}, {size:,} bytes", file=out)
+    else:
+        print("  window            empty", file=out)
+    legacy = client.hlen(keys.legacy)
+    if legacy:
+        print(f"  legacy (layout 1) {legacy} messages not yet migrated", file=out)
+    print(f"  chunks            {len(chunks)} (+ {len(large)} oversized)", file=out)
+    for member in chunks:
+        first, last, count, nbytes, media = member.decode().split(":")
+        print(f"    chunk {first:>8}  {first}..{last}  {count} messages  {int(nbytes):,} bytes  {int(media):,} media", file=out)
+    for member in large:
+        sequence, nbytes, media = member.decode().split(":")
+        print(f"    large {sequence:>8}  1 message  {int(nbytes):,} bytes  {int(media):,} media", file=out)
+
+
+def export(store: MessageStore, thread_id: str, out: IO[str]) -> int:
+    thread = _existing_thread(store, thread_id)
+    count = 0
+    for message in thread.iter():
+        out.write(message.to_json() + "\n")
+        count += 1
+    return count
+
+
+def import_lines(store: MessageStore, thread_id: str, lines: IO[str]) -> int:
+    """Appends JSON-lines messages in batches; ids and otids are kept, so a re-run stores nothing twice."""
+    check_thread_id(thread_id)
+    thread = store.thread(thread_id)
+    batch, count = [], 0
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            message = parse_message(line)
+        except errors.InvalidMessage as exc:
+            raise errors.InvalidMessage(f"line {number}: {exc}") from None
+        batch.append(message.model_copy(update={"seq_id": None}))
+        if len(batch) == IMPORT_BATCH:
+            count += len(thread.append(batch))
+            batch = []
+    if batch:
+        count += len(thread.append(batch))
+    return count
+
+
+def layout_1_threads(store: MessageStore) -> list[str]:
+    """Thread ids of the namespace that still hold a layout-1 legacy hash (SCAN, no KEYS)."""
+    prefix = f"{store.config.namespace}:{{"
+    found = []
+    for key in store.client.scan_iter(match=f"{store.config.namespace}:{{*}}:messages", count=1000):
+        text = key.decode()
+        found.append(text[len(prefix) : text.rindex("}:messages")])
+    return sorted(found)
+
+
+def migrate_all(store: MessageStore, out: IO[str] = sys.stdout) -> int:
+    threads = layout_1_threads(store)
+    if not threads:
+        print("no layout-1 threads in this namespace", file=out)
+        return 0
+    for done, thread_id in enumerate(threads, 1):
+        thread = store.thread(thread_id)
+        calls = 0
+        while thread.migrate(max_calls=10) == 10:
+            calls += 10
+            _progress(done - 1, len(threads), f"{thread_id}: {calls} steps", out)
+        _progress(done, len(threads), thread_id, out)
+    print(file=out)
+    print(f"migrated {len(threads)} threads to layout 2", file=out)
+    return len(threads)
+
+
+def _progress(done: int, total: int, label: str, out: IO[str]) -> None:
+    width = 30
+    filled = int(width * done / max(total, 1))
+    print(f"\r  [{'#' * filled}{'.' * (width - filled)}] {done}/{total} {label[:40]:<40}", end="", file=out, flush=True)
