@@ -9,8 +9,8 @@ operation: keys and arguments are built here, replies are parsed here.
 from __future__ import annotations
 
 import logging
+import os
 import time
-import uuid
 from collections.abc import Generator, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -69,24 +69,18 @@ Cursor = str | int | None
 
 @dataclass(frozen=True, slots=True)
 class ThreadRef:
-    """What every operation needs to know about its thread."""
+    """What every operation needs to know about its thread, computed once per thread handle."""
 
     config: StoreConfig
     keys: ThreadKeys
+    script_keys: tuple[str, ...]  # KEYS[1..10] of every script (lua/includes/thread.lua)
+    limits_prefix: tuple[int, ...]  # ARGV[1..9] of every writing script
 
     @classmethod
     def of(cls, config: StoreConfig, thread_id: str) -> ThreadRef:
-        return cls(config, ThreadKeys.of(config.namespace, thread_id))
-
-    def script_keys(self) -> tuple[str, ...]:
-        """KEYS[1..10] of every script (lua/includes/thread.lua)."""
-        return (*self.keys.fixed(), self.keys.chunk_prefix)
-
-    def limits(self) -> list[Any]:
-        """ARGV[1..10] of every writing script (lua/includes/thread.lua: read_limits)."""
-        config = self.config
+        keys = ThreadKeys.of(config.namespace, thread_id)
         retained = config.retained_message_limit
-        return [
+        limits = (
             config.window_size,
             config.chunk_size,
             config.chunk_max_bytes,
@@ -96,8 +90,12 @@ class ThreadRef:
             config.max_inline_media_bytes,
             -1 if retained is None else retained,
             (config.thread_ttl or 0) * 1000,
-            int(time.time() * 1000),
-        ]
+        )
+        return cls(config, keys, (*keys.fixed(), keys.chunk_prefix), limits)
+
+    def limits(self) -> list[Any]:
+        """ARGV[1..10] of every writing script (lua/includes/thread.lua: read_limits)."""
+        return [*self.limits_prefix, int(time.time() * 1000)]
 
 
 # --------------------------------------------------------------------------------- append
@@ -118,6 +116,21 @@ def _check_token(kind: str, value: str) -> None:
         )
 
 
+def _new_message_id() -> str:
+    """`message-<uuid4>`, built straight from random bytes (uuid.uuid4() is slower)."""
+    raw = bytearray(os.urandom(16))
+    raw[6] = (raw[6] & 0x0F) | 0x40  # version 4
+    raw[8] = (raw[8] & 0x3F) | 0x80  # RFC 4122 variant
+    h = raw.hex()
+    return f"message-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
+def _with_sequence(message: Message, sequence: int) -> Message:
+    """Sets seq_id on a copy the store made itself (no second copy, no re-validation)."""
+    message.__dict__["seq_id"] = sequence
+    return message
+
+
 def prepare_batch(
     config: StoreConfig, messages: Message | dict | Iterable[Message | dict], turn_id: str | None
 ) -> list[_Prepared]:
@@ -136,23 +149,23 @@ def prepare_batch(
     now = datetime.now(UTC)
     prepared, total = [], 0
     for position, message in enumerate(batch):
-        check_inline_parts(message, config.max_inline_part_bytes)
-        message = message.model_copy(
-            update={
-                "id": message.id or f"message-{uuid.uuid4()}",
-                "date": message.date or now,
-                "seq_id": None,
-            }
-        )
-        _check_token("message id", message.id)
+        media = check_inline_parts(message, config.max_inline_part_bytes)
+        if message.id is not None:
+            _check_token("message id", message.id)
         if message.otid is not None:
             _check_token("otid", message.otid)
-        try:
-            item = _prepared(config, message, turn_id)
-        except errors.MessageTooLarge as exc:
-            raise errors.MessageTooLarge(f"message {position} ({message.message_type}): {exc}") from None
-        total += len(item.record)
-        prepared.append(item)
+        # The one copy the store makes: the caller's message is never changed.
+        message = message.model_copy(
+            update={"id": message.id or _new_message_id(), "date": message.date or now, "seq_id": None}
+        )
+        record = encode_record(message, turn_id)
+        if len(record) > config.max_message_bytes:
+            raise errors.MessageTooLarge(
+                f"message {position} ({message.message_type}) encodes to {len(record)} bytes;"
+                f" max_message_bytes is {config.max_message_bytes}"
+            )
+        total += len(record)
+        prepared.append(_Prepared(message, record, media))
     if total > config.max_batch_bytes:
         raise errors.BatchTooLarge(
             f"the batch encodes to {total} bytes; max_batch_bytes is {config.max_batch_bytes}"
@@ -169,17 +182,14 @@ def append(
         for item in prepared:
             args += (item.message.id, item.message.otid or "", item.media, item.record)
         try:
-            reply = yield Eval(SCRIPTS["append"], thread.script_keys(), args)
+            reply = yield Eval(SCRIPTS["append"], thread.script_keys, args)
         except errors.InlineMediaBudget as over:
             prepared = _fit_media(prepared, over.available, turn_id)
             continue
         break
     if reply[0] == 1:
         first = int(reply[1])
-        return [
-            item.message.model_copy(update={"seq_id": first + i})
-            for i, item in enumerate(prepared)
-        ]
+        return [_with_sequence(item.message, first + i) for i, item in enumerate(prepared)]
     # Every message was already stored: a replay returns what the first call stored.
     sequences = [int(s) for s in reply[1:]]
     return (yield from fetch_sequences(thread, sequences, missing_ok=True))
@@ -202,7 +212,7 @@ def _fit_media(prepared: list[_Prepared], available: int, turn_id: str | None) -
 
 def start_turn(thread: ThreadRef, turn_id: str) -> Operation:
     _check_token("turn_id", turn_id)
-    sequence = yield Eval(SCRIPTS["start_turn"], thread.script_keys(), (*thread.limits(), turn_id))
+    sequence = yield Eval(SCRIPTS["start_turn"], thread.script_keys, (*thread.limits(), turn_id))
     return int(sequence)
 
 
@@ -211,7 +221,7 @@ def finish_turn(thread: ThreadRef, turn_id: str, outcome: TurnOutcome) -> Operat
     if outcome not in TURN_OUTCOMES:
         raise errors.InvalidMessage(f"outcome {outcome!r} is not one of {', '.join(TURN_OUTCOMES)}")
     count, first, last, _start = yield Eval(
-        SCRIPTS["finish_turn"], thread.script_keys(), (*thread.limits(), turn_id, outcome)
+        SCRIPTS["finish_turn"], thread.script_keys, (*thread.limits(), turn_id, outcome)
     )
     return TurnResult(
         turn_id=turn_id,
@@ -254,7 +264,7 @@ def _locate_records(thread: ThreadRef, kind: str, targets: list[str]) -> Operati
     """(sequence, record) of each target that is stored, by sequence or by id, in order."""
     keys = thread.keys
     for _ in range(MAX_READ_ATTEMPTS):
-        reply = yield Eval(SCRIPTS["locate"], thread.script_keys(), (kind, *targets))
+        reply = yield Eval(SCRIPTS["locate"], thread.script_keys, (kind, *targets))
         gen, places = reply[0], reply[2:]
         commands: list[tuple[Any, ...]] = []
         wanted: list[int] = []
@@ -363,7 +373,7 @@ def _walk(
             entries = [(int(float(score)), member) for member, score in pairs[: need - 1]]
             return entries, True, _int(deleted_before)
 
-    plan_keys = thread.script_keys()
+    plan_keys = thread.script_keys
     collected: list[tuple[int, bytes]] = []
     attempts = 0
     while True:
@@ -587,14 +597,14 @@ def compact(
     while True:
         args = [*thread.limits(), last_sequence, item.message.id, item.message.otid or "", item.media, item.record]
         try:
-            replay_or_stored, sequence, deleted = yield Eval(SCRIPTS["compact"], thread.script_keys(), args)
+            replay_or_stored, sequence, deleted = yield Eval(SCRIPTS["compact"], thread.script_keys, args)
         except errors.InlineMediaBudget as over:
             (item,) = _fit_media([item], over.available, None)
             continue
         break
     # Each call deletes at most max_chunks_per_call chunks; go on while that cap was reached.
     while int(deleted) >= thread.config.max_chunks_per_call:
-        deleted = yield Eval(SCRIPTS["retain"], thread.script_keys(), thread.limits())
+        deleted = yield Eval(SCRIPTS["retain"], thread.script_keys, thread.limits())
     if replay_or_stored == 0:
         found = yield from fetch_sequences(thread, [int(sequence)])
         return found[0]
@@ -649,7 +659,7 @@ def replace(thread: ThreadRef, message_id: str, message: Message | dict) -> Oper
     while True:
         args = [*thread.limits(), message_id, item.media, item.record]
         try:
-            stored_at = yield Eval(SCRIPTS["replace"], thread.script_keys(), args)
+            stored_at = yield Eval(SCRIPTS["replace"], thread.script_keys, args)
         except errors.InlineMediaBudget as over:
             (item,) = _fit_media([item], over.available, turn_id)
             continue
@@ -671,7 +681,7 @@ def remove_turn(thread: ThreadRef, turn_id: str) -> Operation:
     removed = 0
     while True:
         count, remaining = yield Eval(
-            SCRIPTS["remove_turn"], thread.script_keys(), (*thread.limits(), turn_id, REMOVE_TURN_STEP)
+            SCRIPTS["remove_turn"], thread.script_keys, (*thread.limits(), turn_id, REMOVE_TURN_STEP)
         )
         removed += int(count)
         if int(remaining) == 0:
@@ -680,7 +690,7 @@ def remove_turn(thread: ThreadRef, turn_id: str) -> Operation:
 
 def delete(thread: ThreadRef) -> Operation:
     """Removes every key of the thread, DELETE_STEP chunks per call."""
-    while not (yield Eval(SCRIPTS["delete"], thread.script_keys(), (DELETE_STEP,))):
+    while not (yield Eval(SCRIPTS["delete"], thread.script_keys, (DELETE_STEP,))):
         pass
 
 
@@ -691,7 +701,7 @@ def migrate(thread: ThreadRef, max_calls: int | None = None) -> Operation:
     """
     calls = 0
     while max_calls is None or calls < max_calls:
-        _chunks, layout = yield Eval(SCRIPTS["migrate"], thread.script_keys(), thread.limits())
+        _chunks, layout = yield Eval(SCRIPTS["migrate"], thread.script_keys, thread.limits())
         calls += 1
         if int(layout) == 2:
             break

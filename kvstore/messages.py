@@ -690,9 +690,15 @@ def inline_media_bytes(message: BaseMessage) -> int:
     return sum(size for _, size in inline_parts(message))
 
 
-def check_inline_parts(message: BaseMessage, max_part_bytes: int) -> None:
-    """Raise InlineMediaTooLarge if any one inline part decodes to more than ``max_part_bytes``."""
+def check_inline_parts(message: BaseMessage, max_part_bytes: int) -> int:
+    """Raise InlineMediaTooLarge if any one inline part decodes to more than ``max_part_bytes``.
+
+    Returns the message's inline media bytes (what :func:`inline_media_bytes` returns), so a
+    caller that checks does not walk the parts twice.
+    """
+    total = 0
     for path, size in inline_parts(message):
+        total += size
         if size > max_part_bytes:
             error = InlineMediaTooLarge(
                 f"inline image at {path} is {size} bytes decoded; one inline part may hold at "
@@ -700,6 +706,7 @@ def check_inline_parts(message: BaseMessage, max_part_bytes: int) -> None:
             )
             error.errors = []  # type: ignore[attr-defined]  # same surface as other InvalidMessage
             raise error
+    return total
 
 
 def strip_inline_media(message: M, bytes_to_free: int) -> M:

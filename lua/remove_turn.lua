@@ -47,6 +47,8 @@ for _, sequence in ipairs(sequences) do
     side = redis.call('HGET', keys.window_side, sequence)
     redis.call('HDEL', keys.window_side, sequence)
     redis.call('ZREMRANGEBYSCORE', keys.window, sequence, sequence)
+    local _, _, _, window_bytes = parse_side(side)
+    redis.call('HINCRBY', keys.meta, 'window_bytes', -window_bytes)
   elseif where == 'large' then
     side = manifest_find(redis.call('HGET', keys.chunk_prefix .. fmt(first), '_m'), sequence)
     redis.call('DEL', keys.chunk_prefix .. fmt(first))

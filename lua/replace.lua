@@ -74,10 +74,12 @@ if where == 'window' then
     redis.call('HSET', own_key, sequence, record, '_m', manifest_line(sequence, new_side))
     expire_new_chunk(keys, own_key)
     redis.call('ZADD', keys.large_index, sequence, large_index_member(sequence, #record, media))
+    redis.call('HINCRBY', keys.meta, 'window_bytes', -old_bytes)
     redis.call('HINCRBY', keys.meta, 'gen', 1)
   else
     redis.call('ZADD', keys.window, sequence, record)
     redis.call('HSET', keys.window_side, sequence, new_side)
+    redis.call('HINCRBY', keys.meta, 'window_bytes', #record - old_bytes)
   end
 else
   local _, at, stop = manifest_find(manifest, sequence)

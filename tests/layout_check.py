@@ -91,4 +91,5 @@ def check_layout(client, keys: ThreadKeys, config: StoreConfig) -> Layout:
     stored_bytes = sum(len(r) for r in layout.window.values()) + sum(len(r) for r in layout.large.values())
     stored_bytes += sum(len(r) for fields in layout.chunks.values() for r in fields.values())
     assert int(layout.meta.get("bytes", 0)) == stored_bytes
+    assert int(layout.meta.get("window_bytes", 0)) == sum(len(r) for r in layout.window.values())
     return layout

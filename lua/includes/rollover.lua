@@ -5,11 +5,19 @@
 -- holds at most `chunk_size` messages and `chunk_max_bytes` of records (always at least one).
 -- One call moves at most `max_chunks` chunks and `max_bytes` bytes; what is left moves in later
 -- calls. Returns the number of chunks written.
+--
+-- The oldest records are read only when a cut is possible: with fewer than window_size +
+-- chunk_size messages a cut needs the byte cap to close the chunk early, which meta
+-- `window_bytes` rules out cheaply for most calls.
 local function rollover(keys, limits)
   local moved_chunks, moved_bytes = 0, 0
   while moved_chunks < limits.max_move_chunks do
     local count = redis.call('ZCARD', keys.window)
     if count - 1 < limits.window_size then break end
+    if count - limits.window_size < limits.chunk_size then
+      local window_bytes = tonumber(redis.call('HGET', keys.meta, 'window_bytes') or '0')
+      if window_bytes <= limits.chunk_max_bytes then break end
+    end
     local oldest = redis.call('ZRANGE', keys.window, 0, limits.chunk_size - 1, 'WITHSCORES')
     local fields, sequences, bytes, take = {}, {}, 0, 0
     for i = 1, #oldest, 2 do
@@ -40,6 +48,7 @@ local function rollover(keys, limits)
     redis.call('ZADD', keys.chunk_index, first, chunk_index_member(first, last, take, bytes, media))
     redis.call('ZREMRANGEBYRANK', keys.window, 0, take - 1)
     redis.call('HDEL', keys.window_side, unpack(sequences))
+    redis.call('HINCRBY', keys.meta, 'window_bytes', -bytes)
     moved_chunks = moved_chunks + 1
     moved_bytes = moved_bytes + bytes
   end

@@ -84,7 +84,7 @@ local function store_batch(keys, batch, limits)
   local count = #batch.ids
   local last = tonumber(redis.call('HGET', keys.meta, 'last_seq') or '0')
   local first = last + 1
-  local total_bytes, total_media = 0, 0
+  local total_bytes, total_media, window_bytes = 0, 0, 0
   local id_fields = {}
   for i = 1, count do
     local sequence = last + i
@@ -98,6 +98,7 @@ local function store_batch(keys, batch, limits)
     else
       redis.call('ZADD', keys.window, sequence, record)
       redis.call('HSET', keys.window_side, sequence, side)
+      window_bytes = window_bytes + #record
     end
     id_fields[#id_fields + 1] = batch.ids[i]
     id_fields[#id_fields + 1] = sequence
@@ -117,6 +118,7 @@ local function store_batch(keys, batch, limits)
   redis.call('HSET', keys.meta, 'last_seq', last + count)
   redis.call('HINCRBY', keys.meta, 'stored', count)
   redis.call('HINCRBY', keys.meta, 'bytes', total_bytes)
+  if window_bytes > 0 then redis.call('HINCRBY', keys.meta, 'window_bytes', window_bytes) end
   if total_media > 0 then redis.call('HINCRBY', keys.meta, 'media', total_media) end
   return first
 end
