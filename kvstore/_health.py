@@ -54,7 +54,7 @@ class HealthReport(BaseModel):
             f"lua              {show(self.lua)}",
             f"maxmemory        {show(self.maxmemory)} (policy {show(self.maxmemory_policy)})",
             f"appendonly       {show(self.appendonly)} (appendfsync {show(self.appendfsync)})",
-            f"save             {show(self.save)!s}",
+            f"save             {show(self.save if self.save is None else repr(self.save))}",
             f"scripts loaded   {show(self.scripts_loaded)} of {self.scripts_total}",
         ]
         lines += [f"warning: {w}" for w in self.warnings] or ["ok: no setting voids kvstore's guarantees"]
@@ -81,7 +81,12 @@ def _health(client: Any) -> HealthReport:
         )
     warnings: list[str] = []
     info = _call(client.info, "server") or {}
-    name = "valkey" if "valkey_version" in info else str(info.get("server_name") or "redis")
+    if not info:
+        name = "unknown"
+    elif "valkey_version" in info:
+        name = "valkey"
+    else:
+        name = str(info.get("server_name") or "redis")
     version = info.get("valkey_version") or info.get("redis_version")
     version = str(version) if version is not None else None
     if version is None:
@@ -217,3 +222,20 @@ def _config(client: Any, names: tuple[str, ...]) -> dict[str, str] | None:
             key = key.decode() if isinstance(key, bytes) else key
             values[key] = value.decode() if isinstance(value, bytes) else str(value)
     return values
+
+
+def preload_scripts(client: Any) -> dict[str, str]:
+    """Loads every kvstore script into the server's script cache; returns name -> SHA.
+
+    For deployments whose application user may not run SCRIPT LOAD: an operator runs this as an
+    admin user after every server start, failover or SCRIPT FLUSH (the cache is not persisted).
+    On a cluster, run it against every primary. The SHAs are kvstore._scripts.SCRIPTS[name].sha.
+    """
+    loaded: dict[str, str] = {}
+    for name, script in SCRIPTS.items():
+        sha = client.script_load(script.source)
+        sha = sha.decode() if isinstance(sha, bytes) else str(sha)
+        if sha != script.sha:
+            raise errors.ServerError(f"the server hashed {name}.lua to {sha}, kvstore to {script.sha}")
+        loaded[name] = sha
+    return loaded

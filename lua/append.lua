@@ -26,15 +26,20 @@ local keys = thread_keys()
 local limits = read_limits()
 local batch = read_batch(12, tonumber(ARGV[12]), ARGV[11])
 
-local failure = check_thread(keys) or check_batch(keys, batch, limits)
+local meta, failure = load_meta(keys)
+failure = failure or check_store_keys(keys, batch, limits, meta) or check_batch(keys, batch, limits, meta)
 if failure then return failure end
 
 local deadline, moved = expiry_deadline(keys, limits.ttl_ms, limits.now_ms)
 keys.deadline = deadline
 -- A layout-1 thread moves a bounded step first; that step uses this call's move budget.
-local migrated = migrate_step(keys, limits)
-local first = store_batch(keys, batch, limits)
-if migrated == 0 and rollover(keys, limits) > 0 then
+local migrated = 0
+if meta.layout ~= '2' then
+  migrated = migrate_step(keys, limits)
+  meta = load_meta(keys)
+end
+local first = store_batch(keys, batch, limits, meta)
+if migrated == 0 and rollover(keys, limits, meta.window_bytes) > 0 then
   -- A new chunk may make the oldest one deletable: retention keeps the thread bounded.
   retain(keys, limits.retained_limit, limits.max_move_chunks)
 end

@@ -27,7 +27,8 @@ local limits = read_limits()
 local summary_last = tonumber(ARGV[11])
 local batch = read_batch(11, 1, '')
 
-local failure = check_thread(keys) or check_batch(keys, batch, limits)
+local meta, failure = load_meta(keys)
+failure = failure or check_thread(keys) or check_batch(keys, batch, limits, meta)
 if failure then
   if type(failure) == 'table' and failure[1] == 0 then return {0, failure[2], 0} end
   return failure
@@ -43,10 +44,14 @@ end
 
 local deadline, moved = expiry_deadline(keys, limits.ttl_ms, limits.now_ms)
 keys.deadline = deadline
-local migrated = migrate_step(keys, limits)
-local sequence = store_batch(keys, batch, limits)
+local migrated = 0
+if meta.layout ~= '2' then
+  migrated = migrate_step(keys, limits)
+  meta = load_meta(keys)
+end
+local sequence = store_batch(keys, batch, limits, meta)
 redis.call('HSET', keys.meta, 'summary_last', summary_last, 'summary_seq', sequence)
-if migrated == 0 then rollover(keys, limits) end
+if migrated == 0 then rollover(keys, limits, meta.window_bytes) end
 local deleted = retain(keys, limits.retained_limit, limits.max_move_chunks)
 apply_expiry(keys, deadline, moved)
 return {1, sequence, deleted}

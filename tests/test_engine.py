@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import re
 
 import pytest
 
@@ -269,14 +270,19 @@ def test_turn_reply_count_falls_back_when_another_turn_started(make_thread):
     assert thread.snapshot().turn.turn_id == "b"
 
 
-def test_wrong_type_key_is_refused_and_nothing_changes(make_thread, raw_client):
-    thread = make_thread()
-    thread.append(UserMessage(content="a"))
-    raw_client.delete(thread.keys.turns)
-    raw_client.set(thread.keys.turns, "planted")
+@pytest.mark.parametrize(
+    "part", ["meta", "window", "window_side", "chunk_index", "large_index", "ids", "otids", "turns"]
+)
+def test_wrong_type_key_is_refused_and_nothing_changes(make_thread, raw_client, part):
+    thread = make_thread(**SMALL)
+    thread.append([UserMessage(content=f"m{i}") for i in range(20)])
+    key = getattr(thread.keys, part)
+    raw_client.delete(key)
+    raw_client.set(key, "planted")
     before = {k: raw_client.dump(k) for k in thread.keys.fixed()}
-    with pytest.raises(errors.LayoutError, match="turns"):
-        thread.append(UserMessage(content="b"), turn_id="t")
+    batch = [UserMessage(content="b", otid="o1"), UserMessage(content="B" * 5000)]
+    with pytest.raises(errors.LayoutError, match=re.escape(key)):
+        thread.append(batch, turn_id="t")
     assert before == {k: raw_client.dump(k) for k in thread.keys.fixed()}
 
 

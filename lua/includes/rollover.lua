@@ -9,14 +9,15 @@
 -- The oldest records are read only when a cut is possible: with fewer than window_size +
 -- chunk_size messages a cut needs the byte cap to close the chunk early, which meta
 -- `window_bytes` rules out cheaply for most calls.
-local function rollover(keys, limits)
+--
+-- `window_bytes` is the window's record bytes as the caller knows them (meta after its writes).
+local function rollover(keys, limits, window_bytes)
   local moved_chunks, moved_bytes = 0, 0
   while moved_chunks < limits.max_move_chunks do
     local count = redis.call('ZCARD', keys.window)
     if count - 1 < limits.window_size then break end
-    if count - limits.window_size < limits.chunk_size then
-      local window_bytes = tonumber(redis.call('HGET', keys.meta, 'window_bytes') or '0')
-      if window_bytes <= limits.chunk_max_bytes then break end
+    if count - limits.window_size < limits.chunk_size and window_bytes <= limits.chunk_max_bytes then
+      break
     end
     local oldest = redis.call('ZRANGE', keys.window, 0, limits.chunk_size - 1, 'WITHSCORES')
     local fields, sequences, bytes, take = {}, {}, 0, 0
@@ -49,6 +50,7 @@ local function rollover(keys, limits)
     redis.call('ZREMRANGEBYRANK', keys.window, 0, take - 1)
     redis.call('HDEL', keys.window_side, unpack(sequences))
     redis.call('HINCRBY', keys.meta, 'window_bytes', -bytes)
+    window_bytes = window_bytes - bytes
     moved_chunks = moved_chunks + 1
     moved_bytes = moved_bytes + bytes
   end

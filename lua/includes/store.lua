@@ -3,10 +3,53 @@
 -- `batch` holds parallel lists ids, otids, media, records and the turn id ('' for none).
 -- `limits` holds window_size, chunk_size, chunk_max_bytes, max_move_chunks, max_move_bytes,
 -- max_message_bytes and max_media.
+--
+-- This is the hot path, so it makes few server calls: meta is read once (load_meta) and
+-- written once (store_batch), and only the keys this call may write have their type checked;
+-- the maps it reads first (meta, ids, otids) are checked by those reads themselves.
+
+local META_FIELDS = {'layout', 'last_seq', 'stored', 'bytes', 'media', 'window_bytes'}
+
+local function wrong_type(key)
+  return redis.error_reply('KVS_WRONGTYPE ' .. key .. ' does not hold the type kvstore keeps there')
+end
+
+-- A read that doubles as the type check of its key.
+local function checked_read(key, ...)
+  local reply = redis.pcall(...)
+  if type(reply) == 'table' and reply.err then return nil, wrong_type(key) end
+  return reply
+end
+
+-- The meta fields the store path needs, as numbers (layout as a string or nil).
+local function load_meta(keys)
+  local values, err = checked_read(keys.meta, 'HMGET', keys.meta, unpack(META_FIELDS))
+  if err then return nil, err end
+  local meta = {layout = values[1] or nil}
+  for i = 2, #META_FIELDS do meta[META_FIELDS[i]] = tonumber(values[i] or '0') end
+  return meta
+end
+
+-- Checks the layout and the types of the keys this batch may write.
+local function check_store_keys(keys, batch, limits, meta)
+  if meta.layout and meta.layout ~= '2' and meta.layout ~= '1' then
+    return redis.error_reply('KVS_LAYOUT thread is stored in layout ' .. meta.layout .. ', this version reads layouts 1 and 2')
+  end
+  local expected = {{keys.window, 'zset'}, {keys.window_side, 'hash'}, {keys.chunk_index, 'zset'}}
+  if batch.turn_id ~= '' then expected[#expected + 1] = {keys.turns, 'hash'} end
+  if meta.layout ~= '2' then expected[#expected + 1] = {keys.legacy, 'hash'} end
+  for i = 1, #batch.records do
+    if #batch.records[i] > limits.chunk_max_bytes then
+      expected[#expected + 1] = {keys.large_index, 'zset'}
+      break
+    end
+  end
+  return check_key_types(expected)
+end
 
 -- Checks the batch against the thread; returns nil when it may be stored, or a reply: an error,
 -- or {0, sequences...} when every message is already stored (a replay).
-local function check_batch(keys, batch, limits)
+local function check_batch(keys, batch, limits, meta)
   local count = #batch.ids
   for i = 1, count do
     if #batch.records[i] > limits.max_message_bytes then
@@ -27,7 +70,8 @@ local function check_batch(keys, batch, limits)
   end
   local otids_stored = 0
   if #given > 0 then
-    local stored = redis.call('HMGET', keys.otids, unpack(given))
+    local stored, err = checked_read(keys.otids, 'HMGET', keys.otids, unpack(given))
+    if err then return err end
     for _, sequence in ipairs(stored) do
       if sequence then otids_stored = otids_stored + 1 end
     end
@@ -47,7 +91,8 @@ local function check_batch(keys, batch, limits)
     if seen[batch.ids[i]] then return redis.error_reply('KVS_ID_REPEATED message id ' .. batch.ids[i] .. ' appears twice in the batch') end
     seen[batch.ids[i]] = true
   end
-  local stored = redis.call('HMGET', keys.ids, unpack(batch.ids))
+  local stored, err = checked_read(keys.ids, 'HMGET', keys.ids, unpack(batch.ids))
+  if err then return err end
   local present = 0
   for _, sequence in ipairs(stored) do
     if sequence then present = present + 1 end
@@ -70,7 +115,7 @@ local function check_batch(keys, batch, limits)
   local incoming = 0
   for i = 1, count do incoming = incoming + batch.media[i] end
   if incoming > 0 then
-    local current = tonumber(redis.call('HGET', keys.meta, 'media') or '0')
+    local current = meta.media
     if current + incoming > limits.max_media then
       return redis.error_reply(string.format('KVS_MEDIA_OVER %d bytes of inline media are left in the thread',
         math.max(0, limits.max_media - current)))
@@ -79,10 +124,11 @@ local function check_batch(keys, batch, limits)
   return nil
 end
 
--- Writes a checked batch; returns its first sequence.
-local function store_batch(keys, batch, limits)
+-- Writes a checked batch; returns its first sequence. `meta` (from load_meta, read after any
+-- migration step) is updated in place and written back in one call.
+local function store_batch(keys, batch, limits, meta)
   local count = #batch.ids
-  local last = tonumber(redis.call('HGET', keys.meta, 'last_seq') or '0')
+  local last = meta.last_seq
   local first = last + 1
   local total_bytes, total_media, window_bytes = 0, 0, 0
   local id_fields = {}
@@ -114,11 +160,14 @@ local function store_batch(keys, batch, limits)
       fmt(start or 0) .. '|' .. extend_ranges(ranges or '', first, last + count))
   end
 
-  redis.call('HSETNX', keys.meta, 'layout', '2')  -- a migrating thread stays at 1 until done
-  redis.call('HSET', keys.meta, 'last_seq', last + count)
-  redis.call('HINCRBY', keys.meta, 'stored', count)
-  redis.call('HINCRBY', keys.meta, 'bytes', total_bytes)
-  if window_bytes > 0 then redis.call('HINCRBY', keys.meta, 'window_bytes', window_bytes) end
-  if total_media > 0 then redis.call('HINCRBY', keys.meta, 'media', total_media) end
+  meta.layout = meta.layout or '2'  -- a migrating thread stays at 1 until done
+  meta.last_seq = last + count
+  meta.stored = meta.stored + count
+  meta.bytes = meta.bytes + total_bytes
+  meta.window_bytes = meta.window_bytes + window_bytes
+  meta.media = meta.media + total_media
+  redis.call('HSET', keys.meta, 'layout', meta.layout, 'last_seq', fmt(meta.last_seq),
+    'stored', fmt(meta.stored), 'bytes', fmt(meta.bytes), 'window_bytes', fmt(meta.window_bytes),
+    'media', fmt(meta.media))
   return first
 end
