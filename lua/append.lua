@@ -36,10 +36,13 @@ keys.deadline = deadline
 local migrated = 0
 if meta.layout ~= '2' then
   migrated = migrate_step(keys, limits)
+  local window_count = meta.window_count
   meta = load_meta(keys)
+  meta.window_count = window_count
 end
-local first = store_batch(keys, batch, limits, meta)
-if migrated == 0 and rollover(keys, limits, meta.window_bytes) > 0 then
+local first, store_failure = store_batch(keys, batch, limits, meta)
+if store_failure then return store_failure end
+if migrated == 0 and rollover(keys, limits, meta.window_count, meta.window_bytes) > 0 then
   -- A new chunk may make the oldest one deletable: retention keeps the thread bounded.
   retain(keys, limits.retained_limit, limits.max_move_chunks)
 end

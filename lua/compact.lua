@@ -29,6 +29,7 @@ local batch = read_batch(11, 1, '')
 
 local meta, failure = load_meta(keys)
 failure = failure or check_thread(keys) or check_batch(keys, batch, limits, meta)
+if not failure then meta.window_count = redis.call('ZCARD', keys.window) end
 if failure then
   if type(failure) == 'table' and failure[1] == 0 then return {0, failure[2], 0} end
   return failure
@@ -48,10 +49,11 @@ local migrated = 0
 if meta.layout ~= '2' then
   migrated = migrate_step(keys, limits)
   meta = load_meta(keys)
+  meta.window_count = redis.call('ZCARD', keys.window)
 end
 local sequence = store_batch(keys, batch, limits, meta)
 redis.call('HSET', keys.meta, 'summary_last', summary_last, 'summary_seq', sequence)
-if migrated == 0 then rollover(keys, limits, meta.window_bytes) end
+if migrated == 0 then rollover(keys, limits, meta.window_count, meta.window_bytes) end
 local deleted = retain(keys, limits.retained_limit, limits.max_move_chunks)
 apply_expiry(keys, deadline, moved)
 return {1, sequence, deleted}

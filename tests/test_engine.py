@@ -280,7 +280,9 @@ def test_wrong_type_key_is_refused_and_nothing_changes(make_thread, raw_client, 
     raw_client.delete(key)
     raw_client.set(key, "planted")
     before = {k: raw_client.dump(k) for k in thread.keys.fixed()}
-    batch = [UserMessage(content="b", otid="o1"), UserMessage(content="B" * 5000)]
+    # Enough messages to cut a chunk, with an otid, a turn and an oversized one: every key is
+    # written, so every key is checked (a write checks the keys it writes, before writing).
+    batch = [UserMessage(content=f"b{i}", otid=f"o{i}") for i in range(6)] + [UserMessage(content="B" * 5000)]
     with pytest.raises(errors.LayoutError, match=re.escape(key)):
         thread.append(batch, turn_id="t")
     assert before == {k: raw_client.dump(k) for k in thread.keys.fixed()}

@@ -10,11 +10,11 @@
 -- chunk_size messages a cut needs the byte cap to close the chunk early, which meta
 -- `window_bytes` rules out cheaply for most calls.
 --
--- `window_bytes` is the window's record bytes as the caller knows them (meta after its writes).
-local function rollover(keys, limits, window_bytes)
+-- `count` and `window_bytes` are the window's messages and record bytes as the caller knows them
+-- (meta after its writes), so deciding costs no server call.
+local function rollover(keys, limits, count, window_bytes)
   local moved_chunks, moved_bytes = 0, 0
   while moved_chunks < limits.max_move_chunks do
-    local count = redis.call('ZCARD', keys.window)
     if count - 1 < limits.window_size then break end
     if count - limits.window_size < limits.chunk_size and window_bytes <= limits.chunk_max_bytes then
       break
@@ -51,6 +51,7 @@ local function rollover(keys, limits, window_bytes)
     redis.call('HDEL', keys.window_side, unpack(sequences))
     redis.call('HINCRBY', keys.meta, 'window_bytes', -bytes)
     window_bytes = window_bytes - bytes
+    count = count - take
     moved_chunks = moved_chunks + 1
     moved_bytes = moved_bytes + bytes
   end

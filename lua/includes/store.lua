@@ -30,19 +30,35 @@ local function load_meta(keys)
   return meta
 end
 
--- Checks the layout and the types of the keys this batch may write.
+-- Checks the layout and the types of the keys this batch may write, before any write:
+-- the window by the ZCARD the rollover needs anyway (kept in meta.window_count), the window side
+-- hash by being the first key written (store_batch), the others with TYPE, and the chunk index
+-- only when this call will cut a chunk.
 local function check_store_keys(keys, batch, limits, meta)
   if meta.layout and meta.layout ~= '2' and meta.layout ~= '1' then
     return redis.error_reply('KVS_LAYOUT thread is stored in layout ' .. meta.layout .. ', this version reads layouts 1 and 2')
   end
-  local expected = {{keys.window, 'zset'}, {keys.window_side, 'hash'}, {keys.chunk_index, 'zset'}}
+  local count, err = checked_read(keys.window, 'ZCARD', keys.window)
+  if err then return err end
+  meta.window_count = count
+  local expected = {}
   if batch.turn_id ~= '' then expected[#expected + 1] = {keys.turns, 'hash'} end
   if meta.layout ~= '2' then expected[#expected + 1] = {keys.legacy, 'hash'} end
+  local added, added_bytes, oversized = 0, 0, false
   for i = 1, #batch.records do
-    if #batch.records[i] > limits.chunk_max_bytes then
-      expected[#expected + 1] = {keys.large_index, 'zset'}
-      break
+    local size = #batch.records[i]
+    if size > limits.chunk_max_bytes then
+      oversized = true
+    else
+      added = added + 1
+      added_bytes = added_bytes + size
     end
+  end
+  if oversized then expected[#expected + 1] = {keys.large_index, 'zset'} end
+  local after = count + added
+  if after - limits.window_size >= limits.chunk_size
+      or (after > limits.window_size and meta.window_bytes + added_bytes > limits.chunk_max_bytes) then
+    expected[#expected + 1] = {keys.chunk_index, 'zset'}
   end
   return check_key_types(expected)
 end
@@ -124,35 +140,54 @@ local function check_batch(keys, batch, limits, meta)
   return nil
 end
 
--- Writes a checked batch; returns its first sequence. `meta` (from load_meta, read after any
--- migration step) is updated in place and written back in one call.
+-- Writes a checked batch; returns its first sequence, or an error reply if the window side
+-- hash, the first key written, has the wrong type (then nothing was written). `meta` (from
+-- load_meta and check_store_keys, read after any migration step) is updated in place and
+-- written back in one call.
 local function store_batch(keys, batch, limits, meta)
   local count = #batch.ids
   local last = meta.last_seq
   local first = last + 1
-  local total_bytes, total_media, window_bytes = 0, 0, 0
-  local id_fields = {}
+  local total_bytes, total_media, window_bytes, window_added = 0, 0, 0, 0
+  local side_fields, window_members, id_fields, otid_fields, oversized = {}, {}, {}, {}, {}
   for i = 1, count do
     local sequence = last + i
     local record = batch.records[i]
     local side = side_info(batch.ids[i], batch.otids[i], batch.media[i], #record, batch.turn_id)
     if #record > limits.chunk_max_bytes then
-      local chunk_key = keys.chunk_prefix .. fmt(sequence)
-      redis.call('HSET', chunk_key, sequence, record, '_m', manifest_line(sequence, side))
-      expire_new_chunk(keys, chunk_key)
-      redis.call('ZADD', keys.large_index, sequence, large_index_member(sequence, #record, batch.media[i]))
+      oversized[#oversized + 1] = {sequence, record, side, batch.media[i]}
     else
-      redis.call('ZADD', keys.window, sequence, record)
-      redis.call('HSET', keys.window_side, sequence, side)
+      side_fields[#side_fields + 1] = sequence
+      side_fields[#side_fields + 1] = side
+      window_members[#window_members + 1] = sequence
+      window_members[#window_members + 1] = record
       window_bytes = window_bytes + #record
+      window_added = window_added + 1
     end
     id_fields[#id_fields + 1] = batch.ids[i]
     id_fields[#id_fields + 1] = sequence
-    if batch.otids[i] ~= '' then redis.call('HSET', keys.otids, batch.otids[i], sequence) end
+    if batch.otids[i] ~= '' then
+      otid_fields[#otid_fields + 1] = batch.otids[i]
+      otid_fields[#otid_fields + 1] = sequence
+    end
     total_bytes = total_bytes + #record
     total_media = total_media + batch.media[i]
   end
+
+  if #side_fields > 0 then
+    local reply = redis.pcall('HSET', keys.window_side, unpack(side_fields))
+    if type(reply) == 'table' and reply.err then return nil, wrong_type(keys.window_side) end
+    redis.call('ZADD', keys.window, unpack(window_members))
+  end
+  for _, item in ipairs(oversized) do
+    local sequence, record, side, media = item[1], item[2], item[3], item[4]
+    local chunk_key = keys.chunk_prefix .. fmt(sequence)
+    redis.call('HSET', chunk_key, sequence, record, '_m', manifest_line(sequence, side))
+    expire_new_chunk(keys, chunk_key)
+    redis.call('ZADD', keys.large_index, sequence, large_index_member(sequence, #record, media))
+  end
   redis.call('HSET', keys.ids, unpack(id_fields))
+  if #otid_fields > 0 then redis.call('HSET', keys.otids, unpack(otid_fields)) end
 
   if batch.turn_id ~= '' then
     local start, ranges = parse_turn(redis.call('HGET', keys.turns, batch.turn_id))
@@ -165,6 +200,7 @@ local function store_batch(keys, batch, limits, meta)
   meta.stored = meta.stored + count
   meta.bytes = meta.bytes + total_bytes
   meta.window_bytes = meta.window_bytes + window_bytes
+  meta.window_count = meta.window_count + window_added
   meta.media = meta.media + total_media
   redis.call('HSET', keys.meta, 'layout', meta.layout, 'last_seq', fmt(meta.last_seq),
     'stored', fmt(meta.stored), 'bytes', fmt(meta.bytes), 'window_bytes', fmt(meta.window_bytes),
