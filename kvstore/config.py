@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from ._keys import check_namespace
 from .errors import ConfigError
@@ -24,6 +25,10 @@ class StoreConfig:
     retained_message_limit: messages always kept after a compaction (None keeps everything).
     max_inline_part_bytes / max_inline_media_bytes: inline media limits (decoded bytes).
     thread_ttl: seconds an idle thread lives (None: forever).
+    durability: what an acknowledged write waits for. "default": the server applied it (its
+        persistence settings decide the rest). "fsync": also the server's AOF fsync (WAITAOF;
+        Redis/Valkey >= 7.2 with appendonly on). "replicated": also `durability_replicas`
+        replicas (WAIT). Waiting longer than `durability_timeout_ms` raises NotDurable.
     """
 
     namespace: str = "kv"
@@ -39,6 +44,9 @@ class StoreConfig:
     max_inline_part_bytes: int = 5 * MiB
     max_inline_media_bytes: int = 20 * MiB
     thread_ttl: int | None = None
+    durability: Literal["default", "fsync", "replicated"] = "default"
+    durability_replicas: int = 1
+    durability_timeout_ms: int = 1000
 
     def __post_init__(self) -> None:
         check_namespace(self.namespace)
@@ -59,6 +67,9 @@ class StoreConfig:
             _non_negative_int(self, "retained_message_limit")
         if self.thread_ttl is not None:
             _positive(self, "thread_ttl")
+        if self.durability not in ("default", "fsync", "replicated"):
+            raise ConfigError(f"durability must be 'default', 'fsync' or 'replicated', got {self.durability!r}")
+        _positive(self, "durability_replicas", "durability_timeout_ms")
 
 
 def _positive(config: StoreConfig, *names: str) -> None:

@@ -78,6 +78,14 @@ class OutcomeUnknown(KVStoreError):
     """
 
 
+class NotDurable(KVStoreError):
+    """The write happened, but the durability the store asks for was not confirmed in time.
+
+    The data is on the server; it may be lost if the server (or, for "replicated", the primary)
+    fails before it is fsynced or replicated. Re-sending the same call stores nothing twice.
+    """
+
+
 class LayoutError(KVStoreError):
     """The thread's keys hold something kvstore did not write (wrong type, unknown layout)."""
 

@@ -38,9 +38,47 @@ class _Executor:
         if _is_fakeredis(client):
             # fakeredis's Lua does not parse the shebang line.
             self._scripts = {name: s.without_shebang() for name, s in SCRIPTS.items()}
+        self._durability_checked = False
+        if self.config.durability != "default" and _is_cluster(client):
+            raise errors.ConfigError(
+                "durability modes need a standalone client: WAIT and WAITAOF must follow the write"
+                " on its own connection, which a cluster pipeline does not guarantee"
+            )
 
     def script(self, request: Eval) -> Script:
         return self._scripts[request.script.name]
+
+    def durable(self, script: Script) -> bool:
+        return script.writes and self.config.durability != "default"
+
+    def wait_command(self) -> tuple[Any, ...]:
+        """What a durable write sends right after its script, on the same connection."""
+        timeout = self.config.durability_timeout_ms
+        if self.config.durability == "fsync":
+            return ("WAITAOF", 1, 0, timeout)
+        return ("WAIT", self.config.durability_replicas, timeout)
+
+    def durability_probe_failed(self, exc: Exception) -> errors.KVStoreError:
+        mode = self.config.durability
+        return errors.ConfigError(
+            f"durability={mode!r} is not available on this server ({exc}); 'fsync' needs"
+            " WAITAOF (Redis or Valkey 7.2 or newer) and appendonly yes"
+        )
+
+    def check_durable(self, script: Script, waited: Any) -> None:
+        if isinstance(waited, Exception):
+            raise errors.NotDurable(f"{script.name}: the write happened; waiting for it failed: {waited}")
+        if self.config.durability == "fsync":
+            if int(waited[0]) < 1:
+                raise errors.NotDurable(
+                    f"{script.name}: the write happened but the AOF fsync was not confirmed within"
+                    f" {self.config.durability_timeout_ms} ms"
+                )
+        elif int(waited) < self.config.durability_replicas:
+            raise errors.NotDurable(
+                f"{script.name}: the write happened but reached {int(waited)} of"
+                f" {self.config.durability_replicas} replicas within {self.config.durability_timeout_ms} ms"
+            )
 
     def script_error(self, script: Script, exc: Exception) -> errors.KVStoreError:
         if isinstance(exc, NoPermissionError):
@@ -62,6 +100,10 @@ def _decodes_responses(client: Any) -> bool:
     if not kwargs and hasattr(client, "get_connection_kwargs"):
         kwargs = client.get_connection_kwargs()
     return bool(kwargs.get("decode_responses"))
+
+
+def _is_cluster(client: Any) -> bool:
+    return "cluster" in type(client).__module__
 
 
 def _is_fakeredis(client: Any) -> bool:
@@ -110,6 +152,8 @@ class MessageStore(_Executor):
                 raise errors.PermissionDenied(str(exc)) from exc
         script = self.script(request)
         try:
+            if self.durable(script):
+                return self._durable_call(script, request)
             try:
                 return self.client.evalsha(script.sha, len(request.keys), *request.keys, *request.args)
             except NoScriptError:
@@ -117,6 +161,27 @@ class MessageStore(_Executor):
                 return self.client.evalsha(script.sha, len(request.keys), *request.keys, *request.args)
         except (ResponseError, RedisConnectionError, RedisTimeoutError) as exc:
             raise self.script_error(script, exc) from exc
+
+    def _durable_call(self, script: Script, request: Eval) -> Any:
+        if not self._durability_checked and self.config.durability == "fsync":
+            # Refuse before the first write where WAITAOF cannot work (no command, no AOF).
+            try:
+                self.client.execute_command("WAITAOF", 1, 0, 1)
+            except ResponseError as exc:
+                raise self.durability_probe_failed(exc) from exc
+        self._durability_checked = True
+        for attempt in range(2):
+            pipe = self.client.pipeline(transaction=False)
+            pipe.evalsha(script.sha, len(request.keys), *request.keys, *request.args)
+            pipe.execute_command(*self.wait_command())
+            reply, waited = pipe.execute(raise_on_error=False)
+            if isinstance(reply, NoScriptError) and attempt == 0:
+                self.client.script_load(script.source)
+                continue
+            if isinstance(reply, Exception):
+                raise reply
+            self.check_durable(script, waited)
+            return reply
 
     def close(self) -> None:
         self.client.close()
@@ -230,6 +295,8 @@ class AsyncMessageStore(_Executor):
                 raise errors.PermissionDenied(str(exc)) from exc
         script = self.script(request)
         try:
+            if self.durable(script):
+                return await self._durable_call(script, request)
             try:
                 return await self.client.evalsha(script.sha, len(request.keys), *request.keys, *request.args)
             except NoScriptError:
@@ -237,6 +304,27 @@ class AsyncMessageStore(_Executor):
                 return await self.client.evalsha(script.sha, len(request.keys), *request.keys, *request.args)
         except (ResponseError, RedisConnectionError, RedisTimeoutError) as exc:
             raise self.script_error(script, exc) from exc
+
+    async def _durable_call(self, script: Script, request: Eval) -> Any:
+        if not self._durability_checked and self.config.durability == "fsync":
+            # Refuse before the first write where WAITAOF cannot work (no command, no AOF).
+            try:
+                await self.client.execute_command("WAITAOF", 1, 0, 1)
+            except ResponseError as exc:
+                raise self.durability_probe_failed(exc) from exc
+        self._durability_checked = True
+        for attempt in range(2):
+            pipe = self.client.pipeline(transaction=False)
+            pipe.evalsha(script.sha, len(request.keys), *request.keys, *request.args)
+            pipe.execute_command(*self.wait_command())
+            reply, waited = await pipe.execute(raise_on_error=False)
+            if isinstance(reply, NoScriptError) and attempt == 0:
+                await self.client.script_load(script.source)
+                continue
+            if isinstance(reply, Exception):
+                raise reply
+            self.check_durable(script, waited)
+            return reply
 
     async def close(self) -> None:
         await self.client.aclose()
