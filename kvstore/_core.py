@@ -592,7 +592,7 @@ def compact(
 ) -> Operation:
     if isinstance(last_sequence, bool) or not isinstance(last_sequence, int) or last_sequence < 1:
         raise errors.InvalidCursor(f"last_sequence must be a positive int, got {last_sequence!r}")
-    message = SummaryMessage(summary=summary, compaction_stats=stats)
+    message = parse_message({"message_type": "summary_message", "summary": summary, "compaction_stats": stats})
     (item,) = prepare_batch(thread.config, message, None)
     while True:
         args = [*thread.limits(), last_sequence, item.message.id, item.message.otid or "", item.media, item.record]
