@@ -275,7 +275,7 @@ def _locate_records(thread: ThreadRef, kind: str, targets: list[str]) -> Operati
             elif where == -2:
                 commands.append(("HMGET", keys.legacy, sequence))
             elif where > 0:
-                commands.append(("HMGET", keys.chunk(where), sequence))
+                commands.append(("HMGET", keys.chunk(where), "_m", "d"))
             else:
                 continue
             wanted.append(sequence)
@@ -283,12 +283,28 @@ def _locate_records(thread: ThreadRef, kind: str, targets: list[str]) -> Operati
         results = yield Batch(commands)
         if _int(results[-1]) != int(gen):
             continue
-        return [
-            (sequence, result[0])
-            for sequence, result in zip(wanted, results[:-1])
-            if result and result[0] is not None
-        ]
+        entries = []
+        for sequence, command, result in zip(wanted, commands, results[:-1]):
+            record = _split_chunk(*result).get(sequence) if command[2] == "_m" else (result[0] if result else None)
+            if record is not None:
+                entries.append((sequence, record))
+        return entries
     raise errors.ServerError("the thread changed under every read attempt; try again")
+
+
+def _split_chunk(manifest: bytes | None, data: bytes | None) -> dict[int, bytes]:
+    """A chunk's records by sequence: its data cut by the lengths its manifest lists, in order
+    (lua/includes/chunks.lua). A chunk deleted meanwhile reads as empty."""
+    if manifest is None or data is None:
+        return {}
+    records, offset = {}, 0
+    for line in manifest.split(b"\n"):
+        if line:
+            sequence, _id, _otid, _media, size, _turn = line.split(b"\t", 5)
+            end = offset + int(size)
+            records[int(sequence)] = data[offset:end]
+            offset = end
+    return records
 
 
 def _score_pairs(reply: list) -> list[tuple[Any, Any]]:
@@ -394,19 +410,21 @@ def _walk(
                 commands.append(("ZRANGE", keys.window, f"({lo}", f"({hi}", "BYSCORE", "LIMIT", 0, need, "WITHSCORES"))
             else:
                 commands.append(("ZRANGE", keys.window, f"({hi}", f"({lo}", "BYSCORE", "REV", "LIMIT", 0, need, "WITHSCORES"))
-        chunk_sequences = []
+        legacy_sequences = []
         for first, last, kind in chunks:
-            sequences = list(range(max(first, lo + 1), min(last, hi - 1) + 1))
-            # A container can span more than a page (a layout-1 legacy hash): read only the
+            if kind == 0:
+                commands.append(("HMGET", keys.chunk(first), "_m", "d"))
+                continue
+            # The legacy hash of a layout-1 thread can span more than a page: read only the
             # walk's end of it, and trust the result only that far.
+            sequences = list(range(max(first, lo + 1), min(last, hi - 1) + 1))
             if len(sequences) > need:
                 sequences = sequences[:need] if upward else sequences[-need:]
                 bound = min(bound, sequences[-1]) if upward else max(bound, sequences[0])
-            chunk_sequences.append(sequences)
-            key = keys.legacy if kind == 1 else keys.chunk(first)
-            commands.append(("HMGET", key, *sequences))
+            legacy_sequences = sequences
+            commands.append(("HMGET", keys.legacy, *sequences))
         for sequence in large:
-            commands.append(("HMGET", keys.chunk(sequence), sequence))
+            commands.append(("HMGET", keys.chunk(sequence), "_m", "d"))
         commands.append(("HGET", keys.meta, "gen"))
         results = yield Batch(commands)
 
@@ -422,15 +440,16 @@ def _walk(
             for member, score in _score_pairs(results[0]):
                 found[int(float(score))] = member
             position = 1
-        for sequences in chunk_sequences:
-            for sequence, record in zip(sequences, results[position]):
-                if record is not None:
-                    found[sequence] = record
+        for _first, _last, kind in chunks:
+            if kind == 0:
+                found.update(_split_chunk(*results[position]))
+            else:
+                for sequence, record in zip(legacy_sequences, results[position]):
+                    if record is not None:
+                        found[sequence] = record
             position += 1
-        for sequence in large:
-            record = results[position][0]
-            if record is not None:
-                found[sequence] = record
+        for _sequence in large:
+            found.update(_split_chunk(*results[position]))
             position += 1
 
         ordered = sorted(

@@ -56,16 +56,19 @@ for _, sequence in ipairs(sequences) do
   elseif where == 'chunk' then
     local chunk_key = keys.chunk_prefix .. fmt(first)
     local manifest = redis.call('HGET', chunk_key, '_m')
-    local found, at, stop = manifest_find(manifest, sequence)
-    side = found
+    side = manifest_find(manifest, sequence)
     local c_first, c_last, c_count, c_bytes, c_media = parse_chunk_member(member)
     local _, _, m_media, m_bytes = parse_side(side)
     redis.call('ZREM', keys.chunk_index, member)
     if c_count == 1 then
       redis.call('DEL', chunk_key)
     else
-      redis.call('HDEL', chunk_key, sequence)
-      redis.call('HSET', chunk_key, '_m', string.sub(manifest, 1, at - 1) .. string.sub(manifest, stop + 1))
+      -- The record is cut out of the chunk's data, and its line out of the manifest.
+      local start, length, at, stop = chunk_slot(manifest, sequence)
+      local data = redis.call('HGET', chunk_key, 'd')
+      redis.call('HSET', chunk_key,
+        '_m', string.sub(manifest, 1, at - 1) .. string.sub(manifest, stop + 1),
+        'd', string.sub(data, 1, start - 1) .. string.sub(data, start + length))
       redis.call('ZADD', keys.chunk_index, c_first,
         chunk_index_member(c_first, c_last, c_count - 1, c_bytes - m_bytes, c_media - m_media))
     end

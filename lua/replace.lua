@@ -70,9 +70,7 @@ if where == 'window' then
   redis.call('ZREMRANGEBYSCORE', keys.window, sequence, sequence)
   if #record > limits.chunk_max_bytes then
     redis.call('HDEL', keys.window_side, sequence)
-    local own_key = keys.chunk_prefix .. fmt(sequence)
-    redis.call('HSET', own_key, sequence, record, '_m', manifest_line(sequence, new_side))
-    expire_new_chunk(keys, own_key)
+    write_chunk(keys, sequence, manifest_line(sequence, new_side), record)
     redis.call('ZADD', keys.large_index, sequence, large_index_member(sequence, #record, media))
     redis.call('HINCRBY', keys.meta, 'window_bytes', -old_bytes)
     redis.call('HINCRBY', keys.meta, 'gen', 1)
@@ -82,9 +80,12 @@ if where == 'window' then
     redis.call('HINCRBY', keys.meta, 'window_bytes', #record - old_bytes)
   end
 else
-  local _, at, stop = manifest_find(manifest, sequence)
+  -- Chunks are immutable but for this: the record is spliced into the chunk's data in place.
+  local start, length, at, stop = chunk_slot(manifest, sequence)
+  local data = redis.call('HGET', chunk_key, 'd')
+  data = string.sub(data, 1, start - 1) .. record .. string.sub(data, start + length)
   manifest = string.sub(manifest, 1, at - 1) .. manifest_line(sequence, new_side) .. string.sub(manifest, stop + 1)
-  redis.call('HSET', chunk_key, sequence, record, '_m', manifest)
+  redis.call('HSET', chunk_key, '_m', manifest, 'd', data)
   if where == 'chunk' then
     redis.call('ZREM', keys.chunk_index, member)
     redis.call('ZADD', keys.chunk_index, c_first,

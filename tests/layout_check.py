@@ -22,17 +22,32 @@ class Layout:
         return sorted(sequences)
 
 
+def chunk_records(client, key: str) -> dict[int, bytes]:
+    """A chunk's records by sequence, cut from its data by its manifest (docs/LAYOUT.md)."""
+    fields = client.hgetall(key)
+    assert set(fields) == {b"_m", b"d"}, f"{key} holds {sorted(fields)}"
+    records, offset = {}, 0
+    for line in fields[b"_m"].decode().splitlines():
+        sequence, side = line.split("\t", 1)
+        size = int(side.split("\t")[3])
+        records[int(sequence)] = fields[b"d"][offset : offset + size]
+        offset += size
+    assert offset == len(fields[b"d"]), f"{key}: the manifest lists {offset} bytes, the data holds {len(fields[b'd'])}"
+    assert list(records) == sorted(records), f"{key}: records out of order"
+    return records
+
+
 def read_layout(client, keys: ThreadKeys) -> Layout:
     meta = {k.decode(): v.decode() for k, v in client.hgetall(keys.meta).items()}
     window = {int(score): member for member, score in client.zrange(keys.window, 0, -1, withscores=True)}
     chunks, large = {}, {}
     for member, score in client.zrange(keys.chunk_index, 0, -1, withscores=True):
         first = int(score)
-        fields = client.hgetall(keys.chunk(first))
-        chunks[first] = {int(f): v for f, v in fields.items() if f != b"_m"}
+        chunks[first] = chunk_records(client, keys.chunk(first))
     for member, score in client.zrange(keys.large_index, 0, -1, withscores=True):
-        fields = client.hgetall(keys.chunk(int(score)))
-        large[int(score)] = fields[str(int(score)).encode()]
+        records = chunk_records(client, keys.chunk(int(score)))
+        assert list(records) == [int(score)]
+        large[int(score)] = records[int(score)]
     return Layout(window, chunks, large, meta)
 
 
@@ -55,8 +70,6 @@ def check_layout(client, keys: ThreadKeys, config: StoreConfig) -> Layout:
         assert count <= config.chunk_size
         assert count == 1 or nbytes <= config.chunk_max_bytes, (first, nbytes)
         assert all(len(r) <= config.chunk_max_bytes for r in fields.values())
-    for sequence in layout.large:
-        assert client.hlen(keys.chunk(sequence)) == 2  # the record and its manifest
     # Normal chunks hold disjoint, ordered ranges, all older than the window.
     ranges = sorted((first, index[first][0]) for first in layout.chunks)
     for (_, last), (next_first, _) in zip(ranges, ranges[1:]):

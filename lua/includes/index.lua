@@ -72,7 +72,7 @@ local function locate(keys, sequence)
   local member = redis.call('ZRANGE', keys.chunk_index, sequence, '-inf', 'BYSCORE', 'REV', 'LIMIT', 0, 1)[1]
   if member then
     local first, last = parse_chunk_member(member)
-    if last >= sequence and redis.call('HEXISTS', keys.chunk_prefix .. fmt(first), sequence) == 1 then
+    if last >= sequence and manifest_find(redis.call('HGET', keys.chunk_prefix .. fmt(first), '_m') or '', sequence) then
       return 'chunk', first, member
     end
   end

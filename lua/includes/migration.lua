@@ -1,3 +1,4 @@
+--- @include "includes/chunks"
 -- Layout 1 and its migration to layout 2.
 --
 -- Layout 1 kept a thread's messages in one large hash, `legacy` (sequence -> version-1 JSON
@@ -61,7 +62,7 @@ local function migrate_step(keys, limits)
     local sequences = {}
     for s = migrated + 1, math.min(migrated + limits.chunk_size, legacy_last) do sequences[#sequences + 1] = s end
     local records = redis.call('HMGET', keys.legacy, unpack(sequences))
-    local fields, manifest, take, bytes, last = {}, {}, 0, 0, migrated
+    local moved, data, manifest, take, bytes, last = {}, {}, {}, 0, 0, migrated
     local first = nil
     for i, record in ipairs(records) do
       local sequence = sequences[i]
@@ -71,9 +72,7 @@ local function migrate_step(keys, limits)
           if take > 0 then break end
           -- An oversized legacy message gets its own chunk, as an oversized append would.
           local side = legacy_side(record, sequence, turn_from, turn_id or '')
-          local own_key = keys.chunk_prefix .. fmt(sequence)
-          redis.call('HSET', own_key, sequence, record, '_m', manifest_line(sequence, side))
-          expire_new_chunk(keys, own_key)
+          write_chunk(keys, sequence, manifest_line(sequence, side), record)
           redis.call('ZADD', keys.large_index, sequence, large_index_member(sequence, size, 0))
           redis.call('HDEL', keys.legacy, sequence)
           redis.call('HINCRBY', keys.meta, 'bytes', size)
@@ -86,21 +85,15 @@ local function migrate_step(keys, limits)
         first = first or sequence
         take = take + 1
         bytes = bytes + size
-        fields[#fields + 1] = sequence
-        fields[#fields + 1] = record
+        moved[take] = sequence
+        data[take] = record
         manifest[#manifest + 1] = manifest_line(sequence, legacy_side(record, sequence, turn_from, turn_id or ''))
       end
       last = sequence
     end
     if take > 0 then
       if chunks > 0 and moved_bytes + bytes > limits.max_move_bytes then break end
-      local chunk_key = keys.chunk_prefix .. fmt(first)
-      fields[#fields + 1] = '_m'
-      fields[#fields + 1] = table.concat(manifest)
-      redis.call('HSET', chunk_key, unpack(fields))
-      expire_new_chunk(keys, chunk_key)
-      local moved = {}
-      for i = 1, #fields - 2, 2 do moved[#moved + 1] = fields[i] end
+      write_chunk(keys, first, table.concat(manifest), table.concat(data))
       redis.call('ZADD', keys.chunk_index, first, chunk_index_member(first, moved[#moved], take, bytes, 0))
       redis.call('HDEL', keys.legacy, unpack(moved))
       redis.call('HINCRBY', keys.meta, 'bytes', bytes)

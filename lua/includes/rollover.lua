@@ -1,3 +1,4 @@
+--- @include "includes/chunks"
 -- Moves the oldest window messages into immutable chunk hashes, oldest first.
 --
 -- A chunk is cut only when the window keeps at least `window_size` messages after the cut, so a
@@ -20,15 +21,14 @@ local function rollover(keys, limits, count, window_bytes)
       break
     end
     local oldest = redis.call('ZRANGE', keys.window, 0, limits.chunk_size - 1, 'WITHSCORES')
-    local fields, sequences, bytes, take = {}, {}, 0, 0
+    local records, sequences, bytes, take = {}, {}, 0, 0
     for i = 1, #oldest, 2 do
       local size = #oldest[i]
       if take > 0 and bytes + size > limits.chunk_max_bytes then break end
       take = take + 1
       bytes = bytes + size
       sequences[take] = oldest[i + 1]
-      fields[#fields + 1] = oldest[i + 1]
-      fields[#fields + 1] = oldest[i]
+      records[take] = oldest[i]
     end
     if count - take < limits.window_size then break end
     if moved_chunks > 0 and moved_bytes + bytes > limits.max_move_bytes then break end
@@ -41,11 +41,7 @@ local function rollover(keys, limits, count, window_bytes)
       media = media + message_media
     end
     local first, last = tonumber(sequences[1]), tonumber(sequences[take])
-    local chunk_key = keys.chunk_prefix .. fmt(first)
-    fields[#fields + 1] = '_m'
-    fields[#fields + 1] = table.concat(manifest)
-    redis.call('HSET', chunk_key, unpack(fields))
-    expire_new_chunk(keys, chunk_key)
+    write_chunk(keys, first, table.concat(manifest), table.concat(records))
     redis.call('ZADD', keys.chunk_index, first, chunk_index_member(first, last, take, bytes, media))
     redis.call('ZREMRANGEBYRANK', keys.window, 0, take - 1)
     redis.call('HDEL', keys.window_side, unpack(sequences))

@@ -1,3 +1,4 @@
+--- @include "includes/chunks"
 -- Stores a batch of messages: the shared body of append and compact.
 --
 -- `batch` holds parallel lists ids, otids, media, records and the turn id ('' for none).
@@ -181,9 +182,7 @@ local function store_batch(keys, batch, limits, meta)
   end
   for _, item in ipairs(oversized) do
     local sequence, record, side, media = item[1], item[2], item[3], item[4]
-    local chunk_key = keys.chunk_prefix .. fmt(sequence)
-    redis.call('HSET', chunk_key, sequence, record, '_m', manifest_line(sequence, side))
-    expire_new_chunk(keys, chunk_key)
+    write_chunk(keys, sequence, manifest_line(sequence, side), record)
     redis.call('ZADD', keys.large_index, sequence, large_index_member(sequence, #record, media))
   end
   redis.call('HSET', keys.ids, unpack(id_fields))
