@@ -109,6 +109,8 @@ class _Prepared:
 
 
 def _check_token(kind: str, value: str) -> None:
+    if not isinstance(value, str):
+        raise errors.InvalidMessage(f"{kind} must be a str, not {type(value).__name__}")
     if not value or len(value) > MAX_TOKEN_LENGTH or any(c in value for c in "\t\n\r\0"):
         raise errors.InvalidMessage(
             f"{kind} {value[:80]!r} must be 1-{MAX_TOKEN_LENGTH} characters without tabs,"
