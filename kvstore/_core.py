@@ -188,6 +188,10 @@ def append(
         except errors.InlineMediaBudget as over:
             prepared = _fit_media(prepared, over.available, turn_id)
             continue
+        except errors.OutcomeUnknown as unknown:
+            # The ids the client made are the call's token: re-sending these messages is safe.
+            unknown.messages = [item.message for item in prepared]
+            raise
         break
     if reply[0] == 1:
         first = int(reply[1])

@@ -74,8 +74,12 @@ class TurnNotFound(KVStoreError, LookupError):
 class OutcomeUnknown(KVStoreError):
     """The write may or may not have happened: the connection failed after the command was sent.
 
-    Re-sending the same call (same otids) is safe: it stores nothing twice.
+    For an append, `messages` holds the messages exactly as sent, with the ids the client gave
+    them: re-sending `messages` (or the same messages with the same otids) stores nothing twice.
+    Re-sending messages that carry neither an otid nor an id makes new ids, hence a new call.
     """
+
+    messages: list | None = None
 
 
 class NotDurable(KVStoreError):
@@ -95,4 +99,5 @@ class PermissionDenied(KVStoreError):
 
 
 class ServerError(KVStoreError):
-    """The server answered with an error kvstore does not know how to name."""
+    """The server answered with an error kvstore does not know how to name, or could not be
+    reached for a read."""

@@ -80,6 +80,14 @@ class _Executor:
                 f" {self.config.durability_replicas} replicas within {self.config.durability_timeout_ms} ms"
             )
 
+    def batch_error(self, exc: Exception) -> errors.KVStoreError:
+        """A native read that failed: nothing was written, so the error is plain."""
+        if isinstance(exc, NoPermissionError):
+            return errors.PermissionDenied(str(exc))
+        if isinstance(exc, (RedisConnectionError, RedisTimeoutError)):
+            return errors.ServerError(f"the read could not reach the server: {exc}")
+        return errors.ServerError(f"the read failed: {exc}")
+
     def script_error(self, script: Script, exc: Exception) -> errors.KVStoreError:
         if isinstance(exc, NoPermissionError):
             return errors.PermissionDenied(f"{script.name}: {exc}")
@@ -148,8 +156,8 @@ class MessageStore(_Executor):
                 pipe.execute_command(*command)
             try:
                 return pipe.execute()
-            except NoPermissionError as exc:
-                raise errors.PermissionDenied(str(exc)) from exc
+            except (ResponseError, RedisConnectionError, RedisTimeoutError) as exc:
+                raise self.batch_error(exc) from exc
         script = self.script(request)
         try:
             if self.durable(script):
@@ -291,8 +299,8 @@ class AsyncMessageStore(_Executor):
                 pipe.execute_command(*command)
             try:
                 return await pipe.execute()
-            except NoPermissionError as exc:
-                raise errors.PermissionDenied(str(exc)) from exc
+            except (ResponseError, RedisConnectionError, RedisTimeoutError) as exc:
+                raise self.batch_error(exc) from exc
         script = self.script(request)
         try:
             if self.durable(script):

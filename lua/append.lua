@@ -27,7 +27,9 @@ local limits = read_limits()
 local batch = read_batch(12, tonumber(ARGV[12]), ARGV[11])
 
 local meta, failure = load_meta(keys)
-failure = failure or check_store_keys(keys, batch, limits, meta) or check_batch(keys, batch, limits, meta)
+local cuts
+if not failure then cuts, failure = check_store_keys(keys, batch, limits, meta) end
+failure = failure or check_batch(keys, batch, limits, meta)
 if failure then return failure end
 
 local deadline, moved = expiry_deadline(keys, limits.ttl_ms, limits.now_ms)
@@ -42,7 +44,7 @@ if meta.layout ~= '2' then
 end
 local first, store_failure = store_batch(keys, batch, limits, meta)
 if store_failure then return store_failure end
-if migrated == 0 and rollover(keys, limits, meta.window_count, meta.window_bytes) > 0 then
+if migrated == 0 and rollover(keys, cuts) > 0 then
   -- A new chunk may make the oldest one deletable: retention keeps the thread bounded.
   retain(keys, limits.retained_limit, limits.max_move_chunks)
 end

@@ -28,14 +28,16 @@ local summary_last = tonumber(ARGV[11])
 local batch = read_batch(11, 1, '')
 
 local meta, failure = load_meta(keys)
-failure = failure or check_thread(keys) or check_batch(keys, batch, limits, meta)
-if not failure then meta.window_count = redis.call('ZCARD', keys.window) end
+local cuts
+failure = failure or check_thread(keys)
+if not failure then cuts, failure = check_store_keys(keys, batch, limits, meta) end
+failure = failure or check_batch(keys, batch, limits, meta)
 if failure then
   if type(failure) == 'table' and failure[1] == 0 then return {0, failure[2], 0} end
   return failure
 end
-local meta = redis.call('HMGET', keys.meta, 'last_seq', 'summary_last')
-local last_seq, previous = tonumber(meta[1] or '0'), tonumber(meta[2] or '0')
+local last_seq = meta.last_seq
+local previous = tonumber(redis.call('HGET', keys.meta, 'summary_last') or '0')
 if summary_last < 1 or summary_last > last_seq then
   return redis.error_reply(string.format('KVS_BAD_SUMMARY last_sequence %d is not a stored sequence (1..%d)', summary_last, last_seq))
 end
@@ -48,12 +50,13 @@ keys.deadline = deadline
 local migrated = 0
 if meta.layout ~= '2' then
   migrated = migrate_step(keys, limits)
+  local window_count = meta.window_count
   meta = load_meta(keys)
-  meta.window_count = redis.call('ZCARD', keys.window)
+  meta.window_count = window_count
 end
 local sequence = store_batch(keys, batch, limits, meta)
 redis.call('HSET', keys.meta, 'summary_last', summary_last, 'summary_seq', sequence)
-if migrated == 0 then rollover(keys, limits, meta.window_count, meta.window_bytes) end
+if migrated == 0 then rollover(keys, cuts) end
 local deleted = retain(keys, limits.retained_limit, limits.max_move_chunks)
 apply_expiry(keys, deadline, moved)
 return {1, sequence, deleted}

@@ -2,11 +2,14 @@
 -- error after a write does not roll the write back.
 
 -- Fails unless every key is missing or of the expected type.
--- `expected` is a list of {key, type} pairs.
+-- `expected` is a list of {key, type} pairs; type 'none' means the key must not exist.
 local function check_key_types(expected)
   for _, pair in ipairs(expected) do
     local actual = redis.call('TYPE', pair[1])['ok']
     if actual ~= 'none' and actual ~= pair[2] then
+      if pair[2] == 'none' then
+        return redis.error_reply('KVS_WRONGTYPE ' .. pair[1] .. ' holds a ' .. actual .. ' where kvstore must create a new key')
+      end
       return redis.error_reply('KVS_WRONGTYPE ' .. pair[1] .. ' holds a ' .. actual .. ', expected a ' .. pair[2])
     end
   end

@@ -1,3 +1,4 @@
+--- @include "includes/rollover"
 --- @include "includes/chunks"
 -- Stores a batch of messages: the shared body of append and compact.
 --
@@ -31,37 +32,48 @@ local function load_meta(keys)
   return meta
 end
 
--- Checks the layout and the types of the keys this batch may write, before any write:
--- the window by the ZCARD the rollover needs anyway (kept in meta.window_count), the window side
--- hash by being the first key written (store_batch), the others with TYPE, and the chunk index
--- only when this call will cut a chunk.
+-- The batch's window messages as {sequence, bytes} and its oversized ones as sequences.
+local function split_batch(batch, limits, meta)
+  local incoming, oversized, incoming_bytes = {}, {}, 0
+  for i = 1, #batch.records do
+    local sequence = meta.last_seq + i
+    if #batch.records[i] > limits.chunk_max_bytes then
+      oversized[#oversized + 1] = sequence
+    else
+      incoming[#incoming + 1] = {sequence, #batch.records[i]}
+      incoming_bytes = incoming_bytes + #batch.records[i]
+    end
+  end
+  return incoming, oversized, incoming_bytes
+end
+
+-- Checks the layout and the types of the keys this batch may write, before any write: the
+-- window by the ZCARD the rollover plan needs anyway (kept in meta.window_count), the window
+-- side hash by being the first key written (store_batch), the others with TYPE; chunk keys this
+-- call will create must not exist. Returns the rollover plan (includes/rollover.lua), or nil
+-- and an error reply.
 local function check_store_keys(keys, batch, limits, meta)
   if meta.layout and meta.layout ~= '2' and meta.layout ~= '1' then
-    return redis.error_reply('KVS_LAYOUT thread is stored in layout ' .. meta.layout .. ', this version reads layouts 1 and 2')
+    return nil, redis.error_reply('KVS_LAYOUT thread is stored in layout ' .. meta.layout .. ', this version reads layouts 1 and 2')
   end
   local count, err = checked_read(keys.window, 'ZCARD', keys.window)
-  if err then return err end
+  if err then return nil, err end
   meta.window_count = count
+  local incoming, oversized, incoming_bytes = split_batch(batch, limits, meta)
   local expected = {}
   if batch.turn_id ~= '' then expected[#expected + 1] = {keys.turns, 'hash'} end
   if meta.layout ~= '2' then expected[#expected + 1] = {keys.legacy, 'hash'} end
-  local added, added_bytes, oversized = 0, 0, false
-  for i = 1, #batch.records do
-    local size = #batch.records[i]
-    if size > limits.chunk_max_bytes then
-      oversized = true
-    else
-      added = added + 1
-      added_bytes = added_bytes + size
-    end
+  if #oversized > 0 then expected[#expected + 1] = {keys.large_index, 'zset'} end
+  for _, sequence in ipairs(oversized) do
+    expected[#expected + 1] = {keys.chunk_prefix .. fmt(sequence), 'none'}
   end
-  if oversized then expected[#expected + 1] = {keys.large_index, 'zset'} end
-  local after = count + added
-  if after - limits.window_size >= limits.chunk_size
-      or (after > limits.window_size and meta.window_bytes + added_bytes > limits.chunk_max_bytes) then
+  if cut_possible(limits, count + #incoming, meta.window_bytes + incoming_bytes) then
     expected[#expected + 1] = {keys.chunk_index, 'zset'}
+    expected[#expected + 1] = {keys.window_side, 'hash'}
   end
-  return check_key_types(expected)
+  err = check_key_types(expected)
+  if err then return nil, err end
+  return plan_rollover(keys, limits, meta, incoming)
 end
 
 -- Checks the batch against the thread; returns nil when it may be stored, or a reply: an error,
