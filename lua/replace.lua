@@ -54,6 +54,11 @@ if media > old_media and current_media - old_media + media > limits.max_media th
     math.max(0, limits.max_media - (current_media - old_media))))
 end
 local new_side = side_info(old_id, otid, media, #record, turn)
+if where == 'window' and #record > limits.chunk_max_bytes then
+  -- The message will move into its own chunk: that key must be free, the large index sound.
+  local type_err = check_key_types({{keys.chunk_prefix .. fmt(sequence), 'none'}, {keys.large_index, 'zset'}})
+  if type_err then return type_err end
+end
 local c_first, c_last, c_count, c_bytes, c_media
 if where == 'chunk' then
   c_first, c_last, c_count, c_bytes, c_media = parse_chunk_member(member)

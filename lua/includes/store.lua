@@ -68,8 +68,11 @@ local function check_store_keys(keys, batch, limits, meta)
     expected[#expected + 1] = {keys.chunk_prefix .. fmt(sequence), 'none'}
   end
   if cut_possible(limits, count + #incoming, meta.window_bytes + incoming_bytes) then
-    expected[#expected + 1] = {keys.chunk_index, 'zset'}
-    expected[#expected + 1] = {keys.window_side, 'hash'}
+    -- A cut writes the chunk index and may run retention, which touches these too.
+    for _, pair in ipairs({{keys.chunk_index, 'zset'}, {keys.window_side, 'hash'}, {keys.large_index, 'zset'},
+                           {keys.otids, 'hash'}, {keys.turns, 'hash'}}) do
+      expected[#expected + 1] = pair
+    end
   end
   err = check_key_types(expected)
   if err then return nil, err end
