@@ -165,8 +165,8 @@ class MessageStore(_Executor):
             try:
                 return self.client.evalsha(script.sha, len(request.keys), *request.keys, *request.args)
             except NoScriptError:
-                self.client.script_load(script.source)
-                return self.client.evalsha(script.sha, len(request.keys), *request.keys, *request.args)
+                # EVAL sends the source and caches it again: no window for a second flush.
+                return self.client.eval(script.source, len(request.keys), *request.keys, *request.args)
         except (ResponseError, RedisConnectionError, RedisTimeoutError) as exc:
             raise self.script_error(script, exc) from exc
 
@@ -180,11 +180,13 @@ class MessageStore(_Executor):
         self._durability_checked = True
         for attempt in range(2):
             pipe = self.client.pipeline(transaction=False)
-            pipe.evalsha(script.sha, len(request.keys), *request.keys, *request.args)
+            if attempt == 0:
+                pipe.evalsha(script.sha, len(request.keys), *request.keys, *request.args)
+            else:  # the script cache was lost: EVAL sends the source and caches it again
+                pipe.eval(script.source, len(request.keys), *request.keys, *request.args)
             pipe.execute_command(*self.wait_command())
             reply, waited = pipe.execute(raise_on_error=False)
             if isinstance(reply, NoScriptError) and attempt == 0:
-                self.client.script_load(script.source)
                 continue
             if isinstance(reply, Exception):
                 raise reply
@@ -308,8 +310,8 @@ class AsyncMessageStore(_Executor):
             try:
                 return await self.client.evalsha(script.sha, len(request.keys), *request.keys, *request.args)
             except NoScriptError:
-                await self.client.script_load(script.source)
-                return await self.client.evalsha(script.sha, len(request.keys), *request.keys, *request.args)
+                # EVAL sends the source and caches it again: no window for a second flush.
+                return await self.client.eval(script.source, len(request.keys), *request.keys, *request.args)
         except (ResponseError, RedisConnectionError, RedisTimeoutError) as exc:
             raise self.script_error(script, exc) from exc
 
@@ -323,11 +325,13 @@ class AsyncMessageStore(_Executor):
         self._durability_checked = True
         for attempt in range(2):
             pipe = self.client.pipeline(transaction=False)
-            pipe.evalsha(script.sha, len(request.keys), *request.keys, *request.args)
+            if attempt == 0:
+                pipe.evalsha(script.sha, len(request.keys), *request.keys, *request.args)
+            else:  # the script cache was lost: EVAL sends the source and caches it again
+                pipe.eval(script.source, len(request.keys), *request.keys, *request.args)
             pipe.execute_command(*self.wait_command())
             reply, waited = await pipe.execute(raise_on_error=False)
             if isinstance(reply, NoScriptError) and attempt == 0:
-                await self.client.script_load(script.source)
                 continue
             if isinstance(reply, Exception):
                 raise reply
