@@ -34,20 +34,30 @@ local function drop_chunk(keys, first, index_key, member, bytes, touched_turns)
   if media > 0 then redis.call('HINCRBY', keys.meta, 'media', -media) end
 end
 
--- The oldest chunk of either index: first, last, count, bytes, index key, member.
-local function oldest_chunk(keys)
+-- The oldest unit retention may delete: the oldest chunk of either index, and with a normal
+-- chunk every oversized chunk inside its range (they were stored beside it, out of the window),
+-- so that everything below `deleted_before` is really gone. Returns last, count and the chunks
+-- as {first, index key, member, bytes}; nil when there is no chunk.
+local function oldest_unit(keys)
   local normal = redis.call('ZRANGE', keys.chunk_index, 0, 0)[1]
   local large = redis.call('ZRANGE', keys.large_index, 0, 0)[1]
-  local n_first, n_last, n_count, n_bytes
-  if normal then n_first, n_last, n_count, n_bytes = parse_chunk_member(normal) end
   if large then
     local sequence, bytes = parse_large_member(large)
-    if not normal or sequence < n_first then
-      return sequence, sequence, 1, bytes, keys.large_index, large
+    if not normal or sequence < parse_chunk_member(normal) then
+      -- An oversized message newer than a window message is not the oldest: nothing goes.
+      if redis.call('ZCOUNT', keys.window, '-inf', '(' .. fmt(sequence)) > 0 then return nil end
+      return sequence, 1, {{sequence, keys.large_index, large, bytes}}
     end
   end
-  if normal then return n_first, n_last, n_count, n_bytes, keys.chunk_index, normal end
-  return nil
+  if not normal then return nil end
+  local first, last, count, bytes = parse_chunk_member(normal)
+  local unit = {{first, keys.chunk_index, normal, bytes}}
+  for _, member in ipairs(redis.call('ZRANGE', keys.large_index, first, last, 'BYSCORE')) do
+    local sequence, large_bytes = parse_large_member(member)
+    unit[#unit + 1] = {sequence, keys.large_index, member, large_bytes}
+    count = count + 1
+  end
+  return last, count, unit
 end
 
 local function retain(keys, retained_limit, max_chunks)
@@ -56,11 +66,13 @@ local function retain(keys, retained_limit, max_chunks)
   if summary_last <= 0 then return 0 end
   local deleted, deleted_before, touched_turns = 0, nil, {}
   while deleted < max_chunks do
-    local first, last, count, bytes, index_key, member = oldest_chunk(keys)
-    if not first or last > summary_last then break end
+    local last, count, unit = oldest_unit(keys)
+    if not last or last > summary_last then break end
     local stored = tonumber(redis.call('HGET', keys.meta, 'stored') or '0')
     if stored - count < retained_limit then break end
-    drop_chunk(keys, first, index_key, member, bytes, touched_turns)
+    for _, chunk in ipairs(unit) do
+      drop_chunk(keys, chunk[1], chunk[2], chunk[3], chunk[4], touched_turns)
+    end
     deleted = deleted + 1
     deleted_before = last + 1
   end
