@@ -296,3 +296,22 @@ def test_delete_in_bounded_steps(make_thread, raw_client, namespace, monkeypatch
     assert raw_client.zcard(thread.keys.chunk_index) > 3
     thread.delete()
     assert list(raw_client.scan_iter(match=f"{namespace}:*")) == []
+
+
+def test_retention_around_oversized_messages_deletes_only_whole_prefixes(make_thread, raw_client, namespace):
+    """An oversized message lives in its own chunk, beside the window: retention takes it with
+    the normal chunk whose range holds it, and never while an older message is still kept."""
+    config = dict(window_size=4, chunk_size=3, chunk_max_bytes=1500, retained_message_limit=2)
+    thread = make_thread(**config)
+    sizes = [120, 120, 600, 5, 600, 5, 1700, 600, 5, 1700, 5, 5, 5, 5, 5, 5]
+    for size in sizes:
+        thread.append(UserMessage(content="x" * size))
+    for last_sequence in (3, 7, 8, 12, 16):
+        thread.compact(f"up to {last_sequence}", last_sequence=last_sequence)
+        layout = check_layout(raw_client, thread.keys, StoreConfig(namespace=namespace, **config))
+        kept = layout.all_sequences()
+        deleted_before = thread.stats().deleted_before_sequence or 1
+        assert kept[0] >= deleted_before, (kept, deleted_before)
+        assert set(range(deleted_before, kept[-1] + 1)) == set(kept), (kept, deleted_before)
+        assert all(s <= last_sequence for s in range(1, deleted_before))
+        assert [m.seq_id for m in thread.iter()] == kept
