@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 
 import redis
@@ -43,6 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     with_store("migrate", "find layout-1 threads with SCAN and migrate them (resumable)")
 
     args = parser.parse_args(argv)
+    # SIGTERM unwinds like Ctrl-C, so an embedded server this command started is stopped too.
+    signal.signal(signal.SIGTERM, _terminate)
     try:
         if args.command == "demo":
             return _demo(args)
@@ -60,6 +63,10 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def _store_command(args: argparse.Namespace) -> int:

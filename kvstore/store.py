@@ -7,11 +7,14 @@ maps server errors to kvstore's typed errors.
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import AsyncIterator, Iterable, Iterator
 from typing import Any, Literal
 
 import redis
 import redis.asyncio
+from redis.exceptions import ClusterError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoPermissionError, NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -24,6 +27,10 @@ from .messages import CompactionStats, Message, SummaryMessage
 from .models import MessagesPage, ThreadSnapshot, ThreadStats, TurnOutcome, TurnResult
 
 ITER_PAGE = 200
+# A cluster refuses a thread's calls while its slot migrates (TRYAGAIN, ASK, MOVED): redis-py
+# retries briefly, then gives up with ClusterError, meaning no attempt ran. The store goes on
+# re-sending, backing off, for this long.
+CLUSTER_REFUSAL_SECONDS = 10.0
 
 
 class _Executor:
@@ -110,6 +117,13 @@ def _decodes_responses(client: Any) -> bool:
     return bool(kwargs.get("decode_responses"))
 
 
+def _refused(exc: Exception) -> errors.KVStoreError:
+    return errors.ServerError(
+        f"the cluster refused the call for {CLUSTER_REFUSAL_SECONDS:.0f} s (its slot is moving or"
+        f" unserved); nothing was written: {exc}"
+    )
+
+
 def _is_cluster(client: Any) -> bool:
     return "cluster" in type(client).__module__
 
@@ -150,6 +164,17 @@ class MessageStore(_Executor):
             return done.value
 
     def _execute(self, request: Eval | Batch) -> Any:
+        deadline, delay = time.monotonic() + CLUSTER_REFUSAL_SECONDS, 0.02
+        while True:
+            try:
+                return self._execute_once(request)
+            except ClusterError as exc:  # every attempt was refused: nothing ran
+                if time.monotonic() > deadline:
+                    raise _refused(exc) from exc
+                time.sleep(delay)
+                delay = min(delay * 2, 0.25)
+
+    def _execute_once(self, request: Eval | Batch) -> Any:
         if isinstance(request, Batch):
             pipe = self.client.pipeline(transaction=False)
             for command in request.commands:
@@ -295,6 +320,17 @@ class AsyncMessageStore(_Executor):
             return done.value
 
     async def _execute(self, request: Eval | Batch) -> Any:
+        deadline, delay = time.monotonic() + CLUSTER_REFUSAL_SECONDS, 0.02
+        while True:
+            try:
+                return await self._execute_once(request)
+            except ClusterError as exc:  # every attempt was refused: nothing ran
+                if time.monotonic() > deadline:
+                    raise _refused(exc) from exc
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 0.25)
+
+    async def _execute_once(self, request: Eval | Batch) -> Any:
         if isinstance(request, Batch):
             pipe = self.client.pipeline(transaction=False)
             for command in request.commands:

@@ -47,6 +47,12 @@ def test_server_runs_in_the_foreground_and_prints_its_url(tmp_path):
     finally:
         process.terminate()
         process.wait(10)
+    # Stopping the command stops the server it started.
+    try:
+        redis.Redis.from_url(url, socket_connect_timeout=1).ping()
+        raise AssertionError("the embedded server outlived `kvstore server`")
+    except redis.ConnectionError:
+        pass
 
 
 def test_inspect_export_import(server, namespace, tmp_path, server_only):

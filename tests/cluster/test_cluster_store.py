@@ -1,0 +1,208 @@
+"""The store on a 3-primary cluster, sync and async, through RedisCluster clients: every
+operation on threads whose keys land on each primary, every key of a thread in one slot, scripts
+loaded where they run, and NOSCRIPT after a failover handled."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from redis.crc import key_slot
+
+from kvstore import AssistantMessage, StoreConfig, SummaryMessage, UserMessage, errors
+from kvstore._scripts import SCRIPTS
+
+from ..layout_check import check_layout
+from .harness import Cluster, Node, thread_ids_on_each_primary
+
+SMALL = dict(window_size=8, chunk_size=4, chunk_max_bytes=2048)
+
+
+def text(n: int, tag: str) -> str:
+    return (tag + " " + "x" * n)[:n] if n > len(tag) else tag
+
+
+def assert_in_one_slot(cluster: Cluster, thread, owner: Node) -> list[str]:
+    """Every key of the thread hashes to one slot, by the server's own CLUSTER KEYSLOT, and lives
+    on the primary that owns that slot (and on no other). Returns the keys."""
+    slot = key_slot(thread.keys.meta.encode())
+    assert cluster.owner(slot) is owner
+    prefix = thread.keys.meta[: -len("meta")]
+    found = list(cluster.keys_of(prefix + "*"))
+    assert found, "the thread has no keys"
+    for node, key in found:
+        assert node is owner, f"{key} is on {node.name}, not on {owner.name} which owns slot {slot}"
+        assert int(owner.admin.execute_command("CLUSTER", "KEYSLOT", key)) == slot, key
+    assert int(owner.admin.execute_command("CLUSTER", "COUNTKEYSINSLOT", slot)) >= len(found)
+    return [key for _, key in found]
+
+
+def model_page(sequences, after, before, limit, order):
+    ordered = sorted(sequences, reverse=order == "desc")
+
+    def follows(s, cursor):
+        return s > cursor if order == "asc" else s < cursor
+
+    if after is not None:
+        ordered = [s for s in ordered if follows(s, after)]
+    if before is not None:
+        ordered = [s for s in ordered if follows(before, s)]
+    if before is not None and after is None:
+        return ordered[-limit:], len(ordered) > limit
+    return ordered[:limit], len(ordered) > limit
+
+
+def test_append_rollover_pages_and_reads_on_every_primary(cluster, cluster_thread, raw_cluster, namespace):
+    config = StoreConfig(namespace=namespace, **SMALL)
+    for owner, thread_id in thread_ids_on_each_primary(cluster, "paging"):
+        thread = cluster_thread(thread_id, **SMALL)
+        rng = random.Random(thread_id)
+        stored = thread.append(UserMessage(content="first, alone"))
+        for step in range(30):
+            size = rng.choice([20, 500, 900, 3000])  # 3000 bytes are oversized here
+            count = rng.randint(1, 4)
+            stored += thread.append([UserMessage(content=text(size, f"{step}.{i}"), otid=f"{step}.{i}") for i in range(count)])
+        assert [m.seq_id for m in stored] == list(range(1, len(stored) + 1))
+        layout = check_layout(raw_cluster, thread.keys, config)
+        assert layout.chunks and layout.large and len(layout.window) >= SMALL["window_size"]
+        keys = assert_in_one_slot(cluster, thread, owner)
+        assert any(":chunk:" in k for k in keys)
+
+        by_seq = {m.seq_id: m for m in stored}
+        sequences = sorted(by_seq)
+        anchors = {0, 1, len(sequences) // 2, sequences[-1], sequences[-1] + 3, *rng.sample(sequences, 4)}
+        for limit in (1, 5, 17):
+            for order in ("asc", "desc"):
+                cases = [(None, None)] + [(a, None) for a in anchors] + [(None, b) for b in anchors]
+                for after, before in cases:
+                    page = thread.list(after=after, before=before, limit=limit, order=order)
+                    want, more = model_page(sequences, after, before, limit, order)
+                    assert [m.seq_id for m in page.messages] == want, (thread_id, limit, order, after, before)
+                    assert page.has_more == more
+                    assert page.messages == [by_seq[s] for s in want]
+        # Walk both ways with id cursors, page by page.
+        for order in ("asc", "desc"):
+            walked, after = [], None
+            while True:
+                page = thread.list(after=after, limit=7, order=order)
+                walked += page.messages
+                if not page.has_more:
+                    break
+                after = page.messages[-1].id
+            assert walked == sorted(stored, key=lambda m: m.seq_id, reverse=order == "desc")
+        assert list(thread.iter()) == stored
+        for message in (stored[0], stored[len(stored) // 2], stored[-1], by_seq[min(layout.large)]):
+            assert thread.get(message.id) == message
+        with pytest.raises(errors.MessageNotFound):
+            thread.get("message-never-stored")
+        # A replayed batch (every otid stored) returns the stored messages and writes nothing.
+        replay = thread.append([UserMessage(content="again", otid=stored[-1].otid)])
+        assert replay == [stored[-1]]
+        stats = thread.stats()
+        assert stats.stored_messages == len(stored) and stats.next_sequence == len(stored) + 1
+        assert stats.chunks == len(layout.chunks) + len(layout.large)
+        assert stats.window_messages == len(layout.window)
+        snapshot = thread.snapshot()
+        assert snapshot.messages == stored[-200:] and snapshot.stats == stats
+        assert thread.context() == stored
+
+
+def test_turns_replace_and_remove_turn_on_every_primary(cluster, cluster_thread, raw_cluster, namespace):
+    config = StoreConfig(namespace=namespace, **SMALL)
+    for owner, thread_id in thread_ids_on_each_primary(cluster, "turns"):
+        thread = cluster_thread(thread_id, **SMALL)
+        stored = thread.append(UserMessage(content="question"), turn_id="turn-1")
+        assert thread.start_turn("turn-1") == 2
+        stored += thread.append([AssistantMessage(content=f"r{i} " + "y" * 300) for i in range(5)], turn_id="turn-1")
+        stored += thread.append(UserMessage(content="unrelated"))
+        stored += thread.append(AssistantMessage(content="last"), turn_id="turn-1")
+        result = thread.finish_turn("turn-1")
+        assert (result.reply_count, result.first_sequence, result.last_sequence) == (6, 2, 8)
+        assert [m.seq_id for m in thread.list(turn_id="turn-1").messages] == [1, 2, 3, 4, 5, 6, 8]
+        assert [m.seq_id for m in thread.list(turn_id="turn-1", order="desc", limit=2).messages] == [8, 6]
+        assert thread.snapshot().turn.outcome == "completed"
+
+        # A second turn pushes the first into chunks; replace one message in a chunk and one in
+        # the window, then retract the first turn wherever its messages are.
+        stored += thread.append([AssistantMessage(content=f"t2 {i}") for i in range(12)], turn_id="turn-2")
+        layout = check_layout(raw_cluster, thread.keys, config)
+        in_chunk = next(m for m in stored if any(m.seq_id in f for f in layout.chunks.values()))
+        in_window = stored[-1]
+        for old in (in_chunk, in_window):
+            new = thread.replace(old.id, AssistantMessage(content="replaced " + old.id))
+            assert (new.id, new.seq_id) == (old.id, old.seq_id)
+            assert thread.get(old.id).content == new.content
+        check_layout(raw_cluster, thread.keys, config)
+        assert thread.remove_turn("turn-1") == 7
+        left = [m.seq_id for m in thread.iter()]
+        assert left == [7, *range(9, 21)]
+        assert thread.list(turn_id="turn-1").messages == []
+        check_layout(raw_cluster, thread.keys, config)
+        assert_in_one_slot(cluster, thread, owner)
+
+
+def test_compact_retention_context_and_delete_on_every_primary(cluster, cluster_thread, raw_cluster, namespace):
+    config = StoreConfig(namespace=namespace, retained_message_limit=20, **SMALL)
+    for owner, thread_id in thread_ids_on_each_primary(cluster, "compact"):
+        thread = cluster_thread(thread_id, retained_message_limit=20, **SMALL)
+        stored = []
+        for i in range(25):
+            stored += thread.append([UserMessage(content=f"m{i}.{j} " + "z" * 150) for j in range(4)])
+        summary = thread.compact("the first sixty", last_sequence=60)
+        assert isinstance(summary, SummaryMessage) and summary.seq_id == 101
+        layout = check_layout(raw_cluster, thread.keys, config)
+        kept = layout.all_sequences()
+        deleted = sorted(set(range(1, 102)) - set(kept))
+        assert deleted and max(deleted) <= 60 and deleted == list(range(1, deleted[-1] + 1))
+        stats = thread.stats()
+        assert stats.deleted_before_sequence == deleted[-1] + 1 and stats.summary_last_sequence == 60
+        assert thread.list(limit=3).deleted_before_sequence == min(kept)
+        context = thread.context()
+        assert context[0] == summary and [m.seq_id for m in context[1:]] == list(range(61, 101))
+        assert thread.snapshot().summary == summary
+        with pytest.raises(errors.MessageNotFound):
+            thread.get(stored[0].id)
+        keys = assert_in_one_slot(cluster, thread, owner)
+        assert len(keys) > 9
+
+        thread.delete()
+        assert list(cluster.keys_of(thread.keys.meta[: -len("meta")] + "*")) == []
+        assert thread.list().messages == []
+
+
+def test_scripts_are_loaded_on_every_primary_that_runs_them(cluster, cluster_thread, mode):
+    """After SCRIPT FLUSH everywhere, the first call on each primary loads its script there."""
+    for node in cluster.nodes:
+        node.admin.execute_command("SCRIPT", "FLUSH")
+    shas = [SCRIPTS["append"].sha, SCRIPTS["page_plan"].sha, SCRIPTS["locate"].sha]
+    for owner, thread_id in thread_ids_on_each_primary(cluster, "scripts"):
+        thread = cluster_thread(thread_id, **SMALL)
+        stored = thread.append([UserMessage(content=f"m{i}") for i in range(20)])
+        assert thread.list(after=2, limit=3).messages == stored[2:5]
+        assert thread.get(stored[0].id) == stored[0]
+        assert owner.admin.execute_command("SCRIPT", "EXISTS", *shas) == [1, 1, 1], owner.name
+
+
+def test_noscript_after_a_failover_is_handled(cluster, cluster_thread, mode):
+    """CLUSTER FAILOVER promotes a replica whose script cache is empty (the cache is not
+    replicated); the same store keeps writing and reading through it."""
+    (owner, thread_id), *_ = thread_ids_on_each_primary(cluster, "noscript")
+    thread = cluster_thread(thread_id, **SMALL)
+    stored = thread.append([UserMessage(content=f"before {i}", otid=f"b{i}") for i in range(20)])
+    (replica,) = cluster.replicas_of(owner)
+    # A replica that never was a primary has an empty cache; this one may have been a primary
+    # before an earlier test's failover, and a restarted node's cache is empty: flush it.
+    replica.admin.execute_command("SCRIPT", "FLUSH")
+    noscript_before = replica.info("errorstats").get("errorstat_NOSCRIPT", {}).get("count", 0)
+
+    cluster.failover(replica)
+    assert cluster.owner(key_slot(thread.keys.meta.encode())) is replica
+
+    stored += thread.append([UserMessage(content=f"after {i}", otid=f"a{i}") for i in range(20)])
+    assert [m.seq_id for m in stored] == list(range(1, 41))
+    assert list(thread.iter()) == stored
+    assert thread.list(after=5, limit=10, order="asc").messages == stored[5:15]
+    assert thread.get(stored[3].id) == stored[3]
+    assert replica.info("errorstats").get("errorstat_NOSCRIPT", {}).get("count", 0) > noscript_before
+    assert replica.admin.execute_command("SCRIPT", "EXISTS", SCRIPTS["append"].sha) == [1]
+    assert_in_one_slot(cluster, thread, replica)
