@@ -104,7 +104,8 @@ def error_from_reply(script: Script, message: str) -> errors.KVStoreError:
         return errors.InlineMediaBudget(int(match.group(2).split()[0]))
     if match and match.group(1) in _ERRORS:
         return _ERRORS[match.group(1)](match.group(2).strip() or match.group(1))
-    if message.startswith("NOPERM") or "no permissions" in message:
+    if message.startswith("NOPERM") or "no permissions" in message or "can't run this command" in message \
+            or "can't access" in message:
         return errors.PermissionDenied(f"{script.name}: {message}")
     if message.startswith("OOM"):
         return errors.ServerError(f"{script.name}: the server is out of memory: {message}")

@@ -16,10 +16,17 @@ local function wrong_type(key)
   return redis.error_reply('KVS_WRONGTYPE ' .. key .. ' does not hold the type kvstore keeps there')
 end
 
+-- An error reply from pcall: a wrong type is named as kvstore's, anything else (an ACL denial)
+-- is passed on as the server said it.
+local function call_error(key, reply)
+  if string.find(reply.err, 'WRONGTYPE', 1, true) then return wrong_type(key) end
+  return redis.error_reply(reply.err)
+end
+
 -- A read that doubles as the type check of its key.
 local function checked_read(key, ...)
   local reply = redis.pcall(...)
-  if type(reply) == 'table' and reply.err then return nil, wrong_type(key) end
+  if type(reply) == 'table' and reply.err then return nil, call_error(key, reply) end
   return reply
 end
 
@@ -192,7 +199,7 @@ local function store_batch(keys, batch, limits, meta)
 
   if #side_fields > 0 then
     local reply = redis.pcall('HSET', keys.window_side, unpack(side_fields))
-    if type(reply) == 'table' and reply.err then return nil, wrong_type(keys.window_side) end
+    if type(reply) == 'table' and reply.err then return nil, call_error(keys.window_side, reply) end
     redis.call('ZADD', keys.window, unpack(window_members))
   end
   for _, item in ipairs(oversized) do
