@@ -19,8 +19,9 @@ end
 -- An error reply from pcall: a wrong type is named as kvstore's, anything else (an ACL denial)
 -- is passed on as the server said it.
 local function call_error(key, reply)
-  if string.find(reply.err, 'WRONGTYPE', 1, true) then return wrong_type(key) end
-  return redis.error_reply(reply.err)
+  local message = tostring(reply.err)  -- fakeredis hands the error over as userdata
+  if string.find(message, 'WRONGTYPE', 1, true) then return wrong_type(key) end
+  return redis.error_reply(message)
 end
 
 -- A read that doubles as the type check of its key.
