@@ -42,6 +42,9 @@ def main(argv: list[str] | None = None) -> int:
     import_.add_argument("thread")
     import_.add_argument("file", help="a JSON-lines file, or - for standard input")
     with_store("migrate", "find layout-1 threads with SCAN and migrate them (resumable)")
+    health = with_store("health", "check the server settings kvstore's guarantees depend on")
+    health.add_argument("--json", action="store_true", help="print the report as JSON")
+    with_store("preload-scripts", "load kvstore's scripts (as an admin) for users denied EVAL")
 
     args = parser.parse_args(argv)
     # SIGTERM unwinds like Ctrl-C, so an embedded server this command started is stopped too.
@@ -91,6 +94,15 @@ def _store_command(args: argparse.Namespace) -> int:
             print(f"imported {count} messages into {args.thread}", file=sys.stderr)
         elif args.command == "migrate":
             _commands.migrate_all(store)
+        elif args.command == "health":
+            report = store.health()
+            print(report.model_dump_json(indent=2) if args.json else report)
+            return 0 if report.ok else 2
+        elif args.command == "preload-scripts":
+            from ._health import preload_scripts
+
+            for name, sha in preload_scripts(store.client).items():
+                print(f"{sha}  {name}")
     return 0
 
 

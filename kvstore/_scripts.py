@@ -107,6 +107,4 @@ def error_from_reply(script: Script, message: str) -> errors.KVStoreError:
     if message.startswith("NOPERM") or "no permissions" in message or "can't run this command" in message \
             or "can't access" in message:
         return errors.PermissionDenied(f"{script.name}: {message}")
-    if message.startswith("OOM"):
-        return errors.ServerError(f"{script.name}: the server is out of memory: {message}")
     return errors.ServerError(f"script {script.name}.lua failed: {message}")

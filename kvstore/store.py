@@ -16,11 +16,12 @@ import redis
 import redis.asyncio
 from redis.exceptions import ClusterError
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoPermissionError, NoScriptError, ResponseError
+from redis.exceptions import NoPermissionError, NoScriptError, OutOfMemoryError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from . import _core, errors
 from ._core import Batch, Cursor, Eval, Operation, ThreadRef
+from ._health import HealthReport, health
 from ._scripts import SCRIPTS, Script, error_from_reply
 from .config import StoreConfig
 from .messages import CompactionStats, Message, SummaryMessage
@@ -96,6 +97,8 @@ class _Executor:
         return errors.ServerError(f"the read failed: {exc}")
 
     def script_error(self, script: Script, exc: Exception) -> errors.KVStoreError:
+        if isinstance(exc, OutOfMemoryError):
+            return errors.ServerError(f"{script.name}: the server is out of memory (maxmemory); nothing was written: {exc}")
         if isinstance(exc, NoPermissionError):
             return errors.PermissionDenied(f"{script.name}: {exc}")
         if isinstance(exc, (RedisConnectionError, RedisTimeoutError)):
@@ -148,6 +151,10 @@ class MessageStore(_Executor):
 
     def thread(self, thread_id: str) -> Thread:
         return Thread(self, ThreadRef.of(self.config, thread_id))
+
+    def health(self) -> HealthReport:
+        """The server's settings that kvstore's guarantees depend on, with warnings."""
+        return health(self.client)
 
     def run(self, operation: Operation) -> Any:
         """Drives a core operation; a typed error is thrown back into it (it may handle it)."""

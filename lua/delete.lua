@@ -1,5 +1,5 @@
-#!lua
---- Deletes a thread in bounded steps: up to max_chunks chunks per call, then, once no chunk is
+#!lua flags=allow-oom
+--- Deletes a thread in bounded steps (allowed at maxmemory: deleting frees memory): up to max_chunks chunks per call, then, once no chunk is
 --- listed, every other key in the same call (so a rollover racing the delete leaves no orphan).
 ---
 --- KEYS[1..10] the thread's keys (docs/LAYOUT.md)

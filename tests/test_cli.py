@@ -110,3 +110,20 @@ def test_errors_print_one_line_and_exit_non_zero(server, namespace, server_only)
         assert result.stderr.startswith("kvstore: ") and result.stderr.count("\n") == 1, (args, result.stderr)
     assert "not found" in kvstore(*cases[2]).stderr
     assert "cannot reach" in kvstore(*cases[1]).stderr
+
+
+def test_health_and_preload_scripts(server, server_only, tmp_path):
+    result = kvstore("health", "--url", server.url, "--json")
+    assert result.returncode == 2, result.stderr  # the test servers run without persistence
+    report = json.loads(result.stdout)
+    assert report["lua"] is True and any("persist" in w or "AOF" in w or "appendonly" in w for w in report["warnings"])
+    result = kvstore("health", "--data-dir", str(tmp_path))  # the embedded server: AOF, fsync every second
+    assert result.returncode == 2, result.stdout + result.stderr
+    warnings = [line for line in result.stdout.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and "everysec" in warnings[0]
+    result = kvstore("preload-scripts", "--url", server.url)
+    assert result.returncode == 0, result.stderr
+    from kvstore._scripts import SCRIPTS
+
+    assert {line.split()[1] for line in result.stdout.splitlines()} == set(SCRIPTS)
+    assert all(redis.Redis.from_url(server.url).script_exists(*(s.sha for s in SCRIPTS.values())))

@@ -1,0 +1,277 @@
+"""Least privilege: kvstore runs as a user limited to its namespace's keys and the commands it
+needs, and every denial reaches the caller as PermissionDenied.
+
+The ACL line is read from docs/RELIABILITY.md, so the documented line is the tested one, and the
+commands kvstore sends are read from its code (every `redis.call` of every script, every native
+command of the core), so a new command without a documented permission fails here first.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+import redis
+
+from kvstore import AssistantMessage, StoreConfig, SummaryMessage, UserMessage, errors
+from kvstore._health import health, preload_scripts
+from kvstore._scripts import SCRIPTS
+
+from ..layout_check import check_layout
+from .support import dedicated_server, fresh_namespace, keyspace, keyspace_diff, thread_in_mode
+
+ROOT = Path(__file__).resolve().parents[2]
+PASSWORD = "app-secret"
+
+
+def _documented_lines() -> list[str]:
+    text = (ROOT / "docs" / "RELIABILITY.md").read_text(encoding="utf-8")
+    return [ln.strip() for ln in text.splitlines() if ln.strip().startswith("ACL SETUSER kvstore-app ")]
+
+
+def documented_acl_line() -> str:
+    """The user every deployment needs (the first ACL SETUSER line of docs/RELIABILITY.md)."""
+    return _documented_lines()[0]
+
+
+def documented_durability_rules() -> dict[str, str]:
+    """The rules the documented lines add for the durability modes: {"+waitaof": line, ...}."""
+    return {rule: line for line in _documented_lines()[1:] for rule in shlex.split(line)[3:]}
+
+
+def acl_args(namespace: str, *, without: tuple[str, ...] = ()) -> list[str]:
+    """The documented ACL SETUSER arguments for `namespace`, minus the rules in `without`."""
+    line = documented_acl_line().replace("<password>", PASSWORD).replace("<namespace>", namespace)
+    args = shlex.split(line)[3:]  # past "ACL SETUSER kvstore-app"
+    for rule in without:
+        args.remove(rule)
+    return args
+
+
+def documented_commands() -> set[str]:
+    return {rule[1:] for rule in acl_args("ns") if rule.startswith("+")}
+
+
+CLIENT_METHODS = {"evalsha": "evalsha", "eval": "eval", "script_load": "script|load", "script_exists": "script|exists"}
+
+
+def commands_kvstore_sends() -> set[str]:
+    """What the code sends: the executors' script calls (`client.evalsha(...)`, `pipe.eval(...)`),
+    each script's redis.call, each native command the core or the executors build as a tuple
+    ("HGET", ...)."""
+    sent = set()
+    for script in SCRIPTS.values():
+        sent |= {c.lower() for c in re.findall(r"redis\.p?call\(\s*['\"]([A-Za-z]+)['\"]", script.source)}
+    for module in ("_core.py", "store.py"):
+        source = (ROOT / "kvstore" / module).read_text(encoding="utf-8")
+        sent |= {c.lower() for c in re.findall(r'\(\s*"([A-Z]+)"\s*,', source)}
+        sent |= {CLIENT_METHODS[m] for m in re.findall(r"\.(\w+)\(", source) if m in CLIENT_METHODS}
+    return sent
+
+
+def load_rules() -> tuple[str, ...]:
+    """The documented rules that let the user put a script into the server's cache."""
+    return tuple(r for r in ("+eval", "+script|load") if r in acl_args("ns"))
+
+
+def test_the_documented_acl_grants_every_command_kvstore_sends():
+    sent = commands_kvstore_sends()
+    granted = documented_commands() | {rule[1:] for rule in documented_durability_rules()}
+    print(f"\nACL: kvstore sends {len(sent)} commands: {sorted(sent)};"
+          f" the durability modes add {sorted(documented_durability_rules())}")
+    assert not sent - granted, f"docs/RELIABILITY.md's ACL lines lack {sorted(sent - granted)}"
+
+
+def make_user(admin: redis.Redis, namespace: str, name: str = "kvstore-app", without: tuple[str, ...] = ()) -> None:
+    args = acl_args(namespace, without=without)
+    admin.execute_command("ACL", "SETUSER", name, *args)
+
+
+def app_client(server, name: str = "kvstore-app") -> redis.Redis:
+    return redis.Redis(port=server.port, username=name, password=PASSWORD)
+
+
+def integration_slice(thread) -> dict:
+    """Every public operation once or more, each result checked; returns a few counts."""
+    first = thread.append(UserMessage(content="What's the weather in Oslo?", otid="req-1"), turn_id="turn-1")
+    thread.start_turn("turn-1")
+    replies = thread.append([AssistantMessage(content=f"part {i} " + "w" * 400) for i in range(5)], turn_id="turn-1")
+    finished = thread.finish_turn("turn-1")
+    assert (finished.reply_count, finished.first_sequence, finished.last_sequence) == (5, 2, 6)
+    assert thread.append(UserMessage(content="again", otid="req-1")) == first  # otid replay
+    stored = first + replies
+    for t in range(2, 8):
+        stored += thread.append(UserMessage(content=f"q{t} " + "x" * 300, otid=f"req-{t}"), turn_id=f"turn-{t}")
+        stored += thread.append(AssistantMessage(content=f"a{t}"), turn_id=f"turn-{t}")
+    stored += thread.append(UserMessage(content="O" * 5000), turn_id="turn-big")  # an oversized chunk
+    assert list(thread.iter()) == stored
+    assert thread.list(limit=5, order="desc").messages == stored[::-1][:5]
+    assert thread.list(after=stored[2].id, limit=4).messages == stored[3:7]
+    assert thread.list(before=stored[10].seq_id, limit=3).messages == stored[7:10]
+    assert thread.list(turn_id="turn-1").messages == stored[:6]
+    assert thread.get(stored[1].id) == stored[1]
+    replaced = thread.replace(stored[1].id, AssistantMessage(content="part 0, corrected"))
+    assert replaced.seq_id == stored[1].seq_id and thread.get(stored[1].id) == replaced
+    stored[1] = replaced
+    newest = thread.replace(stored[-2].id, AssistantMessage(content="a7, corrected"))
+    stored[-2] = newest
+    summary = thread.compact("the weather talk", last_sequence=12)
+    assert isinstance(summary, SummaryMessage)
+    context = thread.context()
+    assert context[0] == summary and [m.seq_id for m in context[1:]] == [m.seq_id for m in stored if m.seq_id > 12]
+    removed = thread.remove_turn("turn-7")
+    assert removed == 2
+    stored = [m for m in stored if m.seq_id not in (stored[-3].seq_id, stored[-2].seq_id)]
+    snapshot = thread.snapshot()
+    assert snapshot.summary == summary
+    stats = thread.stats()
+    assert stats.stored_messages == len(list(thread.iter()))
+    assert stats.summary_last_sequence == 12
+    thread.delete()
+    assert thread.stats().stored_messages == 0
+    return {"messages": len(stored) + 1, "chunks": snapshot.stats.chunks}
+
+
+CONFIG = dict(window_size=4, chunk_size=2, chunk_max_bytes=2048, retained_message_limit=4, thread_ttl=3600)
+
+
+def _denials(admin: redis.Redis) -> list[str]:
+    def text(entry: dict, field: str) -> str:
+        value = entry.get(field.encode(), entry.get(field))
+        return value.decode() if isinstance(value, bytes) else str(value)
+
+    return [f"{text(e, 'reason')} {text(e, 'object')}" for e in admin.execute_command("ACL", "LOG")]
+
+
+def test_the_integration_slice_runs_as_the_least_privileged_user(kind, mode):
+    with dedicated_server(kind) as server:
+        admin = redis.Redis(port=server.port)
+        namespace = fresh_namespace()
+        make_user(admin, namespace)
+        admin.execute_command("ACL", "LOG", "RESET")
+        config = StoreConfig(namespace=namespace, **CONFIG)
+        with thread_in_mode(mode, server.url, config, "least-privilege", client=_client_for(mode, server)) as thread:
+            figures = integration_slice(thread)
+            thread.append(UserMessage(content="kept"))
+            check_layout(admin, thread.keys, config)
+        # redis-py names itself with CLIENT SETINFO on connect and ignores a refusal: not needed.
+        denials = [d for d in _denials(admin) if d != "command client|setinfo"]
+        print(f"\nleast privilege [{kind}, {mode}]: {figures['messages']} messages, {figures['chunks']} chunks,"
+              f" every operation as the ACL user; denials logged: {denials or 'none'}")
+        assert not denials
+
+
+def _client_for(mode: str, server, name: str = "kvstore-app"):
+    if mode == "sync":
+        return app_client(server, name)
+    import redis.asyncio
+
+    return redis.asyncio.Redis(port=server.port, username=name, password=PASSWORD)
+
+
+def test_denied_keys_and_commands_raise_permission_denied(kind):
+    with dedicated_server(kind) as server:
+        admin = redis.Redis(port=server.port)
+        namespace = fresh_namespace()
+        make_user(admin, namespace)
+        client = app_client(server)
+        from kvstore import MessageStore
+
+        own = MessageStore(client, StoreConfig(namespace=namespace)).thread("mine")
+        own.append(UserMessage(content="allowed"))
+        outcomes = {}
+        # Other namespaces, including one the pattern `<ns>:*` would have matched.
+        for other in ("elsewhere", f"{namespace}:nested"):
+            thread = MessageStore(client, StoreConfig(namespace=other)).thread("theirs")
+            for name, call in {
+                "script on a key outside the pattern (append)": lambda: thread.append(UserMessage(content="x")),
+                "read-only script outside the pattern (page plan)": lambda: thread.list(after=1),
+                "native command outside the pattern (stats)": thread.stats,
+                "native command outside the pattern (newest page)": lambda: thread.list(order="desc"),
+            }.items():
+                with pytest.raises(errors.PermissionDenied) as caught:
+                    call()
+                outcomes[f"{other}: {name}"] = str(caught.value)[:70]
+        # NOSCRIPT, and the user may not load: a clear PermissionDenied, never a silent failure.
+        admin.execute_command("ACL", "SETUSER", "kvstore-app", *(f"-{rule[1:]}" for rule in load_rules()))
+        admin.script_flush()
+        with pytest.raises(errors.PermissionDenied, match="permission"):
+            own.append(UserMessage(content="needs a load"))
+        as_admin = MessageStore(admin, StoreConfig(namespace=namespace)).thread("mine")
+        assert [m.content for m in as_admin.iter()] == ["allowed"]
+        print(f"\nPermissionDenied [{kind}]: {len(outcomes) + 1} denials, all typed")
+
+
+def test_a_command_denied_inside_a_script_raises_permission_denied(kind):
+    """A user whose ACL lacks a command an append runs before its first write: HMGET (the read of
+    meta, made through redis.pcall) and TYPE (the check of the turns key, with a turn id)."""
+    from kvstore import MessageStore
+
+    with dedicated_server(kind) as server:
+        admin = redis.Redis(port=server.port)
+        failures = []
+        for denied, turn_id in (("+hmget", None), ("+type", "turn-1")):
+            namespace = fresh_namespace()
+            thread = MessageStore.from_url(server.url, StoreConfig(namespace=namespace)).thread("t")
+            thread.append(UserMessage(content="first"))
+            make_user(admin, namespace, without=(denied,))
+            limited = MessageStore(app_client(server), StoreConfig(namespace=namespace)).thread("t")
+            before = keyspace(admin, namespace)
+            try:
+                limited.append(UserMessage(content="second"), turn_id=turn_id)
+                failures.append(f"without {denied[1:]}: the append succeeded")
+            except errors.PermissionDenied:
+                pass
+            except errors.KVStoreError as exc:
+                failures.append(f"without {denied[1:]}: {type(exc).__name__}: {exc}")
+            changed = keyspace_diff(before, keyspace(admin, namespace))
+            if changed:
+                failures.append(f"without {denied[1:]}: the refused append changed {changed}")
+        print(f"\ndenied inside a script [{kind}]: 2 denials, {len(failures)} not PermissionDenied: {failures}")
+        assert not failures, "\n".join(failures)
+
+
+def test_durability_fsync_runs_as_the_user_with_the_documented_addition():
+    """WAITAOF exists from Redis 7.2 and Valkey 8: this runs on Valkey (Debian's Redis is 7.0)."""
+    with dedicated_server("valkey", "--appendonly", "yes", "--appendfsync", "always") as server:
+        admin = redis.Redis(port=server.port)
+        namespace = fresh_namespace()
+        make_user(admin, namespace)
+        line = documented_durability_rules()["+waitaof"]
+        admin.execute_command("ACL", "SETUSER", *shlex.split(line)[2:])
+        admin.execute_command("ACL", "LOG", "RESET")
+        from kvstore import MessageStore
+
+        store = MessageStore(app_client(server), StoreConfig(namespace=namespace, durability="fsync", **CONFIG))
+        figures = integration_slice(store.thread("durable"))
+        denials = [d for d in _denials(admin) if d != "command client|setinfo"]
+        print(f"\ndurability fsync as the ACL user [valkey]: {figures['messages']} messages; denials: {denials or 'none'}")
+        assert not denials
+
+
+def test_preloaded_scripts_serve_a_user_without_script_permissions(kind, mode):
+    with dedicated_server(kind) as server:
+        admin = redis.Redis(port=server.port)
+        namespace = fresh_namespace()
+        make_user(admin, namespace, without=load_rules())
+        admin.script_flush()
+        config = StoreConfig(namespace=namespace, **CONFIG)
+        with thread_in_mode(mode, server.url, config, "preloaded", client=_client_for(mode, server)) as thread:
+            with pytest.raises(errors.PermissionDenied):
+                thread.append(UserMessage(content="before the preload"))
+            assert health(admin).scripts_loaded == 0
+            shas = preload_scripts(admin)  # the operator, as an admin user
+            assert shas == {name: script.sha for name, script in SCRIPTS.items()}
+            assert health(admin).scripts_loaded == len(SCRIPTS)
+            figures = integration_slice(thread)
+            # A restart empties the cache: the app is denied until the operator preloads again.
+            server.restart()
+            make_user(admin, namespace, without=load_rules())
+            with pytest.raises(errors.PermissionDenied):
+                thread.append(UserMessage(content="after a restart"))
+            preload_scripts(admin)
+            thread.append(UserMessage(content="after the preload"))
+        print(f"\npreloaded scripts [{kind}, {mode}]: {len(shas)} scripts loaded by the admin; the slice"
+              f" ({figures['messages']} messages) ran as a user without {', '.join(load_rules())}")
