@@ -31,7 +31,9 @@ def test_a_timed_out_write_is_outcome_unknown_and_a_resend_stores_once(server, n
         with pytest.raises(errors.OutcomeUnknown, match="Re-send the same call"):
             thread.append(UserMessage(content="maybe", otid="req-7"))
     finally:
-        time.sleep(0.7)  # the paused call runs once the pause ends
+        # Whether the paused call runs once the pause ends or was dropped with its connection,
+        # the re-send below must leave exactly one copy.
+        time.sleep(0.7)
     patient = MessageStore.from_url(server.url, config).thread("paused")
     resent = patient.append(UserMessage(content="maybe", otid="req-7"))
     messages = list(patient.iter())
