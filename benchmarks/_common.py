@@ -160,6 +160,19 @@ def each_server(url: str | None) -> Iterator[tuple[str, str, bool]]:
 # --------------------------------------------------------------------------------- ratios
 
 
+def collect_per_server(title: str, args: Any, params: Any, run_server: Callable[..., dict[str, Any]],
+                       render: Callable[[dict[str, Any]], str]) -> dict[str, Any]:
+    """Runs one benchmark on each server (its own embedded ones, or --url), printing as it goes."""
+    info = machine()
+    print(headline(title, info, args.quick))
+    results = []
+    for name, url, own in each_server(args.url):
+        results.append({"name": name, **run_server(url, params, own)})
+        print()
+        print(render(results[-1]), flush=True)
+    return {"params": params.__dict__, "machine": info, "servers": results}
+
+
 def ratio(name: str, label: str, value: float, target: float | None, higher: bool = False,
           **extra: Any) -> dict[str, Any]:
     """A ratio and its verdict; `higher` means the target is a minimum (≥), not a maximum."""

@@ -31,15 +31,13 @@ from kvstore import AssistantMessage, MessageStore, StoreConfig, UserMessage
 
 from ._common import (
     TEXTS,
-    each_server,
-    headline,
     log,
-    machine,
     make_texts,
     ratio,
     render_ratios,
     server_version,
     standalone_main,
+    collect_per_server,
 )
 
 # Key kinds, by the last part of the key name (docs/LAYOUT.md).
@@ -299,14 +297,7 @@ def render(result: dict[str, Any]) -> str:
 
 def collect(args: argparse.Namespace) -> dict[str, Any]:
     params = QUICK if args.quick else DEFAULT
-    info = machine()
-    print(headline("memory", info, args.quick))
-    results = []
-    for name, url, own in each_server(args.url):
-        results.append({"name": name, **run_server(url, params, own)})
-        print()
-        print(render(results[-1]), flush=True)
-    return {"params": params.__dict__, "machine": info, "servers": results}
+    return collect_per_server("memory", args, params, run_server, render)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -37,16 +37,14 @@ from ._common import (
     BARE_SCRIPT,
     TEXTS,
     command_stats,
-    each_server,
-    headline,
     log,
-    machine,
     make_texts,
     ratio,
     render_ratios,
     server_version,
     standalone_main,
     stats_diff,
+    collect_per_server,
 )
 
 PAGE = 50
@@ -280,14 +278,7 @@ def render(result: dict[str, Any]) -> str:
 
 def collect(args: argparse.Namespace) -> dict[str, Any]:
     params = QUICK if args.quick else DEFAULT
-    info = machine()
-    print(headline("server cost", info, args.quick))
-    results = []
-    for name, url, own in each_server(args.url):
-        results.append({"name": name, **run_server(url, params, own)})
-        print()
-        print(render(results[-1]), flush=True)
-    return {"params": params.__dict__, "machine": info, "servers": results}
+    return collect_per_server("server cost", args, params, run_server, render)
 
 
 def main(argv: list[str] | None = None) -> int:

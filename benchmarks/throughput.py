@@ -41,8 +41,6 @@ from kvstore import MessageStore, StoreConfig, UserMessage, _core
 from ._common import (
     BARE_SCRIPT,
     TEXTS,
-    each_server,
-    headline,
     log,
     machine,
     make_texts,
@@ -50,6 +48,7 @@ from ._common import (
     render_ratios,
     server_version,
     standalone_main,
+    collect_per_server,
 )
 
 WORKERS = (1, 2, 4)
@@ -171,8 +170,11 @@ def ceiling(url: str, namespace: str, params: Params) -> dict[str, Any]:
     check.close()
     sent = params.ceiling_kvstore * 3  # unpipelined, then twice as many pipelined
     if stats.stored_messages - before < sent * 0.99 or stats.window_messages > 200:
-        raise RuntimeError(f"kvstore's script stored {stats.stored_messages - before} of {sent} messages "
-                           f"(window {stats.window_messages}): the ceiling run did not append as an append does")
+        # Seen now and then: one whole redis-benchmark run of the append script stores nothing.
+        # Until that is understood, the limit line is left out rather than shown wrong.
+        return {"skipped": f"kvstore's script stored {stats.stored_messages - before} of {sent} messages"
+                           f" (window {stats.window_messages}): the ceiling run did not append as an append"
+                           " does, so no limit line this time"}
     return {"runs": runs, "clients": 50, "value_bytes": len(blob), "kvstore_thread": stats.model_dump()}
 
 
@@ -258,14 +260,7 @@ def render(result: dict[str, Any], params: Params) -> str:
 
 def collect(args: argparse.Namespace) -> dict[str, Any]:
     params = QUICK if args.quick else DEFAULT
-    info = machine()
-    print(headline("throughput", info, args.quick))
-    results = []
-    for name, url, own in each_server(args.url):
-        results.append({"name": name, **run_server(url, params, own)})
-        print()
-        print(render(results[-1], params), flush=True)
-    return {"params": params.__dict__, "machine": info, "servers": results}
+    return collect_per_server("throughput", args, params, run_server, lambda result: render(result, params))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,6 +11,7 @@ import redis
 
 from kvstore import AsyncMessageStore, MessageStore, StoreConfig
 
+from .facade import SyncFacade
 from .servers import ServerProcess, redis_binary, require_redis, valkey_binary
 
 _servers: dict[str, ServerProcess] = {}
@@ -107,28 +108,6 @@ def make_async_store(backend: str, config: StoreConfig) -> AsyncMessageStore:
 
         return AsyncMessageStore(fakeredis.FakeAsyncRedis(server=_fake_server()), config)
     return AsyncMessageStore.from_url(_servers[backend].url, config)
-
-
-class SyncFacade:
-    """Runs an async thread's methods to completion so one test body serves both modes."""
-
-    def __init__(self, thread, loop):
-        self._thread = thread
-        self._loop = loop
-
-    def __getattr__(self, name):
-        attr = getattr(self._thread, name)
-        if name == "iter":
-            def collect(*args, **kwargs):
-                async def gather():
-                    return [m async for m in attr(*args, **kwargs)]
-                return iter(self._loop.run_until_complete(gather()))
-            return collect
-        if callable(attr):
-            def call(*args, **kwargs):
-                return self._loop.run_until_complete(attr(*args, **kwargs))
-            return call
-        return attr
 
 
 @pytest.fixture

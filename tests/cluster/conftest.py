@@ -15,6 +15,7 @@ import pytest
 
 from kvstore import AsyncMessageStore, MessageStore, StoreConfig
 
+from ..facade import SyncFacade
 from .harness import Cluster, cluster_binaries
 
 _shared: dict[str, Cluster] = {}
@@ -51,28 +52,6 @@ def fresh_cluster(cluster_kind):
     yield make
     for one in made:
         one.teardown()
-
-
-class SyncFacade:
-    """Runs an async thread's methods to completion so one test body serves both modes."""
-
-    def __init__(self, thread, loop):
-        self._thread = thread
-        self._loop = loop
-
-    def __getattr__(self, name):
-        attr = getattr(self._thread, name)
-        if name == "iter":
-            def collect(*args, **kwargs):
-                async def gather():
-                    return [m async for m in attr(*args, **kwargs)]
-                return iter(self._loop.run_until_complete(gather()))
-            return collect
-        if callable(attr):
-            def call(*args, **kwargs):
-                return self._loop.run_until_complete(attr(*args, **kwargs))
-            return call
-        return attr
 
 
 @pytest.fixture
