@@ -34,14 +34,8 @@ if failure then return failure end
 
 local deadline, moved = expiry_deadline(keys, limits.ttl_ms, limits.now_ms)
 keys.deadline = deadline
--- A layout-1 thread moves a bounded step first; that step uses this call's move budget.
-local migrated = 0
-if meta.layout ~= '2' then
-  migrated = migrate_step(keys, limits)
-  local window_count = meta.window_count
-  meta = load_meta(keys)
-  meta.window_count = window_count
-end
+local migrated
+migrated, meta = migrate_first(keys, limits, meta)
 local first, store_failure = store_batch(keys, batch, limits, meta)
 if store_failure then return store_failure end
 if migrated == 0 and rollover(keys, cuts) > 0 then

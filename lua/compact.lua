@@ -47,13 +47,8 @@ end
 
 local deadline, moved = expiry_deadline(keys, limits.ttl_ms, limits.now_ms)
 keys.deadline = deadline
-local migrated = 0
-if meta.layout ~= '2' then
-  migrated = migrate_step(keys, limits)
-  local window_count = meta.window_count
-  meta = load_meta(keys)
-  meta.window_count = window_count
-end
+local migrated
+migrated, meta = migrate_first(keys, limits, meta)
 local sequence = store_batch(keys, batch, limits, meta)
 redis.call('HSET', keys.meta, 'summary_last', summary_last, 'summary_seq', sequence)
 if migrated == 0 then rollover(keys, cuts) end

@@ -1,4 +1,5 @@
 --- @include "includes/rollover"
+--- @include "includes/migration"
 --- @include "includes/chunks"
 -- Stores a batch of messages: the shared body of append and compact.
 --
@@ -228,4 +229,16 @@ local function store_batch(keys, batch, limits, meta)
     'stored', fmt(meta.stored), 'bytes', fmt(meta.bytes), 'window_bytes', fmt(meta.window_bytes),
     'media', fmt(meta.media))
   return first
+end
+
+-- A layout-1 thread moves a bounded step before the batch is stored; that step uses this call's
+-- move budget (the caller then skips its rollover). Returns the chunks moved and meta as it is
+-- now (the window is untouched by migration, so its count carries over).
+local function migrate_first(keys, limits, meta)
+  if meta.layout == '2' then return 0, meta end
+  local migrated = migrate_step(keys, limits)
+  local window_count = meta.window_count
+  meta = load_meta(keys)
+  meta.window_count = window_count
+  return migrated, meta
 end
