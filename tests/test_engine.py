@@ -10,6 +10,7 @@ import pytest
 from kvstore import AssistantMessage, StoreConfig, UserMessage, errors
 from kvstore._keys import ThreadKeys
 
+from . import model
 from .layout_check import check_layout, read_layout
 
 SMALL = dict(window_size=8, chunk_size=4, chunk_max_bytes=2048)
@@ -95,21 +96,6 @@ def test_every_key_of_a_thread_shares_one_hash_tag():
         assert key.startswith("kv:{user:42/session.7}:")
 
 
-def _model_page(sequences, after, before, limit, order):
-    ordered = sorted(sequences, reverse=order == "desc")
-
-    def follows(s, cursor):
-        return s > cursor if order == "asc" else s < cursor
-
-    if after is not None:
-        ordered = [s for s in ordered if follows(s, after)]
-    if before is not None:
-        ordered = [s for s in ordered if follows(before, s)]
-    if before is not None and after is None:
-        return ordered[-limit:], len(ordered) > limit
-    return ordered[:limit], len(ordered) > limit
-
-
 def test_pages_cross_window_and_chunks_exactly(make_thread, backend, mode):
     thread = make_thread(**SMALL)
     rng = random.Random(11)
@@ -129,7 +115,7 @@ def test_pages_cross_window_and_chunks_exactly(make_thread, backend, mode):
                       for a, b in zip(sorted(anchors), sorted(anchors)[3:])]
             for after, before in cases:
                 page = thread.list(after=after, before=before, limit=limit, order=order)
-                want, more = _model_page(sequences, after, before, limit, order)
+                want, more = model.page(sequences, after, before, limit, order)
                 assert [m.seq_id for m in page.messages] == want, (limit, order, after, before)
                 assert page.has_more == more, (limit, order, after, before)
                 assert page.messages == [by_seq[s] for s in want]
@@ -156,7 +142,7 @@ def test_chunk_edges_as_anchors(make_thread, raw_client):
             for order in ("asc", "desc"):
                 for kwargs in ({"after": anchor}, {"before": anchor}):
                     page = thread.list(limit=limit, order=order, **kwargs)
-                    want, more = _model_page(sequences, kwargs.get("after"), kwargs.get("before"), limit, order)
+                    want, more = model.page(sequences, kwargs.get("after"), kwargs.get("before"), limit, order)
                     assert [m.seq_id for m in page.messages] == want
                     assert page.has_more == more
 

@@ -12,6 +12,7 @@ from redis.crc import key_slot
 from kvstore import AssistantMessage, StoreConfig, SummaryMessage, UserMessage, errors
 from kvstore._scripts import SCRIPTS
 
+from .. import model
 from ..layout_check import check_layout
 from .harness import Cluster, Node, thread_ids_on_each_primary
 
@@ -35,21 +36,6 @@ def assert_in_one_slot(cluster: Cluster, thread, owner: Node) -> list[str]:
         assert int(owner.admin.execute_command("CLUSTER", "KEYSLOT", key)) == slot, key
     assert int(owner.admin.execute_command("CLUSTER", "COUNTKEYSINSLOT", slot)) >= len(found)
     return [key for _, key in found]
-
-
-def model_page(sequences, after, before, limit, order):
-    ordered = sorted(sequences, reverse=order == "desc")
-
-    def follows(s, cursor):
-        return s > cursor if order == "asc" else s < cursor
-
-    if after is not None:
-        ordered = [s for s in ordered if follows(s, after)]
-    if before is not None:
-        ordered = [s for s in ordered if follows(before, s)]
-    if before is not None and after is None:
-        return ordered[-limit:], len(ordered) > limit
-    return ordered[:limit], len(ordered) > limit
 
 
 def test_append_rollover_pages_and_reads_on_every_primary(cluster, cluster_thread, raw_cluster, namespace):
@@ -76,7 +62,7 @@ def test_append_rollover_pages_and_reads_on_every_primary(cluster, cluster_threa
                 cases = [(None, None)] + [(a, None) for a in anchors] + [(None, b) for b in anchors]
                 for after, before in cases:
                     page = thread.list(after=after, before=before, limit=limit, order=order)
-                    want, more = model_page(sequences, after, before, limit, order)
+                    want, more = model.page(sequences, after, before, limit, order)
                     assert [m.seq_id for m in page.messages] == want, (thread_id, limit, order, after, before)
                     assert page.has_more == more
                     assert page.messages == [by_seq[s] for s in want]

@@ -28,7 +28,7 @@ from redis.crc import key_slot
 from kvstore import AssistantMessage, MessageStore, StoreConfig, UserMessage, errors
 from kvstore._keys import ThreadKeys
 
-from . import model
+from .. import model
 from .support import dedicated_server, fresh_namespace, keyspace, keyspace_diff
 
 FIGURES: dict[str, Counter] = {}

@@ -22,7 +22,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from kvstore import AssistantMessage, MessageStore, StoreConfig, UserMessage, errors
 
-from . import model
+from .. import model
 from ..layout_check import check_layout, read_layout
 from .support import dedicated_server, fresh_namespace
 
