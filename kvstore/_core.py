@@ -363,10 +363,15 @@ def list_page(
         low, high = before_c, after_c
         walk = "up" if before_c[0] and not after_c[0] else "down"
     entries, has_more, deleted_before = yield from _walk(thread, low, high, walk, limit + 1)
+    # The page goes on from the entry farthest from its cursor: the last one of the walk.
+    next_cursor = entries[-1][0] if has_more else None
     if (walk == "up") != (order == "asc"):
         entries.reverse()
     return MessagesPage(
-        messages=_decode(entries), has_more=has_more, deleted_before_sequence=deleted_before or None
+        messages=_decode(entries),
+        has_more=has_more,
+        deleted_before_sequence=deleted_before or None,
+        next_cursor=next_cursor,
     )
 
 
@@ -502,7 +507,7 @@ def _turn_page(
             return int(cursor[1])
         sequence = next(resolved)
         if sequence is None:
-            raise errors.MessageNotFound(f"no stored message has id {cursor[1]!r}")
+            raise _unknown_cursor(cursor[1], deleted_before)
         return int(sequence)
 
     after_seq, before_seq = bound(after), bound(before)
@@ -519,10 +524,28 @@ def _turn_page(
         sequences = [s for s in sequences if follows(before_seq, s)]
     if before_seq is not None and after_seq is None:
         page, has_more = sequences[-limit:], len(sequences) > limit
+        next_cursor = page[0] if has_more else None
     else:
         page, has_more = sequences[:limit], len(sequences) > limit
+        next_cursor = page[-1] if has_more else None
     messages = yield from fetch_sequences(thread, page, missing_ok=True)
-    return MessagesPage(messages=messages, has_more=has_more, deleted_before_sequence=deleted_before or None)
+    return MessagesPage(
+        messages=messages,
+        has_more=has_more,
+        deleted_before_sequence=deleted_before or None,
+        next_cursor=next_cursor,
+    )
+
+
+def _unknown_cursor(message_id: str, deleted_before: int) -> errors.MessageNotFound:
+    """An id cursor no stored message has: expired when retention may have deleted it."""
+    if deleted_before:
+        return errors.CursorExpired(
+            f"no stored message has id {message_id!r}; retention deleted every message before"
+            f" sequence {deleted_before}: page on from a sequence (page.next_cursor) instead",
+            deleted_before,
+        )
+    return errors.MessageNotFound(f"no stored message has id {message_id!r}")
 
 
 def _turn_sequences(record: bytes | str | None) -> list[int]:
@@ -579,23 +602,34 @@ def _stats_from(meta: dict, window: int, chunks: int, legacy: int) -> ThreadStat
 
 
 def snapshot(thread: ThreadRef) -> Operation:
-    page = yield from list_page(thread, limit=SNAPSHOT_SIZE, order="desc")
-    meta, window, chunks, large, legacy = yield Batch(_stats_commands(thread.keys))
-    fields = {_text(k): _text(v) for k, v in meta.items()}
-    turn = None
-    if fields.get("turn_id"):
-        turn = TurnState(
-            turn_id=fields["turn_id"],
-            sequence=int(fields["turn_seq"]),
-            outcome=fields.get("turn_outcome") or "open",
+    """The newest page, the summary, the turn and the stats, as of one state of the thread.
+
+    The stats are read before the page and checked after it: an append, a move or a compaction
+    in between (last_seq, gen or summary_seq changed) makes the snapshot read again.
+    """
+    keys = thread.keys
+    for _ in range(MAX_READ_ATTEMPTS):
+        meta, window, chunks, large, legacy = yield Batch(_stats_commands(keys))
+        page = yield from list_page(thread, limit=SNAPSHOT_SIZE, order="desc")
+        fields = {_text(k): _text(v) for k, v in meta.items()}
+        (now,) = yield Batch([("HMGET", keys.meta, "last_seq", "gen", "summary_seq")])
+        if [None if v is None else _text(v) for v in now] != [fields.get(f) for f in ("last_seq", "gen", "summary_seq")]:
+            continue
+        turn = None
+        if fields.get("turn_id"):
+            turn = TurnState(
+                turn_id=fields["turn_id"],
+                sequence=int(fields["turn_seq"]),
+                outcome=fields.get("turn_outcome") or "open",
+            )
+        summary = yield from _summary(thread, fields)
+        return ThreadSnapshot(
+            messages=list(reversed(page.messages)),
+            summary=summary,
+            turn=turn,
+            stats=_stats_from(meta, window, chunks + large, legacy),
         )
-    summary = yield from _summary(thread, fields)
-    return ThreadSnapshot(
-        messages=list(reversed(page.messages)),
-        summary=summary,
-        turn=turn,
-        stats=_stats_from(meta, window, chunks + large, legacy),
-    )
+    raise errors.ServerError("the thread changed under every read attempt; try again")
 
 
 def _text(value: bytes | str) -> str:
@@ -629,6 +663,9 @@ def compact(
             (item,) = _fit_media([item], over.available, None)
             continue
         break
+    if replay_or_stored == 0:
+        # A replay runs retention again: the first call's caller may not have finished it.
+        deleted = thread.config.max_chunks_per_call
     # Each call deletes at most max_chunks_per_call chunks; go on while that cap was reached.
     while int(deleted) >= thread.config.max_chunks_per_call:
         deleted = yield Eval(SCRIPTS["retain"], thread.script_keys, thread.limits())
@@ -639,31 +676,42 @@ def compact(
 
 
 def context(thread: ThreadRef) -> Operation:
-    """The model input: the context summary and every message after its last sequence."""
+    """The model input: the context summary and every message after its last sequence.
+
+    It takes several round trips; a compaction landing between them would pair the old summary
+    with pages cut by the new retention. Summaries only move forward (each is a new message with
+    a new sequence), so an unchanged `summary_seq` after the last page means no compaction ran
+    in between; otherwise the read starts again.
+    """
     keys = thread.keys
-    (meta,) = yield Batch([("HMGET", keys.meta, "summary_last", "summary_seq", "deleted_before")])
-    summary_last, summary_seq, deleted_before = meta
-    messages: list[Message] = []
-    after: Cursor = None
-    if summary_seq is not None:
-        summary = yield from _summary(thread, {"summary_seq": _text(summary_seq)})
-        if summary is not None:
-            messages.append(summary)
-        after = int(summary_last)
-    elif deleted_before is not None:
-        log.warning(
-            "thread %s has deleted messages (before sequence %s) but no summary: its model input"
-            " starts mid-conversation",
-            keys.meta,
-            _text(deleted_before),
-        )
-    skip = int(summary_seq) if summary_seq is not None else None
-    while True:
-        page = yield from list_page(thread, after=after, limit=MAX_LIMIT)
-        messages += [m for m in page.messages if m.seq_id != skip]
-        if not page.has_more or not page.messages:
+    for _ in range(MAX_READ_ATTEMPTS):
+        (meta,) = yield Batch([("HMGET", keys.meta, "summary_last", "summary_seq", "deleted_before")])
+        summary_last, summary_seq, deleted_before = meta
+        messages: list[Message] = []
+        after: Cursor = None
+        if summary_seq is not None:
+            summary = yield from _summary(thread, {"summary_seq": _text(summary_seq)})
+            if summary is not None:
+                messages.append(summary)
+            after = int(summary_last)
+        elif deleted_before is not None:
+            log.warning(
+                "thread %s has deleted messages (before sequence %s) but no summary: its model input"
+                " starts mid-conversation",
+                keys.meta,
+                _text(deleted_before),
+            )
+        skip = int(summary_seq) if summary_seq is not None else None
+        while True:
+            page = yield from list_page(thread, after=after, limit=MAX_LIMIT)
+            messages += [m for m in page.messages if m.seq_id != skip]
+            if page.next_cursor is None:
+                break
+            after = page.next_cursor
+        (now,) = yield Batch([("HGET", keys.meta, "summary_seq")])
+        if now == summary_seq:
             return messages
-        after = page.messages[-1].seq_id
+    raise errors.ServerError("the thread was compacted under every read attempt; try again")
 
 
 def replace(thread: ThreadRef, message_id: str, message: Message | dict) -> Operation:

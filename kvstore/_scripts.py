@@ -102,6 +102,9 @@ def error_from_reply(script: Script, message: str) -> errors.KVStoreError:
     match = _KVS_CODE.search(message)
     if match and match.group(1) == "KVS_MEDIA_OVER":
         return errors.InlineMediaBudget(int(match.group(2).split()[0]))
+    if match and match.group(1) == "KVS_CURSOR_EXPIRED":
+        deleted_before, _, detail = match.group(2).partition(" ")
+        return errors.CursorExpired(detail, int(deleted_before))
     if match and match.group(1) in _ERRORS:
         return _ERRORS[match.group(1)](match.group(2).strip() or match.group(1))
     if message.startswith("NOPERM") or "no permissions" in message or "can't run this command" in message \

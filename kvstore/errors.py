@@ -67,6 +67,17 @@ class MessageNotFound(KVStoreError, LookupError):
     """No stored message has that id (or it was deleted by retention)."""
 
 
+class CursorExpired(MessageNotFound):
+    """A paging cursor names a message that is no longer stored, and retention has deleted
+    messages: it may have been one of them. `deleted_before_sequence` is the oldest kept
+    sequence; page on with a sequence cursor (``MessagesPage.next_cursor``), which never expires.
+    """
+
+    def __init__(self, message: str, deleted_before_sequence: int) -> None:
+        super().__init__(message)
+        self.deleted_before_sequence = deleted_before_sequence
+
+
 class TurnNotFound(KVStoreError, LookupError):
     """No turn with that id is open in the thread."""
 

@@ -16,9 +16,19 @@ class _Result(BaseModel):
 
 
 class MessagesPage(_Result):
+    """One page of messages.
+
+    has_more: messages exist beyond the page in the direction the cursor moved.
+    deleted_before_sequence: every sequence below it was deleted by retention (None: nothing was).
+    next_cursor: when has_more, the sequence to page on from, which retention cannot expire:
+        pass it as `after=` to continue an `after=` (or cursor-less) page, as `before=` to
+        continue a `before=` page, with the same order. None when there is nothing more.
+    """
+
     messages: list[Message]
     has_more: bool
     deleted_before_sequence: int | None = None
+    next_cursor: int | None = None
 
 
 class ThreadStats(_Result):

@@ -7,7 +7,9 @@
 --- ARGV[12..15] the summary message: id, otid ('' for none), inline media bytes, record
 ---
 --- The summary covers messages up to summary_last; it must be stored (or deleted) already and
---- may not move back. Retention then deletes the oldest chunks it allows (includes/retention).
+--- may not move back. A summary_last equal to the current summary's is a replay: the current
+--- summary is returned and nothing is written. Retention then deletes the oldest chunks it
+--- allows (includes/retention).
 ---
 --- Reply: {1, summary_sequence, chunks_deleted}, or {0, summary_sequence, 0} for a replay
 --- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_TOO_LARGE, KVS_OTID_CONFLICT, KVS_DUPLICATE_ID,
@@ -43,6 +45,11 @@ if summary_last < 1 or summary_last > last_seq then
 end
 if summary_last < previous then
   return redis.error_reply(string.format('KVS_BAD_SUMMARY last_sequence %d is before the current summary\'s %d', summary_last, previous))
+end
+if summary_last == previous then
+  -- The current summary already covers exactly this range: a compaction sent again (with a new
+  -- summary id) is a replay of it, not a second summary.
+  return {0, tonumber(redis.call('HGET', keys.meta, 'summary_seq')), 0}
 end
 
 local deadline, moved = expiry_deadline(keys, limits.ttl_ms, limits.now_ms)

@@ -19,7 +19,7 @@
 ---   migrated, which is read like one more chunk.
 ---   Messages of the walk are complete up to `bound` (walk up: seq <= bound; walk down:
 ---   seq >= bound); past it the client plans again from `bound`. hi = -1 means unbounded.
---- Errors: KVS_WRONGTYPE, KVS_CURSOR_NOT_FOUND
+--- Errors: KVS_WRONGTYPE, KVS_CURSOR_NOT_FOUND, KVS_CURSOR_EXPIRED <deleted_before>
 --- @include "includes/checks"
 --- @include "includes/thread"
 --- @include "includes/index"
@@ -37,22 +37,28 @@ local err = check_key_types({
 })
 if err then return err end
 
+local meta = redis.call('HMGET', meta_key, 'gen', 'deleted_before', 'last_seq')
+local gen = tonumber(meta[1] or '0')
+local deleted_before = tonumber(meta[2] or '0')
+local last_seq = tonumber(meta[3] or '0')
+
+-- An id no stored message has is expired when retention may have deleted it.
 local function resolve(kind, value)
   if kind == 'seq' then return tonumber(value) end
   if kind == 'id' then
     local sequence = redis.call('HGET', ids_key, value)
     if not sequence then
+      if deleted_before > 0 then
+        return nil, redis.error_reply(string.format(
+          'KVS_CURSOR_EXPIRED %d no stored message has id %s; retention deleted every message before sequence %d: page on from a sequence (page.next_cursor) instead',
+          deleted_before, value, deleted_before))
+      end
       return nil, redis.error_reply('KVS_CURSOR_NOT_FOUND no stored message has id ' .. value)
     end
     return tonumber(sequence)
   end
   return nil
 end
-
-local meta = redis.call('HMGET', meta_key, 'gen', 'deleted_before', 'last_seq')
-local gen = tonumber(meta[1] or '0')
-local deleted_before = tonumber(meta[2] or '0')
-local last_seq = tonumber(meta[3] or '0')
 
 local lo, lo_err = resolve(lo_kind, lo_arg)
 if lo_err then return lo_err end

@@ -1,0 +1,210 @@
+"""Reads that take several round trips see one state of the thread; cursors outlive retention;
+a compaction sent twice stores one summary."""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+
+import pytest
+
+from kvstore import MessageStore, StoreConfig, SummaryMessage, UserMessage, errors
+from kvstore._core import ThreadRef, context, snapshot
+
+from .conftest import make_sync_store
+
+SMALL = dict(window_size=8, chunk_size=4, chunk_max_bytes=4096, retained_message_limit=10)
+
+
+def fill(thread, count: int, start: int = 0):
+    stored = []
+    for i in range(start, start + count):
+        stored += thread.append(UserMessage(content=f"m{i} " + "x" * 50))
+    return stored
+
+
+def check_context(messages):
+    """The model input: a summary (if any) followed by every kept message after it, in order,
+    with no gap. Returns the summary and the sequences that follow it."""
+    summary = messages[0] if messages and isinstance(messages[0], SummaryMessage) else None
+    rest = messages[1:] if summary is not None else messages
+    sequences = [m.seq_id for m in rest]
+    assert sequences == sorted(sequences)
+    skipped = {summary.seq_id} if summary is not None else set()
+    holes = [s for s in range(sequences[0], sequences[-1] + 1) if s not in sequences and s not in skipped] if sequences else []
+    assert not holes, f"context skips {holes[:10]}"
+    return summary, sequences
+
+
+def interleaved(store: MessageStore, operation, at_step: int, action):
+    """Drives a core operation like the store does, running `action` after request `at_step`."""
+    step = 0
+    request = next(operation)
+    try:
+        while True:
+            result = store._execute(request)
+            if step == at_step:
+                action()
+            step += 1
+            request = operation.send(result)
+    except StopIteration as done:
+        return done.value, step
+
+
+@pytest.mark.parametrize("at_step", range(5))
+def test_context_sees_one_state_when_a_compaction_lands_between_its_round_trips(backend, namespace, at_step):
+    config = StoreConfig(namespace=namespace, **SMALL)
+    store = make_sync_store(backend, config)
+    other = make_sync_store(backend, config).thread("t")
+    thread = store.thread("t")
+    fill(thread, 60)
+    first = thread.compact("up to 20", last_sequence=20)
+
+    def compact_meanwhile():
+        fill(other, 3, start=60)
+        other.compact("up to 50", last_sequence=50)
+
+    messages, steps = interleaved(store, context(ThreadRef.of(config, "t")), at_step, compact_meanwhile)
+    assert steps > at_step  # the compaction landed inside the read
+    summary, sequences = check_context(messages)
+    assert summary is not None
+    # Whichever summary it returns, everything after that summary's range follows it.
+    covered = 20 if summary.id == first.id else 50
+    assert sequences[0] == covered + 1, (summary.summary, sequences[:5])
+    assert messages == thread.context() or covered == 20
+    store.close()
+
+
+@pytest.mark.parametrize("at_step", range(5))
+def test_snapshot_sees_one_state_when_a_compaction_lands_between_its_round_trips(backend, namespace, at_step):
+    config = StoreConfig(namespace=namespace, **SMALL)
+    store = make_sync_store(backend, config)
+    other = make_sync_store(backend, config).thread("t")
+    thread = store.thread("t")
+    fill(thread, 60)
+    thread.compact("up to 20", last_sequence=20)
+
+    def compact_meanwhile():
+        fill(other, 3, start=60)
+        other.compact("up to 50", last_sequence=50)
+
+    snap, steps = interleaved(store, snapshot(ThreadRef.of(config, "t")), at_step, compact_meanwhile)
+    assert steps > at_step  # the compaction landed inside the read
+    newest = snap.messages[-1].seq_id
+    assert snap.stats.next_sequence == newest + 1
+    assert snap.summary is not None and snap.summary.seq_id in [m.seq_id for m in snap.messages]
+    assert snap.stats.summary_last_sequence == (50 if snap.summary.summary == "up to 50" else 20)
+    kept = [m.seq_id for m in snap.messages]
+    assert kept[0] >= (snap.stats.deleted_before_sequence or 1)
+    store.close()
+
+
+def _compactor(url: str, namespace: str, seconds: float) -> None:
+    thread = MessageStore.from_url(url, StoreConfig(namespace=namespace, **SMALL)).thread("t")
+    deadline = time.monotonic() + seconds
+    i = 1000
+    while time.monotonic() < deadline:
+        stored = fill(thread, 5, start=i)
+        i += 5
+        thread.compact(f"up to {stored[-1].seq_id - 12}", last_sequence=stored[-1].seq_id - 12)
+        time.sleep(0.02)  # a summary takes a model call to write: compactions are not back to back
+
+
+def test_context_during_another_process_s_compactions(make_thread, server, namespace, server_only):
+    thread = make_thread("t", **SMALL)
+    fill(thread, 30)
+    worker = multiprocessing.get_context("spawn").Process(target=_compactor, args=(server.url, namespace, 3.0))
+    worker.start()
+    reads = 0
+    try:
+        while worker.is_alive() or reads < 20:
+            messages = thread.context()
+            summary, sequences = check_context(messages)
+            if summary is not None:
+                assert sequences and sequences[0] == int(summary.summary.split()[-1]) + 1
+            reads += 1
+    finally:
+        worker.join(10)
+    assert worker.exitcode == 0
+    assert reads >= 20
+
+
+# ------------------------------------------------------------------------ compaction retried
+
+
+def test_a_compaction_sent_twice_stores_one_summary(make_thread):
+    thread = make_thread(**SMALL)
+    fill(thread, 40)
+    first = thread.compact("up to 30", last_sequence=30)
+    again = thread.compact("up to 30", last_sequence=30)
+    assert again == first
+    stats = thread.stats()
+    assert stats.next_sequence == 42  # 40 messages and one summary
+    assert [m.seq_id for m in thread.iter() if isinstance(m, SummaryMessage)] == [first.seq_id]
+    later = thread.compact("up to 35", last_sequence=35)
+    assert later.seq_id == 42
+    with pytest.raises(errors.InvalidCursor, match="before the current summary"):
+        thread.compact("up to 30", last_sequence=30)
+
+
+# ---------------------------------------------------------------------------- cursors
+
+
+def test_an_id_cursor_deleted_by_retention_is_cursor_expired(make_thread):
+    thread = make_thread(**SMALL)
+    stored = fill(thread, 60)
+    page = thread.list(limit=5)
+    assert page.next_cursor == page.messages[-1].seq_id
+    thread.compact("up to 40", last_sequence=40)
+    deleted_before = thread.stats().deleted_before_sequence
+    assert deleted_before and deleted_before > 5
+    for kwargs in (
+        dict(after=stored[2].id),
+        dict(before=stored[2].id),
+        dict(after=stored[2].id, order="desc"),
+        dict(after=stored[2].id, turn_id="no-such-turn"),
+    ):
+        with pytest.raises(errors.CursorExpired) as caught:
+            thread.list(limit=5, **kwargs)
+        assert caught.value.deleted_before_sequence == deleted_before
+        assert isinstance(caught.value, errors.MessageNotFound)
+    # A sequence cursor survives retention: the next page starts at the oldest kept message.
+    resumed = thread.list(after=page.next_cursor, limit=5)
+    assert [m.seq_id for m in resumed.messages] == list(range(deleted_before, deleted_before + 5))
+    # An id that was never stored is not expired.
+    with pytest.raises(errors.MessageNotFound) as caught:
+        thread.list(after="message-never-stored", limit=5)
+    assert type(caught.value) is errors.CursorExpired  # with deletions, an unknown id may be one of them
+
+
+def test_an_unknown_id_cursor_without_deletions_is_not_found(make_thread):
+    thread = make_thread(**SMALL)
+    fill(thread, 10)
+    with pytest.raises(errors.MessageNotFound) as caught:
+        thread.list(after="message-never-stored")
+    assert not isinstance(caught.value, errors.CursorExpired)
+
+
+def test_next_cursor_pages_every_order_and_direction(make_thread):
+    thread = make_thread(**SMALL)
+    stored = [m.seq_id for m in fill(thread, 37)]
+    for order in ("asc", "desc"):
+        expected = stored if order == "asc" else stored[::-1]
+        seen, cursor = [], None
+        while True:
+            page = thread.list(after=cursor, limit=6, order=order)
+            seen += [m.seq_id for m in page.messages]
+            if page.next_cursor is None:
+                assert not page.has_more
+                break
+            cursor = page.next_cursor
+        assert seen == expected
+        # Backwards with `before`: the next cursor goes on in the direction the page moved.
+        seen, cursor = [], expected[-1]
+        while True:
+            page = thread.list(before=cursor, limit=6, order=order)
+            seen = [m.seq_id for m in page.messages] + seen
+            if page.next_cursor is None:
+                break
+            cursor = page.next_cursor
+        assert seen == expected[:-1]
