@@ -410,7 +410,10 @@ def _walk(
         plan = yield Eval(
             SCRIPTS["page_plan"], plan_keys, (low[0], low[1], high[0], high[1], walk, remaining, max_chunks)
         )
-        gen, deleted_before, lo, hi, bound, include_window = (int(v) for v in plan[:6])
+        gen, plan_deleted_before, lo, hi, bound, include_window = (int(v) for v in plan[:6])
+        # A page planned again may meet a later retention; what it collected before is as of
+        # the first plan, so the page reports the first plan's deleted_before.
+        deleted_before = plan_deleted_before if not collected else deleted_before
         chunk_count = int(plan[6])
         chunks = [tuple(int(v) for v in plan[7 + 3 * i : 10 + 3 * i]) for i in range(chunk_count)]
         large_at = 7 + 3 * chunk_count
