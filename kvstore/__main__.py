@@ -108,28 +108,30 @@ def _store_command(args: argparse.Namespace) -> int:
 
 def _demo(args: argparse.Namespace) -> int:
     from ._demo import DemoOptions, run_demo
-    from ._embedded import EmbeddedServer
+    from ._embedded import data_dir_server
 
     namespace = "demo"
     if args.url:
         _check_reachable(args.url)
         return run_demo(DemoOptions(args.url, namespace, args.workers, args.threads, args.turns))
-    with EmbeddedServer(args.data_dir) as embedded:
-        print(f"embedded Valkey on {embedded.url}, data in {embedded.data_dir} (AOF on)")
-        return run_demo(DemoOptions(embedded.url, namespace, args.workers, args.threads, args.turns))
+    with data_dir_server(args.data_dir) as server:
+        if server.started:
+            print(f"embedded Valkey on {server.url}, data in {server.data_dir} (AOF on)", flush=True)
+        else:
+            print(f"Valkey on {server.url} (already running on {server.data_dir}, pid {server.pid})", flush=True)
+        return run_demo(DemoOptions(server.url, namespace, args.workers, args.threads, args.turns))
 
 
 def _server(args: argparse.Namespace) -> int:
-    from ._embedded import EmbeddedServer
+    from ._embedded import data_dir_server
 
-    embedded = EmbeddedServer(args.data_dir, args.port).start()
-    print(f"embedded Valkey listening on {embedded.url} (data in {embedded.data_dir}); Ctrl-C stops it", flush=True)
+    # A second `kvstore server` on a dir refuses: the first one serves every command there.
     try:
-        embedded.process.wait()
+        with data_dir_server(args.data_dir, reuse=False, port=args.port) as server:
+            print(f"embedded Valkey listening on {server.url} (data in {server.data_dir}); Ctrl-C stops it", flush=True)
+            server.embedded.process.wait()
     except KeyboardInterrupt:
         pass
-    finally:
-        embedded.stop()
     return 0
 
 

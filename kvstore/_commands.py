@@ -11,7 +11,7 @@ from typing import IO
 import redis
 
 from . import errors
-from ._embedded import EmbeddedServer
+from ._embedded import data_dir_server
 from ._keys import check_thread_id
 from .config import StoreConfig
 from .messages import parse_message
@@ -22,7 +22,8 @@ IMPORT_BATCH = 100
 
 @contextmanager
 def open_store(url: str | None, namespace: str, data_dir: str) -> Iterator[MessageStore]:
-    """A store on `url`, or on the embedded server over `data_dir` when no URL is given."""
+    """A store on `url`, or without a URL on the server over `data_dir`: the one already running
+    there, or an embedded one this command starts and stops."""
     config = StoreConfig(namespace=namespace)
     if url:
         client = _connect(url)
@@ -31,8 +32,8 @@ def open_store(url: str | None, namespace: str, data_dir: str) -> Iterator[Messa
         finally:
             client.close()
         return
-    with EmbeddedServer(data_dir) as embedded:
-        client = _connect(embedded.url)
+    with data_dir_server(data_dir) as server:
+        client = _connect(server.url)
         try:
             yield MessageStore(client, config)
         finally:
