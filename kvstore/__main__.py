@@ -41,7 +41,10 @@ def main(argv: list[str] | None = None) -> int:
     import_ = with_store("import", "append JSON-lines messages to a thread (ids and otids kept)")
     import_.add_argument("thread")
     import_.add_argument("file", help="a JSON-lines file, or - for standard input")
-    with_store("migrate", "find layout-1 threads with SCAN and migrate them (resumable)")
+    migrate = with_store("migrate", "migrate layout-1 threads to layout 2 (resumable)")
+    migrate.add_argument("threads", nargs="*", metavar="THREAD",
+                         help="threads to migrate; without any (nor --threads-from), SCAN finds them (needs +scan)")
+    migrate.add_argument("--threads-from", metavar="FILE", help="a file of thread ids, one a line (- for standard input)")
     health = with_store("health", "check the server settings kvstore's guarantees depend on")
     health.add_argument("--json", action="store_true", help="print the report as JSON")
     with_store("preload-scripts", "load kvstore's scripts (as an admin) for users denied EVAL")
@@ -75,6 +78,7 @@ def _terminate(signum: int, frame: object) -> None:
 def _store_command(args: argparse.Namespace) -> int:
     from . import _commands
 
+    threads = _named_threads(args) if args.command == "migrate" else None  # checked before connecting
     with _commands.open_store(args.url, args.namespace, args.data_dir) as store:
         if args.command == "inspect":
             _commands.inspect(store, args.thread)
@@ -93,7 +97,10 @@ def _store_command(args: argparse.Namespace) -> int:
                     count = _commands.import_lines(store, args.thread, lines)
             print(f"imported {count} messages into {args.thread}", file=sys.stderr)
         elif args.command == "migrate":
-            _commands.migrate_all(store)
+            if threads is None:
+                _commands.migrate_all(store)
+            else:
+                _commands.migrate_named(store, threads)
         elif args.command == "health":
             report = store.health()
             print(report.model_dump_json(indent=2) if args.json else report)
@@ -104,6 +111,21 @@ def _store_command(args: argparse.Namespace) -> int:
             for name, sha in preload_scripts(store.client).items():
                 print(f"{sha}  {name}")
     return 0
+
+
+def _named_threads(args: argparse.Namespace) -> list[str] | None:
+    """The threads `migrate` names, or None to find them with SCAN."""
+    from . import _commands
+
+    if not args.threads and not args.threads_from:
+        return None
+    threads = _commands.thread_ids_from(args.threads)
+    if args.threads_from == "-":
+        threads += _commands.thread_ids_from(sys.stdin)
+    elif args.threads_from:
+        with open(args.threads_from, encoding="utf-8") as lines:
+            threads += _commands.thread_ids_from(lines)
+    return threads
 
 
 def _demo(args: argparse.Namespace) -> int:

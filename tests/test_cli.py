@@ -313,3 +313,43 @@ def test_two_commands_starting_at_once_share_one_server(tmp_path):
         assert contents(url, "b") == [f"b {i}" for i in range(300)]
     finally:
         stop(process)
+
+
+def test_migrate_named_threads_as_the_least_privileged_user(server, namespace, tmp_path, server_only):
+    """The app user (exactly the documented ACL line) migrates named threads; SCAN's discovery is
+    refused with a clear, typed message (it needs an admin user with +scan)."""
+    from .reliability.test_least_privilege import PASSWORD, _denials, make_user
+
+    admin = redis.Redis.from_url(server.url)
+    user = f"app-{namespace}"
+    make_user(admin, namespace, name=user)
+    try:
+        store = MessageStore.from_url(server.url, StoreConfig(namespace=namespace))
+        expected = {t: write_layout_1(admin, store.thread(t).keys, 700) for t in ("old-a", "old-b", "old-c")}
+        store.thread("new").append(UserMessage(content="layout 2 already"))
+        app_url = f"redis://{user}:{PASSWORD}@127.0.0.1:{server.port}/0"
+        result = kvstore("migrate", "--url", app_url, "--namespace", namespace)
+        assert result.returncode == 1, result.stdout + result.stderr
+        assert result.stderr.startswith("kvstore: ") and result.stderr.count("\n") == 1, result.stderr
+        assert "needs SCAN" in result.stderr and "+scan" in result.stderr and "THREAD" in result.stderr
+        assert all(store.thread(t).stats().layout_version == 1 for t in expected)
+
+        admin.execute_command("ACL", "LOG", "RESET")
+        listed = tmp_path / "threads.txt"
+        listed.write_text("old-b\n\n# a comment\nold-c\nnew\nold-a\n")
+        result = kvstore("migrate", "old-a", "--threads-from", str(listed), "--url", app_url, "--namespace", namespace)
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert "migrated 3 threads to layout 2 (1 already in layout 2)" in result.stdout
+        for thread_id, messages in expected.items():
+            thread = store.thread(thread_id)
+            assert thread.stats().layout_version == 2
+            assert list(thread.iter()) == messages
+        denials = [d for d in _denials(admin) if d != "command client|setinfo"]
+        assert not denials, denials
+
+        result = kvstore("migrate", "old-a", "gone", "--url", app_url, "--namespace", namespace)
+        assert result.returncode == 1 and "1 of 2 threads not found" in result.stderr and "gone" in result.stderr
+        result = kvstore("migrate", "bad{id}", "--url", app_url, "--namespace", namespace)
+        assert result.returncode == 1 and result.stderr.startswith("kvstore: ") and result.stderr.count("\n") == 1
+    finally:
+        admin.execute_command("ACL", "DELUSER", user)
