@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 
@@ -58,6 +59,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "server":
             return _server(args)
         return _store_command(args)
+    except _ReaderGone:
+        # `kvstore export ... | head`: end as a tool cut by SIGPIPE does, without a word (what is
+        # still buffered goes nowhere, not into a traceback at exit).
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
     except errors.KVStoreError as exc:
         print(f"kvstore: {exc}", file=sys.stderr)
         return 1
@@ -75,6 +81,26 @@ def _terminate(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
+class _ReaderGone(Exception):
+    """Standard output's reader went away (a closed pipe), as opposed to a socket's EPIPE."""
+
+
+class _Stdout:
+    """Standard output, with a closed pipe raised as _ReaderGone."""
+
+    def write(self, text: str) -> int:
+        try:
+            return sys.stdout.write(text)
+        except BrokenPipeError:
+            raise _ReaderGone from None
+
+    def flush(self) -> None:
+        try:
+            sys.stdout.flush()
+        except BrokenPipeError:
+            raise _ReaderGone from None
+
+
 def _store_command(args: argparse.Namespace) -> int:
     from . import _commands
 
@@ -88,13 +114,22 @@ def _store_command(args: argparse.Namespace) -> int:
                     count = _commands.export(store, args.thread, out)
                 print(f"exported {count} messages to {args.output}", file=sys.stderr)
             else:
-                _commands.export(store, args.thread, sys.stdout)
+                out = _Stdout()
+                _commands.export(store, args.thread, out)
+                out.flush()
         elif args.command == "import":
-            if args.file == "-":
-                count = _commands.import_lines(store, args.thread, sys.stdin)
-            else:
-                with open(args.file, encoding="utf-8") as lines:
-                    count = _commands.import_lines(store, args.thread, lines)
+            progress = _commands.ImportProgress()
+            try:
+                if args.file == "-":
+                    count = _commands.import_lines(store, args.thread, sys.stdin, progress)
+                else:
+                    with open(args.file, encoding="utf-8") as lines:
+                        count = _commands.import_lines(store, args.thread, lines, progress)
+            except KeyboardInterrupt:
+                unknown = f"; the {progress.sending} being sent may or may not be" if progress.sending else ""
+                print(f"kvstore: interrupted at line {progress.lines}: {progress.stored} messages stored in"
+                      f" {args.thread}{unknown}", file=sys.stderr, flush=True)
+                raise
             print(f"imported {count} messages into {args.thread}", file=sys.stderr)
         elif args.command == "migrate":
             if threads is None:

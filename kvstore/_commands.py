@@ -6,6 +6,7 @@ import json
 import sys
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import IO
 
 import redis
@@ -107,12 +108,29 @@ def export(store: MessageStore, thread_id: str, out: IO[str]) -> int:
     return count
 
 
-def import_lines(store: MessageStore, thread_id: str, lines: IO[str]) -> int:
+@dataclass
+class ImportProgress:
+    """How far an import got, for a report when it is interrupted."""
+
+    stored: int = 0  # messages the server acknowledged
+    lines: int = 0  # lines read
+    sending: int = 0  # messages of the call in flight (stored or not: unknown if interrupted)
+
+
+def import_lines(store: MessageStore, thread_id: str, lines: IO[str], progress: ImportProgress | None = None) -> int:
     """Appends JSON-lines messages in batches; ids and otids are kept, so a re-run stores nothing twice."""
     check_thread_id(thread_id)
     thread = store.thread(thread_id)
-    batch, count = [], 0
+    progress = progress or ImportProgress()
+
+    def send(batch: list) -> None:
+        progress.sending = len(batch)
+        progress.stored += len(thread.append(batch))
+        progress.sending = 0
+
+    batch = []
     for number, line in enumerate(lines, 1):
+        progress.lines = number
         if not line.strip():
             continue
         try:
@@ -121,11 +139,11 @@ def import_lines(store: MessageStore, thread_id: str, lines: IO[str]) -> int:
             raise errors.InvalidMessage(f"line {number}: {exc}") from None
         batch.append(message.model_copy(update={"seq_id": None}))
         if len(batch) == IMPORT_BATCH:
-            count += len(thread.append(batch))
+            send(batch)
             batch = []
     if batch:
-        count += len(thread.append(batch))
-    return count
+        send(batch)
+    return progress.stored
 
 
 def layout_1_threads(store: MessageStore) -> list[str]:

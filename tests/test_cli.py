@@ -353,3 +353,39 @@ def test_migrate_named_threads_as_the_least_privileged_user(server, namespace, t
         assert result.returncode == 1 and result.stderr.startswith("kvstore: ") and result.stderr.count("\n") == 1
     finally:
         admin.execute_command("ACL", "DELUSER", user)
+
+
+def test_export_into_a_closed_pipe_ends_quietly(server, namespace, server_only):
+    store = MessageStore.from_url(server.url, StoreConfig(namespace=namespace))
+    thread = store.thread("long")
+    for start in range(0, 2000, 100):  # ~0.5 MB of JSON lines: more than a pipe holds
+        thread.append([UserMessage(content=f"m{start + i} " + "x" * 200) for i in range(100)])
+    process = subprocess.Popen(
+        [sys.executable, "-m", "kvstore", "export", "long", "--url", server.url, "--namespace", namespace],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    assert json.loads(process.stdout.readline())["content"].startswith("m0 ")  # `| head -1`
+    process.stdout.close()
+    stderr = process.stderr.read().decode()
+    assert process.wait(30) == 141 and stderr == ""  # as a tool cut by SIGPIPE, without a word
+
+
+def test_ctrl_c_during_import_says_what_was_stored(server, namespace, server_only):
+    process = subprocess.Popen(
+        [sys.executable, "-m", "kvstore", "import", "chat", "-", "--url", server.url, "--namespace", namespace],
+        stdin=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    process.stdin.write(jsonl([UserMessage(content=f"m{i}", otid=f"o{i}") for i in range(250)]))
+    process.stdin.flush()  # two batches of 100 stored, 50 lines read and not yet sent
+    store = MessageStore.from_url(server.url, StoreConfig(namespace=namespace))
+    deadline = time.monotonic() + 30
+    while store.thread("chat").stats().stored_messages < 200:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    time.sleep(0.3)
+    process.send_signal(signal.SIGINT)
+    stderr = process.stderr.read()
+    assert process.wait(30) == 130
+    assert stderr.count("\n") == 1 and stderr.startswith("kvstore: interrupted"), stderr
+    assert "200 messages stored" in stderr and "chat" in stderr, stderr
+    assert store.thread("chat").stats().stored_messages == 200
