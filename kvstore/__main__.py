@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 
@@ -41,7 +42,10 @@ def main(argv: list[str] | None = None) -> int:
     import_ = with_store("import", "append JSON-lines messages to a thread (ids and otids kept)")
     import_.add_argument("thread")
     import_.add_argument("file", help="a JSON-lines file, or - for standard input")
-    with_store("migrate", "find layout-1 threads with SCAN and migrate them (resumable)")
+    migrate = with_store("migrate", "migrate layout-1 threads to layout 2 (resumable)")
+    migrate.add_argument("threads", nargs="*", metavar="THREAD",
+                         help="threads to migrate; without any (nor --threads-from), SCAN finds them (needs +scan)")
+    migrate.add_argument("--threads-from", metavar="FILE", help="a file of thread ids, one a line (- for standard input)")
     health = with_store("health", "check the server settings kvstore's guarantees depend on")
     health.add_argument("--json", action="store_true", help="print the report as JSON")
     with_store("preload-scripts", "load kvstore's scripts (as an admin) for users denied EVAL")
@@ -55,6 +59,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "server":
             return _server(args)
         return _store_command(args)
+    except _ReaderGone:
+        # `kvstore export ... | head`: end as a tool cut by SIGPIPE does, without a word (what is
+        # still buffered goes nowhere, not into a traceback at exit).
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
     except errors.KVStoreError as exc:
         print(f"kvstore: {exc}", file=sys.stderr)
         return 1
@@ -72,9 +81,30 @@ def _terminate(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
+class _ReaderGone(Exception):
+    """Standard output's reader went away (a closed pipe), as opposed to a socket's EPIPE."""
+
+
+class _Stdout:
+    """Standard output, with a closed pipe raised as _ReaderGone."""
+
+    def write(self, text: str) -> int:
+        try:
+            return sys.stdout.write(text)
+        except BrokenPipeError:
+            raise _ReaderGone from None
+
+    def flush(self) -> None:
+        try:
+            sys.stdout.flush()
+        except BrokenPipeError:
+            raise _ReaderGone from None
+
+
 def _store_command(args: argparse.Namespace) -> int:
     from . import _commands
 
+    threads = _named_threads(args) if args.command == "migrate" else None  # checked before connecting
     with _commands.open_store(args.url, args.namespace, args.data_dir) as store:
         if args.command == "inspect":
             _commands.inspect(store, args.thread)
@@ -84,16 +114,28 @@ def _store_command(args: argparse.Namespace) -> int:
                     count = _commands.export(store, args.thread, out)
                 print(f"exported {count} messages to {args.output}", file=sys.stderr)
             else:
-                _commands.export(store, args.thread, sys.stdout)
+                out = _Stdout()
+                _commands.export(store, args.thread, out)
+                out.flush()
         elif args.command == "import":
-            if args.file == "-":
-                count = _commands.import_lines(store, args.thread, sys.stdin)
-            else:
-                with open(args.file, encoding="utf-8") as lines:
-                    count = _commands.import_lines(store, args.thread, lines)
+            progress = _commands.ImportProgress()
+            try:
+                if args.file == "-":
+                    count = _commands.import_lines(store, args.thread, sys.stdin, progress)
+                else:
+                    with open(args.file, encoding="utf-8") as lines:
+                        count = _commands.import_lines(store, args.thread, lines, progress)
+            except KeyboardInterrupt:
+                unknown = f"; the {progress.sending} being sent may or may not be" if progress.sending else ""
+                print(f"kvstore: interrupted at line {progress.lines}: {progress.stored} messages stored in"
+                      f" {args.thread}{unknown}", file=sys.stderr, flush=True)
+                raise
             print(f"imported {count} messages into {args.thread}", file=sys.stderr)
         elif args.command == "migrate":
-            _commands.migrate_all(store)
+            if threads is None:
+                _commands.migrate_all(store)
+            else:
+                _commands.migrate_named(store, threads)
         elif args.command == "health":
             report = store.health()
             print(report.model_dump_json(indent=2) if args.json else report)
@@ -106,30 +148,47 @@ def _store_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _named_threads(args: argparse.Namespace) -> list[str] | None:
+    """The threads `migrate` names, or None to find them with SCAN."""
+    from . import _commands
+
+    if not args.threads and not args.threads_from:
+        return None
+    threads = _commands.thread_ids_from(args.threads)
+    if args.threads_from == "-":
+        threads += _commands.thread_ids_from(sys.stdin)
+    elif args.threads_from:
+        with open(args.threads_from, encoding="utf-8") as lines:
+            threads += _commands.thread_ids_from(lines)
+    return threads
+
+
 def _demo(args: argparse.Namespace) -> int:
     from ._demo import DemoOptions, run_demo
-    from ._embedded import EmbeddedServer
+    from ._embedded import data_dir_server
 
     namespace = "demo"
     if args.url:
         _check_reachable(args.url)
         return run_demo(DemoOptions(args.url, namespace, args.workers, args.threads, args.turns))
-    with EmbeddedServer(args.data_dir) as embedded:
-        print(f"embedded Valkey on {embedded.url}, data in {embedded.data_dir} (AOF on)")
-        return run_demo(DemoOptions(embedded.url, namespace, args.workers, args.threads, args.turns))
+    with data_dir_server(args.data_dir) as server:
+        if server.started:
+            print(f"embedded Valkey on {server.url}, data in {server.data_dir} (AOF on)", flush=True)
+        else:
+            print(f"Valkey on {server.url} (already running on {server.data_dir}, pid {server.pid})", flush=True)
+        return run_demo(DemoOptions(server.url, namespace, args.workers, args.threads, args.turns))
 
 
 def _server(args: argparse.Namespace) -> int:
-    from ._embedded import EmbeddedServer
+    from ._embedded import data_dir_server
 
-    embedded = EmbeddedServer(args.data_dir, args.port).start()
-    print(f"embedded Valkey listening on {embedded.url} (data in {embedded.data_dir}); Ctrl-C stops it", flush=True)
+    # A second `kvstore server` on a dir refuses: the first one serves every command there.
     try:
-        embedded.process.wait()
+        with data_dir_server(args.data_dir, reuse=False, port=args.port) as server:
+            print(f"embedded Valkey listening on {server.url} (data in {server.data_dir}); Ctrl-C stops it", flush=True)
+            server.embedded.process.wait()
     except KeyboardInterrupt:
         pass
-    finally:
-        embedded.stop()
     return 0
 
 

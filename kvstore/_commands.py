@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import IO
 
 import redis
 
 from . import errors
-from ._embedded import EmbeddedServer
+from ._embedded import data_dir_server
 from ._keys import check_thread_id
 from .config import StoreConfig
 from .messages import parse_message
@@ -22,7 +23,8 @@ IMPORT_BATCH = 100
 
 @contextmanager
 def open_store(url: str | None, namespace: str, data_dir: str) -> Iterator[MessageStore]:
-    """A store on `url`, or on the embedded server over `data_dir` when no URL is given."""
+    """A store on `url`, or without a URL on the server over `data_dir`: the one already running
+    there, or an embedded one this command starts and stops."""
     config = StoreConfig(namespace=namespace)
     if url:
         client = _connect(url)
@@ -31,8 +33,8 @@ def open_store(url: str | None, namespace: str, data_dir: str) -> Iterator[Messa
         finally:
             client.close()
         return
-    with EmbeddedServer(data_dir) as embedded:
-        client = _connect(embedded.url)
+    with data_dir_server(data_dir) as server:
+        client = _connect(server.url)
         try:
             yield MessageStore(client, config)
         finally:
@@ -106,12 +108,29 @@ def export(store: MessageStore, thread_id: str, out: IO[str]) -> int:
     return count
 
 
-def import_lines(store: MessageStore, thread_id: str, lines: IO[str]) -> int:
+@dataclass
+class ImportProgress:
+    """How far an import got, for a report when it is interrupted."""
+
+    stored: int = 0  # messages the server acknowledged
+    lines: int = 0  # lines read
+    sending: int = 0  # messages of the call in flight (stored or not: unknown if interrupted)
+
+
+def import_lines(store: MessageStore, thread_id: str, lines: IO[str], progress: ImportProgress | None = None) -> int:
     """Appends JSON-lines messages in batches; ids and otids are kept, so a re-run stores nothing twice."""
     check_thread_id(thread_id)
     thread = store.thread(thread_id)
-    batch, count = [], 0
+    progress = progress or ImportProgress()
+
+    def send(batch: list) -> None:
+        progress.sending = len(batch)
+        progress.stored += len(thread.append(batch))
+        progress.sending = 0
+
+    batch = []
     for number, line in enumerate(lines, 1):
+        progress.lines = number
         if not line.strip():
             continue
         try:
@@ -120,28 +139,89 @@ def import_lines(store: MessageStore, thread_id: str, lines: IO[str]) -> int:
             raise errors.InvalidMessage(f"line {number}: {exc}") from None
         batch.append(message.model_copy(update={"seq_id": None}))
         if len(batch) == IMPORT_BATCH:
-            count += len(thread.append(batch))
+            send(batch)
             batch = []
     if batch:
-        count += len(thread.append(batch))
-    return count
+        send(batch)
+    return progress.stored
 
 
 def layout_1_threads(store: MessageStore) -> list[str]:
-    """Thread ids of the namespace that still hold a layout-1 legacy hash (SCAN, no KEYS)."""
+    """Thread ids of the namespace that still hold a layout-1 legacy hash (SCAN, no KEYS).
+
+    The operator's path: SCAN needs +scan, which the app user's ACL does not grant (it would list
+    every namespace's keys).
+    """
     prefix = f"{store.config.namespace}:{{"
     found = []
-    for key in store.client.scan_iter(match=f"{store.config.namespace}:{{*}}:messages", count=1000):
-        text = key.decode()
-        found.append(text[len(prefix) : text.rindex("}:messages")])
+    try:
+        for key in store.client.scan_iter(match=f"{store.config.namespace}:{{*}}:messages", count=1000):
+            text = key.decode()
+            found.append(text[len(prefix) : text.rindex("}:messages")])
+    except redis.exceptions.NoPermissionError:
+        raise errors.PermissionDenied(
+            "finding layout-1 threads needs SCAN, which this user may not run: name the threads"
+            " (kvstore migrate THREAD ... or --threads-from FILE), or run it as an admin user with +scan"
+        ) from None
     return sorted(found)
 
 
+def thread_ids_from(lines: Iterable[str]) -> list[str]:
+    """One thread id a line (blank lines and # comments skipped), all checked before any is used."""
+    ids = []
+    for number, line in enumerate(lines, 1):
+        thread_id = line.strip()
+        if not thread_id or thread_id.startswith("#"):
+            continue
+        try:
+            check_thread_id(thread_id)
+        except errors.InvalidThreadId as exc:
+            raise errors.InvalidThreadId(f"line {number}: {exc}") from None
+        ids.append(thread_id)
+    return ids
+
+
 def migrate_all(store: MessageStore, out: IO[str] = sys.stdout) -> int:
+    """Migrates the layout-1 threads SCAN finds (needs +scan)."""
     threads = layout_1_threads(store)
     if not threads:
         print("no layout-1 threads in this namespace", file=out)
         return 0
+    _migrate(store, threads, out)
+    print(f"migrated {len(threads)} threads to layout 2", file=out)
+    return len(threads)
+
+
+def migrate_named(store: MessageStore, thread_ids: list[str], out: IO[str] = sys.stdout) -> int:
+    """Migrates the named threads without SCAN: the app user's ACL is enough.
+
+    Threads already in layout 2 are counted and left alone; threads not found are named in one
+    error once the others are done.
+    """
+    for thread_id in thread_ids:
+        check_thread_id(thread_id)
+    todo, current, missing = [], 0, []
+    for thread_id in dict.fromkeys(thread_ids):
+        keys = store.thread(thread_id).keys
+        if store.client.exists(keys.legacy):
+            todo.append(thread_id)
+        elif store.client.exists(keys.meta):
+            current += 1
+        else:
+            missing.append(thread_id)
+    if todo:
+        _migrate(store, todo, out)
+    print(f"migrated {len(todo)} threads to layout 2 ({current} already in layout 2)", file=out)
+    if missing:
+        names = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+        raise errors.KVStoreError(
+            f"{len(missing)} of {len(todo) + current + len(missing)} threads not found in namespace"
+            f" {store.config.namespace!r}: {names}"
+        )
+    return len(todo)
+
+
+def _migrate(store: MessageStore, threads: list[str], out: IO[str]) -> None:
     for done, thread_id in enumerate(threads, 1):
         thread = store.thread(thread_id)
         calls = 0
@@ -150,8 +230,6 @@ def migrate_all(store: MessageStore, out: IO[str] = sys.stdout) -> int:
             _progress(done - 1, len(threads), f"{thread_id}: {calls} steps", out)
         _progress(done, len(threads), thread_id, out)
     print(file=out)
-    print(f"migrated {len(threads)} threads to layout 2", file=out)
-    return len(threads)
 
 
 def _progress(done: int, total: int, label: str, out: IO[str]) -> None:

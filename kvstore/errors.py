@@ -105,6 +105,10 @@ class LayoutError(KVStoreError):
     """The thread's keys hold something kvstore did not write (wrong type, unknown layout)."""
 
 
+class DataDirInUse(KVStoreError):
+    """Another process owns the embedded server's data dir (see kvstore/_embedded.py)."""
+
+
 class PermissionDenied(KVStoreError):
     """The server refused a command for this user (ACL)."""
 

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 
 import redis
 
@@ -128,3 +131,261 @@ def test_health_and_preload_scripts(server, server_only, tmp_path):
 
     assert {line.split()[1] for line in result.stdout.splitlines()} == set(SCRIPTS)
     assert all(redis.Redis.from_url(server.url).script_exists(*(s.sha for s in SCRIPTS.values())))
+
+
+# A data dir has one owner: the commands next to a running `kvstore server` use it.
+
+
+def start_server(data_dir, *extra: str) -> tuple[subprocess.Popen, str]:
+    """`kvstore server` as a subprocess; returns it and the URL it printed."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "kvstore", "server", "--data-dir", str(data_dir), *extra],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    line = process.stdout.readline()
+    if " on " not in line:
+        process.wait(10)
+        raise AssertionError(f"`kvstore server` did not start: {line!r} {process.stderr.read()!r}")
+    return process, line.split(" on ")[1].split()[0]
+
+
+def stop(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        process.terminate()
+        process.wait(15)
+
+
+def valkey_pid(url: str) -> int:
+    return int(redis.Redis.from_url(url).info("server")["process_id"])
+
+
+def wait_gone(pid: int, timeout: float = 15) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"process {pid} still runs")
+
+
+def jsonl(messages) -> str:
+    return "".join(m.to_json() + "\n" for m in messages)
+
+
+def contents(url: str, thread_id: str, namespace: str = "kv") -> list[str]:
+    store = MessageStore.from_url(url, StoreConfig(namespace=namespace))
+    return [m.content for m in store.thread(thread_id).iter()]
+
+
+def test_commands_next_to_a_running_server_use_it_and_nothing_is_lost(tmp_path):
+    data = tmp_path / "data"
+    process, url = start_server(data)
+    try:
+        store = MessageStore.from_url(url, StoreConfig())
+        store.thread("chat").append(UserMessage(content="acknowledged by the first server"))
+        file = tmp_path / "in.jsonl"
+        file.write_text(jsonl([UserMessage(content=f"imported {i}") for i in range(3)]))
+        result = kvstore("import", "copy", str(file), "--data-dir", str(data))
+        assert result.returncode == 0, result.stderr
+        # Imported through the running server, not through a second one on the same AOF.
+        assert contents(url, "copy") == [f"imported {i}" for i in range(3)]
+        result = kvstore("export", "chat", "--data-dir", str(data))
+        assert result.returncode == 0, result.stderr
+        assert json.loads(result.stdout)["content"] == "acknowledged by the first server"
+        result = kvstore("demo", "--data-dir", str(data), "--workers", "2", "--threads", "2", "--turns", "6")
+        assert result.returncode == 0, result.stderr
+        assert f"Valkey on {url}" in result.stdout and "already running" in result.stdout
+        demo = MessageStore.from_url(url, StoreConfig(namespace="demo"))
+        assert demo.thread("demo-0").stats().stored_messages > 0
+        # A second `kvstore server` on the dir refuses, naming the one that runs.
+        second = kvstore("server", "--data-dir", str(data), timeout=30)
+        assert second.returncode == 1 and "already runs" in second.stderr and url in second.stderr, second.stderr
+        assert second.stderr.count("\n") == 1
+        assert process.poll() is None
+    finally:
+        stop(process)
+    process, url = start_server(data)  # a restart replays the one AOF: everything acknowledged is there
+    try:
+        assert contents(url, "chat") == ["acknowledged by the first server"]
+        assert contents(url, "copy") == [f"imported {i}" for i in range(3)]
+    finally:
+        stop(process)
+
+
+def test_a_killed_owner_leaves_no_lock_behind(tmp_path):
+    data = tmp_path / "data"
+    process, url = start_server(data)
+    MessageStore.from_url(url, StoreConfig()).thread("chat").append(UserMessage(content="before kill -9"))
+    pid = valkey_pid(url)
+    process.kill()  # SIGKILL the command: its Valkey goes with it (and flushes its AOF)
+    process.wait(10)
+    wait_gone(pid)
+    result = kvstore("export", "chat", "--data-dir", str(data))  # the recorded address is stale
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["content"] == "before kill -9"
+    process, url = start_server(data)
+    try:
+        MessageStore.from_url(url, StoreConfig()).thread("chat").append(UserMessage(content="after the restart"))
+        time.sleep(1.5)  # appendfsync everysec: what is a second old is on disk
+        pid = valkey_pid(url)
+        os.kill(pid, signal.SIGKILL)  # both die hard: the lock goes with them, the address stays
+        process.kill()
+        process.wait(10)
+        wait_gone(pid)
+    finally:
+        stop(process)
+    result = kvstore("export", "chat", "--data-dir", str(data))
+    assert result.returncode == 0, result.stderr
+    assert [json.loads(line)["content"] for line in result.stdout.splitlines()] == ["before kill -9", "after the restart"]
+
+
+def test_a_locked_data_dir_whose_server_does_not_answer_is_refused(tmp_path):
+    data = tmp_path / "data"
+    process, url = start_server(data)
+    pid = valkey_pid(url)
+    os.kill(pid, signal.SIGSTOP)  # the owner lives, its server hangs
+    try:
+        started = time.monotonic()
+        result = kvstore("inspect", "chat", "--data-dir", str(data), timeout=60)
+        elapsed = time.monotonic() - started
+        assert result.returncode == 1, result.stdout + result.stderr
+        assert "does not answer" in result.stderr and url in result.stderr, result.stderr
+        assert result.stderr.count("\n") == 1 and elapsed < 20
+    finally:
+        os.kill(pid, signal.SIGCONT)
+        stop(process)
+    wait_gone(pid)
+
+
+def test_two_commands_starting_at_once_share_one_server(tmp_path):
+    data = tmp_path / "data"
+    servers = [
+        subprocess.Popen([sys.executable, "-m", "kvstore", "server", "--data-dir", str(data)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    try:
+        outcomes = sorted(servers, key=lambda p: p.stdout.readline() == "")
+        runs, refused = outcomes
+        assert refused.wait(30) == 1 and "already runs" in refused.stderr.read()
+        assert runs.poll() is None
+    finally:
+        for process in servers:
+            stop(process)
+    # Two imports at once on a dir with no server: the first starts one, the second uses it, and
+    # the first, done first, keeps its server up until the second is done too.
+    def importer(name: str) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-m", "kvstore", "import", name, "-", "--data-dir", str(data)],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def wait_stored(name: str, count: int) -> None:
+        url = "redis://127.0.0.1:{port}/0".format(**json.loads((data / "server.json").read_text()))
+        deadline = time.monotonic() + 30
+        while len(contents(url, name)) < count:
+            assert time.monotonic() < deadline, f"{name}: fewer than {count} stored"
+            time.sleep(0.05)
+
+    first = importer("a")
+    first.stdin.write(jsonl([UserMessage(content=f"a {i}") for i in range(100)]))
+    first.stdin.flush()
+    deadline = time.monotonic() + 30
+    while not (data / "server.json").exists():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    wait_stored("a", 100)
+    second = importer("b")
+    second.stdin.write(jsonl([UserMessage(content=f"b {i}") for i in range(100)]))
+    second.stdin.flush()
+    wait_stored("b", 100)
+    first.stdin.close()
+    time.sleep(1)
+    assert first.poll() is None  # lingering for the second import
+    second.stdin.write(jsonl([UserMessage(content=f"b {i}") for i in range(100, 300)]))
+    second.stdin.close()
+    assert second.wait(30) == 0, second.stderr.read()
+    assert first.wait(30) == 0
+    assert "other command(s) use the server" in first.stderr.read()
+    process, url = start_server(data)
+    try:
+        assert contents(url, "a") == [f"a {i}" for i in range(100)]
+        assert contents(url, "b") == [f"b {i}" for i in range(300)]
+    finally:
+        stop(process)
+
+
+def test_migrate_named_threads_as_the_least_privileged_user(server, namespace, tmp_path, server_only):
+    """The app user (exactly the documented ACL line) migrates named threads; SCAN's discovery is
+    refused with a clear, typed message (it needs an admin user with +scan)."""
+    from .reliability.test_least_privilege import PASSWORD, _denials, make_user
+
+    admin = redis.Redis.from_url(server.url)
+    user = f"app-{namespace}"
+    make_user(admin, namespace, name=user)
+    try:
+        store = MessageStore.from_url(server.url, StoreConfig(namespace=namespace))
+        expected = {t: write_layout_1(admin, store.thread(t).keys, 700) for t in ("old-a", "old-b", "old-c")}
+        store.thread("new").append(UserMessage(content="layout 2 already"))
+        app_url = f"redis://{user}:{PASSWORD}@127.0.0.1:{server.port}/0"
+        result = kvstore("migrate", "--url", app_url, "--namespace", namespace)
+        assert result.returncode == 1, result.stdout + result.stderr
+        assert result.stderr.startswith("kvstore: ") and result.stderr.count("\n") == 1, result.stderr
+        assert "needs SCAN" in result.stderr and "+scan" in result.stderr and "THREAD" in result.stderr
+        assert all(store.thread(t).stats().layout_version == 1 for t in expected)
+
+        admin.execute_command("ACL", "LOG", "RESET")
+        listed = tmp_path / "threads.txt"
+        listed.write_text("old-b\n\n# a comment\nold-c\nnew\nold-a\n")
+        result = kvstore("migrate", "old-a", "--threads-from", str(listed), "--url", app_url, "--namespace", namespace)
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert "migrated 3 threads to layout 2 (1 already in layout 2)" in result.stdout
+        for thread_id, messages in expected.items():
+            thread = store.thread(thread_id)
+            assert thread.stats().layout_version == 2
+            assert list(thread.iter()) == messages
+        denials = [d for d in _denials(admin) if d != "command client|setinfo"]
+        assert not denials, denials
+
+        result = kvstore("migrate", "old-a", "gone", "--url", app_url, "--namespace", namespace)
+        assert result.returncode == 1 and "1 of 2 threads not found" in result.stderr and "gone" in result.stderr
+        result = kvstore("migrate", "bad{id}", "--url", app_url, "--namespace", namespace)
+        assert result.returncode == 1 and result.stderr.startswith("kvstore: ") and result.stderr.count("\n") == 1
+    finally:
+        admin.execute_command("ACL", "DELUSER", user)
+
+
+def test_export_into_a_closed_pipe_ends_quietly(server, namespace, server_only):
+    store = MessageStore.from_url(server.url, StoreConfig(namespace=namespace))
+    thread = store.thread("long")
+    for start in range(0, 2000, 100):  # ~0.5 MB of JSON lines: more than a pipe holds
+        thread.append([UserMessage(content=f"m{start + i} " + "x" * 200) for i in range(100)])
+    process = subprocess.Popen(
+        [sys.executable, "-m", "kvstore", "export", "long", "--url", server.url, "--namespace", namespace],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    assert json.loads(process.stdout.readline())["content"].startswith("m0 ")  # `| head -1`
+    process.stdout.close()
+    stderr = process.stderr.read().decode()
+    assert process.wait(30) == 141 and stderr == ""  # as a tool cut by SIGPIPE, without a word
+
+
+def test_ctrl_c_during_import_says_what_was_stored(server, namespace, server_only):
+    process = subprocess.Popen(
+        [sys.executable, "-m", "kvstore", "import", "chat", "-", "--url", server.url, "--namespace", namespace],
+        stdin=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    process.stdin.write(jsonl([UserMessage(content=f"m{i}", otid=f"o{i}") for i in range(250)]))
+    process.stdin.flush()  # two batches of 100 stored, 50 lines read and not yet sent
+    store = MessageStore.from_url(server.url, StoreConfig(namespace=namespace))
+    deadline = time.monotonic() + 30
+    while store.thread("chat").stats().stored_messages < 200:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    time.sleep(0.3)
+    process.send_signal(signal.SIGINT)
+    stderr = process.stderr.read()
+    assert process.wait(30) == 130
+    assert stderr.count("\n") == 1 and stderr.startswith("kvstore: interrupted"), stderr
+    assert "200 messages stored" in stderr and "chat" in stderr, stderr
+    assert store.thread("chat").stats().stored_messages == 200
