@@ -20,7 +20,9 @@ class StoreConfig:
     chunk_size / chunk_max_bytes: a chunk holds at most this many messages and record bytes; a
         message larger than chunk_max_bytes skips the window into its own chunk.
     max_message_bytes: one encoded message larger than this is refused before the socket.
-    max_chunks_per_call / max_bytes_per_call: the most one call moves out of the window.
+    max_chunks_per_call / max_bytes_per_call: the most one call moves out of the window beyond
+        what it adds (once the window is full a call moves at least as many messages as it adds,
+        so the window stays bounded whatever the batch size; docs/LAYOUT.md).
     max_batch_messages / max_batch_bytes: the most one append call may carry.
     retained_message_limit: messages always kept after a compaction (None keeps everything).
     max_inline_part_bytes / max_inline_media_bytes: inline media limits (decoded bytes).

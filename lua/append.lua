@@ -38,7 +38,7 @@ local migrated
 migrated, meta = migrate_first(keys, limits, meta)
 local first, store_failure = store_batch(keys, batch, limits, meta)
 if store_failure then return store_failure end
-if migrated == 0 and rollover(keys, cuts) > 0 then
+if rollover(keys, cuts, migrated) > 0 then
   -- A new chunk may make the oldest one deletable: retention keeps the thread bounded.
   retain(keys, limits.retained_limit, limits.max_move_chunks)
 end

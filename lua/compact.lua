@@ -58,7 +58,7 @@ local migrated
 migrated, meta = migrate_first(keys, limits, meta)
 local sequence = store_batch(keys, batch, limits, meta)
 redis.call('HSET', keys.meta, 'summary_last', summary_last, 'summary_seq', sequence)
-if migrated == 0 then rollover(keys, cuts) end
+rollover(keys, cuts, migrated)
 local deleted = retain(keys, limits.retained_limit, limits.max_move_chunks)
 apply_expiry(keys, deadline, moved)
 return {1, sequence, deleted}

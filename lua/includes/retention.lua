@@ -62,12 +62,16 @@ end
 
 local function retain(keys, retained_limit, max_chunks)
   if retained_limit < 0 then return 0 end
-  local summary_last = tonumber(redis.call('HGET', keys.meta, 'summary_last') or '0')
+  local state = redis.call('HMGET', keys.meta, 'summary_last', 'migrated')
+  local summary_last = tonumber(state[1] or '0')
   if summary_last <= 0 then return 0 end
+  -- While a layout-1 thread migrates, chunks past the part moved are newer than the legacy
+  -- messages still waiting: nothing past the moved part goes.
+  local until_sequence = math.min(summary_last, tonumber(state[2] or summary_last))
   local deleted, deleted_before, touched_turns = 0, nil, {}
   while deleted < max_chunks do
     local last, count, unit = oldest_unit(keys)
-    if not last or last > summary_last then break end
+    if not last or last > until_sequence then break end
     local stored = tonumber(redis.call('HGET', keys.meta, 'stored') or '0')
     if stored - count < retained_limit then break end
     for _, chunk in ipairs(unit) do

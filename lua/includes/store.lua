@@ -41,7 +41,7 @@ local function load_meta(keys)
   return meta
 end
 
--- The batch's window messages as {sequence, bytes} and its oversized ones as sequences.
+-- The batch's window messages as {sequence, bytes, record} and its oversized ones as sequences.
 local function split_batch(batch, limits, meta)
   local incoming, oversized, incoming_bytes = {}, {}, 0
   for i = 1, #batch.records do
@@ -49,7 +49,7 @@ local function split_batch(batch, limits, meta)
     if #batch.records[i] > limits.chunk_max_bytes then
       oversized[#oversized + 1] = sequence
     else
-      incoming[#incoming + 1] = {sequence, #batch.records[i]}
+      incoming[#incoming + 1] = {sequence, #batch.records[i], batch.records[i]}
       incoming_bytes = incoming_bytes + #batch.records[i]
     end
   end
@@ -231,9 +231,10 @@ local function store_batch(keys, batch, limits, meta)
   return first
 end
 
--- A layout-1 thread moves a bounded step before the batch is stored; that step uses this call's
--- move budget (the caller then skips its rollover). Returns the chunks moved and meta as it is
--- now (the window is untouched by migration, so its count carries over).
+-- A layout-1 thread moves a bounded step before the batch is stored; a step that moved anything
+-- takes this call's move budget (the caller then rolls over only what the call adds). Returns
+-- the chunks moved and meta as it is now (the window is untouched by migration, so its count
+-- carries over).
 local function migrate_first(keys, limits, meta)
   if meta.layout == '2' then return 0, meta end
   local migrated = migrate_step(keys, limits)
