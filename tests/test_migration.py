@@ -190,6 +190,11 @@ def test_ids_with_framing_bytes_survive_migration_reads_retention_and_remove_tur
     check_all(expected)  # half moved: chunks of framing ids, and the legacy rest
     thread.migrate()
     check_all(expected)
+    # Replace rewrites the message's manifest line, escaped as before.
+    replaced = thread.replace(FRAMING_IDS[19], UserMessage(content="replaced"))
+    assert replaced.id == FRAMING_IDS[19] and replaced.seq_id == 19
+    expected[18] = by_id[FRAMING_IDS[19]] = replaced
+    check_all(expected)
     # An otid whose manifest text is escaped still makes a replay.
     assert thread.append(UserMessage(content="again", otid=FRAMING_OTIDS[9])) == [expected[8]]
 

@@ -21,7 +21,7 @@
 -- Fields of the legacy hash one HSCAN asks for, and per call, at most (about) this many times
 -- the messages a call may move.
 local SCAN_COUNT = 128
-local SCAN_CALL_FACTOR = 32
+local SCAN_CALL_FACTOR = 8
 
 -- Whether the thread is stored in layout 1 (wholly or in part).
 local function is_layout_1(keys)
