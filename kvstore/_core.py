@@ -184,7 +184,7 @@ def append(
         for item in prepared:
             args += (item.message.id, item.message.otid or "", item.media, item.record)
         try:
-            reply = yield Eval(SCRIPTS["append"], thread.script_keys, args)
+            reply = yield from _write(thread, SCRIPTS["append"], args)
         except errors.InlineMediaBudget as over:
             prepared = _fit_media(prepared, over.available, turn_id)
             continue
@@ -218,7 +218,7 @@ def _fit_media(prepared: list[_Prepared], available: int, turn_id: str | None) -
 
 def start_turn(thread: ThreadRef, turn_id: str) -> Operation:
     _check_token("turn_id", turn_id)
-    sequence = yield Eval(SCRIPTS["start_turn"], thread.script_keys, (*thread.limits(), turn_id))
+    sequence = yield from _write(thread, SCRIPTS["start_turn"], (*thread.limits(), turn_id))
     return int(sequence)
 
 
@@ -226,8 +226,8 @@ def finish_turn(thread: ThreadRef, turn_id: str, outcome: TurnOutcome) -> Operat
     _check_token("turn_id", turn_id)
     if outcome not in TURN_OUTCOMES:
         raise errors.InvalidMessage(f"outcome {outcome!r} is not one of {', '.join(TURN_OUTCOMES)}")
-    count, first, last, _start = yield Eval(
-        SCRIPTS["finish_turn"], thread.script_keys, (*thread.limits(), turn_id, outcome)
+    count, first, last, _start = yield from _write(
+        thread, SCRIPTS["finish_turn"], (*thread.limits(), turn_id, outcome)
     )
     return TurnResult(
         turn_id=turn_id,
@@ -300,16 +300,27 @@ def _locate_records(thread: ThreadRef, kind: str, targets: list[str]) -> Operati
 
 def _split_chunk(manifest: bytes | None, data: bytes | None) -> dict[int, bytes]:
     """A chunk's records by sequence: its data cut by the lengths its manifest lists, in order
-    (lua/includes/chunks.lua). A chunk deleted meanwhile reads as empty."""
+    (lua/includes/chunks.lua). A chunk deleted meanwhile reads as empty; a manifest that does not
+    frame its data exactly is a RecordError."""
     if manifest is None or data is None:
         return {}
     records, offset = {}, 0
-    for line in manifest.split(b"\n"):
-        if line:
-            sequence, _id, _otid, _media, size, _turn = line.split(b"\t", 5)
-            end = offset + int(size)
-            records[int(sequence)] = data[offset:end]
+    lines = manifest.split(b"\n")
+    try:
+        if lines.pop() != b"":
+            raise ValueError("the last line is not ended")
+        for line in lines:
+            # sequence, id, otid, media, bytes, turn, and "%" when the texts are escaped
+            fields = line.split(b"\t")
+            if len(fields) not in (6, 7) or fields[6:] not in ([], [b"%"]):
+                raise ValueError(f"line {line[:80]!r} has {len(fields)} fields")
+            end = offset + int(fields[4])
+            records[int(fields[0])] = data[offset:end]
             offset = end
+        if offset != len(data):
+            raise ValueError(f"it lists {offset} bytes, the chunk holds {len(data)}")
+    except ValueError as exc:
+        raise errors.RecordError(f"a chunk manifest is malformed: {exc}") from None
     return records
 
 
@@ -587,7 +598,7 @@ def _stats_from(meta: dict, window: int, chunks: int, legacy: int) -> ThreadStat
 
     stored = number("stored") or 0
     layout = number("layout")
-    if legacy and number("legacy_last") is None:
+    if legacy and layout != 2 and number("legacy_last") is None:
         # A layout-1 thread no write has touched yet: its messages are all in the legacy hash.
         stored += legacy
         layout = 1
@@ -661,7 +672,7 @@ def compact(
     while True:
         args = [*thread.limits(), last_sequence, item.message.id, item.message.otid or "", item.media, item.record]
         try:
-            replay_or_stored, sequence, deleted = yield Eval(SCRIPTS["compact"], thread.script_keys, args)
+            replay_or_stored, sequence, deleted = yield from _write(thread, SCRIPTS["compact"], args)
         except errors.InlineMediaBudget as over:
             (item,) = _fit_media([item], over.available, None)
             continue
@@ -779,8 +790,29 @@ def migrate(thread: ThreadRef, max_calls: int | None = None) -> Operation:
     """
     calls = 0
     while max_calls is None or calls < max_calls:
-        _chunks, layout = yield Eval(SCRIPTS["migrate"], thread.script_keys, thread.limits())
+        _chunks, layout, _scanning, left = yield Eval(SCRIPTS["migrate"], thread.script_keys, thread.limits())
         calls += 1
         if int(layout) == 2:
+            if int(left):
+                log.warning(
+                    "thread %s is in layout 2; %d legacy fields that are not sequences were not"
+                    " migrated and stay in %s",
+                    thread.keys.meta, int(left), thread.keys.legacy,
+                )
             break
     return calls
+
+
+def _write(thread: ThreadRef, script: Script, args: Sequence[Any]) -> Operation:
+    """Calls a writing script. A layout-1 thread refuses it, before writing, while the scan for
+    its legacy range runs (MigrationPending): the scan steps run, and the call is sent again."""
+    while True:
+        try:
+            return (yield Eval(script, thread.script_keys, args))
+        except errors.MigrationPending:
+            while True:
+                _chunks, layout, scanning, _left = yield Eval(
+                    SCRIPTS["migrate"], thread.script_keys, thread.limits()
+                )
+                if int(layout) == 2 or not int(scanning):
+                    break

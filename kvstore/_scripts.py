@@ -91,7 +91,7 @@ _ERRORS: dict[str, type[errors.KVStoreError]] = {
     "KVS_TURN_NOT_FOUND": errors.TurnNotFound,
     "KVS_NOT_FOUND": errors.MessageNotFound,
     "KVS_BAD_SUMMARY": errors.InvalidCursor,
-    "KVS_MIGRATING": errors.LayoutError,
+    "KVS_MIGRATING": errors.MigrationPending,
 }
 
 _KVS_CODE = re.compile(r"(KVS_[A-Z_]+) ?(.*)", re.DOTALL)

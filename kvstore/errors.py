@@ -109,6 +109,14 @@ class DataDirInUse(KVStoreError):
     """Another process owns the embedded server's data dir (see kvstore/_embedded.py)."""
 
 
+class MigrationPending(LayoutError):
+    """A layout-1 thread must take migration steps before this call can run.
+
+    Writes that give a message a sequence wait for the scan that finds the thread's legacy range
+    (docs/LAYOUT.md); the store runs the steps and sends the call again itself.
+    """
+
+
 class PermissionDenied(KVStoreError):
     """The server refused a command for this user (ACL)."""
 

@@ -11,7 +11,7 @@
 --- Reply: {1, first_sequence}          the batch was stored at first..first+count-1
 ---        {0, seq_1, ..., seq_count}   every message was already stored (a replay)
 --- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_TOO_LARGE, KVS_OTID_REPEATED, KVS_OTID_CONFLICT,
----         KVS_ID_REPEATED, KVS_DUPLICATE_ID, KVS_MEDIA_OVER <bytes left>
+---         KVS_ID_REPEATED, KVS_DUPLICATE_ID, KVS_MEDIA_OVER <bytes left>, KVS_MIGRATING
 --- @include "includes/checks"
 --- @include "includes/thread"
 --- @include "includes/index"
@@ -30,6 +30,7 @@ local meta, failure = load_meta(keys)
 local cuts
 if not failure then cuts, failure = check_store_keys(keys, batch, limits, meta) end
 failure = failure or check_batch(keys, batch, limits, meta)
+if not failure and meta.layout ~= '2' then failure = check_migration(keys) end
 if failure then return failure end
 
 local deadline, moved = expiry_deadline(keys, limits.ttl_ms, limits.now_ms)

@@ -13,7 +13,7 @@
 ---
 --- Reply: {1, summary_sequence, chunks_deleted}, or {0, summary_sequence, 0} for a replay
 --- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_TOO_LARGE, KVS_OTID_CONFLICT, KVS_DUPLICATE_ID,
----         KVS_MEDIA_OVER, KVS_BAD_SUMMARY
+---         KVS_MEDIA_OVER, KVS_BAD_SUMMARY, KVS_MIGRATING
 --- @include "includes/checks"
 --- @include "includes/thread"
 --- @include "includes/index"
@@ -34,6 +34,7 @@ local cuts
 failure = failure or check_thread(keys)
 if not failure then cuts, failure = check_store_keys(keys, batch, limits, meta) end
 failure = failure or check_batch(keys, batch, limits, meta)
+if not failure and meta.layout ~= '2' then failure = check_migration(keys) end
 if failure then
   if type(failure) == 'table' and failure[1] == 0 then return {0, failure[2], 0} end
   return failure

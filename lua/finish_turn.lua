@@ -12,7 +12,7 @@
 --- sees a failed turn as unfinished.
 ---
 --- Reply: {reply_count, first_sequence or 0, last_sequence or 0, reply_start}
---- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_TURN_NOT_FOUND
+--- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_TURN_NOT_FOUND, KVS_MIGRATING
 --- @include "includes/checks"
 --- @include "includes/thread"
 --- @include "includes/index"
@@ -24,7 +24,7 @@ local keys = thread_keys()
 local limits = read_limits()
 local turn_id, outcome = ARGV[11], ARGV[12]
 
-local err = check_thread(keys)
+local err = check_thread(keys) or check_migration(keys)
 if err then return err end
 
 -- A layout-1 thread's turn in progress gets its turn record when its migration begins.

@@ -4,7 +4,10 @@
 --- KEYS[1..10] the thread's keys (docs/LAYOUT.md)
 --- ARGV[1..10] the limits (includes/thread.lua: read_limits)
 ---
---- Reply: {chunks_written, layout_version}
+--- Reply: {chunks_written, layout_version, scanning, fields_left}
+---   scanning is 1 while the legacy range is still being scanned (writes refuse with
+---   KVS_MIGRATING until it is 0); fields_left, once the layout is 2, counts the legacy fields
+---   that were not sequences and stay in the legacy hash.
 --- Errors: KVS_WRONGTYPE, KVS_LAYOUT
 --- @include "includes/checks"
 --- @include "includes/thread"
@@ -23,4 +26,7 @@ local deadline, moved = expiry_deadline(keys, limits.ttl_ms, limits.now_ms)
 keys.deadline = deadline
 local chunks = migrate_step(keys, limits)
 if chunks > 0 then apply_expiry(keys, deadline, moved) end
-return {chunks, tonumber(redis.call('HGET', keys.meta, 'layout') or '2')}
+local state = redis.call('HMGET', keys.meta, 'layout', 'legacy_last')
+local layout = tonumber(state[1] or '2') or 2
+local scanning = (layout ~= 2 and not state[2]) and 1 or 0
+return {chunks, layout, scanning, layout == 2 and redis.call('HLEN', keys.legacy) or 0}

@@ -60,6 +60,19 @@ local function resolve(kind, value)
   return nil
 end
 
+-- A layout-1 thread's legacy messages not yet migrated, as one more candidate. Until the scan
+-- (includes/migration.lua) has found the legacy range, meta's last_seq may lag the hash: the
+-- range then reaches at least the hash's field count (a hole reads as nothing).
+local legacy = nil
+if is_layout_1(keys) then
+  local state = redis.call('HMGET', meta_key, 'migrated', 'legacy_last')
+  local count = redis.call('HLEN', keys.legacy)
+  local first = tonumber(state[1] or '0') + 1
+  local last = tonumber(state[2] or '') or math.max(last_seq, count)
+  if last >= first then legacy = {first, last, count, 1} end
+  if last > last_seq then last_seq = last end
+end
+
 local lo, lo_err = resolve(lo_kind, lo_arg)
 if lo_err then return lo_err end
 local hi, hi_err = resolve(hi_kind, hi_arg)
@@ -78,15 +91,6 @@ end
 local function candidate(member)
   local first, last, count = parse_chunk_member(member)
   return {first, last, count, 0}
-end
-
--- A layout-1 thread's legacy messages not yet migrated, as one more candidate.
-local legacy = nil
-if is_layout_1(keys) then
-  local state = redis.call('HMGET', meta_key, 'migrated', 'legacy_last')
-  local first = tonumber(state[1] or '0') + 1
-  local last = tonumber(state[2] or last_seq)
-  if last >= first then legacy = {first, last, redis.call('HLEN', keys.legacy), 1} end
 end
 
 -- Puts the legacy candidate among the others in walk order.

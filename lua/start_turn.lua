@@ -7,7 +7,7 @@
 ---
 --- Reply: the sequence the turn's replies start at. Starting the open turn again returns the
 --- same sequence, so a retried call is harmless.
---- Errors: KVS_WRONGTYPE, KVS_LAYOUT
+--- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_MIGRATING
 --- @include "includes/checks"
 --- @include "includes/thread"
 --- @include "includes/index"
@@ -19,7 +19,7 @@ local keys = thread_keys()
 local limits = read_limits()
 local turn_id = ARGV[11]
 
-local err = check_thread(keys)
+local err = check_thread(keys) or check_migration(keys)
 if err then return err end
 
 local deadline, moved = expiry_deadline(keys, limits.ttl_ms, limits.now_ms)

@@ -22,13 +22,27 @@ class Layout:
         return sorted(sequences)
 
 
+def manifest_lines(manifest: bytes) -> list[str]:
+    """A manifest's lines: each ends with "\\n", the one byte its framing splits lines on."""
+    text = manifest.decode()
+    assert text.endswith("\n"), f"manifest {text[-40:]!r} does not end its last line"
+    return text[:-1].split("\n")
+
+
+def legacy_sequences(client, keys: ThreadKeys) -> list[int]:
+    """The sequences a migrating layout-1 thread still holds in its legacy hash."""
+    return sorted(int(f) for f in client.hkeys(keys.legacy) if f.isdigit() and not f.startswith(b"0"))
+
+
 def chunk_records(client, key: str) -> dict[int, bytes]:
     """A chunk's records by sequence, cut from its data by its manifest (docs/LAYOUT.md)."""
     fields = client.hgetall(key)
     assert set(fields) == {b"_m", b"d"}, f"{key} holds {sorted(fields)}"
     records, offset = {}, 0
-    for line in fields[b"_m"].decode().splitlines():
+    for line in manifest_lines(fields[b"_m"]):
         sequence, side = line.split("\t", 1)
+        # id, otid, media, bytes, turn; and "%" after them when the three texts are escaped.
+        assert side.count("\t") == 4 or (side.count("\t") == 5 and side.endswith("\t%")), f"{key}: {line!r}"
         size = int(side.split("\t")[3])
         records[int(sequence)] = fields[b"d"][offset : offset + size]
         offset += size
@@ -82,24 +96,33 @@ def check_layout(client, keys: ThreadKeys, config: StoreConfig) -> Layout:
     assert present == listed, present ^ listed
     # Window side info covers exactly the window.
     assert {int(f) for f in client.hkeys(keys.window_side)} == set(layout.window)
-    # Counters agree with what is stored.
+    # Counters agree with what is stored. A migrating layout-1 thread's legacy hash holds the
+    # messages not yet moved: they count in `stored` once the scan found its range
+    # (`legacy_last`), every field of it, and the range ends at or before `last_seq`.
     sequences = layout.all_sequences()
+    kept = len(sequences)
+    legacy = legacy_sequences(client, keys) if layout.meta.get("layout") != "2" else []
+    assert not set(legacy) & set(sequences), sorted(set(legacy) & set(sequences))
+    scanned = "legacy_last" in layout.meta
+    if scanned:
+        assert int(layout.meta["legacy_last"]) <= int(layout.meta["last_seq"])
+        assert not legacy or legacy[-1] <= int(layout.meta["legacy_last"])
+        assert not legacy or legacy[0] > int(layout.meta["migrated"])
+    sequences = sorted(sequences + legacy)
     assert len(sequences) == len(set(sequences))
-    assert int(layout.meta.get("stored", 0)) == len(sequences)
-    if sequences:
+    assert int(layout.meta.get("stored", 0)) == kept + (client.hlen(keys.legacy) if scanned else 0)
+    if sequences and (scanned or not legacy):
         assert int(layout.meta["last_seq"]) >= sequences[-1]
     assert client.hlen(keys.ids) == len(sequences)
     # Every stored message is named in a manifest or the window side info, with its true size.
     for first, fields in (*layout.chunks.items(), *((s, {s: r}) for s, r in layout.large.items())):
-        manifest = client.hget(keys.chunk(first), "_m").decode()
-        lines = dict(line.split("\t", 1) for line in manifest.splitlines())
+        lines = dict(line.split("\t", 1) for line in manifest_lines(client.hget(keys.chunk(first), "_m")))
         assert {int(k) for k in lines} == set(fields)
         for sequence, side in lines.items():
             assert int(side.split("\t")[3]) == len(fields[int(sequence)])
     media = sum(int(v.decode().split("\t")[2]) for v in client.hvals(keys.window_side))
     for first in (*layout.chunks, *layout.large):
-        manifest = client.hget(keys.chunk(first), "_m").decode()
-        media += sum(int(line.split("\t")[3]) for line in manifest.splitlines())
+        media += sum(int(line.split("\t")[3]) for line in manifest_lines(client.hget(keys.chunk(first), "_m")))
     assert int(layout.meta.get("media", 0)) == media
     stored_bytes = sum(len(r) for r in layout.window.values()) + sum(len(r) for r in layout.large.values())
     stored_bytes += sum(len(r) for fields in layout.chunks.values() for r in fields.values())

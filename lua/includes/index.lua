@@ -3,10 +3,10 @@
 -- Normal chunks are listed in the chunk index, a sorted set scored by a chunk's first sequence
 -- whose member is "first:last:count:bytes:media". Oversized single-message chunks are listed
 -- apart, in the large index, as "sequence:bytes:media", so normal chunks keep disjoint, ordered
--- ranges. A message's side info, "id\totid\tmedia\tbytes\tturn", lives in the window side hash
--- while the message is in the window and in its chunk's manifest ("_m", one
--- "sequence\t<side info>\n" line per message) afterwards: it is what retention and turn removal
--- need, without unpacking records.
+-- ranges. A message's side info, "id\totid\tmedia\tbytes\tturn" (escaped: see side_info), lives
+-- in the window side hash while the message is in the window and in its chunk's manifest ("_m",
+-- one "sequence\t<side info>\n" line per message) afterwards: it is what retention and turn
+-- removal need, without unpacking records.
 
 local function fmt(n)
   return string.format('%d', n)
@@ -30,13 +30,39 @@ local function parse_large_member(member)
   return tonumber(sequence), tonumber(bytes), tonumber(media)
 end
 
+-- Ids, otids and turn ids are free text in layout 1, and a side info is framed by tabs and (in
+-- a manifest) newlines. A side info whose id, otid or turn holds '\t', '\n', '\r' or '\0' is
+-- written with those three fields %XX-escaped ('%' too) and a sixth field, '%', that says so;
+-- any other is written as it is, so side infos written before the escaping read as they did. An
+-- appended id never holds those bytes (the client refuses them): the hot path pays one find.
+local FRAMING = '[\t\n\r%z]'
+local ESCAPED = '[%%\t\n\r%z]'
+
+local function escape_field(value)
+  return (string.gsub(value, ESCAPED, function(c) return string.format('%%%02X', string.byte(c)) end))
+end
+
+local function unescape_field(value)
+  return (string.gsub(value, '%%(%x%x)', function(hex) return string.char(tonumber(hex, 16)) end))
+end
+
 local function side_info(id, otid, media, bytes, turn)
+  if string.find(id .. otid .. turn, FRAMING) then
+    return escape_field(id) .. '\t' .. escape_field(otid) .. '\t' .. fmt(media) .. '\t' .. fmt(bytes)
+      .. '\t' .. escape_field(turn) .. '\t%'
+  end
   return id .. '\t' .. otid .. '\t' .. fmt(media) .. '\t' .. fmt(bytes) .. '\t' .. turn
 end
 
--- Returns id, otid, media, bytes, turn.
+-- Returns id, otid, media, bytes, turn (unescaped); nil for a malformed side info.
+local SIDE = '^([^\t\n]*)\t([^\t\n]*)\t(%d+)\t(%d+)\t([^\t\n]*)'
 local function parse_side(side)
-  local id, otid, media, bytes, turn = string.match(side, '^([^\t]*)\t([^\t]*)\t(%d+)\t(%d+)\t(.*)$')
+  local id, otid, media, bytes, turn = string.match(side, SIDE .. '$')
+  if not id then
+    id, otid, media, bytes, turn = string.match(side, SIDE .. '\t%%$')
+    if not id then return nil end
+    id, otid, turn = unescape_field(id), unescape_field(otid), unescape_field(turn)
+  end
   return id, otid, tonumber(media), tonumber(bytes), turn
 end
 

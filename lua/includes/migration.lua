@@ -4,13 +4,24 @@
 -- Layout 1 kept a thread's messages in one large hash, `legacy` (sequence -> version-1 JSON
 -- record), beside `meta`, `ids` and `otids`, with no chunks and no index. A layout-1 thread is
 -- read as it is: the part not yet moved is one more container between the chunks and the window.
--- Every write to it first moves the oldest legacy messages into chunks through the same caps as
--- a rollover (chunk_size, chunk_max_bytes, at most max_move_chunks chunks and max_move_bytes
--- per call); `meta.migrated` is the last sequence moved and `meta.legacy_last` the last one the
--- legacy hash held. When nothing is left, the legacy hash goes and `layout` becomes 2.
+--
+-- The migration first scans the legacy hash for its last sequence (meta's `last_seq` may lack
+-- or lag it), in bounded HSCAN steps whose cursor and running maximum are kept in meta
+-- (`legacy_scan`, `legacy_max`); until the range is known, a write that would give a message a
+-- sequence is refused with KVS_MIGRATING and the client runs the steps (lua/migrate.lua). Then
+-- every write first moves the oldest legacy messages into chunks through the same caps as a
+-- rollover (chunk_size, chunk_max_bytes, at most max_move_chunks chunks and max_move_bytes per
+-- call); `meta.migrated` is the last sequence moved and `meta.legacy_last` the last one the
+-- legacy hash held. A moved message is HDEL'd from the legacy hash; when the range is done,
+-- `layout` becomes 2, and a field that is not a sequence stays where it is.
 --
 -- This is the one place a script opens a record: a version-1 record is JSON, and its `id` and
 -- `otid` are read with cjson for the chunk manifest. Version-2 records are never opened.
+
+-- Fields of the legacy hash one HSCAN asks for, and per call, at most (about) this many times
+-- the messages a call may move.
+local SCAN_COUNT = 128
+local SCAN_CALL_FACTOR = 8
 
 -- Whether the thread is stored in layout 1 (wholly or in part).
 local function is_layout_1(keys)
@@ -19,7 +30,8 @@ local function is_layout_1(keys)
   return layout == false and redis.call('EXISTS', keys.legacy) == 1
 end
 
--- The side info of a version-1 record; a record cjson cannot read keeps an empty id.
+-- The side info of a version-1 record; a record cjson cannot read keeps an empty id. Sequences
+-- from `turn_from` on belong to the legacy turn (begin_migration).
 local function legacy_side(record, sequence, turn_from, turn_id)
   local ok, decoded = pcall(cjson.decode, record)
   local id, otid = '', ''
@@ -32,30 +44,80 @@ local function legacy_side(record, sequence, turn_from, turn_id)
   return side_info(id, otid, 0, #record, turn)
 end
 
--- Starts the migration: counts the legacy messages into meta and gives the turn in progress a
--- turn record, so its reply count stays right.
-local function begin_migration(keys)
-  local meta = redis.call('HMGET', keys.meta, 'legacy_last', 'last_seq', 'turn_id', 'turn_seq')
-  if meta[1] then return end
-  local last = tonumber(meta[2] or '0')
-  redis.call('HSET', keys.meta, 'layout', '1', 'legacy_last', last, 'migrated', 0, 'last_seq', last)
+-- A legacy field's sequence: a positive integer written plainly (no sign, no leading zero, at
+-- most 15 digits, so it is exact in Lua); nil for any other field, which is not migrated.
+local function legacy_sequence(field)
+  if #field > 15 or not string.find(field, '^[1-9]%d*$') then return nil end
+  return tonumber(field)
+end
+
+-- Refuses a write while a layout-1 thread's legacy range is still unknown: no message may take
+-- a sequence before the scan has found the last one the legacy hash holds. Nil when the write
+-- may go on.
+local function check_migration(keys)
+  local state = redis.call('HMGET', keys.meta, 'layout', 'legacy_last')
+  if state[1] == '2' or state[2] then return nil end
+  if state[1] ~= '1' and redis.call('EXISTS', keys.legacy) == 0 then return nil end
+  return redis.error_reply('KVS_MIGRATING the layout-1 thread\'s legacy hash is being scanned: run migrate steps, then send the call again')
+end
+
+-- Starts the migration once the scan found the legacy range: counts the legacy messages into
+-- meta and gives the turn in progress a turn record, so its reply count stays right.
+local function begin_migration(keys, legacy_max)
+  local meta = redis.call('HMGET', keys.meta, 'last_seq', 'turn_id', 'turn_seq')
+  local last = math.max(tonumber(meta[1] or '0') or 0, legacy_max)
+  redis.call('HSET', keys.meta, 'layout', '1', 'legacy_last', fmt(last), 'migrated', 0, 'last_seq', fmt(last))
+  redis.call('HDEL', keys.meta, 'legacy_scan', 'legacy_max')
   redis.call('HINCRBY', keys.meta, 'stored', redis.call('HLEN', keys.legacy))
-  if meta[3] and meta[4] and redis.call('HEXISTS', keys.turns, meta[3]) == 0 then
-    local start = tonumber(meta[4])
+  local start = tonumber(meta[3] or '')
+  if meta[2] and start and redis.call('HEXISTS', keys.turns, meta[2]) == 0 then
     local ranges = ''
     if start <= last then ranges = fmt(start) .. '-' .. fmt(last) end
-    redis.call('HSET', keys.turns, meta[3], fmt(start) .. '|' .. ranges)
+    redis.call('HSET', keys.turns, meta[2], fmt(start) .. '|' .. ranges)
+    -- The messages this record covers name the turn in their manifests when they move, whatever
+    -- the thread's turn is by then, so retention trims the record as it deletes them.
+    redis.call('HSET', keys.meta, 'legacy_turn', meta[2], 'legacy_turn_seq', fmt(start))
   end
 end
 
--- Moves the oldest legacy messages into chunks; returns the number of chunks written.
+-- One bounded step of the scan: HSCAN from the cursor kept in meta, until about
+-- SCAN_CALL_FACTOR times a call's move budget of fields, or max_move_bytes of records, were
+-- seen. Returns true when the scan is done and the migration has begun.
+local function scan_step(keys, limits)
+  local state = redis.call('HMGET', keys.meta, 'legacy_scan', 'legacy_max')
+  local cursor, max = state[1] or '0', tonumber(state[2] or '0')
+  local budget = SCAN_CALL_FACTOR * limits.max_move_chunks * limits.chunk_size
+  local fields, bytes = 0, 0
+  repeat
+    local reply = redis.call('HSCAN', keys.legacy, cursor, 'COUNT', SCAN_COUNT)
+    cursor = tostring(reply[1])
+    local entries = reply[2]
+    for i = 1, #entries, 2 do
+      local sequence = legacy_sequence(entries[i])
+      if sequence and sequence > max then max = sequence end
+      bytes = bytes + #entries[i + 1]
+    end
+    fields = fields + #entries / 2
+  until cursor == '0' or fields >= budget or bytes >= limits.max_move_bytes
+  if cursor ~= '0' then
+    redis.call('HSET', keys.meta, 'layout', '1', 'legacy_scan', cursor, 'legacy_max', fmt(max))
+    return false
+  end
+  begin_migration(keys, max)
+  return true
+end
+
+-- Moves the oldest legacy messages into chunks (or, while the legacy range is unknown, scans for
+-- it); returns the number of chunks written.
 local function migrate_step(keys, limits)
   if not is_layout_1(keys) then return 0 end
-  begin_migration(keys)
-  local meta = redis.call('HMGET', keys.meta, 'migrated', 'legacy_last', 'turn_id', 'turn_seq', 'turn_outcome')
+  local meta = redis.call('HMGET', keys.meta, 'migrated', 'legacy_last', 'legacy_turn', 'legacy_turn_seq')
+  if not meta[2] then
+    if scan_step(keys, limits) then redis.call('HINCRBY', keys.meta, 'gen', 1) end
+    return 0
+  end
   local migrated, legacy_last = tonumber(meta[1]), tonumber(meta[2])
-  local turn_id, turn_from = meta[3], nil
-  if turn_id and meta[4] and (meta[5] == false or meta[5] == 'open') then turn_from = tonumber(meta[4]) end
+  local turn_id, turn_from = meta[3], tonumber(meta[4] or '')
 
   local chunks, moved_bytes = 0, 0
   while chunks < limits.max_move_chunks and migrated < legacy_last do
@@ -103,11 +165,14 @@ local function migrate_step(keys, limits)
     migrated = last
     chunks = chunks + 1
   end
-  redis.call('HSET', keys.meta, 'migrated', migrated)
+  redis.call('HSET', keys.meta, 'migrated', fmt(migrated))
   if migrated >= legacy_last then
-    redis.call('DEL', keys.legacy)
+    -- Every sequence of the range was moved and HDEL'd; a field left is not a sequence (counted
+    -- in `stored` by begin_migration, and not stored as a message): it stays, uncounted.
+    local left = redis.call('HLEN', keys.legacy)
+    if left > 0 then redis.call('HINCRBY', keys.meta, 'stored', -left) end
     redis.call('HSET', keys.meta, 'layout', '2')
-    redis.call('HDEL', keys.meta, 'migrated', 'legacy_last')
+    redis.call('HDEL', keys.meta, 'migrated', 'legacy_last', 'legacy_turn', 'legacy_turn_seq')
   end
   redis.call('HINCRBY', keys.meta, 'gen', 1)
   return chunks

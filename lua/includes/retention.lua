@@ -5,33 +5,49 @@
 -- moves `deleted_before` past it. Returns the number of chunks deleted.
 
 -- Trims a turn record's ranges to sequences >= `from`; returns the new record or nil if empty.
+-- A record that is missing or does not parse is returned as it is.
 local function trim_turn(record, from)
   local start, ranges = parse_turn(record)
+  if not start then return record end
   local kept = trim_from(ranges, from)
   if kept == '' and start < from then return nil end
   return fmt(start) .. '|' .. kept
 end
 
--- Deletes one chunk (normal or oversized) and everything that points into it.
-local function drop_chunk(keys, first, index_key, member, bytes, touched_turns)
-  local chunk_key = keys.chunk_prefix .. fmt(first)
-  local manifest = redis.call('HGET', chunk_key, '_m') or ''
-  local ids, otids, count, media = {}, {}, 0, 0
-  for _, side in string.gmatch(manifest, '(%d+)\t([^\n]*)\n') do
-    local id, otid, message_media, _, turn = parse_side(side)
-    ids[#ids + 1] = id
-    if otid ~= '' then otids[#otids + 1] = otid end
-    if turn ~= '' then touched_turns[turn] = true end
-    count = count + 1
-    media = media + message_media
+-- What deleting a chunk takes from its manifest: {ids, otids, turns, media}. Nil when the
+-- manifest does not hold one well-formed line per message the index counts (a migration before
+-- side infos were escaped could write raw tabs and newlines into it): retention stops before
+-- such a chunk rather than fail after its first write.
+local function chunk_contents(keys, first, index_key, member)
+  local manifest = redis.call('HGET', keys.chunk_prefix .. fmt(first), '_m') or ''
+  local count = 1
+  if index_key == keys.chunk_index then count = select(3, parse_chunk_member(member)) end
+  if string.sub(manifest, -1) ~= '\n' then return nil end
+  local contents, lines = {ids = {}, otids = {}, turns = {}, media = 0}, 0
+  for line in string.gmatch(manifest, '([^\n]*)\n') do
+    local id, otid, media, _, turn = parse_side(string.match(line, '^%d+\t(.*)$') or '')
+    if not id then return nil end
+    contents.ids[#contents.ids + 1] = id
+    if otid ~= '' then contents.otids[#contents.otids + 1] = otid end
+    if turn ~= '' then contents.turns[turn] = true end
+    contents.media = contents.media + media
+    lines = lines + 1
   end
+  if lines ~= count then return nil end
+  return contents
+end
+
+-- Deletes one chunk (normal or oversized) and everything that points into it.
+local function drop_chunk(keys, first, index_key, member, bytes, contents, touched_turns)
+  local ids, otids = contents.ids, contents.otids
+  for turn in pairs(contents.turns) do touched_turns[turn] = true end
   if #ids > 0 then redis.call('HDEL', keys.ids, unpack(ids)) end
   if #otids > 0 then redis.call('HDEL', keys.otids, unpack(otids)) end
-  redis.call('DEL', chunk_key)
+  redis.call('DEL', keys.chunk_prefix .. fmt(first))
   redis.call('ZREM', index_key, member)
-  redis.call('HINCRBY', keys.meta, 'stored', -count)
+  redis.call('HINCRBY', keys.meta, 'stored', -#ids)
   redis.call('HINCRBY', keys.meta, 'bytes', -bytes)
-  if media > 0 then redis.call('HINCRBY', keys.meta, 'media', -media) end
+  if contents.media > 0 then redis.call('HINCRBY', keys.meta, 'media', -contents.media) end
 end
 
 -- The oldest unit retention may delete: the oldest chunk of either index, and with a normal
@@ -74,8 +90,14 @@ local function retain(keys, retained_limit, max_chunks)
     if not last or last > until_sequence then break end
     local stored = tonumber(redis.call('HGET', keys.meta, 'stored') or '0')
     if stored - count < retained_limit then break end
-    for _, chunk in ipairs(unit) do
-      drop_chunk(keys, chunk[1], chunk[2], chunk[3], chunk[4], touched_turns)
+    local contents = {}
+    for i, chunk in ipairs(unit) do
+      contents[i] = chunk_contents(keys, chunk[1], chunk[2], chunk[3])
+      if not contents[i] then break end
+    end
+    if #contents < #unit then break end
+    for i, chunk in ipairs(unit) do
+      drop_chunk(keys, chunk[1], chunk[2], chunk[3], chunk[4], contents[i], touched_turns)
     end
     deleted = deleted + 1
     deleted_before = last + 1
