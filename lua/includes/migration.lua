@@ -1,4 +1,5 @@
 --- @include "includes/chunks"
+--- @include "includes/turns"
 -- Layout 1 and its migration to layout 2.
 --
 -- Layout 1 kept a thread's messages in one large hash, `legacy` (sequence -> version-1 JSON
@@ -41,10 +42,8 @@ local function begin_migration(keys)
   redis.call('HSET', keys.meta, 'layout', '1', 'legacy_last', last, 'migrated', 0, 'last_seq', last)
   redis.call('HINCRBY', keys.meta, 'stored', redis.call('HLEN', keys.legacy))
   if meta[3] and meta[4] and redis.call('HEXISTS', keys.turns, meta[3]) == 0 then
-    local start = tonumber(meta[4])
-    local ranges = ''
-    if start <= last then ranges = fmt(start) .. '-' .. fmt(last) end
-    redis.call('HSET', keys.turns, meta[3], fmt(start) .. '|' .. ranges)
+    redis.call('HSET', keys.turns, meta[3],
+      layout_1_turn(tonumber(meta[4]), last, redis.call('HGET', keys.meta, 'turn_outcome')))
   end
 end
 
