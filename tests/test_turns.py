@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -16,22 +17,25 @@ from .layout_check import check_layout
 SMALL = dict(window_size=4, chunk_size=2, retained_message_limit=0)
 
 
-def readme_snippet(thread):
-    """The README's usage snippet (its messages carry otids, so running it again is a replay)."""
-    thread.append(UserMessage(content="What's the weather in Oslo?", otid="req-1"), turn_id="turn-1")
-    start = thread.start_turn("turn-1")
-    thread.append(AssistantMessage(content="Cloudy, 4 °C.", otid="reply-1"), turn_id="turn-1")
-    return start, thread.finish_turn("turn-1")
+def readme_turn_lines() -> str:
+    """The README usage snippet's turn, from its first turn_id line to finish_turn."""
+    text = (Path(__file__).parent.parent / "README.md").read_text(encoding="utf-8")
+    block = text.split("## Usage", 1)[1].split("```python", 1)[1].split("```", 1)[0].splitlines()
+    first = next(i for i, line in enumerate(block) if 'turn_id="turn-1"' in line)
+    last = next(i for i, line in enumerate(block) if "finish_turn" in line)
+    return "\n".join(block[first : last + 1])
 
 
 def test_the_readme_snippet_run_twice_stores_once_and_reports_the_same(make_thread):
     thread = make_thread()
-    first = readme_snippet(thread)
-    again = readme_snippet(thread)
+    code, printed = readme_turn_lines(), []
+    names = {"thread": thread, "UserMessage": UserMessage, "AssistantMessage": AssistantMessage, "print": printed.append}
+    exec(code, dict(names))
+    exec(code, dict(names))  # the whole request again, as a retry would run it
+    first, again = printed
     assert first == again
-    start, result = first
-    assert start == 2
-    assert (result.outcome, result.reply_count, result.first_sequence, result.last_sequence) == ("completed", 1, 2, 2)
+    assert (first.outcome, first.reply_count, first.first_sequence, first.last_sequence) == ("completed", 1, 2, 2)
+    assert thread.start_turn("turn-1") == 2
     assert thread.stats().stored_messages == 2
     assert [m.seq_id for m in thread.list(turn_id="turn-1").messages] == [1, 2]
 
@@ -303,3 +307,10 @@ def test_an_earlier_record_lost_to_retention_is_repaired(make_thread, raw_client
     _old_records(raw_client, thread, {"u": "4|4-4"})
     again = thread.finish_turn("u")
     assert (again.outcome, again.reply_count, again.first_sequence) == ("cancelled", 1, 4)
+    # The record of the open turn was dropped, and no reply came since: the next one takes the
+    # reply start from the turn reply sequence.
+    assert thread.start_turn("v") == 5
+    raw_client.hdel(thread.keys.turns, "v")
+    late = thread.append(AssistantMessage(content="v"), turn_id="v")
+    result = thread.finish_turn("v")
+    assert (result.reply_count, result.first_sequence) == (1, late[0].seq_id)
