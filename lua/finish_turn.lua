@@ -31,8 +31,8 @@ if err then return err end
 local deadline, moved = expiry_deadline(keys, limits.ttl_ms, limits.now_ms)
 keys.deadline = deadline
 migrate_step(keys, limits)
-local turn = read_turn(keys, turn_id)
-if not turn or turn.start == 0 then
+local turn = recover_start(keys, turn_id, read_turn(keys, turn_id) or new_turn())
+if turn.start == 0 then
   apply_expiry(keys, deadline, moved)
   return redis.error_reply('KVS_TURN_NOT_FOUND turn ' .. turn_id .. ' was never started in this thread')
 end

@@ -27,14 +27,13 @@ if err then return err end
 local deadline, moved = expiry_deadline(keys, limits.ttl_ms, limits.now_ms)
 keys.deadline = deadline
 migrate_step(keys, limits)
-local turn = read_turn(keys, turn_id)
-if turn and turn.start > 0 then
+local turn = recover_start(keys, turn_id, read_turn(keys, turn_id) or new_turn())
+if turn.start > 0 then
   apply_expiry(keys, deadline, moved)
   return turn.start
 end
 
 local start = tonumber(redis.call('HGET', keys.meta, 'last_seq') or '0') + 1
-turn = turn or new_turn()
 turn.start, turn.outcome, turn.replies, turn.first = start, 'open', 0, 0
 write_turn(keys, turn_id, turn)
 redis.call('HSETNX', keys.meta, 'layout', '2')

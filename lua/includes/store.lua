@@ -216,12 +216,7 @@ local function store_batch(keys, batch, limits, meta)
     -- The header and at most one range field (includes/turns.lua), read by check_turn.
     local turn = batch.turn
     if turn == nil then turn = read_turn(keys, batch.turn_id) end
-    if not turn then
-      turn = new_turn()
-      -- Left by the earlier version's retention: the current open turn lost its record.
-      local current = redis.call('HMGET', keys.meta, 'turn_id', 'turn_seq', 'turn_outcome')
-      if current[1] == batch.turn_id and current[3] == 'open' then turn.start = tonumber(current[2]) end
-    end
+    turn = turn or new_turn()
     extend_turn(turn, first, last + count)
     write_turn(keys, batch.turn_id, turn)
   end

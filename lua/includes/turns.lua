@@ -119,6 +119,19 @@ local function sorted_keys(map)
   return list
 end
 
+-- The earlier version's retention could drop an open turn's record; a later reply then made
+-- one without a start. Such a turn (or one with no record) that the turn reply sequence names as
+-- open takes its start from there: every sequence its record holds came after that start.
+-- start_turn and finish_turn call this, so that no append pays for it.
+local function recover_start(keys, turn_id, turn)
+  if turn.start > 0 then return turn end
+  local current = redis.call('HMGET', keys.meta, 'turn_id', 'turn_seq', 'turn_outcome')
+  if current[1] ~= turn_id or current[3] ~= 'open' or not current[2] then return turn end
+  turn.start, turn.replies, turn.first = tonumber(current[2]), turn.kept, 0
+  if turn.kept > 0 then turn.first = (turn_range(keys, turn_id, turn, turn.k0)) end
+  return turn
+end
+
 -- Writes the header and the range fields the turn changed, in calls of bounded size.
 local function write_turn(keys, turn_id, turn)
   local fields = {turn_id, turn_header(turn)}
