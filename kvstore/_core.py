@@ -226,12 +226,12 @@ def finish_turn(thread: ThreadRef, turn_id: str, outcome: TurnOutcome) -> Operat
     _check_token("turn_id", turn_id)
     if outcome not in TURN_OUTCOMES:
         raise errors.InvalidMessage(f"outcome {outcome!r} is not one of {', '.join(TURN_OUTCOMES)}")
-    count, first, last, _start = yield from _write(
+    count, first, last, _start, recorded = yield from _write(
         thread, SCRIPTS["finish_turn"], (*thread.limits(), turn_id, outcome)
     )
     return TurnResult(
         turn_id=turn_id,
-        outcome=outcome,
+        outcome=_text(recorded),
         reply_count=int(count),
         first_sequence=int(first) or None,
         last_sequence=int(last) or None,
@@ -505,43 +505,22 @@ def _turn_page(
     order: str,
     turn_id: str,
 ) -> Operation:
-    keys = thread.keys
-    commands: list[tuple[Any, ...]] = [("HGET", keys.turns, turn_id), ("HGET", keys.meta, "deleted_before")]
-    for kind, value in (after, before):
-        if kind == "id":
-            commands.append(("HGET", keys.ids, value))
-    results = yield Batch(commands)
-    record, deleted_before = results[0], _int(results[1])
-    resolved = iter(results[2:])
-
-    def bound(cursor: tuple[str, str]) -> int | None:
-        if not cursor[0]:
-            return None
-        if cursor[0] == "seq":
-            return int(cursor[1])
-        sequence = next(resolved)
-        if sequence is None:
-            raise _unknown_cursor(cursor[1], deleted_before)
-        return int(sequence)
-
-    after_seq, before_seq = bound(after), bound(before)
-    sequences = [s for s in _turn_sequences(record) if s >= deleted_before]
-    if order == "desc":
-        sequences.reverse()
-
-    def follows(s: int, cursor: int) -> bool:
-        return s > cursor if order == "asc" else s < cursor
-
-    if after_seq is not None:
-        sequences = [s for s in sequences if follows(s, after_seq)]
-    if before_seq is not None:
-        sequences = [s for s in sequences if follows(before_seq, s)]
-    if before_seq is not None and after_seq is None:
-        page, has_more = sequences[-limit:], len(sequences) > limit
-        next_cursor = page[0] if has_more else None
+    """A page of the turn's messages: lua/turn_page.lua reads the sequences from the turn's
+    record, as much of it as the page needs; the messages are then read by sequence."""
+    if order == "asc":
+        (lo_kind, lo), (hi_kind, hi) = after, before
     else:
-        page, has_more = sequences[:limit], len(sequences) > limit
-        next_cursor = page[-1] if has_more else None
+        (lo_kind, lo), (hi_kind, hi) = before, after
+    # The page starts next to `after`, or next to `before` when only that is given.
+    from_before = bool(before[0]) and not after[0]
+    walk = "up" if (order == "asc") != from_before else "down"
+    reply = yield Eval(SCRIPTS["turn_page"], thread.script_keys, (turn_id, lo_kind, lo, hi_kind, hi, walk, limit))
+    deleted_before, has_more = int(reply[0]), bool(int(reply[1]))
+    page = [int(s) for s in reply[2:]]
+    if from_before:
+        page.reverse()
+    # The page goes on from the sequence farthest from its cursor.
+    next_cursor = (page[0] if from_before else page[-1]) if has_more and page else None
     messages = yield from fetch_sequences(thread, page, missing_ok=True)
     return MessagesPage(
         messages=messages,
@@ -549,29 +528,6 @@ def _turn_page(
         deleted_before_sequence=deleted_before or None,
         next_cursor=next_cursor,
     )
-
-
-def _unknown_cursor(message_id: str, deleted_before: int) -> errors.MessageNotFound:
-    """An id cursor no stored message has: expired when retention may have deleted it."""
-    if deleted_before:
-        return errors.CursorExpired(
-            f"no stored message has id {message_id!r}; retention deleted every message before"
-            f" sequence {deleted_before}: page on from a sequence (page.next_cursor) instead",
-            deleted_before,
-        )
-    return errors.MessageNotFound(f"no stored message has id {message_id!r}")
-
-
-def _turn_sequences(record: bytes | str | None) -> list[int]:
-    if not record:
-        return []
-    text = record.decode() if isinstance(record, bytes) else record
-    _start, _, ranges = text.partition("|")
-    sequences: list[int] = []
-    for part in filter(None, ranges.split(",")):
-        first, _, last = part.partition("-")
-        sequences.extend(range(int(first), int(last) + 1))
-    return sequences
 
 
 def _stats_commands(keys: ThreadKeys) -> list[tuple[Any, ...]]:

@@ -74,7 +74,7 @@ class Script:
 SCRIPT_NAMES = (
     "append", "compact", "retain", "start_turn", "finish_turn", "replace", "remove_turn", "delete",
     "migrate",
-    "page_plan", "locate",
+    "page_plan", "locate", "turn_page",
 )
 SCRIPTS: dict[str, Script] = {name: Script.load(name) for name in SCRIPT_NAMES}
 
@@ -89,6 +89,7 @@ _ERRORS: dict[str, type[errors.KVStoreError]] = {
     "KVS_DUPLICATE_ID": errors.DuplicateMessageId,
     "KVS_CURSOR_NOT_FOUND": errors.MessageNotFound,
     "KVS_TURN_NOT_FOUND": errors.TurnNotFound,
+    "KVS_TURN_FINISHED": errors.TurnFinished,
     "KVS_NOT_FOUND": errors.MessageNotFound,
     "KVS_BAD_SUMMARY": errors.InvalidCursor,
     "KVS_MIGRATING": errors.MigrationPending,

@@ -82,6 +82,11 @@ class TurnNotFound(KVStoreError, LookupError):
     """No turn with that id is open in the thread."""
 
 
+class TurnFinished(KVStoreError):
+    """The turn was finished: its result is recorded and it takes no new message; nothing was
+    written. (A retried append of a message already stored is a replay, not refused.)"""
+
+
 class OutcomeUnknown(KVStoreError):
     """The write may or may not have happened: the connection failed after the command was sent.
 

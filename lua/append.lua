@@ -8,10 +8,13 @@
 --- ARGV[12]    count (int), then 4 arguments per message: id (str), otid (str, '' for none),
 ---             inline media bytes (int), record (bytes)
 ---
+--- A new message of a finished turn is refused (KVS_TURN_FINISHED); a replay is not.
+---
 --- Reply: {1, first_sequence}          the batch was stored at first..first+count-1
 ---        {0, seq_1, ..., seq_count}   every message was already stored (a replay)
 --- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_TOO_LARGE, KVS_OTID_REPEATED, KVS_OTID_CONFLICT,
----         KVS_ID_REPEATED, KVS_DUPLICATE_ID, KVS_MEDIA_OVER <bytes left>, KVS_MIGRATING
+---         KVS_ID_REPEATED, KVS_DUPLICATE_ID, KVS_MEDIA_OVER <bytes left>, KVS_MIGRATING,
+---         KVS_TURN_FINISHED
 --- @include "includes/checks"
 --- @include "includes/thread"
 --- @include "includes/index"
@@ -29,7 +32,7 @@ local batch = read_batch(12, tonumber(ARGV[12]), ARGV[11])
 local meta, failure = load_meta(keys)
 local cuts
 if not failure then cuts, failure = check_store_keys(keys, batch, limits, meta) end
-failure = failure or check_batch(keys, batch, limits, meta)
+failure = failure or check_batch(keys, batch, limits, meta) or check_turn(keys, batch, meta)
 if not failure and meta.layout ~= '2' then failure = check_migration(keys) end
 if failure then return failure end
 

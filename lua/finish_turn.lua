@@ -6,12 +6,12 @@
 --- ARGV[11]    turn_id (str)
 --- ARGV[12]    outcome (str): completed | steered | cancelled | failed
 ---
---- The reply start comes from the turn reply sequence when it names this turn; when it names
---- another turn (a newer turn started meanwhile) it comes from the turn's own record instead.
---- The outcome is recorded in the turn reply sequence when it names this turn, so a reader
---- sees a failed turn as unfinished.
+--- The counts are kept in the turn's record (includes/turns.lua). The first call records the
+--- outcome and the result; finishing a finished turn returns that recorded result, whatever
+--- outcome it passes. The outcome is also recorded in the turn reply sequence when it names this
+--- turn, so a reader sees a failed turn as unfinished.
 ---
---- Reply: {reply_count, first_sequence or 0, last_sequence or 0, reply_start}
+--- Reply: {reply_count, first_sequence or 0, last_sequence or 0, reply_start, outcome}
 --- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_TURN_NOT_FOUND, KVS_MIGRATING
 --- @include "includes/checks"
 --- @include "includes/thread"
@@ -31,21 +31,20 @@ if err then return err end
 local deadline, moved = expiry_deadline(keys, limits.ttl_ms, limits.now_ms)
 keys.deadline = deadline
 migrate_step(keys, limits)
-local current = redis.call('HMGET', keys.meta, 'turn_id', 'turn_seq')
-local record_start, ranges = parse_turn(redis.call('HGET', keys.turns, turn_id))
-local start
-if current[1] == turn_id then
-  start = tonumber(current[2])
-elseif record_start and record_start > 0 then
-  start = record_start
-else
+local turn = recover_start(keys, turn_id, read_turn(keys, turn_id) or new_turn())
+if turn.start == 0 then
   apply_expiry(keys, deadline, moved)
   return redis.error_reply('KVS_TURN_NOT_FOUND turn ' .. turn_id .. ' was never started in this thread')
 end
 
-local count, first, last = count_from(ranges or '', start)
-if current[1] == turn_id then
-  redis.call('HSET', keys.meta, 'turn_outcome', outcome)
+if turn.outcome == 'open' then
+  turn.outcome, turn.count, turn.first_seq = outcome, turn.replies, turn.first
+  turn.last_seq = 0
+  if turn.replies > 0 then turn.last_seq = turn.b end
+  write_turn(keys, turn_id, turn)
+  if redis.call('HGET', keys.meta, 'turn_id') == turn_id then
+    redis.call('HSET', keys.meta, 'turn_outcome', outcome)
+  end
 end
 apply_expiry(keys, deadline, moved)
-return {count, first or 0, last or 0, start}
+return {turn.count, turn.first_seq, turn.last_seq, turn.start, turn.outcome}

@@ -5,7 +5,7 @@
 --- KEYS[1..10] the thread's keys (docs/LAYOUT.md)
 --- ARGV[1..10] the limits (includes/thread.lua: read_limits)
 --- ARGV[11]    turn_id (str)
---- ARGV[12]    max_messages (int): the most one call removes; the client calls again for more
+--- ARGV[12]    max_messages (int): the most sequences one call walks; the client calls again for more
 ---
 --- Reply: {removed, remaining}
 --- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_MIGRATING
@@ -26,12 +26,15 @@ if is_layout_1(keys) then
   return redis.error_reply('KVS_MIGRATING the thread is still in layout 1: migrate it first')
 end
 
-local record = redis.call('HGET', keys.turns, turn_id)
-if not record then return {0, 0} end
-local start, ranges = parse_turn(record)
+local turn = read_turn(keys, turn_id)
+if not turn then return {0, 0} end
+-- The oldest max_messages sequences of the turn, from its oldest ranges on.
 local sequences = {}
-for a, b in string.gmatch(ranges, '(%d+)-(%d+)') do
-  for s = tonumber(a), tonumber(b) do sequences[#sequences + 1] = s end
+local k = turn.k0
+while turn.kept > 0 and k <= turn.k1 and #sequences < max_messages do
+  local a, b = turn_range(keys, turn_id, turn, k)
+  for s = a, math.min(b, a + max_messages - #sequences - 1) do sequences[#sequences + 1] = s end
+  k = k + 1
 end
 
 local deadline, moved = expiry_deadline(keys, limits.ttl_ms, limits.now_ms)
@@ -40,7 +43,6 @@ local removed, bytes, media = 0, 0, 0
 local ids, otids = {}, {}
 local last_done = nil
 for _, sequence in ipairs(sequences) do
-  if removed >= max_messages then break end
   local where, first, member = locate(keys, sequence)
   local side
   if where == 'window' then
@@ -86,13 +88,12 @@ end
 
 if #ids > 0 then redis.call('HDEL', keys.ids, unpack(ids)) end
 if #otids > 0 then redis.call('HDEL', keys.otids, unpack(otids)) end
-local remaining = 0
-if last_done and last_done < sequences[#sequences] then
-  local kept = trim_from(ranges, last_done + 1)
-  redis.call('HSET', keys.turns, turn_id, fmt(start) .. '|' .. kept)
-  for _, s in ipairs(sequences) do if s > last_done then remaining = remaining + 1 end end
+if last_done then drop_turn_through(keys, turn_id, turn, last_done) end
+local remaining = turn.kept
+if remaining > 0 then
+  write_turn(keys, turn_id, turn)
 else
-  redis.call('HDEL', keys.turns, turn_id)
+  delete_turn(keys, turn_id, turn)
   local current = redis.call('HGET', keys.meta, 'turn_id')
   if current == turn_id then redis.call('HDEL', keys.meta, 'turn_id', 'turn_seq', 'turn_outcome') end
 end

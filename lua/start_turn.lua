@@ -5,8 +5,10 @@
 --- ARGV[1..10] the limits (includes/thread.lua: read_limits)
 --- ARGV[11]    turn_id (str)
 ---
---- Reply: the sequence the turn's replies start at. Starting the open turn again returns the
---- same sequence, so a retried call is harmless.
+--- A turn is started once: starting a started turn (open or finished, current or not) returns
+--- the sequence recorded then and changes nothing, so a retried call is harmless.
+---
+--- Reply: the sequence the turn's replies start at.
 --- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_MIGRATING
 --- @include "includes/checks"
 --- @include "includes/thread"
@@ -25,15 +27,15 @@ if err then return err end
 local deadline, moved = expiry_deadline(keys, limits.ttl_ms, limits.now_ms)
 keys.deadline = deadline
 migrate_step(keys, limits)
-local current = redis.call('HMGET', keys.meta, 'turn_id', 'turn_seq', 'turn_outcome', 'last_seq')
-if current[1] == turn_id and current[3] == 'open' then
+local turn = recover_start(keys, turn_id, read_turn(keys, turn_id) or new_turn())
+if turn.start > 0 then
   apply_expiry(keys, deadline, moved)
-  return tonumber(current[2])
+  return turn.start
 end
 
-local start = tonumber(current[4] or '0') + 1
-local _, ranges = parse_turn(redis.call('HGET', keys.turns, turn_id))
-redis.call('HSET', keys.turns, turn_id, fmt(start) .. '|' .. (ranges or ''))
+local start = tonumber(redis.call('HGET', keys.meta, 'last_seq') or '0') + 1
+turn.start, turn.outcome, turn.replies, turn.first = start, 'open', 0, 0
+write_turn(keys, turn_id, turn)
 redis.call('HSETNX', keys.meta, 'layout', '2')
 redis.call('HSET', keys.meta, 'turn_id', turn_id, 'turn_seq', start, 'turn_outcome', 'open')
 apply_expiry(keys, deadline, moved)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from kvstore._keys import ThreadKeys
@@ -128,4 +129,36 @@ def check_layout(client, keys: ThreadKeys, config: StoreConfig) -> Layout:
     stored_bytes += sum(len(r) for fields in layout.chunks.values() for r in fields.values())
     assert int(layout.meta.get("bytes", 0)) == stored_bytes
     assert int(layout.meta.get("window_bytes", 0)) == sum(len(r) for r in layout.window.values())
+    check_turns(client, keys)
     return layout
+
+
+def check_turns(client, keys: ThreadKeys) -> None:
+    """Each turn record's header agrees with its ranges (docs/LAYOUT.md, Turns)."""
+    fields = {k.decode(): v.decode() for k, v in client.hgetall(keys.turns).items()}
+    # A range field is `<turn id>\t<k>` beside its header (a layout-1 turn id may hold a tab).
+    ranges = {k: v for k, v in fields.items() if re.fullmatch(r"(?s)(.*)\t\d+", k) and k.rpartition("\t")[0] in fields}
+    headers = {k: v for k, v in fields.items() if k not in ranges}
+    named = set()
+    for turn_id, header in headers.items():
+        if "|" in header:
+            continue  # the earlier format, converted by the turn's next write
+        start, outcome, kept, replies, first, k0, k1, a, b, count, first_seq, last_seq = header.split(":")
+        start, kept, replies, first, k0, k1, a, b = (int(x) for x in (start, kept, replies, first, k0, k1, a, b))
+        spans = []
+        if kept:
+            for k in range(k0, k1):
+                field = f"{turn_id}\t{k}"
+                assert field in ranges, (turn_id, header, field)
+                named.add(field)
+                low, _, high = ranges[field].partition("-")
+                spans.append((int(low), int(high)))
+            spans.append((a, b))
+        for (low, high), (next_low, _) in zip(spans, spans[1:]):
+            assert low <= high < next_low - 1, (turn_id, spans)
+        sequences = [s for low, high in spans for s in range(low, high + 1)]
+        assert kept == len(sequences), (turn_id, header)
+        after_start = [s for s in sequences if start and s >= start]
+        assert replies == len(after_start) and first == (after_start[0] if after_start else 0), (turn_id, header)
+        assert outcome != "open" or (count, first_seq, last_seq) == ("0", "0", "0"), (turn_id, header)
+    assert set(ranges) == named, set(ranges) - named

@@ -1,4 +1,5 @@
 --- @include "includes/chunks"
+--- @include "includes/turns"
 -- Layout 1 and its migration to layout 2.
 --
 -- Layout 1 kept a thread's messages in one large hash, `legacy` (sequence -> version-1 JSON
@@ -71,9 +72,8 @@ local function begin_migration(keys, legacy_max)
   redis.call('HINCRBY', keys.meta, 'stored', redis.call('HLEN', keys.legacy))
   local start = tonumber(meta[3] or '')
   if meta[2] and start and redis.call('HEXISTS', keys.turns, meta[2]) == 0 then
-    local ranges = ''
-    if start <= last then ranges = fmt(start) .. '-' .. fmt(last) end
-    redis.call('HSET', keys.turns, meta[2], fmt(start) .. '|' .. ranges)
+    redis.call('HSET', keys.turns, meta[2],
+      layout_1_turn(start, last, redis.call('HGET', keys.meta, 'turn_outcome')))
     -- The messages this record covers name the turn in their manifests when they move, whatever
     -- the thread's turn is by then, so retention trims the record as it deletes them.
     redis.call('HSET', keys.meta, 'legacy_turn', meta[2], 'legacy_turn_seq', fmt(start))

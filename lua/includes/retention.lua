@@ -4,14 +4,17 @@
 -- the turn records of its messages (from its manifest), gives its bytes and media back, and
 -- moves `deleted_before` past it. Returns the number of chunks deleted.
 
--- Trims a turn record's ranges to sequences >= `from`; returns the new record or nil if empty.
--- A record that is missing or does not parse is returned as it is.
-local function trim_turn(record, from)
-  local start, ranges = parse_turn(record)
-  if not start then return record end
-  local kept = trim_from(ranges, from)
-  if kept == '' and start < from then return nil end
-  return fmt(start) .. '|' .. kept
+-- Drops a turn's sequences before `from` (its oldest ranges). A started turn still open keeps
+-- its record even when nothing of it is left; any other turn left empty loses it.
+local function trim_turn(keys, turn_id, from)
+  local turn = read_turn(keys, turn_id)
+  if not turn then return end
+  drop_turn_through(keys, turn_id, turn, from - 1)
+  if turn.kept == 0 and not (turn.start > 0 and turn.outcome == 'open') then
+    delete_turn(keys, turn_id, turn)
+  else
+    write_turn(keys, turn_id, turn)
+  end
 end
 
 -- What deleting a chunk takes from its manifest: {ids, otids, turns, media}. Nil when the
@@ -104,14 +107,7 @@ local function retain(keys, retained_limit, max_chunks)
   end
   if deleted > 0 then
     redis.call('HSET', keys.meta, 'deleted_before', fmt(deleted_before))
-    for turn in pairs(touched_turns) do
-      local trimmed = trim_turn(redis.call('HGET', keys.turns, turn), deleted_before)
-      if trimmed then
-        redis.call('HSET', keys.turns, turn, trimmed)
-      else
-        redis.call('HDEL', keys.turns, turn)
-      end
-    end
+    for turn in pairs(touched_turns) do trim_turn(keys, turn, deleted_before) end
     redis.call('HINCRBY', keys.meta, 'gen', 1)
   end
   return deleted

@@ -213,9 +213,12 @@ local function store_batch(keys, batch, limits, meta)
   if #otid_fields > 0 then redis.call('HSET', keys.otids, unpack(otid_fields)) end
 
   if batch.turn_id ~= '' then
-    local start, ranges = parse_turn(redis.call('HGET', keys.turns, batch.turn_id))
-    redis.call('HSET', keys.turns, batch.turn_id,
-      fmt(start or 0) .. '|' .. extend_ranges(ranges or '', first, last + count))
+    -- The header and at most one range field (includes/turns.lua), read by check_turn.
+    local turn = batch.turn
+    if turn == nil then turn = read_turn(keys, batch.turn_id) end
+    turn = turn or new_turn()
+    extend_turn(turn, first, last + count)
+    write_turn(keys, batch.turn_id, turn)
   end
 
   meta.layout = meta.layout or '2'  -- a migrating thread stays at 1 until done

@@ -1,48 +1,233 @@
--- A turn's record in the turns hash: "<reply start>|<ranges>", where ranges are the turn's
--- message sequences as "a-b,c-d" (several when other turns interleave) and reply start is the
--- sequence start_turn recorded (0 before it ran).
+-- A turn's record in the turns hash: a header of constant size and one field per older range.
+--
+-- Header, field `<turn_id>`:
+--   "<start>:<outcome>:<kept>:<replies>:<first>:<k0>:<k1>:<a>:<b>:<count>:<first_seq>:<last_seq>"
+--   start     the sequence start_turn recorded (0: not started)
+--   outcome   open, or the outcome the first finish_turn recorded
+--   kept      the turn's stored sequences; replies those at or after start; first the first one
+--   k0, k1    the turn's ranges are k0..k1, oldest first; range k1 (the newest) is a-b here in
+--             the header, each older one is the field `<turn_id>\t<k>` -> "a-b"
+--   count, first_seq, last_seq   the result the first finish_turn recorded (0 while open)
+-- An append extends a-b, or moves a-b into field k1 and starts range k1 + 1: it writes at most
+-- the header and one range field, whatever the thread's length. Turn ids hold no tab, so a range
+-- field never names another turn's header.
+--
+-- The first layout-2 version kept "<start>|a-b,c-d,...": such a record is read as it is and
+-- converted by the next write of its turn.
 
-local function parse_turn(record)
-  if not record then return nil end
+local TURN_HEADER = '^(%d+):(%a+):(%d+):(%d+):(%d+):(%d+):(%d+):(%d+):(%d+):(%d+):(%d+):(%d+)$'
+local TURN_NUMBERS = {[1] = 'start', [3] = 'kept', [4] = 'replies', [5] = 'first', [6] = 'k0', [7] = 'k1',
+                      [8] = 'a', [9] = 'b', [10] = 'count', [11] = 'first_seq', [12] = 'last_seq'}
+
+local function range_field(turn_id, k)
+  return turn_id .. '\t' .. fmt(k)
+end
+
+local function range_value(a, b)
+  return fmt(a) .. '-' .. fmt(b)
+end
+
+local function parse_range(value)
+  local a, b = string.match(value, '^(%d+)-(%d+)$')
+  return tonumber(a), tonumber(b)
+end
+
+-- A turn with nothing stored. `writes` (range k -> "a-b") and `gone` (range fields to delete)
+-- collect what write_turn writes.
+local function new_turn()
+  return {start = 0, outcome = 'open', kept = 0, replies = 0, first = 0, k0 = 1, k1 = 1, a = 0, b = 0,
+          count = 0, first_seq = 0, last_seq = 0, writes = {}, gone = {}}
+end
+
+local function turn_header(turn)
+  return string.format('%d:%s:%d:%d:%d:%d:%d:%d:%d:%d:%d:%d', turn.start, turn.outcome, turn.kept,
+    turn.replies, turn.first, turn.k0, turn.k1, turn.a, turn.b, turn.count, turn.first_seq, turn.last_seq)
+end
+
+-- The header of a layout-1 thread's turn in progress (migration): replies start..last.
+local function layout_1_turn(start, last, outcome)
+  local turn = new_turn()
+  turn.start, turn.outcome = start, outcome or 'open'
+  if start <= last then
+    turn.kept, turn.replies, turn.first, turn.a, turn.b = last - start + 1, last - start + 1, start, start, last
+  end
+  if turn.outcome ~= 'open' then
+    turn.count, turn.first_seq, turn.last_seq = turn.replies, turn.first, turn.b
+  end
+  return turn_header(turn)
+end
+
+-- An earlier-format record as a turn whose every range is still to be written. The outcome is
+-- the turn reply sequence's when it names the turn (the earlier version kept it only there), and
+-- so is a missing reply start: that version's retention dropped an open turn's record, and its
+-- next reply made a new one with start 0.
+local function convert_turn(keys, turn_id, record)
+  local turn = new_turn()
   local start, ranges = string.match(record, '^(%d+)|(.*)$')
-  return tonumber(start), ranges
-end
-
--- Adds sequences first..last to a turn's ranges, merging with the last range when contiguous.
-local function extend_ranges(ranges, first, last)
-  if ranges == '' then
-    return string.format('%d-%d', first, last)
+  if not start then return turn end  -- not a record kvstore wrote: read as empty
+  turn.start = tonumber(start)
+  local current = redis.call('HMGET', keys.meta, 'turn_id', 'turn_seq', 'turn_outcome')
+  if current[1] == turn_id then
+    turn.outcome = current[3] or 'open'
+    if turn.start == 0 and current[2] then turn.start = tonumber(current[2]) end
   end
-  local head, a, b = string.match(ranges, '^(.-)(%d+)-(%d+)$')
-  if tonumber(b) + 1 == first then
-    return head .. a .. '-' .. string.format('%d', last)
-  end
-  return ranges .. ',' .. string.format('%d-%d', first, last)
-end
-
--- Counts the turn's sequences at or after `start`; returns count, first, last.
-local function count_from(ranges, start)
-  local count, first, last = 0, nil, nil
+  local k = 0
   for a, b in string.gmatch(ranges, '(%d+)-(%d+)') do
     a, b = tonumber(a), tonumber(b)
-    if b >= start then
-      if a < start then a = start end
-      count = count + (b - a + 1)
-      first = first or a
-      last = b
+    k = k + 1
+    turn.writes[k] = range_value(a, b)
+    turn.kept = turn.kept + (b - a + 1)
+    if turn.start > 0 and b >= turn.start then
+      turn.replies = turn.replies + (b - math.max(a, turn.start) + 1)
+      if turn.first == 0 then turn.first = math.max(a, turn.start) end
     end
+    turn.a, turn.b = a, b
   end
-  return count, first, last
+  if k > 0 then
+    turn.k1 = k
+    turn.writes[k] = nil  -- the newest range lives in the header
+  end
+  if turn.outcome ~= 'open' then
+    turn.count, turn.first_seq = turn.replies, turn.first
+    if turn.replies > 0 then turn.last_seq = turn.b end
+  end
+  return turn
 end
 
--- The ranges that remain at or after `from`.
-local function trim_from(ranges, from)
-  local kept = {}
-  for a, b in string.gmatch(ranges, '(%d+)-(%d+)') do
-    a, b = tonumber(a), tonumber(b)
-    if b >= from then
-      kept[#kept + 1] = string.format('%d-%d', math.max(a, from), b)
+-- The turn's record, or nil when the turn has none.
+local function read_turn(keys, turn_id)
+  local record = redis.call('HGET', keys.turns, turn_id)
+  if not record then return nil end
+  local values = {string.match(record, TURN_HEADER)}
+  if #values == 0 then return convert_turn(keys, turn_id, record) end
+  local turn = {outcome = values[2], writes = {}, gone = {}}
+  for i, name in pairs(TURN_NUMBERS) do turn[name] = tonumber(values[i]) end
+  return turn
+end
+
+-- Range k of a turn as a, b.
+local function turn_range(keys, turn_id, turn, k)
+  if k == turn.k1 then return turn.a, turn.b end
+  local value = turn.writes[k] or redis.call('HGET', keys.turns, range_field(turn_id, k))
+  return parse_range(value)
+end
+
+local function sorted_keys(map)
+  local list = {}
+  for k in pairs(map) do list[#list + 1] = k end
+  table.sort(list)
+  return list
+end
+
+-- The earlier version's retention could drop an open turn's record; a later reply then made
+-- one without a start. Such a turn (or one with no record) that the turn reply sequence names as
+-- open takes its start from there: every sequence its record holds came after that start.
+-- start_turn and finish_turn call this, so that no append pays for it.
+local function recover_start(keys, turn_id, turn)
+  if turn.start > 0 then return turn end
+  local current = redis.call('HMGET', keys.meta, 'turn_id', 'turn_seq', 'turn_outcome')
+  if current[1] ~= turn_id or current[3] ~= 'open' or not current[2] then return turn end
+  turn.start, turn.replies, turn.first = tonumber(current[2]), turn.kept, 0
+  if turn.kept > 0 then turn.first = (turn_range(keys, turn_id, turn, turn.k0)) end
+  return turn
+end
+
+-- Writes the header and the range fields the turn changed, in calls of bounded size.
+local function write_turn(keys, turn_id, turn)
+  local fields = {turn_id, turn_header(turn)}
+  for _, k in ipairs(sorted_keys(turn.writes)) do
+    fields[#fields + 1] = range_field(turn_id, k)
+    fields[#fields + 1] = turn.writes[k]
+    if #fields >= 200 then
+      redis.call('HSET', keys.turns, unpack(fields))
+      fields = {}
     end
   end
-  return table.concat(kept, ',')
+  if #fields > 0 then redis.call('HSET', keys.turns, unpack(fields)) end
+  local gone = {}
+  for _, k in ipairs(turn.gone) do
+    gone[#gone + 1] = range_field(turn_id, k)
+    if #gone >= 100 then
+      redis.call('HDEL', keys.turns, unpack(gone))
+      gone = {}
+    end
+  end
+  if #gone > 0 then redis.call('HDEL', keys.turns, unpack(gone)) end
+  turn.writes, turn.gone = {}, {}
+end
+
+-- Deletes a turn's record. It holds no range (kept is 0): its range fields are in `gone`.
+local function delete_turn(keys, turn_id, turn)
+  local fields = {turn_id}
+  for _, k in ipairs(turn.gone) do
+    fields[#fields + 1] = range_field(turn_id, k)
+    if #fields >= 100 then
+      redis.call('HDEL', keys.turns, unpack(fields))
+      fields = {}
+    end
+  end
+  if #fields > 0 then redis.call('HDEL', keys.turns, unpack(fields)) end
+end
+
+-- Adds sequences first..last (newer than any of the turn's) to the turn.
+local function extend_turn(turn, first, last)
+  if turn.kept > 0 and turn.b + 1 == first then
+    turn.b = last
+  else
+    if turn.kept > 0 then
+      turn.writes[turn.k1] = range_value(turn.a, turn.b)
+      turn.k1 = turn.k1 + 1
+    end
+    turn.a, turn.b = first, last
+  end
+  local count = last - first + 1
+  turn.kept = turn.kept + count
+  if turn.start > 0 then
+    turn.replies = turn.replies + count
+    if turn.first == 0 then turn.first = first end
+  end
+end
+
+-- Drops the turn's sequences up to `upto` from its oldest ranges. The work is one range read
+-- per range dropped, plus one.
+local function drop_turn_through(keys, turn_id, turn, upto)
+  while turn.kept > 0 do
+    local a, b = turn_range(keys, turn_id, turn, turn.k0)
+    if a > upto then break end
+    local cut = math.min(b, upto)
+    turn.kept = turn.kept - (cut - a + 1)
+    if turn.start > 0 and cut >= turn.start then
+      turn.replies = turn.replies - (cut - math.max(a, turn.start) + 1)
+    end
+    if cut < b then
+      if turn.k0 == turn.k1 then turn.a = cut + 1 else turn.writes[turn.k0] = range_value(cut + 1, b) end
+      break
+    end
+    if turn.k0 == turn.k1 then
+      turn.a, turn.b = 0, 0
+      break
+    end
+    turn.writes[turn.k0] = nil
+    turn.gone[#turn.gone + 1] = turn.k0
+    turn.k0 = turn.k0 + 1
+  end
+  if turn.replies <= 0 then
+    turn.replies, turn.first = 0, 0
+  elseif turn.first <= upto then
+    -- Every sequence kept is after upto, and upto after the reply start.
+    turn.first = turn_range(keys, turn_id, turn, turn.k0)
+  end
+end
+
+-- A new message of a finished turn is refused before anything is written (a replay of a
+-- stored one was answered before this check). In layout 2 the turn read here is kept for
+-- store_batch; a layout-1 thread's migration step may write the record in between.
+local function check_turn(keys, batch, meta)
+  if batch.turn_id == '' then return nil end
+  local turn = read_turn(keys, batch.turn_id)
+  if turn and turn.outcome ~= 'open' then
+    return redis.error_reply('KVS_TURN_FINISHED turn ' .. batch.turn_id .. ' was finished (' .. turn.outcome .. ')')
+  end
+  if meta.layout == '2' then batch.turn = turn or false end
+  return nil
 end
