@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from collections.abc import Generator, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -94,8 +93,11 @@ class ThreadRef:
         return cls(config, keys, (*keys.fixed(), keys.chunk_prefix), limits)
 
     def limits(self) -> list[Any]:
-        """ARGV[1..10] of every writing script (lua/includes/thread.lua: read_limits)."""
-        return [*self.limits_prefix, int(time.time() * 1000)]
+        """ARGV[1..10] of every writing script (lua/includes/thread.lua: read_limits).
+
+        ARGV[10] is unused (it carried the client's clock; expiry is relative now) and kept so
+        the arguments after it keep their positions."""
+        return [*self.limits_prefix, 0]
 
 
 # --------------------------------------------------------------------------------- append

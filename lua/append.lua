@@ -32,7 +32,7 @@ if not failure then cuts, failure = check_store_keys(keys, batch, limits, meta) 
 failure = failure or check_batch(keys, batch, limits, meta)
 if failure then return failure end
 
-local deadline, moved = expiry_deadline(keys, limits.ttl_ms, limits.now_ms)
+local deadline, moved = expiry_deadline(keys, limits.ttl_ms)
 keys.deadline = deadline
 local migrated
 migrated, meta = migrate_first(keys, limits, meta)

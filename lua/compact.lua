@@ -45,7 +45,7 @@ if summary_last < previous then
   return redis.error_reply(string.format('KVS_BAD_SUMMARY last_sequence %d is before the current summary\'s %d', summary_last, previous))
 end
 
-local deadline, moved = expiry_deadline(keys, limits.ttl_ms, limits.now_ms)
+local deadline, moved = expiry_deadline(keys, limits.ttl_ms)
 keys.deadline = deadline
 local migrated
 migrated, meta = migrate_first(keys, limits, meta)

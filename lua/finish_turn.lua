@@ -28,7 +28,7 @@ local err = check_thread(keys)
 if err then return err end
 
 -- A layout-1 thread's turn in progress gets its turn record when its migration begins.
-local deadline, moved = expiry_deadline(keys, limits.ttl_ms, limits.now_ms)
+local deadline, moved = expiry_deadline(keys, limits.ttl_ms)
 keys.deadline = deadline
 migrate_step(keys, limits)
 local current = redis.call('HMGET', keys.meta, 'turn_id', 'turn_seq')

@@ -34,7 +34,7 @@ for a, b in string.gmatch(ranges, '(%d+)-(%d+)') do
   for s = tonumber(a), tonumber(b) do sequences[#sequences + 1] = s end
 end
 
-local deadline, moved = expiry_deadline(keys, limits.ttl_ms, limits.now_ms)
+local deadline, moved = expiry_deadline(keys, limits.ttl_ms)
 keys.deadline = deadline
 local removed, bytes, media = 0, 0, 0
 local ids, otids = {}, {}

@@ -22,7 +22,7 @@ local turn_id = ARGV[11]
 local err = check_thread(keys)
 if err then return err end
 
-local deadline, moved = expiry_deadline(keys, limits.ttl_ms, limits.now_ms)
+local deadline, moved = expiry_deadline(keys, limits.ttl_ms)
 keys.deadline = deadline
 migrate_step(keys, limits)
 local current = redis.call('HMGET', keys.meta, 'turn_id', 'turn_seq', 'turn_outcome', 'last_seq')
