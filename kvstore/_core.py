@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from collections.abc import Generator, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -94,8 +93,11 @@ class ThreadRef:
         return cls(config, keys, (*keys.fixed(), keys.chunk_prefix), limits)
 
     def limits(self) -> list[Any]:
-        """ARGV[1..10] of every writing script (lua/includes/thread.lua: read_limits)."""
-        return [*self.limits_prefix, int(time.time() * 1000)]
+        """ARGV[1..10] of every writing script (lua/includes/thread.lua: read_limits).
+
+        ARGV[10] is unused (it carried the client's clock; expiry is relative now) and kept so
+        the arguments after it keep their positions."""
+        return [*self.limits_prefix, 0]
 
 
 # --------------------------------------------------------------------------------- append
@@ -397,13 +399,15 @@ def _walk(
     if walk == "down" and not low[0] and not high[0]:
         # The newest page: the window always holds the newest window_size messages, so one
         # native read usually answers it.
-        window, newest_large, deleted_before = yield Batch(
+        window, newest_large, (deleted_before, deleting) = yield Batch(
             [
                 ("ZRANGE", keys.window, "+inf", "-inf", "BYSCORE", "REV", "LIMIT", 0, need, "WITHSCORES"),
                 ("ZRANGE", keys.large_index, "+inf", "-inf", "BYSCORE", "REV", "LIMIT", 0, 1, "WITHSCORES"),
-                ("HGET", keys.meta, "deleted_before"),
+                ("HMGET", keys.meta, "deleted_before", "deleting"),
             ]
         )
+        if deleting is not None:  # an interrupted delete(): the thread reads as empty
+            return [], False, 0
         pairs = _score_pairs(window)
         large = _score_pairs(newest_large)
         # An oversized message newer than the page's oldest would belong in it: plan instead.
@@ -547,6 +551,8 @@ def stats(thread: ThreadRef) -> Operation:
 
 def _stats_from(meta: dict, window: int, chunks: int, legacy: int) -> ThreadStats:
     fields = {(k.decode() if isinstance(k, bytes) else k): v for k, v in meta.items()}
+    if "deleting" in fields:  # an interrupted delete(): the thread reads as empty
+        fields, window, chunks, legacy = {}, 0, 0, 0
 
     def number(name: str) -> int | None:
         value = fields.get(name)
@@ -734,9 +740,39 @@ def remove_turn(thread: ThreadRef, turn_id: str) -> Operation:
 
 
 def delete(thread: ThreadRef) -> Operation:
-    """Removes every key of the thread, DELETE_STEP chunks per call."""
-    while not (yield Eval(SCRIPTS["delete"], thread.script_keys, (DELETE_STEP,))):
-        pass
+    """Removes every key of the thread, DELETE_STEP chunks per call.
+
+    The first call tombstones the thread (lua/delete.lua): if the caller stops between calls,
+    the thread reads as empty and the next delete, or write, finishes the job."""
+    yield from _delete_steps(thread.script_keys, "start")
+
+
+def _delete_steps(script_keys: Sequence[str], mode: Literal["start", "continue"]) -> Operation:
+    while not (yield Eval(SCRIPTS["delete"], script_keys, (DELETE_STEP, mode))):
+        mode = "continue"
+
+
+def finishing_deletes(operation: Operation) -> Operation:
+    """Drives `operation`, finishing any interrupted delete() one of its writes runs into.
+
+    A writing script refuses a thread being deleted before it writes anything (KVS_DELETING):
+    the deletion is finished here, never started (a thread another caller wrote meanwhile is left
+    alone), and the refused call is sent again, to the now-empty thread. The executors run every
+    operation through this, so no operation handles it itself."""
+    try:
+        request = next(operation)
+        while True:
+            try:
+                reply = yield request
+            except errors.ThreadDeleting:
+                yield from _delete_steps(request.keys, "continue")
+                continue
+            except errors.KVStoreError as exc:
+                request = operation.throw(exc)
+            else:
+                request = operation.send(reply)
+    except StopIteration as done:
+        return done.value
 
 
 def migrate(thread: ThreadRef, max_calls: int | None = None) -> Operation:

@@ -93,6 +93,7 @@ _ERRORS: dict[str, type[errors.KVStoreError]] = {
     "KVS_NOT_FOUND": errors.MessageNotFound,
     "KVS_BAD_SUMMARY": errors.InvalidCursor,
     "KVS_MIGRATING": errors.MigrationPending,
+    "KVS_DELETING": errors.ThreadDeleting,
 }
 
 _KVS_CODE = re.compile(r"(KVS_[A-Z_]+) ?(.*)", re.DOTALL)

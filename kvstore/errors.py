@@ -43,6 +43,14 @@ class InlineMediaBudget(KVStoreError):
         self.available = available
 
 
+class ThreadDeleting(KVStoreError):
+    """A write met a thread that an interrupted ``delete()`` left half-deleted; nothing was written.
+
+    The store handles it itself (it finishes the deletion and sends the write again, to the now
+    empty thread); it reaches callers only through the low-level core.
+    """
+
+
 class MessageTooLarge(KVStoreError, ValueError):
     """One encoded message is larger than ``max_message_bytes``; nothing was written."""
 

@@ -158,6 +158,7 @@ class MessageStore(_Executor):
 
     def run(self, operation: Operation) -> Any:
         """Drives a core operation; a typed error is thrown back into it (it may handle it)."""
+        operation = _core.finishing_deletes(operation)
         try:
             request = next(operation)
             while True:
@@ -314,6 +315,7 @@ class AsyncMessageStore(_Executor):
 
     async def run(self, operation: Operation) -> Any:
         """Drives a core operation; a typed error is thrown back into it (it may handle it)."""
+        operation = _core.finishing_deletes(operation)
         try:
             request = next(operation)
             while True:

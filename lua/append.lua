@@ -36,7 +36,7 @@ failure = failure or check_batch(keys, batch, limits, meta) or check_turn(keys, 
 if not failure and meta.layout ~= '2' then failure = check_migration(keys) end
 if failure then return failure end
 
-local deadline, moved = expiry_deadline(keys, limits.ttl_ms, limits.now_ms)
+local deadline, moved = expiry_deadline(keys, limits.ttl_ms)
 keys.deadline = deadline
 local migrated
 migrated, meta = migrate_first(keys, limits, meta)

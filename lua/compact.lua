@@ -53,7 +53,7 @@ if summary_last == previous then
   return {0, tonumber(redis.call('HGET', keys.meta, 'summary_seq')), 0}
 end
 
-local deadline, moved = expiry_deadline(keys, limits.ttl_ms, limits.now_ms)
+local deadline, moved = expiry_deadline(keys, limits.ttl_ms)
 keys.deadline = deadline
 local migrated
 migrated, meta = migrate_first(keys, limits, meta)

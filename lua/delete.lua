@@ -1,33 +1,63 @@
 #!lua flags=allow-oom
---- Deletes a thread in bounded steps (allowed at maxmemory: deleting frees memory): up to max_chunks chunks per call, then, once no chunk is
---- listed, every other key in the same call (so a rollover racing the delete leaves no orphan).
+--- Deletes a thread in bounded steps (allowed at maxmemory: deleting frees memory).
+---
+--- The first call tombstones the thread: it removes every key but the two chunk indexes and
+--- meta, and leaves meta holding only `deleting` and a moved `gen` (so a read in flight plans
+--- again). From then on the thread reads as empty and every writing script refuses it
+--- (KVS_DELETING) before writing: the client finishes the deletion and writes again. Each call
+--- then removes up to max_chunks chunks; the call that leaves none removes the indexes and meta.
+--- Keys that can be large go with UNLINK, so the server frees them in the background.
 ---
 --- KEYS[1..10] the thread's keys (docs/LAYOUT.md)
 --- ARGV[1]     max_chunks (int)
+--- ARGV[2]     'start' (delete(): tombstone the thread if it is not yet) or 'continue' (only
+---             finish a deletion already started: a live thread is left as it is)
 ---
---- Reply: 1 when the thread is gone, 0 when more calls are needed
+--- Reply: 1 when the thread is gone (or, for 'continue', was not being deleted), 0 when more
+---        calls are needed
 --- Errors: KVS_WRONGTYPE
 --- @include "includes/checks"
 --- @include "includes/thread"
 
 local keys = thread_keys()
-local max_chunks = tonumber(ARGV[1])
+local max_chunks, mode = tonumber(ARGV[1]), ARGV[2]
 
 local err = check_key_types({{keys.chunk_index, 'zset'}, {keys.large_index, 'zset'}})
 if err then return err end
+
+local meta_is_hash = redis.call('TYPE', keys.meta)['ok'] == 'hash'
+if not (meta_is_hash and redis.call('HEXISTS', keys.meta, 'deleting') == 1) then
+  if mode ~= 'start' then return 1 end
+  redis.call('UNLINK', keys.window, keys.window_side, keys.ids, keys.otids, keys.turns, keys.legacy)
+  -- Any other value at meta goes too; a hash stays a key (and keeps its expiry): the tombstone
+  -- first, then every other field goes.
+  if not meta_is_hash then redis.call('UNLINK', keys.meta) end
+  redis.call('HSET', keys.meta, 'deleting', '1')
+  local fields, drop = redis.call('HGETALL', keys.meta), {}
+  for i = 1, #fields, 2 do
+    if fields[i] ~= 'deleting' and fields[i] ~= 'gen' then drop[#drop + 1] = fields[i] end
+  end
+  if #drop > 0 then redis.call('HDEL', keys.meta, unpack(drop)) end
+  redis.call('HINCRBY', keys.meta, 'gen', 1)
+end
 
 local left = max_chunks
 for _, index in ipairs({keys.chunk_index, keys.large_index}) do
   if left > 0 then
     local entries = redis.call('ZRANGE', index, 0, left - 1, 'WITHSCORES')
-    for i = 1, #entries, 2 do
-      redis.call('DEL', keys.chunk_prefix .. entries[i + 1])
-      redis.call('ZREM', index, entries[i])
-      left = left - 1
+    if #entries > 0 then
+      local chunk_keys, members = {}, {}
+      for i = 1, #entries, 2 do
+        members[#members + 1] = entries[i]
+        chunk_keys[#chunk_keys + 1] = keys.chunk_prefix .. entries[i + 1]
+      end
+      redis.call('UNLINK', unpack(chunk_keys))
+      redis.call('ZREM', index, unpack(members))
+      left = left - #members
     end
   end
 end
-if left < max_chunks then return 0 end
-redis.call('DEL', keys.meta, keys.window, keys.window_side, keys.chunk_index, keys.large_index,
-  keys.ids, keys.otids, keys.turns, keys.legacy)
+-- Both indexes gave fewer chunks than asked for: none is left.
+if left == 0 then return 0 end
+redis.call('UNLINK', keys.chunk_index, keys.large_index, keys.meta)
 return 1

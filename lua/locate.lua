@@ -23,8 +23,10 @@ local err = check_key_types({
 })
 if err then return err end
 
-local meta = redis.call('HMGET', keys.meta, 'gen', 'deleted_before')
+local meta = redis.call('HMGET', keys.meta, 'gen', 'deleted_before', 'deleting')
 local reply = {tonumber(meta[1] or '0'), tonumber(meta[2] or '0')}
+-- A thread being deleted (lua/delete.lua) stores nothing, whatever chunks it still has.
+local deleting = meta[3]
 for i = 2, #ARGV do
   local sequence
   if kind == 'id' then
@@ -33,7 +35,7 @@ for i = 2, #ARGV do
     sequence = tonumber(ARGV[i])
   end
   local where, first = nil, nil
-  if sequence > 0 then
+  if sequence > 0 and not deleting then
     if redis.call('HEXISTS', keys.legacy, sequence) == 1 then
       where = 'legacy'
     else

@@ -22,7 +22,7 @@ local limits = read_limits()
 local err = check_thread(keys)
 if err then return err end
 
-local deadline, moved = expiry_deadline(keys, limits.ttl_ms, limits.now_ms)
+local deadline, moved = expiry_deadline(keys, limits.ttl_ms)
 keys.deadline = deadline
 local chunks = migrate_step(keys, limits)
 if chunks > 0 then apply_expiry(keys, deadline, moved) end

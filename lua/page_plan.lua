@@ -37,10 +37,12 @@ local err = check_key_types({
 })
 if err then return err end
 
-local meta = redis.call('HMGET', meta_key, 'gen', 'deleted_before', 'last_seq')
+local meta = redis.call('HMGET', meta_key, 'gen', 'deleted_before', 'last_seq', 'deleting')
 local gen = tonumber(meta[1] or '0')
 local deleted_before = tonumber(meta[2] or '0')
 local last_seq = tonumber(meta[3] or '0')
+-- A thread being deleted (lua/delete.lua) reads as empty, whatever chunks it still has.
+if meta[4] then deleted_before, last_seq = 0, 0 end
 
 -- An id no stored message has is expired when retention may have deleted it.
 local function resolve(kind, value)

@@ -37,7 +37,7 @@ while turn.kept > 0 and k <= turn.k1 and #sequences < max_messages do
   k = k + 1
 end
 
-local deadline, moved = expiry_deadline(keys, limits.ttl_ms, limits.now_ms)
+local deadline, moved = expiry_deadline(keys, limits.ttl_ms)
 keys.deadline = deadline
 local removed, bytes, media = 0, 0, 0
 local ids, otids = {}, {}

@@ -69,7 +69,7 @@ if where == 'chunk' then
 end
 
 -- Write.
-local deadline, moved = expiry_deadline(keys, limits.ttl_ms, limits.now_ms)
+local deadline, moved = expiry_deadline(keys, limits.ttl_ms)
 keys.deadline = deadline
 if where == 'window' then
   redis.call('ZREMRANGEBYSCORE', keys.window, sequence, sequence)

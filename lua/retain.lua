@@ -19,7 +19,7 @@ local limits = read_limits()
 local err = check_thread(keys)
 if err then return err end
 
-local deadline, moved = expiry_deadline(keys, limits.ttl_ms, limits.now_ms)
+local deadline, moved = expiry_deadline(keys, limits.ttl_ms)
 keys.deadline = deadline
 local deleted = retain(keys, limits.retained_limit, limits.max_move_chunks)
 apply_expiry(keys, deadline, moved)

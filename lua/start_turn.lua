@@ -24,7 +24,7 @@ local turn_id = ARGV[11]
 local err = check_thread(keys) or check_migration(keys)
 if err then return err end
 
-local deadline, moved = expiry_deadline(keys, limits.ttl_ms, limits.now_ms)
+local deadline, moved = expiry_deadline(keys, limits.ttl_ms)
 keys.deadline = deadline
 migrate_step(keys, limits)
 local turn = recover_start(keys, turn_id, read_turn(keys, turn_id) or new_turn())

@@ -16,9 +16,18 @@ local function check_key_types(expected)
   return nil
 end
 
--- Fails unless the thread is missing, in layout 2, or in layout 1 (which it migrates).
+-- The refusal of a write to a thread an interrupted delete() left tombstoned (lua/delete.lua):
+-- the client finishes the deletion, then sends the write again.
+local function deleting_error()
+  return redis.error_reply('KVS_DELETING the thread is being deleted: finish the deletion, then write again')
+end
+
+-- Fails unless the thread is missing, in layout 2, or in layout 1 (which it migrates), and is not
+-- being deleted.
 local function check_layout(meta_key)
-  local layout = redis.call('HGET', meta_key, 'layout')
+  local meta = redis.call('HMGET', meta_key, 'layout', 'deleting')
+  if meta[2] then return deleting_error() end
+  local layout = meta[1]
   if layout and layout ~= '2' and layout ~= '1' then
     return redis.error_reply('KVS_LAYOUT thread is stored in layout ' .. layout .. ', this version reads layouts 1 and 2')
   end

@@ -1,21 +1,28 @@
--- Idle expiry (thread_ttl). Every key of a thread shares one deadline, kept in meta
--- `expire_at`. A write that finds less than `ttl` left moves the deadline to now + 1.5 ttl and
--- sets it on every key (the fixed keys and every chunk): that costs one pass over the chunks per
--- half ttl, not per write. Each write also sets the deadline on the fixed keys, since a write may
--- have created one, and on the chunks it wrote.
+-- Idle expiry (thread_ttl), on the server's clock: scripts never see a time. Every key of a
+-- thread carries one absolute deadline, meta's. A write that finds less than `ttl` left on meta
+-- (PTTL) sets 1.5 ttl on meta (PEXPIRE) and meta's new deadline (PEXPIRETIME) on every other
+-- key, chunks included: one pass over the chunks per half ttl, not per write. Each write also
+-- sets the deadline on the fixed keys, since a write may have created one, and on the chunks it
+-- wrote. One absolute deadline, rather than a PEXPIRE per key, makes every key expire at the
+-- same instant: Redis 7.0 does not freeze time inside a script, so relative expiries set along a
+-- pass over many chunks would spread.
 
--- Returns the deadline this call's writes must carry (0 when the thread has no ttl), and
--- whether it moved.
-local function expiry_deadline(keys, ttl_ms, now_ms)
+-- Returns the deadline this call's writes must carry (0 when the thread has no ttl, or when it
+-- moves) and, when the deadline moves, the time to live apply_expiry sets (false otherwise).
+local function expiry_deadline(keys, ttl_ms)
   if ttl_ms <= 0 then return 0, false end
-  local deadline = tonumber(redis.call('HGET', keys.meta, 'expire_at') or '0')
-  if now_ms + ttl_ms <= deadline then return deadline, false end
-  return now_ms + ttl_ms + math.floor(ttl_ms / 2), true
+  if redis.call('PTTL', keys.meta) >= ttl_ms then
+    return redis.call('PEXPIRETIME', keys.meta), false
+  end
+  return 0, ttl_ms + math.floor(ttl_ms / 2)
 end
 
 local function apply_expiry(keys, deadline, moved)
+  if moved then
+    redis.call('PEXPIRE', keys.meta, moved)
+    deadline = redis.call('PEXPIRETIME', keys.meta)
+  end
   if deadline <= 0 then return end
-  redis.call('HSET', keys.meta, 'expire_at', fmt(deadline))
   for _, key in ipairs({keys.meta, keys.window, keys.window_side, keys.chunk_index, keys.large_index,
                         keys.ids, keys.otids, keys.turns, keys.legacy}) do
     redis.call('PEXPIREAT', key, deadline)
@@ -30,7 +37,8 @@ local function apply_expiry(keys, deadline, moved)
   end
 end
 
--- A chunk written by this call gets the thread's deadline at once.
+-- A chunk written by this call gets the thread's deadline at once (when the deadline moves, the
+-- pass of apply_expiry sets it).
 local function expire_new_chunk(keys, chunk_key)
   if keys.deadline and keys.deadline > 0 then
     redis.call('PEXPIREAT', chunk_key, keys.deadline)

@@ -11,7 +11,7 @@
 -- written once (store_batch), and only the keys this call may write have their type checked;
 -- the maps it reads first (meta, ids, otids) are checked by those reads themselves.
 
-local META_FIELDS = {'layout', 'last_seq', 'stored', 'bytes', 'media', 'window_bytes'}
+local META_FIELDS = {'layout', 'last_seq', 'stored', 'bytes', 'media', 'window_bytes', 'deleting'}
 
 local function wrong_type(key)
   return redis.error_reply('KVS_WRONGTYPE ' .. key .. ' does not hold the type kvstore keeps there')
@@ -32,12 +32,14 @@ local function checked_read(key, ...)
   return reply
 end
 
--- The meta fields the store path needs, as numbers (layout as a string or nil).
+-- The meta fields the store path needs, as numbers (layout as a string or nil); refuses a
+-- thread being deleted.
 local function load_meta(keys)
   local values, err = checked_read(keys.meta, 'HMGET', keys.meta, unpack(META_FIELDS))
   if err then return nil, err end
   local meta = {layout = values[1] or nil}
   for i = 2, #META_FIELDS do meta[META_FIELDS[i]] = tonumber(values[i] or '0') end
+  if meta.deleting > 0 then return nil, deleting_error() end
   return meta
 end
 

@@ -32,13 +32,15 @@ end
 
 -- The limits every writing script takes as ARGV[1..10]:
 -- window_size, chunk_size, chunk_max_bytes, max_move_chunks, max_move_bytes,
--- max_message_bytes, max_media, retained_limit (-1 keeps all), ttl_ms (0: none), now_ms.
+-- max_message_bytes, max_media, retained_limit (-1 keeps all), ttl_ms (0: none), and ARGV[10],
+-- unused (it carried the client's clock; expiry is relative now), kept so the arguments after it
+-- keep their positions.
 local function read_limits()
   return {
     window_size = tonumber(ARGV[1]), chunk_size = tonumber(ARGV[2]),
     chunk_max_bytes = tonumber(ARGV[3]), max_move_chunks = tonumber(ARGV[4]),
     max_move_bytes = tonumber(ARGV[5]), max_message_bytes = tonumber(ARGV[6]),
     max_media = tonumber(ARGV[7]), retained_limit = tonumber(ARGV[8]),
-    ttl_ms = tonumber(ARGV[9]), now_ms = tonumber(ARGV[10]),
+    ttl_ms = tonumber(ARGV[9]),
   }
 end

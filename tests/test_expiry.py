@@ -1,0 +1,66 @@
+"""Idle expiry follows the server's clock: a client whose clock is off sets the same deadlines as
+one whose clock is right (issue #11, item 8). Checked with PTTL and PEXPIRETIME of every key, not
+with sleeps."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from kvstore import UserMessage
+
+SMALL = dict(window_size=4, chunk_size=2, chunk_max_bytes=2048)
+TTL_MS = 60_000
+
+
+def expiries(client, namespace: str) -> dict[bytes, tuple[int, int]]:
+    """(PTTL, PEXPIRETIME) of every key of the namespace."""
+    return {
+        key: (client.pttl(key), client.pexpiretime(key))
+        for key in client.scan_iter(match=f"{namespace}:*", count=1000)
+    }
+
+
+def assert_one_deadline(client, namespace: str, low_ms: int, high_ms: int) -> int:
+    """Every key carries the same absolute deadline, `low_ms` to `high_ms` from now."""
+    times = expiries(client, namespace)
+    assert len(times) >= 8, times  # fixed keys, chunks and an oversized message's chunk
+    assert len({deadline for _, deadline in times.values()}) == 1, times
+    assert all(low_ms < left <= high_ms for left, _ in times.values()), times
+    return next(iter(times.values()))[1]
+
+
+def expire_all_at(client, namespace: str, deadline_ms: int) -> None:
+    for key in client.scan_iter(match=f"{namespace}:*", count=1000):
+        client.pexpireat(key, deadline_ms)
+
+
+def server_ms(client) -> int:
+    seconds, micros = client.time()
+    return seconds * 1000 + micros // 1000
+
+
+@pytest.mark.parametrize("skew_s", [-120, 120], ids=["clock-behind", "clock-ahead"])
+def test_thread_ttl_follows_the_servers_clock(make_thread, raw_client, namespace, server_only, monkeypatch, skew_s):
+    real_time = time.time
+    monkeypatch.setattr(time, "time", lambda: real_time() + skew_s)  # this process only
+    thread = make_thread(thread_ttl=TTL_MS // 1000, **SMALL)
+    thread.append([UserMessage(content=f"m{i} " + "x" * 200) for i in range(12)])
+    thread.append(UserMessage(content="O" * 5000))  # an oversized message: a chunk of its own
+    thread.start_turn("t")
+    # The thread lives between ttl and 1.5 ttl after its last write.
+    assert_one_deadline(raw_client, namespace, TTL_MS - 5_000, TTL_MS * 3 // 2)
+
+    # Less than ttl left (as if 40 s had passed): the next write moves every key's deadline.
+    expire_all_at(raw_client, namespace, server_ms(raw_client) + 50_000)
+    thread.append([UserMessage(content=f"n{i} " + "x" * 200) for i in range(4)])
+    assert_one_deadline(raw_client, namespace, TTL_MS * 3 // 2 - 5_000, TTL_MS * 3 // 2)
+
+    # More than ttl left: a write keeps the deadline, and a chunk it writes gets the same one.
+    deadline = server_ms(raw_client) + 70_000
+    expire_all_at(raw_client, namespace, deadline)
+    chunks = raw_client.zcard(thread.keys.chunk_index)
+    thread.append([UserMessage(content=f"p{i} " + "x" * 200) for i in range(4)])
+    assert raw_client.zcard(thread.keys.chunk_index) > chunks
+    assert assert_one_deadline(raw_client, namespace, 60_000, 70_000) == deadline
