@@ -264,9 +264,9 @@ class Thread:
         while True:
             page = self.list(after=after, limit=ITER_PAGE, order=order)
             yield from page.messages
-            if not page.has_more or not page.messages:
+            after = _core.last_place(page, order)
+            if not page.has_more or after is None:
                 return
-            after = page.messages[-1].seq_id
 
     def get(self, message_id: str) -> Message:
         return self._store.run(_core.get(self._ref, message_id))
@@ -421,9 +421,9 @@ class AsyncThread:
             page = await self.list(after=after, limit=ITER_PAGE, order=order)
             for message in page.messages:
                 yield message
-            if not page.has_more or not page.messages:
+            after = _core.last_place(page, order)
+            if not page.has_more or after is None:
                 return
-            after = page.messages[-1].seq_id
 
     async def get(self, message_id: str) -> Message:
         return await self._store.run(_core.get(self._ref, message_id))
