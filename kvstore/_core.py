@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Generator, Iterable, Sequence
+from collections.abc import Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -19,7 +19,7 @@ from pydantic import BaseModel
 
 from . import errors
 from ._keys import ThreadKeys
-from ._record import decode_records, encode_record, record_turn_id
+from ._record import decode_records, encode_message, salvage
 from ._scripts import SCRIPTS, Script
 from .config import StoreConfig
 from .messages import (
@@ -28,7 +28,6 @@ from .messages import (
     SummaryMessage,
     check_inline_parts,
     inline_media_bytes,
-    parse_message,
     strip_inline_media,
 )
 from .models import MessagesPage, ThreadSnapshot, ThreadStats, TurnOutcome, TurnResult, TurnState
@@ -129,6 +128,11 @@ def _new_message_id() -> str:
     return f"message-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
+def _now() -> str:
+    """The time as a stored date: ISO 8601 in UTC, as pydantic dumps it (isoformat is the fast way)."""
+    return datetime.now(UTC).isoformat()[:-6] + "Z"
+
+
 def _with_sequence(message: Message, sequence: int) -> Message:
     """Sets seq_id on a copy the store made itself (no second copy, no re-validation)."""
     message.__dict__["seq_id"] = sequence
@@ -138,10 +142,10 @@ def _with_sequence(message: Message, sequence: int) -> Message:
 def prepare_batch(
     config: StoreConfig, messages: Message | dict | Iterable[Message | dict], turn_id: str | None
 ) -> list[_Prepared]:
-    """Validates, fills ids and dates, encodes; every limit is enforced here, before the socket."""
+    """Validates what it encodes, fills ids and dates; every limit is enforced here, before the socket."""
     if isinstance(messages, (dict, BaseModel)) or not isinstance(messages, Iterable):
         messages = [messages]
-    batch = [parse_message(m) for m in messages]
+    batch = list(messages)
     if not batch:
         raise errors.InvalidMessage("append needs at least one message")
     if len(batch) > config.max_batch_messages:
@@ -150,26 +154,23 @@ def prepare_batch(
         )
     if turn_id is not None:
         _check_token("turn_id", turn_id)
-    now = datetime.now(UTC)
+    now = _now()
+
+    def stamp(body: dict[str, Any]) -> None:
+        # On the dump that is stored: the caller's message is never changed.
+        if "id" in body:
+            _check_token("message id", body["id"])
+        else:
+            body["id"] = _new_message_id()
+        if "otid" in body:
+            _check_token("otid", body["otid"])
+        body.setdefault("date", now)
+
     prepared, total = [], 0
     for position, message in enumerate(batch):
-        media = check_inline_parts(message, config.max_inline_part_bytes)
-        if message.id is not None:
-            _check_token("message id", message.id)
-        if message.otid is not None:
-            _check_token("otid", message.otid)
-        # The one copy the store makes: the caller's message is never changed.
-        message = message.model_copy(
-            update={"id": message.id or _new_message_id(), "date": message.date or now, "seq_id": None}
-        )
-        record = encode_record(message, turn_id)
-        if len(record) > config.max_message_bytes:
-            raise errors.MessageTooLarge(
-                f"message {position} ({message.message_type}) encodes to {len(record)} bytes;"
-                f" max_message_bytes is {config.max_message_bytes}"
-            )
-        total += len(record)
-        prepared.append(_Prepared(message, record, media))
+        item = _prepared(config, message, turn_id, stamp, f"message {position}")
+        total += len(item.record)
+        prepared.append(item)
     if total > config.max_batch_bytes:
         raise errors.BatchTooLarge(
             f"the batch encodes to {total} bytes; max_batch_bytes is {config.max_batch_bytes}"
@@ -208,8 +209,8 @@ def _fit_media(prepared: list[_Prepared], available: int, turn_id: str | None) -
     fitted = []
     for item in prepared:
         if item.media > available:
-            message = strip_inline_media(item.message, item.media - available)
-            item = _Prepared(message, encode_record(message, turn_id), inline_media_bytes(message))
+            message, record = encode_message(strip_inline_media(item.message, item.media - available), turn_id)
+            item = _Prepared(message, record, inline_media_bytes(message))
         available -= item.media
         fitted.append(item)
     return fitted
@@ -243,13 +244,31 @@ def finish_turn(thread: ThreadRef, turn_id: str, outcome: TurnOutcome) -> Operat
 # ---------------------------------------------------------------------------------- reads
 
 
-def _decode(entries: list[tuple[int, bytes]]) -> list[Message]:
-    return decode_records(entries) if entries else []
+def _decode(
+    thread: ThreadRef, entries: list[tuple[int, bytes]], unreadable: list[int] | None = None
+) -> list[Message]:
+    """The messages of `entries`; every read decodes here (docs/RELIABILITY.md, "One bad record").
+
+    An unreadable record raises RecordError naming its sequence. Given `unreadable` (a page
+    read), it is skipped instead, logged, and its sequence appended there in page order.
+    """
+    if not entries:
+        return []
+    if unreadable is None:
+        return decode_records(entries)
+    failed: list[errors.RecordError] = []
+    messages = decode_records(entries, failed)
+    for error in failed:
+        log.warning("thread %s: skipped an unreadable record: %s", thread.keys.meta.rpartition(":")[0], error)
+        unreadable.append(error.sequence)
+    return messages
 
 
-def fetch_sequences(thread: ThreadRef, sequences: Sequence[int], missing_ok: bool = False) -> Operation:
-    """Reads messages by sequence, in the order given."""
-    return (yield from _fetch_located(thread, "seq", [str(s) for s in sequences], missing_ok))
+def fetch_sequences(
+    thread: ThreadRef, sequences: Sequence[int], missing_ok: bool = False, unreadable: list[int] | None = None
+) -> Operation:
+    """Reads messages by sequence, in the order given (`unreadable`: as in _decode)."""
+    return (yield from _fetch_located(thread, "seq", [str(s) for s in sequences], missing_ok, unreadable))
 
 
 def get(thread: ThreadRef, message_id: str) -> Operation:
@@ -261,11 +280,13 @@ def get(thread: ThreadRef, message_id: str) -> Operation:
     return found[0]
 
 
-def _fetch_located(thread: ThreadRef, kind: str, targets: list[str], missing_ok: bool) -> Operation:
+def _fetch_located(
+    thread: ThreadRef, kind: str, targets: list[str], missing_ok: bool, unreadable: list[int] | None = None
+) -> Operation:
     entries = yield from _locate_records(thread, kind, targets)
     if len(entries) < len(targets) and not missing_ok:
         raise errors.MessageNotFound(f"{len(targets) - len(entries)} messages are not stored")
-    return _decode(entries)
+    return _decode(thread, entries, unreadable)
 
 
 def _locate_records(thread: ThreadRef, kind: str, targets: list[str]) -> Operation:
@@ -380,11 +401,13 @@ def list_page(
     next_cursor = entries[-1][0] if has_more else None
     if (walk == "up") != (order == "asc"):
         entries.reverse()
+    unreadable: list[int] = []
     return MessagesPage(
-        messages=_decode(entries),
+        messages=_decode(thread, entries, unreadable),
         has_more=has_more,
         deleted_before_sequence=deleted_before or None,
         next_cursor=next_cursor,
+        unreadable=unreadable,
     )
 
 
@@ -525,12 +548,14 @@ def _turn_page(
         page.reverse()
     # The page goes on from the sequence farthest from its cursor.
     next_cursor = (page[0] if from_before else page[-1]) if has_more and page else None
-    messages = yield from fetch_sequences(thread, page, missing_ok=True)
+    unreadable: list[int] = []
+    messages = yield from fetch_sequences(thread, page, missing_ok=True, unreadable=unreadable)
     return MessagesPage(
         messages=messages,
         has_more=has_more,
         deleted_before_sequence=deleted_before or None,
         next_cursor=next_cursor,
+        unreadable=unreadable,
     )
 
 
@@ -598,12 +623,14 @@ def snapshot(thread: ThreadRef) -> Operation:
                 sequence=int(fields["turn_seq"]),
                 outcome=fields.get("turn_outcome") or "open",
             )
-        summary = yield from _summary(thread, fields)
+        unreadable = list(page.unreadable)
+        summary = yield from _summary(thread, fields, unreadable)
         return ThreadSnapshot(
             messages=list(reversed(page.messages)),
             summary=summary,
             turn=turn,
             stats=_stats_from(meta, window, chunks + large, legacy),
+            unreadable=sorted(set(unreadable)),
         )
     raise errors.ServerError("the thread changed under every read attempt; try again")
 
@@ -612,11 +639,11 @@ def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-def _summary(thread: ThreadRef, fields: dict[str, str]) -> Operation:
-    """The context summary named by meta, or None."""
+def _summary(thread: ThreadRef, fields: dict[str, str], unreadable: list[int]) -> Operation:
+    """The context summary named by meta, or None (also when its record is unreadable)."""
     if not fields.get("summary_seq"):
         return None
-    found = yield from fetch_sequences(thread, [int(fields["summary_seq"])], missing_ok=True)
+    found = yield from fetch_sequences(thread, [int(fields["summary_seq"])], missing_ok=True, unreadable=unreadable)
     summary = found[0] if found else None
     return summary if isinstance(summary, SummaryMessage) else None
 
@@ -629,7 +656,7 @@ def compact(
 ) -> Operation:
     if isinstance(last_sequence, bool) or not isinstance(last_sequence, int) or last_sequence < 1:
         raise errors.InvalidCursor(f"last_sequence must be a positive int, got {last_sequence!r}")
-    message = parse_message({"message_type": "summary_message", "summary": summary, "compaction_stats": stats})
+    message = {"message_type": "summary_message", "summary": summary, "compaction_stats": stats}
     (item,) = prepare_batch(thread.config, message, None)
     while True:
         args = [*thread.limits(), last_sequence, item.message.id, item.message.otid or "", item.media, item.record]
@@ -666,7 +693,7 @@ def context(thread: ThreadRef) -> Operation:
         messages: list[Message] = []
         after: Cursor = None
         if summary_seq is not None:
-            summary = yield from _summary(thread, {"summary_seq": _text(summary_seq)})
+            summary = yield from _summary(thread, {"summary_seq": _text(summary_seq)}, [])
             if summary is not None:
                 messages.append(summary)
             after = int(summary_last)
@@ -693,37 +720,50 @@ def context(thread: ThreadRef) -> Operation:
 def replace(thread: ThreadRef, message_id: str, message: Message | dict) -> Operation:
     if not isinstance(message_id, str) or not message_id:
         raise errors.InvalidCursor(f"message id must be a non-empty str, got {message_id!r}")
-    incoming = parse_message(message)
-    check_inline_parts(incoming, thread.config.max_inline_part_bytes)
+    incoming = _prepared(thread.config, message, None).message
     yield from migrate(thread)
     found = yield from _locate_records(thread, "id", [message_id])
     if not found:
         raise errors.MessageNotFound(f"no stored message has id {message_id!r}")
-    sequence, record = found[0]
-    (original,) = _decode([(sequence, record)])
-    turn_id = record_turn_id(record)
-    # Same id and sequence; the otid stays the original's (the otid map is not changed).
-    replacement = incoming.model_copy(
-        update={"id": original.id, "otid": original.otid, "date": incoming.date or original.date, "seq_id": None}
-    )
-    item = _prepared(thread.config, replacement, turn_id)
+    # The original is not decoded, so an unreadable one can be replaced too: what a lenient read
+    # of its record tells is kept (docs/RELIABILITY.md, "One bad record").
+    original = salvage(found[0][1])
+
+    def keep(body: dict[str, Any]) -> None:
+        # Same id and sequence; the otid stays the original's (the otid map is not changed).
+        body["id"] = message_id
+        body.pop("otid", None)
+        if original.otid is not None:
+            body["otid"] = original.otid
+        body.setdefault("date", original.date or _now())
+
+    item = _prepared(thread.config, incoming, original.turn_id, keep)
     while True:
         args = [*thread.limits(), message_id, item.media, item.record]
         try:
             stored_at = yield Eval(SCRIPTS["replace"], thread.script_keys, args)
         except errors.InlineMediaBudget as over:
-            (item,) = _fit_media([item], over.available, turn_id)
+            (item,) = _fit_media([item], over.available, original.turn_id)
             continue
         return item.message.model_copy(update={"seq_id": int(stored_at)})
 
 
-def _prepared(config: StoreConfig, message: Message, turn_id: str | None) -> _Prepared:
-    record = encode_record(message, turn_id)
+def _prepared(
+    config: StoreConfig,
+    message: Message | dict,
+    turn_id: str | None,
+    edit: Callable[[dict[str, Any]], None] | None = None,
+    what: str = "the message",
+) -> _Prepared:
+    """One message validated and encoded (kvstore/_record.py: encode_message), its limits checked."""
+    stored, record = encode_message(message, turn_id, edit)
+    media = check_inline_parts(stored, config.max_inline_part_bytes)
     if len(record) > config.max_message_bytes:
         raise errors.MessageTooLarge(
-            f"the message encodes to {len(record)} bytes; max_message_bytes is {config.max_message_bytes}"
+            f"{what} ({stored.message_type}) encodes to {len(record)} bytes;"
+            f" max_message_bytes is {config.max_message_bytes}"
         )
-    return _Prepared(message, record, inline_media_bytes(message))
+    return _Prepared(stored, record, media)
 
 
 def remove_turn(thread: ThreadRef, turn_id: str) -> Operation:

@@ -17,17 +17,22 @@ Version 1 (read only)
     version 2. Tool returns are read as stored (a ``tool_return`` string is valid version 2 as it
     is).
 
+Writing validates what it writes: :func:`encode_message` validates the very JSON-mode dump it
+packs, so a record always holds a valid message, whatever was done to the object in place.
+
 Reading never trusts the bytes: every malformed record, unknown version, nesting bomb or invalid
-message raises RecordError naming the record's sequence.
+message is a RecordError naming the record's sequence (``.sequence``). :func:`decode_records`
+raises it, or, for a page read, skips that record and hands the error back, so one bad record
+never hides the others. :func:`salvage` reads what it can of a record without validating it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple
 
 import msgpack
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 from pydantic_core import from_json
 
 from kvstore.errors import InvalidMessage, RecordError
@@ -36,10 +41,21 @@ from kvstore.messages import (
     MESSAGE_LIST_ADAPTER,
     BaseMessage,
     Message,
+    Timestamp,
     describe_errors,
+    invalid_message,
+    parse_message,
 )
 
-__all__ = ["RECORD_VERSION", "decode_records", "encode_record", "record_turn_id"]
+__all__ = [
+    "RECORD_VERSION",
+    "Salvaged",
+    "decode_records",
+    "encode_message",
+    "encode_record",
+    "record_turn_id",
+    "salvage",
+]
 
 RECORD_VERSION = 2
 
@@ -48,41 +64,112 @@ _JSON_RECORD_START = b"{"
 _V1_PART_CONTENT_TYPES = frozenset({"user_message", "assistant_message"})
 
 
-def encode_record(message: BaseMessage, turn_id: str | None = None) -> bytes:
-    """The version-2 record of ``message``; ``len()`` of the result is its stored size.
+def encode_message(
+    message: BaseMessage | Mapping[str, Any] | str | bytes,
+    turn_id: str | None = None,
+    edit: Callable[[dict[str, Any]], None] | None = None,
+) -> tuple[Message, bytes]:
+    """The message as stored and its version-2 record; ``len()`` of the record is its stored size.
 
-    Refuses no size (limits are the engine's); raises InvalidMessage only for a message that
-    cannot be encoded at all (a lone surrogate in a string, an integer wider than 64 bits).
+    What is packed is exactly what is validated: the message's JSON-mode dump (a dict is parsed
+    first), after ``edit`` has set fields on it (JSON values: the store's ids and dates). So a
+    message whose list or dict was changed in place after it was built cannot be stored, and the
+    message returned is the validated copy, sharing nothing with ``message``. Refuses no size
+    (limits are the engine's); every failure is an InvalidMessage naming the field.
     """
-    # The serializer directly, and seq_id popped rather than excluded: both measurably cheaper
-    # than model_dump(exclude=...) on this hot path.
-    body = message.__pydantic_serializer__.to_python(message, mode="json", exclude_none=True)
+    if not isinstance(message, BaseMessage):
+        message = parse_message(message)
+    body = _dump(message)
     body.pop("seq_id", None)  # the sequence lives in the key, not the record
+    if edit is not None:
+        edit(body)
+    try:
+        stored = MESSAGE_ADAPTER.validate_python(body)
+    except ValidationError as exc:
+        raise invalid_message(exc, body) from exc
     fields = [RECORD_VERSION, body] if turn_id is None else [RECORD_VERSION, body, turn_id]
     try:
-        return msgpack.packb(fields, use_bin_type=True)
+        record = msgpack.packb(fields, use_bin_type=True)
     except (ValueError, TypeError, OverflowError) as exc:  # UnicodeEncodeError is a ValueError
-        raise InvalidMessage(f"{message.message_type} cannot be encoded: {exc}") from exc
+        field = _unpackable_path(body) or "turn_id"
+        raise InvalidMessage(f"{stored.message_type} cannot be encoded: {field}: {exc}") from exc
+    return stored, record
 
 
-def decode_records(entries: Sequence[tuple[int, bytes]]) -> list[Message]:
-    """The messages of ``(sequence, record)`` entries, in order, each with ``seq_id`` set."""
-    bodies = [_record_body(sequence, record) for sequence, record in entries]
-    try:
-        # One validation call per page: the per-call overhead dominates for small messages.
-        return MESSAGE_LIST_ADAPTER.validate_python(bodies)
-    except ValidationError as exc:
-        index = _first_failing_index(exc)
-        sequence = entries[index][0]
-        detail = describe_errors(exc, bodies)
+def encode_record(message: BaseMessage | Mapping[str, Any], turn_id: str | None = None) -> bytes:
+    """The version-2 record of ``message`` (:func:`encode_message` without the stored message)."""
+    return encode_message(message, turn_id)[1]
+
+
+def decode_records(
+    entries: Sequence[tuple[int, bytes]], unreadable: list[RecordError] | None = None
+) -> list[Message]:
+    """The messages of ``(sequence, record)`` entries, in order, each with ``seq_id`` set.
+
+    An unreadable record raises RecordError naming its sequence. Given ``unreadable``, it is
+    skipped instead and its error appended there (in entry order): the other messages are read.
+    """
+    failed: dict[int, RecordError] = {}  # entry position -> error
+    bodies, positions = [], []
+    for position, (sequence, record) in enumerate(entries):
         try:
-            # Re-validate the culprit alone so the error names its fields, not the page's indexes.
-            MESSAGE_ADAPTER.validate_python(bodies[index])
-        except ValidationError as single:
-            detail = describe_errors(single, bodies[index])
-        raise RecordError(
-            f"record at sequence {sequence} does not hold a valid message: {detail}"
-        ) from exc
+            bodies.append(_record_body(sequence, record))
+        except RecordError as exc:
+            exc.sequence = sequence
+            if unreadable is None:
+                raise
+            failed[position] = exc
+        else:
+            positions.append(position)
+    while True:
+        try:
+            # One validation call per page: the per-call overhead dominates for small messages.
+            messages = MESSAGE_LIST_ADAPTER.validate_python(bodies)
+            break
+        except ValidationError as exc:
+            # Items validate independently, so dropping the failing ones leaves a valid page.
+            bad = _failing_indexes(exc) or set(range(len(bodies)))
+            for index in sorted(bad):
+                error = _invalid_record(entries[positions[index]][0], bodies[index], exc)
+                if unreadable is None:
+                    raise error from exc
+                failed[positions[index]] = error
+            bodies = [b for i, b in enumerate(bodies) if i not in bad]
+            positions = [p for i, p in enumerate(positions) if i not in bad]
+    if unreadable is not None:
+        unreadable.extend(failed[position] for position in sorted(failed))
+    return messages
+
+
+class Salvaged(NamedTuple):
+    """What :func:`salvage` could read of a record; None where it could not."""
+
+    otid: str | None
+    date: str | None  # ISO 8601, as stored
+    turn_id: str | None
+
+
+def salvage(record: bytes) -> Salvaged:
+    """The otid, date and turn id of a record that may not be readable, without validating the
+    message (each value is checked on its own). Never raises: what cannot be read is None."""
+    try:
+        if record[:1] == _JSON_RECORD_START:
+            body, turn_id = from_json(record, allow_inf_nan=False), None
+        else:
+            fields = msgpack.unpackb(record, raw=False, max_bin_len=0, max_ext_len=0)
+            if not isinstance(fields, list) or len(fields) not in (2, 3):
+                return Salvaged(None, None, None)
+            body, turn_id = fields[1], fields[2] if len(fields) == 3 else None
+    except Exception:  # noqa: BLE001  # foreign bytes may fail in any way; nothing is known then
+        return Salvaged(None, None, None)
+    if not isinstance(body, dict):
+        body = {}
+    otid = body.get("otid")
+    return Salvaged(
+        otid if isinstance(otid, str) else None,
+        _salvaged_date(body.get("date")),
+        turn_id if isinstance(turn_id, str) else None,
+    )
 
 
 def record_turn_id(record: bytes) -> str | None:
@@ -174,9 +261,72 @@ def _unpack_failure(exc: Exception) -> str:
     return str(exc) or type(exc).__name__
 
 
-def _first_failing_index(exc: ValidationError) -> int:
-    for error in exc.errors(include_url=False):
-        loc = error["loc"]
-        if loc and isinstance(loc[0], int):
-            return loc[0]
-    return 0
+def _failing_indexes(exc: ValidationError) -> set[int]:
+    return {
+        error["loc"][0]
+        for error in exc.errors(include_url=False)
+        if error["loc"] and isinstance(error["loc"][0], int)
+    }
+
+
+def _invalid_record(sequence: int, body: dict[str, Any], exc: ValidationError) -> RecordError:
+    try:
+        # Re-validate the culprit alone so the error names its fields, not the page's indexes.
+        MESSAGE_ADAPTER.validate_python(body)
+        detail = describe_errors(exc, body)
+    except ValidationError as single:
+        detail = describe_errors(single, body)
+    error = RecordError(f"record at sequence {sequence} does not hold a valid message: {detail}")
+    error.sequence = sequence
+    return error
+
+
+def _dump(message: BaseMessage) -> dict[str, Any]:
+    """The JSON-mode dump of a message; what is not a valid value shows when it is validated."""
+    try:
+        # The serializer directly: measurably cheaper than model_dump on this hot path. Its
+        # warnings about values of the wrong type are left out: validation names those fields.
+        return message.__pydantic_serializer__.to_python(
+            message, mode="json", exclude_none=True, warnings=False
+        )
+    except (ValueError, TypeError, OverflowError, RecursionError) as exc:
+        # PydanticSerializationError (a ValueError) names no field: find it.
+        field = "(message)"
+        for name in type(message).model_fields:
+            try:
+                message.__pydantic_serializer__.to_python(
+                    message, mode="json", include={name}, warnings=False
+                )
+            except (ValueError, TypeError, OverflowError, RecursionError):
+                field = name
+                break
+        kind = message.__dict__.get("message_type")
+        raise InvalidMessage(f"{kind} cannot be encoded: {field}: {exc}") from exc
+
+
+def _unpackable_path(value: Any, path: str = "") -> str:
+    """The path of the first part of a valid message's dump that msgpack cannot pack."""
+    if isinstance(value, dict):
+        items: Any = ((f"{path}.{key}" if path else str(key), item) for key, item in value.items())
+    elif isinstance(value, list):
+        items = ((f"{path}[{index}]", item) for index, item in enumerate(value))
+    else:
+        return path
+    for item_path, item in items:
+        try:
+            msgpack.packb(item, use_bin_type=True)
+        except (ValueError, TypeError, OverflowError):
+            return _unpackable_path(item, item_path)
+    return path
+
+
+_TIMESTAMP: TypeAdapter[Any] = TypeAdapter(Timestamp)
+
+
+def _salvaged_date(value: Any) -> str | None:
+    if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+        return None
+    try:
+        return _TIMESTAMP.dump_python(_TIMESTAMP.validate_python(value), mode="json")
+    except (ValidationError, ValueError, OverflowError):
+        return None

@@ -60,7 +60,11 @@ class BatchTooLarge(KVStoreError, ValueError):
 
 
 class RecordError(KVStoreError):
-    """A stored record could not be decoded (malformed bytes, nesting bomb, unknown version)."""
+    """A stored record could not be decoded (malformed bytes, nesting bomb, unknown version, an
+    invalid message); `sequence` is the record's sequence. Page reads skip such a record and list
+    it in ``MessagesPage.unreadable``; ``get`` of it raises this."""
+
+    sequence: int | None = None
 
 
 class OtidConflict(KVStoreError):

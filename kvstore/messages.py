@@ -45,8 +45,15 @@ Inline media
 
 Mutability
     Messages are ordinary mutable models with ``validate_assignment`` on, so ``msg.status =
-    "done"`` fails at once. The store never mutates a caller's message: it fills ``id``, ``date``
-    and ``seq_id`` on a ``model_copy``.
+    "done"`` fails at once. A list or dict changed in place (``msg.metadata.update(...)``) is not
+    seen by that, so the store validates what it encodes, not the object it is given
+    (``kvstore._record.encode_message``): a message made invalid after it was built is refused
+    with InvalidMessage naming the field. The store never mutates a caller's message, and what
+    ``append`` returns is the validated copy that was stored, sharing nothing with the caller's.
+
+Free-form JSON
+    ``event_data`` and the keys an :class:`Attachment` (or its tool) carries as given hold JSON
+    values only, nesting at most ``MAX_JSON_DEPTH`` (64) levels.
 """
 
 from __future__ import annotations
@@ -64,6 +71,7 @@ from pydantic import (
     Tag,
     TypeAdapter,
     ValidationError,
+    model_validator,
 )
 from pydantic_core import from_json
 
@@ -71,6 +79,7 @@ from kvstore.errors import InlineMediaTooLarge, InvalidMessage
 
 __all__ = [
     "MAX_EVENT_DATA_DEPTH",
+    "MAX_JSON_DEPTH",
     "MAX_METADATA_KEY_CHARS",
     "MAX_METADATA_PAIRS",
     "MAX_METADATA_VALUE_CHARS",
@@ -115,9 +124,11 @@ __all__ = [
 MAX_METADATA_PAIRS = 16
 MAX_METADATA_KEY_CHARS = 64
 MAX_METADATA_VALUE_CHARS = 512
-# event_data is free-form JSON; deeper than this is a bug or an attack, and msgpack refuses to pack
-# past ~500 levels anyway, so the limit is enforced where the caller can still be told.
-MAX_EVENT_DATA_DEPTH = 64
+# Free-form JSON (event_data, an attachment's own keys) nests at most this deep: deeper is a bug or
+# an attack, and pydantic's serializer (~255 levels) and msgpack (~500) refuse to go much further,
+# so the limit is enforced where the caller can still be told which field is at fault.
+MAX_JSON_DEPTH = 64
+MAX_EVENT_DATA_DEPTH = MAX_JSON_DEPTH  # the name it had when event_data was the only such field
 
 # How many validation errors an InvalidMessage spells out; the rest stay in `.errors`.
 _ERRORS_SHOWN = 5
@@ -160,34 +171,46 @@ def _check_metadata(value: dict[str, str]) -> dict[str, str]:
 Metadata = Annotated[dict[str, str], AfterValidator(_check_metadata)]
 
 
-def _check_json_tree(value: dict[str, Any]) -> dict[str, Any]:
-    # Walks with an explicit stack: a recursive walk would itself hit RecursionError on the input
-    # it is meant to reject. Only JSON values are allowed, so the dump reads back identical.
+def _check_json(value: Any, field: str) -> None:
+    """Raise ValueError unless ``value`` is a JSON value nesting at most MAX_JSON_DEPTH levels.
+
+    Walks with an explicit stack: a recursive walk would itself hit RecursionError on the input it
+    is meant to reject. Only JSON values are allowed, so the dump reads back identical.
+    """
     stack: list[tuple[Any, int]] = [(value, 1)]
     while stack:
         node, depth = stack.pop()
         if isinstance(node, dict):
-            if depth > MAX_EVENT_DATA_DEPTH:
-                raise ValueError(f"event_data nests deeper than {MAX_EVENT_DATA_DEPTH} levels")
+            if depth > MAX_JSON_DEPTH:
+                raise ValueError(f"{field} nests deeper than {MAX_JSON_DEPTH} levels")
             for key, item in node.items():
                 if not isinstance(key, str):
-                    raise ValueError(f"event_data keys must be strings, not {type(key).__name__}")
+                    raise ValueError(f"{field} keys must be strings, not {type(key).__name__}")
                 stack.append((item, depth + 1))
         elif isinstance(node, list):
-            if depth > MAX_EVENT_DATA_DEPTH:
-                raise ValueError(f"event_data nests deeper than {MAX_EVENT_DATA_DEPTH} levels")
+            if depth > MAX_JSON_DEPTH:
+                raise ValueError(f"{field} nests deeper than {MAX_JSON_DEPTH} levels")
             stack.extend((item, depth + 1) for item in node)
         elif isinstance(node, float):
             if node != node or node in (float("inf"), float("-inf")):
-                raise ValueError(
-                    "event_data holds a NaN or infinite number, which JSON cannot carry"
-                )
+                raise ValueError(f"{field} holds a NaN or infinite number, which JSON cannot carry")
         elif isinstance(node, int) and not -(2**63) <= node < 2**64:
             # msgpack stores 64-bit integers only.
-            raise ValueError("event_data holds an integer outside the 64-bit range")
+            raise ValueError(f"{field} holds an integer outside the 64-bit range")
         elif node is not None and not isinstance(node, (str, int, bool)):
-            raise ValueError(f"event_data holds a {type(node).__name__}, which is not a JSON value")
+            raise ValueError(f"{field} holds a {type(node).__name__}, which is not a JSON value")
+
+
+def _check_json_tree(value: dict[str, Any]) -> dict[str, Any]:
+    _check_json(value, "event_data")
     return value
+
+
+def _check_extra_fields(model: BaseModel) -> BaseModel:
+    # The keys an open model carries as given are free-form JSON, bounded like event_data.
+    for key, value in (model.__pydantic_extra__ or {}).items():
+        _check_json(value, f"field {key[:64]!r}")
+    return model
 
 
 JsonObject = Annotated[dict[str, Any], AfterValidator(_check_json_tree)]
@@ -433,14 +456,19 @@ class AttachmentTool(BaseModel):
 
     type: str
 
+    _check_extra = model_validator(mode="after")(_check_extra_fields)
+
 
 class Attachment(BaseModel):
-    """A file attached to a message and the tools it was added to; other keys are kept as given."""
+    """A file attached to a message and the tools it was added to; other keys are kept as given
+    (JSON values nesting at most MAX_JSON_DEPTH levels)."""
 
     model_config = ConfigDict(extra="allow")
 
     file_id: str | None = None
     tools: list[AttachmentTool] | None = None
+
+    _check_extra = model_validator(mode="after")(_check_extra_fields)
 
 
 # --- messages ---------------------------------------------------------------------------------
@@ -572,7 +600,8 @@ MESSAGE_LIST_ADAPTER: TypeAdapter[list[Message]] = TypeAdapter(list[Message])
 
 
 def parse_message(data: Mapping[str, Any] | str | bytes | BaseMessage) -> Message:
-    """Validate one message from a dict, JSON text or bytes; a built message is returned as is.
+    """Validate one message from a dict, JSON text or bytes; a built message is returned as is
+    (the store validates it again when it encodes it, which catches changes made in place).
 
     Raises InvalidMessage naming the offending field (pydantic's error is its ``__cause__`` and its
     error list is ``.errors``).

@@ -23,12 +23,19 @@ class MessagesPage(_Result):
     next_cursor: when has_more, the sequence to page on from, which retention cannot expire:
         pass it as `after=` to continue an `after=` (or cursor-less) page, as `before=` to
         continue a `before=` page, with the same order. None when there is nothing more.
+    unreadable: sequences of stored records on this page that could not be decoded (written by
+        an older version, a bug or raw commands), in page order: they are skipped, each with a
+        warning logged on the ``kvstore`` logger naming the thread and the sequence, so a page may
+        hold fewer than ``limit`` messages. They still count as places of the page: ``has_more``
+        and ``next_cursor`` are as if they were read. ``get`` of such a message raises
+        RecordError; ``replace`` and ``remove_turn`` of it work (docs/RELIABILITY.md).
     """
 
     messages: list[Message]
     has_more: bool
     deleted_before_sequence: int | None = None
     next_cursor: int | None = None
+    unreadable: list[int] = []
 
 
 class ThreadStats(_Result):
@@ -60,7 +67,14 @@ class TurnState(_Result):
 
 
 class ThreadSnapshot(_Result):
+    """The newest messages (oldest first), the context summary, the turn and the stats.
+
+    ``unreadable``: the sequences (ascending) of records skipped because they could not be
+    decoded, as in :class:`MessagesPage`; the summary's too, when it is the one unreadable.
+    """
+
     messages: list[Message]
     summary: SummaryMessage | None = None
     turn: TurnState | None = None
     stats: ThreadStats
+    unreadable: list[int] = []

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from kvstore._record import decode_records, encode_record
 from kvstore.errors import InlineMediaTooLarge, InvalidMessage
 from kvstore.messages import (
+    MAX_JSON_DEPTH,
     MESSAGE_ADAPTER,
     ApprovalRequestMessage,
     ApprovalResponseMessage,
@@ -440,6 +441,31 @@ def test_deep_event_data_given_as_python_is_an_invalid_message() -> None:
                 "event_data": {"a": nested},
             }
         )
+
+
+@pytest.mark.parametrize("where", ["attachment", "tool"])
+def test_attachment_keys_given_as_is_nest_at_most_max_json_depth(where: str) -> None:
+    def message(value: object) -> dict:
+        attachment: dict = {"file_id": "f", "x": value}
+        if where == "tool":
+            attachment = {"file_id": "f", "tools": [{"type": "file_search", "x": value}]}
+        return {"message_type": "user_message", "content": "x", "attachments": [attachment]}
+
+    def nested(depth: int) -> object:
+        value: object = "leaf"
+        for _ in range(depth):
+            value = {"k": value}
+        return value
+
+    parsed = parse_message(message(nested(MAX_JSON_DEPTH)))
+    assert parse_message(parsed.to_dict()) == parsed
+    path = r"attachments\[0\]" if where == "attachment" else r"attachments\[0\]\.tools\[0\]"
+    for depth in (MAX_JSON_DEPTH + 1, 255, 100_000):
+        with pytest.raises(InvalidMessage, match=rf"{path}: .*'x' nests deeper than {MAX_JSON_DEPTH}"):
+            parse_message(message(nested(depth)))
+    for value in ({1, 2}, b"bytes", float("nan"), datetime(2024, 1, 1), 2**64, {1: "int key"}):
+        with pytest.raises(InvalidMessage, match=path):
+            parse_message(message(value))
 
 
 @pytest.mark.parametrize("value", [{1, 2}, b"bytes", float("nan"), datetime(2024, 1, 1)])

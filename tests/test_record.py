@@ -10,11 +10,21 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvstore._record import RECORD_VERSION, decode_records, encode_record, record_turn_id
+from kvstore._record import (
+    RECORD_VERSION,
+    Salvaged,
+    decode_records,
+    encode_message,
+    encode_record,
+    record_turn_id,
+    salvage,
+)
 from kvstore.errors import InvalidMessage, RecordError
 from kvstore.messages import (
     AssistantMessage,
+    CompactionStats,
     EventMessage,
+    SummaryMessage,
     SystemMessage,
     TextContent,
     ToolReturnMessage,
@@ -81,9 +91,59 @@ def test_encoded_size_is_len_of_the_record() -> None:
     assert 100_000 < len(encode_record(big)) < 100_100  # no size limit is applied here
 
 
-def test_message_that_cannot_be_encoded_is_an_invalid_message() -> None:
-    with pytest.raises(InvalidMessage, match="cannot be encoded"):
+def test_message_that_cannot_be_encoded_is_an_invalid_message_naming_the_field() -> None:
+    with pytest.raises(InvalidMessage, match="cannot be encoded: content: .*surrogates"):
         encode_record(UserMessage(content="lone \ud800 surrogate"))
+    parts = UserMessage(content=[TextContent(text="fine"), TextContent(text="lone \ud800")])
+    with pytest.raises(InvalidMessage, match=r"cannot be encoded: content\[1\]\.text: "):
+        encode_record(parts)
+    stats = CompactionStats(
+        context_window=2**70, messages_count_after=1, messages_count_before=2, trigger="t"
+    )
+    with pytest.raises(InvalidMessage, match=r"compaction_stats\.context_window: "):
+        encode_record(SummaryMessage(summary="s", compaction_stats=stats))
+    with pytest.raises(InvalidMessage, match="cannot be encoded: turn_id: "):
+        encode_record(USER, turn_id="lone \ud800")
+
+
+# --- what is encoded is validated ---------------------------------------------------------------
+
+
+def test_encode_message_returns_the_validated_copy_that_the_record_holds() -> None:
+    message = UserMessage(content=[TextContent(text="hi")], metadata={"k": "v"}, seq_id=4)
+    stored, record = encode_message(message, "turn-1")
+    assert stored == message.model_copy(update={"seq_id": None})
+    assert stored.metadata is not message.metadata and stored.content is not message.content
+    [decoded] = decode_records([(4, record)])
+    assert decoded == stored.model_copy(update={"seq_id": 4})
+    assert encode_message(message.to_dict(), "turn-1") == (stored, record)
+
+
+def test_encode_message_validates_the_dump_not_the_object() -> None:
+    message = UserMessage(content="x", metadata={})
+    message.metadata.update({f"k{i}": "v" for i in range(17)})  # validate_assignment cannot see it
+    with pytest.raises(InvalidMessage, match="metadata: .*17 pairs"):
+        encode_message(message)
+    message = UserMessage(content=[TextContent(text="x")])
+    message.content[0].text = 5
+    with pytest.raises(InvalidMessage, match=r"content\[0\]\.text: "):
+        encode_message(message)
+    message = UserMessage(content="x")
+    message.__dict__["date"] = object()
+    with pytest.raises(InvalidMessage, match="cannot be encoded: date: "):
+        encode_message(message)
+
+
+def test_encode_message_edits_the_dump_before_it_is_validated() -> None:
+    def stamp(body: dict) -> None:
+        body["id"] = "message-7"
+        body.setdefault("date", "2024-05-01T12:00:00Z")
+
+    stored, record = encode_message({"message_type": "user_message", "content": "x"}, None, stamp)
+    assert (stored.id, stored.date.isoformat()) == ("message-7", "2024-05-01T12:00:00+00:00")
+    assert decode_records([(1, record)])[0].id == "message-7"
+    with pytest.raises(InvalidMessage, match="id: "):
+        encode_message(USER, None, lambda body: body.update(id=7))
 
 
 # --- version 1 ----------------------------------------------------------------------------------
@@ -194,6 +254,54 @@ def test_bad_record_is_a_record_error_naming_its_sequence(record: bytes, expecte
         decode_records([(1, GOOD), (7, record), (8, GOOD)])
 
 
+def test_bad_record_error_carries_its_sequence() -> None:
+    for record in (b"\xc1", _packed(2, {"message_type": "user_message"})):
+        with pytest.raises(RecordError) as raised:
+            decode_records([(1, GOOD), (7, record), (8, GOOD)])
+        assert raised.value.sequence == 7
+
+
+BAD_ONES = [
+    b"\xc1",
+    _packed(2, {"message_type": "user_message", "content": "x", "metadata": {str(i): "v" for i in range(17)}}),
+    b'{"message_type": "user_message"}',
+    _packed(3, {}),
+]
+
+
+def test_given_a_list_bad_records_are_skipped_and_named_in_order() -> None:
+    entries = [(1, GOOD)]
+    for offset, record in enumerate(BAD_ONES):
+        entries += [(10 + 2 * offset, record), (11 + 2 * offset, GOOD)]
+    unreadable: list[RecordError] = []
+    decoded = decode_records(entries, unreadable)
+    assert [m.seq_id for m in decoded] == [1, 11, 13, 15, 17]
+    assert [e.sequence for e in unreadable] == [10, 12, 14, 16]
+    assert all(f"sequence {e.sequence}" in str(e) for e in unreadable)
+    assert "metadata" in str(unreadable[1])
+    # Read alone, each good record is the same message.
+    assert decoded == [decode_records([e])[0] for e in entries if e[1] == GOOD]
+
+
+def test_given_a_list_a_page_of_bad_records_only_reads_as_empty() -> None:
+    unreadable: list[RecordError] = []
+    assert decode_records(list(enumerate(BAD_ONES, start=3)), unreadable) == []
+    assert [e.sequence for e in unreadable] == [3, 4, 5, 6]
+
+
+def test_salvage_reads_what_it_can_and_never_raises() -> None:
+    record = encode_record(USER.model_copy(update={"otid": "o-1"}), "turn-1")
+    assert salvage(record) == Salvaged("o-1", "2024-05-01T12:00:00Z", "turn-1")
+    invalid = _packed(
+        2, {"message_type": "user_message", "otid": "o-2", "date": 1714564800, "metadata": 5}, "t"
+    )
+    assert salvage(invalid) == Salvaged("o-2", "2024-05-01T12:00:00Z", "t")
+    assert salvage(b'{"otid": "o-3", "date": "yesterday"}') == Salvaged("o-3", None, None)
+    assert salvage(_packed(2, {"otid": 5, "date": [1]}, 7)) == Salvaged(None, None, None)
+    for junk in (b"", b"\xc1", b"\x91" * 100_000 + b"\xc0", _packed("abc"), b"{", _packed(2, [1])):
+        assert salvage(junk) == Salvaged(None, None, None)
+
+
 @settings(max_examples=300, deadline=None)
 @given(record=st.binary(max_size=200))
 def test_random_bytes_never_escape_as_anything_but_record_error(record: bytes) -> None:
@@ -201,6 +309,9 @@ def test_random_bytes_never_escape_as_anything_but_record_error(record: bytes) -
         decode_records([(1, record)])
     with contextlib.suppress(RecordError):
         record_turn_id(record)
+    unreadable: list[RecordError] = []
+    assert len(decode_records([(1, record), (2, GOOD)], unreadable)) + len(unreadable) == 2
+    assert isinstance(salvage(record), Salvaged)
 
 
 @settings(max_examples=200, deadline=None)
