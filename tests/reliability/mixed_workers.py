@@ -22,7 +22,7 @@ import redis
 
 from kvstore import AssistantMessage, MessageStore, StoreConfig, SummaryMessage, UserMessage, errors
 
-MIXED_CONFIG = dict(window_size=8, chunk_size=4, chunk_max_bytes=4096, retained_message_limit=24)
+MIXED_CONFIG = dict(window_size=8, chunk_size=4, chunk_max_bytes=4096, retained_message_limit=300)
 SHARED_THREADS = 6
 
 
@@ -129,7 +129,7 @@ class Worker:
     def op_replace(self, thread_id: str) -> None:
         if not self.own[thread_id]:
             return
-        message_id, otid = self.rng.choice(self.own[thread_id])
+        message_id, otid = self.rng.choice(self.own[thread_id][-200:])
         thread = self.store.thread(thread_id)
         try:
             thread.replace(message_id, UserMessage(content=f"replaced {otid}"))
@@ -198,7 +198,7 @@ class Worker:
     def op_get(self, thread_id: str) -> None:
         if not self.own[thread_id]:
             return
-        message_id, otid = self.rng.choice(self.own[thread_id])
+        message_id, otid = self.rng.choice(self.own[thread_id][-200:])
         try:
             message = self.store.thread(thread_id).get(message_id)
         except errors.MessageNotFound:
