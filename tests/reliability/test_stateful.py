@@ -154,6 +154,12 @@ class ThreadMachine(RuleBasedStateMachine):
         STEPS["compact"] += 1
         last = data.draw(st.integers(max(1, self.summary_last), self.last_seq))
         summary = self.thread.compact(f"summary up to {last}", last)
+        if last == self.summary_last:
+            # The current summary covers exactly this range: a replay, nothing is written.
+            STEPS["compact replayed"] += 1
+            assert summary.seq_id == self.summary_seq and summary.summary == f"summary up to {last}"
+            self._retention_is_complete()
+            return
         assert summary.seq_id == self.last_seq + 1
         self.last_seq += 1
         self.kept.append(summary)
