@@ -45,8 +45,9 @@ Inline media
 
 Mutability
     Messages are ordinary mutable models with ``validate_assignment`` on, so ``msg.status =
-    "done"`` fails at once. The store never mutates a caller's message: it fills ``id``, ``date``
-    and ``seq_id`` on a ``model_copy``.
+    "done"`` fails at once. The store changes one thing on a caller's message: ``append`` sets
+    the ``id`` it makes on a message that has none, before the call is sent (the call's
+    idempotency token). ``date`` and ``seq_id`` go on the store's own ``model_copy``.
 """
 
 from __future__ import annotations
