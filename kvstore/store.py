@@ -208,10 +208,14 @@ class _Executor:
             )
 
     def nothing_sent(self, call: _Call, exc: Exception) -> bool:
-        """Whether a call that failed to connect certainly sent nothing (else it may have run)."""
-        if call.sent_on:
+        """Whether a call that failed to connect certainly sent nothing (else it may have run).
+
+        Only a tracked client knows: a standalone client takes its connection from the pool once
+        per command, before any attempt, so a full pool means nothing was sent; a RedisCluster
+        may have sent an earlier attempt to another node."""
+        if not self._tracks_sends or call.sent_on:
             return False
-        return _pool_had_none_free(exc) or (self._tracks_sends and call.touched)
+        return call.touched or _pool_had_none_free(exc)
 
     def batch_error(self, exc: Exception, call: _Call) -> errors.KVStoreError:
         """A native read that failed: nothing was written, so the error is plain."""
@@ -350,6 +354,7 @@ class MessageStore(_Executor):
             try:
                 return self.client.evalsha(script.sha, len(request.keys), *request.keys, *request.args)
             except NoScriptError:
+                call.sent_on.append(None)  # whatever the connection, that command was sent
                 # EVAL sends the source and caches it again: no window for a second flush.
                 return self.client.eval(script.source, len(request.keys), *request.keys, *request.args)
         except (ResponseError, RedisConnectionError, RedisTimeoutError) as exc:
@@ -528,6 +533,7 @@ class AsyncMessageStore(_Executor):
             try:
                 return await self.client.evalsha(script.sha, len(request.keys), *request.keys, *request.args)
             except NoScriptError:
+                call.sent_on.append(None)  # whatever the connection, that command was sent
                 # EVAL sends the source and caches it again: no window for a second flush.
                 return await self.client.eval(script.source, len(request.keys), *request.keys, *request.args)
         except (ResponseError, RedisConnectionError, RedisTimeoutError) as exc:
