@@ -85,21 +85,19 @@ class _TracksSends:
         finally:
             self._kvstore_internal -= 1
 
-    def check_health(self) -> None:
-        self._kvstore_internal += 1
-        try:
-            return super().check_health()
-        finally:
-            self._kvstore_internal -= 1
-
     def send_packed_command(self, command: Any, check_health: bool = True) -> None:
         if not self._kvstore_internal:
-            if not self._sock:
-                self.connect_check_health(check_health=False)
-            if check_health:
-                self.check_health()
-                check_health = False
+            # Connect and check health first, as super() would: what they send is not the call.
+            self._kvstore_internal += 1
+            try:
+                if not self._sock:
+                    self.connect_check_health(check_health=False)
+                if check_health:
+                    self.check_health()
+            finally:
+                self._kvstore_internal -= 1
             _sent(self)
+            check_health = False
         return super().send_packed_command(command, check_health)
 
 
@@ -116,21 +114,18 @@ class _AsyncTracksSends:
         finally:
             self._kvstore_internal -= 1
 
-    async def check_health(self) -> None:
-        self._kvstore_internal += 1
-        try:
-            return await super().check_health()
-        finally:
-            self._kvstore_internal -= 1
-
     async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
         if not self._kvstore_internal:
-            if not self.is_connected:
-                await self.connect_check_health(check_health=False)
-            if check_health:
-                await self.check_health()
-                check_health = False
+            self._kvstore_internal += 1
+            try:
+                if not self.is_connected:
+                    await self.connect_check_health(check_health=False)
+                if check_health:
+                    await self.check_health()
+            finally:
+                self._kvstore_internal -= 1
             _sent(self)
+            check_health = False
         return await super().send_packed_command(command, check_health)
 
 
