@@ -397,12 +397,13 @@ class Thread:
         """Stores the messages in one atomic call; returns the stored copies (id, date, seq_id).
 
         Idempotent: every message the call sends carries an id, the call's token. A message of
-        yours without an id (a model or a dict) gets the one the store made set on it before the
-        call is sent, so sending the same messages again, after any interruption (a timeout,
-        cancellation, KeyboardInterrupt, OutcomeUnknown, a retried request), is a replay: it
-        writes nothing and returns the messages as first stored, with ``replayed`` true. To store
-        the same content again as a new message, send a new message (or a copy without its id).
-        Otids work the same way across processes: a batch whose otids are all stored is a replay.
+        yours without an id (a model or a dict; JSON text cannot carry it back) gets the one the
+        store made set on it before the call is sent, so sending the same messages again, after
+        any interruption (a timeout, cancellation, KeyboardInterrupt, OutcomeUnknown, a retried
+        request), is a replay: it writes nothing and returns the messages as first stored, with
+        ``replayed`` true. To store the same content again as a new message, send a new message
+        (or a copy without its id). Otids work the same way across processes: a batch whose
+        otids are all stored is a replay.
         """
         return self._store.run(_core.append(self._ref, messages, turn_id))
 
