@@ -22,10 +22,11 @@ from .messages import (
     UserMessage,
     parse_message,
 )
-from .models import MessagesPage, ThreadSnapshot, ThreadStats, TurnResult, TurnState
+from .models import AppendResult, MessagesPage, ThreadSnapshot, ThreadStats, TurnResult, TurnState
 from .store import AsyncMessageStore, AsyncThread, MessageStore, Thread
 
 __all__ = [
+    "AppendResult",
     "ApprovalRequestMessage",
     "ApprovalResponseMessage",
     "AssistantMessage",

@@ -30,7 +30,7 @@ from .messages import (
     inline_media_bytes,
     strip_inline_media,
 )
-from .models import MessagesPage, ThreadSnapshot, ThreadStats, TurnOutcome, TurnResult, TurnState
+from .models import AppendResult, MessagesPage, ThreadSnapshot, ThreadStats, TurnOutcome, TurnResult, TurnState
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,7 +145,8 @@ def prepare_batch(
     """Validates what it encodes, fills ids and dates; every limit is enforced here, before the socket."""
     if isinstance(messages, (dict, BaseModel)) or not isinstance(messages, Iterable):
         messages = [messages]
-    batch = list(messages)
+    given = list(messages)
+    batch = given
     if not batch:
         raise errors.InvalidMessage("append needs at least one message")
     if len(batch) > config.max_batch_messages:
@@ -157,7 +158,7 @@ def prepare_batch(
     now = _now()
 
     def stamp(body: dict[str, Any]) -> None:
-        # On the dump that is stored: the caller's message is never changed.
+        # On the dump that is stored; the caller's own message gets only the id (below).
         if "id" in body:
             _check_token("message id", body["id"])
         else:
@@ -175,7 +176,22 @@ def prepare_batch(
         raise errors.BatchTooLarge(
             f"the batch encodes to {total} bytes; max_batch_bytes is {config.max_batch_bytes}"
         )
+    # The ids are the call's token: the caller's own messages carry them from now on, so that
+    # sending the same messages again after any interruption is a replay.
+    for original, item in zip(given, prepared):
+        _give_id(original, item.message.id)
     return prepared
+
+
+def _give_id(original: Any, message_id: str) -> None:
+    """Sets the id the store made on the caller's message (a model or a dict) that had none."""
+    if isinstance(original, BaseModel):
+        if original.__dict__.get("id") is None:
+            # A valid id by construction: no re-validation (validate_assignment) needed.
+            original.__dict__["id"] = message_id
+            original.__pydantic_fields_set__.add("id")
+    elif isinstance(original, dict) and original.get("id") is None:
+        original["id"] = message_id
 
 
 def append(
@@ -198,10 +214,26 @@ def append(
         break
     if reply[0] == 1:
         first = int(reply[1])
-        return [_with_sequence(item.message, first + i) for i, item in enumerate(prepared)]
+        return AppendResult([_with_sequence(item.message, first + i) for i, item in enumerate(prepared)])
     # Every message was already stored: a replay returns what the first call stored.
     sequences = [int(s) for s in reply[1:]]
-    return (yield from fetch_sequences(thread, sequences, missing_ok=True))
+    try:
+        stored = yield from fetch_sequences(thread, sequences, missing_ok=True)
+    except errors.ServerError as exc:
+        raise _read_back_failed("append", [item.message for item in prepared], exc) from exc
+    return AppendResult(stored, replayed=True)
+
+
+def _read_back_failed(name: str, sent: list[Message], exc: Exception) -> errors.OutcomeUnknown:
+    """The server or the connection failed after the write was sent: the caller gets the
+    messages as sent, to re-send. (An error about the thread itself, such as LayoutError, is
+    raised as it is.)"""
+    unknown = errors.OutcomeUnknown(
+        f"{name}: the call reached the server but what followed it failed ({exc}). Re-send the"
+        " same call (same message ids or otids): nothing is stored twice."
+    )
+    unknown.messages = sent
+    return unknown
 
 
 def _fit_media(prepared: list[_Prepared], available: int, turn_id: str | None) -> list[_Prepared]:
@@ -277,6 +309,15 @@ def get(thread: ThreadRef, message_id: str) -> Operation:
     found = yield from _fetch_located(thread, "id", [message_id], missing_ok=True)
     if not found:
         raise errors.MessageNotFound(f"no stored message has id {message_id!r}")
+    return found[0]
+
+
+def get_by_otid(thread: ThreadRef, otid: str) -> Operation:
+    if not isinstance(otid, str) or not otid:
+        raise errors.InvalidCursor(f"otid must be a non-empty str, got {otid!r}")
+    found = yield from _fetch_located(thread, "otid", [otid], missing_ok=True)
+    if not found:
+        raise errors.MessageNotFound(f"no stored message has otid {otid!r}")
     return found[0]
 
 
@@ -669,12 +710,18 @@ def compact(
     if replay_or_stored == 0:
         # A replay runs retention again: the first call's caller may not have finished it.
         deleted = thread.config.max_chunks_per_call
-    # Each call deletes at most max_chunks_per_call chunks; go on while that cap was reached.
-    while int(deleted) >= thread.config.max_chunks_per_call:
-        deleted = yield Eval(SCRIPTS["retain"], thread.script_keys, thread.limits())
-    if replay_or_stored == 0:
-        found = yield from fetch_sequences(thread, [int(sequence)])
-        return found[0]
+    try:
+        # Each call deletes at most max_chunks_per_call chunks; go on while that cap was reached.
+        while int(deleted) >= thread.config.max_chunks_per_call:
+            deleted = yield Eval(SCRIPTS["retain"], thread.script_keys, thread.limits())
+        if replay_or_stored == 0:
+            found = yield from fetch_sequences(thread, [int(sequence)])
+            return found[0]
+    except errors.OutcomeUnknown as unknown:
+        unknown.messages = [item.message]
+        raise
+    except errors.ServerError as exc:
+        raise _read_back_failed("compact", [item.message], exc) from exc
     return item.message.model_copy(update={"seq_id": int(sequence)})
 
 

@@ -100,11 +100,13 @@ class TurnFinished(KVStoreError):
 
 
 class OutcomeUnknown(KVStoreError):
-    """The write may or may not have happened: the connection failed after the command was sent.
+    """The write may or may not have happened: the call may have reached the server, and what
+    followed failed (the connection, or a read of the call's result).
 
-    For an append, `messages` holds the messages exactly as sent, with the ids the client gave
-    them: re-sending `messages` (or the same messages with the same otids) stores nothing twice.
-    Re-sending messages that carry neither an otid nor an id makes new ids, hence a new call.
+    For an append (and a compact), `messages` holds the messages exactly as sent, with the ids
+    the client gave them; append also set those ids on the caller's own messages. Re-sending
+    `messages`, or the same message objects, or the same messages with the same otids, stores
+    nothing twice.
     """
 
     messages: list | None = None
@@ -141,3 +143,9 @@ class PermissionDenied(KVStoreError):
 class ServerError(KVStoreError):
     """The server answered with an error kvstore does not know how to name, or could not be
     reached for a read."""
+
+
+class ConnectionFailed(ServerError):
+    """No connection to the server could be used, so the call was never sent: the connection
+    was refused or timed out while opening, or the client's connection pool had none free.
+    Nothing was written; the call may be sent again as it is."""

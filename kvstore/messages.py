@@ -48,8 +48,10 @@ Mutability
     "done"`` fails at once. A list or dict changed in place (``msg.metadata.update(...)``) is not
     seen by that, so the store validates what it encodes, not the object it is given
     (``kvstore._record.encode_message``): a message made invalid after it was built is refused
-    with InvalidMessage naming the field. The store never mutates a caller's message, and what
-    ``append`` returns is the validated copy that was stored, sharing nothing with the caller's.
+    with InvalidMessage naming the field. The store changes one thing on a caller's message:
+    ``append`` sets the ``id`` it makes on a message that has none, before the call is sent (the
+    call's idempotency token). What ``append`` returns is the validated copy that was stored,
+    sharing nothing else with the caller's.
 
 Free-form JSON
     ``event_data`` and the keys an :class:`Attachment` (or its tool) carries as given hold JSON

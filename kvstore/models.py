@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
@@ -78,3 +79,20 @@ class ThreadSnapshot(_Result):
     turn: TurnState | None = None
     stats: ThreadStats
     unreadable: list[int] = []
+
+
+class AppendResult(list):
+    """What ``append`` returns: the stored messages, in the order given, as a plain list.
+
+    ``replayed`` is true when every message of the call was already stored (its otids or ids
+    were seen before): the call wrote nothing and the list holds the messages as first stored.
+    """
+
+    __slots__ = ("replayed",)
+
+    def __init__(self, messages: Iterable[Message] = (), replayed: bool = False) -> None:
+        super().__init__(messages)
+        self.replayed = replayed
+
+    def __repr__(self) -> str:
+        return f"AppendResult({list.__repr__(self)}, replayed={self.replayed})"

@@ -10,13 +10,14 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Iterable, Iterator
+from contextvars import ContextVar
 from typing import Any, Literal
 
 import redis
 import redis.asyncio
 from redis.exceptions import ClusterError
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoPermissionError, NoScriptError, OutOfMemoryError, ResponseError
+from redis.exceptions import MaxConnectionsError, NoPermissionError, NoScriptError, OutOfMemoryError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from . import _core, errors
@@ -25,13 +26,125 @@ from ._health import HealthReport, health
 from ._scripts import SCRIPTS, Script, error_from_reply
 from .config import StoreConfig
 from .messages import CompactionStats, Message, SummaryMessage
-from .models import MessagesPage, ThreadSnapshot, ThreadStats, TurnOutcome, TurnResult
+from .models import AppendResult, MessagesPage, ThreadSnapshot, ThreadStats, TurnOutcome, TurnResult
 
 ITER_PAGE = 200
 # A cluster refuses a thread's calls while its slot migrates (TRYAGAIN, ASK, MOVED): redis-py
 # retries briefly, then gives up with ClusterError, meaning no attempt ran. The store goes on
 # re-sending, backing off, for this long.
 CLUSTER_REFUSAL_SECONDS = 10.0
+
+
+# ------------------------------------------------------------------- what a call has sent
+#
+# A call that failed may have run only if its command reached a socket: a refused connection,
+# a connect timeout or a full pool sent nothing, while a first attempt that timed out and a
+# retry whose reconnect was refused may have run. The final exception does not tell them
+# apart, so the connections of a standalone client's pool record it, per call, in _CALL.
+
+
+class _Call:
+    """What the current call did: used one of the tracked connections, wrote its command on
+    the connections in `sent_on`."""
+
+    __slots__ = ("touched", "sent_on")
+
+    def __init__(self) -> None:
+        self.touched = False
+        self.sent_on: list[Any] = []
+
+
+_CALL: ContextVar[_Call | None] = ContextVar("kvstore_call", default=None)
+
+
+def _touched() -> None:
+    call = _CALL.get()
+    if call is not None:
+        call.touched = True
+
+
+def _sent(connection: Any) -> None:
+    call = _CALL.get()
+    if call is not None:
+        call.touched = True
+        call.sent_on.append(connection)
+
+
+class _TracksSends:
+    """Mixed into a sync connection class: marks the call as sent just before its command's
+    bytes go to the socket. The handshake after a connect (HELLO, AUTH, SELECT, CLIENT
+    SETINFO) and health-check PINGs are not the call's command."""
+
+    _kvstore_internal = 0
+
+    def connect_check_health(self, *args: Any, **kwargs: Any) -> None:
+        _touched()
+        self._kvstore_internal += 1
+        try:
+            return super().connect_check_health(*args, **kwargs)
+        finally:
+            self._kvstore_internal -= 1
+
+    def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        if not self._kvstore_internal:
+            # Connect and check health first, as super() would: what they send is not the call.
+            self._kvstore_internal += 1
+            try:
+                if not self._sock:
+                    self.connect_check_health(check_health=False)
+                if check_health:
+                    self.check_health()
+            finally:
+                self._kvstore_internal -= 1
+            _sent(self)
+            check_health = False
+        return super().send_packed_command(command, check_health)
+
+
+class _AsyncTracksSends:
+    """The asyncio twin of :class:`_TracksSends`."""
+
+    _kvstore_internal = 0
+
+    async def connect_check_health(self, *args: Any, **kwargs: Any) -> None:
+        _touched()
+        self._kvstore_internal += 1
+        try:
+            return await super().connect_check_health(*args, **kwargs)
+        finally:
+            self._kvstore_internal -= 1
+
+    async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        if not self._kvstore_internal:
+            self._kvstore_internal += 1
+            try:
+                if not self.is_connected:
+                    await self.connect_check_health(check_health=False)
+                if check_health:
+                    await self.check_health()
+            finally:
+                self._kvstore_internal -= 1
+            _sent(self)
+            check_health = False
+        return await super().send_packed_command(command, check_health)
+
+
+def _track_sends(client: Any) -> bool:
+    """Makes the connections a standalone client's pool opens from now on record what each call
+    sent. A RedisCluster (its nodes' pools come and go) and fakeredis are not tracked."""
+    pool = getattr(client, "connection_pool", None)
+    if pool is None or _is_cluster(client) or _is_fakeredis(client):
+        return False
+    mixin = _AsyncTracksSends if isinstance(client, redis.asyncio.Redis) else _TracksSends
+    if not issubclass(pool.connection_class, mixin):
+        base = pool.connection_class
+        pool.connection_class = type(base.__name__, (mixin, base), {"__module__": base.__module__})
+    return True
+
+
+def _pool_had_none_free(exc: Exception) -> bool:
+    """The pool refused to hand out a connection: raised before anything is sent."""
+    return isinstance(exc, MaxConnectionsError) or str(exc) == "No connection available."
 
 
 class _Executor:
@@ -47,6 +160,7 @@ class _Executor:
             # fakeredis's Lua does not parse the shebang line.
             self._scripts = {name: s.without_shebang() for name, s in SCRIPTS.items()}
         self._durability_checked = False
+        self._tracks_sends = _track_sends(client)
         if self.config.durability != "default" and _is_cluster(client):
             raise errors.ConfigError(
                 "durability modes need a standalone client: WAIT and WAITAOF must follow the write"
@@ -88,20 +202,34 @@ class _Executor:
                 f" {self.config.durability_replicas} replicas within {self.config.durability_timeout_ms} ms"
             )
 
-    def batch_error(self, exc: Exception) -> errors.KVStoreError:
+    def nothing_sent(self, call: _Call, exc: Exception) -> bool:
+        """Whether a call that failed to connect certainly sent nothing (else it may have run).
+
+        Only a tracked client knows: a standalone client takes its connection from the pool once
+        per command, before any attempt, so a full pool means nothing was sent; a RedisCluster
+        may have sent an earlier attempt to another node."""
+        if not self._tracks_sends or call.sent_on:
+            return False
+        return call.touched or _pool_had_none_free(exc)
+
+    def batch_error(self, exc: Exception, call: _Call) -> errors.KVStoreError:
         """A native read that failed: nothing was written, so the error is plain."""
         if isinstance(exc, NoPermissionError):
             return errors.PermissionDenied(str(exc))
         if isinstance(exc, (RedisConnectionError, RedisTimeoutError)):
+            if self.nothing_sent(call, exc):
+                return _not_connected("the read", exc)
             return errors.ServerError(f"the read could not reach the server: {exc}")
         return errors.ServerError(f"the read failed: {exc}")
 
-    def script_error(self, script: Script, exc: Exception) -> errors.KVStoreError:
+    def script_error(self, script: Script, exc: Exception, call: _Call) -> errors.KVStoreError:
         if isinstance(exc, OutOfMemoryError):
             return errors.ServerError(f"{script.name}: the server is out of memory (maxmemory); nothing was written: {exc}")
         if isinstance(exc, NoPermissionError):
             return errors.PermissionDenied(f"{script.name}: {exc}")
         if isinstance(exc, (RedisConnectionError, RedisTimeoutError)):
+            if self.nothing_sent(call, exc):
+                return _not_connected(script.name, exc)
             if script.writes:
                 return errors.OutcomeUnknown(
                     f"{script.name}: the connection failed after the call was sent ({exc}); it may"
@@ -110,6 +238,13 @@ class _Executor:
                 )
             return errors.ServerError(f"{script.name}: {exc}")
         return error_from_reply(script, str(exc))
+
+
+def _not_connected(what: str, exc: Exception) -> errors.ConnectionFailed:
+    return errors.ConnectionFailed(
+        f"{what}: no connection to the server could be used ({exc}); the call was not sent and"
+        " nothing was written"
+    )
 
 
 def _decodes_responses(client: Any) -> bool:
@@ -183,6 +318,23 @@ class MessageStore(_Executor):
                 delay = min(delay * 2, 0.25)
 
     def _execute_once(self, request: Eval | Batch) -> Any:
+        call = _Call()
+        token = _CALL.set(call)
+        try:
+            return self._send(request, call)
+        except BaseException as exc:
+            if not isinstance(exc, Exception):
+                # Interrupted (KeyboardInterrupt, a signal) between sending and reading: redis-py
+                # puts the connection back in its pool with the reply unread, and the next call
+                # on it would take that reply for its own. (The asyncio client closes a
+                # connection cut off in a send or a read itself.)
+                for connection in call.sent_on:
+                    connection.disconnect()
+            raise
+        finally:
+            _CALL.reset(token)
+
+    def _send(self, request: Eval | Batch, call: _Call) -> Any:
         if isinstance(request, Batch):
             pipe = self.client.pipeline(transaction=False)
             for command in request.commands:
@@ -190,7 +342,7 @@ class MessageStore(_Executor):
             try:
                 return pipe.execute()
             except (ResponseError, RedisConnectionError, RedisTimeoutError) as exc:
-                raise self.batch_error(exc) from exc
+                raise self.batch_error(exc, call) from exc
         script = self.script(request)
         try:
             if self.durable(script):
@@ -198,10 +350,11 @@ class MessageStore(_Executor):
             try:
                 return self.client.evalsha(script.sha, len(request.keys), *request.keys, *request.args)
             except NoScriptError:
+                call.sent_on.append(None)  # whatever the connection, that command was sent
                 # EVAL sends the source and caches it again: no window for a second flush.
                 return self.client.eval(script.source, len(request.keys), *request.keys, *request.args)
         except (ResponseError, RedisConnectionError, RedisTimeoutError) as exc:
-            raise self.script_error(script, exc) from exc
+            raise self.script_error(script, exc, call) from exc
 
     def _durable_call(self, script: Script, request: Eval) -> Any:
         if not self._durability_checked and self.config.durability == "fsync":
@@ -241,7 +394,18 @@ class Thread:
     def keys(self) -> _core.ThreadKeys:
         return self._ref.keys
 
-    def append(self, messages: Message | dict | Iterable[Message | dict], turn_id: str | None = None) -> list[Message]:
+    def append(self, messages: Message | dict | Iterable[Message | dict], turn_id: str | None = None) -> AppendResult:
+        """Stores the messages in one atomic call; returns the stored copies (id, date, seq_id).
+
+        Idempotent: every message the call sends carries an id, the call's token. A message of
+        yours without an id (a model or a dict; JSON text cannot carry it back) gets the one the
+        store made set on it before the call is sent, so sending the same messages again, after
+        any interruption (a timeout, cancellation, KeyboardInterrupt, OutcomeUnknown, a retried
+        request), is a replay: it writes nothing and returns the messages as first stored, with
+        ``replayed`` true. To store the same content again as a new message, send a new message
+        (or a copy without its id). Otids work the same way across processes: a batch whose
+        otids are all stored is a replay.
+        """
         return self._store.run(_core.append(self._ref, messages, turn_id))
 
     def start_turn(self, turn_id: str) -> int:
@@ -271,6 +435,10 @@ class Thread:
 
     def get(self, message_id: str) -> Message:
         return self._store.run(_core.get(self._ref, message_id))
+
+    def get_by_otid(self, otid: str) -> Message:
+        """The stored message with that otid; MessageNotFound if none is (or it was deleted)."""
+        return self._store.run(_core.get_by_otid(self._ref, otid))
 
     def snapshot(self) -> ThreadSnapshot:
         return self._store.run(_core.snapshot(self._ref))
@@ -340,6 +508,14 @@ class AsyncMessageStore(_Executor):
                 delay = min(delay * 2, 0.25)
 
     async def _execute_once(self, request: Eval | Batch) -> Any:
+        call = _Call()
+        token = _CALL.set(call)
+        try:
+            return await self._send(request, call)
+        finally:
+            _CALL.reset(token)
+
+    async def _send(self, request: Eval | Batch, call: _Call) -> Any:
         if isinstance(request, Batch):
             pipe = self.client.pipeline(transaction=False)
             for command in request.commands:
@@ -347,7 +523,7 @@ class AsyncMessageStore(_Executor):
             try:
                 return await pipe.execute()
             except (ResponseError, RedisConnectionError, RedisTimeoutError) as exc:
-                raise self.batch_error(exc) from exc
+                raise self.batch_error(exc, call) from exc
         script = self.script(request)
         try:
             if self.durable(script):
@@ -355,10 +531,11 @@ class AsyncMessageStore(_Executor):
             try:
                 return await self.client.evalsha(script.sha, len(request.keys), *request.keys, *request.args)
             except NoScriptError:
+                call.sent_on.append(None)  # whatever the connection, that command was sent
                 # EVAL sends the source and caches it again: no window for a second flush.
                 return await self.client.eval(script.source, len(request.keys), *request.keys, *request.args)
         except (ResponseError, RedisConnectionError, RedisTimeoutError) as exc:
-            raise self.script_error(script, exc) from exc
+            raise self.script_error(script, exc, call) from exc
 
     async def _durable_call(self, script: Script, request: Eval) -> Any:
         if not self._durability_checked and self.config.durability == "fsync":
@@ -398,7 +575,20 @@ class AsyncThread:
     def keys(self) -> _core.ThreadKeys:
         return self._ref.keys
 
-    async def append(self, messages: Message | dict | Iterable[Message | dict], turn_id: str | None = None) -> list[Message]:
+    async def append(
+        self, messages: Message | dict | Iterable[Message | dict], turn_id: str | None = None
+    ) -> AppendResult:
+        """Stores the messages in one atomic call: see :meth:`Thread.append`.
+
+        A call cut off by ``asyncio.wait_for``, ``asyncio.timeout`` or ``task.cancel()`` may
+        still run on the server; the messages you passed already carry their ids, so sending
+        them again stores them once::
+
+            try:
+                await asyncio.wait_for(thread.append(messages), 1)
+            except TimeoutError:
+                await thread.append(messages)  # a replay if the first call ran
+        """
         return await self._store.run(_core.append(self._ref, messages, turn_id))
 
     async def start_turn(self, turn_id: str) -> int:
@@ -429,6 +619,10 @@ class AsyncThread:
 
     async def get(self, message_id: str) -> Message:
         return await self._store.run(_core.get(self._ref, message_id))
+
+    async def get_by_otid(self, otid: str) -> Message:
+        """The stored message with that otid; MessageNotFound if none is (or it was deleted)."""
+        return await self._store.run(_core.get_by_otid(self._ref, otid))
 
     async def snapshot(self) -> ThreadSnapshot:
         return await self._store.run(_core.snapshot(self._ref))

@@ -1,9 +1,9 @@
 #!lua flags=no-writes
---- Finds where messages live, by sequence or by id, without reading them.
+--- Finds where messages live, by sequence, by id or by otid, without reading them.
 ---
 --- KEYS[1..10] the thread's keys (docs/LAYOUT.md)
---- ARGV[1]     kind: 'seq' | 'id'
---- ARGV[2..]   sequences or message ids
+--- ARGV[1]     kind: 'seq' | 'id' | 'otid'
+--- ARGV[2..]   sequences, message ids or otids
 ---
 --- Reply: {gen, deleted_before, seq_1, where_1, ..., seq_n, where_n}
 ---   where = -1 in the window, -2 in a layout-1 thread's legacy hash, 0 not stored, otherwise
@@ -17,10 +17,12 @@
 local keys = thread_keys()
 local kind = ARGV[1]
 
-local err = check_key_types({
+local checked = {
   {keys.meta, 'hash'}, {keys.window_side, 'hash'}, {keys.chunk_index, 'zset'},
   {keys.large_index, 'zset'}, {keys.ids, 'hash'}, {keys.legacy, 'hash'},
-})
+}
+if kind == 'otid' then checked[#checked + 1] = {keys.otids, 'hash'} end
+local err = check_key_types(checked)
 if err then return err end
 
 local meta = redis.call('HMGET', keys.meta, 'gen', 'deleted_before', 'deleting')
@@ -31,6 +33,8 @@ for i = 2, #ARGV do
   local sequence
   if kind == 'id' then
     sequence = tonumber(redis.call('HGET', keys.ids, ARGV[i]) or '0')
+  elseif kind == 'otid' then
+    sequence = tonumber(redis.call('HGET', keys.otids, ARGV[i]) or '0')
   else
     sequence = tonumber(ARGV[i])
   end

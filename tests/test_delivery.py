@@ -13,7 +13,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from kvstore import MessageStore, StoreConfig, UserMessage, errors
+from kvstore import AppendResult, MessageStore, StoreConfig, UserMessage, errors
 from kvstore._scripts import SCRIPT_NAMES
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -39,6 +39,38 @@ def test_a_timed_out_write_is_outcome_unknown_and_a_resend_stores_once(server, n
     messages = list(patient.iter())
     assert [m.otid for m in messages] == [None, "req-7"]
     assert resent == [messages[1]]
+
+
+def test_append_tells_a_replay_and_sets_its_ids_on_the_callers_messages(make_thread):
+    thread = make_thread()
+    model = UserMessage(content="a model")
+    as_dict = {"message_type": "user_message", "content": "a dict"}
+    first = thread.append([model, as_dict])
+    assert isinstance(first, AppendResult) and isinstance(first, list) and first.replayed is False
+    # The caller's own messages carry the ids that were the call's token, set before sending.
+    assert [model.id, as_dict["id"]] == [m.id for m in first]
+    assert "id" in model.model_fields_set and model.seq_id is None and model.date is None
+    again = thread.append([model, as_dict])
+    assert again.replayed is True and again == first
+    with_otid = thread.append(UserMessage(content="c", otid="req-9"))
+    assert with_otid.replayed is False
+    assert thread.append(UserMessage(content="c", otid="req-9")).replayed is True
+    assert [m.content for m in thread.iter()] == ["a model", "a dict", "c"]
+    # A new message with the same content is a new message.
+    assert thread.append(UserMessage(content="a model")).replayed is False
+    assert thread.stats().stored_messages == 4
+
+
+def test_get_by_otid(make_thread):
+    thread = make_thread(window_size=4, chunk_size=2)
+    stored = thread.append([UserMessage(content=f"m{i}", otid=f"o-{i}") for i in range(12)])
+    thread.append(UserMessage(content="no otid"))
+    for i in (0, 5, 11):  # in chunks and in the window
+        assert thread.get_by_otid(f"o-{i}") == stored[i]
+    with pytest.raises(errors.MessageNotFound, match="otid 'o-99'"):
+        thread.get_by_otid("o-99")
+    with pytest.raises(errors.InvalidCursor):
+        thread.get_by_otid("")
 
 
 def test_the_wheel_carries_every_script(tmp_path):
