@@ -216,11 +216,21 @@ def append(
         first = int(reply[1])
         return AppendResult([_with_sequence(item.message, first + i) for i, item in enumerate(prepared)])
     # Every message was already stored: a replay returns what the first call stored.
-    sequences = [int(s) for s in reply[1:]]
+    sequences = [int(s) for s in reply[1::2]]
     try:
-        stored = yield from fetch_sequences(thread, sequences, missing_ok=True)
+        found = yield from fetch_sequences(thread, sequences, missing_ok=True)
     except errors.ServerError as exc:
         raise _read_back_failed("append", [item.message for item in prepared], exc) from exc
+    by_sequence = {m.seq_id: m for m in found}
+    stored = []
+    for item, sequence, stored_id in zip(prepared, sequences, reply[2::2]):
+        message = by_sequence.get(sequence)
+        if message is None:
+            # Stored, then deleted by retention before this read: named by its stored id and
+            # sequence, with the content as sent.
+            stored_id = _text(stored_id) or item.message.id
+            message = _with_sequence(item.message.model_copy(update={"id": stored_id}), sequence)
+        stored.append(message)
     return AppendResult(stored, replayed=True)
 
 

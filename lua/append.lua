@@ -11,7 +11,8 @@
 --- A new message of a finished turn is refused (KVS_TURN_FINISHED); a replay is not.
 ---
 --- Reply: {1, first_sequence}          the batch was stored at first..first+count-1
----        {0, seq_1, ..., seq_count}   every message was already stored (a replay)
+---        {0, seq_1, id_1, ..., seq_count, id_count}   every message was already stored (a
+---                                     replay); an id is '' where no side info names it
 --- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_TOO_LARGE, KVS_OTID_REPEATED, KVS_OTID_CONFLICT,
 ---         KVS_ID_REPEATED, KVS_DUPLICATE_ID, KVS_MEDIA_OVER <bytes left>, KVS_MIGRATING,
 ---         KVS_TURN_FINISHED

@@ -208,3 +208,28 @@ def test_next_cursor_pages_every_order_and_direction(make_thread):
                 break
             cursor = page.next_cursor
         assert seen == expected[:-1]
+
+
+def test_a_replay_whose_messages_retention_deletes_before_the_read_back_names_them(backend, namespace):
+    """The replay's reply names each stored message (sequence and id); a message retention
+    deletes before the client reads it back still comes back, named, instead of going missing."""
+    from kvstore._core import append
+
+    config = StoreConfig(namespace=namespace, **SMALL)
+    store = make_sync_store(backend, config)
+    other = make_sync_store(backend, config).thread("t")
+    thread = store.thread("t")
+    (first,) = thread.append(UserMessage(content="the first", otid="otid-1"))
+    fill(thread, 60)
+
+    def retention_meanwhile():
+        other.compact("up to 50", last_sequence=50)
+
+    again, steps = interleaved(
+        store, append(ThreadRef.of(config, "t"), UserMessage(content="the first", otid="otid-1"), None), 0, retention_meanwhile
+    )
+    assert steps > 0
+    assert thread.stats().deleted_before_sequence > 1  # it is gone now
+    assert again.replayed
+    assert [(m.id, m.seq_id, m.otid) for m in again] == [(first.id, 1, "otid-1")]
+    store.close()

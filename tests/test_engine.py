@@ -215,8 +215,19 @@ def test_a_retried_call_stores_nothing_twice(make_thread):
         return thread._loop.run_until_complete(result) if hasattr(result, "__await__") else result
 
     assert [int(x) for x in execute()] == [1, 1]
-    assert [int(x) for x in execute()] == [0, 1, 2]
+    ids = [m.id.encode() for m in request_messages(request)]
+    assert execute() == [0, 1, ids[0], 2, ids[1]]  # a replay: each stored sequence and id
     assert thread.stats().stored_messages == 2
+
+
+def request_messages(request):
+    """The messages an append request carries, as (id, otid) holders: ARGV[13 + 4k] is an id."""
+    class Sent:
+        def __init__(self, message_id):
+            self.id = message_id
+    args = list(request.args)
+    count = int(args[11])
+    return [Sent(args[12 + 4 * k]) for k in range(count)]
 
 
 def test_duplicate_message_ids_are_refused(make_thread):

@@ -90,8 +90,31 @@ local function check_store_keys(keys, batch, limits, meta)
   return plan_rollover(keys, limits, meta, incoming)
 end
 
+-- The reply to a replay: {0, sequence_1, id_1, ...}, each stored message's sequence and id. The
+-- id comes from the side info (an otid replay sends ids of its own), so that the client can name
+-- a message even when retention deletes it before the client reads it back. A layout-1 message
+-- not yet migrated has no side info: its id is ''.
+local function replay_reply(keys, sequences)
+  local err = check_key_types({{keys.window_side, 'hash'}, {keys.large_index, 'zset'}, {keys.chunk_index, 'zset'}})
+  if err then return err end
+  local reply = {0}
+  for _, value in ipairs(sequences) do
+    local sequence = tonumber(value)
+    local where, first = locate(keys, sequence)
+    local side
+    if where == 'window' then
+      side = redis.call('HGET', keys.window_side, sequence)
+    elseif where then
+      side = manifest_find(redis.call('HGET', keys.chunk_prefix .. fmt(first), '_m') or '', sequence)
+    end
+    reply[#reply + 1] = sequence
+    reply[#reply + 1] = (side and parse_side(side)) or ''
+  end
+  return reply
+end
+
 -- Checks the batch against the thread; returns nil when it may be stored, or a reply: an error,
--- or {0, sequences...} when every message is already stored (a replay).
+-- or replay_reply's when every message is already stored (a replay).
 local function check_batch(keys, batch, limits, meta)
   local count = #batch.ids
   for i = 1, count do
@@ -122,9 +145,7 @@ local function check_batch(keys, batch, limits, meta)
       return redis.error_reply(string.format('KVS_OTID_CONFLICT %d of %d otids in the batch are already stored', otids_stored, #given))
     end
     if otids_stored == count then
-      local reply = {0}
-      for i, sequence in ipairs(stored) do reply[i + 1] = tonumber(sequence) end
-      return reply
+      return replay_reply(keys, stored)
     end
   end
 
@@ -142,9 +163,7 @@ local function check_batch(keys, batch, limits, meta)
   end
   if present > 0 then
     if present == count then
-      local reply = {0}
-      for i, sequence in ipairs(stored) do reply[i + 1] = tonumber(sequence) end
-      return reply
+      return replay_reply(keys, stored)
     end
     return redis.error_reply(string.format('KVS_DUPLICATE_ID %d of %d message ids are already stored', present, count))
   end

@@ -98,11 +98,36 @@ class Worker:
         size = self.rng.choice((2, 5, 20, 20, 200))
         self.append(thread_id, [self.otid() for _ in range(size)])
 
+    def op_replay(self, thread_id: str) -> None:
+        """Sends one of this worker's recent messages again (same otid): a replay, or an
+        OtidConflict-free MessageNotFound-free answer naming the stored message."""
+        if not self.own[thread_id]:
+            return
+        message_id, otid = self.rng.choice(self.own[thread_id][-50:])
+        thread = self.store.thread(thread_id)
+        try:
+            stored = thread.get_by_otid(otid)
+        except errors.MessageNotFound:  # retained away or its turn removed: its otid is free again
+            self.counts["replay after retention"] += 1
+            return
+        if stored.id != message_id:
+            self.fail("get_by_otid returned another message", otid=otid, got=stored.id)
+        again = thread.append(UserMessage(content=content_for(otid), otid=otid))
+        if not again.replayed or [m.id for m in again] != [message_id]:
+            if not (again and again[0].id != message_id and not again.replayed):
+                self.fail("a re-sent otid was not a replay", otid=otid, got=[m.id for m in again])
+            else:
+                # Retention deleted it between the get and the re-send: stored anew, as a new message.
+                self.ledger.write(event="ack", thread=thread_id, turn=None, messages=[[m.otid, m.id, m.seq_id] for m in again])
+                self.counts["replay after retention"] += 1
+
     def op_turn(self, thread_id: str) -> None:
         thread = self.store.thread(thread_id)
         turn = f"turn-{self.worker}-{self.n}"
         self.append(thread_id, [self.otid()], turn=turn)
         start = thread.start_turn(turn)
+        if thread.start_turn(turn) != start:  # a retried start_turn changes nothing
+            self.fail("start_turn sent again moved the turn", turn=turn)
         replies = []
         for _ in range(self.rng.randint(1, 3)):
             replies += [m.seq_id for m in self.append(thread_id, [self.otid()], turn=turn, kind=AssistantMessage)]
@@ -236,7 +261,7 @@ class Worker:
         thread.delete()
 
     OPERATIONS = {
-        "append": 20, "batch": 6, "turn": 10, "compact": 4, "replace": 4, "remove_turn": 2,
+        "append": 20, "batch": 6, "replay": 4, "turn": 10, "compact": 4, "replace": 4, "remove_turn": 2,
         "page": 10, "iter": 2, "context": 6, "snapshot": 3, "get": 6, "delete_scratch": 1,
         "migrate_scratch": 1,
     }
