@@ -110,6 +110,7 @@ def verify(server, namespace: str, ledger_dir) -> dict:
         "batches": counts["batches"],
         "retries": counts["retries"],
         "OutcomeUnknown": counts["OutcomeUnknown"],
+        "ConnectionFailed": counts["ConnectionFailed"],
         "ServerError": counts["ServerError"],
         "raw_redis_errors": counts["redis"],
     }
@@ -122,7 +123,7 @@ def _report(kind: str, figures: dict) -> None:
         f" {figures['batches']} batches acknowledged, all stored once at their acknowledged id and"
         f" sequence ({figures['stored']} stored, {figures['stored_unacknowledged']} sent but not"
         f" acknowledged); {figures['retries']} re-sends after {figures['OutcomeUnknown']} OutcomeUnknown,"
-        f" {figures['ServerError']} ServerError, {figures['raw_redis_errors']} raw redis errors;"
+        f" {figures['ConnectionFailed']} ConnectionFailed (nothing sent), {figures['ServerError']} ServerError, {figures['raw_redis_errors']} raw redis errors;"
         f" AOF {figures['aof_bytes'] // 1024} KiB"
     )
 
