@@ -314,20 +314,20 @@ def fetch_sequences(
 
 
 def get(thread: ThreadRef, message_id: str) -> Operation:
-    if not isinstance(message_id, str) or not message_id:
-        raise errors.InvalidCursor(f"message id must be a non-empty str, got {message_id!r}")
-    found = yield from _fetch_located(thread, "id", [message_id], missing_ok=True)
-    if not found:
-        raise errors.MessageNotFound(f"no stored message has id {message_id!r}")
-    return found[0]
+    return (yield from _get_one(thread, "id", message_id))
 
 
 def get_by_otid(thread: ThreadRef, otid: str) -> Operation:
-    if not isinstance(otid, str) or not otid:
-        raise errors.InvalidCursor(f"otid must be a non-empty str, got {otid!r}")
-    found = yield from _fetch_located(thread, "otid", [otid], missing_ok=True)
+    return (yield from _get_one(thread, "otid", otid))
+
+
+def _get_one(thread: ThreadRef, kind: Literal["id", "otid"], value: str) -> Operation:
+    name = "message id" if kind == "id" else "otid"
+    if not isinstance(value, str) or not value:
+        raise errors.InvalidCursor(f"{name} must be a non-empty str, got {value!r}")
+    found = yield from _fetch_located(thread, kind, [value], missing_ok=True)
     if not found:
-        raise errors.MessageNotFound(f"no stored message has otid {otid!r}")
+        raise errors.MessageNotFound(f"no stored message has {kind} {value!r}")
     return found[0]
 
 

@@ -21,6 +21,7 @@
 ---   seq >= bound); past it the client plans again from `bound`. hi = -1 means unbounded.
 --- Errors: KVS_WRONGTYPE, KVS_CURSOR_NOT_FOUND, KVS_CURSOR_EXPIRED <deleted_before>
 --- @include "includes/checks"
+--- @include "includes/cursors"
 --- @include "includes/thread"
 --- @include "includes/index"
 --- @include "includes/expiry"
@@ -44,23 +45,6 @@ local last_seq = tonumber(meta[3] or '0')
 -- A thread being deleted (lua/delete.lua) reads as empty, whatever chunks it still has.
 if meta[4] then deleted_before, last_seq = 0, 0 end
 
--- An id no stored message has is expired when retention may have deleted it.
-local function resolve(kind, value)
-  if kind == 'seq' then return tonumber(value) end
-  if kind == 'id' then
-    local sequence = redis.call('HGET', ids_key, value)
-    if not sequence then
-      if deleted_before > 0 then
-        return nil, redis.error_reply(string.format(
-          'KVS_CURSOR_EXPIRED %d no stored message has id %s; retention deleted every message before sequence %d: page on from a sequence (page.next_cursor) instead',
-          deleted_before, value, deleted_before))
-      end
-      return nil, redis.error_reply('KVS_CURSOR_NOT_FOUND no stored message has id ' .. value)
-    end
-    return tonumber(sequence)
-  end
-  return nil
-end
 
 -- A layout-1 thread's legacy messages not yet migrated, as one more candidate. Until the scan
 -- (includes/migration.lua) has found the legacy range, meta's last_seq may lag the hash: the
@@ -75,9 +59,9 @@ if is_layout_1(keys) then
   if last > last_seq then last_seq = last end
 end
 
-local lo, lo_err = resolve(lo_kind, lo_arg)
+local lo, lo_err = resolve_cursor(ids_key, lo_kind, lo_arg, deleted_before)
 if lo_err then return lo_err end
-local hi, hi_err = resolve(hi_kind, hi_arg)
+local hi, hi_err = resolve_cursor(ids_key, hi_kind, hi_arg, deleted_before)
 if hi_err then return hi_err end
 lo = lo or 0
 if deleted_before > 0 and lo < deleted_before - 1 then lo = deleted_before - 1 end

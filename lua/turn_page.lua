@@ -15,6 +15,7 @@
 --- Reply: {deleted_before, has_more (0|1), sequences of the page in walk order...}
 --- Errors: KVS_WRONGTYPE, KVS_CURSOR_NOT_FOUND, KVS_CURSOR_EXPIRED <deleted_before>
 --- @include "includes/checks"
+--- @include "includes/cursors"
 --- @include "includes/thread"
 --- @include "includes/index"
 --- @include "includes/turns"
@@ -29,26 +30,9 @@ if err then return err end
 
 local deleted_before = tonumber(redis.call('HGET', keys.meta, 'deleted_before') or '0')
 
--- An id no stored message has is expired when retention may have deleted it.
-local function resolve(kind, value)
-  if kind == 'seq' then return tonumber(value) end
-  if kind == 'id' then
-    local sequence = redis.call('HGET', keys.ids, value)
-    if not sequence then
-      if deleted_before > 0 then
-        return nil, redis.error_reply(string.format(
-          'KVS_CURSOR_EXPIRED %d no stored message has id %s; retention deleted every message before sequence %d: page on from a sequence (page.next_cursor) instead',
-          deleted_before, value, deleted_before))
-      end
-      return nil, redis.error_reply('KVS_CURSOR_NOT_FOUND no stored message has id ' .. value)
-    end
-    return tonumber(sequence)
-  end
-  return nil
-end
-local lo, lo_err = resolve(lo_kind, lo_arg)
+local lo, lo_err = resolve_cursor(keys.ids, lo_kind, lo_arg, deleted_before)
 if lo_err then return lo_err end
-local hi, hi_err = resolve(hi_kind, hi_arg)
+local hi, hi_err = resolve_cursor(keys.ids, hi_kind, hi_arg, deleted_before)
 if hi_err then return hi_err end
 if not lo or lo < deleted_before - 1 then lo = deleted_before - 1 end
 

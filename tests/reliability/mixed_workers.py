@@ -22,29 +22,14 @@ import redis
 
 from kvstore import AssistantMessage, MessageStore, StoreConfig, SummaryMessage, UserMessage, errors
 
+from .workers import Ledger, content_for
+
 MIXED_CONFIG = dict(window_size=8, chunk_size=4, chunk_max_bytes=4096, retained_message_limit=300)
 SHARED_THREADS = 6
 
 
 def shared_thread_ids() -> list[str]:
     return [f"shared-{i}" for i in range(SHARED_THREADS)]
-
-
-def content_for(otid: str) -> str:
-    return f"payload of {otid} " + "p" * (len(otid) * 13 % 400)
-
-
-class Ledger:
-    def __init__(self, path: Path) -> None:
-        self._file = open(path, "a", buffering=1, encoding="utf-8")
-
-    def write(self, **entry) -> None:
-        self._file.write(json.dumps(entry) + "\n")
-        self._file.flush()
-
-
-def read_ledger(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()] if path.exists() else []
 
 
 def write_layout_1(client: redis.Redis, keys, count: int, tag: str) -> None:

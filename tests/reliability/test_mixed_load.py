@@ -26,7 +26,8 @@ import redis
 from kvstore import MessageStore, StoreConfig, SummaryMessage
 
 from ..layout_check import check_layout
-from .mixed_workers import MIXED_CONFIG, mixed_worker, read_ledger, shared_thread_ids
+from .mixed_workers import MIXED_CONFIG, mixed_worker, shared_thread_ids
+from .workers import read_ledger
 from .support import fresh_namespace, new_server, server_kinds
 
 WORKERS = 4

@@ -158,6 +158,7 @@ class ThreadMachine(RuleBasedStateMachine):
             # The current summary covers exactly this range: a replay, nothing is written.
             STEPS["compact replayed"] += 1
             assert summary.seq_id == self.summary_seq and summary.summary == f"summary up to {last}"
+            self._retention()  # a replay runs retention again: rollovers since may allow more
             self._retention_is_complete()
             return
         assert summary.seq_id == self.last_seq + 1
