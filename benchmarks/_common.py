@@ -29,6 +29,36 @@ RESULTS_DIR = Path(__file__).resolve().parent / "results"
 TEXT_BYTES = 1000  # the text of each message; its record is ~1.1 KB with id and date
 TEXTS = 64  # distinct texts, used in turn
 
+def new_messages(texts: list[str], count: int, start: int = 0) -> list:
+    """`count` new user messages without ids over `texts`, from text `start` on.
+
+    `append` gives each message it is sent that has no id the id it makes, on the caller's own
+    object: that id is the call's token, so the same object sent again to a thread is a replay.
+    Whatever a benchmark appends is therefore a new object."""
+    from kvstore import UserMessage
+
+    return [UserMessage(content=texts[(start + i) % len(texts)]) for i in range(count)]
+
+
+class MessagePool:
+    """New messages made ahead of the timed calls (see new_messages); `take` hands out each once."""
+
+    def __init__(self, texts: list[str], count: int) -> None:
+        self._texts = texts
+        self._made = new_messages(texts, count)
+        self._next = 0
+
+    def take(self, count: int | None = None) -> Any:
+        """One message, or a list of `count`."""
+        wanted = 1 if count is None else count
+        if self._next + wanted > len(self._made):  # past what was made ahead: make more now
+            self._made += new_messages(self._texts, max(wanted, 256), len(self._made))
+        taken = self._made[self._next : self._next + wanted]
+        self._made[self._next : self._next + wanted] = [None] * wanted
+        self._next += wanted
+        return taken[0] if count is None else taken
+
+
 # The bare baseline: the writes an append cannot do without (record, counter, index, id map).
 BARE_SCRIPT = """\
 local n = redis.call('HINCRBY', KEYS[2], 'n', 1)

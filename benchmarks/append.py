@@ -43,6 +43,8 @@ from kvstore.messages import MESSAGE_LIST_ADAPTER
 from kvstore.store import Thread
 
 from ._common import (
+    MessagePool,
+    new_messages,
     BARE_SCRIPT,
     TEXT_BYTES,
     TEXTS,
@@ -154,7 +156,7 @@ class Bench:
         stored, done = [], 0
         while done < count:
             n = min(batch, count - done)
-            stored_now = thread.append([self.messages[(done + i) % TEXTS] for i in range(n)])
+            stored_now = thread.append(new_messages(self.texts, n, done))
             if count <= 1000:
                 stored += stored_now
             done += n
@@ -223,7 +225,7 @@ class Bench:
         self.script_requests = []
         for i in range(p.warmup + p.calls):
             ref = _core.ThreadRef.of(self.config, script_pool[i // SMALL_THREAD_APPENDS])
-            operation = _core.append(ref, self.messages[i % TEXTS], None)
+            operation = _core.append(ref, new_messages(self.texts, 1, i), None)
             request = next(operation)
             operation.close()
             self.script_requests.append((request.script.sha, len(request.keys), *request.keys, *request.args))
@@ -236,21 +238,25 @@ class Bench:
                  "batch": 0, "hset_batch": 0}
         batch_calls = SMALL_THREAD_APPENDS // BATCH
         messages = self.messages
+        calls = p.warmup + p.calls
+        small_pool, big_pool = MessagePool(self.texts, calls), MessagePool(self.texts, calls)
+        batch_pool = MessagePool(self.texts, calls * BATCH)
+        prepare_pool = MessagePool(self.texts, calls)
 
         def append_100() -> None:
             i = state["small"]
             state["small"] = i + 1
-            self.small_pool[i // SMALL_THREAD_APPENDS].append(messages[i % TEXTS])
+            self.small_pool[i // SMALL_THREAD_APPENDS].append(small_pool.take())
 
         def append_big() -> None:
             i = state["big"]
             state["big"] = i + 1
-            self.big.append(messages[i % TEXTS])
+            self.big.append(big_pool.take())
 
         def prepare() -> None:
             i = state["prepare"]
             state["prepare"] = i + 1
-            _core.prepare_batch(self.config, messages[i % TEXTS], None)
+            _core.prepare_batch(self.config, prepare_pool.take(), None)
 
         def prepare_batch() -> None:
             i = state["prepare"]
@@ -264,7 +270,7 @@ class Bench:
         def append_batch() -> None:
             i = state["batch"]
             state["batch"] = i + 1
-            self.batch_pool[i // batch_calls].append([messages[(i * BATCH + j) % TEXTS] for j in range(BATCH)])
+            self.batch_pool[i // batch_calls].append(batch_pool.take(BATCH))
 
         def raw_hset_batch() -> None:
             i = state["hset_batch"]
@@ -341,7 +347,6 @@ class Bench:
         try:
             store = MessageStore(counting, self.config)
             big, small = store.thread("big"), store.thread("read-100")
-            message = self.messages[0]
 
             def one(fn: Callable[[], Any]) -> dict[str, Any]:
                 before = command_stats(counting)
@@ -351,7 +356,7 @@ class Bench:
                 return {"round_trips": trips, "commands": stats_diff(before, command_stats(counting))}
 
             # One chunk's worth of appends: all but one only store; one also moves a chunk.
-            cycle = [one(lambda: big.append(message)) for _ in range(self.config.chunk_size)]
+            cycle = [one(lambda m=m: big.append(m)) for m in new_messages(self.texts, self.config.chunk_size)]
 
             def shape(c: dict[str, Any]) -> str:
                 return json.dumps([c["round_trips"], sorted((k, v["calls"]) for k, v in c["commands"].items())])
@@ -384,8 +389,9 @@ class Bench:
                 }
 
             ids = self.ids[-calls - 10 : -10]
+            pool = MessagePool(self.texts, calls)
             timed = {
-                "append": many(lambda i: big.append(self.messages[i % TEXTS])),
+                "append": many(lambda i: big.append(pool.take())),
                 "bare_script": many(lambda i: counting.evalsha(
                     self.script_sha, 4, *self.script_keys, ids[i], self.blob)),
                 "page": many(lambda i: small.list(limit=PAGE, order="desc")),

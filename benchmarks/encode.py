@@ -39,6 +39,8 @@ from kvstore._record import _record_body, decode_records, encode_record
 from kvstore.messages import MESSAGE_LIST_ADAPTER, parse_message
 
 from ._common import (
+    MessagePool,
+    new_messages,
     BARE_SCRIPT,
     TEXTS,
     Variant,
@@ -103,9 +105,9 @@ class Encode:
         self.thread = self.store.thread("encode")
         batch = config.max_chunks_per_call * config.chunk_size
         for start in range(0, MESSAGES, batch):
-            self.thread.append([self.messages[(start + i) % TEXTS] for i in range(min(batch, MESSAGES - start))])
+            self.thread.append(new_messages(self.texts, min(batch, MESSAGES - start), start))
         self.read_thread = self.store.thread("encode-read")
-        self.read_thread.append(self.messages[:100])
+        self.read_thread.append(new_messages(self.texts, 100))
         now = datetime.now(UTC)
         self.stamped = [m.model_copy(update={"id": f"message-{uuid.uuid4()}", "date": now}) for m in self.messages]
         self.dicts = [m.to_dict() for m in self.stamped]
@@ -127,7 +129,7 @@ class Encode:
         # kvstore's script alone: requests built by the core, each with a fresh message id.
         self.script_requests = []
         for i in range(p.warmup + p.calls):
-            operation = _core.append(self.thread._ref, self.messages[i % TEXTS], None)
+            operation = _core.append(self.thread._ref, new_messages(self.texts, 1, i), None)
             request = next(operation)
             operation.close()
             self.script_requests.append((request.script.sha, len(request.keys), *request.keys, *request.args))
@@ -135,12 +137,13 @@ class Encode:
     def variants(self) -> list[Variant]:
         client, config, messages = self.client, self.config, self.messages
         state = {"append": 0, "script": 0, "bare": 0}
+        pool = MessagePool(self.texts, self.params.warmup + self.params.calls)
         serializer = self.stamped[0].__pydantic_serializer__
 
         def append() -> None:
             i = state["append"]
             state["append"] = i + 1
-            self.thread.append(messages[i % TEXTS])
+            self.thread.append(pool.take())
 
         def script() -> None:
             i = state["script"]
@@ -181,8 +184,8 @@ class Encode:
         out = io.StringIO()
         profiler = cProfile.Profile()
         profiler.enable()
-        for i in range(2000):
-            self.thread.append(self.messages[i % TEXTS])
+        for message in new_messages(self.texts, 2000):
+            self.thread.append(message)
         for _ in range(500):
             self.read_thread.list(limit=PAGE, order="desc")
         profiler.disable()

@@ -30,6 +30,7 @@ import redis
 from kvstore import AssistantMessage, MessageStore, StoreConfig, UserMessage
 
 from ._common import (
+    new_messages,
     TEXTS,
     log,
     make_texts,
@@ -113,9 +114,8 @@ class Memory:
         thread = store.thread(f"mem-{size}")
         self.stores.append((store, f"mem-{size}"))
         batch = config.max_chunks_per_call * config.chunk_size
-        messages = [UserMessage(content=t) for t in self.texts]
         for start in range(0, size, batch):
-            thread.append([messages[(start + i) % TEXTS] for i in range(min(batch, size - start))])
+            thread.append(new_messages(self.texts, min(batch, size - start), start))
         stats = thread.stats()
         kvstore = thread_memory(self.client, self.prefix(config, f"mem-{size}"))
 

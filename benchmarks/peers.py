@@ -31,9 +31,11 @@ from typing import Any
 
 import redis
 
-from kvstore import MessageStore, StoreConfig, UserMessage
+from kvstore import MessageStore, StoreConfig
 
 from ._common import (
+    MessagePool,
+    new_messages,
     RESULTS_DIR,
     TEXTS,
     Variant,
@@ -114,14 +116,13 @@ def run_server(url: str, params: Params, own: bool) -> dict[str, Any]:
 
     log(f"{version}: filling kvstore threads and the peers' conversations")
     kv, ll, lc = {}, {}, {}
-    ours = [UserMessage(content=t) for t in texts]
     llama_messages = [ChatMessage(role="user", content=t) for t in texts]
     lc_messages = [HumanMessage(content=t) for t in texts]
     batch = config.max_chunks_per_call * config.chunk_size
     for size in params.sizes:
         thread = store.thread(f"kv-{size}")
         for start in range(0, size, batch):
-            thread.append([ours[(start + i) % TEXTS] for i in range(min(batch, size - start))])
+            thread.append(new_messages(texts, min(batch, size - start), start))
         kv[size] = thread
         ll[size] = f"{ns}:llama:{size}"
         pipe = client.pipeline(transaction=False)
@@ -131,7 +132,8 @@ def run_server(url: str, params: Params, own: bool) -> dict[str, Any]:
         lc[size] = langchain(f"read-{size}")
         lc[size].add_messages([lc_messages[i % TEXTS] for i in range(size)])
     append_thread = store.thread("kv-append")
-    append_thread.append(ours[:100])
+    append_thread.append(new_messages(texts, 100))
+    ours = MessagePool(texts, params.warmup + params.calls)
     append_llama = f"{ns}:llama:append"
     append_lc = langchain("append")
     state = {"kv": 0, "ll": 0, "lc": 0}
@@ -142,7 +144,7 @@ def run_server(url: str, params: Params, own: bool) -> dict[str, Any]:
         return i
 
     variants = [
-        Variant("kv_append", "kvstore: thread.append", lambda: append_thread.append(ours[step("kv") % TEXTS])),
+        Variant("kv_append", "kvstore: thread.append", lambda: append_thread.append(ours.take())),
         Variant("llama_append", "llama-index: RedisChatStore.add_message",
                 lambda: llama.add_message(append_llama, llama_messages[step("ll") % TEXTS])),
         Variant("lc_append", "LangChain: RedisChatMessageHistory.add_message",

@@ -34,8 +34,9 @@ from kvstore._core import Batch, Eval
 from kvstore._record import encode_record
 
 from ._common import (
+    MessagePool,
+    new_messages,
     BARE_SCRIPT,
-    TEXTS,
     command_stats,
     log,
     make_texts,
@@ -143,7 +144,7 @@ def run_server(url: str, params: Params, own: bool) -> dict[str, Any]:
         thread = store.thread("cost")
         batch = config.max_chunks_per_call * config.chunk_size
         for start in range(0, params.messages, batch):
-            thread.append([messages[(start + i) % TEXTS] for i in range(min(batch, params.messages - start))])
+            thread.append(new_messages(texts, min(batch, params.messages - start), start))
 
         stamped = messages[0].model_copy(update={"id": f"message-{uuid.uuid4()}", "date": datetime.now(UTC)})
         blob = encode_record(stamped)
@@ -180,12 +181,13 @@ def run_server(url: str, params: Params, own: bool) -> dict[str, Any]:
         n = params.calls
         ids = [f"message-{uuid.uuid4()}" for _ in range(n + params.warmup)]
         log(f"  measuring {n:,} calls of each operation")
-        for i in range(params.warmup):  # warm the script cache and the allocator
-            thread.append(messages[i % TEXTS])
+        for i, message in enumerate(new_messages(texts, params.warmup)):  # warm the script cache and the allocator
+            thread.append(message)
             client.evalsha(sha, 4, *script_keys, ids[n + i], blob)
         store.requests.clear()
+        pool = MessagePool(texts, n + 640)
         results = {
-            "append": timed(client, n, lambda i: thread.append(messages[i % TEXTS]), scripted=True),
+            "append": timed(client, n, lambda i: thread.append(pool.take()), scripted=True),
             "bare_script": timed(client, n, lambda i: client.evalsha(sha, 4, *script_keys, ids[i], blob),
                                  scripted=True),
             "newest_page": _replayed(client, n, newest, replay),
@@ -194,7 +196,7 @@ def run_server(url: str, params: Params, own: bool) -> dict[str, Any]:
             "list_page": timed(client, n, lambda i: client.lrange(list_key, -PAGE, -1), scripted=False),
         }
         store.requests.clear()
-        per_call = slowlog_appends(client, lambda i: thread.append(messages[i % TEXTS]), 640) if own else None
+        per_call = slowlog_appends(client, lambda i: thread.append(pool.take()), 640) if own else None
         shape = {
             "newest_page": [_describe(r) for r in newest],
             "older_page": [_describe(r) for r in older],

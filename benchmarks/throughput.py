@@ -39,10 +39,9 @@ import redis
 from kvstore import MessageStore, StoreConfig, UserMessage, _core
 
 from ._common import (
+    MessagePool,
     BARE_SCRIPT,
-    TEXTS,
     log,
-    machine,
     make_texts,
     ratio,
     render_ratios,
@@ -73,10 +72,10 @@ def _worker(url: str, namespace: str, target: str, kind: str, warmup: int, secon
     texts = make_texts()
     if kind == "kvstore":
         thread = MessageStore(client, StoreConfig(namespace=namespace)).thread(target)
-        messages = [UserMessage(content=t) for t in texts]
+        pool = MessagePool(texts, 20_000)  # made before the clock starts; more are made if needed
 
         def call(i: int) -> None:
-            thread.append(messages[i % TEXTS])
+            thread.append(pool.take())
     else:
         sha = client.script_load(BARE_SCRIPT)
         keys = [f"{namespace}:{{{target}}}:{part}" for part in ("records", "meta", "index", "ids")]
