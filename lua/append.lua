@@ -16,9 +16,7 @@
 --- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_TOO_LARGE, KVS_OTID_REPEATED, KVS_OTID_CONFLICT,
 ---         KVS_ID_REPEATED, KVS_DUPLICATE_ID, KVS_MEDIA_OVER <bytes left>, KVS_MIGRATING,
 ---         KVS_TURN_FINISHED
---- @include "includes/checks"
 --- @include "includes/thread"
---- @include "includes/index"
 --- @include "includes/turns"
 --- @include "includes/expiry"
 --- @include "includes/store"

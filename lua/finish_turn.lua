@@ -13,9 +13,7 @@
 ---
 --- Reply: {reply_count, first_sequence or 0, last_sequence or 0, reply_start, outcome}
 --- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_TURN_NOT_FOUND, KVS_MIGRATING
---- @include "includes/checks"
 --- @include "includes/thread"
---- @include "includes/index"
 --- @include "includes/turns"
 --- @include "includes/expiry"
 --- @include "includes/migration"

@@ -9,10 +9,7 @@
 ---   KVS_MIGRATING until it is 0); fields_left, once the layout is 2, counts the legacy fields
 ---   that were not sequences and stay in the legacy hash.
 --- Errors: KVS_WRONGTYPE, KVS_LAYOUT
---- @include "includes/checks"
 --- @include "includes/thread"
---- @include "includes/index"
---- @include "includes/turns"
 --- @include "includes/expiry"
 --- @include "includes/migration"
 

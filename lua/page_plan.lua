@@ -24,7 +24,6 @@
 --- @include "includes/cursors"
 --- @include "includes/thread"
 --- @include "includes/index"
---- @include "includes/expiry"
 --- @include "includes/migration"
 
 local keys = thread_keys()

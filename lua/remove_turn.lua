@@ -9,9 +9,9 @@
 ---
 --- Reply: {removed, remaining}
 --- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_MIGRATING
---- @include "includes/checks"
 --- @include "includes/thread"
 --- @include "includes/index"
+--- @include "includes/chunks"
 --- @include "includes/turns"
 --- @include "includes/expiry"
 --- @include "includes/migration"

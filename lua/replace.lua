@@ -16,6 +16,7 @@
 --- @include "includes/checks"
 --- @include "includes/thread"
 --- @include "includes/index"
+--- @include "includes/chunks"
 --- @include "includes/expiry"
 --- @include "includes/migration"
 

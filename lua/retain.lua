@@ -6,10 +6,7 @@
 ---
 --- Reply: the number of chunks deleted (at most max_move_chunks)
 --- Errors: KVS_WRONGTYPE, KVS_LAYOUT
---- @include "includes/checks"
 --- @include "includes/thread"
---- @include "includes/index"
---- @include "includes/turns"
 --- @include "includes/expiry"
 --- @include "includes/retention"
 

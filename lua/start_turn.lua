@@ -10,9 +10,7 @@
 ---
 --- Reply: the sequence the turn's replies start at.
 --- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_MIGRATING
---- @include "includes/checks"
 --- @include "includes/thread"
---- @include "includes/index"
 --- @include "includes/turns"
 --- @include "includes/expiry"
 --- @include "includes/migration"

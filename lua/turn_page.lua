@@ -17,7 +17,6 @@
 --- @include "includes/checks"
 --- @include "includes/cursors"
 --- @include "includes/thread"
---- @include "includes/index"
 --- @include "includes/turns"
 
 local keys = thread_keys()

@@ -1,3 +1,5 @@
+--- @include "includes/index"
+--- @include "includes/expiry"
 -- A chunk is a hash of two fields: `d`, its messages' records concatenated in sequence order,
 -- and `_m`, its manifest (one "sequence\t<side info>\n" line per message, in the same order; the
 -- side info's bytes field is the record's length). One value per chunk instead of one per

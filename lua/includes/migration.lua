@@ -1,3 +1,4 @@
+--- @include "includes/index"
 --- @include "includes/chunks"
 --- @include "includes/turns"
 -- Layout 1 and its migration to layout 2.

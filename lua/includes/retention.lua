@@ -1,3 +1,5 @@
+--- @include "includes/index"
+--- @include "includes/turns"
 -- Retention: after a compaction, the oldest chunk is deleted while its last sequence is at or
 -- before the summary's last sequence AND at least `retained_limit` messages are stored after
 -- it. At most `max_chunks` chunks go per call. Deleting a chunk trims the id and otid maps and

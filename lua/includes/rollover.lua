@@ -1,3 +1,4 @@
+--- @include "includes/index"
 --- @include "includes/chunks"
 -- Moves the oldest window messages into immutable chunks, oldest first, in two steps: a plan
 -- made before the call writes anything, and its execution after the call's own writes.

@@ -1,6 +1,9 @@
+--- @include "includes/checks"
+--- @include "includes/index"
+--- @include "includes/chunks"
+--- @include "includes/turns"
 --- @include "includes/rollover"
 --- @include "includes/migration"
---- @include "includes/chunks"
 -- Stores a batch of messages: the shared body of append and compact.
 --
 -- `batch` holds parallel lists ids, otids, media, records and the turn id ('' for none).

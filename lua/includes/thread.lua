@@ -1,3 +1,4 @@
+--- @include "includes/checks"
 -- The thread's keys, named once from KEYS (every script takes the same ten).
 local function thread_keys()
   return {
