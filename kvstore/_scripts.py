@@ -1,16 +1,27 @@
-"""The Lua scripts: read from the package, includes inlined, SHAs computed locally.
+"""The Lua scripts: read from the package, includes inlined, SHAs computed locally; and the one
+function library built from the same files.
 
 Each script in ``lua/`` serves one operation. ``--- @include "includes/name"`` lines are replaced
 by ``lua/includes/name.lua``; an include is inlined once per script (a second mention is
-skipped) and a cycle is an error. Scripts are plain objects, independent of any client: the
-executors call them by SHA and load them once on NOSCRIPT.
+skipped) and a cycle is an error. Scripts are plain objects, independent of any client.
+
+Two ways to run them (docs/LAYOUT.md, "Loading"):
+
+- the function library (:data:`LIBRARY`, FUNCTION LOAD once, then FCALL / FCALL_RO): every
+  include is defined once, when the library loads, and each script's body becomes one
+  registered function taking KEYS and ARGV as arguments. A call runs only the body.
+- a script per operation (EVALSHA, EVAL on NOSCRIPT): the whole inlined source runs on every
+  call, so every include's local functions are created again each time.
+
+The library's name and its functions' names carry a digest of its source, so a client only
+ever calls the library it was built with; two versions can be loaded side by side.
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import resources
 
 from . import errors
@@ -28,10 +39,15 @@ def _read(name: str) -> str:
 
 def build_source(name: str) -> str:
     """Returns the script's source with every include inlined."""
+    return _expand(_read(name), (name,))
+
+
+def _expand(text: str, chain: tuple[str, ...]) -> str:
+    """The text with its include lines replaced by the includes, each inlined once."""
     included: set[str] = set()
 
     def expand(source: str, chain: tuple[str, ...]) -> str:
-        def replace(match: re.Match[str]) -> str:
+        def inline(match: re.Match[str]) -> str:
             target = match.group(1)
             if target in chain:
                 raise ScriptBuildError(f"include cycle: {' -> '.join((*chain, target))}")
@@ -40,9 +56,9 @@ def build_source(name: str) -> str:
             included.add(target)
             return expand(_read(target), (*chain, target)).rstrip("\n")
 
-        return _INCLUDE.sub(replace, source)
+        return _INCLUDE.sub(inline, source)
 
-    return expand(_read(name), (name,))
+    return expand(text, chain)
 
 
 @dataclass(frozen=True)
@@ -51,6 +67,8 @@ class Script:
     source: str
     sha: str
     writes: bool
+    flags: tuple[str, ...] = ()
+    function: str = ""  # its name in LIBRARY, set when the library is built
 
     @classmethod
     def load(cls, name: str) -> Script:
@@ -58,17 +76,54 @@ class Script:
         first_line = source.split("\n", 1)[0]
         if not first_line.startswith("#!lua"):
             raise ScriptBuildError(f"{name}.lua must start with a #!lua shebang line")
+        flags = tuple(first_line.partition("flags=")[2].split(",")) if "flags=" in first_line else ()
         return cls(
             name=name,
             source=source,
             sha=hashlib.sha1(source.encode()).hexdigest(),
-            writes="no-writes" not in first_line,
+            writes="no-writes" not in flags,
+            flags=flags,
         )
 
     def without_shebang(self) -> Script:
         """The same script for servers whose Lua does not parse the shebang (fakeredis)."""
         body = "--" + self.source[2:]  # keep line numbers: the shebang becomes a comment
-        return Script(self.name, body, hashlib.sha1(body.encode()).hexdigest(), self.writes)
+        return replace(self, source=body, sha=hashlib.sha1(body.encode()).hexdigest())
+
+
+@dataclass(frozen=True)
+class Library:
+    """Every script as one function library: includes defined once, one function per script."""
+
+    name: str
+    source: str
+
+    @classmethod
+    def build(cls, names: tuple[str, ...]) -> tuple[Library, dict[str, Script]]:
+        """The library of the named scripts, and the scripts with their function names set."""
+        bodies = {name: _read(name) for name in names}
+        # Every include any script uses, each once, in an order that defines a name before its
+        # users (build_source's expansion of all the include lines, in the scripts' order).
+        include_lines = "\n".join(m.group(0) for body in bodies.values() for m in _INCLUDE.finditer(body))
+        shared = _expand(include_lines, ("library",))
+        parts = []
+        for name, body in bodies.items():
+            own = _INCLUDE.sub("", body.split("\n", 1)[1])  # the shebang line is the library's
+            parts.append(f"local function {name}_body(KEYS, ARGV)\n{own.rstrip()}\nend")
+        digest = hashlib.sha1("\n".join((shared, *parts)).encode()).hexdigest()[:12]
+        library = f"kvstore_{digest}"
+        scripts = {}
+        registrations = []
+        for name in names:
+            script = replace(SCRIPTS_BY_FILE[name], function=f"{library}_{name}")
+            scripts[name] = script
+            flags = ", ".join(f"'{flag}'" for flag in script.flags)
+            registrations.append(
+                f"redis.register_function{{function_name = '{script.function}',"
+                f" callback = {name}_body, flags = {{{flags}}}}}"
+            )
+        source = "\n".join((f"#!lua name={library}", shared, *parts, *registrations)) + "\n"
+        return cls(library, source), scripts
 
 
 SCRIPT_NAMES = (
@@ -76,7 +131,8 @@ SCRIPT_NAMES = (
     "migrate",
     "page_plan", "locate", "turn_page",
 )
-SCRIPTS: dict[str, Script] = {name: Script.load(name) for name in SCRIPT_NAMES}
+SCRIPTS_BY_FILE: dict[str, Script] = {name: Script.load(name) for name in SCRIPT_NAMES}
+LIBRARY, SCRIPTS = Library.build(SCRIPT_NAMES)
 
 
 _ERRORS: dict[str, type[errors.KVStoreError]] = {

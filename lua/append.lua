@@ -24,9 +24,9 @@
 --- @include "includes/retention"
 --- @include "includes/migration"
 
-local keys = thread_keys()
-local limits = read_limits()
-local batch = read_batch(12, tonumber(ARGV[12]), ARGV[11])
+local keys = thread_keys(KEYS)
+local limits = read_limits(ARGV)
+local batch = read_batch(ARGV, 12, tonumber(ARGV[12]), ARGV[11])
 
 local meta, failure = load_meta(keys)
 local cuts

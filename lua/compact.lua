@@ -21,10 +21,10 @@
 --- @include "includes/retention"
 --- @include "includes/migration"
 
-local keys = thread_keys()
-local limits = read_limits()
+local keys = thread_keys(KEYS)
+local limits = read_limits(ARGV)
 local summary_last = tonumber(ARGV[11])
-local batch = read_batch(11, 1, '')
+local batch = read_batch(ARGV, 11, 1, '')
 
 local meta, failure = load_meta(keys)
 local cuts

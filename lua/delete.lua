@@ -19,7 +19,7 @@
 --- @include "includes/checks"
 --- @include "includes/thread"
 
-local keys = thread_keys()
+local keys = thread_keys(KEYS)
 local max_chunks, mode = tonumber(ARGV[1]), ARGV[2]
 
 local err = check_key_types({{keys.chunk_index, 'zset'}, {keys.large_index, 'zset'}})

@@ -18,8 +18,8 @@
 --- @include "includes/expiry"
 --- @include "includes/migration"
 
-local keys = thread_keys()
-local limits = read_limits()
+local keys = thread_keys(KEYS)
+local limits = read_limits(ARGV)
 local turn_id, outcome = ARGV[11], ARGV[12]
 
 local err = check_thread(keys) or check_migration(keys)

@@ -14,7 +14,7 @@
 --- @include "includes/thread"
 --- @include "includes/index"
 
-local keys = thread_keys()
+local keys = thread_keys(KEYS)
 local kind = ARGV[1]
 
 local checked = {

@@ -13,8 +13,8 @@
 --- @include "includes/expiry"
 --- @include "includes/migration"
 
-local keys = thread_keys()
-local limits = read_limits()
+local keys = thread_keys(KEYS)
+local limits = read_limits(ARGV)
 
 local err = check_thread(keys)
 if err then return err end

@@ -26,7 +26,7 @@
 --- @include "includes/index"
 --- @include "includes/migration"
 
-local keys = thread_keys()
+local keys = thread_keys(KEYS)
 local meta_key, window_key, chunk_index_key, large_index_key, ids_key = keys.meta, keys.window, keys.chunk_index, keys.large_index, keys.ids
 local lo_kind, lo_arg, hi_kind, hi_arg = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local walk, need, max_chunks = ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7])

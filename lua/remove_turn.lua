@@ -16,8 +16,8 @@
 --- @include "includes/expiry"
 --- @include "includes/migration"
 
-local keys = thread_keys()
-local limits = read_limits()
+local keys = thread_keys(KEYS)
+local limits = read_limits(ARGV)
 local turn_id, max_messages = ARGV[11], tonumber(ARGV[12])
 
 local err = check_thread(keys)

@@ -20,8 +20,8 @@
 --- @include "includes/expiry"
 --- @include "includes/migration"
 
-local keys = thread_keys()
-local limits = read_limits()
+local keys = thread_keys(KEYS)
+local limits = read_limits(ARGV)
 local id, media, record = ARGV[11], tonumber(ARGV[12]), ARGV[13]
 
 local err = check_thread(keys)

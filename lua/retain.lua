@@ -10,8 +10,8 @@
 --- @include "includes/expiry"
 --- @include "includes/retention"
 
-local keys = thread_keys()
-local limits = read_limits()
+local keys = thread_keys(KEYS)
+local limits = read_limits(ARGV)
 
 local err = check_thread(keys)
 if err then return err end

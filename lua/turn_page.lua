@@ -19,7 +19,7 @@
 --- @include "includes/thread"
 --- @include "includes/turns"
 
-local keys = thread_keys()
+local keys = thread_keys(KEYS)
 local turn_id = ARGV[1]
 local lo_kind, lo_arg, hi_kind, hi_arg = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local walk, limit = ARGV[6], tonumber(ARGV[7])

@@ -1,6 +1,7 @@
 --- @include "includes/checks"
--- The thread's keys, named once from KEYS (every script takes the same ten).
-local function thread_keys()
+-- The thread's keys, named once from KEYS (every script takes the same ten). KEYS and ARGV are
+-- passed in: a script's are globals, a library function's are its arguments.
+local function thread_keys(KEYS)
   return {
     meta = KEYS[1], window = KEYS[2], window_side = KEYS[3], chunk_index = KEYS[4],
     large_index = KEYS[5], ids = KEYS[6], otids = KEYS[7], turns = KEYS[8], legacy = KEYS[9],
@@ -19,7 +20,7 @@ end
 
 -- Reads the batch of `count` messages whose 4 arguments each (id, otid, media, record) start
 -- after ARGV[offset].
-local function read_batch(offset, count, turn_id)
+local function read_batch(ARGV, offset, count, turn_id)
   local batch = {ids = {}, otids = {}, media = {}, records = {}, turn_id = turn_id}
   for i = 1, count do
     local base = offset + (i - 1) * 4
@@ -36,7 +37,7 @@ end
 -- max_message_bytes, max_media, retained_limit (-1 keeps all), ttl_ms (0: none), and ARGV[10],
 -- unused (it carried the client's clock; expiry is relative now), kept so the arguments after it
 -- keep their positions.
-local function read_limits()
+local function read_limits(ARGV)
   return {
     window_size = tonumber(ARGV[1]), chunk_size = tonumber(ARGV[2]),
     chunk_max_bytes = tonumber(ARGV[3]), max_move_chunks = tonumber(ARGV[4]),
