@@ -47,11 +47,14 @@ local function unescape_field(value)
 end
 
 local function side_info(id, otid, media, bytes, turn)
-  if string.find(id .. otid .. turn, FRAMING) then
+  -- One class test per field (%c: any control byte) before the exact one.
+  if (string.find(id, '%c') or string.find(otid, '%c') or string.find(turn, '%c'))
+      and string.find(id .. otid .. turn, FRAMING) then
     return escape_field(id) .. '\t' .. escape_field(otid) .. '\t' .. fmt(media) .. '\t' .. fmt(bytes)
       .. '\t' .. escape_field(turn) .. '\t%'
   end
-  return id .. '\t' .. otid .. '\t' .. fmt(media) .. '\t' .. fmt(bytes) .. '\t' .. turn
+  -- Lua writes these small integers as digits (%.14g); no string.format call on the hot path.
+  return id .. '\t' .. otid .. '\t' .. media .. '\t' .. bytes .. '\t' .. turn
 end
 
 -- Returns id, otid, media, bytes, turn (unescaped); nil for a malformed side info.
@@ -64,6 +67,11 @@ local function parse_side(side)
     id, otid, turn = unescape_field(id), unescape_field(otid), unescape_field(turn)
   end
   return id, otid, tonumber(media), tonumber(bytes), turn
+end
+
+-- A side info's media bytes (its third field, never escaped); 0 for a malformed one.
+local function side_media(side)
+  return tonumber(string.match(side, '^[^\t\n]*\t[^\t\n]*\t(%d+)\t') or '0')
 end
 
 local function manifest_line(sequence, side)

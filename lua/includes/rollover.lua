@@ -21,9 +21,10 @@ end
 
 -- Plans the cuts from the oldest window records and the incoming ones ({sequence, bytes,
 -- record}), reading only the window records it cuts (and at most a chunk's worth more), and
--- checks that no key sits where a chunk will be written. Returns the cuts, each a list of
--- {sequence, bytes, record}, with `owed` the number of the first cuts that move the call's own
--- additions; or nil and an error reply.
+-- checks that no key sits where a chunk will be written. Returns the cuts, each {from, count,
+-- bytes} over the oldest messages in order (cuts.sequences, cuts.records: parallel lists, not a
+-- table per message, since a rollover touches every message it moves), with `owed` the number
+-- of the first cuts that move the call's own additions; or nil and an error reply.
 local function plan_rollover(keys, limits, meta, incoming)
   local stored = meta.window_count
   local count = stored + #incoming
@@ -31,17 +32,26 @@ local function plan_rollover(keys, limits, meta, incoming)
   for _, item in ipairs(incoming) do window_bytes = window_bytes + item[2] end
   local cuts = {owed = 0}
   if not cut_possible(limits, count, window_bytes) then return cuts end
+  local sequences, records = {}, {}
+  cuts.sequences, cuts.records = sequences, records
 
-  -- The i-th oldest message: the window's are read a chunk's worth at a time, as the cuts reach
-  -- them; the incoming ones follow.
-  local total, entries = count, {}
-  local function entry(i)
-    if i > stored then return incoming[i - stored] end
-    if i > #entries then
-      local oldest = redis.call('ZRANGE', keys.window, #entries, math.min(#entries + limits.chunk_size, stored) - 1, 'WITHSCORES')
-      for j = 1, #oldest, 2 do entries[#entries + 1] = {tonumber(oldest[j + 1]), #oldest[j], oldest[j]} end
+  -- Makes the i oldest messages known: the window's are read a chunk's worth at a time, as the
+  -- cuts reach them (a window sequence stays the score's text); the incoming ones follow.
+  local total, loaded = count, 0
+  local function load_through(i)
+    while loaded < i do
+      if loaded >= stored then
+        local item = incoming[loaded - stored + 1]
+        loaded = loaded + 1
+        sequences[loaded], records[loaded] = item[1], item[3]
+      else
+        local oldest = redis.call('ZRANGE', keys.window, loaded, math.min(loaded + limits.chunk_size, stored) - 1, 'WITHSCORES')
+        for j = 1, #oldest, 2 do
+          loaded = loaded + 1
+          records[loaded], sequences[loaded] = oldest[j], oldest[j + 1]
+        end
+      end
     end
-    return entries[i]
   end
 
   local position, moved, extra_chunks, extra_bytes = 1, 0, 0, 0
@@ -49,28 +59,29 @@ local function plan_rollover(keys, limits, meta, incoming)
     -- Once the call's own additions are planned, what is left is under the per-call cap.
     local owed = moved < #incoming
     if not owed and extra_chunks >= limits.max_move_chunks then break end
-    local cut, bytes = {}, 0
-    while #cut < limits.chunk_size and position + #cut <= total do
-      local item = entry(position + #cut)
-      if #cut > 0 and bytes + item[2] > limits.chunk_max_bytes then break end
-      cut[#cut + 1] = item
-      bytes = bytes + item[2]
+    local n, bytes = 0, 0
+    while n < limits.chunk_size and position + n <= total do
+      load_through(position + n)
+      local size = #records[position + n]
+      if n > 0 and bytes + size > limits.chunk_max_bytes then break end
+      n = n + 1
+      bytes = bytes + size
     end
-    if count - #cut < limits.window_size then break end
+    if count - n < limits.window_size then break end
     if not owed then
       if extra_chunks > 0 and extra_bytes + bytes > limits.max_move_bytes then break end
       extra_chunks = extra_chunks + 1
       extra_bytes = extra_bytes + bytes
     end
-    local chunk_key = keys.chunk_prefix .. fmt(cut[1][1])
+    local chunk_key = keys.chunk_prefix .. sequences[position]
     if redis.call('EXISTS', chunk_key) == 1 then
       return nil, redis.error_reply('KVS_WRONGTYPE ' .. chunk_key .. ' exists where a new chunk must go')
     end
-    cuts[#cuts + 1] = cut
+    cuts[#cuts + 1] = {position, n, bytes}
     if owed then cuts.owed = #cuts end
-    position = position + #cut
-    moved = moved + #cut
-    count = count - #cut
+    position = position + n
+    moved = moved + n
+    count = count - n
     window_bytes = window_bytes - bytes
   end
   return cuts
@@ -82,32 +93,27 @@ end
 local function rollover(keys, cuts, migrated)
   local limit = #cuts
   if migrated > 0 then limit = cuts.owed end
-  local written = 0
-  for _, cut in ipairs(cuts) do
-    if written >= limit then break end
-    local records, fields, bytes = {}, {}, 0
-    for i, item in ipairs(cut) do
-      fields[i] = fmt(item[1])
-      bytes = bytes + item[2]
-      records[i] = item[3]
+  local sequences, records = cuts.sequences, cuts.records
+  for c = 1, limit do
+    local from, n, bytes = cuts[c][1], cuts[c][2], cuts[c][3]
+    local last = from + n - 1
+    local sides = redis.call('HMGET', keys.window_side, unpack(sequences, from, last))
+    -- The manifest's lines, "sequence\t<side info>\n", joined once.
+    local parts, media = {}, 0
+    for i = 1, n do
+      local side = sides[i]
+      parts[4 * i - 3], parts[4 * i - 2], parts[4 * i - 1], parts[4 * i] = sequences[from + i - 1], '\t', side, '\n'
+      media = media + side_media(side)
     end
-    local sides = redis.call('HMGET', keys.window_side, unpack(fields))
-    local manifest, media = {}, 0
-    for i, side in ipairs(sides) do
-      manifest[i] = manifest_line(cut[i][1], side)
-      local _, _, message_media = parse_side(side)
-      media = media + message_media
-    end
-    local first, last = cut[1][1], cut[#cut][1]
-    write_chunk(keys, first, table.concat(manifest), table.concat(records))
-    redis.call('ZADD', keys.chunk_index, fields[1], chunk_index_member(first, last, #cut, bytes, media))
-    redis.call('ZREMRANGEBYSCORE', keys.window, fields[1], fields[#cut])
-    redis.call('HDEL', keys.window_side, unpack(fields))
+    local first, final = tonumber(sequences[from]), tonumber(sequences[last])
+    write_chunk(keys, first, table.concat(parts), table.concat(records, '', from, last))
+    redis.call('ZADD', keys.chunk_index, first, chunk_index_member(first, final, n, bytes, media))
+    redis.call('ZREMRANGEBYSCORE', keys.window, first, final)
+    redis.call('HDEL', keys.window_side, unpack(sequences, from, last))
     redis.call('HINCRBY', keys.meta, 'window_bytes', -bytes)
-    written = written + 1
   end
-  if written > 0 then
+  if limit > 0 then
     redis.call('HINCRBY', keys.meta, 'gen', 1)
   end
-  return written
+  return limit
 end

@@ -128,10 +128,11 @@ local function check_batch(keys, batch, limits, meta)
   end
 
   -- otids: all stored means a replay, none stored means new, anything else is refused.
-  local given, seen = {}, {}
+  local given, seen = {}, nil
   for i = 1, count do
     local otid = batch.otids[i]
     if otid ~= '' then
+      seen = seen or {}
       if seen[otid] then return redis.error_reply('KVS_OTID_REPEATED otid ' .. otid .. ' appears twice in the batch') end
       seen[otid] = true
       given[#given + 1] = otid
@@ -153,10 +154,12 @@ local function check_batch(keys, batch, limits, meta)
   end
 
   -- Message ids double as the call's idempotency token: a retried call re-sends the same ids.
-  seen = {}
-  for i = 1, count do
-    if seen[batch.ids[i]] then return redis.error_reply('KVS_ID_REPEATED message id ' .. batch.ids[i] .. ' appears twice in the batch') end
-    seen[batch.ids[i]] = true
+  if count > 1 then
+    seen = {}
+    for i = 1, count do
+      if seen[batch.ids[i]] then return redis.error_reply('KVS_ID_REPEATED message id ' .. batch.ids[i] .. ' appears twice in the batch') end
+      seen[batch.ids[i]] = true
+    end
   end
   local stored, err = checked_read(keys.ids, 'HMGET', keys.ids, unpack(batch.ids))
   if err then return err end
@@ -252,9 +255,9 @@ local function store_batch(keys, batch, limits, meta)
   meta.window_bytes = meta.window_bytes + window_bytes
   meta.window_count = meta.window_count + window_added
   meta.media = meta.media + total_media
-  redis.call('HSET', keys.meta, 'layout', meta.layout, 'last_seq', fmt(meta.last_seq),
-    'stored', fmt(meta.stored), 'bytes', fmt(meta.bytes), 'window_bytes', fmt(meta.window_bytes),
-    'media', fmt(meta.media))
+  -- Numbers go to the server as they are: it writes an integer's digits exactly (to 2^53).
+  redis.call('HSET', keys.meta, 'layout', meta.layout, 'last_seq', meta.last_seq,
+    'stored', meta.stored, 'bytes', meta.bytes, 'window_bytes', meta.window_bytes, 'media', meta.media)
   return first
 end
 
