@@ -706,7 +706,7 @@ def compact(
     thread: ThreadRef, summary: str, last_sequence: int, stats: CompactionStats | dict | None = None
 ) -> Operation:
     if isinstance(last_sequence, bool) or not isinstance(last_sequence, int) or last_sequence < 1:
-        raise errors.InvalidCursor(f"last_sequence must be a positive int, got {last_sequence!r}")
+        raise errors.InvalidSummaryRange(f"last_sequence must be a positive int, got {last_sequence!r}")
     message = {"message_type": "summary_message", "summary": summary, "compaction_stats": stats}
     (item,) = prepare_batch(thread.config, message, None)
     while True:

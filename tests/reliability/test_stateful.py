@@ -178,7 +178,7 @@ class ThreadMachine(RuleBasedStateMachine):
             choices.append(self.summary_last - 1)
         try:
             self.thread.compact("a bad summary", data.draw(st.sampled_from(choices)))
-        except errors.InvalidCursor:
+        except errors.InvalidSummaryRange:
             return
         raise AssertionError("a summary past the last sequence or moving back was accepted")
 
