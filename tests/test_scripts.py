@@ -22,6 +22,8 @@ import pytest
 from kvstore import _scripts, errors
 from kvstore._scripts import ERROR_CODES, SCRIPT_NAMES, SCRIPTS, build_source, error_from_reply
 
+from .script_headers import script_header
+
 # The globals Redis/Valkey's Lua gives a script that kvstore's scripts use; a new one is a
 # decision (deterministic? read-only?), made by adding it here.
 ALLOWED_GLOBALS = frozenset({
@@ -229,3 +231,26 @@ def _documented_codes() -> dict[str, tuple[str, set[str]]]:
 def test_the_documented_table_is_the_table():
     assert {code: row[0] for code, row in _documented_codes().items()} == \
         {code: cls.__name__ for code, cls in ERROR_CODES.items()}
+
+
+def _header_codes() -> dict[str, set[str]]:
+    return {name: set(script_header(name).errors) for name in SCRIPT_NAMES}
+
+
+@pytest.mark.parametrize("name", SCRIPT_NAMES)
+def test_each_header_names_the_codes_its_script_raises(name):
+    """The Errors line names every code the script's own text raises, and none that its source
+    as built (with its includes) cannot raise. (A code an include raises in a function the
+    script never calls is not found here: the header says what the script can raise.)"""
+    listed = set(script_header(name).errors)
+    own = set(_CODE_IN_LUA.findall(_own_text(name)))
+    built = set(_CODE_IN_LUA.findall(SCRIPTS[name].source))
+    assert (sorted(own - listed), sorted(listed - built)) == ([], [])
+
+
+def test_the_documented_table_names_the_scripts_each_header_names():
+    documented = {}
+    for code, (_class_name, raised_by) in _documented_codes().items():
+        documented[code] = set(SCRIPT_NAMES) if raised_by == {"every", "script"} else raised_by
+    from_headers = {code: {name for name, codes in _header_codes().items() if code in codes} for code in ERROR_CODES}
+    assert documented == from_headers
