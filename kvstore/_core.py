@@ -3,7 +3,8 @@
 An operation yields :class:`Eval` (one script call) or :class:`Batch` (native commands sent in
 one round trip) and receives the reply; it returns the result. The sync and async stores are
 executors that drive these generators over a client, so both share one implementation of every
-operation: keys and arguments are built here, replies are parsed here.
+operation: keys and arguments are built here, replies are parsed here (a writing script's reply
+is decoded by name in kvstore/_wire.py).
 """
 
 from __future__ import annotations

@@ -37,9 +37,11 @@ def _number(script: str, reply: Any) -> int:
 
 
 # ----------------------------------------------------------------------- script replies
+# Not frozen: a frozen dataclass's __init__ costs several times a plain one's, and every write
+# decodes a reply.
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Replayed:
     """A message an append found already stored: its sequence, and its stored id (None where no
     side info names it: a layout-1 message not yet migrated)."""
@@ -48,7 +50,7 @@ class Replayed:
     id: str | None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class AppendReply:
     """lua/append.lua: the batch was stored from `first_sequence` on, or (a replay) every
     message was already stored, as `replayed` lists in batch order."""
@@ -67,7 +69,7 @@ class AppendReply:
         raise _unexpected("append", reply)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class CompactReply:
     """lua/compact.lua: the summary's sequence, and whether this call stored it (else it was a
     replay of the current summary) and how many chunks its retention deleted."""
@@ -82,7 +84,7 @@ class CompactReply:
         return cls(stored == 1, int(sequence), int(deleted))
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class RetainReply:
     """lua/retain.lua: the chunks this call deleted (at most max_chunks_per_call)."""
 
@@ -93,7 +95,7 @@ class RetainReply:
         return cls(_number("retain", reply))
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class StartTurnReply:
     """lua/start_turn.lua: the sequence the turn's replies start at."""
 
@@ -104,7 +106,7 @@ class StartTurnReply:
         return cls(_number("start_turn", reply))
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class FinishTurnReply:
     """lua/finish_turn.lua: the result the turn's first finish recorded."""
 
@@ -120,7 +122,7 @@ class FinishTurnReply:
         return cls(int(count), int(first) or None, int(last) or None, int(start), _text(outcome))
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ReplaceReply:
     """lua/replace.lua: the replaced message's sequence (unchanged by the replace)."""
 
@@ -131,7 +133,7 @@ class ReplaceReply:
         return cls(_number("replace", reply))
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class RemoveTurnReply:
     """lua/remove_turn.lua: the messages this call removed, and how many the turn still holds
     (another call removes more)."""
@@ -145,7 +147,7 @@ class RemoveTurnReply:
         return cls(int(removed), int(remaining))
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class DeleteReply:
     """lua/delete.lua: whether the thread is gone (or, for 'continue', was not being deleted);
     False when more calls are needed."""
@@ -157,7 +159,7 @@ class DeleteReply:
         return cls(_number("delete", reply) == 1)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class MigrateReply:
     """lua/migrate.lua: one migration step. `scanning` while the legacy range is still being
     scanned (writes are refused until it ends); `fields_left`, once the layout is 2, counts the
