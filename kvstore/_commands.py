@@ -13,6 +13,7 @@ import redis
 from . import errors
 from ._embedded import data_dir_server
 from ._keys import check_thread_id
+from ._wire import ChunkEntry, LargeEntry
 from .config import StoreConfig
 from .messages import parse_message
 from .store import MessageStore
@@ -90,12 +91,11 @@ def inspect(store: MessageStore, thread_id: str, out: IO[str] = sys.stdout) -> N
     if legacy:
         print(f"  legacy (layout 1) {legacy} messages not yet migrated", file=out)
     print(f"  chunks            {len(chunks)} (+ {len(large)} oversized)", file=out)
-    for member in chunks:
-        first, last, count, nbytes, media = member.decode().split(":")
-        print(f"    chunk {first:>8}  {first}..{last}  {count} messages  {int(nbytes):,} bytes  {int(media):,} media", file=out)
-    for member in large:
-        sequence, nbytes, media = member.decode().split(":")
-        print(f"    large {sequence:>8}  1 message  {int(nbytes):,} bytes  {int(media):,} media", file=out)
+    for chunk in map(ChunkEntry.parse, chunks):
+        print(f"    chunk {chunk.first:>8}  {chunk.first}..{chunk.last}  {chunk.count} messages"
+              f"  {chunk.bytes:,} bytes  {chunk.media:,} media", file=out)
+    for entry in map(LargeEntry.parse, large):
+        print(f"    large {entry.sequence:>8}  1 message  {entry.bytes:,} bytes  {entry.media:,} media", file=out)
 
 
 def export(store: MessageStore, thread_id: str, out: IO[str]) -> int:

@@ -3,7 +3,8 @@
 An operation yields :class:`Eval` (one script call) or :class:`Batch` (native commands sent in
 one round trip) and receives the reply; it returns the result. The sync and async stores are
 executors that drive these generators over a client, so both share one implementation of every
-operation: keys and arguments are built here, replies are parsed here.
+operation: keys and arguments are built here, replies are parsed here (a writing script's reply
+is decoded by name in kvstore/_wire.py).
 """
 
 from __future__ import annotations
@@ -21,6 +22,17 @@ from . import errors
 from ._keys import ThreadKeys
 from ._record import decode_records, encode_message, salvage
 from ._scripts import SCRIPTS, Script
+from ._wire import (
+    AppendReply,
+    CompactReply,
+    DeleteReply,
+    FinishTurnReply,
+    MigrateReply,
+    RemoveTurnReply,
+    ReplaceReply,
+    RetainReply,
+    StartTurnReply,
+)
 from .config import StoreConfig
 from .messages import (
     CompactionStats,
@@ -203,7 +215,7 @@ def append(
         for item in prepared:
             args += (item.message.id, item.message.otid or "", item.media, item.record)
         try:
-            reply = yield from _write(thread, SCRIPTS["append"], args)
+            reply = AppendReply.decode((yield from _write(thread, SCRIPTS["append"], args)))
         except errors.InlineMediaBudget as over:
             prepared = _fit_media(prepared, over.available, turn_id)
             continue
@@ -212,24 +224,24 @@ def append(
             unknown.messages = [item.message for item in prepared]
             raise
         break
-    if reply[0] == 1:
-        first = int(reply[1])
+    if reply.stored:
+        first = reply.first_sequence
         return AppendResult([_with_sequence(item.message, first + i) for i, item in enumerate(prepared)])
     # Every message was already stored: a replay returns what the first call stored.
-    sequences = [int(s) for s in reply[1::2]]
+    sequences = [replayed.sequence for replayed in reply.replayed]
     try:
         found = yield from fetch_sequences(thread, sequences, missing_ok=True)
     except errors.ServerError as exc:
         raise _read_back_failed("append", [item.message for item in prepared], exc) from exc
     by_sequence = {m.seq_id: m for m in found}
     stored = []
-    for item, sequence, stored_id in zip(prepared, sequences, reply[2::2]):
-        message = by_sequence.get(sequence)
+    for item, replayed in zip(prepared, reply.replayed):
+        message = by_sequence.get(replayed.sequence)
         if message is None:
             # Stored, then deleted by retention before this read: named by its stored id and
             # sequence, with the content as sent.
-            stored_id = _text(stored_id) or item.message.id
-            message = _with_sequence(item.message.model_copy(update={"id": stored_id}), sequence)
+            stored_id = replayed.id or item.message.id
+            message = _with_sequence(item.message.model_copy(update={"id": stored_id}), replayed.sequence)
         stored.append(message)
     return AppendResult(stored, replayed=True)
 
@@ -263,23 +275,23 @@ def _fit_media(prepared: list[_Prepared], available: int, turn_id: str | None) -
 
 def start_turn(thread: ThreadRef, turn_id: str) -> Operation:
     _check_token("turn_id", turn_id)
-    sequence = yield from _write(thread, SCRIPTS["start_turn"], (*thread.limits(), turn_id))
-    return int(sequence)
+    reply = yield from _write(thread, SCRIPTS["start_turn"], (*thread.limits(), turn_id))
+    return StartTurnReply.decode(reply).reply_start
 
 
 def finish_turn(thread: ThreadRef, turn_id: str, outcome: TurnOutcome) -> Operation:
     _check_token("turn_id", turn_id)
     if outcome not in TURN_OUTCOMES:
         raise errors.InvalidMessage(f"outcome {outcome!r} is not one of {', '.join(TURN_OUTCOMES)}")
-    count, first, last, _start, recorded = yield from _write(
-        thread, SCRIPTS["finish_turn"], (*thread.limits(), turn_id, outcome)
+    reply = FinishTurnReply.decode(
+        (yield from _write(thread, SCRIPTS["finish_turn"], (*thread.limits(), turn_id, outcome)))
     )
     return TurnResult(
         turn_id=turn_id,
-        outcome=_text(recorded),
-        reply_count=int(count),
-        first_sequence=int(first) or None,
-        last_sequence=int(last) or None,
+        outcome=reply.outcome,
+        reply_count=reply.reply_count,
+        first_sequence=reply.first_sequence,
+        last_sequence=reply.last_sequence,
     )
 
 
@@ -706,33 +718,33 @@ def compact(
     thread: ThreadRef, summary: str, last_sequence: int, stats: CompactionStats | dict | None = None
 ) -> Operation:
     if isinstance(last_sequence, bool) or not isinstance(last_sequence, int) or last_sequence < 1:
-        raise errors.InvalidCursor(f"last_sequence must be a positive int, got {last_sequence!r}")
+        raise errors.InvalidSummaryRange(f"last_sequence must be a positive int, got {last_sequence!r}")
     message = {"message_type": "summary_message", "summary": summary, "compaction_stats": stats}
     (item,) = prepare_batch(thread.config, message, None)
     while True:
         args = [*thread.limits(), last_sequence, item.message.id, item.message.otid or "", item.media, item.record]
         try:
-            replay_or_stored, sequence, deleted = yield from _write(thread, SCRIPTS["compact"], args)
+            reply = CompactReply.decode((yield from _write(thread, SCRIPTS["compact"], args)))
         except errors.InlineMediaBudget as over:
             (item,) = _fit_media([item], over.available, None)
             continue
         break
-    if replay_or_stored == 0:
-        # A replay runs retention again: the first call's caller may not have finished it.
-        deleted = thread.config.max_chunks_per_call
+    # A replay runs retention again: the first call's caller may not have finished it.
+    deleted = reply.chunks_deleted if reply.stored else thread.config.max_chunks_per_call
     try:
         # Each call deletes at most max_chunks_per_call chunks; go on while that cap was reached.
-        while int(deleted) >= thread.config.max_chunks_per_call:
-            deleted = yield Eval(SCRIPTS["retain"], thread.script_keys, thread.limits())
-        if replay_or_stored == 0:
-            found = yield from fetch_sequences(thread, [int(sequence)])
+        while deleted >= thread.config.max_chunks_per_call:
+            retained = yield Eval(SCRIPTS["retain"], thread.script_keys, thread.limits())
+            deleted = RetainReply.decode(retained).chunks_deleted
+        if not reply.stored:
+            found = yield from fetch_sequences(thread, [reply.summary_sequence])
             return found[0]
     except errors.OutcomeUnknown as unknown:
         unknown.messages = [item.message]
         raise
     except errors.ServerError as exc:
         raise _read_back_failed("compact", [item.message], exc) from exc
-    return item.message.model_copy(update={"seq_id": int(sequence)})
+    return item.message.model_copy(update={"seq_id": reply.summary_sequence})
 
 
 def context(thread: ThreadRef) -> Operation:
@@ -798,11 +810,11 @@ def replace(thread: ThreadRef, message_id: str, message: Message | dict) -> Oper
     while True:
         args = [*thread.limits(), message_id, item.media, item.record]
         try:
-            stored_at = yield Eval(SCRIPTS["replace"], thread.script_keys, args)
+            reply = ReplaceReply.decode((yield Eval(SCRIPTS["replace"], thread.script_keys, args)))
         except errors.InlineMediaBudget as over:
             (item,) = _fit_media([item], over.available, original.turn_id)
             continue
-        return item.message.model_copy(update={"seq_id": int(stored_at)})
+        return item.message.model_copy(update={"seq_id": reply.sequence})
 
 
 def _prepared(
@@ -828,11 +840,11 @@ def remove_turn(thread: ThreadRef, turn_id: str) -> Operation:
     yield from migrate(thread)
     removed = 0
     while True:
-        count, remaining = yield Eval(
+        reply = RemoveTurnReply.decode((yield Eval(
             SCRIPTS["remove_turn"], thread.script_keys, (*thread.limits(), turn_id, REMOVE_TURN_STEP)
-        )
-        removed += int(count)
-        if int(remaining) == 0:
+        )))
+        removed += reply.removed
+        if reply.remaining == 0:
             return removed
 
 
@@ -845,7 +857,7 @@ def delete(thread: ThreadRef) -> Operation:
 
 
 def _delete_steps(script_keys: Sequence[str], mode: Literal["start", "continue"]) -> Operation:
-    while not (yield Eval(SCRIPTS["delete"], script_keys, (DELETE_STEP, mode))):
+    while not DeleteReply.decode((yield Eval(SCRIPTS["delete"], script_keys, (DELETE_STEP, mode)))).done:
         mode = "continue"
 
 
@@ -879,14 +891,14 @@ def migrate(thread: ThreadRef, max_calls: int | None = None) -> Operation:
     """
     calls = 0
     while max_calls is None or calls < max_calls:
-        _chunks, layout, _scanning, left = yield Eval(SCRIPTS["migrate"], thread.script_keys, thread.limits())
+        step = MigrateReply.decode((yield Eval(SCRIPTS["migrate"], thread.script_keys, thread.limits())))
         calls += 1
-        if int(layout) == 2:
-            if int(left):
+        if step.layout == 2:
+            if step.fields_left:
                 log.warning(
                     "thread %s is in layout 2; %d legacy fields that are not sequences were not"
                     " migrated and stay in %s",
-                    thread.keys.meta, int(left), thread.keys.legacy,
+                    thread.keys.meta, step.fields_left, thread.keys.legacy,
                 )
             break
     return calls
@@ -900,8 +912,6 @@ def _write(thread: ThreadRef, script: Script, args: Sequence[Any]) -> Operation:
             return (yield Eval(script, thread.script_keys, args))
         except errors.MigrationPending:
             while True:
-                _chunks, layout, scanning, _left = yield Eval(
-                    SCRIPTS["migrate"], thread.script_keys, thread.limits()
-                )
-                if int(layout) == 2 or not int(scanning):
+                step = MigrateReply.decode((yield Eval(SCRIPTS["migrate"], thread.script_keys, thread.limits())))
+                if step.layout == 2 or not step.scanning:
                     break

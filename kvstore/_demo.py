@@ -79,7 +79,7 @@ def _worker(options: DemoOptions, worker: int, progress, results) -> None:
         if turn % COMPACT_EVERY == COMPACT_EVERY - 1:
             try:
                 thread.compact(f"summary by worker {worker} after turn {turn}", result.last_sequence)
-            except errors.InvalidCursor:
+            except errors.InvalidSummaryRange:
                 pass  # another worker's summary of this thread already reaches further
         started = time.perf_counter()
         thread.list(limit=50, order="desc")

@@ -1,7 +1,8 @@
 """The typed errors kvstore raises.
 
 Every error a caller can act on is a subclass of :class:`KVStoreError`. Lua scripts fail with
-``KVS_<CODE> <detail>``; :func:`kvstore._scripts.error_from_reply` maps the code to a class here.
+``KVS_<CODE> <detail>``; one table, :data:`kvstore._scripts.ERROR_CODES`, maps each code to one
+class here (docs/LAYOUT.md, "Errors").
 """
 
 from __future__ import annotations
@@ -9,6 +10,12 @@ from __future__ import annotations
 
 class KVStoreError(Exception):
     """Base class of every error kvstore raises on purpose."""
+
+    @classmethod
+    def _from_script(cls, detail: str) -> KVStoreError:
+        """The error of a script's ``KVS_<CODE> <detail>`` reply; a class that carries a value
+        the script sends first in the detail reads it here."""
+        return cls(detail)
 
 
 class ConfigError(KVStoreError, ValueError):
@@ -42,6 +49,10 @@ class InlineMediaBudget(KVStoreError):
         super().__init__(f"{available} bytes of inline media are left in the thread")
         self.available = available
 
+    @classmethod
+    def _from_script(cls, detail: str) -> InlineMediaBudget:
+        return cls(int(detail.split(" ", 1)[0]))
+
 
 class ThreadDeleting(KVStoreError):
     """A write met a thread that an interrupted ``delete()`` left half-deleted; nothing was written.
@@ -68,11 +79,36 @@ class RecordError(KVStoreError):
 
 
 class OtidConflict(KVStoreError):
-    """A batch mixes stored and new otids, or repeats an otid; nothing was written."""
+    """A batch mixes stored and new otids (or its otids are all stored and its messages without
+    one are new), or repeats an otid (:class:`OtidRepeated`); nothing was written.
+
+    A mix is part of a batch already stored: ``get_by_otid`` finds those messages; send the
+    others alone."""
+
+
+class OtidRepeated(OtidConflict):
+    """One otid appears twice in the batch; nothing was written. The batch itself is wrong: no
+    state of the thread makes it valid."""
 
 
 class DuplicateMessageId(KVStoreError):
-    """A message id given by the caller is already stored in the thread; nothing was written."""
+    """A message id given by the caller is already stored in the thread while others of the
+    batch are not, or the batch repeats an id (:class:`MessageIdRepeated`); nothing was written.
+
+    (A batch whose ids are all stored is a replay, not refused.)"""
+
+
+class MessageIdRepeated(DuplicateMessageId):
+    """One message id appears twice in the batch; nothing was written. The batch itself is
+    wrong: no state of the thread makes it valid."""
+
+
+class InvalidSummaryRange(KVStoreError, ValueError):
+    """``compact``'s `last_sequence` is not one the summary may cover; nothing was written.
+
+    It must be a positive int no later than the thread's last sequence, and not before the
+    current summary's last sequence: summaries only move forward. Another compaction that
+    reached further first refuses this one (read ``stats().summary_last_sequence``)."""
 
 
 class MessageNotFound(KVStoreError, LookupError):
@@ -88,6 +124,11 @@ class CursorExpired(MessageNotFound):
     def __init__(self, message: str, deleted_before_sequence: int) -> None:
         super().__init__(message)
         self.deleted_before_sequence = deleted_before_sequence
+
+    @classmethod
+    def _from_script(cls, detail: str) -> CursorExpired:
+        deleted_before, _, message = detail.partition(" ")
+        return cls(message, int(deleted_before))
 
 
 class TurnNotFound(KVStoreError, LookupError):

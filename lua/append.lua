@@ -1,20 +1,20 @@
 #!lua
 --- Appends a batch of messages to a thread in one atomic step.
 ---
---- KEYS[1..10] the thread's keys: meta, window, window_side, chunk_index, large_index, ids,
----             otids, turns, legacy, chunk_prefix (docs/LAYOUT.md)
---- ARGV[1..10] the limits (includes/thread.lua: read_limits)
---- ARGV[11]    turn_id (str, '' for none)
---- ARGV[12]    count (int), then 4 arguments per message: id (str), otid (str, '' for none),
----             inline media bytes (int), record (bytes)
+--- KEYS[1..10]  the thread's keys (includes/thread.lua: thread_keys; docs/LAYOUT.md)
+--- ARGV[1..10]  limits (int): includes/thread.lua, read_limits
+--- ARGV[11]     turn_id (str): '' for none
+--- ARGV[12]     count (int): the messages that follow
+--- ARGV[13..]   ARGV[12] times: id (str), otid (str): '' for none, media (int): the message's
+---              inline media bytes, record (bytes)
 ---
 --- A new message of a finished turn is refused (KVS_TURN_FINISHED); a replay is not.
 ---
 --- Reply: {1, first_sequence}          the batch was stored at first..first+count-1
 ---        {0, seq_1, id_1, ..., seq_count, id_count}   every message was already stored (a
 ---                                     replay); an id is '' where no side info names it
---- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_TOO_LARGE, KVS_OTID_REPEATED, KVS_OTID_CONFLICT,
----         KVS_ID_REPEATED, KVS_DUPLICATE_ID, KVS_MEDIA_OVER <bytes left>, KVS_MIGRATING,
+--- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_DELETING, KVS_MIGRATING, KVS_TOO_LARGE, KVS_MEDIA_OVER,
+---         KVS_OTID_CONFLICT, KVS_OTID_REPEATED, KVS_DUPLICATE_ID, KVS_ID_REPEATED,
 ---         KVS_TURN_FINISHED
 --- @include "includes/thread"
 --- @include "includes/turns"

@@ -1,10 +1,11 @@
 #!lua
 --- Stores a summary message and moves the context summary to it, then runs retention.
 ---
---- KEYS[1..10] the thread's keys (docs/LAYOUT.md)
---- ARGV[1..10] the limits (includes/thread.lua: read_limits)
---- ARGV[11]    summary_last (int): the last sequence the summary covers
---- ARGV[12..15] the summary message: id, otid ('' for none), inline media bytes, record
+--- KEYS[1..10]  the thread's keys (includes/thread.lua: thread_keys; docs/LAYOUT.md)
+--- ARGV[1..10]  limits (int): includes/thread.lua, read_limits
+--- ARGV[11]     summary_last (int): the last sequence the summary covers
+--- ARGV[12..15] the summary message: id (str), otid (str): '' for none, media (int): its inline
+---              media bytes, record (bytes)
 ---
 --- The summary covers messages up to summary_last; it must be stored (or deleted) already and
 --- may not move back. A summary_last equal to the current summary's is a replay: the current
@@ -12,8 +13,8 @@
 --- allows (includes/retention).
 ---
 --- Reply: {1, summary_sequence, chunks_deleted}, or {0, summary_sequence, 0} for a replay
---- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_TOO_LARGE, KVS_OTID_CONFLICT, KVS_DUPLICATE_ID,
----         KVS_MEDIA_OVER, KVS_BAD_SUMMARY, KVS_MIGRATING
+--- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_DELETING, KVS_MIGRATING, KVS_TOO_LARGE, KVS_MEDIA_OVER,
+---         KVS_BAD_SUMMARY
 --- @include "includes/thread"
 --- @include "includes/expiry"
 --- @include "includes/store"

@@ -8,10 +8,11 @@
 --- then removes up to max_chunks chunks; the call that leaves none removes the indexes and meta.
 --- Keys that can be large go with UNLINK, so the server frees them in the background.
 ---
---- KEYS[1..10] the thread's keys (docs/LAYOUT.md)
---- ARGV[1]     max_chunks (int)
---- ARGV[2]     'start' (delete(): tombstone the thread if it is not yet) or 'continue' (only
----             finish a deletion already started: a live thread is left as it is)
+--- KEYS[1..10]  the thread's keys (includes/thread.lua: thread_keys; docs/LAYOUT.md)
+--- ARGV[1]      max_chunks (int): the most chunks this call removes
+--- ARGV[2]      mode (str: 'start' | 'continue'): 'start' for delete() (tombstone the thread if
+---              it is not yet), 'continue' to finish only a deletion already started (a live
+---              thread is left as it is)
 ---
 --- Reply: 1 when the thread is gone (or, for 'continue', was not being deleted), 0 when more
 ---        calls are needed

@@ -1,10 +1,10 @@
 #!lua
 --- Closes a turn and counts its replies without reading any message.
 ---
---- KEYS[1..10] the thread's keys (docs/LAYOUT.md)
---- ARGV[1..10] the limits (includes/thread.lua: read_limits)
---- ARGV[11]    turn_id (str)
---- ARGV[12]    outcome (str): completed | steered | cancelled | failed
+--- KEYS[1..10]  the thread's keys (includes/thread.lua: thread_keys; docs/LAYOUT.md)
+--- ARGV[1..10]  limits (int): includes/thread.lua, read_limits
+--- ARGV[11]     turn_id (str)
+--- ARGV[12]     outcome (str: 'completed' | 'steered' | 'cancelled' | 'failed')
 ---
 --- The counts are kept in the turn's record (includes/turns.lua). The first call records the
 --- outcome and the result; finishing a finished turn returns that recorded result, whatever
@@ -12,7 +12,7 @@
 --- turn, so a reader sees a failed turn as unfinished.
 ---
 --- Reply: {reply_count, first_sequence or 0, last_sequence or 0, reply_start, outcome}
---- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_TURN_NOT_FOUND, KVS_MIGRATING
+--- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_DELETING, KVS_MIGRATING, KVS_TURN_NOT_FOUND
 --- @include "includes/thread"
 --- @include "includes/turns"
 --- @include "includes/expiry"

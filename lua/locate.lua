@@ -1,9 +1,9 @@
 #!lua flags=no-writes
 --- Finds where messages live, by sequence, by id or by otid, without reading them.
 ---
---- KEYS[1..10] the thread's keys (docs/LAYOUT.md)
---- ARGV[1]     kind: 'seq' | 'id' | 'otid'
---- ARGV[2..]   sequences, message ids or otids
+--- KEYS[1..10]  the thread's keys (includes/thread.lua: thread_keys; docs/LAYOUT.md)
+--- ARGV[1]      kind (str: 'seq' | 'id' | 'otid')
+--- ARGV[2..]    targets (str): sequences (in decimal), message ids or otids, as kind says
 ---
 --- Reply: {gen, deleted_before, seq_1, where_1, ..., seq_n, where_n}
 ---   where = -1 in the window, -2 in a layout-1 thread's legacy hash, 0 not stored, otherwise

@@ -1,14 +1,14 @@
 #!lua
 --- Moves one bounded step of a layout-1 thread into chunks (includes/migration.lua).
 ---
---- KEYS[1..10] the thread's keys (docs/LAYOUT.md)
---- ARGV[1..10] the limits (includes/thread.lua: read_limits)
+--- KEYS[1..10]  the thread's keys (includes/thread.lua: thread_keys; docs/LAYOUT.md)
+--- ARGV[1..10]  limits (int): includes/thread.lua, read_limits
 ---
 --- Reply: {chunks_written, layout_version, scanning, fields_left}
 ---   scanning is 1 while the legacy range is still being scanned (writes refuse with
 ---   KVS_MIGRATING until it is 0); fields_left, once the layout is 2, counts the legacy fields
 ---   that were not sequences and stay in the legacy hash.
---- Errors: KVS_WRONGTYPE, KVS_LAYOUT
+--- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_DELETING
 --- @include "includes/thread"
 --- @include "includes/expiry"
 --- @include "includes/migration"

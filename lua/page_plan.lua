@@ -3,15 +3,15 @@
 --- of a walk, without reading any message. The client then fetches the records with native
 --- commands and compares `gen` to detect a concurrent rollover or deletion.
 ---
---- KEYS[1..10] the thread's keys (docs/LAYOUT.md); the window is only counted here
----
---- ARGV[1] lo_kind   '' | 'seq' | 'id'   exclusive lower bound of the range
---- ARGV[2] lo
---- ARGV[3] hi_kind   '' | 'seq' | 'id'   exclusive upper bound of the range
---- ARGV[4] hi
---- ARGV[5] walk      'up' | 'down'       which end of the range the page starts from
---- ARGV[6] need      int                 messages wanted (the page limit + 1)
---- ARGV[7] max_chunks int                chunks named per plan at most
+--- KEYS[1..10]  the thread's keys (includes/thread.lua: thread_keys; docs/LAYOUT.md);
+---              the window is only counted here
+--- ARGV[1]      lo_kind (str: '' | 'seq' | 'id'): the exclusive lower bound of the range
+--- ARGV[2]      lo (str): a sequence or a message id, '' for none
+--- ARGV[3]      hi_kind (str: '' | 'seq' | 'id'): the exclusive upper bound of the range
+--- ARGV[4]      hi (str): a sequence or a message id, '' for none
+--- ARGV[5]      walk (str: 'up' | 'down'): which end of the range the page starts from
+--- ARGV[6]      need (int): messages wanted (the page limit + 1)
+--- ARGV[7]      max_chunks (int): chunks named per plan at most
 ---
 --- Reply: {gen, deleted_before, lo, hi, bound, window (0|1), n_chunks,
 ---         (first, last, kind) per chunk..., n_large, large sequences...}

@@ -2,13 +2,14 @@
 --- Retracts a turn: removes its messages wherever they are stored. Nothing evicted by the
 --- media budget is restored; removed messages give their bytes and media back.
 ---
---- KEYS[1..10] the thread's keys (docs/LAYOUT.md)
---- ARGV[1..10] the limits (includes/thread.lua: read_limits)
---- ARGV[11]    turn_id (str)
---- ARGV[12]    max_messages (int): the most sequences one call walks; the client calls again for more
+--- KEYS[1..10]  the thread's keys (includes/thread.lua: thread_keys; docs/LAYOUT.md)
+--- ARGV[1..10]  limits (int): includes/thread.lua, read_limits
+--- ARGV[11]     turn_id (str)
+--- ARGV[12]     max_messages (int): the most sequences one call walks; the client calls again
+---              for more
 ---
 --- Reply: {removed, remaining}
---- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_MIGRATING
+--- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_DELETING, KVS_MIGRATING
 --- @include "includes/thread"
 --- @include "includes/index"
 --- @include "includes/chunks"

@@ -1,18 +1,19 @@
 #!lua
 --- Replaces a stored message in place: same id, same sequence, same container.
 ---
---- KEYS[1..10] the thread's keys (docs/LAYOUT.md)
---- ARGV[1..10] the limits (includes/thread.lua: read_limits)
---- ARGV[11]    id (str) of the stored message
---- ARGV[12]    inline media bytes (int) of the replacement
---- ARGV[13]    record (bytes) of the replacement
+--- KEYS[1..10]  the thread's keys (includes/thread.lua: thread_keys; docs/LAYOUT.md)
+--- ARGV[1..10]  limits (int): includes/thread.lua, read_limits
+--- ARGV[11]     id (str): the stored message's
+--- ARGV[12]     media (int): the replacement's inline media bytes
+--- ARGV[13]     record (bytes): the replacement's
 ---
 --- A window message whose replacement is larger than chunk_max_bytes moves into its own chunk,
 --- as an oversized append would. A chunk message's replacement must keep its chunk within
 --- chunk_max_bytes (unless it is alone in it).
 ---
 --- Reply: the message's sequence
---- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_MIGRATING, KVS_NOT_FOUND, KVS_TOO_LARGE, KVS_MEDIA_OVER <bytes left>
+--- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_DELETING, KVS_MIGRATING, KVS_NOT_FOUND, KVS_TOO_LARGE,
+---         KVS_MEDIA_OVER
 --- @include "includes/checks"
 --- @include "includes/thread"
 --- @include "includes/index"

@@ -1,11 +1,11 @@
 #!lua
 --- Runs retention alone: compact calls it again while the per-call cap stopped it short.
 ---
---- KEYS[1..10] the thread's keys (docs/LAYOUT.md)
---- ARGV[1..10] the limits (includes/thread.lua: read_limits)
+--- KEYS[1..10]  the thread's keys (includes/thread.lua: thread_keys; docs/LAYOUT.md)
+--- ARGV[1..10]  limits (int): includes/thread.lua, read_limits
 ---
 --- Reply: the number of chunks deleted (at most max_move_chunks)
---- Errors: KVS_WRONGTYPE, KVS_LAYOUT
+--- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_DELETING
 --- @include "includes/thread"
 --- @include "includes/expiry"
 --- @include "includes/retention"

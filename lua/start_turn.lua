@@ -1,15 +1,15 @@
 #!lua
 --- Records where a turn's replies start: the turn reply sequence {turn_id, sequence}.
 ---
---- KEYS[1..10] the thread's keys (docs/LAYOUT.md)
---- ARGV[1..10] the limits (includes/thread.lua: read_limits)
---- ARGV[11]    turn_id (str)
+--- KEYS[1..10]  the thread's keys (includes/thread.lua: thread_keys; docs/LAYOUT.md)
+--- ARGV[1..10]  limits (int): includes/thread.lua, read_limits
+--- ARGV[11]     turn_id (str)
 ---
 --- A turn is started once: starting a started turn (open or finished, current or not) returns
 --- the sequence recorded then and changes nothing, so a retried call is harmless.
 ---
 --- Reply: the sequence the turn's replies start at.
---- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_MIGRATING
+--- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_DELETING, KVS_MIGRATING
 --- @include "includes/thread"
 --- @include "includes/turns"
 --- @include "includes/expiry"

@@ -3,14 +3,14 @@
 --- without reading any message. It reads the header, finds the range a cursor falls in by a
 --- binary search over the range fields, and reads the ranges the page needs from there.
 ---
---- KEYS[1..10] the thread's keys (docs/LAYOUT.md)
---- ARGV[1] turn_id (str)
---- ARGV[2] lo_kind   '' | 'seq' | 'id'   exclusive lower bound
---- ARGV[3] lo
---- ARGV[4] hi_kind   '' | 'seq' | 'id'   exclusive upper bound
---- ARGV[5] hi
---- ARGV[6] walk      'up' | 'down'       which end of the range the page starts from
---- ARGV[7] limit     int
+--- KEYS[1..10]  the thread's keys (includes/thread.lua: thread_keys; docs/LAYOUT.md)
+--- ARGV[1]      turn_id (str)
+--- ARGV[2]      lo_kind (str: '' | 'seq' | 'id'): the exclusive lower bound
+--- ARGV[3]      lo (str): a sequence or a message id, '' for none
+--- ARGV[4]      hi_kind (str: '' | 'seq' | 'id'): the exclusive upper bound
+--- ARGV[5]      hi (str): a sequence or a message id, '' for none
+--- ARGV[6]      walk (str: 'up' | 'down'): which end of the range the page starts from
+--- ARGV[7]      limit (int): the page's messages at most
 ---
 --- Reply: {deleted_before, has_more (0|1), sequences of the page in walk order...}
 --- Errors: KVS_WRONGTYPE, KVS_CURSOR_NOT_FOUND, KVS_CURSOR_EXPIRED <deleted_before>

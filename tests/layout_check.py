@@ -6,6 +6,7 @@ import re
 from dataclasses import dataclass
 
 from kvstore._keys import ThreadKeys
+from kvstore._wire import ChunkEntry, TurnHeader
 from kvstore.config import StoreConfig
 
 
@@ -71,9 +72,9 @@ def check_layout(client, keys: ThreadKeys, config: StoreConfig) -> Layout:
     layout = read_layout(client, keys)
     index = {}
     for member, score in client.zrange(keys.chunk_index, 0, -1, withscores=True):
-        first, last, count, nbytes, media = (int(x) for x in member.decode().split(":"))
-        assert first == int(score)
-        index[first] = (last, count, nbytes, media)
+        entry = ChunkEntry.parse(member)
+        assert entry.first == int(score)
+        index[entry.first] = (entry.last, entry.count, entry.bytes, entry.media)
     # The index matches the chunks exactly.
     for first, fields in layout.chunks.items():
         last, count, nbytes, _media = index[first]
@@ -143,22 +144,22 @@ def check_turns(client, keys: ThreadKeys) -> None:
     for turn_id, header in headers.items():
         if "|" in header:
             continue  # the earlier format, converted by the turn's next write
-        start, outcome, kept, replies, first, k0, k1, a, b, count, first_seq, last_seq = header.split(":")
-        start, kept, replies, first, k0, k1, a, b = (int(x) for x in (start, kept, replies, first, k0, k1, a, b))
+        turn = TurnHeader.parse(header)
         spans = []
-        if kept:
-            for k in range(k0, k1):
+        if turn.kept:
+            for k in range(turn.k0, turn.k1):
                 field = f"{turn_id}\t{k}"
                 assert field in ranges, (turn_id, header, field)
                 named.add(field)
                 low, _, high = ranges[field].partition("-")
                 spans.append((int(low), int(high)))
-            spans.append((a, b))
+            spans.append((turn.a, turn.b))
         for (low, high), (next_low, _) in zip(spans, spans[1:]):
             assert low <= high < next_low - 1, (turn_id, spans)
         sequences = [s for low, high in spans for s in range(low, high + 1)]
-        assert kept == len(sequences), (turn_id, header)
-        after_start = [s for s in sequences if start and s >= start]
-        assert replies == len(after_start) and first == (after_start[0] if after_start else 0), (turn_id, header)
-        assert outcome != "open" or (count, first_seq, last_seq) == ("0", "0", "0"), (turn_id, header)
+        assert turn.kept == len(sequences), (turn_id, header)
+        after_start = [s for s in sequences if turn.start and s >= turn.start]
+        assert turn.replies == len(after_start), (turn_id, header)
+        assert turn.first == (after_start[0] if after_start else 0), (turn_id, header)
+        assert turn.outcome != "open" or (turn.count, turn.first_seq, turn.last_seq) == (0, 0, 0), (turn_id, header)
     assert set(ranges) == named, set(ranges) - named

@@ -143,7 +143,7 @@ def test_a_compaction_sent_twice_stores_one_summary(make_thread):
     assert [m.seq_id for m in thread.iter() if isinstance(m, SummaryMessage)] == [first.seq_id]
     later = thread.compact("up to 35", last_sequence=35)
     assert later.seq_id == 42
-    with pytest.raises(errors.InvalidCursor, match="before the current summary"):
+    with pytest.raises(errors.InvalidSummaryRange, match="before the current summary"):
         thread.compact("up to 30", last_sequence=30)
 
 

@@ -117,7 +117,7 @@ WRITES = {
     "append": (lambda t: [m.seq_id for m in t.append(UserMessage(content="after"))], [1]),
     "start_turn": (lambda t: t.start_turn("turn-new"), 1),
     "finish_turn": (lambda t: t.finish_turn("turn-0"), errors.TurnNotFound),
-    "compact": (lambda t: t.compact("nothing", last_sequence=1), errors.InvalidCursor),
+    "compact": (lambda t: t.compact("nothing", last_sequence=1), errors.InvalidSummaryRange),
     "replace": (lambda t: t.replace(t.stored[3].id, AssistantMessage(content="no")), errors.MessageNotFound),
     "remove_turn": (lambda t: t.remove_turn("turn-0"), 0),
     "migrate": (lambda t: t.migrate(), 1),

@@ -182,9 +182,11 @@ def test_otid_semantics(make_thread, raw_client):
     assert thread.stats().stored_messages == 2
     # A mix is refused and writes nothing.
     before = {k: raw_client.dump(k) for k in thread.keys.fixed() if raw_client.exists(k)}
-    with pytest.raises(errors.OtidConflict):
+    with pytest.raises(errors.OtidConflict) as mix:
         thread.append([UserMessage(content="c", otid="o2"), UserMessage(content="d", otid="o3")])
-    with pytest.raises(errors.OtidConflict):
+    assert not isinstance(mix.value, errors.OtidRepeated)
+    # A repeat inside the batch is told apart: no state of the thread makes that batch valid.
+    with pytest.raises(errors.OtidRepeated, match="appears twice"):
         thread.append([UserMessage(content="c", otid="o9"), UserMessage(content="d", otid="o9")])
     after = {k: raw_client.dump(k) for k in thread.keys.fixed() if raw_client.exists(k)}
     assert before == after
@@ -233,8 +235,11 @@ def request_messages(request):
 def test_duplicate_message_ids_are_refused(make_thread):
     thread = make_thread()
     thread.append(UserMessage(id="message-fixed", content="a"))
-    with pytest.raises(errors.DuplicateMessageId):
+    with pytest.raises(errors.DuplicateMessageId) as mix:
         thread.append([UserMessage(id="message-fixed", content="a"), UserMessage(content="b")])
+    assert not isinstance(mix.value, errors.MessageIdRepeated)
+    with pytest.raises(errors.MessageIdRepeated, match="appears twice"):
+        thread.append([UserMessage(id="message-new", content="a"), UserMessage(id="message-new", content="b")])
     assert thread.stats().stored_messages == 1
 
 

@@ -87,9 +87,9 @@ def test_summaries_only_move_forward(make_thread):
     thread = make_thread(**SMALL)
     fill(thread, 10)
     thread.compact("s1", last_sequence=8)
-    with pytest.raises(errors.InvalidCursor, match="before the current summary"):
+    with pytest.raises(errors.InvalidSummaryRange, match="before the current summary"):
         thread.compact("s0", last_sequence=5)
-    with pytest.raises(errors.InvalidCursor, match="not a stored sequence"):
+    with pytest.raises(errors.InvalidSummaryRange, match="not a stored sequence"):
         thread.compact("s2", last_sequence=500)
 
 

@@ -8,6 +8,7 @@ import pytest
 
 from kvstore import AssistantMessage, StoreConfig, UserMessage
 from kvstore._record import decode_records
+from kvstore._wire import TurnHeader
 
 from .layout_check import check_layout
 
@@ -232,8 +233,8 @@ def test_a_legacy_turn_id_with_a_tab_is_trimmed_by_retention(make_thread, raw_cl
     thread.compact("summary", 36)
     check_layout(raw_client, thread.keys, StoreConfig(namespace=namespace, **values))
     # Turn ids that hold a tab cannot be asked for through the API; the record is trimmed.
-    header = raw_client.hget(thread.keys.turns, "turn\twith\ntabs").decode().split(":")
-    assert (header[2], header[7], header[8]) == ("8", "33", "40")  # kept, newest range a-b
+    turn = TurnHeader.parse(raw_client.hget(thread.keys.turns, "turn\twith\ntabs"))
+    assert (turn.kept, turn.a, turn.b) == (8, 33, 40)  # the newest range is a-b
 
 
 @pytest.mark.parametrize("byte", ["\t", "\n"])

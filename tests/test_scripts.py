@@ -15,11 +15,14 @@ import re
 import shutil
 import subprocess
 from importlib import resources
+from pathlib import Path
 
 import pytest
 
 from kvstore import _scripts, errors
-from kvstore._scripts import SCRIPT_NAMES, SCRIPTS, build_source, error_from_reply
+from kvstore._scripts import ERROR_CODES, SCRIPT_NAMES, SCRIPTS, build_source, error_from_reply
+
+from .script_headers import script_header
 
 # The globals Redis/Valkey's Lua gives a script that kvstore's scripts use; a new one is a
 # decision (deterministic? read-only?), made by adding it here.
@@ -173,21 +176,81 @@ def _codes_in_lua() -> set[str]:
     return codes
 
 
-def _mapped_codes() -> set[str]:
-    return set(_scripts._ERRORS) | set(re.findall(r'"(KVS_[A-Z_]+)"', inspect.getsource(error_from_reply)))
-
-
 def test_the_lua_raises_error_codes():
     assert {"KVS_WRONGTYPE", "KVS_MEDIA_OVER", "KVS_CURSOR_EXPIRED"} <= _codes_in_lua()
 
 
 @pytest.mark.parametrize("code", sorted(_codes_in_lua()))
-def test_every_error_code_in_lua_maps_to_a_typed_error(code):
+def test_every_error_code_in_lua_maps_to_one_typed_error(code):
+    """The table names the code, and the reply raises exactly the class the table names (not a
+    subclass, not a case handled apart)."""
+    assert code in ERROR_CODES
     error = error_from_reply(SCRIPTS["append"], f"{code} 1 detail")
-    assert isinstance(error, errors.KVStoreError)
+    assert type(error) is ERROR_CODES[code]
     assert not isinstance(error, (errors.ServerError, errors.PermissionDenied)), code
-    assert code in _mapped_codes()
 
 
 def test_every_mapped_error_code_is_raised_by_some_script():
-    assert sorted(_mapped_codes() - _codes_in_lua()) == []
+    assert sorted(set(ERROR_CODES) - _codes_in_lua()) == []
+
+
+def test_the_table_is_written_once():
+    """A dict literal keeps the last of two entries for one code: the source names each once."""
+    source = inspect.getsource(_scripts)
+    table = source[source.index("ERROR_CODES: dict"):]
+    table = table[: table.index("\n}\n")]
+    named = re.findall(r'"(KVS_[A-Z_]+)":', table)
+    assert sorted(named) == sorted(set(named)) == sorted(ERROR_CODES)
+
+
+def test_error_replies_carry_their_values():
+    over = error_from_reply(SCRIPTS["append"], "KVS_MEDIA_OVER 120 bytes of inline media are left in the thread")
+    assert over.available == 120
+    expired = error_from_reply(SCRIPTS["page_plan"], "KVS_CURSOR_EXPIRED 41 no stored message has id m-1; ...")
+    assert expired.deleted_before_sequence == 41 and str(expired).startswith("no stored message has id m-1")
+
+
+def test_an_unknown_error_names_the_script():
+    error = error_from_reply(SCRIPTS["retain"], "ERR user_script:3: something odd")
+    assert type(error) is errors.ServerError and "retain.lua" in str(error)
+
+
+_DOC_ROW = re.compile(r"^\| `(KVS_[A-Z_]+)[^|]*\| `(\w+)`[^|]*\| ([^|]*) \|", re.MULTILINE)
+
+
+def _documented_codes() -> dict[str, tuple[str, set[str]]]:
+    """docs/LAYOUT.md's error table: code -> (class name, the scripts it names)."""
+    text = (Path(__file__).parents[1] / "docs" / "LAYOUT.md").read_text(encoding="utf-8")
+    rows = {}
+    for code, class_name, raised_by in _DOC_ROW.findall(text):
+        assert code not in rows, f"{code} has two rows"
+        rows[code] = (class_name, set(re.findall(r"[a-z_]+", raised_by)))
+    return rows
+
+
+def test_the_documented_table_is_the_table():
+    assert {code: row[0] for code, row in _documented_codes().items()} == \
+        {code: cls.__name__ for code, cls in ERROR_CODES.items()}
+
+
+def _header_codes() -> dict[str, set[str]]:
+    return {name: set(script_header(name).errors) for name in SCRIPT_NAMES}
+
+
+@pytest.mark.parametrize("name", SCRIPT_NAMES)
+def test_each_header_names_the_codes_its_script_raises(name):
+    """The Errors line names every code the script's own text raises, and none that its source
+    as built (with its includes) cannot raise. (A code an include raises in a function the
+    script never calls is not found here: the header says what the script can raise.)"""
+    listed = set(script_header(name).errors)
+    own = set(_CODE_IN_LUA.findall(_own_text(name)))
+    built = set(_CODE_IN_LUA.findall(SCRIPTS[name].source))
+    assert (sorted(own - listed), sorted(listed - built)) == ([], [])
+
+
+def test_the_documented_table_names_the_scripts_each_header_names():
+    documented = {}
+    for code, (_class_name, raised_by) in _documented_codes().items():
+        documented[code] = set(SCRIPT_NAMES) if raised_by == {"every", "script"} else raised_by
+    from_headers = {code: {name for name, codes in _header_codes().items() if code in codes} for code in ERROR_CODES}
+    assert documented == from_headers

@@ -130,7 +130,7 @@ class Worker:
             return
         try:
             summary = thread.compact(f"summary up to {last}", last_sequence=last)
-        except errors.InvalidCursor:  # another worker's summary moved past `last` meanwhile
+        except errors.InvalidSummaryRange:  # another worker's summary moved past `last` meanwhile
             self.counts["compact refused"] += 1
             return
         if summary.seq_id is None or not isinstance(summary, SummaryMessage):

@@ -28,6 +28,7 @@ from redis.crc import key_slot
 from kvstore import AssistantMessage, MessageStore, StoreConfig, UserMessage, errors
 from kvstore._keys import ThreadKeys
 from kvstore._record import decode_records
+from kvstore._wire import ChunkEntry
 
 from .. import model
 from .support import dedicated_server, fresh_namespace, keyspace, keyspace_diff
@@ -604,9 +605,9 @@ def bomb_site(target):
     }
     first_of = {}
     for member, score in target.raw.zrange(keys.chunk_index, 0, -1, withscores=True):
-        first, last = (int(x) for x in member.decode().split(":")[:2])
-        for s in range(first, last + 1):
-            first_of[s] = first
+        chunk = ChunkEntry.parse(member)
+        for s in range(chunk.first, chunk.last + 1):
+            first_of[s] = chunk.first
     return thread, sites, first_of
 
 

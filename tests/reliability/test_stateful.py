@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
 
 from kvstore import AssistantMessage, MessageStore, StoreConfig, UserMessage, errors
+from kvstore._wire import ChunkEntry
 
 from .. import model
 from ..layout_check import check_layout, read_layout
@@ -103,9 +104,9 @@ class ThreadMachine(RuleBasedStateMachine):
             return
         last = oldest  # an oversized message's own chunk
         for member in self.raw.zrange(keys.chunk_index, "-inf", oldest, byscore=True):
-            first, end = (int(x) for x in member.decode().split(":")[:2])
-            if first <= oldest <= end:
-                last = end
+            chunk = ChunkEntry.parse(member)
+            if chunk.first <= oldest <= chunk.last:
+                last = chunk.last
         after = sum(1 for m in self.kept if m.seq_id > last)
         assert last > self.summary_last or after < CONFIG["retained_message_limit"], (
             f"the chunk holding {oldest} (up to {last}) was still deletable after the compaction:"
@@ -178,7 +179,7 @@ class ThreadMachine(RuleBasedStateMachine):
             choices.append(self.summary_last - 1)
         try:
             self.thread.compact("a bad summary", data.draw(st.sampled_from(choices)))
-        except errors.InvalidCursor:
+        except errors.InvalidSummaryRange:
             return
         raise AssertionError("a summary past the last sequence or moving back was accepted")
 

@@ -290,13 +290,13 @@ def test_every_refusal_is_typed_and_changes_nothing(target):
         ("otid mix (stored + new)", lambda: thread.append(
             [UserMessage(content="a", otid="o1"), UserMessage(content="b", otid="fresh")]), errors.OtidConflict),
         ("otid repeated in a batch", lambda: thread.append(
-            [UserMessage(content="a", otid="dup"), UserMessage(content="b", otid="dup")]), errors.OtidConflict),
+            [UserMessage(content="a", otid="dup"), UserMessage(content="b", otid="dup")]), errors.OtidRepeated),
         ("message id mix (stored + new)", lambda: thread.append(
             [UserMessage(id=s.window_id, content="a"), UserMessage(id="message-fresh", content="b")]),
          errors.DuplicateMessageId),
         ("message id repeated in a batch", lambda: thread.append(
             [UserMessage(id="message-x", content="a"), UserMessage(id="message-x", content="b")]),
-         errors.DuplicateMessageId),
+         errors.MessageIdRepeated),
         # sizes, past the client's own check
         ("oversized append, script called directly",
          direct(_core.append(big_ref, huge, None), small_ref), errors.MessageTooLarge),
@@ -315,8 +315,8 @@ def test_every_refusal_is_typed_and_changes_nothing(target):
                                                                     max_inline_media_bytes=10))
          .thread("victim").append(image), errors.InlineMediaTooLarge),
         # summaries, turns, ids, cursors
-        ("compact past the last sequence", lambda: thread.compact("s", last_seq + 5), errors.InvalidCursor),
-        ("compact with last_sequence 0", lambda: thread.compact("s", 0), errors.InvalidCursor),
+        ("compact past the last sequence", lambda: thread.compact("s", last_seq + 5), errors.InvalidSummaryRange),
+        ("compact with last_sequence 0", lambda: thread.compact("s", 0), errors.InvalidSummaryRange),
         ("finish a turn never started", lambda: thread.finish_turn("never"), errors.TurnNotFound),
         ("replace an unknown id", lambda: thread.replace("message-unknown", UserMessage(content="r")),
          errors.MessageNotFound),
@@ -335,7 +335,7 @@ def test_every_refusal_is_typed_and_changes_nothing(target):
     # The summary may not move back: compact once, then try an earlier last_sequence.
     thread.compact("up to 4", 4)
     failures += [f"compact moving back: {why}"
-                 for why in [refused_unchanged(s, lambda: thread.compact("s", 2), errors.InvalidCursor)] if why]
+                 for why in [refused_unchanged(s, lambda: thread.compact("s", 2), errors.InvalidSummaryRange)] if why]
     # A thread in a layout this version does not write.
     raw.hset(thread.keys.meta, "layout", "9")
     for op, call in writing_operations(s).items():

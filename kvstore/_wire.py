@@ -1,0 +1,250 @@
+"""What the writing scripts reply and what they store in small text values, as typed values.
+
+Each ``<Script>Reply.decode`` reads one script's reply in the shape its header states (the
+``Reply:`` line of ``lua/<script>.lua``); a reply of any other shape is a ServerError naming the
+script, never an IndexError somewhere later. The parsers below read the values the scripts write
+as text and Python reads back: a chunk index member and a turn's header (docs/LAYOUT.md).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from . import errors
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _unexpected(script: str, reply: Any) -> errors.ServerError:
+    return errors.ServerError(f"script {script}.lua replied {reply!r:.200}, not the reply its header states")
+
+
+def _list(script: str, reply: Any, length: int) -> list[Any]:
+    """The reply as a list of the length its script states, or a ServerError."""
+    if not isinstance(reply, list) or len(reply) != length:
+        raise _unexpected(script, reply)
+    return reply
+
+
+def _number(script: str, reply: Any) -> int:
+    if isinstance(reply, bool) or not isinstance(reply, int):
+        raise _unexpected(script, reply)
+    return reply
+
+
+# ----------------------------------------------------------------------- script replies
+# Not frozen: a frozen dataclass's __init__ costs several times a plain one's, and every write
+# decodes a reply.
+
+
+@dataclass(slots=True)
+class Replayed:
+    """A message an append found already stored: its sequence, and its stored id (None where no
+    side info names it: a layout-1 message not yet migrated)."""
+
+    sequence: int
+    id: str | None
+
+
+@dataclass(slots=True)
+class AppendReply:
+    """lua/append.lua: the batch was stored from `first_sequence` on, or (a replay) every
+    message was already stored, as `replayed` lists in batch order."""
+
+    stored: bool
+    first_sequence: int | None
+    replayed: tuple[Replayed, ...]
+
+    @classmethod
+    def decode(cls, reply: Any) -> AppendReply:
+        if isinstance(reply, list) and len(reply) == 2 and reply[0] == 1:
+            return cls(True, int(reply[1]), ())
+        if isinstance(reply, list) and len(reply) % 2 == 1 and reply[0] == 0:
+            pairs = zip(reply[1::2], reply[2::2])
+            return cls(False, None, tuple(Replayed(int(s), _text(i) or None) for s, i in pairs))
+        raise _unexpected("append", reply)
+
+
+@dataclass(slots=True)
+class CompactReply:
+    """lua/compact.lua: the summary's sequence, and whether this call stored it (else it was a
+    replay of the current summary) and how many chunks its retention deleted."""
+
+    stored: bool
+    summary_sequence: int
+    chunks_deleted: int
+
+    @classmethod
+    def decode(cls, reply: Any) -> CompactReply:
+        stored, sequence, deleted = _list("compact", reply, 3)
+        return cls(stored == 1, int(sequence), int(deleted))
+
+
+@dataclass(slots=True)
+class RetainReply:
+    """lua/retain.lua: the chunks this call deleted (at most max_chunks_per_call)."""
+
+    chunks_deleted: int
+
+    @classmethod
+    def decode(cls, reply: Any) -> RetainReply:
+        return cls(_number("retain", reply))
+
+
+@dataclass(slots=True)
+class StartTurnReply:
+    """lua/start_turn.lua: the sequence the turn's replies start at."""
+
+    reply_start: int
+
+    @classmethod
+    def decode(cls, reply: Any) -> StartTurnReply:
+        return cls(_number("start_turn", reply))
+
+
+@dataclass(slots=True)
+class FinishTurnReply:
+    """lua/finish_turn.lua: the result the turn's first finish recorded."""
+
+    reply_count: int
+    first_sequence: int | None
+    last_sequence: int | None
+    reply_start: int
+    outcome: str
+
+    @classmethod
+    def decode(cls, reply: Any) -> FinishTurnReply:
+        count, first, last, start, outcome = _list("finish_turn", reply, 5)
+        return cls(int(count), int(first) or None, int(last) or None, int(start), _text(outcome))
+
+
+@dataclass(slots=True)
+class ReplaceReply:
+    """lua/replace.lua: the replaced message's sequence (unchanged by the replace)."""
+
+    sequence: int
+
+    @classmethod
+    def decode(cls, reply: Any) -> ReplaceReply:
+        return cls(_number("replace", reply))
+
+
+@dataclass(slots=True)
+class RemoveTurnReply:
+    """lua/remove_turn.lua: the messages this call removed, and how many the turn still holds
+    (another call removes more)."""
+
+    removed: int
+    remaining: int
+
+    @classmethod
+    def decode(cls, reply: Any) -> RemoveTurnReply:
+        removed, remaining = _list("remove_turn", reply, 2)
+        return cls(int(removed), int(remaining))
+
+
+@dataclass(slots=True)
+class DeleteReply:
+    """lua/delete.lua: whether the thread is gone (or, for 'continue', was not being deleted);
+    False when more calls are needed."""
+
+    done: bool
+
+    @classmethod
+    def decode(cls, reply: Any) -> DeleteReply:
+        return cls(_number("delete", reply) == 1)
+
+
+@dataclass(slots=True)
+class MigrateReply:
+    """lua/migrate.lua: one migration step. `scanning` while the legacy range is still being
+    scanned (writes are refused until it ends); `fields_left`, once the layout is 2, counts the
+    legacy fields that were not sequences and stay."""
+
+    chunks_written: int
+    layout: int
+    scanning: bool
+    fields_left: int
+
+    @classmethod
+    def decode(cls, reply: Any) -> MigrateReply:
+        chunks, layout, scanning, left = _list("migrate", reply, 4)
+        return cls(int(chunks), int(layout), bool(int(scanning)), int(left))
+
+
+# ------------------------------------------------------------------ stored text values
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkEntry:
+    """A chunk index member, "first:last:count:bytes:media" (lua/includes/index.lua)."""
+
+    first: int
+    last: int
+    count: int
+    bytes: int
+    media: int
+
+    @classmethod
+    def parse(cls, member: bytes | str) -> ChunkEntry:
+        return cls(*_fields(member, 5, "chunk index member"))
+
+
+@dataclass(frozen=True, slots=True)
+class LargeEntry:
+    """A large index member, "sequence:bytes:media": one oversized message's own chunk."""
+
+    sequence: int
+    bytes: int
+    media: int
+
+    @classmethod
+    def parse(cls, member: bytes | str) -> LargeEntry:
+        return cls(*_fields(member, 3, "large index member"))
+
+
+def _fields(member: bytes | str, count: int, what: str) -> list[int]:
+    text = _text(member)
+    if not re.fullmatch(r"[0-9]+(?::[0-9]+)*", text) or text.count(":") != count - 1:
+        raise errors.LayoutError(f"a {what} is malformed: {text[:80]!r}")
+    return [int(f) for f in text.split(":")]
+
+
+# lua/includes/turns.lua: TURN_HEADER (Lua's %a is an ASCII letter there).
+_TURN_HEADER = re.compile(r"([0-9]+):([A-Za-z]+)" + r":([0-9]+)" * 10)
+
+
+@dataclass(frozen=True, slots=True)
+class TurnHeader:
+    """A turn's header in the turns hash (lua/includes/turns.lua):
+    "start:outcome:kept:replies:first:k0:k1:a:b:count:first_seq:last_seq".
+
+    start is where start_turn put the replies (0: not started); outcome `open` or the first
+    finish's; kept the turn's stored sequences, replies those from start on, first the first of
+    them; the ranges are k0..k1, the newest (k1) a-b here, each older one the field
+    "<turn id>\\t<k>"; count, first_seq, last_seq the result the first finish recorded."""
+
+    start: int
+    outcome: str
+    kept: int
+    replies: int
+    first: int
+    k0: int
+    k1: int
+    a: int
+    b: int
+    count: int
+    first_seq: int
+    last_seq: int
+
+    @classmethod
+    def parse(cls, value: bytes | str) -> TurnHeader:
+        match = _TURN_HEADER.fullmatch(_text(value))
+        if not match:
+            raise errors.LayoutError(f"a turn header is malformed: {_text(value)[:80]!r}")
+        start, outcome, *rest = match.groups()
+        return cls(int(start), outcome, *(int(f) for f in rest))
