@@ -137,6 +137,20 @@ def test_a_restart_without_persistence_loads_the_library_again(kind, mode):
             assert library_loaded(admin)
 
 
+def test_a_restart_with_persistence_keeps_the_library(kind):
+    with dedicated_server(kind, "--appendonly", "yes", "--appendfsync", "always") as server:
+        config = StoreConfig(namespace=fresh_namespace())
+        with thread_in_mode("sync", server.url, config, "kept") as thread:
+            thread.append(UserMessage(content="before"))
+        server.restart()
+        admin = redis.Redis(port=server.port)
+        assert library_loaded(admin)
+        with thread_in_mode("sync", server.url, config, "kept") as thread:
+            thread.append(UserMessage(content="after"))
+            assert [m.content for m in thread.iter()] == ["before", "after"]
+        assert calls(admin, "function|load") == 0 and failed(admin, "fcall") == 0
+
+
 def test_the_durable_path_loads_the_library_after_function_flush(kind, mode):
     """durability="replicated": the call and WAIT go on one connection; a missing function is
     loaded on that pipeline and the call is sent again. The replica receives the library with
