@@ -68,6 +68,29 @@ redis.call('HSET', KEYS[4], ARGV[1], n)
 return n
 """
 
+# The commands that run a script. A script command's usec covers the commands its script runs
+# (they are counted under their own names too), so a scripted call is charged this time.
+SCRIPT_COMMANDS = ("fcall", "fcall_ro", "evalsha", "eval", "evalsha_ro", "eval_ro")
+
+
+def send_script(client: Any, store: Any, request: Any) -> Any:
+    """Sends a core Eval request on `client` as `store`'s executor sends it: FCALL / FCALL_RO of
+    its function, or EVALSHA on the EVAL path. The function or script must be loaded already
+    (any call of the store's loads it)."""
+    from kvstore.store import _call
+
+    return _call(client, store.script(request), request, store.functions)
+
+
+def script_command(store: Any, request: Any) -> list[Any]:
+    """The command `send_script` sends, as an argument list (for redis-benchmark)."""
+    script = store.script(request)
+    if not store.functions:
+        head = ["EVALSHA", script.sha]
+    else:
+        head = ["FCALL" if script.writes else "FCALL_RO", script.function]
+    return [*head, len(request.keys), *request.keys, *request.args]
+
 
 def log(text: str) -> None:
     """Progress goes to stderr; the tables go to stdout."""

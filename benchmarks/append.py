@@ -8,7 +8,7 @@ measures, interleaved round by round in a shuffled order so drift hits every var
 
 - ``thread.append(UserMessage(content=<1 KB text>))`` on a thread of 100 messages and on one of
   100,000 (10,000 with --quick); its client-side part alone (``prepare_batch``) and its script
-  alone (the same EVALSHA with arguments built before the clock starts); a batch of 10;
+  alone (the same FCALL with arguments built before the clock starts); a batch of 10;
 - the baselines with the same record bytes: a raw ``HSET key field blob`` (and one of 10 fields
   for the batch) and a bare ``EVALSHA`` of a 4-write script, through the same redis-py client;
 - ``thread.list(limit=50, order="desc")`` on both threads, against the layout popular chat-history
@@ -43,6 +43,7 @@ from kvstore.messages import MESSAGE_LIST_ADAPTER
 from kvstore.store import Thread
 
 from ._common import (
+    SCRIPT_COMMANDS,
     MessagePool,
     new_messages,
     BARE_SCRIPT,
@@ -53,6 +54,7 @@ from ._common import (
     counting_client,
     each_server,
     headline,
+    send_script,
     machine,
     make_texts,
     measure,
@@ -228,7 +230,7 @@ class Bench:
             operation = _core.append(ref, new_messages(self.texts, 1, i), None)
             request = next(operation)
             operation.close()
-            self.script_requests.append((request.script.sha, len(request.keys), *request.keys, *request.args))
+            self.script_requests.append(request)
 
     # --- the measured operations
 
@@ -265,7 +267,7 @@ class Bench:
         def append_script() -> None:
             i = state["script_alone"]
             state["script_alone"] = i + 1
-            client.evalsha(*self.script_requests[i])
+            send_script(client, self.store, self.script_requests[i])
 
         def append_batch() -> None:
             i = state["batch"]
@@ -292,7 +294,7 @@ class Bench:
             Variant("append_big", f"append 1 KB, thread of {n}", append_big),
             Variant("prepare", "  client side alone: prepare_batch", prepare),
             Variant("prepare_batch", f"  client side alone: prepare_batch of {BATCH}", prepare_batch),
-            Variant("append_script", "  its script alone: EVALSHA, args pre-built", append_script),
+            Variant("append_script", "  its script alone: FCALL, args pre-built", append_script),
             Variant("raw_hset", "raw HSET key field blob", raw_hset),
             Variant("append_batch", f"append batch of {BATCH} x 1 KB, thread of 100", append_batch),
             Variant("raw_hset_batch", f"raw HSET key of {BATCH} fields", raw_hset_batch),
@@ -508,10 +510,10 @@ def render(result: dict[str, Any], params: Params) -> str:
         s = single.get(what)
         if not s:
             continue
-        sent = s["commands"].get("evalsha", {}).get("calls", 0)
-        inner = {k: v["calls"] for k, v in s["commands"].items() if k != "evalsha"}
-        if sent:
-            detail = f"evalsha ×{sent}, run inside it: " + ", ".join(
+        scripted = {k: v["calls"] for k, v in s["commands"].items() if k in SCRIPT_COMMANDS}
+        inner = {k: v["calls"] for k, v in s["commands"].items() if k not in SCRIPT_COMMANDS}
+        if scripted:
+            detail = ", ".join(f"{k} ×{v}" for k, v in sorted(scripted.items())) + ", run inside it: " + ", ".join(
                 f"{k} ×{v}" for k, v in sorted(inner.items())) + f" ({sum(inner.values())} commands)"
         else:
             detail = ", ".join(f"{k} ×{v}" for k, v in sorted(inner.items()))
@@ -522,11 +524,11 @@ def render(result: dict[str, Any], params: Params) -> str:
     def per_op(entry: dict, names: list[str] | None = None) -> float:
         return sum(d["usec"] for k, d in entry["commands"].items() if names is None or k in names) / entry["calls"]
 
-    append_total = per_op(timed["append"], ["evalsha"])
+    append_total = per_op(timed["append"], list(SCRIPT_COMMANDS))
     inner = per_op(timed["append"]) - append_total
-    lines.append(f"  evalsha, kvstore append ({params.big:,}+ thread):  {append_total:6.1f} µs"
+    lines.append(f"  fcall, kvstore append ({params.big:,}+ thread):    {append_total:6.1f} µs"
                  f"  ({inner:.1f} in the commands it runs, {append_total - inner:.1f} in Lua and reply conversion)")
-    lines.append(f"  evalsha, bare 4-write script:                 {per_op(timed['bare_script'], ['evalsha']):6.1f} µs")
+    lines.append(f"  evalsha, bare 4-write script:                 {per_op(timed['bare_script'], list(SCRIPT_COMMANDS)):6.1f} µs")
     page = timed["page"]["commands"]
     parts = ", ".join(f"{k} ×{d['per_op']:.0f} {d['usec_per_call']:.1f}" for k, d in sorted(page.items()))
     lines.append(f"  kvstore newest 50 (thread of 100):            {per_op(timed['page']):6.1f} µs  ({parts})")

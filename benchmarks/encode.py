@@ -52,6 +52,7 @@ from ._common import (
     measure,
     ratio,
     render_ratios,
+    send_script,
     server_version,
     standalone_main,
     summarize,
@@ -132,7 +133,7 @@ class Encode:
             operation = _core.append(self.thread._ref, new_messages(self.texts, 1, i), None)
             request = next(operation)
             operation.close()
-            self.script_requests.append((request.script.sha, len(request.keys), *request.keys, *request.args))
+            self.script_requests.append(request)
 
     def variants(self) -> list[Variant]:
         client, config, messages = self.client, self.config, self.messages
@@ -148,7 +149,7 @@ class Encode:
         def script() -> None:
             i = state["script"]
             state["script"] = i + 1
-            client.evalsha(*self.script_requests[i])
+            send_script(client, self.store, self.script_requests[i])
 
         def bare() -> None:
             i = state["bare"]

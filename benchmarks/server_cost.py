@@ -5,15 +5,16 @@
 The server is single-threaded and shared by every client, so its time per operation is what
 bounds a deployment's throughput. On each server, over many calls of each:
 
-- kvstore's append (one EVALSHA; one append in 32 also moves a chunk, so this is the amortized
-  cost) against the bare 4-write script (HINCRBY, HSET, ZADD, HSET with the same record bytes);
+- kvstore's append (one FCALL of its function, or one EVALSHA with scripting="eval"; one append
+  in 32 also moves a chunk, so this is the amortized cost) against the bare 4-write script
+  (HINCRBY, HSET, ZADD, HSET with the same record bytes, by EVALSHA);
 - kvstore's newest page of 50 (native reads only) and an older page of 50 (the page_plan script
   plus the native fetch of the chunks it names) against one native HMGET of 50 fields of 1 KB
   records, and the JSON list's LRANGE -50 -1.
 
-An EVALSHA's usec covers the commands its script runs (they are also counted under their own
-names); so a script request is charged its EVALSHA time, and a pipeline of native commands the
-sum of its commands. The same loops also report the server process's CPU time (INFO cpu,
+An FCALL's or EVALSHA's usec covers the commands its script runs (they are also counted under
+their own names); so a script request is charged that time, and a pipeline of native commands the
+sum of its commands. Replayed requests are sent as the executor sends them. The same loops also report the server process's CPU time (INFO cpu,
 user + sys, which includes reading and writing sockets) per call, for information.
 """
 
@@ -34,10 +35,12 @@ from kvstore._core import Batch, Eval
 from kvstore._record import encode_record
 
 from ._common import (
+    SCRIPT_COMMANDS,
     MessagePool,
     new_messages,
     BARE_SCRIPT,
     command_stats,
+    send_script,
     log,
     make_texts,
     ratio,
@@ -80,7 +83,8 @@ def cpu_seconds(client: redis.Redis) -> float:
 
 
 def timed(client: redis.Redis, calls: int, fn: Callable[[int], Any], scripted: bool) -> dict[str, Any]:
-    """Server time per call of `fn`: its EVALSHA time if `scripted`, else the sum of its commands."""
+    """Server time per call of `fn`: its script command's time if `scripted`, else the sum of its
+    commands."""
     cpu_before, before = cpu_seconds(client), command_stats(client)
     for i in range(calls):
         fn(i)
@@ -89,7 +93,7 @@ def timed(client: redis.Redis, calls: int, fn: Callable[[int], Any], scripted: b
     diff.pop("cpu", None)
     diff = {k: v for k, v in diff.items() if not k.startswith("info")}
     if scripted:
-        scripts = {k: v for k, v in diff.items() if k in ("evalsha", "eval", "evalsha_ro", "eval_ro")}
+        scripts = {k: v for k, v in diff.items() if k in SCRIPT_COMMANDS}
         usec = sum(v["usec"] for v in scripts.values())
         inner = sum(v["usec"] for k, v in diff.items() if k not in scripts)
     else:
@@ -118,7 +122,8 @@ def slowlog_appends(client: redis.Redis, append: Callable[[int], Any], calls: in
         append(i)
     entries = client.slowlog_get(calls * 40)
     client.config_set("slowlog-log-slower-than", 10000)
-    durations = sorted(e["duration"] for e in entries if bytes(e["command"]).upper().startswith(b"EVALSHA"))
+    scripted = tuple(name.upper().encode() + b" " for name in SCRIPT_COMMANDS)
+    durations = sorted(e["duration"] for e in entries if bytes(e["command"]).upper().startswith(scripted))
     if not durations:
         return None
     moving = max(1, len(durations) // 32)
@@ -168,8 +173,7 @@ def run_server(url: str, params: Params, own: bool) -> dict[str, Any]:
 
         def replay(request: Eval | Batch) -> Callable[[int], Any]:
             if isinstance(request, Eval):
-                script = store.script(request)
-                return lambda _i: client.evalsha(script.sha, len(request.keys), *request.keys, *request.args)
+                return lambda _i: send_script(client, store, request)
 
             def pipeline(_i: int) -> Any:
                 pipe = client.pipeline(transaction=False)
@@ -198,8 +202,9 @@ def run_server(url: str, params: Params, own: bool) -> dict[str, Any]:
         store.requests.clear()
         per_call = slowlog_appends(client, lambda i: thread.append(pool.take()), 640) if own else None
         shape = {
-            "newest_page": [_describe(r) for r in newest],
-            "older_page": [_describe(r) for r in older],
+            "newest_page": [_describe(r, store) for r in newest],
+            "older_page": [_describe(r, store) for r in older],
+            "append": "FCALL" if store.functions else "EVALSHA",
         }
     finally:
         if not own:
@@ -235,9 +240,10 @@ def _replayed(client: redis.Redis, calls: int, requests: list, replay: Callable)
     }
 
 
-def _describe(request: Eval | Batch) -> str:
+def _describe(request: Eval | Batch, store: MessageStore) -> str:
     if isinstance(request, Eval):
-        return f"EVALSHA {request.script.name}"
+        command = ("FCALL" if request.script.writes else "FCALL_RO") if store.functions else "EVALSHA"
+        return f"{command} {request.script.name}"
     return "pipeline: " + ", ".join(str(c[0]) for c in request.commands)
 
 
@@ -252,11 +258,11 @@ def render(result: dict[str, Any]) -> str:
     def row(label: str, entry: dict[str, Any]) -> None:
         lines.append(f"{label:<52} {entry['usec_per_call']:>12.1f} {entry['cpu_usec_per_call']:>14.1f}")
 
-    row("kvstore append (EVALSHA, amortized over rollovers)", r["append"])
+    row(f"kvstore append ({result['requests'].get('append', 'EVALSHA')}, amortized over rollovers)", r["append"])
     inner = r["append"]["inner_usec_per_call"]
     lines.append(f"  of which the commands it runs: {inner:.1f}; Lua and reply conversion: "
                  f"{r['append']['usec_per_call'] - inner:.1f}")
-    top = sorted(((k, v) for k, v in r["append"]["commands"].items() if k != "evalsha"),
+    top = sorted(((k, v) for k, v in r["append"]["commands"].items() if k not in SCRIPT_COMMANDS),
                  key=lambda kv: -kv[1]["usec"])
     lines.append("  commands per append: " + ", ".join(
         f"{k} ×{v['per_call']:.2f} {v['usec'] / r['append']['calls']:.2f}" for k, v in top))

@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     migrate.add_argument("--threads-from", metavar="FILE", help="a file of thread ids, one a line (- for standard input)")
     health = with_store("health", "check the server settings kvstore's guarantees depend on")
     health.add_argument("--json", action="store_true", help="print the report as JSON")
-    with_store("preload-scripts", "load kvstore's scripts (as an admin) for users denied EVAL")
+    with_store("preload-scripts", "load kvstore's function library and scripts (as an admin) for users denied loading them")
 
     args = parser.parse_args(argv)
     # SIGTERM unwinds like Ctrl-C, so an embedded server this command started is stopped too.
@@ -141,8 +141,10 @@ def _store_command(args: argparse.Namespace) -> int:
             print(report.model_dump_json(indent=2) if args.json else report)
             return 0 if report.ok else 2
         elif args.command == "preload-scripts":
-            from ._health import preload_scripts
+            from ._health import preload_library, preload_scripts
 
+            library = preload_library(store.client)
+            print(f"library {library}" if library else "library: none (the server has no functions; its stores use EVAL)")
             for name, sha in preload_scripts(store.client).items():
                 print(f"{sha}  {name}")
     return 0

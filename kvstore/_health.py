@@ -3,9 +3,10 @@
 kvstore's guarantees hold only as far as the server keeps what it acknowledged: an eviction policy
 may drop one key of a thread (a chunk, its index, the id map) and leave the rest inconsistent, and
 a server without persistence loses everything on a restart. The report reads the server's version,
-whether Lua runs, its eviction policy and its persistence settings, and says in words which
-settings weaken what docs/RELIABILITY.md states. It never raises for a denied or unknown command:
-what cannot be read is reported as unknown, with a warning.
+whether Lua runs, whether kvstore's function library is loaded, its eviction policy and its
+persistence settings, and says in words which settings weaken what docs/RELIABILITY.md states. It
+never raises for a denied or unknown command: what cannot be read is reported as unknown, with a
+warning.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import redis
 from pydantic import BaseModel, ConfigDict
 
 from . import errors
-from ._scripts import SCRIPTS
+from ._scripts import LIBRARY, SCRIPTS
 
 # The oldest servers whose scripts honour the `#!lua` shebang flags (checked before a write runs).
 MIN_REDIS = (7, 0)
@@ -37,6 +38,8 @@ class HealthReport(BaseModel):
     appendfsync: str | None = None
     save: str | None = None
     aof_last_write_ok: bool | None = None
+    library: str = LIBRARY.name
+    library_loaded: bool | None = None
     scripts_loaded: int | None = None
     scripts_total: int = len(SCRIPTS)
     warnings: tuple[str, ...] = ()
@@ -55,7 +58,8 @@ class HealthReport(BaseModel):
             f"maxmemory        {show(self.maxmemory)} (policy {show(self.maxmemory_policy)})",
             f"appendonly       {show(self.appendonly)} (appendfsync {show(self.appendfsync)})",
             f"save             {show(self.save if self.save is None else repr(self.save))}",
-            f"scripts loaded   {show(self.scripts_loaded)} of {self.scripts_total}",
+            f"library          {self.library} loaded: {show(self.library_loaded)}",
+            f"scripts cached   {show(self.scripts_loaded)} of {self.scripts_total} (for scripting='eval')",
         ]
         lines += [f"warning: {w}" for w in self.warnings] or ["ok: no setting voids kvstore's guarantees"]
         return "\n".join(lines)
@@ -77,6 +81,7 @@ def _health(client: Any) -> HealthReport:
         return HealthReport(
             server="fakeredis",
             lua=_lua(client)[0],
+            library_loaded=_library_loaded(client),
             warnings=("fakeredis runs in this process: nothing persists, nothing is shared",),
         )
     warnings: list[str] = []
@@ -97,6 +102,7 @@ def _health(client: Any) -> HealthReport:
     lua, lua_note = _lua(client)
     if lua is False:
         warnings.append(f"Lua scripts do not run ({lua_note}): kvstore cannot write")
+    library_loaded = _library_loaded(client)
     loaded = _scripts_loaded(client)
 
     config = _config(client, ("maxmemory", "maxmemory-policy", "appendonly", "appendfsync", "save"))
@@ -137,6 +143,7 @@ def _health(client: Any) -> HealthReport:
         appendfsync=appendfsync,
         save=save,
         aof_last_write_ok=write_ok,
+        library_loaded=library_loaded,
         scripts_loaded=loaded,
         warnings=tuple(warnings),
     )
@@ -202,6 +209,15 @@ def _lua(client: Any) -> tuple[bool | None, str]:
         return False, text
 
 
+def _library_loaded(client: Any) -> bool | None:
+    """Whether kvstore's function library is loaded (None: FUNCTION LIST denied, or a server
+    without functions)."""
+    try:
+        return bool(client.function_list(library=LIBRARY.name))
+    except redis.ResponseError:
+        return None
+
+
 def _scripts_loaded(client: Any) -> int | None:
     """How many of kvstore's scripts are in the server's script cache (None: SCRIPT EXISTS denied)."""
     try:
@@ -224,12 +240,39 @@ def _config(client: Any, names: tuple[str, ...]) -> dict[str, str] | None:
     return values
 
 
+def preload_library(client: Any) -> str | None:
+    """Loads kvstore's function library (FUNCTION LOAD); returns its name, or None where the
+    server knows no functions (its stores use the EVAL path).
+
+    For deployments whose application user may not run FUNCTION LOAD: an operator runs this as
+    an admin user once per kvstore version (the name carries the digest of its source) and after
+    a FUNCTION FLUSH or a restart that lost the data. Functions are saved with the data (RDB,
+    AOF) and replicated, so a restart with persistence and a failover keep them.
+    """
+    try:
+        name = client.function_load(LIBRARY.source)
+    except redis.exceptions.NoPermissionError as exc:
+        raise errors.PermissionDenied(f"this user may not load kvstore's function library: {exc}") from None
+    except redis.ResponseError as exc:
+        if "already exists" in str(exc):
+            return LIBRARY.name
+        if str(exc).lower().startswith("unknown"):
+            return None
+        raise
+    name = name.decode() if isinstance(name, bytes) else str(name)
+    if name != LIBRARY.name:
+        raise errors.ServerError(f"the server loaded the library as {name}, kvstore named it {LIBRARY.name}")
+    return name
+
+
 def preload_scripts(client: Any) -> dict[str, str]:
     """Loads every kvstore script into the server's script cache; returns name -> SHA.
 
-    For deployments whose application user may not run SCRIPT LOAD: an operator runs this as an
-    admin user after every server start, failover or SCRIPT FLUSH (the cache is not persisted).
-    On a cluster, run it against every primary. The SHAs are kvstore._scripts.SCRIPTS[name].sha.
+    The EVAL path's scripts (scripting="eval", cluster clients, servers without functions), for
+    deployments whose application user may not run EVAL: an operator runs this as an admin user
+    after every server start, failover or SCRIPT FLUSH (the cache is neither persisted nor
+    replicated). On a cluster, run it against every primary. The SHAs are
+    kvstore._scripts.SCRIPTS[name].sha.
     """
     loaded: dict[str, str] = {}
     for name, script in SCRIPTS.items():

@@ -31,6 +31,10 @@ class StoreConfig:
         persistence settings decide the rest). "fsync": also the server's AOF fsync (WAITAOF;
         Redis/Valkey >= 7.2 with appendonly on). "replicated": also `durability_replicas`
         replicas (WAIT). Waiting longer than `durability_timeout_ms` raises NotDurable.
+    scripting: how the scripts are called (docs/LAYOUT.md, "Loading"). "functions": FCALL /
+        FCALL_RO of kvstore's function library, loaded with FUNCTION LOAD when the server lacks
+        it; a server without functions (older than Redis 7, or a proxy) and a cluster client
+        use "eval" instead. "eval": EVALSHA of each script, sent with EVAL after NOSCRIPT.
     """
 
     namespace: str = "kv"
@@ -49,6 +53,7 @@ class StoreConfig:
     durability: Literal["default", "fsync", "replicated"] = "default"
     durability_replicas: int = 1
     durability_timeout_ms: int = 1000
+    scripting: Literal["functions", "eval"] = "functions"
 
     def __post_init__(self) -> None:
         check_namespace(self.namespace)
@@ -72,6 +77,8 @@ class StoreConfig:
         if self.durability not in ("default", "fsync", "replicated"):
             raise ConfigError(f"durability must be 'default', 'fsync' or 'replicated', got {self.durability!r}")
         _positive(self, "durability_replicas", "durability_timeout_ms")
+        if self.scripting not in ("functions", "eval"):
+            raise ConfigError(f"scripting must be 'functions' or 'eval', got {self.scripting!r}")
 
 
 def _positive(config: StoreConfig, *names: str) -> None:

@@ -1,8 +1,9 @@
 """MessageStore and AsyncMessageStore: thin executors over the sans-IO core.
 
-Each thread method hands one core operation to its store's executor. The executor sends script
-calls by SHA (loading the script once on NOSCRIPT), sends native commands in one pipeline, and
-maps server errors to kvstore's typed errors.
+Each thread method hands one core operation to its store's executor. The executor calls a script
+as a function of kvstore's library (FCALL, FCALL_RO; FUNCTION LOAD where the server lacks it) or
+by SHA (EVALSHA; EVAL on NOSCRIPT), sends native commands in one pipeline, and maps server errors
+to kvstore's typed errors.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from . import _core, errors
 from ._core import Batch, Cursor, Eval, Operation, ThreadRef
 from ._health import HealthReport, health
-from ._scripts import SCRIPTS, Script, error_from_reply
+from ._scripts import LIBRARY, SCRIPTS, Script, error_from_reply
 from .config import StoreConfig
 from .messages import CompactionStats, Message, SummaryMessage
 from .models import AppendResult, MessagesPage, ThreadSnapshot, ThreadStats, TurnOutcome, TurnResult
@@ -33,6 +34,10 @@ ITER_PAGE = 200
 # retries briefly, then gives up with ClusterError, meaning no attempt ran. The store goes on
 # re-sending, backing off, for this long.
 CLUSTER_REFUSAL_SECONDS = 10.0
+# A call whose function is missing is sent again right after a FUNCTION LOAD, on one pipeline.
+# The server reads a library that large apart from the call after it, so a FUNCTION FLUSH can
+# still run between the two (nothing ran then): the pair is sent up to this many times.
+LOAD_ATTEMPTS = 10
 
 
 # ------------------------------------------------------------------- what a call has sent
@@ -147,8 +152,45 @@ def _pool_had_none_free(exc: Exception) -> bool:
     return isinstance(exc, MaxConnectionsError) or str(exc) == "No connection available."
 
 
+# ------------------------------------------------------------------- calling a script
+
+
+def _call(target: Any, script: Script, request: Eval, functions: bool) -> Any:
+    """Sends (on a client) or queues (on a pipeline) the call of `script`: FCALL of its function,
+    FCALL_RO for a script that declares no-writes (so a replica may serve it), or EVALSHA."""
+    keys, args = request.keys, request.args
+    if not functions:
+        return target.evalsha(script.sha, len(keys), *keys, *args)
+    if script.writes:
+        return target.fcall(script.function, len(keys), *keys, *args)
+    return target.fcall_ro(script.function, len(keys), *keys, *args)
+
+
+def _queue_reload(pipe: Any, script: Script, request: Eval, functions: bool) -> int:
+    """Queues the call after the server lacked its script: FUNCTION LOAD of the library, then the
+    call; or EVAL, which sends the source and caches it. Returns where the call's reply is."""
+    if functions:
+        pipe.function_load(LIBRARY.source)
+        _call(pipe, script, request, functions)
+        return 1
+    pipe.eval(script.source, len(request.keys), *request.keys, *request.args)
+    return 0
+
+
+def _lacks_function(reply: Any) -> bool:
+    """The server has no function of that name (FUNCTION FLUSH, a restart without persistence,
+    a new kvstore version): nothing ran."""
+    return isinstance(reply, ResponseError) and str(reply).startswith("Function not found")
+
+
+def _knows_no_functions(reply: Any) -> bool:
+    """The server, or a proxy in front of it, does not know FCALL or FUNCTION: nothing ran."""
+    text = str(reply).lower()
+    return isinstance(reply, ResponseError) and text.startswith(("unknown command", "unknown subcommand"))
+
+
 class _Executor:
-    """What both executors share: script variants and error mapping."""
+    """What both executors share: script variants, how scripts are called, and error mapping."""
 
     def __init__(self, client: Any, config: StoreConfig | None) -> None:
         self.client = client
@@ -159,6 +201,9 @@ class _Executor:
         if _is_fakeredis(client):
             # fakeredis's Lua does not parse the shebang line.
             self._scripts = {name: s.without_shebang() for name, s in SCRIPTS.items()}
+        # FCALL needs the server's functions (Redis 7, Valkey 7.2); a RedisCluster client finds
+        # an FCALL's slot with COMMAND GETKEYS round trips, an EVALSHA's from its arguments.
+        self.functions = self.config.scripting == "functions" and not _is_cluster(client)
         self._durability_checked = False
         self._tracks_sends = _track_sends(client)
         if self.config.durability != "default" and _is_cluster(client):
@@ -172,6 +217,36 @@ class _Executor:
 
     def durable(self, script: Script) -> bool:
         return script.writes and self.config.durability != "default"
+
+    def missed(self, reply: Any) -> bool:
+        """Whether a call did not run because the server lacks its script or function, or knows
+        no functions at all: this store then uses the EVAL path from now on."""
+        if isinstance(reply, NoScriptError) or _lacks_function(reply):
+            return True
+        if self.functions and _knows_no_functions(reply):
+            self.functions = False
+            return True
+        return False
+
+    def load_failed(self, script: Script, loaded: Any) -> errors.KVStoreError | None:
+        """What a FUNCTION LOAD reply means for a call that still found no function (nothing
+        ran): None where the call may be sent again (loaded, loaded by another client, or a
+        server without functions, which the EVAL path serves)."""
+        if isinstance(loaded, NoPermissionError):
+            return errors.PermissionDenied(
+                f"{script.name}: the server lacks kvstore's function library {LIBRARY.name} and this"
+                f" user may not load it ({loaded}): run `kvstore preload-scripts` as a user allowed"
+                " to, or allow function|load"
+            )
+        if not isinstance(loaded, ResponseError) or "already exists" in str(loaded) or self.missed(loaded):
+            return None
+        return self.script_error(script, loaded, _Call())
+
+    def still_missing(self, script: Script) -> errors.KVStoreError:
+        return errors.ServerError(
+            f"{script.name}: kvstore's functions were gone again each of the {LOAD_ATTEMPTS} times"
+            " they were loaded (FUNCTION FLUSH in a loop?); nothing ran"
+        )
 
     def wait_command(self) -> tuple[Any, ...]:
         """What a durable write sends right after its script, on the same connection."""
@@ -347,12 +422,16 @@ class MessageStore(_Executor):
         try:
             if self.durable(script):
                 return self._durable_call(script, request)
+            functions = self.functions
             try:
-                return self.client.evalsha(script.sha, len(request.keys), *request.keys, *request.args)
-            except NoScriptError:
-                call.sent_on.append(None)  # whatever the connection, that command was sent
-                # EVAL sends the source and caches it again: no window for a second flush.
-                return self.client.eval(script.source, len(request.keys), *request.keys, *request.args)
+                return _call(self.client, script, request, functions)
+            except ResponseError as exc:
+                if not self.missed(exc):
+                    raise
+            if functions:  # FUNCTION LOAD and the call again, in one round trip
+                return self._reloaded_call(script, request, None)
+            # EVAL sends the source and caches it again: no window for a second flush.
+            return self.client.eval(script.source, len(request.keys), *request.keys, *request.args)
         except (ResponseError, RedisConnectionError, RedisTimeoutError) as exc:
             raise self.script_error(script, exc, call) from exc
 
@@ -364,20 +443,38 @@ class MessageStore(_Executor):
             except ResponseError as exc:
                 raise self.durability_probe_failed(exc) from exc
         self._durability_checked = True
-        for attempt in range(2):
+        pipe = self.client.pipeline(transaction=False)
+        _call(pipe, script, request, self.functions)
+        pipe.execute_command(*self.wait_command())
+        reply, waited = pipe.execute(raise_on_error=False)
+        if self.missed(reply):
+            return self._reloaded_call(script, request, self.wait_command())
+        if isinstance(reply, Exception):
+            raise reply
+        self.check_durable(script, waited)
+        return reply
+
+    def _reloaded_call(self, script: Script, request: Eval, wait: tuple[Any, ...] | None) -> Any:
+        """The call again, after the server lacked its script (nothing ran), on one pipeline with
+        what loads the script first, and the durable write's WAIT after it."""
+        for _ in range(LOAD_ATTEMPTS):
             pipe = self.client.pipeline(transaction=False)
-            if attempt == 0:
-                pipe.evalsha(script.sha, len(request.keys), *request.keys, *request.args)
-            else:  # the script cache was lost: EVAL sends the source and caches it again
-                pipe.eval(script.source, len(request.keys), *request.keys, *request.args)
-            pipe.execute_command(*self.wait_command())
-            reply, waited = pipe.execute(raise_on_error=False)
-            if isinstance(reply, NoScriptError) and attempt == 0:
-                continue
+            at = _queue_reload(pipe, script, request, self.functions)
+            if wait:
+                pipe.execute_command(*wait)
+            replies = pipe.execute(raise_on_error=False)
+            reply = replies[at]
+            if self.missed(reply):
+                failed = self.load_failed(script, replies[0]) if at else None
+                if failed:
+                    raise failed
+                continue  # loaded, and flushed again before the call ran
             if isinstance(reply, Exception):
                 raise reply
-            self.check_durable(script, waited)
+            if wait:
+                self.check_durable(script, replies[-1])
             return reply
+        raise self.still_missing(script)
 
     def close(self) -> None:
         self.client.close()
@@ -528,12 +625,16 @@ class AsyncMessageStore(_Executor):
         try:
             if self.durable(script):
                 return await self._durable_call(script, request)
+            functions = self.functions
             try:
-                return await self.client.evalsha(script.sha, len(request.keys), *request.keys, *request.args)
-            except NoScriptError:
-                call.sent_on.append(None)  # whatever the connection, that command was sent
-                # EVAL sends the source and caches it again: no window for a second flush.
-                return await self.client.eval(script.source, len(request.keys), *request.keys, *request.args)
+                return await _call(self.client, script, request, functions)
+            except ResponseError as exc:
+                if not self.missed(exc):
+                    raise
+            if functions:  # FUNCTION LOAD and the call again, in one round trip
+                return await self._reloaded_call(script, request, None)
+            # EVAL sends the source and caches it again: no window for a second flush.
+            return await self.client.eval(script.source, len(request.keys), *request.keys, *request.args)
         except (ResponseError, RedisConnectionError, RedisTimeoutError) as exc:
             raise self.script_error(script, exc, call) from exc
 
@@ -545,20 +646,38 @@ class AsyncMessageStore(_Executor):
             except ResponseError as exc:
                 raise self.durability_probe_failed(exc) from exc
         self._durability_checked = True
-        for attempt in range(2):
+        pipe = self.client.pipeline(transaction=False)
+        _call(pipe, script, request, self.functions)
+        pipe.execute_command(*self.wait_command())
+        reply, waited = await pipe.execute(raise_on_error=False)
+        if self.missed(reply):
+            return await self._reloaded_call(script, request, self.wait_command())
+        if isinstance(reply, Exception):
+            raise reply
+        self.check_durable(script, waited)
+        return reply
+
+    async def _reloaded_call(self, script: Script, request: Eval, wait: tuple[Any, ...] | None) -> Any:
+        """The call again, after the server lacked its script (nothing ran), on one pipeline with
+        what loads the script first, and the durable write's WAIT after it."""
+        for _ in range(LOAD_ATTEMPTS):
             pipe = self.client.pipeline(transaction=False)
-            if attempt == 0:
-                pipe.evalsha(script.sha, len(request.keys), *request.keys, *request.args)
-            else:  # the script cache was lost: EVAL sends the source and caches it again
-                pipe.eval(script.source, len(request.keys), *request.keys, *request.args)
-            pipe.execute_command(*self.wait_command())
-            reply, waited = await pipe.execute(raise_on_error=False)
-            if isinstance(reply, NoScriptError) and attempt == 0:
-                continue
+            at = _queue_reload(pipe, script, request, self.functions)
+            if wait:
+                pipe.execute_command(*wait)
+            replies = await pipe.execute(raise_on_error=False)
+            reply = replies[at]
+            if self.missed(reply):
+                failed = self.load_failed(script, replies[0]) if at else None
+                if failed:
+                    raise failed
+                continue  # loaded, and flushed again before the call ran
             if isinstance(reply, Exception):
                 raise reply
-            self.check_durable(script, waited)
+            if wait:
+                self.check_durable(script, replies[-1])
             return reply
+        raise self.still_missing(script)
 
     async def close(self) -> None:
         await self.client.aclose()

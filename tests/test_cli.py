@@ -125,12 +125,20 @@ def test_health_and_preload_scripts(server, server_only, tmp_path):
     assert result.returncode == 2, result.stdout + result.stderr
     warnings = [line for line in result.stdout.splitlines() if line.startswith("warning:")]
     assert len(warnings) == 1 and "everysec" in warnings[0]
+    admin = redis.Redis.from_url(server.url)
+    admin.function_flush()
+    admin.script_flush()
     result = kvstore("preload-scripts", "--url", server.url)
     assert result.returncode == 0, result.stderr
-    from kvstore._scripts import SCRIPTS
+    from kvstore._scripts import LIBRARY, SCRIPTS
 
-    assert {line.split()[1] for line in result.stdout.splitlines()} == set(SCRIPTS)
-    assert all(redis.Redis.from_url(server.url).script_exists(*(s.sha for s in SCRIPTS.values())))
+    first, *scripts = result.stdout.splitlines()
+    assert first == f"library {LIBRARY.name}"
+    assert {line.split()[1] for line in scripts} == set(SCRIPTS)
+    assert admin.function_list(library=LIBRARY.name)
+    assert all(admin.script_exists(*(s.sha for s in SCRIPTS.values())))
+    again = kvstore("preload-scripts", "--url", server.url)  # a library already loaded is kept
+    assert again.returncode == 0 and again.stdout == result.stdout, again.stderr
 
 
 # A data dir has one owner: the commands next to a running `kvstore server` use it.

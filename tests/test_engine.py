@@ -290,12 +290,13 @@ def test_wrong_type_key_is_refused_and_nothing_changes(make_thread, raw_client, 
     assert before == {k: raw_client.dump(k) for k in thread.keys.fixed()}
 
 
-def test_script_flush_is_transparent(make_thread, raw_client, server_only):
-    thread = make_thread()
+@pytest.mark.parametrize(("scripting", "flush"), [("eval", "script_flush"), ("functions", "function_flush")])
+def test_script_flush_is_transparent(make_thread, raw_client, server_only, scripting, flush):
+    thread = make_thread(scripting=scripting)
     thread.append(UserMessage(content="a"))
-    raw_client.script_flush()
+    getattr(raw_client, flush)()
     thread.append(UserMessage(content="b"))
-    raw_client.script_flush()
+    getattr(raw_client, flush)()
     assert [m.content for m in thread.list().messages] == ["a", "b"]
 
 

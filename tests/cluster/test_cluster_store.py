@@ -192,3 +192,61 @@ def test_noscript_after_a_failover_is_handled(cluster, cluster_thread, mode):
     assert replica.info("errorstats").get("errorstat_NOSCRIPT", {}).get("count", 0) > noscript_before
     assert replica.admin.execute_command("SCRIPT", "EXISTS", SCRIPTS["append"].sha) == [1]
     assert_in_one_slot(cluster, thread, replica)
+
+
+def _commands_on(cluster: Cluster) -> dict[str, int]:
+    """Calls per command summed over the primaries (INFO commandstats)."""
+    total: dict[str, int] = {}
+    for node in cluster.primaries():
+        for name, stats in node.info("commandstats").items():
+            total[name.removeprefix("cmdstat_")] = total.get(name.removeprefix("cmdstat_"), 0) + int(stats["calls"])
+    return total
+
+
+def _sent_during(cluster: Cluster, calls) -> dict[str, int]:
+    """The commands the primaries ran during `calls()`, but the INFO that reads them and the
+    client's view of the cluster (CLUSTER NODES / SLOTS / SHARDS)."""
+    before = _commands_on(cluster)
+    calls()
+    after = _commands_on(cluster)
+    return {name: count - before.get(name, 0) for name, count in after.items()
+            if count - before.get(name, 0) and name != "info" and not name.startswith("cluster|")}
+
+
+def test_a_cluster_client_calls_scripts_by_sha_in_one_round_trip(cluster, cluster_thread, mode):
+    """redis-py's RedisCluster finds an FCALL's slot with COMMAND GETKEYS round trips (two per
+    call, measured below) and an EVALSHA's from its arguments: a cluster store keeps to EVALSHA,
+    whatever StoreConfig.scripting says (docs/SCALING.md)."""
+    (owner, thread_id), *_ = thread_ids_on_each_primary(cluster, "by-sha")
+    thread = cluster_thread(thread_id, **SMALL)
+    thread.append(UserMessage(content="warm up"))  # loads the scripts on this primary
+
+    def calls() -> None:
+        for i in range(10):
+            thread.append(UserMessage(content=f"m{i}"))
+        thread.list(after=2, limit=3)  # page_plan
+
+    sent = _sent_during(cluster, calls)
+    print(f"\ncluster store [{cluster.kind}, {mode}]: 11 script calls sent {sent}")
+    assert sent.get("evalsha") == 11
+    assert not {"fcall", "fcall_ro", "function|load", "command|getkeys"} & set(sent)
+
+
+def test_redis_py_routes_fcall_on_a_cluster_with_command_getkeys(cluster):
+    """Why the cluster store does not use FCALL: the installed redis-py's RedisCluster asks a node
+    for an FCALL's keys (COMMAND GETKEYS, twice per call), while EVALSHA is routed by its
+    arguments alone. If this ever stops holding, FCALL could serve cluster clients too."""
+    client = cluster.client()
+    try:
+        source = "#!lua name=kvstore_probe\nredis.register_function('kvstore_probe', function(keys) return 1 end)"
+        for node in cluster.primaries():
+            node.admin.function_load(source, replace=True)
+        sha = client.script_load("return 1")
+        fcall = _sent_during(cluster, lambda: [client.fcall("kvstore_probe", 1, f"k{i}") for i in range(20)])
+        evalsha = _sent_during(cluster, lambda: [client.evalsha(sha, 1, f"k{i}") for i in range(20)])
+    finally:
+        for node in cluster.primaries():
+            node.admin.function_delete("kvstore_probe")
+    print(f"\nredis-py RedisCluster [{cluster.kind}]: 20 FCALLs sent {fcall}; 20 EVALSHAs sent {evalsha}")
+    assert fcall.get("command|getkeys", 0) >= 20 and fcall.get("fcall") == 20
+    assert evalsha == {"evalsha": 20}

@@ -206,3 +206,41 @@ def test_an_interrupted_append_re_sent_as_the_caller_holds_it_stores_once(kind, 
         # The run reached the case it is about: calls cut off after their script had run.
         assert sum(v for k, v in outcomes.items() if k.startswith("cut off")) >= CALLS // 6, outcomes
         assert outcomes["re-sent: a replay"] > 0, outcomes
+
+
+def _interrupting_client(port: int, command: bytes) -> tuple[redis.Redis, list[bool]]:
+    """A client whose connections, once armed, raise Interrupted as they are about to send
+    `command` (the re-send after the server lacked the script), like a signal landing there."""
+    marker = b"\r\n" + command + b"\r\n"
+    armed = [False]
+
+    class Connection(redis.Connection):
+        def send_packed_command(self, packed, check_health=True):
+            data = packed if isinstance(packed, (bytes, str)) else b"".join(packed)
+            if armed[0] and marker in data:
+                raise Interrupted()
+            return super().send_packed_command(packed, check_health)
+
+    return redis.Redis(connection_pool=redis.ConnectionPool(port=port, connection_class=Connection)), armed
+
+
+@pytest.mark.parametrize(("scripting", "command"), [("eval", b"EVAL"), ("functions", b"FUNCTION")])
+def test_an_interrupt_while_the_script_is_sent_again_reaches_the_caller(plain_server, scripting, command):
+    """The server lacked the script (SCRIPT FLUSH, FUNCTION FLUSH), so the call is sent again
+    with what loads it; an interrupt right then reaches the caller as itself, and the connection
+    that met the miss is closed, not handed to the next call."""
+    admin = redis.Redis(port=plain_server.port)
+    config = StoreConfig(namespace=fresh_namespace(), scripting=scripting)
+    client, armed = _interrupting_client(plain_server.port, command)
+    store = MessageStore(client, config)
+    thread = store.thread("interrupted")
+    thread.append(UserMessage(content="first"))
+    admin.script_flush()
+    admin.function_flush()
+    armed[0] = True
+    with pytest.raises(Interrupted):
+        thread.append(UserMessage(content="second"))
+    pool = store.client.connection_pool
+    assert all(not connection.is_connected for connection in pool._available_connections)
+    print(f"\ninterrupted re-send [{plain_server.name}, {scripting}]: Interrupted reached the caller,"
+          f" {len(pool._available_connections)} pooled connection(s), none left open")

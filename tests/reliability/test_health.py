@@ -7,9 +7,9 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from kvstore import MessageStore, errors
+from kvstore import MessageStore, UserMessage, errors
 from kvstore._health import HealthReport, health
-from kvstore._scripts import SCRIPTS
+from kvstore._scripts import LIBRARY, SCRIPTS
 
 from .support import dedicated_server, free_port_client
 from .test_least_privilege import PASSWORD, load_rules, make_user
@@ -26,6 +26,7 @@ def test_a_well_configured_server_reports_no_warning(kind):
         assert (report.appendonly, report.appendfsync, report.maxmemory_policy) == (True, "always", "noeviction")
         assert report.aof_last_write_ok is True
         assert report.ok and report.warnings == ()
+        assert report.library == LIBRARY.name and report.library_loaded is False
         assert report.scripts_loaded == 0 and report.scripts_total == len(SCRIPTS)
 
 
@@ -56,20 +57,28 @@ def test_each_setting_that_voids_a_guarantee_is_warned_about(kind, settings, phr
 def test_a_user_denied_config_info_and_eval_gets_a_report_not_an_error(kind):
     with dedicated_server(kind) as server:
         admin = redis.Redis(port=server.port)
-        make_user(admin, "app", without=load_rules())  # no EVAL; CONFIG and INFO are never granted
+        make_user(admin, "app", without=load_rules())  # no FUNCTION LOAD; CONFIG and INFO are never granted
         report = health(redis.Redis(port=server.port, username="kvstore-app", password=PASSWORD))
         print(f"\nhealth [{kind}] as the least-privileged user:\n{report}")
         assert report.server == "unknown" and report.version is None
         assert report.lua is None and report.appendonly is None
+        assert report.library_loaded is None and report.scripts_loaded is None
         assert any("CONFIG GET denied" in w for w in report.warnings)
-        # The admin sees the script cache the app user relies on.
-        MessageStore.from_url(server.url).thread("t").stats()
-        assert health(admin).scripts_loaded == 0
+        # The admin sees the library and the script cache the app user relies on.
+        assert health(admin).library_loaded is False
+        thread = MessageStore.from_url(server.url).thread("t")
+        thread.stats()  # native reads only
+        assert health(admin).library_loaded is False
+        thread.append(UserMessage(content="loads the library"))
+        assert health(admin).library_loaded is True and health(admin).scripts_loaded == 0
 
 
 def test_fakeredis_is_reported_as_in_process():
-    report = health(MessageStore.in_memory().client)
-    assert report.server == "fakeredis" and report.lua is True
+    store = MessageStore.in_memory()
+    report = health(store.client)
+    assert report.server == "fakeredis" and report.lua is True and report.library_loaded is False
+    store.thread("t").append(UserMessage(content="loads the library"))
+    assert health(store.client).library_loaded is True
     assert not report.ok
 
 

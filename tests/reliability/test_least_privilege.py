@@ -1,9 +1,10 @@
 """Least privilege: kvstore runs as a user limited to its namespace's keys and the commands it
 needs, and every denial reaches the caller as PermissionDenied.
 
-The ACL line is read from docs/RELIABILITY.md, so the documented line is the tested one, and the
-commands kvstore sends are read from its code (every `redis.call` of every script, every native
-command of the core), so a new command without a documented permission fails here first.
+The ACL lines are read from docs/RELIABILITY.md, so the documented lines are the tested ones, and
+the commands kvstore sends are read from its code (every `redis.call` of every script, every native
+command of the core, every script call and load of the executors: FCALL, FCALL_RO, FUNCTION
+LOAD, EVALSHA, EVAL), so a new command without a documented permission fails here first.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ import pytest
 import redis
 
 from kvstore import AssistantMessage, StoreConfig, SummaryMessage, UserMessage, errors
-from kvstore._health import health, preload_scripts
-from kvstore._scripts import SCRIPTS
+from kvstore._health import health, preload_library, preload_scripts
+from kvstore._scripts import LIBRARY, SCRIPTS
 
 from ..layout_check import check_layout
 from .support import dedicated_server, fresh_namespace, keyspace, keyspace_diff, thread_in_mode
@@ -36,9 +37,16 @@ def documented_acl_line() -> str:
     return _documented_lines()[0]
 
 
-def documented_durability_rules() -> dict[str, str]:
-    """The rules the documented lines add for the durability modes: {"+waitaof": line, ...}."""
+def documented_additions() -> dict[str, str]:
+    """The rules the other documented lines add (the EVAL path, the durability modes):
+    {"+evalsha": line, "+waitaof": line, ...}."""
     return {rule: line for line in _documented_lines()[1:] for rule in shlex.split(line)[3:]}
+
+
+def add_documented(admin: redis.Redis, rule: str, without: tuple[str, ...] = ()) -> None:
+    """Applies the documented line that adds `rule`, minus the rules in `without`."""
+    args = [arg for arg in shlex.split(documented_additions()[rule])[2:] if arg not in without]
+    admin.execute_command("ACL", "SETUSER", *args)
 
 
 def acl_args(namespace: str, *, without: tuple[str, ...] = ()) -> list[str]:
@@ -54,13 +62,16 @@ def documented_commands() -> set[str]:
     return {rule[1:] for rule in acl_args("ns") if rule.startswith("+")}
 
 
-CLIENT_METHODS = {"evalsha": "evalsha", "eval": "eval", "script_load": "script|load", "script_exists": "script|exists"}
+CLIENT_METHODS = {
+    "fcall": "fcall", "fcall_ro": "fcall_ro", "function_load": "function|load",
+    "evalsha": "evalsha", "eval": "eval", "script_load": "script|load", "script_exists": "script|exists",
+}
 
 
 def commands_kvstore_sends() -> set[str]:
-    """What the code sends: the executors' script calls (`client.evalsha(...)`, `pipe.eval(...)`),
-    each script's redis.call, each native command the core or the executors build as a tuple
-    ("HGET", ...)."""
+    """What the code sends: the executors' script calls and loads (`client.fcall(...)`,
+    `pipe.function_load(...)`, `client.evalsha(...)`, `pipe.eval(...)`), each script's redis.call,
+    each native command the core or the executors build as a tuple ("HGET", ...)."""
     sent = set()
     for script in SCRIPTS.values():
         sent |= {c.lower() for c in re.findall(r"redis\.p?call\(\s*['\"]([A-Za-z]+)['\"]", script.source)}
@@ -72,15 +83,22 @@ def commands_kvstore_sends() -> set[str]:
 
 
 def load_rules() -> tuple[str, ...]:
-    """The documented rules that let the user put a script into the server's cache."""
-    return tuple(r for r in ("+eval", "+script|load") if r in acl_args("ns"))
+    """The documented rules that let the user load kvstore's function library."""
+    return tuple(r for r in ("+function|load",) if r in acl_args("ns"))
+
+
+# The documented addition for the EVAL path, and the rule of it that lets the user put a script
+# into the server's cache.
+EVAL_RULE, EVAL_LOAD_RULE = "+evalsha", "+eval"
 
 
 def test_the_documented_acl_grants_every_command_kvstore_sends():
     sent = commands_kvstore_sends()
-    granted = documented_commands() | {rule[1:] for rule in documented_durability_rules()}
+    granted = documented_commands() | {rule[1:] for rule in documented_additions()}
     print(f"\nACL: kvstore sends {len(sent)} commands: {sorted(sent)};"
-          f" the durability modes add {sorted(documented_durability_rules())}")
+          f" the EVAL path and the durability modes add {sorted(documented_additions())}")
+    assert {"fcall", "fcall_ro", "function|load", "evalsha", "eval"} <= sent
+    assert load_rules() == ("+function|load",) and EVAL_LOAD_RULE in documented_additions()
     assert not sent - granted, f"docs/RELIABILITY.md's ACL lines lack {sorted(sent - granted)}"
     # And they grant nothing kvstore no longer sends (the CLI's connection check sends PING).
     unused = documented_commands() - sent - {"ping"}
@@ -148,20 +166,23 @@ def _denials(admin: redis.Redis) -> list[str]:
     return [f"{text(e, 'reason')} {text(e, 'object')}" for e in admin.execute_command("ACL", "LOG")]
 
 
-def test_the_integration_slice_runs_as_the_least_privileged_user(kind, mode):
+@pytest.mark.parametrize("scripting", ["functions", "eval"])
+def test_the_integration_slice_runs_as_the_least_privileged_user(kind, mode, scripting):
     with dedicated_server(kind) as server:
         admin = redis.Redis(port=server.port)
         namespace = fresh_namespace()
         make_user(admin, namespace)
+        if scripting == "eval":
+            add_documented(admin, EVAL_RULE)
         admin.execute_command("ACL", "LOG", "RESET")
-        config = StoreConfig(namespace=namespace, **CONFIG)
+        config = StoreConfig(namespace=namespace, scripting=scripting, **CONFIG)
         with thread_in_mode(mode, server.url, config, "least-privilege", client=_client_for(mode, server)) as thread:
             figures = integration_slice(thread)
             thread.append(UserMessage(content="kept"))
             check_layout(admin, thread.keys, config)
         # redis-py names itself with CLIENT SETINFO on connect and ignores a refusal: not needed.
         denials = [d for d in _denials(admin) if d != "command client|setinfo"]
-        print(f"\nleast privilege [{kind}, {mode}]: {figures['messages']} messages, {figures['chunks']} chunks,"
+        print(f"\nleast privilege [{kind}, {mode}, {scripting}]: {figures['messages']} messages, {figures['chunks']} chunks,"
               f" every operation as the ACL user; denials logged: {denials or 'none'}")
         assert not denials
 
@@ -197,11 +218,13 @@ def test_denied_keys_and_commands_raise_permission_denied(kind):
                 with pytest.raises(errors.PermissionDenied) as caught:
                     call()
                 outcomes[f"{other}: {name}"] = str(caught.value)[:70]
-        # NOSCRIPT, and the user may not load: a clear PermissionDenied, never a silent failure.
+        # The library is gone, and the user may not load it: a PermissionDenied that says what
+        # to do, never a silent failure.
         admin.execute_command("ACL", "SETUSER", "kvstore-app", *(f"-{rule[1:]}" for rule in load_rules()))
-        admin.script_flush()
-        with pytest.raises(errors.PermissionDenied, match="permission"):
+        admin.function_flush()
+        with pytest.raises(errors.PermissionDenied, match="kvstore preload-scripts") as caught:
             own.append(UserMessage(content="needs a load"))
+        assert "function|load" in str(caught.value)
         as_admin = MessageStore(admin, StoreConfig(namespace=namespace)).thread("mine")
         assert [m.content for m in as_admin.iter()] == ["allowed"]
         print(f"\nPermissionDenied [{kind}]: {len(outcomes) + 1} denials, all typed")
@@ -242,7 +265,7 @@ def test_durability_fsync_runs_as_the_user_with_the_documented_addition():
         admin = redis.Redis(port=server.port)
         namespace = fresh_namespace()
         make_user(admin, namespace)
-        line = documented_durability_rules()["+waitaof"]
+        line = documented_additions()["+waitaof"]
         admin.execute_command("ACL", "SETUSER", *shlex.split(line)[2:])
         admin.execute_command("ACL", "LOG", "RESET")
         from kvstore import MessageStore
@@ -254,27 +277,52 @@ def test_durability_fsync_runs_as_the_user_with_the_documented_addition():
         assert not denials
 
 
-def test_preloaded_scripts_serve_a_user_without_script_permissions(kind, mode):
+@pytest.mark.parametrize("scripting", ["functions", "eval"])
+def test_preloaded_scripts_serve_a_user_without_load_permissions(kind, mode, scripting):
+    """The documented lines without the rule that loads (`+function|load`, or `+eval` on the EVAL
+    path): denied with PermissionDenied until an operator preloads as an admin, then every
+    operation works; a restart without persistence loses what was loaded, and a new preload
+    brings it back."""
+    if scripting == "functions":
+        without, flush, preload = load_rules(), "function_flush", lambda admin: preload_library(admin)
+    else:
+        without, flush, preload = (EVAL_LOAD_RULE,), "script_flush", lambda admin: preload_scripts(admin)
+
+    def limited_user(admin: redis.Redis) -> None:
+        make_user(admin, namespace, without=load_rules())
+        if scripting == "eval":
+            add_documented(admin, EVAL_RULE, without=without)
+
+    def loaded(admin: redis.Redis) -> bool:
+        report = health(admin)
+        return report.library_loaded if scripting == "functions" else report.scripts_loaded == len(SCRIPTS)
+
     with dedicated_server(kind) as server:
         admin = redis.Redis(port=server.port)
         namespace = fresh_namespace()
-        make_user(admin, namespace, without=load_rules())
-        admin.script_flush()
-        config = StoreConfig(namespace=namespace, **CONFIG)
+        limited_user(admin)
+        getattr(admin, flush)()
+        config = StoreConfig(namespace=namespace, scripting=scripting, **CONFIG)
         with thread_in_mode(mode, server.url, config, "preloaded", client=_client_for(mode, server)) as thread:
-            with pytest.raises(errors.PermissionDenied):
+            with pytest.raises(errors.PermissionDenied) as before:
                 thread.append(UserMessage(content="before the preload"))
-            assert health(admin).scripts_loaded == 0
-            shas = preload_scripts(admin)  # the operator, as an admin user
-            assert shas == {name: script.sha for name, script in SCRIPTS.items()}
-            assert health(admin).scripts_loaded == len(SCRIPTS)
+            if scripting == "functions":
+                assert "kvstore preload-scripts" in str(before.value)
+            assert not loaded(admin) and admin.keys(f"{namespace}:*") == []
+            preloaded = preload(admin)  # the operator, as an admin user
+            if scripting == "functions":
+                assert preloaded == LIBRARY.name
+            else:
+                assert preloaded == {name: script.sha for name, script in SCRIPTS.items()}
+            assert loaded(admin)
             figures = integration_slice(thread)
-            # A restart empties the cache: the app is denied until the operator preloads again.
+            # A restart without persistence loses them: the app is denied until the operator
+            # preloads again.
             server.restart()
-            make_user(admin, namespace, without=load_rules())
+            limited_user(admin)
             with pytest.raises(errors.PermissionDenied):
                 thread.append(UserMessage(content="after a restart"))
-            preload_scripts(admin)
+            preload(admin)
             thread.append(UserMessage(content="after the preload"))
-        print(f"\npreloaded scripts [{kind}, {mode}]: {len(shas)} scripts loaded by the admin; the slice"
-              f" ({figures['messages']} messages) ran as a user without {', '.join(load_rules())}")
+        print(f"\npreloaded [{kind}, {mode}, {scripting}]: loaded by the admin; the slice"
+              f" ({figures['messages']} messages) ran as a user without {', '.join(without)}")

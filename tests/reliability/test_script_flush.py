@@ -1,7 +1,8 @@
-"""Script cache loss: SCRIPT FLUSH between calls and while they run, sync and async.
+"""Script cache loss on the EVAL path: SCRIPT FLUSH between calls and while they run, sync and async.
 
-A server restart, a failover or an operator's SCRIPT FLUSH empties the script cache; the
-executors call scripts by SHA and must reload them transparently (spec §3). A mixed workload
+A server restart, a failover or an operator's SCRIPT FLUSH empties the script cache; with
+scripting="eval" the executors call scripts by SHA and must reload them transparently (spec §3).
+(The function library's loss is tests/test_loading.py's, with the same workload.) A mixed workload
 (appends, batches, otid replays, pages, get, replace, compact, remove_turn, context) runs against
 a model of what it stored, with the cache flushed before every call, then with a thread
 flushing it in a loop.
@@ -21,6 +22,7 @@ from ..layout_check import check_layout
 from .support import fresh_namespace, thread_in_mode
 
 CONFIG = dict(window_size=8, chunk_size=4, chunk_max_bytes=4096, retained_message_limit=None)
+EVAL_PATH = dict(CONFIG, scripting="eval")
 
 
 def _reloads(admin: redis.Redis) -> int:
@@ -104,7 +106,7 @@ def workload(thread, steps: int, seed: int, before_each=None) -> dict:
 
 def test_script_flush_before_every_call_is_transparent(plain_server, mode):
     admin = redis.Redis(port=plain_server.port)
-    config = StoreConfig(namespace=fresh_namespace(), **CONFIG)
+    config = StoreConfig(namespace=fresh_namespace(), **EVAL_PATH)
     reloads = _reloads(admin)
     with thread_in_mode(mode, plain_server.url, config, "flushed") as thread:
         figures = workload(thread, 300, seed=1, before_each=admin.script_flush)
@@ -118,7 +120,7 @@ def test_script_flush_before_every_call_is_transparent(plain_server, mode):
 
 def test_script_flush_racing_the_calls_is_transparent(plain_server, mode):
     admin = redis.Redis(port=plain_server.port)
-    config = StoreConfig(namespace=fresh_namespace(), **CONFIG)
+    config = StoreConfig(namespace=fresh_namespace(), **EVAL_PATH)
     stop = threading.Event()
     flushes = [0]
 

@@ -1,5 +1,5 @@
 """A Hypothesis state machine against a model: the library's thread equals the model after every
-step, with SCRIPT FLUSH and kill -9 + restart of the server among the steps.
+step, with FUNCTION FLUSH and kill -9 + restart of the server among the steps.
 
 The server is Valkey with `appendonly yes` and `appendfsync always`, so a restart keeps every
 acknowledged write. Sizes are small (window 4, chunk 3, 1500-byte chunks, at most 2 chunks moved
@@ -253,9 +253,9 @@ class ThreadMachine(RuleBasedStateMachine):
             raise AssertionError(f"{message.id} was deleted or removed but get() found it")
 
     @rule()
-    def script_flush(self):
-        STEPS["SCRIPT FLUSH"] += 1
-        self.raw.script_flush()
+    def function_flush(self):
+        STEPS["FUNCTION FLUSH"] += 1
+        self.raw.function_flush()
 
     @precondition(lambda self: self.restarts < 2)
     @rule()
