@@ -84,7 +84,7 @@ class ThreadRef:
     config: StoreConfig
     keys: ThreadKeys
     script_keys: tuple[str, ...]  # KEYS[1..10] of every script (lua/includes/thread.lua)
-    limits_prefix: tuple[int, ...]  # ARGV[1..9] of every writing script
+    limits_args: tuple[Any, ...]  # ARGV[1..10] of every writing script
 
     @classmethod
     def of(cls, config: StoreConfig, thread_id: str) -> ThreadRef:
@@ -101,14 +101,13 @@ class ThreadRef:
             -1 if retained is None else retained,
             (config.thread_ttl or 0) * 1000,
         )
-        return cls(config, keys, (*keys.fixed(), keys.chunk_prefix), limits)
+        # ARGV[10] names the nine as the server receives them (read_limits parses a key once).
+        limits_key = ":".join(str(value) for value in limits)
+        return cls(config, keys, (*keys.fixed(), keys.chunk_prefix), (*limits, limits_key))
 
-    def limits(self) -> list[Any]:
-        """ARGV[1..10] of every writing script (lua/includes/thread.lua: read_limits).
-
-        ARGV[10] is unused (it carried the client's clock; expiry is relative now) and kept so
-        the arguments after it keep their positions."""
-        return [*self.limits_prefix, 0]
+    def limits(self) -> tuple[Any, ...]:
+        """ARGV[1..10] of every writing script (lua/includes/thread.lua: read_limits)."""
+        return self.limits_args
 
 
 # --------------------------------------------------------------------------------- append

@@ -2,7 +2,8 @@
 --- Appends a batch of messages to a thread in one atomic step.
 ---
 --- KEYS[1..10]  the thread's keys (includes/thread.lua: thread_keys; docs/LAYOUT.md)
---- ARGV[1..10]  limits (int): includes/thread.lua, read_limits
+--- ARGV[1..9]   limits (int): includes/thread.lua, read_limits
+--- ARGV[10]     limits key (str): ARGV[1..9] joined by ':'
 --- ARGV[11]     turn_id (str): '' for none
 --- ARGV[12]     count (int): the messages that follow
 --- ARGV[13..]   ARGV[12] times: id (str), otid (str): '' for none, media (int): the message's

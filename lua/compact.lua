@@ -2,7 +2,8 @@
 --- Stores a summary message and moves the context summary to it, then runs retention.
 ---
 --- KEYS[1..10]  the thread's keys (includes/thread.lua: thread_keys; docs/LAYOUT.md)
---- ARGV[1..10]  limits (int): includes/thread.lua, read_limits
+--- ARGV[1..9]   limits (int): includes/thread.lua, read_limits
+--- ARGV[10]     limits key (str): ARGV[1..9] joined by ':'
 --- ARGV[11]     summary_last (int): the last sequence the summary covers
 --- ARGV[12..15] the summary message: id (str), otid (str): '' for none, media (int): its inline
 ---              media bytes, record (bytes)

@@ -2,7 +2,8 @@
 --- Closes a turn and counts its replies without reading any message.
 ---
 --- KEYS[1..10]  the thread's keys (includes/thread.lua: thread_keys; docs/LAYOUT.md)
---- ARGV[1..10]  limits (int): includes/thread.lua, read_limits
+--- ARGV[1..9]   limits (int): includes/thread.lua, read_limits
+--- ARGV[10]     limits key (str): ARGV[1..9] joined by ':'
 --- ARGV[11]     turn_id (str)
 --- ARGV[12]     outcome (str: 'completed' | 'steered' | 'cancelled' | 'failed')
 ---

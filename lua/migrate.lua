@@ -2,7 +2,8 @@
 --- Moves one bounded step of a layout-1 thread into chunks (includes/migration.lua).
 ---
 --- KEYS[1..10]  the thread's keys (includes/thread.lua: thread_keys; docs/LAYOUT.md)
---- ARGV[1..10]  limits (int): includes/thread.lua, read_limits
+--- ARGV[1..9]   limits (int): includes/thread.lua, read_limits
+--- ARGV[10]     limits key (str): ARGV[1..9] joined by ':'
 ---
 --- Reply: {chunks_written, layout_version, scanning, fields_left}
 ---   scanning is 1 while the legacy range is still being scanned (writes refuse with

@@ -3,7 +3,8 @@
 --- media budget is restored; removed messages give their bytes and media back.
 ---
 --- KEYS[1..10]  the thread's keys (includes/thread.lua: thread_keys; docs/LAYOUT.md)
---- ARGV[1..10]  limits (int): includes/thread.lua, read_limits
+--- ARGV[1..9]   limits (int): includes/thread.lua, read_limits
+--- ARGV[10]     limits key (str): ARGV[1..9] joined by ':'
 --- ARGV[11]     turn_id (str)
 --- ARGV[12]     max_messages (int): the most sequences one call walks; the client calls again
 ---              for more

@@ -2,7 +2,8 @@
 --- Replaces a stored message in place: same id, same sequence, same container.
 ---
 --- KEYS[1..10]  the thread's keys (includes/thread.lua: thread_keys; docs/LAYOUT.md)
---- ARGV[1..10]  limits (int): includes/thread.lua, read_limits
+--- ARGV[1..9]   limits (int): includes/thread.lua, read_limits
+--- ARGV[10]     limits key (str): ARGV[1..9] joined by ':'
 --- ARGV[11]     id (str): the stored message's
 --- ARGV[12]     media (int): the replacement's inline media bytes
 --- ARGV[13]     record (bytes): the replacement's

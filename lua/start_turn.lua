@@ -2,7 +2,8 @@
 --- Records where a turn's replies start: the turn reply sequence {turn_id, sequence}.
 ---
 --- KEYS[1..10]  the thread's keys (includes/thread.lua: thread_keys; docs/LAYOUT.md)
---- ARGV[1..10]  limits (int): includes/thread.lua, read_limits
+--- ARGV[1..9]   limits (int): includes/thread.lua, read_limits
+--- ARGV[10]     limits key (str): ARGV[1..9] joined by ':'
 --- ARGV[11]     turn_id (str)
 ---
 --- A turn is started once: starting a started turn (open or finished, current or not) returns

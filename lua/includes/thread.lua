@@ -35,14 +35,29 @@ end
 -- The limits every writing script takes as ARGV[1..10]:
 -- window_size, chunk_size, chunk_max_bytes, max_move_chunks, max_move_bytes,
 -- max_message_bytes, max_media, retained_limit (-1 keeps all), ttl_ms (0: none), and ARGV[10],
--- unused (it carried the client's clock; expiry is relative now), kept so the arguments after it
--- keep their positions.
+-- their key: the nine as sent, joined by ':'.
+--
+-- A store sends the same limits on every call, and parsing nine numbers is a good part of a
+-- small call's Lua time. A library's functions keep this table between calls (a script's is new
+-- on every call), so a store's limits are parsed once: a key is remembered only when it names
+-- exactly the values sent with it, and the tables handed out are never written to.
+local LIMITS_BY_KEY, LIMITS_KEPT, LIMITS_KEEP_AT_MOST = {}, 0, 64
+
 local function read_limits(ARGV)
-  return {
+  local key = ARGV[10]
+  local limits = LIMITS_BY_KEY[key]
+  if limits then return limits end
+  limits = {
     window_size = tonumber(ARGV[1]), chunk_size = tonumber(ARGV[2]),
     chunk_max_bytes = tonumber(ARGV[3]), max_move_chunks = tonumber(ARGV[4]),
     max_move_bytes = tonumber(ARGV[5]), max_message_bytes = tonumber(ARGV[6]),
     max_media = tonumber(ARGV[7]), retained_limit = tonumber(ARGV[8]),
     ttl_ms = tonumber(ARGV[9]),
   }
+  if key == table.concat({ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9]}, ':') then
+    if LIMITS_KEPT >= LIMITS_KEEP_AT_MOST then LIMITS_BY_KEY, LIMITS_KEPT = {}, 0 end
+    LIMITS_BY_KEY[key] = limits
+    LIMITS_KEPT = LIMITS_KEPT + 1
+  end
+  return limits
 end
