@@ -8,9 +8,10 @@ bounds a deployment's throughput. On each server, over many calls of each:
 - kvstore's append (one FCALL of its function, or one EVALSHA with scripting="eval"; one append
   in 32 also moves a chunk, so this is the amortized cost) against the bare 4-write script
   (HINCRBY, HSET, ZADD, HSET with the same record bytes, by EVALSHA);
-- kvstore's newest page of 50 (native reads only) and an older page of 50 (the page_plan script
-  plus the native fetch of the chunks it names) against one native HMGET of 50 fields of 1 KB
-  records, and the JSON list's LRANGE -50 -1.
+- kvstore's newest page of 50 (native reads only) and an older page of 50 from a sequence
+  cursor (the plan's native reads plus the native fetch of the chunks it names) against one native
+  HMGET of 50 fields of 1 KB records, and the JSON list's LRANGE -50 -1; for information, the same
+  older page from an id cursor (planned by the page_plan script).
 
 An FCALL's or EVALSHA's usec covers the commands its script runs (they are also counted under
 their own names); so a script request is charged that time, and a pipeline of native commands the
@@ -168,8 +169,14 @@ def run_server(url: str, params: Params, own: bool) -> dict[str, Any]:
         store.requests.clear()
         older_page = thread.list(before=params.messages // 2, limit=PAGE, order="desc")
         older = list(store.requests)
-        if len(older_page.messages) != PAGE or not any(isinstance(r, Eval) for r in older):
-            raise RuntimeError("the older page did not go through the page plan")
+        if len(older_page.messages) != PAGE or len(older) != 2:
+            raise RuntimeError("the older page was not one plan and one fetch")
+        cursor_id = thread.list(after=params.messages // 2 - 1, limit=1).messages[0].id
+        store.requests.clear()
+        by_id_page = thread.list(before=cursor_id, limit=PAGE, order="desc")
+        by_id = list(store.requests)
+        if by_id_page.messages != older_page.messages or not isinstance(by_id[0], Eval):
+            raise RuntimeError("the older page from an id cursor did not go through the page plan")
 
         def replay(request: Eval | Batch) -> Callable[[int], Any]:
             if isinstance(request, Eval):
@@ -196,6 +203,7 @@ def run_server(url: str, params: Params, own: bool) -> dict[str, Any]:
                                  scripted=True),
             "newest_page": _replayed(client, n, newest, replay),
             "older_page": _replayed(client, n, older, replay),
+            "older_page_by_id": _replayed(client, n, by_id, replay),
             "hmget_50": timed(client, n, lambda i: client.hmget(hmget_key, fields), scripted=False),
             "list_page": timed(client, n, lambda i: client.lrange(list_key, -PAGE, -1), scripted=False),
         }
@@ -204,6 +212,7 @@ def run_server(url: str, params: Params, own: bool) -> dict[str, Any]:
         shape = {
             "newest_page": [_describe(r, store) for r in newest],
             "older_page": [_describe(r, store) for r in older],
+            "older_page_by_id": [_describe(r, store) for r in by_id],
             "append": "FCALL" if store.functions else "EVALSHA",
         }
     finally:
@@ -219,6 +228,8 @@ def run_server(url: str, params: Params, own: bool) -> dict[str, Any]:
               results["newest_page"]["usec_per_call"] / h["usec_per_call"], 3.0),
         ratio("older_page_vs_hmget", "server time: older page of 50 / HMGET of 50",
               results["older_page"]["usec_per_call"] / h["usec_per_call"], 3.0),
+        ratio("older_page_by_id_vs_hmget", "server time: older page of 50, id cursor / HMGET of 50",
+              results["older_page_by_id"]["usec_per_call"] / h["usec_per_call"], None),
         ratio("list_page_vs_hmget", "server time: JSON list LRANGE -50 -1 / HMGET of 50",
               results["list_page"]["usec_per_call"] / h["usec_per_call"], None),
         ratio("append_vs_bare_cpu", "server CPU incl. I/O: append / bare 4-write script",
@@ -274,9 +285,11 @@ def render(result: dict[str, Any]) -> str:
     row("bare 4-write script (EVALSHA)", r["bare_script"])
     row("kvstore newest page of 50", r["newest_page"])
     lines.append("  " + "; ".join(result["requests"]["newest_page"]))
-    row("kvstore older page of 50 (plan + fetch)", r["older_page"])
-    lines.append("  " + "; ".join(result["requests"]["older_page"])
-                 + " (" + " + ".join(f"{p['usec_per_call']:.1f}" for p in r["older_page"]["parts"]) + ")")
+    for name, label in (("older_page", "kvstore older page of 50 (plan + fetch)"),
+                        ("older_page_by_id", "  the same from an id cursor")):
+        row(label, r[name])
+        lines.append("  " + "; ".join(result["requests"][name])
+                     + " (" + " + ".join(f"{p['usec_per_call']:.1f}" for p in r[name]["parts"]) + ")")
     row("native HMGET of 50 fields (1 KB values)", r["hmget_50"])
     row("JSON list LRANGE -50 -1", r["list_page"])
     lines.append("")

@@ -482,52 +482,31 @@ def _walk(
     """
     keys = thread.keys
     if walk == "down" and not low[0] and not high[0]:
-        # The newest page: the window always holds the newest window_size messages, so one
-        # native read usually answers it.
-        window, newest_large, (deleted_before, deleting) = yield Batch(
-            [
-                ("ZRANGE", keys.window, "+inf", "-inf", "BYSCORE", "REV", "LIMIT", 0, need, "WITHSCORES"),
-                ("ZRANGE", keys.large_index, "+inf", "-inf", "BYSCORE", "REV", "LIMIT", 0, 1, "WITHSCORES"),
-                ("HMGET", keys.meta, "deleted_before", "deleting"),
-            ]
-        )
-        if deleting is not None:  # an interrupted delete(): the thread reads as empty
-            return [], False, 0
-        pairs = _score_pairs(window)
-        large = _score_pairs(newest_large)
-        # An oversized message newer than the page's oldest would belong in it: plan instead.
-        if len(pairs) == need and not (large and float(large[0][1]) > float(pairs[-2][1])):
-            entries = [(int(float(score)), member) for member, score in pairs[: need - 1]]
-            return entries, True, _int(deleted_before)
+        newest = yield from _newest(thread, need)
+        if newest is not None:
+            return newest
 
-    plan_keys = thread.script_keys
     collected: list[tuple[int, bytes]] = []
     attempts = 0
     while True:
         remaining = need - len(collected)
         # Enough chunks for the page when they are full; short ones make the walk plan again.
         max_chunks = min(PLAN_MAX_CHUNKS, remaining // thread.config.chunk_size + 2)
-        plan = yield Eval(
-            SCRIPTS["page_plan"], plan_keys, (low[0], low[1], high[0], high[1], walk, remaining, max_chunks)
-        )
-        gen, plan_deleted_before, lo, hi, bound, include_window = (int(v) for v in plan[:6])
+        plan = yield from _plan(thread, low, high, walk, remaining, max_chunks)
+        lo, hi, bound = plan.lo, plan.hi, plan.bound
         # A page planned again may meet a later retention; what it collected before is as of
         # the first plan, so the page reports the first plan's deleted_before.
-        deleted_before = plan_deleted_before if not collected else deleted_before
-        chunk_count = int(plan[6])
-        chunks = [tuple(int(v) for v in plan[7 + 3 * i : 10 + 3 * i]) for i in range(chunk_count)]
-        large_at = 7 + 3 * chunk_count
-        large = [int(s) for s in plan[large_at + 1 : large_at + 1 + int(plan[large_at])]]
+        deleted_before = plan.deleted_before if not collected else deleted_before
 
         upward = walk == "up"
         commands: list[tuple[Any, ...]] = []
-        if include_window:
+        if plan.window:
             if upward:
                 commands.append(("ZRANGE", keys.window, f"({lo}", f"({hi}", "BYSCORE", "LIMIT", 0, need, "WITHSCORES"))
             else:
                 commands.append(("ZRANGE", keys.window, f"({hi}", f"({lo}", "BYSCORE", "REV", "LIMIT", 0, need, "WITHSCORES"))
         legacy_sequences = []
-        for first, last, kind in chunks:
+        for first, last, kind in plan.chunks:
             if kind == 0:
                 commands.append(("HMGET", keys.chunk(first), "_m", "d"))
                 continue
@@ -539,12 +518,15 @@ def _walk(
                 bound = min(bound, sequences[-1]) if upward else max(bound, sequences[0])
             legacy_sequences = sequences
             commands.append(("HMGET", keys.legacy, *sequences))
-        for sequence in large:
+        for sequence in plan.large:
             commands.append(("HMGET", keys.chunk(sequence), "_m", "d"))
+        complete = bound >= hi if upward else bound <= lo
+        if not commands:  # nothing in the range: nothing to fetch, nothing to compare
+            return collected, False, deleted_before
         commands.append(("HGET", keys.meta, "gen"))
         results = yield Batch(commands)
 
-        if _int(results[-1]) != gen:
+        if _int(results[-1]) != plan.gen:
             attempts += 1
             if attempts >= MAX_READ_ATTEMPTS:
                 raise errors.ServerError("the thread changed under every read attempt; try again")
@@ -552,11 +534,11 @@ def _walk(
 
         found: dict[int, bytes] = {}
         position = 0
-        if include_window:
+        if plan.window:
             for member, score in _score_pairs(results[0]):
                 found[int(float(score))] = member
             position = 1
-        for _first, _last, kind in chunks:
+        for _first, _last, kind in plan.chunks:
             if kind == 0:
                 found.update(_split_chunk(*results[position]))
             else:
@@ -564,7 +546,7 @@ def _walk(
                     if record is not None:
                         found[sequence] = record
             position += 1
-        for _sequence in large:
+        for _sequence in plan.large:
             found.update(_split_chunk(*results[position]))
             position += 1
 
@@ -574,7 +556,6 @@ def _walk(
         )
         for sequence in ordered[: need - len(collected)]:
             collected.append((sequence, found[sequence]))
-        complete = bound >= hi if upward else bound <= lo
         if len(collected) >= need:
             return collected[: need - 1], True, deleted_before
         if complete:
@@ -584,6 +565,236 @@ def _walk(
             low = ("seq", str(bound))
         else:
             high = ("seq", str(bound))
+
+
+def _newest(thread: ThreadRef, need: int) -> Operation:
+    """The newest page in one round trip of native reads, or None when it must be planned.
+
+    The window holds the newest messages (docs/LAYOUT.md, "Invariants"). Its members are read
+    without their scores (Redis 7.0 prints each score of a WITHSCORES reply as a double: 51 of
+    them cost twice the records), and the sequences follow from two numbers: the score of the
+    `need`-th newest member and meta's last_seq, read after the window. Window messages have
+    distinct sequences, none above last_seq, so `need` of them from that score up to a last_seq
+    `need - 1` above it are every sequence in between. A window shorter than `need` that holds
+    last_seq messages is the whole thread. Anything else (an oversized or removed message among
+    the newest, an append in between) is read through the plan.
+    """
+    keys = thread.keys
+    members, bottom, (deleted_before, deleting, last_seq) = yield Batch(
+        [
+            ("ZRANGE", keys.window, 0, need - 1, "REV"),
+            ("ZRANGE", keys.window, need - 1, need - 1, "REV", "WITHSCORES"),
+            ("HMGET", keys.meta, "deleted_before", "deleting", "last_seq"),
+        ]
+    )
+    if deleting is not None:  # an interrupted delete(): the thread reads as empty
+        return [], False, 0
+    last = _int(last_seq)
+    if len(members) == need:
+        (member, score), *_ = _score_pairs(bottom) or [(None, 0)]
+        # The member compared: an append between the two reads shifts the ranks.
+        if member != members[-1] or last - int(float(score)) != need - 1:
+            return None
+        return [(last - i, m) for i, m in enumerate(members[:-1])], True, _int(deleted_before)
+    if members and len(members) == last:
+        return [(last - i, m) for i, m in enumerate(members)], False, _int(deleted_before)
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class _Facts:
+    """What a page plan reads (lua/page_plan.lua's reply, or _native_facts): the range
+    (exclusive bounds, clamped), index members near it and the legacy range of a layout-1 thread."""
+
+    gen: int
+    deleted_before: int
+    lo: int
+    hi: int
+    window_count: int  # walk down: the window's messages in the range
+    chunks: list[tuple[int, int, int, int]]  # (first, last, count, kind) in walk order
+    large: list[int]  # oversized messages in the range, in walk order, at most `need`
+    legacy: tuple[int, int, int, int] | None
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """The containers holding the walk's next messages; complete up to `bound` (walk up:
+    sequences <= bound; down: >= bound), past which the walk plans again."""
+
+    gen: int
+    deleted_before: int
+    lo: int
+    hi: int
+    bound: int
+    window: bool
+    chunks: list[tuple[int, int, int]]  # (first, last, kind): kind 0 a chunk, 1 the legacy hash
+    large: list[int]
+
+
+def _plan(
+    thread: ThreadRef, low: tuple[str, str], high: tuple[str, str], walk: str, need: int, max_chunks: int
+) -> Operation:
+    """Plans the walk's next `need` messages: with native reads for sequence cursors on a
+    layout-2 thread, through lua/page_plan.lua for an id cursor or a layout-1 thread."""
+    facts = None
+    if low[0] != "id" and high[0] != "id":
+        facts = yield from _native_facts(thread, low, high, walk, need, max_chunks)
+    if facts is None:
+        reply = yield Eval(
+            SCRIPTS["page_plan"], thread.script_keys, (low[0], low[1], high[0], high[1], walk, need, max_chunks)
+        )
+        facts = _script_facts(reply, walk)
+    return _select(facts, walk, need, max_chunks)
+
+
+def _native_facts(
+    thread: ThreadRef, low: tuple[str, str], high: tuple[str, str], walk: str, need: int, max_chunks: int
+) -> Operation:
+    """The facts of a plan from one pipeline of native reads, or None for a layout-1 thread.
+
+    The pipeline is not atomic, so it reads meta's gen and last_seq first and last: equal, no
+    message moved, went or came in between (every write that adds one moves last_seq, every
+    other that changes an index moves gen), and the reads in between saw one state. The reads
+    take the cursors as they are; only messages at or after deleted_before are kept (retention
+    deletes everything below it), so the clamp to it, applied after, changes no index read.
+    """
+    keys = thread.keys
+    lo_arg = low[1] if low[0] else "0"
+    hi_arg = f"({high[1]}" if high[0] else "+inf"
+    if walk == "up":
+        reads = [
+            ("ZRANGE", keys.chunk_index, lo_arg, "-inf", "BYSCORE", "REV", "LIMIT", 0, 1),
+            ("ZRANGE", keys.chunk_index, f"({lo_arg}", hi_arg, "BYSCORE", "LIMIT", 0, max_chunks + 1),
+            ("ZRANGE", keys.large_index, f"({lo_arg}", hi_arg, "BYSCORE", "LIMIT", 0, need),
+        ]
+    else:
+        reads = [
+            ("ZCOUNT", keys.window, f"({lo_arg}", hi_arg),
+            ("ZRANGE", keys.chunk_index, hi_arg, "-inf", "BYSCORE", "REV", "LIMIT", 0, max_chunks + 1),
+            ("ZRANGE", keys.large_index, hi_arg, f"({lo_arg}", "BYSCORE", "REV", "LIMIT", 0, need),
+        ]
+    for _ in range(MAX_READ_ATTEMPTS):
+        meta, legacy, near, chunks, large, again = yield Batch(
+            [
+                ("HMGET", keys.meta, "gen", "deleted_before", "last_seq", "deleting", "layout"),
+                ("EXISTS", keys.legacy),
+                *reads,
+                ("HMGET", keys.meta, "gen", "last_seq"),
+            ]
+        )
+        gen, deleted_before, last_seq, deleting, layout = meta
+        if deleting is not None:  # an interrupted delete(): the thread reads as empty
+            return _Facts(_int(gen), 0, 0, 1, 0, [], [], None)
+        if layout == b"1" or (layout is None and legacy):
+            return None
+        if [gen, last_seq] != again:
+            continue
+        deleted_before, last = _int(deleted_before), _int(last_seq)
+        lo = int(lo_arg)
+        if deleted_before > 0 and lo < deleted_before - 1:
+            lo = deleted_before - 1
+        hi = int(high[1]) if high[0] else last + 1
+        hi = min(hi, last + 1)
+        # Walk up: `near` is the chunk at or before the cursor; walk down: the window's count.
+        if walk == "up":
+            window_count, members = 0, near + chunks
+        else:
+            window_count = int(near)
+            members = chunks if window_count < need else []
+        return _Facts(
+            _int(gen),
+            deleted_before,
+            lo,
+            hi,
+            window_count,
+            [_chunk_candidate(m) for m in members],
+            [s for s in map(_large_sequence, large) if lo < s < hi][:need],
+            None,
+        )
+    raise errors.ServerError("the thread changed under every read attempt; try again")
+
+
+def _script_facts(reply: list, walk: str) -> _Facts:
+    """The facts lua/page_plan.lua replies."""
+    gen, deleted_before, lo, hi, window_count, below, above_count = reply[:7]
+    above_end = 7 + int(above_count)
+    members = ([below] if below else []) + reply[7:above_end]
+    large_end = above_end + 1 + int(reply[above_end])
+    legacy_first, legacy_last, legacy_count = (int(v) for v in reply[large_end : large_end + 3])
+    return _Facts(
+        int(gen),
+        int(deleted_before),
+        int(lo),
+        int(hi),
+        int(window_count),
+        [_chunk_candidate(m) for m in members],
+        [_large_sequence(m) for m in reply[above_end + 1 : large_end]],
+        (legacy_first, legacy_last, legacy_count, 1) if legacy_last else None,
+    )
+
+
+def _chunk_candidate(member: bytes) -> tuple[int, int, int, int]:
+    """(first, last, count, kind 0) of a chunk index member "first:last:count:bytes:media"."""
+    first, last, count, _bytes, _media = member.split(b":")
+    return int(first), int(last), int(count), 0
+
+
+def _large_sequence(member: bytes) -> int:
+    """The sequence of a large index member "sequence:bytes:media"."""
+    return int(member.split(b":", 1)[0])
+
+
+def _select(facts: _Facts, walk: str, need: int, max_chunks: int) -> _Plan:
+    """Names the containers holding the next `need` messages of the walk: chunks by their index
+    counts, then the window if the walk reaches it (walk down starts from the window)."""
+    lo, hi = facts.lo, facts.hi
+    upward = walk == "up"
+
+    def in_range(first: int, last: int, count: int) -> int:
+        """How many of a chunk's messages can lie inside (lo, hi): at most its count and span."""
+        a, b = max(first, lo + 1), min(last, hi - 1)
+        return 0 if b < a else min(count, b - a + 1)
+
+    candidates = facts.chunks
+    if facts.legacy is not None:
+        # The legacy hash, put among the chunks in walk order.
+        at = next((i for i, c in enumerate(candidates) if (facts.legacy[0] < c[0]) == upward), len(candidates))
+        candidates = [*candidates[:at], facts.legacy, *candidates[at:]]
+
+    chunks: list[tuple[int, int, int]] = []
+    window, bound = False, hi if upward else lo
+    if hi - lo <= 1:
+        return _Plan(facts.gen, facts.deleted_before, lo, hi, bound, window, chunks, [])
+    if upward:
+        acc, stopped = 0, False
+        for first, last, count, kind in candidates:
+            n = in_range(first, last, count)
+            if n == 0:
+                continue
+            if acc >= need or len(chunks) >= max_chunks:
+                stopped = True
+                break
+            chunks.append((first, last, kind))
+            acc += n
+            bound = last
+        if not stopped and acc < need:
+            window, bound = True, hi
+    else:
+        window = True
+        acc = facts.window_count
+        if acc < need:
+            for first, last, count, kind in candidates:
+                if last <= lo:
+                    break
+                n = in_range(first, last, count)
+                if n == 0:
+                    continue
+                if acc >= need or len(chunks) >= max_chunks:
+                    bound = chunks[-1][0] if chunks else lo
+                    break
+                chunks.append((first, last, kind))
+                acc += n
+    return _Plan(facts.gen, facts.deleted_before, lo, hi, bound, window, chunks, facts.large)
 
 
 def _turn_page(
