@@ -113,13 +113,12 @@ class Encode:
         self.stamped = [m.model_copy(update={"id": f"message-{uuid.uuid4()}", "date": now}) for m in self.messages]
         self.dicts = [m.to_dict() for m in self.stamped]
         self.records = [encode_record(m) for m in self.stamped]
-        # The newest page's native read, and its records as decode_records gets them.
+        # The newest page's native read, as the core builds it, and its records as
+        # decode_records gets them.
         keys = self.read_thread.keys
-        self.page_read = [("ZRANGE", keys.window, "+inf", "-inf", "BYSCORE", "REV", "LIMIT", 0, PAGE + 1,
-                           "WITHSCORES"),
-                          ("ZRANGE", keys.large_index, "+inf", "-inf", "BYSCORE", "REV", "LIMIT", 0, 1,
-                           "WITHSCORES"),
-                          ("HGET", keys.meta, "deleted_before")]
+        operation = _core.list_page(self.read_thread._ref, limit=PAGE, order="desc")
+        self.page_read = list(next(operation).commands)
+        operation.close()
         window = self.client.zrange(keys.window, "+inf", "-inf", byscore=True, desc=True, offset=0, num=PAGE,
                                     withscores=True)
         self.entries = [(int(score), member) for member, score in window]
