@@ -643,7 +643,7 @@ def _plan(
         reply = yield Eval(
             SCRIPTS["page_plan"], thread.script_keys, (low[0], low[1], high[0], high[1], walk, need, max_chunks)
         )
-        facts = _script_facts(reply, walk)
+        facts = _script_facts(reply)
     return _select(facts, walk, need, max_chunks)
 
 
@@ -714,7 +714,7 @@ def _native_facts(
     raise errors.ServerError("the thread changed under every read attempt; try again")
 
 
-def _script_facts(reply: list, walk: str) -> _Facts:
+def _script_facts(reply: list) -> _Facts:
     """The facts lua/page_plan.lua replies."""
     gen, deleted_before, lo, hi, window_count, below, above_count = reply[:7]
     above_end = 7 + int(above_count)

@@ -112,12 +112,14 @@ def test_sequence_and_id_cursors_read_the_same_pages(make_thread, backend):
         for limit in limits:
             for order in ("asc", "desc"):
                 for side in ("after", "before"):
+                    case = (cursor.seq_id, limit, order, side)
                     by_sequence = thread.list(limit=limit, order=order, **{side: cursor.seq_id})
                     by_id = thread.list(limit=limit, order=order, **{side: cursor.id})
-                    want, more = model.page(sequences, *((cursor.seq_id, None) if side == "after" else (None, cursor.seq_id)), limit, order)
-                    assert [m.seq_id for m in by_sequence.messages] == want, (cursor.seq_id, limit, order, side)
-                    assert by_id == by_sequence, (cursor.seq_id, limit, order, side)
-                    assert by_sequence.has_more == more
+                    after, before = (cursor.seq_id, None) if side == "after" else (None, cursor.seq_id)
+                    want, more = model.page(sequences, after, before, limit, order)
+                    assert [m.seq_id for m in by_sequence.messages] == want, case
+                    assert by_sequence.has_more == more, case
+                    assert by_id == by_sequence, case
 
 
 def test_an_append_between_the_native_plan_reads_makes_it_plan_again(backend, namespace):
