@@ -24,9 +24,11 @@ from ._record import decode_records, encode_message, salvage
 from ._scripts import SCRIPTS, Script
 from ._wire import (
     AppendReply,
+    ChunkEntry,
     CompactReply,
     DeleteReply,
     FinishTurnReply,
+    LargeEntry,
     MigrateReply,
     RemoveTurnReply,
     ReplaceReply,
@@ -735,14 +737,13 @@ def _script_facts(reply: list) -> _Facts:
 
 
 def _chunk_candidate(member: bytes) -> tuple[int, int, int, int]:
-    """(first, last, count, kind 0) of a chunk index member "first:last:count:bytes:media"."""
-    first, last, count, _bytes, _media = member.split(b":")
-    return int(first), int(last), int(count), 0
+    """(first, last, count, kind 0) of a chunk index member."""
+    entry = ChunkEntry.parse(member)
+    return entry.first, entry.last, entry.count, 0
 
 
 def _large_sequence(member: bytes) -> int:
-    """The sequence of a large index member "sequence:bytes:media"."""
-    return int(member.split(b":", 1)[0])
+    return LargeEntry.parse(member).sequence
 
 
 def _select(facts: _Facts, walk: str, need: int, max_chunks: int) -> _Plan:

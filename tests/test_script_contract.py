@@ -81,6 +81,9 @@ def run_every_script(store: Recorder, raw_client) -> None:
 
     legacy = store.thread("contract-legacy")
     write_layout_1(raw_client, legacy.keys, 12)
+    # A layout-1 thread's pages are planned by page_plan, sequence cursors too (on layout 2
+    # they are planned with native reads).
+    assert [m.seq_id for m in legacy.list(after=2, before=9, limit=3).messages] == [3, 4, 5]
     legacy.append(UserMessage(content="new"))  # refused until the scan is done: migrate, again
     legacy.migrate()
 
