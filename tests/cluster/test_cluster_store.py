@@ -220,12 +220,12 @@ def test_a_cluster_client_calls_scripts_by_sha_in_one_round_trip(cluster, cluste
     whatever StoreConfig.scripting says (docs/SCALING.md)."""
     (owner, thread_id), *_ = thread_ids_on_each_primary(cluster, "by-sha")
     thread = cluster_thread(thread_id, **SMALL)
-    thread.append(UserMessage(content="warm up"))  # loads the scripts on this primary
+    (first,) = thread.append(UserMessage(content="warm up"))  # loads the scripts on this primary
 
     def calls() -> None:
         for i in range(10):
             thread.append(UserMessage(content=f"m{i}"))
-        thread.list(after=2, limit=3)  # page_plan
+        thread.list(after=first.id, limit=3)  # page_plan (an id cursor)
 
     sent = _sent_during(cluster, calls)
     print(f"\ncluster store [{cluster.kind}, {mode}]: 11 script calls sent {sent}")

@@ -211,7 +211,8 @@ def test_denied_keys_and_commands_raise_permission_denied(kind):
             thread = MessageStore(client, StoreConfig(namespace=other)).thread("theirs")
             for name, call in {
                 "script on a key outside the pattern (append)": lambda: thread.append(UserMessage(content="x")),
-                "read-only script outside the pattern (page plan)": lambda: thread.list(after=1),
+                "read-only script outside the pattern (page plan)": lambda: thread.list(after="message-x"),
+                "native reads outside the pattern (page plan)": lambda: thread.list(after=1),
                 "native command outside the pattern (stats)": thread.stats,
                 "native command outside the pattern (newest page)": lambda: thread.list(order="desc"),
             }.items():
