@@ -115,3 +115,32 @@ def test_retention_while_migrating_keeps_what_is_not_moved(make_thread, raw_clie
     assert list(thread.iter()) == kept
     assert thread.stats().stored_messages == len(kept)
     check_layout(raw_client, thread.keys, StoreConfig(namespace=namespace, retained_message_limit=10))
+
+
+def chunk_data_sizes(raw_client, keys) -> list[int]:
+    return [raw_client.hstrlen(keys.chunk(int(score)), "d")
+            for _, score in raw_client.zrange(keys.chunk_index, 0, -1, withscores=True)]
+
+
+def test_a_chunk_of_large_records_ends_where_its_data_fills_a_size_class(make_thread, raw_client, namespace):
+    # 32 records of ~1.1 KB are 35.9 KB, which jemalloc rounds up to 40 KiB; the chunk ends
+    # instead where its data fills the 32 KiB class, and the next one takes the records after it.
+    thread = make_thread()
+    stored = thread.append([UserMessage(content=f"{i:04d} " + "x" * 995) for i in range(400)])
+    stats = thread.stats()
+    record = stats.stored_bytes // stats.stored_messages
+    sizes = chunk_data_sizes(raw_client, thread.keys)
+    assert len(sizes) >= 10
+    assert all(32 * 1024 - 16 - record < size <= 32 * 1024 - 16 for size in sizes), (record, sizes)
+    check_layout(raw_client, thread.keys, StoreConfig(namespace=namespace))
+    assert list(thread.iter()) == stored
+    assert thread.get(stored[100].id) == stored[100]
+
+
+def test_a_chunk_under_16_kib_keeps_chunk_size_messages(make_thread, raw_client):
+    # 32 records of ~420 bytes: 13.4 KB of data, under the sizes whose classes are fitted.
+    thread = make_thread()
+    thread.append([UserMessage(content=f"{i:04d} " + "x" * 295) for i in range(300)])
+    counts = [int(member.split(b":")[2]) for member in raw_client.zrange(thread.keys.chunk_index, 0, -1)]
+    assert counts and set(counts) == {DEFAULT.chunk_size}
+    assert max(chunk_data_sizes(raw_client, thread.keys)) < 16 * 1024

@@ -67,6 +67,7 @@ local function plan_rollover(keys, limits, meta, incoming)
       n = n + 1
       bytes = bytes + size
     end
+    n, bytes = fit_size_class(records, position, n, bytes)
     if count - n < limits.window_size then break end
     if not owed then
       if extra_chunks > 0 and extra_bytes + bytes > limits.max_move_bytes then break end
