@@ -77,8 +77,10 @@ def check_layout(client, keys: ThreadKeys, config: StoreConfig) -> Layout:
         index[entry.first] = (entry.last, entry.count, entry.bytes, entry.media)
     # The index matches the chunks exactly.
     for first, fields in layout.chunks.items():
-        last, count, nbytes, _media = index[first]
+        last, count, nbytes, media = index[first]
         assert fields, f"chunk {first} is listed but empty or missing"
+        manifest = manifest_lines(client.hget(keys.chunk(first), "_m"))
+        assert sum(int(line.split("\t")[3]) for line in manifest) == media, (first, media)
         # Removed turns may leave holes, even at the edges; the key keeps its first sequence.
         assert first <= min(fields) and max(fields) <= last, (first, last, sorted(fields))
         assert len(fields) == count

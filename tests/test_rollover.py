@@ -144,3 +144,22 @@ def test_a_chunk_under_16_kib_keeps_chunk_size_messages(make_thread, raw_client)
     counts = [int(member.split(b":")[2]) for member in raw_client.zrange(thread.keys.chunk_index, 0, -1)]
     assert counts and set(counts) == {DEFAULT.chunk_size}
     assert max(chunk_data_sizes(raw_client, thread.keys)) < 16 * 1024
+
+
+def test_a_chunk_index_entry_counts_the_inline_media_its_messages_carry(make_thread, raw_client, namespace):
+    """The index member's media is the sum of its messages' (retention and the budget read it)."""
+    from .test_lifecycle import image
+
+    config = StoreConfig(namespace=namespace, window_size=4, chunk_size=3)
+    thread = make_thread("media", window_size=4, chunk_size=3)
+    sizes = [0, 1000, 0, 70, 123456, 0, 5, 0, 0, 2048, 9, 0]
+    for i, size in enumerate(sizes):
+        content = [{"type": "text", "text": f"m{i}"}] + ([image(size)] if size else [])
+        thread.append(UserMessage(content=content))
+    layout = check_layout(raw_client, thread.keys, config)
+    assert layout.chunks, "nothing rolled into a chunk"
+    from kvstore._wire import ChunkEntry
+
+    entries = [ChunkEntry.parse(m) for m in raw_client.zrange(thread.keys.chunk_index, 0, -1)]
+    assert [e.media for e in entries] == [sum(sizes[e.first - 1:e.last]) for e in entries]
+    assert any(e.media > 0 for e in entries)

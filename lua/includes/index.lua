@@ -69,9 +69,15 @@ local function parse_side(side)
   return id, otid, tonumber(media), tonumber(bytes), turn
 end
 
--- A side info's media bytes (its third field, never escaped); 0 for a malformed one.
+-- A side info's media bytes (its third field, never escaped); 0 for a malformed one. Plain finds
+-- of the tabs, since a rollover reads one per message it moves and most say '0'.
 local function side_media(side)
-  return tonumber(string.match(side, '^[^\t\n]*\t[^\t\n]*\t(%d+)\t') or '0')
+  local first = string.find(side, '\t', 1, true)
+  local second = first and string.find(side, '\t', first + 1, true)
+  local third = second and string.find(side, '\t', second + 1, true)
+  if not third or third == second + 1 then return 0 end
+  if third == second + 2 and string.byte(side, second + 1) == 48 then return 0 end  -- '0'
+  return tonumber(string.sub(side, second + 1, third - 1)) or 0
 end
 
 local function manifest_line(sequence, side)
