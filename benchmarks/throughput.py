@@ -238,7 +238,7 @@ def run_server(url: str, params: Params, own: bool) -> dict[str, Any]:
     if "runs" in limit:
         r = limit["runs"]
         ratios.append(ratio("ceiling_kvstore_vs_bare", "server ceiling: kvstore append script / bare script",
-                            r["kvstore_p1"]["per_second"] / r["bare_p1"]["per_second"], None))
+                            r["kvstore_p1"]["per_second"] / r["bare_p1"]["per_second"], 0.5, higher=True))
         ratios.append(ratio("kvstore_4_vs_ceiling", "kvstore, 4 workers / kvstore script's server ceiling",
                             rate("kvstore", 4, False) / r["kvstore_p1"]["per_second"], None))
     return {"server": version, "runs": runs, "ceiling": limit, "ratios": ratios}
