@@ -34,6 +34,7 @@ from ._wire import (
     ReplaceReply,
     RetainReply,
     StartTurnReply,
+    split_chunk,
 )
 from .config import StoreConfig
 from .messages import (
@@ -378,37 +379,11 @@ def _locate_records(thread: ThreadRef, kind: str, targets: list[str]) -> Operati
             continue
         entries = []
         for sequence, command, result in zip(wanted, commands, results[:-1]):
-            record = _split_chunk(*result).get(sequence) if command[2] == "_m" else (result[0] if result else None)
+            record = split_chunk(*result).get(sequence) if command[2] == "_m" else (result[0] if result else None)
             if record is not None:
                 entries.append((sequence, record))
         return entries
     raise errors.ServerError("the thread changed under every read attempt; try again")
-
-
-def _split_chunk(manifest: bytes | None, data: bytes | None) -> dict[int, bytes]:
-    """A chunk's records by sequence: its data cut by the lengths its manifest lists, in order
-    (lua/includes/chunks.lua). A chunk deleted meanwhile reads as empty; a manifest that does not
-    frame its data exactly is a RecordError."""
-    if manifest is None or data is None:
-        return {}
-    records, offset = {}, 0
-    lines = manifest.split(b"\n")
-    try:
-        if lines.pop() != b"":
-            raise ValueError("the last line is not ended")
-        for line in lines:
-            # sequence, id, otid, media, bytes, turn, and "%" when the texts are escaped
-            fields = line.split(b"\t")
-            if len(fields) not in (6, 7) or fields[6:] not in ([], [b"%"]):
-                raise ValueError(f"line {line[:80]!r} has {len(fields)} fields")
-            end = offset + int(fields[4])
-            records[int(fields[0])] = data[offset:end]
-            offset = end
-        if offset != len(data):
-            raise ValueError(f"it lists {offset} bytes, the chunk holds {len(data)}")
-    except ValueError as exc:
-        raise errors.RecordError(f"a chunk manifest is malformed: {exc}") from None
-    return records
 
 
 def _score_pairs(reply: list) -> list[tuple[Any, Any]]:
@@ -542,14 +517,14 @@ def _walk(
             position = 1
         for _first, _last, kind in plan.chunks:
             if kind == 0:
-                found.update(_split_chunk(*results[position]))
+                found.update(split_chunk(*results[position]))
             else:
                 for sequence, record in zip(legacy_sequences, results[position]):
                     if record is not None:
                         found[sequence] = record
             position += 1
         for _sequence in plan.large:
-            found.update(_split_chunk(*results[position]))
+            found.update(split_chunk(*results[position]))
             position += 1
 
         ordered = sorted(

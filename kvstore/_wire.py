@@ -181,7 +181,7 @@ class MigrateReply:
 
 @dataclass(frozen=True, slots=True)
 class ChunkEntry:
-    """A chunk index member, "first:last:count:bytes:media" (lua/includes/index.lua)."""
+    """A chunk index member, "first:last:count:bytes:media" (lua/includes/format.lua)."""
 
     first: int
     last: int
@@ -248,3 +248,32 @@ class TurnHeader:
             raise errors.LayoutError(f"a turn header is malformed: {_text(value)[:80]!r}")
         start, outcome, *rest = match.groups()
         return cls(int(start), outcome, *(int(f) for f in rest))
+
+
+# ----------------------------------------------------------------------- chunk manifests
+
+
+def split_chunk(manifest: bytes | None, data: bytes | None) -> dict[int, bytes]:
+    """A chunk's records by sequence: its data cut by the lengths its manifest lists, in order
+    (lua/includes/format.lua). A chunk deleted meanwhile reads as empty; a manifest that does not
+    frame its data exactly is a RecordError."""
+    if manifest is None or data is None:
+        return {}
+    records, offset = {}, 0
+    lines = manifest.split(b"\n")
+    try:
+        if lines.pop() != b"":
+            raise ValueError("the last line is not ended")
+        for line in lines:
+            # sequence, id, otid, media, bytes, turn, and "%" when the texts are escaped
+            fields = line.split(b"\t")
+            if len(fields) not in (6, 7) or fields[6:] not in ([], [b"%"]):
+                raise ValueError(f"line {line[:80]!r} has {len(fields)} fields")
+            end = offset + int(fields[4])
+            records[int(fields[0])] = data[offset:end]
+            offset = end
+        if offset != len(data):
+            raise ValueError(f"it lists {offset} bytes, the chunk holds {len(data)}")
+    except ValueError as exc:
+        raise errors.RecordError(f"a chunk manifest is malformed: {exc}") from None
+    return records

@@ -17,6 +17,7 @@
 --- @include "includes/turns"
 --- @include "includes/expiry"
 --- @include "includes/migration"
+--- @include "includes/format"
 
 local keys = thread_keys(KEYS)
 local limits = read_limits(ARGV)

@@ -21,6 +21,7 @@
 --- @include "includes/chunks"
 --- @include "includes/expiry"
 --- @include "includes/migration"
+--- @include "includes/format"
 
 local keys = thread_keys(KEYS)
 local limits = read_limits(ARGV)

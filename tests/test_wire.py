@@ -99,3 +99,25 @@ def test_replies_decode_by_name():
 def test_a_reply_of_another_shape_is_a_server_error_naming_the_script(decoder, reply):
     with pytest.raises(errors.ServerError, match=r"replied .*not the reply its header states"):
         decoder.decode(reply)
+
+
+def test_a_chunk_written_by_the_scripts_splits_into_the_records_it_was_given(make_thread, raw_client):
+    """The manifest's writer (lua/includes/format.lua) and its reader (kvstore._wire.split_chunk)
+    agree on a chunk the real scripts wrote: every record, at its sequence, byte for byte."""
+    from kvstore._record import decode_records
+    from kvstore._wire import split_chunk
+
+    thread = make_thread("split", window_size=4, chunk_size=5)
+    sent = [f"message {i} " + "x" * (i * 37) for i in range(20)]
+    for text in sent:
+        thread.append(UserMessage(content=text))
+    firsts = [int(score) for _, score in raw_client.zrange(thread.keys.chunk_index, 0, -1, withscores=True)]
+    assert len(firsts) >= 2
+    for first in firsts:
+        manifest, data = raw_client.hmget(thread.keys.chunk(first), "_m", "d")
+        records = split_chunk(manifest, data)
+        assert sorted(records) == list(range(first, first + len(records)))
+        decoded = decode_records(sorted(records.items()))
+        assert [m.content for m in decoded] == sent[first - 1:first - 1 + len(records)]
+    with pytest.raises(errors.RecordError):
+        split_chunk(manifest, data + b"extra")

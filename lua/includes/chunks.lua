@@ -1,5 +1,5 @@
---- @include "includes/index"
 --- @include "includes/expiry"
+--- @include "includes/format"
 -- A chunk is a hash of two fields: `d`, its messages' records concatenated in sequence order,
 -- and `_m`, its manifest (one "sequence\t<side info>\n" line per message, in the same order; the
 -- side info's bytes field is the record's length). One value per chunk instead of one per
@@ -52,18 +52,12 @@ end
 -- Where a sequence's record lies in a chunk's data: 1-based start, length, and the manifest
 -- line's bounds (at, stop); nil when the manifest does not list it.
 local function chunk_slot(manifest, sequence)
-  local offset, at = 1, 1
-  local wanted = fmt(sequence)
-  while at <= #manifest do
-    local stop = string.find(manifest, '\n', at, true)
-    local line = string.sub(manifest, at, stop - 1)
-    local tab = string.find(line, '\t', 1, true)
-    local _, _, _, bytes = parse_side(string.sub(line, tab + 1))
-    if string.sub(line, 1, tab - 1) == wanted then
-      return offset, bytes, at, stop
-    end
+  local offset, wanted = 1, fmt(sequence)
+  for line_sequence, side, at, stop in manifest_lines(manifest) do
+    local _, _, _, bytes = parse_side(side)
+    if not bytes then return nil end
+    if line_sequence == wanted then return offset, bytes, at, stop end
     offset = offset + bytes
-    at = stop + 1
   end
   return nil
 end

@@ -1,6 +1,6 @@
---- @include "includes/index"
 --- @include "includes/chunks"
 --- @include "includes/turns"
+--- @include "includes/format"
 -- Layout 1 and its migration to layout 2.
 --
 -- Layout 1 kept a thread's messages in one large hash, `legacy` (sequence -> version-1 JSON

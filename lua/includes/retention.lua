@@ -1,5 +1,5 @@
---- @include "includes/index"
 --- @include "includes/turns"
+--- @include "includes/format"
 -- Retention: after a compaction, the oldest chunk is deleted while its last sequence is at or
 -- before the summary's last sequence AND at least `retained_limit` messages are stored after
 -- it. At most `max_chunks` chunks go per call. Deleting a chunk trims the id and otid maps and
@@ -29,16 +29,18 @@ local function chunk_contents(keys, first, index_key, member)
   if index_key == keys.chunk_index then count = select(3, parse_chunk_member(member)) end
   if string.sub(manifest, -1) ~= '\n' then return nil end
   local contents, lines = {ids = {}, otids = {}, turns = {}, media = 0}, 0
-  for line in string.gmatch(manifest, '([^\n]*)\n') do
-    local id, otid, media, _, turn = parse_side(string.match(line, '^%d+\t(.*)$') or '')
-    if not id then return nil end
+  local walked = 0
+  for sequence, side, _, stop in manifest_lines(manifest) do
+    local id, otid, media, _, turn = parse_side(side)
+    if not id or not string.find(sequence, '^%d+$') then return nil end
+    walked = stop
     contents.ids[#contents.ids + 1] = id
     if otid ~= '' then contents.otids[#contents.otids + 1] = otid end
     if turn ~= '' then contents.turns[turn] = true end
     contents.media = contents.media + media
     lines = lines + 1
   end
-  if lines ~= count then return nil end
+  if lines ~= count or walked ~= #manifest then return nil end
   return contents
 end
 

@@ -1,5 +1,5 @@
---- @include "includes/index"
 --- @include "includes/chunks"
+--- @include "includes/format"
 -- Moves the oldest window messages into immutable chunks, oldest first, in two steps: a plan
 -- made before the call writes anything, and its execution after the call's own writes.
 --
@@ -99,15 +99,10 @@ local function rollover(keys, cuts, migrated)
     local from, n, bytes = cuts[c][1], cuts[c][2], cuts[c][3]
     local last = from + n - 1
     local sides = redis.call('HMGET', keys.window_side, unpack(sequences, from, last))
-    -- The manifest's lines, "sequence\t<side info>\n", joined once.
-    local parts, media = {}, 0
-    for i = 1, n do
-      local side = sides[i]
-      parts[4 * i - 3], parts[4 * i - 2], parts[4 * i - 1], parts[4 * i] = sequences[from + i - 1], '\t', side, '\n'
-      media = media + side_media(side)
-    end
+    local media = 0
+    for i = 1, n do media = media + side_media(sides[i]) end
     local first, final = tonumber(sequences[from]), tonumber(sequences[last])
-    write_chunk(keys, first, table.concat(parts), table.concat(records, '', from, last))
+    write_chunk(keys, first, manifest_of(sequences, sides, from, n), table.concat(records, '', from, last))
     redis.call('ZADD', keys.chunk_index, first, chunk_index_member(first, final, n, bytes, media))
     redis.call('ZREMRANGEBYSCORE', keys.window, first, final)
     redis.call('HDEL', keys.window_side, unpack(sequences, from, last))

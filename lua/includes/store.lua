@@ -4,6 +4,7 @@
 --- @include "includes/turns"
 --- @include "includes/rollover"
 --- @include "includes/migration"
+--- @include "includes/format"
 -- Stores a batch of messages: the shared body of append and compact.
 --
 -- `batch` holds parallel lists ids, otids, media, records and the turn id ('' for none).

@@ -1,4 +1,4 @@
---- @include "includes/index"
+--- @include "includes/format"
 -- A turn's record in the turns hash: a header of constant size and one field per older range.
 --
 -- Header, field `<turn_id>`:

@@ -1,0 +1,122 @@
+-- Every text format the scripts write into the thread's keys, each with its writer and its
+-- reader in one place (docs/LAYOUT.md; the Python side reads them in kvstore/_wire.py):
+--
+-- - a chunk index member "first:last:count:bytes:media" and a large index member
+--   "sequence:bytes:media";
+-- - a side info "id\totid\tmedia\tbytes\tturn" (escaped: see side_info), in the window side
+--   hash while the message is in the window, and in its chunk's manifest afterwards;
+-- - a manifest ("_m" of a chunk): one "sequence\t<side info>\n" line per message, in the order
+--   of the records in the chunk's data ("d"); the side info's bytes field is the record's length.
+-- The turn records' format lives with the turns (includes/turns.lua).
+
+local function fmt(n)
+  return string.format('%d', n)
+end
+
+local function chunk_index_member(first, last, count, bytes, media)
+  return string.format('%d:%d:%d:%d:%d', first, last, count, bytes, media)
+end
+
+local function parse_chunk_member(member)
+  local first, last, count, bytes, media = string.match(member, '^(%d+):(%d+):(%d+):(%d+):(%d+)$')
+  return tonumber(first), tonumber(last), tonumber(count), tonumber(bytes), tonumber(media)
+end
+
+local function large_index_member(sequence, bytes, media)
+  return string.format('%d:%d:%d', sequence, bytes, media)
+end
+
+local function parse_large_member(member)
+  local sequence, bytes, media = string.match(member, '^(%d+):(%d+):(%d+)$')
+  return tonumber(sequence), tonumber(bytes), tonumber(media)
+end
+
+-- Ids, otids and turn ids are free text in layout 1, and a side info is framed by tabs and (in
+-- a manifest) newlines. A side info whose id, otid or turn holds '\t', '\n', '\r' or '\0' is
+-- written with those three fields %XX-escaped ('%' too) and a sixth field, '%', that says so;
+-- any other is written as it is, so side infos written before the escaping read as they did. An
+-- appended id never holds those bytes (the client refuses them): the hot path pays one find.
+local FRAMING = '[\t\n\r%z]'
+local ESCAPED = '[%%\t\n\r%z]'
+
+local function escape_field(value)
+  return (string.gsub(value, ESCAPED, function(c) return string.format('%%%02X', string.byte(c)) end))
+end
+
+local function unescape_field(value)
+  return (string.gsub(value, '%%(%x%x)', function(hex) return string.char(tonumber(hex, 16)) end))
+end
+
+local function side_info(id, otid, media, bytes, turn)
+  -- One class test per field (%c: any control byte) before the exact one.
+  if (string.find(id, '%c') or string.find(otid, '%c') or string.find(turn, '%c'))
+      and string.find(id .. otid .. turn, FRAMING) then
+    return escape_field(id) .. '\t' .. escape_field(otid) .. '\t' .. fmt(media) .. '\t' .. fmt(bytes)
+      .. '\t' .. escape_field(turn) .. '\t%'
+  end
+  -- Lua writes these small integers as digits (%.14g); no string.format call on the hot path.
+  return id .. '\t' .. otid .. '\t' .. media .. '\t' .. bytes .. '\t' .. turn
+end
+
+-- Returns id, otid, media, bytes, turn (unescaped); nil for a malformed side info.
+local SIDE = '^([^\t\n]*)\t([^\t\n]*)\t(%d+)\t(%d+)\t([^\t\n]*)'
+local function parse_side(side)
+  local id, otid, media, bytes, turn = string.match(side, SIDE .. '$')
+  if not id then
+    id, otid, media, bytes, turn = string.match(side, SIDE .. '\t%%$')
+    if not id then return nil end
+    id, otid, turn = unescape_field(id), unescape_field(otid), unescape_field(turn)
+  end
+  return id, otid, tonumber(media), tonumber(bytes), turn
+end
+
+-- A side info's media bytes (its third field, never escaped); 0 for a malformed one. Plain finds
+-- of the tabs, since a rollover reads one per message it moves and most say '0'.
+local function side_media(side)
+  local first = string.find(side, '\t', 1, true)
+  local second = first and string.find(side, '\t', first + 1, true)
+  local third = second and string.find(side, '\t', second + 1, true)
+  if not third or third == second + 1 then return 0 end
+  if third == second + 2 and string.byte(side, second + 1) == 48 then return 0 end  -- '0'
+  return tonumber(string.sub(side, second + 1, third - 1)) or 0
+end
+
+local function manifest_line(sequence, side)
+  return fmt(sequence) .. '\t' .. side .. '\n'
+end
+
+-- The manifest of the `n` messages from position `from` of parallel lists of sequences and side
+-- infos, as manifest_line would write each, joined once.
+local function manifest_of(sequences, sides, from, n)
+  local parts = {}
+  for i = 1, n do
+    parts[4 * i - 3], parts[4 * i - 2], parts[4 * i - 1], parts[4 * i] = sequences[from + i - 1], '\t', sides[i], '\n'
+  end
+  return table.concat(parts)
+end
+
+-- Walks a manifest's lines: each call returns the line's sequence (text), its side info, and the
+-- line's bounds in the manifest (at, stop: stop is its '\n'); nil after the last whole line, or
+-- at a line without a tab or a '\n' (a malformed manifest ends there: callers that need it whole
+-- check what they counted).
+local function manifest_lines(manifest)
+  local at = 1
+  return function()
+    local stop = string.find(manifest, '\n', at, true)
+    if not stop then return nil end
+    local tab = string.find(manifest, '\t', at, true)
+    if not tab or tab > stop then return nil end
+    local line_at = at
+    at = stop + 1
+    return string.sub(manifest, line_at, tab - 1), string.sub(manifest, tab + 1, stop - 1), line_at, stop
+  end
+end
+
+-- The side info of one sequence in a manifest and its line's bounds, or nil.
+local function manifest_find(manifest, sequence)
+  local wanted = fmt(sequence)
+  for line_sequence, side, at, stop in manifest_lines(manifest) do
+    if line_sequence == wanted then return side, at, stop end
+  end
+  return nil
+end
