@@ -250,4 +250,5 @@ def test_redis_py_routes_fcall_on_a_cluster_with_command_getkeys(cluster):
             node.admin.function_delete("kvstore_probe")
     print(f"\nredis-py RedisCluster [{cluster.kind}]: 20 FCALLs sent {fcall}; 20 EVALSHAs sent {evalsha}")
     assert fcall.get("command|getkeys", 0) >= 20 and fcall.get("fcall") == 20
-    assert evalsha == {"evalsha": 20}
+    # (Replicas' REPLCONF ACKs land in the same counters now and then: only the calls' own count.)
+    assert evalsha.get("evalsha") == 20 and not {"fcall", "command|getkeys"} & set(evalsha)
