@@ -430,7 +430,8 @@ class MessageStore(_Executor):
                     raise
             if functions:  # FUNCTION LOAD and the call again, in one round trip
                 return self._reloaded_call(script, request, None)
-            # EVAL sends the source and caches it again: no window for a second flush.
+            # EVAL sends the source and caches it again: no window for a second flush. (Sent
+            # alone: a cluster client's pipeline does not take EVAL.)
             return self.client.eval(script.source, len(request.keys), *request.keys, *request.args)
         except (ResponseError, RedisConnectionError, RedisTimeoutError) as exc:
             raise self.script_error(script, exc, call) from exc
@@ -633,7 +634,8 @@ class AsyncMessageStore(_Executor):
                     raise
             if functions:  # FUNCTION LOAD and the call again, in one round trip
                 return await self._reloaded_call(script, request, None)
-            # EVAL sends the source and caches it again: no window for a second flush.
+            # EVAL sends the source and caches it again: no window for a second flush. (Sent
+            # alone: a cluster client's pipeline does not take EVAL.)
             return await self.client.eval(script.source, len(request.keys), *request.keys, *request.args)
         except (ResponseError, RedisConnectionError, RedisTimeoutError) as exc:
             raise self.script_error(script, exc, call) from exc
