@@ -38,7 +38,7 @@ from typing import Any
 import redis
 
 from kvstore import MessageStore, StoreConfig, UserMessage, _core
-from kvstore._record import encode_record
+from kvstore._engine.record import encode_record
 from kvstore.messages import MESSAGE_LIST_ADAPTER
 from kvstore.store import Thread
 

@@ -7,10 +7,10 @@ part of, on a thread of 1,000 messages of ~1 KB:
 
 - an append of one message: validating a message dict (``parse_message``), encoding a record
   (``encode_record``: pydantic's serializer, then ``msgpack.packb``), the whole client side
-  (``kvstore._core.prepare_batch``), a PING, the bare 4-write EVALSHA, kvstore's append script
+  (``kvstore._engine.core.prepare_batch``), a PING, the bare 4-write EVALSHA, kvstore's append script
   alone (arguments built before the clock starts), and ``thread.append``;
 - a page of 50: the native read alone (the newest page's pipeline), unpacking 50 records,
-  validating 50 message dicts in one call, ``kvstore._record.decode_records`` (both), and
+  validating 50 message dicts in one call, ``kvstore._engine.record.decode_records`` (both), and
   ``thread.list(limit=50, order="desc")``; beside them the JSON list's ``json.loads`` of 50.
 
 With ``--profile`` it also prints the functions where 2,000 appends and 500 pages spend their
@@ -35,7 +35,7 @@ import msgpack
 import redis
 
 from kvstore import MessageStore, StoreConfig, UserMessage, _core
-from kvstore._record import _record_body, decode_records, encode_record
+from kvstore._engine.record import _record_body, decode_records, encode_record
 from kvstore.messages import MESSAGE_LIST_ADAPTER, parse_message
 
 from ._common import (

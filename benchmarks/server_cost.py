@@ -32,9 +32,9 @@ from typing import Any
 import redis
 
 from kvstore import MessageStore, StoreConfig, UserMessage
-from kvstore._core import Batch, Eval
-from kvstore._record import encode_record
-from kvstore._wire import ChunkEntry
+from kvstore._engine.core import Batch, Eval
+from kvstore._engine.record import encode_record
+from kvstore._engine.wire import ChunkEntry
 
 from ._common import (
     SCRIPT_COMMANDS,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from ._keys import check_namespace
+from ._engine.keys import check_namespace
 from .errors import ConfigError
 
 KiB = 1024

@@ -1,7 +1,7 @@
 """The typed errors kvstore raises.
 
 Every error a caller can act on is a subclass of :class:`KVStoreError`. Lua scripts fail with
-``KVS_<CODE> <detail>``; one table, :data:`kvstore._scripts.ERROR_CODES`, maps each code to one
+``KVS_<CODE> <detail>``; one table, :data:`kvstore._engine.scripts.ERROR_CODES`, maps each code to one
 class here (docs/LAYOUT.md, "Errors").
 """
 
@@ -166,7 +166,7 @@ class LayoutError(KVStoreError):
 
 
 class DataDirInUse(KVStoreError):
-    """Another process owns the embedded server's data dir (see kvstore/_embedded.py)."""
+    """Another process owns the embedded server's data dir (see kvstore/cli/server.py)."""
 
 
 class MigrationPending(LayoutError):

@@ -47,7 +47,7 @@ Mutability
     Messages are ordinary mutable models with ``validate_assignment`` on, so ``msg.status =
     "done"`` fails at once. A list or dict changed in place (``msg.metadata.update(...)``) is not
     seen by that, so the store validates what it encodes, not the object it is given
-    (``kvstore._record.encode_message``): a message made invalid after it was built is refused
+    (``kvstore._engine.record.encode_message``): a message made invalid after it was built is refused
     with InvalidMessage naming the field. The store changes one thing on a caller's message:
     ``append`` sets the ``id`` it makes on a message that has none, before the call is sent (the
     call's idempotency token). What ``append`` returns is the validated copy that was stored,

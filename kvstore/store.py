@@ -21,10 +21,11 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import MaxConnectionsError, NoPermissionError, NoScriptError, OutOfMemoryError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from . import _core, errors
-from ._core import Batch, Cursor, Eval, Operation, ThreadRef
-from ._health import HealthReport, health
-from ._scripts import LIBRARY, SCRIPTS, Script, error_from_reply
+from . import errors
+from ._engine import core
+from ._engine.core import Batch, Cursor, Eval, Operation, ThreadRef
+from ._engine.health import HealthReport, health
+from ._engine.scripts import LIBRARY, SCRIPTS, Script, error_from_reply
 from .config import StoreConfig
 from .messages import CompactionStats, Message, SummaryMessage
 from .models import AppendResult, MessagesPage, ThreadSnapshot, ThreadStats, TurnOutcome, TurnResult
@@ -368,7 +369,7 @@ class MessageStore(_Executor):
 
     def run(self, operation: Operation) -> Any:
         """Drives a core operation; a typed error is thrown back into it (it may handle it)."""
-        operation = _core.finishing_deletes(operation)
+        operation = core.finishing_deletes(operation)
         try:
             request = next(operation)
             while True:
@@ -489,7 +490,7 @@ class Thread:
         self._ref = ref
 
     @property
-    def keys(self) -> _core.ThreadKeys:
+    def keys(self) -> core.ThreadKeys:
         return self._ref.keys
 
     def append(self, messages: Message | dict | Iterable[Message | dict], turn_id: str | None = None) -> AppendResult:
@@ -504,13 +505,13 @@ class Thread:
         (or a copy without its id). Otids work the same way across processes: a batch whose
         otids are all stored is a replay.
         """
-        return self._store.run(_core.append(self._ref, messages, turn_id))
+        return self._store.run(core.append(self._ref, messages, turn_id))
 
     def start_turn(self, turn_id: str) -> int:
-        return self._store.run(_core.start_turn(self._ref, turn_id))
+        return self._store.run(core.start_turn(self._ref, turn_id))
 
     def finish_turn(self, turn_id: str, outcome: TurnOutcome = "completed") -> TurnResult:
-        return self._store.run(_core.finish_turn(self._ref, turn_id, outcome))
+        return self._store.run(core.finish_turn(self._ref, turn_id, outcome))
 
     def list(
         self,
@@ -520,7 +521,7 @@ class Thread:
         order: Literal["asc", "desc"] = "asc",
         turn_id: str | None = None,
     ) -> MessagesPage:
-        return self._store.run(_core.list_page(self._ref, after, before, limit, order, turn_id))
+        return self._store.run(core.list_page(self._ref, after, before, limit, order, turn_id))
 
     def iter(self, order: Literal["asc", "desc"] = "asc") -> Iterator[Message]:
         after: Cursor = None
@@ -532,35 +533,35 @@ class Thread:
             after = page.next_cursor
 
     def get(self, message_id: str) -> Message:
-        return self._store.run(_core.get(self._ref, message_id))
+        return self._store.run(core.get(self._ref, message_id))
 
     def get_by_otid(self, otid: str) -> Message:
         """The stored message with that otid; MessageNotFound if none is (or it was deleted)."""
-        return self._store.run(_core.get_by_otid(self._ref, otid))
+        return self._store.run(core.get_by_otid(self._ref, otid))
 
     def snapshot(self) -> ThreadSnapshot:
-        return self._store.run(_core.snapshot(self._ref))
+        return self._store.run(core.snapshot(self._ref))
 
     def context(self) -> list[Message]:
-        return self._store.run(_core.context(self._ref))
+        return self._store.run(core.context(self._ref))
 
     def compact(self, summary: str, last_sequence: int, stats: CompactionStats | dict | None = None) -> SummaryMessage:
-        return self._store.run(_core.compact(self._ref, summary, last_sequence, stats))
+        return self._store.run(core.compact(self._ref, summary, last_sequence, stats))
 
     def replace(self, message_id: str, message: Message | dict) -> Message:
-        return self._store.run(_core.replace(self._ref, message_id, message))
+        return self._store.run(core.replace(self._ref, message_id, message))
 
     def remove_turn(self, turn_id: str) -> int:
-        return self._store.run(_core.remove_turn(self._ref, turn_id))
+        return self._store.run(core.remove_turn(self._ref, turn_id))
 
     def migrate(self, max_calls: int | None = None) -> int:
-        return self._store.run(_core.migrate(self._ref, max_calls))
+        return self._store.run(core.migrate(self._ref, max_calls))
 
     def stats(self) -> ThreadStats:
-        return self._store.run(_core.stats(self._ref))
+        return self._store.run(core.stats(self._ref))
 
     def delete(self) -> None:
-        self._store.run(_core.delete(self._ref))
+        self._store.run(core.delete(self._ref))
 
 
 class AsyncMessageStore(_Executor):
@@ -581,7 +582,7 @@ class AsyncMessageStore(_Executor):
 
     async def run(self, operation: Operation) -> Any:
         """Drives a core operation; a typed error is thrown back into it (it may handle it)."""
-        operation = _core.finishing_deletes(operation)
+        operation = core.finishing_deletes(operation)
         try:
             request = next(operation)
             while True:
@@ -693,7 +694,7 @@ class AsyncThread:
         self._ref = ref
 
     @property
-    def keys(self) -> _core.ThreadKeys:
+    def keys(self) -> core.ThreadKeys:
         return self._ref.keys
 
     async def append(
@@ -710,13 +711,13 @@ class AsyncThread:
             except TimeoutError:
                 await thread.append(messages)  # a replay if the first call ran
         """
-        return await self._store.run(_core.append(self._ref, messages, turn_id))
+        return await self._store.run(core.append(self._ref, messages, turn_id))
 
     async def start_turn(self, turn_id: str) -> int:
-        return await self._store.run(_core.start_turn(self._ref, turn_id))
+        return await self._store.run(core.start_turn(self._ref, turn_id))
 
     async def finish_turn(self, turn_id: str, outcome: TurnOutcome = "completed") -> TurnResult:
-        return await self._store.run(_core.finish_turn(self._ref, turn_id, outcome))
+        return await self._store.run(core.finish_turn(self._ref, turn_id, outcome))
 
     async def list(
         self,
@@ -726,7 +727,7 @@ class AsyncThread:
         order: Literal["asc", "desc"] = "asc",
         turn_id: str | None = None,
     ) -> MessagesPage:
-        return await self._store.run(_core.list_page(self._ref, after, before, limit, order, turn_id))
+        return await self._store.run(core.list_page(self._ref, after, before, limit, order, turn_id))
 
     async def iter(self, order: Literal["asc", "desc"] = "asc") -> AsyncIterator[Message]:
         after: Cursor = None
@@ -739,32 +740,32 @@ class AsyncThread:
             after = page.next_cursor
 
     async def get(self, message_id: str) -> Message:
-        return await self._store.run(_core.get(self._ref, message_id))
+        return await self._store.run(core.get(self._ref, message_id))
 
     async def get_by_otid(self, otid: str) -> Message:
         """The stored message with that otid; MessageNotFound if none is (or it was deleted)."""
-        return await self._store.run(_core.get_by_otid(self._ref, otid))
+        return await self._store.run(core.get_by_otid(self._ref, otid))
 
     async def snapshot(self) -> ThreadSnapshot:
-        return await self._store.run(_core.snapshot(self._ref))
+        return await self._store.run(core.snapshot(self._ref))
 
     async def context(self) -> list[Message]:
-        return await self._store.run(_core.context(self._ref))
+        return await self._store.run(core.context(self._ref))
 
     async def compact(self, summary: str, last_sequence: int, stats: CompactionStats | dict | None = None) -> SummaryMessage:
-        return await self._store.run(_core.compact(self._ref, summary, last_sequence, stats))
+        return await self._store.run(core.compact(self._ref, summary, last_sequence, stats))
 
     async def replace(self, message_id: str, message: Message | dict) -> Message:
-        return await self._store.run(_core.replace(self._ref, message_id, message))
+        return await self._store.run(core.replace(self._ref, message_id, message))
 
     async def remove_turn(self, turn_id: str) -> int:
-        return await self._store.run(_core.remove_turn(self._ref, turn_id))
+        return await self._store.run(core.remove_turn(self._ref, turn_id))
 
     async def migrate(self, max_calls: int | None = None) -> int:
-        return await self._store.run(_core.migrate(self._ref, max_calls))
+        return await self._store.run(core.migrate(self._ref, max_calls))
 
     async def stats(self) -> ThreadStats:
-        return await self._store.run(_core.stats(self._ref))
+        return await self._store.run(core.stats(self._ref))
 
     async def delete(self) -> None:
-        await self._store.run(_core.delete(self._ref))
+        await self._store.run(core.delete(self._ref))

@@ -1,1 +1,1 @@
-"""The Lua scripts kvstore runs, shipped as package data (read by kvstore._scripts)."""
+"""The Lua scripts kvstore runs, shipped as package data (read by kvstore._engine.scripts)."""

@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from kvstore._keys import ThreadKeys
-from kvstore._wire import ChunkEntry, TurnHeader
+from kvstore._engine.keys import ThreadKeys
+from kvstore._engine.wire import ChunkEntry, TurnHeader
 from kvstore.config import StoreConfig
 
 

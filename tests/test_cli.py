@@ -130,7 +130,7 @@ def test_health_and_preload_scripts(server, server_only, tmp_path):
     admin.script_flush()
     result = kvstore("preload-scripts", "--url", server.url)
     assert result.returncode == 0, result.stderr
-    from kvstore._scripts import LIBRARY, SCRIPTS
+    from kvstore._engine.scripts import LIBRARY, SCRIPTS
 
     first, *scripts = result.stdout.splitlines()
     assert first == f"library {LIBRARY.name}"

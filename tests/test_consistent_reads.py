@@ -9,7 +9,7 @@ import time
 import pytest
 
 from kvstore import MessageStore, StoreConfig, SummaryMessage, UserMessage, errors
-from kvstore._core import ThreadRef, context, snapshot
+from kvstore._engine.core import ThreadRef, context, snapshot
 
 from .conftest import make_sync_store
 
@@ -213,7 +213,7 @@ def test_next_cursor_pages_every_order_and_direction(make_thread):
 def test_a_replay_whose_messages_retention_deletes_before_the_read_back_names_them(backend, namespace):
     """The replay's reply names each stored message (sequence and id); a message retention
     deletes before the client reads it back still comes back, named, instead of going missing."""
-    from kvstore._core import append
+    from kvstore._engine.core import append
 
     config = StoreConfig(namespace=namespace, **SMALL)
     store = make_sync_store(backend, config)

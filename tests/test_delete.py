@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 
 from kvstore import AssistantMessage, StoreConfig, UserMessage, errors
-from kvstore._core import DELETE_STEP, Batch, Eval, ThreadRef, list_page
-from kvstore._scripts import SCRIPTS
+from kvstore._engine.core import DELETE_STEP, Batch, Eval, ThreadRef, list_page
+from kvstore._engine.scripts import SCRIPTS
 
 from .conftest import make_sync_store
 from .layout_check import check_layout

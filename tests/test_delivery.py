@@ -14,7 +14,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from kvstore import AppendResult, MessageStore, StoreConfig, UserMessage, errors
-from kvstore._scripts import SCRIPT_NAMES
+from kvstore._engine.scripts import SCRIPT_NAMES
 
 ROOT = Path(__file__).resolve().parent.parent
 

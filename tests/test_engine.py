@@ -8,7 +8,7 @@ import re
 import pytest
 
 from kvstore import AssistantMessage, StoreConfig, UserMessage, errors
-from kvstore._keys import ThreadKeys
+from kvstore._engine.keys import ThreadKeys
 
 from . import model
 from .layout_check import check_layout, read_layout
@@ -205,7 +205,7 @@ def test_otid_semantics(make_thread, raw_client):
 
 def test_a_retried_call_stores_nothing_twice(make_thread):
     """redis-py re-sends a timed-out command as is: the same ids make the second run a replay."""
-    from kvstore import _core
+    from kvstore._engine import core as _core
 
     thread = make_thread()
     inner = getattr(thread, "_thread", thread)

@@ -288,7 +288,7 @@ def test_thread_ttl_expires_every_key_together_and_writes_refresh_it(make_thread
 
 
 def test_delete_in_bounded_steps(make_thread, raw_client, namespace, monkeypatch):
-    from kvstore import _core
+    from kvstore._engine import core as _core
 
     monkeypatch.setattr(_core, "DELETE_STEP", 3)
     thread = make_thread(**SMALL)

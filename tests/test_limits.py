@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 
 from kvstore import StoreConfig
-from kvstore._core import Eval
-from kvstore._record import encode_record
-from kvstore._scripts import SCRIPTS
+from kvstore._engine.core import Eval
+from kvstore._engine.record import encode_record
+from kvstore._engine.scripts import SCRIPTS
 from kvstore.messages import UserMessage
 
 from .conftest import make_sync_store

@@ -14,7 +14,7 @@ import pytest
 import redis
 
 from kvstore import MessageStore, StoreConfig, UserMessage, errors
-from kvstore._scripts import LIBRARY, SCRIPTS
+from kvstore._engine.scripts import LIBRARY, SCRIPTS
 
 from .reliability.support import dedicated_server, fresh_namespace, server_kinds, thread_in_mode
 from .reliability.test_script_flush import CONFIG, workload

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvstore._record import decode_records, encode_record
+from kvstore._engine.record import decode_records, encode_record
 from kvstore.errors import InlineMediaTooLarge, InvalidMessage
 from kvstore.messages import (
     MAX_JSON_DEPTH,

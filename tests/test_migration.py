@@ -7,8 +7,8 @@ import json
 import pytest
 
 from kvstore import AssistantMessage, StoreConfig, UserMessage
-from kvstore._record import decode_records
-from kvstore._wire import TurnHeader
+from kvstore._engine.record import decode_records
+from kvstore._engine.wire import TurnHeader
 
 from .layout_check import check_layout
 

@@ -10,7 +10,7 @@ import random
 import pytest
 
 from kvstore import AssistantMessage, StoreConfig, UserMessage
-from kvstore._core import Batch, Eval, ThreadRef, list_page
+from kvstore._engine.core import Batch, Eval, ThreadRef, list_page
 
 from . import model
 from .conftest import make_sync_store

@@ -1,4 +1,4 @@
-"""Unit tests of kvstore._record: the stored record's layout, versions, and hostile bytes."""
+"""Unit tests of kvstore._engine.record: the stored record's layout, versions, and hostile bytes."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvstore._record import (
+from kvstore._engine.record import (
     RECORD_VERSION,
     Salvaged,
     decode_records,

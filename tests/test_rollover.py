@@ -158,7 +158,7 @@ def test_a_chunk_index_entry_counts_the_inline_media_its_messages_carry(make_thr
         thread.append(UserMessage(content=content))
     layout = check_layout(raw_client, thread.keys, config)
     assert layout.chunks, "nothing rolled into a chunk"
-    from kvstore._wire import ChunkEntry
+    from kvstore._engine.wire import ChunkEntry
 
     entries = [ChunkEntry.parse(m) for m in raw_client.zrange(thread.keys.chunk_index, 0, -1)]
     assert [e.media for e in entries] == [sum(sizes[e.first - 1:e.last]) for e in entries]

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from kvstore import AssistantMessage, MessageStore, StoreConfig, UserMessage
-from kvstore._core import Batch, Eval, ThreadRef
-from kvstore._keys import ThreadKeys
-from kvstore._scripts import SCRIPT_NAMES, SCRIPTS
+from kvstore._engine.core import Batch, Eval, ThreadRef
+from kvstore._engine.keys import ThreadKeys
+from kvstore._engine.scripts import SCRIPT_NAMES, SCRIPTS
 
 from .script_headers import call_mismatches, header_problems, read_header, script_header
 from .test_migration import write_layout_1

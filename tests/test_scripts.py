@@ -19,8 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from kvstore import _scripts, errors
-from kvstore._scripts import ERROR_CODES, SCRIPT_NAMES, SCRIPTS, build_source, error_from_reply
+from kvstore import errors
+from kvstore._engine import scripts as _scripts
+from kvstore._engine.scripts import ERROR_CODES, SCRIPT_NAMES, SCRIPTS, build_source, error_from_reply
 
 from .script_headers import script_header
 

@@ -20,7 +20,7 @@ import redis
 from redis.crc import key_slot
 
 from kvstore import MessageStore, StoreConfig, UserMessage, _core, errors
-from kvstore._core import ThreadRef
+from kvstore._engine.core import ThreadRef
 
 from ..layout_check import check_layout
 from .harness import HOST, Cluster, cluster_binaries, thread_ids_in_slot

@@ -10,7 +10,7 @@ import pytest
 from redis.crc import key_slot
 
 from kvstore import AssistantMessage, StoreConfig, SummaryMessage, UserMessage, errors
-from kvstore._scripts import SCRIPTS
+from kvstore._engine.scripts import SCRIPTS
 
 from .. import model
 from ..layout_check import check_layout

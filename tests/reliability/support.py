@@ -14,9 +14,9 @@ from typing import Any
 import redis
 
 from kvstore import MessageStore
-from kvstore._core import Eval, ThreadRef
-from kvstore._keys import ThreadKeys
-from kvstore._scripts import SCRIPTS
+from kvstore._engine.core import Eval, ThreadRef
+from kvstore._engine.keys import ThreadKeys
+from kvstore._engine.scripts import SCRIPTS
 
 from ..servers import ServerProcess, redis_binary, require_redis, valkey_binary
 

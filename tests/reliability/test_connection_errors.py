@@ -22,7 +22,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from kvstore import StoreConfig, UserMessage, errors
-from kvstore._scripts import SCRIPTS
+from kvstore._engine.scripts import SCRIPTS
 
 from ..servers import free_port
 from .support import dedicated_server, fresh_namespace, thread_in_mode

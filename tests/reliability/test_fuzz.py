@@ -26,9 +26,9 @@ from hypothesis import strategies as st
 from redis.crc import key_slot
 
 from kvstore import AssistantMessage, MessageStore, StoreConfig, UserMessage, errors
-from kvstore._keys import ThreadKeys
-from kvstore._record import decode_records
-from kvstore._wire import ChunkEntry
+from kvstore._engine.keys import ThreadKeys
+from kvstore._engine.record import decode_records
+from kvstore._engine.wire import ChunkEntry
 
 from .. import model
 from .support import dedicated_server, fresh_namespace, keyspace, keyspace_diff

@@ -8,8 +8,8 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from kvstore import MessageStore, UserMessage, errors
-from kvstore._health import HealthReport, health
-from kvstore._scripts import LIBRARY, SCRIPTS
+from kvstore._engine.health import HealthReport, health
+from kvstore._engine.scripts import LIBRARY, SCRIPTS
 
 from .support import dedicated_server, free_port_client
 from .test_least_privilege import PASSWORD, load_rules, make_user

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
 
 from kvstore import AssistantMessage, MessageStore, StoreConfig, UserMessage, errors
-from kvstore._wire import ChunkEntry
+from kvstore._engine.wire import ChunkEntry
 
 from .. import model
 from ..layout_check import check_layout, read_layout

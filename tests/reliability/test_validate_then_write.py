@@ -14,8 +14,8 @@ import dataclasses
 import pytest
 
 from kvstore import MessageStore, StoreConfig, UserMessage, errors
-from kvstore._core import ThreadRef
-from kvstore import _core
+from kvstore._engine.core import ThreadRef
+from kvstore._engine import core as _core
 from kvstore.messages import ImageContent, TextContent
 
 from ..layout_check import check_layout

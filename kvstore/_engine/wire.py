@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from . import errors
+from .. import errors
 
 
 def _text(value: Any) -> str:

@@ -16,8 +16,8 @@ from typing import Any
 import redis
 from pydantic import BaseModel, ConfigDict
 
-from . import errors
-from ._scripts import LIBRARY, SCRIPTS
+from .. import errors
+from .scripts import LIBRARY, SCRIPTS
 
 # The oldest servers whose scripts honour the `#!lua` shebang flags (checked before a write runs).
 MIN_REDIS = (7, 0)
@@ -272,7 +272,7 @@ def preload_scripts(client: Any) -> dict[str, str]:
     deployments whose application user may not run EVAL: an operator runs this as an admin user
     after every server start, failover or SCRIPT FLUSH (the cache is neither persisted nor
     replicated). On a cluster, run it against every primary. The SHAs are
-    kvstore._scripts.SCRIPTS[name].sha.
+    kvstore._engine.scripts.SCRIPTS[name].sha.
     """
     loaded: dict[str, str] = {}
     for name, script in SCRIPTS.items():

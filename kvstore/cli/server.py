@@ -29,7 +29,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from .errors import DataDirInUse, KVStoreError
+from ..errors import DataDirInUse, KVStoreError
 
 LOCK_FILE = "kvstore.lock"
 ADDRESS_FILE = "server.json"

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 
 import redis
 
-from . import errors
-from .config import StoreConfig
-from .messages import (
+from .. import errors
+from ..config import StoreConfig
+from ..messages import (
     AssistantMessage,
     ReasoningMessage,
     ToolCall,
@@ -20,7 +20,7 @@ from .messages import (
     ToolReturnMessage,
     UserMessage,
 )
-from .store import MessageStore
+from ..store import MessageStore
 
 MESSAGES_PER_TURN = 5
 # The demo keeps a short history so compaction visibly holds memory flat.

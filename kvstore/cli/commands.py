@@ -1,4 +1,4 @@
-"""What the `kvstore` subcommands do, apart from parsing arguments (kvstore/__main__.py)."""
+"""What the `kvstore` subcommands do, apart from parsing arguments (kvstore/cli/main.py)."""
 
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ from typing import IO
 
 import redis
 
-from . import errors
-from ._embedded import data_dir_server
-from ._keys import check_thread_id
-from ._wire import ChunkEntry, LargeEntry
-from .config import StoreConfig
-from .messages import parse_message
-from .store import MessageStore
+from .. import errors
+from .server import data_dir_server
+from .._engine.keys import check_thread_id
+from .._engine.wire import ChunkEntry, LargeEntry
+from ..config import StoreConfig
+from ..messages import parse_message
+from ..store import MessageStore
 
 IMPORT_BATCH = 100
 

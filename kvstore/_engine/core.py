@@ -4,7 +4,7 @@ An operation yields :class:`Eval` (one script call) or :class:`Batch` (native co
 one round trip) and receives the reply; it returns the result. The sync and async stores are
 executors that drive these generators over a client, so both share one implementation of every
 operation: keys and arguments are built here, replies are parsed here (a writing script's reply
-is decoded by name in kvstore/_wire.py).
+is decoded by name in kvstore/_engine/wire.py).
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from . import errors
-from ._keys import ThreadKeys
-from ._record import decode_records, encode_message, salvage
-from ._scripts import SCRIPTS, Script
-from ._wire import (
+from .. import errors
+from .keys import ThreadKeys
+from .record import decode_records, encode_message, salvage
+from .scripts import SCRIPTS, Script
+from .wire import (
     AppendReply,
     ChunkEntry,
     CompactReply,
@@ -36,8 +36,8 @@ from ._wire import (
     StartTurnReply,
     split_chunk,
 )
-from .config import StoreConfig
-from .messages import (
+from ..config import StoreConfig
+from ..messages import (
     CompactionStats,
     Message,
     SummaryMessage,
@@ -45,7 +45,7 @@ from .messages import (
     inline_media_bytes,
     strip_inline_media,
 )
-from .models import AppendResult, MessagesPage, ThreadSnapshot, ThreadStats, TurnOutcome, TurnResult, TurnState
+from ..models import AppendResult, MessagesPage, ThreadSnapshot, ThreadStats, TurnOutcome, TurnResult, TurnState
 
 
 @dataclass(frozen=True, slots=True)
@@ -1011,7 +1011,7 @@ def _prepared(
     edit: Callable[[dict[str, Any]], None] | None = None,
     what: str = "the message",
 ) -> _Prepared:
-    """One message validated and encoded (kvstore/_record.py: encode_message), its limits checked."""
+    """One message validated and encoded (kvstore/_engine/record.py: encode_message), its limits checked."""
     stored, record = encode_message(message, turn_id, edit)
     media = check_inline_parts(stored, config.max_inline_part_bytes)
     if len(record) > config.max_message_bytes:

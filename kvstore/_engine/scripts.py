@@ -24,7 +24,7 @@ import re
 from dataclasses import dataclass, replace
 from importlib import resources
 
-from . import errors
+from .. import errors
 
 _INCLUDE = re.compile(r'^--- @include "([a-z_/]+)"\s*$', re.MULTILINE)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from .errors import ConfigError, InvalidThreadId
+from ..errors import ConfigError, InvalidThreadId
 
 MAX_THREAD_ID_LENGTH = 200
 

@@ -1,0 +1,8 @@
+"""The command line (``kvstore …``) and the development server it starts.
+
+- ``main.py``: the argument parser and the dispatch of each subcommand;
+- ``commands.py``: what inspect, export, import, migrate and preload do, over a store;
+- ``demo.py``: the demo's worker processes;
+- ``server.py``: one class that starts a server process, and the embedded Valkey that owns a
+  data dir (also used by the tests and the benchmarks).
+"""

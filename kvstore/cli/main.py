@@ -1,0 +1,209 @@
+"""The `kvstore` command line."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+
+import redis
+
+from .. import errors
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="kvstore", description="Chat and agent conversations in Redis or Valkey.")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    demo = commands.add_parser("demo", help="run worker processes holding chats on shared threads")
+    demo.add_argument("--url", help="a Redis/Valkey URL; without it the embedded Valkey server runs")
+    demo.add_argument("--workers", type=int, default=4)
+    demo.add_argument("--threads", type=int, default=8)
+    demo.add_argument("--turns", type=int, default=400, help="turns per worker")
+    demo.add_argument("--data-dir", default=".kvstore-data", help="embedded server data directory")
+
+    server = commands.add_parser("server", help="run the embedded Valkey server in the foreground")
+    server.add_argument("--data-dir", default=".kvstore-data")
+    server.add_argument("--port", type=int, default=None)
+
+    def with_store(name: str, help_text: str) -> argparse.ArgumentParser:
+        sub = commands.add_parser(name, help=help_text)
+        sub.add_argument("--url", help="a Redis/Valkey URL; without it the embedded server over --data-dir")
+        sub.add_argument("--namespace", default="kv", help="the store's namespace (default: kv)")
+        sub.add_argument("--data-dir", default=".kvstore-data", help="embedded server data directory")
+        return sub
+
+    inspect = with_store("inspect", "show a thread's layout: window, chunks, index, turn, summary")
+    inspect.add_argument("thread")
+    export = with_store("export", "write a thread's messages as JSON lines (the list API's shape)")
+    export.add_argument("thread")
+    export.add_argument("-o", "--output", help="file to write (default: standard output)")
+    import_ = with_store("import", "append JSON-lines messages to a thread (ids and otids kept)")
+    import_.add_argument("thread")
+    import_.add_argument("file", help="a JSON-lines file, or - for standard input")
+    migrate = with_store("migrate", "migrate layout-1 threads to layout 2 (resumable)")
+    migrate.add_argument("threads", nargs="*", metavar="THREAD",
+                         help="threads to migrate; without any (nor --threads-from), SCAN finds them (needs +scan)")
+    migrate.add_argument("--threads-from", metavar="FILE", help="a file of thread ids, one a line (- for standard input)")
+    health = with_store("health", "check the server settings kvstore's guarantees depend on")
+    health.add_argument("--json", action="store_true", help="print the report as JSON")
+    with_store("preload-scripts", "load kvstore's function library and scripts (as an admin) for users denied loading them")
+
+    args = parser.parse_args(argv)
+    # SIGTERM unwinds like Ctrl-C, so an embedded server this command started is stopped too.
+    signal.signal(signal.SIGTERM, _terminate)
+    try:
+        if args.command == "demo":
+            return _demo(args)
+        if args.command == "server":
+            return _server(args)
+        return _store_command(args)
+    except _ReaderGone:
+        # `kvstore export ... | head`: end as a tool cut by SIGPIPE does, without a word (what is
+        # still buffered goes nowhere, not into a traceback at exit).
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
+    except errors.KVStoreError as exc:
+        print(f"kvstore: {exc}", file=sys.stderr)
+        return 1
+    except redis.RedisError as exc:
+        print(f"kvstore: the server failed: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"kvstore: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+class _ReaderGone(Exception):
+    """Standard output's reader went away (a closed pipe), as opposed to a socket's EPIPE."""
+
+
+class _Stdout:
+    """Standard output, with a closed pipe raised as _ReaderGone."""
+
+    def write(self, text: str) -> int:
+        try:
+            return sys.stdout.write(text)
+        except BrokenPipeError:
+            raise _ReaderGone from None
+
+    def flush(self) -> None:
+        try:
+            sys.stdout.flush()
+        except BrokenPipeError:
+            raise _ReaderGone from None
+
+
+def _store_command(args: argparse.Namespace) -> int:
+    from . import commands
+
+    threads = _named_threads(args) if args.command == "migrate" else None  # checked before connecting
+    with commands.open_store(args.url, args.namespace, args.data_dir) as store:
+        if args.command == "inspect":
+            commands.inspect(store, args.thread)
+        elif args.command == "export":
+            if args.output:
+                with open(args.output, "w", encoding="utf-8") as out:
+                    count = commands.export(store, args.thread, out)
+                print(f"exported {count} messages to {args.output}", file=sys.stderr)
+            else:
+                out = _Stdout()
+                commands.export(store, args.thread, out)
+                out.flush()
+        elif args.command == "import":
+            progress = commands.ImportProgress()
+            try:
+                if args.file == "-":
+                    count = commands.import_lines(store, args.thread, sys.stdin, progress)
+                else:
+                    with open(args.file, encoding="utf-8") as lines:
+                        count = commands.import_lines(store, args.thread, lines, progress)
+            except KeyboardInterrupt:
+                unknown = f"; the {progress.sending} being sent may or may not be" if progress.sending else ""
+                print(f"kvstore: interrupted at line {progress.lines}: {progress.stored} messages stored in"
+                      f" {args.thread}{unknown}", file=sys.stderr, flush=True)
+                raise
+            print(f"imported {count} messages into {args.thread}", file=sys.stderr)
+        elif args.command == "migrate":
+            if threads is None:
+                commands.migrate_all(store)
+            else:
+                commands.migrate_named(store, threads)
+        elif args.command == "health":
+            report = store.health()
+            print(report.model_dump_json(indent=2) if args.json else report)
+            return 0 if report.ok else 2
+        elif args.command == "preload-scripts":
+            from .._engine.health import preload_library, preload_scripts
+
+            library = preload_library(store.client)
+            print(f"library {library}" if library else "library: none (the server has no functions; its stores use EVAL)")
+            for name, sha in preload_scripts(store.client).items():
+                print(f"{sha}  {name}")
+    return 0
+
+
+def _named_threads(args: argparse.Namespace) -> list[str] | None:
+    """The threads `migrate` names, or None to find them with SCAN."""
+    from . import commands
+
+    if not args.threads and not args.threads_from:
+        return None
+    threads = commands.thread_ids_from(args.threads)
+    if args.threads_from == "-":
+        threads += commands.thread_ids_from(sys.stdin)
+    elif args.threads_from:
+        with open(args.threads_from, encoding="utf-8") as lines:
+            threads += commands.thread_ids_from(lines)
+    return threads
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from .demo import DemoOptions, run_demo
+    from .server import data_dir_server
+
+    namespace = "demo"
+    if args.url:
+        _check_reachable(args.url)
+        return run_demo(DemoOptions(args.url, namespace, args.workers, args.threads, args.turns))
+    with data_dir_server(args.data_dir) as server:
+        if server.started:
+            print(f"embedded Valkey on {server.url}, data in {server.data_dir} (AOF on)", flush=True)
+        else:
+            print(f"Valkey on {server.url} (already running on {server.data_dir}, pid {server.pid})", flush=True)
+        return run_demo(DemoOptions(server.url, namespace, args.workers, args.threads, args.turns))
+
+
+def _server(args: argparse.Namespace) -> int:
+    from .server import data_dir_server
+
+    # A second `kvstore server` on a dir refuses: the first one serves every command there.
+    try:
+        with data_dir_server(args.data_dir, reuse=False, port=args.port) as server:
+            print(f"embedded Valkey listening on {server.url} (data in {server.data_dir}); Ctrl-C stops it", flush=True)
+            server.embedded.process.wait()
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+def _check_reachable(url: str) -> None:
+    import redis
+
+    try:
+        redis.Redis.from_url(url, socket_connect_timeout=2).ping()
+    except ValueError as exc:
+        raise errors.ConfigError(f"bad URL {url!r}: {exc}") from exc
+    except redis.RedisError as exc:
+        raise errors.ServerError(f"cannot reach {url}: {exc}") from exc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
