@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterator, Generator, Iterable, Iterator
 from contextvars import ContextVar
 from typing import Any, Literal
 
@@ -30,7 +30,6 @@ from .config import StoreConfig
 from .messages import CompactionStats, Message, SummaryMessage
 from .models import AppendResult, MessagesPage, ThreadSnapshot, ThreadStats, TurnOutcome, TurnResult
 
-ITER_PAGE = 200
 # A cluster refuses a thread's calls while its slot migrates (TRYAGAIN, ASK, MOVED): redis-py
 # retries briefly, then gives up with ClusterError, meaning no attempt ran. The store goes on
 # re-sending, backing off, for this long.
@@ -367,6 +366,25 @@ class MessageStore(_Executor):
         """The server's settings that kvstore's guarantees depend on, with warnings."""
         return health(self.client)
 
+    def stream(self, operation: Generator[Any, Any, Any]) -> Iterator[Any]:
+        """Drives a core operation that also yields outputs (core.pages), handing them out."""
+        operation = core.finishing_deletes(operation)
+        reply: Any = None
+        failure: errors.KVStoreError | None = None
+        while True:
+            try:
+                item = operation.throw(failure) if failure is not None else operation.send(reply)
+            except StopIteration:
+                return
+            reply, failure = None, None
+            if isinstance(item, (Eval, Batch)):
+                try:
+                    reply = self._execute(item)
+                except errors.KVStoreError as exc:
+                    failure = exc
+            else:
+                yield item
+
     def run(self, operation: Operation) -> Any:
         """Drives a core operation; a typed error is thrown back into it (it may handle it)."""
         operation = core.finishing_deletes(operation)
@@ -524,13 +542,8 @@ class Thread:
         return self._store.run(core.list_page(self._ref, after, before, limit, order, turn_id))
 
     def iter(self, order: Literal["asc", "desc"] = "asc") -> Iterator[Message]:
-        after: Cursor = None
-        while True:
-            page = self.list(after=after, limit=ITER_PAGE, order=order)
+        for page in self._store.stream(core.pages(self._ref, order)):
             yield from page.messages
-            if page.next_cursor is None:
-                return
-            after = page.next_cursor
 
     def get(self, message_id: str) -> Message:
         return self._store.run(core.get(self._ref, message_id))
@@ -579,6 +592,25 @@ class AsyncMessageStore(_Executor):
 
     def thread(self, thread_id: str) -> AsyncThread:
         return AsyncThread(self, ThreadRef.of(self.config, thread_id))
+
+    async def stream(self, operation: Generator[Any, Any, Any]) -> AsyncIterator[Any]:
+        """Drives a core operation that also yields outputs (core.pages), handing them out."""
+        operation = core.finishing_deletes(operation)
+        reply: Any = None
+        failure: errors.KVStoreError | None = None
+        while True:
+            try:
+                item = operation.throw(failure) if failure is not None else operation.send(reply)
+            except StopIteration:
+                return
+            reply, failure = None, None
+            if isinstance(item, (Eval, Batch)):
+                try:
+                    reply = await self._execute(item)
+                except errors.KVStoreError as exc:
+                    failure = exc
+            else:
+                yield item
 
     async def run(self, operation: Operation) -> Any:
         """Drives a core operation; a typed error is thrown back into it (it may handle it)."""
@@ -730,14 +762,9 @@ class AsyncThread:
         return await self._store.run(core.list_page(self._ref, after, before, limit, order, turn_id))
 
     async def iter(self, order: Literal["asc", "desc"] = "asc") -> AsyncIterator[Message]:
-        after: Cursor = None
-        while True:
-            page = await self.list(after=after, limit=ITER_PAGE, order=order)
+        async for page in self._store.stream(core.pages(self._ref, order)):
             for message in page.messages:
                 yield message
-            if page.next_cursor is None:
-                return
-            after = page.next_cursor
 
     async def get(self, message_id: str) -> Message:
         return await self._store.run(core.get(self._ref, message_id))

@@ -63,6 +63,8 @@ class Batch:
 Operation = Generator[Eval | Batch, Any, Any]
 
 MAX_LIMIT = 1000
+# Messages per page of iter().
+ITER_PAGE = 200
 SNAPSHOT_SIZE = 200
 # Chunks one page plan names at most; a page needing more plans again from where it stopped.
 PLAN_MAX_CHUNKS = 64
@@ -448,6 +450,43 @@ def list_page(
         next_cursor=next_cursor,
         unreadable=unreadable,
     )
+
+
+def pages(
+    thread: ThreadRef, order: Literal["asc", "desc"] = "asc", after: Cursor = None, limit: int = ITER_PAGE
+) -> Generator[Eval | Batch | MessagesPage, Any, None]:
+    """Every kept message from `after` on, a page at a time: the one page loop, used by
+    ``iter`` (sync and async) and by ``context``.
+
+    Besides its requests, it yields each page as it is read: an output, which the executor
+    hands to its caller (``stream``) and answers with None.
+    """
+    while True:
+        page = yield from list_page(thread, after=after, limit=limit, order=order)
+        yield page
+        if page.next_cursor is None:
+            return
+        after = page.next_cursor
+
+
+def gathering(operation: Generator[Any, Any, Any], sink: Callable[[Any], None]) -> Operation:
+    """Runs an operation that also yields outputs (``pages``) inside another: its requests go
+    out as they are (a typed error thrown back into it), its outputs go to `sink`."""
+    reply: Any = None
+    failure: errors.KVStoreError | None = None
+    while True:
+        try:
+            item = operation.throw(failure) if failure is not None else operation.send(reply)
+        except StopIteration as done:
+            return done.value
+        reply, failure = None, None
+        if isinstance(item, (Eval, Batch)):
+            try:
+                reply = yield item
+            except errors.KVStoreError as exc:
+                failure = exc
+        else:
+            sink(item)
 
 
 def _walk(
@@ -961,12 +1000,9 @@ def context(thread: ThreadRef) -> Operation:
                 _text(deleted_before),
             )
         skip = int(summary_seq) if summary_seq is not None else None
-        while True:
-            page = yield from list_page(thread, after=after, limit=MAX_LIMIT)
-            messages += [m for m in page.messages if m.seq_id != skip]
-            if page.next_cursor is None:
-                break
-            after = page.next_cursor
+        read: list[MessagesPage] = []
+        yield from gathering(pages(thread, after=after, limit=MAX_LIMIT), read.append)
+        messages += [m for page in read for m in page.messages if m.seq_id != skip]
         (now,) = yield Batch([("HGET", keys.meta, "summary_seq")])
         if now == summary_seq:
             return messages
