@@ -14,7 +14,8 @@ import logging
 import msgpack
 import pytest
 
-from kvstore import CompactionStats, EventMessage, ImageContent, TextContent, UserMessage, _core, errors
+from kvstore import CompactionStats, EventMessage, ImageContent, TextContent, UserMessage, errors
+from kvstore._engine import core as _core
 from kvstore.messages import MAX_JSON_DEPTH, Attachment
 
 SMALL = dict(window_size=4, chunk_size=2)

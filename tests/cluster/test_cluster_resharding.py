@@ -19,7 +19,8 @@ import pytest
 import redis
 from redis.crc import key_slot
 
-from kvstore import MessageStore, StoreConfig, UserMessage, _core, errors
+from kvstore import MessageStore, StoreConfig, UserMessage, errors
+from kvstore._engine import core as _core
 from kvstore._engine.core import ThreadRef
 
 from ..layout_check import check_layout

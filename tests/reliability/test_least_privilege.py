@@ -75,8 +75,12 @@ def commands_kvstore_sends() -> set[str]:
     sent = set()
     for script in SCRIPTS.values():
         sent |= {c.lower() for c in re.findall(r"redis\.p?call\(\s*['\"]([A-Za-z]+)['\"]", script.source)}
-    for module in ("_core.py", "store.py"):
-        source = (ROOT / "kvstore" / module).read_text(encoding="utf-8")
+    # The store and the engine's operations and executor (health checks and the command line's
+    # maintenance commands are not the app user's).
+    modules = [ROOT / "kvstore" / "store.py",
+               *(p for p in sorted((ROOT / "kvstore" / "_engine").glob("*.py")) if p.name != "health.py")]
+    for module in modules:
+        source = module.read_text(encoding="utf-8")
         sent |= {c.lower() for c in re.findall(r'\(\s*"([A-Z]+)"\s*,', source)}
         sent |= {CLIENT_METHODS[m] for m in re.findall(r"\.(\w+)\(", source) if m in CLIENT_METHODS}
     return sent
