@@ -85,6 +85,25 @@ def _health(client: Any) -> HealthReport:
             warnings=("fakeredis runs in this process: nothing persists, nothing is shared",),
         )
     warnings: list[str] = []
+    name, version = _server(client, warnings)
+    lua, lua_note = _lua(client)
+    if lua is False:
+        warnings.append(f"Lua scripts do not run ({lua_note}): kvstore cannot write")
+    config = _settings(client, warnings)
+    return HealthReport(
+        server=name,
+        version=version,
+        lua=lua,
+        **config,
+        aof_last_write_ok=_aof_write_ok(client, config["appendonly"], warnings),
+        library_loaded=_library_loaded(client),
+        scripts_loaded=_scripts_loaded(client),
+        warnings=tuple(warnings),
+    )
+
+
+def _server(client: Any, warnings: list[str]) -> tuple[str, str | None]:
+    """The server's name and version (from INFO), checked against the versions kvstore needs."""
     info = _call(client.info, "server") or {}
     if not info:
         name = "unknown"
@@ -98,13 +117,11 @@ def _health(client: Any) -> HealthReport:
         warnings.append("cannot read the server version (INFO denied)")
     else:
         _check_version(name, version, warnings)
+    return name, version
 
-    lua, lua_note = _lua(client)
-    if lua is False:
-        warnings.append(f"Lua scripts do not run ({lua_note}): kvstore cannot write")
-    library_loaded = _library_loaded(client)
-    loaded = _scripts_loaded(client)
 
+def _settings(client: Any, warnings: list[str]) -> dict[str, Any]:
+    """The memory and persistence settings (CONFIG GET), with what they void of kvstore's guarantees."""
     config = _config(client, ("maxmemory", "maxmemory-policy", "appendonly", "appendfsync", "save"))
     if config is None:
         warnings.append(
@@ -112,11 +129,14 @@ def _health(client: Any) -> HealthReport:
             " persistence are unknown, so kvstore's durability guarantees are unverified"
         )
         config = {}
-    maxmemory = int(config["maxmemory"]) if "maxmemory" in config else None
-    policy = config.get("maxmemory-policy")
-    appendonly = config["appendonly"] == "yes" if "appendonly" in config else None
-    appendfsync = config.get("appendfsync")
-    save = config.get("save")
+    settings = {
+        "maxmemory": int(config["maxmemory"]) if "maxmemory" in config else None,
+        "maxmemory_policy": config.get("maxmemory-policy"),
+        "appendonly": config["appendonly"] == "yes" if "appendonly" in config else None,
+        "appendfsync": config.get("appendfsync"),
+        "save": config.get("save"),
+    }
+    policy = settings["maxmemory_policy"]
     if policy is not None and policy != "noeviction":
         scope = "keys that carry a TTL (with thread_ttl, every key of a thread)" if policy.startswith("volatile") else "any key"
         warnings.append(
@@ -124,29 +144,19 @@ def _health(client: Any) -> HealthReport:
             " some of its keys (a chunk without its index entry, messages without their ids);"
             " set maxmemory-policy noeviction, under which a full server refuses writes instead"
         )
-    _check_persistence(appendonly, appendfsync, save, warnings)
+    _check_persistence(settings["appendonly"], settings["appendfsync"], settings["save"], warnings)
+    return settings
 
+
+def _aof_write_ok(client: Any, appendonly: bool | None, warnings: list[str]) -> bool | None:
+    """Whether the last AOF write succeeded (INFO persistence); None where unknown or AOF is off."""
     persistence = _call(client.info, "persistence") or {}
-    write_ok = None
-    if "aof_last_write_status" in persistence and appendonly:
-        write_ok = persistence["aof_last_write_status"] == "ok"
-        if not write_ok:
-            warnings.append("the last AOF write failed (aof_last_write_status is not ok): check the disk")
-
-    return HealthReport(
-        server=name,
-        version=version,
-        lua=lua,
-        maxmemory=maxmemory,
-        maxmemory_policy=policy,
-        appendonly=appendonly,
-        appendfsync=appendfsync,
-        save=save,
-        aof_last_write_ok=write_ok,
-        library_loaded=library_loaded,
-        scripts_loaded=loaded,
-        warnings=tuple(warnings),
-    )
+    if "aof_last_write_status" not in persistence or not appendonly:
+        return None
+    if persistence["aof_last_write_status"] != "ok":
+        warnings.append("the last AOF write failed (aof_last_write_status is not ok): check the disk")
+        return False
+    return True
 
 
 def _check_version(name: str, version: str, warnings: list[str]) -> None:
