@@ -36,8 +36,7 @@ failure = failure or check_batch(keys, batch, limits, meta) or check_turn(keys, 
 if not failure and meta.layout ~= '2' then failure = check_migration(keys) end
 if failure then return failure end
 
-local deadline, moved = expiry_deadline(keys, limits.ttl_ms)
-keys.deadline = deadline
+begin_expiry(keys, limits.ttl_ms)
 local migrated
 migrated, meta = migrate_first(keys, limits, meta)
 local first, store_failure = store_batch(keys, batch, limits, meta)
@@ -46,5 +45,5 @@ if rollover(keys, cuts, migrated) > 0 then
   -- A new chunk may make the oldest one deletable: retention keeps the thread bounded.
   retain(keys, limits.retained_limit, limits.max_move_chunks)
 end
-apply_expiry(keys, deadline, moved)
+apply_expiry(keys)
 return {1, first}

@@ -52,13 +52,12 @@ if summary_last == previous then
   return {0, tonumber(redis.call('HGET', keys.meta, 'summary_seq')), 0}
 end
 
-local deadline, moved = expiry_deadline(keys, limits.ttl_ms)
-keys.deadline = deadline
+begin_expiry(keys, limits.ttl_ms)
 local migrated
 migrated, meta = migrate_first(keys, limits, meta)
 local sequence = store_batch(keys, batch, limits, meta)
 redis.call('HSET', keys.meta, 'summary_last', summary_last, 'summary_seq', sequence)
 rollover(keys, cuts, migrated)
 local deleted = retain(keys, limits.retained_limit, limits.max_move_chunks)
-apply_expiry(keys, deadline, moved)
+apply_expiry(keys)
 return {1, sequence, deleted}

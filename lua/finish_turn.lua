@@ -17,22 +17,16 @@
 --- @include "includes/thread"
 --- @include "includes/turns"
 --- @include "includes/expiry"
---- @include "includes/migration"
+--- @include "includes/turn_call"
 
 local keys = thread_keys(KEYS)
 local limits = read_limits(ARGV)
 local turn_id, outcome = ARGV[11], ARGV[12]
 
-local err = check_thread(keys) or check_migration(keys)
+local turn, err = load_turn_for_call(keys, limits, turn_id)
 if err then return err end
-
--- A layout-1 thread's turn in progress gets its turn record when its migration begins.
-local deadline, moved = expiry_deadline(keys, limits.ttl_ms)
-keys.deadline = deadline
-migrate_step(keys, limits)
-local turn = recover_start(keys, turn_id, read_turn(keys, turn_id) or new_turn())
 if turn.start == 0 then
-  apply_expiry(keys, deadline, moved)
+  apply_expiry(keys)
   return redis.error_reply('KVS_TURN_NOT_FOUND turn ' .. turn_id .. ' was never started in this thread')
 end
 
@@ -45,5 +39,5 @@ if turn.outcome == 'open' then
     redis.call('HSET', keys.meta, 'turn_outcome', outcome)
   end
 end
-apply_expiry(keys, deadline, moved)
+apply_expiry(keys)
 return {turn.count, turn.first_seq, turn.last_seq, turn.start, turn.outcome}

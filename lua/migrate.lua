@@ -20,10 +20,9 @@ local limits = read_limits(ARGV)
 local err = check_thread(keys)
 if err then return err end
 
-local deadline, moved = expiry_deadline(keys, limits.ttl_ms)
-keys.deadline = deadline
+begin_expiry(keys, limits.ttl_ms)
 local chunks = migrate_step(keys, limits)
-if chunks > 0 then apply_expiry(keys, deadline, moved) end
+if chunks > 0 then apply_expiry(keys) end
 local state = redis.call('HMGET', keys.meta, 'layout', 'legacy_last')
 local layout = tonumber(state[1] or '2') or 2
 local scanning = (layout ~= 2 and not state[2]) and 1 or 0

@@ -40,8 +40,7 @@ while turn.kept > 0 and k <= turn.k1 and #sequences < max_messages do
   k = k + 1
 end
 
-local deadline, moved = expiry_deadline(keys, limits.ttl_ms)
-keys.deadline = deadline
+begin_expiry(keys, limits.ttl_ms)
 local removed, bytes, media = 0, 0, 0
 local ids, otids = {}, {}
 local last_done = nil
@@ -106,5 +105,5 @@ if removed > 0 then
   if media > 0 then redis.call('HINCRBY', keys.meta, 'media', -media) end
   redis.call('HINCRBY', keys.meta, 'gen', 1)
 end
-apply_expiry(keys, deadline, moved)
+apply_expiry(keys)
 return {removed, remaining}

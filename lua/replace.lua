@@ -73,8 +73,7 @@ if where == 'chunk' then
 end
 
 -- Write.
-local deadline, moved = expiry_deadline(keys, limits.ttl_ms)
-keys.deadline = deadline
+begin_expiry(keys, limits.ttl_ms)
 if where == 'window' then
   redis.call('ZREMRANGEBYSCORE', keys.window, sequence, sequence)
   if #record > limits.chunk_max_bytes then
@@ -106,5 +105,5 @@ else
 end
 redis.call('HINCRBY', keys.meta, 'bytes', #record - old_bytes)
 if media ~= old_media then redis.call('HINCRBY', keys.meta, 'media', media - old_media) end
-apply_expiry(keys, deadline, moved)
+apply_expiry(keys)
 return sequence

@@ -17,8 +17,7 @@ local limits = read_limits(ARGV)
 local err = check_thread(keys)
 if err then return err end
 
-local deadline, moved = expiry_deadline(keys, limits.ttl_ms)
-keys.deadline = deadline
+begin_expiry(keys, limits.ttl_ms)
 local deleted = retain(keys, limits.retained_limit, limits.max_move_chunks)
-apply_expiry(keys, deadline, moved)
+apply_expiry(keys)
 return deleted

@@ -14,21 +14,16 @@
 --- @include "includes/thread"
 --- @include "includes/turns"
 --- @include "includes/expiry"
---- @include "includes/migration"
+--- @include "includes/turn_call"
 
 local keys = thread_keys(KEYS)
 local limits = read_limits(ARGV)
 local turn_id = ARGV[11]
 
-local err = check_thread(keys) or check_migration(keys)
+local turn, err = load_turn_for_call(keys, limits, turn_id)
 if err then return err end
-
-local deadline, moved = expiry_deadline(keys, limits.ttl_ms)
-keys.deadline = deadline
-migrate_step(keys, limits)
-local turn = recover_start(keys, turn_id, read_turn(keys, turn_id) or new_turn())
 if turn.start > 0 then
-  apply_expiry(keys, deadline, moved)
+  apply_expiry(keys)
   return turn.start
 end
 
@@ -37,5 +32,5 @@ turn.start, turn.outcome, turn.replies, turn.first = start, 'open', 0, 0
 write_turn(keys, turn_id, turn)
 redis.call('HSETNX', keys.meta, 'layout', '2')
 redis.call('HSET', keys.meta, 'turn_id', turn_id, 'turn_seq', start, 'turn_outcome', 'open')
-apply_expiry(keys, deadline, moved)
+apply_expiry(keys)
 return start

@@ -7,17 +7,21 @@
 -- same instant: Redis 7.0 does not freeze time inside a script, so relative expiries set along a
 -- pass over many chunks would spread.
 
--- Returns the deadline this call's writes must carry (0 when the thread has no ttl, or when it
--- moves) and, when the deadline moves, the time to live apply_expiry sets (false otherwise).
-local function expiry_deadline(keys, ttl_ms)
-  if ttl_ms <= 0 then return 0, false end
+-- Starts a writing call's expiry: sets keys.deadline, the deadline this call's writes must carry
+-- (0 when the thread has no ttl, or when it moves), and keys.ttl_moved, when the deadline moves,
+-- the time to live apply_expiry sets (false otherwise).
+local function begin_expiry(keys, ttl_ms)
+  keys.deadline, keys.ttl_moved = 0, false
+  if ttl_ms <= 0 then return end
   if redis.call('PTTL', keys.meta) >= ttl_ms then
-    return redis.call('PEXPIRETIME', keys.meta), false
+    keys.deadline = redis.call('PEXPIRETIME', keys.meta)
+  else
+    keys.ttl_moved = ttl_ms + math.floor(ttl_ms / 2)
   end
-  return 0, ttl_ms + math.floor(ttl_ms / 2)
 end
 
-local function apply_expiry(keys, deadline, moved)
+local function apply_expiry(keys)
+  local deadline, moved = keys.deadline, keys.ttl_moved
   if moved then
     redis.call('PEXPIRE', keys.meta, moved)
     deadline = redis.call('PEXPIRETIME', keys.meta)
