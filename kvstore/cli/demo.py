@@ -91,15 +91,40 @@ def _worker(options: DemoOptions, worker: int, progress, results) -> None:
 
 
 def run_demo(options: DemoOptions, out=sys.stdout) -> int:
-    context = multiprocessing.get_context("spawn")
-    progress = context.Value("i", 0)
-    results = context.Queue()
     total_turns = options.workers * options.turns
     print(f"kvstore demo: {options.workers} workers, {total_turns} turns on {options.threads} shared threads", file=out)
     store = MessageStore.from_url(options.url, demo_config(options.namespace))
     client = redis.Redis.from_url(options.url)
     for t in range(options.threads):
         store.thread(f"demo-{t}").delete()  # start from empty threads
+    run = _run_workers(options, client, out)
+    if run is None:
+        print("\na worker failed; see its traceback above", file=out)
+        return 1
+    counted = _count_messages(store, options, out)
+    if counted is None:
+        return 1
+    rows = _summary(options, run, *counted)
+    width = max(len(name) for name, _ in rows)
+    for name, value in rows:
+        print(f"  {name:<{width}}  {value}", file=out)
+    return 0
+
+
+@dataclass(frozen=True)
+class _Run:
+    append_us: list[float]  # sorted
+    page_us: list[float]  # sorted
+    samples: list[tuple[int, int]]  # (turns done, bytes of the namespace)
+    elapsed: float
+
+
+def _run_workers(options: DemoOptions, client: redis.Redis, out) -> _Run | None:
+    """Runs the worker processes, drawing their progress and sampling memory; None if one failed."""
+    context = multiprocessing.get_context("spawn")
+    progress = context.Value("i", 0)
+    results = context.Queue()
+    total_turns = options.workers * options.turns
     samples: list[tuple[int, int]] = []
     next_sample = total_turns // 4
     started = time.perf_counter()
@@ -118,17 +143,20 @@ def run_demo(options: DemoOptions, out=sys.stdout) -> int:
             collected.append(results.get(timeout=0.2))
         except Exception:
             if any(p.exitcode not in (None, 0) for p in processes):
-                print("\na worker failed; see its traceback above", file=out)
-                return 1
+                return None
     for process in processes:
         process.join()
     elapsed = time.perf_counter() - started
     _draw(total_turns, total_turns, out)
     print(file=out)
-
     samples.append((total_turns, _namespace_bytes(client, options.namespace)))
     append_us = sorted(x for a, _ in collected for x in a)
     page_us = sorted(x for _, p in collected for x in p)
+    return _Run(append_us, page_us, samples, elapsed)
+
+
+def _count_messages(store: MessageStore, options: DemoOptions, out) -> tuple[int, int] | None:
+    """(appended, kept) over the demo's threads; None if a thread's sequences have a gap."""
     messages = 0
     kept = 0
     for t in range(options.threads):
@@ -139,24 +167,25 @@ def run_demo(options: DemoOptions, out=sys.stdout) -> int:
         first = stats.deleted_before_sequence or 1
         if sequences != list(range(first, first + len(sequences))):
             print(f"demo-{t}: sequences are not gap-free", file=out)
-            return 1
+            return None
         messages += stats.next_sequence - 1
         kept += len(stored)
-    rows = [
+    return messages, kept
+
+
+def _summary(options: DemoOptions, run: _Run, messages: int, kept: int) -> list[tuple[str, str]]:
+    append_us, page_us, samples = run.append_us, run.page_us, run.samples
+    return [
         ("threads", f"{options.threads}"),
-        ("turns", f"{total_turns}"),
+        ("turns", f"{options.workers * options.turns}"),
         ("messages", f"{messages} appended, {kept} kept (retention {RETAINED}/thread), gap-free"),
-        ("appends/s", f"{len(append_us) / elapsed:,.0f} over {options.workers} processes"),
+        ("appends/s", f"{len(append_us) / run.elapsed:,.0f} over {options.workers} processes"),
         ("append p50 / p99", f"{_pct(append_us, 50):.0f} / {_pct(append_us, 99):.0f} µs"),
         ("newest page of 50 p50 / p99", f"{_pct(page_us, 50):.0f} / {_pct(page_us, 99):.0f} µs"),
         ("bytes per thread (MEMORY USAGE)", f"{samples[-1][1] / options.threads:,.0f}"),
         ("memory over the run", " → ".join(f"{b / 1024:,.0f} KiB @ {t} turns" for t, b in samples)),
-        ("wall time", f"{elapsed:.1f} s"),
+        ("wall time", f"{run.elapsed:.1f} s"),
     ]
-    width = max(len(name) for name, _ in rows)
-    for name, value in rows:
-        print(f"  {name:<{width}}  {value}", file=out)
-    return 0
 
 
 def _namespace_bytes(client: redis.Redis, namespace: str) -> int:

@@ -13,44 +13,7 @@ from .. import errors
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="kvstore", description="Chat and agent conversations in Redis or Valkey.")
-    commands = parser.add_subparsers(dest="command", required=True)
-
-    demo = commands.add_parser("demo", help="run worker processes holding chats on shared threads")
-    demo.add_argument("--url", help="a Redis/Valkey URL; without it the embedded Valkey server runs")
-    demo.add_argument("--workers", type=int, default=4)
-    demo.add_argument("--threads", type=int, default=8)
-    demo.add_argument("--turns", type=int, default=400, help="turns per worker")
-    demo.add_argument("--data-dir", default=".kvstore-data", help="embedded server data directory")
-
-    server = commands.add_parser("server", help="run the embedded Valkey server in the foreground")
-    server.add_argument("--data-dir", default=".kvstore-data")
-    server.add_argument("--port", type=int, default=None)
-
-    def with_store(name: str, help_text: str) -> argparse.ArgumentParser:
-        sub = commands.add_parser(name, help=help_text)
-        sub.add_argument("--url", help="a Redis/Valkey URL; without it the embedded server over --data-dir")
-        sub.add_argument("--namespace", default="kv", help="the store's namespace (default: kv)")
-        sub.add_argument("--data-dir", default=".kvstore-data", help="embedded server data directory")
-        return sub
-
-    inspect = with_store("inspect", "show a thread's layout: window, chunks, index, turn, summary")
-    inspect.add_argument("thread")
-    export = with_store("export", "write a thread's messages as JSON lines (the list API's shape)")
-    export.add_argument("thread")
-    export.add_argument("-o", "--output", help="file to write (default: standard output)")
-    import_ = with_store("import", "append JSON-lines messages to a thread (ids and otids kept)")
-    import_.add_argument("thread")
-    import_.add_argument("file", help="a JSON-lines file, or - for standard input")
-    migrate = with_store("migrate", "migrate layout-1 threads to layout 2 (resumable)")
-    migrate.add_argument("threads", nargs="*", metavar="THREAD",
-                         help="threads to migrate; without any (nor --threads-from), SCAN finds them (needs +scan)")
-    migrate.add_argument("--threads-from", metavar="FILE", help="a file of thread ids, one a line (- for standard input)")
-    health = with_store("health", "check the server settings kvstore's guarantees depend on")
-    health.add_argument("--json", action="store_true", help="print the report as JSON")
-    with_store("preload-scripts", "load kvstore's function library and scripts (as an admin) for users denied loading them")
-
-    args = parser.parse_args(argv)
+    args = _parser().parse_args(argv)
     # SIGTERM unwinds like Ctrl-C, so an embedded server this command started is stopped too.
     signal.signal(signal.SIGTERM, _terminate)
     try:
@@ -75,6 +38,52 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kvstore", description="Chat and agent conversations in Redis or Valkey.")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    demo = commands.add_parser("demo", help="run worker processes holding chats on shared threads")
+    demo.add_argument("--url", help="a Redis/Valkey URL; without it the embedded Valkey server runs")
+    demo.add_argument("--workers", type=int, default=4)
+    demo.add_argument("--threads", type=int, default=8)
+    demo.add_argument("--turns", type=int, default=400, help="turns per worker")
+    demo.add_argument("--data-dir", default=".kvstore-data", help="embedded server data directory")
+
+    server = commands.add_parser("server", help="run the embedded Valkey server in the foreground")
+    server.add_argument("--data-dir", default=".kvstore-data")
+    server.add_argument("--port", type=int, default=None)
+
+    _add_store_commands(commands)
+    return parser
+
+
+def _add_store_commands(commands: argparse._SubParsersAction) -> None:
+    """The subcommands that work on a store: at --url, or on the server over --data-dir."""
+
+    def with_store(name: str, help_text: str) -> argparse.ArgumentParser:
+        sub = commands.add_parser(name, help=help_text)
+        sub.add_argument("--url", help="a Redis/Valkey URL; without it the embedded server over --data-dir")
+        sub.add_argument("--namespace", default="kv", help="the store's namespace (default: kv)")
+        sub.add_argument("--data-dir", default=".kvstore-data", help="embedded server data directory")
+        return sub
+
+    inspect = with_store("inspect", "show a thread's layout: window, chunks, index, turn, summary")
+    inspect.add_argument("thread")
+    export = with_store("export", "write a thread's messages as JSON lines (the list API's shape)")
+    export.add_argument("thread")
+    export.add_argument("-o", "--output", help="file to write (default: standard output)")
+    import_ = with_store("import", "append JSON-lines messages to a thread (ids and otids kept)")
+    import_.add_argument("thread")
+    import_.add_argument("file", help="a JSON-lines file, or - for standard input")
+    migrate = with_store("migrate", "migrate layout-1 threads to layout 2 (resumable)")
+    migrate.add_argument("threads", nargs="*", metavar="THREAD",
+                         help="threads to migrate; without any (nor --threads-from), SCAN finds them (needs +scan)")
+    migrate.add_argument("--threads-from", metavar="FILE", help="a file of thread ids, one a line (- for standard input)")
+    health = with_store("health", "check the server settings kvstore's guarantees depend on")
+    health.add_argument("--json", action="store_true", help="print the report as JSON")
+    with_store("preload-scripts", "load kvstore's function library and scripts (as an admin) for users denied loading them")
 
 
 def _terminate(signum: int, frame: object) -> None:

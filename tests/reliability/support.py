@@ -18,6 +18,7 @@ from kvstore._engine.core import Eval, ThreadRef
 from kvstore._engine.keys import ThreadKeys
 from kvstore._engine.scripts import SCRIPTS
 
+from ..facade import SyncFacade
 from ..servers import ServerProcess, redis_binary, require_redis, valkey_binary
 
 
@@ -109,31 +110,9 @@ def script_call(name: str, ref: ThreadRef, *args: Any) -> Eval:
     return Eval(SCRIPTS[name], keys, list(args))
 
 
-class Facade:
-    """An async thread's methods run to completion on a loop, so one test body serves both modes."""
-
-    def __init__(self, thread: Any, loop: Any) -> None:
-        self._thread = thread
-        self._loop = loop
-
-    def __getattr__(self, name: str) -> Any:
-        attr = getattr(self._thread, name)
-        if name == "iter":
-            def collect(*args: Any, **kwargs: Any) -> Any:
-                async def gather() -> list:
-                    return [m async for m in attr(*args, **kwargs)]
-                return iter(self._loop.run_until_complete(gather()))
-            return collect
-        if callable(attr):
-            def call(*args: Any, **kwargs: Any) -> Any:
-                return self._loop.run_until_complete(attr(*args, **kwargs))
-            return call
-        return attr
-
-
 @contextlib.contextmanager
 def thread_in_mode(mode: str, url: str, config: Any, thread_id: str, client: Any = None) -> Iterator[Any]:
-    """A thread of a sync store, or of an async store behind a Facade; closed afterwards."""
+    """A thread of a sync store, or of an async store behind a SyncFacade; closed afterwards."""
     import asyncio
 
     from kvstore import AsyncMessageStore
@@ -148,7 +127,7 @@ def thread_in_mode(mode: str, url: str, config: Any, thread_id: str, client: Any
     loop = asyncio.new_event_loop()
     store = AsyncMessageStore(client, config) if client is not None else AsyncMessageStore.from_url(url, config)
     try:
-        yield Facade(store.thread(thread_id), loop)
+        yield SyncFacade(store.thread(thread_id), loop)
     finally:
         loop.run_until_complete(store.close())
         loop.close()
