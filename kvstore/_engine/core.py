@@ -4,29 +4,49 @@ An operation yields :class:`Eval` (one script call) or :class:`Batch` (native co
 one round trip) and receives the reply; it returns the result. The sync and async stores are
 executors that drive these generators over a client, so both share one implementation of every
 operation: keys and arguments are built here, replies are parsed here (a writing script's reply
-is decoded by name in kvstore/_engine/wire.py).
+is decoded by name in kvstore/_engine/wire.py). The requests and what the operations share are in
+kvstore/_engine/requests.py; messages are made ready to send in kvstore/_engine/prepare.py.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel
-
 from .. import errors
+from ..messages import CompactionStats, Message, SummaryMessage
+from ..models import AppendResult, MessagesPage, ThreadSnapshot, ThreadStats, TurnOutcome, TurnResult, TurnState
 from .keys import ThreadKeys
-from .record import decode_records, encode_message, salvage
-from .scripts import SCRIPTS, Script
+from .prepare import PreparedMessage, check_token, fit_media, prepare_batch, stored_date
+from .record import decode_records, salvage
+from .requests import (
+    DELETE_STEP,
+    ITER_PAGE,
+    MAX_LIMIT,
+    MAX_READ_ATTEMPTS,
+    MAX_TOKEN_LENGTH,
+    PLAN_MAX_CHUNKS,
+    REMOVE_TURN_STEP,
+    SNAPSHOT_SIZE,
+    TURN_OUTCOMES,
+    Batch,
+    Cursor,
+    Eval,
+    Operation,
+    ThreadRef,
+    delete_steps,
+    finishing_deletes,
+    int_or_zero,
+    read_back_failed,
+    write,
+)
+from .scripts import SCRIPTS
 from .wire import (
     AppendReply,
     ChunkEntry,
     CompactReply,
-    DeleteReply,
     FinishTurnReply,
     LargeEntry,
     MigrateReply,
@@ -36,178 +56,17 @@ from .wire import (
     StartTurnReply,
     split_chunk,
 )
-from ..config import StoreConfig
-from ..messages import (
-    CompactionStats,
-    Message,
-    SummaryMessage,
-    check_inline_parts,
-    inline_media_bytes,
-    strip_inline_media,
-)
-from ..models import AppendResult, MessagesPage, ThreadSnapshot, ThreadStats, TurnOutcome, TurnResult, TurnState
-
-
-@dataclass(frozen=True, slots=True)
-class Eval:
-    script: Script
-    keys: Sequence[str]
-    args: Sequence[Any]
-
-
-@dataclass(frozen=True, slots=True)
-class Batch:
-    commands: Sequence[tuple[Any, ...]]
-
-
-Operation = Generator[Eval | Batch, Any, Any]
-
-MAX_LIMIT = 1000
-# Messages per page of iter().
-ITER_PAGE = 200
-SNAPSHOT_SIZE = 200
-# Chunks one page plan names at most; a page needing more plans again from where it stopped.
-PLAN_MAX_CHUNKS = 64
-# A read whose containers changed under it (rollover, deletion) is re-planned this many times.
-MAX_READ_ATTEMPTS = 20
-MAX_TOKEN_LENGTH = 256
-TURN_OUTCOMES = ("completed", "steered", "cancelled", "failed")
-# The most messages one remove_turn call retracts; larger turns take several calls.
-REMOVE_TURN_STEP = 500
-# The most chunks one delete call removes.
-DELETE_STEP = 256
 
 log = logging.getLogger("kvstore")
 
-Cursor = str | int | None
-
-
-@dataclass(frozen=True, slots=True)
-class ThreadRef:
-    """What every operation needs to know about its thread, computed once per thread handle."""
-
-    config: StoreConfig
-    keys: ThreadKeys
-    script_keys: tuple[str, ...]  # KEYS[1..10] of every script (lua/includes/thread.lua)
-    limits_args: tuple[Any, ...]  # ARGV[1..10] of every writing script
-
-    @classmethod
-    def of(cls, config: StoreConfig, thread_id: str) -> ThreadRef:
-        keys = ThreadKeys.of(config.namespace, thread_id)
-        retained = config.retained_message_limit
-        limits = (
-            config.window_size,
-            config.chunk_size,
-            config.chunk_max_bytes,
-            config.max_chunks_per_call,
-            config.max_bytes_per_call,
-            config.max_message_bytes,
-            config.max_inline_media_bytes,
-            -1 if retained is None else retained,
-            (config.thread_ttl or 0) * 1000,
-        )
-        # ARGV[10] names the nine as the server receives them (read_limits parses a key once).
-        limits_key = ":".join(str(value) for value in limits)
-        return cls(config, keys, (*keys.fixed(), keys.chunk_prefix), (*limits, limits_key))
-
-    def limits(self) -> tuple[Any, ...]:
-        """ARGV[1..10] of every writing script (lua/includes/thread.lua: read_limits)."""
-        return self.limits_args
-
 
 # --------------------------------------------------------------------------------- append
-
-
-@dataclass(frozen=True, slots=True)
-class _Prepared:
-    message: Message
-    record: bytes
-    media: int
-
-
-def _check_token(kind: str, value: str) -> None:
-    if not isinstance(value, str):
-        raise errors.InvalidMessage(f"{kind} must be a str, not {type(value).__name__}")
-    if not value or len(value) > MAX_TOKEN_LENGTH or any(c in value for c in "\t\n\r\0"):
-        raise errors.InvalidMessage(
-            f"{kind} {value[:80]!r} must be 1-{MAX_TOKEN_LENGTH} characters without tabs,"
-            " newlines or NUL"
-        )
-
-
-def _new_message_id() -> str:
-    """`message-<uuid4>`, built straight from random bytes (uuid.uuid4() is slower)."""
-    raw = bytearray(os.urandom(16))
-    raw[6] = (raw[6] & 0x0F) | 0x40  # version 4
-    raw[8] = (raw[8] & 0x3F) | 0x80  # RFC 4122 variant
-    h = raw.hex()
-    return f"message-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
-
-
-def _now() -> str:
-    """The time as a stored date: ISO 8601 in UTC, as pydantic dumps it (isoformat is the fast way)."""
-    return datetime.now(UTC).isoformat()[:-6] + "Z"
 
 
 def _with_sequence(message: Message, sequence: int) -> Message:
     """Sets seq_id on a copy the store made itself (no second copy, no re-validation)."""
     message.__dict__["seq_id"] = sequence
     return message
-
-
-def prepare_batch(
-    config: StoreConfig, messages: Message | dict | Iterable[Message | dict], turn_id: str | None
-) -> list[_Prepared]:
-    """Validates what it encodes, fills ids and dates; every limit is enforced here, before the socket."""
-    if isinstance(messages, (dict, BaseModel)) or not isinstance(messages, Iterable):
-        messages = [messages]
-    given = list(messages)
-    batch = given
-    if not batch:
-        raise errors.InvalidMessage("append needs at least one message")
-    if len(batch) > config.max_batch_messages:
-        raise errors.BatchTooLarge(
-            f"{len(batch)} messages in one call; at most {config.max_batch_messages}"
-        )
-    if turn_id is not None:
-        _check_token("turn_id", turn_id)
-    now = _now()
-
-    def stamp(body: dict[str, Any]) -> None:
-        # On the dump that is stored; the caller's own message gets only the id (below).
-        if "id" in body:
-            _check_token("message id", body["id"])
-        else:
-            body["id"] = _new_message_id()
-        if "otid" in body:
-            _check_token("otid", body["otid"])
-        body.setdefault("date", now)
-
-    prepared, total = [], 0
-    for position, message in enumerate(batch):
-        item = _prepared(config, message, turn_id, stamp, f"message {position}")
-        total += len(item.record)
-        prepared.append(item)
-    if total > config.max_batch_bytes:
-        raise errors.BatchTooLarge(
-            f"the batch encodes to {total} bytes; max_batch_bytes is {config.max_batch_bytes}"
-        )
-    # The ids are the call's token: the caller's own messages carry them from now on, so that
-    # sending the same messages again after any interruption is a replay.
-    for original, item in zip(given, prepared):
-        _give_id(original, item.message.id)
-    return prepared
-
-
-def _give_id(original: Any, message_id: str) -> None:
-    """Sets the id the store made on the caller's message (a model or a dict) that had none."""
-    if isinstance(original, BaseModel):
-        if original.__dict__.get("id") is None:
-            # A valid id by construction: no re-validation (validate_assignment) needed.
-            original.__dict__["id"] = message_id
-            original.__pydantic_fields_set__.add("id")
-    elif isinstance(original, dict) and original.get("id") is None:
-        original["id"] = message_id
 
 
 def append(
@@ -219,9 +78,9 @@ def append(
         for item in prepared:
             args += (item.message.id, item.message.otid or "", item.media, item.record)
         try:
-            reply = AppendReply.decode((yield from _write(thread, SCRIPTS["append"], args)))
+            reply = AppendReply.decode((yield from write(thread, SCRIPTS["append"], args)))
         except errors.InlineMediaBudget as over:
-            prepared = _fit_media(prepared, over.available, turn_id)
+            prepared = fit_media(prepared, over.available, turn_id)
             continue
         except errors.OutcomeUnknown as unknown:
             # The ids the client made are the call's token: re-sending these messages is safe.
@@ -236,7 +95,7 @@ def append(
     try:
         found = yield from fetch_sequences(thread, sequences, missing_ok=True)
     except errors.ServerError as exc:
-        raise _read_back_failed("append", [item.message for item in prepared], exc) from exc
+        raise read_back_failed("append", [item.message for item in prepared], exc) from exc
     by_sequence = {m.seq_id: m for m in found}
     stored = []
     for item, replayed in zip(prepared, reply.replayed):
@@ -250,45 +109,21 @@ def append(
     return AppendResult(stored, replayed=True)
 
 
-def _read_back_failed(name: str, sent: list[Message], exc: Exception) -> errors.OutcomeUnknown:
-    """The server or the connection failed after the write was sent: the caller gets the
-    messages as sent, to re-send. (An error about the thread itself, such as LayoutError, is
-    raised as it is.)"""
-    unknown = errors.OutcomeUnknown(
-        f"{name}: the call reached the server but what followed it failed ({exc}). Re-send the"
-        " same call (same message ids or otids): nothing is stored twice."
-    )
-    unknown.messages = sent
-    return unknown
-
-
-def _fit_media(prepared: list[_Prepared], available: int, turn_id: str | None) -> list[_Prepared]:
-    """Replaces the batch's own inline parts, first to last, until it fits `available` bytes."""
-    fitted = []
-    for item in prepared:
-        if item.media > available:
-            message, record = encode_message(strip_inline_media(item.message, item.media - available), turn_id)
-            item = _Prepared(message, record, inline_media_bytes(message))
-        available -= item.media
-        fitted.append(item)
-    return fitted
-
-
 # ---------------------------------------------------------------------------------- turns
 
 
 def start_turn(thread: ThreadRef, turn_id: str) -> Operation:
-    _check_token("turn_id", turn_id)
-    reply = yield from _write(thread, SCRIPTS["start_turn"], (*thread.limits(), turn_id))
+    check_token("turn_id", turn_id)
+    reply = yield from write(thread, SCRIPTS["start_turn"], (*thread.limits(), turn_id))
     return StartTurnReply.decode(reply).reply_start
 
 
 def finish_turn(thread: ThreadRef, turn_id: str, outcome: TurnOutcome) -> Operation:
-    _check_token("turn_id", turn_id)
+    check_token("turn_id", turn_id)
     if outcome not in TURN_OUTCOMES:
         raise errors.InvalidMessage(f"outcome {outcome!r} is not one of {', '.join(TURN_OUTCOMES)}")
     reply = FinishTurnReply.decode(
-        (yield from _write(thread, SCRIPTS["finish_turn"], (*thread.limits(), turn_id, outcome)))
+        (yield from write(thread, SCRIPTS["finish_turn"], (*thread.limits(), turn_id, outcome)))
     )
     return TurnResult(
         turn_id=turn_id,
@@ -377,7 +212,7 @@ def _locate_records(thread: ThreadRef, kind: str, targets: list[str]) -> Operati
             wanted.append(sequence)
         commands.append(("HGET", keys.meta, "gen"))
         results = yield Batch(commands)
-        if _int(results[-1]) != int(gen):
+        if int_or_zero(results[-1]) != int(gen):
             continue
         entries = []
         for sequence, command, result in zip(wanted, commands, results[:-1]):
@@ -393,10 +228,6 @@ def _score_pairs(reply: list) -> list[tuple[Any, Any]]:
     if reply and isinstance(reply[0], list):
         return [(member, score) for member, score in reply]
     return list(zip(reply[0::2], reply[1::2]))
-
-
-def _int(value: Any) -> int:
-    return int(value) if value is not None else 0
 
 
 def _cursor(value: Cursor, name: str) -> tuple[str, str]:
@@ -427,7 +258,7 @@ def list_page(
         raise errors.InvalidCursor(f"order must be 'asc' or 'desc', got {order!r}")
     after_c, before_c = _cursor(after, "after"), _cursor(before, "before")
     if turn_id is not None:
-        _check_token("turn_id", turn_id)
+        check_token("turn_id", turn_id)
         return (yield from _turn_page(thread, after_c, before_c, limit, order, turn_id))
     # In ascending order `after` is the lower bound; in descending order it is the upper one.
     # With only `before`, the page is the one next to the cursor, so the walk starts there.
@@ -542,7 +373,7 @@ def _walk(
         commands.append(("HGET", keys.meta, "gen"))
         results = yield Batch(commands)
 
-        if _int(results[-1]) != plan.gen:
+        if int_or_zero(results[-1]) != plan.gen:
             attempts += 1
             if attempts >= MAX_READ_ATTEMPTS:
                 raise errors.ServerError("the thread changed under every read attempt; try again")
@@ -605,15 +436,15 @@ def _newest(thread: ThreadRef, need: int) -> Operation:
     )
     if deleting is not None:  # an interrupted delete(): the thread reads as empty
         return [], False, 0
-    last = _int(last_seq)
+    last = int_or_zero(last_seq)
     if len(members) == need:
         (member, score), *_ = _score_pairs(bottom) or [(None, 0)]
         # The member compared: an append between the two reads shifts the ranks.
         if member != members[-1] or last - int(float(score)) != need - 1:
             return None
-        return [(last - i, m) for i, m in enumerate(members[:-1])], True, _int(deleted_before)
+        return [(last - i, m) for i, m in enumerate(members[:-1])], True, int_or_zero(deleted_before)
     if members and len(members) == last:
-        return [(last - i, m) for i, m in enumerate(members)], False, _int(deleted_before)
+        return [(last - i, m) for i, m in enumerate(members)], False, int_or_zero(deleted_before)
     return None
 
 
@@ -701,12 +532,12 @@ def _native_facts(
         )
         gen, deleted_before, last_seq, deleting, layout = meta
         if deleting is not None:  # an interrupted delete(): the thread reads as empty
-            return _Facts(_int(gen), 0, 0, 1, 0, [], [], None)
+            return _Facts(int_or_zero(gen), 0, 0, 1, 0, [], [], None)
         if layout == b"1" or (layout is None and legacy):
             return None
         if [gen, last_seq] != again:
             continue
-        deleted_before, last = _int(deleted_before), _int(last_seq)
+        deleted_before, last = int_or_zero(deleted_before), int_or_zero(last_seq)
         lo = int(lo_arg)
         if deleted_before > 0 and lo < deleted_before - 1:
             lo = deleted_before - 1
@@ -719,7 +550,7 @@ def _native_facts(
             window_count = int(near)
             members = chunks if window_count < need else []
         return _Facts(
-            _int(gen),
+            int_or_zero(gen),
             deleted_before,
             lo,
             hi,
@@ -950,9 +781,9 @@ def compact(
     while True:
         args = [*thread.limits(), last_sequence, item.message.id, item.message.otid or "", item.media, item.record]
         try:
-            reply = CompactReply.decode((yield from _write(thread, SCRIPTS["compact"], args)))
+            reply = CompactReply.decode((yield from write(thread, SCRIPTS["compact"], args)))
         except errors.InlineMediaBudget as over:
-            (item,) = _fit_media([item], over.available, None)
+            (item,) = fit_media([item], over.available, None)
             continue
         break
     # A replay runs retention again: the first call's caller may not have finished it.
@@ -969,7 +800,7 @@ def compact(
         unknown.messages = [item.message]
         raise
     except errors.ServerError as exc:
-        raise _read_back_failed("compact", [item.message], exc) from exc
+        raise read_back_failed("compact", [item.message], exc) from exc
     return item.message.model_copy(update={"seq_id": reply.summary_sequence})
 
 
@@ -1012,7 +843,7 @@ def context(thread: ThreadRef) -> Operation:
 def replace(thread: ThreadRef, message_id: str, message: Message | dict) -> Operation:
     if not isinstance(message_id, str) or not message_id:
         raise errors.InvalidCursor(f"message id must be a non-empty str, got {message_id!r}")
-    incoming = _prepared(thread.config, message, None).message
+    incoming = PreparedMessage.of(thread.config, message, None).message
     yield from migrate(thread)
     found = yield from _locate_records(thread, "id", [message_id])
     if not found:
@@ -1027,39 +858,21 @@ def replace(thread: ThreadRef, message_id: str, message: Message | dict) -> Oper
         body.pop("otid", None)
         if original.otid is not None:
             body["otid"] = original.otid
-        body.setdefault("date", original.date or _now())
+        body.setdefault("date", original.date or stored_date())
 
-    item = _prepared(thread.config, incoming, original.turn_id, keep)
+    item = PreparedMessage.of(thread.config, incoming, original.turn_id, keep)
     while True:
         args = [*thread.limits(), message_id, item.media, item.record]
         try:
             reply = ReplaceReply.decode((yield Eval(SCRIPTS["replace"], thread.script_keys, args)))
         except errors.InlineMediaBudget as over:
-            (item,) = _fit_media([item], over.available, original.turn_id)
+            (item,) = fit_media([item], over.available, original.turn_id)
             continue
         return item.message.model_copy(update={"seq_id": reply.sequence})
 
 
-def _prepared(
-    config: StoreConfig,
-    message: Message | dict,
-    turn_id: str | None,
-    edit: Callable[[dict[str, Any]], None] | None = None,
-    what: str = "the message",
-) -> _Prepared:
-    """One message validated and encoded (kvstore/_engine/record.py: encode_message), its limits checked."""
-    stored, record = encode_message(message, turn_id, edit)
-    media = check_inline_parts(stored, config.max_inline_part_bytes)
-    if len(record) > config.max_message_bytes:
-        raise errors.MessageTooLarge(
-            f"{what} ({stored.message_type}) encodes to {len(record)} bytes;"
-            f" max_message_bytes is {config.max_message_bytes}"
-        )
-    return _Prepared(stored, record, media)
-
-
 def remove_turn(thread: ThreadRef, turn_id: str) -> Operation:
-    _check_token("turn_id", turn_id)
+    check_token("turn_id", turn_id)
     yield from migrate(thread)
     removed = 0
     while True:
@@ -1076,35 +889,7 @@ def delete(thread: ThreadRef) -> Operation:
 
     The first call tombstones the thread (lua/delete.lua): if the caller stops between calls,
     the thread reads as empty and the next delete, or write, finishes the job."""
-    yield from _delete_steps(thread.script_keys, "start")
-
-
-def _delete_steps(script_keys: Sequence[str], mode: Literal["start", "continue"]) -> Operation:
-    while not DeleteReply.decode((yield Eval(SCRIPTS["delete"], script_keys, (DELETE_STEP, mode)))).done:
-        mode = "continue"
-
-
-def finishing_deletes(operation: Operation) -> Operation:
-    """Drives `operation`, finishing any interrupted delete() one of its writes runs into.
-
-    A writing script refuses a thread being deleted before it writes anything (KVS_DELETING):
-    the deletion is finished here, never started (a thread another caller wrote meanwhile is left
-    alone), and the refused call is sent again, to the now-empty thread. The executors run every
-    operation through this, so no operation handles it itself."""
-    try:
-        request = next(operation)
-        while True:
-            try:
-                reply = yield request
-            except errors.ThreadDeleting:
-                yield from _delete_steps(request.keys, "continue")
-                continue
-            except errors.KVStoreError as exc:
-                request = operation.throw(exc)
-            else:
-                request = operation.send(reply)
-    except StopIteration as done:
-        return done.value
+    yield from delete_steps(thread.script_keys, "start")
 
 
 def migrate(thread: ThreadRef, max_calls: int | None = None) -> Operation:
@@ -1125,16 +910,3 @@ def migrate(thread: ThreadRef, max_calls: int | None = None) -> Operation:
                 )
             break
     return calls
-
-
-def _write(thread: ThreadRef, script: Script, args: Sequence[Any]) -> Operation:
-    """Calls a writing script. A layout-1 thread refuses it, before writing, while the scan for
-    its legacy range runs (MigrationPending): the scan steps run, and the call is sent again."""
-    while True:
-        try:
-            return (yield Eval(script, thread.script_keys, args))
-        except errors.MigrationPending:
-            while True:
-                step = MigrateReply.decode((yield Eval(SCRIPTS["migrate"], thread.script_keys, thread.limits())))
-                if step.layout == 2 or not step.scanning:
-                    break
