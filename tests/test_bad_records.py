@@ -15,6 +15,7 @@ import msgpack
 import pytest
 
 from kvstore import CompactionStats, EventMessage, ImageContent, TextContent, UserMessage, errors
+from kvstore._engine import append as append_module
 from kvstore._engine import core as _core
 from kvstore.messages import MAX_JSON_DEPTH, Attachment
 
@@ -212,7 +213,8 @@ def store_unchecked(thread, monkeypatch, records: list[bytes], ids: list[str], o
         for i, o, record in zip(ids, otids, records)
     ]
     with monkeypatch.context() as patch:
-        patch.setattr(_core, "prepare_batch", lambda *_: prepared)
+        # Where append looks it up: core only re-exports it.
+        patch.setattr(append_module, "prepare_batch", lambda *_: prepared)
         return [m.seq_id for m in thread.append(UserMessage(content="-"), turn_id=turn_id)]
 
 

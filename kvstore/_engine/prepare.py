@@ -3,8 +3,8 @@
 :class:`PreparedMessage` carries one message through validation and encoding
 (kvstore/_engine/record.py), the per-message limits and the thread's inline-media budget;
 :func:`prepare_batch` prepares a call's messages, filling their ids and dates;
-:func:`fit_media` replaces their inline parts when the thread's budget refuses them. Also the
-checks of ids and turn ids, and the new ids and dates.
+:func:`within_media_budget` sends them again, their inline parts replaced, when the thread's
+budget refuses them. Also the checks of ids and turn ids, and the new ids and dates.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from .. import errors
 from ..config import StoreConfig
 from ..messages import Message, check_inline_parts, inline_media_bytes, strip_inline_media
 from .record import encode_message
-from .requests import MAX_TOKEN_LENGTH
+from .requests import MAX_TOKEN_LENGTH, Operation
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +70,22 @@ def fit_media(items: list[PreparedMessage], available: int, turn_id: str | None)
         available -= item.media
         fitted.append(item)
     return fitted
+
+
+def within_media_budget(
+    items: list[PreparedMessage], turn_id: str | None, send: Callable[[list[PreparedMessage]], Operation]
+) -> Operation:
+    """Runs `send(items)`; returns its result and the items it sent.
+
+    A thread whose inline-media budget has less room than the items carry refuses the call
+    before writing (InlineMediaBudget, with the room left): it is sent again with the items
+    fitted to that room.
+    """
+    while True:
+        try:
+            return (yield from send(items)), items
+        except errors.InlineMediaBudget as over:
+            items = fit_media(items, over.available, turn_id)
 
 
 def prepare_batch(
