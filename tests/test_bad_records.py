@@ -15,6 +15,7 @@ import msgpack
 import pytest
 
 from kvstore import CompactionStats, EventMessage, ImageContent, TextContent, UserMessage, errors
+from kvstore._engine import append as append_module
 from kvstore._engine import core as _core
 from kvstore.messages import MAX_JSON_DEPTH, Attachment
 
@@ -208,11 +209,12 @@ def store_unchecked(thread, monkeypatch, records: list[bytes], ids: list[str], o
     """Stores records as an older version or a bug would have: through the append script,
     with correct side info, but never validated."""
     prepared = [
-        _core._Prepared(UserMessage(id=i, otid=o, content="-"), record, 0)
+        _core.PreparedMessage(UserMessage(id=i, otid=o, content="-"), record, 0)
         for i, o, record in zip(ids, otids, records)
     ]
     with monkeypatch.context() as patch:
-        patch.setattr(_core, "prepare_batch", lambda *_: prepared)
+        # Where append looks it up: core only re-exports it.
+        patch.setattr(append_module, "prepare_batch", lambda *_: prepared)
         return [m.seq_id for m in thread.append(UserMessage(content="-"), turn_id=turn_id)]
 
 

@@ -1,0 +1,85 @@
+"""The writes of a conversation: append (and its replay), start_turn and finish_turn."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from .. import errors
+from ..messages import Message
+from ..models import AppendResult, TurnOutcome, TurnResult
+from .prepare import PreparedMessage, check_token, prepare_batch, within_media_budget
+from .reads import fetch_sequences
+from .requests import TURN_OUTCOMES, Operation, ThreadRef, read_back_failed, write
+from .scripts import SCRIPTS
+from .wire import AppendReply, FinishTurnReply, StartTurnReply
+
+
+def append(
+    thread: ThreadRef, messages: Message | dict | Iterable[Message | dict], turn_id: str | None
+) -> Operation:
+    def send(items: list[PreparedMessage]) -> Operation:
+        args: list[Any] = [*thread.limits(), turn_id or "", len(items)]
+        for item in items:
+            args += (item.message.id, item.message.otid or "", item.media, item.record)
+        try:
+            return AppendReply.decode((yield from write(thread, SCRIPTS["append"], args)))
+        except errors.OutcomeUnknown as unknown:
+            # The ids the client made are the call's token: re-sending these messages is safe.
+            unknown.messages = [item.message for item in items]
+            raise
+
+    prepared = prepare_batch(thread.config, messages, turn_id)
+    reply, prepared = yield from within_media_budget(prepared, turn_id, send)
+    if reply.stored:
+        first = reply.first_sequence
+        return AppendResult([_with_sequence(item.message, first + i) for i, item in enumerate(prepared)])
+    return (yield from _replayed(thread, prepared, reply))
+
+
+def _replayed(thread: ThreadRef, prepared: list[PreparedMessage], reply: AppendReply) -> Operation:
+    """Every message was already stored: a replay returns what the first call stored."""
+    sequences = [replayed.sequence for replayed in reply.replayed]
+    try:
+        found = yield from fetch_sequences(thread, sequences, missing_ok=True)
+    except errors.ServerError as exc:
+        raise read_back_failed("append", [item.message for item in prepared], exc) from exc
+    by_sequence = {m.seq_id: m for m in found}
+    stored = []
+    for item, replayed in zip(prepared, reply.replayed):
+        message = by_sequence.get(replayed.sequence)
+        if message is None:
+            # Stored, then deleted by retention before this read: named by its stored id and
+            # sequence, with the content as sent.
+            stored_id = replayed.id or item.message.id
+            message = _with_sequence(item.message.model_copy(update={"id": stored_id}), replayed.sequence)
+        stored.append(message)
+    return AppendResult(stored, replayed=True)
+
+
+def _with_sequence(message: Message, sequence: int) -> Message:
+    """Sets seq_id on a copy the store made itself (no second copy, no re-validation)."""
+    message.__dict__["seq_id"] = sequence
+    return message
+
+
+def start_turn(thread: ThreadRef, turn_id: str) -> Operation:
+    check_token("turn_id", turn_id)
+    reply = yield from write(thread, SCRIPTS["start_turn"], (*thread.limits(), turn_id))
+    return StartTurnReply.decode(reply).reply_start
+
+
+def finish_turn(thread: ThreadRef, turn_id: str, outcome: TurnOutcome) -> Operation:
+    check_token("turn_id", turn_id)
+    if outcome not in TURN_OUTCOMES:
+        raise errors.InvalidMessage(f"outcome {outcome!r} is not one of {', '.join(TURN_OUTCOMES)}")
+    reply = FinishTurnReply.decode(
+        (yield from write(thread, SCRIPTS["finish_turn"], (*thread.limits(), turn_id, outcome)))
+    )
+    return TurnResult(
+        turn_id=turn_id,
+        outcome=reply.outcome,
+        reply_count=reply.reply_count,
+        first_sequence=reply.first_sequence,
+        last_sequence=reply.last_sequence,
+    )

@@ -1,0 +1,120 @@
+"""The writes that change what a thread already holds: compact, replace, remove_turn, delete
+and migrate (a layout-1 thread into chunks)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from .. import errors
+from ..messages import CompactionStats, Message
+from .prepare import PreparedMessage, check_token, prepare_batch, stored_date, within_media_budget
+from .reads import fetch_sequences, locate_records
+from .record import salvage
+from .requests import REMOVE_TURN_STEP, Eval, Operation, ThreadRef, delete_steps, migrate_step, read_back_failed, write
+from .scripts import SCRIPTS
+from .wire import CompactReply, RemoveTurnReply, ReplaceReply, RetainReply
+
+log = logging.getLogger("kvstore")
+
+
+def compact(
+    thread: ThreadRef, summary: str, last_sequence: int, stats: CompactionStats | dict | None = None
+) -> Operation:
+    if isinstance(last_sequence, bool) or not isinstance(last_sequence, int) or last_sequence < 1:
+        raise errors.InvalidSummaryRange(f"last_sequence must be a positive int, got {last_sequence!r}")
+    message = {"message_type": "summary_message", "summary": summary, "compaction_stats": stats}
+
+    def send(items: list[PreparedMessage]) -> Operation:
+        (item,) = items
+        args = [*thread.limits(), last_sequence, item.message.id, item.message.otid or "", item.media, item.record]
+        return CompactReply.decode((yield from write(thread, SCRIPTS["compact"], args)))
+
+    reply, (item,) = yield from within_media_budget(prepare_batch(thread.config, message, None), None, send)
+    # A replay runs retention again: the first call's caller may not have finished it.
+    deleted = reply.chunks_deleted if reply.stored else thread.config.max_chunks_per_call
+    try:
+        # Each call deletes at most max_chunks_per_call chunks; go on while that cap was reached.
+        while deleted >= thread.config.max_chunks_per_call:
+            retained = yield Eval(SCRIPTS["retain"], thread.script_keys, thread.limits())
+            deleted = RetainReply.decode(retained).chunks_deleted
+        if not reply.stored:
+            found = yield from fetch_sequences(thread, [reply.summary_sequence])
+            return found[0]
+    except errors.OutcomeUnknown as unknown:
+        unknown.messages = [item.message]
+        raise
+    except errors.ServerError as exc:
+        raise read_back_failed("compact", [item.message], exc) from exc
+    return item.message.model_copy(update={"seq_id": reply.summary_sequence})
+
+
+def replace(thread: ThreadRef, message_id: str, message: Message | dict) -> Operation:
+    if not isinstance(message_id, str) or not message_id:
+        raise errors.InvalidCursor(f"message id must be a non-empty str, got {message_id!r}")
+    incoming = PreparedMessage.of(thread.config, message, None).message
+    yield from migrate(thread)
+    found = yield from locate_records(thread, "id", [message_id])
+    if not found:
+        raise errors.MessageNotFound(f"no stored message has id {message_id!r}")
+    # The original is not decoded, so an unreadable one can be replaced too: what a lenient read
+    # of its record tells is kept (docs/RELIABILITY.md, "One bad record").
+    original = salvage(found[0][1])
+
+    def keep(body: dict[str, Any]) -> None:
+        # Same id and sequence; the otid stays the original's (the otid map is not changed).
+        body["id"] = message_id
+        body.pop("otid", None)
+        if original.otid is not None:
+            body["otid"] = original.otid
+        body.setdefault("date", original.date or stored_date())
+
+    def send(items: list[PreparedMessage]) -> Operation:
+        (item,) = items
+        args = [*thread.limits(), message_id, item.media, item.record]
+        return ReplaceReply.decode((yield Eval(SCRIPTS["replace"], thread.script_keys, args)))
+
+    prepared = [PreparedMessage.of(thread.config, incoming, original.turn_id, keep)]
+    reply, (item,) = yield from within_media_budget(prepared, original.turn_id, send)
+    return item.message.model_copy(update={"seq_id": reply.sequence})
+
+
+def remove_turn(thread: ThreadRef, turn_id: str) -> Operation:
+    check_token("turn_id", turn_id)
+    yield from migrate(thread)
+    removed = 0
+    while True:
+        reply = RemoveTurnReply.decode((yield Eval(
+            SCRIPTS["remove_turn"], thread.script_keys, (*thread.limits(), turn_id, REMOVE_TURN_STEP)
+        )))
+        removed += reply.removed
+        if reply.remaining == 0:
+            return removed
+
+
+def delete(thread: ThreadRef) -> Operation:
+    """Removes every key of the thread, DELETE_STEP chunks per call.
+
+    The first call tombstones the thread (lua/delete.lua): if the caller stops between calls,
+    the thread reads as empty and the next delete, or write, finishes the job."""
+    yield from delete_steps(thread.script_keys, "start")
+
+
+def migrate(thread: ThreadRef, max_calls: int | None = None) -> Operation:
+    """Moves a layout-1 thread into chunks, one bounded call at a time; returns the calls made.
+
+    Stops when the thread is in layout 2 or after `max_calls` calls (None: until done).
+    """
+    calls = 0
+    while max_calls is None or calls < max_calls:
+        step = yield from migrate_step(thread)
+        calls += 1
+        if step.layout == 2:
+            if step.fields_left:
+                log.warning(
+                    "thread %s is in layout 2; %d legacy fields that are not sequences were not"
+                    " migrated and stay in %s",
+                    thread.keys.meta, step.fields_left, thread.keys.legacy,
+                )
+            break
+    return calls

@@ -1,0 +1,171 @@
+"""Messages made ready to send, before any request: every limit is checked here.
+
+:class:`PreparedMessage` carries one message through validation and encoding
+(kvstore/_engine/record.py), the per-message limits and the thread's inline-media budget;
+:func:`prepare_batch` prepares a call's messages, filling their ids and dates;
+:func:`within_media_budget` sends them again, their inline parts replaced, when the thread's
+budget refuses them. Also the checks of ids and turn ids, and the new ids and dates.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import BaseModel
+
+from .. import errors
+from ..config import StoreConfig
+from ..messages import Message, check_inline_parts, inline_media_bytes, strip_inline_media
+from .record import encode_message
+from .requests import MAX_TOKEN_LENGTH, Operation
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedMessage:
+    """One message ready to send: as stored (validated; ids and dates filled), its record and
+    its inline media bytes (what the thread's budget counts)."""
+
+    message: Message
+    record: bytes
+    media: int
+
+    @classmethod
+    def of(
+        cls,
+        config: StoreConfig,
+        message: Message | dict,
+        turn_id: str | None,
+        edit: Callable[[dict[str, Any]], None] | None = None,
+        what: str = "the message",
+    ) -> PreparedMessage:
+        """`message` validated and encoded (record.py: encode_message, after `edit` on its
+        dump), its limits checked."""
+        stored, record = encode_message(message, turn_id, edit)
+        media = check_inline_parts(stored, config.max_inline_part_bytes)
+        if len(record) > config.max_message_bytes:
+            raise errors.MessageTooLarge(
+                f"{what} ({stored.message_type}) encodes to {len(record)} bytes;"
+                f" max_message_bytes is {config.max_message_bytes}"
+            )
+        return cls(stored, record, media)
+
+    def fitted(self, available: int, turn_id: str | None) -> PreparedMessage:
+        """This message with its inline parts replaced, first to last, until its media fits
+        `available` bytes; itself when it fits already."""
+        if self.media <= available:
+            return self
+        message, record = encode_message(strip_inline_media(self.message, self.media - available), turn_id)
+        return PreparedMessage(message, record, inline_media_bytes(message))
+
+
+def fit_media(items: list[PreparedMessage], available: int, turn_id: str | None) -> list[PreparedMessage]:
+    """Replaces the batch's own inline parts, first to last, until it fits `available` bytes."""
+    fitted = []
+    for item in items:
+        item = item.fitted(available, turn_id)
+        available -= item.media
+        fitted.append(item)
+    return fitted
+
+
+def within_media_budget(
+    items: list[PreparedMessage], turn_id: str | None, send: Callable[[list[PreparedMessage]], Operation]
+) -> Operation:
+    """Runs `send(items)`; returns its result and the items it sent.
+
+    A thread whose inline-media budget has less room than the items carry refuses the call
+    before writing (InlineMediaBudget, with the room left): it is sent again with the items
+    fitted to that room.
+    """
+    while True:
+        try:
+            return (yield from send(items)), items
+        except errors.InlineMediaBudget as over:
+            items = fit_media(items, over.available, turn_id)
+
+
+def prepare_batch(
+    config: StoreConfig, messages: Message | dict | Iterable[Message | dict], turn_id: str | None
+) -> list[PreparedMessage]:
+    """Validates what it encodes, fills ids and dates; every limit is enforced here, before the socket."""
+    if isinstance(messages, (dict, BaseModel)) or not isinstance(messages, Iterable):
+        messages = [messages]
+    given = list(messages)
+    _check_batch_count(config, given)
+    if turn_id is not None:
+        check_token("turn_id", turn_id)
+    now = stored_date()
+
+    def stamp(body: dict[str, Any]) -> None:
+        # On the dump that is stored; the caller's own message gets only the id (below).
+        if "id" in body:
+            check_token("message id", body["id"])
+        else:
+            body["id"] = _new_message_id()
+        if "otid" in body:
+            check_token("otid", body["otid"])
+        body.setdefault("date", now)
+
+    prepared = [
+        PreparedMessage.of(config, message, turn_id, stamp, f"message {position}")
+        for position, message in enumerate(given)
+    ]
+    total = sum(len(item.record) for item in prepared)
+    if total > config.max_batch_bytes:
+        raise errors.BatchTooLarge(
+            f"the batch encodes to {total} bytes; max_batch_bytes is {config.max_batch_bytes}"
+        )
+    # The ids are the call's token: the caller's own messages carry them from now on, so that
+    # sending the same messages again after any interruption is a replay.
+    for original, item in zip(given, prepared):
+        _give_id(original, item.message.id)
+    return prepared
+
+
+def _check_batch_count(config: StoreConfig, batch: list[Any]) -> None:
+    if not batch:
+        raise errors.InvalidMessage("append needs at least one message")
+    if len(batch) > config.max_batch_messages:
+        raise errors.BatchTooLarge(
+            f"{len(batch)} messages in one call; at most {config.max_batch_messages}"
+        )
+
+
+def _give_id(original: Any, message_id: str) -> None:
+    """Sets the id the store made on the caller's message (a model or a dict) that had none."""
+    if isinstance(original, BaseModel):
+        if original.__dict__.get("id") is None:
+            # A valid id by construction: no re-validation (validate_assignment) needed.
+            original.__dict__["id"] = message_id
+            original.__pydantic_fields_set__.add("id")
+    elif isinstance(original, dict) and original.get("id") is None:
+        original["id"] = message_id
+
+
+def check_token(kind: str, value: str) -> None:
+    """Refuses an id, otid or turn id the scripts cannot take as one ARGV field."""
+    if not isinstance(value, str):
+        raise errors.InvalidMessage(f"{kind} must be a str, not {type(value).__name__}")
+    if not value or len(value) > MAX_TOKEN_LENGTH or any(c in value for c in "\t\n\r\0"):
+        raise errors.InvalidMessage(
+            f"{kind} {value[:80]!r} must be 1-{MAX_TOKEN_LENGTH} characters without tabs,"
+            " newlines or NUL"
+        )
+
+
+def _new_message_id() -> str:
+    """`message-<uuid4>`, built straight from random bytes (uuid.uuid4() is slower)."""
+    raw = bytearray(os.urandom(16))
+    raw[6] = (raw[6] & 0x0F) | 0x40  # version 4
+    raw[8] = (raw[8] & 0x3F) | 0x80  # RFC 4122 variant
+    h = raw.hex()
+    return f"message-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
+def stored_date() -> str:
+    """The time as a stored date: ISO 8601 in UTC, as pydantic dumps it (isoformat is the fast way)."""
+    return datetime.now(UTC).isoformat()[:-6] + "Z"

@@ -1,0 +1,113 @@
+"""Reads of messages named by sequence, id or otid, and the one place records are decoded.
+
+lua/locate.lua says where each message lives (the window, a chunk or a layout-1 thread's legacy
+hash); one pipeline of native reads then fetches the records, checked against meta's gen.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any, Literal
+
+from .. import errors
+from ..messages import Message
+from .record import decode_records
+from .requests import MAX_READ_ATTEMPTS, Batch, Eval, Operation, ThreadRef, changed_under_reads, int_or_zero
+from .scripts import SCRIPTS
+from .wire import split_chunk
+
+log = logging.getLogger("kvstore")
+
+
+def decode(
+    thread: ThreadRef, entries: list[tuple[int, bytes]], unreadable: list[int] | None = None
+) -> list[Message]:
+    """The messages of `entries`; every read decodes here (docs/RELIABILITY.md, "One bad record").
+
+    An unreadable record raises RecordError naming its sequence. Given `unreadable` (a page
+    read), it is skipped instead, logged, and its sequence appended there in page order.
+    """
+    if not entries:
+        return []
+    if unreadable is None:
+        return decode_records(entries)
+    failed: list[errors.RecordError] = []
+    messages = decode_records(entries, failed)
+    for error in failed:
+        log.warning("thread %s: skipped an unreadable record: %s", thread.keys.meta.rpartition(":")[0], error)
+        unreadable.append(error.sequence)
+    return messages
+
+
+def fetch_sequences(
+    thread: ThreadRef, sequences: Sequence[int], missing_ok: bool = False, unreadable: list[int] | None = None
+) -> Operation:
+    """Reads messages by sequence, in the order given (`unreadable`: as in decode)."""
+    return (yield from _fetch_located(thread, "seq", [str(s) for s in sequences], missing_ok, unreadable))
+
+
+def get(thread: ThreadRef, message_id: str) -> Operation:
+    return (yield from _get_one(thread, "id", message_id))
+
+
+def get_by_otid(thread: ThreadRef, otid: str) -> Operation:
+    return (yield from _get_one(thread, "otid", otid))
+
+
+def _get_one(thread: ThreadRef, kind: Literal["id", "otid"], value: str) -> Operation:
+    name = "message id" if kind == "id" else "otid"
+    if not isinstance(value, str) or not value:
+        raise errors.InvalidCursor(f"{name} must be a non-empty str, got {value!r}")
+    found = yield from _fetch_located(thread, kind, [value], missing_ok=True)
+    if not found:
+        raise errors.MessageNotFound(f"no stored message has {kind} {value!r}")
+    return found[0]
+
+
+def _fetch_located(
+    thread: ThreadRef, kind: str, targets: list[str], missing_ok: bool, unreadable: list[int] | None = None
+) -> Operation:
+    entries = yield from locate_records(thread, kind, targets)
+    if len(entries) < len(targets) and not missing_ok:
+        raise errors.MessageNotFound(f"{len(targets) - len(entries)} messages are not stored")
+    return decode(thread, entries, unreadable)
+
+
+def locate_records(thread: ThreadRef, kind: str, targets: list[str]) -> Operation:
+    """(sequence, record) of each target that is stored, by sequence or by id, in order."""
+    for _ in range(MAX_READ_ATTEMPTS):
+        reply = yield Eval(SCRIPTS["locate"], thread.script_keys, (kind, *targets))
+        gen, places = reply[0], reply[2:]
+        wanted, commands = _record_reads(thread, places)
+        results = yield Batch([*commands, ("HGET", thread.keys.meta, "gen")])
+        if int_or_zero(results[-1]) != int(gen):
+            continue
+        entries = []
+        for sequence, command, result in zip(wanted, commands, results[:-1]):
+            record = split_chunk(*result).get(sequence) if command[2] == "_m" else (result[0] if result else None)
+            if record is not None:
+                entries.append((sequence, record))
+        return entries
+    raise changed_under_reads()
+
+
+def _record_reads(thread: ThreadRef, places: list[Any]) -> tuple[list[int], list[tuple[Any, ...]]]:
+    """The sequences found and the native read of each, from lua/locate.lua's (sequence, where)
+    pairs: where -1 is the window, -2 the legacy hash, a positive number the chunk starting
+    there, 0 nowhere."""
+    keys = thread.keys
+    wanted: list[int] = []
+    commands: list[tuple[Any, ...]] = []
+    for i in range(0, len(places), 2):
+        sequence, where = int(places[i]), int(places[i + 1])
+        if where == -1:
+            commands.append(("ZRANGE", keys.window, sequence, sequence, "BYSCORE"))
+        elif where == -2:
+            commands.append(("HMGET", keys.legacy, sequence))
+        elif where > 0:
+            commands.append(("HMGET", keys.chunk(where), "_m", "d"))
+        else:
+            continue
+        wanted.append(sequence)
+    return wanted, commands

@@ -1,0 +1,161 @@
+"""What every operation of the core is made of: its requests and what they share.
+
+An operation is a generator that yields :class:`Eval` (one script call) or :class:`Batch` (native
+commands sent in one round trip) and receives the reply; a typed error is thrown into it
+instead. Here too: :class:`ThreadRef`, the limits and sizes the operations share, the writing
+script call (:func:`write`, which takes a layout-1 thread's migration steps first) and the
+finishing of an interrupted delete() (:func:`finishing_deletes`), which every operation runs in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from .. import errors
+from ..config import StoreConfig
+from ..messages import Message
+from .keys import ThreadKeys
+from .scripts import SCRIPTS, Script
+from .wire import DeleteReply, MigrateReply
+
+
+@dataclass(frozen=True, slots=True)
+class Eval:
+    script: Script
+    keys: Sequence[str]
+    args: Sequence[Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    commands: Sequence[tuple[Any, ...]]
+
+
+Operation = Generator[Eval | Batch, Any, Any]
+
+Cursor = str | int | None
+
+MAX_LIMIT = 1000
+# Messages per page of iter().
+ITER_PAGE = 200
+SNAPSHOT_SIZE = 200
+# Chunks one page plan names at most; a page needing more plans again from where it stopped.
+PLAN_MAX_CHUNKS = 64
+# A read whose containers changed under it (rollover, deletion) is re-planned this many times.
+MAX_READ_ATTEMPTS = 20
+MAX_TOKEN_LENGTH = 256
+TURN_OUTCOMES = ("completed", "steered", "cancelled", "failed")
+# The most messages one remove_turn call retracts; larger turns take several calls.
+REMOVE_TURN_STEP = 500
+# The most chunks one delete call removes.
+DELETE_STEP = 256
+
+
+@dataclass(frozen=True, slots=True)
+class ThreadRef:
+    """What every operation needs to know about its thread, computed once per thread handle."""
+
+    config: StoreConfig
+    keys: ThreadKeys
+    script_keys: tuple[str, ...]  # KEYS[1..10] of every script (lua/includes/thread.lua)
+    limits_args: tuple[Any, ...]  # ARGV[1..10] of every writing script
+
+    @classmethod
+    def of(cls, config: StoreConfig, thread_id: str) -> ThreadRef:
+        keys = ThreadKeys.of(config.namespace, thread_id)
+        retained = config.retained_message_limit
+        limits = (
+            config.window_size,
+            config.chunk_size,
+            config.chunk_max_bytes,
+            config.max_chunks_per_call,
+            config.max_bytes_per_call,
+            config.max_message_bytes,
+            config.max_inline_media_bytes,
+            -1 if retained is None else retained,
+            (config.thread_ttl or 0) * 1000,
+        )
+        # ARGV[10] names the nine as the server receives them (read_limits parses a key once).
+        limits_key = ":".join(str(value) for value in limits)
+        return cls(config, keys, (*keys.fixed(), keys.chunk_prefix), (*limits, limits_key))
+
+    def limits(self) -> tuple[Any, ...]:
+        """ARGV[1..10] of every writing script (lua/includes/thread.lua: read_limits)."""
+        return self.limits_args
+
+
+def int_or_zero(value: Any) -> int:
+    """A number the server replied, or 0 for a field or key that is not there."""
+    return int(value) if value is not None else 0
+
+
+def changed_under_reads() -> errors.ServerError:
+    """What a read raises when every attempt met the thread changing under it."""
+    return errors.ServerError("the thread changed under every read attempt; try again")
+
+
+# --------------------------------------------------------------------------------- writes
+
+
+def write(thread: ThreadRef, script: Script, args: Sequence[Any]) -> Operation:
+    """Calls a writing script. A layout-1 thread refuses it, before writing, while the scan for
+    its legacy range runs (MigrationPending): the scan steps run, and the call is sent again."""
+    while True:
+        try:
+            return (yield Eval(script, thread.script_keys, args))
+        except errors.MigrationPending:
+            while True:
+                step = yield from migrate_step(thread)
+                if step.layout == 2 or not step.scanning:
+                    break
+
+
+def migrate_step(thread: ThreadRef) -> Operation:
+    """One bounded call of lua/migrate.lua."""
+    return MigrateReply.decode((yield Eval(SCRIPTS["migrate"], thread.script_keys, thread.limits())))
+
+
+def read_back_failed(name: str, sent: list[Message], exc: Exception) -> errors.OutcomeUnknown:
+    """The server or the connection failed after the write was sent: the caller gets the
+    messages as sent, to re-send. (An error about the thread itself, such as LayoutError, is
+    raised as it is.)"""
+    unknown = errors.OutcomeUnknown(
+        f"{name}: the call reached the server but what followed it failed ({exc}). Re-send the"
+        " same call (same message ids or otids): nothing is stored twice."
+    )
+    unknown.messages = sent
+    return unknown
+
+
+# -------------------------------------------------------------------------------- deletes
+
+
+def delete_steps(script_keys: Sequence[str], mode: Literal["start", "continue"]) -> Operation:
+    """Calls lua/delete.lua, DELETE_STEP chunks at a time, until the thread is gone."""
+    while not DeleteReply.decode((yield Eval(SCRIPTS["delete"], script_keys, (DELETE_STEP, mode)))).done:
+        mode = "continue"
+
+
+def finishing_deletes(operation: Operation) -> Operation:
+    """Drives `operation`, finishing any interrupted delete() one of its writes runs into.
+
+    A writing script refuses a thread being deleted before it writes anything (KVS_DELETING):
+    the deletion is finished here, never started (a thread another caller wrote meanwhile is left
+    alone), and the refused call is sent again, to the now-empty thread. The executors run every
+    operation through this, so no operation handles it itself."""
+    try:
+        request = next(operation)
+        while True:
+            try:
+                reply = yield request
+            except errors.ThreadDeleting:
+                yield from delete_steps(request.keys, "continue")
+                continue
+            except errors.KVStoreError as exc:
+                request = operation.throw(exc)
+            else:
+                request = operation.send(reply)
+    except StopIteration as done:
+        return done.value

@@ -1,0 +1,145 @@
+"""Views of a whole thread: stats, snapshot and context (the model input).
+
+A view that takes several round trips reads meta before and after them, and reads again when
+the thread changed in between, so that what it returns is as of one state of the thread.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from .. import errors
+from ..messages import Message, SummaryMessage
+from ..models import MessagesPage, ThreadSnapshot, ThreadStats, TurnState
+from .keys import ThreadKeys
+from .pages import gathering, list_page, pages
+from .reads import fetch_sequences
+from .requests import MAX_LIMIT, MAX_READ_ATTEMPTS, SNAPSHOT_SIZE, Batch, Cursor, Operation, ThreadRef, changed_under_reads
+
+log = logging.getLogger("kvstore")
+
+
+def stats(thread: ThreadRef) -> Operation:
+    meta, window, chunks, large, legacy = yield Batch(_stats_commands(thread.keys))
+    return _stats_from(meta, window, chunks + large, legacy)
+
+
+def _stats_commands(keys: ThreadKeys) -> list[tuple[Any, ...]]:
+    return [
+        ("HGETALL", keys.meta),
+        ("ZCARD", keys.window),
+        ("ZCARD", keys.chunk_index),
+        ("ZCARD", keys.large_index),
+        ("HLEN", keys.legacy),
+    ]
+
+
+def _stats_from(meta: dict, window: int, chunks: int, legacy: int) -> ThreadStats:
+    fields = {(k.decode() if isinstance(k, bytes) else k): v for k, v in meta.items()}
+    if "deleting" in fields:  # an interrupted delete(): the thread reads as empty
+        fields, window, chunks, legacy = {}, 0, 0, 0
+
+    def number(name: str) -> int | None:
+        value = fields.get(name)
+        return int(value) if value is not None else None
+
+    stored = number("stored") or 0
+    layout = number("layout")
+    if legacy and layout != 2 and number("legacy_last") is None:
+        # A layout-1 thread no write has touched yet: its messages are all in the legacy hash.
+        stored += legacy
+        layout = 1
+    return ThreadStats(
+        stored_messages=stored,
+        window_messages=window,
+        chunks=chunks,
+        stored_bytes=number("bytes") or 0,
+        media_bytes=number("media") or 0,
+        next_sequence=(number("last_seq") or 0) + 1,
+        deleted_before_sequence=number("deleted_before") or None,
+        summary_last_sequence=number("summary_last"),
+        layout_version=layout,
+    )
+
+
+def snapshot(thread: ThreadRef) -> Operation:
+    """The newest page, the summary, the turn and the stats, as of one state of the thread.
+
+    The stats are read before the page and checked after it: an append, a move or a compaction
+    in between (last_seq, gen or summary_seq changed) makes the snapshot read again.
+    """
+    keys = thread.keys
+    for _ in range(MAX_READ_ATTEMPTS):
+        meta, window, chunks, large, legacy = yield Batch(_stats_commands(keys))
+        page = yield from list_page(thread, limit=SNAPSHOT_SIZE, order="desc")
+        fields = {_text(k): _text(v) for k, v in meta.items()}
+        (now,) = yield Batch([("HMGET", keys.meta, "last_seq", "gen", "summary_seq")])
+        if [None if v is None else _text(v) for v in now] != [fields.get(f) for f in ("last_seq", "gen", "summary_seq")]:
+            continue
+        turn = None
+        if fields.get("turn_id"):
+            turn = TurnState(
+                turn_id=fields["turn_id"],
+                sequence=int(fields["turn_seq"]),
+                outcome=fields.get("turn_outcome") or "open",
+            )
+        unreadable = list(page.unreadable)
+        summary = yield from _summary(thread, fields, unreadable)
+        return ThreadSnapshot(
+            messages=list(reversed(page.messages)),
+            summary=summary,
+            turn=turn,
+            stats=_stats_from(meta, window, chunks + large, legacy),
+            unreadable=sorted(set(unreadable)),
+        )
+    raise changed_under_reads()
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _summary(thread: ThreadRef, fields: dict[str, str], unreadable: list[int]) -> Operation:
+    """The context summary named by meta, or None (also when its record is unreadable)."""
+    if not fields.get("summary_seq"):
+        return None
+    found = yield from fetch_sequences(thread, [int(fields["summary_seq"])], missing_ok=True, unreadable=unreadable)
+    summary = found[0] if found else None
+    return summary if isinstance(summary, SummaryMessage) else None
+
+
+def context(thread: ThreadRef) -> Operation:
+    """The model input: the context summary and every message after its last sequence.
+
+    It takes several round trips; a compaction landing between them would pair the old summary
+    with pages cut by the new retention. Summaries only move forward (each is a new message with
+    a new sequence), so an unchanged `summary_seq` after the last page means no compaction ran
+    in between; otherwise the read starts again.
+    """
+    keys = thread.keys
+    for _ in range(MAX_READ_ATTEMPTS):
+        (meta,) = yield Batch([("HMGET", keys.meta, "summary_last", "summary_seq", "deleted_before")])
+        summary_last, summary_seq, deleted_before = meta
+        messages: list[Message] = []
+        after: Cursor = None
+        if summary_seq is not None:
+            summary = yield from _summary(thread, {"summary_seq": _text(summary_seq)}, [])
+            if summary is not None:
+                messages.append(summary)
+            after = int(summary_last)
+        elif deleted_before is not None:
+            log.warning(
+                "thread %s has deleted messages (before sequence %s) but no summary: its model input"
+                " starts mid-conversation",
+                keys.meta,
+                _text(deleted_before),
+            )
+        skip = int(summary_seq) if summary_seq is not None else None
+        read: list[MessagesPage] = []
+        yield from gathering(pages(thread, after=after, limit=MAX_LIMIT), read.append)
+        messages += [m for page in read for m in page.messages if m.seq_id != skip]
+        (now,) = yield Batch([("HGET", keys.meta, "summary_seq")])
+        if now == summary_seq:
+            return messages
+    raise errors.ServerError("the thread was compacted under every read attempt; try again")
