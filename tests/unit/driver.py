@@ -201,7 +201,7 @@ def drive(operation: Operation, *steps: Step | Repeat, keys: Sequence[str] | Non
                 request = operation.send(step.answer(request))
     except StopIteration as done:
         result = done.value
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001  # whatever the operation raised is raised again below
         failure = exc
     # Outside the except clauses: a failure here is reported alone, not chained to StopIteration.
     _nothing_left(script, "returned" if failure is None else f"raised {type(failure).__name__}: {failure}")

@@ -31,10 +31,7 @@ def message(seq: int, **fields: Any) -> UserMessage:
 
 def v1_record(seq: int) -> bytes:
     """A layout-1 (version 1) record: the message's JSON, string content."""
-    return (
-        '{"message_type": "user_message", "id": "m%d", "content": "legacy %d", "date": "%s"}'
-        % (seq, seq, DATE)
-    ).encode()
+    return f'{{"message_type": "user_message", "id": "m{seq}", "content": "legacy {seq}", "date": "{DATE}"}}'.encode()
 
 
 def side_line(seq: int, record: bytes, message_id: str, otid: str = "", media: int = 0, turn: str = "") -> bytes:
@@ -133,13 +130,6 @@ class FakeThread:
             self.ids.pop(self.id_of.get(seq, ""), None)
         self.chunks = {first: records for first, records in self.chunks.items() if records}
         self.move_gen()
-
-    def sequences(self) -> list[int]:
-        """Every stored sequence, ascending."""
-        stored = set(self.window) | set(self.large) | set(self.legacy)
-        for records in self.chunks.values():
-            stored |= set(records)
-        return sorted(stored)
 
     # ------------------------------------------------------------------ the keys as Redis types
 
@@ -287,7 +277,8 @@ class FakeThread:
         keys = self.keys
 
         def check(commands: list[tuple]) -> bool:
-            return commands[0][:3] == ("HMGET", keys.meta, "gen") and commands[-1] == ("HMGET", keys.meta, "gen", "last_seq")
+            first, last = commands[0], commands[-1]
+            return first[:3] == ("HMGET", keys.meta, "gen") and last == ("HMGET", keys.meta, "gen", "last_seq")
 
         return batch(check, reply=reply or self.reply)
 

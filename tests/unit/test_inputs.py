@@ -113,7 +113,11 @@ def test_a_refused_batch_leaves_the_callers_messages_without_ids(config):
 
 
 def test_prepare_batch_gives_each_message_an_id_and_a_date(config):
-    given = [UserMessage(content="a"), {"message_type": "user_message", "content": "b"}, UserMessage(id="mine", content="c")]
+    given = [
+        UserMessage(content="a"),
+        {"message_type": "user_message", "content": "b"},
+        UserMessage(id="mine", content="c"),
+    ]
     prepared = prepare_batch(config, given, "turn-1")
     ids = [item.message.id for item in prepared]
     assert ids[2] == "mine" and len(set(ids)) == 3

@@ -296,7 +296,13 @@ def test_stats_of_a_thread_being_deleted_read_as_empty(thread, fake):
 def _stats_step(fake: FakeThread):
     keys = fake.keys
     return batch(
-        [("HGETALL", keys.meta), ("ZCARD", keys.window), ("ZCARD", keys.chunk_index), ("ZCARD", keys.large_index), ("HLEN", keys.legacy)],
+        [
+            ("HGETALL", keys.meta),
+            ("ZCARD", keys.window),
+            ("ZCARD", keys.chunk_index),
+            ("ZCARD", keys.large_index),
+            ("HLEN", keys.legacy),
+        ],
         reply=fake.reply,
     )
 

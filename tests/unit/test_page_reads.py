@@ -273,7 +273,11 @@ def test_get_reads_the_chunk_locate_names(thread, fake):
 def test_get_of_an_unknown_id_or_otid_is_message_not_found(thread, fake):
     chunked(fake)
     with pytest.raises(errors.MessageNotFound):
-        drive(core.get(thread, "nope"), fake.located("nope", kind="id"), batch([("HGET", thread.keys.meta, "gen")], reply=fake.reply))
+        drive(
+            core.get(thread, "nope"),
+            fake.located("nope", kind="id"),
+            batch([("HGET", thread.keys.meta, "gen")], reply=fake.reply),  # nothing to fetch but gen
+        )
     with pytest.raises(errors.MessageNotFound):
         drive(core.get_by_otid(thread, "o-1"), fake.located("o-1", kind="otid"), fake.fetch())
 

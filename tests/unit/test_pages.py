@@ -10,7 +10,14 @@ import pytest
 
 from kvstore import SummaryMessage, errors
 from kvstore._engine import core
-from kvstore._engine.core import ITER_PAGE, MAX_LIMIT, SNAPSHOT_SIZE, Batch, Eval, gathering
+from kvstore._engine.core import (
+    ITER_PAGE,
+    MAX_LIMIT,
+    SNAPSHOT_SIZE,
+    Batch,
+    Eval,
+    gathering,
+)
 from kvstore._engine.scripts import SCRIPTS
 
 from .driver import batch, call, collect, drive, repeat
@@ -196,7 +203,13 @@ def test_context_without_a_summary_is_every_message_and_warns_of_retention(threa
 def snapshot_pass(fake: FakeThread, recheck=None):
     keys = fake.keys
     stats = batch(
-        [("HGETALL", keys.meta), ("ZCARD", keys.window), ("ZCARD", keys.chunk_index), ("ZCARD", keys.large_index), ("HLEN", keys.legacy)],
+        [
+            ("HGETALL", keys.meta),
+            ("ZCARD", keys.window),
+            ("ZCARD", keys.chunk_index),
+            ("ZCARD", keys.large_index),
+            ("HLEN", keys.legacy),
+        ],
         reply=fake.reply,
     )
     again = batch([("HMGET", keys.meta, "last_seq", "gen", "summary_seq")], reply=recheck or fake.reply)
