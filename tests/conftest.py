@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from pathlib import Path
 
 import pytest
 import redis
@@ -29,7 +30,16 @@ def _start_servers() -> dict[str, ServerProcess]:
     return _servers
 
 
+def _unit_layer_only(config) -> bool:
+    """Whether the run holds only tests/unit, the sans-IO core's layer, which needs no server."""
+    unit = Path(__file__).parent / "unit"
+    paths = [(config.invocation_params.dir / str(arg).split("::")[0]).resolve() for arg in config.args]
+    return bool(paths) and all(path == unit or unit in path.parents for path in paths)
+
+
 def pytest_report_header(config):
+    if _unit_layer_only(config):
+        return ["kvstore test servers: none started (tests/unit needs none)"]
     servers = _start_servers()
     lines = [f"kvstore test servers: {name} {s.version()} on {s.url}" for name, s in servers.items()]
     if "redis" not in servers:

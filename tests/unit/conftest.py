@@ -1,0 +1,41 @@
+"""Fixtures of the unit layer, and its guard: no test here opens a socket or starts a server."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from kvstore import StoreConfig
+from kvstore._engine.core import ThreadRef
+
+from .. import conftest as root
+from .layout import FakeThread
+
+
+@pytest.fixture(autouse=True)
+def no_server(monkeypatch):
+    """A unit test talks to no server: connecting fails, and no test server may start."""
+
+    def refuse(self, address):
+        raise AssertionError(f"a unit test connected to {address}: the core must not do I/O")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    started = dict(root._servers)
+    yield
+    assert root._servers == started, "a unit test started a test server"
+
+
+@pytest.fixture
+def config() -> StoreConfig:
+    return StoreConfig(namespace="unit")
+
+
+@pytest.fixture
+def thread(config) -> ThreadRef:
+    return ThreadRef.of(config, "t-1")
+
+
+@pytest.fixture
+def fake(thread) -> FakeThread:
+    return FakeThread(thread.keys)

@@ -1,0 +1,126 @@
+"""Input errors are raised before any request: each case is driven with no step scripted, so a
+request sent first would fail the test as unscripted rather than raise the expected error."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvstore import StoreConfig, UserMessage, errors
+from kvstore._engine import core
+from kvstore._engine.core import MAX_LIMIT, ThreadRef, prepare_batch
+
+from .driver import drive
+
+
+@pytest.mark.parametrize("limit", [0, -1, MAX_LIMIT + 1, True, 2.0, "10", None])
+def test_a_limit_out_of_range(thread, limit):
+    with pytest.raises(errors.InvalidCursor, match="limit"):
+        drive(core.list_page(thread, limit=limit))
+
+
+@pytest.mark.parametrize("order", ["ASC", "newest", None])
+def test_an_unknown_order(thread, order):
+    with pytest.raises(errors.InvalidCursor, match="order"):
+        drive(core.list_page(thread, order=order))
+
+
+@pytest.mark.parametrize("side", ["after", "before"])
+@pytest.mark.parametrize("cursor", [-1, True, 1.5, "", "m" * 257, b"m1", ["m1"]])
+def test_a_bad_cursor(thread, side, cursor):
+    with pytest.raises(errors.InvalidCursor, match=side):
+        drive(core.list_page(thread, **{side: cursor}))
+
+
+@pytest.mark.parametrize("turn_id", ["", "a\tb", "a\nb", "a\0b", "t" * 257, 7])
+def test_a_bad_turn_id(thread, turn_id):
+    with pytest.raises(errors.InvalidMessage, match="turn_id"):
+        drive(core.list_page(thread, turn_id=turn_id))
+    with pytest.raises(errors.InvalidMessage, match="turn_id"):
+        drive(core.start_turn(thread, turn_id))
+    with pytest.raises(errors.InvalidMessage, match="turn_id"):
+        drive(core.append(thread, UserMessage(content="x"), turn_id))
+    with pytest.raises(errors.InvalidMessage, match="turn_id"):
+        drive(core.remove_turn(thread, turn_id))
+
+
+def test_an_unknown_outcome(thread):
+    with pytest.raises(errors.InvalidMessage, match="outcome"):
+        drive(core.finish_turn(thread, "turn-1", "done"))
+
+
+@pytest.mark.parametrize("value", ["", None, 5])
+def test_an_empty_or_non_str_id(thread, value):
+    with pytest.raises(errors.InvalidCursor):
+        drive(core.get(thread, value))
+    with pytest.raises(errors.InvalidCursor):
+        drive(core.get_by_otid(thread, value))
+    with pytest.raises(errors.InvalidCursor):
+        drive(core.replace(thread, value, UserMessage(content="x")))
+
+
+def test_an_empty_batch(thread):
+    with pytest.raises(errors.InvalidMessage, match="at least one"):
+        drive(core.append(thread, [], None))
+
+
+def test_a_batch_of_too_many_messages():
+    thread = ThreadRef.of(StoreConfig(namespace="unit", max_batch_messages=3), "t")
+    with pytest.raises(errors.BatchTooLarge, match="4 messages"):
+        drive(core.append(thread, [UserMessage(content=str(i)) for i in range(4)], None))
+
+
+def test_a_batch_of_too_many_bytes():
+    thread = ThreadRef.of(StoreConfig(namespace="unit", max_batch_bytes=1000), "t")
+    with pytest.raises(errors.BatchTooLarge, match="max_batch_bytes is 1000"):
+        drive(core.append(thread, [UserMessage(content="x" * 400) for _ in range(3)], None))
+
+
+def test_a_message_over_max_message_bytes():
+    thread = ThreadRef.of(StoreConfig(namespace="unit", max_message_bytes=500), "t")
+    with pytest.raises(errors.MessageTooLarge, match="max_message_bytes is 500"):
+        drive(core.append(thread, UserMessage(content="x" * 600), None))
+    with pytest.raises(errors.MessageTooLarge):
+        drive(core.replace(thread, "m1", UserMessage(content="x" * 600)))
+
+
+def test_an_inline_part_over_its_limit(config):
+    thread = ThreadRef.of(StoreConfig(namespace="unit", max_inline_part_bytes=100, max_inline_media_bytes=1000), "t")
+    part = {"type": "image", "source": {"type": "base64", "data": "AAAA" * 50, "media_type": "image/png"}}
+    with pytest.raises(errors.InlineMediaTooLarge):
+        drive(core.append(thread, UserMessage(content=[part]), None))
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("id", "a\tb"), ("id", ""), ("otid", "x\ny"), ("otid", "o" * 257)],
+)
+def test_a_bad_id_or_otid(thread, field, value):
+    body = {"message_type": "user_message", "content": "x", field: value}
+    with pytest.raises(errors.InvalidMessage):
+        drive(core.append(thread, body, None))
+
+
+def test_an_invalid_message(thread):
+    with pytest.raises(errors.InvalidMessage, match="content"):
+        drive(core.append(thread, {"message_type": "user_message"}, None))
+
+
+def test_a_refused_batch_leaves_the_callers_messages_without_ids(config):
+    given = [UserMessage(content="a"), UserMessage(content="b"), {"message_type": "user_message"}]
+    with pytest.raises(errors.InvalidMessage):
+        prepare_batch(config, given, None)
+    assert given[0].id is None and given[1].id is None
+
+
+def test_prepare_batch_gives_each_message_an_id_and_a_date(config):
+    given = [
+        UserMessage(content="a"),
+        {"message_type": "user_message", "content": "b"},
+        UserMessage(id="mine", content="c"),
+    ]
+    prepared = prepare_batch(config, given, "turn-1")
+    ids = [item.message.id for item in prepared]
+    assert ids[2] == "mine" and len(set(ids)) == 3
+    assert given[0].id == ids[0] and given[1]["id"] == ids[1]
+    assert all(item.message.date is not None for item in prepared)
+    assert all(item.media == 0 for item in prepared)

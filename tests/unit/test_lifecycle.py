@@ -1,0 +1,315 @@
+"""compact, replace, remove_turn, delete and migrate as requests, and the two refusals every write
+can meet before it writes: a thread being deleted (finishing_deletes) and a layout-1 thread whose
+scan is still running (MigrationPending)."""
+
+from __future__ import annotations
+
+import msgpack
+import pytest
+
+from kvstore import StoreConfig, SummaryMessage, UserMessage, errors
+from kvstore._engine import core
+from kvstore._engine.core import DELETE_STEP, ThreadRef, finishing_deletes
+from kvstore._engine.record import decode_records, encode_record, record_turn_id
+
+from .driver import batch, call, drive, repeat
+from .layout import DATE, FakeThread, message, summary
+
+
+def migrate_reply(layout: int, scanning: bool = False, chunks: int = 0, left: int = 0) -> list[int]:
+    """lua/migrate.lua: {chunks_written, layout_version, scanning, fields_left}."""
+    return [chunks, layout, int(scanning), left]
+
+
+# ------------------------------------------------------------------------------ compact
+
+
+def test_compact_runs_retention_again_while_each_call_hits_the_cap(thread):
+    cap = thread.config.max_chunks_per_call
+    store = call("compact", {10: 12}, reply=[1, 13, cap])
+    first, last = call("retain", thread.limits(), reply=cap), call("retain", thread.limits(), reply=cap - 1)
+    result = drive(core.compact(thread, "what happened", 12), store, first, last, keys=thread.script_keys)
+    assert isinstance(result, SummaryMessage)
+    assert result.seq_id == 13 and result.summary == "what happened"
+    args = store.request.args
+    assert tuple(args[:10]) == thread.limits()
+    assert args[11] == result.id and args[12] == "" and args[13] == 0
+    (recorded,) = decode_records([(13, args[14])])
+    assert recorded.summary == "what happened"
+
+
+def test_compact_under_the_cap_runs_no_more_retention(thread):
+    cap = thread.config.max_chunks_per_call
+    result = drive(core.compact(thread, "s", 5), call("compact", reply=[1, 6, cap - 1]))
+    assert result.seq_id == 6
+
+
+def test_a_compact_replay_runs_retention_and_returns_the_stored_summary(thread, fake):
+    fake.append(8)
+    fake.append(1, make=lambda s: summary(s, "the summary stored first"))  # 9
+    result = drive(
+        core.compact(thread, "sent again", 8),
+        call("compact", {10: 8}, reply=[0, 9, 0]),
+        call("retain", reply=0),  # the first caller may not have finished retention
+        fake.located("9"),
+        fake.fetch(),
+    )
+    assert isinstance(result, SummaryMessage)
+    assert result.seq_id == 9 and result.summary == "the summary stored first" and result.id == "m9"
+
+
+def test_compact_that_loses_its_connection_in_retention_is_outcome_unknown_with_the_summary(thread):
+    cap = thread.config.max_chunks_per_call
+    store = call("compact", reply=[1, 13, cap])
+    with pytest.raises(errors.OutcomeUnknown) as raised:
+        drive(core.compact(thread, "s", 12), store, call("retain", error=errors.OutcomeUnknown("dropped")))
+    (carried,) = raised.value.messages
+    assert carried.summary == "s" and carried.id == store.request.args[11]
+
+
+@pytest.mark.parametrize("last", [0, -3, True, 2.5, "7"])
+def test_compact_refuses_a_last_sequence_that_is_no_positive_int_before_any_request(thread, last):
+    with pytest.raises(errors.InvalidSummaryRange):
+        drive(core.compact(thread, "s", last))
+
+
+def test_compact_maps_a_summary_that_would_move_back(thread):
+    with pytest.raises(errors.InvalidSummaryRange):
+        drive(core.compact(thread, "s", 3), call("compact", error=errors.InvalidSummaryRange("before 9")))
+
+
+# ------------------------------------------------------------------- thread being deleted
+
+
+def test_a_write_refused_as_deleting_finishes_the_delete_then_is_sent_again(thread):
+    refused = call("append", error=errors.ThreadDeleting("tombstoned"))
+    steps = [call("delete", (DELETE_STEP, "continue"), reply=0), call("delete", (DELETE_STEP, "continue"), reply=1)]
+    again = call("append", reply=[1, 1])
+    result = drive(
+        finishing_deletes(core.append(thread, UserMessage(content="hi"), None)),
+        refused, *steps, again, keys=thread.script_keys,
+    )
+    assert result[0].seq_id == 1
+    # The very same call is sent again, to the now empty thread.
+    assert again.request == refused.request
+
+
+def test_finishing_deletes_passes_other_errors_into_the_operation(thread):
+    over = call("append", error=errors.InlineMediaBudget(0))
+    result = drive(
+        finishing_deletes(core.append(thread, UserMessage(content=[{"type": "text", "text": "x"}]), None)),
+        over,
+        call("append", reply=[1, 4]),
+    )
+    assert result[0].seq_id == 4
+
+
+def test_finishing_deletes_lets_an_error_the_operation_does_not_handle_out(thread):
+    with pytest.raises(errors.TurnFinished):
+        drive(
+            finishing_deletes(core.append(thread, UserMessage(content="x"), "turn-1")),
+            call("append", error=errors.TurnFinished("turn-1")),
+        )
+
+
+def test_finishing_deletes_returns_what_a_read_returns(thread, fake):
+    fake.append(2)
+    page = drive(finishing_deletes(core.list_page(thread, order="desc")), fake.newest())
+    assert [m.seq_id for m in page.messages] == [2, 1]
+
+
+# ------------------------------------------------------------------- layout-1 scan
+
+
+def test_a_write_refused_while_the_legacy_scan_runs_runs_migrate_steps_then_is_sent_again(thread):
+    refused = call("append", error=errors.MigrationPending("scanning"))
+    steps = [
+        call("migrate", thread.limits(), reply=migrate_reply(1, scanning=True)),
+        call("migrate", thread.limits(), reply=migrate_reply(1, scanning=True)),
+        call("migrate", thread.limits(), reply=migrate_reply(1, scanning=False)),
+    ]
+    again = call("append", reply=[1, 501])
+    result = drive(core.append(thread, UserMessage(content="hi"), None), refused, *steps, again)
+    assert result[0].seq_id == 501
+    assert again.request.args == refused.request.args
+
+
+@pytest.mark.parametrize(
+    ("name", "operation", "reply", "expected"),
+    [
+        ("start_turn", lambda t: core.start_turn(t, "turn-1"), 77, 77),
+        ("finish_turn", lambda t: core.finish_turn(t, "turn-1", "failed"), [0, 0, 0, 5, b"failed"], "failed"),
+        ("compact", lambda t: core.compact(t, "s", 3), [1, 9, 0], 9),
+    ],
+    ids=["start_turn", "finish_turn", "compact"],
+)
+def test_every_write_through_the_scan_check_waits_for_it(thread, name, operation, reply, expected):
+    result = drive(
+        operation(thread),
+        call(name, error=errors.MigrationPending("scanning")),
+        call("migrate", reply=migrate_reply(2)),  # the scan ended, and the migration with it
+        call(name, reply=reply),
+    )
+    got = {"start_turn": lambda r: r, "finish_turn": lambda r: r.outcome, "compact": lambda r: r.seq_id}[name](result)
+    assert got == expected
+
+
+def test_migrate_runs_until_layout_2_or_max_calls(thread, caplog):
+    calls = drive(
+        core.migrate(thread),
+        repeat(call("migrate", thread.limits(), reply=migrate_reply(1, chunks=4)), times=3),
+        call("migrate", reply=migrate_reply(2, chunks=1, left=2)),
+    )
+    assert calls == 4
+    assert "2 legacy fields" in caplog.text
+    assert drive(core.migrate(thread, max_calls=2), repeat(call("migrate", reply=migrate_reply(1)), times=2)) == 2
+
+
+# ------------------------------------------------------------------------------ delete
+
+
+def test_delete_starts_then_continues_until_done(thread):
+    result = drive(
+        core.delete(thread),
+        call("delete", (DELETE_STEP, "start"), reply=0),
+        call("delete", (DELETE_STEP, "continue"), reply=0),
+        call("delete", (DELETE_STEP, "continue"), reply=1),
+        keys=thread.script_keys,
+    )
+    assert result is None
+
+
+def test_remove_turn_migrates_first_and_calls_until_nothing_remains(thread):
+    removed = drive(
+        core.remove_turn(thread, "turn-1"),
+        call("migrate", reply=migrate_reply(2)),
+        call("remove_turn", {10: "turn-1"}, reply=[500, 120]),
+        call("remove_turn", {10: "turn-1"}, reply=[120, 0]),
+    )
+    assert removed == 620
+
+
+# ------------------------------------------------------------------------------ replace
+
+
+def stored_with(thread: ThreadRef, seq: int, record: bytes) -> FakeThread:
+    fake = FakeThread(thread.keys)
+    fake.append(seq)
+    fake.window[seq] = record
+    return fake
+
+
+def test_replace_keeps_the_originals_id_otid_date_and_turn(thread):
+    original = encode_record(message(4, otid="o-4"), "turn-9")
+    fake = stored_with(thread, 4, original)
+    step = call("replace", {10: "m4"}, reply=4)
+    result = drive(
+        core.replace(thread, "m4", UserMessage(content="edited", otid="o-other", id="other")),
+        call("migrate", reply=migrate_reply(2)),
+        fake.located("m4", kind="id"),
+        fake.fetch(),
+        step,
+    )
+    media, record = step.request.args[11], step.request.args[12]
+    (written,) = decode_records([(4, record)])
+    assert (written.id, written.otid, written.content) == ("m4", "o-4", "edited")
+    assert written.date == message(4).date
+    assert record_turn_id(record) == "turn-9"
+    assert media == 0
+    assert result.seq_id == 4 and result.id == "m4" and result.content == "edited"
+
+
+def test_replace_of_an_unreadable_message_keeps_what_salvage_reads(thread):
+    # A record the reader refuses (an unknown field), but whose otid and turn can still be read.
+    fake = stored_with(thread, 2, b"")
+    body = {"message_type": "user_message", "id": "m2", "otid": "o-2", "date": DATE, "content": "x", "bogus": 1}
+    fake.window[2] = msgpack.packb([2, body, "turn-3"], use_bin_type=True)
+    step = call("replace", reply=2)
+    drive(
+        core.replace(thread, "m2", UserMessage(content="fixed")),
+        call("migrate", reply=migrate_reply(2)),
+        fake.located("m2", kind="id"),
+        fake.fetch(),
+        step,
+    )
+    (written,) = decode_records([(2, step.request.args[12])])
+    assert (written.id, written.otid, written.content) == ("m2", "o-2", "fixed")
+    assert record_turn_id(step.request.args[12]) == "turn-3"
+
+
+def test_replace_of_an_unknown_id_raises_before_any_write(thread, fake):
+    fake.append(2)
+    with pytest.raises(errors.MessageNotFound):
+        drive(
+            core.replace(thread, "nope", UserMessage(content="x")),
+            call("migrate", reply=migrate_reply(2)),
+            fake.located("nope", kind="id"),
+            fake.fetch(),
+        )
+
+
+def test_replace_over_the_media_budget_resends_with_its_parts_replaced(thread):
+    fake = stored_with(thread, 3, encode_record(message(3)))
+    picture = {"type": "image", "source": {"type": "base64", "data": "AAAA" * 300, "media_type": "image/png"}}
+    over, again = call("replace", error=errors.InlineMediaBudget(100)), call("replace", reply=3)
+    result = drive(
+        core.replace(thread, "m3", UserMessage(content=[picture])),
+        call("migrate", reply=migrate_reply(2)),
+        fake.located("m3", kind="id"),
+        fake.fetch(),
+        over,
+        again,
+    )
+    assert over.request.args[11] == 900 and again.request.args[11] == 0
+    assert len(again.request.args[12]) < len(over.request.args[12])
+    assert result.seq_id == 3 and result.content[0].type == "text"
+
+
+# ------------------------------------------------------------------------------ stats
+
+
+def test_stats_read_in_one_batch(thread, fake):
+    fake.append(10)
+    fake.roll(1, 4)
+    fake.meta.update(stored="10", bytes="1234", media="0", summary_last="3", layout="2", deleted_before="2")
+    stats = drive(core.stats(thread), _stats_step(fake))
+    assert stats.stored_messages == 10 and stats.window_messages == 6 and stats.chunks == 1
+    assert stats.next_sequence == 11 and stats.stored_bytes == 1234
+    assert stats.deleted_before_sequence == 2 and stats.summary_last_sequence == 3 and stats.layout_version == 2
+
+
+def test_stats_of_an_untouched_layout_1_thread_count_its_legacy_hash(thread):
+    fake = FakeThread(thread.keys, layout=None)
+    fake.legacy = {s: b"{}" for s in range(1, 8)}
+    fake.meta["last_seq"] = "7"
+    stats = drive(core.stats(thread), _stats_step(fake))
+    assert stats.stored_messages == 7 and stats.layout_version == 1
+
+
+def test_stats_of_a_thread_being_deleted_read_as_empty(thread, fake):
+    fake.append(5)
+    fake.meta = {"deleting": "1", "gen": "9"}
+    stats = drive(core.stats(thread), _stats_step(fake))
+    assert stats.stored_messages == 0 and stats.window_messages == 0 and stats.next_sequence == 1
+
+
+def _stats_step(fake: FakeThread):
+    keys = fake.keys
+    return batch(
+        [
+            ("HGETALL", keys.meta),
+            ("ZCARD", keys.window),
+            ("ZCARD", keys.chunk_index),
+            ("ZCARD", keys.large_index),
+            ("HLEN", keys.legacy),
+        ],
+        reply=fake.reply,
+    )
+
+
+def test_small_configs_change_the_limits_sent(thread):
+    small = ThreadRef.of(StoreConfig(namespace="unit", window_size=8, chunk_size=4, retained_message_limit=None), "t-1")
+    step = call("start_turn", reply=1)
+    drive(core.start_turn(small, "t"), step)
+    assert step.request.args[0] == 8 and step.request.args[1] == 4 and step.request.args[7] == -1
+    assert step.request.args[9] == ":".join(str(v) for v in step.request.args[:9])
