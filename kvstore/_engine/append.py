@@ -23,7 +23,7 @@ def append(
         for item in items:
             args += (item.message.id, item.message.otid or "", item.media, item.record)
         try:
-            return AppendReply.decode((yield from write(thread, SCRIPTS["append"], args)))
+            return AppendReply.decode((yield from write(thread, SCRIPTS["append"], args)), len(items))
         except errors.OutcomeUnknown as unknown:
             # The ids the client made are the call's token: re-sending these messages is safe.
             unknown.messages = [item.message for item in items]

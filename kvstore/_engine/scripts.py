@@ -164,7 +164,10 @@ def error_from_reply(script: Script, message: str) -> errors.KVStoreError:
     """Maps a script's error reply to a typed error; unknown errors name the script."""
     match = _KVS_CODE.search(message)
     if match and match.group(1) in ERROR_CODES:
-        return ERROR_CODES[match.group(1)]._from_script(match.group(2).strip() or match.group(1))
+        try:
+            return ERROR_CODES[match.group(1)]._from_script(match.group(2).strip() or match.group(1))
+        except ValueError:  # a detail without the number its class reads first
+            return errors.ServerError(f"script {script.name}.lua replied an error kvstore cannot read: {message}")
     if message.startswith("NOPERM") or "no permissions" in message or "can't run this command" in message \
             or "can't access" in message:
         return errors.PermissionDenied(f"{script.name}: {message}")

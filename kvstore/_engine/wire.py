@@ -60,10 +60,12 @@ class AppendReply:
     replayed: tuple[Replayed, ...]
 
     @classmethod
-    def decode(cls, reply: Any) -> AppendReply:
+    def decode(cls, reply: Any, count: int | None = None) -> AppendReply:
+        """`count`: the messages the call sent; a replay must name each of them."""
         if isinstance(reply, list) and len(reply) == 2 and reply[0] == 1:
             return cls(True, int(reply[1]), ())
-        if isinstance(reply, list) and len(reply) % 2 == 1 and reply[0] == 0:
+        replay_length = None if count is None else 2 * count + 1
+        if isinstance(reply, list) and len(reply) % 2 == 1 and reply[0] == 0 and len(reply) == (replay_length or len(reply)):
             pairs = zip(reply[1::2], reply[2::2])
             return cls(False, None, tuple(Replayed(int(s), _text(i) or None) for s, i in pairs))
         raise _unexpected("append", reply)

@@ -194,3 +194,9 @@ def test_finish_turn_returns_the_recorded_result(thread):
 def test_finish_turn_of_an_unknown_turn_raises_turn_not_found(thread):
     with pytest.raises(errors.TurnNotFound):
         drive(core.finish_turn(thread, "t", "completed"), call("finish_turn", error=errors.TurnNotFound("t")))
+
+
+def test_a_replay_that_names_fewer_messages_than_were_sent_is_a_server_error(thread):
+    messages = [UserMessage(id="m5", content="five"), UserMessage(id="m6", content="six")]
+    with pytest.raises(errors.ServerError, match="append.lua"):
+        drive(core.append(thread, messages, None), call("append", reply=[0, 5, b"m5"]))

@@ -57,6 +57,13 @@ def test_an_unknown_error_is_a_server_error_naming_the_script(message):
     assert "remove_turn.lua" in str(error) and message in str(error)
 
 
+@pytest.mark.parametrize("code", sorted(CARRIED))
+def test_a_carried_number_missing_from_the_detail_is_a_server_error(code):
+    error = error_from_reply(SCRIPTS["append"], f"{code} the number is missing")
+    assert type(error) is errors.ServerError
+    assert "append.lua" in str(error) and "the number is missing" in str(error)
+
+
 def test_an_acl_refusal_is_permission_denied():
     error = error_from_reply(SCRIPTS["append"], "NOPERM this user has no permissions to run the 'fcall' command")
     assert type(error) is errors.PermissionDenied and "append" in str(error)
