@@ -16,18 +16,20 @@ import os
 import shutil
 import signal
 import socket
-import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import redis
 from redis.cluster import ClusterNode as ClientNode
 from redis.cluster import RedisCluster
 from redis.crc import key_slot
+
+from kvstore.cli.process import ServerProcess
+from kvstore.errors import KVStoreError
 
 from ..servers import redis_binary, require_redis, valkey_binary
 
@@ -36,27 +38,18 @@ SLOTS = 16384
 # Small, so a dead primary is detected and replaced in about two seconds.
 NODE_TIMEOUT_MS = 1000
 
-_CONFIG = """\
-port {port}
-bind {host}
-protected-mode no
-daemonize no
-dir {dir}
-logfile {dir}/server.log
-save ""
-appendonly no
-cluster-enabled yes
-cluster-config-file nodes.conf
-cluster-port {bus_port}
-cluster-node-timeout {node_timeout}
-# A replica may always take over, however long it was cut off (the tests kill primaries).
-cluster-replica-validity-factor 0
-# Replicas stay where they are put; a failed shard does not stop the others.
-cluster-allow-replica-migration no
-cluster-require-full-coverage no
-repl-diskless-sync yes
-repl-diskless-sync-delay 0
-"""
+# Every node's settings beyond its port, address, dir and log (kvstore.cli.process.ServerProcess).
+def _cluster_args(bus_port: int) -> list[str]:
+    return [
+        "--protected-mode", "no", "--daemonize", "no", "--save", "", "--appendonly", "no",
+        "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+        "--cluster-port", str(bus_port), "--cluster-node-timeout", str(NODE_TIMEOUT_MS),
+        # A replica may always take over, however long it was cut off (the tests kill primaries).
+        "--cluster-replica-validity-factor", "0",
+        # Replicas stay where they are put; a failed shard does not stop the others.
+        "--cluster-allow-replica-migration", "no", "--cluster-require-full-coverage", "no",
+        "--repl-diskless-sync", "yes", "--repl-diskless-sync-delay", "0",
+    ]
 
 
 class ClusterFormationError(RuntimeError):
@@ -120,22 +113,16 @@ class NodeView:
         return cls(parts[0], int(address.rsplit(":", 1)[1]), flags, primary_id, tuple(sorted(slots)))
 
 
-@dataclass
-class Node:
+class Node(ServerProcess):
     """One server process of the cluster. Keeps its ports and directory across restarts."""
 
-    kind: str
-    binary: str
-    port: int
-    bus_port: int
-    data_dir: Path
-    process: subprocess.Popen | None = None
-    node_id: str = ""
-    _admin: redis.Redis | None = field(default=None, repr=False)
-
-    @property
-    def name(self) -> str:
-        return f"{HOST}:{self.port}"
+    def __init__(self, kind: str, binary: str, port: int, bus_port: int, data_dir: Path) -> None:
+        super().__init__(f"{HOST}:{port}", binary, _cluster_args(bus_port), port=port, data_dir=data_dir,
+                         own_session=True)
+        self.kind = kind
+        self.bus_port = bus_port
+        self.node_id = ""
+        self._admin: redis.Redis | None = None
 
     @property
     def admin(self) -> redis.Redis:
@@ -146,36 +133,17 @@ class Node:
             )
         return self._admin
 
-    @property
-    def alive(self) -> bool:
-        return self.process is not None and self.process.poll() is None
-
-    def start(self) -> Node:
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        config = self.data_dir / "node.conf"
-        config.write_text(
-            _CONFIG.format(
-                host=HOST, port=self.port, bus_port=self.bus_port, dir=self.data_dir, node_timeout=NODE_TIMEOUT_MS
-            )
-        )
-        self.process = subprocess.Popen(
-            [self.binary, str(config)], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True
-        )
-
-        def ready() -> bool:
-            if self.process.poll() is not None:
-                raise ClusterFormationError(f"{self.kind} node {self.name} exited at start:\n{self.log_tail()}")
-            return bool(self.admin.ping())
-
-        wait_until(ready, 10, f"{self.name} to answer PING")
+    def start(self, timeout: float = 10) -> Node:
+        try:
+            super().start(timeout)
+        except KVStoreError as exc:  # e.g. another process took its port: form again elsewhere
+            raise ClusterFormationError(f"{self.kind} node: {exc}") from exc
         self.node_id = self.admin.execute_command("CLUSTER", "MYID")
         return self
 
     def kill(self) -> None:
         """kill -9: no shutdown, no save, no goodbye to the other nodes."""
-        if self.alive:
-            os.kill(self.process.pid, signal.SIGKILL)
-            self.process.wait()
+        super().kill()
         self.close_admin()
 
     def pause(self) -> None:
@@ -185,23 +153,14 @@ class Node:
     def resume(self) -> None:
         os.kill(self.process.pid, signal.SIGCONT)
 
-    def stop(self) -> None:
-        if self.alive:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.kill()
+    def stop(self, timeout: float = 5) -> None:
+        super().stop(timeout)
         self.close_admin()
 
     def close_admin(self) -> None:
         if self._admin is not None:
             self._admin.close()
             self._admin = None
-
-    def log_tail(self, chars: int = 3000) -> str:
-        log = self.data_dir / "server.log"
-        return log.read_text(errors="replace")[-chars:] if log.exists() else "(no log)"
 
     def view(self) -> dict[str, NodeView]:
         """This node's view of the cluster: node id -> what it believes about that node."""
@@ -218,6 +177,7 @@ class Node:
 
     def role(self) -> str:
         return self.admin.execute_command("ROLE")[0]
+
 
 
 class Cluster:
