@@ -14,13 +14,9 @@
 --- @include "includes/expiry"
 --- @include "includes/migration"
 
-local keys = thread_keys(KEYS)
-local limits = read_limits(ARGV)
-
-local err = check_thread(keys)
+local keys, limits, err = begin_thread_call(KEYS, ARGV)
 if err then return err end
 
-begin_expiry(keys, limits.ttl_ms)
 local chunks = migrate_step(keys, limits)
 if chunks > 0 then apply_expiry(keys) end
 local state = redis.call('HMGET', keys.meta, 'layout', 'legacy_last')

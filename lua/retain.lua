@@ -11,13 +11,9 @@
 --- @include "includes/expiry"
 --- @include "includes/retention"
 
-local keys = thread_keys(KEYS)
-local limits = read_limits(ARGV)
-
-local err = check_thread(keys)
+local keys, limits, err = begin_thread_call(KEYS, ARGV)
 if err then return err end
 
-begin_expiry(keys, limits.ttl_ms)
 local deleted = retain(keys, limits.retained_limit, limits.max_move_chunks)
 apply_expiry(keys)
 return deleted

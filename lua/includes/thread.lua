@@ -1,4 +1,5 @@
 --- @include "includes/checks"
+--- @include "includes/expiry"
 -- The thread's keys, named once from KEYS (every script takes the same ten). KEYS and ARGV are
 -- passed in: a script's are globals, a library function's are its arguments.
 local function thread_keys(KEYS)
@@ -60,4 +61,14 @@ local function read_limits(ARGV)
     LIMITS_KEPT = LIMITS_KEPT + 1
   end
   return limits
+end
+
+-- The start of a call that needs nothing of the thread but that it is writable: its keys and
+-- limits named, the thread checked (before any write), the call's expiry begun. Returns keys,
+-- limits and, when the thread is not writable, an error reply.
+local function begin_thread_call(KEYS, ARGV)
+  local keys, limits = thread_keys(KEYS), read_limits(ARGV)
+  local err = check_thread(keys)
+  if not err then begin_expiry(keys, limits.ttl_ms) end
+  return keys, limits, err
 end
