@@ -12,7 +12,6 @@ catches up with the primary before it switches.
 
 from __future__ import annotations
 
-import multiprocessing
 import time
 import uuid
 from dataclasses import dataclass
@@ -24,7 +23,7 @@ from kvstore import MessageStore, StoreConfig, UserMessage, errors
 
 from ..layout_check import check_layout
 from .harness import Cluster, cluster_binaries, thread_ids_on_each_primary, wait_until
-from .workload import LedgerReport, append_worker, check_ledger, read_jsonl, stop_workers, wait_for_acks
+from .workload import LedgerReport, check_ledger, errors_by_type, read_jsonl, start_workers, stop_workers, wait_for_acks
 
 SMALL = dict(window_size=8, chunk_size=4, chunk_max_bytes=4096)
 WORKERS = 4
@@ -65,16 +64,8 @@ def failed_over(cluster_kind, tmp_path_factory) -> Failover:
         (first, first_threads), (second, second_threads), (_, other_threads) = shards.items()
         thread_ids = [t for threads in shards.values() for t in threads]
 
-        context = multiprocessing.get_context("spawn")
         ports = [n.port for n in cluster.nodes]
-        for w in range(WORKERS):
-            process = context.Process(
-                target=append_worker,
-                args=(ports, namespace, SMALL, thread_ids, w, str(out), BATCH, w % 2 == 1),
-                name=f"failover-worker-{w}",
-            )
-            process.start()
-            processes.append(process)
+        processes += start_workers("failover", WORKERS, ports, namespace, SMALL, thread_ids, out, BATCH)
 
         def progress(more: int) -> None:
             wait_for_acks(out, len(read_jsonl("ledger-*.jsonl", out)) + more, processes)
@@ -131,10 +122,7 @@ def failed_over(cluster_kind, tmp_path_factory) -> Failover:
 
 
 def summary(result: Failover) -> str:
-    by_type: dict[str, int] = {}
-    for error in result.errors:
-        key = f"{error['op']}: {error.get('type')} at {error.get('where')}: {error.get('message', 'gave up')[:70]}"
-        by_type[key] = by_type.get(key, 0) + 1
+    by_type = errors_by_type(result.errors, 70)
     killed = set(result.killed_threads)
     stalls = [e["acked"] - e["sent"] for e in result.ledger if e["thread"] in killed and e["sent"] < result.elected_at]
     return (

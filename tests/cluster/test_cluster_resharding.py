@@ -9,7 +9,6 @@ a throttled reshard would take.
 
 from __future__ import annotations
 
-import multiprocessing
 import threading
 import time
 import uuid
@@ -25,7 +24,7 @@ from kvstore._engine.core import ThreadRef
 
 from ..layout_check import check_layout
 from .harness import HOST, Cluster, cluster_binaries, thread_ids_in_slot
-from .workload import LedgerReport, acked_count, append_worker, check_ledger, read_jsonl, stop_workers, wait_for_acks
+from .workload import LedgerReport, acked_count, check_ledger, errors_by_type, read_jsonl, start_workers, stop_workers, wait_for_acks
 
 SMALL = dict(window_size=8, chunk_size=4, chunk_max_bytes=4096)
 WORKERS = 4
@@ -66,16 +65,8 @@ def resharded(cluster_kind, tmp_path_factory) -> Resharding:
         for b in range(LONG_THREAD_MESSAGES // 10):  # 10 per call: each call's rollover keeps up
             long_thread.append([UserMessage(content=f"long {b}.{i}", otid=f"long-{b}-{i}") for i in range(10)])
 
-        context = multiprocessing.get_context("spawn")
         ports = [n.port for n in cluster.nodes]
-        for w in range(WORKERS):
-            process = context.Process(
-                target=append_worker,
-                args=(ports, namespace, SMALL, worker_threads, w, str(out), BATCH, w % 2 == 1),
-                name=f"reshard-worker-{w}",
-            )
-            process.start()
-            processes.append(process)
+        processes += start_workers("reshard", WORKERS, ports, namespace, SMALL, worker_threads, out, BATCH)
         wait_for_acks(out, 40, processes)
 
         source = cluster.owner(slot)
@@ -120,10 +111,7 @@ def resharded(cluster_kind, tmp_path_factory) -> Resharding:
 
 
 def summary(result: Resharding) -> str:
-    by_type: dict[str, int] = {}
-    for error in result.errors:
-        key = f"{error['op']}: {error.get('type')} at {error.get('where')}: {error.get('message', 'gave up')[:60]}"
-        by_type[key] = by_type.get(key, 0) + 1
+    by_type = errors_by_type(result.errors, 60)
     return (
         f"{result.kind}: slot {result.slot}, {result.keys_moved} keys moved in {result.migration_seconds:.2f}s;"
         f" appends acknowledged before/during/after the move: {result.acked_before}/{result.acked_during}/"

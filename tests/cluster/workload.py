@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import multiprocessing
 import os
 import time
 import traceback
@@ -146,6 +147,13 @@ def read_jsonl(pattern: str, out_dir: Path) -> list[dict]:
     return records
 
 
+def errors_by_type(errors: list[dict], width: int = 70) -> dict[str, int]:
+    """How often the workers met each kind of error (operation, type, where, message start)."""
+    return dict(Counter(
+        f"{e['op']}: {e.get('type')} at {e.get('where')}: {e.get('message', 'gave up')[:width]}" for e in errors
+    ))
+
+
 def acked_count(out_dir: Path) -> int:
     return len(read_jsonl("ledger-*.jsonl", out_dir))
 
@@ -207,6 +215,24 @@ def _gaps(sequences: list[int]) -> str:
     missing = [s for s in range(1, max(sequences, default=0) + 1) if s not in counts][:10]
     repeated = sorted(s for s, n in counts.items() if n > 1)[:10]
     return f"missing {missing}, repeated {repeated}"
+
+
+def start_workers(
+    name: str, count: int, ports: list[int], namespace: str, limits: dict, thread_ids: list[str],
+    out_dir: Path, batch: int,
+) -> list:
+    """`count` append_worker processes (spawned, every other one on the asyncio store), started."""
+    context = multiprocessing.get_context("spawn")
+    processes = []
+    for w in range(count):
+        process = context.Process(
+            target=append_worker,
+            args=(ports, namespace, limits, thread_ids, w, str(out_dir), batch, w % 2 == 1),
+            name=f"{name}-worker-{w}",
+        )
+        process.start()
+        processes.append(process)
+    return processes
 
 
 def stop_workers(out_dir: Path, processes: list, timeout: float = 60) -> None:
