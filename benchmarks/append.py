@@ -37,7 +37,8 @@ from typing import Any
 
 import redis
 
-from kvstore import MessageStore, StoreConfig, UserMessage, _core
+from kvstore import MessageStore, StoreConfig, UserMessage
+from kvstore._engine import core
 from kvstore._engine.record import encode_record
 from kvstore.messages import MESSAGE_LIST_ADAPTER
 from kvstore.store import Thread
@@ -226,8 +227,8 @@ class Bench:
             self.fill(self.thread(name), SMALL)
         self.script_requests = []
         for i in range(p.warmup + p.calls):
-            ref = _core.ThreadRef.of(self.config, script_pool[i // SMALL_THREAD_APPENDS])
-            operation = _core.append(ref, new_messages(self.texts, 1, i), None)
+            ref = core.ThreadRef.of(self.config, script_pool[i // SMALL_THREAD_APPENDS])
+            operation = core.append(ref, new_messages(self.texts, 1, i), None)
             request = next(operation)
             operation.close()
             self.script_requests.append(request)
@@ -258,11 +259,11 @@ class Bench:
         def prepare() -> None:
             i = state["prepare"]
             state["prepare"] = i + 1
-            _core.prepare_batch(self.config, prepare_pool.take(), None)
+            core.prepare_batch(self.config, prepare_pool.take(), None)
 
         def prepare_batch() -> None:
             i = state["prepare"]
-            _core.prepare_batch(self.config, [messages[(i + j) % TEXTS] for j in range(BATCH)], None)
+            core.prepare_batch(self.config, [messages[(i + j) % TEXTS] for j in range(BATCH)], None)
 
         def append_script() -> None:
             i = state["script_alone"]

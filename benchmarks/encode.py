@@ -34,7 +34,8 @@ from typing import Any
 import msgpack
 import redis
 
-from kvstore import MessageStore, StoreConfig, UserMessage, _core
+from kvstore import MessageStore, StoreConfig, UserMessage
+from kvstore._engine import core
 from kvstore._engine.record import _record_body, decode_records, encode_record
 from kvstore.messages import MESSAGE_LIST_ADAPTER, parse_message
 
@@ -116,7 +117,7 @@ class Encode:
         # The newest page's native read, as the core builds it, and its records as
         # decode_records gets them.
         keys = self.read_thread.keys
-        operation = _core.list_page(self.read_thread._ref, limit=PAGE, order="desc")
+        operation = core.list_page(self.read_thread._ref, limit=PAGE, order="desc")
         self.page_read = list(next(operation).commands)
         operation.close()
         window = self.client.zrange(keys.window, "+inf", "-inf", byscore=True, desc=True, offset=0, num=PAGE,
@@ -129,7 +130,7 @@ class Encode:
         # kvstore's script alone: requests built by the core, each with a fresh message id.
         self.script_requests = []
         for i in range(p.warmup + p.calls):
-            operation = _core.append(self.thread._ref, new_messages(self.texts, 1, i), None)
+            operation = core.append(self.thread._ref, new_messages(self.texts, 1, i), None)
             request = next(operation)
             operation.close()
             self.script_requests.append(request)
@@ -167,7 +168,7 @@ class Encode:
             Variant("serialize", "", lambda: serializer.to_python(self.stamped[0], mode="json", exclude_none=True)),
             Variant("packb", "", lambda: msgpack.packb([2, body], use_bin_type=True)),
             Variant("encode", "", lambda: encode_record(self.stamped[0])),
-            Variant("prepare", "", lambda: _core.prepare_batch(config, messages[0], None)),
+            Variant("prepare", "", lambda: core.prepare_batch(config, messages[0], None)),
             Variant("ping", "", client.ping),
             Variant("bare", "", bare),
             Variant("script", "", script),

@@ -36,7 +36,8 @@ from urllib.parse import urlparse
 
 import redis
 
-from kvstore import MessageStore, StoreConfig, UserMessage, _core
+from kvstore import MessageStore, StoreConfig, UserMessage
+from kvstore._engine import core
 
 from ._common import (
     MessagePool,
@@ -142,8 +143,8 @@ def ceiling(url: str, namespace: str, params: Params) -> dict[str, Any]:
                 "message-__rand_int__", blob]
         store = MessageStore(client, StoreConfig(namespace=namespace))
         store.thread("rb-kvstore").append(UserMessage(content="warm up"))  # loads the library
-        ref = _core.ThreadRef.of(store.config, "rb-kvstore")
-        request = next(_core.append(ref, UserMessage(content="x"), None))
+        ref = core.ThreadRef.of(store.config, "rb-kvstore")
+        request = next(core.append(ref, UserMessage(content="x"), None))
         head = [str(a) for a in script_command(store, request)[:2]]  # FCALL <function>, as the store sends it
         args = [str(a) for a in request.args[:12]]  # the limits, turn id, count
         # Every record must differ, as real ones do (each holds its message id): the window is a
