@@ -22,7 +22,7 @@ from typing import Any
 
 import redis
 
-from . import _servers
+from . import _plots, _servers
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
@@ -345,8 +345,6 @@ def standalone_main(benchmark: str, doc: str | None, collect: Callable[[Any], di
         return 130
     path = write_document(benchmark, document, args.json, args.quick)
     print(f"\nall figures: {path}")
-    from . import _plots
-
     for plot in _plots.draw({benchmark: document}, path.parent, args.quick):
         print(f"plot: {plot}")
     return 0

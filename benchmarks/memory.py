@@ -40,20 +40,7 @@ from ._common import (
     standalone_main,
     collect_per_server,
 )
-
-# Key kinds, by the last part of the key name (docs/LAYOUT.md).
-KINDS = {
-    "window": "window (sorted set)",
-    "wside": "window side hash",
-    "chunk": "chunks (hashes)",
-    "ids": "ids map",
-    "otids": "otids map",
-    "chunks": "index: chunks",
-    "large": "index: large",
-    "turns": "turns",
-    "meta": "meta",
-    "messages": "legacy hash",
-}
+from ._key_kinds import KINDS, memory_usage, thread_memory
 
 
 @dataclass(frozen=True)
@@ -67,25 +54,6 @@ class Params:
 
 DEFAULT = Params(sizes=(1_000, 10_000), turns=2_000, compact_every=10, retained=100, sample_every=50)
 QUICK = DEFAULT
-
-
-def memory_usage(client: redis.Redis, key: str) -> int:
-    return int(client.memory_usage(key, samples=0) or 0)
-
-
-def thread_memory(client: redis.Redis, prefix: str) -> dict[str, Any]:
-    """MEMORY USAGE of every key under `prefix`, summed per key kind, with each kind's encoding."""
-    kinds: dict[str, dict[str, Any]] = {}
-    for key in client.scan_iter(match=prefix + "*", count=1000):
-        part = key.decode()[len(prefix):]
-        kind = "chunk" if part.startswith("chunk:") else part
-        entry = kinds.setdefault(kind, {"keys": 0, "bytes": 0, "encodings": {}})
-        entry["keys"] += 1
-        entry["bytes"] += memory_usage(client, key)
-        encoding = client.object("encoding", key)
-        encoding = encoding.decode() if isinstance(encoding, bytes) else str(encoding)
-        entry["encodings"][encoding] = entry["encodings"].get(encoding, 0) + 1
-    return {"total": sum(k["bytes"] for k in kinds.values()), "kinds": kinds}
 
 
 class Memory:

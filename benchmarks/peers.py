@@ -51,7 +51,7 @@ from ._common import (
     standalone_main,
     summarize,
 )
-from .memory import thread_memory
+from ._key_kinds import thread_memory
 
 PACKAGES = ("llama-index-storage-chat-store-redis", "langchain-community")
 TARGET = RESULTS_DIR / "peer-packages"
