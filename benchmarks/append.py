@@ -37,11 +37,9 @@ from typing import Any
 
 import redis
 
-from kvstore import MessageStore, StoreConfig, UserMessage
+from kvstore import MessageStore, StoreConfig, Thread, UserMessage
 from kvstore._engine import core
-from kvstore._engine.record import encode_record
 from kvstore.messages import MESSAGE_LIST_ADAPTER
-from kvstore.store import Thread
 
 from ._common import (
     SCRIPT_COMMANDS,
@@ -68,6 +66,7 @@ from ._common import (
 )
 from ._common import log as default_log
 from ._common import server_version as _server_version
+from ._engine import encode_record
 
 PAGE = 50
 SMALL = 100  # messages in the small threads

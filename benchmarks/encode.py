@@ -36,7 +36,6 @@ import redis
 
 from kvstore import MessageStore, StoreConfig, UserMessage
 from kvstore._engine import core
-from kvstore._engine.record import _record_body, decode_records, encode_record
 from kvstore.messages import MESSAGE_LIST_ADAPTER, parse_message
 
 from ._common import (
@@ -58,6 +57,7 @@ from ._common import (
     standalone_main,
     summarize,
 )
+from ._engine import decode_records, encode_record, record_body
 
 PAGE = 50
 MESSAGES = 1_000
@@ -117,20 +117,21 @@ class Encode:
         # The newest page's native read, as the core builds it, and its records as
         # decode_records gets them.
         keys = self.read_thread.keys
-        operation = core.list_page(self.read_thread._ref, limit=PAGE, order="desc")
+        operation = core.list_page(core.ThreadRef.of(config, "encode-read"), limit=PAGE, order="desc")
         self.page_read = list(next(operation).commands)
         operation.close()
         window = self.client.zrange(keys.window, "+inf", "-inf", byscore=True, desc=True, offset=0, num=PAGE,
                                     withscores=True)
         self.entries = [(int(score), member) for member, score in window]
-        self.bodies = [_record_body(seq, record) for seq, record in self.entries]
+        self.bodies = [record_body(seq, record) for seq, record in self.entries]
         self.json_texts = [m.to_json() for m in self.read_thread.list(limit=PAGE, order="desc").messages]
         self.bare_sha = self.client.script_load(BARE_SCRIPT)
         self.bare_keys = [f"{self.ns}:{{bare}}:{part}" for part in ("records", "meta", "index", "ids")]
         # kvstore's script alone: requests built by the core, each with a fresh message id.
         self.script_requests = []
+        ref = core.ThreadRef.of(config, "encode")
         for i in range(p.warmup + p.calls):
-            operation = core.append(self.thread._ref, new_messages(self.texts, 1, i), None)
+            operation = core.append(ref, new_messages(self.texts, 1, i), None)
             request = next(operation)
             operation.close()
             self.script_requests.append(request)

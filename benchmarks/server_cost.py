@@ -33,8 +33,6 @@ import redis
 
 from kvstore import MessageStore, StoreConfig, UserMessage
 from kvstore._engine.core import Batch, Eval
-from kvstore._engine.record import encode_record
-from kvstore._engine.wire import ChunkEntry
 
 from ._common import (
     SCRIPT_COMMANDS,
@@ -52,6 +50,7 @@ from ._common import (
     stats_diff,
     collect_per_server,
 )
+from ._engine import ChunkEntry, encode_record
 
 PAGE = 50
 
