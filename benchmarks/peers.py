@@ -40,9 +40,7 @@ from ._common import (
     TEXTS,
     Variant,
     each_server,
-    headline,
     log,
-    machine,
     make_texts,
     measure,
     ratio,
@@ -52,6 +50,7 @@ from ._common import (
     summarize,
 )
 from ._key_kinds import thread_memory
+from ._machine import headline, machine
 
 PACKAGES = ("llama-index-storage-chat-store-redis", "langchain-community")
 TARGET = RESULTS_DIR / "peer-packages"
