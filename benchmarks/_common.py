@@ -4,19 +4,23 @@ in _machine.py)."""
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 import random
 import statistics
 import sys
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import redis
+
+from kvstore import MessageStore, StoreConfig, UserMessage
 
 from . import _plots, _servers
 from ._machine import headline, machine
@@ -32,9 +36,15 @@ def new_messages(texts: list[str], count: int, start: int = 0) -> list:
     `append` gives each message it is sent that has no id the id it makes, on the caller's own
     object: that id is the call's token, so the same object sent again to a thread is a replay.
     Whatever a benchmark appends is therefore a new object."""
-    from kvstore import UserMessage
-
     return [UserMessage(content=texts[(start + i) % len(texts)]) for i in range(count)]
+
+
+def fill_thread(thread: Any, config: Any, texts: list[str], count: int) -> None:
+    """Appends `count` new messages to `thread` in batches of what one call rolls over at most
+    (``max_chunks_per_call × chunk_size``), so the thread ends in its steady state."""
+    batch = config.max_chunks_per_call * config.chunk_size
+    for start in range(0, count, batch):
+        thread.append(new_messages(texts, min(batch, count - start), start))
 
 
 class MessagePool:
@@ -64,6 +74,13 @@ redis.call('ZADD', KEYS[3], n, ARGV[1])
 redis.call('HSET', KEYS[4], ARGV[1], n)
 return n
 """
+BARE_KEYS = ("records", "meta", "index", "ids")  # KEYS[1..4] of BARE_SCRIPT
+
+
+def bare_keys(prefix: str) -> list[str]:
+    """The bare script's four keys, under `prefix` (which holds their hash tag)."""
+    return [f"{prefix}:{part}" for part in BARE_KEYS]
+
 
 # The commands that run a script. A script command's usec covers the commands its script runs
 # (they are counted under their own names too), so a scripted call is charged this time.
@@ -87,6 +104,39 @@ def script_command(store: Any, request: Any) -> list[Any]:
     else:
         head = ["FCALL" if script.writes else "FCALL_RO", script.function]
     return [*head, len(request.keys), *request.keys, *request.args]
+
+
+class Fixture:
+    """What a benchmark keeps on one server: a client, the server's version, a fresh namespace
+    ``bench-<hex>``, a store of `store_class` there, and the message texts.
+
+    Used as a context manager: on leaving it, `cleanup` deletes what the run wrote on a server
+    that is not the benchmark's own (`own`: the benchmark's own servers are stopped after it; one
+    given with --url is not), and the client is closed."""
+
+    def __init__(self, url: str, params: Any, own: bool, store_class: type[MessageStore] = MessageStore) -> None:
+        self.url = url
+        self.params = params
+        self.own = own
+        self.client = redis.Redis.from_url(url, decode_responses=False)
+        self.version = server_version(self.client)
+        self.ns = f"bench-{uuid.uuid4().hex[:8]}"
+        self.config = StoreConfig(namespace=self.ns)
+        self.store = store_class(self.client, self.config)
+        self.texts = make_texts()
+
+    def cleanup(self) -> None:
+        """Deletes the keys the run wrote."""
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            if not self.own:
+                self.cleanup()
+        finally:
+            self.client.close()
 
 
 def log(text: str) -> None:
@@ -133,7 +183,19 @@ def summarize(samples_ns: list[int]) -> dict[str, float]:
 
 def measure(variants: list[Variant], rounds: int, warmup: int, seed: int = 1) -> dict[str, list[int]]:
     """Runs every variant once a round (or once every `every` rounds), in a fresh shuffled order
-    each round; the first `warmup` rounds are not recorded."""
+    each round; the first `warmup` rounds are not recorded.
+
+    The garbage made so far is collected and frozen first: filling the threads is not the measured
+    calls' cost; the collector otherwise runs as usual."""
+    gc.collect()
+    gc.freeze()
+    try:
+        return _measure(variants, rounds, warmup, seed)
+    finally:
+        gc.unfreeze()
+
+
+def _measure(variants: list[Variant], rounds: int, warmup: int, seed: int) -> dict[str, list[int]]:
     rng = random.Random(seed)
     samples: dict[str, list[int]] = {v.name: [] for v in variants}
     order = list(variants)
@@ -211,8 +273,12 @@ def each_server(url: str | None) -> Iterator[tuple[str, str, bool]]:
 
 
 def collect_per_server(title: str, args: Any, params: Any, run_server: Callable[..., dict[str, Any]],
-                       render: Callable[[dict[str, Any]], str]) -> dict[str, Any]:
-    """Runs one benchmark on each server (its own embedded ones, or --url), printing as it goes."""
+                       render: Callable[[dict[str, Any]], str],
+                       params_document: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Runs one benchmark on each server (its own embedded ones, or --url), printing as it goes.
+
+    `run_server(url, params, own)` measures one server; its document's "params" are
+    `params_document`, or the fields of `params`."""
     info = machine()
     print(headline(title, info, args.quick))
     results = []
@@ -220,7 +286,8 @@ def collect_per_server(title: str, args: Any, params: Any, run_server: Callable[
         results.append({"name": name, **run_server(url, params, own)})
         print()
         print(render(results[-1]), flush=True)
-    return {"params": params.__dict__, "machine": info, "servers": results}
+    return {"params": params.__dict__ if params_document is None else params_document, "machine": info,
+            "servers": results}
 
 
 def ratio(name: str, label: str, value: float, target: float | None, higher: bool = False,
