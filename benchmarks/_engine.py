@@ -2,9 +2,10 @@
 
 The benchmarks drive kvstore through its public API (``kvstore``, ``kvstore.messages``) and,
 where they time part of an operation alone, through the engine's one entry point,
-``kvstore._engine.core``: ``ThreadRef``, ``append``, ``list_page`` and ``prepare_batch`` build an
-operation's requests before the clock starts, ``Eval`` and ``Batch`` are those requests. The core
-does not export the few names below; they are imported here and nowhere else in benchmarks/:
+``kvstore._engine.core``: ``ThreadRef``, ``append`` and ``list_page`` build an operation's
+requests (``Eval``, ``Batch``) before the clock starts, so a script or a pipeline is timed alone,
+and ``prepare_batch`` is an append's client side, timed alone. The core does not export the few
+names below; they are imported here and nowhere else in benchmarks/:
 
 - ``encode_record`` (kvstore/_engine/record.py): a message's record bytes, so the baselines (raw
   HSET, the bare 4-write script, HMGET) store the very bytes kvstore stores (append,
