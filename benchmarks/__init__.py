@@ -10,4 +10,9 @@
 Run them all with ``python -m benchmarks`` (``--quick`` for CI), or one with
 ``python -m benchmarks.<name>``. Results are written as JSON and PNG plots under
 ``benchmarks/results/`` (git-ignored). docs/BENCHMARKS.md explains what each figure means.
+
+What they share: ``_common`` (messages, interleaved timing, command counts, the per-server
+fixture, ratios, JSON output), ``_machine`` (the machine described), ``_servers`` (the embedded
+servers), ``_plots`` (the PNG plots), ``_key_kinds`` (a thread's keys by kind, and their memory)
+and ``_engine`` (the engine internals measured beyond ``kvstore._engine.core``).
 """

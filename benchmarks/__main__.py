@@ -19,20 +19,14 @@ import json
 import os
 import sys
 import time
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from . import _plots, _servers
-from ._common import (
-    RESULTS_DIR,
-    add_common_arguments,
-    cpu_snapshot,
-    machine,
-    target_text,
-    value_text,
-    verdict_text,
-    write_document,
-)
+from ._common import RESULTS_DIR, add_common_arguments, target_text, value_text, verdict_text, write_document
+from ._machine import cpu_snapshot, machine
 
 BENCHMARKS = ("append", "server_cost", "memory", "throughput", "encode", "peers")
 DEFAULT_SET = BENCHMARKS[:-1]  # peers only with --peers
@@ -92,7 +86,26 @@ def summary_table(documents: dict[str, dict[str, Any]]) -> tuple[list[str], list
     return lines, list(rows.values())
 
 
-def main(argv: list[str] | None = None) -> int:
+@dataclass
+class Run:
+    """One run of the benchmarks: what it measures, and what each benchmark wrote."""
+
+    names: list[str]
+    quick: bool
+    info: dict[str, Any] = field(default_factory=machine)
+    stamp: str = field(default_factory=lambda: f"{datetime.now():%Y%m%d-%H%M%S}")
+    documents: dict[str, dict[str, Any]] = field(default_factory=dict)
+    files: dict[str, str] = field(default_factory=dict)
+    waited: dict[str, Any] = field(default_factory=dict)  # per benchmark, with --wait-quiet
+
+    @property
+    def seconds(self) -> float:
+        """Seconds spent measuring, not waiting."""
+        return sum(d["seconds"] for d in self.documents.values())
+
+
+def parse_arguments(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
+    """The options, and the benchmarks to run."""
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n\n")[1])
     parser.add_argument("names", nargs="*", metavar="NAME",
                         help=f"benchmarks to run, of {', '.join(BENCHMARKS)} (default: all but peers)")
@@ -108,48 +121,37 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"no benchmark named {', '.join(unknown)}; the benchmarks are {', '.join(BENCHMARKS)}")
     if args.json:
         parser.error("--json names one benchmark's file: use python -m benchmarks.<name> --json PATH")
-    names = list(args.names) or list(DEFAULT_SET) + (["peers"] if args.peers else [])
-    _servers.stop_on_sigterm()
-    waited: dict[str, Any] = {}
-    measuring = 0.0  # seconds spent measuring, not waiting
-    info = machine()
-    stamp = f"{datetime.now():%Y%m%d-%H%M%S}{'-quick' if args.quick else ''}"
-    documents: dict[str, dict[str, Any]] = {}
-    files: dict[str, str] = {}
-    try:
-        for name in names:
-            print(flush=True)
-            if args.wait_quiet:
-                # Before each benchmark: other work, and the previous benchmark's own load, settle.
-                load, seconds = wait_quiet()
-                waited[name] = {"load": load, "seconds": seconds}
-                print(f"machine {'quiet' if load < QUIET_LOAD else 'still busy'} for {name}: 1-minute load "
-                      f"{load:.2f} after {seconds:.0f} s of waiting", flush=True)
-            module = importlib.import_module(f"benchmarks.{name}")
-            began, (busy, own) = time.monotonic(), cpu_snapshot()
-            document = module.collect(args)
-            document["seconds"] = time.monotonic() - began
-            measuring += document["seconds"]
-            busy_after, own_after = cpu_snapshot()
-            # What other processes used meanwhile, as a share of the machine's CPUs.
-            document["others_cpu_share"] = max(0.0, (busy_after - busy) - (own_after - own)) / (
-                document["seconds"] * (os.cpu_count() or 1))
-            documents[name] = document
-            files[name] = str(write_document(name, document, None, args.quick))
-    except KeyboardInterrupt:
-        print("\ninterrupted; the benchmark's servers are stopped", file=sys.stderr)
-        return 130
-    if not args.names and "peers" not in names:
-        print("\npeers skipped: pass --peers to measure llama-index's RedisChatStore and LangChain's "
-              "RedisChatMessageHistory beside kvstore (pip installs them into benchmarks/results/peer-packages)")
+    return args, list(args.names) or list(DEFAULT_SET) + (["peers"] if args.peers else [])
 
-    elapsed = measuring
-    lines, rows = summary_table(documents)
-    load = os.getloadavg()
-    first_load = documents[names[0]]["machine"]["load_average"][0] if documents else info["load_average"][0]
+
+def run_one(name: str, args: argparse.Namespace, run: Run) -> None:
+    """One benchmark: waits for a quiet machine if asked, measures, writes its JSON."""
+    print(flush=True)
+    if args.wait_quiet:
+        # Before each benchmark: other work, and the previous benchmark's own load, settle.
+        load, seconds = wait_quiet()
+        run.waited[name] = {"load": load, "seconds": seconds}
+        print(f"machine {'quiet' if load < QUIET_LOAD else 'still busy'} for {name}: 1-minute load "
+              f"{load:.2f} after {seconds:.0f} s of waiting", flush=True)
+    module = importlib.import_module(f"benchmarks.{name}")
+    began, (busy, own) = time.monotonic(), cpu_snapshot()
+    document = module.collect(args)
+    document["seconds"] = time.monotonic() - began
+    busy_after, own_after = cpu_snapshot()
+    # What other processes used meanwhile, as a share of the machine's CPUs.
+    document["others_cpu_share"] = max(0.0, (busy_after - busy) - (own_after - own)) / (
+        document["seconds"] * (os.cpu_count() or 1))
+    run.documents[name] = document
+    run.files[name] = str(write_document(name, document, None, args.quick))
+
+
+def print_summary(run: Run, lines: list[str], load: tuple[float, ...]) -> None:
+    """Every ratio of the run (`lines`), and how busy the machine was while each benchmark ran."""
+    documents, info = run.documents, run.info
+    first_load = documents[run.names[0]]["machine"]["load_average"][0] if documents else info["load_average"][0]
     print()
-    print(f"== every ratio of this run ({info['kvstore_commit'] or 'no commit'}{', --quick' if args.quick else ''}; "
-          f"{elapsed:.0f} s measuring; 1-minute load {first_load:.2f} at the start, {load[0]:.2f} at the end) ==")
+    print(f"== every ratio of this run ({info['kvstore_commit'] or 'no commit'}{', --quick' if run.quick else ''}; "
+          f"{run.seconds:.0f} s measuring; 1-minute load {first_load:.2f} at the start, {load[0]:.2f} at the end) ==")
     print("\n".join(lines))
     print("\nwhile each ran: " + "; ".join(
         f"{name} {d['seconds']:.0f} s, load {d['machine']['load_average'][0]:.2f} at its start, other processes "
@@ -158,17 +160,41 @@ def main(argv: list[str] | None = None) -> int:
     if busy:
         print(f"note: other processes used over 10 % of the CPUs during {', '.join(busy)}: "
               "their figures are disturbed; run again on a quiet machine (--wait-quiet)")
-    summary = RESULTS_DIR / f"summary-{stamp}.json"
-    summary.parent.mkdir(parents=True, exist_ok=True)
-    summary.write_text(json.dumps({
-        "created": datetime.now(UTC).isoformat(), "quick": args.quick, "machine": info,
-        "load_at_end": load, "waited_for_quiet": waited, "seconds": elapsed,
-        "seconds_per_benchmark": {k: d.get("seconds") for k, d in documents.items()},
-        "others_cpu_share": {k: d.get("others_cpu_share") for k, d in documents.items()},
-        "files": files, "ratios": rows,
+
+
+def write_summary(run: Run, rows: list[dict[str, Any]], load: tuple[float, ...]) -> Path:
+    """``summary-<date>-<time>.json``: every ratio of the run, the machine, what each benchmark took."""
+    path = RESULTS_DIR / f"summary-{run.stamp}{'-quick' if run.quick else ''}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({
+        "created": datetime.now(UTC).isoformat(), "quick": run.quick, "machine": run.info,
+        "load_at_end": load, "waited_for_quiet": run.waited, "seconds": run.seconds,
+        "seconds_per_benchmark": {k: d.get("seconds") for k, d in run.documents.items()},
+        "others_cpu_share": {k: d.get("others_cpu_share") for k, d in run.documents.items()},
+        "files": run.files, "ratios": rows,
     }, indent=2, default=str) + "\n")
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, names = parse_arguments(argv)
+    _servers.stop_on_sigterm()
+    run = Run(names, args.quick)
+    try:
+        for name in names:
+            run_one(name, args, run)
+    except KeyboardInterrupt:
+        print("\ninterrupted; the benchmark's servers are stopped", file=sys.stderr)
+        return 130
+    if not args.names and "peers" not in names:
+        print("\npeers skipped: pass --peers to measure llama-index's RedisChatStore and LangChain's "
+              "RedisChatMessageHistory beside kvstore (pip installs them into benchmarks/results/peer-packages)")
+    lines, rows = summary_table(run.documents)
+    load = os.getloadavg()
+    print_summary(run, lines, load)
+    summary = write_summary(run, rows, load)
     print(f"\nall figures: {summary} (and one JSON per benchmark beside it)")
-    for plot in _plots.draw(documents, RESULTS_DIR, args.quick):
+    for plot in _plots.draw(run.documents, RESULTS_DIR, args.quick):
         print(f"plot: {plot}")
     return 0
 

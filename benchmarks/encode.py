@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import gc
 import io
 import json
 import pstats
@@ -32,31 +31,30 @@ from datetime import UTC, datetime
 from typing import Any
 
 import msgpack
-import redis
 
-from kvstore import MessageStore, StoreConfig, UserMessage, _core
-from kvstore._engine.record import _record_body, decode_records, encode_record
+from kvstore import UserMessage
+from kvstore._engine import core
 from kvstore.messages import MESSAGE_LIST_ADAPTER, parse_message
 
 from ._common import (
-    MessagePool,
-    new_messages,
     BARE_SCRIPT,
     TEXTS,
+    Fixture,
+    MessagePool,
     Variant,
-    each_server,
-    headline,
+    bare_keys,
+    collect_per_server,
+    fill_thread,
     log,
-    machine,
-    make_texts,
     measure,
+    new_messages,
     ratio,
     render_ratios,
     send_script,
-    server_version,
     standalone_main,
     summarize,
 )
+from ._engine import decode_records, encode_record, record_body
 
 PAGE = 50
 MESSAGES = 1_000
@@ -91,22 +89,19 @@ ROWS = (
 )
 
 
-class Encode:
-    def __init__(self, url: str, params: Params) -> None:
-        self.client = redis.Redis.from_url(url, decode_responses=False)
-        self.params = params
-        self.ns = f"bench-{uuid.uuid4().hex[:8]}"
-        self.config = StoreConfig(namespace=self.ns)
-        self.store = MessageStore(self.client, self.config)
-        self.texts = make_texts()
+class Encode(Fixture):
+    """The threads, records and requests whose steps are timed, on one server."""
+
+    params: Params
+
+    def __init__(self, url: str, params: Params, own: bool) -> None:
+        super().__init__(url, params, own)
         self.messages = [UserMessage(content=t) for t in self.texts]
 
     def setup(self) -> None:
         p, config = self.params, self.config
         self.thread = self.store.thread("encode")
-        batch = config.max_chunks_per_call * config.chunk_size
-        for start in range(0, MESSAGES, batch):
-            self.thread.append(new_messages(self.texts, min(batch, MESSAGES - start), start))
+        fill_thread(self.thread, config, self.texts, MESSAGES)
         self.read_thread = self.store.thread("encode-read")
         self.read_thread.append(new_messages(self.texts, 100))
         now = datetime.now(UTC)
@@ -116,20 +111,21 @@ class Encode:
         # The newest page's native read, as the core builds it, and its records as
         # decode_records gets them.
         keys = self.read_thread.keys
-        operation = _core.list_page(self.read_thread._ref, limit=PAGE, order="desc")
+        operation = core.list_page(core.ThreadRef.of(config, "encode-read"), limit=PAGE, order="desc")
         self.page_read = list(next(operation).commands)
         operation.close()
         window = self.client.zrange(keys.window, "+inf", "-inf", byscore=True, desc=True, offset=0, num=PAGE,
                                     withscores=True)
         self.entries = [(int(score), member) for member, score in window]
-        self.bodies = [_record_body(seq, record) for seq, record in self.entries]
+        self.bodies = [record_body(seq, record) for seq, record in self.entries]
         self.json_texts = [m.to_json() for m in self.read_thread.list(limit=PAGE, order="desc").messages]
         self.bare_sha = self.client.script_load(BARE_SCRIPT)
-        self.bare_keys = [f"{self.ns}:{{bare}}:{part}" for part in ("records", "meta", "index", "ids")]
+        self.bare_keys = bare_keys(f"{self.ns}:{{bare}}")
         # kvstore's script alone: requests built by the core, each with a fresh message id.
         self.script_requests = []
+        ref = core.ThreadRef.of(config, "encode")
         for i in range(p.warmup + p.calls):
-            operation = _core.append(self.thread._ref, new_messages(self.texts, 1, i), None)
+            operation = core.append(ref, new_messages(self.texts, 1, i), None)
             request = next(operation)
             operation.close()
             self.script_requests.append(request)
@@ -167,7 +163,7 @@ class Encode:
             Variant("serialize", "", lambda: serializer.to_python(self.stamped[0], mode="json", exclude_none=True)),
             Variant("packb", "", lambda: msgpack.packb([2, body], use_bin_type=True)),
             Variant("encode", "", lambda: encode_record(self.stamped[0])),
-            Variant("prepare", "", lambda: _core.prepare_batch(config, messages[0], None)),
+            Variant("prepare", "", lambda: core.prepare_batch(config, messages[0], None)),
             Variant("ping", "", client.ping),
             Variant("bare", "", bare),
             Variant("script", "", script),
@@ -179,6 +175,11 @@ class Encode:
             Variant("json_loads", "", lambda: [json.loads(t) for t in self.json_texts]),
             Variant("page", "", lambda: self.read_thread.list(limit=PAGE, order="desc")),
         ]
+
+    def cleanup(self) -> None:
+        self.thread.delete()
+        self.read_thread.delete()
+        self.client.delete(*self.bare_keys)
 
     def profile(self) -> str:
         out = io.StringIO()
@@ -194,25 +195,11 @@ class Encode:
 
 
 def run_server(url: str, params: Params, own: bool, profile: bool) -> dict[str, Any]:
-    bench = Encode(url, params)
-    try:
-        version = server_version(bench.client)
-        log(f"{version}: a {MESSAGES:,}-message thread; {params.calls:,} calls of each step, interleaved")
+    with Encode(url, params, own) as bench:
+        log(f"{bench.version}: a {MESSAGES:,}-message thread; {params.calls:,} calls of each step, interleaved")
         bench.setup()
-        variants = bench.variants()
-        gc.collect()
-        gc.freeze()
-        try:
-            samples = measure(variants, params.calls, params.warmup)
-        finally:
-            gc.unfreeze()
+        samples = measure(bench.variants(), params.calls, params.warmup)
         profiled = bench.profile() if profile else None
-    finally:
-        if not own:
-            bench.thread.delete()
-            bench.read_thread.delete()
-            bench.client.delete(*bench.bare_keys)
-        bench.client.close()
     steps = {name: summarize(samples[name]) for name in samples}
     med = {k: v["median_us"] for k, v in steps.items()}
     ratios = [
@@ -226,7 +213,7 @@ def run_server(url: str, params: Params, own: bool, profile: bool) -> dict[str, 
               None),
         ratio("read_share_page", "page: native read round trip / whole page", med["read"] / med["page"], None),
     ]
-    return {"server": version, "steps": steps, "ratios": ratios, "profile": profiled,
+    return {"server": bench.version, "steps": steps, "ratios": ratios, "profile": profiled,
             "per_message_us": {"encode": med["encode"], "decode": med["decode"] / PAGE,
                                "unpack": med["unpack"] / PAGE, "validate": med["validate_page"] / PAGE}}
 
@@ -266,14 +253,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def collect(args: argparse.Namespace) -> dict[str, Any]:
     params = QUICK if args.quick else DEFAULT
-    info = machine()
-    print(headline("encode", info, args.quick))
-    results = []
-    for name, url, own in each_server(args.url):
-        results.append({"name": name, **run_server(url, params, own, getattr(args, "profile", False))})
-        print()
-        print(render(results[-1]), flush=True)
-    return {"params": params.__dict__, "machine": info, "servers": results}
+    profile = getattr(args, "profile", False)
+    return collect_per_server("encode", args, params,
+                              lambda url, params, own: run_server(url, params, own, profile), render)
 
 
 def main(argv: list[str] | None = None) -> int:

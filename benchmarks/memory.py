@@ -21,39 +21,23 @@ from __future__ import annotations
 
 import argparse
 import sys
-import uuid
 from dataclasses import dataclass
 from typing import Any
-
-import redis
 
 from kvstore import AssistantMessage, MessageStore, StoreConfig, UserMessage
 
 from ._common import (
-    new_messages,
     TEXTS,
+    Fixture,
+    collect_per_server,
+    fill_thread,
     log,
     make_texts,
     ratio,
     render_ratios,
-    server_version,
     standalone_main,
-    collect_per_server,
 )
-
-# Key kinds, by the last part of the key name (docs/LAYOUT.md).
-KINDS = {
-    "window": "window (sorted set)",
-    "wside": "window side hash",
-    "chunk": "chunks (hashes)",
-    "ids": "ids map",
-    "otids": "otids map",
-    "chunks": "index: chunks",
-    "large": "index: large",
-    "turns": "turns",
-    "meta": "meta",
-    "messages": "legacy hash",
-}
+from ._key_kinds import KINDS, memory_usage, thread_memory
 
 
 @dataclass(frozen=True)
@@ -69,31 +53,13 @@ DEFAULT = Params(sizes=(1_000, 10_000), turns=2_000, compact_every=10, retained=
 QUICK = DEFAULT
 
 
-def memory_usage(client: redis.Redis, key: str) -> int:
-    return int(client.memory_usage(key, samples=0) or 0)
+class Memory(Fixture):
+    """The threads and JSON lists whose memory is measured, on one server."""
 
+    params: Params
 
-def thread_memory(client: redis.Redis, prefix: str) -> dict[str, Any]:
-    """MEMORY USAGE of every key under `prefix`, summed per key kind, with each kind's encoding."""
-    kinds: dict[str, dict[str, Any]] = {}
-    for key in client.scan_iter(match=prefix + "*", count=1000):
-        part = key.decode()[len(prefix):]
-        kind = "chunk" if part.startswith("chunk:") else part
-        entry = kinds.setdefault(kind, {"keys": 0, "bytes": 0, "encodings": {}})
-        entry["keys"] += 1
-        entry["bytes"] += memory_usage(client, key)
-        encoding = client.object("encoding", key)
-        encoding = encoding.decode() if isinstance(encoding, bytes) else str(encoding)
-        entry["encodings"][encoding] = entry["encodings"].get(encoding, 0) + 1
-    return {"total": sum(k["bytes"] for k in kinds.values()), "kinds": kinds}
-
-
-class Memory:
-    def __init__(self, url: str, params: Params) -> None:
-        self.client = redis.Redis.from_url(url, decode_responses=False)
-        self.params = params
-        self.ns = f"bench-{uuid.uuid4().hex[:8]}"
-        self.texts = make_texts()
+    def __init__(self, url: str, params: Params, own: bool) -> None:
+        super().__init__(url, params, own)
         self.summary_text = make_texts(seed=11, count=1, size=500)[0]
         self.lists: list[str] = []
         self.stores: list[tuple[MessageStore, str]] = []
@@ -113,9 +79,7 @@ class Memory:
         store = MessageStore(self.client, config)
         thread = store.thread(f"mem-{size}")
         self.stores.append((store, f"mem-{size}"))
-        batch = config.max_chunks_per_call * config.chunk_size
-        for start in range(0, size, batch):
-            thread.append(new_messages(self.texts, min(batch, size - start), start))
+        fill_thread(thread, config, self.texts, size)
         stats = thread.stats()
         kvstore = thread_memory(self.client, self.prefix(config, f"mem-{size}"))
 
@@ -189,7 +153,6 @@ class Memory:
             store.thread(thread_id).delete()
         if self.lists:
             self.client.delete(*self.lists)
-        self.client.close()
 
 
 def _text(value: Any) -> str:
@@ -197,20 +160,14 @@ def _text(value: Any) -> str:
 
 
 def run_server(url: str, params: Params, own: bool) -> dict[str, Any]:
-    bench = Memory(url, params)
-    try:
-        version = server_version(bench.client)
+    with Memory(url, params, own) as bench:
+        version = bench.version
         sizes = []
         for size in params.sizes:
             log(f"{version}: a {size:,}-message thread and its JSON list")
             sizes.append(bench.per_message(size))
         log(f"{version}: {params.turns:,} turns with compaction every {params.compact_every}")
         bounded = bench.bounded()
-    finally:
-        if not own:
-            bench.cleanup()
-        else:
-            bench.client.close()
     ratios = []
     for s in sizes:
         size, n = s["size"], s["messages"]

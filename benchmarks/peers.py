@@ -20,38 +20,32 @@ kvstore: the newest page of 50, validated). Then memory per message (MEMORY USAG
 from __future__ import annotations
 
 import argparse
-import gc
 import importlib
 import site
 import subprocess
 import sys
-import uuid
 from dataclasses import dataclass
+from itertools import count
 from typing import Any
 
-import redis
-
-from kvstore import MessageStore, StoreConfig
-
 from ._common import (
-    MessagePool,
-    new_messages,
     RESULTS_DIR,
     TEXTS,
+    Fixture,
+    MessagePool,
     Variant,
     each_server,
-    headline,
+    fill_thread,
     log,
-    machine,
-    make_texts,
     measure,
+    new_messages,
     ratio,
     render_ratios,
-    server_version,
     standalone_main,
     summarize,
 )
-from .memory import thread_memory
+from ._key_kinds import thread_memory
+from ._machine import headline, machine
 
 PACKAGES = ("llama-index-storage-chat-store-redis", "langchain-community")
 TARGET = RESULTS_DIR / "peer-packages"
@@ -94,102 +88,114 @@ def ensure_installed() -> str | None:
     return None
 
 
-def run_server(url: str, params: Params, own: bool) -> dict[str, Any]:
-    from langchain_community.chat_message_histories import RedisChatMessageHistory
-    from langchain_core.messages import HumanMessage
-    from llama_index.core.llms import ChatMessage
-    from llama_index.storage.chat_store.redis import RedisChatStore
+class Peers(Fixture):
+    """kvstore's threads and the peers' conversations of one run on one server."""
 
-    client = redis.Redis.from_url(url, decode_responses=False)
-    ns = f"bench-{uuid.uuid4().hex[:8]}"
-    config = StoreConfig(namespace=ns)
-    store = MessageStore(client, config)
-    texts = make_texts()
-    version = server_version(client)
-    llama = RedisChatStore(redis_url=url, redis_client=client)
-    lc_keys: list[str] = []
+    params: Params
 
-    def langchain(session: str) -> Any:
-        history = RedisChatMessageHistory(session, url=url, key_prefix=f"{ns}:lc:")
-        lc_keys.append(history.key)
+    def __init__(self, url: str, params: Params, own: bool) -> None:
+        from langchain_core.messages import HumanMessage
+        from llama_index.core.llms import ChatMessage
+        from llama_index.storage.chat_store.redis import RedisChatStore
+
+        super().__init__(url, params, own)
+        self.llama = RedisChatStore(redis_url=url, redis_client=self.client)
+        self.llama_messages = [ChatMessage(role="user", content=t) for t in self.texts]
+        self.lc_messages = [HumanMessage(content=t) for t in self.texts]
+        self.lc_keys: list[str] = []
+        # Per size: kvstore's thread, llama-index's list key, LangChain's history.
+        self.kv: dict[int, Any] = {}
+        self.ll: dict[int, str] = {}
+        self.lc: dict[int, Any] = {}
+
+    def langchain(self, session: str) -> Any:
+        from langchain_community.chat_message_histories import RedisChatMessageHistory
+
+        history = RedisChatMessageHistory(session, url=self.url, key_prefix=f"{self.ns}:lc:")
+        self.lc_keys.append(history.key)
         return history
 
-    log(f"{version}: filling kvstore threads and the peers' conversations")
-    kv, ll, lc = {}, {}, {}
-    llama_messages = [ChatMessage(role="user", content=t) for t in texts]
-    lc_messages = [HumanMessage(content=t) for t in texts]
-    batch = config.max_chunks_per_call * config.chunk_size
-    for size in params.sizes:
-        thread = store.thread(f"kv-{size}")
-        for start in range(0, size, batch):
-            thread.append(new_messages(texts, min(batch, size - start), start))
-        kv[size] = thread
-        ll[size] = f"{ns}:llama:{size}"
-        pipe = client.pipeline(transaction=False)
-        for i in range(size):
-            pipe.rpush(ll[size], llama_messages[i % TEXTS].model_dump_json())
-        pipe.execute()
-        lc[size] = langchain(f"read-{size}")
-        lc[size].add_messages([lc_messages[i % TEXTS] for i in range(size)])
-    append_thread = store.thread("kv-append")
-    append_thread.append(new_messages(texts, 100))
-    ours = MessagePool(texts, params.warmup + params.calls)
-    append_llama = f"{ns}:llama:append"
-    append_lc = langchain("append")
-    state = {"kv": 0, "ll": 0, "lc": 0}
+    def fill(self) -> None:
+        """A conversation of each size in each store, and one more of each to append to."""
+        for size in self.params.sizes:
+            self.kv[size] = self.store.thread(f"kv-{size}")
+            fill_thread(self.kv[size], self.config, self.texts, size)
+            self.ll[size] = f"{self.ns}:llama:{size}"
+            pipe = self.client.pipeline(transaction=False)
+            for i in range(size):
+                pipe.rpush(self.ll[size], self.llama_messages[i % TEXTS].model_dump_json())
+            pipe.execute()
+            self.lc[size] = self.langchain(f"read-{size}")
+            self.lc[size].add_messages([self.lc_messages[i % TEXTS] for i in range(size)])
+        self.append_thread = self.store.thread("kv-append")
+        self.append_thread.append(new_messages(self.texts, 100))
+        self.append_llama = f"{self.ns}:llama:append"
+        self.append_lc = self.langchain("append")
 
-    def step(name: str) -> int:
-        i = state[name]
-        state[name] = i + 1
-        return i
-
-    variants = [
-        Variant("kv_append", "kvstore: thread.append", lambda: append_thread.append(ours.take())),
-        Variant("llama_append", "llama-index: RedisChatStore.add_message",
-                lambda: llama.add_message(append_llama, llama_messages[step("ll") % TEXTS])),
-        Variant("lc_append", "LangChain: RedisChatMessageHistory.add_message",
-                lambda: append_lc.add_message(lc_messages[step("lc") % TEXTS])),
-    ]
-    for size in params.sizes:
-        every = params.whole_every[size]
-        variants += [
-            Variant(f"kv_page_{size}", f"kvstore: newest 50 of {size:,} (thread.list)",
-                    lambda t=kv[size]: t.list(limit=PAGE, order="desc")),
-            Variant(f"llama_read_{size}", f"llama-index: get_messages of {size:,} (whole list)",
-                    lambda k=ll[size]: llama.get_messages(k), every=every),
-            Variant(f"lc_read_{size}", f"LangChain: .messages of {size:,} (whole list)",
-                    lambda h=lc[size]: h.messages, every=every),
+    def variants(self) -> list[Variant]:
+        p, llama = self.params, self.llama
+        thread, llama_key, history = self.append_thread, self.append_llama, self.append_lc
+        llama_messages, lc_messages = self.llama_messages, self.lc_messages
+        ours, ll_calls, lc_calls = MessagePool(self.texts, p.warmup + p.calls), count(), count()
+        variants = [
+            Variant("kv_append", "kvstore: thread.append", lambda: thread.append(ours.take())),
+            Variant("llama_append", "llama-index: RedisChatStore.add_message",
+                    lambda: llama.add_message(llama_key, llama_messages[next(ll_calls) % TEXTS])),
+            Variant("lc_append", "LangChain: RedisChatMessageHistory.add_message",
+                    lambda: history.add_message(lc_messages[next(lc_calls) % TEXTS])),
         ]
-    if len(llama.get_messages(ll[params.sizes[0]])) != params.sizes[0] or \
-            len(lc[params.sizes[0]].messages) != params.sizes[0]:
-        raise RuntimeError("a peer does not hold the messages it was given")
-    log(f"  measuring {len(variants)} variants, {params.calls:,} rounds, interleaved")
-    gc.collect()
-    gc.freeze()
-    try:
+        for size in p.sizes:
+            every = p.whole_every[size]
+            variants += [
+                Variant(f"kv_page_{size}", f"kvstore: newest 50 of {size:,} (thread.list)",
+                        lambda t=self.kv[size]: t.list(limit=PAGE, order="desc")),
+                Variant(f"llama_read_{size}", f"llama-index: get_messages of {size:,} (whole list)",
+                        lambda k=self.ll[size]: llama.get_messages(k), every=every),
+                Variant(f"lc_read_{size}", f"LangChain: .messages of {size:,} (whole list)",
+                        lambda h=self.lc[size]: h.messages, every=every),
+            ]
+        return variants
+
+    def check(self) -> None:
+        size = self.params.sizes[0]
+        if len(self.llama.get_messages(self.ll[size])) != size or len(self.lc[size].messages) != size:
+            raise RuntimeError("a peer does not hold the messages it was given")
+
+    def memory(self) -> dict[str, Any]:
+        """Memory per message of each at the largest size, and the JSON of one message of each peer."""
+        client, big = self.client, max(self.params.sizes)
+        return {
+            "kvstore": thread_memory(client, f"{self.ns}:{{kv-{big}}}:")["total"] / big,
+            "llama": int(client.memory_usage(self.ll[big], samples=0)) / big,
+            "langchain": int(client.memory_usage(self.lc[big].key, samples=0)) / big,
+            "llama_json_bytes": len(self.llama_messages[0].model_dump_json()),
+            "langchain_json_bytes": len(client.lindex(self.lc[big].key, 0)),
+        }
+
+    def cleanup(self) -> None:
+        for thread in self.kv.values():
+            thread.delete()
+        self.append_thread.delete()
+        self.client.delete(*self.ll.values(), self.append_llama, *self.lc_keys)
+
+
+def run_server(url: str, params: Params, own: bool) -> dict[str, Any]:
+    with Peers(url, params, own) as peers:
+        log(f"{peers.version}: filling kvstore threads and the peers' conversations")
+        peers.fill()
+        variants = peers.variants()
+        peers.check()
+        log(f"  measuring {len(variants)} variants, {params.calls:,} rounds, interleaved")
         samples = measure(variants, params.calls, params.warmup)
-    finally:
-        gc.unfreeze()
-    latency = {v.name: {"label": v.label, **summarize(samples[v.name])} for v in variants}
+        latency = {v.name: {"label": v.label, **summarize(samples[v.name])} for v in variants}
+        memory = peers.memory()
+    return {"server": peers.version, "latency": latency, "memory": memory,
+            "ratios": _ratios(latency, memory, max(params.sizes))}
 
-    big = max(params.sizes)
-    prefix = f"{ns}:{{kv-{big}}}:"
-    memory = {
-        "kvstore": thread_memory(client, prefix)["total"] / big,
-        "llama": int(client.memory_usage(ll[big], samples=0)) / big,
-        "langchain": int(client.memory_usage(lc[big].key, samples=0)) / big,
-        "llama_json_bytes": len(llama_messages[0].model_dump_json()),
-        "langchain_json_bytes": len(client.lindex(lc[big].key, 0)),
-    }
-    if not own:
-        for size in params.sizes:
-            kv[size].delete()
-        append_thread.delete()
-        client.delete(*ll.values(), append_llama, *lc_keys)
-    client.close()
 
+def _ratios(latency: dict[str, Any], memory: dict[str, Any], big: int) -> list[dict[str, Any]]:
     med = {k: v["median_us"] for k, v in latency.items()}
-    ratios = [
+    return [
         ratio("append_vs_llama", "append: kvstore / llama-index add_message", med["kv_append"] / med["llama_append"],
               None),
         ratio("append_vs_langchain", "append: kvstore / LangChain add_message", med["kv_append"] / med["lc_append"],
@@ -203,7 +209,6 @@ def run_server(url: str, params: Params, own: bool) -> dict[str, Any]:
         ratio("memory_vs_langchain", f"memory per message, {big:,}: kvstore / LangChain list",
               memory["kvstore"] / memory["langchain"], 1.1),
     ]
-    return {"server": version, "latency": latency, "memory": memory, "ratios": ratios}
 
 
 def render(result: dict[str, Any]) -> str:

@@ -33,25 +33,25 @@ import redis
 
 from kvstore import MessageStore, StoreConfig, UserMessage
 from kvstore._engine.core import Batch, Eval
-from kvstore._engine.record import encode_record
-from kvstore._engine.wire import ChunkEntry
 
 from ._common import (
-    SCRIPT_COMMANDS,
-    MessagePool,
-    new_messages,
     BARE_SCRIPT,
+    SCRIPT_COMMANDS,
+    Fixture,
+    MessagePool,
+    bare_keys,
+    collect_per_server,
     command_stats,
-    send_script,
+    fill_thread,
     log,
-    make_texts,
+    new_messages,
     ratio,
     render_ratios,
-    server_version,
+    send_script,
     standalone_main,
     stats_diff,
-    collect_per_server,
 )
+from ._engine import ChunkEntry, encode_record
 
 PAGE = 50
 
@@ -140,96 +140,112 @@ def slowlog_appends(client: redis.Redis, append: Callable[[int], Any], calls: in
     }
 
 
-def run_server(url: str, params: Params, own: bool) -> dict[str, Any]:
-    client = redis.Redis.from_url(url, decode_responses=False)
-    ns = f"bench-{uuid.uuid4().hex[:8]}"
-    config = StoreConfig(namespace=ns)
-    store = Recorder(client, config)
-    texts = make_texts()
-    messages = [UserMessage(content=t) for t in texts]
-    try:
-        version = server_version(client)
-        log(f"{version} at {url}: filling a {params.messages:,}-message thread")
-        thread = store.thread("cost")
-        batch = config.max_chunks_per_call * config.chunk_size
-        for start in range(0, params.messages, batch):
-            thread.append(new_messages(texts, min(batch, params.messages - start), start))
+class Cost(Fixture):
+    """The thread, the baselines' keys and the recorded page requests of one run on one server."""
 
-        stamped = messages[0].model_copy(update={"id": f"message-{uuid.uuid4()}", "date": datetime.now(UTC)})
-        blob = encode_record(stamped)
-        script_keys = [f"{ns}:{{bare}}:{part}" for part in ("records", "meta", "index", "ids")]
-        sha = client.script_load(BARE_SCRIPT)
-        hmget_key = f"{ns}:{{native}}:hash"
-        client.hset(hmget_key, mapping={i: blob for i in range(1, 65)})
-        fields = list(range(1, PAGE + 1))
-        list_key = f"{ns}:{{native}}:list"
-        client.rpush(list_key, *[stamped.to_json()] * 100)
+    params: Params
+    store: Recorder
 
-        # The requests of one newest page and of one older page, to replay.
-        store.requests.clear()
-        thread.list(limit=PAGE, order="desc")
-        newest = list(store.requests)
-        store.requests.clear()
-        older_page = thread.list(before=params.messages // 2, limit=PAGE, order="desc")
-        older = list(store.requests)
+    def __init__(self, url: str, params: Params, own: bool) -> None:
+        super().__init__(url, params, own, Recorder)
+        self.thread = self.store.thread("cost")
+        self.script_keys = bare_keys(f"{self.ns}:{{bare}}")
+        self.hmget_key = f"{self.ns}:{{native}}:hash"
+        self.list_key = f"{self.ns}:{{native}}:list"
+
+    def setup(self) -> None:
+        """The thread, then the baselines with the bytes of one of its records."""
+        fill_thread(self.thread, self.config, self.texts, self.params.messages)
+        stamped = UserMessage(content=self.texts[0]).model_copy(
+            update={"id": f"message-{uuid.uuid4()}", "date": datetime.now(UTC)})
+        self.blob = encode_record(stamped)
+        self.sha = self.client.script_load(BARE_SCRIPT)
+        self.client.hset(self.hmget_key, mapping={i: self.blob for i in range(1, 65)})
+        self.client.rpush(self.list_key, *[stamped.to_json()] * 100)
+
+    def recorded(self, read: Callable[[], Any]) -> tuple[Any, list[Eval | Batch]]:
+        """What `read` returns, and the requests it sent."""
+        self.store.requests.clear()
+        result = read()
+        return result, list(self.store.requests)
+
+    def page_requests(self) -> dict[str, list[Eval | Batch]]:
+        """The requests of the newest page, of an older page and of the same from an id cursor."""
+        thread, middle = self.thread, self.params.messages // 2
+        _, newest = self.recorded(lambda: thread.list(limit=PAGE, order="desc"))
+        older_page, older = self.recorded(lambda: thread.list(before=middle, limit=PAGE, order="desc"))
         if len(older_page.messages) != PAGE or len(older) != 2:
             raise RuntimeError("the older page was not one plan and one fetch")
-        cursor_id = thread.list(after=params.messages // 2 - 1, limit=1).messages[0].id
-        store.requests.clear()
-        by_id_page = thread.list(before=cursor_id, limit=PAGE, order="desc")
-        by_id = list(store.requests)
+        cursor_id = thread.list(after=middle - 1, limit=1).messages[0].id
+        by_id_page, by_id = self.recorded(lambda: thread.list(before=cursor_id, limit=PAGE, order="desc"))
         if by_id_page.messages != older_page.messages or not isinstance(by_id[0], Eval):
             raise RuntimeError("the older page from an id cursor did not go through the page plan")
+        return {"newest_page": newest, "older_page": older, "older_page_by_id": by_id}
 
-        def replay(request: Eval | Batch) -> Callable[[int], Any]:
-            if isinstance(request, Eval):
-                return lambda _i: send_script(client, store, request)
+    def replay(self, request: Eval | Batch) -> Callable[[int], Any]:
+        """Sends `request` again as the executor sends it."""
+        client = self.client
+        if isinstance(request, Eval):
+            return lambda _i: send_script(client, self.store, request)
 
-            def pipeline(_i: int) -> Any:
-                pipe = client.pipeline(transaction=False)
-                for command in request.commands:
-                    pipe.execute_command(*command)
-                return pipe.execute()
-            return pipeline
+        def pipeline(_i: int) -> Any:
+            pipe = client.pipeline(transaction=False)
+            for command in request.commands:
+                pipe.execute_command(*command)
+            return pipe.execute()
+        return pipeline
 
-        n = params.calls
-        ids = [f"message-{uuid.uuid4()}" for _ in range(n + params.warmup)]
+    def measure(self, pages: dict[str, list[Eval | Batch]]) -> dict[str, Any]:
+        """Server time per call of each operation, after a warm-up of the script cache and the
+        allocator."""
+        client, thread, n = self.client, self.thread, self.params.calls
+        sha, keys, blob = self.sha, self.script_keys, self.blob
+        ids = [f"message-{uuid.uuid4()}" for _ in range(n + self.params.warmup)]
         log(f"  measuring {n:,} calls of each operation")
-        for i, message in enumerate(new_messages(texts, params.warmup)):  # warm the script cache and the allocator
+        for i, message in enumerate(new_messages(self.texts, self.params.warmup)):
             thread.append(message)
-            client.evalsha(sha, 4, *script_keys, ids[n + i], blob)
-        store.requests.clear()
-        pool = MessagePool(texts, 2 * n + 640)
-        results = {
-            "append": timed(client, n, lambda i: thread.append(pool.take()), scripted=True),
-            "append_batch_10": timed(client, max(1, n // 10), lambda i: thread.append(pool.take(10)),
+            client.evalsha(sha, 4, *keys, ids[n + i], blob)
+        self.store.requests.clear()
+        self.pool = MessagePool(self.texts, 2 * n + 640)
+        fields = list(range(1, PAGE + 1))
+        return {
+            "append": timed(client, n, lambda i: thread.append(self.pool.take()), scripted=True),
+            "append_batch_10": timed(client, max(1, n // 10), lambda i: thread.append(self.pool.take(10)),
                                      scripted=True),
-            "bare_script": timed(client, n, lambda i: client.evalsha(sha, 4, *script_keys, ids[i], blob),
-                                 scripted=True),
-            "newest_page": _replayed(client, n, newest, replay),
-            "older_page": _replayed(client, n, older, replay),
-            "older_page_by_id": _replayed(client, n, by_id, replay),
-            "hmget_50": timed(client, n, lambda i: client.hmget(hmget_key, fields), scripted=False),
-            "list_page": timed(client, n, lambda i: client.lrange(list_key, -PAGE, -1), scripted=False),
+            "bare_script": timed(client, n, lambda i: client.evalsha(sha, 4, *keys, ids[i], blob), scripted=True),
+            **{name: _replayed(client, n, requests, self.replay) for name, requests in pages.items()},
+            "hmget_50": timed(client, n, lambda i: client.hmget(self.hmget_key, fields), scripted=False),
+            "list_page": timed(client, n, lambda i: client.lrange(self.list_key, -PAGE, -1), scripted=False),
         }
-        store.requests.clear()
-        newest_chunk = client.zrange(thread.keys.chunk_index, -1, -1)[0]
+
+    def per_call(self) -> dict[str, Any] | None:
+        """Each append's own server time (SLOWLOG), against the messages a chunk holds."""
+        self.store.requests.clear()
+        newest_chunk = self.client.zrange(self.thread.keys.chunk_index, -1, -1)[0]
         per_chunk = ChunkEntry.parse(newest_chunk).count
-        per_call = (slowlog_appends(client, lambda i: thread.append(pool.take()), 640, per_chunk)
-                    if own else None)
-        shape = {
-            "newest_page": [_describe(r, store) for r in newest],
-            "older_page": [_describe(r, store) for r in older],
-            "older_page_by_id": [_describe(r, store) for r in by_id],
-            "append": "FCALL" if store.functions else "EVALSHA",
-        }
-    finally:
-        if not own:
-            thread.delete()
-            client.delete(*script_keys, hmget_key, list_key)
-        client.close()
+        return slowlog_appends(self.client, lambda i: self.thread.append(self.pool.take()), 640, per_chunk)
+
+    def cleanup(self) -> None:
+        self.thread.delete()
+        self.client.delete(*self.script_keys, self.hmget_key, self.list_key)
+
+
+def run_server(url: str, params: Params, own: bool) -> dict[str, Any]:
+    with Cost(url, params, own) as cost:
+        log(f"{cost.version} at {url}: filling a {params.messages:,}-message thread")
+        cost.setup()
+        pages = cost.page_requests()
+        results = cost.measure(pages)
+        per_call = cost.per_call() if own else None
+        shape = {name: [_describe(r, cost.store) for r in requests] for name, requests in pages.items()}
+        shape["append"] = "FCALL" if cost.store.functions else "EVALSHA"
+    return {"server": cost.version, "messages": params.messages, "record_bytes": len(cost.blob),
+            "results": results, "requests": shape, "append_per_call": per_call, "ratios": _ratios(results)}
+
+
+def _ratios(results: dict[str, Any]) -> list[dict[str, Any]]:
     a, b, h = results["append"], results["bare_script"], results["hmget_50"]
-    ratios = [
+    return [
         ratio("append_vs_bare", "server time: append / bare 4-write script (stretch 1.5)",
               a["usec_per_call"] / b["usec_per_call"], 2.0),
         ratio("batch_message_vs_bare", "server time: per message of a batch of 10 / one bare call",
@@ -245,8 +261,6 @@ def run_server(url: str, params: Params, own: bool) -> dict[str, Any]:
         ratio("append_vs_bare_cpu", "server CPU incl. I/O: append / bare 4-write script",
               a["cpu_usec_per_call"] / b["cpu_usec_per_call"], None),
     ]
-    return {"server": version, "messages": params.messages, "record_bytes": len(blob),
-            "results": results, "requests": shape, "append_per_call": per_call, "ratios": ratios}
 
 
 def _replayed(client: redis.Redis, calls: int, requests: list, replay: Callable) -> dict[str, Any]:

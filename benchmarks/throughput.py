@@ -30,17 +30,21 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlparse
 
 import redis
 
-from kvstore import MessageStore, StoreConfig, UserMessage, _core
+from kvstore import MessageStore, StoreConfig, Thread, UserMessage
+from kvstore._engine import core
 
 from ._common import (
-    MessagePool,
     BARE_SCRIPT,
+    MessagePool,
+    bare_keys,
+    collect_per_server,
     log,
     make_texts,
     ratio,
@@ -48,7 +52,6 @@ from ._common import (
     script_command,
     server_version,
     standalone_main,
-    collect_per_server,
 )
 
 WORKERS = (1, 2, 4)
@@ -79,7 +82,7 @@ def _worker(url: str, namespace: str, target: str, kind: str, warmup: int, secon
             thread.append(pool.take())
     else:
         sha = client.script_load(BARE_SCRIPT)
-        keys = [f"{namespace}:{{{target}}}:{part}" for part in ("records", "meta", "index", "ids")]
+        keys = bare_keys(f"{namespace}:{{{target}}}")
         blob = texts[0].encode() + b"x" * 122
         prefix = f"message-{uuid.uuid4()}-"
 
@@ -131,65 +134,82 @@ def ceiling(url: str, namespace: str, params: Params) -> dict[str, Any]:
     binary = shutil.which("redis-benchmark")
     if not binary:
         return {"skipped": "redis-benchmark is not on PATH (Debian package redis-tools): no ceiling line"}
-    parsed = urlparse(url)
+    bare, kvstore, blob = _ceiling_commands(url, namespace)
+    check = redis.Redis.from_url(url, decode_responses=False)
+    thread = MessageStore(check, StoreConfig(namespace=namespace)).thread("rb-kvstore")
+    runs = {}
+    try:
+        for name, command, n in (("bare", lambda run: bare, params.ceiling_bare), ("kvstore", kvstore, params.ceiling_kvstore)):
+            for pipeline in (1, 16):
+                requests = n * (2 if pipeline > 1 else 1)
+                row, stored = _redis_benchmark(binary, url, command, requests, pipeline, thread,
+                                               must_store=name == "kvstore")
+                runs[f"{name}_p{pipeline}"] = {"per_second": float(row[1]), "p50_ms": float(row[4]),
+                                               "requests": requests}
+                if name == "kvstore" and stored < requests * 0.999:
+                    return {"skipped": f"three runs of kvstore's script with {pipeline} per pipeline stored"
+                                       f" {stored} of {requests} messages (replays of ids redis-benchmark"
+                                       " repeated): no limit line this time"}
+        stats = thread.stats()
+    finally:
+        check.close()
+    if stats.window_messages > 200:
+        raise RuntimeError(f"the ceiling runs left a window of {stats.window_messages} messages")
+    return {"runs": runs, "clients": 50, "value_bytes": len(blob), "kvstore_thread": stats.model_dump()}
+
+
+def _ceiling_commands(url: str, namespace: str) -> tuple[list[str], Callable[[str], list[str]], str]:
+    """redis-benchmark's commands: the bare script's EVALSHA; kvstore's append as the store sends
+    it, given a run's own id prefix; and the value both carry."""
     client = redis.Redis.from_url(url, decode_responses=False)
     try:
         blob = (make_texts()[0] + "x" * 122)  # ASCII of a record's length: argv cannot carry NUL bytes
         bare_sha = client.script_load(BARE_SCRIPT)
         bare_sha = bare_sha.decode() if isinstance(bare_sha, bytes) else bare_sha
-        bare = ["EVALSHA", bare_sha, "4",
-                *[f"{namespace}:{{rb-bare}}:{part}" for part in ("records", "meta", "index", "ids")],
-                "message-__rand_int__", blob]
+        bare = ["EVALSHA", bare_sha, "4", *bare_keys(f"{namespace}:{{rb-bare}}"), "message-__rand_int__", blob]
         store = MessageStore(client, StoreConfig(namespace=namespace))
         store.thread("rb-kvstore").append(UserMessage(content="warm up"))  # loads the library
-        ref = _core.ThreadRef.of(store.config, "rb-kvstore")
-        request = next(_core.append(ref, UserMessage(content="x"), None))
+        ref = core.ThreadRef.of(store.config, "rb-kvstore")
+        request = next(core.append(ref, UserMessage(content="x"), None))
         head = [str(a) for a in script_command(store, request)[:2]]  # FCALL <function>, as the store sends it
-        args = [str(a) for a in request.args[:12]]  # the limits, turn id, count
-        # Every record must differ, as real ones do (each holds its message id): the window is a
-        # sorted set, where an equal record would only move, not add.
-        record = blob[: -len("__rand_int__")] + "__rand_int__"
-        # redis-benchmark seeds its __rand_int__ sequence the same way for runs that start in
-        # the same second, so ids are made distinct per run by a prefix of their own.
-        def kvstore(run: str) -> list[str]:
-            return [*head, str(len(request.keys)), *request.keys, *args,
-                    f"message-{run}-__rand_int__", "", "0", record]
     finally:
         client.close()
-    check = redis.Redis.from_url(url, decode_responses=False)
-    thread = MessageStore(check, StoreConfig(namespace=namespace)).thread("rb-kvstore")
-    runs = {}
-    for name, command, n in (("bare", lambda run: bare, params.ceiling_bare), ("kvstore", kvstore, params.ceiling_kvstore)):
-        for pipeline in (1, 16):
-            requests = n * (2 if pipeline > 1 else 1)
-            # An append whose message id is already stored is a replay: it stores nothing and
-            # costs less, so a run that repeated ids would overstate the ceiling. A kvstore run
-            # must store one message per request (a random id drawn twice within a run, seen
-            # about once in 10,000, is let pass); it is run again, at most three times in all.
-            for _attempt in range(3):
-                argv = [binary, "-h", parsed.hostname or "127.0.0.1", "-p", str(parsed.port or 6379),
-                        "-c", "50", "-n", str(requests), "-r", "100000000000",
-                        "-P", str(pipeline), "--csv", *command(uuid.uuid4().hex[:8])]
-                before = thread.stats().stored_messages
-                done = subprocess.run(argv, capture_output=True, text=True, timeout=600)
-                rows = list(csv.reader(io.StringIO(done.stdout)))
-                if done.returncode or len(rows) < 2:
-                    raise RuntimeError(f"redis-benchmark failed: {done.stderr[-500:]}")
-                stored = thread.stats().stored_messages - before
-                if name != "kvstore" or stored >= requests * 0.999:
-                    break
-            runs[f"{name}_p{pipeline}"] = {"per_second": float(rows[1][1]), "p50_ms": float(rows[1][4]),
-                                           "requests": requests}
-            if name == "kvstore" and stored < requests * 0.999:
-                check.close()
-                return {"skipped": f"three runs of kvstore's script with {pipeline} per pipeline stored"
-                                   f" {stored} of {requests} messages (replays of ids redis-benchmark"
-                                   " repeated): no limit line this time"}
-    stats = thread.stats()
-    check.close()
-    if stats.window_messages > 200:
-        raise RuntimeError(f"the ceiling runs left a window of {stats.window_messages} messages")
-    return {"runs": runs, "clients": 50, "value_bytes": len(blob), "kvstore_thread": stats.model_dump()}
+    args = [str(a) for a in request.args[:12]]  # the limits, turn id, count
+    # Every record must differ, as real ones do (each holds its message id): the window is a
+    # sorted set, where an equal record would only move, not add.
+    record = blob[: -len("__rand_int__")] + "__rand_int__"
+
+    # redis-benchmark seeds its __rand_int__ sequence the same way for runs that start in
+    # the same second, so ids are made distinct per run by a prefix of their own.
+    def kvstore(run: str) -> list[str]:
+        return [*head, str(len(request.keys)), *request.keys, *args,
+                f"message-{run}-__rand_int__", "", "0", record]
+    return bare, kvstore, blob
+
+
+def _redis_benchmark(binary: str, url: str, command: Callable[[str], list[str]], requests: int, pipeline: int,
+                     thread: Thread, must_store: bool) -> tuple[list[str], int]:
+    """One redis-benchmark run of `command` (50 connections): its CSV row and the messages it
+    stored on `thread`.
+
+    An append whose message id is already stored is a replay: it stores nothing and costs less,
+    so a run that repeated ids would overstate the ceiling. A run that `must_store` one message
+    per request (a random id drawn twice within a run, seen about once in 10,000, is let pass) is
+    run again, at most three times in all."""
+    parsed = urlparse(url)
+    for _attempt in range(3):
+        argv = [binary, "-h", parsed.hostname or "127.0.0.1", "-p", str(parsed.port or 6379),
+                "-c", "50", "-n", str(requests), "-r", "100000000000",
+                "-P", str(pipeline), "--csv", *command(uuid.uuid4().hex[:8])]
+        before = thread.stats().stored_messages
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+        rows = list(csv.reader(io.StringIO(done.stdout)))
+        if done.returncode or len(rows) < 2:
+            raise RuntimeError(f"redis-benchmark failed: {done.stderr[-500:]}")
+        stored = thread.stats().stored_messages - before
+        if not must_store or stored >= requests * 0.999:
+            break
+    return rows[1], stored
 
 
 # ------------------------------------------------------------------------------- running

@@ -1,0 +1,24 @@
+"""The engine internals the benchmarks measure, beyond the engine's entry point.
+
+The benchmarks drive kvstore through its public API (``kvstore``, ``kvstore.messages``) and,
+where they time part of an operation alone, through the engine's one entry point,
+``kvstore._engine.core``: ``ThreadRef``, ``append`` and ``list_page`` build an operation's
+requests (``Eval``, ``Batch``) before the clock starts, so a script or a pipeline is timed alone,
+and ``prepare_batch`` is an append's client side, timed alone. The core does not export the few
+names below; they are imported here and nowhere else in benchmarks/:
+
+- ``encode_record`` (kvstore/_engine/record.py): a message's record bytes, so the baselines (raw
+  HSET, the bare 4-write script, HMGET) store the very bytes kvstore stores (append,
+  server_cost, encode), and encode times the encoding alone;
+- ``decode_records`` (record.py): a page's records into messages, timed alone by encode;
+- ``record_body`` (record.py's ``_record_body``): one record's message dict before validation,
+  so encode can time the unpacking and the validation of a page apart;
+- ``ChunkEntry`` (kvstore/_engine/wire.py): a chunk index member parsed, so server_cost knows how
+  many messages a chunk holds (one append in that many also moves a chunk).
+"""
+
+from kvstore._engine.record import _record_body as record_body
+from kvstore._engine.record import decode_records, encode_record
+from kvstore._engine.wire import ChunkEntry
+
+__all__ = ["ChunkEntry", "decode_records", "encode_record", "record_body"]
