@@ -293,6 +293,18 @@ class FakeThread:
 
         return batch(check, reply=reply or self.reply)
 
+    def stats_read(self, reply: Any = None) -> Step:
+        """The one pipeline of stats() (and of snapshot's first and last read): meta and the counts."""
+        keys = self.keys
+        commands = [
+            ("HGETALL", keys.meta),
+            ("ZCARD", keys.window),
+            ("ZCARD", keys.chunk_index),
+            ("ZCARD", keys.large_index),
+            ("HLEN", keys.legacy),
+        ]
+        return batch(commands, reply=self.reply if reply is None else reply)
+
     def located(self, *targets: str, kind: str = "seq") -> Step:
         """A call of lua/locate.lua for exactly these targets, answered from this thread."""
         return call("locate", (kind, *targets), reply=self.locate)

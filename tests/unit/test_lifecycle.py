@@ -12,7 +12,7 @@ from kvstore._engine import core
 from kvstore._engine.core import DELETE_STEP, ThreadRef, finishing_deletes
 from kvstore._engine.record import decode_records, encode_record, record_turn_id
 
-from .driver import batch, call, drive, repeat
+from .driver import call, drive, repeat
 from .layout import DATE, FakeThread, message, summary
 
 
@@ -272,7 +272,7 @@ def test_stats_read_in_one_batch(thread, fake):
     fake.append(10)
     fake.roll(1, 4)
     fake.meta.update(stored="10", bytes="1234", media="0", summary_last="3", layout="2", deleted_before="2")
-    stats = drive(core.stats(thread), _stats_step(fake))
+    stats = drive(core.stats(thread), fake.stats_read())
     assert stats.stored_messages == 10 and stats.window_messages == 6 and stats.chunks == 1
     assert stats.next_sequence == 11 and stats.stored_bytes == 1234
     assert stats.deleted_before_sequence == 2 and stats.summary_last_sequence == 3 and stats.layout_version == 2
@@ -282,29 +282,15 @@ def test_stats_of_an_untouched_layout_1_thread_count_its_legacy_hash(thread):
     fake = FakeThread(thread.keys, layout=None)
     fake.legacy = {s: b"{}" for s in range(1, 8)}
     fake.meta["last_seq"] = "7"
-    stats = drive(core.stats(thread), _stats_step(fake))
+    stats = drive(core.stats(thread), fake.stats_read())
     assert stats.stored_messages == 7 and stats.layout_version == 1
 
 
 def test_stats_of_a_thread_being_deleted_read_as_empty(thread, fake):
     fake.append(5)
     fake.meta = {"deleting": "1", "gen": "9"}
-    stats = drive(core.stats(thread), _stats_step(fake))
+    stats = drive(core.stats(thread), fake.stats_read())
     assert stats.stored_messages == 0 and stats.window_messages == 0 and stats.next_sequence == 1
-
-
-def _stats_step(fake: FakeThread):
-    keys = fake.keys
-    return batch(
-        [
-            ("HGETALL", keys.meta),
-            ("ZCARD", keys.window),
-            ("ZCARD", keys.chunk_index),
-            ("ZCARD", keys.large_index),
-            ("HLEN", keys.legacy),
-        ],
-        reply=fake.reply,
-    )
 
 
 def test_small_configs_change_the_limits_sent(thread):

@@ -202,16 +202,7 @@ def test_context_without_a_summary_is_every_message_and_warns_of_retention(threa
 
 def snapshot_pass(fake: FakeThread, recheck=None):
     keys = fake.keys
-    stats = batch(
-        [
-            ("HGETALL", keys.meta),
-            ("ZCARD", keys.window),
-            ("ZCARD", keys.chunk_index),
-            ("ZCARD", keys.large_index),
-            ("HLEN", keys.legacy),
-        ],
-        reply=fake.reply,
-    )
+    stats = fake.stats_read()
     again = batch([("HMGET", keys.meta, "last_seq", "gen", "summary_seq")], reply=recheck or fake.reply)
     return [stats, fake.newest(), again]
 
