@@ -77,19 +77,16 @@ def send_script(client: Any, store: Any, request: Any) -> Any:
     """Sends a core Eval request on `client` as `store`'s executor sends it: FCALL / FCALL_RO of
     its function, or EVALSHA on the EVAL path. The function or script must be loaded already
     (any call of the store's loads it)."""
-    from kvstore.store import _call
+    from kvstore._engine.executor import request_command
 
-    return _call(client, store.script(request), request, store.functions)
+    return client.execute_command(*request_command(store, request))
 
 
 def script_command(store: Any, request: Any) -> list[Any]:
     """The command `send_script` sends, as an argument list (for redis-benchmark)."""
-    script = store.script(request)
-    if not store.functions:
-        head = ["EVALSHA", script.sha]
-    else:
-        head = ["FCALL" if script.writes else "FCALL_RO", script.function]
-    return [*head, len(request.keys), *request.keys, *request.args]
+    from kvstore._engine.executor import request_command
+
+    return list(request_command(store, request))
 
 
 def log(text: str) -> None:

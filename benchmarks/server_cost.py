@@ -33,6 +33,7 @@ import redis
 
 from kvstore import MessageStore, StoreConfig, UserMessage
 from kvstore._engine.core import Batch, Eval
+from kvstore._engine.executor import record
 from kvstore._engine.record import encode_record
 from kvstore._engine.wire import ChunkEntry
 
@@ -73,10 +74,7 @@ class Recorder(MessageStore):
     def __init__(self, client: redis.Redis, config: StoreConfig) -> None:
         super().__init__(client, config)
         self.requests: list[Eval | Batch] = []
-
-    def _execute(self, request: Eval | Batch) -> Any:
-        self.requests.append(request)
-        return super()._execute(request)
+        record(self, self.requests.append)
 
 
 def cpu_seconds(client: redis.Redis) -> float:
