@@ -28,6 +28,9 @@ from .models import (
     TurnResult,
 )
 
+Order = Literal["asc", "desc"]
+Messages = Message | dict | Iterable[Message | dict]
+
 
 class MessageStore(SyncDriver, Executor):
     """A store over a synchronous client (redis.Redis, RedisCluster or fakeredis)."""
@@ -90,10 +93,10 @@ class AsyncMessageStore(AsyncDriver, Executor):
         await self.client.aclose()
 
 
-class Thread:
-    """One conversation. Cheap to make; holds no state beyond its keys."""
+class _Bound:
+    """What Thread and AsyncThread share: their store and the thread's keys."""
 
-    def __init__(self, store: MessageStore, ref: ThreadRef) -> None:
+    def __init__(self, store: Any, ref: ThreadRef) -> None:
         self._store = store
         self._ref = ref
 
@@ -101,7 +104,13 @@ class Thread:
     def keys(self) -> core.ThreadKeys:
         return self._ref.keys
 
-    def append(self, messages: Message | dict | Iterable[Message | dict], turn_id: str | None = None) -> AppendResult:
+
+class Thread(_Bound):
+    """One conversation. Cheap to make; holds no state beyond its keys."""
+
+    _store: MessageStore
+
+    def append(self, messages: Messages, turn_id: str | None = None) -> AppendResult:
         """Stores the messages in one atomic call; returns the stored copies (id, date, seq_id).
 
         Idempotent: every message the call sends carries an id, the call's token. A message of
@@ -121,17 +130,11 @@ class Thread:
     def finish_turn(self, turn_id: str, outcome: TurnOutcome = "completed") -> TurnResult:
         return self._store.run(core.finish_turn(self._ref, turn_id, outcome))
 
-    def list(
-        self,
-        after: Cursor = None,
-        before: Cursor = None,
-        limit: int = 50,
-        order: Literal["asc", "desc"] = "asc",
-        turn_id: str | None = None,
-    ) -> MessagesPage:
+    def list(self, after: Cursor = None, before: Cursor = None, limit: int = 50, order: Order = "asc",
+             turn_id: str | None = None) -> MessagesPage:
         return self._store.run(core.list_page(self._ref, after, before, limit, order, turn_id))
 
-    def iter(self, order: Literal["asc", "desc"] = "asc") -> Iterator[Message]:
+    def iter(self, order: Order = "asc") -> Iterator[Message]:
         for page in self._store.stream(core.pages(self._ref, order)):
             yield from page.messages
 
@@ -167,20 +170,12 @@ class Thread:
         self._store.run(core.delete(self._ref))
 
 
-class AsyncThread:
+class AsyncThread(_Bound):
     """The asyncio twin of :class:`Thread`: same methods, awaited."""
 
-    def __init__(self, store: AsyncMessageStore, ref: ThreadRef) -> None:
-        self._store = store
-        self._ref = ref
+    _store: AsyncMessageStore
 
-    @property
-    def keys(self) -> core.ThreadKeys:
-        return self._ref.keys
-
-    async def append(
-        self, messages: Message | dict | Iterable[Message | dict], turn_id: str | None = None
-    ) -> AppendResult:
+    async def append(self, messages: Messages, turn_id: str | None = None) -> AppendResult:
         """Stores the messages in one atomic call: see :meth:`Thread.append`.
 
         A call cut off by ``asyncio.wait_for``, ``asyncio.timeout`` or ``task.cancel()`` may
@@ -200,17 +195,11 @@ class AsyncThread:
     async def finish_turn(self, turn_id: str, outcome: TurnOutcome = "completed") -> TurnResult:
         return await self._store.run(core.finish_turn(self._ref, turn_id, outcome))
 
-    async def list(
-        self,
-        after: Cursor = None,
-        before: Cursor = None,
-        limit: int = 50,
-        order: Literal["asc", "desc"] = "asc",
-        turn_id: str | None = None,
-    ) -> MessagesPage:
+    async def list(self, after: Cursor = None, before: Cursor = None, limit: int = 50, order: Order = "asc",
+                   turn_id: str | None = None) -> MessagesPage:
         return await self._store.run(core.list_page(self._ref, after, before, limit, order, turn_id))
 
-    async def iter(self, order: Literal["asc", "desc"] = "asc") -> AsyncIterator[Message]:
+    async def iter(self, order: Order = "asc") -> AsyncIterator[Message]:
         async for page in self._store.stream(core.pages(self._ref, order)):
             for message in page.messages:
                 yield message
@@ -219,7 +208,7 @@ class AsyncThread:
         return await self._store.run(core.get(self._ref, message_id))
 
     async def get_by_otid(self, otid: str) -> Message:
-        """The stored message with that otid; MessageNotFound if none is (or it was deleted)."""
+        """See :meth:`Thread.get_by_otid`."""
         return await self._store.run(core.get_by_otid(self._ref, otid))
 
     async def snapshot(self) -> ThreadSnapshot:
