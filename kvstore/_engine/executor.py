@@ -13,7 +13,8 @@ kvstore/_engine/failures.py's part.
 Why steps rather than a sync module generated from the async one (unasync): one module to read,
 nothing generated to keep fresh and no build step, the sans-IO pattern of the core carried one
 level down, and the decisions can be followed (and driven) without a server. The cost is a few
-generator frames per request.
+generator frames per request: about 2 µs of Python per call more than two hand-written
+executors (measured with a client that answers at once), 1-2 % of a sync append's round trip.
 """
 
 from __future__ import annotations
