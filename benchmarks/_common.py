@@ -23,6 +23,7 @@ import redis
 from kvstore import MessageStore, StoreConfig, UserMessage
 
 from . import _plots, _servers
+from ._engine import request_command
 from ._machine import headline, machine
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -91,19 +92,12 @@ def send_script(client: Any, store: Any, request: Any) -> Any:
     """Sends a core Eval request on `client` as `store`'s executor sends it: FCALL / FCALL_RO of
     its function, or EVALSHA on the EVAL path. The function or script must be loaded already
     (any call of the store's loads it)."""
-    from kvstore.store import _call
-
-    return _call(client, store.script(request), request, store.functions)
+    return client.execute_command(*request_command(store, request))
 
 
 def script_command(store: Any, request: Any) -> list[Any]:
     """The command `send_script` sends, as an argument list (for redis-benchmark)."""
-    script = store.script(request)
-    if not store.functions:
-        head = ["EVALSHA", script.sha]
-    else:
-        head = ["FCALL" if script.writes else "FCALL_RO", script.function]
-    return [*head, len(request.keys), *request.keys, *request.args]
+    return list(request_command(store, request))
 
 
 class Fixture:

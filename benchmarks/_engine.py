@@ -14,11 +14,15 @@ names below; they are imported here and nowhere else in benchmarks/:
 - ``record_body`` (record.py's ``_record_body``): one record's message dict before validation,
   so encode can time the unpacking and the validation of a page apart;
 - ``ChunkEntry`` (kvstore/_engine/wire.py): a chunk index member parsed, so server_cost knows how
-  many messages a chunk holds (one append in that many also moves a chunk).
+  many messages a chunk holds (one append in that many also moves a chunk);
+- ``record`` and ``request_command`` (kvstore/_engine/executor.py, the executor's hooks): the
+  requests an operation sends, recorded so that each can be replayed and timed alone, and the
+  command a store sends for one (FCALL, FCALL_RO or EVALSHA), for redis-benchmark.
 """
 
+from kvstore._engine.executor import record, request_command
 from kvstore._engine.record import _record_body as record_body
 from kvstore._engine.record import decode_records, encode_record
 from kvstore._engine.wire import ChunkEntry
 
-__all__ = ["ChunkEntry", "decode_records", "encode_record", "record_body"]
+__all__ = ["ChunkEntry", "decode_records", "encode_record", "record", "record_body", "request_command"]

@@ -51,7 +51,7 @@ from ._common import (
     standalone_main,
     stats_diff,
 )
-from ._engine import ChunkEntry, encode_record
+from ._engine import ChunkEntry, encode_record, record
 
 PAGE = 50
 
@@ -73,10 +73,7 @@ class Recorder(MessageStore):
     def __init__(self, client: redis.Redis, config: StoreConfig) -> None:
         super().__init__(client, config)
         self.requests: list[Eval | Batch] = []
-
-    def _execute(self, request: Eval | Batch) -> Any:
-        self.requests.append(request)
-        return super()._execute(request)
+        record(self, self.requests.append)
 
 
 def cpu_seconds(client: redis.Redis) -> float:

@@ -10,6 +10,7 @@ import pytest
 
 from kvstore import MessageStore, StoreConfig, SummaryMessage, UserMessage, errors
 from kvstore._engine.core import ThreadRef, context, snapshot
+from kvstore._engine.executor import send_request
 
 from .conftest import make_sync_store
 
@@ -42,7 +43,7 @@ def interleaved(store: MessageStore, operation, at_step: int, action):
     request = next(operation)
     try:
         while True:
-            result = store._execute(request)
+            result = send_request(store, request)
             if step == at_step:
                 action()
             step += 1

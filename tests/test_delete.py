@@ -10,6 +10,7 @@ import pytest
 
 from kvstore import AssistantMessage, StoreConfig, UserMessage, errors
 from kvstore._engine.core import DELETE_STEP, Batch, Eval, ThreadRef, list_page
+from kvstore._engine.executor import send_request
 from kvstore._engine.scripts import SCRIPTS
 
 from .conftest import make_sync_store
@@ -176,18 +177,18 @@ def test_a_read_in_flight_when_the_delete_starts_plans_again(backend, raw_client
     operation = list_page(ref, after=0 if cursor == "sequence" else stored[0].id, limit=20)
     request = next(operation)
     assert _is_plan(request, ref) and isinstance(request, Eval) == (cursor == "id")
-    request = operation.send(store._execute(request))
+    request = operation.send(send_request(store, request))
     assert isinstance(request, Batch) and request.commands[-1] == ("HGET", ref.keys.meta, "gen")
     run_one(store, delete_call(ref, 3))  # lands between the plan and the fetch
-    request = operation.send(store._execute(request))
+    request = operation.send(send_request(store, request))
     assert _is_plan(request, ref)  # planned again
     if cursor == "id":
         with pytest.raises(errors.MessageNotFound):
-            store._execute(request)
+            send_request(store, request)
         store.close()
         return
     with pytest.raises(StopIteration) as done:
         while True:
-            request = operation.send(store._execute(request))
+            request = operation.send(send_request(store, request))
     assert done.value.value.messages == []
     store.close()

@@ -206,6 +206,7 @@ def test_otid_semantics(make_thread, raw_client):
 def test_a_retried_call_stores_nothing_twice(make_thread):
     """redis-py re-sends a timed-out command as is: the same ids make the second run a replay."""
     from kvstore._engine import core as _core
+    from kvstore._engine.executor import send_request
 
     thread = make_thread()
     inner = getattr(thread, "_thread", thread)
@@ -213,7 +214,7 @@ def test_a_retried_call_stores_nothing_twice(make_thread):
     request = next(operation)
 
     def execute():
-        result = inner._store._execute(request)
+        result = send_request(inner._store, request)
         return thread._loop.run_until_complete(result) if hasattr(result, "__await__") else result
 
     assert [int(x) for x in execute()] == [1, 1]

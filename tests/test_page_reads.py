@@ -11,6 +11,7 @@ import pytest
 
 from kvstore import AssistantMessage, StoreConfig, UserMessage
 from kvstore._engine.core import Batch, Eval, ThreadRef, list_page
+from kvstore._engine.executor import send_request
 
 from . import model
 from .conftest import make_sync_store
@@ -32,9 +33,9 @@ def drive(store, operation, between=None):
                 results = []
                 for position, command in enumerate(request.commands):
                     between(len(requests) - 1, position)
-                    results.append(store._execute(Batch([command]))[0])
+                    results.append(send_request(store, Batch([command]))[0])
             else:
-                results = store._execute(request)
+                results = send_request(store, request)
             request = operation.send(results)
     except StopIteration as done:
         return done.value, requests

@@ -14,6 +14,7 @@ import pytest
 
 from kvstore import AssistantMessage, MessageStore, StoreConfig, UserMessage
 from kvstore._engine.core import Batch, Eval, ThreadRef
+from kvstore._engine.executor import record
 from kvstore._engine.keys import ThreadKeys
 from kvstore._engine.scripts import SCRIPT_NAMES, SCRIPTS
 
@@ -27,17 +28,16 @@ SMALL = dict(window_size=4, chunk_size=2, chunk_max_bytes=2048, max_chunks_per_c
 
 
 class Recorder(MessageStore):
-    """A store that keeps every script call its operations send, and the reply."""
+    """A store that keeps every script call its operations send (a refused one too)."""
 
     def __init__(self, client: Any, config: StoreConfig) -> None:
         super().__init__(client, config)
-        self.calls: list[tuple[Eval, Any]] = []
+        self.calls: list[Eval] = []
+        record(self, self._keep)
 
-    def _execute(self, request: Eval | Batch) -> Any:
-        reply = super()._execute(request)
+    def _keep(self, request: Eval | Batch) -> None:
         if isinstance(request, Eval):
-            self.calls.append((request, reply))
-        return reply
+            self.calls.append(request)
 
 
 def run_every_script(store: Recorder, raw_client) -> None:
@@ -99,16 +99,16 @@ def test_every_call_matches_its_script_header(server_only, server, raw_client, n
     ref = ThreadRef.of(store.config, "contract")
     headers = {name: script_header(name) for name in SCRIPT_NAMES}
     mismatches: dict[str, set[str]] = defaultdict(set)
-    for request, _reply in store.calls:
+    for request in store.calls:
         name = request.script.name
         mismatches[name] |= set(call_mismatches(headers[name], list(request.keys), list(request.args)))
         if request.keys[0].endswith("{contract}:meta"):
             assert tuple(request.keys) == ref.script_keys, name
     assert {name: sorted(found) for name, found in mismatches.items() if found} == {}
-    assert sorted(set(SCRIPT_NAMES) - {request.script.name for request, _ in store.calls}) == []
+    assert sorted(set(SCRIPT_NAMES) - {request.script.name for request in store.calls}) == []
     # Each value a header lists was sent, so each was checked (and none is stale).
     sent: dict[tuple[str, int], set[Any]] = defaultdict(set)
-    for request, _reply in store.calls:
+    for request in store.calls:
         for position, value in enumerate(request.args, 1):
             sent[request.script.name, position].add(value)
     never_sent = [

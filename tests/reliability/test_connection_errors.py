@@ -158,18 +158,18 @@ def _dies_after_a_replay(mode: str, server, watched: str):
     seen: list[bool] = []
     if mode == "sync":
         class Client(redis.Redis):
-            def fcall(self, name, numkeys, *args):
-                reply = super().fcall(name, numkeys, *args)
-                if name == function and lose_the_reply(reply):
-                    reply = super().fcall(name, numkeys, *args)
+            def execute_command(self, *args, **options):
+                reply = super().execute_command(*args, **options)
+                if args[:2] == ("FCALL", function) and lose_the_reply(reply):
+                    reply = super().execute_command(*args, **options)
                     server.kill()
                 return reply
     else:
         class Client(redis.asyncio.Redis):
-            async def fcall(self, name, numkeys, *args):
-                reply = await super().fcall(name, numkeys, *args)
-                if name == function and lose_the_reply(reply):
-                    reply = await super().fcall(name, numkeys, *args)
+            async def execute_command(self, *args, **options):
+                reply = await super().execute_command(*args, **options)
+                if args[:2] == ("FCALL", function) and lose_the_reply(reply):
+                    reply = await super().execute_command(*args, **options)
                     server.kill()
                 return reply
     client = Client(host="127.0.0.1", port=server.port, socket_connect_timeout=0.5,

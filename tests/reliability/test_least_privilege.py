@@ -69,9 +69,9 @@ CLIENT_METHODS = {
 
 
 def commands_kvstore_sends() -> set[str]:
-    """What the code sends: the executors' script calls and loads (`client.fcall(...)`,
-    `pipe.function_load(...)`, `client.evalsha(...)`, `pipe.eval(...)`), each script's redis.call,
-    each native command the core or the executors build as a tuple ("HGET", ...)."""
+    """What the code sends: each script's redis.call, each command the core or the executor
+    builds as a tuple (("HGET", ...), ("FCALL_RO", ...), ("FUNCTION LOAD", ...)), and any script
+    call or load made with a client method (`client.fcall(...)`, `pipe.function_load(...)`)."""
     sent = set()
     for script in SCRIPTS.values():
         sent |= {c.lower() for c in re.findall(r"redis\.p?call\(\s*['\"]([A-Za-z]+)['\"]", script.source)}
@@ -81,7 +81,7 @@ def commands_kvstore_sends() -> set[str]:
                *(p for p in sorted((ROOT / "kvstore" / "_engine").glob("*.py")) if p.name != "health.py")]
     for module in modules:
         source = module.read_text(encoding="utf-8")
-        sent |= {c.lower() for c in re.findall(r'\(\s*"([A-Z]+)"\s*,', source)}
+        sent |= {c.lower().replace(" ", "|") for c in re.findall(r'\(\s*"([A-Z][A-Z_]*(?: [A-Z]+)?)"\s*,', source)}
         sent |= {CLIENT_METHODS[m] for m in re.findall(r"\.(\w+)\(", source) if m in CLIENT_METHODS}
     return sent
 

@@ -1,0 +1,398 @@
+"""The executor: how a store sends the core's requests, written once for sync and asyncio.
+
+A core operation yields requests, Eval (a script) and Batch (native commands), and takes their
+replies. The executor decides how each goes out: FCALL, FCALL_RO or EVALSHA; FUNCTION LOAD
+pipelined with the call again where the function is missing; EVAL after NOSCRIPT; WAIT or
+WAITAOF after a durable write; the call re-sent while a cluster refuses it. Those decisions are
+generators of IO steps (Send, Pipeline, Sleep). A driver makes each step on the store's client
+and sends the reply back in, or throws the exception in. The sync driver calls
+``step(store)``, the asyncio driver awaits it: that, and ``close``, is all the two stores do
+differently. Which typed error a failure is, and whether its command was sent at all, is
+kvstore/_engine/failures.py's part.
+
+Why steps rather than a sync module generated from the async one (unasync): one module to read,
+nothing generated to keep fresh and no build step, the sans-IO pattern of the core carried one
+level down, and the decisions can be followed (and driven) without a server. The cost is a few
+generator frames per request: about 2 µs of Python per call more than two hand-written
+executors (measured with a client that answers at once), 1-2 % of a sync append's round trip.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable, Generator, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from redis.exceptions import (
+    ClusterError,
+    NoPermissionError,
+    NoScriptError,
+    ResponseError,
+)
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from .. import errors
+from ..config import StoreConfig
+from . import core
+from .core import Batch, Eval
+from .failures import (
+    CALL,
+    Call,
+    batch_error,
+    check_durable,
+    decodes_responses,
+    durability_unavailable,
+    is_cluster,
+    is_fakeredis,
+    script_error,
+    track_sends,
+)
+from .scripts import LIBRARY, SCRIPTS, Script
+
+# A cluster refuses a thread's calls while its slot migrates (TRYAGAIN, ASK, MOVED): redis-py
+# retries briefly, then gives up with ClusterError, meaning no attempt ran. The store goes on
+# re-sending, backing off, for this long.
+CLUSTER_REFUSAL_SECONDS = 10.0
+# A call whose function is missing is sent again right after a FUNCTION LOAD, on one pipeline.
+# The server reads a library that large apart from the call after it, so a FUNCTION FLUSH can
+# still run between the two (nothing ran then): the pair is sent up to this many times.
+LOAD_ATTEMPTS = 10
+
+Steps = Generator[Any, Any, Any]
+
+
+# ------------------------------------------------------------------- what a store keeps
+
+
+class Executor:
+    """What a store keeps between calls: its client, config, script variants, whether the server
+    has functions."""
+
+    def __init__(self, client: Any, config: StoreConfig | None) -> None:
+        self.client = client
+        self.config = config if config is not None else StoreConfig()
+        if decodes_responses(client):
+            raise errors.ConfigError("the client must return bytes: create it with decode_responses=False")
+        self._scripts = dict(SCRIPTS)
+        if is_fakeredis(client):
+            # fakeredis's Lua does not parse the shebang line.
+            self._scripts = {name: s.without_shebang() for name, s in SCRIPTS.items()}
+        # FCALL needs the server's functions (Redis 7, Valkey 7.2); a RedisCluster client finds
+        # an FCALL's slot with COMMAND GETKEYS round trips, an EVALSHA's from its arguments.
+        self.functions = self.config.scripting == "functions" and not is_cluster(client)
+        self._durability_checked = False
+        self._tracks_sends = track_sends(client)
+        self._on_request: Callable[[Eval | Batch], Any] | None = None
+        if self.config.durability != "default" and is_cluster(client):
+            raise errors.ConfigError(
+                "durability modes need a standalone client: WAIT and WAITAOF must follow the write"
+                " on its own connection, which a cluster pipeline does not guarantee"
+            )
+
+    def script(self, request: Eval) -> Script:
+        return self._scripts[request.script.name]
+
+    def missed(self, reply: Any) -> bool:
+        """Whether a call did not run because the server lacks its script or function, or knows
+        no functions at all: this store then uses the EVAL path from now on."""
+        if isinstance(reply, NoScriptError):
+            return True
+        if not isinstance(reply, ResponseError):
+            return False
+        # No function of that name: FUNCTION FLUSH, a restart without persistence, a new version.
+        if str(reply).startswith("Function not found"):
+            return True
+        # The server, or a proxy in front of it, does not know FCALL or FUNCTION.
+        if self.functions and str(reply).lower().startswith(("unknown command", "unknown subcommand")):
+            self.functions = False
+            return True
+        return False
+
+    def load_failed(self, script: Script, loaded: Any) -> errors.KVStoreError | None:
+        """What a FUNCTION LOAD reply means for a call that still found no function (nothing
+        ran): None where the call may be sent again (loaded, loaded by another client, or a
+        server without functions, which the EVAL path serves)."""
+        if isinstance(loaded, NoPermissionError):
+            return errors.PermissionDenied(
+                f"{script.name}: the server lacks kvstore's function library {LIBRARY.name} and this"
+                f" user may not load it ({loaded}): run `kvstore preload-scripts` as a user allowed"
+                " to, or allow function|load"
+            )
+        if not isinstance(loaded, ResponseError) or "already exists" in str(loaded) or self.missed(loaded):
+            return None
+        return script_error(script, loaded, Call())
+
+    def wait_command(self) -> tuple[Any, ...]:
+        """What a durable write sends right after its script, on the same connection."""
+        timeout = self.config.durability_timeout_ms
+        if self.config.durability == "fsync":
+            return ("WAITAOF", 1, 0, timeout)
+        return ("WAIT", self.config.durability_replicas, timeout)
+
+
+# ------------------------------------------------------------------- the steps
+
+
+class Step:
+    """One IO step: ``step(store)`` makes it on the store's client and returns the reply, or on
+    an asyncio store an awaitable of it."""
+
+    __slots__ = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Send(Step):
+    """One command, alone."""
+
+    command: Sequence[Any]
+
+    def __call__(self, store: Executor) -> Any:
+        return store.client.execute_command(*self.command)
+
+
+@dataclass(frozen=True, slots=True)
+class Pipeline(Step):
+    """Commands on one pipeline (no transaction); with raise_on_error False, a command's error
+    comes back in its reply's place."""
+
+    commands: Sequence[Sequence[Any]]
+    raise_on_error: bool = True
+
+    def __call__(self, store: Executor) -> Any:
+        pipe = store.client.pipeline(transaction=False)
+        for command in self.commands:
+            pipe.execute_command(*command)
+        return pipe.execute(raise_on_error=self.raise_on_error)
+
+
+@dataclass(frozen=True, slots=True)
+class Sleep(Step):
+    """A pause (time.sleep, or asyncio.sleep awaited)."""
+
+    seconds: float
+
+    def __call__(self, store: Executor) -> Any:
+        return store._sleep(self.seconds)
+
+
+class Pump:
+    """Runs a generator: sends in the reply to what it yielded last, or throws in the failure;
+    keeps what it returns in `value`."""
+
+    __slots__ = ("failure", "reply", "steps", "value")
+
+    def __init__(self, steps: Steps) -> None:
+        self.steps, self.reply, self.failure, self.value = steps, None, None, None
+
+    def __iter__(self) -> Iterator[Any]:
+        while True:
+            reply, failure, self.reply, self.failure = self.reply, self.failure, None, None
+            try:
+                item = self.steps.send(reply) if failure is None else self.steps.throw(failure)
+            except StopIteration as done:
+                self.value = done.value
+                return
+            yield item
+
+
+# ------------------------------------------------------------------- the decisions
+
+
+def operate(store: Executor, operation: Generator[Any, Any, Any]) -> Steps:
+    """The steps of a core operation, each request's in turn: a typed error goes back into the
+    operation (it may handle it); an output (core.pages' pages) passes through."""
+    pump = Pump(core.finishing_deletes(operation))
+    for item in pump:
+        if not isinstance(item, (Eval, Batch)):
+            yield item
+            continue
+        try:
+            pump.reply = yield from execute(store, item)
+        except errors.KVStoreError as exc:
+            pump.failure = exc
+    return pump.value
+
+
+def execute(store: Executor, request: Eval | Batch) -> Steps:
+    """The steps of one request, sent again, backing off, while a cluster refuses it."""
+    if store._on_request is not None:
+        store._on_request(request)
+    deadline, delay = time.monotonic() + CLUSTER_REFUSAL_SECONDS, 0.02
+    while True:
+        try:
+            return (yield from _attempt(store, request))
+        except ClusterError as exc:  # every attempt was refused: nothing ran
+            if time.monotonic() > deadline:
+                raise errors.ServerError(
+                    f"the cluster refused the call for {CLUSTER_REFUSAL_SECONDS:.0f} s (its slot is"
+                    f" moving or unserved); nothing was written: {exc}"
+                ) from exc
+        yield Sleep(delay)
+        delay = min(delay * 2, 0.25)
+
+
+def _attempt(store: Executor, request: Eval | Batch) -> Steps:
+    call = Call(store._tracks_sends)
+    token = CALL.set(call)
+    try:
+        if isinstance(request, Batch):
+            try:
+                return (yield Pipeline(request.commands))
+            except (ResponseError, RedisConnectionError, RedisTimeoutError) as exc:
+                raise batch_error(exc, call) from exc
+        return (yield from _script_call(store, request, call))
+    except BaseException as exc:
+        if not isinstance(exc, Exception):  # KeyboardInterrupt, a signal, cancellation
+            for connection in call.sent_on:
+                connection.kvstore_unread()
+        raise
+    finally:
+        CALL.reset(token)
+
+
+def _script_call(store: Executor, request: Eval, call: Call) -> Steps:
+    script = store.script(request)
+    try:
+        if script.writes and store.config.durability != "default":
+            return (yield from _durable_call(store, script, request))
+        functions = store.functions
+        try:
+            return (yield Send(request_command(store, request)))
+        except ResponseError as exc:
+            if not store.missed(exc):
+                raise
+        if functions:  # FUNCTION LOAD and the call again, in one round trip
+            return (yield from _reloaded_call(store, script, request, None))
+        # EVAL sends the source and caches it again: no window for a second flush. (Sent
+        # alone: a cluster client's pipeline does not take EVAL.)
+        return (yield Send(_eval_command(script, request)))
+    except (ResponseError, RedisConnectionError, RedisTimeoutError) as exc:
+        raise script_error(script, exc, call) from exc
+
+
+def _durable_call(store: Executor, script: Script, request: Eval) -> Steps:
+    """The write and, on the same connection, WAIT or WAITAOF."""
+    if not store._durability_checked and store.config.durability == "fsync":
+        # Refuse before the first write where WAITAOF cannot work (no command, no AOF).
+        try:
+            yield Send(("WAITAOF", 1, 0, 1))
+        except ResponseError as exc:
+            raise durability_unavailable(store.config, exc) from exc
+    store._durability_checked = True
+    wait = store.wait_command()
+    reply, waited = yield Pipeline((request_command(store, request), wait), raise_on_error=False)
+    if store.missed(reply):
+        return (yield from _reloaded_call(store, script, request, wait))
+    if isinstance(reply, Exception):
+        raise reply
+    check_durable(store.config, script, waited)
+    return reply
+
+
+def _reloaded_call(store: Executor, script: Script, request: Eval, wait: tuple[Any, ...] | None) -> Steps:
+    """The call again, after the server lacked its script (nothing ran), on one pipeline with
+    what loads the script first (FUNCTION LOAD, or EVAL instead of the call), and the durable
+    write's WAIT after it."""
+    for _ in range(LOAD_ATTEMPTS):
+        if store.functions:
+            commands = [("FUNCTION LOAD", LIBRARY.source), request_command(store, request)]
+        else:
+            commands = [_eval_command(script, request)]
+        replies = yield Pipeline([*commands, *([wait] if wait else [])], raise_on_error=False)
+        reply = replies[len(commands) - 1]
+        if store.missed(reply):
+            failed = store.load_failed(script, replies[0]) if len(commands) > 1 else None
+            if failed:
+                raise failed
+            continue  # loaded, and flushed again before the call ran
+        if isinstance(reply, Exception):
+            raise reply
+        if wait:
+            check_durable(store.config, script, replies[-1])
+        return reply
+    raise errors.ServerError(
+        f"{script.name}: kvstore's functions were gone again each of the {LOAD_ATTEMPTS} times"
+        " they were loaded (FUNCTION FLUSH in a loop?); nothing ran"
+    )
+
+
+def request_command(store: Executor, request: Eval) -> tuple[Any, ...]:
+    """The command `store` sends for a script request: FCALL of its function, FCALL_RO for a
+    script that declares no-writes (so a replica may serve it), or EVALSHA on the EVAL path."""
+    script, keys, args = store.script(request), request.keys, request.args
+    if not store.functions:
+        return ("EVALSHA", script.sha, len(keys), *keys, *args)
+    if script.writes:
+        return ("FCALL", script.function, len(keys), *keys, *args)
+    return ("FCALL_RO", script.function, len(keys), *keys, *args)
+
+
+def _eval_command(script: Script, request: Eval) -> tuple[Any, ...]:
+    return ("EVAL", script.source, len(request.keys), *request.keys, *request.args)
+
+
+# ------------------------------------------------------------------- the drivers
+
+
+class SyncDriver:
+    """Makes each step in the calling thread."""
+
+    _sleep = staticmethod(time.sleep)
+
+    def _outputs(self, pump: Pump) -> Iterator[Any]:
+        for step in pump:
+            if not isinstance(step, Step):
+                yield step
+                continue
+            try:
+                pump.reply = step(self)
+            except BaseException as exc:  # noqa: BLE001  # thrown into the steps, which may handle it
+                pump.failure = exc
+
+    def _finish(self, steps: Steps) -> Any:
+        pump = Pump(steps)
+        for _ in self._outputs(pump):
+            pass
+        return pump.value
+
+
+class AsyncDriver:
+    """Awaits each step in the calling task."""
+
+    _sleep = staticmethod(asyncio.sleep)
+
+    async def _outputs(self, pump: Pump) -> AsyncIterator[Any]:
+        for step in pump:
+            if not isinstance(step, Step):
+                yield step
+                continue
+            try:
+                pump.reply = await step(self)
+            except BaseException as exc:  # noqa: BLE001  # cancellation too: the steps clean up, re-raise
+                pump.failure = exc
+
+    async def _finish(self, steps: Steps) -> Any:
+        pump = Pump(steps)
+        async for _ in self._outputs(pump):
+            pass
+        return pump.value
+
+
+# ------------------------------------------------------------------- hooks for tests and benchmarks
+
+
+def send_request(store: Executor, request: Eval | Batch) -> Any:
+    """Sends one core request as `store`'s operations send it (every path above, the same typed
+    errors; an interrupted delete is not finished): the reply, or on an asyncio store an
+    awaitable of it. For tests and benchmarks that drive an operation a request at a time."""
+    return store._finish(execute(store, request))
+
+
+def record(store: Executor, sink: Callable[[Eval | Batch], Any] | None) -> None:
+    """From now on `store` hands each request its operations send to `sink` first (once, however
+    often it is re-sent); None stops it. For benchmarks that replay what an operation sent, and
+    tests that check it."""
+    store._on_request = sink
