@@ -144,7 +144,7 @@ def _walk(thread: ThreadRef, low: Bound, high: Bound, walk: str, need: int) -> O
             return newest
     upward = walk == "up"
     collected: Entries = []
-    attempts = 0
+    attempts, deleted_before = 0, 0
     while True:
         remaining = need - len(collected)
         # Enough chunks for the page when they are full; short ones make the walk plan again.
