@@ -117,15 +117,16 @@ def test_fit_media_strips_only_as_many_parts_as_needed(config):
 # ------------------------------------------------------------------------- replays
 
 
+def replayed(thread, fake, resent, reply):
+    """An append whose call the server answers as a replay with `reply`, then the read-back."""
+    targets = [str(sequence) for sequence in reply[1::2]]
+    return drive(core.append(thread, resent, None), call("append", reply=reply), fake.located(*targets), fake.fetch())
+
+
 def test_a_replay_reads_back_what_the_first_call_stored(thread, fake):
     fake.append(6)  # the first call stored m5 and m6 (content "message 5", "message 6")
     resent = [UserMessage(id="m5", content="sent again 5"), UserMessage(id="m6", content="sent again 6")]
-    result = drive(
-        core.append(thread, resent, None),
-        call("append", reply=[0, 5, b"m5", 6, b"m6"]),
-        fake.located("5", "6"),
-        fake.fetch(),
-    )
+    result = replayed(thread, fake, resent, [0, 5, b"m5", 6, b"m6"])
     assert result.replayed
     assert seqs(result) == [5, 6]
     assert [m.content for m in result] == ["message 5", "message 6"]
@@ -136,12 +137,7 @@ def test_a_replayed_message_retention_deleted_comes_back_by_its_stored_id_and_se
     fake.remove(3, 4)  # stored by the first call, deleted by retention before this read
     # Sent again by otid, with ids of a new call: the stored ones differ.
     resent = [UserMessage(content="again a", otid="o-a"), UserMessage(content="again b", otid="o-b")]
-    result = drive(
-        core.append(thread, resent, None),
-        call("append", reply=[0, 3, b"m3", 4, b""]),
-        fake.located("3", "4"),
-        fake.fetch(),
-    )
+    result = replayed(thread, fake, resent, [0, 3, b"m3", 4, b""])
     assert result.replayed and seqs(result) == [3, 4]
     # Named by the stored id where the reply gives one, else by the id sent; content as sent.
     assert [m.id for m in result] == ["m3", resent[1].id]
