@@ -25,7 +25,14 @@ from pathlib import Path
 from typing import Any
 
 from . import _plots, _servers
-from ._common import RESULTS_DIR, add_common_arguments, target_text, value_text, verdict_text, write_document
+from ._common import (
+    RESULTS_DIR,
+    add_common_arguments,
+    target_text,
+    value_text,
+    verdict_text,
+    write_document,
+)
 from ._machine import cpu_snapshot, machine
 
 BENCHMARKS = ("append", "server_cost", "memory", "throughput", "encode", "peers")

@@ -19,11 +19,10 @@ from datetime import UTC, datetime
 import redis
 
 from kvstore import Thread, UserMessage
-from kvstore._engine import core
 from kvstore.messages import MESSAGE_LIST_ADAPTER
 
 from ._common import BARE_KEYS, BARE_SCRIPT, TEXTS, Fixture, log, new_messages
-from ._engine import encode_record
+from ._engine import core, encode_record
 
 PAGE = 50
 SMALL = 100  # messages in the small threads

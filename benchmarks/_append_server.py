@@ -17,7 +17,14 @@ import redis
 from kvstore import MessageStore, Thread
 
 from ._append_fixture import PAGE, Bench, Params
-from ._common import SCRIPT_COMMANDS, MessagePool, command_stats, counting_client, new_messages, stats_diff
+from ._common import (
+    SCRIPT_COMMANDS,
+    MessagePool,
+    command_stats,
+    counting_client,
+    new_messages,
+    stats_diff,
+)
 
 
 def server_side(bench: Bench) -> dict[str, Any]:

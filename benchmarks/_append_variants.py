@@ -11,10 +11,9 @@ from collections.abc import Callable
 from itertools import count
 from typing import Any
 
-from kvstore._engine import core
-
 from ._append_fixture import BATCH, PAGE, SMALL_THREAD_APPENDS, Bench
 from ._common import TEXTS, MessagePool, Variant, send_script
+from ._engine import core
 
 
 def variants(bench: Bench) -> list[Variant]:

@@ -1,11 +1,11 @@
-"""The engine internals the benchmarks measure, beyond the engine's entry point.
+"""The engine internals the benchmarks measure: every import of kvstore's engine in benchmarks/ is here.
 
 The benchmarks drive kvstore through its public API (``kvstore``, ``kvstore.messages``) and,
 where they time part of an operation alone, through the engine's one entry point,
 ``kvstore._engine.core``: ``ThreadRef``, ``append`` and ``list_page`` build an operation's
 requests (``Eval``, ``Batch``) before the clock starts, so a script or a pipeline is timed alone,
 and ``prepare_batch`` is an append's client side, timed alone. The core does not export the few
-names below; they are imported here and nowhere else in benchmarks/:
+names below. The core and these are imported here and nowhere else in benchmarks/:
 
 - ``encode_record`` (kvstore/_engine/record.py): a message's record bytes, so the baselines (raw
   HSET, the bare 4-write script, HMGET) store the very bytes kvstore stores (append,
@@ -20,9 +20,14 @@ names below; they are imported here and nowhere else in benchmarks/:
   command a store sends for one (FCALL, FCALL_RO or EVALSHA), for redis-benchmark.
 """
 
+from kvstore._engine import core
+from kvstore._engine.core import Batch, Eval
 from kvstore._engine.executor import record, request_command
 from kvstore._engine.record import _record_body as record_body
 from kvstore._engine.record import decode_records, encode_record
 from kvstore._engine.wire import ChunkEntry
 
-__all__ = ["ChunkEntry", "decode_records", "encode_record", "record", "record_body", "request_command"]
+__all__ = [
+    "Batch", "ChunkEntry", "Eval", "core", "decode_records", "encode_record", "record", "record_body",
+    "request_command",
+]

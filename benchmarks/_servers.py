@@ -13,7 +13,12 @@ import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from kvstore.cli.process import NO_PERSISTENCE, ServerProcess, redis_binary, valkey_binary
+from kvstore.cli.process import (
+    NO_PERSISTENCE,
+    ServerProcess,
+    redis_binary,
+    valkey_binary,
+)
 
 # What `running` yields: `.url`, `.name`, `.port`, `.data_dir`, `.process`.
 Server = ServerProcess

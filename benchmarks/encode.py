@@ -33,7 +33,6 @@ from typing import Any
 import msgpack
 
 from kvstore import UserMessage
-from kvstore._engine import core
 from kvstore.messages import MESSAGE_LIST_ADAPTER, parse_message
 
 from ._common import (
@@ -54,7 +53,7 @@ from ._common import (
     standalone_main,
     summarize,
 )
-from ._engine import decode_records, encode_record, record_body
+from ._engine import core, decode_records, encode_record, record_body
 
 PAGE = 50
 MESSAGES = 1_000

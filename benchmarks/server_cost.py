@@ -32,7 +32,6 @@ from typing import Any
 import redis
 
 from kvstore import MessageStore, StoreConfig, UserMessage
-from kvstore._engine.core import Batch, Eval
 
 from ._common import (
     BARE_SCRIPT,
@@ -51,7 +50,7 @@ from ._common import (
     standalone_main,
     stats_diff,
 )
-from ._engine import ChunkEntry, encode_record, record
+from ._engine import Batch, ChunkEntry, Eval, encode_record, record
 
 PAGE = 50
 

@@ -38,7 +38,6 @@ from urllib.parse import urlparse
 import redis
 
 from kvstore import MessageStore, StoreConfig, Thread, UserMessage
-from kvstore._engine import core
 
 from ._common import (
     BARE_SCRIPT,
@@ -53,6 +52,7 @@ from ._common import (
     server_version,
     standalone_main,
 )
+from ._engine import core
 
 WORKERS = (1, 2, 4)
 
