@@ -138,6 +138,11 @@ def delete_steps(script_keys: Sequence[str], mode: Literal["start", "continue"])
         mode = "continue"
 
 
+# A write refused because its thread is being deleted is sent again, after finishing the
+# deletion, at most this many times in a row.
+MAX_DELETE_REFUSALS = 10
+
+
 def finishing_deletes(operation: Operation) -> Operation:
     """Drives `operation`, finishing any interrupted delete() one of its writes runs into.
 
@@ -147,15 +152,25 @@ def finishing_deletes(operation: Operation) -> Operation:
     operation through this, so no operation handles it itself."""
     try:
         request = next(operation)
+        refusals = 0
         while True:
             try:
                 reply = yield request
-            except errors.ThreadDeleting:
+            except errors.ThreadDeleting as refused:
+                # Another caller may delete the thread again in between; a bounded number of
+                # times, so that no call waits on a thread deleted in a loop.
+                refusals += 1
+                if refusals > MAX_DELETE_REFUSALS:
+                    raise errors.ServerError(
+                        f"the thread was being deleted each of the {MAX_DELETE_REFUSALS} times its"
+                        " deletion was finished and the call sent again; nothing was written"
+                    ) from refused
                 yield from delete_steps(request.keys, "continue")
                 continue
             except errors.KVStoreError as exc:
                 request = operation.throw(exc)
             else:
                 request = operation.send(reply)
+            refusals = 0
     except StopIteration as done:
         return done.value

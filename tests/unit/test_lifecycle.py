@@ -10,6 +10,7 @@ import pytest
 from kvstore import StoreConfig, SummaryMessage, UserMessage, errors
 from kvstore._engine import core
 from kvstore._engine.core import DELETE_STEP, ThreadRef, finishing_deletes
+from kvstore._engine.requests import MAX_DELETE_REFUSALS
 from kvstore._engine.record import decode_records, encode_record, record_turn_id
 
 from .driver import call, drive, repeat
@@ -299,3 +300,15 @@ def test_small_configs_change_the_limits_sent(thread):
     drive(core.start_turn(small, "t"), step)
     assert step.request.args[0] == 8 and step.request.args[1] == 4 and step.request.args[7] == -1
     assert step.request.args[9] == ":".join(str(v) for v in step.request.args[:9])
+
+
+def test_a_write_refused_as_deleting_again_and_again_gives_up_with_a_server_error(thread):
+    # Another caller deletes the thread again each time this one finishes the deletion.
+    rounds = []
+    for _ in range(MAX_DELETE_REFUSALS):
+        rounds += [call("append", error=errors.ThreadDeleting("tombstoned")),
+                   call("delete", (DELETE_STEP, "continue"), reply=1)]
+    last = call("append", error=errors.ThreadDeleting("tombstoned"))
+    with pytest.raises(errors.ServerError, match="being deleted"):
+        drive(finishing_deletes(core.append(thread, UserMessage(content="hi"), None)), *rounds, last,
+              keys=thread.script_keys)
