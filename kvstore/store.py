@@ -42,9 +42,7 @@ class MessageStore(SyncDriver, Executor):
     @classmethod
     def in_memory(cls, config: StoreConfig | None = None) -> MessageStore:
         """A store on an in-process fakeredis server with Lua, for users' own tests."""
-        import fakeredis
-
-        return cls(fakeredis.FakeRedis(), config)
+        return cls(_fakeredis().FakeRedis(), config)
 
     def thread(self, thread_id: str) -> Thread:
         return Thread(self, ThreadRef.of(self.config, thread_id))
@@ -74,9 +72,7 @@ class AsyncMessageStore(AsyncDriver, Executor):
 
     @classmethod
     def in_memory(cls, config: StoreConfig | None = None) -> AsyncMessageStore:
-        import fakeredis
-
-        return cls(fakeredis.FakeAsyncRedis(), config)
+        return cls(_fakeredis().FakeAsyncRedis(), config)
 
     def thread(self, thread_id: str) -> AsyncThread:
         return AsyncThread(self, ThreadRef.of(self.config, thread_id))
@@ -91,6 +87,19 @@ class AsyncMessageStore(AsyncDriver, Executor):
 
     async def close(self) -> None:
         await self.client.aclose()
+
+
+def _fakeredis() -> Any:
+    try:
+        import fakeredis
+        import lupa  # noqa: F401  (fakeredis runs Lua only with it)
+    except ModuleNotFoundError as exc:
+        raise ModuleNotFoundError(
+            f"in_memory() needs fakeredis with Lua, which is not installed ({exc.name} is missing): "
+            'pip install "kvstore[in-memory]"',
+            name=exc.name,
+        ) from exc
+    return fakeredis
 
 
 class _Bound:
