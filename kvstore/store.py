@@ -33,48 +33,129 @@ Messages = Message | dict | Iterable[Message | dict]
 
 
 class MessageStore(SyncDriver, Executor):
-    """A store over a synchronous client (redis.Redis, RedisCluster or fakeredis)."""
+    """A store over a synchronous client (redis.Redis, RedisCluster or fakeredis).
+
+    ``MessageStore(client, config=None)`` takes a client made with ``decode_responses=False``;
+    `config` (a :class:`~kvstore.config.StoreConfig`, default ``StoreConfig()``) must be the same
+    for every store that writes the same threads. Making a store sends nothing: the scripts are
+    loaded by the first call that needs them.
+
+    Example::
+
+        store = MessageStore.from_url("redis://localhost:6379/0", config=StoreConfig(namespace="chat"))
+        thread = store.thread("user-42:session-7")
+        thread.append(UserMessage(content="hi"))
+    """
 
     @classmethod
     def from_url(cls, url: str, config: StoreConfig | None = None, **client_kwargs: Any) -> MessageStore:
+        """A store over a new ``redis.Redis`` client for `url` (``redis://``, ``rediss://``,
+        ``unix://``); `client_kwargs` go to ``redis.Redis.from_url`` (``decode_responses`` is
+        always False). Nothing is sent until the first call.
+
+        Example::
+
+            store = MessageStore.from_url("redis://localhost:6379/0", socket_timeout=5)
+        """
         return cls(redis.Redis.from_url(url, decode_responses=False, **client_kwargs), config)
 
     @classmethod
     def in_memory(cls, config: StoreConfig | None = None) -> MessageStore:
-        """A store on an in-process fakeredis server with Lua, for users' own tests."""
+        """A store on an in-process fakeredis server with Lua, for users' own tests.
+
+        Each call makes a new, empty server. Needs the ``in-memory`` extra
+        (``pip install "kvstore[in-memory]"``); without it this raises ModuleNotFoundError
+        naming that extra.
+
+        Example::
+
+            store = MessageStore.in_memory()
+            store.thread("t").append(UserMessage(content="hi"))
+        """
         return cls(_fakeredis().FakeRedis(), config)
 
     def thread(self, thread_id: str) -> Thread:
+        """The thread `thread_id`: cheap, sends nothing; an unknown thread reads as empty.
+
+        Raises InvalidThreadId unless the id is 1-200 characters of letters, digits and
+        ``. _ : @ / + = -``, starting with a letter or digit.
+
+        Example::
+
+            thread = store.thread("user-42:session-7")
+        """
         return Thread(self, ThreadRef.of(self.config, thread_id))
 
     def health(self) -> HealthReport:
-        """The server's settings that kvstore's guarantees depend on, with warnings."""
+        """The server's settings that kvstore's guarantees depend on, with warnings.
+
+        Example::
+
+            report = store.health()
+            print(report)  # version, Lua, function library, eviction policy, persistence
+        """
         return health(self.client)
 
     def run(self, operation: Operation) -> Any:
-        """Drives a core operation; a typed error is thrown back into it (it may handle it)."""
+        """Drives a core operation; a typed error is thrown back into it (it may handle it).
+
+        The low-level entry point under every Thread method, for operations of
+        ``kvstore._engine.core``; applications use the Thread methods.
+        """
         return self._finish(operate(self, operation))
 
     def stream(self, operation: Generator[Any, Any, Any]) -> Iterator[Any]:
-        """Drives a core operation that also yields outputs (core.pages), handing them out."""
+        """Drives a core operation that also yields outputs (core.pages), handing them out.
+
+        Low-level, as :meth:`run`; :meth:`Thread.iter` is built on it.
+        """
         return self._outputs(Pump(operate(self, operation)))
 
     def close(self) -> None:
+        """Closes the client's connections (the client passed in, or the one from_url made)."""
         self.client.close()
 
 
 class AsyncMessageStore(AsyncDriver, Executor):
-    """A store over an asyncio client (redis.asyncio.Redis or RedisCluster)."""
+    """A store over an asyncio client (redis.asyncio.Redis or RedisCluster).
+
+    The asyncio twin of :class:`MessageStore`: same constructor, same methods, awaited, and
+    threads that are :class:`AsyncThread`.
+
+    Example::
+
+        store = AsyncMessageStore.from_url("redis://localhost:6379/0")
+        await store.thread("t").append(UserMessage(content="hi"))
+    """
 
     @classmethod
     def from_url(cls, url: str, config: StoreConfig | None = None, **client_kwargs: Any) -> AsyncMessageStore:
+        """A store over a new ``redis.asyncio.Redis`` client: see :meth:`MessageStore.from_url`.
+
+        Example::
+
+            store = AsyncMessageStore.from_url("redis://localhost:6379/0")
+        """
         return cls(redis.asyncio.Redis.from_url(url, decode_responses=False, **client_kwargs), config)
 
     @classmethod
     def in_memory(cls, config: StoreConfig | None = None) -> AsyncMessageStore:
+        """A store on an in-process fakeredis server: see :meth:`MessageStore.in_memory`.
+
+        Example::
+
+            store = AsyncMessageStore.in_memory()
+        """
         return cls(_fakeredis().FakeAsyncRedis(), config)
 
     def thread(self, thread_id: str) -> AsyncThread:
+        """The thread `thread_id`: see :meth:`MessageStore.thread`.
+
+        Example::
+
+            thread = store.thread("user-42:session-7")
+            await thread.append(UserMessage(content="hi"))
+        """
         return AsyncThread(self, ThreadRef.of(self.config, thread_id))
 
     async def run(self, operation: Operation) -> Any:
@@ -86,6 +167,7 @@ class AsyncMessageStore(AsyncDriver, Executor):
         return self._outputs(Pump(operate(self, operation)))
 
     async def close(self) -> None:
+        """Closes the client's connections (the client passed in, or the one from_url made)."""
         await self.client.aclose()
 
 
@@ -111,11 +193,23 @@ class _Bound:
 
     @property
     def keys(self) -> core.ThreadKeys:
+        """The names of the thread's keys (docs/LAYOUT.md), all under one hash tag."""
         return self._ref.keys
 
 
 class Thread(_Bound):
-    """One conversation. Cheap to make; holds no state beyond its keys."""
+    """One conversation. Cheap to make; holds no state beyond its keys.
+
+    Made by :meth:`MessageStore.thread`. Every method is one call to the store, safe to run
+    from any number of processes on the same thread at once: each write is one atomic script
+    on the server.
+
+    Example::
+
+        thread = store.thread("user-42:session-7")
+        stored = thread.append([UserMessage(content="hi"), AssistantMessage(content="hello")])
+        page = thread.list(limit=50, order="desc")
+    """
 
     _store: MessageStore
 
