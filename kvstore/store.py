@@ -29,7 +29,9 @@ from .models import (
 )
 
 Order = Literal["asc", "desc"]
+"""A page's order: "asc" lists oldest first, "desc" newest first."""
 Messages = Message | dict | Iterable[Message | dict]
+"""What ``append`` takes: one message (a model or a dict in the list API's shape), or several."""
 
 
 class MessageStore(SyncDriver, Executor):
