@@ -32,6 +32,9 @@ Order = Literal["asc", "desc"]
 """A page's order: "asc" lists oldest first, "desc" newest first."""
 Messages = Message | dict | Iterable[Message | dict]
 """What ``append`` takes: one message (a model or a dict in the list API's shape), or several."""
+# Inside Thread, `list` is the method: an annotation evaluated in the class's scope (pdoc,
+# Python 3.14's lazy annotations) needs the builtin under another name.
+_MessageList = list[Message]
 
 
 class MessageStore(SyncDriver, Executor):
@@ -345,7 +348,7 @@ class Thread(_Bound):
         """
         return self._store.run(core.snapshot(self._ref))
 
-    def context(self) -> list[Message]:
+    def context(self) -> _MessageList:
         """The model input: the latest summary (if any) and every message after the sequence it
         covers, oldest first. Without a compaction, every stored message.
 
@@ -531,7 +534,7 @@ class AsyncThread(_Bound):
         """
         return await self._store.run(core.snapshot(self._ref))
 
-    async def context(self) -> list[Message]:
+    async def context(self) -> _MessageList:
         """The awaited :meth:`Thread.context`: same arguments, result and errors.
 
         Example::
