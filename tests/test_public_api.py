@@ -8,6 +8,7 @@ import inspect
 import re
 import sys
 import tomllib
+import warnings
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,9 @@ def extras() -> dict[str, list[str]]:
 @pytest.mark.parametrize("missing", ["fakeredis", "lupa"])
 @pytest.mark.parametrize("store", [MessageStore, AsyncMessageStore])
 def test_in_memory_without_fakeredis_names_the_extra(monkeypatch, store, missing):
+    # Both imported for real first: fakeredis imported while lupa is missing would stay without Lua.
+    pytest.importorskip("fakeredis")
+    pytest.importorskip("lupa")
     monkeypatch.setitem(sys.modules, missing, None)  # import of it fails as if not installed
     with pytest.raises(ModuleNotFoundError, match=r'pip install "kvstore\[in-memory\]"') as info:
         store.in_memory()
@@ -139,3 +143,56 @@ def test_the_docstring_check_sees_a_missing_one(monkeypatch):
 
     monkeypatch.setattr(store.Thread.stats, "__doc__", None)
     assert "kvstore.store.Thread.stats" in undocumented()
+
+
+def test_fastapi_responses_in_the_list_api_shape():
+    """docs/API.md, "FastAPI": the default response writes unset fields as null, which the list
+    API's schema allows (`name?: string | null`); response_model_exclude_none=True gives the
+    shape of to_dict()."""
+    pytest.importorskip("fastapi")
+    pytest.importorskip("httpx")
+    from fastapi import FastAPI
+
+    with warnings.catch_warnings():  # starlette's notice about which httpx it prefers
+        warnings.simplefilter("ignore")
+        from fastapi.testclient import TestClient
+
+    from kvstore import Message, MessagesPage, UserMessage
+
+    thread = MessageStore.in_memory().thread("api")
+    thread.append([UserMessage(content="hi", otid="req-1"), UserMessage(content=[{"text": "x"}])])
+    app = FastAPI()
+
+    @app.get("/compact", response_model=MessagesPage, response_model_exclude_none=True)
+    def compact() -> MessagesPage:
+        return thread.list()
+
+    @app.get("/default", response_model=MessagesPage)
+    def default() -> MessagesPage:
+        return thread.list()
+
+    @app.get("/message", response_model=Message, response_model_exclude_none=True)
+    def message():
+        return thread.list().messages[0]
+
+    client = TestClient(app)
+    expected = [message.to_dict() for message in thread.list().messages]
+    assert client.get("/compact").json()["messages"] == expected
+    assert client.get("/message").json() == expected[0]
+    written = client.get("/default").json()["messages"]
+    assert without_none(written) == expected
+    assert written[0]["name"] is None and "name" not in expected[0]
+
+    schema = client.get("/openapi.json").json()["components"]["schemas"]
+    user = schema.get("UserMessage-Output", schema.get("UserMessage"))
+    for field in ("name", "otid", "seq_id", "metadata"):
+        assert field not in user.get("required", [])
+        assert {"type": "null"} in user["properties"][field]["anyOf"]
+
+
+def without_none(value):
+    if isinstance(value, dict):
+        return {key: without_none(item) for key, item in value.items() if item is not None}
+    if isinstance(value, list):
+        return [without_none(item) for item in value]
+    return value
