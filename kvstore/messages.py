@@ -683,7 +683,9 @@ class ApprovalResponseMessage(BaseMessage):
     """The user's answer to an approval request: `approve` (and `reason`), or one
     ApprovalReturn / ToolReturn per tool call in `approvals`.
 
-    Example: ``ApprovalResponseMessage(approval_request_id="message-1", approve=False, reason="no")``"""
+    Example::
+
+        ApprovalResponseMessage(approval_request_id="message-1", approve=False, reason="no")"""
 
     message_type: Literal["approval_response_message"] = "approval_response_message"
     approval_request_id: str | None = None
