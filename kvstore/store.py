@@ -42,8 +42,9 @@ class MessageStore(SyncDriver, Executor):
 
     ``MessageStore(client, config=None)`` takes a client made with ``decode_responses=False``;
     `config` (a :class:`~kvstore.config.StoreConfig`, default ``StoreConfig()``) must be the same
-    for every store that writes the same threads. Making a store sends nothing: the scripts are
-    loaded by the first call that needs them.
+    for every store that writes the same threads; ``store.client`` and ``store.config`` are the
+    two it uses. Making a store sends nothing: the scripts are loaded by the first call that
+    needs them.
 
     Example::
 
