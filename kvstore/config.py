@@ -9,7 +9,9 @@ from ._engine.keys import check_namespace
 from .errors import ConfigError
 
 KiB = 1024
+"""Bytes in a kibibyte."""
 MiB = 1024 * KiB
+"""Bytes in a mebibyte, e.g. ``StoreConfig(chunk_max_bytes=2 * MiB)``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +37,14 @@ class StoreConfig:
         FCALL_RO of kvstore's function library, loaded with FUNCTION LOAD when the server lacks
         it; a server without functions (older than Redis 7, or a proxy) and a cluster client
         use "eval" instead. "eval": EVALSHA of each script, sent with EVAL after NOSCRIPT.
+
+    Raises ConfigError (a ValueError) naming the value when one is out of range or the values
+    are inconsistent; the namespace is 1-64 characters of letters, digits and ``. _ : -``.
+
+    Example::
+
+        config = StoreConfig(namespace="chat", retained_message_limit=5000, thread_ttl=30 * 86400)
+        store = MessageStore.from_url("redis://localhost:6379/0", config=config)
     """
 
     namespace: str = "kv"

@@ -1,6 +1,7 @@
 """The typed errors kvstore raises.
 
-Every error a caller can act on is a subclass of :class:`KVStoreError`. Lua scripts fail with
+Every error a caller can act on is a subclass of :class:`KVStoreError`, and carries the HTTP
+status a web backend should answer with (``http_status``). Lua scripts fail with
 ``KVS_<CODE> <detail>``; one table, :data:`kvstore._engine.scripts.ERROR_CODES`, maps each code to one
 class here (docs/LAYOUT.md, "Errors").
 """
@@ -9,7 +10,18 @@ from __future__ import annotations
 
 
 class KVStoreError(Exception):
-    """Base class of every error kvstore raises on purpose."""
+    """Base class of every error kvstore raises on purpose.
+
+    ``http_status`` is the status a web backend should answer when the error reaches its
+    handler; every class sets its own (docs/API.md, "Errors and HTTP statuses", gives the
+    reasons). One handler covers them all::
+
+        @app.exception_handler(KVStoreError)
+        async def kvstore_error(request, exc):
+            return JSONResponse({"detail": str(exc)}, status_code=exc.http_status)
+    """
+
+    http_status = 500
 
     @classmethod
     def _from_script(cls, detail: str) -> KVStoreError:
@@ -21,21 +33,31 @@ class KVStoreError(Exception):
 class ConfigError(KVStoreError, ValueError):
     """A StoreConfig value is out of range or inconsistent."""
 
+    http_status = 500
+
 
 class InvalidThreadId(KVStoreError, ValueError):
     """A thread id is empty, too long, or holds characters that could break its key tag."""
+
+    http_status = 400
 
 
 class InvalidMessage(KVStoreError, ValueError):
     """A message failed validation (wraps pydantic's ValidationError, naming the field)."""
 
+    http_status = 422
+
 
 class InvalidCursor(KVStoreError, ValueError):
     """A paging cursor or limit is malformed or out of range."""
 
+    http_status = 400
+
 
 class InlineMediaTooLarge(InvalidMessage):
     """One inline media part is larger than ``max_inline_part_bytes``."""
+
+    http_status = 413
 
 
 class InlineMediaBudget(KVStoreError):
@@ -44,6 +66,8 @@ class InlineMediaBudget(KVStoreError):
     The store handles it itself (it replaces the incoming message's own inline parts and sends
     the call again); it reaches callers only through the low-level core.
     """
+
+    http_status = 413
 
     def __init__(self, available: int) -> None:
         super().__init__(f"{available} bytes of inline media are left in the thread")
@@ -61,19 +85,27 @@ class ThreadDeleting(KVStoreError):
     empty thread); it reaches callers only through the low-level core.
     """
 
+    http_status = 409
+
 
 class MessageTooLarge(KVStoreError, ValueError):
     """One encoded message is larger than ``max_message_bytes``; nothing was written."""
 
+    http_status = 413
+
 
 class BatchTooLarge(KVStoreError, ValueError):
     """One append call carries more messages or bytes than a single call may move."""
+
+    http_status = 413
 
 
 class RecordError(KVStoreError):
     """A stored record could not be decoded (malformed bytes, nesting bomb, unknown version, an
     invalid message); `sequence` is the record's sequence. Page reads skip such a record and list
     it in ``MessagesPage.unreadable``; ``get`` of it raises this."""
+
+    http_status = 500
 
     sequence: int | None = None
 
@@ -85,10 +117,14 @@ class OtidConflict(KVStoreError):
     A mix is part of a batch already stored: ``get_by_otid`` finds those messages; send the
     others alone."""
 
+    http_status = 409
+
 
 class OtidRepeated(OtidConflict):
     """One otid appears twice in the batch; nothing was written. The batch itself is wrong: no
     state of the thread makes it valid."""
+
+    http_status = 422
 
 
 class DuplicateMessageId(KVStoreError):
@@ -97,10 +133,14 @@ class DuplicateMessageId(KVStoreError):
 
     (A batch whose ids are all stored is a replay, not refused.)"""
 
+    http_status = 409
+
 
 class MessageIdRepeated(DuplicateMessageId):
     """One message id appears twice in the batch; nothing was written. The batch itself is
     wrong: no state of the thread makes it valid."""
+
+    http_status = 422
 
 
 class InvalidSummaryRange(KVStoreError, ValueError):
@@ -110,9 +150,13 @@ class InvalidSummaryRange(KVStoreError, ValueError):
     current summary's last sequence: summaries only move forward. Another compaction that
     reached further first refuses this one (read ``stats().summary_last_sequence``)."""
 
+    http_status = 409
+
 
 class MessageNotFound(KVStoreError, LookupError):
     """No stored message has that id (or it was deleted by retention)."""
+
+    http_status = 404
 
 
 class CursorExpired(MessageNotFound):
@@ -120,6 +164,8 @@ class CursorExpired(MessageNotFound):
     messages: it may have been one of them. `deleted_before_sequence` is the oldest kept
     sequence; page on with a sequence cursor (``MessagesPage.next_cursor``), which never expires.
     """
+
+    http_status = 410
 
     def __init__(self, message: str, deleted_before_sequence: int) -> None:
         super().__init__(message)
@@ -134,10 +180,14 @@ class CursorExpired(MessageNotFound):
 class TurnNotFound(KVStoreError, LookupError):
     """No turn with that id is open in the thread."""
 
+    http_status = 404
+
 
 class TurnFinished(KVStoreError):
     """The turn was finished: its result is recorded and it takes no new message; nothing was
     written. (A retried append of a message already stored is a replay, not refused.)"""
+
+    http_status = 409
 
 
 class OutcomeUnknown(KVStoreError):
@@ -150,6 +200,8 @@ class OutcomeUnknown(KVStoreError):
     nothing twice.
     """
 
+    http_status = 503
+
     messages: list | None = None
 
 
@@ -160,13 +212,19 @@ class NotDurable(KVStoreError):
     fails before it is fsynced or replicated. Re-sending the same call stores nothing twice.
     """
 
+    http_status = 503
+
 
 class LayoutError(KVStoreError):
     """The thread's keys hold something kvstore did not write (wrong type, unknown layout)."""
 
+    http_status = 500
+
 
 class DataDirInUse(KVStoreError):
     """Another process owns the embedded server's data dir (see kvstore/cli/server.py)."""
+
+    http_status = 500
 
 
 class MigrationPending(LayoutError):
@@ -176,17 +234,25 @@ class MigrationPending(LayoutError):
     (docs/LAYOUT.md); the store runs the steps and sends the call again itself.
     """
 
+    http_status = 503
+
 
 class PermissionDenied(KVStoreError):
     """The server refused a command for this user (ACL)."""
+
+    http_status = 500
 
 
 class ServerError(KVStoreError):
     """The server answered with an error kvstore does not know how to name, or could not be
     reached for a read."""
 
+    http_status = 502
+
 
 class ConnectionFailed(ServerError):
     """No connection to the server could be used, so the call was never sent: the connection
     was refused or timed out while opening, or the client's connection pool had none free.
     Nothing was written; the call may be sent again as it is."""
+
+    http_status = 503

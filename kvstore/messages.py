@@ -124,13 +124,18 @@ __all__ = [
 ]
 
 MAX_METADATA_PAIRS = 16
+"""The most key-value pairs a message's `metadata` may hold."""
 MAX_METADATA_KEY_CHARS = 64
+"""The most characters of one `metadata` key."""
 MAX_METADATA_VALUE_CHARS = 512
+"""The most characters of one `metadata` value."""
 # Free-form JSON (event_data, an attachment's own keys) nests at most this deep: deeper is a bug or
 # an attack, and pydantic's serializer (~255 levels) and msgpack (~500) refuse to go much further,
 # so the limit is enforced where the caller can still be told which field is at fault.
 MAX_JSON_DEPTH = 64
+"""The deepest free-form JSON (`event_data`, an attachment's own keys) may nest."""
 MAX_EVENT_DATA_DEPTH = MAX_JSON_DEPTH  # the name it had when event_data was the only such field
+"""The former name of MAX_JSON_DEPTH."""
 
 # How many validation errors an InvalidMessage spells out; the rest stay in `.errors`.
 _ERRORS_SHOWN = 5
@@ -229,17 +234,31 @@ def _declared_type(value: Any) -> Any:
 
 
 class TextContent(_Model):
+    """A text content part: ``{"type": "text", "text": ...}``; `signature` identifies the
+    reasoning tied to the text, when a model sends one.
+
+    Example: ``TextContent(text="Here is the chart:")``"""
+
     type: Literal["text"] = "text"
     text: str
     signature: str | None = None
 
 
 class URLImage(_Model):
+    """An image source that is a URL; it holds no inline media.
+
+    Example: ``ImageContent(source=URLImage(url="https://example.com/chart.png"))``"""
+
     type: Literal["url"] = "url"
     url: str
 
 
 class Base64Image(_Model):
+    """An image source with its bytes inline, base64 encoded: inline media, counted against
+    ``max_inline_part_bytes`` and the thread's ``max_inline_media_bytes`` (decoded size).
+
+    Example: ``Base64Image(data="iVBORw0KGgo...", media_type="image/png")``"""
+
     type: Literal["base64"] = "base64"
     data: str
     media_type: str
@@ -247,6 +266,10 @@ class Base64Image(_Model):
 
 
 class LettaImage(_Model):
+    """An image source naming a stored file (`file_id`); with `data` it is inline media too.
+
+    Example: ``LettaImage(file_id="file-123")``"""
+
     type: Literal["letta"] = "letta"
     file_id: str
     data: str | None = None
@@ -284,9 +307,15 @@ ImageSource = Annotated[
         ),
     ),
 ]
+"""An image source: URLImage, Base64Image or LettaImage (told apart by ``type``, or by its fields)."""
 
 
 class ImageContent(_Model):
+    """An image content part: ``{"type": "image", "source": ...}`` with a URLImage,
+    Base64Image or LettaImage source (a source without ``type`` is told apart by its fields).
+
+    Example: ``ImageContent(source={"url": "https://example.com/a.png"})``"""
+
     type: Literal["image"] = "image"
     source: ImageSource
 
@@ -311,6 +340,7 @@ ContentPart = Annotated[
         ),
     ),
 ]
+"""A content part: TextContent or ImageContent (told apart by ``type``, or by ``source``)."""
 
 
 def _string_or_parts(value: Any) -> str | None:
@@ -346,13 +376,20 @@ AssistantContent = Annotated[
 
 
 class ToolCall(_Model):
+    """A complete tool call: its JSON `arguments` (a string), the tool's `name`, and the
+    `tool_call_id` its ToolReturnMessage answers.
+
+    Example: ``ToolCall(name="weather", arguments='{"city": "Oslo"}', tool_call_id="call-1")``"""
+
     arguments: str
     name: str
     tool_call_id: str
 
 
 class ToolCallDelta(_Model):
-    """A tool call as streamed: any field may still be missing."""
+    """A tool call as streamed: any field may still be missing.
+
+    Example: ``ToolCallDelta(name="weather")``"""
 
     arguments: str | None = None
     name: str | None = None
@@ -400,6 +437,12 @@ ToolCalls = Annotated[
 
 
 class ToolReturn(_Model):
+    """One tool's result inside ``ToolReturnMessage.tool_returns`` or
+    ``ApprovalResponseMessage.approvals``: `status` "success" or "error", and `tool_return`, a
+    string or a list of content parts (which may hold inline images).
+
+    Example: ``ToolReturn(status="success", tool_call_id="call-1", tool_return="4 °C")``"""
+
     type: Literal["tool"] = "tool"
     status: Literal["success", "error"]
     tool_call_id: str
@@ -409,6 +452,10 @@ class ToolReturn(_Model):
 
 
 class ApprovalReturn(_Model):
+    """One approval decision inside ``ApprovalResponseMessage.approvals``.
+
+    Example: ``ApprovalReturn(approve=True, tool_call_id="call-1")``"""
+
     type: Literal["approval"] = "approval"
     approve: bool
     tool_call_id: str
@@ -438,6 +485,14 @@ ApprovalItem = Annotated[
 
 
 class CompactionStats(_Model):
+    """The list API's statistics of a compaction, carried by a SummaryMessage
+    (``Thread.compact(..., stats=...)`` takes one, or a dict).
+
+    Example::
+
+        CompactionStats(context_window=128000, messages_count_before=900,
+                        messages_count_after=12, trigger="context_window_exceeded")"""
+
     context_window: int
     messages_count_after: int
     messages_count_before: int
@@ -450,10 +505,19 @@ class CompactionStats(_Model):
 
 
 class IncompleteDetails(_Model):
+    """Why a message is incomplete (``status="incomplete"``).
+
+    Example: ``IncompleteDetails(reason="max_tokens")``"""
+
     reason: str
 
 
 class AttachmentTool(BaseModel):
+    """A tool a file was attached for (``{"type": "file_search"}``); other keys are kept
+    as given (JSON values).
+
+    Example: ``AttachmentTool(type="code_interpreter")``"""
+
     model_config = ConfigDict(extra="allow")
 
     type: str
@@ -500,24 +564,53 @@ class BaseMessage(_Model):
     metadata: Metadata | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """The message in the list API's JSON shape (``None`` fields left out)."""
+        """The message in the list API's JSON shape (``None`` fields left out).
+
+        What a web backend returns for a message: ``model_dump()`` (and FastAPI's default
+        response) writes every unset field as ``null`` instead (docs/API.md, "FastAPI").
+
+        Example: ``UserMessage(content="hi").to_dict()`` is
+        ``{"message_type": "user_message", "content": "hi"}``.
+        """
         return self.model_dump(mode="json", exclude_none=True)
 
     def to_json(self) -> str:
+        """The message as list-API JSON text (``None`` fields left out), as :meth:`to_dict`.
+
+        Example: ``UserMessage(content="hi").to_json()`` is
+        ``'{"message_type":"user_message","content":"hi"}'``.
+        """
         return self.model_dump_json(exclude_none=True)
 
 
 class SystemMessage(BaseMessage):
+    """A system prompt or notice.
+
+    Example: ``SystemMessage(content="You are a helpful assistant.")``"""
+
     message_type: Literal["system_message"] = "system_message"
     content: str
 
 
 class UserMessage(BaseMessage):
+    """A message from the user: `content` is a string or a list of text and image parts.
+
+    Example::
+
+        UserMessage(content="What's the weather in Oslo?", otid="req-1")
+        UserMessage(content=[TextContent(text="This chart:"),
+                             ImageContent(source=URLImage(url="https://example.com/c.png"))])"""
+
     message_type: Literal["user_message"] = "user_message"
     content: Content
 
 
 class ReasoningMessage(BaseMessage):
+    """The model's reasoning, shown to the user or not; `source` says whether a
+    reasoner model made it or prompting did.
+
+    Example: ``ReasoningMessage(reasoning="The user wants today's forecast.")``"""
+
     message_type: Literal["reasoning_message"] = "reasoning_message"
     reasoning: str
     source: Literal["reasoner_model", "non_reasoner_model"] = "reasoner_model"
@@ -525,18 +618,36 @@ class ReasoningMessage(BaseMessage):
 
 
 class HiddenReasoningMessage(BaseMessage):
+    """Reasoning the provider redacted or the API omitted (`state`).
+
+    Example: ``HiddenReasoningMessage(state="redacted")``"""
+
     message_type: Literal["hidden_reasoning_message"] = "hidden_reasoning_message"
     state: Literal["redacted", "omitted"]
     hidden_reasoning: str | None = None
 
 
 class ToolCallMessage(BaseMessage):
+    """The model asks for a tool call (`tool_call`, a ToolCall or, while streaming, a
+    ToolCallDelta; `tool_calls` for several).
+
+    Example::
+
+        ToolCallMessage(tool_call=ToolCall(name="weather", arguments='{"city": "Oslo"}',
+                                           tool_call_id="call-1"))"""
+
     message_type: Literal["tool_call_message"] = "tool_call_message"
     tool_call: AnyToolCall
     tool_calls: ToolCalls | None = None
 
 
 class ToolReturnMessage(BaseMessage):
+    """A tool's result. `status` is the list API's: "success" or "error" (how the call
+    ended), not a thread-message status; `tool_returns` holds one ToolReturn per tool when
+    several ran.
+
+    Example: ``ToolReturnMessage(status="success", tool_call_id="call-1", tool_return="4 °C")``"""
+
     message_type: Literal["tool_return_message"] = "tool_return_message"
     # The list API's meaning of `status` (how the tool call ended), not the thread-message one.
     status: Literal["success", "error"]  # type: ignore[assignment]
@@ -548,17 +659,34 @@ class ToolReturnMessage(BaseMessage):
 
 
 class AssistantMessage(BaseMessage):
+    """The model's reply: `content` is a string or a list of text parts (no images).
+
+    Example: ``AssistantMessage(content="Cloudy, 4 °C.", otid="reply-1")``"""
+
     message_type: Literal["assistant_message"] = "assistant_message"
     content: AssistantContent
 
 
 class ApprovalRequestMessage(BaseMessage):
+    """The model asks the user to approve a tool call before it runs.
+
+    Example::
+
+        ApprovalRequestMessage(tool_call=ToolCall(name="pay", arguments="{}", tool_call_id="c-1"))"""
+
     message_type: Literal["approval_request_message"] = "approval_request_message"
     tool_call: AnyToolCall
     tool_calls: ToolCalls | None = None
 
 
 class ApprovalResponseMessage(BaseMessage):
+    """The user's answer to an approval request: `approve` (and `reason`), or one
+    ApprovalReturn / ToolReturn per tool call in `approvals`.
+
+    Example::
+
+        ApprovalResponseMessage(approval_request_id="message-1", approve=False, reason="no")"""
+
     message_type: Literal["approval_response_message"] = "approval_response_message"
     approval_request_id: str | None = None
     approvals: list[ApprovalItem] | None = None
@@ -567,12 +695,22 @@ class ApprovalResponseMessage(BaseMessage):
 
 
 class SummaryMessage(BaseMessage):
+    """A summary of the thread up to a sequence, stored by ``Thread.compact``; the model input
+    (``Thread.context``) starts with the latest one.
+
+    Example: ``thread.compact("The user asked about Oslo.", last_sequence=40)`` returns one."""
+
     message_type: Literal["summary_message"] = "summary_message"
     summary: str
     compaction_stats: CompactionStats | None = None
 
 
 class EventMessage(BaseMessage):
+    """An event for the developer (a compaction), not part of the model input; `event_data` is
+    a JSON object nesting at most MAX_JSON_DEPTH levels.
+
+    Example: ``EventMessage(event_type="compaction", event_data={"messages_removed": 30})``"""
+
     message_type: Literal["event_message"] = "event_message"
     event_type: Literal["compaction"]
     event_data: JsonObject
@@ -592,10 +730,16 @@ Message = Annotated[
     | EventMessage,
     Field(discriminator="message_type"),
 ]
+"""Any of the eleven message types, discriminated by ``message_type``.
+
+Use it as a type (``list[Message]``, a FastAPI ``response_model``); :func:`parse_message`
+validates one from a dict, JSON text or bytes."""
 
 # Built once: building a TypeAdapter compiles the whole schema.
 MESSAGE_ADAPTER: TypeAdapter[Message] = TypeAdapter(Message)
+"""Validates and dumps one :data:`Message` (pydantic's TypeAdapter, built once)."""
 MESSAGE_LIST_ADAPTER: TypeAdapter[list[Message]] = TypeAdapter(list[Message])
+"""Validates and dumps a list of messages, e.g. ``MESSAGE_LIST_ADAPTER.validate_json(text)``."""
 
 
 # --- parsing and errors -----------------------------------------------------------------------

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict
 from .messages import Message, SummaryMessage
 
 TurnOutcome = Literal["completed", "steered", "cancelled", "failed"]
+"""How a turn ended, as ``Thread.finish_turn`` records it."""
 
 
 class _Result(BaseModel):
@@ -30,6 +31,12 @@ class MessagesPage(_Result):
         hold fewer than ``limit`` messages. They still count as places of the page: ``has_more``
         and ``next_cursor`` are as if they were read. ``get`` of such a message raises
         RecordError; ``replace`` and ``remove_turn`` of it work (docs/RELIABILITY.md).
+
+    Example::
+
+        page = thread.list(limit=50, order="desc")
+        while page.has_more:
+            page = thread.list(after=page.next_cursor, limit=50, order="desc")
     """
 
     messages: list[Message]
@@ -40,6 +47,20 @@ class MessagesPage(_Result):
 
 
 class ThreadStats(_Result):
+    """A thread's counts and sizes, from ``Thread.stats()`` (and ``ThreadSnapshot.stats``).
+
+    stored_messages: messages stored (in the window and in chunks).
+    window_messages: messages in the window, not yet rolled into chunks.
+    chunks: chunks stored (a message larger than ``chunk_max_bytes`` is a chunk of its own).
+    stored_bytes / media_bytes: record bytes stored, and the decoded inline media among them.
+    next_sequence: the sequence the next message gets (1 for an empty thread).
+    deleted_before_sequence: every sequence below it was deleted by retention (None: none was).
+    summary_last_sequence: the last sequence the latest summary covers (None: no compaction).
+    layout_version: 2, or 1 for a thread not migrated yet; None for an unknown thread.
+
+    Example: ``thread.stats().next_sequence - 1`` is the last sequence given out.
+    """
+
     stored_messages: int
     window_messages: int
     chunks: int
@@ -52,6 +73,12 @@ class ThreadStats(_Result):
 
 
 class TurnResult(_Result):
+    """What ``Thread.finish_turn`` records and returns: the turn's `outcome`, how many replies
+    it got (`reply_count`) and the first and last sequence of them (None without replies).
+
+    Example: ``thread.finish_turn("turn-1").reply_count``
+    """
+
     turn_id: str
     outcome: TurnOutcome
     reply_count: int
@@ -60,7 +87,12 @@ class TurnResult(_Result):
 
 
 class TurnState(_Result):
-    """The turn reply sequence: the current turn and where its replies start."""
+    """The turn reply sequence: the current turn and where its replies start.
+
+    `outcome` is "open" until ``Thread.finish_turn`` records how the turn ended.
+
+    Example: ``thread.snapshot().turn`` is one (None before the first ``start_turn``).
+    """
 
     turn_id: str
     sequence: int
@@ -72,6 +104,11 @@ class ThreadSnapshot(_Result):
 
     ``unreadable``: the sequences (ascending) of records skipped because they could not be
     decoded, as in :class:`MessagesPage`; the summary's too, when it is the one unreadable.
+
+    Example::
+
+        snap = thread.snapshot()
+        recent, summary, turn = snap.messages, snap.summary, snap.turn
     """
 
     messages: list[Message]
@@ -86,6 +123,11 @@ class AppendResult(list):
 
     ``replayed`` is true when every message of the call was already stored (its otids or ids
     were seen before): the call wrote nothing and the list holds the messages as first stored.
+
+    Example::
+
+        stored = thread.append(UserMessage(content="hi", otid="req-1"))
+        stored[0].seq_id, stored.replayed  # (1, False); sending it again: replayed is True
     """
 
     __slots__ = ("replayed",)
