@@ -190,3 +190,10 @@ class ConnectionFailed(ServerError):
     """No connection to the server could be used, so the call was never sent: the connection
     was refused or timed out while opening, or the client's connection pool had none free.
     Nothing was written; the call may be sent again as it is."""
+
+
+class RestoreConflict(KVStoreError):
+    """A restore met a thread that holds other messages where the backup puts its own (a
+    sequence taken, an id or otid stored at another sequence, sequences past the backup's
+    last): nothing was written. Restore into an empty thread, or into the one this backup was
+    partly restored into."""

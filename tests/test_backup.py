@@ -1,0 +1,179 @@
+"""Export and import as a backup and restore of a thread, on real servers: the summary, turns,
+sequences, deleted_before and ids come back; a restore is idempotent per message, resumable,
+refuses a thread holding other messages, and reports its progress."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+
+from kvstore import AssistantMessage, MessageStore, StoreConfig, UserMessage, errors
+from kvstore.cli import commands
+
+from .layout_check import check_layout
+
+SMALL = dict(window_size=8, chunk_size=4, retained_message_limit=12)
+
+
+def build_thread(store: MessageStore, thread_id: str = "chat"):
+    """A thread with a summary after compaction and retention, a finished and an open turn, a
+    replaced message and a removed turn."""
+    thread = store.thread(thread_id)
+    for n in range(6):
+        turn = f"turn-{n}"
+        thread.append(UserMessage(content=f"question {n}", otid=f"q{n}"), turn_id=turn)
+        thread.start_turn(turn)
+        thread.append([AssistantMessage(content=f"answer {n}.{i}") for i in range(4)], turn_id=turn)
+        thread.finish_turn(turn, "completed" if n % 2 else "steered")
+    thread.append([UserMessage(content=f"loose {i}") for i in range(10)])
+    last = thread.stats().next_sequence - 1
+    thread.compact("what was said so far", last - 12)
+    gone = thread.append(UserMessage(content="retract me", otid="gone"), turn_id="turn-gone")
+    thread.start_turn("turn-gone")
+    thread.append(AssistantMessage(content="and me"), turn_id="turn-gone")
+    thread.remove_turn("turn-gone")
+    thread.append(UserMessage(content="after the removed turn"))
+    finished = thread.append(UserMessage(content="q done", otid="qd"), turn_id="done")
+    thread.start_turn("done")
+    thread.append(AssistantMessage(content="a done"), turn_id="done")
+    thread.finish_turn("done")
+    thread.replace(finished[0].id, UserMessage(content="q done, replaced", otid="qd"))
+    thread.append(UserMessage(content="q open", otid="qo"), turn_id="open")
+    thread.start_turn("open")
+    thread.append(AssistantMessage(content="a open, partial"), turn_id="open")
+    assert gone and thread.stats().deleted_before_sequence  # retention ran
+    return thread
+
+
+def view(thread, turns=("turn-5", "done", "open", "turn-gone")):
+    """Everything a reader sees of a thread."""
+    stats = thread.stats()
+    snapshot = thread.snapshot()
+    return {
+        "messages": [m.to_dict() for m in thread.iter()],
+        "context": [m.to_dict() for m in thread.context()],
+        "stats": (stats.stored_messages, stats.next_sequence, stats.deleted_before_sequence,
+                  stats.summary_last_sequence, stats.stored_bytes, stats.media_bytes, stats.layout_version),
+        "snapshot": ([m.to_dict() for m in snapshot.messages], snapshot.summary and snapshot.summary.to_dict(), snapshot.turn),
+        "turns": {t: [m.seq_id for m in thread.list(turn_id=t, limit=1000).messages] for t in turns},
+        "page": thread.list(limit=5, order="desc").deleted_before_sequence,
+    }
+
+
+@pytest.fixture
+def stores(server, namespace, server_only):
+    source = MessageStore.from_url(server.url, StoreConfig(namespace=namespace, **SMALL))
+    target = MessageStore.from_url(server.url, StoreConfig(namespace=namespace + "r", **SMALL))
+    yield source, target
+    source.close()
+    target.close()
+
+
+def export_text(store: MessageStore, thread_id: str = "chat") -> str:
+    out = io.StringIO()
+    commands.export(store, thread_id, out, progress_out=io.StringIO())
+    return out.getvalue()
+
+
+def test_round_trip_restores_the_whole_thread(stores, raw_client):
+    source, target = stores
+    original = build_thread(source)
+    text = export_text(source)
+    header = json.loads(text.splitlines()[0])
+    assert header["kvstore_backup"] == 1 and header["summary_last"] > 0 and header["deleted_before"] > 1
+
+    progress = commands.ImportProgress()
+    assert commands.import_lines(target, "chat", io.StringIO(text), progress, progress_out=io.StringIO()) > 0
+    restored = target.thread("chat")
+    assert view(restored) == view(original)
+    assert restored.context()[0].message_type == "summary_message"
+    assert restored.get_by_otid("qd").content == original.get_by_otid("qd").content
+    # A second import stores nothing; every message is counted as already stored.
+    again = commands.ImportProgress()
+    assert commands.import_lines(target, "chat", io.StringIO(text), again, progress_out=io.StringIO()) == 0
+    assert again.already == progress.stored and again.stored == 0
+    # Turn results as recorded; the open turn stays open and takes the next reply.
+    finished = [t["id"] for t in header["turns"] if t["outcome"] != "open"]
+    assert "done" in finished and "open" not in finished
+    for turn in finished:
+        assert restored.finish_turn(turn, "failed") == original.finish_turn(turn, "failed")
+    check_layout(raw_client, restored.keys, target.config)
+    for thread in (original, restored):
+        rest = AssistantMessage(id="message-rest", date="2026-01-02T03:04:05Z", content="the rest", otid="rest")
+        thread.append(rest, turn_id="open")
+        assert thread.finish_turn("open").reply_count == 2
+    assert view(restored) == view(original)
+
+
+
+def test_an_interrupted_restore_run_again_is_whole(stores, raw_client):
+    source, target = stores
+    original = build_thread(source)
+    lines = export_text(source).splitlines(keepends=True)
+
+    def cut(after: int):
+        for number, line in enumerate(lines):
+            if number == after:
+                raise KeyboardInterrupt
+            yield line
+
+    first = commands.ImportProgress()
+    with pytest.raises(KeyboardInterrupt):
+        commands.import_lines(target, "chat", cut(len(lines) // 2), first, progress_out=io.StringIO())
+    assert 0 < target.thread("chat").stats().stored_messages < original.stats().stored_messages
+    rest = commands.ImportProgress()
+    commands.import_lines(target, "chat", iter(lines), rest, progress_out=io.StringIO())
+    assert rest.already == first.stored and first.stored + rest.stored == original.stats().stored_messages
+    assert view(target.thread("chat")) == view(original)
+    check_layout(raw_client, target.thread("chat").keys, target.config)
+
+
+def test_a_restore_over_other_messages_is_refused_and_writes_nothing(stores, raw_client):
+    source, target = stores
+    build_thread(source)
+    text = export_text(source)
+    other = target.thread("chat")
+    other.append([UserMessage(content=f"other {i}") for i in range(3)])
+    before = view(other, turns=())
+    with pytest.raises(errors.RestoreConflict):
+        commands.import_lines(target, "chat", io.StringIO(text), progress_out=io.StringIO())
+    assert view(other, turns=()) == before
+
+
+def test_progress_to_a_non_terminal_is_periodic_lines(stores):
+    source, target = stores
+    thread = source.thread("long")
+    for start in range(0, 600, 100):
+        thread.append([UserMessage(content=f"m{start + i}") for i in range(100)])
+    out, shown = io.StringIO(), io.StringIO()
+    commands.export(source, "long", out, progress_out=shown, every=0)
+    lines = shown.getvalue().splitlines()
+    assert "\r" not in shown.getvalue() and len(lines) >= 6
+    assert lines[-1] == "  exported: 600/600 messages (100%)"
+    shown = io.StringIO()
+    commands.import_lines(target, "long", io.StringIO(out.getvalue()), progress_out=shown, every=0)
+    assert shown.getvalue().splitlines()[-1] == "  restored: 600/600 messages (100%)"
+    assert len(shown.getvalue().splitlines()) >= 6
+
+
+def test_plain_lines_import_once_whatever_the_cut(stores):
+    """An older export (message lines, no header) or a file of your own: messages without ids
+    are stored once however often, and however cut, the file is imported (a repeated line is
+    a message of its own: its id counts the identical lines before it in the file)."""
+    _, target = stores
+    lines = [json.dumps({"message_type": "user_message", "content": f"m{i}"}) + "\n" for i in range(240)]
+    lines += [json.dumps({"message_type": "user_message", "content": "same"}) + "\n"] * 10
+    lines += [json.dumps({"message_type": "user_message", "content": f"o{i}", "otid": f"o{i}"}) + "\n"
+              for i in range(50)]
+    first = commands.ImportProgress()
+    commands.import_lines(target, "plain", iter(lines[:130]), first, progress_out=io.StringIO())
+    assert first.stored == 130
+    second = commands.ImportProgress()  # overlaps the first at another cut point
+    commands.import_lines(target, "plain", iter(lines[30:]), second, progress_out=io.StringIO())
+    assert (second.stored, second.already) == (170, 100)
+    third = commands.ImportProgress()
+    commands.import_lines(target, "plain", iter(lines), third, progress_out=io.StringIO())
+    assert (third.stored, third.already) == (0, 300)
+    assert [m.to_dict()["content"] for m in target.thread("plain").iter()] == [json.loads(l)["content"] for l in lines]
