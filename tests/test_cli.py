@@ -423,3 +423,35 @@ def test_ctrl_c_during_import_says_what_was_stored(server, namespace, server_onl
     assert stderr.count("\n") == 1 and stderr.startswith("kvstore: interrupted"), stderr
     assert "200 messages stored" in stderr and "chat" in stderr and "run the same import again" in stderr, stderr
     assert store.thread("chat").stats().stored_messages == 200
+
+
+def test_ctrl_c_during_a_restore_then_the_same_import_finishes_it(server, namespace, tmp_path, server_only):
+    store = MessageStore.from_url(server.url, StoreConfig(namespace=namespace))
+    thread = store.thread("source")
+    for start in range(0, 400, 100):
+        thread.append([UserMessage(content=f"m{start + i}") for i in range(100)], turn_id=f"t{start}")
+    out = tmp_path / "backup.jsonl"
+    common = ("--url", server.url, "--namespace", namespace)
+    assert kvstore("export", "source", "-o", str(out), *common).returncode == 0
+    lines = out.read_text().splitlines(keepends=True)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "kvstore", "import", "copy", "-", *common],
+        stdin=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    process.stdin.write("".join(lines[:251]))  # the header, two runs of 100 restored, 50 read
+    process.stdin.flush()
+    deadline = time.monotonic() + 30
+    while store.thread("copy").stats().stored_messages < 200:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    time.sleep(0.3)
+    process.send_signal(signal.SIGINT)
+    stderr = process.stderr.read()
+    assert process.wait(30) == 130
+    assert stderr.startswith("kvstore: interrupted") and "200 messages stored in copy" in stderr, stderr
+    result = kvstore("import", "copy", str(out), *common)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.splitlines()[-1] == "imported into copy: 200 new, 200 already stored"
+    copy = store.thread("copy")
+    assert [m.to_dict() for m in copy.iter()] == [m.to_dict() for m in thread.iter()]
+    assert [m.seq_id for m in copy.list(turn_id="t300", limit=200).messages] == list(range(301, 401))

@@ -123,14 +123,19 @@ def _store_command(args: argparse.Namespace) -> int:
         if args.command == "inspect":
             commands.inspect(store, args.thread)
         elif args.command == "export":
-            if args.output:
-                with open(args.output, "w", encoding="utf-8") as out:
-                    count = commands.export(store, args.thread, out, every=args.progress_every)
-                print(f"exported {count} messages to {args.output}", file=sys.stderr)
-            else:
-                out = _Stdout()
-                commands.export(store, args.thread, out, every=args.progress_every)
-                out.flush()
+            try:
+                if args.output:
+                    with open(args.output, "w", encoding="utf-8") as out:
+                        count = commands.export(store, args.thread, out, every=args.progress_every)
+                    print(f"exported {count} messages to {args.output}", file=sys.stderr)
+                else:
+                    out = _Stdout()
+                    commands.export(store, args.thread, out, every=args.progress_every)
+                    out.flush()
+            except KeyboardInterrupt:
+                print(f"kvstore: export of {args.thread} interrupted: the backup is incomplete", file=sys.stderr,
+                      flush=True)
+                raise
         elif args.command == "import":
             progress = commands.ImportProgress()
             try:
