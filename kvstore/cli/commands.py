@@ -118,7 +118,7 @@ class Progress:
         self.terminal = out.isatty() if terminal is None else terminal
         self.done = self.already = 0
         self._last = time.monotonic()
-        self._shown = False
+        self._shown_at: int | None = None  # the count last shown
 
     def update(self, new: int, already: int = 0) -> None:
         self.done += new + already
@@ -129,13 +129,14 @@ class Progress:
             self._show()
 
     def close(self) -> None:
-        if self._shown or not self.terminal:
+        """The last count, once (a terminal's bar only if it was drawn), then the bar's newline."""
+        if self._shown_at != self.done and (self._shown_at is not None or not self.terminal):
             self._show()
-        if self.terminal and self._shown:
+        if self.terminal and self._shown_at is not None:
             print(file=self.out, flush=True)
 
     def _show(self) -> None:
-        self._shown = True
+        self._shown_at = self.done
         total = self.total
         counted = f"{self.done:,}/{total:,}" if total else f"{self.done:,}"
         if self.terminal:
@@ -175,17 +176,24 @@ def export(store: MessageStore, thread_id: str, out: IO[str], progress_out: IO[s
     out.write(json.dumps(header, separators=(",", ":")) + "\n")
     progress = Progress("exported", stats.stored_messages, progress_out or sys.stderr, every)
     count = 0
-    for message in thread.iter():
-        line = message.to_dict()
-        turn_id = state.turn_of(message.seq_id)
-        if turn_id is not None:
-            line["turn_id"] = turn_id
-        out.write(json.dumps(line, separators=(",", ":"), ensure_ascii=False) + "\n")
-        count += 1
-        if count % 100 == 0:
-            progress.update(100)
-    progress.update(count % 100)
+    unreadable: list[int] = []
+    for page in store.stream(core.pages(ref)):
+        unreadable += page.unreadable
+        for message in page.messages:
+            line = message.to_dict()
+            turn_id = state.turn_of(message.seq_id)
+            if turn_id is not None:
+                line["turn_id"] = turn_id
+            out.write(json.dumps(line, separators=(",", ":"), ensure_ascii=False) + "\n")
+            count += 1
+        progress.update(len(page.messages) + len(page.unreadable))
     progress.close()
+    if unreadable:
+        shown = ", ".join(map(str, unreadable[:10])) + (" ..." if len(unreadable) > 10 else "")
+        raise errors.RecordError(
+            f"{len(unreadable)} stored records of {thread_id!r} could not be read and are not in the backup"
+            f" (sequences {shown}; docs/RELIABILITY.md, 'One bad record')"
+        )
     if not state.same_moment(store.run(core.backup_state(ref))):
         raise errors.KVStoreError(
             f"thread {thread_id!r} changed while it was exported: the file is not one state of it; export it"
