@@ -13,6 +13,7 @@ from kvstore import AssistantMessage, MessageStore, StoreConfig, UserMessage, er
 from kvstore.cli import commands
 
 from .layout_check import check_layout
+from .test_migration import write_layout_1
 
 SMALL = dict(window_size=8, chunk_size=4, retained_message_limit=12)
 
@@ -189,3 +190,40 @@ def test_an_unreadable_record_fails_the_export_naming_it(stores, raw_client):
     with pytest.raises(errors.RecordError, match="sequences 2;"):
         commands.export(source, "bad", out, progress_out=io.StringIO())
     assert [json.loads(line).get("seq_id") for line in out.getvalue().splitlines()[1:]] == [1, 3]
+
+
+def test_a_turn_record_of_the_first_layout_2_form_is_backed_up(stores, raw_client):
+    """"<start>|a-b,c-d" (the first layout-2 turn record) gives its messages their turn."""
+    source, target = stores
+    thread = source.thread("old-turn")
+    thread.append([UserMessage(content=f"m{i}") for i in range(2)], turn_id="t")
+    thread.append(UserMessage(content="between"))
+    thread.append(AssistantMessage(content="r"), turn_id="t")
+    raw_client.hset(thread.keys.turns, "t", "2|1-2,4-4")
+    text = export_text(source, "old-turn")
+    assert [json.loads(line).get("turn_id") for line in text.splitlines()[1:]] == ["t", "t", None, "t"]
+    assert json.loads(text.splitlines()[0])["turns"] == [
+        {"id": "t", "start": 2, "outcome": "open", "replies": 2, "first": 2, "count": 0, "first_seq": 0, "last_seq": 0}
+    ]
+    commands.import_lines(target, "old-turn", io.StringIO(text), progress_out=io.StringIO())
+    assert [m.seq_id for m in target.thread("old-turn").list(turn_id="t").messages] == [1, 2, 4]
+    assert target.thread("old-turn").finish_turn("t").reply_count == 2
+
+
+def test_a_layout_1_thread_is_migrated_before_a_backup(stores, raw_client):
+    source, _ = stores
+    write_layout_1(raw_client, source.thread("legacy").keys, 5)
+    with pytest.raises(errors.LayoutError, match="migrate"):
+        commands.export(source, "legacy", io.StringIO(), progress_out=io.StringIO())
+
+
+def test_progress_on_a_terminal_is_one_bar_redrawn():
+    shown = io.StringIO()
+    progress = commands.Progress("restored", 300, shown, terminal=True)
+    for _ in range(3):
+        progress._last = 0.0  # as if a tenth of a second had passed
+        progress.update(90, 10)
+    progress.close()
+    text = shown.getvalue()
+    assert text.count("\n") == 1 and text.endswith("\n") and text.count("\r") == 3
+    assert text.rstrip("\n").split("\r")[-1] == "  restored [" + "#" * 30 + "] 300/300"
