@@ -20,7 +20,6 @@
 ---         KVS_OTID_CONFLICT, KVS_OTID_REPEATED, KVS_DUPLICATE_ID, KVS_ID_REPEATED,
 ---         KVS_RESTORE_CONFLICT
 --- @include "includes/thread"
---- @include "includes/checks"
 --- @include "includes/expiry"
 --- @include "includes/store"
 --- @include "includes/rollover"
@@ -38,8 +37,10 @@ if failure then return failure end
 if meta.layout ~= nil and meta.layout ~= '2' then
   return redis.error_reply('KVS_LAYOUT thread is stored in layout ' .. meta.layout .. ', a restore writes into layout 2 only')
 end
-local err = check_key_types({{keys.legacy, 'none'}})
-if err then return err end
+if redis.call('EXISTS', keys.legacy) == 1 then
+  return redis.error_reply('KVS_LAYOUT thread holds a layout-1 message hash, a restore writes into layout 2 only')
+end
+local err
 
 -- Messages restored before sit at their own sequences; the rest must follow all of them.
 local stored

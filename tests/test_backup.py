@@ -227,3 +227,12 @@ def test_progress_on_a_terminal_is_one_bar_redrawn():
     text = shown.getvalue()
     assert text.count("\n") == 1 and text.endswith("\n") and text.count("\r") == 3
     assert text.rstrip("\n").split("\r")[-1] == "  restored [" + "#" * 30 + "] 300/300"
+
+
+def test_a_restore_into_a_layout_1_thread_is_refused(stores, raw_client):
+    source, target = stores
+    source.thread("chat").append([UserMessage(content=f"m{i}") for i in range(3)])
+    text = export_text(source)
+    raw_client.hset(target.thread("chat").keys.legacy, "x", "not a sequence")
+    with pytest.raises(errors.LayoutError, match="layout-1"):
+        commands.import_lines(target, "chat", io.StringIO(text), progress_out=io.StringIO())
