@@ -236,3 +236,37 @@ def test_a_restore_into_a_layout_1_thread_is_refused(stores, raw_client):
     raw_client.hset(target.thread("chat").keys.legacy, "x", "not a sequence")
     with pytest.raises(errors.LayoutError, match="layout-1"):
         commands.import_lines(target, "chat", io.StringIO(text), progress_out=io.StringIO())
+
+
+def test_runs_are_consecutive_sequences_of_one_turn():
+    from kvstore._engine.core import BackedUpMessage, BackupState, restore_runs
+
+    def item(sequence, turn=None):
+        return BackedUpMessage(sequence, turn, UserMessage(content="-"))
+
+    items = [item(1, "a"), item(2, "a"), item(3), item(5), item(6, "b"), *(item(s, "b") for s in range(7, 250))]
+    runs = [[(i.sequence, i.turn_id) for i in run] for run in restore_runs(items)]
+    assert [(run[0][0], run[-1][0], run[0][1]) for run in runs] == [
+        (1, 2, "a"), (3, 3, None), (5, 5, None), (6, 105, "b"), (106, 205, "b"), (206, 249, "b"),
+    ]
+    with pytest.raises(errors.InvalidMessage, match="in order"):
+        list(restore_runs([item(2), item(2)]))
+
+    state = BackupState(ranges=sorted([(1, 2, "a"), (6, 249, "b"), (4, 4, "a")]))
+    assert [state.turn_of(s) for s in (1, 2, 3, 4, 5, 6, 249, 250)] == ["a", "a", None, "a", None, "b", "b", None]
+
+
+def test_a_restored_thread_written_since_keeps_what_it_has(stores):
+    """Importing the backup again after the thread took new messages would set its turns and
+    summary back: refused, nothing written."""
+    source, target = stores
+    build_thread(source)
+    text = export_text(source)
+    commands.import_lines(target, "chat", io.StringIO(text), progress_out=io.StringIO())
+    restored = target.thread("chat")
+    restored.append(AssistantMessage(content="later"), turn_id="open")
+    restored.finish_turn("open")
+    before = view(restored)
+    with pytest.raises(errors.RestoreConflict, match="past the backup"):
+        commands.import_lines(target, "chat", io.StringIO(text), progress_out=io.StringIO())
+    assert view(restored) == before
