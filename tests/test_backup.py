@@ -270,3 +270,18 @@ def test_a_restored_thread_written_since_keeps_what_it_has(stores):
     with pytest.raises(errors.RestoreConflict, match="past the backup"):
         commands.import_lines(target, "chat", io.StringIO(text), progress_out=io.StringIO())
     assert view(restored) == before
+
+
+def test_a_finished_turn_of_the_first_layout_2_form_keeps_its_result(stores, raw_client):
+    source, target = stores
+    thread = source.thread("old-finished")
+    thread.append(UserMessage(content="q"), turn_id="t")
+    thread.append(UserMessage(content="between"))
+    thread.append([AssistantMessage(content=f"r{i}") for i in range(3)], turn_id="t")
+    raw_client.hset(thread.keys.turns, "t", "3|1-1,3-5")
+    raw_client.hset(thread.keys.meta, mapping={"turn_id": "t", "turn_seq": 3, "turn_outcome": "cancelled"})
+    commands.import_lines(target, "old-finished", io.StringIO(export_text(source, "old-finished")),
+                          progress_out=io.StringIO())
+    expected = thread.finish_turn("t")
+    assert expected.outcome == "cancelled" and expected.reply_count == 3
+    assert target.thread("old-finished").finish_turn("t") == expected

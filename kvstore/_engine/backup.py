@@ -110,25 +110,32 @@ def _turn(turn_id: str, value: str, records: dict[str, str], state: BackupState)
     if "|" in value:
         # The first layout-2 form, "<start>|a-b,c-d,...": its outcome is the turn reply sequence's.
         start, _, spans = value.partition("|")
-        ranges = [tuple(int(n) for n in span.split("-")) for span in spans.split(",") if span]
+        ranges = [_range(span) for span in spans.split(",") if span]
         outcome = state.turn_outcome if state.turn_id == turn_id else "open"
         start_seq = int(start or 0) or (state.turn_seq if state.turn_id == turn_id else 0)
-        replies = [s for a, b in ranges for s in range(max(a, start_seq), b + 1)] if start_seq else []
-        record = TurnRecord(turn_id, start_seq, outcome or "open", len(replies), replies[0] if replies else 0,
-                            0, 0, 0)
-        return record, ranges  # type: ignore[return-value]
+        spans_from_start = [(max(a, start_seq), b) for a, b in ranges if start_seq and b >= start_seq]
+        replies = sum(b - a + 1 for a, b in spans_from_start)
+        first = spans_from_start[0][0] if spans_from_start else 0
+        outcome = outcome or "open"
+        # A finished turn's result is what finish_turn reads from such a record: its replies.
+        result = (replies, first, spans_from_start[-1][1] if spans_from_start else 0) if outcome != "open" else (0, 0, 0)
+        return TurnRecord(turn_id, start_seq, outcome, replies, first, *result), ranges
     header = TurnHeader.parse(value)
     ranges = []
     for k in range(header.k0, header.k1):
         older = records.get(f"{turn_id}\t{k}")
         if older:
-            a, _, b = older.partition("-")
-            ranges.append((int(a), int(b)))
+            ranges.append(_range(older))
     if header.kept:
         ranges.append((header.a, header.b))
     record = TurnRecord(turn_id, header.start, header.outcome, header.replies, header.first,
                         header.count, header.first_seq, header.last_seq)
     return record, ranges
+
+
+def _range(text: str) -> tuple[int, int]:
+    a, _, b = text.partition("-")
+    return int(a), int(b)
 
 
 def _text(value: Any) -> str:
