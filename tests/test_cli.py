@@ -226,7 +226,7 @@ def test_commands_next_to_a_running_server_use_it_and_nothing_is_lost(tmp_path):
         assert contents(url, "copy") == [f"imported {i}" for i in range(3)]
         result = kvstore("export", "chat", "--data-dir", str(data))
         assert result.returncode == 0, result.stderr
-        assert json.loads(result.stdout)["content"] == "acknowledged by the first server"
+        assert json.loads(result.stdout.splitlines()[1])["content"] == "acknowledged by the first server"
         result = kvstore("demo", "--data-dir", str(data), "--workers", "2", "--threads", "2", "--turns", "6")
         assert result.returncode == 0, result.stderr
         assert f"Valkey on {url}" in result.stdout and "already running" in result.stdout
@@ -257,7 +257,7 @@ def test_a_killed_owner_leaves_no_lock_behind(tmp_path):
     wait_gone(pid)
     result = kvstore("export", "chat", "--data-dir", str(data))  # the recorded address is stale
     assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout)["content"] == "before kill -9"
+    assert json.loads(result.stdout.splitlines()[1])["content"] == "before kill -9"
     process, url = start_server(data)
     try:
         MessageStore.from_url(url, StoreConfig()).thread("chat").append(UserMessage(content="after the restart"))
@@ -271,7 +271,8 @@ def test_a_killed_owner_leaves_no_lock_behind(tmp_path):
         stop(process)
     result = kvstore("export", "chat", "--data-dir", str(data))
     assert result.returncode == 0, result.stderr
-    assert [json.loads(line)["content"] for line in result.stdout.splitlines()] == ["before kill -9", "after the restart"]
+    header, *lines = result.stdout.splitlines()  # the backup's header, then the messages
+    assert [json.loads(line)["content"] for line in lines] == ["before kill -9", "after the restart"]
 
 
 def test_a_locked_data_dir_whose_server_does_not_answer_is_refused(tmp_path):
