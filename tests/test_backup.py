@@ -171,9 +171,9 @@ def test_plain_lines_import_once_whatever_the_cut(stores):
     first = commands.ImportProgress()
     commands.import_lines(target, "plain", iter(lines[:130]), first, progress_out=io.StringIO())
     assert first.stored == 130
-    second = commands.ImportProgress()  # overlaps the first at another cut point
-    commands.import_lines(target, "plain", iter(lines[30:]), second, progress_out=io.StringIO())
-    assert (second.stored, second.already) == (170, 100)
+    second = commands.ImportProgress()  # overlaps the first at another cut point: mixed batches
+    commands.import_lines(target, "plain", iter(lines[50:]), second, progress_out=io.StringIO())
+    assert (second.stored, second.already) == (170, 80)
     third = commands.ImportProgress()
     commands.import_lines(target, "plain", iter(lines), third, progress_out=io.StringIO())
     assert (third.stored, third.already) == (0, 300)
@@ -285,3 +285,14 @@ def test_a_finished_turn_of_the_first_layout_2_form_keeps_its_result(stores, raw
     expected = thread.finish_turn("t")
     assert expected.outcome == "cancelled" and expected.reply_count == 3
     assert target.thread("old-finished").finish_turn("t") == expected
+
+
+def test_plain_lines_whose_otids_are_stored_under_other_ids_are_replays(stores):
+    _, target = stores
+    target.thread("otids").append([UserMessage(content=f"o{i}", otid=f"o{i}") for i in range(10)])
+    lines = [json.dumps({"message_type": "user_message", "content": f"o{i}", "otid": f"o{i}"}) + "\n"
+             for i in range(20)]
+    progress = commands.ImportProgress()
+    commands.import_lines(target, "otids", iter(lines), progress, progress_out=io.StringIO())
+    assert (progress.stored, progress.already) == (10, 10)
+    assert [m.otid for m in target.thread("otids").iter()] == [f"o{i}" for i in range(20)]
