@@ -256,3 +256,12 @@ class ConnectionFailed(ServerError):
     Nothing was written; the call may be sent again as it is."""
 
     http_status = 503
+
+
+class RestoreConflict(KVStoreError):
+    """A restore met a thread that holds other messages where the backup puts its own (a
+    sequence taken, an id or otid stored at another sequence, sequences past the backup's
+    last): nothing was written. Restore into an empty thread, or into the one this backup was
+    partly restored into."""
+
+    http_status = 409

@@ -75,14 +75,39 @@ def test_inspect_export_import(server, namespace, tmp_path, server_only):
     out = tmp_path / "chat.jsonl"
     result = kvstore("export", "chat-1", "--url", server.url, "--namespace", namespace, "-o", str(out))
     assert result.returncode == 0, result.stderr
-    lines = out.read_text().splitlines()
-    assert [json.loads(line) for line in lines] == [m.to_dict() for m in stored]
+    header, *lines = out.read_text().splitlines()
+    assert json.loads(header)["kvstore_backup"] == 1 and json.loads(header)["turn"]["id"] == "t1"
+    assert [json.loads(line) for line in lines] == (
+        [{**m.to_dict(), "turn_id": "t1"} for m in stored[:20]] + [stored[20].to_dict()]
+    )
 
-    for _ in range(2):  # importing twice stores nothing twice: ids and otids are kept
+    for closing in ("21 new, 0 already stored", "0 new, 21 already stored"):  # a second import stores nothing
         result = kvstore("import", "chat-2", str(out), "--url", server.url, "--namespace", namespace)
         assert result.returncode == 0, result.stderr
-    copy = list(store.thread("chat-2").iter())
-    assert [m.to_dict() for m in copy] == [m.to_dict() for m in stored]
+        assert result.stderr.splitlines()[-1] == f"imported into chat-2: {closing}", result.stderr
+    copy = store.thread("chat-2")
+    assert [m.to_dict() for m in copy.iter()] == [m.to_dict() for m in stored]
+    assert copy.list(turn_id="t1", limit=100).messages == stored[:20]
+    assert copy.snapshot().turn == thread.snapshot().turn
+
+
+def test_export_and_import_print_progress_lines_to_a_non_terminal(server, namespace, tmp_path, server_only):
+    store = MessageStore.from_url(server.url, StoreConfig(namespace=namespace))
+    thread = store.thread("long")
+    for start in range(0, 1000, 100):
+        thread.append([UserMessage(content=f"m{start + i}") for i in range(100)])
+    out = tmp_path / "long.jsonl"
+    common = ("--url", server.url, "--namespace", namespace, "--progress-every", "0")
+    result = kvstore("export", "long", "-o", str(out), *common)
+    assert result.returncode == 0, result.stderr
+    lines = result.stderr.splitlines()
+    assert "\r" not in result.stderr and len(lines) == 6, result.stderr  # a line per page of 200
+    assert lines[-2:] == ["  exported: 1,000/1,000 messages (100%)", f"exported 1000 messages to {out}"]
+    result = kvstore("import", "copy", str(out), *common)
+    assert result.returncode == 0, result.stderr
+    lines = result.stderr.splitlines()
+    assert "\r" not in result.stderr and len(lines) == 11, result.stderr  # a line per run of 100
+    assert lines[-2:] == ["  restored: 1,000/1,000 messages (100%)", "imported into copy: 1000 new, 0 already stored"]
 
 
 def test_migrate_finds_layout_1_threads_and_finishes_them(server, namespace, server_only):
@@ -201,7 +226,7 @@ def test_commands_next_to_a_running_server_use_it_and_nothing_is_lost(tmp_path):
         assert contents(url, "copy") == [f"imported {i}" for i in range(3)]
         result = kvstore("export", "chat", "--data-dir", str(data))
         assert result.returncode == 0, result.stderr
-        assert json.loads(result.stdout)["content"] == "acknowledged by the first server"
+        assert json.loads(result.stdout.splitlines()[1])["content"] == "acknowledged by the first server"
         result = kvstore("demo", "--data-dir", str(data), "--workers", "2", "--threads", "2", "--turns", "6")
         assert result.returncode == 0, result.stderr
         assert f"Valkey on {url}" in result.stdout and "already running" in result.stdout
@@ -232,7 +257,7 @@ def test_a_killed_owner_leaves_no_lock_behind(tmp_path):
     wait_gone(pid)
     result = kvstore("export", "chat", "--data-dir", str(data))  # the recorded address is stale
     assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout)["content"] == "before kill -9"
+    assert json.loads(result.stdout.splitlines()[1])["content"] == "before kill -9"
     process, url = start_server(data)
     try:
         MessageStore.from_url(url, StoreConfig()).thread("chat").append(UserMessage(content="after the restart"))
@@ -246,7 +271,8 @@ def test_a_killed_owner_leaves_no_lock_behind(tmp_path):
         stop(process)
     result = kvstore("export", "chat", "--data-dir", str(data))
     assert result.returncode == 0, result.stderr
-    assert [json.loads(line)["content"] for line in result.stdout.splitlines()] == ["before kill -9", "after the restart"]
+    header, *lines = result.stdout.splitlines()  # the backup's header, then the messages
+    assert [json.loads(line)["content"] for line in lines] == ["before kill -9", "after the restart"]
 
 
 def test_a_locked_data_dir_whose_server_does_not_answer_is_refused(tmp_path):
@@ -372,7 +398,8 @@ def test_export_into_a_closed_pipe_ends_quietly(server, namespace, server_only):
         [sys.executable, "-m", "kvstore", "export", "long", "--url", server.url, "--namespace", namespace],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )
-    assert json.loads(process.stdout.readline())["content"].startswith("m0 ")  # `| head -1`
+    assert "kvstore_backup" in json.loads(process.stdout.readline())  # `| head -2`
+    assert json.loads(process.stdout.readline())["content"].startswith("m0 ")
     process.stdout.close()
     stderr = process.stderr.read().decode()
     assert process.wait(30) == 141 and stderr == ""  # as a tool cut by SIGPIPE, without a word
@@ -395,5 +422,37 @@ def test_ctrl_c_during_import_says_what_was_stored(server, namespace, server_onl
     stderr = process.stderr.read()
     assert process.wait(30) == 130
     assert stderr.count("\n") == 1 and stderr.startswith("kvstore: interrupted"), stderr
-    assert "200 messages stored" in stderr and "chat" in stderr, stderr
+    assert "200 messages stored" in stderr and "chat" in stderr and "run the same import again" in stderr, stderr
     assert store.thread("chat").stats().stored_messages == 200
+
+
+def test_ctrl_c_during_a_restore_then_the_same_import_finishes_it(server, namespace, tmp_path, server_only):
+    store = MessageStore.from_url(server.url, StoreConfig(namespace=namespace))
+    thread = store.thread("source")
+    for start in range(0, 400, 100):
+        thread.append([UserMessage(content=f"m{start + i}") for i in range(100)], turn_id=f"t{start}")
+    out = tmp_path / "backup.jsonl"
+    common = ("--url", server.url, "--namespace", namespace)
+    assert kvstore("export", "source", "-o", str(out), *common).returncode == 0
+    lines = out.read_text().splitlines(keepends=True)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "kvstore", "import", "copy", "-", *common],
+        stdin=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    process.stdin.write("".join(lines[:251]))  # the header, two runs of 100 restored, 50 read
+    process.stdin.flush()
+    deadline = time.monotonic() + 30
+    while store.thread("copy").stats().stored_messages < 200:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    time.sleep(0.3)
+    process.send_signal(signal.SIGINT)
+    stderr = process.stderr.read()
+    assert process.wait(30) == 130
+    assert stderr.startswith("kvstore: interrupted") and "200 messages stored in copy" in stderr, stderr
+    result = kvstore("import", "copy", str(out), *common)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.splitlines()[-1] == "imported into copy: 200 new, 200 already stored"
+    copy = store.thread("copy")
+    assert [m.to_dict() for m in copy.iter()] == [m.to_dict() for m in thread.iter()]
+    assert [m.seq_id for m in copy.list(turn_id="t300", limit=200).messages] == list(range(301, 401))

@@ -5,6 +5,7 @@ script call they make recorded and checked against the KEYS and ARGV its header 
 from __future__ import annotations
 
 import dataclasses
+import io
 import re
 from collections import defaultdict
 from importlib import resources
@@ -17,6 +18,7 @@ from kvstore._engine.core import Batch, Eval, ThreadRef
 from kvstore._engine.executor import record
 from kvstore._engine.keys import ThreadKeys
 from kvstore._engine.scripts import SCRIPT_NAMES, SCRIPTS
+from kvstore.cli import commands
 
 from .script_headers import call_mismatches, header_problems, read_header, script_header
 from .test_migration import write_layout_1
@@ -69,6 +71,10 @@ def run_every_script(store: Recorder, raw_client) -> None:
     thread.remove_turn("t2")
     thread.snapshot()
     thread.context()
+    # A backup of it restored into another thread: restore and restore_state.
+    backup = io.StringIO()
+    commands.export(store, "contract", backup, progress_out=io.StringIO())
+    commands.import_lines(store, "contract-restored", io.StringIO(backup.getvalue()), progress_out=io.StringIO())
     thread.delete()
 
     # A delete() cut short after its first call (it tombstones the thread and removes no chunk):

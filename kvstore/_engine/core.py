@@ -15,9 +15,11 @@ The operations live by concern; this module names them for the rest of the code:
 - pages.py, plan.py: list_page and its walk, the page plans, the one page loop (pages)
 - views.py: stats, snapshot, context
 - lifecycle.py: compact, replace, remove_turn, delete, migrate
+- backup.py: backup_state, restore_run(s), restore_state: a thread's backup and its restore
 """
 
 from .append import append, finish_turn, start_turn
+from .backup import BackedUpMessage, BackupState, TurnRecord, backup_state, check_restore_target, restore_run, restore_runs, restore_state, stored_ids
 from .keys import ThreadKeys
 from .lifecycle import compact, delete, migrate, remove_turn, replace
 from .pages import gathering, list_page, pages
@@ -42,6 +44,8 @@ __all__ = [
     "ITER_PAGE",
     "MAX_LIMIT",
     "SNAPSHOT_SIZE",
+    "BackedUpMessage",
+    "BackupState",
     "Batch",
     "Cursor",
     "Eval",
@@ -49,7 +53,10 @@ __all__ = [
     "PreparedMessage",
     "ThreadKeys",
     "ThreadRef",
+    "TurnRecord",
     "append",
+    "backup_state",
+    "check_restore_target",
     "compact",
     "context",
     "delete",
@@ -66,7 +73,11 @@ __all__ = [
     "prepare_batch",
     "remove_turn",
     "replace",
+    "restore_run",
+    "restore_runs",
+    "restore_state",
     "snapshot",
     "start_turn",
     "stats",
+    "stored_ids",
 ]

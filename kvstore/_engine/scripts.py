@@ -129,7 +129,7 @@ class Library:
 SCRIPT_NAMES = (
     "append", "compact", "retain", "start_turn", "finish_turn", "replace", "remove_turn", "delete",
     "migrate",
-    "page_plan", "locate", "turn_page",
+    "page_plan", "locate", "turn_page", "restore", "restore_state",
 )
 SCRIPTS_BY_FILE: dict[str, Script] = {name: Script.load(name) for name in SCRIPT_NAMES}
 LIBRARY, SCRIPTS = Library.build(SCRIPT_NAMES)
@@ -155,6 +155,7 @@ ERROR_CODES: dict[str, type[errors.KVStoreError]] = {
     "KVS_CURSOR_EXPIRED": errors.CursorExpired,
     "KVS_TURN_NOT_FOUND": errors.TurnNotFound,
     "KVS_TURN_FINISHED": errors.TurnFinished,
+    "KVS_RESTORE_CONFLICT": errors.RestoreConflict,
 }
 
 _KVS_CODE = re.compile(r"(KVS_[A-Z_]+) ?(.*)", re.DOTALL)

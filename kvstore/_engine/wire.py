@@ -279,3 +279,16 @@ def split_chunk(manifest: bytes | None, data: bytes | None) -> dict[int, bytes]:
     except ValueError as exc:
         raise errors.RecordError(f"a chunk manifest is malformed: {exc}") from None
     return records
+
+
+@dataclass(slots=True)
+class RestoreReply:
+    """lua/restore.lua: the run's messages restored now, and those restored before."""
+
+    restored: int
+    already_stored: int
+
+    @classmethod
+    def decode(cls, reply: Any) -> RestoreReply:
+        restored, already = _list("restore", reply, 2)
+        return cls(_number("restore", restored), _number("restore", already))

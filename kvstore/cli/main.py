@@ -71,12 +71,17 @@ def _add_store_commands(commands: argparse._SubParsersAction) -> None:
 
     inspect = with_store("inspect", "show a thread's layout: window, chunks, index, turn, summary")
     inspect.add_argument("thread")
-    export = with_store("export", "write a thread's messages as JSON lines (the list API's shape)")
+    export = with_store("export", "write a backup of a thread: a header line with its state, then its messages as"
+                                  " JSON lines (the list API's shape, with sequence and turn)")
     export.add_argument("thread")
     export.add_argument("-o", "--output", help="file to write (default: standard output)")
-    import_ = with_store("import", "append JSON-lines messages to a thread (ids and otids kept)")
+    import_ = with_store("import", "restore a backup into a thread (or append plain JSON-lines messages);"
+                                   " resumable: run again, nothing is stored twice")
     import_.add_argument("thread")
     import_.add_argument("file", help="a JSON-lines file, or - for standard input")
+    for sub in (export, import_):
+        sub.add_argument("--progress-every", type=float, default=5.0, metavar="SECONDS",
+                         help="where standard error is not a terminal, a progress line this often (default: 5)")
     migrate = with_store("migrate", "migrate layout-1 threads to layout 2 (resumable)")
     migrate.add_argument("threads", nargs="*", metavar="THREAD",
                          help="threads to migrate; without any (nor --threads-from), SCAN finds them (needs +scan)")
@@ -118,28 +123,36 @@ def _store_command(args: argparse.Namespace) -> int:
         if args.command == "inspect":
             commands.inspect(store, args.thread)
         elif args.command == "export":
-            if args.output:
-                with open(args.output, "w", encoding="utf-8") as out:
-                    count = commands.export(store, args.thread, out)
-                print(f"exported {count} messages to {args.output}", file=sys.stderr)
-            else:
-                out = _Stdout()
-                commands.export(store, args.thread, out)
-                out.flush()
+            try:
+                if args.output:
+                    with open(args.output, "w", encoding="utf-8") as out:
+                        count = commands.export(store, args.thread, out, every=args.progress_every)
+                    print(f"exported {count} messages to {args.output}", file=sys.stderr)
+                else:
+                    out = _Stdout()
+                    commands.export(store, args.thread, out, every=args.progress_every)
+                    out.flush()
+            except KeyboardInterrupt:
+                print(f"kvstore: export of {args.thread} interrupted: the backup is incomplete", file=sys.stderr,
+                      flush=True)
+                raise
         elif args.command == "import":
             progress = commands.ImportProgress()
             try:
                 if args.file == "-":
-                    count = commands.import_lines(store, args.thread, sys.stdin, progress)
+                    commands.import_lines(store, args.thread, sys.stdin, progress, every=args.progress_every)
                 else:
                     with open(args.file, encoding="utf-8") as lines:
-                        count = commands.import_lines(store, args.thread, lines, progress)
+                        commands.import_lines(store, args.thread, lines, progress, every=args.progress_every,
+                                              total=_line_count(args.file))
             except KeyboardInterrupt:
                 unknown = f"; the {progress.sending} being sent may or may not be" if progress.sending else ""
                 print(f"kvstore: interrupted at line {progress.lines}: {progress.stored} messages stored in"
-                      f" {args.thread}{unknown}", file=sys.stderr, flush=True)
+                      f" {args.thread} ({progress.already} already stored){unknown}; run the same import"
+                      " again to finish it", file=sys.stderr, flush=True)
                 raise
-            print(f"imported {count} messages into {args.thread}", file=sys.stderr)
+            print(f"imported into {args.thread}: {progress.stored} new, {progress.already} already stored",
+                  file=sys.stderr)
         elif args.command == "migrate":
             if threads is None:
                 commands.migrate_all(store)
@@ -157,6 +170,14 @@ def _store_command(args: argparse.Namespace) -> int:
             for name, sha in preload_scripts(store.client).items():
                 print(f"{sha}  {name}")
     return 0
+
+
+def _line_count(path: str) -> int | None:
+    """The lines of a regular file (the progress total of a plain import), or None."""
+    if not os.path.isfile(path):
+        return None
+    with open(path, "rb") as lines:
+        return sum(chunk.count(b"\n") for chunk in iter(lambda: lines.read(1 << 20), b""))
 
 
 def _named_threads(args: argparse.Namespace) -> list[str] | None:

@@ -1,0 +1,233 @@
+"""Backup and restore of a thread: its state as a backup header records it, and the restore.
+
+A backup holds the thread's state (:class:`BackupState`: the last sequence assigned, the
+context summary, ``deleted_before``, the turn reply sequence and every turn record's result)
+and its messages, each with its sequence and turn. A restore writes the messages AT their
+sequences (lua/restore.lua, one run of consecutive sequences of one turn per call, atomic),
+then the state (lua/restore_state.lua). A message whose id is stored at its own sequence was
+restored before and is skipped, so a restore interrupted anywhere is finished by running it
+again; a thread holding other messages where the backup puts its own is refused
+(``RestoreConflict``) with nothing written.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from .. import errors
+from ..messages import Message
+from .prepare import PreparedMessage
+from .requests import Batch, Operation, ThreadRef, write
+from .scripts import SCRIPTS
+from .wire import RestoreReply, TurnHeader
+
+# The most messages (and record bytes) one restore call sends.
+RESTORE_RUN = 100
+RESTORE_RUN_BYTES = 4 * 1024 * 1024
+# The most turn records one restore_state call sends.
+RESTORE_TURNS = 500
+
+
+@dataclass(frozen=True, slots=True)
+class TurnRecord:
+    """A turn as a backup keeps it: its reply start and outcome, and what finish_turn recorded."""
+
+    turn_id: str
+    start: int
+    outcome: str
+    replies: int
+    first: int
+    count: int
+    first_seq: int
+    last_seq: int
+
+
+@dataclass(slots=True)
+class BackupState:
+    """A thread's state apart from its messages (docs/LAYOUT.md, meta and turns)."""
+
+    last_seq: int = 0
+    summary_last: int = 0
+    summary_seq: int = 0
+    deleted_before: int = 0
+    turn_id: str = ""
+    turn_seq: int = 0
+    turn_outcome: str = ""
+    gen: int = 0
+    turns: list[TurnRecord] = field(default_factory=list)
+    # Each turn's ranges of sequences (first, last, turn id), sorted: a message's turn.
+    ranges: list[tuple[int, int, str]] = field(default_factory=list)
+
+    def turn_of(self, sequence: int) -> str | None:
+        """The turn whose ranges hold `sequence`, or None."""
+        at = bisect.bisect_right(self.ranges, (sequence, float("inf"))) - 1
+        if at >= 0 and self.ranges[at][0] <= sequence <= self.ranges[at][1]:
+            return self.ranges[at][2]
+        return None
+
+    def same_moment(self, other: BackupState) -> bool:
+        """No message was added, moved or deleted between the two reads."""
+        return (self.last_seq, self.gen, self.summary_seq) == (other.last_seq, other.gen, other.summary_seq)
+
+
+def backup_state(thread: ThreadRef) -> Operation:
+    """The thread's state, read in one round trip (meta and the turn records)."""
+    meta, turns = yield Batch([("HGETALL", thread.keys.meta), ("HGETALL", thread.keys.turns)])
+    fields = {_text(k): _text(v) for k, v in meta.items()}
+    if "deleting" in fields:
+        fields = {}
+    if fields.get("layout", "2") != "2":
+        raise errors.LayoutError("the thread is in layout 1: migrate it (kvstore migrate) before a backup")
+
+    def number(name: str) -> int:
+        return int(fields.get(name) or 0)
+
+    state = BackupState(
+        last_seq=number("last_seq"),
+        summary_last=number("summary_last"),
+        summary_seq=number("summary_seq"),
+        deleted_before=number("deleted_before"),
+        turn_id=fields.get("turn_id", ""),
+        turn_seq=number("turn_seq"),
+        turn_outcome=fields.get("turn_outcome", "") if fields.get("turn_id") else "",
+        gen=number("gen"),
+    )
+    records = {_text(k): _text(v) for k, v in turns.items()}
+    for name, value in sorted(records.items()):
+        if "\t" in name:
+            continue
+        record, ranges = _turn(name, value, records, state)
+        state.turns.append(record)
+        state.ranges += [(a, b, name) for a, b in ranges]
+    state.ranges.sort()
+    return state
+
+
+def _turn(turn_id: str, value: str, records: dict[str, str], state: BackupState) -> tuple[TurnRecord, list[tuple[int, int]]]:
+    if "|" in value:
+        # The first layout-2 form, "<start>|a-b,c-d,...": its outcome is the turn reply sequence's.
+        start, _, spans = value.partition("|")
+        ranges = [_range(span) for span in spans.split(",") if span]
+        outcome = state.turn_outcome if state.turn_id == turn_id else "open"
+        start_seq = int(start or 0) or (state.turn_seq if state.turn_id == turn_id else 0)
+        spans_from_start = [(max(a, start_seq), b) for a, b in ranges if start_seq and b >= start_seq]
+        replies = sum(b - a + 1 for a, b in spans_from_start)
+        first = spans_from_start[0][0] if spans_from_start else 0
+        outcome = outcome or "open"
+        # A finished turn's result is what finish_turn reads from such a record: its replies.
+        result = (replies, first, spans_from_start[-1][1] if spans_from_start else 0) if outcome != "open" else (0, 0, 0)
+        return TurnRecord(turn_id, start_seq, outcome, replies, first, *result), ranges
+    header = TurnHeader.parse(value)
+    ranges = []
+    for k in range(header.k0, header.k1):
+        older = records.get(f"{turn_id}\t{k}")
+        if older:
+            ranges.append(_range(older))
+    if header.kept:
+        ranges.append((header.a, header.b))
+    record = TurnRecord(turn_id, header.start, header.outcome, header.replies, header.first,
+                        header.count, header.first_seq, header.last_seq)
+    return record, ranges
+
+
+def _range(text: str) -> tuple[int, int]:
+    a, _, b = text.partition("-")
+    return int(a), int(b)
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+@dataclass(frozen=True, slots=True)
+class BackedUpMessage:
+    """One message of a backup: where it was stored and in which turn."""
+
+    sequence: int
+    turn_id: str | None
+    message: Message
+
+
+def restore_runs(items: Iterable[BackedUpMessage]) -> Iterator[list[BackedUpMessage]]:
+    """The messages cut into runs one restore call can take: consecutive sequences of one turn
+    (or none), at most RESTORE_RUN messages. Sequences must increase."""
+    run: list[BackedUpMessage] = []
+    previous = 0
+    for item in items:
+        if item.sequence <= previous:
+            raise errors.InvalidMessage(f"sequence {item.sequence} follows {previous}: a backup lists sequences in order")
+        if run and (item.sequence != previous + 1 or item.turn_id != run[0].turn_id or len(run) == RESTORE_RUN):
+            yield run
+            run = []
+        run.append(item)
+        previous = item.sequence
+    if run:
+        yield run
+
+
+def restore_run(thread: ThreadRef, run: list[BackedUpMessage]) -> Operation:
+    """Restores one run (consecutive sequences of one turn) at its sequences, in calls of at
+    most RESTORE_RUN_BYTES of records; returns (restored, already stored)."""
+    turn_id = run[0].turn_id
+    prepared = [PreparedMessage.of(thread.config, item.message, turn_id, None, f"message {item.sequence}")
+                for item in run]
+    restored = already = 0
+    start = 0
+    while start < len(prepared):
+        end, size = start, 0
+        while end < len(prepared) and (end == start or size + len(prepared[end].record) <= RESTORE_RUN_BYTES):
+            size += len(prepared[end].record)
+            end += 1
+        args: list[Any] = [*thread.limits(), turn_id or "", run[start].sequence, end - start]
+        for item in prepared[start:end]:
+            args += (item.message.id, item.message.otid or "", item.media, item.record)
+        reply = RestoreReply.decode((yield from write(thread, SCRIPTS["restore"], args)))
+        restored += reply.restored
+        already += reply.already_stored
+        start = end
+    return restored, already
+
+
+def restore_state(thread: ThreadRef, state: BackupState) -> Operation:
+    """Sets the thread's state as the backup recorded it (after every message is restored)."""
+    turns = state.turns or []
+    for start in range(0, max(len(turns), 1), RESTORE_TURNS):
+        part = turns[start : start + RESTORE_TURNS]
+        args: list[Any] = [
+            *thread.limits(), state.last_seq, state.summary_last, state.summary_seq, state.deleted_before,
+            state.turn_id, state.turn_seq if state.turn_id else 0, state.turn_outcome if state.turn_id else "",
+            len(part),
+        ]
+        for turn in part:
+            args += (turn.turn_id, turn.start, turn.outcome, turn.replies, turn.first,
+                     turn.count, turn.first_seq, turn.last_seq)
+        yield from write(thread, SCRIPTS["restore_state"], args)
+
+
+def stored_ids(thread: ThreadRef, ids: list[str]) -> Operation:
+    """Which of `ids` the thread's id map holds, with their sequences."""
+    if not ids:
+        return {}
+    (found,) = yield Batch([("HMGET", thread.keys.ids, *ids)])
+    return {message_id: int(sequence) for message_id, sequence in zip(ids, found) if sequence is not None}
+
+
+def check_restore_target(thread: ThreadRef, first: BackedUpMessage) -> Operation:
+    """Refuses (RestoreConflict) a thread that is neither empty nor a partial restore of this
+    backup: one holding messages whose sequences the backup's first message does not start."""
+    (meta, stored_at) = yield Batch([
+        ("HMGET", thread.keys.meta, "last_seq", "deleting"),
+        ("HGET", thread.keys.ids, first.message.id),
+    ])
+    last_seq = int(meta[0] or 0) if meta[1] is None else 0
+    if last_seq == 0:
+        return
+    if stored_at is not None and int(stored_at) == first.sequence:
+        return  # restored in part before: the rest follows
+    raise errors.RestoreConflict(
+        f"the thread already holds messages up to sequence {last_seq} and they are not this backup's"
+        f" (its first message, {first.message.id}, is at {first.sequence}): restore into an empty thread"
+    )

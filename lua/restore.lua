@@ -1,0 +1,96 @@
+#!lua
+--- Restores a run of a backed-up thread's messages at their stored sequences.
+---
+--- KEYS[1..10]  the thread's keys (includes/thread.lua: thread_keys; docs/LAYOUT.md)
+--- ARGV[1..9]   limits (int): includes/thread.lua, read_limits
+--- ARGV[10]     limits key (str): ARGV[1..9] joined by ':'
+--- ARGV[11]     turn_id (str): '' for none; every message of the run is of this turn
+--- ARGV[12]     first (int): the sequence of the run's first message; the run is first..first+count-1
+--- ARGV[13]     count (int): the messages that follow
+--- ARGV[14..]   ARGV[13] times: id (str), otid (str): '' for none, media (int): the message's
+---              inline media bytes, record (bytes)
+---
+--- A message whose id is stored at its own sequence was restored before: it is skipped. The
+--- others must come after every sequence the thread holds (the thread's last_seq); an id or
+--- otid stored at another sequence, or a sequence already taken, is refused and nothing is
+--- written. Retention runs when a chunk was cut, as after an append.
+---
+--- Reply: {restored, already_stored}
+--- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_DELETING, KVS_TOO_LARGE, KVS_MEDIA_OVER,
+---         KVS_OTID_CONFLICT, KVS_OTID_REPEATED, KVS_DUPLICATE_ID, KVS_ID_REPEATED,
+---         KVS_RESTORE_CONFLICT
+--- @include "includes/thread"
+--- @include "includes/expiry"
+--- @include "includes/store"
+--- @include "includes/rollover"
+--- @include "includes/retention"
+
+local keys = thread_keys(KEYS)
+local limits = read_limits(ARGV)
+local turn_id = ARGV[11]
+local first = tonumber(ARGV[12])
+local count = tonumber(ARGV[13])
+local batch = read_batch(ARGV, 13, count, turn_id)
+
+local meta, failure = load_meta(keys)
+if failure then return failure end
+if meta.layout ~= nil and meta.layout ~= '2' then
+  return redis.error_reply('KVS_LAYOUT thread is stored in layout ' .. meta.layout .. ', a restore writes into layout 2 only')
+end
+if redis.call('EXISTS', keys.legacy) == 1 then
+  return redis.error_reply('KVS_LAYOUT thread holds a layout-1 message hash, a restore writes into layout 2 only')
+end
+local err
+
+-- Messages restored before sit at their own sequences; the rest must follow all of them.
+local stored
+stored, err = checked_read(keys.ids, 'HMGET', keys.ids, unpack(batch.ids))
+if err then return err end
+local already = 0
+for i = 1, count do
+  local sequence = first + i - 1
+  if stored[i] then
+    if tonumber(stored[i]) ~= sequence then
+      return redis.error_reply(string.format('KVS_RESTORE_CONFLICT message %s is stored at sequence %s, the backup has it at %d',
+        batch.ids[i], stored[i], sequence))
+    end
+    if already ~= i - 1 then
+      return redis.error_reply(string.format('KVS_RESTORE_CONFLICT message %s is stored but the one before it is not', batch.ids[i]))
+    end
+    already = i
+  end
+end
+if already == count then return {0, count} end
+local new_first = first + already
+if new_first <= meta.last_seq then
+  return redis.error_reply(string.format('KVS_RESTORE_CONFLICT sequence %d is taken: the thread holds messages up to %d that the backup does not',
+    new_first, meta.last_seq))
+end
+
+local new = {ids = {}, otids = {}, media = {}, records = {}, turn_id = turn_id}
+for i = already + 1, count do
+  new.ids[#new.ids + 1] = batch.ids[i]
+  new.otids[#new.otids + 1] = batch.otids[i]
+  new.media[#new.media + 1] = batch.media[i]
+  new.records[#new.records + 1] = batch.records[i]
+end
+-- store_batch assigns last_seq + 1 ...: the run goes at its own sequences (a removed turn or
+-- retention left the hole before it).
+meta.last_seq = new_first - 1
+local cuts
+cuts, failure = check_store_keys(keys, new, limits, meta)
+if failure then return failure end
+failure = check_batch(keys, new, limits, meta)
+if failure then
+  if failure.err then return failure end
+  return redis.error_reply('KVS_RESTORE_CONFLICT the otids of the run are stored at other sequences')
+end
+
+begin_expiry(keys, limits.ttl_ms)
+local _, store_failure = store_batch(keys, new, limits, meta)
+if store_failure then return store_failure end
+if rollover(keys, cuts, 0) > 0 then
+  retain(keys, limits.retained_limit, limits.max_move_chunks)
+end
+apply_expiry(keys)
+return {count - already, already}

@@ -1,0 +1,76 @@
+#!lua
+--- Ends a restore: sets the thread's state as its backup recorded it, once every message of the
+--- backup is restored (lua/restore.lua).
+---
+--- KEYS[1..10]  the thread's keys (includes/thread.lua: thread_keys; docs/LAYOUT.md)
+--- ARGV[1..9]   limits (int): includes/thread.lua, read_limits
+--- ARGV[10]     limits key (str): ARGV[1..9] joined by ':'
+--- ARGV[11]     last_seq (int): the last sequence the backed-up thread had assigned
+--- ARGV[12]     summary_last (int): the last sequence the context summary covers; 0 for none
+--- ARGV[13]     summary_seq (int): the context summary's own sequence; 0 for none
+--- ARGV[14]     deleted_before (int): every sequence below it was deleted; 0 for none
+--- ARGV[15]     turn_id (str): the turn reply sequence's turn; '' for none
+--- ARGV[16]     turn_seq (int): where its replies start; 0 for none
+--- ARGV[17]     turn_outcome (str): open, or its outcome; '' for none
+--- ARGV[18]     count (int): the turn records that follow
+--- ARGV[19..]   ARGV[18] times: turn id (str), start (int), outcome (str), replies (int),
+---              first (int), result count (int), result first_seq (int), result last_seq (int)
+---
+--- Each turn keeps the ranges its restored messages gave it and takes its reply start, reply
+--- count and recorded result from the backup. Sent again it writes the same values. A thread
+--- holding sequences past last_seq is refused (KVS_RESTORE_CONFLICT) and nothing is written.
+---
+--- Reply: the number of turn records written
+--- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_DELETING, KVS_RESTORE_CONFLICT
+--- @include "includes/thread"
+--- @include "includes/turns"
+--- @include "includes/expiry"
+
+local keys = thread_keys(KEYS)
+local limits = read_limits(ARGV)
+local last_seq = tonumber(ARGV[11])
+local summary_last = tonumber(ARGV[12])
+local summary_seq = tonumber(ARGV[13])
+local deleted_before = tonumber(ARGV[14])
+local turn_id = ARGV[15]
+local turn_seq = tonumber(ARGV[16])
+local turn_outcome = ARGV[17]
+local count = tonumber(ARGV[18])
+
+local err = check_thread(keys)
+if err then return err end
+local current = redis.call('HMGET', keys.meta, 'layout', 'last_seq')
+if current[1] == '1' or redis.call('EXISTS', keys.legacy) == 1 then
+  return redis.error_reply('KVS_LAYOUT thread is stored in layout 1, a restore writes into layout 2 only')
+end
+if tonumber(current[2] or '0') > last_seq then
+  return redis.error_reply(string.format('KVS_RESTORE_CONFLICT the thread holds sequences up to %s, past the backup\'s %d',
+    current[2], last_seq))
+end
+
+begin_expiry(keys, limits.ttl_ms)
+local fields = {'layout', '2', 'last_seq', last_seq}
+if summary_last > 0 then
+  fields[#fields + 1] = 'summary_last'; fields[#fields + 1] = summary_last
+  fields[#fields + 1] = 'summary_seq'; fields[#fields + 1] = summary_seq
+end
+if deleted_before > 0 then
+  fields[#fields + 1] = 'deleted_before'; fields[#fields + 1] = deleted_before
+end
+if turn_id ~= '' then
+  fields[#fields + 1] = 'turn_id'; fields[#fields + 1] = turn_id
+  fields[#fields + 1] = 'turn_seq'; fields[#fields + 1] = turn_seq
+  fields[#fields + 1] = 'turn_outcome'; fields[#fields + 1] = turn_outcome
+end
+redis.call('HSET', keys.meta, unpack(fields))
+for i = 1, count do
+  local base = 18 + (i - 1) * 8
+  local id = ARGV[base + 1]
+  local turn = read_turn(keys, id) or new_turn()
+  turn.start, turn.outcome = tonumber(ARGV[base + 2]), ARGV[base + 3]
+  turn.replies, turn.first = tonumber(ARGV[base + 4]), tonumber(ARGV[base + 5])
+  turn.count, turn.first_seq, turn.last_seq = tonumber(ARGV[base + 6]), tonumber(ARGV[base + 7]), tonumber(ARGV[base + 8])
+  write_turn(keys, id, turn)
+end
+apply_expiry(keys)
+return count
