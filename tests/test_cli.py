@@ -65,7 +65,7 @@ def test_inspect_export_import(server, namespace, tmp_path, server_only):
     thread.start_turn("t1")
     stored = thread.append([UserMessage(content=f"m{i}", otid=f"o{i}") for i in range(20)], turn_id="t1")
     stored += thread.append(AssistantMessage(content="B" * 2_000_000))
-    result = kvstore("inspect", "chat-1", "--url", server.url, "--namespace", namespace)
+    result = kvstore("inspect", "chat-1", "--url", server.url, "--namespace", namespace, "--chunks")
     assert result.returncode == 0, result.stderr
     assert "messages stored   21" in result.stdout
     assert "chunk        1  1..4  4 messages" in result.stdout
@@ -83,6 +83,40 @@ def test_inspect_export_import(server, namespace, tmp_path, server_only):
         assert result.returncode == 0, result.stderr
     copy = list(store.thread("chat-2").iter())
     assert [m.to_dict() for m in copy] == [m.to_dict() for m in stored]
+
+
+def test_inspect_sums_up_the_chunks_and_lists_them_on_request(server, namespace, server_only):
+    """A long thread is a dozen lines by default; --chunks lists every chunk, read page by page."""
+    store = MessageStore.from_url(server.url, StoreConfig(namespace=namespace, window_size=8, chunk_size=4,
+                                                          max_chunks_per_call=200))
+    thread = store.thread("long")
+    for start in range(0, 24_000, 500):  # 5,998 chunks: more than one page of the index (INDEX_PAGE)
+        thread.append([UserMessage(content=f"m{start + i}") for i in range(500)])
+    thread.append([AssistantMessage(content="B" * 1_100_000), AssistantMessage(content="C" * 1_200_000)])
+    client = redis.Redis.from_url(server.url)
+    keys = thread.keys
+    members = client.zrange(keys.chunk_index, 0, -1)
+    assert len(members) > 5000
+
+    result = kvstore("inspect", "long", "--url", server.url, "--namespace", namespace)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert len(lines) < 15, result.stdout
+    assert "messages stored   24002" in result.stdout
+    chunked = sum(int(m.split(b":")[2]) for m in members)
+    size = sum(int(m.split(b":")[3]) for m in members)
+    last = int(members[-1].split(b":")[1])
+    assert f"  chunks            {len(members):,}: {chunked:,} messages (1..{last}), {size:,} bytes," in result.stdout
+    assert "each 4 messages" in result.stdout
+    assert "  oversized         2 messages in chunks of their own (24001, 24002)" in result.stdout
+    assert "--chunks lists each chunk" in result.stdout
+
+    result = kvstore("inspect", "long", "--url", server.url, "--namespace", namespace, "--chunks")
+    assert result.returncode == 0, result.stderr
+    listed = [line.split()[1] for line in result.stdout.splitlines() if line.startswith("    chunk ")]
+    assert listed == [m.split(b":")[0].decode() for m in members]  # each once, in order, across pages
+    assert [line.split()[1] for line in result.stdout.splitlines() if line.startswith("    large ")] == ["24001", "24002"]
+    assert f"  chunks            {len(members)} (+ 2 oversized)" in result.stdout
 
 
 def test_migrate_finds_layout_1_threads_and_finishes_them(server, namespace, server_only):

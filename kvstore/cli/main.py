@@ -71,6 +71,7 @@ def _add_store_commands(commands: argparse._SubParsersAction) -> None:
 
     inspect = with_store("inspect", "show a thread's layout: window, chunks, index, turn, summary")
     inspect.add_argument("thread")
+    inspect.add_argument("--chunks", action="store_true", help="list every chunk (default: a summary of them)")
     export = with_store("export", "write a thread's messages as JSON lines (the list API's shape)")
     export.add_argument("thread")
     export.add_argument("-o", "--output", help="file to write (default: standard output)")
@@ -116,7 +117,7 @@ def _store_command(args: argparse.Namespace) -> int:
     threads = _named_threads(args) if args.command == "migrate" else None  # checked before connecting
     with commands.open_store(args.url, args.namespace, args.data_dir) as store:
         if args.command == "inspect":
-            commands.inspect(store, args.thread)
+            commands.inspect(store, args.thread, chunks=args.chunks)
         elif args.command == "export":
             if args.output:
                 with open(args.output, "w", encoding="utf-8") as out:
