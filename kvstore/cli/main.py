@@ -11,6 +11,8 @@ import redis
 
 from .. import errors
 
+DATA_DIR = ".kvstore-data"
+
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
@@ -49,7 +51,7 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--workers", type=int, default=4)
     demo.add_argument("--threads", type=int, default=8)
     demo.add_argument("--turns", type=int, default=400, help="turns per worker")
-    demo.add_argument("--data-dir", default=".kvstore-data", help="embedded server data directory")
+    demo.add_argument("--data-dir", default=DATA_DIR, help="embedded server data directory")
 
     server = commands.add_parser("server", help="run the embedded Valkey server in the foreground")
     server.add_argument("--data-dir", default=".kvstore-data")
@@ -182,13 +184,28 @@ def _demo(args: argparse.Namespace) -> int:
     namespace = "demo"
     if args.url:
         _check_reachable(args.url)
-        return run_demo(DemoOptions(args.url, namespace, args.workers, args.threads, args.turns))
+        print(f"server at {_shown_url(args.url)}", flush=True)
+        reach = f"--namespace {namespace} --url {_shown_url(args.url)}"
+        return run_demo(DemoOptions(args.url, namespace, args.workers, args.threads, args.turns, reach))
+    reach = f"--namespace {namespace}"
+    if args.data_dir != DATA_DIR:
+        reach += f" --data-dir {args.data_dir}"
     with data_dir_server(args.data_dir) as server:
         if server.started:
             print(f"embedded Valkey on {server.url}, data in {server.data_dir} (AOF on)", flush=True)
         else:
             print(f"Valkey on {server.url} (already running on {server.data_dir}, pid {server.pid})", flush=True)
-        return run_demo(DemoOptions(server.url, namespace, args.workers, args.threads, args.turns))
+        return run_demo(DemoOptions(server.url, namespace, args.workers, args.threads, args.turns, reach))
+
+
+def _shown_url(url: str) -> str:
+    """The URL with its password, if any, masked."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    return parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@", 1)).geturl()
 
 
 def _server(args: argparse.Namespace) -> int:
