@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -37,6 +38,77 @@ def test_demo_against_a_url(server, server_only):
     assert result.returncode == 0, result.stderr
     assert "2 workers, 12 turns on 2 shared threads" in result.stdout
     assert "gap-free" in result.stdout and "embedded Valkey" not in result.stdout
+
+
+def test_demo_tells_its_story_and_each_scene_holds(tmp_path):
+    """`kvstore demo` as the README runs it: under a minute, and what each scene claims is so on
+    the server it leaves behind."""
+    data = tmp_path / "data"
+    started = time.monotonic()
+    result = kvstore("demo", "--data-dir", str(data))
+    elapsed = time.monotonic() - started
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert elapsed < 60, elapsed
+    out = result.stdout
+    assert "\r" not in out and "FAILED" not in out  # not a terminal: the progress bar's last state only
+    # 1. The conversation, printed as a chat.
+    for line in ("  #1   user       What's the weather in Oslo tomorrow?",
+                 "  #3   tool call  weather(", "  #5   assistant  Cloudy", "turn-1 completed: 4 replies, #2..#5"):
+        assert line in out, line
+    # 2. The request sent twice, stored once.
+    assert "sent again with otid req-2: a replay, nothing written, #6 returned" in out
+    # 3. The worker killed with its append stored and unanswered, and the job run again.
+    assert "killed (SIGKILL) after the server stored reply 12" in out
+    assert "on the server: 13 messages, turn job-7 open" in out
+    assert "13 appends replayed (nothing written), 18 stored" in out
+    # 4. Memory flat while messages keep coming.
+    assert "4 workers, 1600 turns on 8 shared threads" in out
+    memory = re.search(r"memory over the run +([▁▂▃▄▅▆▇█]+)  ", out)
+    assert memory and len(memory.group(1)) >= 20 and memory.group(1)[-8:] == "█" * 8, out
+    second_half = re.search(r"second half of the run +memory ([+-][0-9]+)%", out)
+    assert second_half and abs(int(second_half.group(1))) < 25, out
+    # 5. The command to try next, as printed.
+    next_command = re.search(r"Next, .*:  kvstore (inspect .*)", out).group(1).split()
+    assert next_command == ["inspect", "demo-0", "--namespace", "demo", "--data-dir", str(data)]
+
+    process, url = start_server(data)
+    try:
+        client = redis.Redis.from_url(url, decode_responses=True)
+        assert f"durability: appendfsync {client.config_get('appendfsync')['appendfsync']} (AOF on)" in out
+        store = MessageStore.from_url(url, StoreConfig(namespace="demo"))
+        chat = list(store.thread("chat").iter())
+        assert len(chat) == 7 and [m.otid for m in chat].count("req-2") == 1
+        job = list(store.thread("job").iter())
+        assert [m.seq_id for m in job] == list(range(1, 32))
+        assert sorted(m.otid for m in job) == sorted(["job-7-user"] + [f"job-7-reply-{n}" for n in range(1, 31)])
+        assert store.thread("job").finish_turn("job-7").reply_count == 30
+        for t in range(8):  # retention holds each thread near its newest 200 messages
+            stats = store.thread(f"demo-{t}").stats()
+            assert stats.next_sequence > 600 and stats.stored_messages < 400, (t, stats)
+        result = kvstore(*next_command)  # uses the running server
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.startswith("thread demo-0 (namespace demo, layout 2)")
+        assert "--chunks lists each chunk" in result.stdout
+    finally:
+        stop(process)
+
+
+def test_demo_says_when_it_cannot_read_the_durability(server, server_only):
+    """A user denied CONFIG still runs the demo; the URL it prints next hides the password."""
+    admin = redis.Redis.from_url(server.url)
+    user = f"demo-{os.getpid()}"
+    admin.execute_command("ACL", "SETUSER", user, "reset", "on", ">secret-pw", "~*", "&*", "+@all", "-config")
+    try:
+        url = f"redis://{user}:secret-pw@127.0.0.1:{server.port}/0"
+        result = kvstore("demo", "--url", url, "--workers", "1", "--threads", "2", "--turns", "10")
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert "durability: could not read the server's appendfsync (CONFIG GET: " in result.stdout
+        assert "secret-pw" not in result.stdout
+        assert f"kvstore inspect demo-0 --namespace demo --url redis://{user}:***@127.0.0.1:{server.port}/0" \
+            in result.stdout
+        assert "a replay, nothing written" in result.stdout and "18 stored" in result.stdout
+    finally:
+        admin.execute_command("ACL", "DELUSER", user)
 
 
 def test_server_runs_in_the_foreground_and_prints_its_url(tmp_path):
