@@ -134,7 +134,7 @@ def _conversation(thread: Thread, out) -> None:
     print(f"      turn-1 {turn.outcome}: {turn.reply_count} replies, "
           f"#{turn.first_sequence}..#{turn.last_sequence}", file=out)
 
-    print("\n2. The same request, sent twice (a client's retry after a timeout)", file=out)
+    print("\n2. The same request, sent twice (as a client retries after a timeout)", file=out)
     question = UserMessage(content="Should I take an umbrella?", otid="req-2")
     first = thread.append(question.model_copy(), turn_id="turn-2")
     print(_chat_line(first[0]) + "   otid req-2", file=out)
@@ -222,9 +222,9 @@ def _killed_worker(options: DemoOptions, thread: Thread, out) -> None:
     ready = context.Event()
     worker = context.Process(target=_doomed_worker, args=(options.url, options.namespace, ready), daemon=True)
     worker.start()
-    if not ready.wait(60):
-        worker.kill()
-        raise DemoFailed(f"the worker did not reach its {KILLED_AFTER}th reply (exit code {worker.exitcode})")
+    while not ready.wait(0.05):
+        if not worker.is_alive():
+            raise DemoFailed(f"the worker ended before its reply {KILLED_AFTER} (exit code {worker.exitcode})")
     os.kill(worker.pid, signal.SIGKILL)
     worker.join(10)
     print(f"      worker {worker.pid} runs job-7: a user message, then a turn of {JOB_REPLIES} replies,"
