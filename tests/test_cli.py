@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import redis
 
@@ -71,6 +72,12 @@ def test_demo_tells_its_story_and_each_scene_holds(tmp_path):
     next_command = re.search(r"Next, .*:  kvstore (inspect .*)", out).group(1).split()
     assert next_command == ["inspect", "demo-0", "--namespace", "demo", "--data-dir", str(data)]
 
+    # The README shows the output as it prints, its numbers apart.
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    shown = readme.split("As it prints:\n\n```text\n", 1)[1].split("```", 1)[0]
+    printed = out.replace(f" --data-dir {data}", "")
+    assert _shape(shown) == _shape(printed), "README.md's demo output is not what `kvstore demo` prints"
+
     process, url = start_server(data)
     try:
         client = redis.Redis.from_url(url, decode_responses=True)
@@ -91,6 +98,14 @@ def test_demo_tells_its_story_and_each_scene_holds(tmp_path):
         assert "--chunks lists each chunk" in result.stdout
     finally:
         stop(process)
+
+
+def _shape(text: str) -> list[str]:
+    """The demo's output with what changes from run to run (numbers, sparklines, paths) masked."""
+    text = re.sub(r"data in \S+", "data in DIR", text)
+    text = re.sub(r"[▁▂▃▄▅▆▇█]+", "▁", text)
+    text = re.sub(r"[+-]?[0-9][0-9,.]*", "0", text)
+    return [line.rstrip() for line in text.splitlines()]
 
 
 def test_demo_says_when_it_cannot_read_the_durability(server, server_only):

@@ -308,8 +308,8 @@ def _workers(options: DemoOptions, store: MessageStore, client: redis.Redis, out
     total_turns = options.workers * options.turns
     print(f"\n4. Memory held flat while messages keep coming: {options.workers} workers, {total_turns} turns"
           f" on {options.threads} shared threads", file=out)
-    print(f"   (demo-0..demo-{options.threads - 1}; a summary every {COMPACT_EVERY} turns of a worker, after"
-          f" which a thread keeps its newest {RETAINED} messages)", file=out)
+    print(f"   (demo-0..{options.threads - 1}; a summary every {COMPACT_EVERY} turns of a worker, retention then"
+          f" keeps each thread's newest {RETAINED})", file=out)
     run = _run_workers(options, client, out)
     if run is None:
         print("\na worker failed; see its traceback above", file=out)
@@ -392,7 +392,7 @@ def _summary(options: DemoOptions, run: _Run, messages: int, kept: int) -> list[
     appended = [count for count, _ in samples]
     memory = [size for _, size in samples]
     return [
-        ("messages", f"{messages} appended, {kept} kept (retention {RETAINED}/thread), gap-free"),
+        ("messages", f"{messages:,} appended, {kept:,} kept (retention {RETAINED}/thread), gap-free"),
         ("messages over the run", f"{sparkline(appended)}  {appended[0]:,} → {appended[-1]:,} appended"),
         ("memory over the run", f"{sparkline(memory)}  {memory[0] / 1024:,.0f} → {memory[-1] / 1024:,.0f} KiB"
                                 " (MEMORY USAGE of the threads' keys)"),
