@@ -236,7 +236,7 @@ def _killed_worker(options: DemoOptions, thread: Thread, out) -> None:
     print(f"      on the server: {before.stored_messages} messages, turn job-7 {turn.outcome if turn else '-'}",
           file=out)
     replayed, stored = _job(thread)
-    print(f"      job-7 run again by a new worker: {replayed} appends replayed (nothing written),"
+    print(f"      job-7 run again, as a queue redelivers it: {replayed} appends replayed (nothing written),"
           f" {stored} stored", file=out)
     messages = list(thread.iter())
     otids = [m.otid for m in messages]
@@ -314,8 +314,8 @@ def _workers(options: DemoOptions, store: MessageStore, client: redis.Redis, out
     if run is None:
         print("\na worker failed; see its traceback above", file=out)
         return False
-    messages, kept = _count_messages(store, options)
-    rows = _summary(options, run, messages, kept)
+    messages, kept, trimmed = _count_messages(store, options)
+    rows = _summary(options, run, messages, kept, trimmed)
     width = max(len(name) for name, _ in rows)
     for name, value in rows:
         print(f"  {name:<{width}}  {value}", file=out)
@@ -370,10 +370,11 @@ def _run_workers(options: DemoOptions, client: redis.Redis, out) -> _Run | None:
     return _Run(append_us, page_us, samples, elapsed)
 
 
-def _count_messages(store: MessageStore, options: DemoOptions) -> tuple[int, int]:
-    """(appended, kept) over the demo's threads, each checked gap-free."""
+def _count_messages(store: MessageStore, options: DemoOptions) -> tuple[int, int, bool]:
+    """(appended, kept, whether retention deleted any) over the demo's threads, each checked gap-free."""
     messages = 0
     kept = 0
+    trimmed = False
     for t in range(options.threads):
         thread = store.thread(f"demo-{t}")
         stored = list(thread.iter())
@@ -384,10 +385,11 @@ def _count_messages(store: MessageStore, options: DemoOptions) -> tuple[int, int
             raise DemoFailed(f"demo-{t}: sequences are not gap-free")
         messages += stats.next_sequence - 1
         kept += len(stored)
-    return messages, kept
+        trimmed = trimmed or stats.deleted_before_sequence is not None
+    return messages, kept, trimmed
 
 
-def _summary(options: DemoOptions, run: _Run, messages: int, kept: int) -> list[tuple[str, str]]:
+def _summary(options: DemoOptions, run: _Run, messages: int, kept: int, trimmed: bool) -> list[tuple[str, str]]:
     append_us, page_us, samples = run.append_us, run.page_us, run.samples
     appended = [count for count, _ in samples]
     memory = [size for _, size in samples]
@@ -396,8 +398,11 @@ def _summary(options: DemoOptions, run: _Run, messages: int, kept: int) -> list[
         ("messages over the run", f"{sparkline(appended)}  {appended[0]:,} → {appended[-1]:,} appended"),
         ("memory over the run", f"{sparkline(memory)}  {memory[0] / 1024:,.0f} → {memory[-1] / 1024:,.0f} KiB"
                                 " (MEMORY USAGE of the threads' keys)"),
-        ("second half of the run", _second_half(samples)),
-        ("appends/s", f"{len(append_us) / run.elapsed:,.0f} over {options.workers} processes"),
+        ("second half of the run", _second_half(samples) + ("" if trimmed else
+                                   f"; retention has not begun (under {RETAINED} messages a thread):"
+                                   " more --turns show it")),
+        ("appends/s", f"{len(append_us) / run.elapsed:,.0f} over {options.workers}"
+                      f" process{'es' if options.workers != 1 else ''}"),
         ("append p50 / p99", f"{_pct(append_us, 50):.0f} / {_pct(append_us, 99):.0f} µs"),
         ("newest page of 50 p50 / p99", f"{_pct(page_us, 50):.0f} / {_pct(page_us, 99):.0f} µs"),
         ("wall time", f"{run.elapsed:.1f} s"),
@@ -408,6 +413,8 @@ def _second_half(samples: list[tuple[int, int]]) -> str:
     """How memory moved while the second half of the messages came in."""
     total, end = samples[-1]
     count, middle = next((count, size) for count, size in samples if count >= total / 2)
+    if count == total:
+        return "too short a run to sample"
     grew = f"{(end - middle) / middle:+.0%}" if middle else "from 0"
     return f"memory {grew} ({middle / 1024:,.0f} → {end / 1024:,.0f} KiB) while messages went {count:,} → {total:,}"
 
