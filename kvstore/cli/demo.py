@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import queue
 import random
 import signal
 import sys
@@ -260,7 +261,7 @@ def _turn_messages(rng: random.Random, worker: int, turn: int) -> tuple[UserMess
     call_id = f"call-{worker}-{turn}"
     replies = [
         ReasoningMessage(reasoning="Thinking about " + question[:80]),
-        ToolCallMessage(tool_call=ToolCall(name="search", arguments='{"q": "%d"}' % turn, tool_call_id=call_id)),
+        ToolCallMessage(tool_call=ToolCall(name="search", arguments=f'{{"q": "{turn}"}}', tool_call_id=call_id)),
         ToolReturnMessage(
             tool_call_id=call_id, status="success",
             tool_return=" ".join(rng.choice(WORDS) for _ in range(rng.randint(20, 200))),
@@ -356,7 +357,7 @@ def _run_workers(options: DemoOptions, client: redis.Redis, out) -> _Run | None:
             next_sample = (done // step + 1) * step
         try:
             collected.append(results.get(timeout=0.05))
-        except Exception:
+        except queue.Empty:
             if any(p.exitcode not in (None, 0) for p in processes):
                 return None
     for process in processes:
@@ -393,16 +394,17 @@ def _summary(options: DemoOptions, run: _Run, messages: int, kept: int, trimmed:
     append_us, page_us, samples = run.append_us, run.page_us, run.samples
     appended = [count for count, _ in samples]
     memory = [size for _, size in samples]
+    second_half = _second_half(samples)
+    if not trimmed:
+        second_half += f"; retention has not begun (under {RETAINED} messages a thread): more --turns show it"
+    processes = f"{options.workers} process{'es' if options.workers != 1 else ''}"
     return [
         ("messages", f"{messages:,} appended, {kept:,} kept (retention {RETAINED}/thread), gap-free"),
         ("messages over the run", f"{sparkline(appended)}  {appended[0]:,} → {appended[-1]:,} appended"),
-        ("memory over the run", f"{sparkline(memory)}  {memory[0] / 1024:,.0f} → {memory[-1] / 1024:,.0f} KiB"
-                                " (MEMORY USAGE of the threads' keys)"),
-        ("second half of the run", _second_half(samples) + ("" if trimmed else
-                                   f"; retention has not begun (under {RETAINED} messages a thread):"
-                                   " more --turns show it")),
-        ("appends/s", f"{len(append_us) / run.elapsed:,.0f} over {options.workers}"
-                      f" process{'es' if options.workers != 1 else ''}"),
+        ("memory over the run", (f"{sparkline(memory)}  {memory[0] / 1024:,.0f} → {memory[-1] / 1024:,.0f} KiB"
+                                 " (MEMORY USAGE of the threads' keys)")),
+        ("second half of the run", second_half),
+        ("appends/s", f"{len(append_us) / run.elapsed:,.0f} over {processes}"),
         ("append p50 / p99", f"{_pct(append_us, 50):.0f} / {_pct(append_us, 99):.0f} µs"),
         ("newest page of 50 p50 / p99", f"{_pct(page_us, 50):.0f} / {_pct(page_us, 99):.0f} µs"),
         ("wall time", f"{run.elapsed:.1f} s"),
