@@ -38,6 +38,7 @@ def test_demo_against_a_url(server, server_only):
     result = kvstore("demo", "--url", server.url, "--workers", "2", "--threads", "2", "--turns", "6")
     assert result.returncode == 0, result.stderr
     assert "2 workers, 12 turns on 2 shared threads" in result.stdout
+    assert "durability: appendonly no: no AOF" in result.stdout  # the test servers persist nothing
     assert "gap-free" in result.stdout and "embedded Valkey" not in result.stdout
 
 

@@ -46,10 +46,10 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kvstore", description="Chat and agent conversations in Redis or Valkey.")
     commands = parser.add_subparsers(dest="command", required=True)
 
-    demo = commands.add_parser("demo", help="run worker processes holding chats on shared threads")
+    demo = commands.add_parser("demo", help="show what kvstore does, in four scenes checked on the server")
     demo.add_argument("--url", help="a Redis/Valkey URL; without it the embedded Valkey server runs")
-    demo.add_argument("--workers", type=int, default=4)
-    demo.add_argument("--threads", type=int, default=8)
+    demo.add_argument("--workers", type=int, default=4, help="worker processes of the last scene")
+    demo.add_argument("--threads", type=int, default=8, help="threads they share")
     demo.add_argument("--turns", type=int, default=400, help="turns per worker")
     demo.add_argument("--data-dir", default=DATA_DIR, help="embedded server data directory")
 
