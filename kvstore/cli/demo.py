@@ -6,7 +6,8 @@
    again stores nothing twice.
 4. Worker processes chatting on shared threads while summaries and retention hold memory flat.
 
-Each scene checks what it claims on the server and the demo exits 1 if a check fails.
+Scenes 1 to 3 check what they claim on the server, scene 4 that every thread is gap-free; the
+demo exits 1 if a check fails.
 """
 
 from __future__ import annotations
@@ -35,7 +36,6 @@ from ..messages import (
 )
 from ..store import MessageStore, Thread
 
-MESSAGES_PER_TURN = 5
 # The demo keeps a short history so compaction visibly holds memory flat.
 RETAINED = 200
 COMPACT_EVERY = 5  # turns of one worker
