@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import redis
 
@@ -36,7 +38,93 @@ def test_demo_against_a_url(server, server_only):
     result = kvstore("demo", "--url", server.url, "--workers", "2", "--threads", "2", "--turns", "6")
     assert result.returncode == 0, result.stderr
     assert "2 workers, 12 turns on 2 shared threads" in result.stdout
+    assert "durability: appendonly no: no AOF" in result.stdout  # the test servers persist nothing
     assert "gap-free" in result.stdout and "embedded Valkey" not in result.stdout
+
+
+def test_demo_tells_its_story_and_each_scene_holds(tmp_path):
+    """`kvstore demo` as the README runs it: under a minute, and what each scene claims is so on
+    the server it leaves behind."""
+    data = tmp_path / "data"
+    started = time.monotonic()
+    result = kvstore("demo", "--data-dir", str(data))
+    elapsed = time.monotonic() - started
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert elapsed < 60, elapsed
+    out = result.stdout
+    assert "\r" not in out and "FAILED" not in out  # not a terminal: the progress bar's last state only
+    # 1. The conversation, printed as a chat.
+    for line in ("  #1   user       What's the weather in Oslo tomorrow?",
+                 "  #3   tool call  weather(", "  #5   assistant  Cloudy", "turn-1 completed: 4 replies, #2..#5"):
+        assert line in out, line
+    # 2. The request sent twice, stored once.
+    assert "sent again with otid req-2: a replay, nothing written, #6 returned" in out
+    # 3. The worker killed with its append stored and unanswered, and the job run again.
+    assert "killed (SIGKILL) after the server stored reply 12" in out
+    assert "on the server: 13 messages, turn job-7 open" in out
+    assert "13 appends replayed (nothing written), 18 stored" in out
+    # 4. Memory flat while messages keep coming.
+    assert "4 workers, 1600 turns on 8 shared threads" in out
+    memory = re.search(r"memory over the run +([▁▂▃▄▅▆▇█]+)  ", out)
+    assert memory and len(memory.group(1)) >= 20 and set(memory.group(1)[-8:]) <= set("▇█"), out
+    second_half = re.search(r"second half of the run +memory ([+-][0-9]+)%", out)
+    assert second_half and abs(int(second_half.group(1))) < 25, out
+    # 5. The command to try next, as printed.
+    next_command = re.search(r"Next, .*:  kvstore (inspect .*)", out).group(1).split()
+    assert next_command == ["inspect", "demo-0", "--namespace", "demo", "--data-dir", str(data)]
+
+    # The README shows the output as it prints, its numbers apart.
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    shown = readme.split("As it prints:\n\n```text\n", 1)[1].split("```", 1)[0]
+    printed = out.replace(f" --data-dir {data}", "")
+    assert _shape(shown) == _shape(printed), "README.md's demo output is not what `kvstore demo` prints"
+
+    process, url = start_server(data)
+    try:
+        client = redis.Redis.from_url(url, decode_responses=True)
+        assert f"durability: appendfsync {client.config_get('appendfsync')['appendfsync']} (AOF on)" in out
+        store = MessageStore.from_url(url, StoreConfig(namespace="demo"))
+        chat = list(store.thread("chat").iter())
+        assert len(chat) == 7 and [m.otid for m in chat].count("req-2") == 1
+        job = list(store.thread("job").iter())
+        assert [m.seq_id for m in job] == list(range(1, 32))
+        assert sorted(m.otid for m in job) == sorted(["job-7-user"] + [f"job-7-reply-{n}" for n in range(1, 31)])
+        assert store.thread("job").finish_turn("job-7").reply_count == 30
+        for t in range(8):  # retention holds each thread near its newest 200 messages
+            stats = store.thread(f"demo-{t}").stats()
+            assert stats.next_sequence > 600 and stats.stored_messages < 400, (t, stats)
+        result = kvstore(*next_command)  # uses the running server
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.startswith("thread demo-0 (namespace demo, layout 2)")
+        assert "--chunks lists each chunk" in result.stdout
+    finally:
+        stop(process)
+
+
+def _shape(text: str) -> list[str]:
+    """The demo's output with what changes from run to run (numbers, sparklines, paths) masked."""
+    text = re.sub(r"data in \S+", "data in DIR", text)
+    text = re.sub(r"[▁▂▃▄▅▆▇█]+", "▁", text)
+    text = re.sub(r"[+-]?[0-9][0-9,.]*", "0", text)
+    return [line.rstrip() for line in text.splitlines()]
+
+
+def test_demo_says_when_it_cannot_read_the_durability(server, server_only):
+    """A user denied CONFIG still runs the demo; the URL it prints next hides the password."""
+    admin = redis.Redis.from_url(server.url)
+    user = f"demo-{os.getpid()}"
+    admin.execute_command("ACL", "SETUSER", user, "reset", "on", ">secret-pw", "~*", "&*", "+@all", "-config")
+    try:
+        url = f"redis://{user}:secret-pw@127.0.0.1:{server.port}/0"
+        result = kvstore("demo", "--url", url, "--workers", "1", "--threads", "2", "--turns", "10")
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert "durability: could not read the server's appendfsync (CONFIG GET: " in result.stdout
+        assert "secret-pw" not in result.stdout
+        assert f"kvstore inspect demo-0 --namespace demo --url redis://{user}:***@127.0.0.1:{server.port}/0" \
+            in result.stdout
+        assert "a replay, nothing written" in result.stdout and "18 stored" in result.stdout
+    finally:
+        admin.execute_command("ACL", "DELUSER", user)
 
 
 def test_server_runs_in_the_foreground_and_prints_its_url(tmp_path):
@@ -65,7 +153,7 @@ def test_inspect_export_import(server, namespace, tmp_path, server_only):
     thread.start_turn("t1")
     stored = thread.append([UserMessage(content=f"m{i}", otid=f"o{i}") for i in range(20)], turn_id="t1")
     stored += thread.append(AssistantMessage(content="B" * 2_000_000))
-    result = kvstore("inspect", "chat-1", "--url", server.url, "--namespace", namespace)
+    result = kvstore("inspect", "chat-1", "--url", server.url, "--namespace", namespace, "--chunks")
     assert result.returncode == 0, result.stderr
     assert "messages stored   21" in result.stdout
     assert "chunk        1  1..4  4 messages" in result.stdout
@@ -108,6 +196,40 @@ def test_export_and_import_print_progress_lines_to_a_non_terminal(server, namesp
     lines = result.stderr.splitlines()
     assert "\r" not in result.stderr and len(lines) == 11, result.stderr  # a line per run of 100
     assert lines[-2:] == ["  restored: 1,000/1,000 messages (100%)", "imported into copy: 1000 new, 0 already stored"]
+
+
+def test_inspect_sums_up_the_chunks_and_lists_them_on_request(server, namespace, server_only):
+    """A long thread is a dozen lines by default; --chunks lists every chunk, read page by page."""
+    store = MessageStore.from_url(server.url, StoreConfig(namespace=namespace, window_size=8, chunk_size=4,
+                                                          max_chunks_per_call=200))
+    thread = store.thread("long")
+    for start in range(0, 24_000, 500):  # 5,998 chunks: more than one page of the index (INDEX_PAGE)
+        thread.append([UserMessage(content=f"m{start + i}") for i in range(500)])
+    thread.append([AssistantMessage(content="B" * 1_100_000), AssistantMessage(content="C" * 1_200_000)])
+    client = redis.Redis.from_url(server.url)
+    keys = thread.keys
+    members = client.zrange(keys.chunk_index, 0, -1)
+    assert len(members) > 5000
+
+    result = kvstore("inspect", "long", "--url", server.url, "--namespace", namespace)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert len(lines) < 15, result.stdout
+    assert "messages stored   24002" in result.stdout
+    chunked = sum(int(m.split(b":")[2]) for m in members)
+    size = sum(int(m.split(b":")[3]) for m in members)
+    last = int(members[-1].split(b":")[1])
+    assert f"  chunks            {len(members):,}: {chunked:,} messages (1..{last}), {size:,} bytes," in result.stdout
+    assert "each 4 messages" in result.stdout
+    assert "  oversized         2 messages in chunks of their own (24001, 24002)" in result.stdout
+    assert "--chunks lists each chunk" in result.stdout
+
+    result = kvstore("inspect", "long", "--url", server.url, "--namespace", namespace, "--chunks")
+    assert result.returncode == 0, result.stderr
+    listed = [line.split()[1] for line in result.stdout.splitlines() if line.startswith("    chunk ")]
+    assert listed == [m.split(b":")[0].decode() for m in members]  # each once, in order, across pages
+    assert [line.split()[1] for line in result.stdout.splitlines() if line.startswith("    large ")] == ["24001", "24002"]
+    assert f"  chunks            {len(members)} (+ 2 oversized)" in result.stdout
 
 
 def test_migrate_finds_layout_1_threads_and_finishes_them(server, namespace, server_only):

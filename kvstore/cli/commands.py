@@ -69,14 +69,17 @@ def _existing_thread(store: MessageStore, thread_id: str):
     return thread
 
 
-def inspect(store: MessageStore, thread_id: str, out: IO[str] = sys.stdout) -> None:
+# Index members read per ZRANGE: a thread of millions of messages is summed without one huge reply.
+INDEX_PAGE = 5000
+
+
+def inspect(store: MessageStore, thread_id: str, out: IO[str] = sys.stdout, chunks: bool = False) -> None:
+    """A thread's layout: a summary of its chunks, or with `chunks` one line for each."""
     thread = _existing_thread(store, thread_id)
     keys, client = thread.keys, store.client
     stats = thread.stats()
     meta = {k.decode(): v.decode() for k, v in client.hgetall(keys.meta).items()}
     window = client.zrange(keys.window, 0, -1, withscores=True)
-    chunks = client.zrange(keys.chunk_index, 0, -1)
-    large = client.zrange(keys.large_index, 0, -1)
     print(f"thread {thread_id} (namespace {store.config.namespace}, layout {stats.layout_version})", file=out)
     print(f"  messages stored   {stats.stored_messages} ({stats.stored_bytes:,} record bytes)", file=out)
     print(f"  next sequence     {stats.next_sequence}", file=out)
@@ -96,12 +99,73 @@ def inspect(store: MessageStore, thread_id: str, out: IO[str] = sys.stdout) -> N
     legacy = client.hlen(keys.legacy)
     if legacy:
         print(f"  legacy (layout 1) {legacy} messages not yet migrated", file=out)
-    print(f"  chunks            {len(chunks)} (+ {len(large)} oversized)", file=out)
-    for chunk in map(ChunkEntry.parse, chunks):
+    chunk_entries = map(ChunkEntry.parse, _index(client, keys.chunk_index))
+    large_entries = map(LargeEntry.parse, _index(client, keys.large_index))
+    if chunks:
+        print(f"  chunks            {client.zcard(keys.chunk_index)} (+ {client.zcard(keys.large_index)} oversized)",
+              file=out)
+        _list_chunks(chunk_entries, large_entries, out)
+    else:
+        _sum_chunks(chunk_entries, large_entries, out)
+
+
+def _index(client: redis.Redis, key: str) -> Iterator[bytes]:
+    """An index's members in order of score (a sequence), INDEX_PAGE at a time, each page after
+    the last score read, so that members retention deletes meanwhile shift nothing."""
+    low: str | float = "-inf"
+    while True:
+        page = client.zrangebyscore(key, low, "+inf", start=0, num=INDEX_PAGE, withscores=True)
+        yield from (member for member, _ in page)
+        if len(page) < INDEX_PAGE:
+            return
+        low = f"({int(page[-1][1])}"
+
+
+def _list_chunks(chunk_entries: Iterable[ChunkEntry], large_entries: Iterable[LargeEntry], out: IO[str]) -> None:
+    for chunk in chunk_entries:
         print(f"    chunk {chunk.first:>8}  {chunk.first}..{chunk.last}  {chunk.count} messages"
               f"  {chunk.bytes:,} bytes  {chunk.media:,} media", file=out)
-    for entry in map(LargeEntry.parse, large):
+    for entry in large_entries:
         print(f"    large {entry.sequence:>8}  1 message  {entry.bytes:,} bytes  {entry.media:,} media", file=out)
+
+
+def _sum_chunks(chunk_entries: Iterable[ChunkEntry], large_entries: Iterable[LargeEntry], out: IO[str]) -> None:
+    """Two lines for the chunks, one for the oversized messages, however many there are."""
+    count = messages = size = media = 0
+    first = last = None
+    fewest = most = smallest = largest = None
+    for chunk in chunk_entries:
+        count += 1
+        messages += chunk.count
+        size += chunk.bytes
+        media += chunk.media
+        first = chunk.first if first is None else first
+        last = chunk.last
+        fewest = chunk.count if fewest is None else min(fewest, chunk.count)
+        most = chunk.count if most is None else max(most, chunk.count)
+        smallest = chunk.bytes if smallest is None else min(smallest, chunk.bytes)
+        largest = chunk.bytes if largest is None else max(largest, chunk.bytes)
+    if count:
+        print(f"  chunks            {count:,}: {messages:,} messages ({first}..{last}), {size:,} bytes,"
+              f" {media:,} media bytes", file=out)
+        print(f"                    each {_span(fewest, most)} messages, {_span(smallest, largest)} bytes", file=out)
+    else:
+        print("  chunks            none", file=out)
+    large = list(large_entries)
+    if large:
+        sequences = [entry.sequence for entry in large]
+        shown = ", ".join(map(str, sequences[:5])) + (f" and {len(large) - 5} more" if len(large) > 5 else "")
+        where = "message in its own chunk" if len(large) == 1 else "messages in chunks of their own"
+        print(f"  oversized         {len(large):,} {where} ({shown}),"
+              f" {sum(e.bytes for e in large):,} bytes, {sum(e.media for e in large):,} media bytes", file=out)
+    else:
+        print("  oversized         none", file=out)
+    if count or large:
+        print("  (--chunks lists each chunk)", file=out)
+
+
+def _span(low: int, high: int) -> str:
+    return f"{low:,}" if low == high else f"{low:,} to {high:,}"
 
 
 BACKUP_FORMAT = 1

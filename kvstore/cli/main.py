@@ -11,6 +11,8 @@ import redis
 
 from .. import errors
 
+DATA_DIR = ".kvstore-data"
+
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
@@ -44,12 +46,12 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kvstore", description="Chat and agent conversations in Redis or Valkey.")
     commands = parser.add_subparsers(dest="command", required=True)
 
-    demo = commands.add_parser("demo", help="run worker processes holding chats on shared threads")
+    demo = commands.add_parser("demo", help="show what kvstore does, in four scenes checked on the server")
     demo.add_argument("--url", help="a Redis/Valkey URL; without it the embedded Valkey server runs")
-    demo.add_argument("--workers", type=int, default=4)
-    demo.add_argument("--threads", type=int, default=8)
+    demo.add_argument("--workers", type=int, default=4, help="worker processes of the last scene")
+    demo.add_argument("--threads", type=int, default=8, help="threads they share")
     demo.add_argument("--turns", type=int, default=400, help="turns per worker")
-    demo.add_argument("--data-dir", default=".kvstore-data", help="embedded server data directory")
+    demo.add_argument("--data-dir", default=DATA_DIR, help="embedded server data directory")
 
     server = commands.add_parser("server", help="run the embedded Valkey server in the foreground")
     server.add_argument("--data-dir", default=".kvstore-data")
@@ -71,6 +73,7 @@ def _add_store_commands(commands: argparse._SubParsersAction) -> None:
 
     inspect = with_store("inspect", "show a thread's layout: window, chunks, index, turn, summary")
     inspect.add_argument("thread")
+    inspect.add_argument("--chunks", action="store_true", help="list every chunk (default: a summary of them)")
     export = with_store("export", "write a backup of a thread: a header line with its state, then its messages as"
                                   " JSON lines (the list API's shape, with sequence and turn)")
     export.add_argument("thread")
@@ -121,7 +124,7 @@ def _store_command(args: argparse.Namespace) -> int:
     threads = _named_threads(args) if args.command == "migrate" else None  # checked before connecting
     with commands.open_store(args.url, args.namespace, args.data_dir) as store:
         if args.command == "inspect":
-            commands.inspect(store, args.thread)
+            commands.inspect(store, args.thread, chunks=args.chunks)
         elif args.command == "export":
             try:
                 if args.output:
@@ -202,13 +205,28 @@ def _demo(args: argparse.Namespace) -> int:
     namespace = "demo"
     if args.url:
         _check_reachable(args.url)
-        return run_demo(DemoOptions(args.url, namespace, args.workers, args.threads, args.turns))
+        print(f"server at {_shown_url(args.url)}", flush=True)
+        reach = f"--namespace {namespace} --url {_shown_url(args.url)}"
+        return run_demo(DemoOptions(args.url, namespace, args.workers, args.threads, args.turns, reach))
+    reach = f"--namespace {namespace}"
+    if args.data_dir != DATA_DIR:
+        reach += f" --data-dir {args.data_dir}"
     with data_dir_server(args.data_dir) as server:
         if server.started:
             print(f"embedded Valkey on {server.url}, data in {server.data_dir} (AOF on)", flush=True)
         else:
             print(f"Valkey on {server.url} (already running on {server.data_dir}, pid {server.pid})", flush=True)
-        return run_demo(DemoOptions(server.url, namespace, args.workers, args.threads, args.turns))
+        return run_demo(DemoOptions(server.url, namespace, args.workers, args.threads, args.turns, reach))
+
+
+def _shown_url(url: str) -> str:
+    """The URL with its password, if any, masked."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    return parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@", 1)).geturl()
 
 
 def _server(args: argparse.Namespace) -> int:
