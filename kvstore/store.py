@@ -8,7 +8,7 @@ error a failure is, is decided there once; a store only makes the steps, sync or
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Generator, Iterable, Iterator
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
 import redis
 import redis.asyncio
@@ -16,7 +16,7 @@ import redis.asyncio
 from ._engine import core
 from ._engine.core import Cursor, Operation, ThreadRef
 from ._engine.executor import AsyncDriver, Executor, Pump, SyncDriver, operate
-from ._engine.health import HealthReport, health
+from ._engine.health import HealthReport, health, health_async
 from .config import StoreConfig
 from .messages import CompactionStats, Message, SummaryMessage
 from .models import (
@@ -50,7 +50,8 @@ class MessageStore(SyncDriver, Executor):
         return Thread(self, ThreadRef.of(self.config, thread_id))
 
     def health(self) -> HealthReport:
-        """The server's settings that kvstore's guarantees depend on, with warnings."""
+        """The server's settings that kvstore's guarantees depend on: a warning for each that
+        voids one, and each the client's user may not read in `unchecked` (docs/RELIABILITY.md)."""
         return health(self.client)
 
     def run(self, operation: Operation) -> Any:
@@ -62,7 +63,14 @@ class MessageStore(SyncDriver, Executor):
         return self._outputs(Pump(operate(self, operation)))
 
     def close(self) -> None:
+        """Closes the store's client (and its connections), a client you passed in too."""
         self.client.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 class AsyncMessageStore(AsyncDriver, Executor):
@@ -81,6 +89,10 @@ class AsyncMessageStore(AsyncDriver, Executor):
     def thread(self, thread_id: str) -> AsyncThread:
         return AsyncThread(self, ThreadRef.of(self.config, thread_id))
 
+    async def health(self) -> HealthReport:
+        """See :meth:`MessageStore.health`."""
+        return await health_async(self.client)
+
     async def run(self, operation: Operation) -> Any:
         """See :meth:`MessageStore.run`."""
         return await self._finish(operate(self, operation))
@@ -90,7 +102,14 @@ class AsyncMessageStore(AsyncDriver, Executor):
         return self._outputs(Pump(operate(self, operation)))
 
     async def close(self) -> None:
+        """See :meth:`MessageStore.close`."""
         await self.client.aclose()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
 
 
 class _Bound:
