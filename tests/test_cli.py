@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import redis
@@ -153,6 +154,8 @@ def test_server_help_describes_each_option():
     assert "--data-dir DATA_DIR the directory of the server's data" in text
     assert "--appendfsync {always,everysec} always (default): each write is fsynced" in text
     assert "a crash can lose the last second or two of acknowledged writes" in text
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    assert f"kvstore server [--data-dir .kvstore-data] [--port {DEFAULT_PORT}] [--appendfsync always|everysec]" in readme
     health = " ".join(kvstore("health", "--help").stdout.split())
     assert "exit status: 0 every setting read and none voids a guarantee; 2 a setting voids one" in health
     assert "3 none read voids one, but some could not be read (unchecked)" in health
