@@ -175,6 +175,7 @@ def test_server_listens_on_its_documented_port_and_runs_appendfsync_always(tmp_p
         assert result.returncode == 0, result.stdout + result.stderr
         report = json.loads(result.stdout)
         assert report["appendfsync"] == "always" and report["warnings"] == [] and report["unchecked"] == []
+        assert (report["ok"], report["complete"]) == (True, True)
         # A second server elsewhere on the same default port refuses in one line, saying what to do.
         second = kvstore("server", "--data-dir", str(tmp_path / "other"), timeout=30)
         assert second.returncode == 1, second.stdout + second.stderr
@@ -241,6 +242,7 @@ def test_health_as_the_readme_user_reports_what_it_could_not_check(server, names
         assert "a user allowed INFO and CONFIG GET" in lines[-1]
         report = json.loads(kvstore("health", "--url", app_url, "--json").stdout)
         assert report["unchecked"] and report["warnings"] == [] and report["library_loaded"] in (True, False)
+        assert (report["ok"], report["complete"]) == (False, False)
         # The admin, on the same server (no persistence), gets the warning: status 2.
         assert kvstore("health", "--url", server.url).returncode == 2
     finally:

@@ -21,7 +21,7 @@ from collections.abc import Generator
 from typing import Any
 
 import redis
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, computed_field
 
 from .. import errors
 from .failures import is_fakeredis
@@ -60,11 +60,13 @@ class HealthReport(BaseModel):
     warnings: tuple[str, ...] = ()
     unchecked: tuple[str, ...] = ()
 
+    @computed_field
     @property
     def ok(self) -> bool:
         """Every setting was read and none voids a guarantee."""
         return not self.warnings and not self.unchecked
 
+    @computed_field
     @property
     def complete(self) -> bool:
         """Every setting kvstore's guarantees depend on was read."""
