@@ -133,7 +133,7 @@ def _report(fake: bool = False) -> Probe:
     if fake:
         return HealthReport(
             server="fakeredis",
-            lua=(yield from _lua()) is True,
+            lua=(yield from _lua())[0],
             library_loaded=(yield from _library_loaded())[0],
             warnings=("fakeredis runs in this process: nothing persists, nothing is shared",),
         )
@@ -141,17 +141,15 @@ def _report(fake: bool = False) -> Probe:
     unchecked: list[str] = []
     name, version = yield from _server(warnings, unchecked)
     library_loaded, library_why = yield from _library_loaded()
-    lua = yield from _lua()
-    if isinstance(lua, str):
-        if library_loaded:
-            lua = True  # the server holds kvstore's functions, which are Lua
-        else:
-            library = f"whether kvstore's library is loaded is unknown ({library_why})" if library_why else (
-                "kvstore's library is not loaded yet (the first write loads it)")
-            unchecked.append(f"whether Lua runs: {lua}, and {library}")
-            lua = None
+    lua, lua_note = yield from _lua()
+    if lua is None and library_loaded:
+        lua = True  # the server holds kvstore's functions, which are Lua
+    elif lua is None:
+        library = f"whether kvstore's library is loaded is unknown ({library_why})" if library_why else (
+            "kvstore's library is not loaded yet (the first write loads it)")
+        unchecked.append(f"whether Lua runs: {lua_note}, and {library}")
     elif lua is False:
-        warnings.append("Lua scripts do not run (EVAL fails): kvstore cannot write")
+        warnings.append(f"Lua scripts do not run ({lua_note}): kvstore cannot write")
     settings = yield from _settings(warnings, unchecked)
     aof_ok = yield from _aof_write_ok(settings["appendonly"], warnings, unchecked)
     return HealthReport(
@@ -295,11 +293,11 @@ def _check_persistence(appendonly: bool | None, appendfsync: str | None, save: s
 
 
 def _lua() -> Probe:
-    """True or False (whether `EVAL "return 1"` runs), or why it could not be asked."""
+    """Whether `EVAL "return 1"` runs (None: it may not be asked), and what EVAL answered."""
     reply = yield ("eval", ("return 1", 0))
     if isinstance(reply, Exception):
-        return f"EVAL {_why(reply)}" if _denied(reply) else False
-    return int(reply) == 1
+        return (None if _denied(reply) else False), f"EVAL {_why(reply)}"
+    return int(reply) == 1, ""
 
 
 def _library_loaded() -> Probe:
