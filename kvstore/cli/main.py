@@ -51,8 +51,7 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--turns", type=int, default=400, help="turns per worker")
     demo.add_argument("--data-dir", default=".kvstore-data", help="embedded server data directory")
 
-    from .process import APPENDFSYNC
-    from .server import DEFAULT_PORT
+    from .process import APPENDFSYNC, DEFAULT_PORT  # not .server, which needs fcntl
 
     server = commands.add_parser(
         "server", help="run the embedded Valkey server in the foreground",

@@ -24,6 +24,9 @@ from redis.retry import Retry
 from ..errors import KVStoreError
 
 HOST = "127.0.0.1"
+# `kvstore server`'s port unless told otherwise: fixed, so that other tools can be pointed at it,
+# and not Redis's 6379, which a local Redis may hold.
+DEFAULT_PORT = 6390
 START_TIMEOUT = 10.0
 STOP_TIMEOUT = 10.0
 # Nothing written to disk: a server whose data may go with it (tests, benchmarks).

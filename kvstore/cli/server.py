@@ -31,11 +31,9 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from ..errors import DataDirInUse
-from .process import HOST, START_TIMEOUT, STOP_TIMEOUT, ServerProcess, aof, valkey_binary
+from .process import DEFAULT_PORT, HOST, START_TIMEOUT, STOP_TIMEOUT, ServerProcess, aof, valkey_binary
 
-# `kvstore server`'s port unless told otherwise: fixed, so that other tools can be pointed at it,
-# and not Redis's 6379, which a local Redis may hold.
-DEFAULT_PORT = 6390
+__all__ = ["DEFAULT_PORT", "DataDirServer", "EmbeddedServer", "data_dir_server"]
 
 LOCK_FILE = "kvstore.lock"
 ADDRESS_FILE = "server.json"
