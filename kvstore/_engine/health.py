@@ -34,7 +34,8 @@ MIN_VALKEY = (7, 2)
 ADMIN_HINT = "run the check as a user allowed INFO and CONFIG GET (an admin) to read them"
 
 # One client call: a method of redis.Redis / redis.asyncio.Redis and its arguments. Its reply
-# comes back in, or the redis.ResponseError it raised (a refusal is an answer here).
+# comes back in, or the redis error it raised (a refusal is an answer here); only a connection
+# that fails ends the probe.
 Probe = Generator[tuple[str, tuple[Any, ...]], Any, Any]
 
 
@@ -105,7 +106,9 @@ def health(client: Any) -> HealthReport:
             method, args = probe.send(reply)
             try:
                 reply = getattr(client, method)(*args)
-            except redis.ResponseError as exc:
+            except (redis.ConnectionError, redis.TimeoutError):
+                raise
+            except redis.RedisError as exc:  # a refusal (or a call a cluster client cannot route) is an answer
                 reply = exc
     except StopIteration as done:
         return done.value
@@ -121,7 +124,9 @@ async def health_async(client: Any) -> HealthReport:
             method, args = probe.send(reply)
             try:
                 reply = await getattr(client, method)(*args)
-            except redis.ResponseError as exc:
+            except (redis.ConnectionError, redis.TimeoutError):
+                raise
+            except redis.RedisError as exc:  # a refusal (or a call a cluster client cannot route) is an answer
                 reply = exc
     except StopIteration as done:
         return done.value
