@@ -1,6 +1,7 @@
 """kvstore: chat and agent conversations in Redis or Valkey, one atomic Lua script per write."""
 
 from . import errors
+from ._engine.health import HealthReport
 from .config import StoreConfig
 from .messages import (
     ApprovalRequestMessage,
@@ -34,6 +35,7 @@ __all__ = [
     "AsyncThread",
     "CompactionStats",
     "EventMessage",
+    "HealthReport",
     "HiddenReasoningMessage",
     "ImageContent",
     "Message",

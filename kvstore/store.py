@@ -8,7 +8,7 @@ error a failure is, is decided there once; a store only makes the steps, sync or
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Generator, Iterable, Iterator
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
 import redis
 import redis.asyncio
@@ -16,7 +16,7 @@ import redis.asyncio
 from ._engine import core
 from ._engine.core import Cursor, Operation, ThreadRef
 from ._engine.executor import AsyncDriver, Executor, Pump, SyncDriver, operate
-from ._engine.health import HealthReport, health
+from ._engine.health import HealthReport, health, health_async
 from .config import StoreConfig
 from .messages import CompactionStats, Message, SummaryMessage
 from .models import (
@@ -93,7 +93,8 @@ class MessageStore(SyncDriver, Executor):
         return Thread(self, ThreadRef.of(self.config, thread_id))
 
     def health(self) -> HealthReport:
-        """The server's settings that kvstore's guarantees depend on, with warnings.
+        """The server's settings that kvstore's guarantees depend on: a warning for each that
+        voids one, and each the client's user may not read in `unchecked` (docs/RELIABILITY.md).
 
         Example::
 
@@ -118,8 +119,15 @@ class MessageStore(SyncDriver, Executor):
         return self._outputs(Pump(operate(self, operation)))
 
     def close(self) -> None:
-        """Closes the client's connections (the client passed in, or the one from_url made)."""
+        """Closes the store's client and its connections: the one from_url made, or the client you
+        passed in. A store is also a context manager (``with`` / ``async with``) that closes it."""
         self.client.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 class AsyncMessageStore(AsyncDriver, Executor):
@@ -164,6 +172,10 @@ class AsyncMessageStore(AsyncDriver, Executor):
         """
         return AsyncThread(self, ThreadRef.of(self.config, thread_id))
 
+    async def health(self) -> HealthReport:
+        """See :meth:`MessageStore.health`."""
+        return await health_async(self.client)
+
     async def run(self, operation: Operation) -> Any:
         """See :meth:`MessageStore.run`."""
         return await self._finish(operate(self, operation))
@@ -173,8 +185,14 @@ class AsyncMessageStore(AsyncDriver, Executor):
         return self._outputs(Pump(operate(self, operation)))
 
     async def close(self) -> None:
-        """Closes the client's connections (the client passed in, or the one from_url made)."""
+        """See :meth:`MessageStore.close`."""
         await self.client.aclose()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
 
 
 def _fakeredis() -> Any:

