@@ -242,6 +242,9 @@ def test_migrate_finds_layout_1_threads_and_finishes_them(server, namespace, ser
     result = kvstore("migrate", "--url", server.url, "--namespace", namespace)
     assert result.returncode == 0, result.stderr
     assert "migrated 2 threads" in result.stdout
+    # Not a terminal: progress comes as whole lines (the last count once), never carriage returns.
+    assert "\r" not in result.stdout
+    assert "  migrated: 2/2 threads (100%)\n" in result.stdout
     for thread_id, messages in expected.items():
         thread = store.thread(thread_id)
         assert thread.stats().layout_version == 2

@@ -177,8 +177,8 @@ class Progress:
     of carriage returns."""
 
     def __init__(self, label: str, total: int | None, out: IO[str], every: float = 5.0,
-                 terminal: bool | None = None) -> None:
-        self.label, self.total, self.out, self.every = label, total, out, every
+                 terminal: bool | None = None, unit: str = "messages") -> None:
+        self.label, self.total, self.out, self.every, self.unit = label, total, out, every, unit
         self.terminal = out.isatty() if terminal is None else terminal
         self.done = self.already = 0
         self._last = time.monotonic()
@@ -209,7 +209,7 @@ class Progress:
             print(f"\r  {self.label} [{'#' * filled}{'.' * (width - filled)}] {counted}", end="", file=self.out, flush=True)
         else:
             share = f" ({100 * min(self.done, total) // total}%)" if total else ""
-            print(f"  {self.label}: {counted} messages{share}", file=self.out, flush=True)
+            print(f"  {self.label}: {counted} {self.unit}{share}", file=self.out, flush=True)
 
 
 def export(store: MessageStore, thread_id: str, out: IO[str], progress_out: IO[str] | None = None,
@@ -489,18 +489,13 @@ def migrate_named(store: MessageStore, thread_ids: list[str], out: IO[str] = sys
     return len(todo)
 
 
-def _migrate(store: MessageStore, threads: list[str], out: IO[str]) -> None:
-    for done, thread_id in enumerate(threads, 1):
+def _migrate(store: MessageStore, threads: list[str], out: IO[str], every: float = 5.0) -> None:
+    """Migrates each thread to the end, with progress by thread (a bar on a terminal, else a line
+    every `every` seconds)."""
+    progress = Progress("migrated", len(threads), out, every, unit="threads")
+    for thread_id in threads:
         thread = store.thread(thread_id)
-        calls = 0
         while thread.migrate(max_calls=10) == 10:
-            calls += 10
-            _progress(done - 1, len(threads), f"{thread_id}: {calls} steps", out)
-        _progress(done, len(threads), thread_id, out)
-    print(file=out)
-
-
-def _progress(done: int, total: int, label: str, out: IO[str]) -> None:
-    width = 30
-    filled = int(width * done / max(total, 1))
-    print(f"\r  [{'#' * filled}{'.' * (width - filled)}] {done}/{total} {label[:40]:<40}", end="", file=out, flush=True)
+            progress.update(0)  # a long thread: the bar or the line may be due
+        progress.update(1)
+    progress.close()
