@@ -24,7 +24,8 @@ from .messages import (
     parse_message,
 )
 from .models import AppendResult, MessagesPage, ThreadSnapshot, ThreadStats, TurnResult, TurnState
-from .store import AsyncMessageStore, AsyncThread, MessageStore, Thread
+from .store import AsyncMessageStore, MessageStore
+from .thread import AsyncThread, Thread
 
 __all__ = [
     "AppendResult",

@@ -10,7 +10,8 @@ import json
 import pytest
 
 from kvstore import AssistantMessage, MessageStore, StoreConfig, UserMessage, errors
-from kvstore.cli import commands
+from kvstore.cli import backup
+from kvstore.cli.progress import Progress
 
 from .layout_check import check_layout
 from .test_migration import write_layout_1
@@ -74,7 +75,7 @@ def stores(server, namespace, server_only):
 
 def export_text(store: MessageStore, thread_id: str = "chat") -> str:
     out = io.StringIO()
-    commands.export(store, thread_id, out, progress_out=io.StringIO())
+    backup.export(store, thread_id, out, progress_out=io.StringIO())
     return out.getvalue()
 
 
@@ -85,15 +86,15 @@ def test_round_trip_restores_the_whole_thread(stores, raw_client):
     header = json.loads(text.splitlines()[0])
     assert header["kvstore_backup"] == 1 and header["summary_last"] > 0 and header["deleted_before"] > 1
 
-    progress = commands.ImportProgress()
-    assert commands.import_lines(target, "chat", io.StringIO(text), progress, progress_out=io.StringIO()) > 0
+    progress = backup.ImportProgress()
+    assert backup.import_lines(target, "chat", io.StringIO(text), progress, progress_out=io.StringIO()) > 0
     restored = target.thread("chat")
     assert view(restored) == view(original)
     assert restored.context()[0].message_type == "summary_message"
     assert restored.get_by_otid("qd").content == original.get_by_otid("qd").content
     # A second import stores nothing; every message is counted as already stored.
-    again = commands.ImportProgress()
-    assert commands.import_lines(target, "chat", io.StringIO(text), again, progress_out=io.StringIO()) == 0
+    again = backup.ImportProgress()
+    assert backup.import_lines(target, "chat", io.StringIO(text), again, progress_out=io.StringIO()) == 0
     assert again.already == progress.stored and again.stored == 0
     # Turn results as recorded; the open turn stays open and takes the next reply.
     finished = [t["id"] for t in header["turns"] if t["outcome"] != "open"]
@@ -120,12 +121,12 @@ def test_an_interrupted_restore_run_again_is_whole(stores, raw_client):
                 raise KeyboardInterrupt
             yield line
 
-    first = commands.ImportProgress()
+    first = backup.ImportProgress()
     with pytest.raises(KeyboardInterrupt):
-        commands.import_lines(target, "chat", cut(len(lines) // 2), first, progress_out=io.StringIO())
+        backup.import_lines(target, "chat", cut(len(lines) // 2), first, progress_out=io.StringIO())
     assert 0 < target.thread("chat").stats().stored_messages < original.stats().stored_messages
-    rest = commands.ImportProgress()
-    commands.import_lines(target, "chat", iter(lines), rest, progress_out=io.StringIO())
+    rest = backup.ImportProgress()
+    backup.import_lines(target, "chat", iter(lines), rest, progress_out=io.StringIO())
     assert rest.already == first.stored and first.stored + rest.stored == original.stats().stored_messages
     assert view(target.thread("chat")) == view(original)
     check_layout(raw_client, target.thread("chat").keys, target.config)
@@ -139,7 +140,7 @@ def test_a_restore_over_other_messages_is_refused_and_writes_nothing(stores, raw
     other.append([UserMessage(content=f"other {i}") for i in range(3)])
     before = view(other, turns=())
     with pytest.raises(errors.RestoreConflict):
-        commands.import_lines(target, "chat", io.StringIO(text), progress_out=io.StringIO())
+        backup.import_lines(target, "chat", io.StringIO(text), progress_out=io.StringIO())
     assert view(other, turns=()) == before
 
 
@@ -149,12 +150,12 @@ def test_progress_to_a_non_terminal_is_periodic_lines(stores):
     for start in range(0, 600, 100):
         thread.append([UserMessage(content=f"m{start + i}") for i in range(100)])
     out, shown = io.StringIO(), io.StringIO()
-    commands.export(source, "long", out, progress_out=shown, every=0)
+    backup.export(source, "long", out, progress_out=shown, every=0)
     lines = shown.getvalue().splitlines()
     assert "\r" not in shown.getvalue() and len(lines) == 3  # a line per page of 200, here
     assert lines[-1] == "  exported: 600/600 messages (100%)"
     shown = io.StringIO()
-    commands.import_lines(target, "long", io.StringIO(out.getvalue()), progress_out=shown, every=0)
+    backup.import_lines(target, "long", io.StringIO(out.getvalue()), progress_out=shown, every=0)
     assert shown.getvalue().splitlines()[-1] == "  restored: 600/600 messages (100%)"
     assert len(shown.getvalue().splitlines()) == 6  # a line per run of 100, here
 
@@ -168,14 +169,14 @@ def test_plain_lines_import_once_whatever_the_cut(stores):
     lines += [json.dumps({"message_type": "user_message", "content": "same"}) + "\n"] * 10
     lines += [json.dumps({"message_type": "user_message", "content": f"o{i}", "otid": f"o{i}"}) + "\n"
               for i in range(50)]
-    first = commands.ImportProgress()
-    commands.import_lines(target, "plain", iter(lines[:130]), first, progress_out=io.StringIO())
+    first = backup.ImportProgress()
+    backup.import_lines(target, "plain", iter(lines[:130]), first, progress_out=io.StringIO())
     assert first.stored == 130
-    second = commands.ImportProgress()  # overlaps the first at another cut point: mixed batches
-    commands.import_lines(target, "plain", iter(lines[50:]), second, progress_out=io.StringIO())
+    second = backup.ImportProgress()  # overlaps the first at another cut point: mixed batches
+    backup.import_lines(target, "plain", iter(lines[50:]), second, progress_out=io.StringIO())
     assert (second.stored, second.already) == (170, 80)
-    third = commands.ImportProgress()
-    commands.import_lines(target, "plain", iter(lines), third, progress_out=io.StringIO())
+    third = backup.ImportProgress()
+    backup.import_lines(target, "plain", iter(lines), third, progress_out=io.StringIO())
     assert (third.stored, third.already) == (0, 300)
     assert [m.to_dict()["content"] for m in target.thread("plain").iter()] == [json.loads(l)["content"] for l in lines]
 
@@ -188,7 +189,7 @@ def test_an_unreadable_record_fails_the_export_naming_it(stores, raw_client):
     raw_client.zadd(thread.keys.window, {b"\xc1\xc1 not a record": 2})
     out = io.StringIO()
     with pytest.raises(errors.RecordError, match="sequences 2;"):
-        commands.export(source, "bad", out, progress_out=io.StringIO())
+        backup.export(source, "bad", out, progress_out=io.StringIO())
     assert [json.loads(line).get("seq_id") for line in out.getvalue().splitlines()[1:]] == [1, 3]
 
 
@@ -205,7 +206,7 @@ def test_a_turn_record_of_the_first_layout_2_form_is_backed_up(stores, raw_clien
     assert json.loads(text.splitlines()[0])["turns"] == [
         {"id": "t", "start": 2, "outcome": "open", "replies": 2, "first": 2, "count": 0, "first_seq": 0, "last_seq": 0}
     ]
-    commands.import_lines(target, "old-turn", io.StringIO(text), progress_out=io.StringIO())
+    backup.import_lines(target, "old-turn", io.StringIO(text), progress_out=io.StringIO())
     assert [m.seq_id for m in target.thread("old-turn").list(turn_id="t").messages] == [1, 2, 4]
     assert target.thread("old-turn").finish_turn("t").reply_count == 2
 
@@ -214,12 +215,12 @@ def test_a_layout_1_thread_is_migrated_before_a_backup(stores, raw_client):
     source, _ = stores
     write_layout_1(raw_client, source.thread("legacy").keys, 5)
     with pytest.raises(errors.LayoutError, match="migrate"):
-        commands.export(source, "legacy", io.StringIO(), progress_out=io.StringIO())
+        backup.export(source, "legacy", io.StringIO(), progress_out=io.StringIO())
 
 
 def test_progress_on_a_terminal_is_one_bar_redrawn():
     shown = io.StringIO()
-    progress = commands.Progress("restored", 300, shown, terminal=True)
+    progress = Progress("restored", 300, shown, terminal=True)
     for _ in range(3):
         progress._last = 0.0  # as if a tenth of a second had passed
         progress.update(90, 10)
@@ -235,7 +236,7 @@ def test_a_restore_into_a_layout_1_thread_is_refused(stores, raw_client):
     text = export_text(source)
     raw_client.hset(target.thread("chat").keys.legacy, "x", "not a sequence")
     with pytest.raises(errors.LayoutError, match="layout-1"):
-        commands.import_lines(target, "chat", io.StringIO(text), progress_out=io.StringIO())
+        backup.import_lines(target, "chat", io.StringIO(text), progress_out=io.StringIO())
 
 
 def test_runs_are_consecutive_sequences_of_one_turn():
@@ -262,13 +263,13 @@ def test_a_restored_thread_written_since_keeps_what_it_has(stores):
     source, target = stores
     build_thread(source)
     text = export_text(source)
-    commands.import_lines(target, "chat", io.StringIO(text), progress_out=io.StringIO())
+    backup.import_lines(target, "chat", io.StringIO(text), progress_out=io.StringIO())
     restored = target.thread("chat")
     restored.append(AssistantMessage(content="later"), turn_id="open")
     restored.finish_turn("open")
     before = view(restored)
     with pytest.raises(errors.RestoreConflict, match="past the backup"):
-        commands.import_lines(target, "chat", io.StringIO(text), progress_out=io.StringIO())
+        backup.import_lines(target, "chat", io.StringIO(text), progress_out=io.StringIO())
     assert view(restored) == before
 
 
@@ -280,7 +281,7 @@ def test_a_finished_turn_of_the_first_layout_2_form_keeps_its_result(stores, raw
     thread.append([AssistantMessage(content=f"r{i}") for i in range(3)], turn_id="t")
     raw_client.hset(thread.keys.turns, "t", "3|1-1,3-5")
     raw_client.hset(thread.keys.meta, mapping={"turn_id": "t", "turn_seq": 3, "turn_outcome": "cancelled"})
-    commands.import_lines(target, "old-finished", io.StringIO(export_text(source, "old-finished")),
+    backup.import_lines(target, "old-finished", io.StringIO(export_text(source, "old-finished")),
                           progress_out=io.StringIO())
     expected = thread.finish_turn("t")
     assert expected.outcome == "cancelled" and expected.reply_count == 3
@@ -292,7 +293,7 @@ def test_plain_lines_whose_otids_are_stored_under_other_ids_are_replays(stores):
     target.thread("otids").append([UserMessage(content=f"o{i}", otid=f"o{i}") for i in range(10)])
     lines = [json.dumps({"message_type": "user_message", "content": f"o{i}", "otid": f"o{i}"}) + "\n"
              for i in range(20)]
-    progress = commands.ImportProgress()
-    commands.import_lines(target, "otids", iter(lines), progress, progress_out=io.StringIO())
+    progress = backup.ImportProgress()
+    backup.import_lines(target, "otids", iter(lines), progress, progress_out=io.StringIO())
     assert (progress.stored, progress.already) == (10, 10)
     assert [m.otid for m in target.thread("otids").iter()] == [f"o{i}" for i in range(20)]

@@ -2,30 +2,20 @@
 
 from __future__ import annotations
 
-import itertools
-import json
 import sys
-import time
-import uuid
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import IO
 
 import redis
 
 from .. import errors
+from .progress import Progress
 from .server import data_dir_server
-from .._engine import core
 from .._engine.keys import check_thread_id
-from .._engine.requests import ThreadRef
 from .._engine.wire import ChunkEntry, LargeEntry
 from ..config import StoreConfig
-from ..messages import Message, parse_message
 from ..store import MessageStore
-
-IMPORT_BATCH = 100
-
 
 @contextmanager
 def open_store(url: str | None, namespace: str, data_dir: str) -> Iterator[MessageStore]:
@@ -59,7 +49,7 @@ def _connect(url: str) -> redis.Redis:
     return client
 
 
-def _existing_thread(store: MessageStore, thread_id: str):
+def existing_thread(store: MessageStore, thread_id: str):
     thread = store.thread(thread_id)
     keys = thread.keys
     if not store.client.exists(keys.meta, keys.legacy):
@@ -75,7 +65,7 @@ INDEX_PAGE = 5000
 
 def inspect(store: MessageStore, thread_id: str, out: IO[str] = sys.stdout, chunks: bool = False) -> None:
     """A thread's layout: a summary of its chunks, or with `chunks` one line for each."""
-    thread = _existing_thread(store, thread_id)
+    thread = existing_thread(store, thread_id)
     keys, client = thread.keys, store.client
     stats = thread.stats()
     meta = {k.decode(): v.decode() for k, v in client.hgetall(keys.meta).items()}
@@ -166,252 +156,6 @@ def _sum_chunks(chunk_entries: Iterable[ChunkEntry], large_entries: Iterable[Lar
 
 def _span(low: int, high: int) -> str:
     return f"{low:,}" if low == high else f"{low:,} to {high:,}"
-
-
-BACKUP_FORMAT = 1
-
-
-class Progress:
-    """Progress of a long command on standard error: a bar redrawn in place on a terminal, and
-    one line every `every` seconds (and a last one) elsewhere, so a log gets lines, not one line
-    of carriage returns."""
-
-    def __init__(self, label: str, total: int | None, out: IO[str], every: float = 5.0,
-                 terminal: bool | None = None, unit: str = "messages") -> None:
-        self.label, self.total, self.out, self.every, self.unit = label, total, out, every, unit
-        self.terminal = out.isatty() if terminal is None else terminal
-        self.done = self.already = 0
-        self._last = time.monotonic()
-        self._shown_at: int | None = None  # the count last shown
-
-    def update(self, new: int, already: int = 0) -> None:
-        self.done += new + already
-        self.already += already
-        now = time.monotonic()
-        if now - self._last >= (0.1 if self.terminal else self.every):
-            self._last = now
-            self._show()
-
-    def close(self) -> None:
-        """The last count, once (a terminal's bar only if it was drawn), then the bar's newline."""
-        if self._shown_at != self.done and (self._shown_at is not None or not self.terminal):
-            self._show()
-        if self.terminal and self._shown_at is not None:
-            print(file=self.out, flush=True)
-
-    def _show(self) -> None:
-        self._shown_at = self.done
-        total = self.total
-        counted = f"{self.done:,}/{total:,}" if total else f"{self.done:,}"
-        if self.terminal:
-            width = 30
-            filled = int(width * min(self.done, total) / total) if total else 0
-            print(f"\r  {self.label} [{'#' * filled}{'.' * (width - filled)}] {counted}", end="", file=self.out, flush=True)
-        else:
-            share = f" ({100 * min(self.done, total) // total}%)" if total else ""
-            print(f"  {self.label}: {counted} {self.unit}{share}", file=self.out, flush=True)
-
-
-def export(store: MessageStore, thread_id: str, out: IO[str], progress_out: IO[str] | None = None,
-           every: float = 5.0) -> int:
-    """Writes a backup of the thread: a header line with its state (BackupState), then one line
-    per kept message, oldest first: the message in the list API's shape (its seq_id is its
-    sequence) with `turn_id` added for a message of a turn. Refuses (nothing to trust) if the
-    thread changed while it was read."""
-    thread = _existing_thread(store, thread_id)
-    ref = ThreadRef.of(store.config, thread_id)
-    state = store.run(core.backup_state(ref))
-    stats = thread.stats()
-    header = {
-        "kvstore_backup": BACKUP_FORMAT,
-        "thread": thread_id,
-        "messages": stats.stored_messages,
-        "last_seq": state.last_seq,
-        "summary_last": state.summary_last,
-        "summary_seq": state.summary_seq,
-        "deleted_before": state.deleted_before,
-        "turn": {"id": state.turn_id, "seq": state.turn_seq, "outcome": state.turn_outcome} if state.turn_id else None,
-        "turns": [
-            {"id": t.turn_id, "start": t.start, "outcome": t.outcome, "replies": t.replies, "first": t.first,
-             "count": t.count, "first_seq": t.first_seq, "last_seq": t.last_seq}
-            for t in state.turns
-        ],
-    }
-    out.write(json.dumps(header, separators=(",", ":")) + "\n")
-    progress = Progress("exported", stats.stored_messages, progress_out or sys.stderr, every)
-    count = 0
-    unreadable: list[int] = []
-    for page in store.stream(core.pages(ref)):
-        unreadable += page.unreadable
-        for message in page.messages:
-            line = message.to_dict()
-            turn_id = state.turn_of(message.seq_id)
-            if turn_id is not None:
-                line["turn_id"] = turn_id
-            out.write(json.dumps(line, separators=(",", ":"), ensure_ascii=False) + "\n")
-            count += 1
-        progress.update(len(page.messages) + len(page.unreadable))
-    progress.close()
-    if unreadable:
-        shown = ", ".join(map(str, unreadable[:10])) + (" ..." if len(unreadable) > 10 else "")
-        raise errors.RecordError(
-            f"{len(unreadable)} stored records of {thread_id!r} could not be read and are not in the backup"
-            f" (sequences {shown}; docs/RELIABILITY.md, 'One bad record')"
-        )
-    if not state.same_moment(store.run(core.backup_state(ref))):
-        raise errors.KVStoreError(
-            f"thread {thread_id!r} changed while it was exported: the file is not one state of it; export it"
-            " again while nothing writes to it"
-        )
-    return count
-
-
-@dataclass
-class ImportProgress:
-    """How far an import got, for a report when it is interrupted."""
-
-    stored: int = 0  # messages the server stored now
-    already: int = 0  # messages found already stored (an earlier import, or a replay)
-    lines: int = 0  # lines read
-    sending: int = 0  # messages of the call in flight (stored or not: unknown if interrupted)
-
-
-def import_lines(store: MessageStore, thread_id: str, lines: IO[str], progress: ImportProgress | None = None,
-                 progress_out: IO[str] | None = None, every: float = 5.0, total: int | None = None) -> int:
-    """Imports a file `export` wrote (a backup: restored at its sequences, with its summary,
-    turns and deleted_before) or plain JSON-lines messages (appended). Either way a message
-    already stored is skipped and counted as such, so an import interrupted anywhere is finished
-    by running it again. Returns the messages stored now."""
-    check_thread_id(thread_id)
-    progress = progress or ImportProgress()
-    numbered = _numbered(lines, progress)
-    first = next(numbered, None)
-    if first is None:
-        return 0
-    number, text = first
-    try:
-        head = json.loads(text)
-    except ValueError:
-        head = None
-    bar_out = progress_out or sys.stderr
-    if isinstance(head, dict) and "kvstore_backup" in head:
-        if head["kvstore_backup"] != BACKUP_FORMAT:
-            raise errors.InvalidMessage(f"line {number}: backup format {head['kvstore_backup']!r} is not one this"
-                                        f" version reads ({BACKUP_FORMAT})")
-        bar = Progress("restored", head.get("messages"), bar_out, every)
-        _restore(store, thread_id, head, numbered, progress, bar)
-    else:
-        bar = Progress("imported", total, bar_out, every)
-        _append_plain(store, thread_id, itertools.chain([first], numbered), progress, bar)
-    bar.close()
-    return progress.stored
-
-
-def _numbered(lines: Iterable[str], progress: ImportProgress) -> Iterator[tuple[int, str]]:
-    for number, line in enumerate(lines, 1):
-        progress.lines = number
-        if line.strip():
-            yield number, line
-
-
-def _restore(store: MessageStore, thread_id: str, head: dict, numbered: Iterator[tuple[int, str]],
-             progress: ImportProgress, bar: Progress) -> None:
-    ref = ThreadRef.of(store.config, thread_id)
-    turn = head.get("turn") or {}
-    state = core.BackupState(
-        last_seq=int(head["last_seq"]), summary_last=int(head.get("summary_last") or 0),
-        summary_seq=int(head.get("summary_seq") or 0), deleted_before=int(head.get("deleted_before") or 0),
-        turn_id=turn.get("id", ""), turn_seq=int(turn.get("seq") or 0), turn_outcome=turn.get("outcome", ""),
-        turns=[core.TurnRecord(t["id"], t["start"], t["outcome"], t["replies"], t["first"], t["count"],
-                               t["first_seq"], t["last_seq"]) for t in head.get("turns", [])],
-    )
-
-    def items() -> Iterator[core.BackedUpMessage]:
-        for number, text in numbered:
-            try:
-                body = json.loads(text)
-                turn_id = body.pop("turn_id", None) if isinstance(body, dict) else None
-                message = parse_message(body)
-            except (ValueError, errors.InvalidMessage) as exc:
-                raise errors.InvalidMessage(f"line {number}: {exc}") from None
-            if message.seq_id is None:
-                raise errors.InvalidMessage(f"line {number}: a backup's message must have its seq_id")
-            yield core.BackedUpMessage(message.seq_id, turn_id, message)
-
-    checked = False
-    for run in core.restore_runs(items()):
-        if not checked:
-            store.run(core.check_restore_target(ref, run[0]))
-            checked = True
-        progress.sending = len(run)
-        new, already = store.run(core.restore_run(ref, run))
-        progress.sending = 0
-        progress.stored += new
-        progress.already += already
-        bar.update(new, already)
-    if not checked and state.last_seq:
-        # A backup without messages (all deleted or removed) restores over an empty thread only.
-        stats = store.thread(thread_id).stats()
-        if stats.next_sequence > 1 and stats.next_sequence - 1 != state.last_seq:
-            raise errors.RestoreConflict(f"thread {thread_id!r} already holds messages: restore into an empty thread")
-    store.run(core.restore_state(ref, state))
-
-
-def _append_plain(store: MessageStore, thread_id: str, numbered: Iterable[tuple[int, str]],
-                  progress: ImportProgress, bar: Progress) -> None:
-    """Plain message lines (an older export, or a file of your own), appended in batches. A
-    message without an id gets one made from its line's text (and how many identical lines came
-    before), so importing the same file again finds it stored."""
-    thread = store.thread(thread_id)
-    ref = ThreadRef.of(store.config, thread_id)
-    seen: dict[str, int] = {}
-
-    def send(batch: list[Message]) -> None:
-        stored = store.run(core.stored_ids(ref, [m.id for m in batch]))
-        todo = [m for m in batch if m.id not in stored]
-        count(0, len(batch) - len(todo))
-        if not todo:
-            return
-        progress.sending = len(todo)
-        try:
-            result = thread.append(todo)
-            progress.sending = 0
-            count(0, len(todo)) if result.replayed else count(len(todo), 0)
-        except (errors.OtidConflict, errors.DuplicateMessageId):
-            # Some of them were stored by another cut of the same messages: one at a time,
-            # each is new or a replay.
-            for message in todo:
-                progress.sending = 1
-                replayed = thread.append(message).replayed
-                progress.sending = 0
-                count(0, 1) if replayed else count(1, 0)
-
-    def count(new: int, already: int) -> None:
-        progress.stored += new
-        progress.already += already
-        bar.update(new, already)
-
-    batch: list[Message] = []
-    for number, text in numbered:
-        try:
-            message = parse_message(text)
-        except errors.InvalidMessage as exc:
-            raise errors.InvalidMessage(f"line {number}: {exc}") from None
-        update: dict = {"seq_id": None}
-        if message.id is None:
-            occurrence = seen.get(text.strip(), 0)
-            seen[text.strip()] = occurrence + 1
-            update["id"] = f"message-{uuid.uuid5(_IMPORT_IDS, f'{occurrence}:{text.strip()}')}"
-        batch.append(message.model_copy(update=update))
-        if len(batch) == IMPORT_BATCH:
-            send(batch)
-            batch = []
-    if batch:
-        send(batch)
-
-
-# Ids of imported messages that had none: uuid5 of the line in this namespace.
-_IMPORT_IDS = uuid.UUID("6f1c3a52-9a64-4b8e-9c55-2d1f0e8b7a31")
 
 
 def layout_1_threads(store: MessageStore) -> list[str]:

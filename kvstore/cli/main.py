@@ -143,7 +143,7 @@ class _Stdout:
 
 
 def _store_command(args: argparse.Namespace) -> int:
-    from . import commands
+    from . import backup, commands
 
     threads = _named_threads(args) if args.command == "migrate" else None  # checked before connecting
     with commands.open_store(args.url, args.namespace, args.data_dir) as store:
@@ -153,24 +153,24 @@ def _store_command(args: argparse.Namespace) -> int:
             try:
                 if args.output:
                     with open(args.output, "w", encoding="utf-8") as out:
-                        count = commands.export(store, args.thread, out, every=args.progress_every)
+                        count = backup.export(store, args.thread, out, every=args.progress_every)
                     print(f"exported {count} messages to {args.output}", file=sys.stderr)
                 else:
                     out = _Stdout()
-                    commands.export(store, args.thread, out, every=args.progress_every)
+                    backup.export(store, args.thread, out, every=args.progress_every)
                     out.flush()
             except KeyboardInterrupt:
                 print(f"kvstore: export of {args.thread} interrupted: the backup is incomplete", file=sys.stderr,
                       flush=True)
                 raise
         elif args.command == "import":
-            progress = commands.ImportProgress()
+            progress = backup.ImportProgress()
             try:
                 if args.file == "-":
-                    commands.import_lines(store, args.thread, sys.stdin, progress, every=args.progress_every)
+                    backup.import_lines(store, args.thread, sys.stdin, progress, every=args.progress_every)
                 else:
                     with open(args.file, encoding="utf-8") as lines:
-                        commands.import_lines(store, args.thread, lines, progress, every=args.progress_every,
+                        backup.import_lines(store, args.thread, lines, progress, every=args.progress_every,
                                               total=_line_count(args.file))
             except KeyboardInterrupt:
                 unknown = f"; the {progress.sending} being sent may or may not be" if progress.sending else ""

@@ -1,0 +1,442 @@
+"""Thread and AsyncThread: one conversation, each method one call to its store.
+
+Every method hands one core operation (kvstore._engine.core) to the store it was made by
+(kvstore/store.py), which runs it: sync on MessageStore, awaited on AsyncMessageStore.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Literal
+
+from ._engine import core
+from ._engine.core import Cursor, ThreadRef
+from .messages import CompactionStats, Message, SummaryMessage
+from .models import (
+    AppendResult,
+    MessagesPage,
+    ThreadSnapshot,
+    ThreadStats,
+    TurnOutcome,
+    TurnResult,
+)
+
+Order = Literal["asc", "desc"]
+"""A page's order: "asc" lists oldest first, "desc" newest first."""
+Messages = Message | dict | Iterable[Message | dict]
+"""What ``append`` takes: one message (a model or a dict in the list API's shape), or several."""
+# Inside Thread, `list` is the method: an annotation evaluated in the class's scope (pdoc,
+# Python 3.14's lazy annotations) needs the builtin under another name.
+_MessageList = list[Message]
+
+if TYPE_CHECKING:
+    from .store import AsyncMessageStore, MessageStore
+
+
+class _Bound:
+    """What Thread and AsyncThread share: their store and the thread's keys."""
+
+    def __init__(self, store: Any, ref: ThreadRef) -> None:
+        self._store = store
+        self._ref = ref
+
+    @property
+    def keys(self) -> core.ThreadKeys:
+        """The names of the thread's keys (docs/LAYOUT.md), all under one hash tag."""
+        return self._ref.keys
+
+
+class Thread(_Bound):
+    """One conversation. Cheap to make; holds no state beyond its keys.
+
+    Made by :meth:`MessageStore.thread`. Every method is one call to the store, safe to run
+    from any number of processes on the same thread at once: each write is one atomic script
+    on the server.
+
+    Example::
+
+        thread = store.thread("user-42:session-7")
+        stored = thread.append([UserMessage(content="hi"), AssistantMessage(content="hello")])
+        page = thread.list(limit=50, order="desc")
+    """
+
+    _store: MessageStore
+
+    def append(self, messages: Messages, turn_id: str | None = None) -> AppendResult:
+        """Stores the messages in one atomic call; returns the stored copies (id, date, seq_id).
+
+        Idempotent: every message the call sends carries an id, the call's token. A message of
+        yours without an id (a model or a dict; JSON text cannot carry it back) gets the one the
+        store made set on it before the call is sent, so sending the same messages again, after
+        any interruption (a timeout, cancellation, KeyboardInterrupt, OutcomeUnknown, a retried
+        request), is a replay: it writes nothing and returns the messages as first stored, with
+        ``replayed`` true. To store the same content again as a new message, send a new message
+        (or a copy without its id). Otids work the same way across processes: a batch whose
+        otids are all stored is a replay.
+        """
+        return self._store.run(core.append(self._ref, messages, turn_id))
+
+    def start_turn(self, turn_id: str) -> int:
+        """Starts turn `turn_id`: records where its replies start, and returns that sequence.
+
+        The turn's replies are the messages appended with this ``turn_id`` from here on (see
+        :meth:`finish_turn`, :meth:`list` with ``turn_id``). Retry-safe: starting a turn already
+        started (open or finished) returns the sequence recorded then and changes nothing.
+
+        Raises InvalidMessage when `turn_id` is not 1-256 characters without tabs, newlines or
+        NUL.
+
+        Example::
+
+            thread.append(UserMessage(content="hi", otid="req-1"), turn_id="turn-1")
+            thread.start_turn("turn-1")
+            thread.append(AssistantMessage(content="hello", otid="reply-1"), turn_id="turn-1")
+            thread.finish_turn("turn-1")
+        """
+        return self._store.run(core.start_turn(self._ref, turn_id))
+
+    def finish_turn(self, turn_id: str, outcome: TurnOutcome = "completed") -> TurnResult:
+        """Finishes turn `turn_id` with `outcome`; returns its result (reply count, first and
+        last sequence of its replies).
+
+        A finished turn takes no new message (an append to it raises TurnFinished). Retry-safe:
+        finishing a finished turn returns the result recorded by the first call, whatever
+        `outcome` the retry passes.
+
+        Raises TurnNotFound when the turn was never started in this thread, InvalidMessage when
+        `outcome` is not "completed", "steered", "cancelled" or "failed".
+
+        Example::
+
+            result = thread.finish_turn("turn-1", outcome="cancelled")
+            result.reply_count, result.first_sequence, result.last_sequence
+        """
+        return self._store.run(core.finish_turn(self._ref, turn_id, outcome))
+
+    def list(self, after: Cursor = None, before: Cursor = None, limit: int = 50, order: Order = "asc",
+             turn_id: str | None = None) -> MessagesPage:
+        """One page of the thread's messages, in the list API's paging terms.
+
+        ``order="asc"`` lists oldest first, ``"desc"`` newest first. A cursor is a message id
+        or a sequence (an int). ``after=X`` returns the `limit` messages that follow X *in the
+        chosen order* (the next page); ``before=X`` returns the `limit` messages that precede X
+        in that order (the previous page), still listed in that order; both together bound a
+        range. So with ``order="desc"``, ``after=X`` gives messages older than X and
+        ``before=X`` newer ones. Without a cursor the page starts at the oldest message
+        ("asc") or the newest ("desc"). With `turn_id`, only that turn's messages are paged.
+
+        ``page.has_more`` says whether messages exist beyond the page in the direction the
+        cursor moved; ``page.next_cursor`` continues it (pass it as ``after=`` after an
+        ``after=`` or cursor-less page, as ``before=`` after a ``before=`` page, same order):
+        it is a sequence, which retention cannot expire. ``page.deleted_before_sequence`` is
+        set when retention has deleted older messages. A page may hold fewer than `limit`
+        messages when stored records cannot be read (``page.unreadable``).
+
+        Raises InvalidCursor (`limit` outside 1..1000, an `order` other than "asc"/"desc", a
+        malformed cursor), MessageNotFound (an id cursor that names no stored message),
+        CursorExpired (an id cursor whose message retention may have deleted).
+
+        Example, newest first, then the page of older messages::
+
+            page = thread.list(limit=50, order="desc")
+            if page.has_more:
+                older = thread.list(after=page.next_cursor, limit=50, order="desc")
+        """
+        return self._store.run(core.list_page(self._ref, after, before, limit, order, turn_id))
+
+    def iter(self, order: Order = "asc") -> Iterator[Message]:
+        """Every kept message of the thread, in `order`, read a page (200 messages) at a time.
+
+        It is not one state of the thread: messages appended while it runs appear when their
+        place has not been passed yet; use :meth:`snapshot` or :meth:`context` for one state.
+
+        Example::
+
+            for message in thread.iter(order="desc"):
+                print(message.seq_id, message.message_type)
+        """
+        for page in self._store.stream(core.pages(self._ref, order)):
+            yield from page.messages
+
+    def get(self, message_id: str) -> Message:
+        """The stored message with that id.
+
+        Raises MessageNotFound when none is stored (or retention deleted it), RecordError when
+        its stored record cannot be decoded.
+
+        Example::
+
+            message = thread.get(stored[0].id)
+        """
+        return self._store.run(core.get(self._ref, message_id))
+
+    def get_by_otid(self, otid: str) -> Message:
+        """The stored message with that otid; MessageNotFound if none is (or it was deleted).
+
+        RecordError when its stored record cannot be decoded.
+
+        Example::
+
+            reply = thread.get_by_otid("reply-1")
+        """
+        return self._store.run(core.get_by_otid(self._ref, otid))
+
+    def snapshot(self) -> ThreadSnapshot:
+        """The newest 200 messages (oldest first), the context summary, the current turn and the
+        stats, all of one state of the thread, even while other workers append or compact.
+
+        Example::
+
+            snap = thread.snapshot()
+            snap.messages[-1], snap.summary, snap.turn, snap.stats.stored_messages
+        """
+        return self._store.run(core.snapshot(self._ref))
+
+    def context(self) -> _MessageList:
+        """The model input: the latest summary (if any) and every message after the sequence it
+        covers, oldest first. Without a compaction, every stored message.
+
+        It reads only the chunks after the summary, and one state of the thread: a compaction
+        landing while it reads makes it read again.
+
+        Example::
+
+            prompt = [m.to_dict() for m in thread.context()]
+        """
+        return self._store.run(core.context(self._ref))
+
+    def compact(self, summary: str, last_sequence: int, stats: CompactionStats | dict | None = None) -> SummaryMessage:
+        """Stores a summary of the messages up to `last_sequence`, and returns it (a
+        SummaryMessage with its id, date and seq_id).
+
+        From then on :meth:`context` starts at this summary, and retention may delete the
+        oldest chunks the summary covers while keeping at least
+        ``StoreConfig.retained_message_limit`` messages after them. Retry-safe: sending the same
+        `last_sequence` again returns the summary already stored. `stats` is the list API's
+        CompactionStats (a model or a dict).
+
+        Raises InvalidSummaryRange when `last_sequence` is not a positive int no later than the
+        thread's last sequence, or is before the current summary's (summaries only move
+        forward); MessageTooLarge as append does.
+
+        Example::
+
+            last = thread.stats().next_sequence - 1
+            summary = thread.compact("The user asked about Oslo's weather.", last)
+        """
+        return self._store.run(core.compact(self._ref, summary, last_sequence, stats))
+
+    def replace(self, message_id: str, message: Message | dict) -> Message:
+        """Replaces the stored message `message_id` by `message`; returns the stored copy.
+
+        The new message keeps the original's id, sequence, turn and otid (an otid it carries is
+        ignored), and its date unless it sets one. It may be of another message type.
+
+        Raises MessageNotFound when no stored message has that id, InvalidMessage /
+        MessageTooLarge for the new message as append does.
+
+        Example::
+
+            thread.replace(message.id, AssistantMessage(content="Cloudy, 5 °C."))
+        """
+        return self._store.run(core.replace(self._ref, message_id, message))
+
+    def remove_turn(self, turn_id: str) -> int:
+        """Retracts turn `turn_id`: removes every message appended with it, wherever it is
+        stored; returns how many were removed (0 when none is stored).
+
+        The thread's sequences are not reused; removed messages give their bytes back.
+
+        Raises InvalidMessage for a malformed `turn_id`.
+
+        Example::
+
+            removed = thread.remove_turn("turn-1")
+        """
+        return self._store.run(core.remove_turn(self._ref, turn_id))
+
+    def migrate(self, max_calls: int | None = None) -> int:
+        """Moves a layout-1 thread (every message in one window hash) to layout 2, one bounded
+        call at a time; returns the number of calls made (the last one finds the thread in
+        layout 2, so a layout-2 thread takes one).
+
+        Stops when the thread is in layout 2, or after `max_calls` calls (None: until done). A
+        thread's first write starts this by itself; call it to move a thread ahead of time.
+
+        Example, in steps of at most 10 calls::
+
+            while thread.stats().layout_version == 1:
+                thread.migrate(max_calls=10)
+        """
+        return self._store.run(core.migrate(self._ref, max_calls))
+
+    def stats(self) -> ThreadStats:
+        """The thread's counts and sizes: stored and window messages, chunks, stored and media
+        bytes, the next sequence, what retention and compaction covered, the layout version.
+
+        An unknown thread reads as empty (``stored_messages == 0``, ``next_sequence == 1``).
+
+        Example::
+
+            stats = thread.stats()
+            stats.stored_messages, stats.next_sequence, stats.deleted_before_sequence
+        """
+        return self._store.run(core.stats(self._ref))
+
+    def delete(self) -> None:
+        """Deletes the thread: every key it has, a bounded number per call.
+
+        If it is interrupted, the thread already reads as empty, and the next delete, or the
+        next write, finishes the deletion. Deleting an unknown thread does nothing.
+
+        Example::
+
+            thread.delete()
+            assert thread.stats().stored_messages == 0
+        """
+        self._store.run(core.delete(self._ref))
+
+
+class AsyncThread(_Bound):
+    """The asyncio twin of :class:`Thread`: same methods, awaited."""
+
+    _store: AsyncMessageStore
+
+    async def append(self, messages: Messages, turn_id: str | None = None) -> AppendResult:
+        """Stores the messages in one atomic call: see :meth:`Thread.append`.
+
+        A call cut off by ``asyncio.wait_for``, ``asyncio.timeout`` or ``task.cancel()`` may
+        still run on the server; the messages you passed already carry their ids, so sending
+        them again stores them once::
+
+            try:
+                await asyncio.wait_for(thread.append(messages), 1)
+            except TimeoutError:
+                await thread.append(messages)  # a replay if the first call ran
+        """
+        return await self._store.run(core.append(self._ref, messages, turn_id))
+
+    async def start_turn(self, turn_id: str) -> int:
+        """The awaited :meth:`Thread.start_turn`: same arguments, result and errors.
+
+        Example::
+
+            await thread.start_turn("turn-1")
+        """
+        return await self._store.run(core.start_turn(self._ref, turn_id))
+
+    async def finish_turn(self, turn_id: str, outcome: TurnOutcome = "completed") -> TurnResult:
+        """The awaited :meth:`Thread.finish_turn`: same arguments, result and errors.
+
+        Example::
+
+            result = await thread.finish_turn("turn-1")
+        """
+        return await self._store.run(core.finish_turn(self._ref, turn_id, outcome))
+
+    async def list(self, after: Cursor = None, before: Cursor = None, limit: int = 50, order: Order = "asc",
+                   turn_id: str | None = None) -> MessagesPage:
+        """The awaited :meth:`Thread.list`: same arguments, result and errors.
+
+        Example::
+
+            page = await thread.list(limit=50, order="desc")
+        """
+        return await self._store.run(core.list_page(self._ref, after, before, limit, order, turn_id))
+
+    async def iter(self, order: Order = "asc") -> AsyncIterator[Message]:
+        """The async iterator of :meth:`Thread.iter`: same order and paging.
+
+        Example::
+
+            async for message in thread.iter(order="desc"):
+                print(message.seq_id)
+        """
+        async for page in self._store.stream(core.pages(self._ref, order)):
+            for message in page.messages:
+                yield message
+
+    async def get(self, message_id: str) -> Message:
+        """The awaited :meth:`Thread.get`: same arguments, result and errors.
+
+        Example::
+
+            message = await thread.get(message_id)
+        """
+        return await self._store.run(core.get(self._ref, message_id))
+
+    async def get_by_otid(self, otid: str) -> Message:
+        """See :meth:`Thread.get_by_otid`."""
+        return await self._store.run(core.get_by_otid(self._ref, otid))
+
+    async def snapshot(self) -> ThreadSnapshot:
+        """The awaited :meth:`Thread.snapshot`: same arguments, result and errors.
+
+        Example::
+
+            snap = await thread.snapshot()
+        """
+        return await self._store.run(core.snapshot(self._ref))
+
+    async def context(self) -> _MessageList:
+        """The awaited :meth:`Thread.context`: same arguments, result and errors.
+
+        Example::
+
+            messages = await thread.context()
+        """
+        return await self._store.run(core.context(self._ref))
+
+    async def compact(self, summary: str, last_sequence: int, stats: CompactionStats | dict | None = None) -> SummaryMessage:
+        """The awaited :meth:`Thread.compact`: same arguments, result and errors.
+
+        Example::
+
+            summary = await thread.compact("The user asked about Oslo.", last_sequence)
+        """
+        return await self._store.run(core.compact(self._ref, summary, last_sequence, stats))
+
+    async def replace(self, message_id: str, message: Message | dict) -> Message:
+        """The awaited :meth:`Thread.replace`: same arguments, result and errors.
+
+        Example::
+
+            await thread.replace(message.id, AssistantMessage(content="Cloudy, 5 °C."))
+        """
+        return await self._store.run(core.replace(self._ref, message_id, message))
+
+    async def remove_turn(self, turn_id: str) -> int:
+        """The awaited :meth:`Thread.remove_turn`: same arguments, result and errors.
+
+        Example::
+
+            removed = await thread.remove_turn("turn-1")
+        """
+        return await self._store.run(core.remove_turn(self._ref, turn_id))
+
+    async def migrate(self, max_calls: int | None = None) -> int:
+        """The awaited :meth:`Thread.migrate`: same arguments, result and errors.
+
+        Example::
+
+            calls = await thread.migrate()
+        """
+        return await self._store.run(core.migrate(self._ref, max_calls))
+
+    async def stats(self) -> ThreadStats:
+        """The awaited :meth:`Thread.stats`: same arguments, result and errors.
+
+        Example::
+
+            stats = await thread.stats()
+        """
+        return await self._store.run(core.stats(self._ref))
+
+    async def delete(self) -> None:
+        """The awaited :meth:`Thread.delete`: same arguments, result and errors.
+
+        Example::
+
+            await thread.delete()
+        """
+        await self._store.run(core.delete(self._ref))
