@@ -18,7 +18,7 @@ from kvstore._engine.core import Batch, Eval, ThreadRef
 from kvstore._engine.executor import record
 from kvstore._engine.keys import ThreadKeys
 from kvstore._engine.scripts import SCRIPT_NAMES, SCRIPTS
-from kvstore.cli import commands
+from kvstore.cli import backup as cli_backup
 
 from .script_headers import call_mismatches, header_problems, read_header, script_header
 from .test_migration import write_layout_1
@@ -73,8 +73,8 @@ def run_every_script(store: Recorder, raw_client) -> None:
     thread.context()
     # A backup of it restored into another thread: restore and restore_state.
     backup = io.StringIO()
-    commands.export(store, "contract", backup, progress_out=io.StringIO())
-    commands.import_lines(store, "contract-restored", io.StringIO(backup.getvalue()), progress_out=io.StringIO())
+    cli_backup.export(store, "contract", backup, progress_out=io.StringIO())
+    cli_backup.import_lines(store, "contract-restored", io.StringIO(backup.getvalue()), progress_out=io.StringIO())
     thread.delete()
 
     # A delete() cut short after its first call (it tombstones the thread and removes no chunk):
