@@ -25,9 +25,11 @@ def extras() -> dict[str, list[str]]:
 @pytest.mark.parametrize("missing", ["fakeredis", "lupa"])
 @pytest.mark.parametrize("store", [MessageStore, AsyncMessageStore])
 def test_in_memory_without_fakeredis_names_the_extra(monkeypatch, store, missing):
-    # Both imported for real first: fakeredis imported while lupa is missing would stay without Lua.
-    pytest.importorskip("fakeredis")
-    pytest.importorskip("lupa")
+    # Both imported for real first (the test extra installs them): fakeredis imported while lupa is
+    # missing would stay without Lua.
+    import fakeredis  # noqa: F401
+    import lupa  # noqa: F401
+
     monkeypatch.setitem(sys.modules, missing, None)  # import of it fails as if not installed
     with pytest.raises(ModuleNotFoundError, match=r'pip install "kvstore\[in-memory\]"') as info:
         store.in_memory()
@@ -149,9 +151,7 @@ def test_fastapi_responses_in_the_list_api_shape():
     """docs/API.md, "FastAPI": the default response writes unset fields as null, which the list
     API's schema allows (`name?: string | null`); response_model_exclude_none=True gives the
     shape of to_dict()."""
-    pytest.importorskip("fastapi")
-    pytest.importorskip("httpx")
-    from fastapi import FastAPI
+    from fastapi import FastAPI  # the test extra installs it, with httpx for its TestClient
 
     with warnings.catch_warnings():  # starlette's notice about which httpx it prefers
         warnings.simplefilter("ignore")
