@@ -312,3 +312,20 @@ def test_a_write_refused_as_deleting_again_and_again_gives_up_with_a_server_erro
     with pytest.raises(errors.ServerError, match="being deleted"):
         drive(finishing_deletes(core.append(thread, UserMessage(content="hi"), None)), *rounds, last,
               keys=thread.script_keys)
+
+
+def test_the_count_of_refusals_as_deleting_starts_again_at_each_request_that_gets_through(thread):
+    # compact, then retain, each refused as often as finishing_deletes bears: neither gives up.
+    cap = thread.config.max_chunks_per_call
+
+    def refused(name: str) -> list:
+        return [call(name, error=errors.ThreadDeleting("tombstoned")),
+                call("delete", (DELETE_STEP, "continue"), reply=1)] * MAX_DELETE_REFUSALS
+
+    result = drive(
+        finishing_deletes(core.compact(thread, "s", 12)),
+        *refused("compact"), call("compact", reply=[1, 13, cap]),
+        *refused("retain"), call("retain", reply=0),
+        keys=thread.script_keys,
+    )
+    assert result.seq_id == 13
