@@ -17,7 +17,8 @@ client, `health_async` awaits them on an asyncio one.
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Generator, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import redis
@@ -100,38 +101,51 @@ def health(client: Any) -> HealthReport:
 
     Raises ServerError only when the server cannot be reached at all.
     """
-    probe, reply = _report(fake=is_fakeredis(client)), None
-    try:
-        while True:
-            method, args = probe.send(reply)
-            try:
-                reply = getattr(client, method)(*args)
-            except (redis.ConnectionError, redis.TimeoutError):
-                raise
-            except redis.RedisError as exc:  # a refusal (or a call a cluster client cannot route) is an answer
-                reply = exc
-    except StopIteration as done:
-        return done.value
-    except (redis.ConnectionError, redis.TimeoutError) as exc:
-        raise errors.ServerError(f"cannot reach the server: {exc}") from exc
+    run = _Run(client)
+    while (call := run.next_call()) is not None:
+        method, args = call
+        with run.answering():
+            run.reply = getattr(client, method)(*args)
+    return run.report
 
 
 async def health_async(client: Any) -> HealthReport:
     """The same report, read through an asyncio client (redis.asyncio.Redis, or fakeredis's)."""
-    probe, reply = _report(fake=is_fakeredis(client)), None
-    try:
-        while True:
-            method, args = probe.send(reply)
-            try:
-                reply = await getattr(client, method)(*args)
-            except (redis.ConnectionError, redis.TimeoutError):
-                raise
-            except redis.RedisError as exc:  # a refusal (or a call a cluster client cannot route) is an answer
-                reply = exc
-    except StopIteration as done:
-        return done.value
-    except (redis.ConnectionError, redis.TimeoutError) as exc:
-        raise errors.ServerError(f"cannot reach the server: {exc}") from exc
+    run = _Run(client)
+    while (call := run.next_call()) is not None:
+        method, args = call
+        with run.answering():
+            run.reply = await getattr(client, method)(*args)
+    return run.report
+
+
+class _Run:
+    """The probe's side of `health` and `health_async`: the calls to make, and each call's reply,
+    or the redis error it raised; only the making of the call (awaited or not) is theirs."""
+
+    def __init__(self, client: Any) -> None:
+        self.probe = _report(fake=is_fakeredis(client))
+        self.reply: Any = None
+        self.report: HealthReport | None = None
+
+    def next_call(self) -> tuple[str, tuple[Any, ...]] | None:
+        """The next client call, or None once the report is made (in `report`)."""
+        try:
+            return self.probe.send(self.reply)
+        except StopIteration as done:
+            self.report = done.value
+            return None
+
+    @contextmanager
+    def answering(self) -> Iterator[None]:
+        """Around one call: a refusal (or a call a cluster client cannot route) is the reply;
+        a connection that fails ends the probe."""
+        try:
+            yield
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            raise errors.ServerError(f"cannot reach the server: {exc}") from exc
+        except redis.RedisError as exc:
+            self.reply = exc
 
 
 def _report(fake: bool = False) -> Probe:
@@ -269,6 +283,8 @@ def _check_version(name: str, version: str, warnings: list[str]) -> None:
             f"{name} {version} is older than {'.'.join(map(str, minimum))}: scripts' shebang flags"
             " are not honoured, so a write may start on a server that is out of memory"
         )
+
+
 def _check_persistence(appendonly: bool | None, appendfsync: str | None, save: str | None, warnings: list[str]) -> None:
     if appendonly is None:
         return

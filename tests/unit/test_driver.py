@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import socket
+
 import pytest
 
 from kvstore import errors
@@ -92,3 +94,8 @@ def test_collect_hands_out_the_outputs():
         return "done"
 
     assert collect(with_outputs(), batch(reply=b"v")) == ("done", ["first output", b"v"])
+
+
+def test_the_layer_guard_refuses_a_connection():
+    with pytest.raises(AssertionError, match="a unit test connected to"):
+        socket.create_connection(("127.0.0.1", 9), timeout=0.1)

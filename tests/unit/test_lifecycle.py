@@ -266,6 +266,25 @@ def test_replace_over_the_media_budget_resends_with_its_parts_replaced(thread):
     assert result.seq_id == 3 and result.content[0].type == "text"
 
 
+def test_replace_refitted_to_the_media_budget_still_keeps_the_originals_id_otid_and_turn(thread):
+    fake = stored_with(thread, 4, encode_record(message(4, otid="o-4"), "turn-9"))
+    picture = {"type": "image", "source": {"type": "base64", "data": "AAAA" * 300, "media_type": "image/png"}}
+    over, again = call("replace", error=errors.InlineMediaBudget(0)), call("replace", reply=4)
+    result = drive(
+        core.replace(thread, "m4", UserMessage(content=[picture], otid="o-other", id="other")),
+        call("migrate", reply=migrate_reply(2)),
+        fake.located("m4", kind="id"),
+        fake.fetch(),
+        over,
+        again,
+    )
+    record = again.request.args[12]
+    (written,) = decode_records([(4, record)])
+    assert (written.id, written.otid, written.date) == ("m4", "o-4", message(4).date)
+    assert record_turn_id(record) == "turn-9" and again.request.args[11] == 0
+    assert result.id == "m4" and result.otid == "o-4" and result.content == written.content
+
+
 # ------------------------------------------------------------------------------ stats
 
 
@@ -312,3 +331,20 @@ def test_a_write_refused_as_deleting_again_and_again_gives_up_with_a_server_erro
     with pytest.raises(errors.ServerError, match="being deleted"):
         drive(finishing_deletes(core.append(thread, UserMessage(content="hi"), None)), *rounds, last,
               keys=thread.script_keys)
+
+
+def test_the_count_of_refusals_as_deleting_starts_again_at_each_request_that_gets_through(thread):
+    # compact, then retain, each refused as often as finishing_deletes bears: neither gives up.
+    cap = thread.config.max_chunks_per_call
+
+    def refused(name: str) -> list:
+        return [call(name, error=errors.ThreadDeleting("tombstoned")),
+                call("delete", (DELETE_STEP, "continue"), reply=1)] * MAX_DELETE_REFUSALS
+
+    result = drive(
+        finishing_deletes(core.compact(thread, "s", 12)),
+        *refused("compact"), call("compact", reply=[1, 13, cap]),
+        *refused("retain"), call("retain", reply=0),
+        keys=thread.script_keys,
+    )
+    assert result.seq_id == 13
