@@ -297,3 +297,16 @@ def test_plain_lines_whose_otids_are_stored_under_other_ids_are_replays(stores):
     backup.import_lines(target, "otids", iter(lines), progress, progress_out=io.StringIO())
     assert (progress.stored, progress.already) == (10, 10)
     assert [m.otid for m in target.thread("otids").iter()] == [f"o{i}" for i in range(20)]
+
+
+def test_a_header_it_cannot_restore_is_refused_before_any_write(stores):
+    """The header's state is sent last, after every message: a value it cannot hold is refused
+    before the first."""
+    source, target = stores
+    build_thread(source)
+    head, *rest = export_text(source).splitlines(keepends=True)
+    header = json.loads(head)
+    header["turns"][0]["start"] = "soon"
+    with pytest.raises(errors.InvalidMessage, match="line 1"):
+        backup.import_lines(target, "chat", iter([json.dumps(header) + "\n", *rest]), progress_out=io.StringIO())
+    assert target.thread("chat").stats().stored_messages == 0
