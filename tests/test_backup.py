@@ -310,3 +310,15 @@ def test_a_header_it_cannot_restore_is_refused_before_any_write(stores):
     with pytest.raises(errors.InvalidMessage, match="line 1"):
         backup.import_lines(target, "chat", iter([json.dumps(header) + "\n", *rest]), progress_out=io.StringIO())
     assert target.thread("chat").stats().stored_messages == 0
+
+
+@pytest.mark.parametrize("which", [1, -1])
+def test_a_backup_message_without_its_id_is_refused(stores, which):
+    source, target = stores
+    source.thread("chat").append([UserMessage(content=f"m{i}") for i in range(3)])
+    lines = export_text(source).splitlines(keepends=True)
+    body = json.loads(lines[which])
+    del body["id"]
+    lines[which] = json.dumps(body) + "\n"
+    with pytest.raises(errors.InvalidMessage, match="seq_id and id"):
+        backup.import_lines(target, "chat", iter(lines), progress_out=io.StringIO())

@@ -143,8 +143,9 @@ def _restore(store: MessageStore, thread_id: str, head: dict, numbered: Iterator
                 message = parse_message(body)
             except (ValueError, errors.InvalidMessage) as exc:
                 raise errors.InvalidMessage(f"line {number}: {exc}") from None
-            if message.seq_id is None:
-                raise errors.InvalidMessage(f"line {number}: a backup's message must have its seq_id")
+            if message.seq_id is None or message.id is None:
+                # The id is how a restore run again finds the message stored.
+                raise errors.InvalidMessage(f"line {number}: a backup's message must have its seq_id and id")
             yield core.BackedUpMessage(message.seq_id, turn_id, message)
 
     checked = False
