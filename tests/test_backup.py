@@ -322,3 +322,20 @@ def test_a_backup_message_without_its_id_is_refused(stores, which):
     lines[which] = json.dumps(body) + "\n"
     with pytest.raises(errors.InvalidMessage, match="seq_id and id"):
         backup.import_lines(target, "chat", iter(lines), progress_out=io.StringIO())
+
+
+def test_restore_state_refuses_a_turn_it_could_not_read_back_before_any_write(stores, raw_client):
+    from kvstore._engine import core
+    from kvstore._engine.requests import ThreadRef
+
+    _, target = stores
+    thread = target.thread("state")
+    thread.append(UserMessage(content="q"), turn_id="t")
+    ref = ThreadRef.of(target.config, "state")
+    before = (raw_client.hgetall(thread.keys.meta), raw_client.hgetall(thread.keys.turns))
+    for bad in (core.TurnRecord("t", 1, "not done", 0, 0, 0, 0, 0), core.TurnRecord("t", 1, "open", -1, 0, 0, 0, 0)):
+        state = core.BackupState(last_seq=1, summary_last=1, summary_seq=1,
+                                 turns=[core.TurnRecord("u", 0, "open", 0, 0, 0, 0, 0), bad])
+        with pytest.raises(errors.InvalidMessage, match="not one a backup holds"):
+            target.run(core.restore_state(ref, state))
+        assert (raw_client.hgetall(thread.keys.meta), raw_client.hgetall(thread.keys.turns)) == before

@@ -180,14 +180,19 @@ def _header_state(head: dict) -> core.BackupState:
             raise ValueError(f"{value!r} is not a string")
         return value
 
+    def word(value: object) -> str:  # a turn's outcome, as its record holds it
+        if not (isinstance(value, str) and value.isascii() and value.isalpha()):
+            raise ValueError(f"{value!r} is not an outcome")
+        return value
+
     try:
         turn = head.get("turn") or {}
         return core.BackupState(
             last_seq=number(head["last_seq"]), summary_last=number(head.get("summary_last") or 0),
             summary_seq=number(head.get("summary_seq") or 0), deleted_before=number(head.get("deleted_before") or 0),
             turn_id=text(turn.get("id", "")), turn_seq=number(turn.get("seq") or 0),
-            turn_outcome=text(turn.get("outcome", "")),
-            turns=[core.TurnRecord(text(t["id"]), number(t["start"]), text(t["outcome"]), number(t["replies"]),
+            turn_outcome=word(turn["outcome"]) if turn else "",
+            turns=[core.TurnRecord(text(t["id"]), number(t["start"]), word(t["outcome"]), number(t["replies"]),
                                    number(t["first"]), number(t["count"]), number(t["first_seq"]),
                                    number(t["last_seq"]))
                    for t in head.get("turns", [])],
