@@ -339,3 +339,22 @@ def test_restore_state_refuses_a_turn_it_could_not_read_back_before_any_write(st
         with pytest.raises(errors.InvalidMessage, match="not one a backup holds"):
             target.run(core.restore_state(ref, state))
         assert (raw_client.hgetall(thread.keys.meta), raw_client.hgetall(thread.keys.turns)) == before
+
+
+def test_a_restore_call_is_no_larger_than_the_store_allows_an_append():
+    from kvstore._engine import core
+    from kvstore._engine.requests import ThreadRef
+
+    config = StoreConfig(namespace="n", max_batch_messages=3, max_batch_bytes=100 * 1024)
+    run = [core.BackedUpMessage(s, None, UserMessage(id=f"m{s}", content="x" * (30 * 1024))) for s in range(1, 11)]
+    operation = core.restore_run(ThreadRef.of(config, "chat"), run)
+    calls, reply = [], None
+    try:
+        while True:
+            call = operation.send(reply)
+            calls.append(call.args)
+            reply = [int(call.args[12]), 0]  # each restored
+    except StopIteration as done:
+        assert done.value == (10, 0)
+    sizes = [int(args[12]) for args in calls]
+    assert sizes == [3, 3, 3, 1] and [int(args[11]) for args in calls] == [1, 4, 7, 10]
