@@ -358,3 +358,20 @@ def test_a_restore_call_is_no_larger_than_the_store_allows_an_append():
         assert done.value == (10, 0)
     sizes = [int(args[12]) for args in calls]
     assert sizes == [3, 3, 3, 1] and [int(args[11]) for args in calls] == [1, 4, 7, 10]
+
+
+@pytest.mark.parametrize("otids", [("a", "b"), ("a", None)])
+def test_a_run_whose_otid_is_stored_elsewhere_is_a_restore_conflict(stores, raw_client, otids):
+    """Some or all of a run's otids stored at other sequences: one conflict, nothing written."""
+    from kvstore._engine import core
+    from kvstore._engine.requests import ThreadRef
+
+    _, target = stores
+    thread = target.thread("otid")
+    thread.append(UserMessage(content="there first", otid="a"))
+    before = view(thread, turns=())
+    run = [core.BackedUpMessage(5 + i, None, UserMessage(id=f"m{i}", content=f"m{i}", otid=otid))
+           for i, otid in enumerate(otids)]
+    with pytest.raises(errors.RestoreConflict, match="otid a is stored at sequence 1"):
+        target.run(core.restore_run(ThreadRef.of(target.config, "otid"), run))
+    assert view(thread, turns=()) == before
