@@ -20,8 +20,12 @@
 --- count and recorded result from the backup. Sent again it writes the same values. A thread
 --- holding sequences past last_seq is refused (KVS_RESTORE_CONFLICT) and nothing is written.
 ---
+--- Every number must be a whole number from 0, every outcome a word (includes/turns.lua,
+--- TURN_HEADER): anything else is refused (KVS_BAD_BACKUP) before the first write, since a turn
+--- header it cannot parse would be read back as an empty turn.
+---
 --- Reply: the number of turn records written
---- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_DELETING, KVS_RESTORE_CONFLICT
+--- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_DELETING, KVS_RESTORE_CONFLICT, KVS_BAD_BACKUP
 --- @include "includes/thread"
 --- @include "includes/turns"
 --- @include "includes/expiry"
@@ -36,6 +40,22 @@ local turn_id = ARGV[15]
 local turn_seq = tonumber(ARGV[16])
 local turn_outcome = ARGV[17]
 local count = tonumber(ARGV[18])
+
+local function bad_backup(what, value)
+  return redis.error_reply('KVS_BAD_BACKUP ' .. what .. ' ' .. tostring(value) .. ' is not one a backup holds')
+end
+for at = 11, 18 do
+  if at ~= 15 and at ~= 17 and not string.match(ARGV[at], '^%d+$') then return bad_backup('number', ARGV[at]) end
+end
+if turn_id ~= '' and not string.match(turn_outcome, '^%a+$') then return bad_backup('turn_outcome', turn_outcome) end
+for i = 1, count do
+  local base = 18 + (i - 1) * 8
+  if ARGV[base + 1] == nil or ARGV[base + 1] == '' then return bad_backup('turn id', ARGV[base + 1]) end
+  if not string.match(ARGV[base + 3], '^%a+$') then return bad_backup('outcome', ARGV[base + 3]) end
+  for _, at in ipairs({2, 4, 5, 6, 7, 8}) do
+    if not string.match(ARGV[base + at], '^%d+$') then return bad_backup('number', ARGV[base + at]) end
+  end
+end
 
 local err = check_thread(keys)
 if err then return err end

@@ -297,3 +297,81 @@ def test_plain_lines_whose_otids_are_stored_under_other_ids_are_replays(stores):
     backup.import_lines(target, "otids", iter(lines), progress, progress_out=io.StringIO())
     assert (progress.stored, progress.already) == (10, 10)
     assert [m.otid for m in target.thread("otids").iter()] == [f"o{i}" for i in range(20)]
+
+
+def test_a_header_it_cannot_restore_is_refused_before_any_write(stores):
+    """The header's state is sent last, after every message: a value it cannot hold is refused
+    before the first."""
+    source, target = stores
+    build_thread(source)
+    head, *rest = export_text(source).splitlines(keepends=True)
+    header = json.loads(head)
+    header["turns"][0]["start"] = "soon"
+    with pytest.raises(errors.InvalidMessage, match="line 1"):
+        backup.import_lines(target, "chat", iter([json.dumps(header) + "\n", *rest]), progress_out=io.StringIO())
+    assert target.thread("chat").stats().stored_messages == 0
+
+
+@pytest.mark.parametrize("which", [1, -1])
+def test_a_backup_message_without_its_id_is_refused(stores, which):
+    source, target = stores
+    source.thread("chat").append([UserMessage(content=f"m{i}") for i in range(3)])
+    lines = export_text(source).splitlines(keepends=True)
+    body = json.loads(lines[which])
+    del body["id"]
+    lines[which] = json.dumps(body) + "\n"
+    with pytest.raises(errors.InvalidMessage, match="seq_id and id"):
+        backup.import_lines(target, "chat", iter(lines), progress_out=io.StringIO())
+
+
+def test_restore_state_refuses_a_turn_it_could_not_read_back_before_any_write(stores, raw_client):
+    from kvstore._engine import core
+    from kvstore._engine.requests import ThreadRef
+
+    _, target = stores
+    thread = target.thread("state")
+    thread.append(UserMessage(content="q"), turn_id="t")
+    ref = ThreadRef.of(target.config, "state")
+    before = (raw_client.hgetall(thread.keys.meta), raw_client.hgetall(thread.keys.turns))
+    for bad in (core.TurnRecord("t", 1, "not done", 0, 0, 0, 0, 0), core.TurnRecord("t", 1, "open", -1, 0, 0, 0, 0)):
+        state = core.BackupState(last_seq=1, summary_last=1, summary_seq=1,
+                                 turns=[core.TurnRecord("u", 0, "open", 0, 0, 0, 0, 0), bad])
+        with pytest.raises(errors.InvalidMessage, match="not one a backup holds"):
+            target.run(core.restore_state(ref, state))
+        assert (raw_client.hgetall(thread.keys.meta), raw_client.hgetall(thread.keys.turns)) == before
+
+
+def test_a_restore_call_is_no_larger_than_the_store_allows_an_append():
+    from kvstore._engine import core
+    from kvstore._engine.requests import ThreadRef
+
+    config = StoreConfig(namespace="n", max_batch_messages=3, max_batch_bytes=100 * 1024)
+    run = [core.BackedUpMessage(s, None, UserMessage(id=f"m{s}", content="x" * (30 * 1024))) for s in range(1, 11)]
+    operation = core.restore_run(ThreadRef.of(config, "chat"), run)
+    calls, reply = [], None
+    try:
+        while True:
+            call = operation.send(reply)
+            calls.append(call.args)
+            reply = [int(call.args[12]), 0]  # each restored
+    except StopIteration as done:
+        assert done.value == (10, 0)
+    sizes = [int(args[12]) for args in calls]
+    assert sizes == [3, 3, 3, 1] and [int(args[11]) for args in calls] == [1, 4, 7, 10]
+
+
+@pytest.mark.parametrize("otids", [("a", "b"), ("a", None)])
+def test_a_run_whose_otid_is_stored_elsewhere_is_a_restore_conflict(stores, raw_client, otids):
+    """Some or all of a run's otids stored at other sequences: one conflict, nothing written."""
+    from kvstore._engine import core
+    from kvstore._engine.requests import ThreadRef
+
+    _, target = stores
+    thread = target.thread("otid")
+    thread.append(UserMessage(content="there first", otid="a"))
+    before = view(thread, turns=())
+    run = [core.BackedUpMessage(5 + i, None, UserMessage(id=f"m{i}", content=f"m{i}", otid=otid))
+           for i, otid in enumerate(otids)]
+    with pytest.raises(errors.RestoreConflict, match="otid a is stored at sequence 1"):
+        target.run(core.restore_run(ThreadRef.of(target.config, "otid"), run))
+    assert view(thread, turns=()) == before

@@ -169,16 +169,20 @@ def restore_runs(items: Iterable[BackedUpMessage]) -> Iterator[list[BackedUpMess
 
 
 def restore_run(thread: ThreadRef, run: list[BackedUpMessage]) -> Operation:
-    """Restores one run (consecutive sequences of one turn) at its sequences, in calls of at
-    most RESTORE_RUN_BYTES of records; returns (restored, already stored)."""
+    """Restores one run (consecutive sequences of one turn) at its sequences, in calls no larger
+    than an append may be (the store's max_batch_messages and max_batch_bytes, at most
+    RESTORE_RUN_BYTES of records); returns (restored, already stored)."""
     turn_id = run[0].turn_id
     prepared = [PreparedMessage.of(thread.config, item.message, turn_id, None, f"message {item.sequence}")
                 for item in run]
+    most = thread.config.max_batch_messages
+    most_bytes = min(RESTORE_RUN_BYTES, thread.config.max_batch_bytes)
     restored = already = 0
     start = 0
     while start < len(prepared):
         end, size = start, 0
-        while end < len(prepared) and (end == start or size + len(prepared[end].record) <= RESTORE_RUN_BYTES):
+        while end < len(prepared) and (end == start or (
+                end - start < most and size + len(prepared[end].record) <= most_bytes)):
             size += len(prepared[end].record)
             end += 1
         args: list[Any] = [*thread.limits(), turn_id or "", run[start].sequence, end - start]

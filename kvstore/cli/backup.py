@@ -133,14 +133,7 @@ def _numbered(lines: Iterable[str], progress: ImportProgress) -> Iterator[tuple[
 def _restore(store: MessageStore, thread_id: str, head: dict, numbered: Iterator[tuple[int, str]],
              progress: ImportProgress, bar: Progress) -> None:
     ref = ThreadRef.of(store.config, thread_id)
-    turn = head.get("turn") or {}
-    state = core.BackupState(
-        last_seq=int(head["last_seq"]), summary_last=int(head.get("summary_last") or 0),
-        summary_seq=int(head.get("summary_seq") or 0), deleted_before=int(head.get("deleted_before") or 0),
-        turn_id=turn.get("id", ""), turn_seq=int(turn.get("seq") or 0), turn_outcome=turn.get("outcome", ""),
-        turns=[core.TurnRecord(t["id"], t["start"], t["outcome"], t["replies"], t["first"], t["count"],
-                               t["first_seq"], t["last_seq"]) for t in head.get("turns", [])],
-    )
+    state = _header_state(head)
 
     def items() -> Iterator[core.BackedUpMessage]:
         for number, text in numbered:
@@ -150,8 +143,9 @@ def _restore(store: MessageStore, thread_id: str, head: dict, numbered: Iterator
                 message = parse_message(body)
             except (ValueError, errors.InvalidMessage) as exc:
                 raise errors.InvalidMessage(f"line {number}: {exc}") from None
-            if message.seq_id is None:
-                raise errors.InvalidMessage(f"line {number}: a backup's message must have its seq_id")
+            if message.seq_id is None or message.id is None:
+                # The id is how a restore run again finds the message stored.
+                raise errors.InvalidMessage(f"line {number}: a backup's message must have its seq_id and id")
             yield core.BackedUpMessage(message.seq_id, turn_id, message)
 
     checked = False
@@ -171,6 +165,40 @@ def _restore(store: MessageStore, thread_id: str, head: dict, numbered: Iterator
         if stats.next_sequence > 1 and stats.next_sequence - 1 != state.last_seq:
             raise errors.RestoreConflict(f"thread {thread_id!r} already holds messages: restore into an empty thread")
     store.run(core.restore_state(ref, state))
+
+
+def _header_state(head: dict) -> core.BackupState:
+    """The state a backup's header records, every field checked here: restore_state sends it
+    after every message is in, and a value it cannot read must not stop it there."""
+    def number(value: object) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{value!r} is not a sequence or count")
+        return value
+
+    def text(value: object) -> str:
+        if not isinstance(value, str):
+            raise ValueError(f"{value!r} is not a string")
+        return value
+
+    def word(value: object) -> str:  # a turn's outcome, as its record holds it
+        if not (isinstance(value, str) and value.isascii() and value.isalpha()):
+            raise ValueError(f"{value!r} is not an outcome")
+        return value
+
+    try:
+        turn = head.get("turn") or {}
+        return core.BackupState(
+            last_seq=number(head["last_seq"]), summary_last=number(head.get("summary_last") or 0),
+            summary_seq=number(head.get("summary_seq") or 0), deleted_before=number(head.get("deleted_before") or 0),
+            turn_id=text(turn.get("id", "")), turn_seq=number(turn.get("seq") or 0),
+            turn_outcome=word(turn["outcome"]) if turn else "",
+            turns=[core.TurnRecord(text(t["id"]), number(t["start"]), word(t["outcome"]), number(t["replies"]),
+                                   number(t["first"]), number(t["count"]), number(t["first_seq"]),
+                                   number(t["last_seq"]))
+                   for t in head.get("turns", [])],
+        )
+    except (KeyError, TypeError, AttributeError, ValueError) as exc:
+        raise errors.InvalidMessage(f"line 1: the backup's header is not one export wrote ({exc!r})") from None
 
 
 def _append_plain(store: MessageStore, thread_id: str, numbered: Iterable[tuple[int, str]],
