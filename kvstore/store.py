@@ -14,7 +14,7 @@ import redis
 import redis.asyncio
 
 from ._engine.core import Operation, ThreadRef
-from ._engine.executor import AsyncDriver, Executor, Pump, SyncDriver, operate
+from ._engine.executor import AsyncDriver, Executor, SyncDriver, operate
 from ._engine.health import HealthReport, health, health_async
 from .config import StoreConfig
 from .thread import AsyncThread, Thread
@@ -102,7 +102,7 @@ class MessageStore(SyncDriver, Executor):
 
         Low-level, as :meth:`run`; :meth:`Thread.iter` is built on it.
         """
-        return self._outputs(Pump(operate(self, operation)))
+        return self._outputs(operate(self, operation))
 
     def close(self) -> None:
         """Closes the store's client and its connections: the one from_url made, or the client you
@@ -168,7 +168,7 @@ class AsyncMessageStore(AsyncDriver, Executor):
 
     def stream(self, operation: Generator[Any, Any, Any]) -> AsyncIterator[Any]:
         """See :meth:`MessageStore.stream`."""
-        return self._outputs(Pump(operate(self, operation)))
+        return self._outputs(operate(self, operation))
 
     async def close(self) -> None:
         """See :meth:`MessageStore.close`."""
