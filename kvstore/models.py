@@ -57,6 +57,8 @@ class ThreadStats(_Result):
     deleted_before_sequence: every sequence below it was deleted by retention (None: none was).
     summary_last_sequence: the last sequence the latest summary covers (None: no compaction).
     layout_version: 2, or 1 for a thread not migrated yet; None for an unknown thread.
+    forked_from / fork_sequence: for a thread made by ``Thread.fork``, the thread it was forked
+    from and the sequence of its fork point (None otherwise, and while the fork is unfinished).
 
     Example: ``thread.stats().next_sequence - 1`` is the last sequence given out.
     """
@@ -70,6 +72,8 @@ class ThreadStats(_Result):
     deleted_before_sequence: int | None = None
     summary_last_sequence: int | None = None
     layout_version: int | None = None
+    forked_from: str | None = None
+    fork_sequence: int | None = None
 
 
 class TurnResult(_Result):

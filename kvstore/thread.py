@@ -6,7 +6,7 @@ Every method hands one core operation (kvstore._engine.core) to the store it was
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Literal
 
 from ._engine import core
@@ -192,18 +192,30 @@ class Thread(_Bound):
         """
         return self._store.run(core.snapshot(self._ref))
 
-    def context(self) -> _MessageList:
+    def context(self, max_tokens: int | None = None,
+                count_tokens: Callable[[Message], int] | None = None) -> _MessageList:
         """The model input: the latest summary (if any) and every message after the sequence it
         covers, oldest first. Without a compaction, every stored message.
+
+        With `max_tokens`, the summary and the newest messages whose tokens fit what the summary
+        leaves, read newest page first (one or two round trips for a budget of a few hundred
+        messages). Tokens are counted by `count_tokens` (your tokenizer), else estimated as one
+        per 4 bytes of the message's JSON. The summary is always included, even alone over the
+        budget.
+
+        A tool-call pair is never split (docs/HISTORY.md): a tool return or approval response
+        whose call the summary covers brings that call (and what lies between) back in when it
+        is still stored and fits the budget, and is otherwise left out; a budget that cuts
+        between a call and its answer leaves the answer out.
 
         It reads only the chunks after the summary, and one state of the thread: a compaction
         landing while it reads makes it read again.
 
         Example::
 
-            prompt = [m.to_dict() for m in thread.context()]
+            prompt = [m.to_dict() for m in thread.context(max_tokens=8000)]
         """
-        return self._store.run(core.context(self._ref))
+        return self._store.run(core.context(self._ref, max_tokens, count_tokens))
 
     def compact(self, summary: str, last_sequence: int, stats: CompactionStats | dict | None = None) -> SummaryMessage:
         """Stores a summary of the messages up to `last_sequence`, and returns it (a
@@ -219,12 +231,41 @@ class Thread(_Bound):
         thread's last sequence, or is before the current summary's (summaries only move
         forward); MessageTooLarge as append does.
 
+        A `last_sequence` between a tool call (or approval request) and its answer is moved
+        back to just before the call, so that the summary never covers half of a pair
+        (docs/HISTORY.md); :meth:`stats` shows where it ended.
+
         Example::
 
             last = thread.stats().next_sequence - 1
             summary = thread.compact("The user asked about Oslo's weather.", last)
         """
         return self._store.run(core.compact(self._ref, summary, last_sequence, stats))
+
+    def fork(self, new_thread_id: str, at: str | int) -> Thread:
+        """Makes the thread `new_thread_id` hold this thread's history up to and including
+        message `at` (its id, or its sequence), and returns it: for "edit a message and
+        regenerate", or for trying two continuations.
+
+        Messages keep their ids and sequences; the summary (if stored by then), retention
+        (``deleted_before``) and the turns started by then are carried over, a turn with
+        messages after `at` open again. ``stats()`` of the new thread names its parent and
+        fork point. The copy runs in bounded steps (the threads live in their own hash slots),
+        each idempotent: a fork interrupted anywhere is finished by calling it again, and a
+        finished one returns at once.
+
+        Raises MessageNotFound when `at` is not stored (or retention deleted it),
+        RestoreConflict when `new_thread_id` already holds other messages, ServerError when a
+        compaction ran during the copy (call it again).
+
+        Example::
+
+            draft = thread.fork("user-42:session-7:edit-1", at=user_message_id)
+            draft.append(UserMessage(content="Actually, Bergen."))
+        """
+        new = self._store.thread(new_thread_id)
+        self._store.run(core.fork(self._ref, _thread_id(self._ref), new._ref, at))
+        return new
 
     def replace(self, message_id: str, message: Message | dict) -> Message:
         """Replaces the stored message `message_id` by `message`; returns the stored copy.
@@ -378,14 +419,15 @@ class AsyncThread(_Bound):
         """
         return await self._store.run(core.snapshot(self._ref))
 
-    async def context(self) -> _MessageList:
+    async def context(self, max_tokens: int | None = None,
+                      count_tokens: Callable[[Message], int] | None = None) -> _MessageList:
         """The awaited :meth:`Thread.context`: same arguments, result and errors.
 
         Example::
 
-            messages = await thread.context()
+            messages = await thread.context(max_tokens=8000)
         """
-        return await self._store.run(core.context(self._ref))
+        return await self._store.run(core.context(self._ref, max_tokens, count_tokens))
 
     async def compact(self, summary: str, last_sequence: int, stats: CompactionStats | dict | None = None) -> SummaryMessage:
         """The awaited :meth:`Thread.compact`: same arguments, result and errors.
@@ -396,6 +438,17 @@ class AsyncThread(_Bound):
         """
         return await self._store.run(core.compact(self._ref, summary, last_sequence, stats))
 
+
+    async def fork(self, new_thread_id: str, at: str | int) -> AsyncThread:
+        """The awaited :meth:`Thread.fork`: same arguments, result and errors.
+
+        Example::
+
+            draft = await thread.fork("user-42:session-7:edit-1", at=user_message_id)
+        """
+        new = self._store.thread(new_thread_id)
+        await self._store.run(core.fork(self._ref, _thread_id(self._ref), new._ref, at))
+        return new
     async def replace(self, message_id: str, message: Message | dict) -> Message:
         """The awaited :meth:`Thread.replace`: same arguments, result and errors.
 
@@ -440,3 +493,9 @@ class AsyncThread(_Bound):
             await thread.delete()
         """
         await self._store.run(core.delete(self._ref))
+
+
+def _thread_id(ref: ThreadRef) -> str:
+    """The thread id inside its keys' hash tag (a thread id holds no braces)."""
+    meta = ref.keys.meta
+    return meta[meta.rindex("{") + 1 : meta.rindex("}")]

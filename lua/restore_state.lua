@@ -15,6 +15,8 @@
 --- ARGV[18]     count (int): the turn records that follow
 --- ARGV[19..]   ARGV[18] times: turn id (str), start (int), outcome (str), replies (int),
 ---              first (int), result count (int), result first_seq (int), result last_seq (int)
+--- then         fork_of (str): the thread this one was forked from; '' (or absent) for none
+---              fork_at (int): the sequence of the fork point; 0 (or absent) for none
 ---
 --- Each turn keeps the ranges its restored messages gave it and takes its reply start, reply
 --- count and recorded result from the backup. Sent again it writes the same values. A thread
@@ -40,6 +42,8 @@ local turn_id = ARGV[15]
 local turn_seq = tonumber(ARGV[16])
 local turn_outcome = ARGV[17]
 local count = tonumber(ARGV[18])
+local fork_of = ARGV[19 + count * 8] or ''
+local fork_at = ARGV[20 + count * 8] or '0'
 
 local function bad_backup(what, value)
   return redis.error_reply('KVS_BAD_BACKUP ' .. what .. ' ' .. tostring(value) .. ' is not one a backup holds')
@@ -48,6 +52,7 @@ for at = 11, 18 do
   if at ~= 15 and at ~= 17 and not string.match(ARGV[at], '^%d+$') then return bad_backup('number', ARGV[at]) end
 end
 if turn_id ~= '' and not string.match(turn_outcome, '^%a+$') then return bad_backup('turn_outcome', turn_outcome) end
+if not string.match(fork_at, '^%d+$') then return bad_backup('fork_at', fork_at) end
 for i = 1, count do
   local base = 18 + (i - 1) * 8
   if ARGV[base + 1] == nil or ARGV[base + 1] == '' then return bad_backup('turn id', ARGV[base + 1]) end
@@ -81,6 +86,10 @@ if turn_id ~= '' then
   fields[#fields + 1] = 'turn_id'; fields[#fields + 1] = turn_id
   fields[#fields + 1] = 'turn_seq'; fields[#fields + 1] = turn_seq
   fields[#fields + 1] = 'turn_outcome'; fields[#fields + 1] = turn_outcome
+end
+if fork_of ~= '' then
+  fields[#fields + 1] = 'fork_of'; fields[#fields + 1] = fork_of
+  fields[#fields + 1] = 'fork_at'; fields[#fields + 1] = fork_at
 end
 redis.call('HSET', keys.meta, unpack(fields))
 for i = 1, count do

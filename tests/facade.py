@@ -22,6 +22,9 @@ class SyncFacade:
             return collect
         if callable(attr):
             def call(*args: Any, **kwargs: Any) -> Any:
-                return self._loop.run_until_complete(attr(*args, **kwargs))
+                result = self._loop.run_until_complete(attr(*args, **kwargs))
+                if type(result).__name__ == "AsyncThread":  # fork: the new thread, in the same mode
+                    return SyncFacade(result, self._loop)
+                return result
             return call
         return attr

@@ -195,8 +195,9 @@ def restore_run(thread: ThreadRef, run: list[BackedUpMessage]) -> Operation:
     return restored, already
 
 
-def restore_state(thread: ThreadRef, state: BackupState) -> Operation:
-    """Sets the thread's state as the backup recorded it (after every message is restored)."""
+def restore_state(thread: ThreadRef, state: BackupState, fork_of: str = "", fork_at: int = 0) -> Operation:
+    """Sets the thread's state as the backup recorded it (after every message is restored); a
+    fork also records the thread it was forked from and its fork point."""
     turns = state.turns or []
     for start in range(0, max(len(turns), 1), RESTORE_TURNS):
         part = turns[start : start + RESTORE_TURNS]
@@ -208,6 +209,8 @@ def restore_state(thread: ThreadRef, state: BackupState) -> Operation:
         for turn in part:
             args += (turn.turn_id, turn.start, turn.outcome, turn.replies, turn.first,
                      turn.count, turn.first_seq, turn.last_seq)
+        if fork_of:
+            args += (fork_of, fork_at)
         yield from write(thread, SCRIPTS["restore_state"], args)
 
 

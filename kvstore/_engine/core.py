@@ -15,12 +15,14 @@ The operations live by concern; this module names them for the rest of the code:
 - pages.py, plan.py: list_page and its walk, the page plans, the one page loop (pages)
 - views.py: stats, snapshot, context
 - lifecycle.py: compact, replace, remove_turn, delete, migrate
+- fork.py: fork (a new thread holding a thread's history up to a message)
 - backup.py: backup_state, restore_run(s), restore_state: a thread's backup and its restore
 """
 
 from .append import append, finish_turn, start_turn
 from .backup import BackedUpMessage, BackupState, TurnRecord, backup_state, check_restore_target, restore_run, restore_runs, restore_state, stored_ids
 from .keys import ThreadKeys
+from .fork import fork
 from .lifecycle import compact, delete, migrate, remove_turn, replace
 from .pages import gathering, list_page, pages
 from .prepare import PreparedMessage, fit_media, prepare_batch
@@ -58,6 +60,7 @@ __all__ = [
     "backup_state",
     "check_restore_target",
     "compact",
+    "fork",
     "context",
     "delete",
     "fetch_sequences",

@@ -8,6 +8,8 @@ from typing import Any
 
 from .. import errors
 from ..messages import CompactionStats, Message
+from .pages import list_page
+from .pairs import PAIR_LOOKBACK, answered_ids, opened_ids, orphans
 from .prepare import PreparedMessage, check_token, prepare_batch, stored_date, within_media_budget
 from .reads import fetch_sequences, locate_records
 from .record import salvage
@@ -24,6 +26,7 @@ def compact(
     if isinstance(last_sequence, bool) or not isinstance(last_sequence, int) or last_sequence < 1:
         raise errors.InvalidSummaryRange(f"last_sequence must be a positive int, got {last_sequence!r}")
     message = {"message_type": "summary_message", "summary": summary, "compaction_stats": stats}
+    last_sequence = yield from pair_boundary(thread, last_sequence)
 
     def send(items: list[PreparedMessage]) -> Operation:
         (item,) = items
@@ -118,3 +121,30 @@ def migrate(thread: ThreadRef, max_calls: int | None = None) -> Operation:
                 )
             break
     return calls
+
+
+# How many moves back a compaction's boundary may make to keep pairs whole (each move reads two
+# pages of PAIR_LOOKBACK messages); past it the boundary stays where the last move put it.
+MAX_BOUNDARY_MOVES = 4
+
+
+def pair_boundary(thread: ThreadRef, last_sequence: int) -> Operation:
+    """`last_sequence`, moved back before a tool call (or approval request) whose answer comes
+    after it, so that the summary never covers half of a pair (docs/HISTORY.md). Only the
+    PAIR_LOOKBACK messages on either side of the boundary are read."""
+    for _ in range(MAX_BOUNDARY_MOVES):
+        after = yield from list_page(thread, after=last_sequence, limit=PAIR_LOOKBACK, order="asc")
+        needed = {i for m in orphans(after.messages) for i in answered_ids(m)}
+        if not needed:
+            break
+        before = yield from list_page(thread, after=last_sequence + 1, limit=PAIR_LOOKBACK, order="desc")
+        openers = [m.seq_id for m in before.messages if needed.intersection(opened_ids(m)) and m.seq_id is not None]
+        if not openers:
+            break  # the calls are no longer stored (or never were): nothing to keep whole
+        if min(openers) <= 1:
+            raise errors.InvalidSummaryRange(
+                f"last_sequence {last_sequence} splits a tool call from its answer, and the call is the"
+                " thread's first message: there is nothing before it to summarize"
+            )
+        last_sequence = min(openers) - 1
+    return last_sequence

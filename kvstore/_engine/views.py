@@ -14,8 +14,9 @@ from ..messages import Message, SummaryMessage
 from ..models import MessagesPage, ThreadSnapshot, ThreadStats, TurnState
 from .keys import ThreadKeys
 from .pages import gathering, list_page, pages
+from .pairs import PAIR_LOOKBACK, TokenCounter, answered_ids, estimated_tokens, opened_ids, orphans, without_orphans
 from .reads import fetch_sequences
-from .requests import MAX_LIMIT, MAX_READ_ATTEMPTS, SNAPSHOT_SIZE, Batch, Cursor, Operation, ThreadRef, changed_under_reads
+from .requests import ITER_PAGE, MAX_LIMIT, MAX_READ_ATTEMPTS, SNAPSHOT_SIZE, Batch, Cursor, Operation, ThreadRef, changed_under_reads
 
 log = logging.getLogger("kvstore")
 
@@ -60,6 +61,8 @@ def _stats_from(meta: dict, window: int, chunks: int, legacy: int) -> ThreadStat
         deleted_before_sequence=number("deleted_before") or None,
         summary_last_sequence=number("summary_last"),
         layout_version=layout,
+        forked_from=_text(fields["fork_of"]) if "fork_of" in fields else None,
+        fork_sequence=number("fork_at"),
     )
 
 
@@ -109,24 +112,26 @@ def _summary(thread: ThreadRef, fields: dict[str, str], unreadable: list[int]) -
     return summary if isinstance(summary, SummaryMessage) else None
 
 
-def context(thread: ThreadRef) -> Operation:
-    """The model input: the context summary and every message after its last sequence.
+def context(thread: ThreadRef, max_tokens: int | None = None, count_tokens: TokenCounter | None = None) -> Operation:
+    """The model input: the context summary and every message after its last sequence (with
+    `max_tokens`, the newest of them that fit), with no tool-call pair split (pairs.py).
 
     It takes several round trips; a compaction landing between them would pair the old summary
     with pages cut by the new retention. Summaries only move forward (each is a new message with
     a new sequence), so an unchanged `summary_seq` after the last page means no compaction ran
     in between; otherwise the read starts again.
     """
+    if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1):
+        raise errors.InvalidCursor(f"max_tokens must be a positive int, got {max_tokens!r}")
+    count = count_tokens or estimated_tokens
     keys = thread.keys
     for _ in range(MAX_READ_ATTEMPTS):
         (meta,) = yield Batch([("HMGET", keys.meta, "summary_last", "summary_seq", "deleted_before")])
         summary_last, summary_seq, deleted_before = meta
-        messages: list[Message] = []
-        after: Cursor = None
+        summary: SummaryMessage | None = None
+        after: int | None = None
         if summary_seq is not None:
             summary = yield from _summary(thread, {"summary_seq": _text(summary_seq)}, [])
-            if summary is not None:
-                messages.append(summary)
             after = int(summary_last)
         elif deleted_before is not None:
             log.warning(
@@ -136,10 +141,70 @@ def context(thread: ThreadRef) -> Operation:
                 _text(deleted_before),
             )
         skip = int(summary_seq) if summary_seq is not None else None
-        read: list[MessagesPage] = []
-        yield from gathering(pages(thread, after=after, limit=MAX_LIMIT), read.append)
-        messages += [m for page in read for m in page.messages if m.seq_id != skip]
+        budget = None if max_tokens is None else max_tokens - (_tokens(count, summary) if summary else 0)
+        if budget is None:
+            read: list[MessagesPage] = []
+            yield from gathering(pages(thread, after=after, limit=MAX_LIMIT), read.append)
+            body = [m for page in read for m in page.messages if m.seq_id != skip]
+            left: int | None = None
+        else:
+            body, left = yield from _newest_within(thread, after, skip, budget, count)
+        if after is not None and left != 0:
+            body = (yield from _openers_before(thread, after, body, left, count)) + body
         (now,) = yield Batch([("HGET", keys.meta, "summary_seq")])
         if now == summary_seq:
-            return messages
+            return ([summary] if summary is not None else []) + without_orphans(body)
     raise errors.ServerError("the thread was compacted under every read attempt; try again")
+
+
+def _tokens(count: TokenCounter, message: Message) -> int:
+    tokens = count(message)
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
+        raise errors.InvalidMessage(f"the token counter gave {tokens!r} for message {message.id}: it must give an int >= 0")
+    return tokens
+
+
+def _newest_within(thread: ThreadRef, after: int | None, skip: int | None, budget: int,
+                   count: TokenCounter) -> Operation:
+    """The newest messages after sequence `after` whose tokens fit `budget`, oldest first, read
+    newest page first; and the budget left when every one of them fit (else 0)."""
+    newest_first: list[Message] = []
+    cursor: Cursor = None
+    while True:
+        page = yield from list_page(thread, after=cursor, before=after, limit=ITER_PAGE, order="desc")
+        for message in page.messages:
+            if message.seq_id == skip:
+                continue
+            tokens = _tokens(count, message)
+            if tokens > budget:
+                newest_first.reverse()
+                return newest_first, 0
+            budget -= tokens
+            newest_first.append(message)
+        if page.next_cursor is None:
+            newest_first.reverse()
+            return newest_first, budget
+        cursor = page.next_cursor
+
+
+def _openers_before(thread: ThreadRef, after: int, body: list[Message], left: int | None,
+                    count: TokenCounter) -> Operation:
+    """The messages at and before the summary's boundary that `body`'s first answers need:
+    from the oldest call they answer (among the PAIR_LOOKBACK messages before the boundary) up
+    to the boundary, when they fit what is `left` of the budget (None: no budget). A pair the
+    summary split is kept whole this way; a call no longer stored leaves its answer out."""
+    needed = {i for m in orphans(body) for i in answered_ids(m)}
+    if not needed:
+        return []
+    page = yield from list_page(thread, after=after + 1, limit=PAIR_LOOKBACK, order="desc")
+    newest_first = page.messages
+    oldest = None
+    for at, message in enumerate(newest_first):
+        if needed.intersection(opened_ids(message)):
+            oldest = at
+    if oldest is None:
+        return []
+    extra = list(reversed(newest_first[: oldest + 1]))
+    if left is not None and sum(_tokens(count, m) for m in extra) > left:
+        return []
+    return extra

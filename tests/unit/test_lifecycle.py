@@ -25,11 +25,17 @@ def migrate_reply(layout: int, scanning: bool = False, chunks: int = 0, left: in
 # ------------------------------------------------------------------------------ compact
 
 
-def test_compact_runs_retention_again_while_each_call_hits_the_cap(thread):
+def boundary(fake: FakeThread) -> list:
+    """The read before a compaction: the page after last_sequence, for answers whose calls the
+    summary would cover (no message follows here, so the plan is all it takes)."""
+    return [fake.plan()]
+
+
+def test_compact_runs_retention_again_while_each_call_hits_the_cap(thread, fake):
     cap = thread.config.max_chunks_per_call
     store = call("compact", {10: 12}, reply=[1, 13, cap])
     first, last = call("retain", thread.limits(), reply=cap), call("retain", thread.limits(), reply=cap - 1)
-    result = drive(core.compact(thread, "what happened", 12), store, first, last, keys=thread.script_keys)
+    result = drive(core.compact(thread, "what happened", 12), *boundary(fake), store, first, last, keys=thread.script_keys)
     assert isinstance(result, SummaryMessage)
     assert result.seq_id == 13 and result.summary == "what happened"
     args = store.request.args
@@ -39,9 +45,9 @@ def test_compact_runs_retention_again_while_each_call_hits_the_cap(thread):
     assert recorded.summary == "what happened"
 
 
-def test_compact_under_the_cap_runs_no_more_retention(thread):
+def test_compact_under_the_cap_runs_no_more_retention(thread, fake):
     cap = thread.config.max_chunks_per_call
-    result = drive(core.compact(thread, "s", 5), call("compact", reply=[1, 6, cap - 1]))
+    result = drive(core.compact(thread, "s", 5), *boundary(fake), call("compact", reply=[1, 6, cap - 1]))
     assert result.seq_id == 6
 
 
@@ -50,6 +56,7 @@ def test_a_compact_replay_runs_retention_and_returns_the_stored_summary(thread, 
     fake.append(1, make=lambda s: summary(s, "the summary stored first"))  # 9
     result = drive(
         core.compact(thread, "sent again", 8),
+        fake.plan(), fake.fetch(),  # the page after 8: the summary, no answer
         call("compact", {10: 8}, reply=[0, 9, 0]),
         call("retain", reply=0),  # the first caller may not have finished retention
         fake.located("9"),
@@ -59,11 +66,11 @@ def test_a_compact_replay_runs_retention_and_returns_the_stored_summary(thread, 
     assert result.seq_id == 9 and result.summary == "the summary stored first" and result.id == "m9"
 
 
-def test_compact_that_loses_its_connection_in_retention_is_outcome_unknown_with_the_summary(thread):
+def test_compact_that_loses_its_connection_in_retention_is_outcome_unknown_with_the_summary(thread, fake):
     cap = thread.config.max_chunks_per_call
     store = call("compact", reply=[1, 13, cap])
     with pytest.raises(errors.OutcomeUnknown) as raised:
-        drive(core.compact(thread, "s", 12), store, call("retain", error=errors.OutcomeUnknown("dropped")))
+        drive(core.compact(thread, "s", 12), *boundary(fake), store, call("retain", error=errors.OutcomeUnknown("dropped")))
     (carried,) = raised.value.messages
     assert carried.summary == "s" and carried.id == store.request.args[11]
 
@@ -74,9 +81,9 @@ def test_compact_refuses_a_last_sequence_that_is_no_positive_int_before_any_requ
         drive(core.compact(thread, "s", last))
 
 
-def test_compact_maps_a_summary_that_would_move_back(thread):
+def test_compact_maps_a_summary_that_would_move_back(thread, fake):
     with pytest.raises(errors.InvalidSummaryRange):
-        drive(core.compact(thread, "s", 3), call("compact", error=errors.InvalidSummaryRange("before 9")))
+        drive(core.compact(thread, "s", 3), *boundary(fake), call("compact", error=errors.InvalidSummaryRange("before 9")))
 
 
 # ------------------------------------------------------------------- thread being deleted
@@ -144,9 +151,10 @@ def test_a_write_refused_while_the_legacy_scan_runs_runs_migrate_steps_then_is_s
     ],
     ids=["start_turn", "finish_turn", "compact"],
 )
-def test_every_write_through_the_scan_check_waits_for_it(thread, name, operation, reply, expected):
+def test_every_write_through_the_scan_check_waits_for_it(thread, fake, name, operation, reply, expected):
     result = drive(
         operation(thread),
+        *(boundary(fake) if name == "compact" else []),
         call(name, error=errors.MigrationPending("scanning")),
         call("migrate", reply=migrate_reply(2)),  # the scan ended, and the migration with it
         call(name, reply=reply),
@@ -333,7 +341,7 @@ def test_a_write_refused_as_deleting_again_and_again_gives_up_with_a_server_erro
               keys=thread.script_keys)
 
 
-def test_the_count_of_refusals_as_deleting_starts_again_at_each_request_that_gets_through(thread):
+def test_the_count_of_refusals_as_deleting_starts_again_at_each_request_that_gets_through(thread, fake):
     # compact, then retain, each refused as often as finishing_deletes bears: neither gives up.
     cap = thread.config.max_chunks_per_call
 
@@ -343,7 +351,7 @@ def test_the_count_of_refusals_as_deleting_starts_again_at_each_request_that_get
 
     result = drive(
         finishing_deletes(core.compact(thread, "s", 12)),
-        *refused("compact"), call("compact", reply=[1, 13, cap]),
+        *boundary(fake), *refused("compact"), call("compact", reply=[1, 13, cap]),
         *refused("retain"), call("retain", reply=0),
         keys=thread.script_keys,
     )

@@ -1,0 +1,115 @@
+"""A fork: a new thread holding a thread's history up to a message (docs/HISTORY.md).
+
+The copy is a restore (backup.py) of the source's messages up to the fork point, at their own
+sequences, a run of at most RESTORE_RUN messages per call: the two threads live in their own
+hash slots, so no one step can write both. Each step is idempotent (a message stored at its own
+sequence is skipped), so a fork interrupted anywhere is finished by running it again. The last
+step writes the fork's state (summary, retention and turns as of the fork point) and its origin
+(``fork_of``, ``fork_at`` in meta), which also marks the fork finished.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from .. import errors
+from .backup import (
+    RESTORE_RUN,
+    BackedUpMessage,
+    BackupState,
+    TurnRecord,
+    backup_state,
+    check_restore_target,
+    restore_run,
+    restore_runs,
+    restore_state,
+)
+from .lifecycle import migrate
+from .pages import list_page
+from .reads import locate_records
+from .requests import Batch, Operation, ThreadRef
+
+
+def fork(source: ThreadRef, source_id: str, target: ThreadRef, at: str | int) -> Operation:
+    """Copies `source`'s history up to and including message `at` (an id, or a sequence) into
+    the empty thread `target`; returns the fork point's sequence."""
+    if target.keys.meta == source.keys.meta:
+        raise errors.InvalidCursor("a thread cannot be forked into itself")
+    yield from migrate(source)
+    at_seq = yield from _fork_point(source, at)
+    (done,) = yield Batch([("HMGET", target.keys.meta, "fork_of", "fork_at")])
+    if [_text(v) for v in done] == [source_id, str(at_seq)]:
+        return at_seq  # finished before: a retried or repeated fork
+    state = yield from backup_state(source)
+    if at_seq > state.last_seq or at_seq < state.deleted_before:
+        raise errors.MessageNotFound(f"sequence {at_seq} is not stored in the thread (deleted by retention, or not given out yet)")
+    copied = 0
+    cursor: int | None = None
+    while True:
+        page = yield from list_page(source, after=cursor, limit=RESTORE_RUN, order="asc")
+        items = [BackedUpMessage(m.seq_id, state.turn_of(m.seq_id), m) for m in page.messages if m.seq_id <= at_seq]
+        if items and not copied:
+            yield from check_restore_target(target, items[0])
+        for run in restore_runs(items):
+            yield from restore_run(target, run)
+        copied += len(items)
+        if page.next_cursor is None or len(items) < len(page.messages):
+            break
+        cursor = page.next_cursor
+    if not copied:
+        raise errors.MessageNotFound(f"no message up to sequence {at_seq} is stored in the thread")
+    now = yield from backup_state(source)
+    if (now.deleted_before, now.summary_seq) != (state.deleted_before, state.summary_seq):
+        # A compaction (and its retention) ran while the copy read: its pages may have missed
+        # messages it deleted. The steps already taken stand; the next run finishes the fork.
+        raise errors.ServerError("the thread was compacted during the fork; run the fork again")
+    yield from restore_state(target, forked_state(state, at_seq), source_id, at_seq)
+    return at_seq
+
+
+def _fork_point(source: ThreadRef, at: str | int) -> Operation:
+    if isinstance(at, bool) or not isinstance(at, (str, int)) or (isinstance(at, int) and at < 1) or at == "":
+        raise errors.InvalidCursor(f"at must be a message id or a sequence >= 1, got {at!r}")
+    if isinstance(at, int):
+        return at
+    found = yield from locate_records(source, "id", [at])
+    if not found:
+        raise errors.MessageNotFound(f"no stored message has id {at!r}")
+    return found[0][0]
+
+
+def forked_state(state: BackupState, at: int) -> BackupState:
+    """The source's state as of sequence `at`: its summary only if stored by then, its retention
+    as it is, and the turns that had started by then; a turn with messages after `at` is open
+    again in the fork (its reply and result counts start over)."""
+    turns: list[TurnRecord] = []
+    crossing: set[str] = set()
+    for turn in state.turns:
+        spans = [(a, b) for a, b, turn_id in state.ranges if turn_id == turn.turn_id]
+        started = 0 < turn.start <= at or any(a <= at for a, _ in spans)
+        if not started:
+            continue
+        if any(b > at for _, b in spans) or turn.last_seq > at or turn.start > at:
+            # Open again, with the replies it had at the fork point (those from its start on).
+            crossing.add(turn.turn_id)
+            start = turn.start if turn.start <= at else 0
+            replies = [(max(a, start), min(b, at)) for a, b in spans if start and b >= start and a <= at]
+            turn = replace(turn, start=start, outcome="open", replies=sum(b - a + 1 for a, b in replies),
+                           first=replies[0][0] if replies else 0, count=0, first_seq=0, last_seq=0)
+        turns.append(turn)
+    summary = 0 < state.summary_seq <= at
+    current = state.turn_id if state.turn_id and 0 < state.turn_seq <= at else ""
+    return BackupState(
+        last_seq=at,
+        summary_last=state.summary_last if summary else 0,
+        summary_seq=state.summary_seq if summary else 0,
+        deleted_before=state.deleted_before,
+        turn_id=current,
+        turn_seq=state.turn_seq if current else 0,
+        turn_outcome=("open" if current in crossing else state.turn_outcome) if current else "",
+        turns=turns,
+    )
+
+
+def _text(value: object) -> str | None:
+    return value.decode() if isinstance(value, bytes) else (None if value is None else str(value))

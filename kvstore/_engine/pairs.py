@@ -1,0 +1,95 @@
+"""Tool-call pairs, so that a history handed to a model never holds half of one.
+
+A message *opens* ids: a tool call message its calls' ``tool_call_id``\\ s; an approval request
+those too (the approved call's return answers them) and its own message id (which an approval
+response names as ``approval_request_id``). A message *answers* ids: a tool return message its
+``tool_call_id`` and each of its ``tool_returns``; an approval response its
+``approval_request_id`` and each item of ``approvals``.
+
+In a list given to a model, an answer whose ids were not all opened before it is an orphan: a
+tool result whose call was cut away. Model APIs refuse such input. A call whose answer has not
+come yet is not an orphan: it is the newest step of a turn still running.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+
+from ..messages import (
+    ApprovalRequestMessage,
+    ApprovalResponseMessage,
+    Message,
+    ToolCallMessage,
+    ToolReturnMessage,
+)
+
+TokenCounter = Callable[[Message], int]
+
+# The messages read on either side of a boundary (a summary's, a compaction's) to find the calls
+# the answers after it need: a call and its answer are a few messages apart, not hundreds.
+PAIR_LOOKBACK = 50
+
+
+def opened_ids(message: Message) -> tuple[str, ...]:
+    """The ids later messages may answer."""
+    if not isinstance(message, (ToolCallMessage, ApprovalRequestMessage)):
+        return ()
+    ids = [message.tool_call.tool_call_id]
+    if isinstance(message.tool_calls, list):
+        ids += [call.tool_call_id for call in message.tool_calls]
+    if isinstance(message, ApprovalRequestMessage):
+        ids.append(message.id)
+    return tuple(i for i in ids if i)
+
+
+def answered_ids(message: Message) -> tuple[str, ...]:
+    """The ids this message answers: each must be opened by an earlier message."""
+    if isinstance(message, ToolReturnMessage):
+        ids = [message.tool_call_id, *(item.tool_call_id for item in message.tool_returns or ())]
+    elif isinstance(message, ApprovalResponseMessage):
+        ids = [message.approval_request_id or "", *(item.tool_call_id for item in message.approvals or ())]
+    else:
+        return ()
+    return tuple(i for i in ids if i)
+
+
+def orphans(messages: Iterable[Message], opened: Iterable[str] = ()) -> list[Message]:
+    """The answers in `messages` (in order) whose ids no earlier message there, nor `opened`,
+    opens."""
+    seen = set(opened)
+    found = []
+    for message in messages:
+        if any(i not in seen for i in answered_ids(message)):
+            found.append(message)
+        seen.update(opened_ids(message))
+    return found
+
+
+def without_orphans(messages: list[Message]) -> list[Message]:
+    """`messages` with every orphaned answer left out."""
+    dropped = {id(m) for m in orphans(messages)}
+    return [m for m in messages if id(m) not in dropped] if dropped else messages
+
+
+def estimated_tokens(message: Message) -> int:
+    """The documented rule for a message without a counter: a token per 4 bytes of its JSON
+    (``None`` fields left out), rounded up."""
+    return math.ceil(len(message.model_dump_json(exclude_none=True)) / 4)
+
+
+def newest_within(messages: list[Message], budget: int, count: TokenCounter) -> tuple[list[Message], bool]:
+    """The newest messages of `messages` (oldest first) whose tokens add up to at most
+    `budget`, and whether every message fit. The cut never splits a pair: an answer whose
+    opener falls outside is left out too (by the caller's orphan pass)."""
+    kept: list[Message] = []
+    total = 0
+    for message in reversed(messages):
+        tokens = count(message)
+        if total + tokens > budget:
+            kept.reverse()
+            return kept, False
+        total += tokens
+        kept.append(message)
+    kept.reverse()
+    return kept, True
