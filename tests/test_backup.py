@@ -375,3 +375,32 @@ def test_a_run_whose_otid_is_stored_elsewhere_is_a_restore_conflict(stores, raw_
     with pytest.raises(errors.RestoreConflict, match="otid a is stored at sequence 1"):
         target.run(core.restore_run(ThreadRef.of(target.config, "otid"), run))
     assert view(thread, turns=()) == before
+
+
+def test_a_backup_without_messages_over_a_thread_holding_messages_is_refused(stores, raw_client):
+    # A thread whose every message was removed backs up as a header alone; its last_seq may
+    # equal the target's by chance, which must not let its state overwrite the target's.
+    source, target = stores
+    gone = source.thread("chat")
+    gone.append([UserMessage(content=f"m{i}") for i in range(2)], turn_id="turn-x")
+    gone.start_turn("turn-y")
+    gone.append(AssistantMessage(content="reply"), turn_id="turn-y")
+    gone.remove_turn("turn-x")
+    gone.remove_turn("turn-y")
+    text = export_text(source)
+    assert len(text.strip().splitlines()) == 1 and json.loads(text)["last_seq"] == 3
+    other = target.thread("chat")
+    other.append([UserMessage(content=f"other {i}") for i in range(2)])
+    other.compact("what the other thread said", 1)  # its summary is sequence 3: last_seq 3 too
+    before = {k: raw_client.dump(k) for k in raw_client.scan_iter(match=other.keys.meta.rsplit(":", 1)[0] + "*")}
+    assert other.stats().next_sequence == 4
+    other_state = raw_client.hgetall(other.keys.meta)
+    with pytest.raises(errors.RestoreConflict):
+        backup.import_lines(target, "chat", io.StringIO(text), progress_out=io.StringIO())
+    assert raw_client.hgetall(other.keys.meta) == other_state
+    after = {k: raw_client.dump(k) for k in raw_client.scan_iter(match=other.keys.meta.rsplit(":", 1)[0] + "*")}
+    assert after == before
+    # Into an empty thread it restores, and again is a no-op.
+    for _ in range(2):
+        backup.import_lines(target, "fresh", io.StringIO(text), progress_out=io.StringIO())
+        assert target.thread("fresh").stats().next_sequence == 4

@@ -160,9 +160,11 @@ def _restore(store: MessageStore, thread_id: str, head: dict, numbered: Iterator
         progress.already += already
         bar.update(new, already)
     if not checked and state.last_seq:
-        # A backup without messages (all deleted or removed) restores over an empty thread only.
+        # A backup without messages (all deleted or removed) restores over an empty thread only,
+        # or over one it restored before: no message stored and the same last sequence. A
+        # thread holding messages is another thread, whatever its last sequence.
         stats = store.thread(thread_id).stats()
-        if stats.next_sequence > 1 and stats.next_sequence - 1 != state.last_seq:
+        if stats.stored_messages or (stats.next_sequence > 1 and stats.next_sequence - 1 != state.last_seq):
             raise errors.RestoreConflict(f"thread {thread_id!r} already holds messages: restore into an empty thread")
     store.run(core.restore_state(ref, state))
 
