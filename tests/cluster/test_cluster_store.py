@@ -9,7 +9,15 @@ import random
 import pytest
 from redis.crc import key_slot
 
-from kvstore import AssistantMessage, StoreConfig, SummaryMessage, UserMessage, errors
+from kvstore import (
+    AssistantMessage,
+    StoreConfig,
+    SummaryMessage,
+    ToolCallMessage,
+    ToolReturnMessage,
+    UserMessage,
+    errors,
+)
 from kvstore._engine.scripts import SCRIPTS
 
 from .. import model
@@ -252,3 +260,36 @@ def test_redis_py_routes_fcall_on_a_cluster_with_command_getkeys(cluster):
     assert fcall.get("command|getkeys", 0) >= 20 and fcall.get("fcall") == 20
     # (Replicas' REPLCONF ACKs land in the same counters now and then: only the calls' own count.)
     assert evalsha.get("evalsha") == 20 and not {"fcall", "command|getkeys"} & set(evalsha)
+
+
+def test_a_fork_across_primaries_and_a_budgeted_context(cluster, cluster_thread, raw_cluster, namespace):
+    # A thread forked into one on each other primary: every step writes one slot, none answers
+    # CROSSSLOT (the fixture checks), and the fork reads back as the source's history.
+    placed = thread_ids_on_each_primary(cluster, "forking")
+    (source_owner, source_id), targets = placed[0], placed[1:]
+    source = cluster_thread(source_id, **SMALL)
+    stored = source.append([UserMessage(content=text(300, f"m{i}")) for i in range(40)])
+    source.append([ToolCallMessage(tool_call={"name": "w", "arguments": "{}", "tool_call_id": "c1"}),
+                   ToolReturnMessage(status="success", tool_call_id="c1", tool_return="ok")])
+    summary = source.compact("the first thirty", 30)
+    later = source.append([UserMessage(content=f"later {i}") for i in range(5)])
+    config = StoreConfig(namespace=namespace, **SMALL)
+    for owner, target_id in targets:
+        assert owner is not source_owner
+        fork = source.fork(target_id, at=later[2].id)
+        at = later[2].seq_id
+        assert fork.stats().forked_from == source_id and fork.stats().fork_sequence == at
+        assert list(fork.iter()) == [m for m in source.iter() if m.seq_id <= at]
+        check_layout(raw_cluster, fork.keys, config)
+        assert_in_one_slot(cluster, fork, owner)
+        assert fork.context() == [m for m in source.context() if m.seq_id <= at]
+        assert fork.context()[0] == summary
+    budget = source.context(max_tokens=3, count_tokens=lambda m: 1)
+    assert budget == [summary, *later[-2:]]  # the summary counts one token
+    # A budget cutting between the call and its return leaves the return out.
+    source.append(ToolReturnMessage(status="success", tool_call_id="c1", tool_return="late"))
+    source.append(ToolCallMessage(tool_call={"name": "w", "arguments": "{}", "tool_call_id": "c2"}))
+    source.append(ToolReturnMessage(status="success", tool_call_id="c2", tool_return="ok"))
+    kinds = [m.message_type for m in source.context(max_tokens=3, count_tokens=lambda m: 1)]
+    assert kinds == ["summary_message", "tool_call_message", "tool_return_message"]
+    assert source.context(max_tokens=2, count_tokens=lambda m: 1) == [summary]
