@@ -16,7 +16,7 @@ from .keys import ThreadKeys
 from .pages import gathering, list_page, pages
 from .pairs import PAIR_LOOKBACK, TokenCounter, answered_ids, estimated_tokens, opened_ids, orphans, without_orphans
 from .reads import fetch_sequences
-from .requests import ITER_PAGE, MAX_LIMIT, MAX_READ_ATTEMPTS, SNAPSHOT_SIZE, Batch, Cursor, Operation, ThreadRef, changed_under_reads
+from .requests import MAX_LIMIT, MAX_READ_ATTEMPTS, SNAPSHOT_SIZE, Batch, Cursor, Operation, ThreadRef, changed_under_reads
 
 log = logging.getLogger("kvstore")
 
@@ -157,6 +157,10 @@ def context(thread: ThreadRef, max_tokens: int | None = None, count_tokens: Toke
     raise errors.ServerError("the thread was compacted under every read attempt; try again")
 
 
+# The first page a budgeted context reads; each next one is twice as long (up to MAX_LIMIT).
+BUDGET_FIRST_PAGE = 50
+
+
 def _tokens(count: TokenCounter, message: Message) -> int:
     tokens = count(message)
     if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
@@ -170,8 +174,11 @@ def _newest_within(thread: ThreadRef, after: int | None, skip: int | None, budge
     newest page first; and the budget left when every one of them fit (else 0)."""
     newest_first: list[Message] = []
     cursor: Cursor = None
+    # Pages grow: most budgets end within the first page, and each message read is decoded.
+    limit = BUDGET_FIRST_PAGE
     while True:
-        page = yield from list_page(thread, after=cursor, before=after, limit=ITER_PAGE, order="desc")
+        page = yield from list_page(thread, after=cursor, before=after, limit=limit, order="desc")
+        limit = min(2 * limit, MAX_LIMIT)
         for message in page.messages:
             if message.seq_id == skip:
                 continue
