@@ -316,3 +316,14 @@ def test_iter_and_context_go_past_a_page_of_bad_records_only(make_thread, monkey
     assert thread.context() == first + last
     page = thread.list(after=first[0].seq_id, limit=_core.MAX_LIMIT)
     assert page.messages == [] and page.unreadable == stored_bad[: _core.MAX_LIMIT] and page.has_more
+
+
+@pytest.mark.parametrize("kind", BAD_RECORDS)
+def test_a_fork_over_a_bad_record_stops_naming_it_and_finishes_once_it_is_replaced(poisoned, kind):
+    thread, good, bad = poisoned(kind)
+    with pytest.raises(errors.RecordError) as raised:
+        thread.fork("thread-fork", at=good[-1].seq_id)
+    assert raised.value.sequence == bad
+    thread.replace("message-bad", UserMessage(content="repaired"))
+    fork = thread.fork("thread-fork", at=good[-1].seq_id)
+    assert list(fork.iter()) == [m for m in thread.iter() if m.seq_id <= good[-1].seq_id]

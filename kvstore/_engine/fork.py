@@ -47,6 +47,12 @@ def fork(source: ThreadRef, source_id: str, target: ThreadRef, at: str | int) ->
     cursor: int | None = None
     while True:
         page = yield from list_page(source, after=cursor, limit=RESTORE_RUN, order="asc")
+        bad = [sequence for sequence in page.unreadable if sequence <= at_seq]
+        if bad:
+            # A fork without them would be a different history: replace() them, then fork again.
+            error = errors.RecordError(f"the record at sequence {bad[0]} cannot be read: the fork stops before it")
+            error.sequence = bad[0]
+            raise error
         items = [BackedUpMessage(m.seq_id, state.turn_of(m.seq_id), m) for m in page.messages if m.seq_id <= at_seq]
         if items and not copied:
             yield from check_restore_target(target, items[0])
