@@ -186,6 +186,12 @@ def script_error(script: Script, exc: Exception, call: Call) -> errors.KVStoreEr
     return error_from_reply(script, str(exc))
 
 
+def lost_connection(exc: BaseException) -> bool:
+    """Whether a read's error is its connection failing after the read was sent."""
+    return isinstance(exc.__cause__, (RedisConnectionError, RedisTimeoutError)) and not isinstance(
+        exc, errors.ConnectionFailed)
+
+
 def _not_sent(call: Call, exc: Exception, what: str) -> errors.ConnectionFailed | None:
     """ConnectionFailed where a call that failed to connect certainly sent nothing; None where
     it may have run.

@@ -8,6 +8,7 @@ from typing import Any
 
 from .. import errors
 from ..messages import CompactionStats, Message
+from .failures import lost_connection
 from .pages import list_page
 from .pairs import PAIR_LOOKBACK, answered_ids, opened_ids, orphans
 from .prepare import PreparedMessage, check_token, prepare_batch, stored_date, within_media_budget
@@ -26,14 +27,24 @@ def compact(
     if isinstance(last_sequence, bool) or not isinstance(last_sequence, int) or last_sequence < 1:
         raise errors.InvalidSummaryRange(f"last_sequence must be a positive int, got {last_sequence!r}")
     message = {"message_type": "summary_message", "summary": summary, "compaction_stats": stats}
-    last_sequence = yield from pair_boundary(thread, last_sequence)
+    prepared = prepare_batch(thread.config, message, None)
+    try:
+        last_sequence = yield from pair_boundary(thread, last_sequence)
+    except errors.ServerError as exc:
+        if not lost_connection(exc):
+            raise
+        # Bytes of this compact reached a socket: a write's caller gets what any write whose
+        # connection fails after sending gets (nothing was written here, so a re-send is safe).
+        unknown = errors.OutcomeUnknown(f"compact: the connection failed while it read the thread ({exc}); re-send it")
+        unknown.messages = [prepared[0].message]
+        raise unknown from exc
 
     def send(items: list[PreparedMessage]) -> Operation:
         (item,) = items
         args = [*thread.limits(), last_sequence, item.message.id, item.message.otid or "", item.media, item.record]
         return CompactReply.decode((yield from write(thread, SCRIPTS["compact"], args)))
 
-    reply, (item,) = yield from within_media_budget(prepare_batch(thread.config, message, None), None, send)
+    reply, (item,) = yield from within_media_budget(prepared, None, send)
     # A replay runs retention again: the first call's caller may not have finished it.
     deleted = reply.chunks_deleted if reply.stored else thread.config.max_chunks_per_call
     try:
