@@ -304,3 +304,37 @@ def test_a_fork_at_no_stored_message_writes_nothing(make_thread, raw_client, at)
     assert thread_keys_dump(raw_client, target) == {}
     with pytest.raises(errors.InvalidCursor):
         thread.fork("thread-1", at=2)
+
+
+def test_an_async_fork_cancelled_at_any_point_is_finished_by_running_it_again(server, server_only, namespace):
+    import asyncio
+
+    from kvstore import AsyncMessageStore
+
+    async def scenario() -> None:
+        store = AsyncMessageStore.from_url(server.url, StoreConfig(namespace=namespace, window_size=8, chunk_size=4))
+        try:
+            source = store.thread("source")
+            await source.append(users(300))
+            expected = [m async for m in source.iter()][:250]
+            await source.fork("fork-warm", at=250)  # connections open, scripts loaded
+            started = asyncio.get_running_loop().time()
+            await source.fork("fork-timed", at=250)
+            took = asyncio.get_running_loop().time() - started
+            cut_midway = 0
+            for attempt, share in enumerate(i / 20 for i in range(1, 20)):
+                timeout = took * share
+                target = f"fork-{attempt}"
+                try:
+                    await asyncio.wait_for(source.fork(target, at=250), timeout)
+                except TimeoutError:
+                    half = await store.thread(target).stats()
+                    cut_midway += half.forked_from is None and 0 < half.stored_messages < 250
+                fork = await source.fork(target, at=250)
+                assert [m async for m in fork.iter()] == expected
+                assert (await fork.stats()).fork_sequence == 250
+            assert cut_midway, "no cancellation landed inside the copy"
+        finally:
+            await store.close()
+
+    asyncio.run(scenario())
