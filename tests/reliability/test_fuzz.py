@@ -27,6 +27,7 @@ from redis.crc import key_slot
 
 from kvstore import AssistantMessage, MessageStore, StoreConfig, UserMessage, errors
 from kvstore._engine.keys import ThreadKeys
+from kvstore._engine.pairs import without_orphans
 from kvstore._engine.record import decode_records
 from kvstore._engine.wire import ChunkEntry
 
@@ -694,7 +695,8 @@ def test_planted_bombs_are_skipped_and_named_by_pages_and_raised_by_get(target, 
                 assert whole.unreadable == named and not whole.has_more
                 assert len(whole.messages) == total - len(named)
                 assert (sequence in [m.seq_id for m in whole.messages]) == reads
-                assert [m.seq_id for m in thread.context()] == [m.seq_id for m in whole.messages]
+                # The model input leaves out an answer whose call is not there (docs/HISTORY.md).
+                assert [m.seq_id for m in thread.context()] == [m.seq_id for m in without_orphans(whole.messages)]
                 snapshot = thread.snapshot()
                 assert snapshot.messages == whole.messages and snapshot.unreadable == named
                 assert list(thread.iter()) == whole.messages
