@@ -18,7 +18,7 @@ from typing import Any
 
 import redis.asyncio
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import MaxConnectionsError, NoPermissionError, OutOfMemoryError
+from redis.exceptions import MaxConnectionsError, NoPermissionError, OutOfMemoryError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .. import errors
@@ -184,6 +184,12 @@ def script_error(script: Script, exc: Exception, call: Call) -> errors.KVStoreEr
             )
         return errors.ServerError(f"{script.name}: {exc}")
     return error_from_reply(script, str(exc))
+
+
+def read_of_wrong_type(exc: BaseException) -> bool:
+    """Whether a read failed on a key holding another type than kvstore keeps there."""
+    # A pipeline names the command first: "Command # 1 (...) of pipeline caused error: WRONGTYPE ..."
+    return isinstance(exc.__cause__, ResponseError) and "WRONGTYPE" in str(exc.__cause__)
 
 
 def lost_connection(exc: BaseException) -> bool:

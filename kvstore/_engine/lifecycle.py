@@ -8,7 +8,7 @@ from typing import Any
 
 from .. import errors
 from ..messages import CompactionStats, Message
-from .failures import lost_connection
+from .failures import lost_connection, read_of_wrong_type
 from .pages import list_page
 from .pairs import PAIR_LOOKBACK, answered_ids, opened_ids, orphans
 from .prepare import PreparedMessage, check_token, prepare_batch, stored_date, within_media_budget
@@ -31,6 +31,9 @@ def compact(
     try:
         last_sequence = yield from pair_boundary(thread, last_sequence)
     except errors.ServerError as exc:
+        if read_of_wrong_type(exc):
+            # A write refuses a key of the wrong type as LayoutError, before any write.
+            raise errors.LayoutError(f"compact: a key of the thread holds another type than kvstore keeps there: {exc}") from exc
         if not lost_connection(exc):
             raise
         # Bytes of this compact reached a socket: a write's caller gets what any write whose

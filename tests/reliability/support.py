@@ -14,7 +14,7 @@ from typing import Any
 import redis
 
 from kvstore import MessageStore
-from kvstore._engine.core import Eval, ThreadRef
+from kvstore._engine.core import Batch, Eval, ThreadRef
 from kvstore._engine.keys import ThreadKeys
 from kvstore._engine.scripts import SCRIPTS
 
@@ -92,9 +92,12 @@ def run_one(store: MessageStore, request: Eval) -> Any:
     return store.run(operation())
 
 
-def first_request(operation) -> Eval:
-    """The first request a core operation would send."""
+def first_request(operation, store: MessageStore | None = None) -> Eval:
+    """The first script call a core operation would send; the native reads before it (a
+    compact's pair-boundary read) are answered by `store`."""
     request = next(operation)
+    while isinstance(request, Batch) and store is not None:
+        request = operation.send(run_one(store, request))
     operation.close()
     return request
 

@@ -280,7 +280,7 @@ def test_every_refusal_is_typed_and_changes_nothing(target):
     )
 
     def direct(operation, ref_for_limits=None):
-        request = first_request(operation)
+        request = first_request(operation, s.store)
         if ref_for_limits is not None:
             request = with_limits(request, ref_for_limits)
         return lambda: run_one(s.store, request)
