@@ -98,9 +98,11 @@ def test_message_that_cannot_be_encoded_is_an_invalid_message_naming_the_field()
     with pytest.raises(InvalidMessage, match=r"cannot be encoded: content\[1\]\.text: "):
         encode_record(parts)
     stats = CompactionStats(
-        context_window=2**70, messages_count_after=1, messages_count_before=2, trigger="t"
+        context_window=2**4096, messages_count_after=1, messages_count_before=2, trigger="t"
     )
-    with pytest.raises(InvalidMessage, match=r"compaction_stats\.context_window: "):
+    with pytest.raises(
+        InvalidMessage, match=r"compaction_stats\.context_window: an integer of 4097 bits; at most 4096"
+    ):
         encode_record(SummaryMessage(summary="s", compaction_stats=stats))
     with pytest.raises(InvalidMessage, match="cannot be encoded: turn_id: "):
         encode_record(USER, turn_id="lone \ud800")
@@ -244,9 +246,10 @@ GOOD = encode_record(UserMessage(content="fine"))
             r"version-1 record at sequence 7 is not valid JSON: recursion limit",
         ),
         (
-            b'{"message_type": "user_message", "content": "x", "seq": 1}',
-            r"sequence 7 does not hold a valid message: seq: Extra inputs",
+            b'{"message_type": "user_message", "content": 5, "seq": 1}',
+            r"sequence 7 does not hold a valid message: content: ",
         ),
+        (msgpack.packb([2, msgpack.ExtType(1, b"")]), r"sequence 7 holds a int, not a message"),
     ],
 )
 def test_bad_record_is_a_record_error_naming_its_sequence(record: bytes, expected: str) -> None:
