@@ -100,7 +100,8 @@ def prepare_batch(
     config: StoreConfig, messages: Message | dict | Iterable[Message | dict], turn_id: str | None
 ) -> list[PreparedMessage]:
     """Validates what it encodes, fills ids and dates; every limit is enforced here, before the socket."""
-    if isinstance(messages, (dict, BaseModel)) or not isinstance(messages, Iterable):
+    # One message may come as JSON text too (parse_message takes it); never as its characters.
+    if isinstance(messages, (dict, BaseModel, str, bytes, bytearray)) or not isinstance(messages, Iterable):
         messages = [messages]
     given = list(messages)
     _check_batch_count(config, given)
