@@ -938,8 +938,8 @@ def _field_path(loc: tuple[int | str, ...], data: Any) -> str:
 
 
 def unknown_fields(message: BaseModel) -> dict[str, str]:
-    """The fields the message holds that kvstore's models do not declare, in message order: each
-    path (``content[0].colour``) with a hint (``did you mean 'otid'?``, or ``TextContent has no
+    """The fields the message holds that kvstore's models do not declare (each model's own
+    before those of its fields): each path (``content[0].colour``) with a hint (``did you mean 'otid'?``, or ``TextContent has no
     such field``). An attachment's own keys are part of its shape: never listed.
 
     Example: ``unknown_fields(parse_message({"message_type": "user_message", "content": "x",

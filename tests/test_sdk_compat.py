@@ -8,6 +8,7 @@ Both SDKs come with the `test` extra.
 
 from __future__ import annotations
 
+import io
 import json
 import typing
 from collections.abc import Callable
@@ -28,7 +29,8 @@ from openai.types.beta.threads import Message as OpenAIThreadMessage
 from openai.types.chat import ChatCompletionUserMessageParam
 from pydantic import BaseModel, TypeAdapter
 
-from kvstore import StoreConfig, errors
+from kvstore import MessageStore, StoreConfig, errors
+from kvstore.cli import backup
 from kvstore.messages import INCOMPLETE_REASONS, MAX_JSON_INT_BITS, parse_message
 
 pytestmark = pytest.mark.usefixtures("server_only")  # on the real servers: Valkey and Redis
@@ -239,6 +241,23 @@ def test_a_letta_message_built_without_message_type_is_refused_by_name(
         with pytest.raises(errors.InvalidMessage, match=r"message_type: missing or null; it names"):
             thread.append(SERIALIZERS[serializer](untyped))
     assert keyspace(raw_client, namespace) == before
+
+
+def test_letta_sdk_messages_survive_export_and_import(server, namespace):
+    built = letta_messages(unknown=True)
+    source = MessageStore.from_url(server.url, StoreConfig(namespace=namespace))
+    target = MessageStore.from_url(server.url, StoreConfig(namespace=namespace + "r"))
+    try:
+        source.thread("letta").append([m.model_dump(mode="json") for m in built])
+        text = io.StringIO()
+        backup.export(source, "letta", text, progress_out=io.StringIO())
+        assert "1180591620717411303424" in text.getvalue()  # 2**70, exactly, in the JSON lines
+        backup.import_lines(target, "letta", io.StringIO(text.getvalue()), progress_out=io.StringIO())
+        for original, read in zip(built, target.thread("letta").list(limit=100).messages, strict=True):
+            assert_same_fields(original, read.to_dict())
+    finally:
+        source.close()
+        target.close()
 
 
 # --- unknown fields ---------------------------------------------------------------------------
