@@ -152,3 +152,10 @@ def test_a_keeping_store_stores_unknown_fields_and_counts_their_bytes(config):
     ], None)
     assert extra.message.to_dict()["colour"] == "r" * 100
     assert len(extra.record) - len(plain.record) > 100
+
+
+@pytest.mark.parametrize("text", ['{"message_type": "user_message", "content": "hi"}',
+                                  b'{"message_type": "user_message", "content": "hi"}'])
+def test_one_message_given_as_json_text_is_one_message(config, text):
+    (prepared,) = prepare_batch(config, text, None)
+    assert prepared.message.content == "hi"
