@@ -653,8 +653,9 @@ class BaseMessage(_Model):
         Attachments and metadata are carried as stored; unknown fields are left out.
 
         Raises InvalidMessage when the message has no such shape: another type, no ``id`` or
-        ``date`` (a stored message has both), or an ``incomplete_details.reason`` that is not
-        one of :data:`INCOMPLETE_REASONS`.
+        ``date`` (a stored message has both), an ``incomplete_details.reason`` that is not one
+        of :data:`INCOMPLETE_REASONS`, or an attachment tool other than ``code_interpreter`` and
+        ``file_search``.
 
         Example::
 
@@ -971,6 +972,7 @@ def _find_unknown(node: Any, path: str, found: dict[str, str]) -> None:
 
 _THREAD_ROLES = {"user_message": "user", "assistant_message": "assistant"}
 _IMAGE_DETAILS = ("auto", "low", "high")
+_ATTACHMENT_TOOLS = ("code_interpreter", "file_search")
 
 
 def _unix_seconds(value: datetime | None) -> int | None:
@@ -995,6 +997,13 @@ def _thread_message(message: BaseMessage, thread_id: str) -> dict[str, Any]:
             f"incomplete_details.reason {details.reason[:64]!r} has no OpenAI thread-message "
             f"equivalent: it allows {', '.join(INCOMPLETE_REASONS)}"
         )
+    for attachment in message.attachments or ():
+        for tool in attachment.tools or ():
+            if tool.type not in _ATTACHMENT_TOOLS:
+                raise InvalidMessage(
+                    f"attachment tool {tool.type[:64]!r} has no OpenAI thread-message equivalent:"
+                    f" it allows {' and '.join(_ATTACHMENT_TOOLS)}"
+                )
     content = message.content  # type: ignore[attr-defined]  # a user or assistant message
     parts = [TextContent(text=content)] if isinstance(content, str) else content
     return {

@@ -471,6 +471,10 @@ def test_the_thread_shape_refuses_what_openai_cannot_carry(make_thread):
         message = parse_message({**odd.to_dict(), "incomplete_details": {"reason": reason}})
         shape = OpenAIThreadMessage.model_validate(message.to_thread_message("t"))
         assert shape.incomplete_details.reason == reason
+    tool = parse_message({**odd.to_dict(), "incomplete_details": None,
+                          "attachments": [{"file_id": "f", "tools": [{"type": "web_search"}]}]})
+    with pytest.raises(errors.InvalidMessage, match=r"attachment tool 'web_search' has no OpenAI"):
+        tool.to_thread_message("t")
     unsent = parse_message({"message_type": "user_message", "content": "x"})
     with pytest.raises(errors.InvalidMessage, match=r"has no id: a thread message needs both"):
         unsent.to_thread_message("t")
