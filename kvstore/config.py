@@ -37,6 +37,11 @@ class StoreConfig:
         FCALL_RO of kvstore's function library, loaded with FUNCTION LOAD when the server lacks
         it; a server without functions (older than Redis 7, or a proxy) and a cluster client
         use "eval" instead. "eval": EVALSHA of each script, sent with EVAL after NOSCRIPT.
+    unknown_fields: what a message's fields that kvstore does not know become (a newer API's, or
+        a misspelling; an attachment's own keys are never unknown). "keep": stored with the
+        message, counted in its size, and read back where they were. "refuse": the message is
+        refused with UnknownField naming each one (``content[0].colour``), before anything is
+        sent (kvstore.messages.unknown_fields lists them).
 
     Raises ConfigError (a ValueError) naming the value when one is out of range or the values
     are inconsistent; the namespace is 1-64 characters of letters, digits and ``. _ : -``.
@@ -64,6 +69,7 @@ class StoreConfig:
     durability_replicas: int = 1
     durability_timeout_ms: int = 1000
     scripting: Literal["functions", "eval"] = "functions"
+    unknown_fields: Literal["keep", "refuse"] = "keep"
 
     def __post_init__(self) -> None:
         check_namespace(self.namespace)
@@ -89,6 +95,8 @@ class StoreConfig:
         _positive(self, "durability_replicas", "durability_timeout_ms")
         if self.scripting not in ("functions", "eval"):
             raise ConfigError(f"scripting must be 'functions' or 'eval', got {self.scripting!r}")
+        if self.unknown_fields not in ("keep", "refuse"):
+            raise ConfigError(f"unknown_fields must be 'keep' or 'refuse', got {self.unknown_fields!r}")
 
 
 def _positive(config: StoreConfig, *names: str) -> None:

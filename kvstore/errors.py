@@ -48,6 +48,24 @@ class InvalidMessage(KVStoreError, ValueError):
     http_status = 422
 
 
+class RoleBasedMessage(InvalidMessage):
+    """A role-based chat message (OpenAI's ``{"role": "user", "content": "hi"}``) was given where
+    a kvstore message is expected; kvstore messages name their type in ``message_type``.
+    ``kvstore.convert.from_chat_completions(...)`` converts chat messages."""
+
+    http_status = 422
+
+
+class UnknownField(InvalidMessage):
+    """A message holds fields kvstore does not know, and the store was made with
+    ``StoreConfig(unknown_fields="refuse")``; nothing was written. `fields` lists their paths
+    (``content[0].colour``), each with a hint (a known field it may be a misspelling of)."""
+
+    http_status = 422
+
+    fields: list[str] = []
+
+
 class InvalidCursor(KVStoreError, ValueError):
     """A paging cursor or limit is malformed or out of range."""
 

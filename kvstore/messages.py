@@ -8,12 +8,23 @@ Shape
     bytes). ``to_dict()`` / ``to_json()`` give the list API's JSON shape: ``None`` fields are left
     out, ``message_type`` and the ``type`` of every part and source are always written.
 
-Unknown fields are rejected
-    Every model except :class:`Attachment` (and its tools) uses ``extra="forbid"``: a misspelt
-    field name fails loudly instead of being silently dropped from the stored record. When the
-    list API grows a field, it is added here. Attachments stay open (``extra="allow"``) because
-    their shape differs between agent APIs (``data_source`` instead of ``file_id`` …) and we only
-    carry them.
+Unknown fields are kept
+    Every model keeps the fields it does not declare, at every level (a message, a content part,
+    an image source, a tool call, a tool return, an approval item, compaction stats …): they are
+    validated as JSON values (like ``event_data``), stored in the record, counted in its size, and
+    written back out by ``to_dict()`` / ``to_json()`` where they were. So a message a newer list
+    API (or SDK) sends with a field this version does not know is stored whole instead of refused.
+    :func:`unknown_fields` lists their paths (``content[0].colour``); a store made with
+    ``StoreConfig(unknown_fields="refuse")`` refuses a message that has any, naming each
+    (:class:`kvstore.errors.UnknownField`). An :class:`Attachment`'s (and its tools') own keys
+    are part of its shape (``data_source`` instead of ``file_id`` …): never unknown. An unknown
+    field whose value is ``null`` is left out, like every ``null`` field.
+
+``null`` is absent
+    ``null`` for an optional field reads as if the field were not given, literals included: a
+    ``"type": null`` (as the Letta SDK's ``model_dump()`` writes for a part built without one) is
+    inferred as below, a ``"source": null`` stays absent. ``message_type`` is the one field that
+    must be given: it tells the eleven types apart.
 
 Parts without a ``type``
     In the API the ``type`` of a content part, image source, and approval item is optional, so a
@@ -21,7 +32,8 @@ Parts without a ``type``
     text; a source with ``url`` is a URL, with ``file_id`` a Letta file, with ``data`` base64; an
     approval item with ``approve`` is an :class:`ApprovalReturn`, otherwise a :class:`ToolReturn`.
     A ``tool_call`` holding all of ``arguments``, ``name`` and ``tool_call_id`` is a
-    :class:`ToolCall`, anything less a :class:`ToolCallDelta`.
+    :class:`ToolCall`, anything less a :class:`ToolCallDelta`. The inferred ``type`` is written
+    out (it is the only one the shape allows); nothing else is filled in on the way in or out.
 
 Thread-message fields
     Every message also carries ``status`` (in_progress, incomplete, completed),
@@ -31,8 +43,14 @@ Thread-message fields
 
 Timestamps
     ``date``, ``completed_at`` and ``incomplete_at`` accept ISO 8601 strings, datetimes and unix
-    seconds (int or float); naive values are taken as UTC; they dump as ISO 8601 strings. An aware
-    value keeps its own UTC offset.
+    seconds (int or float); naive values are taken as UTC; they dump as ISO 8601 strings (the list
+    API's shape). An aware value keeps its own UTC offset. ``to_thread_message()`` gives OpenAI's
+    thread-message shape instead, with unix seconds.
+
+``incomplete_details.reason``
+    Any string is kept. OpenAI's thread messages allow five (:data:`INCOMPLETE_REASONS`); a store
+    must not refuse a message the day an API adds a sixth, so the five are not enforced when a
+    message is stored, only by ``to_thread_message()``, whose output must validate as OpenAI's.
 
 Inline media
     An inline part is an :class:`ImageContent` whose source carries ``data`` (a
@@ -54,12 +72,16 @@ Mutability
     sharing nothing else with the caller's.
 
 Free-form JSON
-    ``event_data`` and the keys an :class:`Attachment` (or its tool) carries as given hold JSON
-    values only, nesting at most ``MAX_JSON_DEPTH`` (64) levels.
+    ``event_data`` and unknown fields (an :class:`Attachment`'s own keys included) hold JSON
+    values only, nesting at most ``MAX_JSON_DEPTH`` (64) levels. Integers of any size up to
+    ``MAX_JSON_INT_BITS`` (4096) bits are kept exactly: msgpack packs 64 bits natively, and the
+    record holds a larger one as a msgpack extension (kvstore/_engine/record.py).
 """
 
 from __future__ import annotations
 
+import difflib
+import math
 from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal, TypeVar
@@ -67,21 +89,23 @@ from typing import Annotated, Any, Literal, TypeVar
 from pydantic import (
     AfterValidator,
     BaseModel,
+    GetCoreSchemaHandler,
     ConfigDict,
     Discriminator,
     Field,
     Tag,
     TypeAdapter,
     ValidationError,
-    model_validator,
 )
-from pydantic_core import from_json
+from pydantic_core import core_schema, from_json
 
-from kvstore.errors import InlineMediaTooLarge, InvalidMessage
+from kvstore.errors import InlineMediaTooLarge, InvalidMessage, RoleBasedMessage
 
 __all__ = [
+    "INCOMPLETE_REASONS",
     "MAX_EVENT_DATA_DEPTH",
     "MAX_JSON_DEPTH",
+    "MAX_JSON_INT_BITS",
     "MAX_METADATA_KEY_CHARS",
     "MAX_METADATA_PAIRS",
     "MAX_METADATA_VALUE_CHARS",
@@ -121,6 +145,7 @@ __all__ = [
     "inline_parts",
     "parse_message",
     "strip_inline_media",
+    "unknown_fields",
 ]
 
 MAX_METADATA_PAIRS = 16
@@ -129,20 +154,23 @@ MAX_METADATA_KEY_CHARS = 64
 """The most characters of one `metadata` key."""
 MAX_METADATA_VALUE_CHARS = 512
 """The most characters of one `metadata` value."""
-# Free-form JSON (event_data, an attachment's own keys) nests at most this deep: deeper is a bug or
+# Free-form JSON (event_data, unknown fields) nests at most this deep: deeper is a bug or
 # an attack, and pydantic's serializer (~255 levels) and msgpack (~500) refuse to go much further,
 # so the limit is enforced where the caller can still be told which field is at fault.
 MAX_JSON_DEPTH = 64
-"""The deepest free-form JSON (`event_data`, an attachment's own keys) may nest."""
+"""The deepest free-form JSON (`event_data`, unknown fields) may nest."""
 MAX_EVENT_DATA_DEPTH = MAX_JSON_DEPTH  # the name it had when event_data was the only such field
 """The former name of MAX_JSON_DEPTH."""
+# JSON has no integer size; Python's int parsing stops at 4300 digits (and pydantic's JSON parser
+# with it), so a bound is needed for the value to come back from JSON text: 4096 bits is 1234
+# digits, far past any count or id and with room for a 4096-bit key.
+MAX_JSON_INT_BITS = 4096
+"""The most bits an integer in free-form JSON (`event_data`, unknown fields) may have."""
+INCOMPLETE_REASONS = ("content_filter", "max_tokens", "run_cancelled", "run_expired", "run_failed")
+"""The five `incomplete_details.reason` values OpenAI's thread messages allow (others are kept)."""
 
 # How many validation errors an InvalidMessage spells out; the rest stay in `.errors`.
 _ERRORS_SHOWN = 5
-
-
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid")
 
 
 # --- field types ------------------------------------------------------------------------------
@@ -201,9 +229,11 @@ def _check_json(value: Any, field: str) -> None:
         elif isinstance(node, float):
             if node != node or node in (float("inf"), float("-inf")):
                 raise ValueError(f"{field} holds a NaN or infinite number, which JSON cannot carry")
-        elif isinstance(node, int) and not -(2**63) <= node < 2**64:
-            # msgpack stores 64-bit integers only.
-            raise ValueError(f"{field} holds an integer outside the 64-bit range")
+        elif isinstance(node, int) and node.bit_length() > MAX_JSON_INT_BITS:
+            raise ValueError(
+                f"{field} holds an integer of {node.bit_length()} bits; at most "
+                f"{MAX_JSON_INT_BITS} are kept (JSON parsers read no longer numbers)"
+            )
         elif node is not None and not isinstance(node, (str, int, bool)):
             raise ValueError(f"{field} holds a {type(node).__name__}, which is not a JSON value")
 
@@ -213,14 +243,49 @@ def _check_json_tree(value: dict[str, Any]) -> dict[str, Any]:
     return value
 
 
-def _check_extra_fields(model: BaseModel) -> BaseModel:
-    # The keys an open model carries as given are free-form JSON, bounded like event_data.
-    for key, value in (model.__pydantic_extra__ or {}).items():
-        _check_json(value, f"field {key[:64]!r}")
-    return model
+def _check_json_field(value: Any) -> Any:
+    _check_json(value, "the field")
+    return value
 
 
 JsonObject = Annotated[dict[str, Any], AfterValidator(_check_json_tree)]
+JsonField = Annotated[Any, AfterValidator(_check_json_field)]
+
+
+class _NullIsAbsent:
+    """Marks a one-value ``Literal`` field (the ``type`` of a part, source or approval item):
+    ``null`` reads as absent, so as its one value; anything else must be that value.
+
+    Built from pydantic-core's own schemas (a union of the literal and "None, then the default"),
+    not a Python validator: these fields are validated on every part of every page read.
+    """
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> Any:
+        literal = handler(source)
+        (value,) = literal["expected"]
+        null = core_schema.chain_schema(
+            [
+                core_schema.none_schema(),
+                core_schema.with_default_schema(literal, default=value, on_error="default"),
+            ]
+        )
+        return core_schema.union_schema(
+            [literal, null],
+            mode="left_to_right",
+            custom_error_type="literal_error",  # "Input should be 'text'", as the literal's own
+            custom_error_context={"expected": repr(value)},
+            serialization=core_schema.simple_ser_schema("str"),
+        )
+
+
+_NULL_IS_ABSENT = _NullIsAbsent()
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    # Fields a model does not declare are kept, each a JSON value (checked like event_data).
+    __pydantic_extra__: dict[str, JsonField]  # type: ignore[assignment]
 
 
 def _declared_type(value: Any) -> Any:
@@ -239,7 +304,7 @@ class TextContent(_Model):
 
     Example: ``TextContent(text="Here is the chart:")``"""
 
-    type: Literal["text"] = "text"
+    type: Annotated[Literal["text"], _NULL_IS_ABSENT] = "text"
     text: str
     signature: str | None = None
 
@@ -249,7 +314,7 @@ class URLImage(_Model):
 
     Example: ``ImageContent(source=URLImage(url="https://example.com/chart.png"))``"""
 
-    type: Literal["url"] = "url"
+    type: Annotated[Literal["url"], _NULL_IS_ABSENT] = "url"
     url: str
 
 
@@ -259,7 +324,7 @@ class Base64Image(_Model):
 
     Example: ``Base64Image(data="iVBORw0KGgo...", media_type="image/png")``"""
 
-    type: Literal["base64"] = "base64"
+    type: Annotated[Literal["base64"], _NULL_IS_ABSENT] = "base64"
     data: str
     media_type: str
     detail: str | None = None
@@ -270,7 +335,7 @@ class LettaImage(_Model):
 
     Example: ``LettaImage(file_id="file-123")``"""
 
-    type: Literal["letta"] = "letta"
+    type: Annotated[Literal["letta"], _NULL_IS_ABSENT] = "letta"
     file_id: str
     data: str | None = None
     detail: str | None = None
@@ -316,7 +381,7 @@ class ImageContent(_Model):
 
     Example: ``ImageContent(source={"url": "https://example.com/a.png"})``"""
 
-    type: Literal["image"] = "image"
+    type: Annotated[Literal["image"], _NULL_IS_ABSENT] = "image"
     source: ImageSource
 
 
@@ -443,7 +508,7 @@ class ToolReturn(_Model):
 
     Example: ``ToolReturn(status="success", tool_call_id="call-1", tool_return="4 °C")``"""
 
-    type: Literal["tool"] = "tool"
+    type: Annotated[Literal["tool"], _NULL_IS_ABSENT] = "tool"
     status: Literal["success", "error"]
     tool_call_id: str
     tool_return: Content
@@ -456,7 +521,7 @@ class ApprovalReturn(_Model):
 
     Example: ``ApprovalReturn(approve=True, tool_call_id="call-1")``"""
 
-    type: Literal["approval"] = "approval"
+    type: Annotated[Literal["approval"], _NULL_IS_ABSENT] = "approval"
     approve: bool
     tool_call_id: str
     reason: str | None = None
@@ -512,29 +577,21 @@ class IncompleteDetails(_Model):
     reason: str
 
 
-class AttachmentTool(BaseModel):
+class AttachmentTool(_Model):
     """A tool a file was attached for (``{"type": "file_search"}``); other keys are kept
     as given (JSON values).
 
     Example: ``AttachmentTool(type="code_interpreter")``"""
 
-    model_config = ConfigDict(extra="allow")
-
     type: str
 
-    _check_extra = model_validator(mode="after")(_check_extra_fields)
 
-
-class Attachment(BaseModel):
+class Attachment(_Model):
     """A file attached to a message and the tools it was added to; other keys are kept as given
     (JSON values nesting at most MAX_JSON_DEPTH levels)."""
 
-    model_config = ConfigDict(extra="allow")
-
     file_id: str | None = None
     tools: list[AttachmentTool] | None = None
-
-    _check_extra = model_validator(mode="after")(_check_extra_fields)
 
 
 # --- messages ---------------------------------------------------------------------------------
@@ -543,7 +600,7 @@ class Attachment(BaseModel):
 class BaseMessage(_Model):
     """Fields every message type carries, and its JSON output."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="allow", validate_assignment=True)
 
     message_type: str
     id: str | None = None
@@ -582,6 +639,32 @@ class BaseMessage(_Model):
         """
         return self.model_dump_json(exclude_none=True)
 
+    def to_thread_message(self, thread_id: str) -> dict[str, Any]:
+        """The message in the thread-message shape of OpenAI's Assistants API, as its
+        ``openai.types.beta.threads.Message`` validates it: ``object: "thread.message"``, a
+        ``role``, content blocks, and unix seconds (an int) for ``created_at`` (the message's
+        ``date``), ``completed_at`` and ``incomplete_at``.
+
+        Only a :class:`UserMessage` or :class:`AssistantMessage` has one (roles ``user`` and
+        ``assistant``). Text parts become ``text`` blocks (no annotations), a URL image an
+        ``image_url`` block, a base64 image an ``image_url`` block with a ``data:`` URL, a Letta
+        file an ``image_file`` block; an image ``detail`` other than auto, low or high is left
+        out. A message without ``status`` is ``"completed"``. Sub-second digits are cut off.
+        Attachments and metadata are carried as stored; unknown fields are left out.
+
+        Raises InvalidMessage when the message has no such shape: another type, no ``id`` or
+        ``date`` (a stored message has both), an ``incomplete_details.reason`` that is not one
+        of :data:`INCOMPLETE_REASONS`, or an attachment tool other than ``code_interpreter`` and
+        ``file_search``.
+
+        Example::
+
+            page = thread.list(limit=20)
+            data = [m.to_thread_message("thread-42") for m in page.messages
+                    if m.message_type in ("user_message", "assistant_message")]
+        """
+        return _thread_message(self, thread_id)
+
 
 class SystemMessage(BaseMessage):
     """A system prompt or notice.
@@ -607,13 +690,13 @@ class UserMessage(BaseMessage):
 
 class ReasoningMessage(BaseMessage):
     """The model's reasoning, shown to the user or not; `source` says whether a
-    reasoner model made it or prompting did.
+    reasoner model made it or prompting did (absent when not said).
 
     Example: ``ReasoningMessage(reasoning="The user wants today's forecast.")``"""
 
     message_type: Literal["reasoning_message"] = "reasoning_message"
     reasoning: str
-    source: Literal["reasoner_model", "non_reasoner_model"] = "reasoner_model"
+    source: Literal["reasoner_model", "non_reasoner_model"] | None = None
     signature: str | None = None
 
 
@@ -767,10 +850,36 @@ def parse_message(data: Mapping[str, Any] | str | bytes | BaseMessage) -> Messag
 
 
 def invalid_message(exc: ValidationError, data: Any) -> InvalidMessage:
-    """An InvalidMessage whose text names each failing field as a path into ``data``."""
+    """An InvalidMessage whose text names each failing field as a path into ``data``; a
+    RoleBasedMessage for a chat message (``role``, no ``message_type``)."""
     kind = data.get("message_type") if isinstance(data, Mapping) else None
+    if kind is None and isinstance(data, Mapping) and "role" in data:
+        return _role_based(data, exc)
     prefix = f"invalid {kind}" if isinstance(kind, str) else "invalid message"
     error = InvalidMessage(f"{prefix}: {describe_errors(exc, data)}")
+    error.errors = exc.errors(include_url=False)  # type: ignore[attr-defined]
+    return error
+
+
+_TYPE_NAMES = ", ".join(
+    repr(cls.model_fields["message_type"].default)
+    for cls in (
+        SystemMessage, UserMessage, ReasoningMessage, HiddenReasoningMessage, ToolCallMessage,
+        ToolReturnMessage, AssistantMessage, ApprovalRequestMessage, ApprovalResponseMessage,
+        SummaryMessage, EventMessage,
+    )
+)
+
+
+def _role_based(data: Mapping[str, Any], exc: ValidationError) -> RoleBasedMessage:
+    role = data.get("role")
+    shown = repr(role)[:40] if isinstance(role, str) else type(role).__name__
+    error = RoleBasedMessage(
+        f"this looks like an OpenAI chat message (role {shown}), not a kvstore message: kvstore "
+        "messages name their type in message_type ('user_message', 'assistant_message', "
+        "'tool_return_message' …); kvstore.convert.from_chat_completions(...) converts chat "
+        "messages into kvstore messages"
+    )
     error.errors = exc.errors(include_url=False)  # type: ignore[attr-defined]
     return error
 
@@ -778,19 +887,33 @@ def invalid_message(exc: ValidationError, data: Any) -> InvalidMessage:
 def describe_errors(exc: ValidationError, data: Any) -> str:
     """pydantic's errors as ``path: message`` items, e.g. ``content[0].text: Field required``."""
     errors = exc.errors(include_url=False)
-    shown = [f"{_error_path(err, data)}: {err['msg']}" for err in errors[:_ERRORS_SHOWN]]
+    shown = [f"{_error_path(err, data)}: {_error_text(err, data)}" for err in errors[:_ERRORS_SHOWN]]
     if len(errors) > _ERRORS_SHOWN:
         shown.append(f"and {len(errors) - _ERRORS_SHOWN} more errors")
     return "; ".join(shown)
 
 
+def _message_tag_error(error: Any) -> bool:
+    # A message-level tag error has an empty location (or just the index in a list).
+    loc = error["loc"]
+    return error["type"] in ("union_tag_invalid", "union_tag_not_found") and (
+        not loc or (len(loc) == 1 and isinstance(loc[0], int))
+    )
+
+
+def _error_text(error: Any, data: Any) -> str:
+    if _message_tag_error(error):
+        node = data[error["loc"][0]] if error["loc"] and isinstance(data, list) else data
+        if isinstance(node, Mapping) and node.get("message_type") is None:
+            # Pydantic's "Unable to extract tag" (or "Input tag 'None'") is no help to a caller.
+            return f"missing or null; it names the message's type, one of {_TYPE_NAMES}"
+    return error["msg"]
+
+
 def _error_path(error: Any, data: Any) -> str:
     loc = error["loc"]
-    # A message-level tag error has an empty location; the field at fault is message_type.
-    if error["type"] in ("union_tag_invalid", "union_tag_not_found") and (
-        not loc or (len(loc) == 1 and isinstance(loc[0], int))
-    ):
-        loc = (*loc, "message_type")
+    if _message_tag_error(error):
+        loc = (*loc, "message_type")  # the field at fault
     return _field_path(loc, data) or "(message)"
 
 
@@ -810,6 +933,115 @@ def _field_path(loc: tuple[int | str, ...], data: Any) -> str:
         elif position == last and isinstance(item, str) and isinstance(node, Mapping):
             path += f".{item}" if path else item
     return path if len(path) <= 200 else path[:200] + "…"
+
+
+# --- unknown fields ---------------------------------------------------------------------------
+
+
+def unknown_fields(message: BaseModel) -> dict[str, str]:
+    """The fields the message holds that kvstore's models do not declare (each model's own
+    before those of its fields): each path (``content[0].colour``) with a hint (``did you mean 'otid'?``, or ``TextContent has no
+    such field``). An attachment's own keys are part of its shape: never listed.
+
+    Example: ``unknown_fields(parse_message({"message_type": "user_message", "content": "x",
+    "otdi": "o-1"}))`` is ``{"otdi": "did you mean 'otid'?"}``.
+    """
+    found: dict[str, str] = {}
+    _find_unknown(message, "", found)
+    return found
+
+
+def _find_unknown(node: Any, path: str, found: dict[str, str]) -> None:
+    if isinstance(node, BaseModel):
+        fields = type(node).model_fields
+        if node.__pydantic_extra__ and not isinstance(node, (Attachment, AttachmentTool)):
+            for key in node.__pydantic_extra__:
+                close = difflib.get_close_matches(key, list(fields), n=1)
+                hint = f"did you mean {close[0]!r}?" if close else (
+                    f"{type(node).__name__} has no such field"
+                )
+                found[f"{path}.{key}" if path else key] = hint
+        for name in fields:
+            _find_unknown(node.__dict__.get(name), f"{path}.{name}" if path else name, found)
+    elif isinstance(node, list):
+        for index, item in enumerate(node):
+            _find_unknown(item, f"{path}[{index}]", found)
+
+
+# --- OpenAI's thread-message shape ------------------------------------------------------------
+
+_THREAD_ROLES = {"user_message": "user", "assistant_message": "assistant"}
+_IMAGE_DETAILS = ("auto", "low", "high")
+_ATTACHMENT_TOOLS = ("code_interpreter", "file_search")
+
+
+def _unix_seconds(value: datetime | None) -> int | None:
+    return None if value is None else math.floor(value.timestamp())
+
+
+def _thread_message(message: BaseMessage, thread_id: str) -> dict[str, Any]:
+    role = _THREAD_ROLES.get(message.message_type)
+    if role is None:
+        raise InvalidMessage(
+            f"a {message.message_type} has no OpenAI thread-message shape: only user and "
+            "assistant messages do"
+        )
+    if message.id is None or message.date is None:
+        raise InvalidMessage(
+            f"this {message.message_type} has no {'id' if message.id is None else 'date'}: a "
+            "thread message needs both (a stored message has them)"
+        )
+    details = message.incomplete_details
+    if details is not None and details.reason not in INCOMPLETE_REASONS:
+        raise InvalidMessage(
+            f"incomplete_details.reason {details.reason[:64]!r} has no OpenAI thread-message "
+            f"equivalent: it allows {', '.join(INCOMPLETE_REASONS)}"
+        )
+    for attachment in message.attachments or ():
+        for tool in attachment.tools or ():
+            if tool.type not in _ATTACHMENT_TOOLS:
+                raise InvalidMessage(
+                    f"attachment tool {tool.type[:64]!r} has no OpenAI thread-message equivalent:"
+                    f" it allows {' and '.join(_ATTACHMENT_TOOLS)}"
+                )
+    content = message.content  # type: ignore[attr-defined]  # a user or assistant message
+    parts = [TextContent(text=content)] if isinstance(content, str) else content
+    return {
+        "id": message.id,
+        "object": "thread.message",
+        "created_at": _unix_seconds(message.date),
+        "thread_id": thread_id,
+        "role": role,
+        "content": [_thread_block(part) for part in parts],
+        "status": message.status or "completed",
+        "assistant_id": message.assistant_id,
+        "run_id": message.run_id,
+        "attachments": None if message.attachments is None else [
+            attachment.model_dump(mode="json", exclude_none=True)
+            for attachment in message.attachments
+        ],
+        "metadata": message.metadata,
+        "completed_at": _unix_seconds(message.completed_at),
+        "incomplete_at": _unix_seconds(message.incomplete_at),
+        "incomplete_details": None if details is None else {"reason": details.reason},
+    }
+
+
+def _thread_block(part: TextContent | ImageContent) -> dict[str, Any]:
+    if isinstance(part, TextContent):
+        return {"type": "text", "text": {"value": part.text, "annotations": []}}
+    source = part.source
+    detail = getattr(source, "detail", None)
+    image: dict[str, Any] = {}
+    if isinstance(source, URLImage):
+        kind, image["url"] = "image_url", source.url
+    elif isinstance(source, Base64Image):
+        kind, image["url"] = "image_url", f"data:{source.media_type};base64,{source.data}"
+    else:
+        kind, image["file_id"] = "image_file", source.file_id
+    if detail in _IMAGE_DETAILS:
+        image["detail"] = detail
+    return {"type": kind, kind: image}
 
 
 # --- inline media -----------------------------------------------------------------------------

@@ -13,9 +13,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvstore._engine.record import decode_records, encode_record
-from kvstore.errors import InlineMediaTooLarge, InvalidMessage
+from kvstore.errors import InlineMediaTooLarge, InvalidMessage, RoleBasedMessage
 from kvstore.messages import (
     MAX_JSON_DEPTH,
+    MAX_JSON_INT_BITS,
     MESSAGE_ADAPTER,
     ApprovalRequestMessage,
     ApprovalResponseMessage,
@@ -47,6 +48,7 @@ from kvstore.messages import (
     inline_parts,
     parse_message,
     strip_inline_media,
+    unknown_fields,
 )
 
 MiB = 1024 * 1024
@@ -272,7 +274,7 @@ def test_example_round_trips_through_a_record(name: str) -> None:
 
 def test_message_type_defaults_to_the_class() -> None:
     assert UserMessage(content="hi").to_dict() == {"message_type": "user_message", "content": "hi"}
-    assert ReasoningMessage(reasoning="r").source == "reasoner_model"
+    assert ReasoningMessage(reasoning="r").source is None  # absent stays absent: nothing invented
     assert EventMessage(event_type="compaction", event_data={}).message_type == "event_message"
 
 
@@ -349,9 +351,13 @@ def test_unknown_message_type_is_named() -> None:
     assert caught.value.errors[0]["type"] == "union_tag_invalid"
 
 
-def test_missing_message_type_is_named() -> None:
-    with pytest.raises(InvalidMessage, match=r"message_type: Unable to extract tag"):
-        parse_message({"content": "x"})
+@pytest.mark.parametrize("given", [{"content": "x"}, {"message_type": None, "content": "x"}])
+def test_missing_message_type_is_named(given: dict) -> None:
+    with pytest.raises(
+        InvalidMessage, match=r"message_type: missing or null; .*one of 'system_message', "
+    ) as caught:
+        parse_message(given)
+    assert type(caught.value) is InvalidMessage
 
 
 def test_validation_error_is_wrapped_with_its_field_path() -> None:
@@ -367,9 +373,10 @@ def test_validation_error_is_wrapped_with_its_field_path() -> None:
     assert caught.value.errors[0]["type"] == "missing"
 
 
-def test_unknown_field_is_rejected_by_name() -> None:
-    with pytest.raises(InvalidMessage, match=r"contnet: Extra inputs are not permitted"):
-        parse_message({"message_type": "user_message", "content": "x", "contnet": "y"})
+def test_a_misspelt_required_field_is_still_refused() -> None:
+    # The unknown `contnet` is kept; the required `content` is missing.
+    with pytest.raises(InvalidMessage, match=r"content: Field required"):
+        parse_message({"message_type": "user_message", "contnet": "y"})
 
 
 def test_assistant_content_takes_text_parts_only() -> None:
@@ -461,9 +468,9 @@ def test_attachment_keys_given_as_is_nest_at_most_max_json_depth(where: str) -> 
     assert parse_message(parsed.to_dict()) == parsed
     path = r"attachments\[0\]" if where == "attachment" else r"attachments\[0\]\.tools\[0\]"
     for depth in (MAX_JSON_DEPTH + 1, 255, 100_000):
-        with pytest.raises(InvalidMessage, match=rf"{path}: .*'x' nests deeper than {MAX_JSON_DEPTH}"):
+        with pytest.raises(InvalidMessage, match=rf"{path}\.x: .*nests deeper than {MAX_JSON_DEPTH}"):
             parse_message(message(nested(depth)))
-    for value in ({1, 2}, b"bytes", float("nan"), datetime(2024, 1, 1), 2**64, {1: "int key"}):
+    for value in ({1, 2}, b"bytes", float("nan"), datetime(2024, 1, 1), 2**4096, {1: "int key"}):
         with pytest.raises(InvalidMessage, match=path):
             parse_message(message(value))
 
@@ -483,6 +490,192 @@ def test_event_data_holds_only_json_values(value: object) -> None:
 def test_non_dict_input_is_an_invalid_message() -> None:
     with pytest.raises(InvalidMessage):
         parse_message(42)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "given",
+    [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "c", "type": "function"}]},
+        {"role": "tool", "tool_call_id": "c", "content": "4 °C"},
+        {"role": 5},
+        '{"role": "system", "content": "be brief"}',
+    ],
+)
+def test_a_role_based_chat_message_names_the_converter(given: object) -> None:
+    with pytest.raises(RoleBasedMessage) as caught:
+        parse_message(given)  # type: ignore[arg-type]
+    text = str(caught.value)
+    assert text.startswith("this looks like an OpenAI chat message (role ")
+    assert "kvstore.convert.from_chat_completions(...)" in text
+    assert isinstance(caught.value, InvalidMessage) and caught.value.http_status == 422
+    assert caught.value.errors[0]["type"] == "union_tag_not_found"
+
+
+def test_a_role_next_to_a_message_type_is_an_unknown_field() -> None:
+    message = parse_message({"message_type": "user_message", "role": "user", "content": "hi"})
+    assert unknown_fields(message) == {"role": "UserMessage has no such field"}
+    with pytest.raises(InvalidMessage) as caught:
+        parse_message({"message_type": "user_message", "role": "user"})
+    assert type(caught.value) is InvalidMessage  # a kvstore message missing its content
+
+
+# --- null is absent -------------------------------------------------------------------------------
+
+
+def test_null_for_every_optional_literal_reads_as_absent() -> None:
+    given = {
+        "message_type": "approval_response_message",
+        "approvals": [
+            {"type": None, "approve": True, "tool_call_id": "c1"},
+            {"type": None, "status": "success", "tool_call_id": "c2", "tool_return": [
+                {"type": None, "text": "t"},
+                {"type": None, "source": {"type": None, "url": "u"}},
+                {"type": None, "source": {"type": None, "data": PNG, "media_type": "image/png"}},
+                {"type": None, "source": {"type": None, "file_id": "f"}},
+            ]},
+        ],
+    }
+    assert parse_message(given).to_dict() == {
+        "message_type": "approval_response_message",
+        "approvals": [
+            {"type": "approval", "approve": True, "tool_call_id": "c1"},
+            {"type": "tool", "status": "success", "tool_call_id": "c2", "tool_return": [
+                {"type": "text", "text": "t"},
+                {"type": "image", "source": {"type": "url", "url": "u"}},
+                {"type": "image", "source": {"type": "base64", "data": PNG, "media_type": "image/png"}},
+                {"type": "image", "source": {"type": "letta", "file_id": "f"}},
+            ]},
+        ],
+    }
+    reasoning = parse_message({"message_type": "reasoning_message", "reasoning": "r", "source": None})
+    assert reasoning.source is None and reasoning.to_dict() == {
+        "message_type": "reasoning_message", "reasoning": "r"
+    }
+    returned = parse_message({"message_type": "tool_return_message", "status": "success",
+                              "tool_call_id": "c", "tool_return": "r",
+                              "tool_returns": [{"type": None, "status": "error", "tool_call_id": "c",
+                                                "tool_return": "x"}]})
+    assert returned.tool_returns[0].type == "tool"
+
+
+@pytest.mark.parametrize(
+    ("cls", "fields"),
+    [
+        (TextContent, {"text": "t"}),
+        (ImageContent, {"source": {"url": "u"}}),
+        (URLImage, {"url": "u"}),
+        (Base64Image, {"data": "QQ==", "media_type": "image/png"}),
+        (LettaImage, {"file_id": "f"}),
+        (ToolReturn, {"status": "success", "tool_call_id": "c", "tool_return": "r"}),
+        (ApprovalReturn, {"approve": True, "tool_call_id": "c"}),
+    ],
+)
+def test_a_literal_type_takes_null_or_its_one_value_only(cls: type, fields: dict) -> None:
+    own = cls.model_fields["type"].default
+    assert cls.model_validate({**fields, "type": None}).type == own
+    assert cls.model_validate({**fields, "type": own}).type == own
+    for wrong in ("other", 5, ""):
+        with pytest.raises(ValueError, match=rf"Input should be '{own}'"):
+            cls.model_validate({**fields, "type": wrong})
+    schema = cls.model_json_schema()["properties"]["type"]
+    assert schema["anyOf"] == [{"const": own, "type": "string"}, {"type": "null"}]
+
+
+def test_a_wrong_part_type_is_still_refused_by_name() -> None:
+    with pytest.raises(InvalidMessage, match=r"content\[0\]: a content part needs type 'text'"):
+        parse_message({"message_type": "user_message", "content": [{"type": "txt", "text": "a"}]})
+
+
+# --- unknown fields -------------------------------------------------------------------------------
+
+WITH_UNKNOWN_FIELDS = {
+    "message_type": "tool_return_message",
+    "status": "success",
+    "tool_call_id": "c",
+    "tool_return": "r",
+    "tool_returns": [
+        {"type": "tool", "status": "success", "tool_call_id": "c", "tool_return": [
+            {"type": "text", "text": "t", "colour": "red"},
+            {"type": "image", "source": {"type": "url", "url": "u", "shade": [1, {"a": None}]},
+             "alt": "a chart"},
+        ], "duration_ms": 12},
+    ],
+    "incomplete_details": {"reason": "max_tokens", "tokens": 4096},
+    "attachments": [{"file_id": "f", "data_source": {"uri": "x"}, "tools": [{"type": "t", "k": 1}]}],
+    "trace": {"spans": [{"id": 1, "big": 2**80}]},
+}
+
+
+def test_unknown_fields_at_every_level_are_kept_in_place() -> None:
+    message = parse_message(WITH_UNKNOWN_FIELDS)
+    assert message.to_dict() == WITH_UNKNOWN_FIELDS
+    assert json.loads(message.to_json()) == WITH_UNKNOWN_FIELDS
+    assert parse_message(message.to_json()) == message
+    assert message.tool_returns[0].tool_return[0].model_extra == {"colour": "red"}
+    assert unknown_fields(message) == {
+        "trace": "ToolReturnMessage has no such field",
+        "tool_returns[0].duration_ms": "ToolReturn has no such field",
+        "tool_returns[0].tool_return[0].colour": "TextContent has no such field",
+        "tool_returns[0].tool_return[1].alt": "ImageContent has no such field",
+        "tool_returns[0].tool_return[1].source.shade": "URLImage has no such field",
+        "incomplete_details.tokens": "IncompleteDetails has no such field",
+    }
+    [decoded] = decode_records([(3, encode_record(message))])
+    assert decoded.to_dict() == {**WITH_UNKNOWN_FIELDS, "seq_id": 3}
+
+
+def test_unknown_fields_hint_at_the_field_they_may_misspell() -> None:
+    message = parse_message({"message_type": "user_message", "content": [{"txt": "a", "text": "b"}],
+                             "otdi": "o", "metdata": {}})
+    assert unknown_fields(message) == {
+        "otdi": "did you mean 'otid'?",
+        "metdata": "did you mean 'metadata'?",
+        "content[0].txt": "did you mean 'text'?",
+    }
+    assert unknown_fields(UserMessage(content="x")) == {}
+
+
+def test_an_unknown_field_given_as_null_is_absent() -> None:
+    message = parse_message({"message_type": "user_message", "content": "x", "colour": None})
+    assert message.to_dict() == {"message_type": "user_message", "content": "x"}
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (float("nan"), "holds a NaN or infinite"),
+        ({1, 2}, "holds a set"),
+        (datetime(2024, 1, 1), "holds a datetime"),
+        (2**MAX_JSON_INT_BITS, "holds an integer of 4097 bits; at most 4096 are kept"),
+        ({1: "x"}, "keys must be strings"),
+    ],
+    ids=["nan", "set", "datetime", "2**4096", "int key"],
+)
+def test_unknown_fields_hold_json_values_only(value: object, expected: str) -> None:
+    given = {"message_type": "user_message", "content": [{"text": "a", "colour": value}]}
+    with pytest.raises(InvalidMessage, match=rf"content\[0\]\.colour: Value error, the field {expected}"):
+        parse_message(given)
+
+
+def test_unknown_fields_nest_at_most_max_json_depth() -> None:
+    def nested(depth: int) -> object:
+        value: object = "leaf"
+        for _ in range(depth):
+            value = [value]
+        return value
+
+    parse_message({"message_type": "user_message", "content": "x", "deep": nested(MAX_JSON_DEPTH)})
+    with pytest.raises(InvalidMessage, match=rf"deep: .*nests deeper than {MAX_JSON_DEPTH}"):
+        parse_message({"message_type": "user_message", "content": "x",
+                       "deep": nested(MAX_JSON_DEPTH + 1)})
+
+
+def test_an_unknown_field_set_on_a_built_message_is_kept() -> None:
+    message = UserMessage(content="x", colour="red")
+    message.mood = "calm"
+    assert message.to_dict() == {"message_type": "user_message", "content": "x", "colour": "red",
+                                 "mood": "calm"}
 
 
 # --- timestamps ---------------------------------------------------------------------------------
@@ -658,14 +851,25 @@ b64_data = st.binary(max_size=64).map(lambda raw: base64.b64encode(raw).decode()
 json_values = st.recursive(
     st.none()
     | st.booleans()
-    | st.integers(-(2**63), 2**64 - 1)
+    | st.integers(1 - 2**MAX_JSON_INT_BITS, 2**MAX_JSON_INT_BITS - 1)
     | st.floats(allow_nan=False, allow_infinity=False)
     | text,
     lambda children: st.lists(children, max_size=4) | st.dictionaries(text, children, max_size=4),
     max_leaves=12,
 )
 
-text_parts = st.builds(TextContent, text=text, signature=optional_text)
+# Unknown fields, as a newer API sends them (a null one is absent, so none is null here).
+unknown = st.dictionaries(
+    st.sampled_from(["x_note", "trace", "colour"]), json_values.filter(lambda v: v is not None),
+    max_size=2,
+)
+
+
+def _with_unknown(cls: type, **fields: st.SearchStrategy) -> st.SearchStrategy:
+    return st.builds(lambda extra, **given: cls(**given, **extra), unknown, **fields)
+
+
+text_parts = _with_unknown(TextContent, text=text, signature=optional_text)
 image_sources = (
     st.builds(URLImage, url=text)
     | st.builds(Base64Image, data=b64_data, media_type=text, detail=optional_text)
@@ -723,7 +927,7 @@ common_fields = {
 
 
 def _message(cls: type, **fields: st.SearchStrategy) -> st.SearchStrategy:
-    return st.builds(cls, **{**common_fields, "status": thread_status, **fields})
+    return _with_unknown(cls, **{**common_fields, "status": thread_status, **fields})
 
 
 messages = st.one_of(

@@ -98,9 +98,11 @@ def test_message_that_cannot_be_encoded_is_an_invalid_message_naming_the_field()
     with pytest.raises(InvalidMessage, match=r"cannot be encoded: content\[1\]\.text: "):
         encode_record(parts)
     stats = CompactionStats(
-        context_window=2**70, messages_count_after=1, messages_count_before=2, trigger="t"
+        context_window=2**4096, messages_count_after=1, messages_count_before=2, trigger="t"
     )
-    with pytest.raises(InvalidMessage, match=r"compaction_stats\.context_window: "):
+    with pytest.raises(
+        InvalidMessage, match=r"compaction_stats\.context_window: an integer of 4097 bits; at most 4096"
+    ):
         encode_record(SummaryMessage(summary="s", compaction_stats=stats))
     with pytest.raises(InvalidMessage, match="cannot be encoded: turn_id: "):
         encode_record(USER, turn_id="lone \ud800")
@@ -244,9 +246,10 @@ GOOD = encode_record(UserMessage(content="fine"))
             r"version-1 record at sequence 7 is not valid JSON: recursion limit",
         ),
         (
-            b'{"message_type": "user_message", "content": "x", "seq": 1}',
-            r"sequence 7 does not hold a valid message: seq: Extra inputs",
+            b'{"message_type": "user_message", "content": 5, "seq": 1}',
+            r"sequence 7 does not hold a valid message: content: ",
         ),
+        (msgpack.packb([2, msgpack.ExtType(1, b"")]), r"sequence 7 holds a int, not a message"),
     ],
 )
 def test_bad_record_is_a_record_error_naming_its_sequence(record: bytes, expected: str) -> None:
@@ -344,3 +347,72 @@ def test_event_data_round_trips_exactly() -> None:
     [decoded] = decode_records([(1, encode_record(message))])
     assert isinstance(decoded, EventMessage)
     assert decoded.event_data == message.event_data
+
+
+# --- integers beyond 64 bits and unknown fields -------------------------------------------------
+
+BIG_VALUES = [2**64, -(2**63) - 1, 2**70, -(2**100), 2**4096 - 1, 1 - 2**4096, 2**127, -(2**127)]
+
+
+@pytest.mark.parametrize("value", BIG_VALUES)
+def test_an_integer_beyond_64_bits_is_a_big_int_extension(value: int) -> None:
+    message = parse_message(
+        {"message_type": "event_message", "event_type": "compaction", "event_data": {"n": value}}
+    )
+    record = encode_record(message, "turn-1")
+    extension = msgpack.unpackb(record, raw=False)[1]["event_data"]["n"]
+    assert extension.code == 1
+    assert int.from_bytes(extension.data, "big", signed=True) == value
+    assert len(extension.data) == value.bit_length() // 8 + 1  # the fewest whole bytes and a sign
+    [decoded] = decode_records([(3, record)])
+    assert decoded.event_data == {"n": value}
+    assert record_turn_id(record) == "turn-1"
+    assert salvage(record).turn_id == "turn-1"
+
+
+def test_integers_inside_64_bits_stay_native_msgpack() -> None:
+    message = parse_message(
+        {"message_type": "event_message", "event_type": "compaction",
+         "event_data": {"n": [2**64 - 1, -(2**63)]}}
+    )
+    assert msgpack.unpackb(encode_record(message), raw=False, max_ext_len=0)[1]["event_data"] == {
+        "n": [2**64 - 1, -(2**63)]
+    }
+
+
+@pytest.mark.parametrize(
+    "record",
+    [
+        _packed(2, {"message_type": "user_message", "content": "x", "n": msgpack.ExtType(2, b"\x01")}),
+        _packed(2, {"message_type": "user_message", "content": "x", "n": msgpack.ExtType(1, b"\0" * 514)}),
+    ],
+    ids=["another extension", "a longer integer than 4096 bits"],
+)
+def test_a_record_with_another_extension_is_unreadable(record: bytes) -> None:
+    with pytest.raises(RecordError, match=r"sequence 7 is not valid msgpack"):
+        decode_records([(7, record)])
+    assert salvage(record) == Salvaged(None, None, None)
+
+
+def test_unknown_fields_are_in_the_record_where_they_were_given() -> None:
+    given = {
+        "message_type": "user_message",
+        "content": [{"type": "text", "text": "hi", "colour": "red"}],
+        "mood": {"calm": [1, None]},
+    }
+    message = parse_message(given)
+    record = encode_record(message)
+    assert msgpack.unpackb(record, raw=False)[1] == given
+    assert len(record) > len(encode_record(UserMessage(content=[TextContent(text="hi")])))
+    [decoded] = decode_records([(1, record)])
+    assert decoded.to_dict() == {**given, "seq_id": 1}
+
+
+def test_a_version_1_record_keeps_its_unknown_fields() -> None:
+    [decoded] = decode_records([(7, b'{"message_type": "user_message", "content": "x", "seq": 1}')])
+    assert decoded.to_dict() == {
+        "message_type": "user_message",
+        "content": [{"type": "text", "text": "x"}],
+        "seq": 1,
+        "seq_id": 7,
+    }

@@ -19,7 +19,13 @@ from pydantic import BaseModel
 
 from .. import errors
 from ..config import StoreConfig
-from ..messages import Message, check_inline_parts, inline_media_bytes, strip_inline_media
+from ..messages import (
+    Message,
+    check_inline_parts,
+    inline_media_bytes,
+    strip_inline_media,
+    unknown_fields,
+)
 from .record import encode_message
 from .requests import MAX_TOKEN_LENGTH, Operation
 
@@ -43,8 +49,10 @@ class PreparedMessage:
         what: str = "the message",
     ) -> PreparedMessage:
         """`message` validated and encoded (record.py: encode_message, after `edit` on its
-        dump), its limits checked."""
+        dump), its limits checked; unknown fields refused if the config says so."""
         stored, record = encode_message(message, turn_id, edit)
+        if config.unknown_fields == "refuse":
+            _refuse_unknown_fields(stored, what)
         media = check_inline_parts(stored, config.max_inline_part_bytes)
         if len(record) > config.max_message_bytes:
             raise errors.MessageTooLarge(
@@ -92,7 +100,8 @@ def prepare_batch(
     config: StoreConfig, messages: Message | dict | Iterable[Message | dict], turn_id: str | None
 ) -> list[PreparedMessage]:
     """Validates what it encodes, fills ids and dates; every limit is enforced here, before the socket."""
-    if isinstance(messages, (dict, BaseModel)) or not isinstance(messages, Iterable):
+    # One message may come as JSON text too (parse_message takes it); never as its characters.
+    if isinstance(messages, (dict, BaseModel, str, bytes, bytearray)) or not isinstance(messages, Iterable):
         messages = [messages]
     given = list(messages)
     _check_batch_count(config, given)
@@ -124,6 +133,21 @@ def prepare_batch(
     for original, item in zip(given, prepared):
         _give_id(original, item.message.id)
     return prepared
+
+
+def _refuse_unknown_fields(message: Message, what: str) -> None:
+    found = unknown_fields(message)
+    if found:
+        items = [f"{path} ({hint})" for path, hint in found.items()]
+        shown = "; ".join(items[:5]) + (f"; and {len(items) - 5} more" if len(items) > 5 else "")
+        error = errors.UnknownField(
+            f"{what} ({message.message_type}) holds fields kvstore does not know: {shown}."
+            ' The store refuses them (StoreConfig(unknown_fields="refuse"));'
+            ' with "keep", the default, they are stored'
+        )
+        error.fields = list(found)
+        error.errors = []  # type: ignore[attr-defined]  # same surface as other InvalidMessage
+        raise error
 
 
 def _check_batch_count(config: StoreConfig, batch: list[Any]) -> None:

@@ -8,7 +8,11 @@ Version 2 (written now)
     A msgpack array ``[2, message]`` or ``[2, message, turn_id]``: ``message`` is the message's
     JSON-mode dump without ``None`` fields and without ``seq_id``; strings are msgpack str, never
     bin (``use_bin_type=True``). Content keeps the shape it was stored with: a string stays a
-    string.
+    string. Unknown fields are in the dump, so in the record and its size, like any other.
+    An integer beyond msgpack's 64 bits (free-form JSON holds up to MAX_JSON_INT_BITS) is the
+    msgpack extension type 1, its bytes the integer's two's complement, big-endian, in the fewest
+    whole bytes that keep its sign: JSON numbers have no size, so the record keeps them exactly.
+    That is the only extension type; a reader older than it refuses such a record (RecordError).
 
 Version 1 (read only)
     Plain JSON bytes of the message, so its first byte is ``{`` (a version-2 record starts with a
@@ -37,6 +41,7 @@ from pydantic_core import from_json
 
 from kvstore.errors import InvalidMessage, RecordError
 from kvstore.messages import (
+    MAX_JSON_INT_BITS,
     MESSAGE_ADAPTER,
     MESSAGE_LIST_ADAPTER,
     BaseMessage,
@@ -62,6 +67,33 @@ RECORD_VERSION = 2
 _JSON_RECORD_START = b"{"
 # Version 1 wrote these types' content as a plain string; version 2 reads it as one text part.
 _V1_PART_CONTENT_TYPES = frozenset({"user_message", "assistant_message"})
+# An integer beyond 64 bits, as a msgpack extension (its two's complement, big-endian).
+_BIG_INT_EXT = 1
+_MAX_BIG_INT_BYTES = MAX_JSON_INT_BITS // 8 + 1
+
+
+def _pack_big_int(value: Any) -> msgpack.ExtType:
+    """msgpack's `default`: it calls this for what it cannot pack, an int beyond 64 bits among."""
+    if type(value) is not int:
+        raise TypeError(f"cannot pack a {type(value).__name__}")
+    if value.bit_length() > MAX_JSON_INT_BITS:
+        raise OverflowError(
+            f"an integer of {value.bit_length()} bits; at most {MAX_JSON_INT_BITS} are kept"
+        )
+    return msgpack.ExtType(_BIG_INT_EXT, value.to_bytes(value.bit_length() // 8 + 1, "big", signed=True))
+
+
+def _unpack_ext(code: int, data: bytes) -> int:
+    if code != _BIG_INT_EXT:
+        raise ValueError(f"unknown extension type {code}")
+    return int.from_bytes(data, "big", signed=True)
+
+
+# Records hold JSON values only: bin is refused outright, ext is the big integer alone; the other
+# length limits default to the record's own size, and nesting is capped by msgpack's stack.
+_UNPACK_LIMITS: dict[str, Any] = {
+    "raw": False, "max_bin_len": 0, "max_ext_len": _MAX_BIG_INT_BYTES, "ext_hook": _unpack_ext,
+}
 
 
 def encode_message(
@@ -89,7 +121,7 @@ def encode_message(
         raise invalid_message(exc, body) from exc
     fields = [RECORD_VERSION, body] if turn_id is None else [RECORD_VERSION, body, turn_id]
     try:
-        record = msgpack.packb(fields, use_bin_type=True)
+        record = msgpack.packb(fields, use_bin_type=True, default=_pack_big_int)
     except (ValueError, TypeError, OverflowError) as exc:  # UnicodeEncodeError is a ValueError
         field = _unpackable_path(body) or "turn_id"
         raise InvalidMessage(f"{stored.message_type} cannot be encoded: {field}: {exc}") from exc
@@ -156,7 +188,7 @@ def salvage(record: bytes) -> Salvaged:
         if record[:1] == _JSON_RECORD_START:
             body, turn_id = from_json(record, allow_inf_nan=False), None
         else:
-            fields = msgpack.unpackb(record, raw=False, max_bin_len=0, max_ext_len=0)
+            fields = msgpack.unpackb(record, **_UNPACK_LIMITS)
             if not isinstance(fields, list) or len(fields) not in (2, 3):
                 return Salvaged(None, None, None)
             body, turn_id = fields[1], fields[2] if len(fields) == 3 else None
@@ -176,9 +208,7 @@ def record_turn_id(record: bytes) -> str | None:
     """The turn id stored in a record, without decoding the message (None for version 1)."""
     if record[:1] == _JSON_RECORD_START:
         return None
-    unpacker = msgpack.Unpacker(
-        raw=False, max_buffer_size=max(len(record), 1), max_bin_len=0, max_ext_len=0
-    )
+    unpacker = msgpack.Unpacker(max_buffer_size=max(len(record), 1), **_UNPACK_LIMITS)
     try:
         unpacker.feed(record)
         length = unpacker.read_array_header()
@@ -208,9 +238,10 @@ def _record_body(sequence: int, record: bytes) -> dict[str, Any]:
 
 def _version_2_body(sequence: int, record: bytes) -> dict[str, Any]:
     try:
-        # Records carry only JSON values, so bin and ext types are refused outright; the other
-        # length limits default to the record's own size, and nesting is capped by msgpack's stack.
-        fields = msgpack.unpackb(record, raw=False, max_bin_len=0, max_ext_len=0)
+        # _UNPACK_LIMITS, spelt out: a page unpacks every record, and ** costs on each.
+        fields = msgpack.unpackb(
+            record, raw=False, max_bin_len=0, max_ext_len=_MAX_BIG_INT_BYTES, ext_hook=_unpack_ext
+        )
     except Exception as exc:  # msgpack raises ValueError subclasses, TypeError, and more on junk
         raise RecordError(
             f"record at sequence {sequence} is not valid msgpack: {_unpack_failure(exc)}"
@@ -292,7 +323,7 @@ def _dump(message: BaseMessage) -> dict[str, Any]:
     except (ValueError, TypeError, OverflowError, RecursionError) as exc:
         # PydanticSerializationError (a ValueError) names no field: find it.
         field = "(message)"
-        for name in type(message).model_fields:
+        for name in [*type(message).model_fields, *(message.__pydantic_extra__ or ())]:
             try:
                 message.__pydantic_serializer__.to_python(
                     message, mode="json", include={name}, warnings=False
@@ -314,7 +345,7 @@ def _unpackable_path(value: Any, path: str = "") -> str:
         return path
     for item_path, item in items:
         try:
-            msgpack.packb(item, use_bin_type=True)
+            msgpack.packb(item, use_bin_type=True, default=_pack_big_int)
         except (ValueError, TypeError, OverflowError):
             return _unpackable_path(item, item_path)
     return path

@@ -124,3 +124,38 @@ def test_prepare_batch_gives_each_message_an_id_and_a_date(config):
     assert given[0].id == ids[0] and given[1]["id"] == ids[1]
     assert all(item.message.date is not None for item in prepared)
     assert all(item.media == 0 for item in prepared)
+
+
+def test_unknown_fields_takes_keep_or_refuse():
+    assert StoreConfig().unknown_fields == "keep"
+    for value in ("strict", "", None, True):
+        with pytest.raises(errors.ConfigError, match="unknown_fields must be 'keep' or 'refuse'"):
+            StoreConfig(unknown_fields=value)
+
+
+def test_unknown_fields_are_refused_before_any_request_in_a_refusing_store():
+    thread = ThreadRef.of(StoreConfig(namespace="unit", unknown_fields="refuse"), "t-1")
+    given = [UserMessage(content="a"),
+             {"message_type": "user_message", "content": [{"text": "b", "colour": "red"}]}]
+    with pytest.raises(errors.UnknownField, match=r"message 1 \(user_message\) holds fields kvstore"
+                                                  r" does not know: content\[0\]\.colour") as caught:
+        drive(core.append(thread, given, None))
+    assert caught.value.fields == ["content[0].colour"]
+    assert given[0].id is None  # refused before the ids are the call's token
+
+
+def test_a_keeping_store_stores_unknown_fields_and_counts_their_bytes(config):
+    plain, extra = prepare_batch(config, [
+        {"message_type": "user_message", "content": "x", "id": "m-1", "date": "2024-01-01T00:00:00Z"},
+        {"message_type": "user_message", "content": "x", "id": "m-1", "date": "2024-01-01T00:00:00Z",
+         "colour": "r" * 100},
+    ], None)
+    assert extra.message.to_dict()["colour"] == "r" * 100
+    assert len(extra.record) - len(plain.record) > 100
+
+
+@pytest.mark.parametrize("text", ['{"message_type": "user_message", "content": "hi"}',
+                                  b'{"message_type": "user_message", "content": "hi"}'])
+def test_one_message_given_as_json_text_is_one_message(config, text):
+    (prepared,) = prepare_batch(config, text, None)
+    assert prepared.message.content == "hi"
