@@ -555,6 +555,13 @@ def to_langchain(messages: Iterable[Message]) -> list[dict[str, Any]]:
         if isinstance(message, _LC_LEFT_OUT):
             continue
         origin = _origin(message)
+        if origin is None and isinstance(message, ToolReturnMessage) and message.tool_returns:
+            flush()  # several tools' returns in one message: a LangChain tool message each
+            out.extend({"type": "tool", "data": {
+                "type": "tool", "tool_call_id": item.tool_call_id, "status": item.status,
+                "content": item.tool_return if isinstance(item.tool_return, str) else _lc_content(item.tool_return)}}
+                for item in message.tool_returns)
+            continue
         if group:
             previous = group[-1]
             same_source = origin is not None and origin == _origin(previous)

@@ -18,6 +18,7 @@ from kvstore.importers import (
     append_missing,
     import_langchain,
     import_llamaindex,
+    langchain_left_out,
     to_langchain,
 )
 
@@ -264,6 +265,9 @@ def test_export_langchain_of_a_native_thread(store):
         ToolReturnMessage(status="success", tool_call_id="c1", tool_return="one"),
         ToolReturnMessage(status="success", tool_call_id="c2", tool_return="two"),
         AssistantMessage(content="done"),
+        ToolReturnMessage(status="success", tool_call_id="c3", tool_return="x", tool_returns=[
+            {"status": "success", "tool_call_id": "c3", "tool_return": "three"},
+            {"status": "error", "tool_call_id": "c4", "tool_return": "four"}]),
     ])
     thread.compact("said hi", last_sequence=1)
     buffer = io.StringIO()
@@ -271,9 +275,11 @@ def test_export_langchain_of_a_native_thread(store):
     json.dump(records, buffer)
     back = lc.messages_from_dict(json.loads(buffer.getvalue()))
     assert [type(m).__name__ for m in back] == ["HumanMessage", "AIMessage", "ToolMessage", "ToolMessage",
-                                                "AIMessage", "SystemMessage"]
+                                                "AIMessage", "ToolMessage", "ToolMessage", "SystemMessage"]
+    assert [(m.tool_call_id, m.status, m.content) for m in back[5:7]] == [("c3", "success", "three"),
+                                                                          ("c4", "error", "four")]
     assert back[1].content == "checking" and [c["args"] for c in back[1].tool_calls] == [{"a": 1}, {"a": 2}]
-    assert back[5].content.endswith("said hi")
+    assert back[7].content.endswith("said hi") and langchain_left_out(thread.iter()) == 1
 
 
 def test_batch_size_is_checked(store, raw_client):
