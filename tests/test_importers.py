@@ -285,3 +285,34 @@ def test_export_langchain_of_a_native_thread(store):
 def test_batch_size_is_checked(store, raw_client):
     with pytest.raises(errors.ConfigError):
         import_langchain(store, raw_client, batch_messages=0)
+
+
+def test_cli_import_killed_midway_is_finished_by_the_next_run(store, server, raw_client, namespace, capsys):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    key = f"message_store:{namespace}-killed"
+    total = 20_000
+    records = [json.dumps(lc.message_to_dict(lc.HumanMessage(f"m{n}") if n % 2 == 0 else lc.AIMessage(f"m{n}")))
+               for n in range(total)]
+    raw_client.lpush(key, *records)  # oldest first, as add_message pushes them
+    args = ["import-from", "langchain", "--url", server.url, "--pattern", key, "--namespace", namespace,
+            "--batch", "10"]
+    process = subprocess.Popen([sys.executable, "-m", "kvstore", *args], stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    thread = store.thread(f"{namespace}-killed")
+    deadline = time.monotonic() + 60
+    while thread.stats().stored_messages < 500 and time.monotonic() < deadline and process.poll() is None:
+        time.sleep(0.01)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    stored = thread.stats().stored_messages
+    assert 500 <= stored < total, "the import was not killed midway"
+
+    assert cli(args) == 0
+    assert f"{total - stored:,} imported, {stored:,} already" in capsys.readouterr().out
+    messages = list(thread.iter())
+    assert [m.content for m in messages] == [f"m{n}" for n in range(total)]
