@@ -180,9 +180,6 @@ def to_chat_completions(
         elif isinstance(message, ApprovalResponseMessage):
             for call_id, output in _approval_outputs(message, requested):
                 out.append({"role": "tool", "tool_call_id": call_id, "content": _chat_tool_content(output)})
-    for item in out:
-        if item["role"] == "assistant" and item.get("content") is None and "tool_calls" not in item:
-            item["content"] = ""
     return out
 
 
