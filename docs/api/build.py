@@ -17,7 +17,8 @@ import pdoc.render
 
 # The package (its page lists kvstore.__all__, kvstore.errors included) and the modules that
 # define those names, which hold a few more (ToolCallDelta, Attachment, MESSAGE_ADAPTER …).
-MODULES = ["kvstore", "kvstore.store", "kvstore.thread", "kvstore.messages", "kvstore.models", "kvstore.config"]
+MODULES = ["kvstore", "kvstore.store", "kvstore.thread", "kvstore.messages", "kvstore.models", "kvstore.config",
+           "kvstore.convert", "kvstore.importers"]
 
 
 def main(argv: list[str]) -> int:

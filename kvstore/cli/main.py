@@ -23,6 +23,8 @@ def main(argv: list[str] | None = None) -> int:
             return _demo(args)
         if args.command == "server":
             return _server(args)
+        if args.command == "import-from":
+            return _import_from(args)
         return _store_command(args)
     except _ReaderGone:
         # `kvstore export ... | head`: end as a tool cut by SIGPIPE does, without a word (what is
@@ -93,6 +95,9 @@ def _add_store_commands(commands: argparse._SubParsersAction) -> None:
                                   " JSON lines (the list API's shape, with sequence and turn)")
     export.add_argument("thread")
     export.add_argument("-o", "--output", help="file to write (default: standard output)")
+    export.add_argument("--format", choices=("backup", "langchain"), default="backup",
+                        help="backup (default): kvstore's backup, for `kvstore import`; langchain: the thread's messages"
+                             " as LangChain's message JSON (messages_to_dict), for messages_from_dict")
     import_ = with_store("import", "restore a backup into a thread (or append plain JSON-lines messages);"
                                    " resumable: run again, nothing is stored twice")
     import_.add_argument("thread")
@@ -104,6 +109,25 @@ def _add_store_commands(commands: argparse._SubParsersAction) -> None:
     migrate.add_argument("threads", nargs="*", metavar="THREAD",
                          help="threads to migrate; without any (nor --threads-from), SCAN finds them (needs +scan)")
     migrate.add_argument("--threads-from", metavar="FILE", help="a file of thread ids, one a line (- for standard input)")
+    import_from = commands.add_parser(
+        "import-from", help="import the sessions of a LangChain or LlamaIndex Redis chat history (resumable)",
+        description="Find the sessions of LangChain's RedisChatMessageHistory (lists message_store:<session>) or"
+                    " LlamaIndex's RedisChatStore (one list per key) on the server at --url with SCAN, and store"
+                    " each as a kvstore thread. Run again, it stores nothing twice and finishes an interrupted"
+                    " run; the source keys are only read.",
+    )
+    import_from.add_argument("source", choices=("langchain", "llamaindex"))
+    import_from.add_argument("--url", required=True, help="the Redis/Valkey URL of the chat history to import")
+    import_from.add_argument("--pattern", help="the keys to import, a SCAN pattern (default: message_store:* for"
+                                               " langchain, * for llamaindex)")
+    import_from.add_argument("--key-prefix", default="message_store:",
+                             help="langchain: the prefix cut from a key to make its thread id (default: message_store:)")
+    import_from.add_argument("--to-url", help="the kvstore server to import into (default: the --url server)")
+    import_from.add_argument("--namespace", default="kv", help="the store's namespace (default: kv)")
+    import_from.add_argument("--batch", type=int, default=100, metavar="N",
+                             help="kvstore messages per append (default: 100)")
+    import_from.add_argument("--progress-every", type=float, default=5.0, metavar="SECONDS",
+                             help="where standard error is not a terminal, a progress line this often (default: 5)")
     health = with_store("health", "check the server settings kvstore's guarantees depend on")
     health.description = (
         "Read the server's version, Lua, kvstore's function library, eviction policy and persistence, and"
@@ -149,6 +173,19 @@ def _store_command(args: argparse.Namespace) -> int:
     with commands.open_store(args.url, args.namespace, args.data_dir) as store:
         if args.command == "inspect":
             commands.inspect(store, args.thread, chunks=args.chunks)
+        elif args.command == "export" and args.format == "langchain":
+            from .import_from import export_langchain
+
+            if args.output:
+                with open(args.output, "w", encoding="utf-8") as out:
+                    written, left_out = export_langchain(store, args.thread, out)
+            else:
+                stdout = _Stdout()
+                written, left_out = export_langchain(store, args.thread, stdout)
+                stdout.flush()
+            skipped = f"; {left_out} left out (reasoning, events, approvals: no LangChain type)" if left_out else ""
+            print(f"exported {written} LangChain messages{' to ' + args.output if args.output else ''}{skipped}",
+                  file=sys.stderr)
         elif args.command == "export":
             try:
                 if args.output:
@@ -197,6 +234,27 @@ def _store_command(args: argparse.Namespace) -> int:
             for name, sha in preload_scripts(store.client).items():
                 print(f"{sha}  {name}")
     return 0
+
+
+def _import_from(args: argparse.Namespace) -> int:
+    from ..config import StoreConfig
+    from ..store import MessageStore
+    from .import_from import connect_source, import_from
+
+    source = connect_source(args.url)
+    target = connect_source(args.to_url) if args.to_url else source
+    try:
+        store = MessageStore(target, StoreConfig(namespace=args.namespace))
+        return import_from(store, source, args.source, args.pattern, args.key_prefix, args.batch, sys.stdout,
+                           sys.stderr, every=args.progress_every)
+    except KeyboardInterrupt:
+        print("kvstore: import interrupted; run the same command again to finish it (nothing is stored twice)",
+              file=sys.stderr, flush=True)
+        raise
+    finally:
+        source.close()
+        if target is not source:
+            target.close()
 
 
 def _line_count(path: str) -> int | None:
