@@ -35,7 +35,7 @@ from ..events import (
 from ..messages import AssistantMessage, Message, parse_message
 from .pages import list_page
 from .prepare import check_token
-from .reads import fetch_sequences
+from .reads import decode, fetch_sequences
 from .requests import ITER_PAGE, Batch, Operation, ThreadRef, write
 from .scripts import SCRIPTS
 
@@ -242,9 +242,8 @@ def _event(thread: ThreadRef, cursor: str, raw: dict[bytes, bytes], caught_up: i
     if kind == "added":
         if b <= caught_up:
             return None
-        wanted = range(max(a, caught_up + 1), b + 1)
-        found = yield Run(fetch_sequences(thread, list(wanted), missing_ok=True))
-        return MessagesAdded(cursor, list(found), a, b, turn_id)
+        found = yield Run(_new_messages(thread, max(a, caught_up + 1), b))
+        return MessagesAdded(cursor, found, a, b, turn_id)
     if kind == "delta":
         message = parse_message(fields["d"])
         return Delta(cursor, turn_id or "", message, _int(fields.get("l")))
@@ -263,6 +262,16 @@ def _event(thread: ThreadRef, cursor: str, raw: dict[bytes, bytes], caught_up: i
     if kind == "deleted":
         return ThreadDeleted(cursor)
     return None  # a kind this version does not know: skipped
+
+
+def _new_messages(thread: ThreadRef, first: int, last: int) -> Operation:
+    """Messages first..last, just stored: one native read of the window, where new messages
+    are (a record's sequence never changes hands, so what the window holds is theirs); when some
+    already moved on (rollover, retention, remove_turn), the reads of any sequence."""
+    (records,) = yield Batch([("ZRANGE", thread.keys.window, first, last, "BYSCORE")])
+    if len(records) == last - first + 1:
+        return decode(thread, list(zip(range(first, last + 1), records)))
+    return list((yield from fetch_sequences(thread, list(range(first, last + 1)), missing_ok=True)))
 
 
 def stream_entries(reply: Any) -> Sequence[tuple[Any, dict]]:
