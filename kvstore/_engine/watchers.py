@@ -40,6 +40,10 @@ def _settings(client: Any, block_ms: int) -> tuple[Any, dict[str, Any]]:
     return source.connection_class, kwargs
 
 
+def _xread(key: str, after: str, count: int, block_ms: int) -> tuple[Any, ...]:
+    return ("XREAD", "COUNT", count, "BLOCK", block_ms, "STREAMS", key, after)
+
+
 def _failed(exc: Exception) -> errors.KVStoreError:
     return errors.ConnectionFailed(f"watch: the event stream could not be read ({exc}); resume from the last cursor")
 
@@ -59,7 +63,7 @@ class Watch:
             pool = redis.ConnectionPool(connection_class=connection_class, max_connections=1, **kwargs)
             self._client = redis.Redis(connection_pool=pool)
         try:
-            return self._client.xread({key: after}, count=count, block=self._block_ms)
+            return self._client.execute_command(*_xread(key, after, count, self._block_ms))
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             raise _failed(exc) from exc
 
@@ -116,7 +120,7 @@ class AsyncWatch:
             pool = redis.asyncio.ConnectionPool(connection_class=connection_class, max_connections=1, **kwargs)
             self._client = redis.asyncio.Redis(connection_pool=pool)
         try:
-            return await self._client.xread({key: after}, count=count, block=self._block_ms)
+            return await self._client.execute_command(*_xread(key, after, count, self._block_ms))
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             raise _failed(exc) from exc
 
