@@ -267,3 +267,37 @@ def test_closing_a_sync_watcher_closes_its_connection(store, raw_client):
     watch.close()
     assert set(_clients(raw_client)) - set(before) == set()
     assert list(watch) == []
+
+
+def test_a_stream_past_its_age_is_gone_and_a_watcher_pages_across_the_gap(server_only, backend, namespace, raw_client):
+    store = make_sync_store(backend, StoreConfig(namespace=namespace, events_max_age=1))
+    thread = store.thread("t")
+    thread.append(UserMessage(content="m1"))
+    thread.append(UserMessage(content="m2"))
+    assert 0 < raw_client.pttl(thread.keys.events) <= 1000
+    time.sleep(1.3)
+    assert raw_client.exists(thread.keys.events) == 0  # idle past events_max_age
+    thread.append(UserMessage(content="m3"))
+    # The count went on in meta: the new event is the third, so a watcher at the first sees
+    # that the second is gone and pages the messages after its sequence, then reads on.
+    with thread.watch(after="1-1", block_ms=200) as watch:
+        paged = next(watch)
+        assert (type(paged), paged.cursor, paged.paged) == (MessagesAdded, "3", True)
+        assert [m.content for m in paged.messages] == ["m2", "m3"]
+        thread.append(UserMessage(content="m4"))
+        after = next(watch)  # not m3's event again: m4's
+        assert (after.cursor, [m.content for m in after.messages], after.paged) == ("4-4", ["m4"], False)
+    store.close()
+
+
+def test_watch_runs_on_every_backend_the_in_process_tier_too(backend, namespace):
+    store = make_sync_store(backend, StoreConfig(namespace=namespace))
+    thread = store.thread("t")
+    thread.append(UserMessage(content="hi"))
+    lease = thread.hold_turn("turn-1")
+    thread.publish(lease, "he")
+    thread.finish_turn(lease)
+    events = take(thread.watch(after="0-0", block_ms=100), 4)
+    assert [e.kind for e in events] == ["messages_added", "turn_started", "delta", "turn_finished"]
+    assert [e.cursor for e in events] == ["1-1", "2-1", "3-1", "4-1"]
+    store.close()

@@ -164,14 +164,16 @@ def watch(thread: ThreadRef, after: int | str | None, block_ms: int) -> WatchSte
     start = parse_cursor(after)
     # n: the last event delivered (the next must be n + 1); caught_up: messages through this
     # sequence were delivered by paging, so an 'added' event at or before it is skipped.
+    # last_s: the thread's last sequence at event n (every message up to it was delivered, or
+    # came before the watch began).
     caught_up = 0
     if start is None:
-        n, _ = yield Run(_position(thread))
+        n, last_s = yield Run(_position(thread))
     elif isinstance(start, int):
         n, caught_up = yield from _catch_up(thread, start)
+        last_s = caught_up
     else:
-        n, _ = start
-    last_s = caught_up if isinstance(start, int) else (start[1] if start else 0)
+        n, last_s = start
     while True:
         entries = yield ReadStream(thread.keys.events, _after_id(n), READ_COUNT, block_ms)
         if not entries:
