@@ -16,11 +16,11 @@ from pathlib import Path
 import httpx
 import pytest
 import redis
+import uvicorn  # noqa: F401  # the test extra's: the example runs under it
 
 from kvstore.cli.process import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
-pytest.importorskip("uvicorn", reason="the example runs under uvicorn: pip install -e '.[test]'")
 
 
 def wait_until(check, timeout: float = 60) -> None:
