@@ -37,8 +37,9 @@ class StoreConfig:
         thread.watch() reads (docs/EVENTS.md). False: no stream is written, watch() cannot be used.
     events_max_len: the stream keeps about the newest this many events (at least this many; it
         is trimmed in whole nodes of 100). A watcher further behind pages the stored messages.
-    events_max_age: seconds the stream lives after the thread's last event (or thread_ttl, when
-        shorter): how long an idle thread's watcher can resume from an event id.
+    events_max_age: without thread_ttl, the stream expires 1 to 1.5 times this many seconds after
+        the thread's last event: how long an idle thread's watcher can resume from an event id.
+        With thread_ttl, the stream expires with the thread.
     scripting: how the scripts are called (docs/LAYOUT.md, "Loading"). "functions": FCALL /
         FCALL_RO of kvstore's function library, loaded with FUNCTION LOAD when the server lacks
         it; a server without functions (older than Redis 7, or a proxy) and a cluster client

@@ -14,7 +14,7 @@
 -- The stream holds about the newest limits.events_len entries (XADD MAXLEN ~, trimmed in whole
 -- nodes). A thread with a ttl gives it its own deadline (includes/expiry.lua: apply_expiry, which
 -- every writing script runs after this), so it expires with the thread; without one, it expires
--- limits.events_age_ms after its last event. events_len 0: no events.
+-- 1 to 1.5 limits.events_age_ms after its last event. events_len 0: no events.
 
 -- Returns the event's id (false when events are off).
 local function emit_event(keys, limits, last_seq, fields)
@@ -32,6 +32,13 @@ local function emit_event(keys, limits, last_seq, fields)
   -- (the change stands; its watchers see the gap and page).
   local id = string.format('%d-%d', n, last_seq)
   redis.pcall('XADD', keys.events, 'MAXLEN', '~', limits.events_len, id, unpack(fields))
-  if limits.ttl_ms <= 0 then redis.pcall('PEXPIRE', keys.events, limits.events_age_ms) end
+  if limits.ttl_ms <= 0 then
+    -- As for a thread's ttl (includes/expiry.lua): a PTTL on most calls, a PEXPIRE of 1.5 age
+    -- only when less than the age is left, so it expires 1 to 1.5 age after the last event.
+    local age = limits.events_age_ms
+    if redis.call('PTTL', keys.events) < age then
+      redis.pcall('PEXPIRE', keys.events, age + math.floor(age / 2))
+    end
+  end
   return id
 end
