@@ -12,7 +12,8 @@ On each server:
   is of the medians (target ≤ 1.15).
 - **Append → watcher latency**: a watcher blocked in ``thread.watch()`` in another thread, a
   writer appending 1 KB messages one at a time; from before the append call to the event, with
-  its ``Message`` decoded, in the watcher. The floor: a bare ``XADD`` of 1 KB and an ``XREAD
+  its ``Message`` decoded, in the watcher (and with ``watch(messages=False)``: the ids and
+  sequences only, no read per event). The floor: a bare ``XADD`` of 1 KB and an ``XREAD
   BLOCK`` on another connection, same server. Ratio of the p50s and of the p99s (target ≤ 1.5).
 - **Memory of the stream**: ``MEMORY USAGE`` of one thread's stream as appends go past its cap
   (``events_max_len``, default 1000), one 200-character message each (information).
@@ -110,12 +111,12 @@ class LiveTail(Fixture):
         reader.close()
         return latencies
 
-    def tail(self) -> list[float]:
-        store = self.make_store(True, "tail")
+    def tail(self, messages: bool = True) -> list[float]:
+        store = self.make_store(True, f"tail-{messages}")
         thread = store.thread("t")
         thread.append(UserMessage(content="first"))
         got, latencies = queue.Queue(), []
-        watch = thread.watch(block_ms=1000)
+        watch = thread.watch(block_ms=1000, messages=messages)
 
         def read() -> None:
             with watch:
@@ -154,17 +155,19 @@ def run_server(url: str, params: Params, own: bool) -> dict[str, Any]:
         log("server time per append, events on and off")
         cost = fixture.cost()
         log("append -> watcher latency, and its floor")
-        floor, tail = fixture.floor(), fixture.tail()
+        floor, tail, ids_only = fixture.floor(), fixture.tail(), fixture.tail(messages=False)
         log("the stream's memory under its cap")
         memory = fixture.memory()
         latency = {name: {"p50_us": _percentile(xs, 0.5) * 1e6, "p99_us": _percentile(xs, 0.99) * 1e6}
-                   for name, xs in (("floor", floor), ("tail", tail))}
+                   for name, xs in (("floor", floor), ("tail", tail), ("ids_only", ids_only))}
         ratios = [
             ratio("events_cost", "append server time, events on / off", cost["on_median"] / cost["off_median"], 1.15),
             ratio("tail_p50", "append->watcher / XADD->XREAD, p50",
                   latency["tail"]["p50_us"] / latency["floor"]["p50_us"], 1.5),
             ratio("tail_p99", "append->watcher / XADD->XREAD, p99",
                   latency["tail"]["p99_us"] / latency["floor"]["p99_us"], 1.5),
+            ratio("ids_p50", "append->watcher (ids only) / XADD->XREAD, p50",
+                  latency["ids_only"]["p50_us"] / latency["floor"]["p50_us"], None),
         ]
         return {"server": fixture.version, "cost": cost, "latency": latency, "memory": memory, "ratios": ratios}
 
@@ -175,7 +178,8 @@ def render(result: dict[str, Any]) -> str:
              f"server time per append: events off {cost['off_median']:.1f} us, on {cost['on_median']:.1f} us"
              f" (medians of {len(cost['on_us'])} batches)",
              f"latency: XADD->XREAD p50 {latency['floor']['p50_us']:.0f} us p99 {latency['floor']['p99_us']:.0f} us;"
-             f" append->watcher p50 {latency['tail']['p50_us']:.0f} us p99 {latency['tail']['p99_us']:.0f} us",
+             f" append->watcher p50 {latency['tail']['p50_us']:.0f} us p99 {latency['tail']['p99_us']:.0f} us"
+             f" (ids only: p50 {latency['ids_only']['p50_us']:.0f} us p99 {latency['ids_only']['p99_us']:.0f} us)",
              "stream memory: " + ", ".join(f"{m['appends']} appends {m['events']} events {m['bytes'] / 1024:.1f} KB"
                                            for m in result["memory"]),
              ""]

@@ -37,13 +37,16 @@ class ThreadEvent:
 @dataclass(frozen=True, slots=True)
 class MessagesAdded(ThreadEvent):
     """Messages stored by one append (from the stream), or a page of stored messages a watcher
-    caught up with (``paged``). Messages deleted since (retention, remove_turn) are missing."""
+    caught up with (``paged``). Messages deleted since (retention, remove_turn) are missing;
+    ``messages`` is empty for a watcher made with ``messages=False`` (``message_ids`` and the
+    sequences say what was stored)."""
 
     messages: list[Message]
     first_sequence: int
     last_sequence: int
     turn_id: str | None = None
     paged: bool = False
+    message_ids: tuple[str, ...] = ()
     kind: ClassVar[str] = "messages_added"
 
 

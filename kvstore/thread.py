@@ -115,14 +115,16 @@ class Thread(_Bound):
         """
         return self._store.run(core.publish(self._ref, turn, delta))
 
-    def watch(self, after: int | str | None = None, block_ms: int = DEFAULT_BLOCK_MS) -> Watch:
+    def watch(self, after: int | str | None = None, block_ms: int = DEFAULT_BLOCK_MS,
+              messages: bool = True) -> Watch:
         """Every change to the thread, as it happens: an iterator of events (kvstore.events),
         blocking on the server on its own connection (docs/EVENTS.md).
 
         `after`: None for changes from now on; an event's ``cursor`` to go on right after it; a
         sequence for every message stored after it, then the changes. A cursor older than the
         event stream holds pages the stored messages first, with no gap and no repeat. Close the
-        watcher (``with`` or ``close()``) to close its connection.
+        watcher (``with`` or ``close()``) to close its connection. ``messages=False``: events of
+        new messages carry their ids and sequences but not the messages (no read per event).
 
         Example::
 
@@ -130,7 +132,7 @@ class Thread(_Bound):
                 for event in events:
                     send(event.kind, event.cursor)
         """
-        return Watch(self._store, core.watch(self._ref, after, block_ms), block_ms)
+        return Watch(self._store, core.watch(self._ref, after, block_ms, messages), block_ms)
 
     def start_turn(self, turn_id: str) -> int:
         """Starts turn `turn_id`: records where its replies start, and returns that sequence.
@@ -381,7 +383,8 @@ class AsyncThread(_Bound):
         """The awaited :meth:`Thread.publish`."""
         return await self._store.run(core.publish(self._ref, turn, delta))
 
-    def watch(self, after: int | str | None = None, block_ms: int = DEFAULT_BLOCK_MS) -> AsyncWatch:
+    def watch(self, after: int | str | None = None, block_ms: int = DEFAULT_BLOCK_MS,
+              messages: bool = True) -> AsyncWatch:
         """The async iterator of :meth:`Thread.watch`. Cancelling the task that waits on it
         closes its connection.
 
@@ -391,7 +394,7 @@ class AsyncThread(_Bound):
                 async for event in events:
                     ...
         """
-        return AsyncWatch(self._store, core.watch(self._ref, after, block_ms), block_ms)
+        return AsyncWatch(self._store, core.watch(self._ref, after, block_ms, messages), block_ms)
 
     async def start_turn(self, turn_id: str) -> int:
         """The awaited :meth:`Thread.start_turn`: same arguments, result and errors.

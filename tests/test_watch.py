@@ -301,3 +301,13 @@ def test_watch_runs_on_every_backend_the_in_process_tier_too(backend, namespace)
     assert [e.kind for e in events] == ["messages_added", "turn_started", "delta", "turn_finished"]
     assert [e.cursor for e in events] == ["1-1", "2-1", "3-1", "4-1"]
     store.close()
+
+
+def test_a_watcher_without_messages_gets_their_ids_and_sequences(store):
+    thread = store.thread("t")
+    stored = thread.append([UserMessage(content="a"), UserMessage(content="b")])
+    (event,) = take(thread.watch(after="0-0", messages=False), 1)
+    assert (event.messages, event.message_ids) == ([], tuple(m.id for m in stored))
+    assert (event.first_sequence, event.last_sequence) == (1, 2)
+    (full,) = take(thread.watch(after="0-0"), 1)
+    assert [m.id for m in full.messages] == list(full.message_ids)

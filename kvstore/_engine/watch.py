@@ -157,8 +157,9 @@ def _id_numbers(entry_id: bytes | str) -> tuple[int, int]:
     return int(n), int(s)
 
 
-def watch(thread: ThreadRef, after: int | str | None, block_ms: int) -> WatchStep:
-    """The events of the thread after `after`, forever (until the thread is deleted)."""
+def watch(thread: ThreadRef, after: int | str | None, block_ms: int, messages: bool = True) -> WatchStep:
+    """The events of the thread after `after`, forever (until the thread is deleted).
+    `messages`: read the Messages an event names (False: its ids and sequences only)."""
     if not thread.config.events:
         raise errors.ConfigError("watch() needs StoreConfig(events=True)")
     start = parse_cursor(after)
@@ -191,7 +192,7 @@ def watch(thread: ThreadRef, after: int | str | None, block_ms: int) -> WatchSte
                 n, caught_up = yield from _catch_up(thread, max(last_s, caught_up))
                 break
             n, last_s = entry_n, entry_s
-            event = yield from _event(thread, f"{entry_n}-{entry_s}", fields, caught_up)
+            event = yield from _event(thread, f"{entry_n}-{entry_s}", fields, caught_up, messages)
             if event is not None:
                 yield Emit(event)
             if isinstance(event, ThreadDeleted):
@@ -213,7 +214,8 @@ def _catch_up(thread: ThreadRef, sequence: int) -> Generator[Any, Any, tuple[int
             page = yield Run(list_page(thread, after=last, limit=ITER_PAGE, order="asc"))
             if page.messages:
                 first_seq, last = page.messages[0].seq_id, page.messages[-1].seq_id
-                yield Emit(MessagesAdded(str(last), list(page.messages), first_seq, last, paged=True))
+                yield Emit(MessagesAdded(str(last), list(page.messages), first_seq, last, paged=True,
+                                         message_ids=tuple(m.id for m in page.messages)))
             if not page.has_more:
                 break
         _, oldest = yield Run(_seam(thread))
@@ -236,7 +238,9 @@ def _int(value: bytes | None) -> int:
     return int(value) if value else 0
 
 
-def _event(thread: ThreadRef, cursor: str, raw: dict[bytes, bytes], caught_up: int) -> Generator[Any, Any, ThreadEvent | None]:
+def _event(
+    thread: ThreadRef, cursor: str, raw: dict[bytes, bytes], caught_up: int, messages: bool = True
+) -> Generator[Any, Any, ThreadEvent | None]:
     fields = {(k.decode() if isinstance(k, bytes) else k): v for k, v in raw.items()}
     kind = _text(fields.get("k"))
     a, b = _int(fields.get("a")), _int(fields.get("b"))
@@ -244,8 +248,9 @@ def _event(thread: ThreadRef, cursor: str, raw: dict[bytes, bytes], caught_up: i
     if kind == "added":
         if b <= caught_up:
             return None
-        found = yield Run(_new_messages(thread, max(a, caught_up + 1), b))
-        return MessagesAdded(cursor, found, a, b, turn_id)
+        ids = tuple(_text(fields.get("i")).split(" ")) if fields.get("i") else ()
+        found = (yield Run(_new_messages(thread, max(a, caught_up + 1), b))) if messages else []
+        return MessagesAdded(cursor, found, a, b, turn_id, message_ids=ids)
     if kind == "delta":
         message = parse_message(fields["d"])
         return Delta(cursor, turn_id or "", message, _int(fields.get("l")))
