@@ -35,7 +35,7 @@ from ._common import (
 )
 from ._machine import cpu_snapshot, machine
 
-BENCHMARKS = ("append", "server_cost", "memory", "throughput", "encode", "history", "peers")
+BENCHMARKS = ("append", "server_cost", "memory", "throughput", "encode", "history", "live_tail", "peers")
 DEFAULT_SET = BENCHMARKS[:-1]  # peers only with --peers
 QUIET_LOAD = 0.7
 

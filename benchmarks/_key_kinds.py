@@ -22,6 +22,7 @@ KINDS = {
     "turns": "turns",
     "meta": "meta",
     "messages": "legacy hash",
+    "events": "event stream",
 }
 
 

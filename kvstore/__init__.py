@@ -1,8 +1,9 @@
 """kvstore: chat and agent conversations in Redis or Valkey, one atomic Lua script per write."""
 
-from . import errors
+from . import errors, events
 from ._engine.health import HealthReport
 from .config import StoreConfig
+from .events import TurnLease
 from .messages import (
     ApprovalRequestMessage,
     ApprovalResponseMessage,
@@ -55,8 +56,10 @@ __all__ = [
     "ToolReturn",
     "ToolReturnMessage",
     "TurnResult",
+    "TurnLease",
     "TurnState",
     "UserMessage",
     "errors",
+    "events",
     "parse_message",
 ]

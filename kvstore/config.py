@@ -33,6 +33,13 @@ class StoreConfig:
         persistence settings decide the rest). "fsync": also the server's AOF fsync (WAITAOF;
         Redis/Valkey >= 7.2 with appendonly on). "replicated": also `durability_replicas`
         replicas (WAIT). Waiting longer than `durability_timeout_ms` raises NotDurable.
+    events: whether every write also adds its event to the thread's event stream, which
+        thread.watch() reads (docs/EVENTS.md). False: no stream is written, watch() cannot be used.
+    events_max_len: the stream keeps about the newest this many events (at least this many; it
+        is trimmed in whole nodes of 100). A watcher further behind pages the stored messages.
+    events_max_age: without thread_ttl, the stream expires 1 to 1.5 times this many seconds after
+        the thread's last event: how long an idle thread's watcher can resume from an event id.
+        With thread_ttl, the stream expires with the thread.
     scripting: how the scripts are called (docs/LAYOUT.md, "Loading"). "functions": FCALL /
         FCALL_RO of kvstore's function library, loaded with FUNCTION LOAD when the server lacks
         it; a server without functions (older than Redis 7, or a proxy) and a cluster client
@@ -70,6 +77,9 @@ class StoreConfig:
     durability_timeout_ms: int = 1000
     scripting: Literal["functions", "eval"] = "functions"
     unknown_fields: Literal["keep", "refuse"] = "keep"
+    events: bool = True
+    events_max_len: int = 1000
+    events_max_age: int = 3600
 
     def __post_init__(self) -> None:
         check_namespace(self.namespace)
@@ -92,7 +102,9 @@ class StoreConfig:
             _positive(self, "thread_ttl")
         if self.durability not in ("default", "fsync", "replicated"):
             raise ConfigError(f"durability must be 'default', 'fsync' or 'replicated', got {self.durability!r}")
-        _positive(self, "durability_replicas", "durability_timeout_ms")
+        _positive(self, "durability_replicas", "durability_timeout_ms", "events_max_len", "events_max_age")
+        if not isinstance(self.events, bool):
+            raise ConfigError(f"events must be True or False, got {self.events!r}")
         if self.scripting not in ("functions", "eval"):
             raise ConfigError(f"scripting must be 'functions' or 'eval', got {self.scripting!r}")
         if self.unknown_fields not in ("keep", "refuse"):

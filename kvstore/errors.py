@@ -208,6 +208,14 @@ class TurnFinished(KVStoreError):
     http_status = 409
 
 
+class TurnFenced(KVStoreError):
+    """Another worker holds the turn now (a newer lease, from ``thread.hold_turn``): this
+    producer's delta or message for it was refused and nothing was written. The producer should
+    stop working on the turn."""
+
+    http_status = 409
+
+
 class OutcomeUnknown(KVStoreError):
     """The write may or may not have happened: the call may have reached the server, and what
     followed failed (the connection, or a read of the call's result).

@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from ._engine import core
 from ._engine.core import Cursor, ThreadRef
+from ._engine.watchers import DEFAULT_BLOCK_MS, AsyncWatch, Watch
+from .events import TurnLease
 from .messages import CompactionStats, Message, SummaryMessage
 from .models import (
     AppendResult,
@@ -62,8 +64,11 @@ class Thread(_Bound):
 
     _store: MessageStore
 
-    def append(self, messages: Messages, turn_id: str | None = None) -> AppendResult:
+    def append(self, messages: Messages, turn_id: str | TurnLease | None = None) -> AppendResult:
         """Stores the messages in one atomic call; returns the stored copies (id, date, seq_id).
+
+        `turn_id` may be a :class:`TurnLease` (:meth:`hold_turn`): the append is then refused
+        with TurnFenced once another worker holds the turn.
 
         Idempotent: every message the call sends carries an id, the call's token. A message of
         yours without an id (a model or a dict; JSON text cannot carry it back) gets the one the
@@ -74,7 +79,60 @@ class Thread(_Bound):
         (or a copy without its id). Otids work the same way across processes: a batch whose
         otids are all stored is a replay.
         """
-        return self._store.run(core.append(self._ref, messages, turn_id))
+        return self._store.run(core.append(self._ref, messages, *_turn(turn_id)))
+
+    def hold_turn(self, turn_id: str) -> TurnLease:
+        """Starts turn `turn_id` if it is not started, and makes the caller its producer: returns
+        a new lease of it. Any earlier lease is refused from then on (TurnFenced): a worker that
+        takes over a turn fences off the one it replaces. Pass the lease where a turn id goes
+        (:meth:`append`, :meth:`publish`, :meth:`finish_turn`). Raises TurnFinished for a
+        finished turn.
+
+        (:meth:`start_turn` is unchanged: a turn started with it has no lease until one is
+        held, and its writers are not fenced.)
+
+        Example::
+
+            lease = thread.hold_turn("turn-1")
+            thread.publish(lease, "Hel")
+            thread.append(AssistantMessage(content="Hello"), turn_id=lease)
+            thread.finish_turn(lease)
+        """
+        return self._store.run(core.hold_turn(self._ref, turn_id))
+
+    def publish(self, turn: str | TurnLease, delta: Message | dict | str) -> str:
+        """Adds a fragment of an open turn's output to the thread's event stream, for its
+        watchers: never stored as a message. `delta` is a message in the list API's streaming
+        shape (an AssistantMessage or ReasoningMessage with the new text, a ToolCallMessage with
+        a ToolCallDelta) or a str (an AssistantMessage's text). Returns the event's cursor.
+
+        Raises TurnNotFound for a turn never started, TurnFinished once it is finished (so
+        finish_turn's event is the turn's last), TurnFenced for a lease another holds now.
+
+        Example::
+
+            thread.publish("turn-1", AssistantMessage(id="msg-1", content="Hel"))
+        """
+        return self._store.run(core.publish(self._ref, turn, delta))
+
+    def watch(self, after: int | str | None = None, block_ms: int = DEFAULT_BLOCK_MS,
+              messages: bool = True) -> Watch:
+        """Every change to the thread, as it happens: an iterator of events (kvstore.events),
+        blocking on the server on its own connection (docs/EVENTS.md).
+
+        `after`: None for changes from now on; an event's ``cursor`` to go on right after it; a
+        sequence for every message stored after it, then the changes. A cursor older than the
+        event stream holds pages the stored messages first, with no gap and no repeat. Close the
+        watcher (``with`` or ``close()``) to close its connection. ``messages=False``: events of
+        new messages carry their ids and sequences but not the messages (no read per event).
+
+        Example::
+
+            with thread.watch(after=last_cursor) as events:
+                for event in events:
+                    send(event.kind, event.cursor)
+        """
+        return Watch(self._store, core.watch(self._ref, after, block_ms, messages), block_ms)
 
     def start_turn(self, turn_id: str) -> int:
         """Starts turn `turn_id`: records where its replies start, and returns that sequence.
@@ -95,9 +153,10 @@ class Thread(_Bound):
         """
         return self._store.run(core.start_turn(self._ref, turn_id))
 
-    def finish_turn(self, turn_id: str, outcome: TurnOutcome = "completed") -> TurnResult:
+    def finish_turn(self, turn_id: str | TurnLease, outcome: TurnOutcome = "completed") -> TurnResult:
         """Finishes turn `turn_id` with `outcome`; returns its result (reply count, first and
-        last sequence of its replies).
+        last sequence of its replies). With a :class:`TurnLease`, refused (TurnFenced) once
+        another worker holds the turn.
 
         A finished turn takes no new message (an append to it raises TurnFinished). Retry-safe:
         finishing a finished turn returns the result recorded by the first call, whatever
@@ -111,7 +170,7 @@ class Thread(_Bound):
             result = thread.finish_turn("turn-1", outcome="cancelled")
             result.reply_count, result.first_sequence, result.last_sequence
         """
-        return self._store.run(core.finish_turn(self._ref, turn_id, outcome))
+        return self._store.run(core.finish_turn(self._ref, *_turn(turn_id, outcome)))
 
     def list(self, after: Cursor = None, before: Cursor = None, limit: int = 50, order: Order = "asc",
              turn_id: str | None = None) -> MessagesPage:
@@ -343,7 +402,7 @@ class AsyncThread(_Bound):
 
     _store: AsyncMessageStore
 
-    async def append(self, messages: Messages, turn_id: str | None = None) -> AppendResult:
+    async def append(self, messages: Messages, turn_id: str | TurnLease | None = None) -> AppendResult:
         """Stores the messages in one atomic call: see :meth:`Thread.append`.
 
         A call cut off by ``asyncio.wait_for``, ``asyncio.timeout`` or ``task.cancel()`` may
@@ -355,7 +414,28 @@ class AsyncThread(_Bound):
             except TimeoutError:
                 await thread.append(messages)  # a replay if the first call ran
         """
-        return await self._store.run(core.append(self._ref, messages, turn_id))
+        return await self._store.run(core.append(self._ref, messages, *_turn(turn_id)))
+
+    async def hold_turn(self, turn_id: str) -> TurnLease:
+        """The awaited :meth:`Thread.hold_turn`."""
+        return await self._store.run(core.hold_turn(self._ref, turn_id))
+
+    async def publish(self, turn: str | TurnLease, delta: Message | dict | str) -> str:
+        """The awaited :meth:`Thread.publish`."""
+        return await self._store.run(core.publish(self._ref, turn, delta))
+
+    def watch(self, after: int | str | None = None, block_ms: int = DEFAULT_BLOCK_MS,
+              messages: bool = True) -> AsyncWatch:
+        """The async iterator of :meth:`Thread.watch`. Cancelling the task that waits on it
+        closes its connection.
+
+        Example::
+
+            async with thread.watch() as events:
+                async for event in events:
+                    ...
+        """
+        return AsyncWatch(self._store, core.watch(self._ref, after, block_ms, messages), block_ms)
 
     async def start_turn(self, turn_id: str) -> int:
         """The awaited :meth:`Thread.start_turn`: same arguments, result and errors.
@@ -366,14 +446,14 @@ class AsyncThread(_Bound):
         """
         return await self._store.run(core.start_turn(self._ref, turn_id))
 
-    async def finish_turn(self, turn_id: str, outcome: TurnOutcome = "completed") -> TurnResult:
+    async def finish_turn(self, turn_id: str | TurnLease, outcome: TurnOutcome = "completed") -> TurnResult:
         """The awaited :meth:`Thread.finish_turn`: same arguments, result and errors.
 
         Example::
 
             result = await thread.finish_turn("turn-1")
         """
-        return await self._store.run(core.finish_turn(self._ref, turn_id, outcome))
+        return await self._store.run(core.finish_turn(self._ref, *_turn(turn_id, outcome)))
 
     async def list(self, after: Cursor = None, before: Cursor = None, limit: int = 50, order: Order = "asc",
                    turn_id: str | None = None) -> MessagesPage:
@@ -499,3 +579,10 @@ def _thread_id(ref: ThreadRef) -> str:
     """The thread id inside its keys' hash tag (a thread id holds no braces)."""
     meta = ref.keys.meta
     return meta[meta.rindex("{") + 1 : meta.rindex("}")]
+
+
+def _turn(turn: str | TurnLease | None, *between: Any) -> tuple[Any, ...]:
+    """A turn id or lease as the core takes it: the id, what comes between, the lease (0: none)."""
+    if isinstance(turn, TurnLease):
+        return (turn.turn_id, *between, turn.lease)
+    return (turn, *between, 0)

@@ -1,10 +1,10 @@
 #!lua
 --- Appends a batch of messages to a thread in one atomic step.
 ---
---- KEYS[1..10]  the thread's keys (includes/thread.lua: thread_keys; docs/LAYOUT.md)
+--- KEYS[1..11]  the thread's keys (includes/thread.lua: thread_keys; docs/LAYOUT.md)
 --- ARGV[1..9]   limits (int): includes/thread.lua, read_limits
---- ARGV[10]     limits key (str): ARGV[1..9] joined by ':'
---- ARGV[11]     turn_id (str): '' for none
+--- ARGV[10]     limits key (str): ARGV[1..9] joined by ':', then the event limits
+--- ARGV[11]     turn_id (str): '' for none; '<turn_id>\t<lease>' from the turn's holder
 --- ARGV[12]     count (int): the messages that follow
 --- ARGV[13..]   ARGV[12] times: id (str), otid (str): '' for none, media (int): the message's
 ---              inline media bytes, record (bytes)
@@ -16,8 +16,9 @@
 ---                                     replay); an id is '' where no side info names it
 --- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_DELETING, KVS_MIGRATING, KVS_TOO_LARGE, KVS_MEDIA_OVER,
 ---         KVS_OTID_CONFLICT, KVS_OTID_REPEATED, KVS_DUPLICATE_ID, KVS_ID_REPEATED,
----         KVS_TURN_FINISHED
+---         KVS_TURN_FINISHED, KVS_TURN_FENCED
 --- @include "includes/thread"
+--- @include "includes/events"
 --- @include "includes/turns"
 --- @include "includes/expiry"
 --- @include "includes/store"
@@ -45,5 +46,6 @@ if rollover(keys, cuts, migrated) > 0 then
   -- A new chunk may make the oldest one deletable: retention keeps the thread bounded.
   retain(keys, limits.retained_limit, limits.max_move_chunks)
 end
+emit_event(keys, limits, first + #batch.ids - 1, {'k', 'added', 'a', first, 'b', first + #batch.ids - 1, 't', batch.turn_id, 'i', table.concat(batch.ids, ' ')})
 apply_expiry(keys)
 return {1, first}

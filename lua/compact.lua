@@ -1,9 +1,9 @@
 #!lua
 --- Stores a summary message and moves the context summary to it, then runs retention.
 ---
---- KEYS[1..10]  the thread's keys (includes/thread.lua: thread_keys; docs/LAYOUT.md)
+--- KEYS[1..11]  the thread's keys (includes/thread.lua: thread_keys; docs/LAYOUT.md)
 --- ARGV[1..9]   limits (int): includes/thread.lua, read_limits
---- ARGV[10]     limits key (str): ARGV[1..9] joined by ':'
+--- ARGV[10]     limits key (str): ARGV[1..9] joined by ':', then the event limits
 --- ARGV[11]     summary_last (int): the last sequence the summary covers
 --- ARGV[12..15] the summary message: id (str), otid (str): '' for none, media (int): its inline
 ---              media bytes, record (bytes)
@@ -17,6 +17,7 @@
 --- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_DELETING, KVS_MIGRATING, KVS_TOO_LARGE, KVS_MEDIA_OVER,
 ---         KVS_BAD_SUMMARY
 --- @include "includes/thread"
+--- @include "includes/events"
 --- @include "includes/expiry"
 --- @include "includes/store"
 --- @include "includes/rollover"
@@ -59,5 +60,6 @@ local sequence = store_batch(keys, batch, limits, meta)
 redis.call('HSET', keys.meta, 'summary_last', summary_last, 'summary_seq', sequence)
 rollover(keys, cuts, migrated)
 local deleted = retain(keys, limits.retained_limit, limits.max_move_chunks)
+emit_event(keys, limits, sequence, {'k', 'compacted', 'a', sequence, 'b', summary_last, 'i', batch.ids[1]})
 apply_expiry(keys)
 return {1, sequence, deleted}

@@ -8,31 +8,40 @@
 --- then removes up to max_chunks chunks; the call that leaves none removes the indexes and meta.
 --- Keys that can be large go with UNLINK, so the server frees them in the background.
 ---
---- KEYS[1..10]  the thread's keys (includes/thread.lua: thread_keys; docs/LAYOUT.md)
+--- KEYS[1..11]  the thread's keys (includes/thread.lua: thread_keys; docs/LAYOUT.md)
 --- ARGV[1]      max_chunks (int): the most chunks this call removes
 --- ARGV[2]      mode (str: 'start' | 'continue'): 'start' for delete() (tombstone the thread if
 ---              it is not yet), 'continue' to finish only a deletion already started (a live
 ---              thread is left as it is)
+--- ARGV[3]      events_len (int): the event limits (includes/events.lua); 0 for no event
+--- ARGV[4]      events_age_ms (int)
+---
+--- The call that tombstones the thread adds its 'deleted' event (watchers blocked on the stream
+--- get it before the next call); the call that removes meta removes the stream too.
 ---
 --- Reply: 1 when the thread is gone (or, for 'continue', was not being deleted), 0 when more
 ---        calls are needed
 --- Errors: KVS_WRONGTYPE
 --- @include "includes/checks"
 --- @include "includes/thread"
+--- @include "includes/events"
 
 local keys = thread_keys(KEYS)
 local max_chunks, mode = tonumber(ARGV[1]), ARGV[2]
+local limits = {events_len = tonumber(ARGV[3]), events_age_ms = tonumber(ARGV[4]), ttl_ms = 0}
 
 local err = check_key_types({{keys.chunk_index, 'zset'}, {keys.large_index, 'zset'}})
 if err then return err end
 
 local meta_is_hash = redis.call('TYPE', keys.meta)['ok'] == 'hash'
+local announced = false
 if not (meta_is_hash and redis.call('HEXISTS', keys.meta, 'deleting') == 1) then
   if mode ~= 'start' then return 1 end
   redis.call('UNLINK', keys.window, keys.window_side, keys.ids, keys.otids, keys.turns, keys.legacy)
   -- Any other value at meta goes too; a hash stays a key (and keeps its expiry): the tombstone
   -- first, then every other field goes.
   if not meta_is_hash then redis.call('UNLINK', keys.meta) end
+  if meta_is_hash then announced = emit_event(keys, limits, nil, {'k', 'deleted'}) end
   redis.call('HSET', keys.meta, 'deleting', '1')
   local fields, drop = redis.call('HGETALL', keys.meta), {}
   for i = 1, #fields, 2 do
@@ -58,7 +67,8 @@ for _, index in ipairs({keys.chunk_index, keys.large_index}) do
     end
   end
 end
--- Both indexes gave fewer chunks than asked for: none is left.
-if left == 0 then return 0 end
-redis.call('UNLINK', keys.chunk_index, keys.large_index, keys.meta)
+-- Both indexes gave fewer chunks than asked for: none is left. A call that added the 'deleted'
+-- event leaves the stream to the next call, so that the watchers blocked on it get the event.
+if left == 0 or announced then return 0 end
+redis.call('UNLINK', keys.chunk_index, keys.large_index, keys.meta, keys.events)
 return 1

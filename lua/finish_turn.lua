@@ -1,10 +1,11 @@
 #!lua
 --- Closes a turn and counts its replies without reading any message.
 ---
---- KEYS[1..10]  the thread's keys (includes/thread.lua: thread_keys; docs/LAYOUT.md)
+--- KEYS[1..11]  the thread's keys (includes/thread.lua: thread_keys; docs/LAYOUT.md)
 --- ARGV[1..9]   limits (int): includes/thread.lua, read_limits
---- ARGV[10]     limits key (str): ARGV[1..9] joined by ':'
---- ARGV[11]     turn_id (str)
+--- ARGV[10]     limits key (str): ARGV[1..9] joined by ':', then the event limits
+--- ARGV[11]     turn_id (str); '<turn_id>\t<lease>' from the turn's holder: refused once another
+---              worker holds the turn
 --- ARGV[12]     outcome (str: 'completed' | 'steered' | 'cancelled' | 'failed')
 ---
 --- The counts are kept in the turn's record (includes/turns.lua). The first call records the
@@ -13,15 +14,18 @@
 --- turn, so a reader sees a failed turn as unfinished.
 ---
 --- Reply: {reply_count, first_sequence or 0, last_sequence or 0, reply_start, outcome}
---- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_DELETING, KVS_MIGRATING, KVS_TURN_NOT_FOUND
+--- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_DELETING, KVS_MIGRATING, KVS_TURN_NOT_FOUND, KVS_TURN_FENCED
 --- @include "includes/thread"
 --- @include "includes/turns"
 --- @include "includes/expiry"
 --- @include "includes/turn_call"
+--- @include "includes/events"
 
 local keys = thread_keys(KEYS)
 local limits = read_limits(ARGV)
 local turn_id, outcome = ARGV[11], ARGV[12]
+local held_turn, lease = string.match(turn_id, '^([^\t]*)\t(%d+)$')
+if held_turn then turn_id = held_turn end
 
 local turn, err = load_turn_for_call(keys, limits, turn_id)
 if err then return err end
@@ -30,11 +34,19 @@ if turn.start == 0 then
   return redis.error_reply('KVS_TURN_NOT_FOUND turn ' .. turn_id .. ' was never started in this thread')
 end
 
+if turn.outcome == 'open' and lease then
+  err = check_lease(keys, turn_id, tonumber(lease))
+  if err then
+    apply_expiry(keys)
+    return err
+  end
+end
 if turn.outcome == 'open' then
   turn.outcome, turn.count, turn.first_seq = outcome, turn.replies, turn.first
   turn.last_seq = 0
   if turn.replies > 0 then turn.last_seq = turn.b end
   write_turn(keys, turn_id, turn)
+  emit_event(keys, limits, nil, {'k', 'turn_finished', 't', turn_id, 'o', outcome, 'n', turn.count, 'a', turn.first_seq, 'b', turn.last_seq})
   if redis.call('HGET', keys.meta, 'turn_id') == turn_id then
     redis.call('HSET', keys.meta, 'turn_outcome', outcome)
   end

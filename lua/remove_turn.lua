@@ -2,9 +2,9 @@
 --- Retracts a turn: removes its messages wherever they are stored. Nothing evicted by the
 --- media budget is restored; removed messages give their bytes and media back.
 ---
---- KEYS[1..10]  the thread's keys (includes/thread.lua: thread_keys; docs/LAYOUT.md)
+--- KEYS[1..11]  the thread's keys (includes/thread.lua: thread_keys; docs/LAYOUT.md)
 --- ARGV[1..9]   limits (int): includes/thread.lua, read_limits
---- ARGV[10]     limits key (str): ARGV[1..9] joined by ':'
+--- ARGV[10]     limits key (str): ARGV[1..9] joined by ':', then the event limits
 --- ARGV[11]     turn_id (str)
 --- ARGV[12]     max_messages (int): the most sequences one call walks; the client calls again
 ---              for more
@@ -12,6 +12,7 @@
 --- Reply: {removed, remaining}
 --- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_DELETING, KVS_MIGRATING
 --- @include "includes/thread"
+--- @include "includes/events"
 --- @include "includes/index"
 --- @include "includes/chunks"
 --- @include "includes/turns"
@@ -105,5 +106,6 @@ if removed > 0 then
   if media > 0 then redis.call('HINCRBY', keys.meta, 'media', -media) end
   redis.call('HINCRBY', keys.meta, 'gen', 1)
 end
+if removed > 0 or remaining == 0 then emit_event(keys, limits, nil, {'k', 'turn_removed', 't', turn_id, 'n', removed, 'r', remaining}) end
 apply_expiry(keys)
 return {removed, remaining}

@@ -1,9 +1,9 @@
 #!lua
 --- Replaces a stored message in place: same id, same sequence, same container.
 ---
---- KEYS[1..10]  the thread's keys (includes/thread.lua: thread_keys; docs/LAYOUT.md)
+--- KEYS[1..11]  the thread's keys (includes/thread.lua: thread_keys; docs/LAYOUT.md)
 --- ARGV[1..9]   limits (int): includes/thread.lua, read_limits
---- ARGV[10]     limits key (str): ARGV[1..9] joined by ':'
+--- ARGV[10]     limits key (str): ARGV[1..9] joined by ':', then the event limits
 --- ARGV[11]     id (str): the stored message's
 --- ARGV[12]     media (int): the replacement's inline media bytes
 --- ARGV[13]     record (bytes): the replacement's
@@ -17,6 +17,7 @@
 ---         KVS_MEDIA_OVER
 --- @include "includes/checks"
 --- @include "includes/thread"
+--- @include "includes/events"
 --- @include "includes/index"
 --- @include "includes/chunks"
 --- @include "includes/expiry"
@@ -105,5 +106,6 @@ else
 end
 redis.call('HINCRBY', keys.meta, 'bytes', #record - old_bytes)
 if media ~= old_media then redis.call('HINCRBY', keys.meta, 'media', media - old_media) end
+emit_event(keys, limits, nil, {'k', 'replaced', 'a', sequence, 'i', id})
 apply_expiry(keys)
 return sequence

@@ -1,36 +1,50 @@
 #!lua
---- Records where a turn's replies start: the turn reply sequence {turn_id, sequence}.
+--- Records where a turn's replies start: the turn reply sequence {turn_id, sequence}; with mode
+--- 'hold', also gives the caller the turn's next lease.
 ---
---- KEYS[1..10]  the thread's keys (includes/thread.lua: thread_keys; docs/LAYOUT.md)
+--- KEYS[1..11]  the thread's keys (includes/thread.lua: thread_keys; docs/LAYOUT.md)
 --- ARGV[1..9]   limits (int): includes/thread.lua, read_limits
---- ARGV[10]     limits key (str): ARGV[1..9] joined by ':'
+--- ARGV[10]     limits key (str): ARGV[1..9] joined by ':', then the event limits
 --- ARGV[11]     turn_id (str)
+--- ARGV[12]     mode (str: 'start' | 'hold')
 ---
 --- A turn is started once: starting a started turn (open or finished, current or not) returns
---- the sequence recorded then and changes nothing, so a retried call is harmless.
+--- the sequence recorded then and changes nothing, so a retried call is harmless. 'hold' starts
+--- the turn if it is not started and takes a new lease of it (includes/turns.lua, lease_field):
+--- the holder of any earlier lease is refused from then on (KVS_TURN_FENCED). A finished turn
+--- cannot be held.
 ---
---- Reply: the sequence the turn's replies start at.
---- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_DELETING, KVS_MIGRATING
+--- Reply: 'start': the sequence the turn's replies start at; 'hold': {that sequence, lease}
+--- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_DELETING, KVS_MIGRATING, KVS_TURN_FINISHED
 --- @include "includes/thread"
 --- @include "includes/turns"
 --- @include "includes/expiry"
 --- @include "includes/turn_call"
+--- @include "includes/events"
 
 local keys = thread_keys(KEYS)
 local limits = read_limits(ARGV)
-local turn_id = ARGV[11]
+local turn_id, mode = ARGV[11], ARGV[12]
 
 local turn, err = load_turn_for_call(keys, limits, turn_id)
 if err then return err end
-if turn.start > 0 then
+if mode == 'hold' and turn.start > 0 and turn.outcome ~= 'open' then
   apply_expiry(keys)
-  return turn.start
+  return redis.error_reply('KVS_TURN_FINISHED turn ' .. turn_id .. ' was finished (' .. turn.outcome .. ')')
 end
-
-local start = tonumber(redis.call('HGET', keys.meta, 'last_seq') or '0') + 1
-turn.start, turn.outcome, turn.replies, turn.first = start, 'open', 0, 0
-write_turn(keys, turn_id, turn)
-redis.call('HSETNX', keys.meta, 'layout', '2')
-redis.call('HSET', keys.meta, 'turn_id', turn_id, 'turn_seq', start, 'turn_outcome', 'open')
+local started = turn.start == 0
+if started then
+  local start = tonumber(redis.call('HGET', keys.meta, 'last_seq') or '0') + 1
+  turn.start, turn.outcome, turn.replies, turn.first = start, 'open', 0, 0
+  write_turn(keys, turn_id, turn)
+  redis.call('HSETNX', keys.meta, 'layout', '2')
+  redis.call('HSET', keys.meta, 'turn_id', turn_id, 'turn_seq', start, 'turn_outcome', 'open')
+end
+local lease = 0
+if mode == 'hold' then lease = redis.call('HINCRBY', keys.turns, lease_field(turn_id), 1) end
+if started or lease > 0 then
+  emit_event(keys, limits, turn.start - 1, {'k', 'turn_started', 't', turn_id, 'a', turn.start, 'l', lease})
+end
 apply_expiry(keys)
-return start
+if mode == 'hold' then return {turn.start, lease} end
+return turn.start

@@ -38,7 +38,7 @@ def fill(thread, count: int) -> list:
 
 
 def delete_call(ref: ThreadRef, max_chunks: int, mode: str = "start") -> Eval:
-    return Eval(SCRIPTS["delete"], ref.script_keys, [max_chunks, mode])
+    return Eval(SCRIPTS["delete"], ref.script_keys, [max_chunks, mode, 0, 0])
 
 
 def thread_keys_left(client, namespace: str) -> list[bytes]:

@@ -69,6 +69,10 @@ def run_every_script(store: Recorder, raw_client) -> None:
     thread.compact("the first eight", last_sequence=8)  # deletes a chunk, then retain goes on
     thread.replace(stored[-1].id, UserMessage(content="replaced"))
     thread.remove_turn("t2")
+    lease = thread.hold_turn("held")  # start_turn's 'hold'
+    thread.publish(lease, "a delta")
+    thread.append(AssistantMessage(content="held"), turn_id=lease)
+    thread.finish_turn(lease)
     thread.snapshot()
     thread.context()
     # A backup of it restored into another thread: restore and restore_state.
@@ -82,7 +86,7 @@ def run_every_script(store: Recorder, raw_client) -> None:
     interrupted = store.thread("contract-deleting")
     interrupted.append([UserMessage(content=f"d{i}") for i in range(8)])
     ref = ThreadRef.of(store.config, "contract-deleting")
-    assert store.run(iter_once(Eval(SCRIPTS["delete"], ref.script_keys, (0, "start")))) == 0
+    assert store.run(iter_once(Eval(SCRIPTS["delete"], ref.script_keys, (0, "start", 0, 0)))) == 0
     interrupted.append(UserMessage(content="after"))
 
     legacy = store.thread("contract-legacy")
@@ -132,11 +136,11 @@ def test_every_call_matches_its_script_header(server_only, server, raw_client, n
 def test_each_header_is_a_contract(name):
     header = script_header(name)
     assert header_problems(header) == []
-    # Every script takes the same ten keys (includes/thread.lua: thread_keys).
-    assert [(e.first, e.last) for e in header.keys] == [(1, 10)]
+    # Every script takes the same eleven keys (includes/thread.lua: thread_keys).
+    assert [(e.first, e.last) for e in header.keys] == [(1, 11)]
 
 
-def test_the_ten_keys_are_the_thread_keys_in_order():
+def test_the_eleven_keys_are_the_thread_keys_in_order():
     source = resources.files("kvstore.lua").joinpath("includes/thread.lua").read_text(encoding="utf-8")
     named = {int(i): name for name, i in re.findall(r"(\w+) = KEYS\[(\d+)\]", source)}
     fields = [field.name for field in dataclasses.fields(ThreadKeys)]

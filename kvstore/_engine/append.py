@@ -16,10 +16,15 @@ from .wire import AppendReply, FinishTurnReply, StartTurnReply
 
 
 def append(
-    thread: ThreadRef, messages: Message | dict | Iterable[Message | dict], turn_id: str | None
+    thread: ThreadRef, messages: Message | dict | Iterable[Message | dict], turn_id: str | None, lease: int = 0
 ) -> Operation:
+    """`lease`: the caller's lease of the turn (thread.hold_turn), refused once another worker
+    holds it; 0 for none."""
+    # The turn id with the lease, as lua/includes/thread.lua's read_batch reads it.
+    turn_arg = f"{turn_id}\t{lease}" if turn_id and lease else turn_id or ""
+
     def send(items: list[PreparedMessage]) -> Operation:
-        args: list[Any] = [*thread.limits(), turn_id or "", len(items)]
+        args: list[Any] = [*thread.limits(), turn_arg, len(items)]
         for item in items:
             args += (item.message.id, item.message.otid or "", item.media, item.record)
         try:
@@ -65,16 +70,16 @@ def _with_sequence(message: Message, sequence: int) -> Message:
 
 def start_turn(thread: ThreadRef, turn_id: str) -> Operation:
     check_token("turn_id", turn_id)
-    reply = yield from write(thread, SCRIPTS["start_turn"], (*thread.limits(), turn_id))
+    reply = yield from write(thread, SCRIPTS["start_turn"], (*thread.limits(), turn_id, "start"))
     return StartTurnReply.decode(reply).reply_start
 
 
-def finish_turn(thread: ThreadRef, turn_id: str, outcome: TurnOutcome) -> Operation:
+def finish_turn(thread: ThreadRef, turn_id: str, outcome: TurnOutcome, lease: int = 0) -> Operation:
     check_token("turn_id", turn_id)
     if outcome not in TURN_OUTCOMES:
         raise errors.InvalidMessage(f"outcome {outcome!r} is not one of {', '.join(TURN_OUTCOMES)}")
     reply = FinishTurnReply.decode(
-        (yield from write(thread, SCRIPTS["finish_turn"], (*thread.limits(), turn_id, outcome)))
+        (yield from write(thread, SCRIPTS["finish_turn"], (*thread.limits(), f"{turn_id}\t{lease}" if lease else turn_id, outcome)))
     )
     return TurnResult(
         turn_id=turn_id,

@@ -40,6 +40,7 @@ from .requests import (
     finishing_deletes,
 )
 from .views import context, snapshot, stats
+from .watch import hold_turn, publish, watch
 
 __all__ = [
     "DELETE_STEP",
@@ -68,12 +69,14 @@ __all__ = [
     "finishing_deletes",
     "fit_media",
     "gathering",
+    "hold_turn",
     "get",
     "get_by_otid",
     "list_page",
     "migrate",
     "pages",
     "prepare_batch",
+    "publish",
     "remove_turn",
     "replace",
     "restore_run",
@@ -83,4 +86,5 @@ __all__ = [
     "start_turn",
     "stats",
     "stored_ids",
+    "watch",
 ]

@@ -59,6 +59,7 @@ class ThreadKeys:
     turns: str
     legacy: str
     chunk_prefix: str
+    events: str
 
     @classmethod
     def of(cls, namespace: str, thread_id: str) -> ThreadKeys:
@@ -74,6 +75,7 @@ class ThreadKeys:
             turns=base + "turns",
             legacy=base + "messages",
             chunk_prefix=base + "chunk:",
+            events=base + "events",
         )
 
     def chunk(self, first_sequence: int) -> str:
@@ -91,4 +93,5 @@ class ThreadKeys:
             self.otids,
             self.turns,
             self.legacy,
+            self.events,
         )

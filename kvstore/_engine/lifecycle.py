@@ -14,7 +14,9 @@ from .pairs import PAIR_LOOKBACK, answered_ids, opened_ids, orphans
 from .prepare import PreparedMessage, check_token, prepare_batch, stored_date, within_media_budget
 from .reads import fetch_sequences, locate_records
 from .record import salvage
-from .requests import REMOVE_TURN_STEP, Eval, Operation, ThreadRef, delete_steps, migrate_step, read_back_failed, write
+from .requests import (
+    REMOVE_TURN_STEP, Eval, Operation, ThreadRef, delete_steps, event_limits, migrate_step, read_back_failed, write,
+)
 from .scripts import SCRIPTS
 from .wire import CompactReply, RemoveTurnReply, ReplaceReply, RetainReply
 
@@ -114,7 +116,7 @@ def delete(thread: ThreadRef) -> Operation:
 
     The first call tombstones the thread (lua/delete.lua): if the caller stops between calls,
     the thread reads as empty and the next delete, or write, finishes the job."""
-    yield from delete_steps(thread.script_keys, "start")
+    yield from delete_steps(thread.script_keys, "start", event_limits(thread.config))
 
 
 def migrate(thread: ThreadRef, max_calls: int | None = None) -> Operation:

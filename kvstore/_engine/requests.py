@@ -59,7 +59,7 @@ class ThreadRef:
 
     config: StoreConfig
     keys: ThreadKeys
-    script_keys: tuple[str, ...]  # KEYS[1..10] of every script (lua/includes/thread.lua)
+    script_keys: tuple[str, ...]  # KEYS[1..11] of every script (lua/includes/thread.lua)
     limits_args: tuple[Any, ...]  # ARGV[1..10] of every writing script
 
     @classmethod
@@ -77,13 +77,22 @@ class ThreadRef:
             -1 if retained is None else retained,
             (config.thread_ttl or 0) * 1000,
         )
-        # ARGV[10] names the nine as the server receives them (read_limits parses a key once).
-        limits_key = ":".join(str(value) for value in limits)
-        return cls(config, keys, (*keys.fixed(), keys.chunk_prefix), (*limits, limits_key))
+        # ARGV[10] names the nine as the server receives them (read_limits parses a key once),
+        # then the event limits (lua/includes/events.lua).
+        limits_key = ":".join(str(value) for value in limits) + "|" + ":".join(map(str, event_limits(config)))
+        script_keys = (*keys.fixed()[:-1], keys.chunk_prefix, keys.events)
+        return cls(config, keys, script_keys, (*limits, limits_key))
 
     def limits(self) -> tuple[Any, ...]:
         """ARGV[1..10] of every writing script (lua/includes/thread.lua: read_limits)."""
         return self.limits_args
+
+
+def event_limits(config: StoreConfig) -> tuple[int, int]:
+    """The event stream's cap and life (lua/includes/events.lua): (0, 0) when events are off."""
+    if not config.events:
+        return (0, 0)
+    return (config.events_max_len, config.events_max_age * 1000)
 
 
 def int_or_zero(value: Any) -> int:
@@ -132,9 +141,12 @@ def read_back_failed(name: str, sent: list[Message], exc: Exception) -> errors.O
 # -------------------------------------------------------------------------------- deletes
 
 
-def delete_steps(script_keys: Sequence[str], mode: Literal["start", "continue"]) -> Operation:
-    """Calls lua/delete.lua, DELETE_STEP chunks at a time, until the thread is gone."""
-    while not DeleteReply.decode((yield Eval(SCRIPTS["delete"], script_keys, (DELETE_STEP, mode)))).done:
+def delete_steps(
+    script_keys: Sequence[str], mode: Literal["start", "continue"], events: tuple[int, int] = (0, 0)
+) -> Operation:
+    """Calls lua/delete.lua, DELETE_STEP chunks at a time, until the thread is gone; the call
+    that tombstones it adds its 'deleted' event under the `events` limits."""
+    while not DeleteReply.decode((yield Eval(SCRIPTS["delete"], script_keys, (DELETE_STEP, mode, *events)))).done:
         mode = "continue"
 
 

@@ -128,7 +128,7 @@ class Library:
 
 SCRIPT_NAMES = (
     "append", "compact", "retain", "start_turn", "finish_turn", "replace", "remove_turn", "delete",
-    "migrate",
+    "migrate", "publish",
     "page_plan", "locate", "turn_page", "restore", "restore_state",
 )
 SCRIPTS_BY_FILE: dict[str, Script] = {name: Script.load(name) for name in SCRIPT_NAMES}
@@ -155,6 +155,7 @@ ERROR_CODES: dict[str, type[errors.KVStoreError]] = {
     "KVS_CURSOR_EXPIRED": errors.CursorExpired,
     "KVS_TURN_NOT_FOUND": errors.TurnNotFound,
     "KVS_TURN_FINISHED": errors.TurnFinished,
+    "KVS_TURN_FENCED": errors.TurnFenced,
     "KVS_RESTORE_CONFLICT": errors.RestoreConflict,
     "KVS_BAD_BACKUP": errors.InvalidMessage,
 }

@@ -1,12 +1,12 @@
 --- @include "includes/checks"
 --- @include "includes/expiry"
--- The thread's keys, named once from KEYS (every script takes the same ten). KEYS and ARGV are
--- passed in: a script's are globals, a library function's are its arguments.
+-- The thread's keys, named once from KEYS (every script takes the same eleven). KEYS and ARGV
+-- are passed in: a script's are globals, a library function's are its arguments.
 local function thread_keys(KEYS)
   return {
     meta = KEYS[1], window = KEYS[2], window_side = KEYS[3], chunk_index = KEYS[4],
     large_index = KEYS[5], ids = KEYS[6], otids = KEYS[7], turns = KEYS[8], legacy = KEYS[9],
-    chunk_prefix = KEYS[10],
+    chunk_prefix = KEYS[10], events = KEYS[11],
   }
 end
 
@@ -23,6 +23,10 @@ end
 -- after ARGV[offset].
 local function read_batch(ARGV, offset, count, turn_id)
   local batch = {ids = {}, otids = {}, media = {}, records = {}, turn_id = turn_id}
+  -- A turn id sent as "<turn_id>\t<lease>" carries the caller's lease of the turn (turn ids hold
+  -- no tab): check_turn refuses the batch when another lease holds the turn.
+  local turn, lease = string.match(turn_id, '^([^\t]*)\t(%d+)$')
+  if turn then batch.turn_id, batch.lease = turn, tonumber(lease) end
   for i = 1, count do
     local base = offset + (i - 1) * 4
     batch.ids[i] = ARGV[base + 1]
@@ -36,7 +40,9 @@ end
 -- The limits every writing script takes as ARGV[1..10]:
 -- window_size, chunk_size, chunk_max_bytes, max_move_chunks, max_move_bytes,
 -- max_message_bytes, max_media, retained_limit (-1 keeps all), ttl_ms (0: none), and ARGV[10],
--- their key: the nine as sent, joined by ':'.
+-- their key: the nine as sent, joined by ':', then '|' and the event limits events_len (0: no
+-- events) and events_age_ms joined by ':' (includes/events.lua; carried in the key so that no
+-- script's own arguments move).
 --
 -- A store sends the same limits on every call, and parsing nine numbers is a good part of a
 -- small call's Lua time. A library's functions keep this table between calls (a script's is new
@@ -55,7 +61,10 @@ local function read_limits(ARGV)
     max_media = tonumber(ARGV[7]), retained_limit = tonumber(ARGV[8]),
     ttl_ms = tonumber(ARGV[9]),
   }
-  if key == table.concat({ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9]}, ':') then
+  local events_len, events_age = string.match(key, '|(%d+):(%d+)$')
+  limits.events_len, limits.events_age_ms = tonumber(events_len or '0'), tonumber(events_age or '0')
+  if key == table.concat({ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9]}, ':')
+      .. '|' .. (events_len or '') .. ':' .. (events_age or '') then
     if LIMITS_KEPT >= LIMITS_KEEP_AT_MOST then LIMITS_BY_KEY, LIMITS_KEPT = {}, 0 end
     LIMITS_BY_KEY[key] = limits
     LIMITS_KEPT = LIMITS_KEPT + 1

@@ -220,6 +220,21 @@ local function drop_turn_through(keys, turn_id, turn, upto)
   end
 end
 
+-- A turn's lease (start_turn with mode 'hold'): field `<turn_id>\tlease` of the turns hash, the
+-- number of the newest hold. A producer sends its lease with its deltas and messages; once
+-- another worker holds the turn (a higher lease), the older lease's are refused.
+local function lease_field(turn_id)
+  return turn_id .. '\tlease'
+end
+
+local function check_lease(keys, turn_id, lease)
+  local held = tonumber(redis.call('HGET', keys.turns, lease_field(turn_id)) or '0')
+  if held ~= lease then
+    return redis.error_reply(string.format('KVS_TURN_FENCED turn %s is held under lease %d, not %d', turn_id, held, lease))
+  end
+  return nil
+end
+
 -- A new message of a finished turn is refused before anything is written (a replay of a
 -- stored one was answered before this check). In layout 2 the turn read here is kept for
 -- store_batch; a layout-1 thread's migration step may write the record in between.
@@ -228,6 +243,10 @@ local function check_turn(keys, batch, meta)
   local turn = read_turn(keys, batch.turn_id)
   if turn and turn.outcome ~= 'open' then
     return redis.error_reply('KVS_TURN_FINISHED turn ' .. batch.turn_id .. ' was finished (' .. turn.outcome .. ')')
+  end
+  if batch.lease then
+    local err = check_lease(keys, batch.turn_id, batch.lease)
+    if err then return err end
   end
   if meta.layout == '2' then batch.turn = turn or false end
   return nil

@@ -91,7 +91,7 @@ def test_compact_maps_a_summary_that_would_move_back(thread, fake):
 
 def test_a_write_refused_as_deleting_finishes_the_delete_then_is_sent_again(thread):
     refused = call("append", error=errors.ThreadDeleting("tombstoned"))
-    steps = [call("delete", (DELETE_STEP, "continue"), reply=0), call("delete", (DELETE_STEP, "continue"), reply=1)]
+    steps = [call("delete", (DELETE_STEP, "continue", 0, 0), reply=0), call("delete", (DELETE_STEP, "continue", 0, 0), reply=1)]
     again = call("append", reply=[1, 1])
     result = drive(
         finishing_deletes(core.append(thread, UserMessage(content="hi"), None)),
@@ -180,9 +180,9 @@ def test_migrate_runs_until_layout_2_or_max_calls(thread, caplog):
 def test_delete_starts_then_continues_until_done(thread):
     result = drive(
         core.delete(thread),
-        call("delete", (DELETE_STEP, "start"), reply=0),
-        call("delete", (DELETE_STEP, "continue"), reply=0),
-        call("delete", (DELETE_STEP, "continue"), reply=1),
+        call("delete", (DELETE_STEP, "start", 1000, 3600000), reply=0),
+        call("delete", (DELETE_STEP, "continue", 1000, 3600000), reply=0),
+        call("delete", (DELETE_STEP, "continue", 1000, 3600000), reply=1),
         keys=thread.script_keys,
     )
     assert result is None
@@ -326,7 +326,8 @@ def test_small_configs_change_the_limits_sent(thread):
     step = call("start_turn", reply=1)
     drive(core.start_turn(small, "t"), step)
     assert step.request.args[0] == 8 and step.request.args[1] == 4 and step.request.args[7] == -1
-    assert step.request.args[9] == ":".join(str(v) for v in step.request.args[:9])
+    # The event limits follow the nine (lua/includes/thread.lua: read_limits).
+    assert step.request.args[9] == ":".join(str(v) for v in step.request.args[:9]) + "|1000:3600000"
 
 
 def test_a_write_refused_as_deleting_again_and_again_gives_up_with_a_server_error(thread):
@@ -334,7 +335,7 @@ def test_a_write_refused_as_deleting_again_and_again_gives_up_with_a_server_erro
     rounds = []
     for _ in range(MAX_DELETE_REFUSALS):
         rounds += [call("append", error=errors.ThreadDeleting("tombstoned")),
-                   call("delete", (DELETE_STEP, "continue"), reply=1)]
+                   call("delete", (DELETE_STEP, "continue", 0, 0), reply=1)]
     last = call("append", error=errors.ThreadDeleting("tombstoned"))
     with pytest.raises(errors.ServerError, match="being deleted"):
         drive(finishing_deletes(core.append(thread, UserMessage(content="hi"), None)), *rounds, last,
@@ -347,7 +348,7 @@ def test_the_count_of_refusals_as_deleting_starts_again_at_each_request_that_get
 
     def refused(name: str) -> list:
         return [call(name, error=errors.ThreadDeleting("tombstoned")),
-                call("delete", (DELETE_STEP, "continue"), reply=1)] * MAX_DELETE_REFUSALS
+                call("delete", (DELETE_STEP, "continue", 0, 0), reply=1)] * MAX_DELETE_REFUSALS
 
     result = drive(
         finishing_deletes(core.compact(thread, "s", 12)),

@@ -1,0 +1,44 @@
+-- The thread's event stream (docs/LAYOUT.md, "Events"): one entry per change, added by the
+-- writing script in the same atomic step as the change, read by thread.watch().
+--
+-- Entry id "<n>-<s>": n counts the thread's events (meta `events`: 1, 2, 3, ... with no gap),
+-- s is the thread's last sequence once the change is made. An id names one event for as long as
+-- the thread lives; a reader that saw event n knows the next is n + 1, so a missing one (the
+-- stream trimmed past it, or expired) is seen, and s says where to page the stored messages from.
+-- When meta lost the count while the stream stayed (an interrupted delete tombstones meta first)
+-- the count goes on from the stream's last id, since a stream only takes increasing ids.
+--
+-- Fields (each optional but k): k kind, a / b a sequence range, t turn id, i message ids joined
+-- by ' ', o outcome, n a count, l a lease, d a delta (bytes, as the client sent it).
+--
+-- The stream holds about the newest limits.events_len entries (XADD MAXLEN ~, trimmed in whole
+-- nodes). A thread with a ttl gives it its own deadline (includes/expiry.lua: apply_expiry, which
+-- every writing script runs after this), so it expires with the thread; without one, it expires
+-- 1 to 1.5 limits.events_age_ms after its last event. events_len 0: no events.
+
+-- Returns the event's id (false when events are off).
+local function emit_event(keys, limits, last_seq, fields)
+  if limits.events_len <= 0 then return false end
+  local n = redis.call('HINCRBY', keys.meta, 'events', 1)
+  if n == 1 then
+    local newest = redis.call('XREVRANGE', keys.events, '+', '-', 'COUNT', 1)[1]
+    if newest then
+      n = tonumber(string.match(newest[1], '^(%d+)')) + 1
+      redis.call('HSET', keys.meta, 'events', n)
+    end
+  end
+  last_seq = last_seq or tonumber(redis.call('HGET', keys.meta, 'last_seq') or '0')
+  -- pcall: a key of another type in the stream's place must not fail a call that has written
+  -- (the change stands; its watchers see the gap and page).
+  local id = string.format('%d-%d', n, last_seq)
+  redis.pcall('XADD', keys.events, 'MAXLEN', '~', limits.events_len, id, unpack(fields))
+  if limits.ttl_ms <= 0 then
+    -- As for a thread's ttl (includes/expiry.lua): a PTTL on most calls, a PEXPIRE of 1.5 age
+    -- only when less than the age is left, so it expires 1 to 1.5 age after the last event.
+    local age = limits.events_age_ms
+    if redis.call('PTTL', keys.events) < age then
+      redis.pcall('PEXPIRE', keys.events, age + math.floor(age / 2))
+    end
+  end
+  return id
+end

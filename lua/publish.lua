@@ -1,0 +1,45 @@
+#!lua
+--- Adds a delta of an open turn's output to the thread's event stream: ephemeral, never stored
+--- as a message (includes/events.lua).
+---
+--- KEYS[1..11]  the thread's keys (includes/thread.lua: thread_keys; docs/LAYOUT.md)
+--- ARGV[1..9]   limits (int): includes/thread.lua, read_limits
+--- ARGV[10]     limits key (str): ARGV[1..9] joined by ':', then the event limits
+--- ARGV[11]     turn_id (str)
+--- ARGV[12]     lease (int): the caller's lease of the turn (start_turn 'hold'), 0 for none
+--- ARGV[13]     delta (bytes): as the client encoded it
+---
+--- The turn must be started and open, so the turn's finish_turn event is the last of its
+--- events: a delta sent after it is refused. With a lease, a turn another worker holds now
+--- refuses it (KVS_TURN_FENCED).
+---
+--- Reply: the event's id ("<n>-<s>")
+--- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_DELETING, KVS_TURN_NOT_FOUND, KVS_TURN_FINISHED,
+---         KVS_TURN_FENCED
+--- @include "includes/thread"
+--- @include "includes/turns"
+--- @include "includes/expiry"
+--- @include "includes/events"
+
+local keys, limits, err = begin_thread_call(KEYS, ARGV)
+local turn_id, lease, delta = ARGV[11], tonumber(ARGV[12]), ARGV[13]
+if err then return err end
+
+local turn = read_turn(keys, turn_id)
+if not turn or turn.start == 0 then
+  local current = redis.call('HMGET', keys.meta, 'turn_id', 'turn_outcome')
+  if current[1] ~= turn_id then
+    return redis.error_reply('KVS_TURN_NOT_FOUND turn ' .. turn_id .. ' was never started in this thread')
+  end
+  turn = {outcome = current[2] or 'open'}
+end
+if turn.outcome ~= 'open' then
+  return redis.error_reply('KVS_TURN_FINISHED turn ' .. turn_id .. ' was finished (' .. turn.outcome .. ')')
+end
+if lease > 0 then
+  err = check_lease(keys, turn_id, lease)
+  if err then return err end
+end
+local id = emit_event(keys, limits, nil, {'k', 'delta', 't', turn_id, 'l', lease, 'd', delta})
+apply_expiry(keys)
+return id
