@@ -81,7 +81,7 @@ def run_server(url: str, params: Params, own: bool) -> dict[str, Any]:
 
         median = {name: t["median_us"] for name, t in timings.items()}
         return {
-            "version": fx.version,
+            "server": fx.version,
             "timings": timings,
             "budgeted_messages": budgeted,
             "fork": {"seconds": fork_s, "script_calls": calls.get("fcall", {}).get("calls", 0)
@@ -99,7 +99,7 @@ def run_server(url: str, params: Params, own: bool) -> dict[str, Any]:
 
 
 def render(result: dict[str, Any]) -> str:
-    lines = [f"{result['name']} ({result['version']})"]
+    lines = [f"{result['name']} ({result['server']})"]
     for name, t in result["timings"].items():
         lines.append(f"  {name:<8} median {t['median_us'] / 1000:8.2f} ms   p99 {t['p99_us'] / 1000:8.2f} ms")
     f = result["fork"]
