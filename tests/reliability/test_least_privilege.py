@@ -342,3 +342,55 @@ def test_preloaded_scripts_serve_a_user_without_load_permissions(kind, mode, scr
             thread.append(UserMessage(content="after the preload"))
         print(f"\npreloaded [{kind}, {mode}, {scripting}]: loaded by the admin; the slice"
               f" ({figures['messages']} messages) ran as a user without {', '.join(without)}")
+
+
+def test_the_live_tail_forks_and_budgets_run_as_the_least_privileged_user(kind):
+    """watch() on its own connection, publish() under a held turn, fork() into another thread of
+    the namespace and a budgeted context, sync and async, as the documented user: nothing denied."""
+    import asyncio
+
+    from kvstore import AsyncMessageStore, MessageStore
+    from kvstore.events import MessagesAdded, TurnFinished
+
+    with dedicated_server(kind) as server:
+        admin = redis.Redis(port=server.port)
+        namespace = fresh_namespace()
+        make_user(admin, namespace)
+        admin.execute_command("ACL", "LOG", "RESET")
+        config = StoreConfig(namespace=namespace, **CONFIG)
+
+        def kinds_of(events) -> list[type]:
+            return [type(e) for e in events]
+
+        with MessageStore(app_client(server), config) as store:
+            thread = store.thread("tail")
+            lease = thread.hold_turn("turn-1")
+            cursor = thread.publish(lease, "Hel")
+            thread.append(AssistantMessage(content="Hello"), turn_id=lease)
+            thread.finish_turn(lease)
+            # Read on the watcher's own connection (XREAD), from the delta on.
+            with thread.watch(after=cursor, block_ms=200) as watcher:
+                seen = [next(watcher), next(watcher)]
+            assert kinds_of(seen) == [MessagesAdded, TurnFinished]
+            fork = thread.fork("tail-fork", at=1)
+            assert [m.content for m in fork.iter()] == ["Hello"]
+            assert [m.content for m in thread.context(max_tokens=1000)] == ["Hello"]
+
+        async def async_side() -> list:
+            client = redis.asyncio.Redis(port=server.port, username="kvstore-app", password=PASSWORD)
+            async with AsyncMessageStore(client, config) as store:
+                thread = store.thread("tail-async")
+                lease = await thread.hold_turn("turn-1")
+                cursor = await thread.publish(lease, "Hel")
+                await thread.append(AssistantMessage(content="Hello"), turn_id=lease)
+                await thread.finish_turn(lease)
+                async with thread.watch(after=cursor, block_ms=200) as watcher:
+                    seen = [await watcher.__anext__(), await watcher.__anext__()]
+                fork = await thread.fork("tail-async-fork", at=1)
+                assert [m.content async for m in fork.iter()] == ["Hello"]
+                return seen
+
+        assert kinds_of(asyncio.run(async_side())) == [MessagesAdded, TurnFinished]
+        denials = [d for d in _denials(admin) if d != "command client|setinfo"]
+        print(f"\nleast privilege, live tail and fork [{kind}]: denials logged: {denials or 'none'}")
+        assert not denials
