@@ -76,20 +76,3 @@ def estimated_tokens(message: Message) -> int:
     """The documented rule for a message without a counter: a token per 4 bytes of its JSON
     (``None`` fields left out), rounded up."""
     return math.ceil(len(message.model_dump_json(exclude_none=True)) / 4)
-
-
-def newest_within(messages: list[Message], budget: int, count: TokenCounter) -> tuple[list[Message], bool]:
-    """The newest messages of `messages` (oldest first) whose tokens add up to at most
-    `budget`, and whether every message fit. The cut never splits a pair: an answer whose
-    opener falls outside is left out too (by the caller's orphan pass)."""
-    kept: list[Message] = []
-    total = 0
-    for message in reversed(messages):
-        tokens = count(message)
-        if total + tokens > budget:
-            kept.reverse()
-            return kept, False
-        total += tokens
-        kept.append(message)
-    kept.reverse()
-    return kept, True
