@@ -141,9 +141,12 @@ def _error_record(op: str, exc: BaseException, thread_id: str, otids: list[str])
 
 
 def read_jsonl(pattern: str, out_dir: Path) -> list[dict]:
+    """Every complete record; a worker may be halfway through writing the last line while we read."""
     records = []
     for path in sorted(out_dir.glob(pattern)):
-        records += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        text = path.read_text()
+        complete = text[: text.rfind("\n") + 1]
+        records += [json.loads(line) for line in complete.splitlines() if line.strip()]
     return records
 
 
