@@ -49,6 +49,10 @@ class StoreConfig:
         message, counted in its size, and read back where they were. "refuse": the message is
         refused with UnknownField naming each one (``content[0].colour``), before anything is
         sent (kvstore.messages.unknown_fields lists them).
+    history_checks: "strict": every append is checked against the thread's open tool calls and
+        approval requests in the same atomic step, and an answer to nothing open is refused with
+        HistoryConflict (docs/HISTORY.md, "Checked updates"). Only threads whose every message
+        was written with checks on are checked. "off" (the default): no check and no cost.
 
     Raises ConfigError (a ValueError) naming the value when one is out of range or the values
     are inconsistent; the namespace is 1-64 characters of letters, digits and ``. _ : -``.
@@ -80,6 +84,7 @@ class StoreConfig:
     events: bool = True
     events_max_len: int = 1000
     events_max_age: int = 3600
+    history_checks: Literal["off", "strict"] = "off"
 
     def __post_init__(self) -> None:
         check_namespace(self.namespace)
@@ -109,6 +114,8 @@ class StoreConfig:
             raise ConfigError(f"scripting must be 'functions' or 'eval', got {self.scripting!r}")
         if self.unknown_fields not in ("keep", "refuse"):
             raise ConfigError(f"unknown_fields must be 'keep' or 'refuse', got {self.unknown_fields!r}")
+        if self.history_checks not in ("off", "strict"):
+            raise ConfigError(f"history_checks must be 'off' or 'strict', got {self.history_checks!r}")
 
 
 def _positive(config: StoreConfig, *names: str) -> None:

@@ -216,6 +216,15 @@ class TurnFenced(KVStoreError):
     http_status = 409
 
 
+class HistoryConflict(KVStoreError):
+    """With ``StoreConfig(history_checks="strict")``: the write would break the thread's tool
+    call pairs (an answer to a call or approval request that is not open, a replacement that
+    changes what a message opens or answers, a turn removal that would orphan a later answer).
+    Nothing was written; the detail names the message and the call."""
+
+    http_status = 409
+
+
 class OutcomeUnknown(KVStoreError):
     """The write may or may not have happened: the call may have reached the server, and what
     followed failed (the connection, or a read of the call's result).

@@ -1,7 +1,7 @@
 #!lua
 --- Stores a summary message and moves the context summary to it, then runs retention.
 ---
---- KEYS[1..11]  the thread's keys (includes/thread.lua: thread_keys; docs/LAYOUT.md)
+--- KEYS[1..12]  the thread's keys (includes/thread.lua: thread_keys; docs/LAYOUT.md)
 --- ARGV[1..9]   limits (int): includes/thread.lua, read_limits
 --- ARGV[10]     limits key (str): ARGV[1..9] joined by ':', then the event limits
 --- ARGV[11]     summary_last (int): the last sequence the summary covers

@@ -8,7 +8,7 @@
 --- then removes up to max_chunks chunks; the call that leaves none removes the indexes and meta.
 --- Keys that can be large go with UNLINK, so the server frees them in the background.
 ---
---- KEYS[1..11]  the thread's keys (includes/thread.lua: thread_keys; docs/LAYOUT.md)
+--- KEYS[1..12]  the thread's keys (includes/thread.lua: thread_keys; docs/LAYOUT.md)
 --- ARGV[1]      max_chunks (int): the most chunks this call removes
 --- ARGV[2]      mode (str: 'start' | 'continue'): 'start' for delete() (tombstone the thread if
 ---              it is not yet), 'continue' to finish only a deletion already started (a live
@@ -37,7 +37,7 @@ local meta_is_hash = redis.call('TYPE', keys.meta)['ok'] == 'hash'
 local announced = false
 if not (meta_is_hash and redis.call('HEXISTS', keys.meta, 'deleting') == 1) then
   if mode ~= 'start' then return 1 end
-  redis.call('UNLINK', keys.window, keys.window_side, keys.ids, keys.otids, keys.turns, keys.legacy)
+  redis.call('UNLINK', keys.window, keys.window_side, keys.ids, keys.otids, keys.turns, keys.legacy, keys.pairs)
   -- Any other value at meta goes too; a hash stays a key (and keeps its expiry): the tombstone
   -- first, then every other field goes.
   if not meta_is_hash then redis.call('UNLINK', keys.meta) end

@@ -1,7 +1,7 @@
 #!lua flags=no-writes
 --- Finds where messages live, by sequence, by id or by otid, without reading them.
 ---
---- KEYS[1..11]  the thread's keys (includes/thread.lua: thread_keys; docs/LAYOUT.md)
+--- KEYS[1..12]  the thread's keys (includes/thread.lua: thread_keys; docs/LAYOUT.md)
 --- ARGV[1]      kind (str: 'seq' | 'id' | 'otid')
 --- ARGV[2..]    targets (str): sequences (in decimal), message ids or otids, as kind says
 ---

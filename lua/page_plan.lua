@@ -5,7 +5,7 @@
 --- (kvstore/_engine/plan.py: _native_facts). The client picks the containers from them (plan.py:
 --- _select) and fetches the records natively, comparing `gen`. No message is read here.
 ---
---- KEYS[1..11]  the thread's keys (includes/thread.lua: thread_keys; docs/LAYOUT.md)
+--- KEYS[1..12]  the thread's keys (includes/thread.lua: thread_keys; docs/LAYOUT.md)
 --- ARGV[1]      lo_kind (str: '' | 'seq' | 'id'): the exclusive lower bound of the range
 --- ARGV[2]      lo (str): a sequence or a message id, '' for none
 --- ARGV[3]      hi_kind (str: '' | 'seq' | 'id'): the exclusive upper bound of the range

@@ -2,7 +2,7 @@
 --- Adds a delta of an open turn's output to the thread's event stream: ephemeral, never stored
 --- as a message (includes/events.lua).
 ---
---- KEYS[1..11]  the thread's keys (includes/thread.lua: thread_keys; docs/LAYOUT.md)
+--- KEYS[1..12]  the thread's keys (includes/thread.lua: thread_keys; docs/LAYOUT.md)
 --- ARGV[1..9]   limits (int): includes/thread.lua, read_limits
 --- ARGV[10]     limits key (str): ARGV[1..9] joined by ':', then the event limits
 --- ARGV[11]     turn_id (str)

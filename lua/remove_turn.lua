@@ -2,7 +2,7 @@
 --- Retracts a turn: removes its messages wherever they are stored. Nothing evicted by the
 --- media budget is restored; removed messages give their bytes and media back.
 ---
---- KEYS[1..11]  the thread's keys (includes/thread.lua: thread_keys; docs/LAYOUT.md)
+--- KEYS[1..12]  the thread's keys (includes/thread.lua: thread_keys; docs/LAYOUT.md)
 --- ARGV[1..9]   limits (int): includes/thread.lua, read_limits
 --- ARGV[10]     limits key (str): ARGV[1..9] joined by ':', then the event limits
 --- ARGV[11]     turn_id (str)
@@ -10,7 +10,11 @@
 ---              for more
 ---
 --- Reply: {removed, remaining}
---- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_DELETING, KVS_MIGRATING
+--- With strict history checks on a checked thread, a removal that would leave a later message
+--- answering a call the turn made is refused; the calls the turn's messages answered that were
+--- made before it are open again (includes/history.lua).
+---
+--- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_DELETING, KVS_MIGRATING, KVS_HISTORY
 --- @include "includes/thread"
 --- @include "includes/events"
 --- @include "includes/index"
@@ -19,6 +23,7 @@
 --- @include "includes/expiry"
 --- @include "includes/migration"
 --- @include "includes/format"
+--- @include "includes/history"
 
 local keys = thread_keys(KEYS)
 local limits = read_limits(ARGV)
@@ -41,7 +46,21 @@ while turn.kept > 0 and k <= turn.k1 and #sequences < max_messages do
   k = k + 1
 end
 
+local history_plan
+if redis.call('HEXISTS', keys.meta, 'checked') == 1 then
+  local whole = {}
+  for k = turn.k0, turn.k1 do
+    if turn.kept == 0 then break end
+    local a, b = turn_range(keys, turn_id, turn, k)
+    for s = a, b do whole[s] = true end
+  end
+  local refusal
+  refusal, history_plan = plan_turn_removal(keys, limits, whole)
+  if refusal then return refusal end
+end
+
 begin_expiry(keys, limits.ttl_ms)
+remove_history(keys, history_plan, sequences)
 local removed, bytes, media = 0, 0, 0
 local ids, otids = {}, {}
 local last_done = nil

@@ -1,12 +1,14 @@
 #!lua
 --- Replaces a stored message in place: same id, same sequence, same container.
 ---
---- KEYS[1..11]  the thread's keys (includes/thread.lua: thread_keys; docs/LAYOUT.md)
+--- KEYS[1..12]  the thread's keys (includes/thread.lua: thread_keys; docs/LAYOUT.md)
 --- ARGV[1..9]   limits (int): includes/thread.lua, read_limits
 --- ARGV[10]     limits key (str): ARGV[1..9] joined by ':', then the event limits
 --- ARGV[11]     id (str): the stored message's
 --- ARGV[12]     media (int): the replacement's inline media bytes
 --- ARGV[13]     record (bytes): the replacement's
+--- ARGV[14]     pairs (str): the replacement's (includes/history.lua) with strict history
+---              checks, '' without; on a checked thread they must be the stored message's
 ---
 --- A window message whose replacement is larger than chunk_max_bytes moves into its own chunk,
 --- as an oversized append would. A chunk message's replacement must keep its chunk within
@@ -14,7 +16,7 @@
 ---
 --- Reply: the message's sequence
 --- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_DELETING, KVS_MIGRATING, KVS_NOT_FOUND, KVS_TOO_LARGE,
----         KVS_MEDIA_OVER
+---         KVS_MEDIA_OVER, KVS_HISTORY
 --- @include "includes/checks"
 --- @include "includes/thread"
 --- @include "includes/events"
@@ -23,6 +25,7 @@
 --- @include "includes/expiry"
 --- @include "includes/migration"
 --- @include "includes/format"
+--- @include "includes/history"
 
 local keys = thread_keys(KEYS)
 local limits = read_limits(ARGV)
@@ -52,6 +55,8 @@ else
   side = manifest_find(manifest, sequence)
 end
 local old_id, otid, old_media, old_bytes, turn = parse_side(side)
+local history_refusal, history_drop = check_replacement(keys, limits, sequence, ARGV[14])
+if history_refusal then return history_refusal end
 
 local current_media = tonumber(redis.call('HGET', keys.meta, 'media') or '0')
 if media > old_media and current_media - old_media + media > limits.max_media then
@@ -75,6 +80,7 @@ end
 
 -- Write.
 begin_expiry(keys, limits.ttl_ms)
+if history_drop then drop_history(keys) end
 if where == 'window' then
   redis.call('ZREMRANGEBYSCORE', keys.window, sequence, sequence)
   if #record > limits.chunk_max_bytes then

@@ -2,7 +2,7 @@
 --- Ends a restore: sets the thread's state as its backup recorded it, once every message of the
 --- backup is restored (lua/restore.lua).
 ---
---- KEYS[1..11]  the thread's keys (includes/thread.lua: thread_keys; docs/LAYOUT.md)
+--- KEYS[1..12]  the thread's keys (includes/thread.lua: thread_keys; docs/LAYOUT.md)
 --- ARGV[1..9]   limits (int): includes/thread.lua, read_limits
 --- ARGV[10]     limits key (str): ARGV[1..9] joined by ':', then the event limits
 --- ARGV[11]     last_seq (int): the last sequence the backed-up thread had assigned

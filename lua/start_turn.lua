@@ -2,7 +2,7 @@
 --- Records where a turn's replies start: the turn reply sequence {turn_id, sequence}; with mode
 --- 'hold', also gives the caller the turn's next lease.
 ---
---- KEYS[1..11]  the thread's keys (includes/thread.lua: thread_keys; docs/LAYOUT.md)
+--- KEYS[1..12]  the thread's keys (includes/thread.lua: thread_keys; docs/LAYOUT.md)
 --- ARGV[1..9]   limits (int): includes/thread.lua, read_limits
 --- ARGV[10]     limits key (str): ARGV[1..9] joined by ':', then the event limits
 --- ARGV[11]     turn_id (str)

@@ -3,7 +3,7 @@
 --- without reading any message. It reads the header, finds the range a cursor falls in by a
 --- binary search over the range fields, and reads the ranges the page needs from there.
 ---
---- KEYS[1..11]  the thread's keys (includes/thread.lua: thread_keys; docs/LAYOUT.md)
+--- KEYS[1..12]  the thread's keys (includes/thread.lua: thread_keys; docs/LAYOUT.md)
 --- ARGV[1]      turn_id (str)
 --- ARGV[2]      lo_kind (str: '' | 'seq' | 'id'): the exclusive lower bound
 --- ARGV[3]      lo (str): a sequence or a message id, '' for none

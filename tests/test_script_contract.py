@@ -136,11 +136,11 @@ def test_every_call_matches_its_script_header(server_only, server, raw_client, n
 def test_each_header_is_a_contract(name):
     header = script_header(name)
     assert header_problems(header) == []
-    # Every script takes the same eleven keys (includes/thread.lua: thread_keys).
-    assert [(e.first, e.last) for e in header.keys] == [(1, 11)]
+    # Every script takes the same twelve keys (includes/thread.lua: thread_keys).
+    assert [(e.first, e.last) for e in header.keys] == [(1, 12)]
 
 
-def test_the_eleven_keys_are_the_thread_keys_in_order():
+def test_the_twelve_keys_are_the_thread_keys_in_order():
     source = resources.files("kvstore.lua").joinpath("includes/thread.lua").read_text(encoding="utf-8")
     named = {int(i): name for name, i in re.findall(r"(\w+) = KEYS\[(\d+)\]", source)}
     fields = [field.name for field in dataclasses.fields(ThreadKeys)]

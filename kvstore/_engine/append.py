@@ -8,6 +8,7 @@ from typing import Any
 from .. import errors
 from ..messages import Message
 from ..models import AppendResult, TurnOutcome, TurnResult
+from .pairs import batch_pairs
 from .prepare import PreparedMessage, check_token, prepare_batch, within_media_budget
 from .reads import fetch_sequences
 from .requests import TURN_OUTCOMES, Operation, ThreadRef, read_back_failed, write
@@ -24,7 +25,8 @@ def append(
     turn_arg = f"{turn_id}\t{lease}" if turn_id and lease else turn_id or ""
 
     def send(items: list[PreparedMessage]) -> Operation:
-        args: list[Any] = [*thread.limits(), turn_arg, len(items)]
+        pairs = batch_pairs([item.message for item in items]) if thread.config.history_checks == "strict" else ""
+        args: list[Any] = [*thread.limits(), turn_arg, len(items), pairs]
         for item in items:
             args += (item.message.id, item.message.otid or "", item.media, item.record)
         try:

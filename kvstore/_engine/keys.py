@@ -60,6 +60,7 @@ class ThreadKeys:
     legacy: str
     chunk_prefix: str
     events: str
+    pairs: str
 
     @classmethod
     def of(cls, namespace: str, thread_id: str) -> ThreadKeys:
@@ -76,6 +77,7 @@ class ThreadKeys:
             legacy=base + "messages",
             chunk_prefix=base + "chunk:",
             events=base + "events",
+            pairs=base + "pairs",
         )
 
     def chunk(self, first_sequence: int) -> str:
@@ -94,4 +96,5 @@ class ThreadKeys:
             self.turns,
             self.legacy,
             self.events,
+            self.pairs,
         )

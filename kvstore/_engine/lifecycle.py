@@ -10,7 +10,7 @@ from .. import errors
 from ..messages import CompactionStats, Message
 from .failures import lost_connection, read_of_wrong_type
 from .pages import list_page
-from .pairs import PAIR_LOOKBACK, answered_ids, opened_ids, orphans
+from .pairs import PAIR_LOOKBACK, answered_ids, history_pairs, opened_ids, orphans
 from .prepare import PreparedMessage, check_token, prepare_batch, stored_date, within_media_budget
 from .reads import fetch_sequences, locate_records
 from .record import salvage
@@ -90,7 +90,8 @@ def replace(thread: ThreadRef, message_id: str, message: Message | dict) -> Oper
 
     def send(items: list[PreparedMessage]) -> Operation:
         (item,) = items
-        args = [*thread.limits(), message_id, item.media, item.record]
+        pairs = history_pairs(item.message) if thread.config.history_checks == "strict" else ""
+        args = [*thread.limits(), message_id, item.media, item.record, pairs]
         return ReplaceReply.decode((yield Eval(SCRIPTS["replace"], thread.script_keys, args)))
 
     prepared = [PreparedMessage.of(thread.config, incoming, original.turn_id, keep)]

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable
 from ..messages import (
     ApprovalRequestMessage,
     ApprovalResponseMessage,
+    ApprovalReturn,
     Message,
     ToolCallMessage,
     ToolReturnMessage,
@@ -52,6 +53,56 @@ def answered_ids(message: Message) -> tuple[str, ...]:
     else:
         return ()
     return tuple(i for i in ids if i)
+
+
+def history_tokens(message: Message) -> tuple[list[str], list[str]]:
+    """What `message` opens and answers, as strict history checks track them (docs/HISTORY.md,
+    "Checked updates"): ``c:<id>`` a tool call, ``p:<id>`` the approval of a tool call,
+    ``a:<id>`` an approval request message. Each token once, in the message's order."""
+    opens: list[str] = []
+    answers: list[str] = []
+    if isinstance(message, (ToolCallMessage, ApprovalRequestMessage)):
+        calls = [message.tool_call.tool_call_id]
+        if isinstance(message.tool_calls, list):
+            calls += [call.tool_call_id for call in message.tool_calls]
+        for call in filter(None, calls):
+            opens.append(f"c:{call}")
+            if isinstance(message, ApprovalRequestMessage):
+                opens.append(f"p:{call}")
+        if isinstance(message, ApprovalRequestMessage) and message.id:
+            opens.append(f"a:{message.id}")
+    elif isinstance(message, ToolReturnMessage):
+        calls = [message.tool_call_id, *(item.tool_call_id for item in message.tool_returns or ())]
+        answers += [f"c:{call}" for call in calls if call]
+    elif isinstance(message, ApprovalResponseMessage):
+        if message.approval_request_id:
+            answers.append(f"a:{message.approval_request_id}")
+        for item in message.approvals or ():
+            if not item.tool_call_id:
+                continue
+            answers.append(f"p:{item.tool_call_id}")
+            if not isinstance(item, ApprovalReturn):  # a tool's result given with the approval
+                answers.append(f"c:{item.tool_call_id}")
+    return list(dict.fromkeys(opens)), list(dict.fromkeys(answers))
+
+
+def history_pairs(message: Message) -> str:
+    """The pairs argument lua/includes/history.lua reads: ``-<length>:<token>`` per answer, then
+    ``+<length>:<token>`` per opened token (lengths in bytes: Lua counts bytes)."""
+    opens, answers = history_tokens(message)
+    parts = []
+    for op, tokens in (("-", answers), ("+", opens)):
+        for token in tokens:
+            parts.append(f"{op}{len(token.encode())}:{token}")
+    return "".join(parts)
+
+
+def batch_pairs(messages: list[Message]) -> str:
+    """append's pairs argument: ``<length>;<pairs>`` per message, or '' when none has any."""
+    each = [history_pairs(message) for message in messages]
+    if not any(each):
+        return ""
+    return "".join(f"{len(spec.encode())};{spec}" for spec in each)
 
 
 def orphans(messages: Iterable[Message], opened: Iterable[str] = ()) -> list[Message]:

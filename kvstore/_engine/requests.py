@@ -9,6 +9,7 @@ finishing of an interrupted delete() (:func:`finishing_deletes`), which every op
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -59,7 +60,7 @@ class ThreadRef:
 
     config: StoreConfig
     keys: ThreadKeys
-    script_keys: tuple[str, ...]  # KEYS[1..11] of every script (lua/includes/thread.lua)
+    script_keys: tuple[str, ...]  # KEYS[1..12] of every script (lua/includes/thread.lua)
     limits_args: tuple[Any, ...]  # ARGV[1..10] of every writing script
 
     @classmethod
@@ -78,9 +79,10 @@ class ThreadRef:
             (config.thread_ttl or 0) * 1000,
         )
         # ARGV[10] names the nine as the server receives them (read_limits parses a key once),
-        # then the event limits (lua/includes/events.lua).
-        limits_key = ":".join(str(value) for value in limits) + "|" + ":".join(map(str, event_limits(config)))
-        script_keys = (*keys.fixed()[:-1], keys.chunk_prefix, keys.events)
+        # then the event limits (lua/includes/events.lua) and whether history checks are strict.
+        limits_key = ":".join(str(value) for value in limits) + "|" + ":".join(map(str, event_limits(config))) \
+            + ":" + ("1" if config.history_checks == "strict" else "0")
+        script_keys = tuple(getattr(keys, field.name) for field in dataclasses.fields(keys))
         return cls(config, keys, script_keys, (*limits, limits_key))
 
     def limits(self) -> tuple[Any, ...]:

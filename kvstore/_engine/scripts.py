@@ -156,6 +156,7 @@ ERROR_CODES: dict[str, type[errors.KVStoreError]] = {
     "KVS_TURN_NOT_FOUND": errors.TurnNotFound,
     "KVS_TURN_FINISHED": errors.TurnFinished,
     "KVS_TURN_FENCED": errors.TurnFenced,
+    "KVS_HISTORY": errors.HistoryConflict,
     "KVS_RESTORE_CONFLICT": errors.RestoreConflict,
     "KVS_BAD_BACKUP": errors.InvalidMessage,
 }

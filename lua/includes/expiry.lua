@@ -28,7 +28,7 @@ local function apply_expiry(keys)
   end
   if deadline <= 0 then return end
   for _, key in ipairs({keys.meta, keys.window, keys.window_side, keys.chunk_index, keys.large_index,
-                        keys.ids, keys.otids, keys.turns, keys.legacy, keys.events}) do
+                        keys.ids, keys.otids, keys.turns, keys.legacy, keys.events, keys.pairs}) do
     redis.call('PEXPIREAT', key, deadline)
   end
   if moved then

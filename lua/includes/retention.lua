@@ -1,5 +1,6 @@
 --- @include "includes/turns"
 --- @include "includes/format"
+--- @include "includes/history"
 -- Retention: after a compaction, the oldest chunk is deleted while its last sequence is at or
 -- before the summary's last sequence AND at least `retained_limit` messages are stored after
 -- it. At most `max_chunks` chunks go per call. Deleting a chunk trims the id and otid maps and
@@ -111,6 +112,7 @@ local function retain(keys, retained_limit, max_chunks)
   end
   if deleted > 0 then
     redis.call('HSET', keys.meta, 'deleted_before', fmt(deleted_before))
+    trim_history(keys, deleted_before)
     for turn in pairs(touched_turns) do trim_turn(keys, turn, deleted_before) end
     redis.call('HINCRBY', keys.meta, 'gen', 1)
   end

@@ -15,7 +15,7 @@
 -- written once (store_batch), and only the keys this call may write have their type checked;
 -- the maps it reads first (meta, ids, otids) are checked by those reads themselves.
 
-local META_FIELDS = {'layout', 'last_seq', 'stored', 'bytes', 'media', 'window_bytes', 'deleting'}
+local META_FIELDS = {'layout', 'last_seq', 'stored', 'bytes', 'media', 'window_bytes', 'deleting', 'checked'}
 
 local function wrong_type(key)
   return redis.error_reply('KVS_WRONGTYPE ' .. key .. ' does not hold the type kvstore keeps there')
@@ -85,7 +85,7 @@ local function check_store_keys(keys, batch, limits, meta)
   if cut_possible(limits, count + #incoming, meta.window_bytes + incoming_bytes) then
     -- A cut writes the chunk index and may run retention, which touches these too.
     for _, pair in ipairs({{keys.chunk_index, 'zset'}, {keys.window_side, 'hash'}, {keys.large_index, 'zset'},
-                           {keys.otids, 'hash'}, {keys.turns, 'hash'}}) do
+                           {keys.otids, 'hash'}, {keys.turns, 'hash'}, {keys.pairs, 'zset'}}) do
       expected[#expected + 1] = pair
     end
   end

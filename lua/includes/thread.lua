@@ -1,12 +1,12 @@
 --- @include "includes/checks"
 --- @include "includes/expiry"
--- The thread's keys, named once from KEYS (every script takes the same eleven). KEYS and ARGV
+-- The thread's keys, named once from KEYS (every script takes the same twelve). KEYS and ARGV
 -- are passed in: a script's are globals, a library function's are its arguments.
 local function thread_keys(KEYS)
   return {
     meta = KEYS[1], window = KEYS[2], window_side = KEYS[3], chunk_index = KEYS[4],
     large_index = KEYS[5], ids = KEYS[6], otids = KEYS[7], turns = KEYS[8], legacy = KEYS[9],
-    chunk_prefix = KEYS[10], events = KEYS[11],
+    chunk_prefix = KEYS[10], events = KEYS[11], pairs = KEYS[12],
   }
 end
 
@@ -15,12 +15,12 @@ local function check_thread(keys)
   return check_key_types({
     {keys.meta, 'hash'}, {keys.window, 'zset'}, {keys.window_side, 'hash'},
     {keys.chunk_index, 'zset'}, {keys.large_index, 'zset'}, {keys.ids, 'hash'},
-    {keys.otids, 'hash'}, {keys.turns, 'hash'}, {keys.legacy, 'hash'},
+    {keys.otids, 'hash'}, {keys.turns, 'hash'}, {keys.legacy, 'hash'}, {keys.pairs, 'zset'},
   }) or check_layout(keys.meta)
 end
 
 -- Reads the batch of `count` messages whose 4 arguments each (id, otid, media, record) start
--- after ARGV[offset].
+-- after ARGV[offset]; batch.next_arg is the index of the first argument after them.
 local function read_batch(ARGV, offset, count, turn_id)
   local batch = {ids = {}, otids = {}, media = {}, records = {}, turn_id = turn_id}
   -- A turn id sent as "<turn_id>\t<lease>" carries the caller's lease of the turn (turn ids hold
@@ -34,6 +34,7 @@ local function read_batch(ARGV, offset, count, turn_id)
     batch.media[i] = tonumber(ARGV[base + 3])
     batch.records[i] = ARGV[base + 4]
   end
+  batch.next_arg = offset + count * 4 + 1
   return batch
 end
 
@@ -41,8 +42,8 @@ end
 -- window_size, chunk_size, chunk_max_bytes, max_move_chunks, max_move_bytes,
 -- max_message_bytes, max_media, retained_limit (-1 keeps all), ttl_ms (0: none), and ARGV[10],
 -- their key: the nine as sent, joined by ':', then '|' and the event limits events_len (0: no
--- events) and events_age_ms joined by ':' (includes/events.lua; carried in the key so that no
--- script's own arguments move).
+-- events) and events_age_ms and history_checks (1: strict, 0: off; includes/history.lua)
+-- joined by ':' (carried in the key so that no script's own arguments move).
 --
 -- A store sends the same limits on every call, and parsing nine numbers is a good part of a
 -- small call's Lua time. A library's functions keep this table between calls (a script's is new
@@ -61,10 +62,11 @@ local function read_limits(ARGV)
     max_media = tonumber(ARGV[7]), retained_limit = tonumber(ARGV[8]),
     ttl_ms = tonumber(ARGV[9]),
   }
-  local events_len, events_age = string.match(key, '|(%d+):(%d+)$')
+  local events_len, events_age, checks = string.match(key, '|(%d+):(%d+):([01])$')
   limits.events_len, limits.events_age_ms = tonumber(events_len or '0'), tonumber(events_age or '0')
+  limits.strict_history = checks == '1'
   if key == table.concat({ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9]}, ':')
-      .. '|' .. (events_len or '') .. ':' .. (events_age or '') then
+      .. '|' .. (events_len or '') .. ':' .. (events_age or '') .. ':' .. (checks or '') then
     if LIMITS_KEPT >= LIMITS_KEEP_AT_MOST then LIMITS_BY_KEY, LIMITS_KEPT = {}, 0 end
     LIMITS_BY_KEY[key] = limits
     LIMITS_KEPT = LIMITS_KEPT + 1

@@ -26,10 +26,11 @@ def image(decoded_bytes: int) -> dict:
 
 
 def sent(args) -> list[tuple[str, str, int, bytes]]:
-    """(id, otid, media, record) of each message an append sends (ARGV[13..] of lua/append.lua)."""
+    """(id, otid, media, record) of each message an append sends (ARGV[14..] of lua/append.lua)."""
     count = args[11]
-    groups = [tuple(args[12 + 4 * i : 16 + 4 * i]) for i in range(count)]
-    assert len(args) == 12 + 4 * count
+    assert args[12] == ""  # no pairs without strict history checks
+    groups = [tuple(args[13 + 4 * i : 17 + 4 * i]) for i in range(count)]
+    assert len(args) == 13 + 4 * count
     return groups
 
 

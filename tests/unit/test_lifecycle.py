@@ -326,8 +326,10 @@ def test_small_configs_change_the_limits_sent(thread):
     step = call("start_turn", reply=1)
     drive(core.start_turn(small, "t"), step)
     assert step.request.args[0] == 8 and step.request.args[1] == 4 and step.request.args[7] == -1
-    # The event limits follow the nine (lua/includes/thread.lua: read_limits).
-    assert step.request.args[9] == ":".join(str(v) for v in step.request.args[:9]) + "|1000:3600000"
+    # The event limits and the history checks follow the nine (lua/includes/thread.lua: read_limits).
+    assert step.request.args[9] == ":".join(str(v) for v in step.request.args[:9]) + "|1000:3600000:0"
+    strict = ThreadRef.of(StoreConfig(namespace="unit", history_checks="strict"), "t-1")
+    assert strict.limits()[9].endswith("|1000:3600000:1")
 
 
 def test_a_write_refused_as_deleting_again_and_again_gives_up_with_a_server_error(thread):
