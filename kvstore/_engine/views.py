@@ -63,6 +63,7 @@ def _stats_from(meta: dict, window: int, chunks: int, legacy: int) -> ThreadStat
         layout_version=layout,
         forked_from=_text(fields["fork_of"]) if "fork_of" in fields else None,
         fork_sequence=number("fork_at"),
+        history_checked=number("checked") == 1,
     )
 
 

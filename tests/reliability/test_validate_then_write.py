@@ -13,7 +13,7 @@ import dataclasses
 
 import pytest
 
-from kvstore import MessageStore, StoreConfig, UserMessage, errors
+from kvstore import MessageStore, StoreConfig, ToolCallMessage, ToolReturnMessage, UserMessage, errors
 from kvstore._engine.core import ThreadRef
 from kvstore._engine import core as _core
 from kvstore.messages import ImageContent, TextContent
@@ -142,7 +142,7 @@ def refused_unchanged(s: Setup, call, expected: type[errors.KVStoreError]) -> st
 def _wrong_values(field: str):
     # A string for every key, and the other container type (a hash where a zset belongs and the
     # reverse), which is the sneakier case: commands of the wrong family fail only when reached.
-    zsets = {"window", "chunk_index", "large_index"}
+    zsets = {"window", "chunk_index", "large_index", "pairs"}
     yield "string", lambda raw, key: raw.set(key, "planted")
     if field in zsets:
         yield "hash", lambda raw, key: raw.hset(key, "planted", "1")
@@ -213,6 +213,87 @@ def _fail(name, field, outcomes, failures):
     print(f"\nvalidate-then-write [{name}] {field}: {outcomes['refused']} refused with the keyspace"
           f" byte-identical, {outcomes['succeeded']} whole writes that did not need it; {len(failures)} not clean")
     assert not failures, "\n".join(failures)
+
+
+def history_setup(make_store, raw) -> tuple[Setup, dict]:
+    """A thread written with strict history checks: a pair in the turn t3, a call left open."""
+    s = populate(make_store, raw, history_checks="strict")
+    raw.delete(*[key for key in raw.scan_iter(match=f"{s.namespace}:*")])
+    thread = s.thread
+    thread.append(UserMessage(content="weather?"))
+    thread.start_turn("t3")
+    call, _ = thread.append([_call("k1"), _answer("k1")], turn_id="t3")
+    thread.finish_turn("t3")
+    thread.append(_call("k2"))
+    ops = {
+        "append answering the open call": lambda: thread.append(_answer("k2")),
+        "append of a new call": lambda: thread.append(_call("k3")),
+        "append of a plain message": lambda: thread.append(UserMessage(content="plain")),
+        "replace keeping the pairs": lambda: thread.replace(call.id, _call("k1")),
+        "remove_turn": lambda: thread.remove_turn("t3"),
+    }
+    return dataclasses.replace(s, window_id=call.id), ops
+
+
+def _call(call_id: str) -> ToolCallMessage:
+    return ToolCallMessage(tool_call={"name": "f", "arguments": "{}", "tool_call_id": call_id})
+
+
+def _answer(call_id: str) -> ToolReturnMessage:
+    return ToolReturnMessage(status="success", tool_call_id=call_id, tool_return="ok")
+
+
+def test_every_history_refusal_and_a_wrong_type_pairs_key_change_nothing(target):
+    """With strict history checks: each refusal leaves the keyspace byte-identical, and a pairs
+    key of the wrong type refuses the calls that read or write it, changing nothing."""
+    name, make_store, raw = target
+    s, _ = history_setup(make_store, raw)
+    thread = s.thread
+    later = thread.append(_answer("k2"))[0]
+    cases = [
+        ("an answer to no call", lambda: thread.append(_answer("nothing")), errors.HistoryConflict),
+        ("a second answer", lambda: thread.append(_answer("k1")), errors.HistoryConflict),
+        ("one bad answer in a batch", lambda: thread.append([_call("k4"), _answer("k4"), _answer("k9")]),
+         errors.HistoryConflict),
+        ("a replacement changing the call", lambda: thread.replace(s.window_id, _call("other")), errors.HistoryConflict),
+        ("a replacement dropping the answer", lambda: thread.replace(later.id, UserMessage(content="x")),
+         errors.HistoryConflict),
+    ]
+    thread.start_turn("t4")
+    thread.append(_call("k5"), turn_id="t4")
+    thread.finish_turn("t4")
+    thread.append(_answer("k5"))
+    cases.append(("a turn removal orphaning a later answer", lambda: thread.remove_turn("t4"), errors.HistoryConflict))
+    failures = [f"{label}: {why}" for label, call, expected in cases if (why := refused_unchanged(s, call, expected))]
+
+    outcomes = {"refused": 0, "succeeded": 0}
+    for wrong, plant in _wrong_values("pairs"):
+        s, ops = history_setup(make_store, raw)
+        key = s.thread.keys.pairs
+        original = raw.dump(key)
+        for op, call in ops.items():
+            raw.delete(key)
+            plant(raw, key)
+            planted = raw.dump(key)
+            before = keyspace(s.raw, s.namespace)
+            try:
+                call()
+            except errors.LayoutError:
+                outcomes["refused"] += 1
+                if changed := keyspace_diff(before, keyspace(s.raw, s.namespace)):
+                    failures.append(f"pairs holds a {wrong}: {op} raised LayoutError and changed {changed}")
+            except Exception as exc:  # noqa: BLE001
+                failures.append(f"pairs holds a {wrong}: {op} raised {type(exc).__name__}: {exc}")
+            else:
+                outcomes["succeeded"] += 1
+                if raw.dump(key) != planted:
+                    failures.append(f"pairs holds a {wrong}: {op} succeeded and wrote into it")
+            raw.delete(key)
+            raw.restore(key, 0, original)
+    print(f"\nvalidate-then-write [{name}] history: {len(cases)} refusals, {outcomes['refused']} wrong-type"
+          f" refusals, {outcomes['succeeded']} writes that did not need the key; {len(failures)} not clean")
+    assert not failures, "\n".join(failures)
+    assert outcomes["refused"] >= 2 * 3
 
 
 # The chunk keys are the thread's keys too: a script writes `chunk:<first>` by name, so a key of

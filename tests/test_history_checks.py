@@ -1,0 +1,297 @@
+"""Checked updates: with history_checks="strict", a write that would break the thread's tool-call
+pairs is refused in the same atomic step, and nothing is written (docs/HISTORY.md, "Checked
+updates"). Sync and async, on Valkey, Redis and the in-process tier."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kvstore import (
+    ApprovalRequestMessage,
+    ApprovalResponseMessage,
+    AssistantMessage,
+    StoreConfig,
+    ToolCallMessage,
+    ToolReturnMessage,
+    UserMessage,
+    errors,
+)
+from kvstore._engine.pairs import batch_pairs, history_pairs, history_tokens
+from kvstore.messages import ApprovalReturn, ToolReturn
+
+from .layout_check import check_layout
+from .reliability.support import keyspace, keyspace_diff
+
+STRICT = dict(history_checks="strict")
+
+
+def call(*call_ids: str) -> ToolCallMessage:
+    calls = [{"name": "weather", "arguments": "{}", "tool_call_id": c} for c in call_ids]
+    return ToolCallMessage(tool_call=calls[0], tool_calls=calls if len(calls) > 1 else None)
+
+
+def answer(call_id: str, *more: str) -> ToolReturnMessage:
+    returns = [ToolReturn(status="success", tool_call_id=c, tool_return="ok") for c in (call_id, *more)]
+    return ToolReturnMessage(status="success", tool_call_id=call_id, tool_return="4 °C",
+                             tool_returns=returns if more else None)
+
+
+def approval_request(call_id: str, message_id: str | None = None) -> ApprovalRequestMessage:
+    extra = {"id": message_id} if message_id else {}
+    return ApprovalRequestMessage(tool_call={"name": "pay", "arguments": "{}", "tool_call_id": call_id}, **extra)
+
+
+def approval(call_id: str, request_id: str | None = None, approve: bool = True) -> ApprovalResponseMessage:
+    return ApprovalResponseMessage(approval_request_id=request_id,
+                                   approvals=[ApprovalReturn(approve=approve, tool_call_id=call_id)])
+
+
+def open_tokens(raw_client, thread) -> set[str]:
+    return {m.decode() for m in raw_client.zrange(thread.keys.pairs, 0, -1) if not m.startswith(b"m")}
+
+
+def intact(raw_client, thread, **config) -> None:
+    """Every layout invariant holds (tests/layout_check.py), for the thread made with `config`."""
+    check_layout(raw_client, thread.keys, StoreConfig(namespace=thread.keys.meta.split(":", 1)[0], **config))
+
+
+def refused_unchanged(raw_client, namespace, call, expected=errors.HistoryConflict) -> str:
+    """Makes the call, which must raise `expected` and leave every key of the namespace as it was
+    (DUMP and expiry); returns the error's text."""
+    before = keyspace(raw_client, namespace)
+    with pytest.raises(expected) as refused:
+        call()
+    assert keyspace_diff(before, keyspace(raw_client, namespace)) == []
+    return str(refused.value)
+
+
+# --- the tokens ---------------------------------------------------------------------------------
+
+
+def test_what_each_message_opens_and_answers():
+    assert history_tokens(call("c1", "c2")) == (["c:c1", "c:c2"], [])
+    assert history_tokens(answer("c1", "c2")) == ([], ["c:c1", "c:c2"])  # tool_call_id repeats its first return
+    assert history_tokens(approval_request("c1", "message-r")) == (["c:c1", "p:c1", "a:message-r"], [])
+    assert history_tokens(approval("c1", "message-r")) == ([], ["a:message-r", "p:c1"])
+    given_result = ApprovalResponseMessage(approvals=[ToolReturn(status="success", tool_call_id="c1", tool_return="x")])
+    assert history_tokens(given_result) == ([], ["p:c1", "c:c1"])
+    assert history_tokens(UserMessage(content="hi")) == ([], [])
+    # Lengths are bytes, so ids in any script frame exactly.
+    assert history_pairs(answer("é\t;:x")) == "-" + str(len("c:é\t;:x".encode())) + ":c:é\t;:x"
+    assert batch_pairs([UserMessage(content="a"), AssistantMessage(content="b")]) == ""
+
+
+# --- refusals -----------------------------------------------------------------------------------
+
+
+def test_an_answer_to_no_open_call_is_refused_and_writes_nothing(make_thread, raw_client, namespace):
+    thread = make_thread("checked", **STRICT)
+    thread.append([UserMessage(content="weather?"), call("c1")])
+    assert thread.stats().history_checked
+    text = refused_unchanged(raw_client, namespace, lambda: thread.append(answer("c-unknown")))
+    assert "tool call c-unknown" in text and "not open" in text
+    thread.append(answer("c1"))
+    # A second return for the same call.
+    assert "tool call c1" in refused_unchanged(raw_client, namespace, lambda: thread.append(answer("c1")))
+    # One return of several answering nothing refuses the message.
+    thread.append(call("c2", "c3"))
+    refused_unchanged(raw_client, namespace, lambda: thread.append(answer("c2", "c9")))
+    thread.append(answer("c2", "c3"))
+    assert open_tokens(raw_client, thread) == set()
+    assert thread.stats().stored_messages == 5
+    intact(raw_client, thread)
+
+
+def test_approvals_answer_pending_requests_only(make_thread, raw_client, namespace):
+    thread = make_thread("approvals", **STRICT)
+    (request,) = thread.append(approval_request("pay-1"))
+    refused_unchanged(raw_client, namespace, lambda: thread.append(approval("pay-1", "message-no-such-request")))
+    refused_unchanged(raw_client, namespace, lambda: thread.append(approval("pay-2", request.id)))
+    thread.append(approval("pay-1", request.id))
+    # The approval is answered, the call still waits for its result.
+    assert open_tokens(raw_client, thread) == {"c:pay-1"}
+    assert "approval request" in refused_unchanged(
+        raw_client, namespace, lambda: thread.append(approval("pay-1", request.id)))
+    thread.append(answer("pay-1"))
+    assert open_tokens(raw_client, thread) == set()
+
+
+def test_a_batch_is_checked_message_by_message_and_refused_whole(make_thread, raw_client, namespace):
+    thread = make_thread("batch", **STRICT)
+    thread.append(UserMessage(content="go"))
+    # A call and its return in one batch are fine; a return before its call is not.
+    thread.append([call("b1"), AssistantMessage(content="running"), answer("b1")])
+    text = refused_unchanged(raw_client, namespace, lambda: thread.append(
+        [UserMessage(content="x"), answer("b2"), call("b2")]))
+    assert text.startswith("message 1 ")
+    refused_unchanged(raw_client, namespace, lambda: thread.append([call("b3"), answer("b3"), answer("b3")]))
+    # The largest allowed batch: 250 calls and their returns.
+    big = [m for i in range(250) for m in (call(f"x{i}"), answer(f"x{i}"))]
+    assert len(thread.append(big)) == 500
+    spoiled = [m for i in range(250) for m in (call(f"y{i}"), answer(f"y{i}" if i != 249 else "nope"))]
+    refused_unchanged(raw_client, namespace, lambda: thread.append(spoiled))
+    assert thread.stats().stored_messages == 504
+    intact(raw_client, thread)
+
+
+def test_a_retried_append_is_a_replay_not_a_second_answer(make_thread):
+    thread = make_thread("retry", **STRICT)
+    thread.append(call("r1"))
+    sent = [answer("r1"), AssistantMessage(content="done")]
+    first = thread.append(sent)
+    again = thread.append(sent)  # the same message objects: the same ids
+    assert again.replayed and [m.seq_id for m in again] == [m.seq_id for m in first]
+    by_otid = [answer("r1").model_copy(update={"otid": "o-1"})]
+    with pytest.raises(errors.HistoryConflict):  # a new message answering the answered call
+        thread.append(by_otid)
+
+
+# --- which threads are checked ------------------------------------------------------------------
+
+
+def test_only_threads_written_with_checks_from_their_first_message_are_checked(make_thread, raw_client):
+    old = make_thread("older")
+    old.append([UserMessage(content="from before"), answer("never-made")])
+    strict_old = make_thread("older", **STRICT)
+    strict_old.append(answer("also-never-made"))  # not checked: its history is not known
+    assert not strict_old.stats().history_checked and not raw_client.exists(strict_old.keys.pairs)
+
+    thread = make_thread("mixed", **STRICT)
+    thread.append(call("m1"))
+    assert thread.stats().history_checked
+    # A write without checks: what it added is not known, so the thread is not checked from then on.
+    make_thread("mixed").append(AssistantMessage(content="unchecked writer"))
+    assert not thread.stats().history_checked and not raw_client.exists(thread.keys.pairs)
+    thread.append(answer("whatever"))
+
+
+def test_checks_off_cost_nothing_and_write_no_state(make_thread, raw_client):
+    thread = make_thread("off")
+    thread.append([call("c1"), answer("c1"), answer("c1")])
+    assert not raw_client.exists(thread.keys.pairs) and not thread.stats().history_checked
+
+
+# --- state bounded by retention, replace and remove_turn ----------------------------------------
+
+
+def test_retention_trims_the_state_with_the_messages(make_thread, raw_client):
+    thread = make_thread("long", window_size=4, chunk_size=4, retained_message_limit=8, **STRICT)
+    for i in range(40):
+        thread.append([UserMessage(content=f"q{i}"), call(f"k{i}"), answer(f"k{i}")])
+    thread.append(call("pending"))
+    thread.compact("the past", 100)
+    for i in range(30):  # each call's retention deletes a few chunks
+        thread.append(UserMessage(content=f"after {i}"))
+    stats = thread.stats()
+    assert stats.deleted_before_sequence > 90 and stats.stored_messages < 60
+    scores = raw_client.zrange(thread.keys.pairs, 0, -1, withscores=True)
+    assert scores and min(score for _, score in scores) >= stats.deleted_before_sequence
+    assert open_tokens(raw_client, thread) == {"c:pending"}
+    thread.append(answer("pending"))
+    intact(raw_client, thread, window_size=4, chunk_size=4, retained_message_limit=8)
+
+
+def test_a_replacement_keeps_what_the_message_opens_and_answers(make_thread, raw_client, namespace):
+    thread = make_thread("replace", window_size=2, chunk_size=2, **STRICT)
+    user, tool_call, result = thread.append([UserMessage(content="q"), call("c1"), answer("c1")])
+    thread.append([UserMessage(content=f"roll {i}") for i in range(4)])  # the call is in a chunk now
+    thread.replace(tool_call.id, call("c1"))
+    thread.replace(result.id, answer("c1").model_copy(update={"tool_return": "5 °C"}))
+    thread.replace(user.id, UserMessage(content="q, reworded"))
+    refused_unchanged(raw_client, namespace, lambda: thread.replace(tool_call.id, call("c2")))
+    refused_unchanged(raw_client, namespace, lambda: thread.replace(user.id, answer("c1")))
+    refused_unchanged(raw_client, namespace, lambda: thread.replace(result.id, UserMessage(content="no result")))
+    intact(raw_client, thread, window_size=2, chunk_size=2)
+
+
+def test_removing_a_turn_keeps_the_pairs(make_thread, raw_client, namespace):
+    thread = make_thread("turns", **STRICT)
+    thread.append(call("early"))
+    thread.start_turn("t1")
+    thread.append([call("inner"), answer("inner"), answer("early")], turn_id="t1")
+    thread.finish_turn("t1")
+    thread.start_turn("t2")
+    thread.append(call("late"), turn_id="t2")
+    thread.finish_turn("t2")
+    thread.append(answer("late"))
+    # t2's call is answered after it: removing t2 would orphan that answer.
+    assert "tool call late" in refused_unchanged(raw_client, namespace, lambda: thread.remove_turn("t2"))
+    # t1 answered a call made before it: that call is open again, its own pair is gone.
+    assert thread.remove_turn("t1") == 3
+    assert open_tokens(raw_client, thread) == {"c:early"}
+    thread.append(answer("early"))
+    with pytest.raises(errors.HistoryConflict):
+        thread.append(answer("inner"))
+    intact(raw_client, thread)
+
+
+def test_a_turn_larger_than_one_removal_step_is_removed_with_its_pairs(make_thread, raw_client):
+    from kvstore._engine.requests import REMOVE_TURN_STEP
+
+    thread = make_thread("big-turn", **STRICT)
+    thread.start_turn("t")
+    pairs = (REMOVE_TURN_STEP // 2) + 5
+    for start in range(0, pairs, 100):
+        thread.append([m for i in range(start, min(pairs, start + 100)) for m in (call(f"s{i}"), answer(f"s{i}"))],
+                      turn_id="t")
+    thread.append(call("open-at-the-end"), turn_id="t")
+    assert thread.remove_turn("t") == 2 * pairs + 1
+    assert raw_client.zcard(thread.keys.pairs) == 0
+
+
+# --- the property: the store accepts exactly what a model of open calls accepts -----------------
+
+STEPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("call"), st.integers(0, 5)),
+        st.tuples(st.just("answer"), st.integers(0, 5)),
+        st.tuples(st.just("approve"), st.integers(0, 5)),
+        st.tuples(st.just("user"), st.just(0)),
+        st.tuples(st.just("batch"), st.integers(0, 5)),
+    ),
+    min_size=1,
+    max_size=25,
+)
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(steps=STEPS)
+def test_the_store_refuses_exactly_the_answers_to_nothing_open(make_thread, raw_client, namespace, steps):
+    import uuid
+
+    thread = make_thread(f"p-{uuid.uuid4().hex[:8]}", window_size=3, chunk_size=2, **STRICT)
+    open_calls: set[str] = set()
+    pending: set[str] = set()
+    stored = 0
+    for kind, n in steps:
+        name = f"c{n}"
+        if kind == "call":
+            batch, accepted = [call(name)], True
+            after = (open_calls | {name}, pending)
+        elif kind == "approve":
+            batch, accepted = [approval_request(name)], True
+            after = (open_calls | {name}, pending | {name})
+        elif kind == "answer":
+            if name in pending:
+                batch, accepted = [approval(name)], True
+                after = (open_calls, pending - {name})
+            else:
+                batch, accepted = [answer(name)], name in open_calls
+                after = (open_calls - {name}, pending)
+        elif kind == "batch":
+            batch, accepted = [call(name), answer(name), UserMessage(content="and")], True
+            after = (open_calls - {name}, pending)
+        else:
+            batch, accepted, after = [UserMessage(content="hi")], True, (open_calls, pending)
+        if accepted:
+            thread.append(batch)
+            open_calls, pending = after
+            stored += len(batch)
+        else:
+            refused_unchanged(raw_client, namespace, lambda: thread.append(batch))
+        expected = {f"c:{c}" for c in open_calls} | {f"p:{c}" for c in pending}
+        assert {t for t in open_tokens(raw_client, thread) if not t.startswith("a:")} == expected
+    assert thread.stats().stored_messages == stored
+    intact(raw_client, thread, window_size=3, chunk_size=2)
