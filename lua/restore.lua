@@ -7,29 +7,35 @@
 --- ARGV[11]     turn_id (str): '' for none; every message of the run is of this turn
 --- ARGV[12]     first (int): the sequence of the run's first message; the run is first..first+count-1
 --- ARGV[13]     count (int): the messages that follow
---- ARGV[14..]   ARGV[13] times: id (str), otid (str): '' for none, media (int): the message's
+--- ARGV[14]     pairs (str): what each message opens and answers, with strict history checks
+---              (includes/history.lua: read_batch_pairs); '' when none does, and without them
+--- ARGV[15..]   ARGV[13] times: id (str), otid (str): '' for none, media (int): the message's
 ---              inline media bytes, record (bytes)
 ---
 --- A message whose id is stored at its own sequence was restored before: it is skipped. The
 --- others must come after every sequence the thread holds (the thread's last_seq); an id or
 --- otid stored at another sequence, or a sequence already taken, is refused and nothing is
---- written. Retention runs when a chunk was cut, as after an append.
+--- written. Retention runs when a chunk was cut, as after an append. With strict history checks
+--- the thread's open calls are built from the runs as they come, refusing nothing (the backup's
+--- history is what it is): a thread restored whole by such a store is checked from then on.
 ---
 --- Reply: {restored, already_stored}
 --- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_DELETING, KVS_TOO_LARGE, KVS_MEDIA_OVER,
----         KVS_OTID_REPEATED, KVS_ID_REPEATED, KVS_RESTORE_CONFLICT
+---         KVS_OTID_REPEATED, KVS_ID_REPEATED, KVS_RESTORE_CONFLICT, KVS_HISTORY
 --- @include "includes/thread"
 --- @include "includes/expiry"
 --- @include "includes/store"
 --- @include "includes/rollover"
 --- @include "includes/retention"
+--- @include "includes/history"
 
 local keys = thread_keys(KEYS)
 local limits = read_limits(ARGV)
 local turn_id = ARGV[11]
 local first = tonumber(ARGV[12])
 local count = tonumber(ARGV[13])
-local batch = read_batch(ARGV, 13, count, turn_id)
+local batch = read_batch(ARGV, 14, count, turn_id)
+read_batch_pairs(ARGV[14], batch, limits)
 
 local meta, failure = load_meta(keys)
 if failure then return failure end
@@ -66,13 +72,16 @@ if new_first <= meta.last_seq then
     new_first, meta.last_seq))
 end
 
-local new = {ids = {}, otids = {}, media = {}, records = {}, turn_id = turn_id}
+local new = {ids = {}, otids = {}, media = {}, records = {}, turn_id = turn_id, pairs = batch.pairs and {}}
 for i = already + 1, count do
   new.ids[#new.ids + 1] = batch.ids[i]
   new.otids[#new.otids + 1] = batch.otids[i]
   new.media[#new.media + 1] = batch.media[i]
   new.records[#new.records + 1] = batch.records[i]
+  if new.pairs then new.pairs[#new.pairs + 1] = batch.pairs[i] end
 end
+failure = check_history(keys, new, limits, meta, true)
+if failure then return failure end
 -- store_batch assigns last_seq + 1 ...: the run goes at its own sequences (a removed turn or
 -- retention left the hole before it).
 meta.last_seq = new_first - 1
@@ -100,6 +109,7 @@ if failure then return failure end
 begin_expiry(keys, limits.ttl_ms)
 local _, store_failure = store_batch(keys, new, limits, meta)
 if store_failure then return store_failure end
+apply_history(keys, new, new_first)
 if rollover(keys, cuts, 0) > 0 then
   retain(keys, limits.retained_limit, limits.max_move_chunks)
 end

@@ -4,12 +4,15 @@ updates"). Sync and async, on Valkey, Redis and the in-process tier."""
 
 from __future__ import annotations
 
+import io
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvstore import (
     ApprovalRequestMessage,
+    MessageStore,
     ApprovalResponseMessage,
     AssistantMessage,
     StoreConfig,
@@ -18,6 +21,7 @@ from kvstore import (
     UserMessage,
     errors,
 )
+from kvstore.cli import backup
 from kvstore._engine.pairs import batch_pairs, history_pairs, history_tokens
 from kvstore.messages import ApprovalReturn, ToolReturn
 
@@ -295,3 +299,50 @@ def test_the_store_refuses_exactly_the_answers_to_nothing_open(make_thread, raw_
         assert {t for t in open_tokens(raw_client, thread) if not t.startswith("a:")} == expected
     assert thread.stats().stored_messages == stored
     intact(raw_client, thread, window_size=3, chunk_size=2)
+
+
+# --- restore and fork ---------------------------------------------------------------------------
+
+
+def test_a_fork_by_a_strict_store_is_checked_with_the_calls_open_at_its_fork_point(make_thread, raw_client, namespace):
+    source = make_thread("source", window_size=4, chunk_size=2, **STRICT)
+    source.append([UserMessage(content="q"), call("f1"), answer("f1"), call("f2")])
+    (fork_point,) = source.append(call("f3"))
+    source.append(answer("f2"))
+    fork = source.fork("forked", at=fork_point.id)
+    assert fork.stats().history_checked
+    assert open_tokens(raw_client, fork) == {"c:f2", "c:f3"}
+    refused_unchanged(raw_client, namespace, lambda: fork.append(answer("f1")))
+    fork.append(answer("f2"))
+
+
+
+def export_text(store, thread_id: str) -> str:
+    out = io.StringIO()
+    backup.export(store, thread_id, out, progress_out=io.StringIO())
+    return out.getvalue()
+
+
+def restore_text(store, thread_id: str, text: str) -> None:
+    backup.import_lines(store, thread_id, io.StringIO(text), backup.ImportProgress(), progress_out=io.StringIO())
+
+
+def test_a_restore_by_a_strict_store_builds_the_open_calls_and_refuses_nothing(server_only, server, raw_client, namespace):
+    source_store = MessageStore.from_url(server.url, StoreConfig(namespace=namespace, window_size=4, chunk_size=2))
+    target = MessageStore.from_url(server.url, StoreConfig(namespace=namespace, window_size=4, chunk_size=2, **STRICT))
+    source = source_store.thread("source")
+    source.append([UserMessage(content="q"), call("f1"), answer("f1"), call("f2"), call("f3"), answer("f2")])
+    # An answer naming a call the thread never held: a backup holds what it holds.
+    source.append(answer("ghost"))
+    restore_text(target, "restored", export_text(source_store, "source"))
+    restored = target.thread("restored")
+    assert restored.stats().history_checked and restored.stats().stored_messages == 7
+    assert open_tokens(raw_client, restored) == {"c:f3"}
+    refused_unchanged(raw_client, namespace, lambda: restored.append(answer("f2")))
+    restored.append(answer("f3"))
+    intact(raw_client, restored, window_size=4, chunk_size=2)
+    # A restore by a store without checks leaves the thread unchecked.
+    restore_text(source_store, "plain", export_text(source_store, "source"))
+    assert not source_store.thread("plain").stats().history_checked
+    source_store.close()
+    target.close()

@@ -19,6 +19,7 @@ from typing import Any
 
 from .. import errors
 from ..messages import Message
+from .pairs import batch_pairs
 from .prepare import PreparedMessage
 from .requests import Batch, Operation, ThreadRef, write
 from .scripts import SCRIPTS
@@ -185,7 +186,9 @@ def restore_run(thread: ThreadRef, run: list[BackedUpMessage]) -> Operation:
                 end - start < most and size + len(prepared[end].record) <= most_bytes)):
             size += len(prepared[end].record)
             end += 1
-        args: list[Any] = [*thread.limits(), turn_id or "", run[start].sequence, end - start]
+        strict = thread.config.history_checks == "strict"
+        pairs = batch_pairs([item.message for item in prepared[start:end]]) if strict else ""
+        args: list[Any] = [*thread.limits(), turn_id or "", run[start].sequence, end - start, pairs]
         for item in prepared[start:end]:
             args += (item.message.id, item.message.otid or "", item.media, item.record)
         reply = RestoreReply.decode((yield from write(thread, SCRIPTS["restore"], args)))

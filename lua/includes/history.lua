@@ -70,8 +70,8 @@ end
 
 -- Checks the batch's answers against the open tokens, before any write. Returns an error reply,
 -- or nil and leaves in batch.history what apply_history writes: 'drop', or the tokens' new
--- states.
-local function check_history(keys, batch, limits, meta)
+-- states. `lenient` (a restore) refuses no answer: one to nothing open changes nothing.
+local function check_history(keys, batch, limits, meta, lenient)
   if not limits.strict_history then
     if meta.checked > 0 then batch.history = 'drop' end
     return nil
@@ -95,7 +95,7 @@ local function check_history(keys, batch, limits, meta)
         if op == '-' then
           local open
           if state then open = state.open else open = redis.call('ZSCORE', keys.pairs, token) ~= false end
-          if not open then
+          if not open and not lenient then
             return history_error(string.format('message %d (%s) answers %s, which is not open in the thread: never made, or already answered',
               i - 1, batch.ids[i], token_name(token)))
           end
