@@ -293,3 +293,34 @@ def test_a_fork_across_primaries_and_a_budgeted_context(cluster, cluster_thread,
     kinds = [m.message_type for m in source.context(max_tokens=3, count_tokens=lambda m: 1)]
     assert kinds == ["summary_message", "tool_call_message", "tool_return_message"]
     assert source.context(max_tokens=2, count_tokens=lambda m: 1) == [summary]
+
+
+def test_strict_history_checks_on_each_primary(cluster, cluster_thread, raw_cluster):
+    # The pairs key lives in the thread's slot: a checked append, a refusal, a turn removal and a
+    # fork onto another primary each touch one slot (the fixture checks for CROSSSLOT).
+    placed = thread_ids_on_each_primary(cluster, "checked")
+    (_, source_id), (_, fork_id) = placed[0], placed[1]
+    source = cluster_thread(source_id, history_checks="strict", **SMALL)
+
+    def call(call_id):
+        return ToolCallMessage(tool_call={"name": "w", "arguments": "{}", "tool_call_id": call_id})
+
+    def answer(call_id):
+        return ToolReturnMessage(status="success", tool_call_id=call_id, tool_return="ok")
+
+    source.append([UserMessage(content=text(300, f"m{i}")) for i in range(20)])
+    source.start_turn("t1")
+    source.append([call("c1"), answer("c1"), call("c2")], turn_id="t1")
+    source.finish_turn("t1")
+    with pytest.raises(errors.HistoryConflict):
+        source.append(answer("c1"))
+    (point,) = source.append(UserMessage(content="the fork point"))
+    fork = source.fork(fork_id, at=point.id)
+    assert fork.stats().history_checked
+    with pytest.raises(errors.HistoryConflict):
+        fork.append(answer("nothing"))
+    fork.append(answer("c2"))
+    assert source.remove_turn("t1") == 3
+    assert raw_cluster.zrange(source.keys.pairs, 0, -1) == []
+    with pytest.raises(errors.HistoryConflict):
+        source.append(answer("c2"))
