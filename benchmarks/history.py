@@ -8,18 +8,29 @@ first), and, as the raw floor, ``LRANGE`` of the same number of newest items fro
 Then ``fork`` of the whole thread, once: its time, the script calls and commands the server ran
 (``INFO commandstats``) and the memory it added (``used_memory``), beside a raw copy of the same
 records from a JSON list into a new one (``LRANGE`` + ``RPUSH`` in pipelines of 100).
+
+Last, strict history checks: agent turns (a user message, a tool call, its return, the answer;
+one append each) into a thread of a store with ``history_checks="strict"`` and one without, in
+alternating blocks; the server time per append (the script's ``usec`` in ``INFO commandstats``,
+median of the blocks) with checks against without, and what the checks keep (``MEMORY USAGE`` of
+the thread's ``pairs`` key) per message.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import statistics
 import sys
 import time
 from dataclasses import dataclass
 from typing import Any
 
+from kvstore import AssistantMessage, Message, MessageStore, ToolCallMessage, ToolReturnMessage, UserMessage
+
 from ._common import (
+    SCRIPT_COMMANDS,
     Fixture,
     Variant,
     collect_per_server,
@@ -42,10 +53,53 @@ class Params:
     messages: int
     rounds: int
     warmup: int
+    check_turns: int  # agent turns (4 appends each) per block of the history-checks comparison
 
 
-DEFAULT = Params(messages=10_000, rounds=9, warmup=2)
-QUICK = Params(messages=2_000, rounds=5, warmup=1)
+DEFAULT = Params(messages=10_000, rounds=9, warmup=2, check_turns=250)
+QUICK = Params(messages=2_000, rounds=5, warmup=1, check_turns=100)
+
+
+def agent_turn(texts: list[str], i: int) -> list[Message]:
+    """One turn of an agent, as four messages: the question, a tool call, its return, the answer."""
+    call_id = f"call-{i}"
+    return [
+        UserMessage(content=texts[i % len(texts)][:300]),
+        ToolCallMessage(tool_call={"name": "search", "arguments": json.dumps({"q": f"query {i}"}), "tool_call_id": call_id}),
+        ToolReturnMessage(status="success", tool_call_id=call_id, tool_return=texts[(i + 1) % len(texts)][:600]),
+        AssistantMessage(content=texts[(i + 2) % len(texts)]),
+    ]
+
+
+def checked_appends(fx: Fixture, params: Params) -> dict[str, Any]:
+    """Server time per append with strict history checks and without, in alternating blocks."""
+    client = fx.client
+    threads = {mode: MessageStore(client, dataclasses.replace(fx.config, history_checks=mode)).thread(f"checks-{mode}")
+               for mode in ("off", "strict")}
+    samples: dict[str, list[float]] = {mode: [] for mode in threads}
+    turn = 0
+    for block in range(params.warmup + params.rounds):
+        order = ("off", "strict") if block % 2 == 0 else ("strict", "off")
+        for mode in order:
+            turns = [agent_turn(fx.texts, turn + i) for i in range(params.check_turns)]
+            before = command_stats(client)
+            for messages in turns:
+                for message in messages:
+                    threads[mode].append(message)
+            diff = stats_diff(before, command_stats(client))
+            scripts = [diff[name] for name in SCRIPT_COMMANDS if name in diff]
+            if block >= params.warmup:
+                samples[mode].append(sum(v["usec"] for v in scripts) / sum(v["calls"] for v in scripts))
+        turn += params.check_turns
+    strict = threads["strict"]
+    assert strict.stats().history_checked, "the strict thread is checked"
+    kept = client.memory_usage(strict.keys.pairs) or 0
+    stored = strict.stats().stored_messages
+    return {
+        "append_usec": {mode: statistics.median(values) for mode, values in samples.items()},
+        "appends_per_block": 4 * params.check_turns,
+        "pairs_bytes_per_message": kept / stored,
+    }
 
 
 def run_server(url: str, params: Params, own: bool) -> dict[str, Any]:
@@ -79,6 +133,8 @@ def run_server(url: str, params: Params, own: bool) -> dict[str, Any]:
             client.pipeline(transaction=False).rpush(f"{fx.ns}:copy", *items).execute()
         copy_s = time.perf_counter() - started
 
+        log(f"{fx.version}: agent turns with strict history checks and without")
+        checks = checked_appends(fx, params)
         median = {name: t["median_us"] for name, t in timings.items()}
         return {
             "server": fx.version,
@@ -88,7 +144,10 @@ def run_server(url: str, params: Params, own: bool) -> dict[str, Any]:
                      + calls.get("evalsha", {}).get("calls", 0),
                      "commands": sum(v["calls"] for v in calls.values()), "bytes_added": added},
             "list_copy_seconds": copy_s,
+            "checks": checks,
             "ratios": [
+                ratio("strict_vs_off", "server time per append: strict history checks / none",
+                      checks["append_usec"]["strict"] / checks["append_usec"]["off"], 1.15),
                 ratio("budget_vs_context", f"context(max_tokens={BUDGET}) / context()",
                       median["budget"] / median["context"], None),
                 ratio("budget_vs_lrange", f"context(max_tokens={BUDGET}) / LRANGE of as many",
@@ -105,6 +164,10 @@ def render(result: dict[str, Any]) -> str:
     f = result["fork"]
     lines.append(f"  fork: {f['seconds']:.2f} s, {f['script_calls']} script calls, {f['commands']:,} commands, "
                  f"+{f['bytes_added'] / 1e6:.1f} MB; raw list copy {result['list_copy_seconds']:.2f} s")
+    c = result["checks"]
+    lines.append(f"  append server time (median of blocks of {c['appends_per_block']}): strict checks "
+                 f"{c['append_usec']['strict']:.1f} µs, none {c['append_usec']['off']:.1f} µs; "
+                 f"pairs key {c['pairs_bytes_per_message']:.1f} B per message")
     lines += render_ratios(result["ratios"])
     return "\n".join(lines)
 

@@ -84,28 +84,41 @@ local function check_history(keys, batch, limits, meta, lenient)
     if spec ~= '' then
       local items = parse_pairs(spec)
       if not items then return history_error(string.format('message %d: malformed pairs argument', i - 1)) end
-      if not history.any then
-        history.any = true
-        local err = check_key_types({{keys.pairs, 'zset'}})
-        if err then return err end
-      end
       for _, item in ipairs(items) do
         local op, token = item[1], item[2]
         local state = states[token]
         if op == '-' then
           local open
-          if state then open = state.open else open = redis.call('ZSCORE', keys.pairs, token) ~= false end
+          if state then
+            open = state.open
+          elseif history.any then
+            open = redis.call('ZSCORE', keys.pairs, token) ~= false
+          else
+            -- The first read of the key doubles as its type check.
+            local score = redis.pcall('ZSCORE', keys.pairs, token)
+            if type(score) == 'table' and score.err then
+              return check_key_types({{keys.pairs, 'zset'}}) or redis.error_reply(tostring(score.err))
+            end
+            open, history.any = score ~= false, true
+          end
           if not open and not lenient then
             return history_error(string.format('message %d (%s) answers %s, which is not open in the thread: never made, or already answered',
               i - 1, batch.ids[i], token_name(token)))
           end
           if not state then order[#order + 1] = token end
           states[token] = {open = false, closed = true}
-        elseif not state then
-          order[#order + 1] = token
-          states[token] = {open = true, at = i}
-        elseif not state.open then
-          state.open, state.at = true, i
+        else
+          if not history.any then
+            local err = check_key_types({{keys.pairs, 'zset'}})
+            if err then return err end
+            history.any = true
+          end
+          if not state then
+            order[#order + 1] = token
+            states[token] = {open = true, at = i}
+          elseif not state.open then
+            state.open, state.at = true, i
+          end
         end
       end
     end
@@ -120,34 +133,33 @@ local function drop_history(keys)
   redis.call('DEL', keys.pairs)
 end
 
--- Writes what check_history decided, for the batch stored from sequence `first`.
+-- Writes what check_history decided, for the batch stored from sequence `first`: one ZREM of
+-- every token an answer touched, then one ZADD NX of the tokens open now (a token still open
+-- from before keeps its first sequence) and the messages' records.
 local function apply_history(keys, batch, first)
   local history = batch.history
   if history == 'drop' then return drop_history(keys) end
   if not history then return end
   if history.mark then redis.call('HSET', keys.meta, 'checked', '1') end
   if not history.any then return end
-  local closed, kept, reopened = {}, {}, {}
+  local answered, added = {}, {}
   -- In the order the tokens came (a table's own order is not the same on every server).
   for _, token in ipairs(history.order) do
     local state = history.states[token]
-    if not state.open then
-      closed[#closed + 1] = token
-    else
-      local into = state.closed and reopened or kept
-      into[#into + 1] = first + state.at - 1
-      into[#into + 1] = token
+    if state.closed then answered[#answered + 1] = token end
+    if state.open then
+      added[#added + 1] = first + state.at - 1
+      added[#added + 1] = token
     end
   end
   for i, spec in ipairs(batch.pairs) do
     if spec ~= '' then
-      reopened[#reopened + 1] = first + i - 1
-      reopened[#reopened + 1] = 'm' .. (first + i - 1) .. '\t' .. spec
+      added[#added + 1] = first + i - 1
+      added[#added + 1] = 'm' .. (first + i - 1) .. '\t' .. spec
     end
   end
-  if #closed > 0 then redis.call('ZREM', keys.pairs, unpack(closed)) end
-  if #kept > 0 then redis.call('ZADD', keys.pairs, 'NX', unpack(kept)) end
-  if #reopened > 0 then redis.call('ZADD', keys.pairs, unpack(reopened)) end
+  if #answered > 0 then redis.call('ZREM', keys.pairs, unpack(answered)) end
+  if #added > 0 then redis.call('ZADD', keys.pairs, 'NX', unpack(added)) end
 end
 
 -- Retention deleted every sequence below `before`: their tokens and pairs records go too.
