@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from kvstore import AssistantMessage, MessageStore, StoreConfig, UserMessage
+from kvstore import AssistantMessage, MessageStore, StoreConfig, ToolCallMessage, ToolReturnMessage, UserMessage, errors
 from kvstore.cli.process import _can_listen
 from kvstore.cli.server import DEFAULT_PORT, EmbeddedServer, data_dir_server
 
@@ -691,3 +691,28 @@ def test_ctrl_c_during_a_restore_then_the_same_import_finishes_it(server, namesp
     copy = store.thread("copy")
     assert [m.to_dict() for m in copy.iter()] == [m.to_dict() for m in thread.iter()]
     assert [m.seq_id for m in copy.list(turn_id="t300", limit=200).messages] == list(range(301, 401))
+
+
+def test_import_with_history_checks_makes_checked_threads(server, namespace, tmp_path, server_only):
+    store = MessageStore.from_url(server.url, StoreConfig(namespace=namespace))
+    checked = MessageStore.from_url(server.url, StoreConfig(namespace=namespace, history_checks="strict"))
+    call = ToolCallMessage(tool_call={"name": "w", "arguments": "{}", "tool_call_id": "c1"})
+    store.thread("source").append([UserMessage(content="q"), call])
+    out = tmp_path / "source.jsonl"
+    assert kvstore("export", "source", "--url", server.url, "--namespace", namespace, "-o", str(out)).returncode == 0
+    result = kvstore("import", "copy", str(out), "--url", server.url, "--namespace", namespace,
+                     "--history-checks", "strict")
+    assert result.returncode == 0, result.stderr
+    copy = checked.thread("copy")
+    assert copy.stats().history_checked
+    with pytest.raises(errors.HistoryConflict):
+        copy.append(ToolReturnMessage(status="success", tool_call_id="c9", tool_return="no such call"))
+    copy.append(ToolReturnMessage(status="success", tool_call_id="c1", tool_return="ok"))
+    # Plain JSON lines are appended, and checked: an answer to no call is refused, typed.
+    plain = tmp_path / "plain.jsonl"
+    plain.write_text(json.dumps({"message_type": "tool_return_message", "status": "success",
+                                 "tool_call_id": "c-none", "tool_return": "x"}) + "\n")
+    result = kvstore("import", "fresh", str(plain), "--url", server.url, "--namespace", namespace,
+                     "--history-checks", "strict")
+    assert result.returncode != 0 and "tool call c-none, which is not open" in result.stderr, result.stderr
+    assert checked.thread("fresh").stats().stored_messages == 0

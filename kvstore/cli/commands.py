@@ -18,10 +18,10 @@ from ..config import StoreConfig
 from ..store import MessageStore
 
 @contextmanager
-def open_store(url: str | None, namespace: str, data_dir: str) -> Iterator[MessageStore]:
+def open_store(url: str | None, namespace: str, data_dir: str, history_checks: str = "off") -> Iterator[MessageStore]:
     """A store on `url`, or without a URL on the server over `data_dir`: the one already running
     there, or an embedded one this command starts and stops."""
-    config = StoreConfig(namespace=namespace)
+    config = StoreConfig(namespace=namespace, history_checks=history_checks)
     if url:
         client = _connect(url)
         try:

@@ -102,6 +102,9 @@ def _add_store_commands(commands: argparse._SubParsersAction) -> None:
                                    " resumable: run again, nothing is stored twice")
     import_.add_argument("thread")
     import_.add_argument("file", help="a JSON-lines file, or - for standard input")
+    checks_help = ("strict: the threads it writes are checked from their first message, as a store with"
+                   " StoreConfig(history_checks='strict') checks them (docs/HISTORY.md); default: off")
+    import_.add_argument("--history-checks", choices=("off", "strict"), default="off", help=checks_help)
     for sub in (export, import_):
         sub.add_argument("--progress-every", type=float, default=5.0, metavar="SECONDS",
                          help="where standard error is not a terminal, a progress line this often (default: 5)")
@@ -124,6 +127,7 @@ def _add_store_commands(commands: argparse._SubParsersAction) -> None:
                              help="langchain: the prefix cut from a key to make its thread id (default: message_store:)")
     import_from.add_argument("--to-url", help="the kvstore server to import into (default: the --url server)")
     import_from.add_argument("--namespace", default="kv", help="the store's namespace (default: kv)")
+    import_from.add_argument("--history-checks", choices=("off", "strict"), default="off", help=checks_help)
     import_from.add_argument("--batch", type=int, default=100, metavar="N",
                              help="kvstore messages per append (default: 100)")
     import_from.add_argument("--progress-every", type=float, default=5.0, metavar="SECONDS",
@@ -170,7 +174,8 @@ def _store_command(args: argparse.Namespace) -> int:
     from . import backup, commands
 
     threads = _named_threads(args) if args.command == "migrate" else None  # checked before connecting
-    with commands.open_store(args.url, args.namespace, args.data_dir) as store:
+    checks = getattr(args, "history_checks", "off")
+    with commands.open_store(args.url, args.namespace, args.data_dir, history_checks=checks) as store:
         if args.command == "inspect":
             commands.inspect(store, args.thread, chunks=args.chunks)
         elif args.command == "export" and args.format == "langchain":
@@ -244,7 +249,7 @@ def _import_from(args: argparse.Namespace) -> int:
     source = connect_source(args.url)
     target = connect_source(args.to_url) if args.to_url else source
     try:
-        store = MessageStore(target, StoreConfig(namespace=args.namespace))
+        store = MessageStore(target, StoreConfig(namespace=args.namespace, history_checks=args.history_checks))
         return import_from(store, source, args.source, args.pattern, args.key_prefix, args.batch, sys.stdout,
                            sys.stderr, every=args.progress_every)
     except KeyboardInterrupt:
