@@ -108,6 +108,20 @@ def test_an_answer_to_no_open_call_is_refused_and_writes_nothing(make_thread, ra
     intact(raw_client, thread)
 
 
+@pytest.mark.parametrize("call_id", ["", "c\t1", "a;b:c", "c1\n-4:c:c1", "+9:", "\u00e9\u6f22\U0001F600", "x" * 5000])
+def test_call_ids_of_any_text_pair_exactly(make_thread, raw_client, namespace, call_id):
+    """An id is matched byte for byte, whatever it holds: framing characters, the pairs
+    argument's own syntax, no text at all, or 5,000 characters."""
+    thread = make_thread("odd-ids", **STRICT)
+    thread.append(call(call_id))
+    refused_unchanged(raw_client, namespace, lambda: thread.append(answer(call_id + "x")))
+    refused_unchanged(raw_client, namespace, lambda: thread.append(answer(call_id[:-1])) if call_id else
+                      thread.append(answer("-")))
+    thread.append(answer(call_id))
+    refused_unchanged(raw_client, namespace, lambda: thread.append(answer(call_id)))
+    assert open_tokens(raw_client, thread) == set()
+
+
 def test_approvals_answer_pending_requests_only(make_thread, raw_client, namespace):
     thread = make_thread("approvals", **STRICT)
     (request,) = thread.append(approval_request("pay-1"))

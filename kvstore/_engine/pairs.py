@@ -41,7 +41,7 @@ def opened_ids(message: Message) -> tuple[str, ...]:
         ids += [call.tool_call_id for call in message.tool_calls]
     if isinstance(message, ApprovalRequestMessage):
         ids.append(message.id)
-    return tuple(i for i in ids if i)
+    return tuple(i for i in ids if i is not None)  # an empty id is an id: only an exact match answers it
 
 
 def answered_ids(message: Message) -> tuple[str, ...]:
@@ -49,10 +49,10 @@ def answered_ids(message: Message) -> tuple[str, ...]:
     if isinstance(message, ToolReturnMessage):
         ids = [message.tool_call_id, *(item.tool_call_id for item in message.tool_returns or ())]
     elif isinstance(message, ApprovalResponseMessage):
-        ids = [message.approval_request_id or "", *(item.tool_call_id for item in message.approvals or ())]
+        ids = [message.approval_request_id, *(item.tool_call_id for item in message.approvals or ())]
     else:
         return ()
-    return tuple(i for i in ids if i)
+    return tuple(i for i in ids if i is not None)
 
 
 def history_tokens(message: Message) -> tuple[list[str], list[str]]:
@@ -65,21 +65,19 @@ def history_tokens(message: Message) -> tuple[list[str], list[str]]:
         calls = [message.tool_call.tool_call_id]
         if isinstance(message.tool_calls, list):
             calls += [call.tool_call_id for call in message.tool_calls]
-        for call in filter(None, calls):
+        for call in (c for c in calls if c is not None):
             opens.append(f"c:{call}")
             if isinstance(message, ApprovalRequestMessage):
                 opens.append(f"p:{call}")
-        if isinstance(message, ApprovalRequestMessage) and message.id:
+        if isinstance(message, ApprovalRequestMessage) and message.id is not None:
             opens.append(f"a:{message.id}")
     elif isinstance(message, ToolReturnMessage):
         calls = [message.tool_call_id, *(item.tool_call_id for item in message.tool_returns or ())]
-        answers += [f"c:{call}" for call in calls if call]
+        answers += [f"c:{call}" for call in calls if call is not None]
     elif isinstance(message, ApprovalResponseMessage):
-        if message.approval_request_id:
+        if message.approval_request_id is not None:
             answers.append(f"a:{message.approval_request_id}")
         for item in message.approvals or ():
-            if not item.tool_call_id:
-                continue
             answers.append(f"p:{item.tool_call_id}")
             if not isinstance(item, ApprovalReturn):  # a tool's result given with the approval
                 answers.append(f"c:{item.tool_call_id}")
