@@ -391,6 +391,21 @@ def test_the_live_tail_forks_and_budgets_run_as_the_least_privileged_user(kind):
                 return seen
 
         assert kinds_of(asyncio.run(async_side())) == [MessagesAdded, TurnFinished]
+
+        # Strict history checks: a checked append, a refusal, a replace and a turn removal.
+        from kvstore import ToolCallMessage, ToolReturnMessage, errors
+
+        strict = StoreConfig(namespace=namespace, history_checks="strict", **CONFIG)
+        with MessageStore(app_client(server), strict) as store:
+            thread = store.thread("checked")
+            thread.start_turn("t")
+            call = ToolCallMessage(tool_call={"name": "w", "arguments": "{}", "tool_call_id": "c1"})
+            (stored_call,) = thread.append(call, turn_id="t")
+            with pytest.raises(errors.HistoryConflict):
+                thread.append(ToolReturnMessage(status="success", tool_call_id="c2", tool_return="x"))
+            thread.replace(stored_call.id, call)
+            thread.append(ToolReturnMessage(status="success", tool_call_id="c1", tool_return="x"), turn_id="t")
+            assert thread.remove_turn("t") == 2 and thread.stats().history_checked
         denials = [d for d in _denials(admin) if d != "command client|setinfo"]
-        print(f"\nleast privilege, live tail and fork [{kind}]: denials logged: {denials or 'none'}")
+        print(f"\nleast privilege, live tail, fork and history checks [{kind}]: denials logged: {denials or 'none'}")
         assert not denials
