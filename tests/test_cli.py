@@ -716,3 +716,27 @@ def test_import_with_history_checks_makes_checked_threads(server, namespace, tmp
                      "--history-checks", "strict")
     assert result.returncode != 0 and "tool call c-none, which is not open" in result.stderr, result.stderr
     assert checked.thread("fresh").stats().stored_messages == 0
+
+
+def test_fork_from_the_command_line(server, namespace, server_only):
+    store = MessageStore.from_url(server.url, StoreConfig(namespace=namespace, window_size=4, chunk_size=2))
+    source = store.thread("source")
+    stored = source.append([UserMessage(content=f"m{i}") for i in range(10)])
+    base = ("--url", server.url, "--namespace", namespace)
+    result = kvstore("fork", "source", "by-id", "--at", stored[6].id, *base)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.strip() == "forked source at sequence 7 into by-id: 7 messages"
+    assert list(store.thread("by-id").iter()) == stored[:7]
+    # By sequence; run again, a finished fork returns at once and writes nothing.
+    for _ in range(2):
+        result = kvstore("fork", "source", "by-seq", "--at", "3", *base)
+        assert result.returncode == 0 and "3 messages" in result.stderr, result.stderr
+    assert store.thread("by-seq").stats().stored_messages == 3
+    # A fork point not stored, and a target holding other messages: refused, typed, nothing written.
+    missing = kvstore("fork", "source", "nowhere", "--at", "message-none", *base)
+    assert missing.returncode != 0 and "message-none" in missing.stderr
+    assert store.thread("nowhere").stats().stored_messages == 0
+    store.thread("taken").append(UserMessage(content="other"))
+    taken = kvstore("fork", "source", "taken", "--at", "5", *base)
+    assert taken.returncode != 0 and taken.stderr.startswith("kvstore:"), taken.stderr
+    assert [m.content for m in store.thread("taken").iter()] == ["other"]

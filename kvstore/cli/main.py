@@ -108,6 +108,13 @@ def _add_store_commands(commands: argparse._SubParsersAction) -> None:
     for sub in (export, import_):
         sub.add_argument("--progress-every", type=float, default=5.0, metavar="SECONDS",
                          help="where standard error is not a terminal, a progress line this often (default: 5)")
+    fork = with_store("fork", "make a new thread holding a thread's history up to a message (resumable: run again"
+                              " to finish an interrupted fork)")
+    fork.add_argument("thread")
+    fork.add_argument("new_thread")
+    fork.add_argument("--at", required=True, metavar="MESSAGE",
+                      help="the fork point: a message id, or a sequence (digits); the new thread holds it and all before")
+    fork.add_argument("--history-checks", choices=("off", "strict"), default="off", help=checks_help)
     migrate = with_store("migrate", "migrate layout-1 threads to layout 2 (resumable)")
     migrate.add_argument("threads", nargs="*", metavar="THREAD",
                          help="threads to migrate; without any (nor --threads-from), SCAN finds them (needs +scan)")
@@ -222,6 +229,12 @@ def _store_command(args: argparse.Namespace) -> int:
                 raise
             print(f"imported into {args.thread}: {progress.stored} new, {progress.already} already stored",
                   file=sys.stderr)
+        elif args.command == "fork":
+            at: str | int = int(args.at) if args.at.isascii() and args.at.isdigit() else args.at
+            forked = store.thread(args.thread).fork(args.new_thread, at=at)
+            stats = forked.stats()
+            print(f"forked {args.thread} at sequence {stats.fork_sequence} into {args.new_thread}:"
+                  f" {stats.stored_messages} messages", file=sys.stderr)
         elif args.command == "migrate":
             if threads is None:
                 commands.migrate_all(store)
