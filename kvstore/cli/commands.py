@@ -23,21 +23,22 @@ def open_store(url: str | None, namespace: str, data_dir: str, history_checks: s
     there, or an embedded one this command starts and stops."""
     config = StoreConfig(namespace=namespace, history_checks=history_checks)
     if url:
-        client = _connect(url)
+        client = connect(url)
         try:
             yield MessageStore(client, config)
         finally:
             client.close()
         return
     with data_dir_server(data_dir) as server:
-        client = _connect(server.url)
+        client = connect(server.url)
         try:
             yield MessageStore(client, config)
         finally:
             client.close()
 
 
-def _connect(url: str) -> redis.Redis:
+def connect(url: str) -> redis.Redis:
+    """A client on the server at `url` (refusing a bad URL or an unreachable server)."""
     try:
         client = redis.Redis.from_url(url, socket_connect_timeout=3)
     except ValueError as exc:

@@ -10,7 +10,6 @@ from typing import IO
 
 import redis
 
-from .. import errors
 from ..importers import SessionImport, find_sessions, import_langchain, import_llamaindex, langchain_left_out, to_langchain
 from ..store import MessageStore
 from .commands import existing_thread
@@ -86,17 +85,3 @@ def export_langchain(store: MessageStore, thread_id: str, out: IO[str]) -> tuple
         out.write(("\n" if number == 0 else ",\n") + json.dumps(record, ensure_ascii=False, separators=(",", ":")))
     out.write("\n]\n")
     return len(records), langchain_left_out(messages)
-
-
-def connect_source(url: str) -> redis.Redis:
-    """A client on the source server (refusing a bad URL or an unreachable server)."""
-    try:
-        client = redis.Redis.from_url(url, socket_connect_timeout=3)
-    except ValueError as exc:
-        raise errors.ConfigError(f"bad URL {url!r}: {exc}") from None
-    try:
-        client.ping()
-    except redis.RedisError as exc:
-        raise errors.ServerError(f"cannot reach {url}: {exc}") from None
-    return client
-

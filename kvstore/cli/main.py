@@ -257,10 +257,11 @@ def _store_command(args: argparse.Namespace) -> int:
 def _import_from(args: argparse.Namespace) -> int:
     from ..config import StoreConfig
     from ..store import MessageStore
-    from .import_from import connect_source, import_from
+    from .commands import connect
+    from .import_from import import_from
 
-    source = connect_source(args.url)
-    target = connect_source(args.to_url) if args.to_url else source
+    source = connect(args.url)
+    target = connect(args.to_url) if args.to_url else source
     try:
         store = MessageStore(target, StoreConfig(namespace=args.namespace, history_checks=args.history_checks))
         return import_from(store, source, args.source, args.pattern, args.key_prefix, args.batch, sys.stdout,
