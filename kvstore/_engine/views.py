@@ -157,6 +157,10 @@ def context(thread: ThreadRef, max_tokens: int | None = None, count_tokens: Toke
     raise errors.ServerError("the thread was compacted under every read attempt; try again")
 
 
+# A sequence no message has (sequences stay exact in a double's 53 bits): the upper bound of a
+# walk down from the newest message.
+ABOVE_EVERY_SEQUENCE = 2**53
+
 # The first page a budgeted context reads; each next one is twice as long (up to MAX_LIMIT).
 BUDGET_FIRST_PAGE = 50
 
@@ -173,7 +177,9 @@ def _newest_within(thread: ThreadRef, after: int | None, skip: int | None, budge
     """The newest messages after sequence `after` whose tokens fit `budget`, oldest first, read
     newest page first; and the budget left when every one of them fit (else 0)."""
     newest_first: list[Message] = []
-    cursor: Cursor = None
+    # A page bounded only below (before=after) is the one next to that bound, the oldest after
+    # it: the walk starts above every sequence instead, so that it reads the newest first.
+    cursor: Cursor = None if after is None else ABOVE_EVERY_SEQUENCE
     # Pages grow: most budgets end within the first page, and each message read is decoded.
     limit = BUDGET_FIRST_PAGE
     while True:
