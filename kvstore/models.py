@@ -59,6 +59,8 @@ class ThreadStats(_Result):
     layout_version: 2, or 1 for a thread not migrated yet; None for an unknown thread.
     forked_from / fork_sequence: for a thread made by ``Thread.fork``, the thread it was forked
     from and the sequence of its fork point (None otherwise, and while the fork is unfinished).
+    tokens: the stored messages' token counts summed (each message's count as it was given or
+    counted when it was written; docs/HISTORY.md, "Counting tokens").
 
     Example: ``thread.stats().next_sequence - 1`` is the last sequence given out.
     """
@@ -74,6 +76,7 @@ class ThreadStats(_Result):
     layout_version: int | None = None
     forked_from: str | None = None
     fork_sequence: int | None = None
+    tokens: int = 0
 
 
 class TurnResult(_Result):

@@ -7,7 +7,7 @@
 --- ARGV[11]     turn_id (str): '' for none; '<turn_id>\t<lease>' from the turn's holder
 --- ARGV[12]     count (int): the messages that follow
 --- ARGV[13..]   ARGV[12] times: id (str), otid (str): '' for none, media (int): the message's
----              inline media bytes, record (bytes)
+---              inline media bytes, tokens (int): its token count, record (bytes)
 ---
 --- A new message of a finished turn is refused (KVS_TURN_FINISHED); a replay is not.
 ---

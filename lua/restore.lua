@@ -8,7 +8,7 @@
 --- ARGV[12]     first (int): the sequence of the run's first message; the run is first..first+count-1
 --- ARGV[13]     count (int): the messages that follow
 --- ARGV[14..]   ARGV[13] times: id (str), otid (str): '' for none, media (int): the message's
----              inline media bytes, record (bytes)
+---              inline media bytes, tokens (int): its token count, record (bytes)
 ---
 --- A message whose id is stored at its own sequence was restored before: it is skipped. The
 --- others must come after every sequence the thread holds (the thread's last_seq); an id or
@@ -66,11 +66,12 @@ if new_first <= meta.last_seq then
     new_first, meta.last_seq))
 end
 
-local new = {ids = {}, otids = {}, media = {}, records = {}, turn_id = turn_id}
+local new = {ids = {}, otids = {}, media = {}, tokens = {}, records = {}, turn_id = turn_id}
 for i = already + 1, count do
   new.ids[#new.ids + 1] = batch.ids[i]
   new.otids[#new.otids + 1] = batch.otids[i]
   new.media[#new.media + 1] = batch.media[i]
+  new.tokens[#new.tokens + 1] = batch.tokens[i]
   new.records[#new.records + 1] = batch.records[i]
 end
 -- store_batch assigns last_seq + 1 ...: the run goes at its own sequences (a removed turn or

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable
 
+from .. import errors
 from ..messages import (
     ApprovalRequestMessage,
     ApprovalResponseMessage,
@@ -74,5 +75,16 @@ def without_orphans(messages: list[Message]) -> list[Message]:
 
 def estimated_tokens(message: Message) -> int:
     """The documented rule for a message without a counter: a token per 4 bytes of its JSON
-    (``None`` fields left out), rounded up."""
-    return math.ceil(len(message.model_dump_json(exclude_none=True)) / 4)
+    (``None`` fields and ``seq_id`` left out, so a message counts the same before and after it
+    is stored), rounded up."""
+    return math.ceil(len(message.model_dump_json(exclude_none=True, exclude=_UNCOUNTED)) / 4)
+
+
+_UNCOUNTED = {"seq_id"}
+
+
+def checked_tokens(tokens: object, what: str) -> int:
+    """`tokens` when it is an int >= 0, else InvalidMessage naming `what`."""
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
+        raise errors.InvalidMessage(f"the token count of {what} is {tokens!r}: it must be an int >= 0")
+    return tokens

@@ -61,9 +61,11 @@ class ThreadRef:
     keys: ThreadKeys
     script_keys: tuple[str, ...]  # KEYS[1..11] of every script (lua/includes/thread.lua)
     limits_args: tuple[Any, ...]  # ARGV[1..10] of every writing script
+    # The store's token counter (MessageStore(count_tokens=...)); None: estimated_tokens.
+    count_tokens: Any = None
 
     @classmethod
-    def of(cls, config: StoreConfig, thread_id: str) -> ThreadRef:
+    def of(cls, config: StoreConfig, thread_id: str, count_tokens: Any = None) -> ThreadRef:
         keys = ThreadKeys.of(config.namespace, thread_id)
         retained = config.retained_message_limit
         limits = (
@@ -81,7 +83,7 @@ class ThreadRef:
         # then the event limits (lua/includes/events.lua).
         limits_key = ":".join(str(value) for value in limits) + "|" + ":".join(map(str, event_limits(config)))
         script_keys = (*keys.fixed()[:-1], keys.chunk_prefix, keys.events)
-        return cls(config, keys, script_keys, (*limits, limits_key))
+        return cls(config, keys, script_keys, (*limits, limits_key), count_tokens)
 
     def limits(self) -> tuple[Any, ...]:
         """ARGV[1..10] of every writing script (lua/includes/thread.lua: read_limits)."""

@@ -26,11 +26,17 @@ def image(decoded_bytes: int) -> dict:
 
 
 def sent(args) -> list[tuple[str, str, int, bytes]]:
-    """(id, otid, media, record) of each message an append sends (ARGV[13..] of lua/append.lua)."""
+    """(id, otid, media, record) of each message an append sends (ARGV[13..] of lua/append.lua,
+    whose tokens sent_tokens reads)."""
     count = args[11]
-    groups = [tuple(args[12 + 4 * i : 16 + 4 * i]) for i in range(count)]
-    assert len(args) == 12 + 4 * count
-    return groups
+    groups = [tuple(args[12 + 5 * i : 17 + 5 * i]) for i in range(count)]
+    assert len(args) == 12 + 5 * count
+    return [(i, o, m, r) for i, o, m, _, r in groups]
+
+
+def sent_tokens(args) -> list[int]:
+    """The token count of each message an append sends."""
+    return [args[15 + 5 * i] for i in range(args[11])]
 
 
 def stored(record: bytes, seq: int = 1):
