@@ -70,7 +70,7 @@ class Thread(_Bound):
 
         `tokens`: each message's token count, one int >= 0 per message in order (an int for a
         single message); without it the store's ``count_tokens`` counts them, else one token
-        per 4 bytes of a message's JSON (docs/HISTORY.md, "Counting tokens"). A count that is
+        per 4 bytes of a message's record (docs/HISTORY.md, "Counting tokens"). A count that is
         not an int >= 0, or a list of another length, raises InvalidMessage before anything is
         sent.
 
@@ -264,10 +264,11 @@ class Thread(_Bound):
         covers, oldest first. Without a compaction, every stored message.
 
         With `max_tokens`, the summary and the newest messages whose tokens fit what the summary
-        leaves, read newest page first (one or two round trips for a budget of a few hundred
-        messages). Tokens are counted by `count_tokens` (your tokenizer), else estimated as one
-        per 4 bytes of the message's JSON. The summary is always included, even alone over the
-        budget.
+        leaves. Without `count_tokens` the counts stored with the messages decide (given to
+        :meth:`append`, or counted when written), planned in two round trips whatever the
+        thread's length; with `count_tokens` (your tokenizer) each message read is counted by
+        it, pages read newest first (one or two round trips for a budget of a few hundred
+        messages). The summary is always included, even alone over the budget.
 
         A tool-call pair is never split (docs/HISTORY.md): a tool return or approval response
         whose call the summary covers brings that call (and what lies between) back in when it

@@ -67,9 +67,9 @@ def test_the_stores_counter_counts_what_the_caller_did_not(make_thread, raw_clie
 
 def test_without_a_counter_the_default_rule_counts_each_message(make_thread, raw_client):
     thread = make_thread()
-    stored = thread.append(users(5))
+    stored = thread.append(users(3)) + thread.append(users(2), turn_id="turn-with-a-long-name")
     counts = stored_counts(raw_client, keys_of(thread))
-    # The rule counts the message as it reads back (seq_id left out, so it is the same).
+    # The rule counts the message as it reads back (seq_id and the turn id left out).
     assert [counts[m.seq_id] for m in stored] == [estimated_tokens(m) for m in thread.iter()]
     assert thread.stats().tokens == sum(estimated_tokens(m) for m in stored)
 

@@ -13,8 +13,9 @@ come yet is not an orphan: it is the newest step of a turn still running.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable
+
+import msgpack
 
 from .. import errors
 from ..messages import (
@@ -24,6 +25,8 @@ from ..messages import (
     ToolCallMessage,
     ToolReturnMessage,
 )
+from .record import encode_record
+from .wire import record_tokens
 
 TokenCounter = Callable[[Message], int]
 
@@ -74,13 +77,18 @@ def without_orphans(messages: list[Message]) -> list[Message]:
 
 
 def estimated_tokens(message: Message) -> int:
-    """The documented rule for a message without a counter: a token per 4 bytes of its JSON
-    (``None`` fields and ``seq_id`` left out, so a message counts the same before and after it
-    is stored), rounded up."""
-    return math.ceil(len(message.model_dump_json(exclude_none=True, exclude=_UNCOUNTED)) / 4)
+    """The documented rule for a message without a counter: a token per 4 bytes of its record
+    (msgpack of its JSON without ``None`` fields and without ``seq_id``; no turn id), rounded
+    up. A message counts the same before and after it is stored."""
+    return record_tokens(len(encode_record(message)))
 
 
-_UNCOUNTED = {"seq_id"}
+def default_tokens(record: bytes, turn_id: str | None) -> int:
+    """estimated_tokens of a message from the record the store made of it: its length without
+    the turn id the record carries (the one msgpack value the store adds after the message)."""
+    if turn_id is None:
+        return record_tokens(len(record))
+    return record_tokens(len(record) - len(msgpack.packb(turn_id, use_bin_type=True)))
 
 
 def checked_tokens(tokens: object, what: str) -> int:

@@ -26,7 +26,7 @@ from ..messages import (
     strip_inline_media,
     unknown_fields,
 )
-from .pairs import TokenCounter, checked_tokens, estimated_tokens
+from .pairs import TokenCounter, checked_tokens, default_tokens
 from .record import encode_message
 from .requests import MAX_TOKEN_LENGTH, Operation
 
@@ -34,14 +34,16 @@ from .requests import MAX_TOKEN_LENGTH, Operation
 @dataclass(frozen=True, slots=True)
 class PreparedMessage:
     """One message ready to send: as stored (validated; ids and dates filled), its record, its
-    inline media bytes (what the thread's budget counts) and its token count (the caller's, else
-    what `counter` gave, which counts it again if its inline parts are replaced)."""
+    inline media bytes (what the thread's budget counts) and its token count: the caller's, else
+    what `counter` gave, else the default rule's (pairs.py: estimated_tokens, from the record),
+    counted again by whichever counted it if its inline parts are replaced."""
 
     message: Message
     record: bytes
     media: int
     tokens: int
     counter: TokenCounter | None = None
+    counted: bool = False
 
     @classmethod
     def of(
@@ -56,7 +58,7 @@ class PreparedMessage:
     ) -> PreparedMessage:
         """`message` validated and encoded (record.py: encode_message, after `edit` on its
         dump), its limits checked; unknown fields refused if the config says so. Its token count
-        is `tokens` when given, else `counter`'s (estimated_tokens without one)."""
+        is `tokens` when given, else `counter`'s, else the default rule's."""
         stored, record = encode_message(message, turn_id, edit)
         if config.unknown_fields == "refuse":
             _refuse_unknown_fields(stored, what)
@@ -68,8 +70,10 @@ class PreparedMessage:
             )
         if tokens is not None:
             return cls(stored, record, media, tokens)
-        counter = counter or estimated_tokens
-        return cls(stored, record, media, _counted(counter, stored, what), counter)
+        if counter is not None:
+            return cls(stored, record, media, _counted(counter, stored, what), counter, True)
+        # The default rule from the record just made: no second encoding on the append path.
+        return cls(stored, record, media, default_tokens(record, turn_id), None, True)
 
     def fitted(self, available: int, turn_id: str | None) -> PreparedMessage:
         """This message with its inline parts replaced, first to last, until its media fits
@@ -77,8 +81,10 @@ class PreparedMessage:
         if self.media <= available:
             return self
         message, record = encode_message(strip_inline_media(self.message, self.media - available), turn_id)
-        tokens = self.tokens if self.counter is None else _counted(self.counter, message, "the message")
-        return PreparedMessage(message, record, inline_media_bytes(message), tokens, self.counter)
+        tokens = self.tokens
+        if self.counted:
+            tokens = _counted(self.counter, message, "the message") if self.counter else default_tokens(record, turn_id)
+        return PreparedMessage(message, record, inline_media_bytes(message), tokens, self.counter, self.counted)
 
 
 def _counted(counter: TokenCounter, message: Message, what: str) -> int:

@@ -230,7 +230,8 @@ def _fields(member: bytes | str, counts: tuple[int, ...], what: str) -> list[int
 
 def record_tokens(record_bytes: int) -> int:
     """The documented count of a message stored without one: a token per 4 record bytes,
-    rounded up (lua/includes/format.lua: bytes_tokens)."""
+    rounded up (lua/includes/format.lua: bytes_tokens; pairs.py: estimated_tokens, the same
+    rule)."""
     return -(-record_bytes // 4)
 
 
