@@ -17,6 +17,7 @@ from kvstore._engine.wire import ChunkEntry, LargeEntry, side_tokens
 
 from .conftest import make_sync_store
 from .layout_check import check_layout
+from .test_migration import write_layout_1
 from .test_page_reads import drive
 
 SMALL = dict(window_size=4, chunk_size=2, chunk_max_bytes=4096, retained_message_limit=3)
@@ -311,3 +312,17 @@ def test_a_budget_keeps_pairs_whole_with_stored_counts(make_thread):
     assert [m.message_type for m in thread.context(max_tokens=11)] == ["assistant_message"]
     assert [m.message_type for m in thread.context(max_tokens=21)] == ["tool_call_message", "tool_return_message",
                                                                          "assistant_message"]
+
+
+def test_a_migrated_layout_1_thread_counts_its_records_by_the_rule(make_thread, raw_client, namespace):
+    thread = make_thread("old-thread", window_size=8, chunk_size=4)
+    keys = keys_of(thread)
+    write_layout_1(raw_client, keys, 40)
+    legacy = {int(s): len(r) for s, r in raw_client.hgetall(keys.legacy).items()}
+    (new,) = thread.append(UserMessage(content="the first new message"), tokens=[8])
+    thread.migrate()
+    assert thread.stats().layout_version == 2
+    counts = stored_counts(raw_client, keys)
+    assert counts == {**{s: math.ceil(size / 4) for s, size in legacy.items()}, new.seq_id: 8}
+    assert thread.stats().tokens == sum(counts.values())
+    check_layout(raw_client, keys, StoreConfig(namespace=namespace, window_size=8, chunk_size=4))
