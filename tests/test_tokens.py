@@ -5,6 +5,7 @@ and by context(max_tokens=N), which plans from them in two round trips."""
 
 from __future__ import annotations
 
+import json
 import math
 import random
 
@@ -326,3 +327,26 @@ def test_a_migrated_layout_1_thread_counts_its_records_by_the_rule(make_thread, 
     assert counts == {**{s: math.ceil(size / 4) for s, size in legacy.items()}, new.seq_id: 8}
     assert thread.stats().tokens == sum(counts.values())
     check_layout(raw_client, keys, StoreConfig(namespace=namespace, window_size=8, chunk_size=4))
+
+
+def test_an_export_carries_the_counts_and_an_import_restores_them(backend, namespace, raw_client, server_only):
+    import io
+
+    from kvstore.cli import backup
+
+    source = make_sync_store(backend, StoreConfig(namespace=namespace, **SMALL))
+    target = make_sync_store(backend, StoreConfig(namespace=namespace + "r", **SMALL))
+    tokens = [random.Random(5).randint(0, 60) for _ in range(14)]
+    source.thread("chat").append(users(14), tokens=tokens)
+    out = io.StringIO()
+    backup.export(source, "chat", out, progress_out=io.StringIO())
+    lines = [json.loads(line) for line in out.getvalue().splitlines()[1:]]
+    assert [line["tokens"] for line in lines] == tokens
+    backup.import_lines(target, "chat", io.StringIO(out.getvalue()), backup.ImportProgress(), progress_out=io.StringIO())
+    assert stored_counts(raw_client, target.thread("chat").keys) == stored_counts(raw_client, source.thread("chat").keys)
+    assert target.thread("chat").stats().tokens == sum(tokens)
+    # A count that is not an int >= 0 is refused before anything of the line is stored.
+    bad = out.getvalue().replace(f'"tokens":{tokens[0]}', '"tokens":-4', 1)
+    with pytest.raises(errors.InvalidMessage, match="line 2"):
+        backup.import_lines(target, "other", io.StringIO(bad), backup.ImportProgress(), progress_out=io.StringIO())
+    assert not target.thread("other").stats().stored_messages
