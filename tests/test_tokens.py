@@ -222,6 +222,15 @@ def test_side_infos_and_members_written_without_counts_still_read(make_thread, r
     by_rule = old_rule_total(raw_client, keys)
     assert thread.stats().tokens == by_rule
     assert thread.context(max_tokens=10**9)[-1] == before[-1]
+    # A budget is planned by the rule, in two round trips, as the client counting by it gives.
+    by_seq = stored_counts(raw_client, keys)
+    store = None if hasattr(thread, "_thread") else thread._store  # round trips counted on the sync store
+    for budget in (3, 40, 400):
+        rule = thread.context(max_tokens=budget, count_tokens=lambda m: by_seq[m.seq_id])
+        assert thread.context(max_tokens=budget) == rule
+        if store is not None:
+            _, requests = drive(store, context(thread._ref, budget))
+            assert len(requests) == 2
     counts = stored_counts(raw_client, keys)
     window = {int(s) for s in raw_client.hkeys(keys.window_side)}
     for s in window:

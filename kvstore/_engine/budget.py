@@ -10,9 +10,9 @@ the first that does not fit. An index member written before counts existed sums 
 messages count (wire.py: record_tokens), so a plan may read a container more, never one less.
 
 A budget reaching past the newest PLAN_MEMBERS chunk or oversized members reads the next ones
-(one more round trip each). A thread this cannot plan (a layout-1 thread, one whose meta has no
-token total yet, a summary not among what was read) returns None: the caller counts page by
-page as before.
+(one more round trip each). Data stored before counts existed is planned by the same rule as
+stats() counts it. A thread this cannot plan (a layout-1 thread, a summary not among what was
+read) returns None: the caller counts page by page as before.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def budgeted_context(thread: ThreadRef, max_tokens: int) -> Operation:
     keys = thread.keys
     for _ in range(MAX_READ_ATTEMPTS):
         meta, sides, chunk_members, large_members, legacy, again = yield Batch([
-            ("HMGET", keys.meta, "gen", "last_seq", "summary_last", "summary_seq", "layout", "deleting", "tokens",
+            ("HMGET", keys.meta, "gen", "last_seq", "summary_last", "summary_seq", "layout", "deleting",
              "deleted_before"),
             ("HGETALL", keys.window_side),
             ("ZRANGE", keys.chunk_index, "+inf", "-inf", "BYSCORE", "REV", "LIMIT", 0, PLAN_MEMBERS),
@@ -60,8 +60,8 @@ def budgeted_context(thread: ThreadRef, max_tokens: int) -> Operation:
             ("EXISTS", keys.legacy),
             ("HMGET", keys.meta, "gen", "last_seq"),
         ])
-        gen, last_seq, summary_last, summary_seq, layout, deleting, total, deleted_before = meta
-        if deleting is not None or layout != b"2" or legacy or total is None:
+        gen, last_seq, summary_last, summary_seq, layout, deleting, deleted_before = meta
+        if deleting is not None or layout != b"2" or legacy:
             return None
         if list(again) != [gen, last_seq]:
             continue
