@@ -160,6 +160,7 @@ def test_inspect_export_import(server, namespace, tmp_path, server_only):
     result = kvstore("inspect", "chat-1", "--url", server.url, "--namespace", namespace, "--chunks")
     assert result.returncode == 0, result.stderr
     assert "messages stored   21" in result.stdout
+    assert f"tokens            {sum(estimated_tokens(m) for m in stored):,}" in result.stdout
     assert "chunk        1  1..4  4 messages" in result.stdout
     assert "large       21" in result.stdout
     assert "t1: replies from 1, open" in result.stdout

@@ -36,14 +36,13 @@ PLAN_MEMBERS = 128
 @dataclass(slots=True)
 class Budgeted:
     """What a planned budgeted read found: the summary (None: none), the sequence it covers up
-    to (None: no summary), the kept messages oldest first, the budget left when every message
-    after the summary fit (else 0), and the stored counts of what was read."""
+    to (None: no summary), the kept messages oldest first, and the budget left when every
+    message after the summary fit (else 0)."""
 
     summary: SummaryMessage | None
     after: int | None
     body: list[Message]
     left: int
-    tokens: dict[int, int] = field(default_factory=dict)
 
 
 def budgeted_context(thread: ThreadRef, max_tokens: int) -> Operation:
@@ -274,7 +273,7 @@ def _cut(thread: ThreadRef, plan: _Plan, fetched: _Fetched, max_tokens: int) -> 
     body = decode_records([(s, fetched.records[s]) for s in kept], unreadable)
     for error in unreadable:
         log.warning("thread %s: skipped an unreadable record: %s", thread.keys.meta.rpartition(":")[0], error)
-    return Budgeted(fetched.summary, plan.after, body, max(left, 0), fetched.tokens)
+    return Budgeted(fetched.summary, plan.after, body, max(left, 0))
 
 
 def stored_tokens(thread: ThreadRef, sequences: list[int]) -> Operation:
