@@ -59,6 +59,8 @@ class ThreadStats(_Result):
     layout_version: 2, or 1 for a thread not migrated yet; None for an unknown thread.
     forked_from / fork_sequence: for a thread made by ``Thread.fork``, the thread it was forked
     from and the sequence of its fork point (None otherwise, and while the fork is unfinished).
+    tokens: the stored messages' token counts summed (each message's count as it was given or
+    counted when it was written; docs/HISTORY.md, "Counting tokens").
     history_checked: strict history checks cover the thread (every message of it was written
     with ``history_checks="strict"``), so its writes are checked (docs/HISTORY.md).
 
@@ -76,6 +78,7 @@ class ThreadStats(_Result):
     layout_version: int | None = None
     forked_from: str | None = None
     fork_sequence: int | None = None
+    tokens: int = 0
     history_checked: bool = False
 
 

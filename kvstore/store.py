@@ -7,7 +7,7 @@ error a failure is, is decided there once; a store only makes the steps, sync or
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Generator, Iterator
+from collections.abc import AsyncIterator, Callable, Generator, Iterator
 from typing import Any, Self
 
 import redis
@@ -26,11 +26,14 @@ __all__ = ["AsyncMessageStore", "AsyncThread", "MessageStore", "Thread"]
 class MessageStore(SyncDriver, Executor):
     """A store over a synchronous client (redis.Redis, RedisCluster or fakeredis).
 
-    ``MessageStore(client, config=None)`` takes a client made with ``decode_responses=False``;
-    `config` (a :class:`~kvstore.config.StoreConfig`, default ``StoreConfig()``) must be the same
-    for every store that writes the same threads; ``store.client`` and ``store.config`` are the
-    two it uses. Making a store sends nothing: the scripts are loaded by the first call that
-    needs them.
+    ``MessageStore(client, config=None, count_tokens=None)`` takes a client made with
+    ``decode_responses=False``; `config` (a :class:`~kvstore.config.StoreConfig`, default
+    ``StoreConfig()``) must be the same for every store that writes the same threads;
+    ``store.client`` and ``store.config`` are the two it uses. `count_tokens` (your tokenizer: a
+    function of a message giving an int >= 0) counts each message the store writes whose count
+    the caller did not give; without it a message counts one token per 4 bytes of its stored record
+    (docs/HISTORY.md, "Counting tokens"). Making a store sends nothing: the scripts are loaded by
+    the first call that needs them.
 
     Example::
 
@@ -40,7 +43,8 @@ class MessageStore(SyncDriver, Executor):
     """
 
     @classmethod
-    def from_url(cls, url: str, config: StoreConfig | None = None, **client_kwargs: Any) -> MessageStore:
+    def from_url(cls, url: str, config: StoreConfig | None = None, *, count_tokens: Callable[[Any], int] | None = None,
+                 **client_kwargs: Any) -> MessageStore:
         """A store over a new ``redis.Redis`` client for `url` (``redis://``, ``rediss://``,
         ``unix://``); `client_kwargs` go to ``redis.Redis.from_url`` (``decode_responses`` is
         always False). Nothing is sent until the first call.
@@ -49,10 +53,10 @@ class MessageStore(SyncDriver, Executor):
 
             store = MessageStore.from_url("redis://localhost:6379/0", socket_timeout=5)
         """
-        return cls(redis.Redis.from_url(url, decode_responses=False, **client_kwargs), config)
+        return cls(redis.Redis.from_url(url, decode_responses=False, **client_kwargs), config, count_tokens)
 
     @classmethod
-    def in_memory(cls, config: StoreConfig | None = None) -> MessageStore:
+    def in_memory(cls, config: StoreConfig | None = None, *, count_tokens: Callable[[Any], int] | None = None) -> MessageStore:
         """A store on an in-process fakeredis server with Lua, for users' own tests.
 
         Each call makes a new, empty server. Needs the ``in-memory`` extra
@@ -64,7 +68,7 @@ class MessageStore(SyncDriver, Executor):
             store = MessageStore.in_memory()
             store.thread("t").append(UserMessage(content="hi"))
         """
-        return cls(_fakeredis().FakeRedis(), config)
+        return cls(_fakeredis().FakeRedis(), config, count_tokens)
 
     def thread(self, thread_id: str) -> Thread:
         """The thread `thread_id`: cheap, sends nothing; an unknown thread reads as empty.
@@ -76,7 +80,7 @@ class MessageStore(SyncDriver, Executor):
 
             thread = store.thread("user-42:session-7")
         """
-        return Thread(self, ThreadRef.of(self.config, thread_id))
+        return Thread(self, ThreadRef.of(self.config, thread_id, self._count_tokens))
 
     def health(self) -> HealthReport:
         """The server's settings that kvstore's guarantees depend on: a warning for each that
@@ -129,24 +133,25 @@ class AsyncMessageStore(AsyncDriver, Executor):
     """
 
     @classmethod
-    def from_url(cls, url: str, config: StoreConfig | None = None, **client_kwargs: Any) -> AsyncMessageStore:
+    def from_url(cls, url: str, config: StoreConfig | None = None, *, count_tokens: Callable[[Any], int] | None = None,
+                 **client_kwargs: Any) -> AsyncMessageStore:
         """A store over a new ``redis.asyncio.Redis`` client: see :meth:`MessageStore.from_url`.
 
         Example::
 
             store = AsyncMessageStore.from_url("redis://localhost:6379/0")
         """
-        return cls(redis.asyncio.Redis.from_url(url, decode_responses=False, **client_kwargs), config)
+        return cls(redis.asyncio.Redis.from_url(url, decode_responses=False, **client_kwargs), config, count_tokens)
 
     @classmethod
-    def in_memory(cls, config: StoreConfig | None = None) -> AsyncMessageStore:
+    def in_memory(cls, config: StoreConfig | None = None, *, count_tokens: Callable[[Any], int] | None = None) -> AsyncMessageStore:
         """A store on an in-process fakeredis server: see :meth:`MessageStore.in_memory`.
 
         Example::
 
             store = AsyncMessageStore.in_memory()
         """
-        return cls(_fakeredis().FakeAsyncRedis(), config)
+        return cls(_fakeredis().FakeAsyncRedis(), config, count_tokens)
 
     def thread(self, thread_id: str) -> AsyncThread:
         """The thread `thread_id`: see :meth:`MessageStore.thread`.
@@ -156,7 +161,7 @@ class AsyncMessageStore(AsyncDriver, Executor):
             thread = store.thread("user-42:session-7")
             await thread.append(UserMessage(content="hi"))
         """
-        return AsyncThread(self, ThreadRef.of(self.config, thread_id))
+        return AsyncThread(self, ThreadRef.of(self.config, thread_id, self._count_tokens))
 
     async def health(self) -> HealthReport:
         """See :meth:`MessageStore.health`."""

@@ -6,7 +6,7 @@ Every method hands one core operation (kvstore._engine.core) to the store it was
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from ._engine import core
@@ -64,8 +64,15 @@ class Thread(_Bound):
 
     _store: MessageStore
 
-    def append(self, messages: Messages, turn_id: str | TurnLease | None = None) -> AppendResult:
+    def append(self, messages: Messages, turn_id: str | TurnLease | None = None,
+               tokens: Sequence[int] | None = None) -> AppendResult:
         """Stores the messages in one atomic call; returns the stored copies (id, date, seq_id).
+
+        `tokens`: each message's token count, one int >= 0 per message in order (an int for a
+        single message); without it the store's ``count_tokens`` counts them, else one token
+        per 4 bytes of a message's record (docs/HISTORY.md, "Counting tokens"). A count that is
+        not an int >= 0, or a list of another length, raises InvalidMessage before anything is
+        sent.
 
         `turn_id` may be a :class:`TurnLease` (:meth:`hold_turn`): the append is then refused
         with TurnFenced once another worker holds the turn.
@@ -79,7 +86,7 @@ class Thread(_Bound):
         (or a copy without its id). Otids work the same way across processes: a batch whose
         otids are all stored is a replay.
         """
-        return self._store.run(core.append(self._ref, messages, *_turn(turn_id)))
+        return self._store.run(core.append(self._ref, messages, *_turn(turn_id), tokens=tokens))
 
     def hold_turn(self, turn_id: str) -> TurnLease:
         """Starts turn `turn_id` if it is not started, and makes the caller its producer: returns
@@ -257,10 +264,11 @@ class Thread(_Bound):
         covers, oldest first. Without a compaction, every stored message.
 
         With `max_tokens`, the summary and the newest messages whose tokens fit what the summary
-        leaves, read newest page first (one or two round trips for a budget of a few hundred
-        messages). Tokens are counted by `count_tokens` (your tokenizer), else estimated as one
-        per 4 bytes of the message's JSON. The summary is always included, even alone over the
-        budget.
+        leaves. Without `count_tokens` the counts stored with the messages decide (given to
+        :meth:`append`, or counted when written), planned in two round trips whatever the
+        thread's length; with `count_tokens` (your tokenizer) each message read is counted by
+        it, pages read newest first (one or two round trips for a budget of a few hundred
+        messages). The summary is always included, even alone over the budget.
 
         A tool-call pair is never split (docs/HISTORY.md): a tool return or approval response
         whose call the summary covers brings that call (and what lies between) back in when it
@@ -276,7 +284,8 @@ class Thread(_Bound):
         """
         return self._store.run(core.context(self._ref, max_tokens, count_tokens))
 
-    def compact(self, summary: str, last_sequence: int, stats: CompactionStats | dict | None = None) -> SummaryMessage:
+    def compact(self, summary: str, last_sequence: int, stats: CompactionStats | dict | None = None,
+                tokens: int | None = None) -> SummaryMessage:
         """Stores a summary of the messages up to `last_sequence`, and returns it (a
         SummaryMessage with its id, date and seq_id).
 
@@ -284,7 +293,8 @@ class Thread(_Bound):
         oldest chunks the summary covers while keeping at least
         ``StoreConfig.retained_message_limit`` messages after them. Retry-safe: sending the same
         `last_sequence` again returns the summary already stored. `stats` is the list API's
-        CompactionStats (a model or a dict).
+        CompactionStats (a model or a dict); `tokens` the summary's token count (counted as
+        append counts a message when not given).
 
         Raises InvalidSummaryRange when `last_sequence` is not a positive int no later than the
         thread's last sequence, or is before the current summary's (summaries only move
@@ -299,7 +309,7 @@ class Thread(_Bound):
             last = thread.stats().next_sequence - 1
             summary = thread.compact("The user asked about Oslo's weather.", last)
         """
-        return self._store.run(core.compact(self._ref, summary, last_sequence, stats))
+        return self._store.run(core.compact(self._ref, summary, last_sequence, stats, tokens))
 
     def fork(self, new_thread_id: str, at: str | int) -> Thread:
         """Makes the thread `new_thread_id` hold this thread's history up to and including
@@ -326,11 +336,12 @@ class Thread(_Bound):
         self._store.run(core.fork(self._ref, _thread_id(self._ref), new._ref, at))
         return new
 
-    def replace(self, message_id: str, message: Message | dict) -> Message:
+    def replace(self, message_id: str, message: Message | dict, tokens: int | None = None) -> Message:
         """Replaces the stored message `message_id` by `message`; returns the stored copy.
 
         The new message keeps the original's id, sequence, turn and otid (an otid it carries is
-        ignored), and its date unless it sets one. It may be of another message type.
+        ignored), and its date unless it sets one. It may be of another message type. `tokens`
+        is the new message's token count (counted as append counts a message when not given).
 
         Raises MessageNotFound when no stored message has that id, InvalidMessage /
         MessageTooLarge for the new message as append does.
@@ -339,7 +350,7 @@ class Thread(_Bound):
 
             thread.replace(message.id, AssistantMessage(content="Cloudy, 5 °C."))
         """
-        return self._store.run(core.replace(self._ref, message_id, message))
+        return self._store.run(core.replace(self._ref, message_id, message, tokens))
 
     def remove_turn(self, turn_id: str) -> int:
         """Retracts turn `turn_id`: removes every message appended with it, wherever it is
@@ -402,7 +413,8 @@ class AsyncThread(_Bound):
 
     _store: AsyncMessageStore
 
-    async def append(self, messages: Messages, turn_id: str | TurnLease | None = None) -> AppendResult:
+    async def append(self, messages: Messages, turn_id: str | TurnLease | None = None,
+                     tokens: Sequence[int] | None = None) -> AppendResult:
         """Stores the messages in one atomic call: see :meth:`Thread.append`.
 
         A call cut off by ``asyncio.wait_for``, ``asyncio.timeout`` or ``task.cancel()`` may
@@ -414,7 +426,7 @@ class AsyncThread(_Bound):
             except TimeoutError:
                 await thread.append(messages)  # a replay if the first call ran
         """
-        return await self._store.run(core.append(self._ref, messages, *_turn(turn_id)))
+        return await self._store.run(core.append(self._ref, messages, *_turn(turn_id), tokens=tokens))
 
     async def hold_turn(self, turn_id: str) -> TurnLease:
         """The awaited :meth:`Thread.hold_turn`."""
@@ -509,14 +521,15 @@ class AsyncThread(_Bound):
         """
         return await self._store.run(core.context(self._ref, max_tokens, count_tokens))
 
-    async def compact(self, summary: str, last_sequence: int, stats: CompactionStats | dict | None = None) -> SummaryMessage:
+    async def compact(self, summary: str, last_sequence: int, stats: CompactionStats | dict | None = None,
+                      tokens: int | None = None) -> SummaryMessage:
         """The awaited :meth:`Thread.compact`: same arguments, result and errors.
 
         Example::
 
             summary = await thread.compact("The user asked about Oslo.", last_sequence)
         """
-        return await self._store.run(core.compact(self._ref, summary, last_sequence, stats))
+        return await self._store.run(core.compact(self._ref, summary, last_sequence, stats, tokens))
 
 
     async def fork(self, new_thread_id: str, at: str | int) -> AsyncThread:
@@ -529,14 +542,14 @@ class AsyncThread(_Bound):
         new = self._store.thread(new_thread_id)
         await self._store.run(core.fork(self._ref, _thread_id(self._ref), new._ref, at))
         return new
-    async def replace(self, message_id: str, message: Message | dict) -> Message:
+    async def replace(self, message_id: str, message: Message | dict, tokens: int | None = None) -> Message:
         """The awaited :meth:`Thread.replace`: same arguments, result and errors.
 
         Example::
 
             await thread.replace(message.id, AssistantMessage(content="Cloudy, 5 °C."))
         """
-        return await self._store.run(core.replace(self._ref, message_id, message))
+        return await self._store.run(core.replace(self._ref, message_id, message, tokens))
 
     async def remove_turn(self, turn_id: str) -> int:
         """The awaited :meth:`Thread.remove_turn`: same arguments, result and errors.

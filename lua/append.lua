@@ -9,7 +9,7 @@
 --- ARGV[13]     pairs (str): what each message opens and answers, with strict history checks
 ---              (includes/history.lua: read_batch_pairs); '' when none does, and without them
 --- ARGV[14..]   ARGV[12] times: id (str), otid (str): '' for none, media (int): the message's
----              inline media bytes, record (bytes)
+---              inline media bytes, tokens (int): its token count, record (bytes)
 ---
 --- A new message of a finished turn is refused (KVS_TURN_FINISHED); a replay is not.
 ---

@@ -5,8 +5,8 @@
 --- ARGV[1..9]   limits (int): includes/thread.lua, read_limits
 --- ARGV[10]     limits key (str): ARGV[1..9] joined by ':', then the event limits
 --- ARGV[11]     summary_last (int): the last sequence the summary covers
---- ARGV[12..15] the summary message: id (str), otid (str): '' for none, media (int): its inline
----              media bytes, record (bytes)
+--- ARGV[12..16] the summary message: id (str), otid (str): '' for none, media (int): its inline
+---              media bytes, tokens (int): its token count, record (bytes)
 ---
 --- The summary covers messages up to summary_last; it must be stored (or deleted) already and
 --- may not move back. A summary_last equal to the current summary's is a replay: the current

@@ -60,8 +60,9 @@ if redis.call('HEXISTS', keys.meta, 'checked') == 1 then
 end
 
 begin_expiry(keys, limits.ttl_ms)
+if #sequences > 0 then ensure_tokens(keys) end
 remove_history(keys, history_plan, sequences)
-local removed, bytes, media = 0, 0, 0
+local removed, bytes, media, tokens = 0, 0, 0, 0
 local ids, otids = {}, {}
 local last_done = nil
 for _, sequence in ipairs(sequences) do
@@ -81,8 +82,8 @@ for _, sequence in ipairs(sequences) do
     local chunk_key = keys.chunk_prefix .. fmt(first)
     local manifest = redis.call('HGET', chunk_key, '_m')
     side = manifest_find(manifest, sequence)
-    local c_first, c_last, c_count, c_bytes, c_media = parse_chunk_member(member)
-    local _, _, m_media, m_bytes = parse_side(side)
+    local c_first, c_last, c_count, c_bytes, c_media, c_tokens = parse_chunk_member(member)
+    local _, _, m_media, m_bytes, _, m_tokens = parse_side(side)
     redis.call('ZREM', keys.chunk_index, member)
     if c_count == 1 then
       redis.call('DEL', chunk_key)
@@ -94,15 +95,16 @@ for _, sequence in ipairs(sequences) do
         '_m', string.sub(manifest, 1, at - 1) .. string.sub(manifest, stop + 1),
         'd', string.sub(data, 1, start - 1) .. string.sub(data, start + length))
       redis.call('ZADD', keys.chunk_index, c_first,
-        chunk_index_member(c_first, c_last, c_count - 1, c_bytes - m_bytes, c_media - m_media))
+        chunk_index_member(c_first, c_last, c_count - 1, c_bytes - m_bytes, c_media - m_media, c_tokens - m_tokens))
     end
   end
   if side then
-    local id, otid, m_media, m_bytes = parse_side(side)
+    local id, otid, m_media, m_bytes, _, m_tokens = parse_side(side)
     ids[#ids + 1] = id
     if otid ~= '' then otids[#otids + 1] = otid end
     bytes = bytes + m_bytes
     media = media + m_media
+    tokens = tokens + m_tokens
     removed = removed + 1
   end
   last_done = sequence
@@ -123,6 +125,7 @@ if removed > 0 then
   redis.call('HINCRBY', keys.meta, 'stored', -removed)
   redis.call('HINCRBY', keys.meta, 'bytes', -bytes)
   if media > 0 then redis.call('HINCRBY', keys.meta, 'media', -media) end
+  redis.call('HINCRBY', keys.meta, 'tokens', -tokens)
   redis.call('HINCRBY', keys.meta, 'gen', 1)
 end
 if removed > 0 or remaining == 0 then emit_event(keys, limits, nil, {'k', 'turn_removed', 't', turn_id, 'n', removed, 'r', remaining}) end

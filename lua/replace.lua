@@ -6,8 +6,9 @@
 --- ARGV[10]     limits key (str): ARGV[1..9] joined by ':', then the event limits
 --- ARGV[11]     id (str): the stored message's
 --- ARGV[12]     media (int): the replacement's inline media bytes
---- ARGV[13]     record (bytes): the replacement's
---- ARGV[14]     pairs (str): the replacement's (includes/history.lua) with strict history
+--- ARGV[13]     tokens (int): the replacement's token count
+--- ARGV[14]     record (bytes): the replacement's
+--- ARGV[15]     pairs (str): the replacement's (includes/history.lua) with strict history
 ---              checks, '' without; on a checked thread they must be the stored message's
 ---
 --- A window message whose replacement is larger than chunk_max_bytes moves into its own chunk,
@@ -29,7 +30,7 @@
 
 local keys = thread_keys(KEYS)
 local limits = read_limits(ARGV)
-local id, media, record = ARGV[11], tonumber(ARGV[12]), ARGV[13]
+local id, media, tokens, record = ARGV[11], tonumber(ARGV[12]), tonumber(ARGV[13]), ARGV[14]
 
 local err = check_thread(keys)
 if err then return err end
@@ -54,8 +55,8 @@ else
   manifest = redis.call('HGET', chunk_key, '_m')
   side = manifest_find(manifest, sequence)
 end
-local old_id, otid, old_media, old_bytes, turn = parse_side(side)
-local history_refusal, history_drop = check_replacement(keys, limits, sequence, ARGV[14])
+local old_id, otid, old_media, old_bytes, turn, old_tokens = parse_side(side)
+local history_refusal, history_drop = check_replacement(keys, limits, sequence, ARGV[15])
 if history_refusal then return history_refusal end
 
 local current_media = tonumber(redis.call('HGET', keys.meta, 'media') or '0')
@@ -63,15 +64,15 @@ if media > old_media and current_media - old_media + media > limits.max_media th
   return redis.error_reply(string.format('KVS_MEDIA_OVER %d bytes of inline media are left in the thread',
     math.max(0, limits.max_media - (current_media - old_media))))
 end
-local new_side = side_info(old_id, otid, media, #record, turn)
+local new_side = side_info(old_id, otid, media, #record, turn, tokens)
 if where == 'window' and #record > limits.chunk_max_bytes then
   -- The message will move into its own chunk: that key must be free, the large index sound.
   local type_err = check_key_types({{keys.chunk_prefix .. fmt(sequence), 'none'}, {keys.large_index, 'zset'}})
   if type_err then return type_err end
 end
-local c_first, c_last, c_count, c_bytes, c_media
+local c_first, c_last, c_count, c_bytes, c_media, c_tokens
 if where == 'chunk' then
-  c_first, c_last, c_count, c_bytes, c_media = parse_chunk_member(member)
+  c_first, c_last, c_count, c_bytes, c_media, c_tokens = parse_chunk_member(member)
   if c_count > 1 and c_bytes - old_bytes + #record > limits.chunk_max_bytes then
     return redis.error_reply(string.format(
       'KVS_TOO_LARGE the replacement (%d bytes) would grow its chunk past chunk_max_bytes (%d)', #record, limits.chunk_max_bytes))
@@ -81,12 +82,13 @@ end
 -- Write.
 begin_expiry(keys, limits.ttl_ms)
 if history_drop then drop_history(keys) end
+ensure_tokens(keys)
 if where == 'window' then
   redis.call('ZREMRANGEBYSCORE', keys.window, sequence, sequence)
   if #record > limits.chunk_max_bytes then
     redis.call('HDEL', keys.window_side, sequence)
     write_chunk(keys, sequence, manifest_line(sequence, new_side), record)
-    redis.call('ZADD', keys.large_index, sequence, large_index_member(sequence, #record, media))
+    redis.call('ZADD', keys.large_index, sequence, large_index_member(sequence, #record, media, tokens))
     redis.call('HINCRBY', keys.meta, 'window_bytes', -old_bytes)
     redis.call('HINCRBY', keys.meta, 'gen', 1)
   else
@@ -104,14 +106,16 @@ else
   if where == 'chunk' then
     redis.call('ZREM', keys.chunk_index, member)
     redis.call('ZADD', keys.chunk_index, c_first,
-      chunk_index_member(c_first, c_last, c_count, c_bytes - old_bytes + #record, c_media - old_media + media))
+      chunk_index_member(c_first, c_last, c_count, c_bytes - old_bytes + #record, c_media - old_media + media,
+        c_tokens - old_tokens + tokens))
   else
     redis.call('ZREM', keys.large_index, member)
-    redis.call('ZADD', keys.large_index, sequence, large_index_member(sequence, #record, media))
+    redis.call('ZADD', keys.large_index, sequence, large_index_member(sequence, #record, media, tokens))
   end
 end
 redis.call('HINCRBY', keys.meta, 'bytes', #record - old_bytes)
 if media ~= old_media then redis.call('HINCRBY', keys.meta, 'media', media - old_media) end
+if tokens ~= old_tokens then redis.call('HINCRBY', keys.meta, 'tokens', tokens - old_tokens) end
 emit_event(keys, limits, nil, {'k', 'replaced', 'a', sequence, 'i', id})
 apply_expiry(keys)
 return sequence

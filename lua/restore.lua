@@ -10,7 +10,7 @@
 --- ARGV[14]     pairs (str): what each message opens and answers, with strict history checks
 ---              (includes/history.lua: read_batch_pairs); '' when none does, and without them
 --- ARGV[15..]   ARGV[13] times: id (str), otid (str): '' for none, media (int): the message's
----              inline media bytes, record (bytes)
+---              inline media bytes, tokens (int): its token count, record (bytes)
 ---
 --- A message whose id is stored at its own sequence was restored before: it is skipped. The
 --- others must come after every sequence the thread holds (the thread's last_seq); an id or
@@ -72,11 +72,12 @@ if new_first <= meta.last_seq then
     new_first, meta.last_seq))
 end
 
-local new = {ids = {}, otids = {}, media = {}, records = {}, turn_id = turn_id, pairs = batch.pairs and {}}
+local new = {ids = {}, otids = {}, media = {}, tokens = {}, records = {}, turn_id = turn_id, pairs = batch.pairs and {}}
 for i = already + 1, count do
   new.ids[#new.ids + 1] = batch.ids[i]
   new.otids[#new.otids + 1] = batch.otids[i]
   new.media[#new.media + 1] = batch.media[i]
+  new.tokens[#new.tokens + 1] = batch.tokens[i]
   new.records[#new.records + 1] = batch.records[i]
   if new.pairs then new.pairs[#new.pairs + 1] = batch.pairs[i] end
 end

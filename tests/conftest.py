@@ -104,35 +104,36 @@ def _fake_server():
     return _fake["server"]
 
 
-def make_sync_store(backend: str, config: StoreConfig) -> MessageStore:
+def make_sync_store(backend: str, config: StoreConfig, count_tokens=None) -> MessageStore:
     if backend == "fakeredis":
         import fakeredis
 
-        return MessageStore(fakeredis.FakeRedis(server=_fake_server()), config)
-    return MessageStore.from_url(_servers[backend].url, config)
+        return MessageStore(fakeredis.FakeRedis(server=_fake_server()), config, count_tokens)
+    return MessageStore.from_url(_servers[backend].url, config, count_tokens=count_tokens)
 
 
-def make_async_store(backend: str, config: StoreConfig) -> AsyncMessageStore:
+def make_async_store(backend: str, config: StoreConfig, count_tokens=None) -> AsyncMessageStore:
     if backend == "fakeredis":
         import fakeredis
 
-        return AsyncMessageStore(fakeredis.FakeAsyncRedis(server=_fake_server()), config)
-    return AsyncMessageStore.from_url(_servers[backend].url, config)
+        return AsyncMessageStore(fakeredis.FakeAsyncRedis(server=_fake_server()), config, count_tokens)
+    return AsyncMessageStore.from_url(_servers[backend].url, config, count_tokens=count_tokens)
 
 
 @pytest.fixture
 def make_thread(backend, mode, namespace):
-    """make_thread(thread_id, **config) -> a thread with sync-looking methods, in either mode."""
+    """make_thread(thread_id, count_tokens=None, **config) -> a thread with sync-looking methods,
+    in either mode (`count_tokens`: the store's token counter)."""
     loop = asyncio.new_event_loop() if mode == "async" else None
     stores = []
 
-    def make(thread_id: str = "thread-1", **config_values):
+    def make(thread_id: str = "thread-1", count_tokens=None, **config_values):
         config = StoreConfig(namespace=namespace, **config_values)
         if mode == "sync":
-            store = make_sync_store(backend, config)
+            store = make_sync_store(backend, config, count_tokens)
             stores.append(store)
             return store.thread(thread_id)
-        store = make_async_store(backend, config)
+        store = make_async_store(backend, config, count_tokens)
         stores.append(store)
         return SyncFacade(store.thread(thread_id), loop)
 

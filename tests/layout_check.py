@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass
 
 from kvstore._engine.keys import ThreadKeys
-from kvstore._engine.wire import ChunkEntry, TurnHeader
+from kvstore._engine.wire import ChunkEntry, LargeEntry, TurnHeader, side_tokens
 from kvstore.config import StoreConfig
 
 
@@ -43,8 +43,10 @@ def chunk_records(client, key: str) -> dict[int, bytes]:
     records, offset = {}, 0
     for line in manifest_lines(fields[b"_m"]):
         sequence, side = line.split("\t", 1)
-        # id, otid, media, bytes, turn; and "%" after them when the three texts are escaped.
-        assert side.count("\t") == 4 or (side.count("\t") == 5 and side.endswith("\t%")), f"{key}: {line!r}"
+        # id, otid, media, bytes, turn, tokens (none in a side info written before counts
+        # existed); and "%" after them when the three texts are escaped.
+        tabs = side.count("\t") - side.endswith("\t%")
+        assert tabs == 5 or tabs == 4, f"{key}: {line!r}"
         size = int(side.split("\t")[3])
         records[int(sequence)] = fields[b"d"][offset : offset + size]
         offset += size
@@ -75,6 +77,10 @@ def check_layout(client, keys: ThreadKeys, config: StoreConfig) -> Layout:
         entry = ChunkEntry.parse(member)
         assert entry.first == int(score)
         index[entry.first] = (entry.last, entry.count, entry.bytes, entry.media)
+        if member.count(b":") == 5:
+            # A member written with counts sums its messages' counts (docs/LAYOUT.md).
+            lines = manifest_lines(client.hget(keys.chunk(entry.first), "_m"))
+            assert entry.tokens == sum(side_tokens(line.split("\t", 1)[1].encode()) for line in lines), (member, lines)
     # The index matches the chunks exactly.
     for first, fields in layout.chunks.items():
         last, count, nbytes, media = index[first]
@@ -132,6 +138,13 @@ def check_layout(client, keys: ThreadKeys, config: StoreConfig) -> Layout:
     stored_bytes += sum(len(r) for fields in layout.chunks.values() for r in fields.values())
     assert int(layout.meta.get("bytes", 0)) == stored_bytes
     assert int(layout.meta.get("window_bytes", 0)) == sum(len(r) for r in layout.window.values())
+    # The token total is the index members' and the window side infos' (a thread written before
+    # counts existed has none until its next write).
+    if "tokens" in layout.meta:
+        tokens = sum(ChunkEntry.parse(m).tokens for m in client.zrange(keys.chunk_index, 0, -1))
+        tokens += sum(LargeEntry.parse(m).tokens for m in client.zrange(keys.large_index, 0, -1))
+        tokens += sum(side_tokens(v) for v in client.hvals(keys.window_side))
+        assert int(layout.meta["tokens"]) == tokens, (layout.meta["tokens"], tokens)
     check_turns(client, keys)
     return layout
 

@@ -209,7 +209,7 @@ def store_unchecked(thread, monkeypatch, records: list[bytes], ids: list[str], o
     """Stores records as an older version or a bug would have: through the append script,
     with correct side info, but never validated."""
     prepared = [
-        _core.PreparedMessage(UserMessage(id=i, otid=o, content="-"), record, 0)
+        _core.PreparedMessage(UserMessage(id=i, otid=o, content="-"), record, 0, 1)
         for i, o, record in zip(ids, otids, records)
     ]
     with monkeypatch.context() as patch:

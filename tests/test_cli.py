@@ -15,6 +15,7 @@ import pytest
 import redis
 
 from kvstore import AssistantMessage, MessageStore, StoreConfig, ToolCallMessage, ToolReturnMessage, UserMessage, errors
+from kvstore._engine.pairs import estimated_tokens
 from kvstore.cli.process import _can_listen
 from kvstore.cli.server import DEFAULT_PORT, EmbeddedServer, data_dir_server
 
@@ -159,6 +160,7 @@ def test_inspect_export_import(server, namespace, tmp_path, server_only):
     result = kvstore("inspect", "chat-1", "--url", server.url, "--namespace", namespace, "--chunks")
     assert result.returncode == 0, result.stderr
     assert "messages stored   21" in result.stdout
+    assert f"tokens            {sum(estimated_tokens(m) for m in stored):,}" in result.stdout
     assert "chunk        1  1..4  4 messages" in result.stdout
     assert "large       21" in result.stdout
     assert "t1: replies from 1, open" in result.stdout
@@ -168,8 +170,10 @@ def test_inspect_export_import(server, namespace, tmp_path, server_only):
     assert result.returncode == 0, result.stderr
     header, *lines = out.read_text().splitlines()
     assert json.loads(header)["kvstore_backup"] == 1 and json.loads(header)["turn"]["id"] == "t1"
+    # Each line carries the message's stored token count (here the default rule's).
     assert [json.loads(line) for line in lines] == (
-        [{**m.to_dict(), "turn_id": "t1"} for m in stored[:20]] + [stored[20].to_dict()]
+        [{**m.to_dict(), "turn_id": "t1", "tokens": estimated_tokens(m)} for m in stored[:20]]
+        + [{**stored[20].to_dict(), "tokens": estimated_tokens(stored[20])}]
     )
 
     for closing in ("21 new, 0 already stored", "0 new, 21 already stored"):  # a second import stores nothing

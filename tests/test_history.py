@@ -142,6 +142,15 @@ def test_a_budget_reads_pages_newest_first_across_chunks(make_thread):
     assert thread.context(max_tokens=350, count_tokens=lambda m: 1) == full[-350:]
 
 
+def test_a_counted_budget_after_a_summary_keeps_the_newest_messages(make_thread):
+    thread = make_thread(window_size=8, chunk_size=4)
+    thread.append(users(200))
+    summary = thread.compact("s", 20)
+    full = thread.context()
+    # More than a page follows the summary: the budget keeps the newest, not those next to it.
+    assert thread.context(max_tokens=31, count_tokens=lambda m: 1) == [summary, *full[-30:]]
+
+
 @pytest.mark.parametrize("bad", [0, -1, True, 1.5, "10"])
 def test_a_bad_budget_is_refused(make_thread, bad):
     thread = make_thread()

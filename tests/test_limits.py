@@ -47,7 +47,7 @@ def test_a_key_that_does_not_name_its_values_is_not_remembered(backend, namespac
     def append(limits, i):
         message = UserMessage(content=f"m{i}").model_copy(update={"id": f"message-{namespace}-{i}"})
         reply = run_one(store, Eval(SCRIPTS["append"], ref.script_keys,
-                                    [*limits, "", 1, "", message.id, "", 0, encode_record(message)]))
+                                    [*limits, "", 1, "", message.id, "", 0, 1, encode_record(message)]))
         assert int(reply[0]) == 1
 
     try:

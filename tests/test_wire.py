@@ -16,7 +16,11 @@ from kvstore._engine.wire import (
     Replayed,
     RemoveTurnReply,
     TurnHeader,
+    manifest_tokens,
+    side_tokens,
+    split_chunk,
 )
+from kvstore._engine.pairs import estimated_tokens
 
 from .layout_check import read_layout
 
@@ -52,12 +56,35 @@ def test_what_the_scripts_store_parses(make_thread, raw_client):
         records = layout.chunks[chunk.first]
         assert (chunk.last, chunk.count, chunk.bytes, chunk.media) == \
             (max(records), len(records), sum(map(len, records.values())), 0)
+        manifest = raw_client.hget(thread.keys.chunk(chunk.first), "_m")
+        assert chunk.tokens == sum(manifest_tokens(manifest).values()) > 0
     (large,) = [LargeEntry.parse(m) for m in raw_client.zrange(thread.keys.large_index, 0, -1)]
     assert (large.sequence, large.bytes, large.media) == (big[0].seq_id, len(layout.large[big[0].seq_id]), 0)
+    assert large.tokens == estimated_tokens(big[0])
+
+
+@pytest.mark.parametrize(("member", "tokens"), [
+    (b"1:4:4:401:0:77", 77),  # a member written with counts
+    (b"1:4:4:401:0", 101),  # written before counts existed: ceil(bytes / 4)
+])
+def test_a_chunk_member_with_or_without_tokens_parses(member, tokens):
+    entry = ChunkEntry.parse(member)
+    assert (entry.first, entry.last, entry.count, entry.bytes, entry.tokens) == (1, 4, 4, 401, tokens)
+
+
+@pytest.mark.parametrize(("side", "tokens"), [
+    (b"m-1\t\t0\t120\t\t9", 9),
+    (b"m-1\tot\t0\t121\tturn-1", 31),  # no count: ceil(121 / 4)
+    (b"a%09b\t\t0\t40\t\t5\t%", 5),  # escaped, with a count
+    (b"a%09b\t\t0\t40\t7\t%", 10),  # escaped, without: the turn may be all digits
+])
+def test_a_side_info_with_or_without_tokens_parses(side, tokens):
+    assert side_tokens(side) == tokens
+    assert split_chunk(b"3\t" + side + b"\n", b"x" * int(side.split(b"\t")[3])) == {3: b"x" * int(side.split(b"\t")[3])}
 
 
 @pytest.mark.parametrize("value", [
-    b"1:2:3:4", b"1:2:3:4:5:6", b"1:2:x:4:5", b"1:2:3:4:-5", b"", b"1::3:4:5", "1:2:3:4:5 ",
+    b"1:2:3:4", b"1:2:3:4:5:6:7", b"1:2:x:4:5", b"1:2:3:4:-5", b"", b"1::3:4:5", "1:2:3:4:5 ", b"1:2:3:4:5:",
 ])
 def test_a_malformed_chunk_member_is_a_layout_error(value):
     with pytest.raises(errors.LayoutError, match="chunk index member"):

@@ -17,10 +17,12 @@ from .wire import AppendReply, FinishTurnReply, StartTurnReply
 
 
 def append(
-    thread: ThreadRef, messages: Message | dict | Iterable[Message | dict], turn_id: str | None, lease: int = 0
+    thread: ThreadRef, messages: Message | dict | Iterable[Message | dict], turn_id: str | None, lease: int = 0,
+    tokens: Any = None,
 ) -> Operation:
     """`lease`: the caller's lease of the turn (thread.hold_turn), refused once another worker
-    holds it; 0 for none."""
+    holds it; 0 for none. `tokens`: the caller's token count of each message (None: the store's
+    counter counts them)."""
     # The turn id with the lease, as lua/includes/thread.lua's read_batch reads it.
     turn_arg = f"{turn_id}\t{lease}" if turn_id and lease else turn_id or ""
 
@@ -28,7 +30,7 @@ def append(
         pairs = batch_pairs([item.message for item in items]) if thread.config.history_checks == "strict" else ""
         args: list[Any] = [*thread.limits(), turn_arg, len(items), pairs]
         for item in items:
-            args += (item.message.id, item.message.otid or "", item.media, item.record)
+            args += (item.message.id, item.message.otid or "", item.media, item.tokens, item.record)
         try:
             return AppendReply.decode((yield from write(thread, SCRIPTS["append"], args)), len(items))
         except errors.OutcomeUnknown as unknown:
@@ -36,7 +38,7 @@ def append(
             unknown.messages = [item.message for item in items]
             raise
 
-    prepared = prepare_batch(thread.config, messages, turn_id)
+    prepared = prepare_batch(thread.config, messages, turn_id, tokens, thread.count_tokens)
     reply, prepared = yield from within_media_budget(prepared, turn_id, send)
     if reply.stored:
         first = reply.first_sequence

@@ -145,11 +145,13 @@ def _text(value: Any) -> str:
 
 @dataclass(frozen=True, slots=True)
 class BackedUpMessage:
-    """One message of a backup: where it was stored and in which turn."""
+    """One message of a backup: where it was stored, in which turn, and its token count (None:
+    the restoring store counts it)."""
 
     sequence: int
     turn_id: str | None
     message: Message
+    tokens: int | None = None
 
 
 def restore_runs(items: Iterable[BackedUpMessage]) -> Iterator[list[BackedUpMessage]]:
@@ -174,7 +176,8 @@ def restore_run(thread: ThreadRef, run: list[BackedUpMessage]) -> Operation:
     than an append may be (the store's max_batch_messages and max_batch_bytes, at most
     RESTORE_RUN_BYTES of records); returns (restored, already stored)."""
     turn_id = run[0].turn_id
-    prepared = [PreparedMessage.of(thread.config, item.message, turn_id, None, f"message {item.sequence}")
+    prepared = [PreparedMessage.of(thread.config, item.message, turn_id, None, f"message {item.sequence}",
+                                   item.tokens, thread.count_tokens)
                 for item in run]
     most = thread.config.max_batch_messages
     most_bytes = min(RESTORE_RUN_BYTES, thread.config.max_batch_bytes)
@@ -190,7 +193,7 @@ def restore_run(thread: ThreadRef, run: list[BackedUpMessage]) -> Operation:
         pairs = batch_pairs([item.message for item in prepared[start:end]]) if strict else ""
         args: list[Any] = [*thread.limits(), turn_id or "", run[start].sequence, end - start, pairs]
         for item in prepared[start:end]:
-            args += (item.message.id, item.message.otid or "", item.media, item.record)
+            args += (item.message.id, item.message.otid or "", item.media, item.tokens, item.record)
         reply = RestoreReply.decode((yield from write(thread, SCRIPTS["restore"], args)))
         restored += reply.restored
         already += reply.already_stored

@@ -21,6 +21,7 @@ The operations live by concern; this module names them for the rest of the code:
 
 from .append import append, finish_turn, start_turn
 from .backup import BackedUpMessage, BackupState, TurnRecord, backup_state, check_restore_target, restore_run, restore_runs, restore_state, stored_ids
+from .budget import stored_tokens
 from .keys import ThreadKeys
 from .fork import fork
 from .lifecycle import compact, delete, migrate, remove_turn, replace
@@ -86,5 +87,6 @@ __all__ = [
     "start_turn",
     "stats",
     "stored_ids",
+    "stored_tokens",
     "watch",
 ]

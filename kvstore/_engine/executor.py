@@ -70,9 +70,13 @@ class Executor:
     """What a store keeps between calls: its client, config, script variants, whether the server
     has functions."""
 
-    def __init__(self, client: Any, config: StoreConfig | None = None) -> None:
+    def __init__(self, client: Any, config: StoreConfig | None = None,
+                 count_tokens: Callable[[Any], int] | None = None) -> None:
         self.client = client
         self.config = config if config is not None else StoreConfig()
+        if count_tokens is not None and not callable(count_tokens):
+            raise errors.ConfigError(f"count_tokens must be a function of a message, not {type(count_tokens).__name__}")
+        self._count_tokens = count_tokens
         if decodes_responses(client):
             raise errors.ConfigError("the client must return bytes: create it with decode_responses=False")
         self._scripts = dict(SCRIPTS)

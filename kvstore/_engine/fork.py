@@ -24,6 +24,7 @@ from .backup import (
     restore_runs,
     restore_state,
 )
+from .budget import stored_tokens
 from .lifecycle import migrate
 from .pages import list_page
 from .reads import locate_records
@@ -53,7 +54,11 @@ def fork(source: ThreadRef, source_id: str, target: ThreadRef, at: str | int) ->
             error = errors.RecordError(f"the record at sequence {bad[0]} cannot be read: the fork stops before it")
             error.sequence = bad[0]
             raise error
-        items = [BackedUpMessage(m.seq_id, state.turn_of(m.seq_id), m) for m in page.messages if m.seq_id <= at_seq]
+        kept = [m for m in page.messages if m.seq_id <= at_seq]
+        # Each message keeps its stored count (a message the source moved or removed since the
+        # page was read is counted by the fork's store).
+        counts = yield from stored_tokens(source, [m.seq_id for m in kept])
+        items = [BackedUpMessage(m.seq_id, state.turn_of(m.seq_id), m, counts.get(m.seq_id)) for m in kept]
         if items and not copied:
             yield from check_restore_target(target, items[0])
         for run in restore_runs(items):

@@ -10,7 +10,7 @@ from .. import errors
 from ..messages import CompactionStats, Message
 from .failures import lost_connection, read_of_wrong_type
 from .pages import list_page
-from .pairs import PAIR_LOOKBACK, answered_ids, history_pairs, opened_ids, orphans
+from .pairs import PAIR_LOOKBACK, answered_ids, checked_tokens, history_pairs, opened_ids, orphans
 from .prepare import PreparedMessage, check_token, prepare_batch, stored_date, within_media_budget
 from .reads import fetch_sequences, locate_records
 from .record import salvage
@@ -24,12 +24,13 @@ log = logging.getLogger("kvstore")
 
 
 def compact(
-    thread: ThreadRef, summary: str, last_sequence: int, stats: CompactionStats | dict | None = None
+    thread: ThreadRef, summary: str, last_sequence: int, stats: CompactionStats | dict | None = None,
+    tokens: int | None = None,
 ) -> Operation:
     if isinstance(last_sequence, bool) or not isinstance(last_sequence, int) or last_sequence < 1:
         raise errors.InvalidSummaryRange(f"last_sequence must be a positive int, got {last_sequence!r}")
     message = {"message_type": "summary_message", "summary": summary, "compaction_stats": stats}
-    prepared = prepare_batch(thread.config, message, None)
+    prepared = prepare_batch(thread.config, message, None, None if tokens is None else [tokens], thread.count_tokens)
     try:
         last_sequence = yield from pair_boundary(thread, last_sequence)
     except errors.ServerError as exc:
@@ -46,7 +47,8 @@ def compact(
 
     def send(items: list[PreparedMessage]) -> Operation:
         (item,) = items
-        args = [*thread.limits(), last_sequence, item.message.id, item.message.otid or "", item.media, item.record]
+        args = [*thread.limits(), last_sequence, item.message.id, item.message.otid or "", item.media, item.tokens,
+                item.record]
         return CompactReply.decode((yield from write(thread, SCRIPTS["compact"], args)))
 
     reply, (item,) = yield from within_media_budget(prepared, None, send)
@@ -68,9 +70,11 @@ def compact(
     return item.message.model_copy(update={"seq_id": reply.summary_sequence})
 
 
-def replace(thread: ThreadRef, message_id: str, message: Message | dict) -> Operation:
+def replace(thread: ThreadRef, message_id: str, message: Message | dict, tokens: int | None = None) -> Operation:
     if not isinstance(message_id, str) or not message_id:
         raise errors.InvalidCursor(f"message id must be a non-empty str, got {message_id!r}")
+    if tokens is not None:
+        checked_tokens(tokens, "the replacement")
     incoming = PreparedMessage.of(thread.config, message, None).message
     yield from migrate(thread)
     found = yield from locate_records(thread, "id", [message_id])
@@ -91,10 +95,11 @@ def replace(thread: ThreadRef, message_id: str, message: Message | dict) -> Oper
     def send(items: list[PreparedMessage]) -> Operation:
         (item,) = items
         pairs = history_pairs(item.message) if thread.config.history_checks == "strict" else ""
-        args = [*thread.limits(), message_id, item.media, item.record, pairs]
+        args = [*thread.limits(), message_id, item.media, item.tokens, item.record, pairs]
         return ReplaceReply.decode((yield Eval(SCRIPTS["replace"], thread.script_keys, args)))
 
-    prepared = [PreparedMessage.of(thread.config, incoming, original.turn_id, keep)]
+    prepared = [PreparedMessage.of(thread.config, incoming, original.turn_id, keep, "the replacement", tokens,
+                                   thread.count_tokens)]
     reply, (item,) = yield from within_media_budget(prepared, original.turn_id, send)
     return item.message.model_copy(update={"seq_id": reply.sequence})
 

@@ -13,9 +13,11 @@ come yet is not an orphan: it is the newest step of a turn still running.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable
 
+import msgpack
+
+from .. import errors
 from ..messages import (
     ApprovalRequestMessage,
     ApprovalResponseMessage,
@@ -24,6 +26,8 @@ from ..messages import (
     ToolCallMessage,
     ToolReturnMessage,
 )
+from .record import encode_record
+from .wire import record_tokens
 
 TokenCounter = Callable[[Message], int]
 
@@ -122,6 +126,22 @@ def without_orphans(messages: list[Message]) -> list[Message]:
 
 
 def estimated_tokens(message: Message) -> int:
-    """The documented rule for a message without a counter: a token per 4 bytes of its JSON
-    (``None`` fields left out), rounded up."""
-    return math.ceil(len(message.model_dump_json(exclude_none=True)) / 4)
+    """The documented rule for a message without a counter: a token per 4 bytes of its record
+    (msgpack of its JSON without ``None`` fields and without ``seq_id``; no turn id), rounded
+    up. A message counts the same before and after it is stored."""
+    return record_tokens(len(encode_record(message)))
+
+
+def default_tokens(record: bytes, turn_id: str | None) -> int:
+    """estimated_tokens of a message from the record the store made of it: its length without
+    the turn id the record carries (the one msgpack value the store adds after the message)."""
+    if turn_id is None:
+        return record_tokens(len(record))
+    return record_tokens(len(record) - len(msgpack.packb(turn_id, use_bin_type=True)))
+
+
+def checked_tokens(tokens: object, what: str) -> int:
+    """`tokens` when it is an int >= 0, else InvalidMessage naming `what`."""
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
+        raise errors.InvalidMessage(f"the token count of {what} is {tokens!r}: it must be an int >= 0")
+    return tokens

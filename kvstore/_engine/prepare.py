@@ -26,18 +26,24 @@ from ..messages import (
     strip_inline_media,
     unknown_fields,
 )
+from .pairs import TokenCounter, checked_tokens, default_tokens
 from .record import encode_message
 from .requests import MAX_TOKEN_LENGTH, Operation
 
 
 @dataclass(frozen=True, slots=True)
 class PreparedMessage:
-    """One message ready to send: as stored (validated; ids and dates filled), its record and
-    its inline media bytes (what the thread's budget counts)."""
+    """One message ready to send: as stored (validated; ids and dates filled), its record, its
+    inline media bytes (what the thread's budget counts) and its token count: the caller's, else
+    what `counter` gave, else the default rule's (pairs.py: estimated_tokens, from the record),
+    counted again by whichever counted it if its inline parts are replaced."""
 
     message: Message
     record: bytes
     media: int
+    tokens: int
+    counter: TokenCounter | None = None
+    counted: bool = False
 
     @classmethod
     def of(
@@ -47,9 +53,12 @@ class PreparedMessage:
         turn_id: str | None,
         edit: Callable[[dict[str, Any]], None] | None = None,
         what: str = "the message",
+        tokens: int | None = None,
+        counter: TokenCounter | None = None,
     ) -> PreparedMessage:
         """`message` validated and encoded (record.py: encode_message, after `edit` on its
-        dump), its limits checked; unknown fields refused if the config says so."""
+        dump), its limits checked; unknown fields refused if the config says so. Its token count
+        is `tokens` when given, else `counter`'s, else the default rule's."""
         stored, record = encode_message(message, turn_id, edit)
         if config.unknown_fields == "refuse":
             _refuse_unknown_fields(stored, what)
@@ -59,7 +68,12 @@ class PreparedMessage:
                 f"{what} ({stored.message_type}) encodes to {len(record)} bytes;"
                 f" max_message_bytes is {config.max_message_bytes}"
             )
-        return cls(stored, record, media)
+        if tokens is not None:
+            return cls(stored, record, media, tokens)
+        if counter is not None:
+            return cls(stored, record, media, _counted(counter, stored, what), counter, True)
+        # The default rule from the record just made: no second encoding on the append path.
+        return cls(stored, record, media, default_tokens(record, turn_id), None, True)
 
     def fitted(self, available: int, turn_id: str | None) -> PreparedMessage:
         """This message with its inline parts replaced, first to last, until its media fits
@@ -67,7 +81,30 @@ class PreparedMessage:
         if self.media <= available:
             return self
         message, record = encode_message(strip_inline_media(self.message, self.media - available), turn_id)
-        return PreparedMessage(message, record, inline_media_bytes(message))
+        tokens = self.tokens
+        if self.counted:
+            tokens = _counted(self.counter, message, "the message") if self.counter else default_tokens(record, turn_id)
+        return PreparedMessage(message, record, inline_media_bytes(message), tokens, self.counter, self.counted)
+
+
+def _counted(counter: TokenCounter, message: Message, what: str) -> int:
+    tokens = counter(message)
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
+        raise errors.InvalidMessage(f"the token counter gave {tokens!r} for {what}: it must give an int >= 0")
+    return tokens
+
+
+def given_tokens(tokens: Any, count: int) -> list[int | None]:
+    """The caller's token counts of a batch of `count` messages: None (none given) or one int
+    >= 0 per message; InvalidMessage otherwise, before anything is sent."""
+    if tokens is None:
+        return [None] * count
+    if isinstance(tokens, (str, bytes, dict)) or not isinstance(tokens, Iterable):
+        raise errors.InvalidMessage(f"tokens must be a list of ints, one per message, not {type(tokens).__name__}")
+    counts = list(tokens)
+    if len(counts) != count:
+        raise errors.InvalidMessage(f"tokens lists {len(counts)} counts for {count} messages: give one per message")
+    return [checked_tokens(value, f"message {position}") for position, value in enumerate(counts)]
 
 
 def fit_media(items: list[PreparedMessage], available: int, turn_id: str | None) -> list[PreparedMessage]:
@@ -97,14 +134,23 @@ def within_media_budget(
 
 
 def prepare_batch(
-    config: StoreConfig, messages: Message | dict | Iterable[Message | dict], turn_id: str | None
+    config: StoreConfig,
+    messages: Message | dict | Iterable[Message | dict],
+    turn_id: str | None,
+    tokens: Any = None,
+    counter: TokenCounter | None = None,
 ) -> list[PreparedMessage]:
-    """Validates what it encodes, fills ids and dates; every limit is enforced here, before the socket."""
+    """Validates what it encodes, fills ids and dates, counts tokens (the caller's `tokens`, one
+    per message, else `counter`'s, else estimated_tokens); every limit is enforced here, before
+    the socket."""
     # One message may come as JSON text too (parse_message takes it); never as its characters.
     if isinstance(messages, (dict, BaseModel, str, bytes, bytearray)) or not isinstance(messages, Iterable):
         messages = [messages]
+        if isinstance(tokens, int) and not isinstance(tokens, bool):
+            tokens = [tokens]
     given = list(messages)
     _check_batch_count(config, given)
+    counts = given_tokens(tokens, len(given))
     if turn_id is not None:
         check_token("turn_id", turn_id)
     now = stored_date()
@@ -120,7 +166,7 @@ def prepare_batch(
         body.setdefault("date", now)
 
     prepared = [
-        PreparedMessage.of(config, message, turn_id, stamp, f"message {position}")
+        PreparedMessage.of(config, message, turn_id, stamp, f"message {position}", counts[position], counter)
         for position, message in enumerate(given)
     ]
     total = sum(len(item.record) for item in prepared)

@@ -62,9 +62,11 @@ class ThreadRef:
     keys: ThreadKeys
     script_keys: tuple[str, ...]  # KEYS[1..12] of every script (lua/includes/thread.lua)
     limits_args: tuple[Any, ...]  # ARGV[1..10] of every writing script
+    # The store's token counter (MessageStore(count_tokens=...)); None: estimated_tokens.
+    count_tokens: Any = None
 
     @classmethod
-    def of(cls, config: StoreConfig, thread_id: str) -> ThreadRef:
+    def of(cls, config: StoreConfig, thread_id: str, count_tokens: Any = None) -> ThreadRef:
         keys = ThreadKeys.of(config.namespace, thread_id)
         retained = config.retained_message_limit
         limits = (
@@ -83,7 +85,7 @@ class ThreadRef:
         limits_key = ":".join(str(value) for value in limits) + "|" + ":".join(map(str, event_limits(config))) \
             + ":" + ("1" if config.history_checks == "strict" else "0")
         script_keys = tuple(getattr(keys, field.name) for field in dataclasses.fields(keys))
-        return cls(config, keys, script_keys, (*limits, limits_key))
+        return cls(config, keys, script_keys, (*limits, limits_key), count_tokens)
 
     def limits(self) -> tuple[Any, ...]:
         """ARGV[1..10] of every writing script (lua/includes/thread.lua: read_limits)."""

@@ -13,9 +13,11 @@ from .. import errors
 from ..messages import Message, SummaryMessage
 from ..models import MessagesPage, ThreadSnapshot, ThreadStats, TurnState
 from .keys import ThreadKeys
+from .budget import budgeted_context, stored_tokens
 from .pages import gathering, list_page, pages
 from .pairs import PAIR_LOOKBACK, TokenCounter, answered_ids, estimated_tokens, opened_ids, orphans, without_orphans
 from .reads import fetch_sequences
+from .wire import ChunkEntry, LargeEntry, side_tokens
 from .requests import MAX_LIMIT, MAX_READ_ATTEMPTS, SNAPSHOT_SIZE, Batch, Cursor, Operation, ThreadRef, changed_under_reads
 
 log = logging.getLogger("kvstore")
@@ -23,7 +25,23 @@ log = logging.getLogger("kvstore")
 
 def stats(thread: ThreadRef) -> Operation:
     meta, window, chunks, large, legacy = yield Batch(_stats_commands(thread.keys))
-    return _stats_from(meta, window, chunks + large, legacy)
+    tokens = yield from _untracked_tokens(thread.keys, meta)
+    return _stats_from(meta, window, chunks + large, legacy, tokens)
+
+
+def _untracked_tokens(keys: ThreadKeys, meta: dict) -> Operation:
+    """The tokens of a thread written before meta kept their total (None when meta keeps it):
+    summed over its index members and window side infos, as the next write will count them
+    (lua/includes/index.lua: thread_tokens)."""
+    if b"tokens" in meta or b"stored" not in meta or b"deleting" in meta:
+        return None
+    chunks, large, sides = yield Batch([
+        ("ZRANGE", keys.chunk_index, 0, -1),
+        ("ZRANGE", keys.large_index, 0, -1),
+        ("HGETALL", keys.window_side),
+    ])
+    return (sum(ChunkEntry.parse(m).tokens for m in chunks) + sum(LargeEntry.parse(m).tokens for m in large)
+            + sum(side_tokens(s) for s in (sides.values() if isinstance(sides, dict) else sides[1::2])))
 
 
 def _stats_commands(keys: ThreadKeys) -> list[tuple[Any, ...]]:
@@ -36,7 +54,7 @@ def _stats_commands(keys: ThreadKeys) -> list[tuple[Any, ...]]:
     ]
 
 
-def _stats_from(meta: dict, window: int, chunks: int, legacy: int) -> ThreadStats:
+def _stats_from(meta: dict, window: int, chunks: int, legacy: int, tokens: int | None = None) -> ThreadStats:
     fields = {(k.decode() if isinstance(k, bytes) else k): v for k, v in meta.items()}
     if "deleting" in fields:  # an interrupted delete(): the thread reads as empty
         fields, window, chunks, legacy = {}, 0, 0, 0
@@ -64,6 +82,7 @@ def _stats_from(meta: dict, window: int, chunks: int, legacy: int) -> ThreadStat
         forked_from=_text(fields["fork_of"]) if "fork_of" in fields else None,
         fork_sequence=number("fork_at"),
         history_checked=number("checked") == 1,
+        tokens=tokens if tokens is not None else number("tokens") or 0,
     )
 
 
@@ -90,11 +109,12 @@ def snapshot(thread: ThreadRef) -> Operation:
             )
         unreadable = list(page.unreadable)
         summary = yield from _summary(thread, fields, unreadable)
+        tokens = yield from _untracked_tokens(keys, meta)
         return ThreadSnapshot(
             messages=list(reversed(page.messages)),
             summary=summary,
             turn=turn,
-            stats=_stats_from(meta, window, chunks + large, legacy),
+            stats=_stats_from(meta, window, chunks + large, legacy, tokens),
             unreadable=sorted(set(unreadable)),
         )
     raise changed_under_reads()
@@ -124,6 +144,17 @@ def context(thread: ThreadRef, max_tokens: int | None = None, count_tokens: Toke
     """
     if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1):
         raise errors.InvalidCursor(f"max_tokens must be a positive int, got {max_tokens!r}")
+    if max_tokens is not None and count_tokens is None:
+        planned = yield from budgeted_context(thread, max_tokens)
+        if planned is not None:
+            body = planned.body
+            if planned.after is not None and planned.left != 0:
+                extra = yield from _openers_before(thread, planned.after, body)
+                if extra:
+                    counts = yield from stored_tokens(thread, [m.seq_id for m in extra])
+                    if sum(counts.get(m.seq_id, 0) for m in extra) <= planned.left:
+                        body = extra + body
+            return ([planned.summary] if planned.summary is not None else []) + without_orphans(body)
     count = count_tokens or estimated_tokens
     keys = thread.keys
     for _ in range(MAX_READ_ATTEMPTS):
@@ -151,12 +182,18 @@ def context(thread: ThreadRef, max_tokens: int | None = None, count_tokens: Toke
         else:
             body, left = yield from _newest_within(thread, after, skip, budget, count)
         if after is not None and left != 0:
-            body = (yield from _openers_before(thread, after, body, left, count)) + body
+            extra = yield from _openers_before(thread, after, body)
+            if left is None or sum(_tokens(count, m) for m in extra) <= left:
+                body = extra + body
         (now,) = yield Batch([("HGET", keys.meta, "summary_seq")])
         if now == summary_seq:
             return ([summary] if summary is not None else []) + without_orphans(body)
     raise errors.ServerError("the thread was compacted under every read attempt; try again")
 
+
+# A sequence no message has (sequences stay exact in a double's 53 bits): the upper bound of a
+# walk down from the newest message.
+ABOVE_EVERY_SEQUENCE = 2**53
 
 # The first page a budgeted context reads; each next one is twice as long (up to MAX_LIMIT).
 BUDGET_FIRST_PAGE = 50
@@ -174,7 +211,9 @@ def _newest_within(thread: ThreadRef, after: int | None, skip: int | None, budge
     """The newest messages after sequence `after` whose tokens fit `budget`, oldest first, read
     newest page first; and the budget left when every one of them fit (else 0)."""
     newest_first: list[Message] = []
-    cursor: Cursor = None
+    # A page bounded only below (before=after) is the one next to that bound, the oldest after
+    # it: the walk starts above every sequence instead, so that it reads the newest first.
+    cursor: Cursor = None if after is None else ABOVE_EVERY_SEQUENCE
     # Pages grow: most budgets end within the first page, and each message read is decoded.
     limit = BUDGET_FIRST_PAGE
     while True:
@@ -195,11 +234,10 @@ def _newest_within(thread: ThreadRef, after: int | None, skip: int | None, budge
         cursor = page.next_cursor
 
 
-def _openers_before(thread: ThreadRef, after: int, body: list[Message], left: int | None,
-                    count: TokenCounter) -> Operation:
+def _openers_before(thread: ThreadRef, after: int, body: list[Message]) -> Operation:
     """The messages at and before the summary's boundary that `body`'s first answers need:
     from the oldest call they answer (among the PAIR_LOOKBACK messages before the boundary) up
-    to the boundary, when they fit what is `left` of the budget (None: no budget). A pair the
+    to the boundary; the caller keeps them when they fit what is left of its budget. A pair the
     summary split is kept whole this way; a call no longer stored leaves its answer out."""
     needed = {i for m in orphans(body) for i in answered_ids(m)}
     if not needed:
@@ -212,7 +250,4 @@ def _openers_before(thread: ThreadRef, after: int, body: list[Message], left: in
             oldest = at
     if oldest is None:
         return []
-    extra = list(reversed(newest_first[: oldest + 1]))
-    if left is not None and sum(_tokens(count, m) for m in extra) > left:
-        return []
-    return extra
+    return list(reversed(newest_first[: oldest + 1]))

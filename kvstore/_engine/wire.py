@@ -183,37 +183,87 @@ class MigrateReply:
 
 @dataclass(frozen=True, slots=True)
 class ChunkEntry:
-    """A chunk index member, "first:last:count:bytes:media" (lua/includes/format.lua)."""
+    """A chunk index member, "first:last:count:bytes:media:tokens" (lua/includes/format.lua).
+
+    A member written before token counts existed has no tokens field: its tokens are
+    record_tokens(bytes), a lower bound of what its messages count by the same rule."""
 
     first: int
     last: int
     count: int
     bytes: int
     media: int
+    tokens: int
 
     @classmethod
     def parse(cls, member: bytes | str) -> ChunkEntry:
-        return cls(*_fields(member, 5, "chunk index member"))
+        fields = _fields(member, (6, 5), "chunk index member")
+        if len(fields) == 5:
+            fields.append(record_tokens(fields[3]))
+        return cls(*fields)
 
 
 @dataclass(frozen=True, slots=True)
 class LargeEntry:
-    """A large index member, "sequence:bytes:media": one oversized message's own chunk."""
+    """A large index member, "sequence:bytes:media:tokens": one oversized message's own chunk
+    (without tokens, written before counts existed: record_tokens(bytes))."""
 
     sequence: int
     bytes: int
     media: int
+    tokens: int
 
     @classmethod
     def parse(cls, member: bytes | str) -> LargeEntry:
-        return cls(*_fields(member, 3, "large index member"))
+        fields = _fields(member, (4, 3), "large index member")
+        if len(fields) == 3:
+            fields.append(record_tokens(fields[1]))
+        return cls(*fields)
 
 
-def _fields(member: bytes | str, count: int, what: str) -> list[int]:
+def _fields(member: bytes | str, counts: tuple[int, ...], what: str) -> list[int]:
     text = _text(member)
-    if not re.fullmatch(r"[0-9]+(?::[0-9]+)*", text) or text.count(":") != count - 1:
+    if not re.fullmatch(r"[0-9]+(?::[0-9]+)*", text) or text.count(":") + 1 not in counts:
         raise errors.LayoutError(f"a {what} is malformed: {text[:80]!r}")
     return [int(f) for f in text.split(":")]
+
+
+def record_tokens(record_bytes: int) -> int:
+    """The documented count of a message stored without one: a token per 4 record bytes,
+    rounded up (lua/includes/format.lua: bytes_tokens; pairs.py: estimated_tokens, the same
+    rule)."""
+    return -(-record_bytes // 4)
+
+
+def side_tokens(side: bytes) -> int:
+    """A side info's token count: "id\totid\tmedia\tbytes\tturn\ttokens", "%"-ended when
+    escaped; one written before counts existed (no tokens field) counts record_tokens(bytes).
+    Ids, otids and turns hold no tab, so the number of fields tells the forms apart."""
+    fields = side.split(b"\t")
+    try:
+        if fields[-1] == b"%":
+            fields.pop()
+        if len(fields) == 6:
+            return int(fields[5])
+        if len(fields) == 5:
+            return record_tokens(int(fields[3]))
+    except ValueError:
+        pass
+    raise errors.RecordError(f"a side info is malformed: {side[:80]!r}")
+
+
+def manifest_tokens(manifest: bytes | None) -> dict[int, int]:
+    """A chunk manifest's token count of each sequence (side_tokens of each line)."""
+    if not manifest:
+        return {}
+    tokens = {}
+    for line in manifest.split(b"\n")[:-1]:
+        sequence, _, side = line.partition(b"\t")
+        try:
+            tokens[int(sequence)] = side_tokens(side)
+        except ValueError:
+            raise errors.RecordError(f"a chunk manifest line is malformed: {line[:80]!r}") from None
+    return tokens
 
 
 # lua/includes/turns.lua: TURN_HEADER (Lua's %a is an ASCII letter there).
@@ -267,9 +317,11 @@ def split_chunk(manifest: bytes | None, data: bytes | None) -> dict[int, bytes]:
         if lines.pop() != b"":
             raise ValueError("the last line is not ended")
         for line in lines:
-            # sequence, id, otid, media, bytes, turn, and "%" when the texts are escaped
+            # sequence, id, otid, media, bytes, turn, tokens (none before counts existed), and
+            # "%" when the texts are escaped
             fields = line.split(b"\t")
-            if len(fields) not in (6, 7) or fields[6:] not in ([], [b"%"]):
+            escaped = fields[-1] == b"%"
+            if len(fields) - escaped not in (6, 7) or (len(fields) - escaped == 7 and not fields[6].isdigit()):
                 raise ValueError(f"line {line[:80]!r} has {len(fields)} fields")
             end = offset + int(fields[4])
             records[int(fields[0])] = data[offset:end]

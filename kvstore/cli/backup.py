@@ -18,6 +18,7 @@ from typing import IO
 from .. import errors
 from .._engine import core
 from .._engine.keys import check_thread_id
+from .._engine.pairs import checked_tokens
 from .._engine.requests import ThreadRef
 from ..messages import Message, parse_message
 from ..store import MessageStore
@@ -32,8 +33,8 @@ def export(store: MessageStore, thread_id: str, out: IO[str], progress_out: IO[s
            every: float = 5.0) -> int:
     """Writes a backup of the thread: a header line with its state (BackupState), then one line
     per kept message, oldest first: the message in the list API's shape (its seq_id is its
-    sequence) with `turn_id` added for a message of a turn. Refuses (nothing to trust) if the
-    thread changed while it was read."""
+    sequence) with `turn_id` added for a message of a turn and `tokens`, its stored token count.
+    Refuses (nothing to trust) if the thread changed while it was read."""
     thread = existing_thread(store, thread_id)
     ref = ThreadRef.of(store.config, thread_id)
     state = store.run(core.backup_state(ref))
@@ -59,11 +60,14 @@ def export(store: MessageStore, thread_id: str, out: IO[str], progress_out: IO[s
     unreadable: list[int] = []
     for page in store.stream(core.pages(ref)):
         unreadable += page.unreadable
+        counts = store.run(core.stored_tokens(ref, [m.seq_id for m in page.messages]))
         for message in page.messages:
             line = message.to_dict()
             turn_id = state.turn_of(message.seq_id)
             if turn_id is not None:
                 line["turn_id"] = turn_id
+            if message.seq_id in counts:
+                line["tokens"] = counts[message.seq_id]
             out.write(json.dumps(line, separators=(",", ":"), ensure_ascii=False) + "\n")
             count += 1
         progress.update(len(page.messages) + len(page.unreadable))
@@ -140,13 +144,17 @@ def _restore(store: MessageStore, thread_id: str, head: dict, numbered: Iterator
             try:
                 body = json.loads(text)
                 turn_id = body.pop("turn_id", None) if isinstance(body, dict) else None
+                # A backup written before counts were kept has none: the store counts them.
+                tokens = body.pop("tokens", None) if isinstance(body, dict) else None
+                if tokens is not None:
+                    checked_tokens(tokens, "the message")
                 message = parse_message(body)
             except (ValueError, errors.InvalidMessage) as exc:
                 raise errors.InvalidMessage(f"line {number}: {exc}") from None
             if message.seq_id is None or message.id is None:
                 # The id is how a restore run again finds the message stored.
                 raise errors.InvalidMessage(f"line {number}: a backup's message must have its seq_id and id")
-            yield core.BackedUpMessage(message.seq_id, turn_id, message)
+            yield core.BackedUpMessage(message.seq_id, turn_id, message, tokens)
 
     checked = False
     for run in core.restore_runs(items()):

@@ -76,6 +76,7 @@ def inspect(store: MessageStore, thread_id: str, out: IO[str] = sys.stdout, chun
     print(f"  next sequence     {stats.next_sequence}", file=out)
     print(f"  deleted before    {stats.deleted_before_sequence or '-'}", file=out)
     print(f"  inline media      {stats.media_bytes:,} bytes", file=out)
+    print(f"  tokens            {stats.tokens:,}", file=out)
     summary = meta.get("summary_last")
     print(f"  summary           {'covers ..' + summary + ' (message ' + meta['summary_seq'] + ')' if summary else '-'}", file=out)
     if meta.get("turn_id"):

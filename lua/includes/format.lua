@@ -1,10 +1,14 @@
 -- Every text format the scripts write into the thread's keys, each with its writer and its
 -- reader in one place (docs/LAYOUT.md; the Python side reads them in kvstore/_engine/wire.py):
 --
--- - a chunk index member "first:last:count:bytes:media" and a large index member
---   "sequence:bytes:media";
--- - a side info "id\totid\tmedia\tbytes\tturn" (escaped: see side_info), in the window side
---   hash while the message is in the window, and in its chunk's manifest afterwards;
+-- - a chunk index member "first:last:count:bytes:media:tokens" and a large index member
+--   "sequence:bytes:media:tokens";
+-- - a side info "id\totid\tmedia\tbytes\tturn\ttokens" (escaped: see side_info), in the window
+--   side hash while the message is in the window, and in its chunk's manifest afterwards;
+--
+-- Those written before token counts existed lack the last field (tokens) and still read: a
+-- message without a count counts bytes_tokens(its record bytes), an index member without a
+-- total bytes_tokens(its bytes).
 -- - a manifest ("_m" of a chunk): one "sequence\t<side info>\n" line per message, in the order
 --   of the records in the chunk's data ("d"); the side info's bytes field is the record's length.
 -- The turn records' format lives with the turns (includes/turns.lua).
@@ -13,22 +17,39 @@ local function fmt(n)
   return string.format('%d', n)
 end
 
-local function chunk_index_member(first, last, count, bytes, media)
-  return string.format('%d:%d:%d:%d:%d', first, last, count, bytes, media)
+-- The documented count of what was stored without one: a token per 4 record bytes, rounded up.
+local function bytes_tokens(bytes)
+  return math.ceil(bytes / 4)
 end
 
+local function chunk_index_member(first, last, count, bytes, media, tokens)
+  return string.format('%d:%d:%d:%d:%d:%d', first, last, count, bytes, media, tokens)
+end
+
+-- first, last, count, bytes, media, tokens (a member written without tokens: bytes_tokens).
 local function parse_chunk_member(member)
-  local first, last, count, bytes, media = string.match(member, '^(%d+):(%d+):(%d+):(%d+):(%d+)$')
-  return tonumber(first), tonumber(last), tonumber(count), tonumber(bytes), tonumber(media)
+  local first, last, count, bytes, media, tokens = string.match(member, '^(%d+):(%d+):(%d+):(%d+):(%d+):(%d+)$')
+  if not first then
+    first, last, count, bytes, media = string.match(member, '^(%d+):(%d+):(%d+):(%d+):(%d+)$')
+    if not first then return nil end
+    return tonumber(first), tonumber(last), tonumber(count), tonumber(bytes), tonumber(media), bytes_tokens(tonumber(bytes))
+  end
+  return tonumber(first), tonumber(last), tonumber(count), tonumber(bytes), tonumber(media), tonumber(tokens)
 end
 
-local function large_index_member(sequence, bytes, media)
-  return string.format('%d:%d:%d', sequence, bytes, media)
+local function large_index_member(sequence, bytes, media, tokens)
+  return string.format('%d:%d:%d:%d', sequence, bytes, media, tokens)
 end
 
+-- sequence, bytes, media, tokens (a member written without tokens: bytes_tokens).
 local function parse_large_member(member)
-  local sequence, bytes, media = string.match(member, '^(%d+):(%d+):(%d+)$')
-  return tonumber(sequence), tonumber(bytes), tonumber(media)
+  local sequence, bytes, media, tokens = string.match(member, '^(%d+):(%d+):(%d+):(%d+)$')
+  if not sequence then
+    sequence, bytes, media = string.match(member, '^(%d+):(%d+):(%d+)$')
+    if not sequence then return nil end
+    return tonumber(sequence), tonumber(bytes), tonumber(media), bytes_tokens(tonumber(bytes))
+  end
+  return tonumber(sequence), tonumber(bytes), tonumber(media), tonumber(tokens)
 end
 
 -- Ids, otids and turn ids are free text in layout 1, and a side info is framed by tabs and (in
@@ -47,38 +68,36 @@ local function unescape_field(value)
   return (string.gsub(value, '%%(%x%x)', function(hex) return string.char(tonumber(hex, 16)) end))
 end
 
-local function side_info(id, otid, media, bytes, turn)
+local function side_info(id, otid, media, bytes, turn, tokens)
   -- One class test per field (%c: any control byte) before the exact one.
   if (string.find(id, '%c') or string.find(otid, '%c') or string.find(turn, '%c'))
       and string.find(id .. otid .. turn, FRAMING) then
     return escape_field(id) .. '\t' .. escape_field(otid) .. '\t' .. fmt(media) .. '\t' .. fmt(bytes)
-      .. '\t' .. escape_field(turn) .. '\t%'
+      .. '\t' .. escape_field(turn) .. '\t' .. fmt(tokens) .. '\t%'
   end
   -- Lua writes these small integers as digits (%.14g); no string.format call on the hot path.
-  return id .. '\t' .. otid .. '\t' .. media .. '\t' .. bytes .. '\t' .. turn
+  return id .. '\t' .. otid .. '\t' .. media .. '\t' .. bytes .. '\t' .. turn .. '\t' .. tokens
 end
 
--- Returns id, otid, media, bytes, turn (unescaped); nil for a malformed side info.
+-- Returns id, otid, media, bytes, turn (unescaped), tokens; nil for a malformed side info. A side
+-- info written before counts existed (five fields, or six ending in '%') counts bytes_tokens.
+-- Ids, otids and turns hold no tab, so the number of fields tells the forms apart.
 local SIDE = '^([^\t\n]*)\t([^\t\n]*)\t(%d+)\t(%d+)\t([^\t\n]*)'
 local function parse_side(side)
-  local id, otid, media, bytes, turn = string.match(side, SIDE .. '$')
+  local id, otid, media, bytes, turn, tokens = string.match(side, SIDE .. '\t(%d+)$')
   if not id then
-    id, otid, media, bytes, turn = string.match(side, SIDE .. '\t%%$')
-    if not id then return nil end
-    id, otid, turn = unescape_field(id), unescape_field(otid), unescape_field(turn)
+    id, otid, media, bytes, turn = string.match(side, SIDE .. '$')
+    if not id then
+      id, otid, media, bytes, turn, tokens = string.match(side, SIDE .. '\t(%d+)\t%%$')
+      if not id then
+        id, otid, media, bytes, turn = string.match(side, SIDE .. '\t%%$')
+        if not id then return nil end
+      end
+      id, otid, turn = unescape_field(id), unescape_field(otid), unescape_field(turn)
+    end
   end
-  return id, otid, tonumber(media), tonumber(bytes), turn
-end
-
--- A side info's media bytes (its third field, never escaped); 0 for a malformed one. Plain finds
--- of the tabs, since a rollover reads one per message it moves and most say '0'.
-local function side_media(side)
-  local first = string.find(side, '\t', 1, true)
-  local second = first and string.find(side, '\t', first + 1, true)
-  local third = second and string.find(side, '\t', second + 1, true)
-  if not third or third == second + 1 then return 0 end
-  if third == second + 2 and string.byte(side, second + 1) == 48 then return 0 end  -- '0'
-  return tonumber(string.sub(side, second + 1, third - 1)) or 0
+  bytes = tonumber(bytes)
+  return id, otid, tonumber(media), bytes, turn, tonumber(tokens) or bytes_tokens(bytes)
 end
 
 local function manifest_line(sequence, side)

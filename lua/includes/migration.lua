@@ -1,6 +1,7 @@
 --- @include "includes/chunks"
 --- @include "includes/turns"
 --- @include "includes/format"
+--- @include "includes/index"
 -- Layout 1 and its migration to layout 2.
 --
 -- Layout 1 kept a thread's messages in one large hash, `legacy` (sequence -> version-1 JSON
@@ -43,7 +44,7 @@ local function legacy_side(record, sequence, turn_from, turn_id)
   end
   local turn = ''
   if turn_from and sequence >= turn_from then turn = turn_id end
-  return side_info(id, otid, 0, #record, turn)
+  return side_info(id, otid, 0, #record, turn, bytes_tokens(#record))
 end
 
 -- A legacy field's sequence: a positive integer written plainly (no sign, no leading zero, at
@@ -118,6 +119,7 @@ local function migrate_step(keys, limits)
     return 0
   end
   local migrated, legacy_last = tonumber(meta[1]), tonumber(meta[2])
+  ensure_tokens(keys)
   local turn_id, turn_from = meta[3], tonumber(meta[4] or '')
 
   local chunks, moved_bytes = 0, 0
@@ -125,7 +127,7 @@ local function migrate_step(keys, limits)
     local sequences = {}
     for s = migrated + 1, math.min(migrated + limits.chunk_size, legacy_last) do sequences[#sequences + 1] = s end
     local records = redis.call('HMGET', keys.legacy, unpack(sequences))
-    local moved, data, manifest, take, bytes, last = {}, {}, {}, 0, 0, migrated
+    local moved, data, manifest, take, bytes, tokens, last = {}, {}, {}, 0, 0, 0, migrated
     local first = nil
     for i, record in ipairs(records) do
       local sequence = sequences[i]
@@ -136,9 +138,10 @@ local function migrate_step(keys, limits)
           -- An oversized legacy message gets its own chunk, as an oversized append would.
           local side = legacy_side(record, sequence, turn_from, turn_id or '')
           write_chunk(keys, sequence, manifest_line(sequence, side), record)
-          redis.call('ZADD', keys.large_index, sequence, large_index_member(sequence, size, 0))
+          redis.call('ZADD', keys.large_index, sequence, large_index_member(sequence, size, 0, bytes_tokens(size)))
           redis.call('HDEL', keys.legacy, sequence)
           redis.call('HINCRBY', keys.meta, 'bytes', size)
+          redis.call('HINCRBY', keys.meta, 'tokens', bytes_tokens(size))
           last = sequence
           moved_bytes = moved_bytes + size
           take = -1
@@ -148,6 +151,7 @@ local function migrate_step(keys, limits)
         first = first or sequence
         take = take + 1
         bytes = bytes + size
+        tokens = tokens + bytes_tokens(size)
         moved[take] = sequence
         data[take] = record
         manifest[#manifest + 1] = manifest_line(sequence, legacy_side(record, sequence, turn_from, turn_id or ''))
@@ -157,9 +161,10 @@ local function migrate_step(keys, limits)
     if take > 0 then
       if chunks > 0 and moved_bytes + bytes > limits.max_move_bytes then break end
       write_chunk(keys, first, table.concat(manifest), table.concat(data))
-      redis.call('ZADD', keys.chunk_index, first, chunk_index_member(first, moved[#moved], take, bytes, 0))
+      redis.call('ZADD', keys.chunk_index, first, chunk_index_member(first, moved[#moved], take, bytes, 0, tokens))
       redis.call('HDEL', keys.legacy, unpack(moved))
       redis.call('HINCRBY', keys.meta, 'bytes', bytes)
+      redis.call('HINCRBY', keys.meta, 'tokens', tokens)
       last = moved[#moved]
       moved_bytes = moved_bytes + bytes
     end

@@ -1,10 +1,12 @@
 --- @include "includes/turns"
 --- @include "includes/format"
 --- @include "includes/history"
+--- @include "includes/index"
 -- Retention: after a compaction, the oldest chunk is deleted while its last sequence is at or
 -- before the summary's last sequence AND at least `retained_limit` messages are stored after
 -- it. At most `max_chunks` chunks go per call. Deleting a chunk trims the id and otid maps and
--- the turn records of its messages (from its manifest), gives its bytes and media back, and
+-- the turn records of its messages (from its manifest), gives its bytes, media and tokens back
+-- (the tokens its index member sums), and
 -- moves `deleted_before` past it. Returns the number of chunks deleted.
 
 -- Drops a turn's sequences before `from` (its oldest ranges). A started turn still open keeps
@@ -46,7 +48,7 @@ local function chunk_contents(keys, first, index_key, member)
 end
 
 -- Deletes one chunk (normal or oversized) and everything that points into it.
-local function drop_chunk(keys, first, index_key, member, bytes, contents, touched_turns)
+local function drop_chunk(keys, first, index_key, member, bytes, tokens, contents, touched_turns)
   local ids, otids = contents.ids, contents.otids
   for turn in pairs(contents.turns) do touched_turns[turn] = true end
   if #ids > 0 then redis.call('HDEL', keys.ids, unpack(ids)) end
@@ -55,30 +57,31 @@ local function drop_chunk(keys, first, index_key, member, bytes, contents, touch
   redis.call('ZREM', index_key, member)
   redis.call('HINCRBY', keys.meta, 'stored', -#ids)
   redis.call('HINCRBY', keys.meta, 'bytes', -bytes)
+  redis.call('HINCRBY', keys.meta, 'tokens', -tokens)
   if contents.media > 0 then redis.call('HINCRBY', keys.meta, 'media', -contents.media) end
 end
 
 -- The oldest unit retention may delete: the oldest chunk of either index, and with a normal
 -- chunk every oversized chunk inside its range (they were stored beside it, out of the window),
 -- so that everything below `deleted_before` is really gone. Returns last, count and the chunks
--- as {first, index key, member, bytes}; nil when there is no chunk.
+-- as {first, index key, member, bytes, tokens}; nil when there is no chunk.
 local function oldest_unit(keys)
   local normal = redis.call('ZRANGE', keys.chunk_index, 0, 0)[1]
   local large = redis.call('ZRANGE', keys.large_index, 0, 0)[1]
   if large then
-    local sequence, bytes = parse_large_member(large)
+    local sequence, bytes, _, tokens = parse_large_member(large)
     if not normal or sequence < parse_chunk_member(normal) then
       -- An oversized message newer than a window message is not the oldest: nothing goes.
       if redis.call('ZCOUNT', keys.window, '-inf', '(' .. fmt(sequence)) > 0 then return nil end
-      return sequence, 1, {{sequence, keys.large_index, large, bytes}}
+      return sequence, 1, {{sequence, keys.large_index, large, bytes, tokens}}
     end
   end
   if not normal then return nil end
-  local first, last, count, bytes = parse_chunk_member(normal)
-  local unit = {{first, keys.chunk_index, normal, bytes}}
+  local first, last, count, bytes, _, tokens = parse_chunk_member(normal)
+  local unit = {{first, keys.chunk_index, normal, bytes, tokens}}
   for _, member in ipairs(redis.call('ZRANGE', keys.large_index, first, last, 'BYSCORE')) do
-    local sequence, large_bytes = parse_large_member(member)
-    unit[#unit + 1] = {sequence, keys.large_index, member, large_bytes}
+    local sequence, large_bytes, _, large_tokens = parse_large_member(member)
+    unit[#unit + 1] = {sequence, keys.large_index, member, large_bytes, large_tokens}
     count = count + 1
   end
   return last, count, unit
@@ -104,8 +107,9 @@ local function retain(keys, retained_limit, max_chunks)
       if not contents[i] then break end
     end
     if #contents < #unit then break end
+    if deleted == 0 then ensure_tokens(keys) end
     for i, chunk in ipairs(unit) do
-      drop_chunk(keys, chunk[1], chunk[2], chunk[3], chunk[4], contents[i], touched_turns)
+      drop_chunk(keys, chunk[1], chunk[2], chunk[3], chunk[4], chunk[5], contents[i], touched_turns)
     end
     deleted = deleted + 1
     deleted_before = last + 1

@@ -99,11 +99,14 @@ local function rollover(keys, cuts, migrated)
     local from, n, bytes = cuts[c][1], cuts[c][2], cuts[c][3]
     local last = from + n - 1
     local sides = redis.call('HMGET', keys.window_side, unpack(sequences, from, last))
-    local media = 0
-    for i = 1, n do media = media + side_media(sides[i]) end
+    local media, tokens = 0, 0
+    for i = 1, n do
+      local _, _, m_media, _, _, m_tokens = parse_side(sides[i])
+      if m_media then media, tokens = media + m_media, tokens + m_tokens end
+    end
     local first, final = tonumber(sequences[from]), tonumber(sequences[last])
     write_chunk(keys, first, manifest_of(sequences, sides, from, n), table.concat(records, '', from, last))
-    redis.call('ZADD', keys.chunk_index, first, chunk_index_member(first, final, n, bytes, media))
+    redis.call('ZADD', keys.chunk_index, first, chunk_index_member(first, final, n, bytes, media, tokens))
     redis.call('ZREMRANGEBYSCORE', keys.window, first, final)
     redis.call('HDEL', keys.window_side, unpack(sequences, from, last))
     redis.call('HINCRBY', keys.meta, 'window_bytes', -bytes)

@@ -7,7 +7,7 @@
 --- @include "includes/format"
 -- Stores a batch of messages: the shared body of append and compact.
 --
--- `batch` holds parallel lists ids, otids, media, records and the turn id ('' for none).
+-- `batch` holds parallel lists ids, otids, media, tokens, records and the turn id ('' for none).
 -- `limits` holds window_size, chunk_size, chunk_max_bytes, max_move_chunks, max_move_bytes,
 -- max_message_bytes and max_media.
 --
@@ -15,7 +15,7 @@
 -- written once (store_batch), and only the keys this call may write have their type checked;
 -- the maps it reads first (meta, ids, otids) are checked by those reads themselves.
 
-local META_FIELDS = {'layout', 'last_seq', 'stored', 'bytes', 'media', 'window_bytes', 'deleting', 'checked'}
+local META_FIELDS = {'layout', 'last_seq', 'stored', 'bytes', 'media', 'window_bytes', 'deleting', 'checked', 'tokens'}
 
 local function wrong_type(key)
   return redis.error_reply('KVS_WRONGTYPE ' .. key .. ' does not hold the type kvstore keeps there')
@@ -44,6 +44,8 @@ local function load_meta(keys)
   local meta = {layout = values[1] or nil}
   for i = 2, #META_FIELDS do meta[META_FIELDS[i]] = tonumber(values[i] or '0') end
   if meta.deleting > 0 then return nil, deleting_error() end
+  -- A thread written before meta kept a token total (store_batch counts it once).
+  meta.tokens_missing = not values[#META_FIELDS] and (meta.stored > 0 or meta.layout ~= nil)
   return meta
 end
 
@@ -201,14 +203,14 @@ local function store_batch(keys, batch, limits, meta)
   local count = #batch.ids
   local last = meta.last_seq
   local first = last + 1
-  local total_bytes, total_media, window_bytes, window_added = 0, 0, 0, 0
+  local total_bytes, total_media, total_tokens, window_bytes, window_added = 0, 0, 0, 0, 0
   local side_fields, window_members, id_fields, otid_fields, oversized = {}, {}, {}, {}, {}
   for i = 1, count do
     local sequence = last + i
     local record = batch.records[i]
-    local side = side_info(batch.ids[i], batch.otids[i], batch.media[i], #record, batch.turn_id)
+    local side = side_info(batch.ids[i], batch.otids[i], batch.media[i], #record, batch.turn_id, batch.tokens[i])
     if #record > limits.chunk_max_bytes then
-      oversized[#oversized + 1] = {sequence, record, side, batch.media[i]}
+      oversized[#oversized + 1] = {sequence, record, side, batch.media[i], batch.tokens[i]}
     else
       side_fields[#side_fields + 1] = sequence
       side_fields[#side_fields + 1] = side
@@ -225,6 +227,7 @@ local function store_batch(keys, batch, limits, meta)
     end
     total_bytes = total_bytes + #record
     total_media = total_media + batch.media[i]
+    total_tokens = total_tokens + batch.tokens[i]
   end
 
   if #side_fields > 0 then
@@ -233,9 +236,9 @@ local function store_batch(keys, batch, limits, meta)
     redis.call('ZADD', keys.window, unpack(window_members))
   end
   for _, item in ipairs(oversized) do
-    local sequence, record, side, media = item[1], item[2], item[3], item[4]
+    local sequence, record, side, media, tokens = item[1], item[2], item[3], item[4], item[5]
     write_chunk(keys, sequence, manifest_line(sequence, side), record)
-    redis.call('ZADD', keys.large_index, sequence, large_index_member(sequence, #record, media))
+    redis.call('ZADD', keys.large_index, sequence, large_index_member(sequence, #record, media, tokens))
   end
   redis.call('HSET', keys.ids, unpack(id_fields))
   if #otid_fields > 0 then redis.call('HSET', keys.otids, unpack(otid_fields)) end
@@ -256,9 +259,14 @@ local function store_batch(keys, batch, limits, meta)
   meta.window_bytes = meta.window_bytes + window_bytes
   meta.window_count = meta.window_count + window_added
   meta.media = meta.media + total_media
+  if meta.tokens_missing then
+    meta.tokens, meta.tokens_missing = thread_tokens(keys) - total_tokens, false  -- the batch is stored already
+  end
+  meta.tokens = meta.tokens + total_tokens
   -- Numbers go to the server as they are: it writes an integer's digits exactly (to 2^53).
   redis.call('HSET', keys.meta, 'layout', meta.layout, 'last_seq', meta.last_seq,
-    'stored', meta.stored, 'bytes', meta.bytes, 'window_bytes', meta.window_bytes, 'media', meta.media)
+    'stored', meta.stored, 'bytes', meta.bytes, 'window_bytes', meta.window_bytes, 'media', meta.media,
+    'tokens', meta.tokens)
   return first
 end
 

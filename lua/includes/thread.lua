@@ -19,22 +19,27 @@ local function check_thread(keys)
   }) or check_layout(keys.meta)
 end
 
--- Reads the batch of `count` messages whose 4 arguments each (id, otid, media, record) start
--- after ARGV[offset]; batch.next_arg is the index of the first argument after them.
+-- The arguments of one message of a batch: id, otid, media, tokens, record.
+local BATCH_STRIDE = 5
+
+-- Reads the batch of `count` messages whose BATCH_STRIDE arguments each (id, otid, media,
+-- tokens, record) start after ARGV[offset]; batch.next_arg is the index of the first argument
+-- after the batch.
 local function read_batch(ARGV, offset, count, turn_id)
-  local batch = {ids = {}, otids = {}, media = {}, records = {}, turn_id = turn_id}
+  local batch = {ids = {}, otids = {}, media = {}, tokens = {}, records = {}, turn_id = turn_id}
   -- A turn id sent as "<turn_id>\t<lease>" carries the caller's lease of the turn (turn ids hold
   -- no tab): check_turn refuses the batch when another lease holds the turn.
   local turn, lease = string.match(turn_id, '^([^\t]*)\t(%d+)$')
   if turn then batch.turn_id, batch.lease = turn, tonumber(lease) end
   for i = 1, count do
-    local base = offset + (i - 1) * 4
+    local base = offset + (i - 1) * BATCH_STRIDE
     batch.ids[i] = ARGV[base + 1]
     batch.otids[i] = ARGV[base + 2]
     batch.media[i] = tonumber(ARGV[base + 3])
-    batch.records[i] = ARGV[base + 4]
+    batch.tokens[i] = tonumber(ARGV[base + 4])
+    batch.records[i] = ARGV[base + 5]
   end
-  batch.next_arg = offset + count * 4 + 1
+  batch.next_arg = offset + count * BATCH_STRIDE + 1
   return batch
 end
 

@@ -645,7 +645,8 @@ def plant(target: Target, thread, where: str, message, first_of, bomb: bytes) ->
     index = keys.chunk_index if where == "chunk" else keys.large_index
     (member,) = target.raw.zrangebyscore(index, first, first)
     fields = member.split(b":")
-    fields[-2] = str(int(fields[-2]) + delta).encode()  # first:last:count:bytes:media or seq:bytes:media
+    at = 3 if where == "chunk" else 1  # first:last:count:bytes:media:tokens or seq:bytes:media:tokens
+    fields[at] = str(int(fields[at]) + delta).encode()
     target.raw.zrem(index, member)
     target.raw.zadd(index, {b":".join(fields): first})
     target.raw.hincrby(keys.meta, "bytes", delta)

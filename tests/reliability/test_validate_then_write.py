@@ -385,7 +385,7 @@ def test_every_refusal_is_typed_and_changes_nothing(target):
          direct(_core.compact(big_ref, "S" * 6000, 2), small_ref), errors.MessageTooLarge),
         ("oversized replace, script called directly",
          lambda: run_one(s.store, with_limits(script_call(
-             "replace", ref, *ref.limits(), s.window_id, 0, b"\x92\x02" + b"R" * 6000, ""), small_ref)),
+             "replace", ref, *ref.limits(), s.window_id, 0, 1500, b"\x92\x02" + b"R" * 6000, ""), small_ref)),
          errors.MessageTooLarge),
         ("replace growing a shared chunk past chunk_max_bytes",
          lambda: thread.replace(s.chunk_id, UserMessage(content="G" * 1900)), errors.MessageTooLarge),

@@ -26,12 +26,18 @@ def image(decoded_bytes: int) -> dict:
 
 
 def sent(args) -> list[tuple[str, str, int, bytes]]:
-    """(id, otid, media, record) of each message an append sends (ARGV[14..] of lua/append.lua)."""
+    """(id, otid, media, record) of each message an append sends (ARGV[14..] of lua/append.lua,
+    whose tokens sent_tokens reads)."""
     count = args[11]
     assert args[12] == ""  # no pairs without strict history checks
-    groups = [tuple(args[13 + 4 * i : 17 + 4 * i]) for i in range(count)]
-    assert len(args) == 13 + 4 * count
-    return groups
+    groups = [tuple(args[13 + 5 * i : 18 + 5 * i]) for i in range(count)]
+    assert len(args) == 13 + 5 * count
+    return [(i, o, m, r) for i, o, m, _, r in groups]
+
+
+def sent_tokens(args) -> list[int]:
+    """The token count of each message an append sends."""
+    return [args[16 + 5 * i] for i in range(args[11])]
 
 
 def stored(record: bytes, seq: int = 1):

@@ -10,6 +10,7 @@ import pytest
 from kvstore import StoreConfig, SummaryMessage, UserMessage, errors
 from kvstore._engine import core
 from kvstore._engine.core import DELETE_STEP, ThreadRef, finishing_deletes
+from kvstore._engine.pairs import estimated_tokens
 from kvstore._engine.requests import MAX_DELETE_REFUSALS
 from kvstore._engine.record import decode_records, encode_record, record_turn_id
 
@@ -41,7 +42,8 @@ def test_compact_runs_retention_again_while_each_call_hits_the_cap(thread, fake)
     args = store.request.args
     assert tuple(args[:10]) == thread.limits()
     assert args[11] == result.id and args[12] == "" and args[13] == 0
-    (recorded,) = decode_records([(13, args[14])])
+    assert args[14] == estimated_tokens(result)
+    (recorded,) = decode_records([(13, args[15])])
     assert recorded.summary == "what happened"
 
 
@@ -219,7 +221,7 @@ def test_replace_keeps_the_originals_id_otid_date_and_turn(thread):
         fake.fetch(),
         step,
     )
-    media, record = step.request.args[11], step.request.args[12]
+    media, record = step.request.args[11], step.request.args[13]
     (written,) = decode_records([(4, record)])
     assert (written.id, written.otid, written.content) == ("m4", "o-4", "edited")
     assert written.date == message(4).date
@@ -241,9 +243,9 @@ def test_replace_of_an_unreadable_message_keeps_what_salvage_reads(thread):
         fake.fetch(),
         step,
     )
-    (written,) = decode_records([(2, step.request.args[12])])
+    (written,) = decode_records([(2, step.request.args[13])])
     assert (written.id, written.otid, written.content) == ("m2", "o-2", "fixed")
-    assert record_turn_id(step.request.args[12]) == "turn-3"
+    assert record_turn_id(step.request.args[13]) == "turn-3"
 
 
 def test_replace_of_an_unknown_id_raises_before_any_write(thread, fake):
@@ -270,7 +272,7 @@ def test_replace_over_the_media_budget_resends_with_its_parts_replaced(thread):
         again,
     )
     assert over.request.args[11] == 900 and again.request.args[11] == 0
-    assert len(again.request.args[12]) < len(over.request.args[12])
+    assert len(again.request.args[13]) < len(over.request.args[13])
     assert result.seq_id == 3 and result.content[0].type == "text"
 
 
@@ -286,7 +288,7 @@ def test_replace_refitted_to_the_media_budget_still_keeps_the_originals_id_otid_
         over,
         again,
     )
-    record = again.request.args[12]
+    record = again.request.args[13]
     (written,) = decode_records([(4, record)])
     assert (written.id, written.otid, written.date) == ("m4", "o-4", message(4).date)
     assert record_turn_id(record) == "turn-9" and again.request.args[11] == 0
@@ -299,11 +301,12 @@ def test_replace_refitted_to_the_media_budget_still_keeps_the_originals_id_otid_
 def test_stats_read_in_one_batch(thread, fake):
     fake.append(10)
     fake.roll(1, 4)
-    fake.meta.update(stored="10", bytes="1234", media="0", summary_last="3", layout="2", deleted_before="2")
+    fake.meta.update(stored="10", bytes="1234", media="0", summary_last="3", layout="2", deleted_before="2", tokens="321")
     stats = drive(core.stats(thread), fake.stats_read())
     assert stats.stored_messages == 10 and stats.window_messages == 6 and stats.chunks == 1
     assert stats.next_sequence == 11 and stats.stored_bytes == 1234
     assert stats.deleted_before_sequence == 2 and stats.summary_last_sequence == 3 and stats.layout_version == 2
+    assert stats.tokens == 321
 
 
 def test_stats_of_an_untouched_layout_1_thread_count_its_legacy_hash(thread):

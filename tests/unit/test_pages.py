@@ -211,7 +211,7 @@ def test_a_snapshot_is_the_newest_page_oldest_first_with_turn_summary_and_stats(
     fake.append(3)
     fake.append(1, make=summary)  # 4
     fake.append(2)
-    fake.meta.update(turn_id="turn-1", turn_seq="5", turn_outcome="open", summary_seq="4", summary_last="3", stored="6")
+    fake.meta.update(turn_id="turn-1", turn_seq="5", turn_outcome="open", summary_seq="4", summary_last="3", stored="6", tokens="60")
     snap = drive(core.snapshot(thread), *snapshot_pass(fake), fake.located("4"), fake.fetch())
     assert seqs(snap.messages) == [1, 2, 3, 4, 5, 6]
     assert snap.summary is not None and snap.summary.seq_id == 4
