@@ -22,7 +22,7 @@ from kvstore import (
     errors,
 )
 from kvstore.cli import backup
-from kvstore._engine.pairs import batch_pairs, history_pairs, history_tokens
+from kvstore._engine.pairs import batch_pairs, history_pairs, pair_ids
 from kvstore.messages import ApprovalReturn, ToolReturn
 
 from .layout_check import check_layout
@@ -52,7 +52,7 @@ def approval(call_id: str, request_id: str | None = None, approve: bool = True) 
                                    approvals=[ApprovalReturn(approve=approve, tool_call_id=call_id)])
 
 
-def open_tokens(raw_client, thread) -> set[str]:
+def open_pair_ids(raw_client, thread) -> set[str]:
     return {m.decode() for m in raw_client.zrange(thread.keys.pairs, 0, -1) if not m.startswith(b"m")}
 
 
@@ -75,13 +75,13 @@ def refused_unchanged(raw_client, namespace, call, expected=errors.HistoryConfli
 
 
 def test_what_each_message_opens_and_answers():
-    assert history_tokens(call("c1", "c2")) == (["c:c1", "c:c2"], [])
-    assert history_tokens(answer("c1", "c2")) == ([], ["c:c1", "c:c2"])  # tool_call_id repeats its first return
-    assert history_tokens(approval_request("c1", "message-r")) == (["c:c1", "p:c1", "a:message-r"], [])
-    assert history_tokens(approval("c1", "message-r")) == ([], ["a:message-r", "p:c1"])
+    assert pair_ids(call("c1", "c2")) == (["c:c1", "c:c2"], [])
+    assert pair_ids(answer("c1", "c2")) == ([], ["c:c1", "c:c2"])  # tool_call_id repeats its first return
+    assert pair_ids(approval_request("c1", "message-r")) == (["c:c1", "p:c1", "a:message-r"], [])
+    assert pair_ids(approval("c1", "message-r")) == ([], ["a:message-r", "p:c1"])
     given_result = ApprovalResponseMessage(approvals=[ToolReturn(status="success", tool_call_id="c1", tool_return="x")])
-    assert history_tokens(given_result) == ([], ["p:c1", "c:c1"])
-    assert history_tokens(UserMessage(content="hi")) == ([], [])
+    assert pair_ids(given_result) == ([], ["p:c1", "c:c1"])
+    assert pair_ids(UserMessage(content="hi")) == ([], [])
     # Lengths are bytes, so ids in any script frame exactly.
     assert history_pairs(answer("é\t;:x")) == "-" + str(len("c:é\t;:x".encode())) + ":c:é\t;:x"
     assert batch_pairs([UserMessage(content="a"), AssistantMessage(content="b")]) == ""
@@ -103,7 +103,7 @@ def test_an_answer_to_no_open_call_is_refused_and_writes_nothing(make_thread, ra
     thread.append(call("c2", "c3"))
     refused_unchanged(raw_client, namespace, lambda: thread.append(answer("c2", "c9")))
     thread.append(answer("c2", "c3"))
-    assert open_tokens(raw_client, thread) == set()
+    assert open_pair_ids(raw_client, thread) == set()
     assert thread.stats().stored_messages == 5
     intact(raw_client, thread)
 
@@ -119,7 +119,7 @@ def test_call_ids_of_any_text_pair_exactly(make_thread, raw_client, namespace, c
                       thread.append(answer("-")))
     thread.append(answer(call_id))
     refused_unchanged(raw_client, namespace, lambda: thread.append(answer(call_id)))
-    assert open_tokens(raw_client, thread) == set()
+    assert open_pair_ids(raw_client, thread) == set()
 
 
 def test_approvals_answer_pending_requests_only(make_thread, raw_client, namespace):
@@ -129,11 +129,11 @@ def test_approvals_answer_pending_requests_only(make_thread, raw_client, namespa
     refused_unchanged(raw_client, namespace, lambda: thread.append(approval("pay-2", request.id)))
     thread.append(approval("pay-1", request.id))
     # The approval is answered, the call still waits for its result.
-    assert open_tokens(raw_client, thread) == {"c:pay-1"}
+    assert open_pair_ids(raw_client, thread) == {"c:pay-1"}
     assert "approval request" in refused_unchanged(
         raw_client, namespace, lambda: thread.append(approval("pay-1", request.id)))
     thread.append(answer("pay-1"))
-    assert open_tokens(raw_client, thread) == set()
+    assert open_pair_ids(raw_client, thread) == set()
 
 
 def test_a_batch_is_checked_message_by_message_and_refused_whole(make_thread, raw_client, namespace):
@@ -206,7 +206,7 @@ def test_retention_trims_the_state_with_the_messages(make_thread, raw_client):
     assert stats.deleted_before_sequence > 90 and stats.stored_messages < 60
     scores = raw_client.zrange(thread.keys.pairs, 0, -1, withscores=True)
     assert scores and min(score for _, score in scores) >= stats.deleted_before_sequence
-    assert open_tokens(raw_client, thread) == {"c:pending"}
+    assert open_pair_ids(raw_client, thread) == {"c:pending"}
     thread.append(answer("pending"))
     intact(raw_client, thread, window_size=4, chunk_size=4, retained_message_limit=8)
 
@@ -238,7 +238,7 @@ def test_removing_a_turn_keeps_the_pairs(make_thread, raw_client, namespace):
     assert "tool call late" in refused_unchanged(raw_client, namespace, lambda: thread.remove_turn("t2"))
     # t1 answered a call made before it: that call is open again, its own pair is gone.
     assert thread.remove_turn("t1") == 3
-    assert open_tokens(raw_client, thread) == {"c:early"}
+    assert open_pair_ids(raw_client, thread) == {"c:early"}
     thread.append(answer("early"))
     with pytest.raises(errors.HistoryConflict):
         thread.append(answer("inner"))
@@ -310,7 +310,7 @@ def test_the_store_refuses_exactly_the_answers_to_nothing_open(make_thread, raw_
         else:
             refused_unchanged(raw_client, namespace, lambda: thread.append(batch))
         expected = {f"c:{c}" for c in open_calls} | {f"p:{c}" for c in pending}
-        assert {t for t in open_tokens(raw_client, thread) if not t.startswith("a:")} == expected
+        assert {t for t in open_pair_ids(raw_client, thread) if not t.startswith("a:")} == expected
     assert thread.stats().stored_messages == stored
     intact(raw_client, thread, window_size=3, chunk_size=2)
 
@@ -325,7 +325,7 @@ def test_a_fork_by_a_strict_store_is_checked_with_the_calls_open_at_its_fork_poi
     source.append(answer("f2"))
     fork = source.fork("forked", at=fork_point.id)
     assert fork.stats().history_checked
-    assert open_tokens(raw_client, fork) == {"c:f2", "c:f3"}
+    assert open_pair_ids(raw_client, fork) == {"c:f2", "c:f3"}
     refused_unchanged(raw_client, namespace, lambda: fork.append(answer("f1")))
     fork.append(answer("f2"))
 
@@ -351,7 +351,7 @@ def test_a_restore_by_a_strict_store_builds_the_open_calls_and_refuses_nothing(s
     restore_text(target, "restored", export_text(source_store, "source"))
     restored = target.thread("restored")
     assert restored.stats().history_checked and restored.stats().stored_messages == 7
-    assert open_tokens(raw_client, restored) == {"c:f3"}
+    assert open_pair_ids(raw_client, restored) == {"c:f3"}
     refused_unchanged(raw_client, namespace, lambda: restored.append(answer("f2")))
     restored.append(answer("f3"))
     intact(raw_client, restored, window_size=4, chunk_size=2)

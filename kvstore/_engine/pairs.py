@@ -59,10 +59,10 @@ def answered_ids(message: Message) -> tuple[str, ...]:
     return tuple(i for i in ids if i is not None)
 
 
-def history_tokens(message: Message) -> tuple[list[str], list[str]]:
+def pair_ids(message: Message) -> tuple[list[str], list[str]]:
     """What `message` opens and answers, as strict history checks track them (docs/HISTORY.md,
     "Checked updates"): ``c:<id>`` a tool call, ``p:<id>`` the approval of a tool call,
-    ``a:<id>`` an approval request message. Each token once, in the message's order."""
+    ``a:<id>`` an approval request message (its pair ids). Each once, in the message's order."""
     opens: list[str] = []
     answers: list[str] = []
     if isinstance(message, (ToolCallMessage, ApprovalRequestMessage)):
@@ -89,13 +89,13 @@ def history_tokens(message: Message) -> tuple[list[str], list[str]]:
 
 
 def history_pairs(message: Message) -> str:
-    """The pairs argument lua/includes/history.lua reads: ``-<length>:<token>`` per answer, then
-    ``+<length>:<token>`` per opened token (lengths in bytes: Lua counts bytes)."""
-    opens, answers = history_tokens(message)
+    """The pairs argument lua/includes/history.lua reads: ``-<length>:<pair id>`` per answer, then
+    ``+<length>:<pair id>`` per one it opens (lengths in bytes: Lua counts bytes)."""
+    opens, answers = pair_ids(message)
     parts = []
-    for op, tokens in (("-", answers), ("+", opens)):
-        for token in tokens:
-            parts.append(f"{op}{len(token.encode())}:{token}")
+    for op, ids in (("-", answers), ("+", opens)):
+        for pair_id in ids:
+            parts.append(f"{op}{len(pair_id.encode())}:{pair_id}")
     return "".join(parts)
 
 

@@ -1,22 +1,22 @@
 --- @include "includes/checks"
 -- Checked updates (StoreConfig(history_checks="strict"); docs/HISTORY.md, "Checked updates").
 --
--- A message's *pairs* are the tokens it opens and answers, computed by the client
+-- A message's *pairs* are the pair ids it opens and answers, computed by the client
 -- (kvstore/_engine/pairs.py: history_pairs) and sent with strict checks only: a message's pairs
--- argument is items '+<length>:<token>' (opens) and '-<length>:<token>' (answers), answers
--- first. A token is 'c:<tool call id>', 'p:<tool call id>' (its approval) or
--- 'a:<approval request message id>'. Lua never reads a record: the tokens are all it knows.
+-- argument is items '+<length>:<pair id>' (opens) and '-<length>:<pair id>' (answers), answers
+-- first. A pair id is 'c:<tool call id>', 'p:<tool call id>' (its approval) or
+-- 'a:<approval request message id>'. Lua never reads a record: the pair ids are all it knows.
 --
 -- The thread's state is the sorted set `pairs`:
--- - member <token>, score = the sequence of the message that opened it: a token open now;
+-- - member <pair id>, score = the sequence of the message that opened it: a pair id open now;
 -- - member 'm<sequence>\t<that message's pairs argument>', score = the sequence: what a stored
---   message opens and answers, for replace and remove_turn (tokens never start with 'm').
+--   message opens and answers, for replace and remove_turn (pair ids never start with 'm').
 -- Both go with retention (the scores below deleted_before) and with delete. meta 'checked' = 1
 -- says the state covers the thread from its first message: only such a thread is checked. A
 -- write without strict checks to a checked thread drops the state (its messages' pairs are not
 -- known), and the thread is not checked from then on.
 
--- The items of a pairs argument, as a list of {op, token}; nil for a malformed one.
+-- The items of a pairs argument, as a list of {op, pair id}; nil for a malformed one.
 local function parse_pairs(spec)
   local items, at = {}, 1
   while at <= #spec do
@@ -30,14 +30,14 @@ local function parse_pairs(spec)
   return items
 end
 
-local TOKEN_KINDS = {c = 'tool call', p = 'approval of tool call', a = 'approval request'}
+local PAIR_KINDS = {c = 'tool call', p = 'approval of tool call', a = 'approval request'}
 
 local function history_error(detail)
   return redis.error_reply('KVS_HISTORY ' .. detail)
 end
 
-local function token_name(token)
-  return (TOKEN_KINDS[string.sub(token, 1, 1)] or 'token') .. ' ' .. string.sub(token, 3)
+local function pair_name(pair_id)
+  return (PAIR_KINDS[string.sub(pair_id, 1, 1)] or 'pair id') .. ' ' .. string.sub(pair_id, 3)
 end
 
 -- Reads the batch's pairs (strict checks only) into batch.pairs, one per message: `spec` is
@@ -68,8 +68,8 @@ local function history_tracked(meta, limits)
   return limits.strict_history and (meta.checked > 0 or meta.last_seq == 0)
 end
 
--- Checks the batch's answers against the open tokens, before any write. Returns an error reply,
--- or nil and leaves in batch.history what apply_history writes: 'drop', or the tokens' new
+-- Checks the batch's answers against the open pair ids, before any write. Returns an error reply,
+-- or nil and leaves in batch.history what apply_history writes: 'drop', or the pair ids' new
 -- states. `lenient` (a restore) refuses no answer: one to nothing open changes nothing.
 local function check_history(keys, batch, limits, meta, lenient)
   if not limits.strict_history then
@@ -85,17 +85,17 @@ local function check_history(keys, batch, limits, meta, lenient)
       local items = parse_pairs(spec)
       if not items then return history_error(string.format('message %d: malformed pairs argument', i - 1)) end
       for _, item in ipairs(items) do
-        local op, token = item[1], item[2]
-        local state = states[token]
+        local op, pair_id = item[1], item[2]
+        local state = states[pair_id]
         if op == '-' then
           local open
           if state then
             open = state.open
           elseif history.any then
-            open = redis.call('ZSCORE', keys.pairs, token) ~= false
+            open = redis.call('ZSCORE', keys.pairs, pair_id) ~= false
           else
             -- The first read of the key doubles as its type check.
-            local score = redis.pcall('ZSCORE', keys.pairs, token)
+            local score = redis.pcall('ZSCORE', keys.pairs, pair_id)
             if type(score) == 'table' and score.err then
               return check_key_types({{keys.pairs, 'zset'}}) or redis.error_reply(tostring(score.err))
             end
@@ -103,10 +103,10 @@ local function check_history(keys, batch, limits, meta, lenient)
           end
           if not open and not lenient then
             return history_error(string.format('message %d (%s) answers %s, which is not open in the thread: never made, or already answered',
-              i - 1, batch.ids[i], token_name(token)))
+              i - 1, batch.ids[i], pair_name(pair_id)))
           end
-          if not state then order[#order + 1] = token end
-          states[token] = {open = false, closed = true}
+          if not state then order[#order + 1] = pair_id end
+          states[pair_id] = {open = false, closed = true}
         else
           if not history.any then
             local err = check_key_types({{keys.pairs, 'zset'}})
@@ -114,8 +114,8 @@ local function check_history(keys, batch, limits, meta, lenient)
             history.any = true
           end
           if not state then
-            order[#order + 1] = token
-            states[token] = {open = true, at = i}
+            order[#order + 1] = pair_id
+            states[pair_id] = {open = true, at = i}
           elseif not state.open then
             state.open, state.at = true, i
           end
@@ -134,7 +134,7 @@ local function drop_history(keys)
 end
 
 -- Writes what check_history decided, for the batch stored from sequence `first`: one ZREM of
--- every token an answer touched, then one ZADD NX of the tokens open now (a token still open
+-- every pair id an answer touched, then one ZADD NX of the pair ids open now (a pair id still open
 -- from before keeps its first sequence) and the messages' records.
 local function apply_history(keys, batch, first)
   local history = batch.history
@@ -143,13 +143,13 @@ local function apply_history(keys, batch, first)
   if history.mark then redis.call('HSET', keys.meta, 'checked', '1') end
   if not history.any then return end
   local answered, added = {}, {}
-  -- In the order the tokens came (a table's own order is not the same on every server).
-  for _, token in ipairs(history.order) do
-    local state = history.states[token]
-    if state.closed then answered[#answered + 1] = token end
+  -- In the order the pair ids came (a table's own order is not the same on every server).
+  for _, pair_id in ipairs(history.order) do
+    local state = history.states[pair_id]
+    if state.closed then answered[#answered + 1] = pair_id end
     if state.open then
       added[#added + 1] = first + state.at - 1
-      added[#added + 1] = token
+      added[#added + 1] = pair_id
     end
   end
   for i, spec in ipairs(batch.pairs) do
@@ -162,7 +162,7 @@ local function apply_history(keys, batch, first)
   if #added > 0 then redis.call('ZADD', keys.pairs, 'NX', unpack(added)) end
 end
 
--- Retention deleted every sequence below `before`: their tokens and pairs records go too.
+-- Retention deleted every sequence below `before`: their pair ids and pairs records go too.
 local function trim_history(keys, before)
   redis.call('ZREMRANGEBYSCORE', keys.pairs, '-inf', '(' .. string.format('%d', before))
 end
@@ -210,15 +210,15 @@ local function plan_turn_removal(keys, limits, turn)
       local items = (tab and parse_pairs(string.sub(member, tab + 1))) or {}
       local record = turn[sequence] and {member = member, opens = {}, answers = {}}
       for _, item in ipairs(items) do
-        local op, token = item[1], item[2]
+        local op, pair_id = item[1], item[2]
         if op == '+' then
-          opener[token] = sequence
-          if record then record.opens[#record.opens + 1] = token end
+          opener[pair_id] = sequence
+          if record then record.opens[#record.opens + 1] = pair_id end
         elseif record then
-          record.answers[#record.answers + 1] = {token, opener[token]}
-        elseif opener[token] and turn[opener[token]] then
+          record.answers[#record.answers + 1] = {pair_id, opener[pair_id]}
+        elseif opener[pair_id] and turn[opener[pair_id]] then
           return history_error(string.format('removing the turn would leave the message at sequence %d answering %s, which the turn made',
-            sequence, token_name(token)))
+            sequence, pair_name(pair_id)))
         end
       end
       if record then records[sequence] = record end
@@ -238,14 +238,14 @@ local function remove_history(keys, plan, sequences)
     local record = plan.records[sequence]
     if record then
       gone[#gone + 1] = record.member
-      for _, token in ipairs(record.opens) do
-        if tonumber(redis.call('ZSCORE', keys.pairs, token)) == sequence then gone[#gone + 1] = token end
+      for _, pair_id in ipairs(record.opens) do
+        if tonumber(redis.call('ZSCORE', keys.pairs, pair_id)) == sequence then gone[#gone + 1] = pair_id end
       end
       for _, answer in ipairs(record.answers) do
-        local token, opened_at = answer[1], answer[2]
+        local pair_id, opened_at = answer[1], answer[2]
         if opened_at and not plan.turn[opened_at] then
           reopened[#reopened + 1] = opened_at
-          reopened[#reopened + 1] = token
+          reopened[#reopened + 1] = pair_id
         end
       end
     end
