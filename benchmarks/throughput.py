@@ -174,7 +174,8 @@ def _ceiling_commands(url: str, namespace: str) -> tuple[list[str], Callable[[st
         head = [str(a) for a in script_command(store, request)[:2]]  # FCALL <function>, as the store sends it
     finally:
         client.close()
-    args = [str(a) for a in request.args[:12]]  # the limits, turn id, count
+    args = [str(a) for a in request.args[:13]]  # the limits, turn id, count, pairs ('': no checks)
+    tokens = str(request.args[16])  # the message's token count (lua/append.lua: id, otid, media, tokens, record)
     # Every record must differ, as real ones do (each holds its message id): the window is a
     # sorted set, where an equal record would only move, not add.
     record = blob[: -len("__rand_int__")] + "__rand_int__"
@@ -183,7 +184,7 @@ def _ceiling_commands(url: str, namespace: str) -> tuple[list[str], Callable[[st
     # the same second, so ids are made distinct per run by a prefix of their own.
     def kvstore(run: str) -> list[str]:
         return [*head, str(len(request.keys)), *request.keys, *args,
-                f"message-{run}-__rand_int__", "", "0", record]
+                f"message-{run}-__rand_int__", "", "0", tokens, record]
     return bare, kvstore, blob
 
 
