@@ -12,7 +12,7 @@ import random
 import pytest
 
 from kvstore import AssistantMessage, StoreConfig, ToolCallMessage, ToolReturnMessage, UserMessage, errors
-from kvstore._engine.core import Batch, ThreadRef, context
+from kvstore._engine.core import Batch, ThreadRef, context, snapshot, stats
 from kvstore._engine.pairs import estimated_tokens
 from kvstore._engine.wire import ChunkEntry, LargeEntry, side_tokens
 
@@ -220,7 +220,7 @@ def test_side_infos_and_members_written_without_counts_still_read(make_thread, r
     # Read as they are: pages, stats by the rule, a budgeted context.
     assert list(thread.iter()) == before
     by_rule = old_rule_total(raw_client, keys)
-    assert thread.stats().tokens == by_rule
+    assert thread.stats().tokens == math.ceil(int(raw_client.hget(keys.meta, "bytes")) / 4)
     assert thread.context(max_tokens=10**9)[-1] == before[-1]
     # A budget is planned by the rule, in two round trips, as the client counting by it gives.
     by_seq = stored_counts(raw_client, keys)
@@ -250,6 +250,28 @@ def test_side_infos_and_members_written_without_counts_still_read(make_thread, r
     assert thread.stats().tokens == int(raw_client.hget(keys.meta, "tokens"))
 
 
+def test_stats_of_a_thread_written_before_counts_reads_no_more_than_before(backend, namespace):
+    """stats() and snapshot() of a thread no write has touched since counts were kept are one
+    round trip whatever the thread's length (a read of every index member per call would make an
+    archive's page loads grow with it): its total is the rule on its stored bytes until its
+    first write counts each chunk and message."""
+    store = make_sync_store(backend, StoreConfig(namespace=namespace, **SMALL))
+    thread = store.thread("archive")
+    thread.append(users(40))
+    _, counted_snapshot = drive(store, snapshot(thread._ref))
+    strip_counts(store.client, thread.keys)
+    stored_bytes = int(store.client.hget(thread.keys.meta, "bytes"))
+    result, requests = drive(store, stats(thread._ref))
+    assert len(requests) == 1
+    assert result.tokens == math.ceil(stored_bytes / 4)
+    result, requests = drive(store, snapshot(thread._ref))
+    assert requests == counted_snapshot and result.stats.tokens == math.ceil(stored_bytes / 4)
+    # The first write counts it by each member and window message, and adds its own.
+    by_rule = old_rule_total(store.client, thread.keys)
+    thread.append(UserMessage(content="new"), tokens=[5])
+    assert thread.stats().tokens == by_rule + 5
+
+
 def test_an_old_escaped_side_info_reads(make_thread, raw_client):
     thread = make_thread()
     keys = keys_of(thread)
@@ -257,9 +279,9 @@ def test_an_old_escaped_side_info_reads(make_thread, raw_client):
     # An id holding a tab, as a layout-1 migration wrote it before counts: escaped, no count.
     raw_client.hset(keys.window_side, 1, b"a%09b\t\t0\t40\t\t%")
     raw_client.hdel(keys.meta, "tokens")
-    assert thread.stats().tokens == 10 + 4
+    # The next write counts it: 40 record bytes by the rule, the other message's stored count.
     thread.append(UserMessage(content="c"), tokens=[1])
-    assert int(raw_client.hget(keys.meta, "tokens")) == 10 + 4 + 1
+    assert int(raw_client.hget(keys.meta, "tokens")) == 10 + 4 + 1 == thread.stats().tokens
 
 
 # --- context(max_tokens) from the stored counts ------------------------------------------------

@@ -17,7 +17,7 @@ from .budget import budgeted_context, stored_tokens
 from .pages import gathering, list_page, pages
 from .pairs import PAIR_LOOKBACK, TokenCounter, answered_ids, estimated_tokens, opened_ids, orphans, without_orphans
 from .reads import fetch_sequences
-from .wire import ChunkEntry, LargeEntry, side_tokens
+from .wire import record_tokens
 from .requests import MAX_LIMIT, MAX_READ_ATTEMPTS, SNAPSHOT_SIZE, Batch, Cursor, Operation, ThreadRef, changed_under_reads
 
 log = logging.getLogger("kvstore")
@@ -25,23 +25,7 @@ log = logging.getLogger("kvstore")
 
 def stats(thread: ThreadRef) -> Operation:
     meta, window, chunks, large, legacy = yield Batch(_stats_commands(thread.keys))
-    tokens = yield from _untracked_tokens(thread.keys, meta)
-    return _stats_from(meta, window, chunks + large, legacy, tokens)
-
-
-def _untracked_tokens(keys: ThreadKeys, meta: dict) -> Operation:
-    """The tokens of a thread written before meta kept their total (None when meta keeps it):
-    summed over its index members and window side infos, as the next write will count them
-    (lua/includes/index.lua: thread_tokens)."""
-    if b"tokens" in meta or b"stored" not in meta or b"deleting" in meta:
-        return None
-    chunks, large, sides = yield Batch([
-        ("ZRANGE", keys.chunk_index, 0, -1),
-        ("ZRANGE", keys.large_index, 0, -1),
-        ("HGETALL", keys.window_side),
-    ])
-    return (sum(ChunkEntry.parse(m).tokens for m in chunks) + sum(LargeEntry.parse(m).tokens for m in large)
-            + sum(side_tokens(s) for s in (sides.values() if isinstance(sides, dict) else sides[1::2])))
+    return _stats_from(meta, window, chunks + large, legacy)
 
 
 def _stats_commands(keys: ThreadKeys) -> list[tuple[Any, ...]]:
@@ -54,7 +38,7 @@ def _stats_commands(keys: ThreadKeys) -> list[tuple[Any, ...]]:
     ]
 
 
-def _stats_from(meta: dict, window: int, chunks: int, legacy: int, tokens: int | None = None) -> ThreadStats:
+def _stats_from(meta: dict, window: int, chunks: int, legacy: int) -> ThreadStats:
     fields = {(k.decode() if isinstance(k, bytes) else k): v for k, v in meta.items()}
     if "deleting" in fields:  # an interrupted delete(): the thread reads as empty
         fields, window, chunks, legacy = {}, 0, 0, 0
@@ -82,7 +66,9 @@ def _stats_from(meta: dict, window: int, chunks: int, legacy: int, tokens: int |
         forked_from=_text(fields["fork_of"]) if "fork_of" in fields else None,
         fork_sequence=number("fork_at"),
         history_checked=number("checked") == 1,
-        tokens=tokens if tokens is not None else number("tokens") or 0,
+        # A thread no write has touched since meta kept a total: the rule on its stored bytes
+        # (its first write counts each chunk and message, lua/includes/index.lua: ensure_tokens).
+        tokens=number("tokens") if "tokens" in fields else record_tokens(number("bytes") or 0),
     )
 
 
@@ -109,12 +95,11 @@ def snapshot(thread: ThreadRef) -> Operation:
             )
         unreadable = list(page.unreadable)
         summary = yield from _summary(thread, fields, unreadable)
-        tokens = yield from _untracked_tokens(keys, meta)
         return ThreadSnapshot(
             messages=list(reversed(page.messages)),
             summary=summary,
             turn=turn,
-            stats=_stats_from(meta, window, chunks + large, legacy, tokens),
+            stats=_stats_from(meta, window, chunks + large, legacy),
             unreadable=sorted(set(unreadable)),
         )
     raise changed_under_reads()
