@@ -140,8 +140,21 @@ def default_tokens(record: bytes, turn_id: str | None) -> int:
     return record_tokens(len(record) - len(msgpack.packb(turn_id, use_bin_type=True)))
 
 
+def _is_count(tokens: object) -> bool:
+    return isinstance(tokens, int) and not isinstance(tokens, bool) and tokens >= 0
+
+
 def checked_tokens(tokens: object, what: str) -> int:
     """`tokens` when it is an int >= 0, else InvalidMessage naming `what`."""
-    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
+    if not _is_count(tokens):
         raise errors.InvalidMessage(f"the token count of {what} is {tokens!r}: it must be an int >= 0")
+    return tokens  # type: ignore[return-value]
+
+
+def counted(counter: TokenCounter, message: Message, what: str) -> int:
+    """What `counter` gives for `message`, else InvalidMessage naming `what` when that is not an
+    int >= 0."""
+    tokens = counter(message)
+    if not _is_count(tokens):
+        raise errors.InvalidMessage(f"the token counter gave {tokens!r} for {what}: it must give an int >= 0")
     return tokens

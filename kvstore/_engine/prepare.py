@@ -26,7 +26,7 @@ from ..messages import (
     strip_inline_media,
     unknown_fields,
 )
-from .pairs import TokenCounter, checked_tokens, default_tokens
+from .pairs import TokenCounter, checked_tokens, counted, default_tokens
 from .record import encode_message
 from .requests import MAX_TOKEN_LENGTH, Operation
 
@@ -71,7 +71,7 @@ class PreparedMessage:
         if tokens is not None:
             return cls(stored, record, media, tokens)
         if counter is not None:
-            return cls(stored, record, media, _counted(counter, stored, what), counter, True)
+            return cls(stored, record, media, counted(counter, stored, what), counter, True)
         # The default rule from the record just made: no second encoding on the append path.
         return cls(stored, record, media, default_tokens(record, turn_id), None, True)
 
@@ -83,15 +83,8 @@ class PreparedMessage:
         message, record = encode_message(strip_inline_media(self.message, self.media - available), turn_id)
         tokens = self.tokens
         if self.counted:
-            tokens = _counted(self.counter, message, "the message") if self.counter else default_tokens(record, turn_id)
+            tokens = counted(self.counter, message, "the message") if self.counter else default_tokens(record, turn_id)
         return PreparedMessage(message, record, inline_media_bytes(message), tokens, self.counter, self.counted)
-
-
-def _counted(counter: TokenCounter, message: Message, what: str) -> int:
-    tokens = counter(message)
-    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
-        raise errors.InvalidMessage(f"the token counter gave {tokens!r} for {what}: it must give an int >= 0")
-    return tokens
 
 
 def given_tokens(tokens: Any, count: int) -> list[int | None]:

@@ -15,7 +15,7 @@ from ..models import MessagesPage, ThreadSnapshot, ThreadStats, TurnState
 from .keys import ThreadKeys
 from .budget import budgeted_context, stored_tokens
 from .pages import gathering, list_page, pages
-from .pairs import PAIR_LOOKBACK, TokenCounter, answered_ids, estimated_tokens, opened_ids, orphans, without_orphans
+from .pairs import PAIR_LOOKBACK, TokenCounter, answered_ids, counted, estimated_tokens, opened_ids, orphans, without_orphans
 from .reads import fetch_sequences
 from .wire import record_tokens
 from .requests import MAX_LIMIT, MAX_READ_ATTEMPTS, SNAPSHOT_SIZE, Batch, Cursor, Operation, ThreadRef, changed_under_reads
@@ -158,7 +158,9 @@ def context(thread: ThreadRef, max_tokens: int | None = None, count_tokens: Toke
                 _text(deleted_before),
             )
         skip = int(summary_seq) if summary_seq is not None else None
-        budget = None if max_tokens is None else max_tokens - (_tokens(count, summary) if summary else 0)
+        budget = max_tokens
+        if budget is not None and summary is not None:
+            budget -= counted(count, summary, f"message {summary.id}")
         if budget is None:
             read: list[MessagesPage] = []
             yield from gathering(pages(thread, after=after, limit=MAX_LIMIT), read.append)
@@ -168,7 +170,7 @@ def context(thread: ThreadRef, max_tokens: int | None = None, count_tokens: Toke
             body, left = yield from _newest_within(thread, after, skip, budget, count)
         if after is not None and left != 0:
             extra = yield from _openers_before(thread, after, body)
-            if left is None or sum(_tokens(count, m) for m in extra) <= left:
+            if left is None or sum(counted(count, m, f"message {m.id}") for m in extra) <= left:
                 body = extra + body
         (now,) = yield Batch([("HGET", keys.meta, "summary_seq")])
         if now == summary_seq:
@@ -182,13 +184,6 @@ ABOVE_EVERY_SEQUENCE = 2**53
 
 # The first page a budgeted context reads; each next one is twice as long (up to MAX_LIMIT).
 BUDGET_FIRST_PAGE = 50
-
-
-def _tokens(count: TokenCounter, message: Message) -> int:
-    tokens = count(message)
-    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
-        raise errors.InvalidMessage(f"the token counter gave {tokens!r} for message {message.id}: it must give an int >= 0")
-    return tokens
 
 
 def _newest_within(thread: ThreadRef, after: int | None, skip: int | None, budget: int,
@@ -207,7 +202,7 @@ def _newest_within(thread: ThreadRef, after: int | None, skip: int | None, budge
         for message in page.messages:
             if message.seq_id == skip:
                 continue
-            tokens = _tokens(count, message)
+            tokens = counted(count, message, f"message {message.id}")
             if tokens > budget:
                 newest_first.reverse()
                 return newest_first, 0
