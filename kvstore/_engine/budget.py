@@ -22,10 +22,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..messages import Message, SummaryMessage
-from .pages import _score_pairs
 from .record import RecordError, decode_records
 from .requests import MAX_READ_ATTEMPTS, Batch, Operation, ThreadRef, changed_under_reads
-from .wire import ChunkEntry, LargeEntry, manifest_tokens, side_tokens, split_chunk
+from .wire import ChunkEntry, LargeEntry, hash_pairs, manifest_tokens, score_pairs, side_tokens, split_chunk
 
 log = logging.getLogger("kvstore")
 
@@ -70,7 +69,7 @@ def budgeted_context(thread: ThreadRef, max_tokens: int) -> Operation:
             log.warning(
                 "thread %s has deleted messages (before sequence %s) but no summary: its model input"
                 " starts mid-conversation", keys.meta, deleted_before.decode())
-        plan.window = {int(s): side_tokens(v) for s, v in _pairs(sides)}
+        plan.window = {int(s): side_tokens(v) for s, v in hash_pairs(sides)}
         chunks = [ChunkEntry.parse(m) for m in chunk_members]
         large = [LargeEntry.parse(m) for m in large_members]
         more_chunks, more_large = len(chunks) == PLAN_MEMBERS, len(large) == PLAN_MEMBERS
@@ -105,13 +104,6 @@ def budgeted_context(thread: ThreadRef, max_tokens: int) -> Operation:
         if fetched is not None:
             return _cut(thread, plan, fetched, max_tokens)
     raise changed_under_reads()
-
-
-def _pairs(reply: Any) -> list[tuple[bytes, bytes]]:
-    """A hash's fields and values: a dict in redis-py, a flat list from some clients."""
-    if isinstance(reply, dict):
-        return list(reply.items())
-    return list(zip(reply[0::2], reply[1::2]))
 
 
 @dataclass(slots=True)
@@ -215,7 +207,7 @@ def _fetch(thread: ThreadRef, plan: _Plan, gen: bytes, summary_seq: bytes | None
     tokens: dict[int, int] = {}
     at = 0
     if window_low is not None:
-        for member, score in _score_pairs(replies[0]):
+        for member, score in score_pairs(replies[0]):
             sequence = int(float(score))
             if sequence in plan.window:
                 records[sequence] = member

@@ -34,7 +34,7 @@ from .requests import (
     int_or_zero,
 )
 from .scripts import SCRIPTS
-from .wire import split_chunk
+from .wire import score_pairs, split_chunk
 
 # (sequence, record) pairs, in walk order.
 Entries = list[tuple[int, bytes]]
@@ -217,7 +217,7 @@ def _merge(plan: Plan, fetch: _Fetch, results: list[Any], upward: bool) -> Entri
     replies = iter(results)
     found: dict[int, bytes] = {}
     if plan.window:
-        for member, score in _score_pairs(next(replies)):
+        for member, score in score_pairs(next(replies)):
             found[int(float(score))] = member
     for _first, _last, kind in plan.chunks:
         reply = next(replies)
@@ -259,7 +259,7 @@ def _newest(thread: ThreadRef, need: int) -> Operation:
         return [], False, 0
     last = int_or_zero(last_seq)
     if len(members) == need:
-        (member, score), *_ = _score_pairs(bottom) or [(None, 0)]
+        (member, score), *_ = score_pairs(bottom) or [(None, 0)]
         # The member compared: an append between the two reads shifts the ranks.
         if member != members[-1] or last - int(float(score)) != need - 1:
             return None
@@ -267,13 +267,6 @@ def _newest(thread: ThreadRef, need: int) -> Operation:
     if members and len(members) == last:
         return [(last - i, m) for i, m in enumerate(members)], False, int_or_zero(deleted_before)
     return None
-
-
-def _score_pairs(reply: list) -> list[tuple[Any, Any]]:
-    """(member, score) pairs of a WITHSCORES reply: flat in RESP2, nested in RESP3."""
-    if reply and isinstance(reply[0], list):
-        return [(member, score) for member, score in reply]
-    return list(zip(reply[0::2], reply[1::2]))
 
 
 # ------------------------------------------------------------------------------ turn page

@@ -228,6 +228,20 @@ def _fields(member: bytes | str, counts: tuple[int, ...], what: str) -> list[int
     return [int(f) for f in text.split(":")]
 
 
+def score_pairs(reply: list) -> list[tuple[Any, Any]]:
+    """(member, score) pairs of a WITHSCORES reply: flat in RESP2, nested in RESP3."""
+    if reply and isinstance(reply[0], list):
+        return [(member, score) for member, score in reply]
+    return list(zip(reply[0::2], reply[1::2]))
+
+
+def hash_pairs(reply: Any) -> list[tuple[Any, Any]]:
+    """(field, value) pairs of an HGETALL reply: a dict from redis-py, a flat list otherwise."""
+    if isinstance(reply, dict):
+        return list(reply.items())
+    return list(zip(reply[0::2], reply[1::2]))
+
+
 def record_tokens(record_bytes: int) -> int:
     """The documented count of a message stored without one: a token per 4 record bytes,
     rounded up (lua/includes/format.lua: bytes_tokens; pairs.py: estimated_tokens, the same
