@@ -360,3 +360,23 @@ def test_a_restore_by_a_strict_store_builds_the_open_calls_and_refuses_nothing(s
     assert not source_store.thread("plain").stats().history_checked
     source_store.close()
     target.close()
+
+
+def test_a_call_resent_by_redis_py_is_a_replay_not_a_second_answer(make_thread):
+    """redis-py sends a timed-out command again as it was: the answer it carries was stored by
+    the first run, and the second run is a replay (checked before the history is)."""
+    from kvstore._engine import core as _core
+    from kvstore._engine.executor import send_request
+
+    thread = make_thread("resent", **STRICT)
+    thread.append(call("r1"))
+    inner = getattr(thread, "_thread", thread)
+    request = next(_core.append(inner._ref, [answer("r1"), AssistantMessage(content="done")], None))
+
+    def execute():
+        result = send_request(inner._store, request)
+        return thread._loop.run_until_complete(result) if hasattr(result, "__await__") else result
+
+    assert [int(x) for x in execute()] == [1, 2]
+    assert int(execute()[0]) == 0  # a replay: nothing stored again, nothing refused
+    assert thread.stats().stored_messages == 3
