@@ -170,7 +170,8 @@ _ABORTS = (errors.ServerError, errors.OutcomeUnknown, errors.NotDurable, redis.C
 
 def import_langchain(store: Any, source: redis.Redis, pattern: str | None = None,
                      key_prefix: str = _LANGCHAIN_PREFIX, thread_id: Callable[[str], str] | None = None,
-                     batch_messages: int = 100, progress: Progress | None = None) -> list[SessionImport]:
+                     batch_messages: int = 100, progress: Progress | None = None, *,
+                     sessions: list[SessionImport] | None = None) -> list[SessionImport]:
     """Imports every LangChain ``RedisChatMessageHistory`` session of ``source`` (a redis-py
     client) matching ``pattern`` (default ``<key_prefix>*``) into ``store`` (a MessageStore);
     returns one SessionImport per session, in key order. Idempotent and resumable (module
@@ -181,49 +182,55 @@ def import_langchain(store: Any, source: redis.Redis, pattern: str | None = None
     ``InvalidMessage``, ``MessageTooLarge`` …), a source record that is not a message, a source
     that changed since an earlier import (``SourceChanged``), a key that is no list any more.
     A failure of the server or of a connection (ServerError, ConnectionFailed, OutcomeUnknown,
-    NotDurable, redis-py's ConnectionError) ends the import with that error: run it again.
+    NotDurable, redis-py's ConnectionError) ends the import with that error, the session it
+    met reported with it too: run the import again to finish. Pass a list as ``sessions`` to
+    see the sessions done until then: each SessionImport is added to it as its session starts.
 
     Example::
 
         for session in import_langchain(store, redis.Redis.from_url("redis://old:6379/0")):
             print(session.thread_id, session.imported, session.error or "ok")
     """
-    return _drive(_langchain(store, pattern, key_prefix, thread_id, batch_messages, progress, []), store, source)
+    return _drive(_langchain(store, pattern, key_prefix, thread_id, batch_messages, progress, _list(sessions)),
+                  store, source)
 
 
 def import_llamaindex(store: Any, source: redis.Redis, pattern: str = "*",
                       thread_id: Callable[[str], str] | None = None, batch_messages: int = 100,
-                      progress: Progress | None = None) -> list[SessionImport]:
+                      progress: Progress | None = None, *,
+                      sessions: list[SessionImport] | None = None) -> list[SessionImport]:
     """Imports every LlamaIndex ``RedisChatStore`` chat of ``source`` (one list per key) whose
     key matches ``pattern`` into ``store``; the thread id is the key (or ``thread_id(key)``).
     A list whose first element is not a LlamaIndex ``ChatMessage`` is reported as not a chat
     and left alone. Otherwise as :func:`import_langchain`.
 
     Example: ``import_llamaindex(store, source, pattern="chat:*")``"""
-    return _drive(_import(store, "llamaindex", pattern, thread_id or _same, batch_messages, progress, []),
-                  store, source)
+    return _drive(_import(store, "llamaindex", pattern, thread_id or _same, batch_messages, progress,
+                          _list(sessions)), store, source)
 
 
 async def import_langchain_async(store: Any, source: Any, pattern: str | None = None,
                                  key_prefix: str = _LANGCHAIN_PREFIX, thread_id: Callable[[str], str] | None = None,
-                                 batch_messages: int = 100, progress: Progress | None = None) -> list[SessionImport]:
+                                 batch_messages: int = 100, progress: Progress | None = None, *,
+                                 sessions: list[SessionImport] | None = None) -> list[SessionImport]:
     """:func:`import_langchain` into an AsyncMessageStore, from a ``redis.asyncio`` client.
     Cancelled or timed out at any await, it leaves what a sync import interrupted leaves: the
     same call again finishes it.
 
     Example: ``await import_langchain_async(store, redis.asyncio.Redis.from_url(old_url))``"""
-    return await _drive_async(_langchain(store, pattern, key_prefix, thread_id, batch_messages, progress, []),
-                              store, source)
+    return await _drive_async(_langchain(store, pattern, key_prefix, thread_id, batch_messages, progress,
+                                         _list(sessions)), store, source)
 
 
 async def import_llamaindex_async(store: Any, source: Any, pattern: str = "*",
                                   thread_id: Callable[[str], str] | None = None, batch_messages: int = 100,
-                                  progress: Progress | None = None) -> list[SessionImport]:
+                                  progress: Progress | None = None, *,
+                                  sessions: list[SessionImport] | None = None) -> list[SessionImport]:
     """:func:`import_llamaindex` into an AsyncMessageStore, from a ``redis.asyncio`` client.
 
     Example: ``await import_llamaindex_async(store, source, pattern="chat:*")``"""
     return await _drive_async(_import(store, "llamaindex", pattern, thread_id or _same, batch_messages, progress,
-                                      []), store, source)
+                                      _list(sessions)), store, source)
 
 
 def find_sessions(source: redis.Redis, pattern: str) -> list[str]:
@@ -266,7 +273,7 @@ class _Source(NamedTuple):
 
 def _drive(steps: Generator[Any, Any, Any], store: Any, source: Any) -> Any:
     reply: Any = None
-    failure: Exception | None = None
+    failure: BaseException | None = None
     while True:
         try:
             step = steps.throw(failure) if failure is not None else steps.send(reply)
@@ -275,13 +282,13 @@ def _drive(steps: Generator[Any, Any, Any], store: Any, source: Any) -> Any:
         failure = None
         try:
             reply = getattr(source, step.command)(*step.args) if isinstance(step, _Source) else store.run(step)
-        except Exception as exc:  # the generator decides: one session's error, or the end
+        except BaseException as exc:  # the generator decides: one session's error, or the end
             failure = exc
 
 
 async def _drive_async(steps: Generator[Any, Any, Any], store: Any, source: Any) -> Any:
     reply: Any = None
-    failure: Exception | None = None
+    failure: BaseException | None = None
     while True:
         try:
             step = steps.throw(failure) if failure is not None else steps.send(reply)
@@ -293,7 +300,7 @@ async def _drive_async(steps: Generator[Any, Any, Any], store: Any, source: Any)
                 reply = await getattr(source, step.command)(*step.args)
             else:
                 reply = await store.run(step)
-        except Exception as exc:
+        except BaseException as exc:  # cancellation included: the session says it was cut
             failure = exc
 
 
@@ -340,9 +347,13 @@ def _same(key: str) -> str:
     return key
 
 
+def _list(sessions: list[SessionImport] | None) -> list[SessionImport]:
+    return [] if sessions is None else sessions
+
+
 def _import(store: Any, kind: Source, pattern: str, thread_id: Callable[[str], str], batch_messages: int,
             progress: Progress | None, results: list[SessionImport]) -> Generator[Any, Any, list[SessionImport]]:
-    """Imports every session; `results` grows as they are done (the CLI shows them if the import ends early)."""
+    """Imports every session; `results` grows as they start (so a caller sees them if the import ends early)."""
     if not 1 <= batch_messages <= store.config.max_batch_messages:
         raise errors.ConfigError(f"batch_messages must be 1..{store.config.max_batch_messages}")
     for key in (yield from _find(pattern)):
@@ -352,10 +363,13 @@ def _import(store: Any, kind: Source, pattern: str, thread_id: Callable[[str], s
             result.thread_id = check_thread_id(_named(thread_id, key))
             yield from _import_session(store.thread(result.thread_id)._ref, kind, key, result, batch_messages,
                                        progress)
-        except _ABORTS:
-            raise
         except (errors.KVStoreError, redis.RedisError) as exc:
             result.error, result.error_type = str(exc), type(exc).__name__
+            if isinstance(exc, _ABORTS):
+                raise
+        except BaseException as exc:  # KeyboardInterrupt, cancellation: the same call again finishes it
+            result.error, result.error_type = f"interrupted ({type(exc).__name__})", type(exc).__name__
+            raise
     return results
 
 

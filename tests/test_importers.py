@@ -548,3 +548,51 @@ def test_async_import_cancelled_at_any_await_then_run_again_is_as_uninterrupted(
     assert [len(expected["a"]), len(expected["b"])] == [4, 5]
     for cancel_at in range(1, steps + 1):
         assert asyncio.run(run(f"{namespace}-cut{cancel_at}", cancel_at))[1] == expected, f"cut at await {cancel_at}"
+
+
+def test_cli_import_ended_by_a_connection_failure_shows_the_sessions_done(store, server, raw_client, namespace,
+                                                                          capsys, monkeypatch):
+    from kvstore.cli import import_from as command
+
+    prefix = f"message_store:{namespace}-"
+    write_langchain(server.url, prefix, {name: [lc.HumanMessage("hi")] for name in "abc"})
+    raw_client.rpush(f"{prefix}d-retyped", b"{}")
+    real = command.import_langchain
+
+    def source_gone(store, source, *args, **kwargs):
+        class Gone:  # the source server goes away when the third session is read
+            def __init__(self):
+                self.reads = 0
+
+            def llen(self, key):
+                self.reads += 1
+                if self.reads == 3:
+                    raise redis.ConnectionError("Connection refused")
+                return source.llen(key)
+
+            def __getattr__(self, name):
+                return getattr(source, name)
+
+        return real(store, Gone(), *args, **kwargs)
+
+    monkeypatch.setattr(command, "import_langchain", source_gone)
+    args = ["import-from", "langchain", "--url", server.url, "--pattern", f"{prefix}*", "--namespace", namespace]
+    assert cli(args) == 1
+    captured = capsys.readouterr()
+    rows = [line for line in captured.out.splitlines() if line.startswith(prefix)]
+    assert [row.split()[0] for row in rows] == [f"{prefix}a", f"{prefix}b", f"{prefix}c"]
+    assert rows[0].endswith("ok") and rows[2].endswith("failed: Connection refused")
+    assert "run the same command again" in captured.err and "Connection refused" in captured.err
+    monkeypatch.setattr(command, "import_langchain", real)
+    listed = command.find_sessions
+
+    def find_then_retype(source, pattern):  # a key changes type after the command listed it
+        keys = listed(source, pattern)
+        raw_client.delete(f"{prefix}d-retyped")
+        raw_client.set(f"{prefix}d-retyped", b"x")
+        return keys
+
+    monkeypatch.setattr(command, "find_sessions", find_then_retype)
+    assert cli(args) == 0  # the progress bar's count passes it over; the import finds it no list
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith(prefix)]
+    assert [row.split()[-1] for row in rows] == ["ok"] * 3
