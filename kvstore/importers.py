@@ -39,13 +39,27 @@ Types
 Bounded, idempotent, resumable
     Each session is read SOURCE_PAGE messages at a time and written in appends of at most
     ``batch_messages`` kvstore messages (and IMPORT_BATCH_BYTES), a source message never split
-    between two appends. Every message id is made from the source, the key and the position
-    (``message-<uuid5>``), so running an import again stores nothing twice: a session whose
-    newest message is stored is skipped after one read, the others append only what is missing.
-    An interrupted run leaves each thread holding a prefix of its session; the next run
-    finishes it. Positions count from the oldest message, which neither source moves when it
-    appends; a source list rewritten in place (LlamaIndex ``delete_message``) between two runs
-    is a different conversation to its positions.
+    between two appends. Every message id is made from the source, the key, the position and a
+    digest of the session up to that message (``message-<uuid5>``), so running an import again
+    stores nothing twice, and an id found stored proves the session unchanged up to it. A run
+    reads the session and checks the thread's newest message: it is the session's message at its
+    position (as the session is now), and the messages after it are appended; or every message
+    of the session is stored (the thread went on after the import), and nothing is. Otherwise
+    the session is reported ``SourceChanged`` and nothing of it written: it was cleared and
+    refilled, edited or cut since it was imported (a list rewritten in place, as LlamaIndex's
+    ``delete_message`` does, included), or the thread went on before the session's new
+    messages. An interrupted run leaves each thread holding a prefix of its session; the next
+    run finishes it. Positions count from the oldest message, which neither source moves when
+    it appends.
+
+Errors
+    A session that cannot be imported is reported in its SessionImport (``error``,
+    ``error_type``) and the next one is imported: any typed kvstore error (``HistoryConflict``
+    in a strict store, ``InvalidMessage``, ``MessageTooLarge`` …), ``SourceChanged``, a source
+    record that is not a message, a key that is no list any more (redis-py's ResponseError).
+    A failure of the server or of a connection (ServerError and its ConnectionFailed,
+    OutcomeUnknown, NotDurable, redis-py's ConnectionError and TimeoutError) ends the import
+    with that error, as KeyboardInterrupt or a cancellation does; the next run finishes it.
 
 Back out
     :func:`to_langchain` writes messages in LangChain's message JSON (``messages_to_dict``):
