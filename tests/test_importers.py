@@ -596,3 +596,20 @@ def test_cli_import_ended_by_a_connection_failure_shows_the_sessions_done(store,
     assert cli(args) == 0  # the progress bar's count passes it over; the import finds it no list
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith(prefix)]
     assert [row.split()[-1] for row in rows] == ["ok"] * 3
+
+
+def test_append_missing_of_a_batch_that_repeats_an_id_says_so_at_once(store, server, mode):
+    from kvstore import UserMessage
+    from kvstore.importers import append_missing_async
+
+    async def run_async(messages):
+        async_store = AsyncMessageStore.from_url(server.url, store.config)
+        try:
+            return await append_missing_async(async_store.thread("repeats"), messages)
+        finally:
+            await async_store.close()
+
+    messages = [UserMessage(content="one", id="message-a"), UserMessage(content="two", id="message-a")]
+    with pytest.raises(errors.MessageIdRepeated):  # not "kept being stored by another process", three reads later
+        append_missing(store.thread("repeats"), messages) if mode == "sync" else asyncio.run(run_async(messages))
+    assert store.thread("repeats").stats().stored_messages == 0
