@@ -383,6 +383,16 @@ def test_each_session_a_strict_store_refuses_is_reported_and_the_others_go_on(ru
     assert contents(store, "b-orphan") == ["hi"]  # what came before the refused message stays
     assert contents(store, "d")[-1] == "rain"
 
+    chat_store = RedisChatStore(redis_url=server.url)
+    chat_store.set_messages(f"{namespace}:chat:a-orphan", [
+        ChatMessage(role="user", content="hi"),
+        ChatMessage(role="tool", content="rain", additional_kwargs={"tool_call_id": "call-of-nobody"})])
+    raw_client.rpush(f"{namespace}:chat:b-other-list", b"plain")
+    chat_store.set_messages(f"{namespace}:chat:c", [ChatMessage(role="user", content="hi")])
+    results = run_import("llamaindex", strict, pattern=f"{namespace}:chat:*")
+    assert [(r.imported, r.error_type) for r in results] == [(0, "HistoryConflict"), (0, "InvalidMessage"),
+                                                              (1, None)]
+
 
 def test_a_connection_failure_ends_the_import_and_the_next_run_finishes_it(store, server, raw_client, namespace):
     prefix = f"{namespace}:message_store:"
