@@ -412,8 +412,10 @@ def test_a_connection_failure_ends_the_import_and_the_next_run_finishes_it(store
             return getattr(raw_client, name)
 
     failing = Failing()
+    done = []
     with pytest.raises(redis.ConnectionError):
-        import_langchain(store, failing, key_prefix=prefix)
+        import_langchain(store, failing, key_prefix=prefix, sessions=done)
+    assert [(r.thread_id, r.imported, r.error_type) for r in done] == [("s0", 1, None), ("s1", 0, "ConnectionError")]
     assert [r.imported for r in import_langchain(store, raw_client, key_prefix=prefix)] == [0, 1, 1]
     assert [r.already for r in import_langchain(store, raw_client, key_prefix=prefix)] == [1, 1, 1]
 
