@@ -39,13 +39,27 @@ Types
 Bounded, idempotent, resumable
     Each session is read SOURCE_PAGE messages at a time and written in appends of at most
     ``batch_messages`` kvstore messages (and IMPORT_BATCH_BYTES), a source message never split
-    between two appends. Every message id is made from the source, the key and the position
-    (``message-<uuid5>``), so running an import again stores nothing twice: a session whose
-    newest message is stored is skipped after one read, the others append only what is missing.
-    An interrupted run leaves each thread holding a prefix of its session; the next run
-    finishes it. Positions count from the oldest message, which neither source moves when it
-    appends; a source list rewritten in place (LlamaIndex ``delete_message``) between two runs
-    is a different conversation to its positions.
+    between two appends. Every message id is made from the source, the key, the position and a
+    digest of the session up to that message (``message-<uuid5>``), so running an import again
+    stores nothing twice, and an id found stored proves the session unchanged up to it. A run
+    reads the session and checks the thread's newest message: it is the session's message at its
+    position (as the session is now), and the messages after it are appended; or every message
+    of the session is stored (the thread went on after the import), and nothing is. Otherwise
+    the session is reported ``SourceChanged`` and nothing of it written: it was cleared and
+    refilled, edited or cut since it was imported (a list rewritten in place, as LlamaIndex's
+    ``delete_message`` does, included), or the thread went on before the session's new
+    messages. An interrupted run leaves each thread holding a prefix of its session; the next
+    run finishes it. Positions count from the oldest message, which neither source moves when
+    it appends.
+
+Errors
+    A session that cannot be imported is reported in its SessionImport (``error``,
+    ``error_type``) and the next one is imported: any typed kvstore error (``HistoryConflict``
+    in a strict store, ``InvalidMessage``, ``MessageTooLarge`` …), ``SourceChanged``, a source
+    record that is not a message, a key that is no list any more (redis-py's ResponseError).
+    A failure of the server or of a connection (ServerError and its ConnectionFailed,
+    OutcomeUnknown, NotDurable, redis-py's ConnectionError and TimeoutError) ends the import
+    with that error, as KeyboardInterrupt or a cancellation does; the next run finishes it.
 
 Back out
     :func:`to_langchain` writes messages in LangChain's message JSON (``messages_to_dict``):
@@ -57,10 +71,11 @@ Back out
 
 from __future__ import annotations
 
+import hashlib
 import json
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any, Literal
+from collections.abc import Callable, Generator, Iterable, Mapping
+from typing import Any, Literal, NamedTuple
 
 import redis
 from pydantic import BaseModel
@@ -95,10 +110,14 @@ __all__ = [
     "SOURCE_FIELDS_MAX",
     "SOURCE_PAGE",
     "SessionImport",
+    "SourceChanged",
     "append_missing",
+    "append_missing_async",
     "find_sessions",
     "import_langchain",
+    "import_langchain_async",
     "import_llamaindex",
+    "import_llamaindex_async",
     "langchain_left_out",
     "to_langchain",
 ]
@@ -114,9 +133,19 @@ _FIELD_PIECES = 14  # 16 metadata pairs, less `source` and `source_position`
 SOURCE_FIELDS_MAX = _FIELD_PIECE * _FIELD_PIECES
 """The most characters of a source message's fields kvstore keeps in its metadata."""
 
-# Ids of imported messages: uuid5 of (source, key, position, part) in this namespace.
+# Ids of imported messages: uuid5 of (source, key, position, part, digest of the session up to
+# the message) in this namespace.
 _IMPORT_IDS = uuid.UUID("5d0f3b8e-7a2c-4f61-b9e4-3c8a1d6e2f70")
 _LANGCHAIN_PREFIX = "message_store:"
+
+
+class SourceChanged(errors.KVStoreError):
+    """A source session is not what an earlier import stored from it: it was cleared and
+    refilled, edited or cut since, or the thread holds messages that are not the session's.
+    Nothing of the session was written. Import it into a fresh thread id (``thread_id=``, or
+    the CLI's ``--namespace``), or delete the thread to import the session as it is now."""
+
+    http_status = 409
 
 
 class SessionImport(BaseModel):
@@ -136,51 +165,91 @@ class SessionImport(BaseModel):
     stored_messages: int = 0
     """kvstore messages this run stored (a source message with tool calls makes several)."""
     error: str | None = None
-    """Why the session was not imported (in full), or None."""
+    """Why the session was not imported (in full), or None. The messages counted in `imported`
+    before the error stay stored."""
+    error_type: str | None = None
+    """The class of that error: ``SourceChanged``, ``HistoryConflict``, ``InvalidMessage``,
+    ``MessageTooLarge``, ``InvalidThreadId``, ``ResponseError`` (the source key is not a list
+    any more) …"""
 
 
 Progress = Callable[[str, int], None]
 """Called after each append with the session's key and the source messages it covered."""
 
+# The server or the connection to it failed: every later session would meet it too, so it ends
+# the import (the same call again finishes it). Any other error is one session's.
+_ABORTS = (errors.ServerError, errors.OutcomeUnknown, errors.NotDurable, redis.ConnectionError,
+           redis.TimeoutError)
+
 
 def import_langchain(store: Any, source: redis.Redis, pattern: str | None = None,
                      key_prefix: str = _LANGCHAIN_PREFIX, thread_id: Callable[[str], str] | None = None,
-                     batch_messages: int = 100, progress: Progress | None = None) -> list[SessionImport]:
+                     batch_messages: int = 100, progress: Progress | None = None, *,
+                     sessions: list[SessionImport] | None = None) -> list[SessionImport]:
     """Imports every LangChain ``RedisChatMessageHistory`` session of ``source`` (a redis-py
     client) matching ``pattern`` (default ``<key_prefix>*``) into ``store`` (a MessageStore);
     returns one SessionImport per session, in key order. Idempotent and resumable (module
-    docstring); a session that cannot be imported is reported with its ``error`` and the others
-    go on.
+    docstring).
+
+    A session that cannot be imported is reported with its ``error`` (and ``error_type``) and
+    the others go on: a message the store refuses (``HistoryConflict`` in a strict store,
+    ``InvalidMessage``, ``MessageTooLarge`` …), a source record that is not a message, a source
+    that changed since an earlier import (``SourceChanged``), a key that is no list any more.
+    A failure of the server or of a connection (ServerError, ConnectionFailed, OutcomeUnknown,
+    NotDurable, redis-py's ConnectionError) ends the import with that error, the session it
+    met reported with it too: run the import again to finish. Pass a list as ``sessions`` to
+    see the sessions done until then: each SessionImport is added to it as its session starts.
 
     Example::
 
         for session in import_langchain(store, redis.Redis.from_url("redis://old:6379/0")):
             print(session.thread_id, session.imported, session.error or "ok")
     """
-    def thread_of(key: str) -> str:
-        return key[len(key_prefix):] if key.startswith(key_prefix) and len(key) > len(key_prefix) else key
-
-    return _import(store, source, "langchain", pattern or f"{_glob_escape(key_prefix)}*",
-                   thread_id or thread_of, batch_messages, progress)
+    return _drive(_langchain(store, pattern, key_prefix, thread_id, batch_messages, progress, _list(sessions)),
+                  store, source)
 
 
 def import_llamaindex(store: Any, source: redis.Redis, pattern: str = "*",
                       thread_id: Callable[[str], str] | None = None, batch_messages: int = 100,
-                      progress: Progress | None = None) -> list[SessionImport]:
+                      progress: Progress | None = None, *,
+                      sessions: list[SessionImport] | None = None) -> list[SessionImport]:
     """Imports every LlamaIndex ``RedisChatStore`` chat of ``source`` (one list per key) whose
     key matches ``pattern`` into ``store``; the thread id is the key (or ``thread_id(key)``).
     A list whose first element is not a LlamaIndex ``ChatMessage`` is reported as not a chat
     and left alone. Otherwise as :func:`import_langchain`.
 
     Example: ``import_llamaindex(store, source, pattern="chat:*")``"""
-    return _import(store, source, "llamaindex", pattern, thread_id or (lambda key: key), batch_messages,
-                   progress)
+    return _drive(_import(store, "llamaindex", pattern, thread_id or _same, batch_messages, progress,
+                          _list(sessions)), store, source)
+
+
+async def import_langchain_async(store: Any, source: Any, pattern: str | None = None,
+                                 key_prefix: str = _LANGCHAIN_PREFIX, thread_id: Callable[[str], str] | None = None,
+                                 batch_messages: int = 100, progress: Progress | None = None, *,
+                                 sessions: list[SessionImport] | None = None) -> list[SessionImport]:
+    """:func:`import_langchain` into an AsyncMessageStore, from a ``redis.asyncio`` client.
+    Cancelled or timed out at any await, it leaves what a sync import interrupted leaves: the
+    same call again finishes it.
+
+    Example: ``await import_langchain_async(store, redis.asyncio.Redis.from_url(old_url))``"""
+    return await _drive_async(_langchain(store, pattern, key_prefix, thread_id, batch_messages, progress,
+                                         _list(sessions)), store, source)
+
+
+async def import_llamaindex_async(store: Any, source: Any, pattern: str = "*",
+                                  thread_id: Callable[[str], str] | None = None, batch_messages: int = 100,
+                                  progress: Progress | None = None, *,
+                                  sessions: list[SessionImport] | None = None) -> list[SessionImport]:
+    """:func:`import_llamaindex` into an AsyncMessageStore, from a ``redis.asyncio`` client.
+
+    Example: ``await import_llamaindex_async(store, source, pattern="chat:*")``"""
+    return await _drive_async(_import(store, "llamaindex", pattern, thread_id or _same, batch_messages, progress,
+                                      _list(sessions)), store, source)
 
 
 def find_sessions(source: redis.Redis, pattern: str) -> list[str]:
     """The keys of ``source`` that match ``pattern`` and hold lists, sorted (SCAN, bounded replies)."""
-    keys = {_text(key) for key in source.scan_iter(match=pattern, count=1000, _type="list")}
-    return sorted(keys)
+    return _drive(_find(pattern), None, source)
 
 
 def append_missing(thread: Any, messages: list[Message]) -> tuple[int, int]:
@@ -193,72 +262,169 @@ def append_missing(thread: Any, messages: list[Message]) -> tuple[int, int]:
 
         new, old = append_missing(thread, from_chat_completions(request_messages, id_prefix=conversation_id))
     """
-    new = _append_new(thread, messages)
+    new = _drive(_append_new(thread._ref, messages), thread._store, None)
     return len(new), len(messages) - len(new)
 
 
-def _append_new(thread: Any, messages: list[Message]) -> list[Message]:
+async def append_missing_async(thread: Any, messages: list[Message]) -> tuple[int, int]:
+    """:func:`append_missing` on an AsyncThread.
+
+    Example: ``new, old = await append_missing_async(thread, messages)``"""
+    new = await _drive_async(_append_new(thread._ref, messages), thread._store, None)
+    return len(new), len(messages) - len(new)
+
+
+# --- the import, as steps the sync and the async drivers take -----------------------------------
+#
+# Each generator below yields a _Source step (a read of the source client) or a core operation
+# (for the store to run), and receives its reply, or has its exception thrown in.
+
+
+class _Source(NamedTuple):
+    command: str
+    args: tuple[Any, ...]
+
+
+def _drive(steps: Generator[Any, Any, Any], store: Any, source: Any) -> Any:
+    reply: Any = None
+    failure: BaseException | None = None
+    while True:
+        try:
+            step = steps.throw(failure) if failure is not None else steps.send(reply)
+        except StopIteration as done:
+            return done.value
+        failure = None
+        try:
+            reply = getattr(source, step.command)(*step.args) if isinstance(step, _Source) else store.run(step)
+        except BaseException as exc:  # the generator decides: one session's error, or the end
+            failure = exc
+
+
+async def _drive_async(steps: Generator[Any, Any, Any], store: Any, source: Any) -> Any:
+    reply: Any = None
+    failure: BaseException | None = None
+    while True:
+        try:
+            step = steps.throw(failure) if failure is not None else steps.send(reply)
+        except StopIteration as done:
+            return done.value
+        failure = None
+        try:
+            if isinstance(step, _Source):
+                reply = await getattr(source, step.command)(*step.args)
+            else:
+                reply = await store.run(step)
+        except BaseException as exc:  # cancellation included: the session says it was cut
+            failure = exc
+
+
+def _find(pattern: str) -> Generator[Any, Any, list[str]]:
+    keys: set[str] = set()
+    cursor = 0
+    while True:
+        cursor, found = yield _Source("scan", (cursor, pattern, 1000, "list"))
+        keys.update(_text(key) for key in found)
+        if int(cursor) == 0:
+            return sorted(keys)
+
+
+def _append_new(ref: Any, messages: list[Message]) -> Generator[Any, Any, list[Message]]:
     """The messages append_missing stored now."""
     ids = [message.id for message in messages]
     if any(message_id is None for message_id in ids):
         raise errors.InvalidMessage("append_missing needs every message's id set")
-    store, ref = thread._store, thread._ref
     for _ in range(3):
-        stored = store.run(core.stored_ids(ref, ids))
+        stored = yield core.stored_ids(ref, ids)
         todo = [message for message in messages if message.id not in stored]
         if not todo:
             return []
         try:
-            result = thread.append(todo)
+            result = yield core.append(ref, todo, None)
+        except errors.MessageIdRepeated:
+            raise
         except errors.DuplicateMessageId:
             continue  # another process stored some of them meanwhile: look again
         return [] if result.replayed else todo
     raise errors.DuplicateMessageId("messages kept being stored by another process while appending them")
 
 
-# --- the import loop --------------------------------------------------------------------------
+def _langchain(store: Any, pattern: str | None, key_prefix: str, thread_id: Callable[[str], str] | None,
+               batch_messages: int, progress: Progress | None, results: list[SessionImport]) -> Generator:
+    def thread_of(key: str) -> str:
+        return key[len(key_prefix):] if key.startswith(key_prefix) and len(key) > len(key_prefix) else key
+
+    return _import(store, "langchain", pattern or f"{_glob_escape(key_prefix)}*", thread_id or thread_of,
+                   batch_messages, progress, results)
 
 
-def _import(store: Any, source: redis.Redis, kind: Source, pattern: str, thread_id: Callable[[str], str],
-            batch_messages: int, progress: Progress | None) -> list[SessionImport]:
+def _same(key: str) -> str:
+    return key
+
+
+def _list(sessions: list[SessionImport] | None) -> list[SessionImport]:
+    return [] if sessions is None else sessions
+
+
+def _import(store: Any, kind: Source, pattern: str, thread_id: Callable[[str], str], batch_messages: int,
+            progress: Progress | None, results: list[SessionImport]) -> Generator[Any, Any, list[SessionImport]]:
+    """Imports every session; `results` grows as they start (so a caller sees them if the import ends early)."""
     if not 1 <= batch_messages <= store.config.max_batch_messages:
         raise errors.ConfigError(f"batch_messages must be 1..{store.config.max_batch_messages}")
-    results = []
-    for key in find_sessions(source, pattern):
+    for key in (yield from _find(pattern)):
         result = SessionImport(source_key=key)
-        try:
-            result.thread_id = check_thread_id(thread_id(key))
-            _import_session(store, source, kind, key, result, batch_messages, progress)
-        except (errors.InvalidThreadId, errors.InvalidMessage, errors.MessageTooLarge,
-                errors.InlineMediaTooLarge, errors.BatchTooLarge, errors.TurnFinished) as exc:
-            result.error = str(exc)
         results.append(result)
+        try:
+            result.thread_id = check_thread_id(_named(thread_id, key))
+            yield from _import_session(store.thread(result.thread_id)._ref, kind, key, result, batch_messages,
+                                       progress)
+        except (errors.KVStoreError, redis.RedisError) as exc:
+            result.error, result.error_type = str(exc), type(exc).__name__
+            if isinstance(exc, _ABORTS):
+                raise
+        except BaseException as exc:  # KeyboardInterrupt, cancellation: the same call again finishes it
+            result.error, result.error_type = f"interrupted ({type(exc).__name__})", type(exc).__name__
+            raise
     return results
 
 
-def _import_session(store: Any, source: redis.Redis, kind: Source, key: str, result: SessionImport,
-                    batch_messages: int, progress: Progress | None) -> None:
-    thread = store.thread(result.thread_id)
-    total = source.llen(key)
+def _named(thread_id: Callable[[str], str], key: str) -> str:
+    try:
+        return thread_id(key)
+    except Exception as exc:  # the caller's function: its failure is this session's
+        raise errors.InvalidThreadId(f"thread_id({key!r}) raised {type(exc).__name__}: {exc}") from exc
+
+
+def _import_session(ref: Any, kind: Source, key: str, result: SessionImport, batch_messages: int,
+                    progress: Progress | None) -> Generator[Any, Any, None]:
+    """Stores the session's messages the thread does not hold, after checking that those it holds
+    are the session's as it is now (SourceChanged if not)."""
+    total = yield _Source("llen", (key,))
     result.source_messages = total
     if total == 0:
         return
-    if kind == "llamaindex" and not _is_llamaindex(source.lindex(key, 0)):
-        result.error = "not a LlamaIndex chat (its first element is not a ChatMessage)"
-        return
-    if store.run(core.stored_ids(thread._ref, [_message_id(kind, key, total - 1, 0)])):
-        result.already = total  # its newest message is stored, so every older one is
-        if progress:
-            progress(key, total)
-        return
+    if kind == "llamaindex" and not _is_llamaindex((yield _Source("lindex", (key, 0)))):
+        raise errors.InvalidMessage("not a LlamaIndex chat (its first element is not a ChatMessage)")
+    # The thread's newest message says where an earlier run stopped: the session's message at
+    # `resume`, when it was imported from this source. Every id carries a digest of the session
+    # up to its message, so finding that id, as the session is now, proves the whole prefix
+    # unchanged; the messages after it are then the ones to store.
+    page = yield core.list_page(ref, None, None, 1, "desc", None)
+    empty = not page.messages and not page.unreadable
+    newest = page.messages[0] if page.messages and not page.unreadable else None
+    resume = _source_position(newest, kind)
+    if resume is not None and resume >= total:
+        raise SourceChanged(_changed(key, result, f"its newest message is the session's message {resume}, and the"
+                                                  f" session holds {total} now"))
+    verified = empty  # the thread holds a prefix of the session as it is now
+    digest = b""
     batch: list[Message] = []
     covered = 0  # source messages in `batch`
     size = 0
 
-    def flush() -> None:
+    def flush() -> Generator[Any, Any, None]:
         nonlocal batch, covered, size
         if batch:
-            new = _append_new(thread, batch)
+            new = yield from _append_new(ref, batch)
             sources = _sources_in(new)  # an append is atomic: whole source messages are stored or not
             result.stored_messages += len(new)
             result.imported += sources
@@ -267,36 +433,85 @@ def _import_session(store: Any, source: redis.Redis, kind: Source, key: str, res
                 progress(key, covered)
         batch, covered, size = [], 0, 0
 
-    for position, record in _read(source, kind, key, total):
-        messages = _map(kind, key, position, record)
-        weight = sum(len(message.to_json()) for message in messages)
-        if batch and (len(batch) + len(messages) > batch_messages or size + weight > IMPORT_BATCH_BYTES):
-            flush()
-        batch.extend(messages)
-        covered += 1
-        size += weight
-    flush()
+    for start in range(0, total, SOURCE_PAGE):
+        page_records = yield from _page(kind, key, start, min(start + SOURCE_PAGE, total), total)
+        for position, raw in enumerate(page_records, start):
+            digest = _chain(digest, raw)
+            if not verified:
+                if resume is None or position < resume:
+                    continue
+                if newest.id not in _ids(kind, key, position, raw, digest):
+                    raise SourceChanged(_changed(key, result, f"its newest message, the session's message {position}"
+                                                              f" when imported, is not the same (or one before it"
+                                                              f" is not)"))
+                verified = True
+                result.already = position + 1
+                if progress:
+                    progress(key, position + 1)
+                continue
+            messages = _map(kind, key, position, _parse(key, position, raw), digest)
+            weight = sum(len(message.to_json()) for message in messages)
+            if batch and (len(batch) + len(messages) > batch_messages or size + weight > IMPORT_BATCH_BYTES):
+                yield from flush()
+            batch.extend(messages)
+            covered += 1
+            size += weight
+    yield from flush()
+    if not verified:  # the thread's newest message is not the session's: fine if all of it is stored
+        if not (yield core.stored_ids(ref, [_message_id(kind, key, total - 1, 0, digest)])):
+            raise SourceChanged(_changed(key, result, "it holds messages that are not the session's as it is now"
+                                                      " (its newest message was not imported from it)"))
+        result.already = total
+        if progress:
+            progress(key, total)
+
+
+def _changed(key: str, result: SessionImport, why: str) -> str:
+    return (f"{key} is not what thread {result.thread_id} holds: {why}. The session was cleared and refilled,"
+            f" edited or cut since it was imported, or the thread went on without it; nothing was written."
+            f" Import it into a fresh thread id (thread_id=, or the CLI's --namespace), or delete the thread"
+            f" to import the session as it is now")
+
+
+def _source_position(message: Message | None, kind: Source) -> int | None:
+    metadata = (message.metadata or {}) if message is not None else {}
+    position = metadata.get("source_position", "")
+    return int(position) if metadata.get("source") == kind and position.isdigit() else None
+
+
+def _ids(kind: Source, key: str, position: int, raw: bytes, digest: bytes) -> set[str]:
+    """The ids an import gives the source message at `position` (none if it is not one)."""
+    try:
+        return {message.id for message in _map(kind, key, position, _parse(key, position, raw), digest)}
+    except errors.InvalidMessage:
+        return set()
 
 
 def _sources_in(messages: list[Message]) -> int:
     return len({message.metadata["source_position"] for message in messages})
 
 
-def _read(source: redis.Redis, kind: Source, key: str, total: int) -> Iterator[tuple[int, Any]]:
-    """(position, parsed JSON) of the session's first `total` messages, oldest first."""
-    for start in range(0, total, SOURCE_PAGE):
-        end = min(start + SOURCE_PAGE, total)
-        if kind == "langchain":  # newest first: position p is index -(p + 1), stable under LPUSH
-            page = source.lrange(key, -end, -start - 1)[::-1]
-        else:
-            page = source.lrange(key, start, end - 1)
-        if len(page) != end - start:
-            raise errors.InvalidMessage(f"{key} changed while it was read (LLEN {total}, then fewer)")
-        for offset, raw in enumerate(page):
-            try:
-                yield start + offset, json.loads(raw)
-            except ValueError as exc:
-                raise errors.InvalidMessage(f"{key}, message {start + offset}: not JSON ({exc})") from None
+def _page(kind: Source, key: str, start: int, end: int, total: int) -> Generator[Any, Any, list[bytes]]:
+    """The session's messages at positions start..end-1, oldest first, as stored (JSON bytes)."""
+    if kind == "langchain":  # newest first: position p is index -(p + 1), stable under LPUSH
+        page = (yield _Source("lrange", (key, -end, -start - 1)))[::-1]
+    else:
+        page = yield _Source("lrange", (key, start, end - 1))
+    if len(page) != end - start:
+        raise SourceChanged(f"{key} changed while it was read (LLEN {total}, then fewer)")
+    return page
+
+
+def _parse(key: str, position: int, raw: bytes) -> Any:
+    try:
+        return json.loads(raw)
+    except ValueError as exc:
+        raise errors.InvalidMessage(f"{key}, message {position}: not JSON ({exc})") from None
+
+
+def _chain(digest: bytes, raw: bytes) -> bytes:
+    """The digest of a session up to a message: of the one before it and of its record."""
+    return hashlib.blake2b(digest + raw, digest_size=16).digest()
 
 
 def _is_llamaindex(raw: bytes | None) -> bool:
@@ -307,11 +522,11 @@ def _is_llamaindex(raw: bytes | None) -> bool:
     return isinstance(record, dict) and "role" in record and ("blocks" in record or "content" in record)
 
 
-def _message_id(kind: Source, key: str, position: int, part: int) -> str:
-    return f"message-{uuid.uuid5(_IMPORT_IDS, f'{kind}:{position}:{part}:{key}')}"
+def _message_id(kind: Source, key: str, position: int, part: int, digest: bytes) -> str:
+    return f"message-{uuid.uuid5(_IMPORT_IDS, f'{kind}:{position}:{part}:{digest.hex()}:{key}')}"
 
 
-def _map(kind: Source, key: str, position: int, record: Any) -> list[Message]:
+def _map(kind: Source, key: str, position: int, record: Any, digest: bytes) -> list[Message]:
     try:
         made, fields = (_from_langchain if kind == "langchain" else _from_llamaindex)(record)
     except (ValueError, TypeError, KeyError, AttributeError) as exc:  # ValidationError included
@@ -322,7 +537,8 @@ def _map(kind: Source, key: str, position: int, record: Any) -> list[Message]:
         metadata = {"source": kind, "source_position": str(position)}
         if part == 0 and fields:
             metadata.update(_split_fields(fields, key, position))
-        out.append(message.model_copy(update={"id": _message_id(kind, key, position, part), "metadata": metadata}))
+        out.append(message.model_copy(update={"id": _message_id(kind, key, position, part, digest),
+                                               "metadata": metadata}))
     return out
 
 

@@ -5,19 +5,24 @@ and `kvstore export --format langchain` gives LangChain back the messages it wro
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import warnings
 
 import pytest
+import redis
+import redis.asyncio
 
-from kvstore import MessageStore, StoreConfig, ToolCallMessage, errors
+from kvstore import AsyncMessageStore, MessageStore, StoreConfig, ToolCallMessage, errors
 from kvstore.cli.main import main as cli
 from kvstore.importers import (
     SOURCE_FIELDS_MAX,
     append_missing,
     import_langchain,
+    import_langchain_async,
     import_llamaindex,
+    import_llamaindex_async,
     langchain_left_out,
     to_langchain,
 )
@@ -316,3 +321,307 @@ def test_cli_import_killed_midway_is_finished_by_the_next_run(store, server, raw
     assert f"{total - stored:,} imported, {stored:,} already" in capsys.readouterr().out
     messages = list(thread.iter())
     assert [m.content for m in messages] == [f"m{n}" for n in range(total)]
+
+
+# --- per-session errors, changed sources, both APIs ------------------------------------------------
+
+
+@pytest.fixture
+def run_import(mode, server, server_only, namespace):
+    """run_import(kind, config=None, **arguments): one import by the sync API or the async one."""
+    def run(kind: str, config: StoreConfig | None = None, **arguments):
+        config = config or StoreConfig(namespace=namespace)
+        if mode == "sync":
+            with MessageStore.from_url(server.url, config) as store, redis.Redis.from_url(server.url) as source:
+                return (import_langchain if kind == "langchain" else import_llamaindex)(store, source, **arguments)
+
+        async def run_async():
+            store = AsyncMessageStore.from_url(server.url, config)
+            source = redis.asyncio.Redis.from_url(server.url)
+            try:
+                call = import_langchain_async if kind == "langchain" else import_llamaindex_async
+                return await call(store, source, **arguments)
+            finally:
+                await store.close()
+                await source.aclose()
+
+        return asyncio.run(run_async())
+
+    return run
+
+
+def contents(store, thread_id: str) -> list[str]:
+    return [getattr(m, "content", m.message_type) for m in store.thread(thread_id).iter()]
+
+
+def test_each_session_a_strict_store_refuses_is_reported_and_the_others_go_on(run_import, store, server, raw_client,
+                                                                              namespace):
+    prefix = f"{namespace}:message_store:"
+    write_langchain(server.url, prefix, {
+        "a": [lc.HumanMessage("hi"), lc.AIMessage("hello")],
+        "b-orphan": [lc.HumanMessage("hi"), lc.ToolMessage("rain", tool_call_id="call-of-nobody"), lc.AIMessage("x")],
+        "c-big": [lc.HumanMessage("fits"), lc.HumanMessage("x" * 5000)],
+        "d": [lc.HumanMessage("weather?"), lc.AIMessage("", tool_calls=[{"name": "w", "args": {}, "id": "c1"}]),
+              lc.ToolMessage("rain", tool_call_id="c1"), lc.AIMessage("rain")],
+    })
+    raw_client.rpush(f"{prefix}e-not-json", b"{oops")
+    raw_client.rpush(f"{prefix}f-retyped", b"{}")
+
+    def thread_id(key: str) -> str:
+        if key.endswith("f-retyped"):  # the key becomes a string after SCAN listed it
+            raw_client.delete(key)
+            raw_client.set(key, b"not a list any more")
+        return key[len(prefix):]
+
+    strict = StoreConfig(namespace=namespace, history_checks="strict", max_message_bytes=4096)
+    results = run_import("langchain", strict, key_prefix=prefix, thread_id=thread_id, batch_messages=1)
+
+    assert [(r.thread_id, r.imported, r.error_type) for r in results] == [
+        ("a", 2, None), ("b-orphan", 1, "HistoryConflict"), ("c-big", 1, "MessageTooLarge"), ("d", 4, None),
+        ("e-not-json", 0, "InvalidMessage"), ("f-retyped", 0, "ResponseError")]
+    assert "call-of-nobody" in results[1].error and "WRONGTYPE" in results[5].error
+    assert contents(store, "b-orphan") == ["hi"]  # what came before the refused message stays
+    assert contents(store, "d")[-1] == "rain"
+
+    chat_store = RedisChatStore(redis_url=server.url)
+    chat_store.set_messages(f"{namespace}:chat:a-orphan", [
+        ChatMessage(role="user", content="hi"),
+        ChatMessage(role="tool", content="rain", additional_kwargs={"tool_call_id": "call-of-nobody"})])
+    raw_client.rpush(f"{namespace}:chat:b-other-list", b"plain")
+    chat_store.set_messages(f"{namespace}:chat:c", [ChatMessage(role="user", content="hi")])
+    results = run_import("llamaindex", strict, pattern=f"{namespace}:chat:*")
+    assert [(r.imported, r.error_type) for r in results] == [(0, "HistoryConflict"), (0, "InvalidMessage"),
+                                                              (1, None)]
+
+
+def test_a_connection_failure_ends_the_import_and_the_next_run_finishes_it(store, server, raw_client, namespace):
+    prefix = f"{namespace}:message_store:"
+    write_langchain(server.url, prefix, {f"s{n}": [lc.HumanMessage(f"hi {n}")] for n in range(3)})
+
+    class Failing:  # the source server goes away when the second session is read
+        def __init__(self):
+            self.reads = 0
+
+        def llen(self, key):
+            self.reads += 1
+            if self.reads == 2:
+                raise redis.ConnectionError("Connection refused")
+            return raw_client.llen(key)
+
+        def __getattr__(self, name):
+            return getattr(raw_client, name)
+
+    failing = Failing()
+    done = []
+    with pytest.raises(redis.ConnectionError):
+        import_langchain(store, failing, key_prefix=prefix, sessions=done)
+    assert [(r.thread_id, r.imported, r.error_type) for r in done] == [("s0", 1, None), ("s1", 0, "ConnectionError")]
+    assert [r.imported for r in import_langchain(store, raw_client, key_prefix=prefix)] == [0, 1, 1]
+    assert [r.already for r in import_langchain(store, raw_client, key_prefix=prefix)] == [1, 1, 1]
+
+
+def test_a_cleared_and_refilled_session_is_reported_changed_not_spliced(run_import, store, server, raw_client,
+                                                                        namespace):
+    prefix = f"{namespace}:message_store:"
+    history = RedisChatMessageHistory("s", url=server.url, key_prefix=prefix)
+    history.add_messages([lc.HumanMessage(f"old {n}") for n in range(8)])
+    assert [(r.imported, r.error) for r in run_import("langchain", key_prefix=prefix)] == [(8, None)]
+    imported = contents(store, "s")
+
+    history.clear()
+    history.add_messages([lc.HumanMessage("new 0"), lc.HumanMessage("new 1")])
+    (refilled,) = run_import("langchain", key_prefix=prefix)
+    assert (refilled.error_type, refilled.imported, refilled.already) == ("SourceChanged", 0, 0)
+    assert "fresh thread id" in refilled.error
+    history.add_messages([lc.HumanMessage(f"new {n}") for n in range(2, 10)])  # longer than the import now
+    (grown,) = run_import("langchain", key_prefix=prefix)
+    assert (grown.error_type, grown.imported, grown.already) == ("SourceChanged", 0, 0)
+    assert contents(store, "s") == imported  # nothing spliced onto the old conversation
+
+    (fresh,) = run_import("langchain", key_prefix=prefix, thread_id=lambda key: "s-2")
+    assert (fresh.imported, fresh.error) == (10, None)
+    assert contents(store, "s-2") == [f"new {n}" for n in range(10)]
+    history.add_message(lc.HumanMessage("new 10"))  # a session that only grew gets its tail
+    (more,) = run_import("langchain", key_prefix=prefix, thread_id=lambda key: "s-2")
+    assert (more.imported, more.already, more.error) == (1, 10, None)
+    (again,) = run_import("langchain", key_prefix=prefix, thread_id=lambda key: "s-2")
+    assert (again.imported, again.already, again.error) == (0, 11, None)
+
+
+def test_a_rewritten_or_edited_llamaindex_chat_is_reported_changed(run_import, store, server, namespace):
+    chat_store = RedisChatStore(redis_url=server.url)
+    key = f"{namespace}:chat"
+    chat_store.set_messages(key, [ChatMessage(role="user", content=f"m{n}") for n in range(6)])
+    assert [(r.imported, r.error) for r in run_import("llamaindex", pattern=key)] == [(6, None)]
+
+    chat_store.delete_message(key, 2)  # rewrites the list: positions 2.. hold other messages now
+    chat_store.add_message(key, ChatMessage(role="user", content="m6"))
+    (rewritten,) = run_import("llamaindex", pattern=key)
+    assert (rewritten.error_type, rewritten.imported) == ("SourceChanged", 0)
+
+    chat_store.set_messages(key, [ChatMessage(role="user", content="edited" if n == 1 else f"m{n}")
+                                  for n in range(8)])  # one early message edited, the rest grown
+    (edited,) = run_import("llamaindex", pattern=key)
+    assert (edited.error_type, edited.imported) == ("SourceChanged", 0)
+    assert contents(store, key) == [f"m{n}" for n in range(6)]
+
+    chat_store.set_messages(key, [ChatMessage(role="user", content=f"m{n}") for n in range(8)])
+    (grown,) = run_import("llamaindex", pattern=key)  # back to the imported prefix, grown: its tail
+    assert (grown.imported, grown.already, grown.error) == (2, 6, None)
+    assert contents(store, key) == [f"m{n}" for n in range(8)]
+
+
+def test_a_thread_that_went_on_natively_takes_no_more_of_the_session(run_import, store, server, namespace):
+    from kvstore import UserMessage
+
+    prefix = f"{namespace}:message_store:"
+    history = RedisChatMessageHistory("s", url=server.url, key_prefix=prefix)
+    history.add_messages([lc.HumanMessage("q0"), lc.AIMessage("a0")])
+    run_import("langchain", key_prefix=prefix)
+    store.thread("s").append(UserMessage(content="asked in kvstore"))
+    (unchanged,) = run_import("langchain", key_prefix=prefix)  # nothing new: nothing to say
+    assert (unchanged.imported, unchanged.already, unchanged.error) == (0, 2, None)
+
+    history.add_message(lc.HumanMessage("q1"))
+    (grown,) = run_import("langchain", key_prefix=prefix)  # its tail would follow another message
+    assert (grown.error_type, grown.imported) == ("SourceChanged", 0)
+    assert contents(store, "s") == ["q0", "a0", "asked in kvstore"]
+
+
+def test_cli_import_reports_each_failed_session_and_exits_1(store, server, raw_client, namespace, capsys):
+    prefix = f"message_store:{namespace}-"
+    write_langchain(server.url, prefix, {
+        "a": [lc.HumanMessage("hi")],
+        "b": [lc.HumanMessage("hi"), lc.ToolMessage("rain", tool_call_id="call-of-nobody")],
+        "c": [lc.HumanMessage("hi"), lc.AIMessage("hello")],
+    })
+    args = ["import-from", "langchain", "--url", server.url, "--pattern", f"{prefix}*", "--namespace", namespace,
+            "--history-checks", "strict"]
+    assert cli(args) == 1
+    out = capsys.readouterr().out.splitlines()
+    rows = {line.split()[0]: line for line in out if line.startswith(prefix)}
+    assert rows[f"{prefix}a"].endswith("ok") and rows[f"{prefix}c"].endswith("ok")
+    assert "failed: " in rows[f"{prefix}b"] and "call-of-nobody" in rows[f"{prefix}b"]
+    assert out[-1].endswith("3 imported, 0 already stored (3 kvstore messages written); 1 failed")
+
+
+@pytest.mark.parametrize("cut", ["before", "after"])
+def test_async_import_cancelled_at_any_await_then_run_again_is_as_uninterrupted(server, server_only, raw_client,
+                                                                                 namespace, cut):
+    """Each await of the import (a source read, a store call) cancelled in turn, before its
+    command is sent or after its reply came (the call done, the caller gone); the same import
+    run again then leaves the threads as one uninterrupted import does."""
+    prefix = f"{namespace}:message_store:"
+    write_langchain(server.url, prefix, {
+        "a": [lc.HumanMessage("q"), lc.AIMessage("", tool_calls=[{"name": "w", "args": {}, "id": "c1"}]),
+              lc.ToolMessage("rain", tool_call_id="c1"), lc.AIMessage("rain")],
+        "b": [lc.HumanMessage(f"m{n}") for n in range(5)],
+    })
+
+    async def state(store, thread_ids):
+        return {thread_id: [(m.id, m.seq_id, m.message_type) async for m in store.thread(thread_id).iter()]
+                for thread_id in thread_ids}
+
+    async def run(target: str, cancel_at: int | None) -> tuple[int, dict]:
+        store = AsyncMessageStore.from_url(server.url, StoreConfig(namespace=target, history_checks="strict"))
+        source = redis.asyncio.Redis.from_url(server.url)
+        awaits = 0
+
+        def counted(call):
+            async def wrapper(*args, **kwargs):
+                nonlocal awaits
+                awaits += 1
+                if awaits == cancel_at and cut == "before":
+                    raise asyncio.CancelledError
+                reply = await call(*args, **kwargs)
+                if awaits == cancel_at and cut == "after":
+                    raise asyncio.CancelledError
+                return reply
+            return wrapper
+
+        store.run = counted(store.run)
+        for command in ("scan", "llen", "lrange"):
+            setattr(source, command, counted(getattr(source, command)))
+        try:
+            try:
+                await import_langchain_async(store, source, key_prefix=prefix, batch_messages=2)
+            except asyncio.CancelledError:
+                assert cancel_at is not None
+            steps = awaits
+            results = await import_langchain_async(store, redis.asyncio.Redis.from_url(server.url),
+                                                   key_prefix=prefix, batch_messages=2)
+            assert [r.error for r in results] == [None, None]
+            return steps, await state(store, ["a", "b"])
+        finally:
+            await store.close()
+            await source.aclose()
+
+    steps, expected = asyncio.run(run(f"{namespace}-whole", None))
+    assert [len(expected["a"]), len(expected["b"])] == [4, 5]
+    for cancel_at in range(1, steps + 1):
+        assert asyncio.run(run(f"{namespace}-cut{cancel_at}", cancel_at))[1] == expected, f"cut at await {cancel_at}"
+
+
+def test_cli_import_ended_by_a_connection_failure_shows_the_sessions_done(store, server, raw_client, namespace,
+                                                                          capsys, monkeypatch):
+    from kvstore.cli import import_from as command
+
+    prefix = f"message_store:{namespace}-"
+    write_langchain(server.url, prefix, {name: [lc.HumanMessage("hi")] for name in "abc"})
+    raw_client.rpush(f"{prefix}d-retyped", b"{}")
+    real = command.import_langchain
+
+    def source_gone(store, source, *args, **kwargs):
+        class Gone:  # the source server goes away when the third session is read
+            def __init__(self):
+                self.reads = 0
+
+            def llen(self, key):
+                self.reads += 1
+                if self.reads == 3:
+                    raise redis.ConnectionError("Connection refused")
+                return source.llen(key)
+
+            def __getattr__(self, name):
+                return getattr(source, name)
+
+        return real(store, Gone(), *args, **kwargs)
+
+    monkeypatch.setattr(command, "import_langchain", source_gone)
+    args = ["import-from", "langchain", "--url", server.url, "--pattern", f"{prefix}*", "--namespace", namespace]
+    assert cli(args) == 1
+    captured = capsys.readouterr()
+    rows = [line for line in captured.out.splitlines() if line.startswith(prefix)]
+    assert [row.split()[0] for row in rows] == [f"{prefix}a", f"{prefix}b", f"{prefix}c"]
+    assert rows[0].endswith("ok") and rows[2].endswith("failed: Connection refused")
+    assert "run the same command again" in captured.err and "Connection refused" in captured.err
+    monkeypatch.setattr(command, "import_langchain", real)
+    listed = command.find_sessions
+
+    def find_then_retype(source, pattern):  # a key changes type after the command listed it
+        keys = listed(source, pattern)
+        raw_client.delete(f"{prefix}d-retyped")
+        raw_client.set(f"{prefix}d-retyped", b"x")
+        return keys
+
+    monkeypatch.setattr(command, "find_sessions", find_then_retype)
+    assert cli(args) == 0  # the progress bar's count passes it over; the import finds it no list
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith(prefix)]
+    assert [row.split()[-1] for row in rows] == ["ok"] * 3
+
+
+def test_append_missing_of_a_batch_that_repeats_an_id_says_so_at_once(store, server, mode):
+    from kvstore import UserMessage
+    from kvstore.importers import append_missing_async
+
+    async def run_async(messages):
+        async_store = AsyncMessageStore.from_url(server.url, store.config)
+        try:
+            return await append_missing_async(async_store.thread("repeats"), messages)
+        finally:
+            await async_store.close()
+
+    messages = [UserMessage(content="one", id="message-a"), UserMessage(content="two", id="message-a")]
+    with pytest.raises(errors.MessageIdRepeated):  # not "kept being stored by another process", three reads later
+        append_missing(store.thread("repeats"), messages) if mode == "sync" else asyncio.run(run_async(messages))
+    assert store.thread("repeats").stats().stored_messages == 0

@@ -21,7 +21,8 @@ TABLE_ROWS = 50  # sessions listed one a line; the rest are counted
 def import_from(store: MessageStore, source: redis.Redis, kind: str, pattern: str | None, key_prefix: str,
                 batch_messages: int, out: IO[str], progress_out: IO[str], every: float = 5.0) -> int:
     """Imports every session of `source` matching `pattern`, with a progress bar (source
-    messages) and a summary table; returns the exit status (1 if a session failed)."""
+    messages) and a summary table; returns the exit status (1 if a session failed). An import
+    that a failed server or connection (or Ctrl-C) ends shows the sessions done, then raises."""
     if kind == "langchain":
         pattern = pattern or f"{key_prefix}*"
     else:
@@ -30,11 +31,22 @@ def import_from(store: MessageStore, source: redis.Redis, kind: str, pattern: st
     total = _total(source, keys)
     bar = Progress("imported", total, progress_out, every)
     done = lambda key, count: bar.update(count)  # noqa: E731
-    if kind == "langchain":
-        results = import_langchain(store, source, pattern, key_prefix=key_prefix, batch_messages=batch_messages,
-                                   progress=done)
-    else:
-        results = import_llamaindex(store, source, pattern, batch_messages=batch_messages, progress=done)
+    results: list[SessionImport] = []
+    try:
+        if kind == "langchain":
+            import_langchain(store, source, pattern, key_prefix=key_prefix, batch_messages=batch_messages,
+                             progress=done, sessions=results)
+        else:
+            import_llamaindex(store, source, pattern, batch_messages=batch_messages, progress=done,
+                              sessions=results)
+    except BaseException as exc:
+        bar.close()
+        if results:  # what was done; main() says why it ended
+            _table(results, store.config.namespace, out)
+        if isinstance(exc, Exception):  # a failed server or connection (main() says so for Ctrl-C)
+            print("kvstore: the import ended early; run the same command again to finish it (nothing is stored"
+                  " twice)", file=progress_out, flush=True)
+        raise
     bar.close()
     _table(results, store.config.namespace, out)
     return 1 if any(result.error for result in results) else 0
@@ -46,7 +58,8 @@ def _total(source: redis.Redis, keys: list[str]) -> int:
         with source.pipeline(transaction=False) as pipe:
             for key in keys[start:start + 1000]:
                 pipe.llen(key)
-            total += sum(pipe.execute())
+            # a key that is no list any more is reported by the import, as that session's error
+            total += sum(count for count in pipe.execute(raise_on_error=False) if isinstance(count, int))
     return total
 
 
