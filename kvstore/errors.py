@@ -300,3 +300,11 @@ class RestoreConflict(KVStoreError):
     partly restored into."""
 
     http_status = 409
+
+
+class RestoreIncomplete(KVStoreError):
+    """A write met a thread whose restore (``kvstore import``, or a fork) has not finished:
+    nothing was written. Run the same import or fork again to finish it (or ``delete()`` the
+    thread); only its last step makes the thread writable."""
+
+    http_status = 409
