@@ -308,6 +308,8 @@ class BackupIncomplete(InvalidMessage):
     was not finished (the thread refuses writes: ``RestoreIncomplete``); import the whole file to
     finish it."""
 
+    http_status = 422
+
 
 class RestoreIncomplete(KVStoreError):
     """A write met a thread whose restore (``kvstore import``, or a fork) has not finished:

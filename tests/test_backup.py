@@ -10,7 +10,7 @@ import json
 import pytest
 
 from kvstore import AssistantMessage, MessageStore, StoreConfig, UserMessage, errors
-from kvstore.cli import backup
+from kvstore.cli import backup, commands
 from kvstore.cli.progress import Progress
 
 from .layout_check import check_layout
@@ -431,12 +431,16 @@ def test_a_backup_cut_short_is_refused_and_its_thread_is_not_served(stores, raw_
     with pytest.raises((errors.BackupIncomplete, errors.InvalidMessage)):
         backup.import_lines(target, "long", io.StringIO(short), progress_out=io.StringIO())
     half = target.thread("long")
-    assert 0 < half.stats().stored_messages < 300
+    assert 0 < half.stats().stored_messages < 300 and half.stats().restore_unfinished
+    shown = io.StringIO()
+    commands.inspect(target, "long", shown)
+    assert "restore           unfinished" in shown.getvalue()
     with pytest.raises(errors.RestoreIncomplete):
         half.append(AssistantMessage(content="into the half-restored turn"), turn_id="turn-99")
     with pytest.raises(errors.RestoreIncomplete):
         half.start_turn("turn-99")
     backup.import_lines(target, "long", io.StringIO(text), progress_out=io.StringIO())
+    assert not half.stats().restore_unfinished
     assert view(half, turns=("turn-0", "turn-99")) == view(original, turns=("turn-0", "turn-99"))
     check_layout(raw_client, half.keys, target.config)
 

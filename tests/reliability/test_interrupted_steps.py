@@ -168,6 +168,7 @@ def test_a_fork_stopped_between_its_state_calls_is_not_finished(side, raw_client
     with store.stopped_at(second_state_call), pytest.raises(Stop):
         source.fork("forked", at=at)
     half = store.thread("forked")
+    assert half.stats().restore_unfinished and half.stats().forked_from is None
     with pytest.raises(errors.RestoreIncomplete):
         half.append(AssistantMessage(content="into a turn of the half-written fork"), turn_id=last)
     with pytest.raises(errors.RestoreIncomplete):
