@@ -114,11 +114,13 @@ def raw_state(raw_client, thread) -> dict:
 
 
 def view(thread, turns=()) -> dict:
+    """What a reader sees: messages, stats (restore_unfinished among them), the snapshot's turn
+    and the messages of each of `turns`."""
     stats = thread.stats()
     snapshot = thread.snapshot()
     return {
         "messages": [m.to_dict() for m in thread.iter()],
-        "stats": stats.model_dump() if hasattr(stats, "model_dump") else vars(stats),
+        "stats": stats.model_dump(),
         "snapshot_turn": snapshot.turn,
         "turns": {t: [m.seq_id for m in thread.list(turn_id=t, limit=1000).messages] for t in turns},
     }
@@ -151,7 +153,7 @@ def test_a_fork_stopped_between_its_state_calls_is_not_finished(side, raw_client
     store = side(window_size=64, chunk_size=32)
     source = store.thread("source")
     turns = backup_module.RESTORE_TURNS + 10
-    for n in range(turns):  # a message and a result per turn: few calls
+    for n in range(turns):  # a question and a recorded result per turn
         source.append(UserMessage(id=f"message-q{n}", date=DATE, content=f"question {n}"), turn_id=f"turn-{n}")
         source.start_turn(f"turn-{n}")
         source.finish_turn(f"turn-{n}", "completed")
