@@ -484,3 +484,29 @@ def test_lines_after_a_backups_end_line_are_refused(stores):
     text = export_text(source)
     with pytest.raises(errors.BackupIncomplete, match="after"):
         backup.import_lines(target, "chat", io.StringIO(text + text), progress_out=io.StringIO())
+
+
+def test_every_write_to_a_thread_whose_restore_is_unfinished_is_refused_and_writes_nothing(stores, raw_client):
+    source, target = stores
+    long_thread(source)
+    lines = export_text(source, "long").splitlines(keepends=True)
+    with pytest.raises(errors.BackupIncomplete):
+        backup.import_lines(target, "long", iter(lines[:-1]), progress_out=io.StringIO())
+    half = target.thread("long")
+    first = half.list(limit=1, order="asc").messages[0]
+    prefix = half.keys.meta.rsplit(":", 1)[0]
+    before = {k: raw_client.dump(k) for k in raw_client.scan_iter(match=prefix.replace("{", "\\{").replace("}", "\\}") + ":*")}
+    writes = {
+        "append": lambda: half.append(UserMessage(content="new")),
+        "start_turn": lambda: half.start_turn("turn-new"),
+        "hold_turn": lambda: half.hold_turn("turn-new"),
+        "finish_turn": lambda: half.finish_turn("turn-99"),
+        "replace": lambda: half.replace(first.id, UserMessage(content="replaced")),
+        "remove_turn": lambda: half.remove_turn("turn-0"),
+        "compact": lambda: half.compact("a summary", 3),
+    }
+    for name, write in writes.items():
+        with pytest.raises(errors.RestoreIncomplete):
+            write()
+        after = {k: raw_client.dump(k) for k in raw_client.scan_iter(match=prefix.replace("{", "\\{").replace("}", "\\}") + ":*")}
+        assert after == before, name
