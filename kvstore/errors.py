@@ -300,3 +300,20 @@ class RestoreConflict(KVStoreError):
     partly restored into."""
 
     http_status = 409
+
+
+class BackupIncomplete(InvalidMessage):
+    """A backup file that does not prove it is whole: its end line (the count and checksum of
+    every line before it) is missing or does not match the file, or lines follow it. The restore
+    was not finished (the thread refuses writes: ``RestoreIncomplete``); import the whole file to
+    finish it."""
+
+    http_status = 422
+
+
+class RestoreIncomplete(KVStoreError):
+    """A write met a thread whose restore (``kvstore import``, or a fork) has not finished:
+    nothing was written. Run the same import or fork again to finish it (or ``delete()`` the
+    thread); only its last step makes the thread writable."""
+
+    http_status = 409

@@ -63,6 +63,9 @@ class ThreadStats(_Result):
     counted when it was written; docs/HISTORY.md, "Counting tokens").
     history_checked: strict history checks cover the thread (every message of it was written
     with ``history_checks="strict"``), so its writes are checked (docs/HISTORY.md).
+    restore_unfinished: a restore into the thread (``kvstore import``, ``Thread.fork``) has not
+    run its last step: it holds a part of the backup, and every write is refused
+    (``RestoreIncomplete``) until the same import or fork is run again (docs/RELIABILITY.md).
 
     Example: ``thread.stats().next_sequence - 1`` is the last sequence given out.
     """
@@ -80,6 +83,7 @@ class ThreadStats(_Result):
     fork_sequence: int | None = None
     tokens: int = 0
     history_checked: bool = False
+    restore_unfinished: bool = False
 
 
 class TurnResult(_Result):

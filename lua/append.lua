@@ -16,7 +16,7 @@
 --- Reply: {1, first_sequence}          the batch was stored at first..first+count-1
 ---        {0, seq_1, id_1, ..., seq_count, id_count}   every message was already stored (a
 ---                                     replay); an id is '' where no side info names it
---- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_DELETING, KVS_MIGRATING, KVS_TOO_LARGE, KVS_MEDIA_OVER,
+--- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_DELETING, KVS_RESTORING, KVS_MIGRATING, KVS_TOO_LARGE, KVS_MEDIA_OVER,
 ---         KVS_OTID_CONFLICT, KVS_OTID_REPEATED, KVS_DUPLICATE_ID, KVS_ID_REPEATED,
 ---         KVS_TURN_FINISHED, KVS_TURN_FENCED, KVS_HISTORY
 --- @include "includes/thread"

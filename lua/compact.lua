@@ -14,7 +14,7 @@
 --- allows (includes/retention).
 ---
 --- Reply: {1, summary_sequence, chunks_deleted}, or {0, summary_sequence, 0} for a replay
---- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_DELETING, KVS_MIGRATING, KVS_TOO_LARGE, KVS_MEDIA_OVER,
+--- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_DELETING, KVS_RESTORING, KVS_MIGRATING, KVS_TOO_LARGE, KVS_MEDIA_OVER,
 ---         KVS_BAD_SUMMARY
 --- @include "includes/thread"
 --- @include "includes/events"

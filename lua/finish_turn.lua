@@ -14,7 +14,7 @@
 --- turn, so a reader sees a failed turn as unfinished.
 ---
 --- Reply: {reply_count, first_sequence or 0, last_sequence or 0, reply_start, outcome}
---- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_DELETING, KVS_MIGRATING, KVS_TURN_NOT_FOUND, KVS_TURN_FENCED
+--- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_DELETING, KVS_RESTORING, KVS_MIGRATING, KVS_TURN_NOT_FOUND, KVS_TURN_FENCED
 --- @include "includes/thread"
 --- @include "includes/turns"
 --- @include "includes/expiry"

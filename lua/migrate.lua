@@ -9,7 +9,7 @@
 ---   scanning is 1 while the legacy range is still being scanned (writes refuse with
 ---   KVS_MIGRATING until it is 0); fields_left, once the layout is 2, counts the legacy fields
 ---   that were not sequences and stay in the legacy hash.
---- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_DELETING
+--- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_DELETING, KVS_RESTORING
 --- @include "includes/thread"
 --- @include "includes/expiry"
 --- @include "includes/migration"

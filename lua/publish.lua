@@ -14,7 +14,7 @@
 --- refuses it (KVS_TURN_FENCED).
 ---
 --- Reply: the event's id ("<n>-<s>")
---- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_DELETING, KVS_TURN_NOT_FOUND, KVS_TURN_FINISHED,
+--- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_DELETING, KVS_RESTORING, KVS_TURN_NOT_FOUND, KVS_TURN_FINISHED,
 ---         KVS_TURN_FENCED
 --- @include "includes/thread"
 --- @include "includes/turns"

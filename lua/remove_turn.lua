@@ -14,7 +14,7 @@
 --- answering a call the turn made is refused; the calls the turn's messages answered that were
 --- made before it are open again (includes/history.lua).
 ---
---- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_DELETING, KVS_MIGRATING, KVS_HISTORY
+--- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_DELETING, KVS_RESTORING, KVS_MIGRATING, KVS_HISTORY
 --- @include "includes/thread"
 --- @include "includes/events"
 --- @include "includes/index"

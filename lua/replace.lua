@@ -16,7 +16,7 @@
 --- chunk_max_bytes (unless it is alone in it).
 ---
 --- Reply: the message's sequence
---- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_DELETING, KVS_MIGRATING, KVS_NOT_FOUND, KVS_TOO_LARGE,
+--- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_DELETING, KVS_RESTORING, KVS_MIGRATING, KVS_NOT_FOUND, KVS_TOO_LARGE,
 ---         KVS_MEDIA_OVER, KVS_HISTORY
 --- @include "includes/checks"
 --- @include "includes/thread"

@@ -18,6 +18,8 @@
 --- written. Retention runs when a chunk was cut, as after an append. With strict history checks
 --- the thread's open calls are built from the runs as they come, refusing nothing (the backup's
 --- history is what it is): a thread restored whole by such a store is checked from then on.
+--- A call that stores anything marks the thread `restoring` in meta: every other write refuses it
+--- (KVS_RESTORING) until restore_state's last call, the restore's last step, clears the mark.
 ---
 --- Reply: {restored, already_stored}
 --- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_DELETING, KVS_TOO_LARGE, KVS_MEDIA_OVER,
@@ -37,7 +39,7 @@ local count = tonumber(ARGV[13])
 local batch = read_batch(ARGV, 14, count, turn_id)
 read_batch_pairs(ARGV[14], batch, limits)
 
-local meta, failure = load_meta(keys)
+local meta, failure = load_meta(keys, true)
 if failure then return failure end
 if meta.layout ~= nil and meta.layout ~= '2' then
   return redis.error_reply('KVS_LAYOUT thread is stored in layout ' .. meta.layout .. ', a restore writes into layout 2 only')
@@ -110,6 +112,7 @@ if failure then return failure end
 begin_expiry(keys, limits.ttl_ms)
 local _, store_failure = store_batch(keys, new, limits, meta)
 if store_failure then return store_failure end
+redis.call('HSET', keys.meta, 'restoring', '1')
 apply_history(keys, new, new_first)
 if rollover(keys, cuts, 0) > 0 then
   retain(keys, limits.retained_limit, limits.max_move_chunks)

@@ -17,7 +17,12 @@
 ---              first (int), result count (int), result first_seq (int), result last_seq (int)
 --- then         fork_of (str): the thread this one was forked from; '' (or absent) for none
 ---              fork_at (int): the sequence of the fork point; 0 (or absent) for none
+---              last (int): 1 (or absent) for the restore's last call, 0 for one with more turn
+---              records to follow
 ---
+--- Only the last call finishes the restore: it clears the `restoring` mark (lua/restore.lua) and
+--- writes fork_of/fork_at (a fork found with them is finished). An earlier call sets the mark,
+--- so that a restore stopped between two calls is neither served for writes nor taken as done.
 --- Each turn keeps the ranges its restored messages gave it and takes its reply start, reply
 --- count and recorded result from the backup. Sent again it writes the same values. A thread
 --- holding sequences past last_seq is refused (KVS_RESTORE_CONFLICT) and nothing is written.
@@ -44,6 +49,7 @@ local turn_outcome = ARGV[17]
 local count = tonumber(ARGV[18])
 local fork_of = ARGV[19 + count * 8] or ''
 local fork_at = ARGV[20 + count * 8] or '0'
+local last = (ARGV[21 + count * 8] or '1') ~= '0'
 
 local function bad_backup(what, value)
   return redis.error_reply('KVS_BAD_BACKUP ' .. what .. ' ' .. tostring(value) .. ' is not one a backup holds')
@@ -62,7 +68,7 @@ for i = 1, count do
   end
 end
 
-local err = check_thread(keys)
+local err = check_thread(keys, true)
 if err then return err end
 local current = redis.call('HMGET', keys.meta, 'layout', 'last_seq')
 if current[1] == '1' or redis.call('EXISTS', keys.legacy) == 1 then
@@ -87,11 +93,14 @@ if turn_id ~= '' then
   fields[#fields + 1] = 'turn_seq'; fields[#fields + 1] = turn_seq
   fields[#fields + 1] = 'turn_outcome'; fields[#fields + 1] = turn_outcome
 end
-if fork_of ~= '' then
+if not last then
+  fields[#fields + 1] = 'restoring'; fields[#fields + 1] = '1'
+elseif fork_of ~= '' then
   fields[#fields + 1] = 'fork_of'; fields[#fields + 1] = fork_of
   fields[#fields + 1] = 'fork_at'; fields[#fields + 1] = fork_at
 end
 redis.call('HSET', keys.meta, unpack(fields))
+if last then redis.call('HDEL', keys.meta, 'restoring') end
 for i = 1, count do
   local base = 18 + (i - 1) * 8
   local id = ARGV[base + 1]

@@ -6,7 +6,7 @@
 --- ARGV[10]     limits key (str): ARGV[1..9] joined by ':', then the event limits
 ---
 --- Reply: the number of chunks deleted (at most max_move_chunks)
---- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_DELETING
+--- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_DELETING, KVS_RESTORING
 --- @include "includes/thread"
 --- @include "includes/expiry"
 --- @include "includes/retention"

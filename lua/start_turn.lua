@@ -15,7 +15,7 @@
 --- cannot be held.
 ---
 --- Reply: 'start': the sequence the turn's replies start at; 'hold': {that sequence, lease}
---- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_DELETING, KVS_MIGRATING, KVS_TURN_FINISHED
+--- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_DELETING, KVS_RESTORING, KVS_MIGRATING, KVS_TURN_FINISHED
 --- @include "includes/thread"
 --- @include "includes/turns"
 --- @include "includes/expiry"

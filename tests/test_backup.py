@@ -10,7 +10,7 @@ import json
 import pytest
 
 from kvstore import AssistantMessage, MessageStore, StoreConfig, UserMessage, errors
-from kvstore.cli import backup
+from kvstore.cli import backup, commands
 from kvstore.cli.progress import Progress
 
 from .layout_check import check_layout
@@ -202,7 +202,7 @@ def test_a_turn_record_of_the_first_layout_2_form_is_backed_up(stores, raw_clien
     thread.append(AssistantMessage(content="r"), turn_id="t")
     raw_client.hset(thread.keys.turns, "t", "2|1-2,4-4")
     text = export_text(source, "old-turn")
-    assert [json.loads(line).get("turn_id") for line in text.splitlines()[1:]] == ["t", "t", None, "t"]
+    assert [json.loads(line).get("turn_id") for line in text.splitlines()[1:-1]] == ["t", "t", None, "t"]
     assert json.loads(text.splitlines()[0])["turns"] == [
         {"id": "t", "start": 2, "outcome": "open", "replies": 2, "first": 2, "count": 0, "first_seq": 0, "last_seq": 0}
     ]
@@ -312,7 +312,7 @@ def test_a_header_it_cannot_restore_is_refused_before_any_write(stores):
     assert target.thread("chat").stats().stored_messages == 0
 
 
-@pytest.mark.parametrize("which", [1, -1])
+@pytest.mark.parametrize("which", [1, -2])
 def test_a_backup_message_without_its_id_is_refused(stores, which):
     source, target = stores
     source.thread("chat").append([UserMessage(content=f"m{i}") for i in range(3)])
@@ -388,7 +388,7 @@ def test_a_backup_without_messages_over_a_thread_holding_messages_is_refused(sto
     gone.remove_turn("turn-x")
     gone.remove_turn("turn-y")
     text = export_text(source)
-    assert len(text.strip().splitlines()) == 1 and json.loads(text)["last_seq"] == 3
+    assert len(text.strip().splitlines()) == 2 and json.loads(text.splitlines()[0])["last_seq"] == 3
     other = target.thread("chat")
     other.append([UserMessage(content=f"other {i}") for i in range(2)])
     other.compact("what the other thread said", 1)  # its summary is sequence 3: last_seq 3 too
@@ -404,3 +404,109 @@ def test_a_backup_without_messages_over_a_thread_holding_messages_is_refused(sto
     for _ in range(2):
         backup.import_lines(target, "fresh", io.StringIO(text), progress_out=io.StringIO())
         assert target.thread("fresh").stats().next_sequence == 4
+
+
+def long_thread(store: MessageStore, thread_id: str = "long"):
+    """300 messages in turns of three (a question and two replies), every turn finished."""
+    thread = store.thread(thread_id)
+    for n in range(100):
+        turn = f"turn-{n}"
+        thread.append(UserMessage(content=f"question {n}"), turn_id=turn)
+        thread.start_turn(turn)
+        thread.append([AssistantMessage(content=f"answer {n}.{i}") for i in range(2)], turn_id=turn)
+        thread.finish_turn(turn)
+    return thread
+
+
+@pytest.mark.parametrize("cut", ["line end", "mid-line"])
+def test_a_backup_cut_short_is_refused_and_its_thread_is_not_served(stores, raw_client, cut):
+    """A backup proves it is whole (its end line's count and checksum): one cut short, at a
+    line end or within a line, fails, and the part it restored refuses writes until the whole
+    file is imported."""
+    source, target = stores
+    original = long_thread(source)
+    text = export_text(source, "long")
+    lines = text.splitlines(keepends=True)
+    short = "".join(lines[:151]) if cut == "line end" else "".join(lines[:151]) + lines[151][:40]
+    with pytest.raises((errors.BackupIncomplete, errors.InvalidMessage)):
+        backup.import_lines(target, "long", io.StringIO(short), progress_out=io.StringIO())
+    half = target.thread("long")
+    assert 0 < half.stats().stored_messages < 300 and half.stats().restore_unfinished
+    shown = io.StringIO()
+    commands.inspect(target, "long", shown)
+    assert "restore           unfinished" in shown.getvalue()
+    with pytest.raises(errors.RestoreIncomplete):
+        half.append(AssistantMessage(content="into the half-restored turn"), turn_id="turn-99")
+    with pytest.raises(errors.RestoreIncomplete):
+        half.start_turn("turn-99")
+    backup.import_lines(target, "long", io.StringIO(text), progress_out=io.StringIO())
+    assert not half.stats().restore_unfinished
+    assert view(half, turns=("turn-0", "turn-99")) == view(original, turns=("turn-0", "turn-99"))
+    check_layout(raw_client, half.keys, target.config)
+
+
+def test_a_backup_whose_lines_changed_is_refused_before_it_is_finished(stores):
+    source, target = stores
+    long_thread(source)
+    lines = export_text(source, "long").splitlines(keepends=True)
+    changed = lines[7].replace("question", "QUESTION")
+    assert changed != lines[7]
+    lines[7] = changed
+    with pytest.raises(errors.BackupIncomplete, match="checksum"):
+        backup.import_lines(target, "long", iter(lines), progress_out=io.StringIO())
+    with pytest.raises(errors.RestoreIncomplete):
+        target.thread("long").append(UserMessage(content="more"))
+    dropped = export_text(source, "long").splitlines(keepends=True)
+    del dropped[7]
+    with pytest.raises(errors.BackupIncomplete, match="299 message lines"):
+        backup.import_lines(target, "other", iter(dropped), progress_out=io.StringIO())
+
+
+def test_a_backup_without_its_end_line_is_refused_unless_allowed_and_whole(stores):
+    """A backup written before end lines existed: refused, unless allowed; then its header's
+    message count must be the file's."""
+    source, target = stores
+    original = long_thread(source)
+    lines = export_text(source, "long").splitlines(keepends=True)
+    assert json.loads(lines[-1]) == {"kvstore_backup_end": 1, "messages": 300, "sha256": json.loads(lines[-1])["sha256"]}
+    old = lines[:-1]
+    with pytest.raises(errors.BackupIncomplete, match="no end line"):
+        backup.import_lines(target, "old", iter(old), progress_out=io.StringIO())
+    with pytest.raises(errors.BackupIncomplete, match="header"):
+        backup.import_lines(target, "cut", iter(old[:151]), progress_out=io.StringIO(), allow_untrailed=True)
+    backup.import_lines(target, "old", iter(old), progress_out=io.StringIO(), allow_untrailed=True)
+    assert view(target.thread("old"), turns=("turn-99",)) == view(original, turns=("turn-99",))
+
+
+def test_lines_after_a_backups_end_line_are_refused(stores):
+    source, target = stores
+    source.thread("chat").append([UserMessage(content=f"m{i}") for i in range(3)])
+    text = export_text(source)
+    with pytest.raises(errors.BackupIncomplete, match="after"):
+        backup.import_lines(target, "chat", io.StringIO(text + text), progress_out=io.StringIO())
+
+
+def test_every_write_to_a_thread_whose_restore_is_unfinished_is_refused_and_writes_nothing(stores, raw_client):
+    source, target = stores
+    long_thread(source)
+    lines = export_text(source, "long").splitlines(keepends=True)
+    with pytest.raises(errors.BackupIncomplete):
+        backup.import_lines(target, "long", iter(lines[:-1]), progress_out=io.StringIO())
+    half = target.thread("long")
+    first = half.list(limit=1, order="asc").messages[0]
+    prefix = half.keys.meta.rsplit(":", 1)[0]
+    before = {k: raw_client.dump(k) for k in raw_client.scan_iter(match=prefix.replace("{", "\\{").replace("}", "\\}") + ":*")}
+    writes = {
+        "append": lambda: half.append(UserMessage(content="new")),
+        "start_turn": lambda: half.start_turn("turn-new"),
+        "hold_turn": lambda: half.hold_turn("turn-new"),
+        "finish_turn": lambda: half.finish_turn("turn-99"),
+        "replace": lambda: half.replace(first.id, UserMessage(content="replaced")),
+        "remove_turn": lambda: half.remove_turn("turn-0"),
+        "compact": lambda: half.compact("a summary", 3),
+    }
+    for name, write in writes.items():
+        with pytest.raises(errors.RestoreIncomplete):
+            write()
+        after = {k: raw_client.dump(k) for k in raw_client.scan_iter(match=prefix.replace("{", "\\{").replace("}", "\\}") + ":*")}
+        assert after == before, name

@@ -168,8 +168,9 @@ def test_inspect_export_import(server, namespace, tmp_path, server_only):
     out = tmp_path / "chat.jsonl"
     result = kvstore("export", "chat-1", "--url", server.url, "--namespace", namespace, "-o", str(out))
     assert result.returncode == 0, result.stderr
-    header, *lines = out.read_text().splitlines()
+    header, *lines, end = out.read_text().splitlines()
     assert json.loads(header)["kvstore_backup"] == 1 and json.loads(header)["turn"]["id"] == "t1"
+    assert json.loads(end)["kvstore_backup_end"] == 1 and json.loads(end)["messages"] == 21
     # Each line carries the message's stored token count (here the default rule's).
     assert [json.loads(line) for line in lines] == (
         [{**m.to_dict(), "turn_id": "t1", "tokens": estimated_tokens(m)} for m in stored[:20]]
@@ -744,3 +745,42 @@ def test_fork_from_the_command_line(server, namespace, server_only):
     taken = kvstore("fork", "source", "taken", "--at", "5", *base)
     assert taken.returncode != 0 and taken.stderr.startswith("kvstore:"), taken.stderr
     assert [m.content for m in store.thread("taken").iter()] == ["other"]
+
+
+def test_an_import_of_a_backup_cut_at_a_line_end_fails_and_serves_no_thread(server, namespace, tmp_path, server_only):
+    """300 messages cut after 150 lines: exit 1, naming the missing end line; the part restored
+    refuses writes (its state not set); the whole file then finishes it. A backup of an older
+    version (no end line) imports with --allow-untrailed."""
+    store = MessageStore.from_url(server.url, StoreConfig(namespace=namespace))
+    thread = store.thread("source")
+    for n in range(100):
+        thread.append(UserMessage(content=f"question {n}"), turn_id=f"t{n}")
+        thread.start_turn(f"t{n}")
+        thread.append([AssistantMessage(content=f"answer {n}.{i}") for i in range(2)], turn_id=f"t{n}")
+        thread.finish_turn(f"t{n}")
+    out = tmp_path / "backup.jsonl"
+    common = ("--url", server.url, "--namespace", namespace)
+    assert kvstore("export", "source", "-o", str(out), *common).returncode == 0
+    lines = out.read_text().splitlines(keepends=True)
+    cut = tmp_path / "cut.jsonl"
+    cut.write_text("".join(lines[:151]))
+    result = kvstore("import", "copy", str(cut), *common)
+    assert result.returncode == 1 and "no end line" in result.stderr, result.stderr
+    copy = store.thread("copy")
+    assert copy.stats().stored_messages == 150
+    with pytest.raises(errors.RestoreIncomplete):
+        copy.append(AssistantMessage(content="into a turn past the cut"), turn_id="t99")
+    result = kvstore("import", "copy", str(out), *common)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.splitlines()[-1] == "imported into copy: 150 new, 150 already stored"
+    assert [m.to_dict() for m in copy.iter()] == [m.to_dict() for m in thread.iter()]
+    assert copy.stats().next_sequence == thread.stats().next_sequence == 301
+    with pytest.raises(errors.TurnFinished):
+        copy.append(AssistantMessage(content="a finished turn takes no reply"), turn_id="t99")
+
+    old = tmp_path / "old.jsonl"
+    old.write_text("".join(lines[:-1]))
+    assert kvstore("import", "old", str(old), *common).returncode == 1
+    result = kvstore("import", "old", str(old), "--allow-untrailed", *common)
+    assert result.returncode == 0, result.stderr
+    assert [m.to_dict() for m in store.thread("old").iter()] == [m.to_dict() for m in thread.iter()]

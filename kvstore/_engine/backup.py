@@ -203,9 +203,11 @@ def restore_run(thread: ThreadRef, run: list[BackedUpMessage]) -> Operation:
 
 def restore_state(thread: ThreadRef, state: BackupState, fork_of: str = "", fork_at: int = 0) -> Operation:
     """Sets the thread's state as the backup recorded it (after every message is restored); a
-    fork also records the thread it was forked from and its fork point."""
+    fork also records the thread it was forked from and its fork point. Only the last call ends
+    the restore (and records the fork): one stopped before it is run again."""
     turns = state.turns or []
-    for start in range(0, max(len(turns), 1), RESTORE_TURNS):
+    starts = range(0, max(len(turns), 1), RESTORE_TURNS)
+    for start in starts:
         part = turns[start : start + RESTORE_TURNS]
         args: list[Any] = [
             *thread.limits(), state.last_seq, state.summary_last, state.summary_seq, state.deleted_before,
@@ -215,8 +217,9 @@ def restore_state(thread: ThreadRef, state: BackupState, fork_of: str = "", fork
         for turn in part:
             args += (turn.turn_id, turn.start, turn.outcome, turn.replies, turn.first,
                      turn.count, turn.first_seq, turn.last_seq)
-        if fork_of:
-            args += (fork_of, fork_at)
+        last = start == starts[-1]
+        if fork_of or not last:
+            args += (fork_of, fork_at, int(last))
         yield from write(thread, SCRIPTS["restore_state"], args)
 
 

@@ -158,6 +158,7 @@ ERROR_CODES: dict[str, type[errors.KVStoreError]] = {
     "KVS_TURN_FENCED": errors.TurnFenced,
     "KVS_HISTORY": errors.HistoryConflict,
     "KVS_RESTORE_CONFLICT": errors.RestoreConflict,
+    "KVS_RESTORING": errors.RestoreIncomplete,
     "KVS_BAD_BACKUP": errors.InvalidMessage,
 }
 

@@ -1,19 +1,22 @@
 """`kvstore export` and `kvstore import`: a thread's backup, and its restore.
 
 A backup is JSON lines: a header with the thread's state, then one line per kept message in the
-list API's shape with its sequence and turn (docs/LAYOUT.md, "Backup and restore"). Its restore
-writes each message at its own sequence, resumably; a file of plain message lines is appended.
+list API's shape with its sequence and turn, then an end line with the count of message lines and
+the checksum of every line before it (docs/LAYOUT.md, "Backup and restore"). Its restore writes
+each message at its own sequence, resumably, and ends (makes the thread writable) only once the
+end line proves the file whole; a file of plain message lines is appended.
 """
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import sys
 import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import IO
+from typing import IO, Any
 
 from .. import errors
 from .._engine import core
@@ -27,14 +30,28 @@ from .progress import Progress
 
 IMPORT_BATCH = 100
 BACKUP_FORMAT = 1
+# The end line's key: {"kvstore_backup_end": 1, "messages": N, "sha256": "<hex>"}.
+BACKUP_END = "kvstore_backup_end"
+
+
+def _line_digest() -> Any:
+    return hashlib.sha256()
+
+
+def _add_line(digest: Any, line: str) -> None:
+    """A line as the checksum takes it: its text without its line break, then "\n" (a file
+    whose line breaks became CRLF is the same backup)."""
+    digest.update(line.rstrip("\r\n").encode("utf-8") + b"\n")
 
 
 def export(store: MessageStore, thread_id: str, out: IO[str], progress_out: IO[str] | None = None,
            every: float = 5.0) -> int:
     """Writes a backup of the thread: a header line with its state (BackupState), then one line
     per kept message, oldest first: the message in the list API's shape (its seq_id is its
-    sequence) with `turn_id` added for a message of a turn and `tokens`, its stored token count.
-    Refuses (nothing to trust) if the thread changed while it was read."""
+    sequence) with `turn_id` added for a message of a turn and `tokens`, its stored token count;
+    then the end line, written only once the whole thread was read as one state: the count of
+    message lines and the SHA-256 of every line before it. Refuses (nothing to trust, and no end
+    line) if the thread changed while it was read."""
     thread = existing_thread(store, thread_id)
     ref = ThreadRef.of(store.config, thread_id)
     state = store.run(core.backup_state(ref))
@@ -54,7 +71,13 @@ def export(store: MessageStore, thread_id: str, out: IO[str], progress_out: IO[s
             for t in state.turns
         ],
     }
-    out.write(json.dumps(header, separators=(",", ":")) + "\n")
+    digest = _line_digest()
+
+    def write(line: str) -> None:
+        out.write(line)
+        _add_line(digest, line)
+
+    write(json.dumps(header, separators=(",", ":")) + "\n")
     progress = Progress("exported", stats.stored_messages, progress_out or sys.stderr, every)
     count = 0
     unreadable: list[int] = []
@@ -68,7 +91,7 @@ def export(store: MessageStore, thread_id: str, out: IO[str], progress_out: IO[s
                 line["turn_id"] = turn_id
             if message.seq_id in counts:
                 line["tokens"] = counts[message.seq_id]
-            out.write(json.dumps(line, separators=(",", ":"), ensure_ascii=False) + "\n")
+            write(json.dumps(line, separators=(",", ":"), ensure_ascii=False) + "\n")
             count += 1
         progress.update(len(page.messages) + len(page.unreadable))
     progress.close()
@@ -83,6 +106,8 @@ def export(store: MessageStore, thread_id: str, out: IO[str], progress_out: IO[s
             f"thread {thread_id!r} changed while it was exported: the file is not one state of it; export it"
             " again while nothing writes to it"
         )
+    end = {BACKUP_END: BACKUP_FORMAT, "messages": count, "sha256": digest.hexdigest()}
+    out.write(json.dumps(end, separators=(",", ":")) + "\n")
     return count
 
 
@@ -97,11 +122,18 @@ class ImportProgress:
 
 
 def import_lines(store: MessageStore, thread_id: str, lines: IO[str], progress: ImportProgress | None = None,
-                 progress_out: IO[str] | None = None, every: float = 5.0, total: int | None = None) -> int:
+                 progress_out: IO[str] | None = None, every: float = 5.0, total: int | None = None,
+                 allow_untrailed: bool = False) -> int:
     """Imports a file `export` wrote (a backup: restored at its sequences, with its summary,
     turns and deleted_before) or plain JSON-lines messages (appended). Either way a message
     already stored is skipped and counted as such, so an import interrupted anywhere is finished
-    by running it again. Returns the messages stored now."""
+    by running it again. Returns the messages stored now.
+
+    A backup's restore is finished (its state set, the thread writable again) only when its end
+    line proves the file whole; otherwise BackupIncomplete is raised and the thread refuses
+    writes (RestoreIncomplete) until the whole file is imported. A backup written before end
+    lines existed is refused unless `allow_untrailed`, and then its header's message count must
+    be the file's."""
     check_thread_id(thread_id)
     progress = progress or ImportProgress()
     numbered = _numbered(lines, progress)
@@ -119,7 +151,7 @@ def import_lines(store: MessageStore, thread_id: str, lines: IO[str], progress: 
             raise errors.InvalidMessage(f"line {number}: backup format {head['kvstore_backup']!r} is not one this"
                                         f" version reads ({BACKUP_FORMAT})")
         bar = Progress("restored", head.get("messages"), bar_out, every)
-        _restore(store, thread_id, head, numbered, progress, bar)
+        _restore(store, thread_id, head, text, numbered, progress, bar, allow_untrailed)
     else:
         bar = Progress("imported", total, bar_out, every)
         _append_plain(store, thread_id, itertools.chain([first], numbered), progress, bar)
@@ -134,15 +166,25 @@ def _numbered(lines: Iterable[str], progress: ImportProgress) -> Iterator[tuple[
             yield number, line
 
 
-def _restore(store: MessageStore, thread_id: str, head: dict, numbered: Iterator[tuple[int, str]],
-             progress: ImportProgress, bar: Progress) -> None:
+def _restore(store: MessageStore, thread_id: str, head: dict, head_text: str, numbered: Iterator[tuple[int, str]],
+             progress: ImportProgress, bar: Progress, allow_untrailed: bool) -> None:
     ref = ThreadRef.of(store.config, thread_id)
     state = _header_state(head)
+    digest = _line_digest()
+    _add_line(digest, head_text)
+    read = {"messages": 0, "end": None}
 
     def items() -> Iterator[core.BackedUpMessage]:
         for number, text in numbered:
+            if read["end"] is not None:
+                raise errors.BackupIncomplete(f"line {number}: a line after the backup's end line (line {read['end'][0]})")
             try:
                 body = json.loads(text)
+                if isinstance(body, dict) and BACKUP_END in body:
+                    read["end"] = (number, body)
+                    continue
+                _add_line(digest, text)
+                read["messages"] += 1
                 turn_id = body.pop("turn_id", None) if isinstance(body, dict) else None
                 # A backup written before counts were kept has none: the store counts them.
                 tokens = body.pop("tokens", None) if isinstance(body, dict) else None
@@ -174,7 +216,37 @@ def _restore(store: MessageStore, thread_id: str, head: dict, numbered: Iterator
         stats = store.thread(thread_id).stats()
         if stats.stored_messages or (stats.next_sequence > 1 and stats.next_sequence - 1 != state.last_seq):
             raise errors.RestoreConflict(f"thread {thread_id!r} already holds messages: restore into an empty thread")
+    _check_whole(head, read["messages"], read["end"], digest.hexdigest(), allow_untrailed)
     store.run(core.restore_state(ref, state))
+
+
+def _check_whole(head: dict, messages: int, end: tuple[int, Any] | None, checksum: str, allow_untrailed: bool) -> None:
+    """Refuses (BackupIncomplete) a backup that does not prove it is whole, before the restore's
+    last step: its end line's count and checksum must be the file's."""
+    unfinished = "; the restore is not finished (the thread refuses writes until the whole backup is imported)"
+    if end is None:
+        if not allow_untrailed:
+            raise errors.BackupIncomplete(
+                f"the backup has no end line after its {messages} message lines: it may be cut short{unfinished}."
+                " A backup written before end lines existed is imported with --allow-untrailed"
+            )
+        if head.get("messages") != messages:
+            raise errors.BackupIncomplete(
+                f"the backup has no end line and {messages} message lines where its header counts"
+                f" {head.get('messages')!r}: it is cut short{unfinished}"
+            )
+        return
+    number, body = end
+    if body.get(BACKUP_END) != BACKUP_FORMAT:
+        raise errors.InvalidMessage(f"line {number}: backup end line format {body.get(BACKUP_END)!r} is not one this"
+                                    f" version reads ({BACKUP_FORMAT})")
+    if body.get("messages") != messages:
+        raise errors.BackupIncomplete(
+            f"line {number}: the backup's end line counts {body.get('messages')!r} message lines, the file has"
+            f" {messages} message lines{unfinished}"
+        )
+    if body.get("sha256") != checksum:
+        raise errors.BackupIncomplete(f"line {number}: the backup's lines do not match its end line's checksum{unfinished}")
 
 
 def _header_state(head: dict) -> core.BackupState:

@@ -74,6 +74,9 @@ def inspect(store: MessageStore, thread_id: str, out: IO[str] = sys.stdout, chun
     print(f"thread {thread_id} (namespace {store.config.namespace}, layout {stats.layout_version})", file=out)
     print(f"  messages stored   {stats.stored_messages} ({stats.stored_bytes:,} record bytes)", file=out)
     print(f"  next sequence     {stats.next_sequence}", file=out)
+    if "restoring" in meta:
+        print("  restore           unfinished: run the same import or fork again (writes are refused until then)",
+              file=out)
     print(f"  deleted before    {stats.deleted_before_sequence or '-'}", file=out)
     print(f"  inline media      {stats.media_bytes:,} bytes", file=out)
     print(f"  tokens            {stats.tokens:,}", file=out)

@@ -105,6 +105,9 @@ def _add_store_commands(commands: argparse._SubParsersAction) -> None:
     checks_help = ("strict: the threads it writes are checked from their first message, as a store with"
                    " StoreConfig(history_checks='strict') checks them (docs/HISTORY.md); default: off")
     import_.add_argument("--history-checks", choices=("off", "strict"), default="off", help=checks_help)
+    import_.add_argument("--allow-untrailed", action="store_true",
+                         help="accept a backup written before backups had an end line (its count and checksum),"
+                              " if its header's message count is the file's")
     for sub in (export, import_):
         sub.add_argument("--progress-every", type=float, default=5.0, metavar="SECONDS",
                          help="where standard error is not a terminal, a progress line this often (default: 5)")
@@ -216,11 +219,12 @@ def _store_command(args: argparse.Namespace) -> int:
             progress = backup.ImportProgress()
             try:
                 if args.file == "-":
-                    backup.import_lines(store, args.thread, sys.stdin, progress, every=args.progress_every)
+                    backup.import_lines(store, args.thread, sys.stdin, progress, every=args.progress_every,
+                                        allow_untrailed=args.allow_untrailed)
                 else:
                     with open(args.file, encoding="utf-8") as lines:
                         backup.import_lines(store, args.thread, lines, progress, every=args.progress_every,
-                                              total=_line_count(args.file))
+                                            total=_line_count(args.file), allow_untrailed=args.allow_untrailed)
             except KeyboardInterrupt:
                 unknown = f"; the {progress.sending} being sent may or may not be" if progress.sending else ""
                 print(f"kvstore: interrupted at line {progress.lines}: {progress.stored} messages stored in"

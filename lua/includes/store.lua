@@ -15,7 +15,8 @@
 -- written once (store_batch), and only the keys this call may write have their type checked;
 -- the maps it reads first (meta, ids, otids) are checked by those reads themselves.
 
-local META_FIELDS = {'layout', 'last_seq', 'stored', 'bytes', 'media', 'window_bytes', 'deleting', 'checked', 'tokens'}
+local META_FIELDS = {'layout', 'last_seq', 'stored', 'bytes', 'media', 'window_bytes', 'deleting', 'checked', 'tokens', 'restoring'}
+local TOKENS_FIELD = 9
 
 local function wrong_type(key)
   return redis.error_reply('KVS_WRONGTYPE ' .. key .. ' does not hold the type kvstore keeps there')
@@ -37,15 +38,16 @@ local function checked_read(key, ...)
 end
 
 -- The meta fields the store path needs, as numbers (layout as a string or nil); refuses a
--- thread being deleted.
-local function load_meta(keys)
+-- thread being deleted, or restored (unless `restoring_ok`: lua/restore.lua).
+local function load_meta(keys, restoring_ok)
   local values, err = checked_read(keys.meta, 'HMGET', keys.meta, unpack(META_FIELDS))
   if err then return nil, err end
   local meta = {layout = values[1] or nil}
   for i = 2, #META_FIELDS do meta[META_FIELDS[i]] = tonumber(values[i] or '0') end
   if meta.deleting > 0 then return nil, deleting_error() end
+  if meta.restoring > 0 and not restoring_ok then return nil, restoring_error() end
   -- A thread written before meta kept a token total (store_batch counts it once).
-  meta.tokens_missing = not values[#META_FIELDS] and (meta.stored > 0 or meta.layout ~= nil)
+  meta.tokens_missing = not values[TOKENS_FIELD] and (meta.stored > 0 or meta.layout ~= nil)
   return meta
 end
 

@@ -10,13 +10,14 @@ local function thread_keys(KEYS)
   }
 end
 
--- Fails unless every key is missing or of its type, and the thread is in layout 2.
-local function check_thread(keys)
+-- Fails unless every key is missing or of its type, and the thread is in layout 2 (and writable:
+-- includes/checks.lua, check_layout).
+local function check_thread(keys, restoring_ok)
   return check_key_types({
     {keys.meta, 'hash'}, {keys.window, 'zset'}, {keys.window_side, 'hash'},
     {keys.chunk_index, 'zset'}, {keys.large_index, 'zset'}, {keys.ids, 'hash'},
     {keys.otids, 'hash'}, {keys.turns, 'hash'}, {keys.legacy, 'hash'}, {keys.pairs, 'zset'},
-  }) or check_layout(keys.meta)
+  }) or check_layout(keys.meta, restoring_ok)
 end
 
 -- The arguments of one message of a batch: id, otid, media, tokens, record.
