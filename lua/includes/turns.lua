@@ -157,9 +157,13 @@ local function write_turn(keys, turn_id, turn)
   turn.writes, turn.gone = {}, {}
 end
 
+-- The fields of a turn beside its record (lease_field, calls_field below): they go with it.
+local TURN_EXTRAS = {'lease', 'holds', 'deltas'}
+
 -- Deletes a turn's record. It holds no range (kept is 0): its range fields are in `gone`.
 local function delete_turn(keys, turn_id, turn)
   local fields = {turn_id}
+  for _, extra in ipairs(TURN_EXTRAS) do fields[#fields + 1] = turn_id .. '\t' .. extra end
   for _, k in ipairs(turn.gone) do
     fields[#fields + 1] = range_field(turn_id, k)
     if #fields >= 100 then
@@ -233,6 +237,38 @@ local function check_lease(keys, turn_id, lease)
     return redis.error_reply(string.format('KVS_TURN_FENCED turn %s is held under lease %d, not %d', turn_id, held, lease))
   end
   return nil
+end
+
+-- What the turn's latest holds and deltas answered (start_turn 'hold', publish), by the call id
+-- the client made before sending: field `<turn_id>\tholds` or `<turn_id>\tdeltas` holds the
+-- newest CALLS_KEPT calls as "\n<call id>\t<answer>" lines, newest first. A call that finds its
+-- id there is a re-send (redis-py's retry, or the caller's with the same call id) and answers
+-- what the first run answered, writing nothing. Call ids hold no tab or newline.
+local CALLS_KEPT = 16
+
+local function calls_field(turn_id, kind)
+  return turn_id .. '\t' .. kind
+end
+
+-- The answer recorded for call_id (nil when none), and the field's value.
+local function recorded_call(keys, field, call_id)
+  local calls = redis.call('HGET', keys.turns, field) or ''
+  if call_id == '' then return nil, calls end
+  local _, at = string.find(calls, '\n' .. call_id .. '\t', 1, true)
+  if not at then return nil, calls end
+  return string.match(calls, '^[^\n]*', at + 1), calls
+end
+
+local function record_call(keys, field, calls, call_id, answer)
+  if call_id == '' then return end
+  calls = '\n' .. call_id .. '\t' .. answer .. calls
+  local at = 0
+  for _ = 1, CALLS_KEPT + 1 do
+    at = string.find(calls, '\n', at + 1, true)
+    if not at then break end
+  end
+  if at then calls = string.sub(calls, 1, at - 1) end
+  redis.call('HSET', keys.turns, field, calls)
 end
 
 -- A new message of a finished turn is refused before anything is written (a replay of a
