@@ -154,7 +154,16 @@ def check_turns(client, keys: ThreadKeys) -> None:
     fields = {k.decode(): v.decode() for k, v in client.hgetall(keys.turns).items()}
     # A range field is `<turn id>\t<k>` beside its header (a layout-1 turn id may hold a tab).
     ranges = {k: v for k, v in fields.items() if re.fullmatch(r"(?s)(.*)\t\d+", k) and k.rpartition("\t")[0] in fields}
-    headers = {k: v for k, v in fields.items() if k not in ranges}
+    # A turn's lease and the calls it remembers (`<turn id>\tlease`, `\tholds`, `\tdeltas`) live
+    # and go with its header.
+    extras = {k for k in fields if k not in ranges and re.fullmatch(r"(?s).*\t(lease|holds|deltas)", k)}
+    # `\tidle`: finished turns without messages, each "<last_seq>\t<turn id>\n", for retention.
+    for line in fields.pop("\tidle", "").splitlines():
+        last, _, turn_id = line.partition("\t")
+        assert last.isdigit() and turn_id, ("idle turns", line)
+    for field in extras:
+        assert field.rpartition("\t")[0] in fields, ("a turn's field outlives its record", field)
+    headers = {k: v for k, v in fields.items() if k not in ranges and k not in extras}
     named = set()
     for turn_id, header in headers.items():
         if "|" in header:

@@ -239,6 +239,39 @@ local function check_lease(keys, turn_id, lease)
   return nil
 end
 
+-- Finished turns that hold no message (finished before their first, or after retention took
+-- their last): retention never meets them in a chunk it deletes, so field `\tidle` lists them,
+-- as "<last_seq at the finish>\t<turn id>\n" lines in the order they finished, and retention
+-- drops each one (drop_idle_turns) once every message stored before its finish is deleted.
+local IDLE_FIELD = '\tidle'
+-- Idle turns one retention call drops at most; the rest go with the next.
+local IDLE_DROPS = 200
+
+local function note_idle_turn(keys, turn_id)
+  local last = redis.call('HGET', keys.meta, 'last_seq') or '0'
+  local idle = redis.call('HGET', keys.turns, IDLE_FIELD) or ''
+  redis.call('HSET', keys.turns, IDLE_FIELD, idle .. last .. '\t' .. turn_id .. '\n')
+end
+
+local function drop_idle_turns(keys, deleted_before)
+  local idle = redis.call('HGET', keys.turns, IDLE_FIELD)
+  if not idle then return end
+  local at = 1
+  for _ = 1, IDLE_DROPS do
+    local last, turn_id, stop = string.match(idle, '^(%d+)\t([^\n]*)\n()', at)
+    if not last or tonumber(last) >= deleted_before then break end
+    -- Still idle (not removed and started again since): it goes.
+    local turn = read_turn(keys, turn_id)
+    if turn and turn.kept == 0 and turn.outcome ~= 'open' then delete_turn(keys, turn_id, turn) end
+    at = stop
+  end
+  if at > #idle then
+    redis.call('HDEL', keys.turns, IDLE_FIELD)
+  elseif at > 1 then
+    redis.call('HSET', keys.turns, IDLE_FIELD, string.sub(idle, at))
+  end
+end
+
 -- What the turn's latest holds and deltas answered (start_turn 'hold', publish), by the call id
 -- the client made before sending: field `<turn_id>\tholds` or `<turn_id>\tdeltas` holds the
 -- newest CALLS_KEPT calls as "\n<call id>\t<answer>" lines, newest first. A call that finds its
