@@ -3,14 +3,17 @@ last sequence when it was written (a take-over's TurnStarted too)."""
 
 from __future__ import annotations
 
-import pytest
+import asyncio
 
-from kvstore import AssistantMessage, StoreConfig, UserMessage, errors
+import pytest
+import redis
+
+from kvstore import AssistantMessage, MessageStore, StoreConfig, UserMessage, errors
 from kvstore._engine import core
 from kvstore._engine.executor import send_request
 from kvstore.events import MessagesAdded, TurnStarted
 
-from .conftest import make_sync_store
+from .conftest import make_async_store, make_sync_store
 
 
 def _inner(thread):
@@ -104,7 +107,7 @@ def test_the_calls_a_turn_remembers_are_bounded(make_thread, raw_client):
     for i in range(40):
         thread.publish(lease, f"d{i}", call_id=f"c{i}")
     remembered = raw_client.hget(thread.keys.turns, "turn-1\tdeltas")
-    assert remembered.count(b"\n") == 16 and b"\nc39\t" in remembered and b"\nc23\t" not in remembered
+    assert remembered.count(b"\n") == 8 and b"\nc39\t" in remembered and b"\nc31\t" not in remembered
     thread.publish(lease, "d39", call_id="c39")
     assert _kinds(raw_client, thread).count("delta") == 40
 
@@ -184,3 +187,62 @@ def test_a_watcher_resuming_from_a_take_overs_cursor_gets_no_message_again(
     assert [m.seq_id for m in event.messages] == [late[0].seq_id]
     assert not isinstance(event, TurnStarted)
     store.close()
+
+
+# ------------------------------------------------- timed out, cut off, and sent again
+
+
+def test_a_hold_and_a_publish_resent_by_redis_py_through_a_pause_are_taken_once(server_only, backend, server, namespace,
+                                                                                 raw_client):
+    """A 50 ms socket timeout and redis-py's default retry: while the server holds writes for
+    300 ms, each call is sent several times, and every copy runs when the pause ends."""
+    store = MessageStore(redis.Redis(port=server.port, socket_timeout=0.05), StoreConfig(namespace=namespace))
+    thread = store.thread("paused")
+    thread.start_turn("warm-up")  # loads the library
+    answers = []
+    for call in (lambda: thread.hold_turn("turn-1"), lambda: thread.publish("turn-1", "once")):
+        raw_client.execute_command("CLIENT", "PAUSE", 300, "WRITE")
+        try:
+            answers.append(call())
+        except errors.OutcomeUnknown as unknown:
+            answers.append(unknown.call_id)
+    raw_client.execute_command("CLIENT", "UNPAUSE")
+    assert _kinds(raw_client, thread) == ["turn_started", "turn_started", "delta"], answers
+    assert raw_client.hget(thread.keys.turns, "turn-1\tlease") == b"1"
+    store.close()
+
+
+def test_calls_cut_off_at_every_await_and_sent_again_are_taken_once(server_only, backend, namespace, raw_client):
+    """An asyncio hold and publish cancelled after 0, 1, 2, ... turns of the event loop (before,
+    while and after their command is sent), then sent again with the same call id."""
+    cuts = 30
+
+    async def cut_then_retry(call, cut: int):
+        task = asyncio.create_task(call())
+        for _ in range(cut):
+            await asyncio.sleep(0)
+        task.cancel()
+        try:
+            first = await task
+        except asyncio.CancelledError:
+            first = None
+        again = await call()
+        assert first is None or again == first
+        return again
+
+    async def main():
+        store = make_async_store(backend, StoreConfig(namespace=namespace))
+        thread = store.thread("cut")
+        leases = []
+        for cut in range(cuts):
+            lease = await cut_then_retry(lambda c=cut: thread.hold_turn(f"turn-{c}", call_id=f"hold-{c}"), cut)
+            await cut_then_retry(lambda c=cut, lease=lease: thread.publish(lease, f"delta {c}", call_id=f"delta-{c}"), cut)
+            leases.append(lease)
+        await store.close()
+        return thread, leases
+
+    thread, leases = asyncio.run(main())
+    assert [lease.lease for lease in leases] == [1] * cuts
+    events = _events(raw_client, thread)
+    assert [f["k"] for _, f in events] == [b"turn_started", b"delta"] * cuts
+    assert [f["t"].decode() for _, f in events] == [f"turn-{k}" for k in range(cuts) for _ in range(2)]

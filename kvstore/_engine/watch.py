@@ -56,7 +56,7 @@ def new_call_id(call_id: str | None) -> str:
     or interruptions), else one made here, before the first send, so that a re-send of the same
     command (redis-py's retry) is a replay (lua/includes/turns.lua, recorded_call)."""
     if call_id is None:
-        return f"call-{os.urandom(12).hex()}"
+        return os.urandom(8).hex()
     check_token("call_id", call_id)
     return call_id
 

@@ -277,7 +277,7 @@ end
 -- newest CALLS_KEPT calls as "\n<call id>\t<answer>" lines, newest first. A call that finds its
 -- id there is a re-send (redis-py's retry, or the caller's with the same call id) and answers
 -- what the first run answered, writing nothing. Call ids hold no tab or newline.
-local CALLS_KEPT = 16
+local CALLS_KEPT = 8
 
 local function calls_field(turn_id, kind)
   return turn_id .. '\t' .. kind
