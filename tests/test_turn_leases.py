@@ -14,6 +14,7 @@ from kvstore._engine.executor import send_request
 from kvstore.events import MessagesAdded, TurnStarted
 
 from .conftest import make_async_store, make_sync_store
+from .reliability.support import dedicated_server, server_kinds
 
 
 def _inner(thread):
@@ -192,24 +193,41 @@ def test_a_watcher_resuming_from_a_take_overs_cursor_gets_no_message_again(
 # ------------------------------------------------- timed out, cut off, and sent again
 
 
-def test_a_hold_and_a_publish_resent_by_redis_py_through_a_pause_are_taken_once(server_only, backend, server, namespace,
-                                                                                 raw_client):
-    """A 50 ms socket timeout and redis-py's default retry: while the server holds writes for
-    300 ms, each call is sent several times, and every copy runs when the pause ends."""
-    store = MessageStore(redis.Redis(port=server.port, socket_timeout=0.05), StoreConfig(namespace=namespace))
-    thread = store.thread("paused")
-    thread.start_turn("warm-up")  # loads the library
-    answers = []
-    for call in (lambda: thread.hold_turn("turn-1"), lambda: thread.publish("turn-1", "once")):
-        raw_client.execute_command("CLIENT", "PAUSE", 300, "WRITE")
+def _asleep(port: int) -> None:
+    """Puts the server to sleep for 300 ms, and returns once it is asleep (a PING times out)."""
+    sleeper = redis.Redis(port=port, single_connection_client=True)
+    sleeper.connection.send_command("DEBUG", "SLEEP", "0.3")
+    probe = redis.Redis(port=port, socket_timeout=0.02, retry=None)
+    for _ in range(1000):
         try:
-            answers.append(call())
-        except errors.OutcomeUnknown as unknown:
-            answers.append(unknown.call_id)
-    raw_client.execute_command("CLIENT", "UNPAUSE")
-    assert _kinds(raw_client, thread) == ["turn_started", "turn_started", "delta"], answers
-    assert raw_client.hget(thread.keys.turns, "turn-1\tlease") == b"1"
-    store.close()
+            probe.ping()
+        except redis.TimeoutError:
+            return
+    raise AssertionError("the server did not go to sleep")
+
+
+@pytest.mark.parametrize("kind", server_kinds())
+def test_a_hold_and_a_publish_resent_by_redis_py_through_a_sleep_are_taken_once(kind):
+    """A 50 ms socket timeout and redis-py's default retry: while the server sleeps, each call is
+    sent several times, and every copy still in its socket runs when it wakes."""
+    with dedicated_server(kind, "--enable-debug-command", "yes") as server:
+        admin = redis.Redis(port=server.port)
+        store = MessageStore(redis.Redis(port=server.port, socket_timeout=0.05), StoreConfig(namespace="n"))
+        thread = store.thread("asleep")
+        thread.start_turn("warm-up")  # loads the library
+        sent = admin.info("stats")["total_connections_received"]
+        answers = []
+        for call in (lambda: thread.hold_turn("turn-1"), lambda: thread.publish("turn-1", "once")):
+            _asleep(server.port)
+            try:
+                answers.append(call())
+            except errors.OutcomeUnknown as unknown:
+                answers.append(unknown.call_id)
+        resent = admin.info("stats")["total_connections_received"] - sent
+        assert resent > 4, resent  # each call went out again on new connections
+        assert _kinds(admin, thread) == ["turn_started", "turn_started", "delta"], answers
+        assert admin.hget(thread.keys.turns, "turn-1\tlease") == b"1"
+        store.close()
 
 
 def test_calls_cut_off_at_every_await_and_sent_again_are_taken_once(server_only, backend, namespace, raw_client):

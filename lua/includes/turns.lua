@@ -240,35 +240,44 @@ local function check_lease(keys, turn_id, lease)
 end
 
 -- Finished turns that hold no message (finished before their first, or after retention took
--- their last): retention never meets them in a chunk it deletes, so field `\tidle` lists them,
--- as "<last_seq at the finish>\t<turn id>\n" lines in the order they finished, and retention
--- drops each one (drop_idle_turns) once every message stored before its finish is deleted.
+-- their last): retention never meets them in a chunk it deletes, so they are listed, in the
+-- order they finished, and retention drops each one (drop_idle_turns) once every message stored
+-- before its finish is deleted. Field `\tidle` -> "<k0>:<k1>" (entries k0 .. k1 - 1 are listed),
+-- field `\tidle\t<k>` -> "<last_seq at the finish>\t<turn id>": a finish writes one entry, a
+-- drop deletes one, whatever the list's length.
 local IDLE_FIELD = '\tidle'
 -- Idle turns one retention call drops at most; the rest go with the next.
 local IDLE_DROPS = 200
 
+local function idle_bounds(keys)
+  local k0, k1 = string.match(redis.call('HGET', keys.turns, IDLE_FIELD) or '', '^(%d+):(%d+)$')
+  return tonumber(k0 or '1'), tonumber(k1 or '1')
+end
+
 local function note_idle_turn(keys, turn_id)
   local last = redis.call('HGET', keys.meta, 'last_seq') or '0'
-  local idle = redis.call('HGET', keys.turns, IDLE_FIELD) or ''
-  redis.call('HSET', keys.turns, IDLE_FIELD, idle .. last .. '\t' .. turn_id .. '\n')
+  local k0, k1 = idle_bounds(keys)
+  redis.call('HSET', keys.turns, IDLE_FIELD .. '\t' .. fmt(k1), last .. '\t' .. turn_id,
+    IDLE_FIELD, fmt(k0) .. ':' .. fmt(k1 + 1))
 end
 
 local function drop_idle_turns(keys, deleted_before)
-  local idle = redis.call('HGET', keys.turns, IDLE_FIELD)
-  if not idle then return end
-  local at = 1
-  for _ = 1, IDLE_DROPS do
-    local last, turn_id, stop = string.match(idle, '^(%d+)\t([^\n]*)\n()', at)
-    if not last or tonumber(last) >= deleted_before then break end
+  local k0, k1 = idle_bounds(keys)
+  local first = k0
+  while k0 < k1 and k0 - first < IDLE_DROPS do
+    local entry = IDLE_FIELD .. '\t' .. fmt(k0)
+    local last, turn_id = string.match(redis.call('HGET', keys.turns, entry) or '', '^(%d+)\t(.*)$')
+    if last and tonumber(last) >= deleted_before then break end
     -- Still idle (not removed and started again since): it goes.
-    local turn = read_turn(keys, turn_id)
+    local turn = turn_id and read_turn(keys, turn_id)
     if turn and turn.kept == 0 and turn.outcome ~= 'open' then delete_turn(keys, turn_id, turn) end
-    at = stop
+    redis.call('HDEL', keys.turns, entry)
+    k0 = k0 + 1
   end
-  if at > #idle then
+  if k0 == k1 then
     redis.call('HDEL', keys.turns, IDLE_FIELD)
-  elseif at > 1 then
-    redis.call('HSET', keys.turns, IDLE_FIELD, string.sub(idle, at))
+  elseif k0 > first then
+    redis.call('HSET', keys.turns, IDLE_FIELD, fmt(k0) .. ':' .. fmt(k1))
   end
 end
 
