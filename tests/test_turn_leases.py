@@ -224,7 +224,7 @@ def test_a_hold_and_a_publish_resent_by_redis_py_through_a_sleep_are_taken_once(
             except errors.OutcomeUnknown as unknown:
                 answers.append(unknown.call_id)
         resent = admin.info("stats")["total_connections_received"] - sent
-        assert resent > 4, resent  # each call went out again on new connections
+        assert resent >= 2, resent  # each call went out again, on a new connection
         assert _kinds(admin, thread) == ["turn_started", "turn_started", "delta"], answers
         assert admin.hget(thread.keys.turns, "turn-1\tlease") == b"1"
         store.close()
