@@ -113,3 +113,29 @@ def test_state_stays_flat_under_retention(server_only, backend, namespace, raw_c
     assert growth["stored"][1] <= 40
     check_layout(raw_client, thread.keys, config)
     store.close()
+
+
+def test_a_turn_finished_after_retention_took_its_messages_goes_with_the_next(make_thread, raw_client, namespace):
+    config = dict(window_size=4, chunk_size=2, retained_message_limit=0)
+    thread = make_thread(**config)
+
+    def compact_all() -> int:
+        for i in range(8):
+            thread.append(UserMessage(content=f"filler {i}"))
+        thread.compact("summary", last_sequence=thread.stats().next_sequence - 1)
+        return thread.stats().deleted_before_sequence
+
+    def fields_of(turn_id: str) -> list[bytes]:
+        return [k for k in raw_client.hkeys(thread.keys.turns) if k.split(b"\t")[0] == turn_id.encode()]
+
+    lease = thread.hold_turn("t")
+    thread.publish(lease, "thinking")
+    thread.append([AssistantMessage(content=f"r{i}") for i in range(3)], turn_id=lease)
+    assert compact_all() > 3
+    assert sorted(fields_of("t")) == [b"t", b"t\tdeltas", b"t\tholds", b"t\tlease"]  # open: kept
+    assert thread.finish_turn(lease).reply_count == 0  # nothing of it is left
+    assert fields_of("t")
+    compact_all()
+    assert fields_of("t") == []
+    assert raw_client.hkeys(thread.keys.turns) == []
+    check_layout(raw_client, thread.keys, StoreConfig(namespace=namespace, **config))
