@@ -233,7 +233,7 @@ def test_a_hold_and_a_publish_resent_by_redis_py_through_a_sleep_are_taken_once(
 def test_calls_cut_off_at_every_await_and_sent_again_are_taken_once(server_only, backend, namespace, raw_client):
     """An asyncio hold and publish cancelled after 0, 1, 2, ... turns of the event loop (before,
     while and after their command is sent), then sent again with the same call id."""
-    cuts = 30
+    cuts, finished = 30, []
 
     async def cut_then_retry(call, cut: int):
         task = asyncio.create_task(call())
@@ -246,6 +246,7 @@ def test_calls_cut_off_at_every_await_and_sent_again_are_taken_once(server_only,
             first = None
         again = await call()
         assert first is None or again == first
+        finished.append(first is not None)
         return again
 
     async def main():
@@ -260,6 +261,7 @@ def test_calls_cut_off_at_every_await_and_sent_again_are_taken_once(server_only,
         return thread, leases
 
     thread, leases = asyncio.run(main())
+    assert True in finished and False in finished  # cut off before the reply, and not
     assert [lease.lease for lease in leases] == [1] * cuts
     events = _events(raw_client, thread)
     assert [f["k"] for _, f in events] == [b"turn_started", b"delta"] * cuts
