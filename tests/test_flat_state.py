@@ -139,3 +139,9 @@ def test_a_turn_finished_after_retention_took_its_messages_goes_with_the_next(ma
     assert fields_of("t") == []
     assert raw_client.hkeys(thread.keys.turns) == []
     check_layout(raw_client, thread.keys, StoreConfig(namespace=namespace, **config))
+
+
+def test_without_retention_no_turn_is_listed_for_it(make_thread, raw_client):
+    thread = make_thread(retained_message_limit=None)
+    thread.finish_turn(thread.hold_turn("t"), outcome="cancelled")
+    assert sorted(raw_client.hkeys(thread.keys.turns)) == [b"t", b"t\tholds", b"t\tlease"]
