@@ -233,11 +233,15 @@ class OutcomeUnknown(KVStoreError):
     the client gave them; append also set those ids on the caller's own messages. Re-sending
     `messages`, or the same message objects, or the same messages with the same otids, stores
     nothing twice.
+
+    For a hold_turn or a publish, `call_id` is the call's id: the same call again with
+    ``call_id=`` that id holds or publishes once, and answers what the first run answered.
     """
 
     http_status = 503
 
     messages: list | None = None
+    call_id: str | None = None
 
 
 class NotDurable(KVStoreError):

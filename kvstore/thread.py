@@ -88,7 +88,7 @@ class Thread(_Bound):
         """
         return self._store.run(core.append(self._ref, messages, *_turn(turn_id), tokens=tokens))
 
-    def hold_turn(self, turn_id: str) -> TurnLease:
+    def hold_turn(self, turn_id: str, call_id: str | None = None) -> TurnLease:
         """Starts turn `turn_id` if it is not started, and makes the caller its producer: returns
         a new lease of it. Any earlier lease is refused from then on (TurnFenced): a worker that
         takes over a turn fences off the one it replaces. Pass the lease where a turn id goes
@@ -98,6 +98,11 @@ class Thread(_Bound):
         (:meth:`start_turn` is unchanged: a turn started with it has no lease until one is
         held, and its writers are not fenced.)
 
+        Idempotent: each call has an id (`call_id`, made by the store unless you pass one) that
+        the server remembers with the lease it gave, so the same call sent again (a timeout,
+        cancellation, OutcomeUnknown, whose ``call_id`` it carries) returns that lease and takes
+        no second one. Pass your own `call_id` to retry a call you cannot hold on to otherwise.
+
         Example::
 
             lease = thread.hold_turn("turn-1")
@@ -105,9 +110,9 @@ class Thread(_Bound):
             thread.append(AssistantMessage(content="Hello"), turn_id=lease)
             thread.finish_turn(lease)
         """
-        return self._store.run(core.hold_turn(self._ref, turn_id))
+        return self._store.run(core.hold_turn(self._ref, turn_id, call_id))
 
-    def publish(self, turn: str | TurnLease, delta: Message | dict | str) -> str:
+    def publish(self, turn: str | TurnLease, delta: Message | dict | str, call_id: str | None = None) -> str:
         """Adds a fragment of an open turn's output to the thread's event stream, for its
         watchers: never stored as a message. `delta` is a message in the list API's streaming
         shape (an AssistantMessage or ReasoningMessage with the new text, a ToolCallMessage with
@@ -116,11 +121,14 @@ class Thread(_Bound):
         Raises TurnNotFound for a turn never started, TurnFinished once it is finished (so
         finish_turn's event is the turn's last), TurnFenced for a lease another holds now.
 
+        Idempotent as :meth:`hold_turn` is: the same call sent again (same `call_id`) adds no
+        second delta and returns the first one's cursor.
+
         Example::
 
             thread.publish("turn-1", AssistantMessage(id="msg-1", content="Hel"))
         """
-        return self._store.run(core.publish(self._ref, turn, delta))
+        return self._store.run(core.publish(self._ref, turn, delta, call_id))
 
     def watch(self, after: int | str | None = None, block_ms: int = DEFAULT_BLOCK_MS,
               messages: bool = True) -> Watch:
@@ -428,13 +436,15 @@ class AsyncThread(_Bound):
         """
         return await self._store.run(core.append(self._ref, messages, *_turn(turn_id), tokens=tokens))
 
-    async def hold_turn(self, turn_id: str) -> TurnLease:
-        """The awaited :meth:`Thread.hold_turn`."""
-        return await self._store.run(core.hold_turn(self._ref, turn_id))
+    async def hold_turn(self, turn_id: str, call_id: str | None = None) -> TurnLease:
+        """The awaited :meth:`Thread.hold_turn`. To retry a call that was cancelled, pass the
+        same `call_id` both times."""
+        return await self._store.run(core.hold_turn(self._ref, turn_id, call_id))
 
-    async def publish(self, turn: str | TurnLease, delta: Message | dict | str) -> str:
-        """The awaited :meth:`Thread.publish`."""
-        return await self._store.run(core.publish(self._ref, turn, delta))
+    async def publish(self, turn: str | TurnLease, delta: Message | dict | str, call_id: str | None = None) -> str:
+        """The awaited :meth:`Thread.publish`. To retry a call that was cancelled, pass the
+        same `call_id` both times."""
+        return await self._store.run(core.publish(self._ref, turn, delta, call_id))
 
     def watch(self, after: int | str | None = None, block_ms: int = DEFAULT_BLOCK_MS,
               messages: bool = True) -> AsyncWatch:

@@ -11,7 +11,8 @@
 --- The counts are kept in the turn's record (includes/turns.lua). The first call records the
 --- outcome and the result; finishing a finished turn returns that recorded result, whatever
 --- outcome it passes. The outcome is also recorded in the turn reply sequence when it names this
---- turn, so a reader sees a failed turn as unfinished.
+--- turn, so a reader sees a failed turn as unfinished. A turn finished with no message stored is
+--- listed for retention to drop (includes/turns.lua, note_idle_turn).
 ---
 --- Reply: {reply_count, first_sequence or 0, last_sequence or 0, reply_start, outcome}
 --- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_DELETING, KVS_RESTORING, KVS_MIGRATING, KVS_TURN_NOT_FOUND, KVS_TURN_FENCED
@@ -46,6 +47,8 @@ if turn.outcome == 'open' then
   turn.last_seq = 0
   if turn.replies > 0 then turn.last_seq = turn.b end
   write_turn(keys, turn_id, turn)
+  -- Without retention (a retained limit of -1) nothing would drop it: not listed.
+  if turn.kept == 0 and limits.retained_limit >= 0 then note_idle_turn(keys, turn_id) end
   emit_event(keys, limits, nil, {'k', 'turn_finished', 't', turn_id, 'o', outcome, 'n', turn.count, 'a', turn.first_seq, 'b', turn.last_seq})
   if redis.call('HGET', keys.meta, 'turn_id') == turn_id then
     redis.call('HSET', keys.meta, 'turn_outcome', outcome)

@@ -8,10 +8,13 @@
 --- ARGV[11]     turn_id (str)
 --- ARGV[12]     lease (int): the caller's lease of the turn (start_turn 'hold'), 0 for none
 --- ARGV[13]     delta (bytes): as the client encoded it
+--- ARGV[14]     call_id (str): the id the client made for this call ('' for none)
 ---
 --- The turn must be started and open, so the turn's finish_turn event is the last of its
 --- events: a delta sent after it is refused. With a lease, a turn another worker holds now
---- refuses it (KVS_TURN_FENCED).
+--- refuses it (KVS_TURN_FENCED). A call whose id is among the turn's latest deltas is a re-send:
+--- it answers that delta's event id and writes nothing (includes/turns.lua, recorded_call), even
+--- once the turn is finished or held by another.
 ---
 --- Reply: the event's id ("<n>-<s>")
 --- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_DELETING, KVS_RESTORING, KVS_TURN_NOT_FOUND, KVS_TURN_FINISHED,
@@ -22,8 +25,14 @@
 --- @include "includes/events"
 
 local keys, limits, err = begin_thread_call(KEYS, ARGV)
-local turn_id, lease, delta = ARGV[11], tonumber(ARGV[12]), ARGV[13]
+local turn_id, lease, delta, call_id = ARGV[11], tonumber(ARGV[12]), ARGV[13], ARGV[14]
 if err then return err end
+local deltas = calls_field(turn_id, 'deltas')
+local answered, calls = recorded_call(keys, deltas, call_id)
+if answered then
+  apply_expiry(keys)
+  return answered
+end
 
 local turn = read_turn(keys, turn_id)
 if not turn or turn.start == 0 then
@@ -41,5 +50,6 @@ if lease > 0 then
   if err then return err end
 end
 local id = emit_event(keys, limits, nil, {'k', 'delta', 't', turn_id, 'l', lease, 'd', delta})
+if id then record_call(keys, deltas, calls, call_id, id) end
 apply_expiry(keys)
 return id

@@ -7,15 +7,19 @@
 --- ARGV[10]     limits key (str): ARGV[1..9] joined by ':', then the event limits
 --- ARGV[11]     turn_id (str)
 --- ARGV[12]     mode (str: 'start' | 'hold')
+--- ARGV[13]     call_id (str): with 'hold', the id the client made for this call ('' for none)
 ---
 --- A turn is started once: starting a started turn (open or finished, current or not) returns
 --- the sequence recorded then and changes nothing, so a retried call is harmless. 'hold' starts
 --- the turn if it is not started and takes a new lease of it (includes/turns.lua, lease_field):
 --- the holder of any earlier lease is refused from then on (KVS_TURN_FENCED). A finished turn
---- cannot be held.
+--- cannot be held. A hold whose call id took one of the turn's latest leases is a re-send:
+--- it answers that lease again and writes nothing (includes/turns.lua, recorded_call), so a
+--- retried hold never fences its own caller.
 ---
 --- Reply: 'start': the sequence the turn's replies start at; 'hold': {that sequence, lease}
 --- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_DELETING, KVS_RESTORING, KVS_MIGRATING, KVS_TURN_FINISHED
+--- @include "includes/format"
 --- @include "includes/thread"
 --- @include "includes/turns"
 --- @include "includes/expiry"
@@ -24,10 +28,20 @@
 
 local keys = thread_keys(KEYS)
 local limits = read_limits(ARGV)
-local turn_id, mode = ARGV[11], ARGV[12]
+local turn_id, mode, call_id = ARGV[11], ARGV[12], ARGV[13]
 
 local turn, err = load_turn_for_call(keys, limits, turn_id)
 if err then return err end
+local holds, calls
+if mode == 'hold' then
+  local answered
+  holds = calls_field(turn_id, 'holds')
+  answered, calls = recorded_call(keys, holds, call_id)
+  if answered and turn.start > 0 then
+    apply_expiry(keys)
+    return {turn.start, tonumber(answered)}
+  end
+end
 if mode == 'hold' and turn.start > 0 and turn.outcome ~= 'open' then
   apply_expiry(keys)
   return redis.error_reply('KVS_TURN_FINISHED turn ' .. turn_id .. ' was finished (' .. turn.outcome .. ')')
@@ -41,9 +55,14 @@ if started then
   redis.call('HSET', keys.meta, 'turn_id', turn_id, 'turn_seq', start, 'turn_outcome', 'open')
 end
 local lease = 0
-if mode == 'hold' then lease = redis.call('HINCRBY', keys.turns, lease_field(turn_id), 1) end
+if mode == 'hold' then
+  lease = redis.call('HINCRBY', keys.turns, lease_field(turn_id), 1)
+  record_call(keys, holds, calls, call_id, fmt(lease))
+end
 if started or lease > 0 then
-  emit_event(keys, limits, turn.start - 1, {'k', 'turn_started', 't', turn_id, 'a', turn.start, 'l', lease})
+  -- The event's sequence is the thread's last, as for every event: a take-over's turn may
+  -- have replies past its start already.
+  emit_event(keys, limits, nil, {'k', 'turn_started', 't', turn_id, 'a', turn.start, 'l', lease})
 end
 apply_expiry(keys)
 if mode == 'hold' then return {turn.start, lease} end

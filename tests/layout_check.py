@@ -152,9 +152,22 @@ def check_layout(client, keys: ThreadKeys, config: StoreConfig) -> Layout:
 def check_turns(client, keys: ThreadKeys) -> None:
     """Each turn record's header agrees with its ranges (docs/LAYOUT.md, Turns)."""
     fields = {k.decode(): v.decode() for k, v in client.hgetall(keys.turns).items()}
+    # `\tidle` -> "k0:k1" and `\tidle\t<k>` -> "<last_seq>\t<turn id>": the finished turns without
+    # messages, for retention.
+    k0, _, k1 = fields.pop("\tidle", "1:1").partition(":")
+    idle = {k for k in fields if k.startswith("\tidle\t")}
+    assert idle == {f"\tidle\t{k}" for k in range(int(k0), int(k1))}, (k0, k1, sorted(idle))
+    for k in idle:
+        last, _, turn_id = fields.pop(k).partition("\t")
+        assert last.isdigit() and turn_id, ("idle turn", k)
     # A range field is `<turn id>\t<k>` beside its header (a layout-1 turn id may hold a tab).
     ranges = {k: v for k, v in fields.items() if re.fullmatch(r"(?s)(.*)\t\d+", k) and k.rpartition("\t")[0] in fields}
-    headers = {k: v for k, v in fields.items() if k not in ranges}
+    # A turn's lease and the calls it remembers (`<turn id>\tlease`, `\tholds`, `\tdeltas`) live
+    # and go with its header.
+    extras = {k for k in fields if k not in ranges and re.fullmatch(r"(?s).*\t(lease|holds|deltas)", k)}
+    for field in extras:
+        assert field.rpartition("\t")[0] in fields, ("a turn's field outlives its record", field)
+    headers = {k: v for k, v in fields.items() if k not in ranges and k not in extras}
     named = set()
     for turn_id, header in headers.items():
         if "|" in header:

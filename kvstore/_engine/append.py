@@ -74,7 +74,7 @@ def _with_sequence(message: Message, sequence: int) -> Message:
 
 def start_turn(thread: ThreadRef, turn_id: str) -> Operation:
     check_token("turn_id", turn_id)
-    reply = yield from write(thread, SCRIPTS["start_turn"], (*thread.limits(), turn_id, "start"))
+    reply = yield from write(thread, SCRIPTS["start_turn"], (*thread.limits(), turn_id, "start", ""))
     return StartTurnReply.decode(reply).reply_start
 
 

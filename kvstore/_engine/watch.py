@@ -14,6 +14,7 @@ pages the stored messages from the sequence its cursor names, then goes on with 
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass
@@ -50,9 +51,24 @@ _EVENT_ID = re.compile(r"(\d+)-(\d+)")
 # ----------------------------------------------------------------------------- turn and delta
 
 
-def hold_turn(thread: ThreadRef, turn_id: str) -> Operation:
+def new_call_id(call_id: str | None) -> str:
+    """The id of one hold_turn or publish call: the caller's (to retry a call across processes
+    or interruptions), else one made here, before the first send, so that a re-send of the same
+    command (redis-py's retry) is a replay (lua/includes/turns.lua, recorded_call)."""
+    if call_id is None:
+        return os.urandom(8).hex()
+    check_token("call_id", call_id)
+    return call_id
+
+
+def hold_turn(thread: ThreadRef, turn_id: str, call_id: str | None = None) -> Operation:
     check_token("turn_id", turn_id)
-    reply = yield from write(thread, SCRIPTS["start_turn"], (*thread.limits(), turn_id, "hold"))
+    call_id = new_call_id(call_id)
+    try:
+        reply = yield from write(thread, SCRIPTS["start_turn"], (*thread.limits(), turn_id, "hold", call_id))
+    except errors.OutcomeUnknown as unknown:
+        unknown.call_id = call_id  # the caller's token to send the call again
+        raise
     start, lease = reply
     return TurnLease(turn_id=turn_id, lease=int(lease), reply_start=int(start))
 
@@ -68,13 +84,20 @@ def encode_delta(delta: Message | dict | str) -> bytes:
     return data
 
 
-def publish(thread: ThreadRef, turn: str | TurnLease, delta: Message | dict | str) -> Operation:
+def publish(
+    thread: ThreadRef, turn: str | TurnLease, delta: Message | dict | str, call_id: str | None = None
+) -> Operation:
     if not thread.config.events:
         raise errors.ConfigError("publish() needs StoreConfig(events=True): deltas travel on the event stream")
     turn_id, lease = (turn.turn_id, turn.lease) if isinstance(turn, TurnLease) else (turn, 0)
     check_token("turn_id", turn_id)
     data = encode_delta(delta)
-    reply = yield from write(thread, SCRIPTS["publish"], (*thread.limits(), turn_id, lease, data))
+    call_id = new_call_id(call_id)
+    try:
+        reply = yield from write(thread, SCRIPTS["publish"], (*thread.limits(), turn_id, lease, data, call_id))
+    except errors.OutcomeUnknown as unknown:
+        unknown.call_id = call_id  # the caller's token to send the call again
+        raise
     return reply.decode() if isinstance(reply, bytes) else str(reply)
 
 

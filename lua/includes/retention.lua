@@ -5,7 +5,8 @@
 -- Retention: after a compaction, the oldest chunk is deleted while its last sequence is at or
 -- before the summary's last sequence AND at least `retained_limit` messages are stored after
 -- it. At most `max_chunks` chunks go per call. Deleting a chunk trims the id and otid maps and
--- the turn records of its messages (from its manifest), gives its bytes, media and tokens back
+-- the turn records of its messages (from its manifest) and of finished turns left without
+-- messages before it (includes/turns.lua, drop_idle_turns), gives its bytes, media and tokens back
 -- (the tokens its index member sums), and
 -- moves `deleted_before` past it. Returns the number of chunks deleted.
 
@@ -118,6 +119,7 @@ local function retain(keys, retained_limit, max_chunks)
     redis.call('HSET', keys.meta, 'deleted_before', fmt(deleted_before))
     trim_history(keys, deleted_before)
     for turn in pairs(touched_turns) do trim_turn(keys, turn, deleted_before) end
+    drop_idle_turns(keys, deleted_before)
     redis.call('HINCRBY', keys.meta, 'gen', 1)
   end
   return deleted

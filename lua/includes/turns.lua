@@ -157,9 +157,13 @@ local function write_turn(keys, turn_id, turn)
   turn.writes, turn.gone = {}, {}
 end
 
+-- The fields of a turn beside its record (lease_field, calls_field below): they go with it.
+local TURN_EXTRAS = {'lease', 'holds', 'deltas'}
+
 -- Deletes a turn's record. It holds no range (kept is 0): its range fields are in `gone`.
 local function delete_turn(keys, turn_id, turn)
   local fields = {turn_id}
+  for _, extra in ipairs(TURN_EXTRAS) do fields[#fields + 1] = turn_id .. '\t' .. extra end
   for _, k in ipairs(turn.gone) do
     fields[#fields + 1] = range_field(turn_id, k)
     if #fields >= 100 then
@@ -233,6 +237,80 @@ local function check_lease(keys, turn_id, lease)
     return redis.error_reply(string.format('KVS_TURN_FENCED turn %s is held under lease %d, not %d', turn_id, held, lease))
   end
   return nil
+end
+
+-- Finished turns that hold no message (finished before their first, or after retention took
+-- their last): retention never meets them in a chunk it deletes, so they are listed, in the
+-- order they finished, and retention drops each one (drop_idle_turns) once every message stored
+-- before its finish is deleted. Field `\tidle` -> "<k0>:<k1>" (entries k0 .. k1 - 1 are listed),
+-- field `\tidle\t<k>` -> "<last_seq at the finish>\t<turn id>": a finish writes one entry, a
+-- drop deletes one, whatever the list's length.
+local IDLE_FIELD = '\tidle'
+-- Idle turns one retention call drops at most; the rest go with the next.
+local IDLE_DROPS = 200
+
+local function idle_bounds(keys)
+  local k0, k1 = string.match(redis.call('HGET', keys.turns, IDLE_FIELD) or '', '^(%d+):(%d+)$')
+  return tonumber(k0 or '1'), tonumber(k1 or '1')
+end
+
+local function note_idle_turn(keys, turn_id)
+  local last = redis.call('HGET', keys.meta, 'last_seq') or '0'
+  local k0, k1 = idle_bounds(keys)
+  redis.call('HSET', keys.turns, IDLE_FIELD .. '\t' .. fmt(k1), last .. '\t' .. turn_id,
+    IDLE_FIELD, fmt(k0) .. ':' .. fmt(k1 + 1))
+end
+
+local function drop_idle_turns(keys, deleted_before)
+  local k0, k1 = idle_bounds(keys)
+  local first = k0
+  while k0 < k1 and k0 - first < IDLE_DROPS do
+    local entry = IDLE_FIELD .. '\t' .. fmt(k0)
+    local last, turn_id = string.match(redis.call('HGET', keys.turns, entry) or '', '^(%d+)\t(.*)$')
+    if last and tonumber(last) >= deleted_before then break end
+    -- Still idle (not removed and started again since): it goes.
+    local turn = turn_id and read_turn(keys, turn_id)
+    if turn and turn.kept == 0 and turn.outcome ~= 'open' then delete_turn(keys, turn_id, turn) end
+    redis.call('HDEL', keys.turns, entry)
+    k0 = k0 + 1
+  end
+  if k0 == k1 then
+    redis.call('HDEL', keys.turns, IDLE_FIELD)
+  elseif k0 > first then
+    redis.call('HSET', keys.turns, IDLE_FIELD, fmt(k0) .. ':' .. fmt(k1))
+  end
+end
+
+-- What the turn's latest holds and deltas answered (start_turn 'hold', publish), by the call id
+-- the client made before sending: field `<turn_id>\tholds` or `<turn_id>\tdeltas` holds the
+-- newest CALLS_KEPT calls as "\n<call id>\t<answer>" lines, newest first. A call that finds its
+-- id there is a re-send (redis-py's retry, or the caller's with the same call id) and answers
+-- what the first run answered, writing nothing. Call ids hold no tab or newline.
+local CALLS_KEPT = 8
+
+local function calls_field(turn_id, kind)
+  return turn_id .. '\t' .. kind
+end
+
+-- The answer recorded for call_id (nil when none), and the field's value.
+local function recorded_call(keys, field, call_id)
+  local calls = redis.call('HGET', keys.turns, field) or ''
+  if call_id == '' then return nil, calls end
+  local _, at = string.find(calls, '\n' .. call_id .. '\t', 1, true)
+  if not at then return nil, calls end
+  return string.match(calls, '^[^\n]*', at + 1), calls
+end
+
+local function record_call(keys, field, calls, call_id, answer)
+  if call_id == '' then return end
+  calls = '\n' .. call_id .. '\t' .. answer .. calls
+  local at = 0
+  for _ = 1, CALLS_KEPT + 1 do
+    at = string.find(calls, '\n', at + 1, true)
+    if not at then break end
+  end
+  if at then calls = string.sub(calls, 1, at - 1) end
+  redis.call('HSET', keys.turns, field, calls)
 end
 
 -- A new message of a finished turn is refused before anything is written (a replay of a

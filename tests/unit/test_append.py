@@ -180,7 +180,7 @@ def test_a_reply_of_another_shape_is_a_server_error_naming_the_script(thread):
 
 
 def test_start_turn_returns_where_the_replies_start(thread):
-    step = call("start_turn", (*thread.limits(), "turn-1", "start"), reply=12)
+    step = call("start_turn", (*thread.limits(), "turn-1", "start", ""), reply=12)
     assert drive(core.start_turn(thread, "turn-1"), step) == 12
 
 
