@@ -25,7 +25,8 @@
 --- so that a restore stopped between two calls is neither served for writes nor taken as done.
 --- Each turn keeps the ranges its restored messages gave it and takes its reply start, reply
 --- count and recorded result from the backup. Sent again it writes the same values. A thread
---- holding sequences past last_seq is refused (KVS_RESTORE_CONFLICT) and nothing is written.
+--- holding sequences past last_seq is refused (KVS_RESTORE_CONFLICT) and nothing is written. A
+--- finished turn with no restored message is listed for retention (includes/turns.lua, note_idle_turn).
 ---
 --- Every number must be a whole number from 0, every outcome a word (includes/turns.lua,
 --- TURN_HEADER): anything else is refused (KVS_BAD_BACKUP) before the first write, since a turn
@@ -104,11 +105,17 @@ if last then redis.call('HDEL', keys.meta, 'restoring') end
 for i = 1, count do
   local base = 18 + (i - 1) * 8
   local id = ARGV[base + 1]
-  local turn = read_turn(keys, id) or new_turn()
+  local stored = read_turn(keys, id)
+  local turn = stored or new_turn()
   turn.start, turn.outcome = tonumber(ARGV[base + 2]), ARGV[base + 3]
   turn.replies, turn.first = tonumber(ARGV[base + 4]), tonumber(ARGV[base + 5])
   turn.count, turn.first_seq, turn.last_seq = tonumber(ARGV[base + 6]), tonumber(ARGV[base + 7]), tonumber(ARGV[base + 8])
   write_turn(keys, id, turn)
+  -- A finished turn none of whose messages was restored sits in no chunk retention deletes: it
+  -- is listed for retention as finish_turn lists it (once: a call sent again finds it stored).
+  if not stored and turn.kept == 0 and turn.outcome ~= 'open' and limits.retained_limit >= 0 then
+    note_idle_turn(keys, id)
+  end
 end
 apply_expiry(keys)
 return count

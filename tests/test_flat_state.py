@@ -145,3 +145,20 @@ def test_without_retention_no_turn_is_listed_for_it(make_thread, raw_client):
     thread = make_thread(retained_message_limit=None)
     thread.finish_turn(thread.hold_turn("t"), outcome="cancelled")
     assert sorted(raw_client.hkeys(thread.keys.turns)) == [b"t", b"t\tholds", b"t\tlease"]
+
+
+def test_a_forked_turn_without_messages_goes_with_the_forks_retention(make_thread, raw_client, namespace):
+    """A finished turn with no message of its own is listed for retention by the restore that
+    writes it (a fork, an import) as finish_turn lists it, so a fork keeps nothing of it for good."""
+    config = dict(window_size=4, chunk_size=2, retained_message_limit=0)
+    source = make_thread("source", **config)
+    source.append(UserMessage(content="question"))
+    source.finish_turn(source.hold_turn("t"), outcome="cancelled")
+    last = source.append(UserMessage(content="again"))[-1].seq_id
+    fork = source.fork("forked", at=last)
+    assert [k for k in raw_client.hkeys(fork.keys.turns) if k.split(b"\t")[0] == b"t"]
+    for i in range(8):
+        fork.append(UserMessage(content=f"filler {i}"))
+    fork.compact("summary", last_sequence=fork.stats().next_sequence - 1)
+    assert [k for k in raw_client.hkeys(fork.keys.turns) if k.split(b"\t")[0] == b"t"] == []
+    check_layout(raw_client, fork.keys, StoreConfig(namespace=namespace, **config))
