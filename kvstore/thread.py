@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequenc
 from typing import TYPE_CHECKING, Any, Literal
 
 from ._engine import core
+from ._engine.bounds import check_lease, check_watch
 from ._engine.core import Cursor, ThreadRef
 from ._engine.watchers import DEFAULT_BLOCK_MS, AsyncWatch, Watch
 from .events import TurnLease
@@ -139,6 +140,7 @@ class Thread(_Bound):
                 for event in events:
                     send(event.kind, event.cursor)
         """
+        check_watch(after, block_ms)
         return Watch(self._store, core.watch(self._ref, after, block_ms, messages), block_ms)
 
     def start_turn(self, turn_id: str) -> int:
@@ -447,6 +449,7 @@ class AsyncThread(_Bound):
                 async for event in events:
                     ...
         """
+        check_watch(after, block_ms)
         return AsyncWatch(self._store, core.watch(self._ref, after, block_ms, messages), block_ms)
 
     async def start_turn(self, turn_id: str) -> int:
@@ -597,5 +600,5 @@ def _thread_id(ref: ThreadRef) -> str:
 def _turn(turn: str | TurnLease | None, *between: Any) -> tuple[Any, ...]:
     """A turn id or lease as the core takes it: the id, what comes between, the lease (0: none)."""
     if isinstance(turn, TurnLease):
-        return (turn.turn_id, *between, turn.lease)
+        return (turn.turn_id, *between, check_lease(turn.lease))
     return (turn, *between, 0)

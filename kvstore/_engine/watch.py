@@ -33,6 +33,7 @@ from ..events import (
     TurnStarted,
 )
 from ..messages import AssistantMessage, Message, parse_message
+from .bounds import check_lease
 from .pages import list_page
 from .prepare import check_token
 from .reads import decode, fetch_sequences
@@ -71,7 +72,7 @@ def encode_delta(delta: Message | dict | str) -> bytes:
 def publish(thread: ThreadRef, turn: str | TurnLease, delta: Message | dict | str) -> Operation:
     if not thread.config.events:
         raise errors.ConfigError("publish() needs StoreConfig(events=True): deltas travel on the event stream")
-    turn_id, lease = (turn.turn_id, turn.lease) if isinstance(turn, TurnLease) else (turn, 0)
+    turn_id, lease = (turn.turn_id, check_lease(turn.lease)) if isinstance(turn, TurnLease) else (turn, 0)
     check_token("turn_id", turn_id)
     data = encode_delta(delta)
     reply = yield from write(thread, SCRIPTS["publish"], (*thread.limits(), turn_id, lease, data))
