@@ -13,7 +13,7 @@ import re
 import pytest
 
 from kvstore import StoreConfig, ToolCallMessage, ToolReturnMessage, UserMessage, errors
-from kvstore._engine.bounds import MAX_MESSAGE_TOKENS, MAX_SEQUENCE, MAX_THREAD_TOKENS
+from kvstore._engine.bounds import MAX_CURSOR, MAX_MESSAGE_TOKENS, MAX_SEQUENCE, MAX_THREAD_TOKENS
 from kvstore.events import TurnLease
 
 from .conftest import make_sync_store
@@ -197,11 +197,12 @@ def test_positions_past_their_bound_are_refused_before_the_socket(make_thread, r
     thread = make_thread(**SMALL)
     thread.append(users(3))
     before = keyspace(raw_client, namespace)
-    assert thread.list(after=MAX_SEQUENCE).messages == []
-    assert thread.list(after=MAX_SEQUENCE, order="desc", limit=5).messages[0].seq_id == 3
+    assert thread.list(after=MAX_CURSOR).messages == []
+    assert thread.list(after=MAX_CURSOR, order="desc", limit=5).messages[0].seq_id == 3
+    assert thread.list(before=MAX_CURSOR, limit=5).messages[0].seq_id == 1
     for call in (
-        lambda: thread.list(after=MAX_SEQUENCE + 1),
-        lambda: thread.list(before=10**14 + MAX_SEQUENCE),
+        lambda: thread.list(after=MAX_CURSOR + 1),
+        lambda: thread.list(before=MAX_CURSOR + 1, order="desc"),
         lambda: thread.list(after=10**30, turn_id="t"),
         lambda: thread.fork("copy", at=MAX_SEQUENCE + 1),
         lambda: thread.context(max_tokens=MAX_THREAD_TOKENS + 1),

@@ -25,9 +25,12 @@ MAX_MESSAGE_TOKENS = 2**31
 # a sum of it and one write's counts stays below EXACT.
 MAX_THREAD_TOKENS = 2**52
 # Sequences, and the counters that grow by one per write (event numbers, leases): the scripts
-# refuse a write past it (35 years of a million messages a second). Cursors, positions and
-# counts given to a read are at most this too.
+# refuse a write past it (35 years of a million messages a second). A sequence given to name a
+# message (at=, last_sequence, a watch cursor) is at most this too.
 MAX_SEQUENCE = 2**50
+# A page's sequence cursor: a bound of a range, which may lie past the thread's end; the
+# scripts only compare it, so it may reach EXACT.
+MAX_CURSOR = EXACT
 # Milliseconds a call may wait on the server (watch's block_ms, durability_timeout_ms).
 MAX_WAIT_MS = 2**31 - 1
 # Seconds of thread_ttl and events_max_age (136 years): in milliseconds, 1.5 times over, far
