@@ -69,11 +69,12 @@ class Thread(_Bound):
                tokens: Sequence[int] | None = None) -> AppendResult:
         """Stores the messages in one atomic call; returns the stored copies (id, date, seq_id).
 
-        `tokens`: each message's token count, one int >= 0 per message in order (an int for a
+        `tokens`: each message's token count, one int from 0 to 2**31 per message in order (an int for a
         single message); without it the store's ``count_tokens`` counts them, else one token
         per 4 bytes of a message's record (docs/HISTORY.md, "Counting tokens"). A count that is
-        not an int >= 0, or a list of another length, raises InvalidMessage before anything is
-        sent.
+        not an int from 0 to 2**31, or a list of another length, raises InvalidMessage before
+        anything is sent; a write that would take the thread's token total past 2**52 raises
+        MessageTooLarge (docs/LAYOUT.md, "Number bounds").
 
         `turn_id` may be a :class:`TurnLease` (:meth:`hold_turn`): the append is then refused
         with TurnFenced once another worker holds the turn.

@@ -19,7 +19,7 @@ from typing import Any
 
 from .. import errors
 from ..messages import Message
-from .bounds import check_sequence
+from .bounds import MAX_SEQUENCE, bounded, check_sequence
 from .pairs import batch_pairs
 from .prepare import PreparedMessage
 from .requests import Batch, Operation, ThreadRef, write
@@ -212,7 +212,9 @@ def restore_state(thread: ThreadRef, state: BackupState, fork_of: str = "", fork
     for turn in turns:
         numbers += (turn.start, turn.replies, turn.first, turn.count, turn.first_seq, turn.last_seq)
     for value in numbers:
-        check_sequence(value, "each number of a backup's state", errors.InvalidMessage)
+        if not bounded(value, 0, MAX_SEQUENCE):
+            # As lua/restore_state.lua words it (KVS_BAD_BACKUP), before the socket.
+            raise errors.InvalidMessage(f"number {value!r:.80} is not one a backup holds (an int from 0 to 2**50)")
     for start in range(0, max(len(turns), 1), RESTORE_TURNS):
         part = turns[start : start + RESTORE_TURNS]
         args: list[Any] = [

@@ -103,3 +103,21 @@ def test_a_stored_number_reads(value):
 def test_a_stored_value_that_is_no_number_is_a_record_error(value):
     with pytest.raises(errors.RecordError, match="meta field tokens"):
         stored_int(value, "meta field tokens")
+
+
+def test_a_backup_past_the_sequence_bound_is_refused_before_the_socket():
+    from kvstore import UserMessage
+    from kvstore._engine import core
+    from kvstore._engine.requests import ThreadRef
+
+    ref = ThreadRef.of(StoreConfig(), "chat")
+    at_edge = core.restore_run(ref, [core.BackedUpMessage(MAX_SEQUENCE, None, UserMessage(id="m", content="x"))])
+    assert next(at_edge).args[11] == MAX_SEQUENCE  # the call goes out
+    past = core.restore_run(ref, [core.BackedUpMessage(MAX_SEQUENCE + 1, None, UserMessage(id="m", content="x"))])
+    with pytest.raises(errors.InvalidMessage, match="sequence"):
+        next(past)
+    assert next(core.restore_state(ref, core.BackupState(last_seq=MAX_SEQUENCE))).args[10] == MAX_SEQUENCE
+    for state in (core.BackupState(last_seq=MAX_SEQUENCE + 1), core.BackupState(last_seq=1, summary_last=10**30),
+                  core.BackupState(turns=[core.TurnRecord("t", 1, "open", 0, 0, 0, 0, 10**14 * 10**6)])):
+        with pytest.raises(errors.InvalidMessage, match="not one a backup holds"):
+            next(core.restore_state(ref, state))
