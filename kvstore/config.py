@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from ._engine.bounds import CONFIG_MAXIMA
 from ._engine.keys import check_namespace
 from .errors import ConfigError
 
@@ -54,8 +55,8 @@ class StoreConfig:
         HistoryConflict (docs/HISTORY.md, "Checked updates"). Only threads whose every message
         was written with checks on are checked. "off" (the default): no check and no cost.
 
-    Raises ConfigError (a ValueError) naming the value when one is out of range or the values
-    are inconsistent; the namespace is 1-64 characters of letters, digits and ``. _ : -``.
+    Raises ConfigError (a ValueError) naming the value when one is out of range (each int's
+    largest is in docs/LAYOUT.md, "Number bounds") or the values are inconsistent; the namespace is 1-64 characters of letters, digits and ``. _ : -``.
 
     Example::
 
@@ -91,14 +92,8 @@ class StoreConfig:
         _positive(self, "window_size", "chunk_size", "chunk_max_bytes", "max_message_bytes",
                   "max_chunks_per_call", "max_bytes_per_call", "max_batch_messages",
                   "max_batch_bytes", "max_inline_part_bytes", "max_inline_media_bytes")
-        if self.chunk_max_bytes > 8 * MiB:
-            raise ConfigError(f"chunk_max_bytes is {self.chunk_max_bytes}; at most 8 MiB")
-        if self.chunk_size > 1000:
-            raise ConfigError(f"chunk_size is {self.chunk_size}; at most 1000")
         if self.max_bytes_per_call < self.chunk_max_bytes:
             raise ConfigError("max_bytes_per_call must be at least chunk_max_bytes")
-        if self.max_message_bytes > 256 * MiB:
-            raise ConfigError("max_message_bytes is at most 256 MiB (the server's bulk limit is 512 MB)")
         if self.max_inline_part_bytes > self.max_inline_media_bytes:
             raise ConfigError("max_inline_part_bytes must not exceed max_inline_media_bytes")
         if self.retained_message_limit is not None:
@@ -122,10 +117,26 @@ def _positive(config: StoreConfig, *names: str) -> None:
     for name in names:
         value = getattr(config, name)
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise ConfigError(f"{name} must be a positive int, got {value!r}")
+            raise ConfigError(f"{name} must be a positive int, got {value!r:.80}")
+        _at_most(name, value)
 
 
 def _non_negative_int(config: StoreConfig, name: str) -> None:
     value = getattr(config, name)
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ConfigError(f"{name} must be a non-negative int or None, got {value!r}")
+        raise ConfigError(f"{name} must be a non-negative int or None, got {value!r:.80}")
+    _at_most(name, value)
+
+
+def _at_most(name: str, value: int) -> None:
+    """Every int the scripts take has a largest value (kvstore/_engine/bounds.py)."""
+    largest = CONFIG_MAXIMA[name]
+    if value > largest:
+        raise ConfigError(f"{name} is {value}; at most {_size(largest)}")
+
+
+def _size(value: int) -> str:
+    for unit, size in (("GiB", 1024 * MiB), ("MiB", MiB)):
+        if value >= size and value % size == 0:
+            return f"{value // size} {unit}"
+    return str(value)

@@ -30,7 +30,7 @@ class MessageStore(SyncDriver, Executor):
     ``decode_responses=False``; `config` (a :class:`~kvstore.config.StoreConfig`, default
     ``StoreConfig()``) must be the same for every store that writes the same threads;
     ``store.client`` and ``store.config`` are the two it uses. `count_tokens` (your tokenizer: a
-    function of a message giving an int >= 0) counts each message the store writes whose count
+    function of a message giving an int from 0 to 2**31) counts each message the store writes whose count
     the caller did not give; without it a message counts one token per 4 bytes of its stored record
     (docs/HISTORY.md, "Counting tokens"). Making a store sends nothing: the scripts are loaded by
     the first call that needs them.

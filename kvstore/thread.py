@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequenc
 from typing import TYPE_CHECKING, Any, Literal
 
 from ._engine import core
+from ._engine.bounds import check_lease, check_watch
 from ._engine.core import Cursor, ThreadRef
 from ._engine.watchers import DEFAULT_BLOCK_MS, AsyncWatch, Watch
 from .events import TurnLease
@@ -68,11 +69,12 @@ class Thread(_Bound):
                tokens: Sequence[int] | None = None) -> AppendResult:
         """Stores the messages in one atomic call; returns the stored copies (id, date, seq_id).
 
-        `tokens`: each message's token count, one int >= 0 per message in order (an int for a
+        `tokens`: each message's token count, one int from 0 to 2**31 per message in order (an int for a
         single message); without it the store's ``count_tokens`` counts them, else one token
         per 4 bytes of a message's record (docs/HISTORY.md, "Counting tokens"). A count that is
-        not an int >= 0, or a list of another length, raises InvalidMessage before anything is
-        sent.
+        not an int from 0 to 2**31, or a list of another length, raises InvalidMessage before
+        anything is sent; a write that would take the thread's token total past 2**52 raises
+        MessageTooLarge (docs/LAYOUT.md, "Number bounds").
 
         `turn_id` may be a :class:`TurnLease` (:meth:`hold_turn`): the append is then refused
         with TurnFenced once another worker holds the turn.
@@ -147,6 +149,7 @@ class Thread(_Bound):
                 for event in events:
                     send(event.kind, event.cursor)
         """
+        check_watch(after, block_ms)
         return Watch(self._store, core.watch(self._ref, after, block_ms, messages), block_ms)
 
     def start_turn(self, turn_id: str) -> int:
@@ -457,6 +460,7 @@ class AsyncThread(_Bound):
                 async for event in events:
                     ...
         """
+        check_watch(after, block_ms)
         return AsyncWatch(self._store, core.watch(self._ref, after, block_ms, messages), block_ms)
 
     async def start_turn(self, turn_id: str) -> int:
@@ -607,5 +611,5 @@ def _thread_id(ref: ThreadRef) -> str:
 def _turn(turn: str | TurnLease | None, *between: Any) -> tuple[Any, ...]:
     """A turn id or lease as the core takes it: the id, what comes between, the lease (0: none)."""
     if isinstance(turn, TurnLease):
-        return (turn.turn_id, *between, turn.lease)
+        return (turn.turn_id, *between, check_lease(turn.lease))
     return (turn, *between, 0)

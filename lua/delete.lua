@@ -25,6 +25,7 @@
 --- @include "includes/checks"
 --- @include "includes/thread"
 --- @include "includes/events"
+--- @include "includes/format"
 
 local keys = thread_keys(KEYS)
 local max_chunks, mode = tonumber(ARGV[1]), ARGV[2]
@@ -59,7 +60,7 @@ for _, index in ipairs({keys.chunk_index, keys.large_index}) do
       local chunk_keys, members = {}, {}
       for i = 1, #entries, 2 do
         members[#members + 1] = entries[i]
-        chunk_keys[#chunk_keys + 1] = keys.chunk_prefix .. entries[i + 1]
+        chunk_keys[#chunk_keys + 1] = keys.chunk_prefix .. fmt(tonumber(entries[i + 1]))
       end
       redis.call('UNLINK', unpack(chunk_keys))
       redis.call('ZREM', index, unpack(members))

@@ -26,6 +26,7 @@
 ---   fails the command that reads it (nothing is written either way).
 --- @include "includes/cursors"
 --- @include "includes/thread"
+--- @include "includes/format"
 
 local keys = thread_keys(KEYS)
 local lo_kind, lo_arg, hi_kind, hi_arg = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
@@ -64,14 +65,14 @@ local window_count, below, above, large = 0, '', {}, {}
 if hi - lo > 1 then
   if walk == 'up' then
     below = redis.call('ZRANGE', keys.chunk_index, lo, '-inf', 'BYSCORE', 'REV', 'LIMIT', 0, 1)[1] or ''
-    above = redis.call('ZRANGE', keys.chunk_index, '(' .. lo, '(' .. hi, 'BYSCORE', 'LIMIT', 0, max_chunks + 1)
-    large = redis.call('ZRANGE', keys.large_index, '(' .. lo, '(' .. hi, 'BYSCORE', 'LIMIT', 0, need)
+    above = redis.call('ZRANGE', keys.chunk_index, '(' .. fmt(lo), '(' .. fmt(hi), 'BYSCORE', 'LIMIT', 0, max_chunks + 1)
+    large = redis.call('ZRANGE', keys.large_index, '(' .. fmt(lo), '(' .. fmt(hi), 'BYSCORE', 'LIMIT', 0, need)
   else
-    window_count = redis.call('ZCOUNT', keys.window, '(' .. lo, '(' .. hi)
+    window_count = redis.call('ZCOUNT', keys.window, '(' .. fmt(lo), '(' .. fmt(hi))
     if window_count < need then
-      above = redis.call('ZRANGE', keys.chunk_index, '(' .. hi, '-inf', 'BYSCORE', 'REV', 'LIMIT', 0, max_chunks + 1)
+      above = redis.call('ZRANGE', keys.chunk_index, '(' .. fmt(hi), '-inf', 'BYSCORE', 'REV', 'LIMIT', 0, max_chunks + 1)
     end
-    large = redis.call('ZRANGE', keys.large_index, '(' .. hi, '(' .. lo, 'BYSCORE', 'REV', 'LIMIT', 0, need)
+    large = redis.call('ZRANGE', keys.large_index, '(' .. fmt(hi), '(' .. fmt(lo), 'BYSCORE', 'REV', 'LIMIT', 0, need)
   end
 end
 

@@ -61,8 +61,11 @@ if history_refusal then return history_refusal end
 
 local current_media = tonumber(redis.call('HGET', keys.meta, 'media') or '0')
 if media > old_media and current_media - old_media + media > limits.max_media then
-  return redis.error_reply(string.format('KVS_MEDIA_OVER %d bytes of inline media are left in the thread',
+  return redis.error_reply(string.format('KVS_MEDIA_OVER %.0f bytes of inline media are left in the thread',
     math.max(0, limits.max_media - (current_media - old_media))))
+end
+if tokens > old_tokens and tonumber(redis.call('HGET', keys.meta, 'tokens') or '0') - old_tokens + tokens > MAX_THREAD_TOKENS then
+  return redis.error_reply(string.format('KVS_TOO_LARGE the thread\'s token total would pass %.0f (2^52)', MAX_THREAD_TOKENS))
 end
 local new_side = side_info(old_id, otid, media, #record, turn, tokens)
 if where == 'window' and #record > limits.chunk_max_bytes then

@@ -19,11 +19,12 @@ from typing import Any
 
 from .. import errors
 from ..messages import Message
+from .bounds import MAX_SEQUENCE, bounded, check_sequence
 from .pairs import batch_pairs
 from .prepare import PreparedMessage
 from .requests import Batch, Operation, ThreadRef, write
 from .scripts import SCRIPTS
-from .wire import RestoreReply, TurnHeader
+from .wire import RestoreReply, TurnHeader, stored_int
 
 # The most messages (and record bytes) one restore call sends.
 RESTORE_RUN = 100
@@ -84,7 +85,7 @@ def backup_state(thread: ThreadRef) -> Operation:
         raise errors.LayoutError("the thread is in layout 1: migrate it (kvstore migrate) before a backup")
 
     def number(name: str) -> int:
-        return int(fields.get(name) or 0)
+        return stored_int(fields.get(name) or 0, f"meta field {name}")
 
     state = BackupState(
         last_seq=number("last_seq"),
@@ -176,6 +177,8 @@ def restore_run(thread: ThreadRef, run: list[BackedUpMessage]) -> Operation:
     than an append may be (the store's max_batch_messages and max_batch_bytes, at most
     RESTORE_RUN_BYTES of records); returns (restored, already stored)."""
     turn_id = run[0].turn_id
+    for item in run:
+        check_sequence(item.sequence, "a backed-up message's sequence", errors.InvalidMessage, low=1)
     prepared = [PreparedMessage.of(thread.config, item.message, turn_id, None, f"message {item.sequence}",
                                    item.tokens, thread.count_tokens)
                 for item in run]
@@ -206,6 +209,13 @@ def restore_state(thread: ThreadRef, state: BackupState, fork_of: str = "", fork
     fork also records the thread it was forked from and its fork point. Only the last call ends
     the restore (and records the fork): one stopped before it is run again."""
     turns = state.turns or []
+    numbers = [state.last_seq, state.summary_last, state.summary_seq, state.deleted_before, state.turn_seq, fork_at]
+    for turn in turns:
+        numbers += (turn.start, turn.replies, turn.first, turn.count, turn.first_seq, turn.last_seq)
+    for value in numbers:
+        if not bounded(value, 0, MAX_SEQUENCE):
+            # As lua/restore_state.lua words it (KVS_BAD_BACKUP), before the socket.
+            raise errors.InvalidMessage(f"number {value!r:.80} is not one a backup holds (an int from 0 to 2**50)")
     starts = range(0, max(len(turns), 1), RESTORE_TURNS)
     for start in starts:
         part = turns[start : start + RESTORE_TURNS]

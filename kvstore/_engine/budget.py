@@ -24,7 +24,16 @@ from typing import Any
 from ..messages import Message, SummaryMessage
 from .record import RecordError, decode_records
 from .requests import MAX_READ_ATTEMPTS, Batch, Operation, ThreadRef, changed_under_reads
-from .wire import ChunkEntry, LargeEntry, hash_pairs, manifest_tokens, score_pairs, side_tokens, split_chunk
+from .wire import (
+    ChunkEntry,
+    LargeEntry,
+    hash_pairs,
+    manifest_tokens,
+    score_pairs,
+    side_tokens,
+    split_chunk,
+    stored_int,
+)
 
 log = logging.getLogger("kvstore")
 
@@ -63,8 +72,9 @@ def budgeted_context(thread: ThreadRef, max_tokens: int) -> Operation:
             return None
         if list(again) != [gen, last_seq]:
             continue
-        plan = _Plan(int(last_seq), int(summary_last) if summary_seq is not None else None,
-                     int(summary_seq) if summary_seq is not None else None)
+        plan = _Plan(stored_int(last_seq, "meta field last_seq"),
+                     stored_int(summary_last, "meta field summary_last") if summary_seq is not None else None,
+                     stored_int(summary_seq, "meta field summary_seq") if summary_seq is not None else None)
         if plan.summary_seq is None and deleted_before is not None:
             log.warning(
                 "thread %s has deleted messages (before sequence %s) but no summary: its model input"

@@ -24,6 +24,7 @@ from .backup import (
     restore_runs,
     restore_state,
 )
+from .bounds import MAX_SEQUENCE
 from .budget import stored_tokens
 from .lifecycle import migrate
 from .pages import list_page
@@ -79,8 +80,9 @@ def fork(source: ThreadRef, source_id: str, target: ThreadRef, at: str | int) ->
 
 
 def _fork_point(source: ThreadRef, at: str | int) -> Operation:
-    if isinstance(at, bool) or not isinstance(at, (str, int)) or (isinstance(at, int) and at < 1) or at == "":
-        raise errors.InvalidCursor(f"at must be a message id or a sequence >= 1, got {at!r}")
+    if isinstance(at, bool) or not isinstance(at, (str, int)) or (isinstance(at, int) and not 1 <= at <= MAX_SEQUENCE) \
+            or at == "":
+        raise errors.InvalidCursor(f"at must be a message id or a sequence from 1 to {MAX_SEQUENCE} (2**50), got {at!r:.80}")
     if isinstance(at, int):
         return at
     found = yield from locate_records(source, "id", [at])

@@ -8,6 +8,7 @@ from typing import Any
 
 from .. import errors
 from ..messages import CompactionStats, Message
+from .bounds import check_sequence
 from .failures import lost_connection, read_of_wrong_type
 from .pages import list_page
 from .pairs import PAIR_LOOKBACK, answered_ids, checked_tokens, history_pairs, opened_ids, orphans
@@ -27,8 +28,7 @@ def compact(
     thread: ThreadRef, summary: str, last_sequence: int, stats: CompactionStats | dict | None = None,
     tokens: int | None = None,
 ) -> Operation:
-    if isinstance(last_sequence, bool) or not isinstance(last_sequence, int) or last_sequence < 1:
-        raise errors.InvalidSummaryRange(f"last_sequence must be a positive int, got {last_sequence!r}")
+    check_sequence(last_sequence, "last_sequence", errors.InvalidSummaryRange, low=1)
     message = {"message_type": "summary_message", "summary": summary, "compaction_stats": stats}
     prepared = prepare_batch(thread.config, message, None, None if tokens is None else [tokens], thread.count_tokens)
     try:

@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from .. import errors
 from ..models import MessagesPage
+from .bounds import MAX_CURSOR
 from .keys import ThreadKeys
 from .plan import Bound, Plan, plan_walk
 from .prepare import check_token
@@ -85,8 +86,8 @@ def _cursor(value: Cursor, name: str) -> Bound:
     if isinstance(value, bool):
         raise errors.InvalidCursor(f"{name} must be a message id or a sequence, got {value!r}")
     if isinstance(value, int):
-        if value < 0:
-            raise errors.InvalidCursor(f"{name} sequence must be >= 0, got {value}")
+        if not 0 <= value <= MAX_CURSOR:
+            raise errors.InvalidCursor(f"{name} sequence must be from 0 to {MAX_CURSOR} (2**53), got {value}")
         return "seq", str(value)
     if isinstance(value, str) and value and len(value) <= MAX_TOKEN_LENGTH:
         return "id", value

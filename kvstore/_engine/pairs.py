@@ -26,6 +26,7 @@ from ..messages import (
     ToolCallMessage,
     ToolReturnMessage,
 )
+from .bounds import MAX_MESSAGE_TOKENS, bounded
 from .record import encode_record
 from .wire import record_tokens
 
@@ -141,20 +142,24 @@ def default_tokens(record: bytes, turn_id: str | None) -> int:
 
 
 def _is_count(tokens: object) -> bool:
-    return isinstance(tokens, int) and not isinstance(tokens, bool) and tokens >= 0
+    return bounded(tokens, 0, MAX_MESSAGE_TOKENS)
 
 
 def checked_tokens(tokens: object, what: str) -> int:
-    """`tokens` when it is an int >= 0, else InvalidMessage naming `what`."""
+    """`tokens` when it is an int from 0 to MAX_MESSAGE_TOKENS, else InvalidMessage naming `what`."""
     if not _is_count(tokens):
-        raise errors.InvalidMessage(f"the token count of {what} is {tokens!r}: it must be an int >= 0")
+        raise errors.InvalidMessage(
+            f"the token count of {what} is {tokens!r:.80}: it must be an int from 0 to {MAX_MESSAGE_TOKENS}"
+        )
     return tokens  # type: ignore[return-value]
 
 
 def counted(counter: TokenCounter, message: Message, what: str) -> int:
     """What `counter` gives for `message`, else InvalidMessage naming `what` when that is not an
-    int >= 0."""
+    int from 0 to MAX_MESSAGE_TOKENS."""
     tokens = counter(message)
     if not _is_count(tokens):
-        raise errors.InvalidMessage(f"the token counter gave {tokens!r} for {what}: it must give an int >= 0")
+        raise errors.InvalidMessage(
+            f"the token counter gave {tokens!r:.80} for {what}: it must give an int from 0 to {MAX_MESSAGE_TOKENS}"
+        )
     return tokens

@@ -19,7 +19,7 @@ from ..config import StoreConfig
 from ..messages import Message
 from .keys import ThreadKeys
 from .scripts import SCRIPTS, Script
-from .wire import DeleteReply, MigrateReply
+from .wire import DeleteReply, MigrateReply, stored_int
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +101,7 @@ def event_limits(config: StoreConfig) -> tuple[int, int]:
 
 def int_or_zero(value: Any) -> int:
     """A number the server replied, or 0 for a field or key that is not there."""
-    return int(value) if value is not None else 0
+    return stored_int(value, "a stored number") if value is not None else 0
 
 
 def changed_under_reads() -> errors.ServerError:

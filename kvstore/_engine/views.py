@@ -12,12 +12,13 @@ from typing import Any
 from .. import errors
 from ..messages import Message, SummaryMessage
 from ..models import MessagesPage, ThreadSnapshot, ThreadStats, TurnState
+from .bounds import MAX_THREAD_TOKENS, bounded
 from .keys import ThreadKeys
 from .budget import budgeted_context, stored_tokens
 from .pages import gathering, list_page, pages
 from .pairs import PAIR_LOOKBACK, TokenCounter, answered_ids, counted, estimated_tokens, opened_ids, orphans, without_orphans
 from .reads import fetch_sequences
-from .wire import record_tokens
+from .wire import record_tokens, stored_int
 from .requests import MAX_LIMIT, MAX_READ_ATTEMPTS, SNAPSHOT_SIZE, Batch, Cursor, Operation, ThreadRef, changed_under_reads
 
 log = logging.getLogger("kvstore")
@@ -45,7 +46,7 @@ def _stats_from(meta: dict, window: int, chunks: int, legacy: int) -> ThreadStat
 
     def number(name: str) -> int | None:
         value = fields.get(name)
-        return int(value) if value is not None else None
+        return stored_int(value, f"meta field {name}") if value is not None else None
 
     stored = number("stored") or 0
     layout = number("layout")
@@ -91,7 +92,7 @@ def snapshot(thread: ThreadRef) -> Operation:
         if fields.get("turn_id"):
             turn = TurnState(
                 turn_id=fields["turn_id"],
-                sequence=int(fields["turn_seq"]),
+                sequence=stored_int(fields["turn_seq"], "meta field turn_seq"),
                 outcome=fields.get("turn_outcome") or "open",
             )
         unreadable = list(page.unreadable)
@@ -114,7 +115,7 @@ def _summary(thread: ThreadRef, fields: dict[str, str], unreadable: list[int]) -
     """The context summary named by meta, or None (also when its record is unreadable)."""
     if not fields.get("summary_seq"):
         return None
-    found = yield from fetch_sequences(thread, [int(fields["summary_seq"])], missing_ok=True, unreadable=unreadable)
+    found = yield from fetch_sequences(thread, [stored_int(fields["summary_seq"], "meta field summary_seq")], missing_ok=True, unreadable=unreadable)
     summary = found[0] if found else None
     return summary if isinstance(summary, SummaryMessage) else None
 
@@ -128,8 +129,8 @@ def context(thread: ThreadRef, max_tokens: int | None = None, count_tokens: Toke
     a new sequence), so an unchanged `summary_seq` after the last page means no compaction ran
     in between; otherwise the read starts again.
     """
-    if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1):
-        raise errors.InvalidCursor(f"max_tokens must be a positive int, got {max_tokens!r}")
+    if max_tokens is not None and not bounded(max_tokens, 1, MAX_THREAD_TOKENS):
+        raise errors.InvalidCursor(f"max_tokens must be an int from 1 to {MAX_THREAD_TOKENS} (2**52), got {max_tokens!r:.80}")
     if max_tokens is not None and count_tokens is None:
         planned = yield from budgeted_context(thread, max_tokens)
         if planned is not None:
@@ -150,7 +151,7 @@ def context(thread: ThreadRef, max_tokens: int | None = None, count_tokens: Toke
         after: int | None = None
         if summary_seq is not None:
             summary = yield from _summary(thread, {"summary_seq": _text(summary_seq)}, [])
-            after = int(summary_last)
+            after = stored_int(summary_last, "meta field summary_last")
         elif deleted_before is not None:
             log.warning(
                 "thread %s has deleted messages (before sequence %s) but no summary: its model input"
@@ -158,7 +159,7 @@ def context(thread: ThreadRef, max_tokens: int | None = None, count_tokens: Toke
                 keys.meta,
                 _text(deleted_before),
             )
-        skip = int(summary_seq) if summary_seq is not None else None
+        skip = stored_int(summary_seq, "meta field summary_seq") if summary_seq is not None else None
         budget = max_tokens
         if budget is not None and summary is not None:
             budget -= counted(count, summary, f"message {summary.id}")

@@ -34,6 +34,7 @@ from ..events import (
     TurnStarted,
 )
 from ..messages import AssistantMessage, Message, parse_message
+from .bounds import check_lease
 from .pages import list_page
 from .prepare import check_token
 from .reads import decode, fetch_sequences
@@ -89,7 +90,7 @@ def publish(
 ) -> Operation:
     if not thread.config.events:
         raise errors.ConfigError("publish() needs StoreConfig(events=True): deltas travel on the event stream")
-    turn_id, lease = (turn.turn_id, turn.lease) if isinstance(turn, TurnLease) else (turn, 0)
+    turn_id, lease = (turn.turn_id, check_lease(turn.lease)) if isinstance(turn, TurnLease) else (turn, 0)
     check_token("turn_id", turn_id)
     data = encode_delta(delta)
     call_id = new_call_id(call_id)

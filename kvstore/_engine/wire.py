@@ -19,6 +19,21 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
+_STORED_INT = re.compile(r"-?[0-9]{1,19}")
+
+
+def stored_int(value: Any, what: str) -> int:
+    """A number the scripts keep as text (a meta field, a member's field), read back; RecordError
+    naming `what` for any other value (a number written as "1e+14", or a foreign value), never
+    a bare ValueError."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    text = value.decode(errors="replace") if isinstance(value, bytes) else value
+    if not isinstance(text, str) or not _STORED_INT.fullmatch(text):
+        raise errors.RecordError(f"{what} holds {value!r:.80}, not a number kvstore writes")
+    return int(text)
+
+
 def _unexpected(script: str, reply: Any) -> errors.ServerError:
     return errors.ServerError(f"script {script}.lua replied {reply!r:.200}, not the reply its header states")
 

@@ -9,7 +9,7 @@ local function resolve_cursor(ids_key, kind, value, deleted_before)
   if sequence then return tonumber(sequence) end
   if deleted_before > 0 then
     return nil, redis.error_reply(string.format(
-      'KVS_CURSOR_EXPIRED %d no stored message has id %s; retention deleted every message before sequence %d: page on from a sequence (page.next_cursor) instead',
+      'KVS_CURSOR_EXPIRED %.0f no stored message has id %s; retention deleted every message before sequence %.0f: page on from a sequence (page.next_cursor) instead',
       deleted_before, value, deleted_before))
   end
   return nil, redis.error_reply('KVS_CURSOR_NOT_FOUND no stored message has id ' .. value)

@@ -1,3 +1,4 @@
+--- @include "includes/format"
 -- The thread's event stream (docs/LAYOUT.md, "Events"): one entry per change, added by the
 -- writing script in the same atomic step as the change, read by thread.watch().
 --
@@ -30,7 +31,7 @@ local function emit_event(keys, limits, last_seq, fields)
   last_seq = last_seq or tonumber(redis.call('HGET', keys.meta, 'last_seq') or '0')
   -- pcall: a key of another type in the stream's place must not fail a call that has written
   -- (the change stands; its watchers see the gap and page).
-  local id = string.format('%d-%d', n, last_seq)
+  local id = fmt(n) .. '-' .. fmt(last_seq)
   redis.pcall('XADD', keys.events, 'MAXLEN', '~', limits.events_len, id, unpack(fields))
   if limits.ttl_ms <= 0 then
     -- As for a thread's ttl (includes/expiry.lua): a PTTL on most calls, a PEXPIRE of 1.5 age

@@ -1,3 +1,4 @@
+--- @include "includes/format"
 -- Idle expiry (thread_ttl), on the server's clock: scripts never see a time. Every key of a
 -- thread carries one absolute deadline, meta's. A write that finds less than `ttl` left on meta
 -- (PTTL) sets 1.5 ttl on meta (PEXPIRE) and meta's new deadline (PEXPIRETIME) on every other
@@ -35,7 +36,7 @@ local function apply_expiry(keys)
     for _, index in ipairs({keys.chunk_index, keys.large_index}) do
       local firsts = redis.call('ZRANGE', index, 0, -1, 'WITHSCORES')
       for i = 2, #firsts, 2 do
-        redis.call('PEXPIREAT', keys.chunk_prefix .. firsts[i], deadline)
+        redis.call('PEXPIREAT', keys.chunk_prefix .. fmt(tonumber(firsts[i])), deadline)
       end
     end
   end

@@ -13,9 +13,21 @@
 --   of the records in the chunk's data ("d"); the side info's bytes field is the record's length.
 -- The turn records' format lives with the turns (includes/turns.lua).
 
+-- A number as the decimal integer it holds, for every number written as text into a key, a
+-- field, a member or a reply. Lua 5.1 numbers are doubles: tostring and '..' write %.14g
+-- (10^14 and up as 1e+14), and string.format('%d') goes through the platform's C long. '%.0f'
+-- writes every integer a double holds exactly (to 2^53) as its digits, everywhere; the client
+-- keeps every number the scripts take below that (kvstore/_engine/bounds.py). Numbers passed
+-- to redis.call as they are, the server writes itself, as digits to 2^53 too.
 local function fmt(n)
-  return string.format('%d', n)
+  return string.format('%.0f', n)
 end
+
+-- Bounds the scripts keep themselves, since a thread's sums grow write by write: a write past
+-- them is refused before anything is written (kvstore/_engine/bounds.py: MAX_SEQUENCE,
+-- MAX_THREAD_TOKENS).
+local MAX_SEQUENCE = 2 ^ 50
+local MAX_THREAD_TOKENS = 2 ^ 52
 
 -- The documented count of what was stored without one: a token per 4 record bytes, rounded up.
 local function bytes_tokens(bytes)
@@ -23,7 +35,7 @@ local function bytes_tokens(bytes)
 end
 
 local function chunk_index_member(first, last, count, bytes, media, tokens)
-  return string.format('%d:%d:%d:%d:%d:%d', first, last, count, bytes, media, tokens)
+  return string.format('%.0f:%.0f:%.0f:%.0f:%.0f:%.0f', first, last, count, bytes, media, tokens)
 end
 
 -- first, last, count, bytes, media, tokens (a member written without tokens: bytes_tokens).
@@ -38,7 +50,7 @@ local function parse_chunk_member(member)
 end
 
 local function large_index_member(sequence, bytes, media, tokens)
-  return string.format('%d:%d:%d:%d', sequence, bytes, media, tokens)
+  return string.format('%.0f:%.0f:%.0f:%.0f', sequence, bytes, media, tokens)
 end
 
 -- sequence, bytes, media, tokens (a member written without tokens: bytes_tokens).
@@ -75,8 +87,7 @@ local function side_info(id, otid, media, bytes, turn, tokens)
     return escape_field(id) .. '\t' .. escape_field(otid) .. '\t' .. fmt(media) .. '\t' .. fmt(bytes)
       .. '\t' .. escape_field(turn) .. '\t' .. fmt(tokens) .. '\t%'
   end
-  -- Lua writes these small integers as digits (%.14g); no string.format call on the hot path.
-  return id .. '\t' .. otid .. '\t' .. media .. '\t' .. bytes .. '\t' .. turn .. '\t' .. tokens
+  return id .. '\t' .. otid .. '\t' .. fmt(media) .. '\t' .. fmt(bytes) .. '\t' .. turn .. '\t' .. fmt(tokens)
 end
 
 -- Returns id, otid, media, bytes, turn (unescaped), tokens; nil for a malformed side info. A side

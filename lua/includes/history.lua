@@ -1,4 +1,5 @@
 --- @include "includes/checks"
+--- @include "includes/format"
 -- Checked updates (StoreConfig(history_checks="strict"); docs/HISTORY.md, "Checked updates").
 --
 -- A message's *pairs* are the pair ids it opens and answers, computed by the client
@@ -155,7 +156,7 @@ local function apply_history(keys, batch, first)
   for i, spec in ipairs(batch.pairs) do
     if spec ~= '' then
       added[#added + 1] = first + i - 1
-      added[#added + 1] = 'm' .. (first + i - 1) .. '\t' .. spec
+      added[#added + 1] = 'm' .. fmt(first + i - 1) .. '\t' .. spec
     end
   end
   if #answered > 0 then redis.call('ZREM', keys.pairs, unpack(answered)) end
@@ -164,12 +165,12 @@ end
 
 -- Retention deleted every sequence below `before`: their pair ids and pairs records go too.
 local function trim_history(keys, before)
-  redis.call('ZREMRANGEBYSCORE', keys.pairs, '-inf', '(' .. string.format('%d', before))
+  redis.call('ZREMRANGEBYSCORE', keys.pairs, '-inf', '(' .. fmt(before))
 end
 
 -- The pairs argument stored for the message at `sequence` ('' for none).
 local function stored_pairs(keys, sequence)
-  local prefix = 'm' .. sequence .. '\t'
+  local prefix = 'm' .. fmt(sequence) .. '\t'
   for _, member in ipairs(redis.call('ZRANGE', keys.pairs, sequence, sequence, 'BYSCORE')) do
     if string.sub(member, 1, #prefix) == prefix then return string.sub(member, #prefix + 1) end
   end

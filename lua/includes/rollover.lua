@@ -43,7 +43,7 @@ local function plan_rollover(keys, limits, meta, incoming)
       if loaded >= stored then
         local item = incoming[loaded - stored + 1]
         loaded = loaded + 1
-        sequences[loaded], records[loaded] = item[1], item[3]
+        sequences[loaded], records[loaded] = fmt(item[1]), item[3]
       else
         local oldest = redis.call('ZRANGE', keys.window, loaded, math.min(loaded + limits.chunk_size, stored) - 1, 'WITHSCORES')
         for j = 1, #oldest, 2 do

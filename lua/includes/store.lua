@@ -190,9 +190,18 @@ local function check_batch(keys, batch, limits, meta)
   if incoming > 0 then
     local current = meta.media
     if current + incoming > limits.max_media then
-      return redis.error_reply(string.format('KVS_MEDIA_OVER %d bytes of inline media are left in the thread',
+      return redis.error_reply(string.format('KVS_MEDIA_OVER %.0f bytes of inline media are left in the thread',
         math.max(0, limits.max_media - current)))
     end
+  end
+  -- The thread's sums stay exact in Lua's doubles (includes/format.lua).
+  if meta.last_seq + count > MAX_SEQUENCE then
+    return redis.error_reply(string.format('KVS_TOO_LARGE the thread\'s sequences would pass %.0f (2^50)', MAX_SEQUENCE))
+  end
+  local tokens = 0
+  for i = 1, count do tokens = tokens + batch.tokens[i] end
+  if meta.tokens + tokens > MAX_THREAD_TOKENS then
+    return redis.error_reply(string.format('KVS_TOO_LARGE the thread\'s token total would pass %.0f (2^52)', MAX_THREAD_TOKENS))
   end
   return nil
 end

@@ -41,7 +41,7 @@ local function new_turn()
 end
 
 local function turn_header(turn)
-  return string.format('%d:%s:%d:%d:%d:%d:%d:%d:%d:%d:%d:%d', turn.start, turn.outcome, turn.kept,
+  return string.format('%.0f:%s:%.0f:%.0f:%.0f:%.0f:%.0f:%.0f:%.0f:%.0f:%.0f:%.0f', turn.start, turn.outcome, turn.kept,
     turn.replies, turn.first, turn.k0, turn.k1, turn.a, turn.b, turn.count, turn.first_seq, turn.last_seq)
 end
 

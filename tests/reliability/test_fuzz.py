@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 from redis.crc import key_slot
 
 from kvstore import AssistantMessage, MessageStore, StoreConfig, UserMessage, errors
+from kvstore._engine.bounds import MAX_CURSOR
 from kvstore._engine.keys import ThreadKeys
 from kvstore._engine.pairs import without_orphans
 from kvstore._engine.record import decode_records
@@ -405,7 +406,7 @@ def expected_page(target: Target, after, before, limit, order, turn_id):
             continue
         if isinstance(cursor, bool) or not isinstance(cursor, (int, str)):
             return errors.InvalidCursor
-        if isinstance(cursor, int) and cursor < 0:
+        if isinstance(cursor, int) and not 0 <= cursor <= MAX_CURSOR:
             return errors.InvalidCursor
         if isinstance(cursor, str) and (not cursor or len(cursor) > 256):
             return errors.InvalidCursor
