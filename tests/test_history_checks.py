@@ -380,3 +380,74 @@ def test_a_call_resent_by_redis_py_is_a_replay_not_a_second_answer(make_thread):
     assert [int(x) for x in execute()] == [1, 2]
     assert int(execute()[0]) == 0  # a replay: nothing stored again, nothing refused
     assert thread.stats().stored_messages == 3
+
+
+# --- bounded work -------------------------------------------------------------------------------
+
+# Shadows redis.call in one script run, counting every element the script's commands reply; the
+# count goes to a key the test reads. The script's own logic is left as it is.
+COUNTING = """
+local __call = redis.call
+local redis = setmetatable({call = function(...)
+  local reply = __call(...)
+  if type(reply) == 'table' then __call('INCRBY', COUNTER, #reply) end
+  return reply
+end}, {__index = redis})
+"""
+
+
+def removal_reads(raw_client, config: StoreConfig, thread_id: str, turn_id: str) -> tuple[int, list]:
+    """Runs lua/remove_turn.lua as the store sends it, returning the elements its commands read
+    and its reply."""
+    from kvstore._engine.core import ThreadRef
+    from kvstore._engine.requests import REMOVE_TURN_STEP
+    from kvstore._engine.scripts import SCRIPTS
+
+    ref = ThreadRef.of(config, thread_id)
+    counter = f"{config.namespace}:elements-read"
+    body = SCRIPTS["remove_turn"].source.split("\n", 1)[1]
+    raw_client.delete(counter)
+    reply = raw_client.eval(COUNTING.replace("COUNTER", repr(counter)) + body, len(ref.script_keys),
+                            *ref.script_keys, *ref.limits(), turn_id, REMOVE_TURN_STEP)
+    return int(raw_client.get(counter) or 0), reply
+
+
+def test_remove_turn_on_a_checked_thread_reads_what_the_turn_holds_not_the_thread(server_only, backend, raw_client, namespace):
+    """The removal's reads of the pairs state are bounded by the turn, whatever the thread's
+    length: a turn of 4 messages costs as much after 40 earlier messages as after 2,000."""
+    from .conftest import make_sync_store
+
+    reads = []
+    for thread_id, earlier_pairs in (("short", 20), ("long", 1000)):
+        config = StoreConfig(namespace=namespace, **STRICT)
+        store = make_sync_store(backend, config)
+        thread = store.thread(thread_id)
+        for start in range(0, earlier_pairs, 100):
+            thread.append([m for i in range(start, start + 100 if earlier_pairs > 100 else earlier_pairs)
+                           for m in (call(f"e{i}"), answer(f"e{i}"))])
+        thread.append(call("before-the-turn"))
+        thread.start_turn("t")
+        thread.append([call("x"), answer("x"), answer("before-the-turn"), AssistantMessage(content="done")], turn_id="t")
+        thread.finish_turn("t")
+        read, reply = removal_reads(raw_client, config, thread_id, "t")
+        assert [int(v) for v in reply] == [4, 0]
+        assert open_pair_ids(raw_client, thread) == {"c:before-the-turn"}
+        reads.append(read)
+        store.close()
+    assert reads[0] == reads[1], reads
+
+
+def test_a_call_answered_in_a_removed_turn_reopens_without_moving_a_reused_open_call(make_thread, raw_client):
+    """[1 call x] [turn: 2 return x] [3 call x, still open]: removing the turn opens the first
+    call again, and the pair id stays where its open use put it (3), so retention of message 1
+    does not close the call message 3 made."""
+    thread = make_thread("reused", **STRICT)
+    thread.append(call("x"))
+    thread.start_turn("t")
+    thread.append(answer("x"), turn_id="t")
+    thread.finish_turn("t")
+    thread.append(call("x"))
+    assert thread.remove_turn("t") == 1
+    assert raw_client.zscore(thread.keys.pairs, "c:x") == 3
+    thread.append(answer("x"))
+    intact(raw_client, thread)
