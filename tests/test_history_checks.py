@@ -53,7 +53,7 @@ def approval(call_id: str, request_id: str | None = None, approve: bool = True) 
 
 
 def open_pair_ids(raw_client, thread) -> set[str]:
-    return {m.decode() for m in raw_client.zrange(thread.keys.pairs, 0, -1) if not m.startswith(b"m")}
+    return {m.decode() for m in raw_client.zrange(thread.keys.pairs, 0, -1) if not m.startswith((b"m", b"o"))}
 
 
 def intact(raw_client, thread, **config) -> None:
@@ -243,6 +243,29 @@ def test_removing_a_turn_keeps_the_pairs(make_thread, raw_client, namespace):
     with pytest.raises(errors.HistoryConflict):
         thread.append(answer("inner"))
     intact(raw_client, thread)
+
+
+def test_a_thread_checked_before_answers_kept_their_calls_is_removed_by_its_whole_state(make_thread, raw_client, namespace):
+    """A thread whose state was written before answers kept their calls ('o' members, meta
+    checked 1) is planned from every record, as then: the same refusals, the same reopening."""
+    thread = make_thread("older-state", **STRICT)
+    thread.append(call("early"))
+    thread.start_turn("t1")
+    thread.append([call("inner"), answer("inner"), answer("early")], turn_id="t1")
+    thread.finish_turn("t1")
+    thread.start_turn("t2")
+    thread.append(call("late"), turn_id="t2")
+    thread.finish_turn("t2")
+    thread.append(answer("late"))
+    links = [m for m in raw_client.zrange(thread.keys.pairs, 0, -1) if m.startswith(b"o")]
+    assert len(links) == 3
+    raw_client.zrem(thread.keys.pairs, *links)
+    raw_client.hset(thread.keys.meta, "checked", "1")
+    assert thread.stats().history_checked
+    assert "tool call late" in refused_unchanged(raw_client, namespace, lambda: thread.remove_turn("t2"))
+    assert thread.remove_turn("t1") == 3
+    assert open_pair_ids(raw_client, thread) == {"c:early"}
+    thread.append(answer("early"))
 
 
 def test_a_turn_larger_than_one_removal_step_is_removed_with_its_pairs(make_thread, raw_client):
