@@ -144,8 +144,24 @@ def test_a_compaction_sent_twice_stores_one_summary(make_thread):
     assert [m.seq_id for m in thread.iter() if isinstance(m, SummaryMessage)] == [first.seq_id]
     later = thread.compact("up to 35", last_sequence=35)
     assert later.seq_id == 42
+    # Another compaction of a range the current summary has passed (not a re-send of one).
     with pytest.raises(errors.InvalidSummaryRange, match="before the current summary"):
-        thread.compact("up to 30", last_sequence=30)
+        thread.compact("up to 30, written again", last_sequence=30)
+
+
+def test_a_compaction_sent_again_after_another_compacted_further_answers_as_its_first_run(make_thread):
+    """A compact() whose first run stored its summary (the reply lost: OutcomeUnknown says to
+    send it again), sent again after another worker compacted further, is a replay: it answers
+    what its first run stored, and stores nothing."""
+    thread = make_thread(**SMALL)
+    fill(thread, 40)
+    first = thread.compact("up to 20", last_sequence=20)
+    other = thread.compact("up to 30", last_sequence=30)
+    again = thread.compact("up to 20", last_sequence=20)
+    assert again == first
+    stats = thread.stats()
+    assert stats.summary_last_sequence == 30 and stats.next_sequence == other.seq_id + 1
+    assert thread.context()[0] == other
 
 
 # ---------------------------------------------------------------------------- cursors

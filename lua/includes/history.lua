@@ -142,7 +142,7 @@ end
 -- Drops the thread's state: a write the state does not cover.
 local function drop_history(keys)
   redis.call('HDEL', keys.meta, 'checked')
-  redis.call('DEL', keys.pairs)
+  redis.call('UNLINK', keys.pairs)
 end
 
 -- Writes what check_history decided, for the batch stored from sequence `first`: one ZREM of
