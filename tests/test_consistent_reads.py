@@ -100,6 +100,69 @@ def test_snapshot_sees_one_state_when_a_compaction_lands_between_its_round_trips
     store.close()
 
 
+def every_step(store: MessageStore, operation, action):
+    """Drives a core operation like the store does, running `action` after each of its requests."""
+    steps = 0
+    request = next(operation)
+    try:
+        while True:
+            result = send_request(store, request)
+            action()
+            steps += 1
+            request = operation.send(result)
+    except StopIteration as done:
+        return done.value, steps
+
+
+@pytest.mark.parametrize("budget", [None, "stored counts", "counter"])
+def test_context_answers_with_a_compaction_after_every_round_trip(backend, namespace, budget):
+    """A writer that appends and compacts between each two round trips of context() (the
+    optimistic tries all fail): context() still answers one state of the thread, read in one
+    step (lua/read_range.lua)."""
+    config = StoreConfig(namespace=namespace, **SMALL)
+    store = make_sync_store(backend, config)
+    other = make_sync_store(backend, config).thread("t")
+    fill(store.thread("t"), 60)
+    store.thread("t").compact("up to 20", last_sequence=20)
+    appended = [60]
+
+    def append_and_compact():
+        stored = fill(other, 3, start=appended[0])
+        appended[0] += 3
+        other.compact(f"up to {stored[-1].seq_id - 8}", last_sequence=stored[-1].seq_id - 8)
+
+    counter = (lambda message: 10) if budget == "counter" else None
+    max_tokens = None if budget is None else 10_000
+    operation = context(ThreadRef.of(config, "t"), max_tokens, counter)
+    messages, steps = every_step(store, operation, append_and_compact)
+    assert steps > 3
+    summary, sequences = check_context(messages)
+    covered = int(summary.summary.split()[-1])
+    assert sequences[0] == covered + 1 and sequences[-1] >= appended[0] - 3
+    store.close()
+
+
+def test_a_page_answers_with_messages_moving_after_every_round_trip(backend, namespace):
+    """Appends that roll messages into chunks between each two round trips of a page read (its
+    plan and its fetch never see one state): the page is still read, in one step."""
+    config = StoreConfig(namespace=namespace, **SMALL)
+    store = make_sync_store(backend, config)
+    other = make_sync_store(backend, config).thread("t")
+    stored = fill(store.thread("t"), 40)
+    appended = [40]
+
+    def append_a_chunk():
+        fill(other, 4, start=appended[0])
+        appended[0] += 4
+
+    from kvstore._engine.core import list_page
+
+    page, steps = every_step(store, list_page(ThreadRef.of(config, "t"), after=2, limit=30), append_a_chunk)
+    assert steps > 3
+    assert [m.id for m in page.messages] == [m.id for m in stored[2:32]] and page.next_cursor == 32
+    store.close()
+
+
 def _compactor(url: str, namespace: str, seconds: float) -> None:
     thread = MessageStore.from_url(url, StoreConfig(namespace=namespace, **SMALL)).thread("t")
     deadline = time.monotonic() + seconds
@@ -250,3 +313,83 @@ def test_a_replay_whose_messages_retention_deletes_before_the_read_back_names_th
     assert again.replayed
     assert [(m.id, m.seq_id, m.otid) for m in again] == [(first.id, 1, "otid-1")]
     store.close()
+
+
+# ------------------------------------------------------------- the consistent read's answers
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from kvstore import AssistantMessage, ToolCallMessage, ToolReturnMessage  # noqa: E402
+from kvstore._engine import pages as pages_module  # noqa: E402
+from kvstore._engine import views as views_module  # noqa: E402
+from kvstore._engine.requests import ChangedUnderReads  # noqa: E402
+
+
+def _changed(*args, **kwargs):
+    raise ChangedUnderReads("every optimistic try met a write")
+    yield  # a generator, like the operation it stands for
+
+
+HISTORY = st.lists(
+    st.one_of(
+        st.tuples(st.just("user"), st.integers(0, 2)),
+        st.tuples(st.just("large"), st.just(0)),
+        st.tuples(st.just("call"), st.integers(0, 3)),
+        st.tuples(st.just("answer"), st.integers(0, 3)),
+        st.tuples(st.just("turn"), st.integers(1, 3)),
+        st.tuples(st.just("remove"), st.just(0)),
+        st.tuples(st.just("compact"), st.integers(1, 60)),
+    ),
+    min_size=1,
+    max_size=25,
+)
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(history=HISTORY, budget=st.integers(1, 400), limit=st.integers(1, 12), at=st.integers(0, 40))
+def test_the_consistent_read_answers_what_the_reads_of_several_round_trips_answer(
+        make_thread, monkeypatch, history, budget, limit, at):
+    """Whatever the thread holds (chunks, oversized messages, holes a removed turn left,
+    retention, a summary splitting a pair), context() and pages read in one step (the fallback)
+    equal those read in several round trips."""
+    thread = make_thread(window_size=4, chunk_size=3, chunk_max_bytes=600, retained_message_limit=6)
+    turns = []
+    for kind, n in history:
+        if kind == "user":
+            thread.append([UserMessage(content=f"u{i}") for i in range(n + 1)])
+        elif kind == "large":
+            thread.append(UserMessage(content="L" * 800))
+        elif kind == "call":
+            thread.append(ToolCallMessage(tool_call={"name": "f", "arguments": "{}", "tool_call_id": f"c{n}"}))
+        elif kind == "answer":
+            thread.append(ToolReturnMessage(status="success", tool_call_id=f"c{n}", tool_return="ok"))
+        elif kind == "turn":
+            turns.append(f"t{len(turns)}")
+            thread.start_turn(turns[-1])
+            thread.append([AssistantMessage(content=f"r{i}") for i in range(n)], turn_id=turns[-1])
+        elif kind == "remove" and turns:
+            thread.remove_turn(turns.pop(0))
+        elif kind == "compact":
+            stats = thread.stats()
+            last = stats.next_sequence - 1
+            try:
+                thread.compact("s", max((stats.summary_last_sequence or 0) + 1, min(n, last)))
+            except errors.InvalidSummaryRange:
+                pass
+
+    def reads():
+        return (
+            thread.context(),
+            thread.context(max_tokens=budget),
+            thread.context(max_tokens=budget, count_tokens=lambda m: len(m.model_dump_json()) // 8),
+            [thread.list(after=at, limit=limit, order=order) for order in ("asc", "desc")],
+            thread.list(before=at + limit, limit=limit),
+            [m.id for m in thread.iter()],
+        )
+
+    expected = reads()
+    with monkeypatch.context() as patch:
+        patch.setattr(views_module, "_optimistic_context", _changed)
+        patch.setattr(pages_module, "_optimistic_walk", _changed)
+        assert reads() == expected

@@ -22,15 +22,15 @@ from .reads import decode, fetch_sequences
 from .requests import (
     ITER_PAGE,
     MAX_LIMIT,
-    MAX_READ_ATTEMPTS,
     MAX_TOKEN_LENGTH,
+    OPTIMISTIC_READS,
     PLAN_MAX_CHUNKS,
     Batch,
+    ChangedUnderReads,
     Cursor,
     Eval,
     Operation,
     ThreadRef,
-    changed_under_reads,
     int_or_zero,
 )
 from .scripts import SCRIPTS
@@ -136,8 +136,23 @@ def gathering(operation: Generator[Any, Any, Any], sink: Callable[[Any], None]) 
 def _walk(thread: ThreadRef, low: Bound, high: Bound, walk: str, need: int) -> Operation:
     """Collects up to `limit` = need - 1 records of the range in walk order.
 
-    Returns (entries, has_more, deleted_before).
+    Returns (entries, has_more, deleted_before). When the thread changed under each optimistic
+    attempt (writes moving messages between the plan and the fetch), the range is read in one
+    step instead (lua/read_range.lua): a page always answers.
     """
+    try:
+        return (yield from _optimistic_walk(thread, low, high, walk, need))
+    except ChangedUnderReads:
+        read = yield from read_range(thread, low, high, walk, need)
+        entries = [(sequence, record) for sequence, record, _ in read.records]
+        if len(entries) >= need:
+            return entries[: need - 1], True, read.deleted_before
+        return entries, False, read.deleted_before
+
+
+def _optimistic_walk(thread: ThreadRef, low: Bound, high: Bound, walk: str, need: int) -> Operation:
+    """_walk from native reads, checked against meta's gen; ChangedUnderReads when every
+    attempt met the thread changing under it."""
     if walk == "down" and not low[0] and not high[0]:
         newest = yield from _newest(thread, need)
         if newest is not None:
@@ -159,8 +174,8 @@ def _walk(thread: ThreadRef, low: Bound, high: Bound, walk: str, need: int) -> O
         results = yield Batch([*fetch.commands, ("HGET", thread.keys.meta, "gen")])
         if int_or_zero(results[-1]) != plan.gen:
             attempts += 1
-            if attempts >= MAX_READ_ATTEMPTS:
-                raise changed_under_reads()
+            if attempts >= OPTIMISTIC_READS:
+                raise ChangedUnderReads("the thread changed under every page read attempt")
             continue
         collected += _merge(plan, fetch, results, upward)[: need - len(collected)]
         if len(collected) >= need:
@@ -267,6 +282,54 @@ def _newest(thread: ThreadRef, need: int) -> Operation:
     if members and len(members) == last:
         return [(last - i, m) for i, m in enumerate(members)], False, int_or_zero(deleted_before)
     return None
+
+
+# ----------------------------------------------------------------------- consistent read
+
+# (sequence, record, stored token count)
+Counted = tuple[int, bytes, int]
+
+
+@dataclass(frozen=True, slots=True)
+class RangeRead:
+    """What lua/read_range.lua read in one step: the range's records in walk order (whole
+    containers: at least what the walk needs), and with a 'summary' bound the summary and the
+    records at and before its range, newest first."""
+
+    deleted_before: int
+    summary_last: int | None
+    summary_seq: int | None
+    summary: Counted | None
+    records: list[Counted]
+    lookback: list[Counted]
+
+
+def read_range(
+    thread: ThreadRef, low: Bound, high: Bound, walk: str, need: int = 0, max_tokens: int = 0, lookback: int = 0
+) -> Operation:
+    """The consistent read: one read-only script call (lua/read_range.lua). `low` may be
+    ("summary", ""): the range after the context summary's last sequence."""
+    reply = yield Eval(
+        SCRIPTS["read_range"], thread.script_keys,
+        (low[0], low[1], high[0], high[1], walk, need, max_tokens, lookback),
+    )
+    deleted_before, summary_last, summary_seq, summary_record, summary_tokens = reply[:5]
+    at = 5
+    sections: list[list[Counted]] = []
+    for _ in range(2):
+        n = int(reply[at])
+        flat = reply[at + 1 : at + 1 + 3 * n]
+        sections.append([(int(flat[i]), flat[i + 1], int(flat[i + 2])) for i in range(0, len(flat), 3)])
+        at += 1 + 3 * n
+    summary_seq = int(summary_seq) or None
+    return RangeRead(
+        deleted_before=int(deleted_before),
+        summary_last=int(summary_last) if summary_seq else None,
+        summary_seq=summary_seq,
+        summary=(summary_seq, summary_record, int(summary_tokens)) if summary_seq and summary_record else None,
+        records=sections[0],
+        lookback=sections[1],
+    )
 
 
 # ------------------------------------------------------------------------------ turn page

@@ -14,11 +14,14 @@ from ..messages import Message, SummaryMessage
 from ..models import MessagesPage, ThreadSnapshot, ThreadStats, TurnState
 from .keys import ThreadKeys
 from .budget import budgeted_context, stored_tokens
-from .pages import gathering, list_page, pages
+from .pages import gathering, list_page, pages, read_range
 from .pairs import PAIR_LOOKBACK, TokenCounter, answered_ids, counted, estimated_tokens, opened_ids, orphans, without_orphans
-from .reads import fetch_sequences
+from .reads import decode, fetch_sequences
 from .wire import record_tokens
-from .requests import MAX_LIMIT, MAX_READ_ATTEMPTS, SNAPSHOT_SIZE, Batch, Cursor, Operation, ThreadRef, changed_under_reads
+from .requests import (
+    MAX_LIMIT, MAX_READ_ATTEMPTS, OPTIMISTIC_READS, SNAPSHOT_SIZE, Batch, ChangedUnderReads, Cursor, Operation, ThreadRef,
+    changed_under_reads,
+)
 
 log = logging.getLogger("kvstore")
 
@@ -129,6 +132,16 @@ def context(thread: ThreadRef, max_tokens: int | None = None, count_tokens: Toke
     """
     if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1):
         raise errors.InvalidCursor(f"max_tokens must be a positive int, got {max_tokens!r}")
+    try:
+        return (yield from _optimistic_context(thread, max_tokens, count_tokens))
+    except ChangedUnderReads:
+        # Writes changed the thread under every try: one read-only step reads it whole.
+        return (yield from _consistent_context(thread, max_tokens, count_tokens))
+
+
+def _optimistic_context(thread: ThreadRef, max_tokens: int | None, count_tokens: TokenCounter | None) -> Operation:
+    """context() from reads of several round trips, compared after them; ChangedUnderReads
+    when a compaction landed under each try."""
     if max_tokens is not None and count_tokens is None:
         planned = yield from budgeted_context(thread, max_tokens)
         if planned is not None:
@@ -142,7 +155,7 @@ def context(thread: ThreadRef, max_tokens: int | None = None, count_tokens: Toke
             return ([planned.summary] if planned.summary is not None else []) + without_orphans(body)
     count = count_tokens or estimated_tokens
     keys = thread.keys
-    for _ in range(MAX_READ_ATTEMPTS):
+    for _ in range(OPTIMISTIC_READS):
         (meta,) = yield Batch([("HMGET", keys.meta, "summary_last", "summary_seq", "deleted_before")])
         summary_last, summary_seq, deleted_before = meta
         summary: SummaryMessage | None = None
@@ -175,7 +188,61 @@ def context(thread: ThreadRef, max_tokens: int | None = None, count_tokens: Toke
         (now,) = yield Batch([("HGET", keys.meta, "summary_seq")])
         if now == summary_seq:
             return ([summary] if summary is not None else []) + without_orphans(body)
-    raise errors.ServerError("the thread was compacted under every read attempt; try again")
+    raise ChangedUnderReads("the thread was compacted under every read attempt")
+
+
+def _consistent_context(thread: ThreadRef, max_tokens: int | None, count_tokens: TokenCounter | None) -> Operation:
+    """context() from one read-only step (lua/read_range.lua): the summary, the messages after
+    its range (with a budget, the newest that the stored counts show are enough) and the
+    PAIR_LOOKBACK before it; the same cut and pair rules as the reads of several round trips."""
+    stored_counts = max_tokens is not None and count_tokens is None
+    read = yield from read_range(thread, ("summary", ""), ("", ""), "down", 0,
+                                 max_tokens if stored_counts else 0, PAIR_LOOKBACK)
+    count = count_tokens or estimated_tokens
+    summary: SummaryMessage | None = None
+    if read.summary is not None:
+        found = decode(thread, [read.summary[:2]], [])
+        summary = found[0] if found and isinstance(found[0], SummaryMessage) else None
+    newest_first = [r for r in read.records if r[0] != read.summary_seq]
+    left: int | None = None
+    if max_tokens is None:
+        kept = newest_first
+    else:
+        left = max_tokens
+        if stored_counts:
+            left -= read.summary[2] if read.summary is not None else 0
+        elif summary is not None:
+            left -= counted(count, summary, f"message {summary.id}")
+        kept = []
+        for record in newest_first:
+            if stored_counts:
+                tokens = record[2]
+            else:
+                (message,) = decode(thread, [record[:2]], []) or [None]
+                tokens = 0 if message is None else counted(count, message, f"message {message.id}")
+            if tokens > left:
+                left = 0
+                break
+            left -= tokens
+            kept.append(record)
+        left = max(left, 0)
+    body = decode(thread, [r[:2] for r in reversed(kept)], [])
+    if read.summary_last is not None and left != 0:
+        needed = {i for m in orphans(body) for i in answered_ids(m)}
+        lookback = decode(thread, [r[:2] for r in read.lookback], []) if needed else []
+        tokens_of = {r[0]: r[2] for r in read.lookback}
+        oldest = None
+        for at, message in enumerate(lookback):
+            if needed.intersection(opened_ids(message)):
+                oldest = at
+        extra = list(reversed(lookback[: oldest + 1])) if oldest is not None else []
+        if stored_counts:
+            cost = sum(tokens_of.get(m.seq_id, 0) for m in extra)
+        else:
+            cost = sum(counted(count, m, f"message {m.id}") for m in extra)
+        if extra and (left is None or cost <= left):
+            body = extra + body
+    return ([summary] if summary is not None else []) + without_orphans(body)
 
 
 # A sequence no message has (sequences stay exact in a double's 53 bits): the upper bound of a
