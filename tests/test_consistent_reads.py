@@ -163,15 +163,38 @@ def test_a_page_answers_with_messages_moving_after_every_round_trip(backend, nam
     store.close()
 
 
-def _compactor(url: str, namespace: str, seconds: float) -> None:
+def _compactor(url: str, namespace: str, seconds: float, every: int = 5, pause: float = 0.02) -> None:
     thread = MessageStore.from_url(url, StoreConfig(namespace=namespace, **SMALL)).thread("t")
     deadline = time.monotonic() + seconds
     i = 1000
     while time.monotonic() < deadline:
-        stored = fill(thread, 5, start=i)
-        i += 5
+        stored = fill(thread, every, start=i)
+        i += every
         thread.compact(f"up to {stored[-1].seq_id - 12}", last_sequence=stored[-1].seq_id - 12)
-        time.sleep(0.02)  # a summary takes a model call to write: compactions are not back to back
+        # A summary takes a model call to write: compactions are not back to back (but may be).
+        time.sleep(pause)
+
+
+def test_context_answers_every_call_during_back_to_back_compactions(make_thread, server, namespace, server_only):
+    """A second process compacting after every 3 appends, with no pause: every context() call
+    answers (with and without a budget), one state each."""
+    thread = make_thread("t", **SMALL)
+    fill(thread, 30)
+    worker = multiprocessing.get_context("spawn").Process(target=_compactor, args=(server.url, namespace, 1.5, 3, 0.0))
+    worker.start()
+    reads = 0
+    try:
+        while worker.is_alive() or reads < 20:
+            for messages, whole in ((thread.context(), True), (thread.context(max_tokens=400), False)):
+                summary, sequences = check_context(messages)
+                if summary is not None and sequences:
+                    covered = int(summary.summary.split()[-1])
+                    assert sequences[0] == covered + 1 if whole else sequences[0] > covered
+            reads += 1
+    finally:
+        worker.join(10)
+    assert worker.exitcode == 0
+    assert reads >= 20
 
 
 def test_context_during_another_process_s_compactions(make_thread, server, namespace, server_only):
@@ -321,12 +344,11 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from kvstore import AssistantMessage, ToolCallMessage, ToolReturnMessage  # noqa: E402
-from kvstore._engine import pages as pages_module  # noqa: E402
-from kvstore._engine import views as views_module  # noqa: E402
-from kvstore._engine.requests import ChangedUnderReads  # noqa: E402
 
 
 def _changed(*args, **kwargs):
+    from kvstore._engine.requests import ChangedUnderReads
+
     raise ChangedUnderReads("every optimistic try met a write")
     yield  # a generator, like the operation it stands for
 
@@ -387,6 +409,9 @@ def test_the_consistent_read_answers_what_the_reads_of_several_round_trips_answe
             thread.list(before=at + limit, limit=limit),
             [m.id for m in thread.iter()],
         )
+
+    from kvstore._engine import pages as pages_module
+    from kvstore._engine import views as views_module
 
     expected = reads()
     with monkeypatch.context() as patch:
