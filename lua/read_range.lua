@@ -16,12 +16,16 @@
 ---              counts, summed in walk order, pass it
 --- ARGV[8]      lookback (int): with lo_kind 'summary' and a summary, also the `lookback` records
 ---              at and before the summary's last sequence, newest first; 0 for none
+--- ARGV[9]      extras (str: '' | 'snapshot'): 'snapshot' also replies the summary (as lo_kind
+---              'summary' does) and, after the records, what stats() reads
 ---
 --- Reply: {deleted_before, summary_last, summary_seq, summary_record, summary_tokens,
 ---         n, sequence_1, record_1, tokens_1, ..., m, (the lookback's records likewise)}
 ---   summary_*: 0, 0, '', 0 without a summary or with another lo_kind. The n records are the
 ---   range's in walk order: every one, or at least the `need` (or those passing max_tokens)
----   first of the walk when the range holds them, and whole containers past them.
+---   first of the walk when the range holds them, and whole containers past them. With
+---   'snapshot' the reply goes on: k, meta's fields and values (k of them, flat), the window's,
+---   chunk index's and large index's ZCARD and the legacy hash's HLEN.
 --- Errors: KVS_CURSOR_NOT_FOUND, KVS_CURSOR_EXPIRED <deleted_before>. A key of another type
 ---   fails the command that reads it (nothing is written either way).
 --- @include "includes/cursors"
@@ -31,6 +35,7 @@
 local keys = thread_keys(KEYS)
 local lo_kind, lo_arg, hi_kind, hi_arg = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local walk, need, max_tokens, lookback = ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
+local snapshot = ARGV[9] == 'snapshot'
 
 local meta = redis.call('HMGET', keys.meta, 'deleted_before', 'last_seq', 'deleting', 'layout', 'migrated',
   'legacy_last', 'summary_last', 'summary_seq')
@@ -190,7 +195,7 @@ if deleted_before > 0 and lo < deleted_before - 1 then lo = deleted_before - 1 e
 if not hi or hi > last_seq + 1 then hi = last_seq + 1 end
 
 local reply = {deleted_before, 0, 0, '', 0}
-if lo_kind == 'summary' and summary_seq > 0 then
+if (lo_kind == 'summary' or snapshot) and summary_seq > 0 then
   reply[2], reply[3] = summary_last, summary_seq
   local found = walk_range(summary_seq - 1, summary_seq + 1, 'up', 1, 0)
   if found[1] then reply[4], reply[5] = found[1][2], found[1][3] end
@@ -212,5 +217,14 @@ if lo_kind == 'summary' and summary_seq > 0 and lookback > 0 then
   add(before)
 else
   add({})
+end
+if snapshot then
+  local fields = redis.call('HGETALL', keys.meta)
+  reply[#reply + 1] = #fields
+  for _, value in ipairs(fields) do reply[#reply + 1] = value end
+  reply[#reply + 1] = redis.call('ZCARD', keys.window)
+  reply[#reply + 1] = redis.call('ZCARD', keys.chunk_index)
+  reply[#reply + 1] = redis.call('ZCARD', keys.large_index)
+  reply[#reply + 1] = redis.call('HLEN', keys.legacy)
 end
 return reply

@@ -84,6 +84,7 @@ def run_every_script(store: Recorder, raw_client) -> None:
     store.run(read_range(ref, ("seq", "2"), ("id", newest.id), "up", 3))
     store.run(read_range(ref, ("id", oldest.id), ("seq", "99"), "down", 2))
     store.run(read_range(ref, ("", ""), ("", ""), "up"))
+    store.run(read_range(ref, ("", ""), ("", ""), "down", 201, extras="snapshot"))
     # A backup of it restored into another thread: restore and restore_state.
     backup = io.StringIO()
     cli_backup.export(store, "contract", backup, progress_out=io.StringIO())

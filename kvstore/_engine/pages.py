@@ -302,16 +302,20 @@ class RangeRead:
     summary: Counted | None
     records: list[Counted]
     lookback: list[Counted]
+    # With extras 'snapshot': meta's fields and values, and the window's, chunk index's, large
+    # index's and legacy hash's sizes (what stats() reads).
+    stats: tuple[list[Any], int, int, int, int] | None = None
 
 
 def read_range(
-    thread: ThreadRef, low: Bound, high: Bound, walk: str, need: int = 0, max_tokens: int = 0, lookback: int = 0
+    thread: ThreadRef, low: Bound, high: Bound, walk: str, need: int = 0, max_tokens: int = 0, lookback: int = 0,
+    extras: str = "",
 ) -> Operation:
     """The consistent read: one read-only script call (lua/read_range.lua). `low` may be
     ("summary", ""): the range after the context summary's last sequence."""
     reply = yield Eval(
         SCRIPTS["read_range"], thread.script_keys,
-        (low[0], low[1], high[0], high[1], walk, need, max_tokens, lookback),
+        (low[0], low[1], high[0], high[1], walk, need, max_tokens, lookback, extras),
     )
     deleted_before, summary_last, summary_seq, summary_record, summary_tokens = reply[:5]
     at = 5
@@ -329,6 +333,7 @@ def read_range(
         summary=(summary_seq, summary_record, int(summary_tokens)) if summary_seq and summary_record else None,
         records=sections[0],
         lookback=sections[1],
+        stats=(reply[at + 1 : at + 1 + int(reply[at])], *map(int, reply[at + 1 + int(reply[at]):])) if extras else None,
     )
 
 

@@ -19,8 +19,7 @@ from .pairs import PAIR_LOOKBACK, TokenCounter, answered_ids, counted, estimated
 from .reads import decode, fetch_sequences
 from .wire import record_tokens
 from .requests import (
-    MAX_LIMIT, MAX_READ_ATTEMPTS, OPTIMISTIC_READS, SNAPSHOT_SIZE, Batch, ChangedUnderReads, Cursor, Operation, ThreadRef,
-    changed_under_reads,
+    MAX_LIMIT, OPTIMISTIC_READS, SNAPSHOT_SIZE, Batch, ChangedUnderReads, Cursor, Operation, ThreadRef,
 )
 
 log = logging.getLogger("kvstore")
@@ -82,30 +81,51 @@ def snapshot(thread: ThreadRef) -> Operation:
     in between (last_seq, gen or summary_seq changed) makes the snapshot read again.
     """
     keys = thread.keys
-    for _ in range(MAX_READ_ATTEMPTS):
+    for _ in range(OPTIMISTIC_READS):
         meta, window, chunks, large, legacy = yield Batch(_stats_commands(keys))
         page = yield from list_page(thread, limit=SNAPSHOT_SIZE, order="desc")
         fields = {_text(k): _text(v) for k, v in meta.items()}
         (now,) = yield Batch([("HMGET", keys.meta, "last_seq", "gen", "summary_seq")])
         if [None if v is None else _text(v) for v in now] != [fields.get(f) for f in ("last_seq", "gen", "summary_seq")]:
             continue
-        turn = None
-        if fields.get("turn_id"):
-            turn = TurnState(
-                turn_id=fields["turn_id"],
-                sequence=int(fields["turn_seq"]),
-                outcome=fields.get("turn_outcome") or "open",
-            )
         unreadable = list(page.unreadable)
         summary = yield from _summary(thread, fields, unreadable)
-        return ThreadSnapshot(
-            messages=list(reversed(page.messages)),
-            summary=summary,
-            turn=turn,
-            stats=_stats_from(meta, window, chunks + large, legacy),
-            unreadable=sorted(set(unreadable)),
+        return _snapshot_of(meta, (window, chunks, large, legacy), list(reversed(page.messages)), summary, unreadable)
+    # Appends or moves landed under every try: one read-only step reads it all (read_range.lua).
+    read = yield from read_range(thread, ("", ""), ("", ""), "down", SNAPSHOT_SIZE + 1, extras="snapshot")
+    assert read.stats is not None
+    flat, *sizes = read.stats
+    unreadable: list[int] = []
+    newest_first = [(sequence, record) for sequence, record, _ in read.records[:SNAPSHOT_SIZE]]
+    messages = decode(thread, list(reversed(newest_first)), unreadable)
+    summary = None
+    if read.summary is not None:
+        found = decode(thread, [read.summary[:2]], unreadable)
+        summary = found[0] if found and isinstance(found[0], SummaryMessage) else None
+    return _snapshot_of(dict(zip(flat[::2], flat[1::2])), tuple(sizes), messages, summary, unreadable)
+
+
+def _snapshot_of(meta: dict, sizes: tuple[int, ...], messages: list[Message], summary: SummaryMessage | None,
+                 unreadable: list[int]) -> ThreadSnapshot:
+    """A snapshot from what one state of the thread holds: meta, the sizes stats() reads
+    (window, chunk index, large index, legacy hash), the newest messages oldest first, the
+    summary and the unreadable sequences."""
+    fields = {_text(k): _text(v) for k, v in meta.items()}
+    turn = None
+    if fields.get("turn_id"):
+        turn = TurnState(
+            turn_id=fields["turn_id"],
+            sequence=int(fields["turn_seq"]),
+            outcome=fields.get("turn_outcome") or "open",
         )
-    raise changed_under_reads()
+    window, chunks, large, legacy = sizes
+    return ThreadSnapshot(
+        messages=messages,
+        summary=summary,
+        turn=turn,
+        stats=_stats_from(meta, window, chunks + large, legacy),
+        unreadable=sorted(set(unreadable)),
+    )
 
 
 def _text(value: bytes | str) -> str:

@@ -137,7 +137,7 @@ def test_a_page_reads_in_one_step_when_gen_always_moves(thread, fake):
 
     plan, fetch = fake.plan(), fake.fetch(always_moving)
     records = [(s, encode_record(message(s)), 1) for s in range(3, 9)]
-    one_step = call("read_range", ("seq", "2", "", "", "up", 5, 0, 0),
+    one_step = call("read_range", ("seq", "2", "", "", "up", 5, 0, 0, ""),
                     reply=[0, 0, 0, b"", 0, len(records), *[v for r in records for v in r], 0])
     page = drive(core.list_page(thread, after=2, limit=4), repeat(plan, fetch, times=OPTIMISTIC_READS), one_step)
     assert seqs(page.messages) == [3, 4, 5, 6] and page.has_more and page.next_cursor == 6

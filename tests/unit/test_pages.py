@@ -183,7 +183,7 @@ def test_context_reads_in_one_step_when_every_pass_is_compacted_under_it(thread,
     # and the messages before it, in one step.
     summary_record = encode_record(summary(9))
     body = [(s, encode_record(message(s)), 1) for s in (11, 10, 8, 7)]
-    one_step = call("read_range", ("summary", "", "", "", "down", 0, 0, PAIR_LOOKBACK),
+    one_step = call("read_range", ("summary", "", "", "", "down", 0, 0, PAIR_LOOKBACK, ""),
                     reply=[5, 6, 9, summary_record, 1, len(body), *[v for r in body for v in r], 0])
     passes.times = OPTIMISTIC_READS
     messages = drive(core.context(thread), passes, one_step)
