@@ -443,3 +443,103 @@ def test_the_consistent_read_answers_what_the_reads_of_several_round_trips_answe
         patch.setattr(views_module, "_optimistic_context", _changed)
         patch.setattr(pages_module, "_optimistic_walk", _changed)
         assert reads() == expected
+
+
+# ------------------------------------------------- compaction and budgets cut off, then retried
+
+
+class Interrupted(BaseException):
+    """What cuts a sync call off (a signal's KeyboardInterrupt); asyncio's is CancelledError."""
+
+
+def cut_at(thread, mode: str, operation, at: int, sent: bool):
+    """Runs a core operation on the thread's store, cut off at its request `at` (before it is
+    sent, or after it ran and before its reply reached the caller), as a cancellation or a
+    timeout at that await would. Returns (finished, value)."""
+    import asyncio
+
+    inner = getattr(thread, "_thread", thread)
+    cut = asyncio.CancelledError if mode == "async" else Interrupted
+
+    def driven():
+        request, step = next(operation), 0
+        while True:
+            if step == at:
+                if sent:
+                    yield request
+                raise cut()
+            try:
+                try:
+                    reply = yield request
+                except Exception as exc:  # a typed error goes into the operation, as the store does
+                    request = operation.throw(exc)
+                else:
+                    request = operation.send(reply)
+            except StopIteration as done:  # it finished before request `at`
+                return done.value
+            step += 1
+
+    try:
+        result = inner._store.run(driven())
+        value = thread._loop.run_until_complete(result) if mode == "async" else result
+    except (Interrupted, asyncio.CancelledError):
+        return False, None
+    return True, value
+
+
+def summaries(thread) -> list:
+    return [m for m in thread.iter() if isinstance(m, SummaryMessage)]
+
+
+def test_a_compaction_cut_off_at_any_step_and_sent_again_keeps_its_promises(make_thread, mode):
+    """compact() with its pre-read, its script and the retention after it, cancelled (or timed
+    out) before or after each request, then called again as the caller holds it: one summary,
+    where an uninterrupted call puts it, retention finished; the answer is the first run's."""
+    from kvstore._engine.core import ThreadRef, compact
+
+    def made(name: str):
+        thread = make_thread(name, **SMALL)
+        fill(thread, 40)
+        return thread
+
+    reference = made("reference")
+    expected = reference.compact("up to 30", last_sequence=30)
+    expected_stats = reference.stats()
+    at = 0
+    while True:
+        for sent in (False, True):
+            thread = made(f"cut-{at}-{sent}")
+            ref = ThreadRef.of(StoreConfig(namespace=thread.keys.meta.split(":", 1)[0], **SMALL), f"cut-{at}-{sent}")
+            finished, _ = cut_at(thread, mode, compact(ref, "up to 30", 30), at, sent)
+            again = thread.compact("up to 30", last_sequence=30)
+            assert [m.id for m in summaries(thread)] == [again.id]
+            assert (again.summary, again.seq_id) == (expected.summary, expected.seq_id)
+            stats = thread.stats()
+            assert (stats.summary_last_sequence, stats.next_sequence, stats.deleted_before_sequence,
+                    stats.stored_messages) == (expected_stats.summary_last_sequence, expected_stats.next_sequence,
+                                               expected_stats.deleted_before_sequence, expected_stats.stored_messages)
+            assert [(m.seq_id, m.content) for m in thread.context()[1:]] == \
+                [(m.seq_id, m.content) for m in reference.context()[1:]]
+        if finished:
+            break
+        at += 1
+    assert at > 3  # the pre-read, the script and the retention were each cut off
+
+
+def test_a_budgeted_context_cut_off_at_any_step_and_asked_again_answers_the_same(make_thread, mode):
+    from kvstore._engine.core import ThreadRef, context
+
+    thread = make_thread("budget", **SMALL)
+    fill(thread, 40)
+    thread.compact("up to 25", last_sequence=25)
+    expected = thread.context(max_tokens=200)
+    ref = ThreadRef.of(StoreConfig(namespace=thread.keys.meta.split(":", 1)[0], **SMALL), "budget")
+    at = 0
+    while True:
+        finished, value = cut_at(thread, mode, context(ref, 200), at, at % 2 == 1)
+        assert thread.context(max_tokens=200) == expected
+        if finished:
+            assert value == expected
+            break
+        at += 1
+    assert at >= 2
