@@ -167,6 +167,33 @@ def test_snapshot_answers_with_an_append_after_every_round_trip(backend, namespa
     store.close()
 
 
+def test_get_answers_with_messages_moving_after_every_round_trip(backend, namespace):
+    """Messages rolled into chunks between each two round trips of get() (its locate and its
+    fetch never see one gen): it still answers, by id, otid and for a replay's read-back."""
+    from kvstore._engine.core import get, get_by_otid
+    from kvstore._engine.reads import fetch_sequences
+
+    config = StoreConfig(namespace=namespace, **SMALL)
+    store = make_sync_store(backend, config)
+    other = make_sync_store(backend, config).thread("t")
+    stored = fill(store.thread("t"), 30)
+    store.thread("t").append(UserMessage(content="with an otid", otid="o-1"))
+    appended = [30]
+
+    def append_a_chunk():
+        fill(other, 4, start=appended[0])
+        appended[0] += 4
+
+    ref = ThreadRef.of(config, "t")
+    found, steps = every_step(store, get(ref, stored[5].id), append_a_chunk)
+    assert steps > 3 and found == stored[5]
+    found, _ = every_step(store, get_by_otid(ref, "o-1"), append_a_chunk)
+    assert found.content == "with an otid"
+    found, _ = every_step(store, fetch_sequences(ref, [9, 3, 4]), append_a_chunk)
+    assert [m.id for m in found] == [stored[8].id, stored[2].id, stored[3].id]
+    store.close()
+
+
 def test_a_page_answers_with_messages_moving_after_every_round_trip(backend, namespace):
     """Appends that roll messages into chunks between each two round trips of a page read (its
     plan and its fetch never see one state): the page is still read, in one step."""

@@ -76,7 +76,7 @@ def run_every_script(store: Recorder, raw_client) -> None:
     thread.snapshot()
     thread.context()
     # The consistent reads (lua/read_range.lua) that page walks and context fall back on.
-    from kvstore._engine.pages import read_range
+    from kvstore._engine.reads import read_range
 
     ref = ThreadRef.of(store.config, "contract")
     store.run(read_range(ref, ("summary", ""), ("", ""), "down", 0, 50, 5))

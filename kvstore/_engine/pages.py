@@ -18,7 +18,7 @@ from ..models import MessagesPage
 from .keys import ThreadKeys
 from .plan import Bound, Plan, plan_walk
 from .prepare import check_token
-from .reads import decode, fetch_sequences
+from .reads import decode, fetch_sequences, read_range
 from .requests import (
     ITER_PAGE,
     MAX_LIMIT,
@@ -282,59 +282,6 @@ def _newest(thread: ThreadRef, need: int) -> Operation:
     if members and len(members) == last:
         return [(last - i, m) for i, m in enumerate(members)], False, int_or_zero(deleted_before)
     return None
-
-
-# ----------------------------------------------------------------------- consistent read
-
-# (sequence, record, stored token count)
-Counted = tuple[int, bytes, int]
-
-
-@dataclass(frozen=True, slots=True)
-class RangeRead:
-    """What lua/read_range.lua read in one step: the range's records in walk order (whole
-    containers: at least what the walk needs), and with a 'summary' bound the summary and the
-    records at and before its range, newest first."""
-
-    deleted_before: int
-    summary_last: int | None
-    summary_seq: int | None
-    summary: Counted | None
-    records: list[Counted]
-    lookback: list[Counted]
-    # With extras 'snapshot': meta's fields and values, and the window's, chunk index's, large
-    # index's and legacy hash's sizes (what stats() reads).
-    stats: tuple[list[Any], int, int, int, int] | None = None
-
-
-def read_range(
-    thread: ThreadRef, low: Bound, high: Bound, walk: str, need: int = 0, max_tokens: int = 0, lookback: int = 0,
-    extras: str = "",
-) -> Operation:
-    """The consistent read: one read-only script call (lua/read_range.lua). `low` may be
-    ("summary", ""): the range after the context summary's last sequence."""
-    reply = yield Eval(
-        SCRIPTS["read_range"], thread.script_keys,
-        (low[0], low[1], high[0], high[1], walk, need, max_tokens, lookback, extras),
-    )
-    deleted_before, summary_last, summary_seq, summary_record, summary_tokens = reply[:5]
-    at = 5
-    sections: list[list[Counted]] = []
-    for _ in range(2):
-        n = int(reply[at])
-        flat = reply[at + 1 : at + 1 + 3 * n]
-        sections.append([(int(flat[i]), flat[i + 1], int(flat[i + 2])) for i in range(0, len(flat), 3)])
-        at += 1 + 3 * n
-    summary_seq = int(summary_seq) or None
-    return RangeRead(
-        deleted_before=int(deleted_before),
-        summary_last=int(summary_last) if summary_seq else None,
-        summary_seq=summary_seq,
-        summary=(summary_seq, summary_record, int(summary_tokens)) if summary_seq and summary_record else None,
-        records=sections[0],
-        lookback=sections[1],
-        stats=(reply[at + 1 : at + 1 + int(reply[at])], *map(int, reply[at + 1 + int(reply[at]):])) if extras else None,
-    )
 
 
 # ------------------------------------------------------------------------------ turn page

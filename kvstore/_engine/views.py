@@ -14,9 +14,9 @@ from ..messages import Message, SummaryMessage
 from ..models import MessagesPage, ThreadSnapshot, ThreadStats, TurnState
 from .keys import ThreadKeys
 from .budget import budgeted_context, stored_tokens
-from .pages import gathering, list_page, pages, read_range
+from .pages import gathering, list_page, pages
 from .pairs import PAIR_LOOKBACK, TokenCounter, answered_ids, counted, estimated_tokens, opened_ids, orphans, without_orphans
-from .reads import decode, fetch_sequences
+from .reads import decode, fetch_sequences, read_range
 from .wire import record_tokens
 from .requests import (
     MAX_LIMIT, OPTIMISTIC_READS, SNAPSHOT_SIZE, Batch, ChangedUnderReads, Cursor, Operation, ThreadRef,
