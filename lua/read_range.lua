@@ -96,12 +96,14 @@ local function walk_range(lo, hi, walk, need, max_tokens)
   end
   local window_sequences = {}
   for i = 2, #window, 2 do window_sequences[#window_sequences + 1] = tonumber(window[i]) end
-  if #window_sequences > 0 then
-    local sides = redis.call('HMGET', keys.window_side, unpack(window_sequences))
-    for i, sequence in ipairs(window_sequences) do
-      local record = window[2 * i - 1]
-      local tokens = sides[i] and select(6, parse_side(sides[i])) or bytes_tokens(#record)
-      units[#units + 1] = {first = sequence, last = sequence, kind = 'w', record = record, tokens = tokens}
+  -- Side infos a thousand at a time (unpack's stack is bounded; a window may be configured large).
+  for from = 1, #window_sequences, 1000 do
+    local sides = redis.call('HMGET', keys.window_side, unpack(window_sequences, from, math.min(#window_sequences, from + 999)))
+    for i, side in ipairs(sides) do
+      local at = from + i - 1
+      local record = window[2 * at - 1]
+      local tokens = side and select(6, parse_side(side)) or bytes_tokens(#record)
+      units[#units + 1] = {first = window_sequences[at], last = window_sequences[at], kind = 'w', record = record, tokens = tokens}
     end
   end
   local large
