@@ -474,3 +474,54 @@ def test_a_call_answered_in_a_removed_turn_reopens_without_moving_a_reused_open_
     assert raw_client.zscore(thread.keys.pairs, "c:x") == 3
     thread.append(answer("x"))
     intact(raw_client, thread)
+
+
+TURN_STEPS = st.lists(
+    st.tuples(st.sampled_from(["call", "answer", "user", "turn"]), st.integers(0, 3), st.booleans()),
+    min_size=1,
+    max_size=20,
+)
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(steps=TURN_STEPS, removed=st.integers(0, 5))
+def test_removing_a_turn_by_its_own_state_decides_as_reading_the_whole_state(make_thread, raw_client, namespace,
+                                                                             steps, removed):
+    """The bounded plan (the turn's scores, its answers' links) refuses and reopens exactly as
+    the plan from every record does, on twin threads (one marked as checked before links)."""
+    import uuid
+
+    twins = [make_thread(f"twin-{uuid.uuid4().hex[:8]}", window_size=3, chunk_size=2, **STRICT) for _ in range(2)]
+    open_calls: set[str] = set()
+    turns: list[str] = []
+    for kind, n, in_turn in steps:
+        name = f"c{n}"
+        if kind == "call" and name not in open_calls:  # a call id is made again once answered
+            batch, open_calls = [call(name)], open_calls | {name}
+        elif kind == "answer" and name in open_calls:
+            batch, open_calls = [answer(name)], open_calls - {name}
+        elif kind == "turn":
+            turns.append(f"t{len(turns)}")
+            for thread in twins:
+                thread.start_turn(turns[-1])
+            continue
+        else:
+            batch = [UserMessage(content="hi")]
+        turn_id = turns[-1] if in_turn and turns else None
+        for thread in twins:
+            thread.append([m.model_copy() for m in batch], turn_id=turn_id)
+    links = [m for m in raw_client.zrange(twins[1].keys.pairs, 0, -1) if m.startswith(b"o")]
+    if links:
+        raw_client.zrem(twins[1].keys.pairs, *links)
+    raw_client.hset(twins[1].keys.meta, "checked", "1")
+    if not turns:
+        return
+    turn_id = turns[removed % len(turns)]
+    outcomes = []
+    for thread in twins:
+        try:
+            outcomes.append(("removed", thread.remove_turn(turn_id)))
+        except errors.HistoryConflict:
+            outcomes.append(("refused", None))
+        outcomes.append(open_pair_ids(raw_client, thread))
+    assert outcomes[:2] == outcomes[2:]
