@@ -303,7 +303,8 @@ class Thread(_Bound):
         From then on :meth:`context` starts at this summary, and retention may delete the
         oldest chunks the summary covers while keeping at least
         ``StoreConfig.retained_message_limit`` messages after them. Retry-safe: sending the same
-        `last_sequence` again returns the summary already stored. `stats` is the list API's
+        `last_sequence` again returns the summary already stored (the same summary and
+        `last_sequence`: also after another caller compacted further). `stats` is the list API's
         CompactionStats (a model or a dict); `tokens` the summary's token count (counted as
         append counts a message when not given).
 

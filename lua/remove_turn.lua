@@ -48,14 +48,15 @@ end
 
 local history_plan
 if redis.call('HEXISTS', keys.meta, 'checked') == 1 then
-  local whole = {}
+  local ranges, whole = {}, {}
   for k = turn.k0, turn.k1 do
     if turn.kept == 0 then break end
     local a, b = turn_range(keys, turn_id, turn, k)
+    ranges[#ranges + 1] = {a, b}
     for s = a, b do whole[s] = true end
   end
   local refusal
-  refusal, history_plan = plan_turn_removal(keys, limits, whole)
+  refusal, history_plan = plan_turn_removal(keys, limits, ranges, whole)
   if refusal then return refusal end
 end
 

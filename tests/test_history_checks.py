@@ -53,7 +53,7 @@ def approval(call_id: str, request_id: str | None = None, approve: bool = True) 
 
 
 def open_pair_ids(raw_client, thread) -> set[str]:
-    return {m.decode() for m in raw_client.zrange(thread.keys.pairs, 0, -1) if not m.startswith(b"m")}
+    return {m.decode() for m in raw_client.zrange(thread.keys.pairs, 0, -1) if not m.startswith((b"m", b"o"))}
 
 
 def intact(raw_client, thread, **config) -> None:
@@ -245,6 +245,29 @@ def test_removing_a_turn_keeps_the_pairs(make_thread, raw_client, namespace):
     intact(raw_client, thread)
 
 
+def test_a_thread_checked_before_answers_kept_their_calls_is_removed_by_its_whole_state(make_thread, raw_client, namespace):
+    """A thread whose state was written before answers kept their calls ('o' members, meta
+    checked 1) is planned from every record, as then: the same refusals, the same reopening."""
+    thread = make_thread("older-state", **STRICT)
+    thread.append(call("early"))
+    thread.start_turn("t1")
+    thread.append([call("inner"), answer("inner"), answer("early")], turn_id="t1")
+    thread.finish_turn("t1")
+    thread.start_turn("t2")
+    thread.append(call("late"), turn_id="t2")
+    thread.finish_turn("t2")
+    thread.append(answer("late"))
+    links = [m for m in raw_client.zrange(thread.keys.pairs, 0, -1) if m.startswith(b"o")]
+    assert len(links) == 3
+    raw_client.zrem(thread.keys.pairs, *links)
+    raw_client.hset(thread.keys.meta, "checked", "1")
+    assert thread.stats().history_checked
+    assert "tool call late" in refused_unchanged(raw_client, namespace, lambda: thread.remove_turn("t2"))
+    assert thread.remove_turn("t1") == 3
+    assert open_pair_ids(raw_client, thread) == {"c:early"}
+    thread.append(answer("early"))
+
+
 def test_a_turn_larger_than_one_removal_step_is_removed_with_its_pairs(make_thread, raw_client):
     from kvstore._engine.requests import REMOVE_TURN_STEP
 
@@ -380,3 +403,125 @@ def test_a_call_resent_by_redis_py_is_a_replay_not_a_second_answer(make_thread):
     assert [int(x) for x in execute()] == [1, 2]
     assert int(execute()[0]) == 0  # a replay: nothing stored again, nothing refused
     assert thread.stats().stored_messages == 3
+
+
+# --- bounded work -------------------------------------------------------------------------------
+
+# Shadows redis.call in one script run, counting every element the script's commands reply; the
+# count goes to a key the test reads. The script's own logic is left as it is.
+COUNTING = """
+local __call = redis.call
+local redis = setmetatable({call = function(...)
+  local reply = __call(...)
+  if type(reply) == 'table' then __call('INCRBY', COUNTER, #reply) end
+  return reply
+end}, {__index = redis})
+"""
+
+
+def removal_reads(raw_client, config: StoreConfig, thread_id: str, turn_id: str) -> tuple[int, list]:
+    """Runs lua/remove_turn.lua as the store sends it, returning the elements its commands read
+    and its reply."""
+    from kvstore._engine.core import ThreadRef
+    from kvstore._engine.requests import REMOVE_TURN_STEP
+    from kvstore._engine.scripts import SCRIPTS
+
+    ref = ThreadRef.of(config, thread_id)
+    counter = f"{config.namespace}:elements-read"
+    body = SCRIPTS["remove_turn"].source.split("\n", 1)[1]
+    raw_client.delete(counter)
+    reply = raw_client.eval(COUNTING.replace("COUNTER", repr(counter)) + body, len(ref.script_keys),
+                            *ref.script_keys, *ref.limits(), turn_id, REMOVE_TURN_STEP)
+    return int(raw_client.get(counter) or 0), reply
+
+
+def test_remove_turn_on_a_checked_thread_reads_what_the_turn_holds_not_the_thread(server_only, backend, raw_client, namespace):
+    """The removal's reads of the pairs state are bounded by the turn, whatever the thread's
+    length: a turn of 4 messages costs as much after 40 earlier messages as after 2,000."""
+    from .conftest import make_sync_store
+
+    reads = []
+    for thread_id, earlier_pairs in (("short", 20), ("long", 1000)):
+        config = StoreConfig(namespace=namespace, **STRICT)
+        store = make_sync_store(backend, config)
+        thread = store.thread(thread_id)
+        for start in range(0, earlier_pairs, 100):
+            thread.append([m for i in range(start, start + 100 if earlier_pairs > 100 else earlier_pairs)
+                           for m in (call(f"e{i}"), answer(f"e{i}"))])
+        thread.append(call("before-the-turn"))
+        thread.start_turn("t")
+        thread.append([call("x"), answer("x"), answer("before-the-turn"), AssistantMessage(content="done")], turn_id="t")
+        thread.finish_turn("t")
+        read, reply = removal_reads(raw_client, config, thread_id, "t")
+        assert [int(v) for v in reply] == [4, 0]
+        assert open_pair_ids(raw_client, thread) == {"c:before-the-turn"}
+        reads.append(read)
+        store.close()
+    assert reads[0] == reads[1], reads
+
+
+def test_a_call_answered_in_a_removed_turn_reopens_without_moving_a_reused_open_call(make_thread, raw_client):
+    """[1 call x] [turn: 2 return x] [3 call x, still open]: removing the turn opens the first
+    call again, and the pair id stays where its open use put it (3), so retention of message 1
+    does not close the call message 3 made."""
+    thread = make_thread("reused", **STRICT)
+    thread.append(call("x"))
+    thread.start_turn("t")
+    thread.append(answer("x"), turn_id="t")
+    thread.finish_turn("t")
+    thread.append(call("x"))
+    assert thread.remove_turn("t") == 1
+    assert raw_client.zscore(thread.keys.pairs, "c:x") == 3
+    thread.append(answer("x"))
+    intact(raw_client, thread)
+
+
+TURN_STEPS = st.lists(
+    st.tuples(st.sampled_from(["call", "answer", "user", "turn"]), st.integers(0, 3), st.booleans()),
+    min_size=1,
+    max_size=20,
+)
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(steps=TURN_STEPS, removed=st.integers(0, 5))
+def test_removing_a_turn_by_its_own_state_decides_as_reading_the_whole_state(make_thread, raw_client, namespace,
+                                                                             steps, removed):
+    """The bounded plan (the turn's scores, its answers' links) refuses and reopens exactly as
+    the plan from every record does, on twin threads (one marked as checked before links)."""
+    import uuid
+
+    twins = [make_thread(f"twin-{uuid.uuid4().hex[:8]}", window_size=3, chunk_size=2, **STRICT) for _ in range(2)]
+    open_calls: set[str] = set()
+    turns: list[str] = []
+    for kind, n, in_turn in steps:
+        name = f"c{n}"
+        if kind == "call" and name not in open_calls:  # a call id is made again once answered
+            batch, open_calls = [call(name)], open_calls | {name}
+        elif kind == "answer" and name in open_calls:
+            batch, open_calls = [answer(name)], open_calls - {name}
+        elif kind == "turn":
+            turns.append(f"t{len(turns)}")
+            for thread in twins:
+                thread.start_turn(turns[-1])
+            continue
+        else:
+            batch = [UserMessage(content="hi")]
+        turn_id = turns[-1] if in_turn and turns else None
+        for thread in twins:
+            thread.append([m.model_copy() for m in batch], turn_id=turn_id)
+    links = [m for m in raw_client.zrange(twins[1].keys.pairs, 0, -1) if m.startswith(b"o")]
+    if links:
+        raw_client.zrem(twins[1].keys.pairs, *links)
+    raw_client.hset(twins[1].keys.meta, "checked", "1")
+    if not turns:
+        return
+    turn_id = turns[removed % len(turns)]
+    outcomes = []
+    for thread in twins:
+        try:
+            outcomes.append(("removed", thread.remove_turn(turn_id)))
+        except errors.HistoryConflict:
+            outcomes.append(("refused", None))
+        outcomes.append(open_pair_ids(raw_client, thread))
+    assert outcomes[:2] == outcomes[2:]

@@ -75,6 +75,16 @@ def run_every_script(store: Recorder, raw_client) -> None:
     thread.finish_turn(lease)
     thread.snapshot()
     thread.context()
+    # The consistent reads (lua/read_range.lua) that page walks and context fall back on.
+    from kvstore._engine.reads import read_range
+
+    ref = ThreadRef.of(store.config, "contract")
+    store.run(read_range(ref, ("summary", ""), ("", ""), "down", 0, 50, 5))
+    oldest, *_, newest = thread.list(limit=3).messages
+    store.run(read_range(ref, ("seq", "2"), ("id", newest.id), "up", 3))
+    store.run(read_range(ref, ("id", oldest.id), ("seq", "99"), "down", 2))
+    store.run(read_range(ref, ("", ""), ("", ""), "up"))
+    store.run(read_range(ref, ("", ""), ("", ""), "down", 201, extras="snapshot"))
     # A backup of it restored into another thread: restore and restore_state.
     backup = io.StringIO()
     cli_backup.export(store, "contract", backup, progress_out=io.StringIO())

@@ -23,7 +23,7 @@ from typing import Any
 
 from ..messages import Message, SummaryMessage
 from .record import RecordError, decode_records
-from .requests import MAX_READ_ATTEMPTS, Batch, Operation, ThreadRef, changed_under_reads
+from .requests import OPTIMISTIC_READS, Batch, Operation, ThreadRef, changed_under_reads
 from .wire import (
     ChunkEntry,
     LargeEntry,
@@ -55,9 +55,10 @@ class Budgeted:
 
 def budgeted_context(thread: ThreadRef, max_tokens: int) -> Operation:
     """The summary and the newest messages whose stored counts fit `max_tokens` (Budgeted), in
-    two round trips; None when the thread cannot be planned from stored counts."""
+    two round trips; None when the thread cannot be planned from stored counts. ChangedUnderReads
+    when the thread changed under each try (context() then reads in one step)."""
     keys = thread.keys
-    for _ in range(MAX_READ_ATTEMPTS):
+    for _ in range(OPTIMISTIC_READS):
         meta, sides, chunk_members, large_members, legacy, again = yield Batch([
             ("HMGET", keys.meta, "gen", "last_seq", "summary_last", "summary_seq", "layout", "deleting",
              "deleted_before"),
@@ -285,7 +286,7 @@ def stored_tokens(thread: ThreadRef, sequences: list[int]) -> Operation:
         return {}
     keys = thread.keys
     low, high = min(sequences), max(sequences)
-    for _ in range(MAX_READ_ATTEMPTS):
+    for _ in range(OPTIMISTIC_READS):
         gen, sides, below, within, large, again = yield Batch([
             ("HGET", keys.meta, "gen"),
             ("HMGET", keys.window_side, *sequences),

@@ -4,6 +4,7 @@ and migrate (a layout-1 thread into chunks)."""
 from __future__ import annotations
 
 import logging
+import uuid
 from typing import Any
 
 from .. import errors
@@ -29,7 +30,8 @@ def compact(
     tokens: int | None = None,
 ) -> Operation:
     check_sequence(last_sequence, "last_sequence", errors.InvalidSummaryRange, low=1)
-    message = {"message_type": "summary_message", "summary": summary, "compaction_stats": stats}
+    message = {"message_type": "summary_message", "summary": summary, "compaction_stats": stats,
+               "id": summary_id(thread, summary, last_sequence)}
     prepared = prepare_batch(thread.config, message, None, None if tokens is None else [tokens], thread.count_tokens)
     try:
         last_sequence = yield from pair_boundary(thread, last_sequence)
@@ -68,6 +70,17 @@ def compact(
     except errors.ServerError as exc:
         raise read_back_failed("compact", [item.message], exc) from exc
     return item.message.model_copy(update={"seq_id": reply.summary_sequence})
+
+
+# Summary ids: uuid5 of (thread, last_sequence, summary) in this namespace.
+_SUMMARY_IDS = uuid.UUID("8c1d2f4a-6b3e-4d7a-9e15-2a7f0c9b3d68")
+
+
+def summary_id(thread: ThreadRef, summary: str, last_sequence: int) -> str:
+    """The id of the summary a compaction stores: the same for the same thread, range and text,
+    so that the call sent again (OutcomeUnknown says to) is a replay of its first run, found by
+    its id even after another compaction went further."""
+    return f"message-{uuid.uuid5(_SUMMARY_IDS, f'{thread.keys.meta}{chr(0)}{last_sequence}{chr(0)}{summary}')}"
 
 
 def replace(thread: ThreadRef, message_id: str, message: Message | dict, tokens: int | None = None) -> Operation:

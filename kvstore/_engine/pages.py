@@ -19,19 +19,19 @@ from .bounds import MAX_CURSOR
 from .keys import ThreadKeys
 from .plan import Bound, Plan, plan_walk
 from .prepare import check_token
-from .reads import decode, fetch_sequences
+from .reads import decode, fetch_sequences, read_range
 from .requests import (
     ITER_PAGE,
     MAX_LIMIT,
-    MAX_READ_ATTEMPTS,
     MAX_TOKEN_LENGTH,
+    OPTIMISTIC_READS,
     PLAN_MAX_CHUNKS,
     Batch,
+    ChangedUnderReads,
     Cursor,
     Eval,
     Operation,
     ThreadRef,
-    changed_under_reads,
     int_or_zero,
 )
 from .scripts import SCRIPTS
@@ -137,8 +137,23 @@ def gathering(operation: Generator[Any, Any, Any], sink: Callable[[Any], None]) 
 def _walk(thread: ThreadRef, low: Bound, high: Bound, walk: str, need: int) -> Operation:
     """Collects up to `limit` = need - 1 records of the range in walk order.
 
-    Returns (entries, has_more, deleted_before).
+    Returns (entries, has_more, deleted_before). When the thread changed under each optimistic
+    attempt (writes moving messages between the plan and the fetch), the range is read in one
+    step instead (lua/read_range.lua): a page always answers.
     """
+    try:
+        return (yield from _optimistic_walk(thread, low, high, walk, need))
+    except ChangedUnderReads:
+        read = yield from read_range(thread, low, high, walk, need)
+        entries = [(sequence, record) for sequence, record, _ in read.records]
+        if len(entries) >= need:
+            return entries[: need - 1], True, read.deleted_before
+        return entries, False, read.deleted_before
+
+
+def _optimistic_walk(thread: ThreadRef, low: Bound, high: Bound, walk: str, need: int) -> Operation:
+    """_walk from native reads, checked against meta's gen; ChangedUnderReads when every
+    attempt met the thread changing under it."""
     if walk == "down" and not low[0] and not high[0]:
         newest = yield from _newest(thread, need)
         if newest is not None:
@@ -160,8 +175,8 @@ def _walk(thread: ThreadRef, low: Bound, high: Bound, walk: str, need: int) -> O
         results = yield Batch([*fetch.commands, ("HGET", thread.keys.meta, "gen")])
         if int_or_zero(results[-1]) != plan.gen:
             attempts += 1
-            if attempts >= MAX_READ_ATTEMPTS:
-                raise changed_under_reads()
+            if attempts >= OPTIMISTIC_READS:
+                raise ChangedUnderReads("the thread changed under every page read attempt")
             continue
         collected += _merge(plan, fetch, results, upward)[: need - len(collected)]
         if len(collected) >= need:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .requests import MAX_READ_ATTEMPTS, Batch, Eval, Operation, ThreadRef, changed_under_reads, int_or_zero
+from .requests import OPTIMISTIC_READS, Batch, Eval, Operation, ThreadRef, changed_under_reads, int_or_zero
 from .scripts import SCRIPTS
 from .wire import ChunkEntry, LargeEntry
 
@@ -77,7 +77,7 @@ def _native_facts(
     """
     keys = thread.keys
     reads = _index_reads(thread, low, high, walk, need, max_chunks)
-    for _ in range(MAX_READ_ATTEMPTS):
+    for _ in range(OPTIMISTIC_READS):
         meta, legacy, near, chunks, large, again = yield Batch(
             [
                 ("HMGET", keys.meta, "gen", "deleted_before", "last_seq", "deleting", "layout"),

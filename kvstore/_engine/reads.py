@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from .. import errors
 from ..messages import Message
 from .record import decode_records
-from .requests import MAX_READ_ATTEMPTS, Batch, Eval, Operation, ThreadRef, changed_under_reads, int_or_zero
+from .requests import OPTIMISTIC_READS, Batch, Eval, Operation, ThreadRef, int_or_zero
 from .scripts import SCRIPTS
 from .wire import split_chunk
 
@@ -75,8 +76,12 @@ def _fetch_located(
 
 
 def locate_records(thread: ThreadRef, kind: str, targets: list[str]) -> Operation:
-    """(sequence, record) of each target that is stored, by sequence or by id, in order."""
-    for _ in range(MAX_READ_ATTEMPTS):
+    """(sequence, record) of each target that is stored, by sequence or by id, in order.
+
+    When messages moved between the locate and the fetch under each try, the records are read
+    by their sequences in one step each run of them (lua/read_range.lua): a message keeps its
+    sequence wherever it moves."""
+    for _ in range(OPTIMISTIC_READS):
         reply = yield Eval(SCRIPTS["locate"], thread.script_keys, (kind, *targets))
         gen, places = reply[0], reply[2:]
         wanted, commands = _record_reads(thread, places)
@@ -89,7 +94,27 @@ def locate_records(thread: ThreadRef, kind: str, targets: list[str]) -> Operatio
             if record is not None:
                 entries.append((sequence, record))
         return entries
-    raise changed_under_reads()
+    sequences = [int(places[i]) for i in range(0, len(places), 2) if int(places[i]) > 0]
+    found: dict[int, bytes] = {}
+    for first, last in _runs(sorted(set(sequences))):
+        read = yield from read_range(thread, ("seq", str(first - 1)), ("seq", str(last + 1)), "up")
+        found.update((sequence, record) for sequence, record, _ in read.records)
+    return [(sequence, found[sequence]) for sequence in sequences if sequence in found]
+
+
+# Sequences this close together are read by one read_range call (the gap's records with them).
+RUN_GAP = 64
+
+
+def _runs(sequences: list[int]) -> list[tuple[int, int]]:
+    """Sorted sequences as (first, last) runs, a gap of at most RUN_GAP inside each."""
+    runs: list[tuple[int, int]] = []
+    for sequence in sequences:
+        if runs and sequence - runs[-1][1] <= RUN_GAP:
+            runs[-1] = (runs[-1][0], sequence)
+        else:
+            runs.append((sequence, sequence))
+    return runs
 
 
 def _record_reads(thread: ThreadRef, places: list[Any]) -> tuple[list[int], list[tuple[Any, ...]]]:
@@ -111,3 +136,56 @@ def _record_reads(thread: ThreadRef, places: list[Any]) -> tuple[list[int], list
             continue
         wanted.append(sequence)
     return wanted, commands
+
+
+# ----------------------------------------------------------------------- consistent read
+
+# (sequence, record, stored token count)
+Counted = tuple[int, bytes, int]
+
+
+@dataclass(frozen=True, slots=True)
+class RangeRead:
+    """What lua/read_range.lua read in one step: the range's records in walk order (whole
+    containers: at least what the walk needs), and with a 'summary' bound the summary and the
+    records at and before its range, newest first."""
+
+    deleted_before: int
+    summary_last: int | None
+    summary_seq: int | None
+    summary: Counted | None
+    records: list[Counted]
+    lookback: list[Counted]
+    # With extras 'snapshot': meta's fields and values, and the window's, chunk index's, large
+    # index's and legacy hash's sizes (what stats() reads).
+    stats: tuple[list[Any], int, int, int, int] | None = None
+
+
+def read_range(
+    thread: ThreadRef, low: tuple[str, str], high: tuple[str, str], walk: str, need: int = 0, max_tokens: int = 0, lookback: int = 0,
+    extras: str = "",
+) -> Operation:
+    """The consistent read: one read-only script call (lua/read_range.lua). `low` may be
+    ("summary", ""): the range after the context summary's last sequence."""
+    reply = yield Eval(
+        SCRIPTS["read_range"], thread.script_keys,
+        (low[0], low[1], high[0], high[1], walk, need, max_tokens, lookback, extras),
+    )
+    deleted_before, summary_last, summary_seq, summary_record, summary_tokens = reply[:5]
+    at = 5
+    sections: list[list[Counted]] = []
+    for _ in range(2):
+        n = int(reply[at])
+        flat = reply[at + 1 : at + 1 + 3 * n]
+        sections.append([(int(flat[i]), flat[i + 1], int(flat[i + 2])) for i in range(0, len(flat), 3)])
+        at += 1 + 3 * n
+    summary_seq = int(summary_seq) or None
+    return RangeRead(
+        deleted_before=int(deleted_before),
+        summary_last=int(summary_last) if summary_seq else None,
+        summary_seq=summary_seq,
+        summary=(summary_seq, summary_record, int(summary_tokens)) if summary_seq and summary_record else None,
+        records=sections[0],
+        lookback=sections[1],
+        stats=(reply[at + 1 : at + 1 + int(reply[at])], *map(int, reply[at + 1 + int(reply[at]):])) if extras else None,
+    )

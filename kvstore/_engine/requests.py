@@ -46,6 +46,9 @@ SNAPSHOT_SIZE = 200
 PLAN_MAX_CHUNKS = 64
 # A read whose containers changed under it (rollover, deletion) is re-planned this many times.
 MAX_READ_ATTEMPTS = 20
+# A read with a consistent fallback (lua/read_range.lua: page walks, context) tries this many
+# times optimistically first.
+OPTIMISTIC_READS = 3
 MAX_TOKEN_LENGTH = 256
 TURN_OUTCOMES = ("completed", "steered", "cancelled", "failed")
 # The most messages one remove_turn call retracts; larger turns take several calls.
@@ -104,9 +107,14 @@ def int_or_zero(value: Any) -> int:
     return stored_int(value, "a stored number") if value is not None else 0
 
 
+class ChangedUnderReads(errors.ServerError):
+    """Every optimistic attempt of a read met the thread changing under it: a read with a
+    consistent fallback catches it and reads in one step instead."""
+
+
 def changed_under_reads() -> errors.ServerError:
     """What a read raises when every attempt met the thread changing under it."""
-    return errors.ServerError("the thread changed under every read attempt; try again")
+    return ChangedUnderReads("the thread changed under every read attempt; try again")
 
 
 # --------------------------------------------------------------------------------- writes

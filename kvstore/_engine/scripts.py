@@ -129,7 +129,7 @@ class Library:
 SCRIPT_NAMES = (
     "append", "compact", "retain", "start_turn", "finish_turn", "replace", "remove_turn", "delete",
     "migrate", "publish",
-    "page_plan", "locate", "turn_page", "restore", "restore_state",
+    "page_plan", "locate", "turn_page", "restore", "restore_state", "read_range",
 )
 SCRIPTS_BY_FILE: dict[str, Script] = {name: Script.load(name) for name in SCRIPT_NAMES}
 LIBRARY, SCRIPTS = Library.build(SCRIPT_NAMES)

@@ -17,9 +17,11 @@ from .keys import ThreadKeys
 from .budget import budgeted_context, stored_tokens
 from .pages import gathering, list_page, pages
 from .pairs import PAIR_LOOKBACK, TokenCounter, answered_ids, counted, estimated_tokens, opened_ids, orphans, without_orphans
-from .reads import fetch_sequences
+from .reads import decode, fetch_sequences, read_range
 from .wire import record_tokens, stored_int
-from .requests import MAX_LIMIT, MAX_READ_ATTEMPTS, SNAPSHOT_SIZE, Batch, Cursor, Operation, ThreadRef, changed_under_reads
+from .requests import (
+    MAX_LIMIT, OPTIMISTIC_READS, SNAPSHOT_SIZE, Batch, ChangedUnderReads, Cursor, Operation, ThreadRef,
+)
 
 log = logging.getLogger("kvstore")
 
@@ -66,7 +68,7 @@ def _stats_from(meta: dict, window: int, chunks: int, legacy: int) -> ThreadStat
         layout_version=layout,
         forked_from=_text(fields["fork_of"]) if "fork_of" in fields else None,
         fork_sequence=number("fork_at"),
-        history_checked=number("checked") == 1,
+        history_checked=(number("checked") or 0) > 0,
         # A thread no write has touched since meta kept a total: the rule on its stored bytes
         # (its first write counts each chunk and message, lua/includes/index.lua: ensure_tokens).
         tokens=number("tokens") if "tokens" in fields else record_tokens(number("bytes") or 0),
@@ -81,30 +83,51 @@ def snapshot(thread: ThreadRef) -> Operation:
     in between (last_seq, gen or summary_seq changed) makes the snapshot read again.
     """
     keys = thread.keys
-    for _ in range(MAX_READ_ATTEMPTS):
+    for _ in range(OPTIMISTIC_READS):
         meta, window, chunks, large, legacy = yield Batch(_stats_commands(keys))
         page = yield from list_page(thread, limit=SNAPSHOT_SIZE, order="desc")
         fields = {_text(k): _text(v) for k, v in meta.items()}
         (now,) = yield Batch([("HMGET", keys.meta, "last_seq", "gen", "summary_seq")])
         if [None if v is None else _text(v) for v in now] != [fields.get(f) for f in ("last_seq", "gen", "summary_seq")]:
             continue
-        turn = None
-        if fields.get("turn_id"):
-            turn = TurnState(
-                turn_id=fields["turn_id"],
-                sequence=stored_int(fields["turn_seq"], "meta field turn_seq"),
-                outcome=fields.get("turn_outcome") or "open",
-            )
         unreadable = list(page.unreadable)
         summary = yield from _summary(thread, fields, unreadable)
-        return ThreadSnapshot(
-            messages=list(reversed(page.messages)),
-            summary=summary,
-            turn=turn,
-            stats=_stats_from(meta, window, chunks + large, legacy),
-            unreadable=sorted(set(unreadable)),
+        return _snapshot_of(meta, (window, chunks, large, legacy), list(reversed(page.messages)), summary, unreadable)
+    # Appends or moves landed under every try: one read-only step reads it all (read_range.lua).
+    read = yield from read_range(thread, ("", ""), ("", ""), "down", SNAPSHOT_SIZE + 1, extras="snapshot")
+    assert read.stats is not None
+    flat, *sizes = read.stats
+    unreadable: list[int] = []
+    newest_first = [(sequence, record) for sequence, record, _ in read.records[:SNAPSHOT_SIZE]]
+    messages = decode(thread, list(reversed(newest_first)), unreadable)
+    summary = None
+    if read.summary is not None:
+        found = decode(thread, [read.summary[:2]], unreadable)
+        summary = found[0] if found and isinstance(found[0], SummaryMessage) else None
+    return _snapshot_of(dict(zip(flat[::2], flat[1::2])), tuple(sizes), messages, summary, unreadable)
+
+
+def _snapshot_of(meta: dict, sizes: tuple[int, ...], messages: list[Message], summary: SummaryMessage | None,
+                 unreadable: list[int]) -> ThreadSnapshot:
+    """A snapshot from what one state of the thread holds: meta, the sizes stats() reads
+    (window, chunk index, large index, legacy hash), the newest messages oldest first, the
+    summary and the unreadable sequences."""
+    fields = {_text(k): _text(v) for k, v in meta.items()}
+    turn = None
+    if fields.get("turn_id"):
+        turn = TurnState(
+            turn_id=fields["turn_id"],
+            sequence=stored_int(fields["turn_seq"], "meta field turn_seq"),
+            outcome=fields.get("turn_outcome") or "open",
         )
-    raise changed_under_reads()
+    window, chunks, large, legacy = sizes
+    return ThreadSnapshot(
+        messages=messages,
+        summary=summary,
+        turn=turn,
+        stats=_stats_from(meta, window, chunks + large, legacy),
+        unreadable=sorted(set(unreadable)),
+    )
 
 
 def _text(value: bytes | str) -> str:
@@ -131,6 +154,16 @@ def context(thread: ThreadRef, max_tokens: int | None = None, count_tokens: Toke
     """
     if max_tokens is not None and not bounded(max_tokens, 1, MAX_THREAD_TOKENS):
         raise errors.InvalidCursor(f"max_tokens must be an int from 1 to {MAX_THREAD_TOKENS} (2**52), got {max_tokens!r:.80}")
+    try:
+        return (yield from _optimistic_context(thread, max_tokens, count_tokens))
+    except ChangedUnderReads:
+        # Writes changed the thread under every try: one read-only step reads it whole.
+        return (yield from _consistent_context(thread, max_tokens, count_tokens))
+
+
+def _optimistic_context(thread: ThreadRef, max_tokens: int | None, count_tokens: TokenCounter | None) -> Operation:
+    """context() from reads of several round trips, compared after them; ChangedUnderReads
+    when a compaction landed under each try."""
     if max_tokens is not None and count_tokens is None:
         planned = yield from budgeted_context(thread, max_tokens)
         if planned is not None:
@@ -144,7 +177,7 @@ def context(thread: ThreadRef, max_tokens: int | None = None, count_tokens: Toke
             return ([planned.summary] if planned.summary is not None else []) + without_orphans(body)
     count = count_tokens or estimated_tokens
     keys = thread.keys
-    for _ in range(MAX_READ_ATTEMPTS):
+    for _ in range(OPTIMISTIC_READS):
         (meta,) = yield Batch([("HMGET", keys.meta, "summary_last", "summary_seq", "deleted_before")])
         summary_last, summary_seq, deleted_before = meta
         summary: SummaryMessage | None = None
@@ -177,7 +210,61 @@ def context(thread: ThreadRef, max_tokens: int | None = None, count_tokens: Toke
         (now,) = yield Batch([("HGET", keys.meta, "summary_seq")])
         if now == summary_seq:
             return ([summary] if summary is not None else []) + without_orphans(body)
-    raise errors.ServerError("the thread was compacted under every read attempt; try again")
+    raise ChangedUnderReads("the thread was compacted under every read attempt")
+
+
+def _consistent_context(thread: ThreadRef, max_tokens: int | None, count_tokens: TokenCounter | None) -> Operation:
+    """context() from one read-only step (lua/read_range.lua): the summary, the messages after
+    its range (with a budget, the newest that the stored counts show are enough) and the
+    PAIR_LOOKBACK before it; the same cut and pair rules as the reads of several round trips."""
+    stored_counts = max_tokens is not None and count_tokens is None
+    read = yield from read_range(thread, ("summary", ""), ("", ""), "down", 0,
+                                 max_tokens if stored_counts else 0, PAIR_LOOKBACK)
+    count = count_tokens or estimated_tokens
+    summary: SummaryMessage | None = None
+    if read.summary is not None:
+        found = decode(thread, [read.summary[:2]], [])
+        summary = found[0] if found and isinstance(found[0], SummaryMessage) else None
+    newest_first = [r for r in read.records if r[0] != read.summary_seq]
+    left: int | None = None
+    if max_tokens is None:
+        kept = newest_first
+    else:
+        left = max_tokens
+        if stored_counts:
+            left -= read.summary[2] if read.summary is not None else 0
+        elif summary is not None:
+            left -= counted(count, summary, f"message {summary.id}")
+        kept = []
+        for record in newest_first:
+            if stored_counts:
+                tokens = record[2]
+            else:
+                (message,) = decode(thread, [record[:2]], []) or [None]
+                tokens = 0 if message is None else counted(count, message, f"message {message.id}")
+            if tokens > left:
+                left = 0
+                break
+            left -= tokens
+            kept.append(record)
+        left = max(left, 0)
+    body = decode(thread, [r[:2] for r in reversed(kept)], [])
+    if read.summary_last is not None and left != 0:
+        needed = {i for m in orphans(body) for i in answered_ids(m)}
+        lookback = decode(thread, [r[:2] for r in read.lookback], []) if needed else []
+        tokens_of = {r[0]: r[2] for r in read.lookback}
+        oldest = None
+        for at, message in enumerate(lookback):
+            if needed.intersection(opened_ids(message)):
+                oldest = at
+        extra = list(reversed(lookback[: oldest + 1])) if oldest is not None else []
+        if stored_counts:
+            cost = sum(tokens_of.get(m.seq_id, 0) for m in extra)
+        else:
+            cost = sum(counted(count, m, f"message {m.id}") for m in extra)
+        if extra and (left is None or cost <= left):
+            body = extra + body
+    return ([summary] if summary is not None else []) + without_orphans(body)
 
 
 # A sequence no message has (sequences stay exact in a double's 53 bits): the upper bound of a

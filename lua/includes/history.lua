@@ -11,11 +11,16 @@
 -- The thread's state is the sorted set `pairs`:
 -- - member <pair id>, score = the sequence of the message that opened it: a pair id open now;
 -- - member 'm<sequence>\t<that message's pairs argument>', score = the sequence: what a stored
---   message opens and answers, for replace and remove_turn (pair ids never start with 'm').
--- Both go with retention (the scores below deleted_before) and with delete. meta 'checked' = 1
--- says the state covers the thread from its first message: only such a thread is checked. A
--- write without strict checks to a checked thread drops the state (its messages' pairs are not
--- known), and the thread is not checked from then on.
+--   message opens and answers, for replace and remove_turn (pair ids never start with 'm');
+-- - member 'o<sequence>\t<opener>\t<pair id>', score = the sequence: an answer of the message
+--   at that sequence and the sequence of the message whose call it answered, so that remove_turn
+--   reads only the scores of the turn's own messages.
+-- All go with retention (the scores below deleted_before) and with delete. meta 'checked' says
+-- the state covers the thread from its first message: only such a thread is checked; '2' (since
+-- answers keep their 'o' member) lets remove_turn read by the turn's sequences, '1' (a thread
+-- checked before) makes it read the whole state. A write without strict checks to a checked
+-- thread drops the state (its messages' pairs are not known), and the thread is not checked
+-- from then on.
 
 -- The items of a pairs argument, as a list of {op, pair id}; nil for a malformed one.
 local function parse_pairs(spec)
@@ -78,7 +83,9 @@ local function check_history(keys, batch, limits, meta, lenient)
     return nil
   end
   if not history_tracked(meta, limits) then return nil end
-  local history = {states = {}, order = {}, mark = meta.checked == 0, any = false}
+  local history = {states = {}, order = {}, mark = meta.checked == 0, any = false, answers = {}}
+  -- Answers keep their openers ('o' members) on a thread marked '2', or one this call marks.
+  local linked = meta.checked ~= 1
   local states, order = history.states, history.order
   for i = 1, #batch.ids do
     local spec = batch.pairs[i]
@@ -89,19 +96,24 @@ local function check_history(keys, batch, limits, meta, lenient)
         local op, pair_id = item[1], item[2]
         local state = states[pair_id]
         if op == '-' then
-          local open
+          -- opener: the batch position (a number) or the stored sequence (a string) of the call
+          local open, opener
           if state then
             open = state.open
+            if open then opener = state.at end
           elseif history.any then
-            open = redis.call('ZSCORE', keys.pairs, pair_id) ~= false
+            opener = redis.call('ZSCORE', keys.pairs, pair_id)
+            open = opener ~= false
           else
             -- The first read of the key doubles as its type check.
             local score = redis.pcall('ZSCORE', keys.pairs, pair_id)
             if type(score) == 'table' and score.err then
               return check_key_types({{keys.pairs, 'zset'}}) or redis.error_reply(tostring(score.err))
             end
-            open, history.any = score ~= false, true
+            open, history.any, opener = score ~= false, true, score
           end
+          if type(opener) == 'string' then opener = string.format('%d', tonumber(opener)) end
+          if open and linked then history.answers[#history.answers + 1] = {i, pair_id, opener} end
           if not open and not lenient then
             return history_error(string.format('message %d (%s) answers %s, which is not open in the thread: never made, or already answered',
               i - 1, batch.ids[i], pair_name(pair_id)))
@@ -131,7 +143,7 @@ end
 -- Drops the thread's state: a write the state does not cover.
 local function drop_history(keys)
   redis.call('HDEL', keys.meta, 'checked')
-  redis.call('DEL', keys.pairs)
+  redis.call('UNLINK', keys.pairs)
 end
 
 -- Writes what check_history decided, for the batch stored from sequence `first`: one ZREM of
@@ -141,7 +153,7 @@ local function apply_history(keys, batch, first)
   local history = batch.history
   if history == 'drop' then return drop_history(keys) end
   if not history then return end
-  if history.mark then redis.call('HSET', keys.meta, 'checked', '1') end
+  if history.mark then redis.call('HSET', keys.meta, 'checked', '2') end
   if not history.any then return end
   local answered, added = {}, {}
   -- In the order the pair ids came (a table's own order is not the same on every server).
@@ -158,6 +170,12 @@ local function apply_history(keys, batch, first)
       added[#added + 1] = first + i - 1
       added[#added + 1] = 'm' .. fmt(first + i - 1) .. '\t' .. spec
     end
+  end
+  for _, answer in ipairs(history.answers) do
+    local i, pair_id, opener = answer[1], answer[2], answer[3]
+    if type(opener) == 'number' then opener = first + opener - 1 end
+    added[#added + 1] = first + i - 1
+    added[#added + 1] = 'o' .. (first + i - 1) .. '\t' .. opener .. '\t' .. pair_id
   end
   if #answered > 0 then redis.call('ZREM', keys.pairs, unpack(answered)) end
   if #added > 0 then redis.call('ZADD', keys.pairs, 'NX', unpack(added)) end
@@ -191,66 +209,110 @@ local function check_replacement(keys, limits, sequence, spec)
   return nil
 end
 
--- Plans a turn removal, before any write. `turn` is the set of every sequence the turn still
--- holds. Reads every pairs record of the thread, oldest first (a removal is rare, and the
--- records are bounded by retention). Returns an error reply when a message after the turn
--- answers a call the turn opened (removing the turn would orphan it); else nil and the plan
--- remove_history applies ('drop' without strict checks on a checked thread, nil for a thread
--- not checked).
-local function plan_turn_removal(keys, limits, turn)
-  local checked = redis.call('HGET', keys.meta, 'checked')
-  if not checked then return nil end
-  if not limits.strict_history then return nil, 'drop' end
+-- The same plan from every record of the thread, oldest first: for a thread checked before
+-- answers kept their openers (meta checked '1'), bounded by retention only.
+local function plan_turn_removal_scan(keys, turn)
   local members = redis.call('ZRANGE', keys.pairs, '-inf', '+inf', 'BYSCORE', 'WITHSCORES')
-  local opener, records = {}, {}
+  local opener, answers = {}, {}
   for i = 1, #members, 2 do
     local member = members[i]
     if string.sub(member, 1, 1) == 'm' then
       local sequence = tonumber(members[i + 1])
       local tab = string.find(member, '\t', 2, true)
       local items = (tab and parse_pairs(string.sub(member, tab + 1))) or {}
-      local record = turn[sequence] and {member = member, opens = {}, answers = {}}
       for _, item in ipairs(items) do
         local op, pair_id = item[1], item[2]
         if op == '+' then
           opener[pair_id] = sequence
-          if record then record.opens[#record.opens + 1] = pair_id end
-        elseif record then
-          record.answers[#record.answers + 1] = {pair_id, opener[pair_id]}
+        elseif turn[sequence] then
+          if opener[pair_id] then
+            answers[sequence] = answers[sequence] or {}
+            table.insert(answers[sequence], {pair_id, opener[pair_id]})
+          end
         elseif opener[pair_id] and turn[opener[pair_id]] then
           return history_error(string.format('removing the turn would leave the message at sequence %d answering %s, which the turn made',
             sequence, pair_name(pair_id)))
         end
       end
-      if record then records[sequence] = record end
     end
   end
-  return nil, {records = records, turn = turn}
+  return nil, {answers = answers, turn = turn}
 end
 
--- Applies a removal plan to the messages this call removes (`sequences`): their records go,
--- the calls they made go, and a call they answered is open again when it was made before the
--- turn (and is still stored).
-local function remove_history(keys, plan, sequences)
-  if plan == 'drop' then return drop_history(keys) end
-  if not plan then return end
-  local gone, reopened = {}, {}
-  for _, sequence in ipairs(sequences) do
-    local record = plan.records[sequence]
-    if record then
-      gone[#gone + 1] = record.member
-      for _, pair_id in ipairs(record.opens) do
-        if tonumber(redis.call('ZSCORE', keys.pairs, pair_id)) == sequence then gone[#gone + 1] = pair_id end
-      end
-      for _, answer in ipairs(record.answers) do
-        local pair_id, opened_at = answer[1], answer[2]
-        if opened_at and not plan.turn[opened_at] then
-          reopened[#reopened + 1] = opened_at
-          reopened[#reopened + 1] = pair_id
+-- Plans a turn removal, before any write. `ranges` are the turn's sequence ranges ({a, b}, all of
+-- them) and `turn` the set of their sequences. On a thread marked '2' it reads only the state
+-- scored inside the ranges (the turn's records and answers, the calls it opened) and one ZSCORE
+-- per call the turn made; on one marked '1', every record (plan_turn_removal_scan). Returns an
+-- error reply when a message outside the turn answers a call the turn made (removing the turn
+-- would orphan it); else nil and the plan remove_history applies ('drop' without strict checks
+-- on a checked thread, nil for a thread not checked).
+local function plan_turn_removal(keys, limits, ranges, turn)
+  local checked = redis.call('HGET', keys.meta, 'checked')
+  if not checked then return nil end
+  if not limits.strict_history then return nil, 'drop' end
+  if checked ~= '2' then return plan_turn_removal_scan(keys, turn) end
+  local answers, opened, answered_inside = {}, {}, {}
+  for _, range in ipairs(ranges) do
+    local members = redis.call('ZRANGE', keys.pairs, range[1], range[2], 'BYSCORE', 'WITHSCORES')
+    for i = 1, #members, 2 do
+      local member, sequence = members[i], tonumber(members[i + 1])
+      local kind = string.sub(member, 1, 1)
+      local tab = string.find(member, '\t', 2, true)
+      if kind == 'm' and tab then
+        for _, item in ipairs(parse_pairs(string.sub(member, tab + 1)) or {}) do
+          if item[1] == '+' then opened[#opened + 1] = {sequence, item[2]} end
+        end
+      elseif kind == 'o' and tab then
+        local second = string.find(member, '\t', tab + 1, true)
+        if second then
+          local opener, pair_id = tonumber(string.sub(member, tab + 1, second - 1)), string.sub(member, second + 1)
+          answered_inside[opener .. '\t' .. pair_id] = true
+          answers[sequence] = answers[sequence] or {}
+          table.insert(answers[sequence], {pair_id, opener})
         end
       end
     end
   end
-  if #gone > 0 then redis.call('ZREM', keys.pairs, unpack(gone)) end
-  if #reopened > 0 then redis.call('ZADD', keys.pairs, unpack(reopened)) end
+  -- A call the turn made at s is open still (scored s, or before s when it was open already), or
+  -- was answered once: by a message of the turn, or by one outside it.
+  for _, open in ipairs(opened) do
+    local sequence, pair_id = open[1], open[2]
+    local score = tonumber(redis.call('ZSCORE', keys.pairs, pair_id))
+    if not (score and score <= sequence) and not answered_inside[sequence .. '\t' .. pair_id] then
+      return history_error(string.format('removing the turn would leave a later message answering %s, which the turn made at sequence %d',
+        pair_name(pair_id), sequence))
+    end
+  end
+  return nil, {answers = answers, turn = turn}
+end
+
+-- Applies a removal plan to the messages this call removes (`sequences`, ascending): the state
+-- scored at their sequences goes (their records and answers, the calls they opened that are
+-- open at their sequence), and a call they answered is open again when it was made before the
+-- turn and is still stored, at its own sequence unless its pair id is open already (a later
+-- call with the same id keeps its sequence).
+local function remove_history(keys, plan, sequences)
+  if plan == 'drop' then return drop_history(keys) end
+  if not plan or #sequences == 0 then return end
+  local deleted_before = tonumber(redis.call('HGET', keys.meta, 'deleted_before') or '0')
+  local run_first, run_last = sequences[1], sequences[1]
+  for i = 2, #sequences + 1 do
+    local sequence = sequences[i]
+    if sequence ~= run_last + 1 then
+      redis.call('ZREMRANGEBYSCORE', keys.pairs, run_first, run_last)
+      run_first = sequence
+    end
+    run_last = sequence
+  end
+  local reopened = {}
+  for _, sequence in ipairs(sequences) do
+    for _, answer in ipairs(plan.answers[sequence] or {}) do
+      local pair_id, opened_at = answer[1], answer[2]
+      if not plan.turn[opened_at] and opened_at >= deleted_before then
+        reopened[#reopened + 1] = opened_at
+        reopened[#reopened + 1] = pair_id
+      end
+    end
+  end
+  if #reopened > 0 then redis.call('ZADD', keys.pairs, 'NX', unpack(reopened)) end
 end

@@ -21,7 +21,10 @@ from kvstore._engine.core import (
 from kvstore._engine.scripts import SCRIPTS
 
 from .driver import batch, call, collect, drive, repeat
-from .layout import FakeThread, seqs, summary
+from .layout import FakeThread, message, seqs, summary
+from kvstore._engine.pairs import PAIR_LOOKBACK
+from kvstore._engine.record import encode_record
+from kvstore._engine.requests import OPTIMISTIC_READS
 
 
 def chunked(fake: FakeThread, total: int = 12) -> FakeThread:
@@ -160,7 +163,7 @@ def test_context_reads_again_when_a_compaction_lands_in_between(thread, fake):
     assert messages[0].summary == "the newer summary"
 
 
-def test_context_gives_up_when_every_pass_is_compacted_under_it(thread, fake):
+def test_context_reads_in_one_step_when_every_pass_is_compacted_under_it(thread, fake):
     with_summary(fake)
 
     def compacted_again(request):
@@ -176,8 +179,15 @@ def test_context_gives_up_when_every_pass_is_compacted_under_it(thread, fake):
         fake.fetch(),
         batch([("HGET", keys.meta, "summary_seq")], reply=compacted_again),
     )
-    with pytest.raises(errors.ServerError, match="compacted under every read attempt"):
-        drive(core.context(thread), passes)
+    # After the optimistic passes, lua/read_range.lua reads the summary, what follows its range
+    # and the messages before it, in one step.
+    summary_record = encode_record(summary(9))
+    body = [(s, encode_record(message(s)), 1) for s in (11, 10, 8, 7)]
+    one_step = call("read_range", ("summary", "", "", "", "down", 0, 0, PAIR_LOOKBACK, ""),
+                    reply=[5, 6, 9, summary_record, 1, len(body), *[v for r in body for v in r], 0])
+    passes.times = OPTIMISTIC_READS
+    messages = drive(core.context(thread), passes, one_step)
+    assert seqs(messages) == [9, 7, 8, 10, 11]
 
 
 def test_context_without_a_summary_is_every_message_and_warns_of_retention(thread, fake, caplog):

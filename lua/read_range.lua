@@ -1,0 +1,232 @@
+#!lua flags=no-writes
+--- Reads a range of the thread's messages, records included, in one step: the consistent read
+--- that a read of several round trips (a page walk, context) falls back on when writes changed
+--- the thread under each of its optimistic tries (kvstore/_engine/pages.py, views.py). It reads
+--- whole containers, in walk order, until they hold what the walk needs; the client cuts.
+---
+--- KEYS[1..12]  the thread's keys (includes/thread.lua: thread_keys; docs/LAYOUT.md)
+--- ARGV[1]      lo_kind (str: '' | 'seq' | 'id' | 'summary'): the exclusive lower bound of the
+---              range; 'summary': the context summary's last sequence (0 without a summary)
+--- ARGV[2]      lo (str): a sequence or a message id, '' for none
+--- ARGV[3]      hi_kind (str: '' | 'seq' | 'id'): the exclusive upper bound of the range
+--- ARGV[4]      hi (str): a sequence or a message id, '' for none
+--- ARGV[5]      walk (str: 'up' | 'down'): which end of the range the read starts from
+--- ARGV[6]      need (int): the records the walk needs, 0 for every record of the range
+--- ARGV[7]      max_tokens (int): 0 for none; else the walk needs the records whose stored
+---              counts, summed in walk order, pass it
+--- ARGV[8]      lookback (int): with lo_kind 'summary' and a summary, also the `lookback` records
+---              at and before the summary's last sequence, newest first; 0 for none
+--- ARGV[9]      extras (str: '' | 'snapshot'): 'snapshot' also replies the summary (as lo_kind
+---              'summary' does) and, after the records, what stats() reads
+---
+--- Reply: {deleted_before, summary_last, summary_seq, summary_record, summary_tokens,
+---         n, sequence_1, record_1, tokens_1, ..., m, (the lookback's records likewise)}
+---   summary_*: 0, 0, '', 0 without a summary or with another lo_kind. The n records are the
+---   range's in walk order: every one, or at least the `need` (or those passing max_tokens)
+---   first of the walk when the range holds them, and whole containers past them. With
+---   'snapshot' the reply goes on: k, meta's fields and values (k of them, flat), the window's,
+---   chunk index's and large index's ZCARD and the legacy hash's HLEN.
+--- Errors: KVS_CURSOR_NOT_FOUND, KVS_CURSOR_EXPIRED <deleted_before>. A key of another type
+---   fails the command that reads it (nothing is written either way).
+--- @include "includes/cursors"
+--- @include "includes/thread"
+--- @include "includes/format"
+
+local keys = thread_keys(KEYS)
+local lo_kind, lo_arg, hi_kind, hi_arg = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local walk, need, max_tokens, lookback = ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
+local snapshot = ARGV[9] == 'snapshot'
+
+local meta = redis.call('HMGET', keys.meta, 'deleted_before', 'last_seq', 'deleting', 'layout', 'migrated',
+  'legacy_last', 'summary_last', 'summary_seq')
+local deleted_before = tonumber(meta[1] or '0')
+local last_seq = tonumber(meta[2] or '0')
+local deleting, layout = meta[3], meta[4]
+local summary_last, summary_seq = tonumber(meta[7] or '0'), tonumber(meta[8] or '0')
+-- A thread being deleted (lua/delete.lua) reads as empty, whatever it still holds.
+if deleting then deleted_before, last_seq, summary_last, summary_seq = 0, 0, 0, 0 end
+
+-- A layout-1 thread's legacy messages not yet migrated (as lua/page_plan.lua finds them).
+local legacy_first, legacy_last = 0, 0
+if not deleting and (layout == '1' or (not layout and redis.call('EXISTS', keys.legacy) == 1)) then
+  local first = tonumber(meta[5] or '0') + 1
+  local last = tonumber(meta[6] or '') or math.max(last_seq, redis.call('HLEN', keys.legacy))
+  if last >= first then legacy_first, legacy_last = first, last end
+  if last > last_seq then last_seq = last end
+end
+
+-- The records of chunk `first` (normal or oversized) inside (lo, hi) as {sequence, record, tokens}.
+local function chunk_records(first, lo, hi, out)
+  local found = redis.call('HMGET', keys.chunk_prefix .. fmt(first), '_m', 'd')
+  local manifest, data = found[1], found[2]
+  if not manifest or not data then return 0, 0 end
+  local offset, count, tokens = 1, 0, 0
+  for line_sequence, side in manifest_lines(manifest) do
+    local _, _, _, bytes, _, m_tokens = parse_side(side)
+    if not bytes then break end
+    local sequence = tonumber(line_sequence)
+    if sequence > lo and sequence < hi then
+      out[#out + 1] = {sequence, string.sub(data, offset, offset + bytes - 1), m_tokens}
+      count, tokens = count + 1, tokens + m_tokens
+    end
+    offset = offset + bytes
+  end
+  return count, tokens
+end
+
+-- The records of a walk over (lo, hi), in walk order. Units (window messages, oversized
+-- messages, chunks, the legacy range) are taken in walk order until their records in the range
+-- hold `need` (or pass max_tokens); chunks are disjoint and older than the window, so every
+-- record not taken lies past the units taken, but for an oversized message inside a taken
+-- chunk's span, which is taken too.
+local function walk_range(lo, hi, walk, need, max_tokens)
+  local records = {}
+  if hi - lo <= 1 then return records end
+  local up = walk == 'up'
+  -- With a count to reach, `need` of each kind in walk order suffice (a chunk more: the one
+  -- across the range's far bound may hold none of it).
+  local limit = (need > 0 and max_tokens == 0) and {'LIMIT', 0, need} or {}
+  local chunk_limit = (need > 0 and max_tokens == 0) and {'LIMIT', 0, need + 1} or {}
+  local units = {}
+  local window
+  if up then
+    window = redis.call('ZRANGE', keys.window, '(' .. lo, '(' .. hi, 'BYSCORE', 'WITHSCORES', unpack(limit))
+  else
+    window = redis.call('ZRANGE', keys.window, '(' .. hi, '(' .. lo, 'BYSCORE', 'REV', 'WITHSCORES', unpack(limit))
+  end
+  local window_sequences = {}
+  for i = 2, #window, 2 do window_sequences[#window_sequences + 1] = tonumber(window[i]) end
+  -- Side infos a thousand at a time (unpack's stack is bounded; a window may be configured large).
+  for from = 1, #window_sequences, 1000 do
+    local sides = redis.call('HMGET', keys.window_side, unpack(window_sequences, from, math.min(#window_sequences, from + 999)))
+    for i, side in ipairs(sides) do
+      local at = from + i - 1
+      local record = window[2 * at - 1]
+      local tokens = side and select(6, parse_side(side)) or bytes_tokens(#record)
+      units[#units + 1] = {first = window_sequences[at], last = window_sequences[at], kind = 'w', record = record, tokens = tokens}
+    end
+  end
+  local large
+  if up then
+    large = redis.call('ZRANGE', keys.large_index, '(' .. lo, '(' .. hi, 'BYSCORE', unpack(limit))
+  else
+    large = redis.call('ZRANGE', keys.large_index, '(' .. hi, '(' .. lo, 'BYSCORE', 'REV', unpack(limit))
+  end
+  for _, member in ipairs(large) do
+    local sequence = parse_large_member(member)
+    if sequence then units[#units + 1] = {first = sequence, last = sequence, kind = 'l'} end
+  end
+  -- The chunks overlapping the range: the one starting at or before lo, and those after it.
+  local members = redis.call('ZRANGE', keys.chunk_index, lo, '-inf', 'BYSCORE', 'REV', 'LIMIT', 0, 1)
+  local after
+  if up then
+    after = redis.call('ZRANGE', keys.chunk_index, '(' .. lo, '(' .. hi, 'BYSCORE', unpack(chunk_limit))
+  else
+    after = redis.call('ZRANGE', keys.chunk_index, '(' .. hi, '(' .. lo, 'BYSCORE', 'REV', unpack(chunk_limit))
+  end
+  for _, member in ipairs(after) do members[#members + 1] = member end
+  for _, member in ipairs(members) do
+    local first, last = parse_chunk_member(member)
+    if first and last > lo and first < hi then units[#units + 1] = {first = first, last = last, kind = 'c'} end
+  end
+  local a, b = math.max(legacy_first, lo + 1), math.min(legacy_last, hi - 1)
+  if legacy_last > 0 and a <= b then units[#units + 1] = {first = a, last = b, kind = 'h'} end
+  if up then
+    table.sort(units, function(x, y) return x.first < y.first end)
+  else
+    table.sort(units, function(x, y) return x.last > y.last end)
+  end
+
+  -- reach: the farthest sequence of the units taken (in walk order); edge: that reach, once
+  -- they hold what the walk needs.
+  local taken, count, tokens, reach, edge = {}, 0, 0, nil, nil
+  local function take(unit)
+    local n, t = 0, 0
+    if unit.kind == 'w' then
+      taken[#taken + 1] = {unit.first, unit.record, unit.tokens}
+      n, t = 1, unit.tokens
+    elseif unit.kind == 'h' then
+      for from = unit.first, unit.last, 1000 do
+        local sequences = {}
+        for s = from, math.min(unit.last, from + 999) do sequences[#sequences + 1] = s end
+        local found = redis.call('HMGET', keys.legacy, unpack(sequences))
+        for i, s in ipairs(sequences) do
+          if found[i] then
+            taken[#taken + 1] = {s, found[i], bytes_tokens(#found[i])}
+            n, t = n + 1, t + bytes_tokens(#found[i])
+          end
+        end
+      end
+    else
+      n, t = chunk_records(unit.first, lo, hi, taken)
+    end
+    count, tokens = count + n, tokens + t
+  end
+  for _, unit in ipairs(units) do
+    if edge ~= nil then
+      -- Past what the walk needs: only an oversized message inside the span taken.
+      if unit.kind == 'l' and ((up and unit.first <= edge) or (not up and unit.first >= edge)) then take(unit) end
+    else
+      take(unit)
+      if up then reach = math.max(reach or unit.last, unit.last) else reach = math.min(reach or unit.first, unit.first) end
+      if (max_tokens > 0 and tokens > max_tokens) or (max_tokens == 0 and need > 0 and count >= need) then
+        edge = reach
+      end
+    end
+  end
+  if up then
+    table.sort(taken, function(x, y) return x[1] < y[1] end)
+  else
+    table.sort(taken, function(x, y) return x[1] > y[1] end)
+  end
+  return taken
+end
+
+local lo, hi
+if lo_kind == 'summary' then
+  lo = summary_last
+else
+  local err
+  lo, err = resolve_cursor(keys.ids, lo_kind, lo_arg, deleted_before)
+  if err then return err end
+end
+local hi_resolved, hi_err = resolve_cursor(keys.ids, hi_kind, hi_arg, deleted_before)
+if hi_err then return hi_err end
+lo, hi = lo or 0, hi_resolved
+if deleted_before > 0 and lo < deleted_before - 1 then lo = deleted_before - 1 end
+if not hi or hi > last_seq + 1 then hi = last_seq + 1 end
+
+local reply = {deleted_before, 0, 0, '', 0}
+if (lo_kind == 'summary' or snapshot) and summary_seq > 0 then
+  reply[2], reply[3] = summary_last, summary_seq
+  local found = walk_range(summary_seq - 1, summary_seq + 1, 'up', 1, 0)
+  if found[1] then reply[4], reply[5] = found[1][2], found[1][3] end
+end
+local function add(records)
+  reply[#reply + 1] = #records
+  for _, record in ipairs(records) do
+    reply[#reply + 1] = record[1]
+    reply[#reply + 1] = record[2]
+    reply[#reply + 1] = record[3]
+  end
+end
+add(walk_range(lo, hi, walk, need, max_tokens))
+if lo_kind == 'summary' and summary_seq > 0 and lookback > 0 then
+  local before = {}
+  for i, record in ipairs(walk_range(math.max(0, deleted_before - 1), summary_last + 1, 'down', lookback, 0)) do
+    if i <= lookback then before[i] = record end
+  end
+  add(before)
+else
+  add({})
+end
+if snapshot then
+  local fields = redis.call('HGETALL', keys.meta)
+  reply[#reply + 1] = #fields
+  for _, value in ipairs(fields) do reply[#reply + 1] = value end
+  reply[#reply + 1] = redis.call('ZCARD', keys.window)
+  reply[#reply + 1] = redis.call('ZCARD', keys.chunk_index)
+  reply[#reply + 1] = redis.call('ZCARD', keys.large_index)
+  reply[#reply + 1] = redis.call('HLEN', keys.legacy)
+end
+return reply
