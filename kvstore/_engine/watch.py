@@ -205,29 +205,24 @@ def _after_id(n: int) -> str:
 
 
 def _catch_up(thread: ThreadRef, sequence: int) -> Generator[Any, Any, tuple[int, int]]:
-    """Pages the stored messages after `sequence` (as MessagesAdded, paged), then finds where
-    the stream goes on: returns (the event to read after, the last sequence paged)."""
+    """Pages the stored messages after `sequence` (as MessagesAdded, paged), then says where the
+    stream goes on: returns (the event to read after, the last sequence paged).
+
+    Where the stream goes on is read first: after the events counted now, or after those it lost
+    already. Every event up to there was made, so every message it stored was stored, before the
+    first page read: paging gets each one, whatever is written or trimmed while it pages. Events
+    lost after that read are a gap the watcher sees in the stream, and it pages again."""
+    counted, oldest = yield Run(_seam(thread))
+    resume = max(counted, oldest[0] - 1) if oldest else counted
+    last = sequence
     while True:
-        counted, _ = yield Run(_seam(thread))
-        last = sequence
-        while True:
-            page = yield Run(list_page(thread, after=last, limit=ITER_PAGE, order="asc"))
-            if page.messages:
-                first_seq, last = page.messages[0].seq_id, page.messages[-1].seq_id
-                yield Emit(MessagesAdded(str(last), list(page.messages), first_seq, last, paged=True,
-                                         message_ids=tuple(m.id for m in page.messages)))
-            if not page.has_more:
-                break
-        _, oldest = yield Run(_seam(thread))
-        if oldest is None or oldest[0] <= counted + 1:
-            # Every event after `counted` is in the stream: those of messages paged are skipped.
-            return counted, last
-        if oldest[1] <= last or last == sequence:
-            # Events were lost while paging, but each one that stored a message stored it at or
-            # before `last`: the stream holds every later one. (Or paging found nothing more:
-            # what the lost events stored is gone too, deleted since.)
-            return oldest[0] - 1, last
-        sequence = last  # messages may have come and their events gone: page on
+        page = yield Run(list_page(thread, after=last, limit=ITER_PAGE, order="asc"))
+        if page.messages:
+            first_seq, last = page.messages[0].seq_id, page.messages[-1].seq_id
+            yield Emit(MessagesAdded(str(last), list(page.messages), first_seq, last, paged=True,
+                                     message_ids=tuple(m.id for m in page.messages)))
+        if not page.has_more:
+            return resume, last
 
 
 def _text(value: bytes | None) -> str:

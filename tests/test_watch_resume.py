@@ -1,0 +1,103 @@
+"""Resuming a watch: the seam between paging stored messages and reading the stream, driven
+step by step with a writer injected before every request, and a thread deleted and made again
+under a watcher or its cursor (docs/EVENTS.md, "Cursors")."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvstore import StoreConfig, UserMessage
+from kvstore._engine.core import watch as core_watch
+from kvstore._engine.watch import Emit, ReadStream, Run, stream_entries
+
+from .conftest import make_sync_store
+
+
+@pytest.fixture
+def small_stream_nodes(server_only, raw_client):
+    """Stream nodes of one entry, so that MAXLEN ~ trims to the limit at once (the server
+    trims whole nodes; with its default of 100 entries a node, a trim takes 100 events)."""
+    (before,) = raw_client.config_get("stream-node-max-entries").values()
+    raw_client.config_set("stream-node-max-entries", 1)
+    yield
+    raw_client.config_set("stream-node-max-entries", before)
+
+
+def _counted(operation, tick):
+    """`operation` with `tick()` called before each of its requests is served."""
+    try:
+        request = next(operation)
+    except StopIteration as stop:
+        return stop.value
+    while True:
+        tick()
+        try:
+            reply = yield request
+        except BaseException as exc:  # a typed error goes back into the operation
+            try:
+                request = operation.throw(exc)
+            except StopIteration as stop:
+                return stop.value
+            continue
+        try:
+            request = operation.send(reply)
+        except StopIteration as stop:
+            return stop.value
+
+
+def drive_watch(store, raw, thread, after, tick, until, max_steps=400):
+    """Runs core.watch by hand: every request (the store's reads and the stream reads) is served
+    after tick(); returns the events emitted once until(events) holds."""
+    steps = core_watch(thread._ref, after, 20)
+    events, reply = [], None
+    for _ in range(max_steps):
+        step = steps.send(reply)
+        reply = None
+        if isinstance(step, Emit):
+            events.append(step.event)
+            if until(events):
+                steps.close()
+                return events
+        elif isinstance(step, Run):
+            reply = store.run(_counted(step.operation, tick))
+        else:
+            assert isinstance(step, ReadStream)
+            tick()
+            reply = stream_entries(raw.execute_command(
+                "XREAD", "COUNT", step.count, "BLOCK", step.block_ms, "STREAMS", step.key, step.after))
+    steps.close()
+    pytest.fail(f"the watch did not get there in {max_steps} steps: {events}")
+
+
+def _sequences(events) -> list[int]:
+    return [m.seq_id for e in events for m in getattr(e, "messages", [])]
+
+
+@pytest.mark.parametrize("cursor", ["sequence", "old event"])
+def test_the_seam_between_paging_and_the_stream_loses_nothing_whatever_is_written_when(
+        small_stream_nodes, backend, namespace, raw_client, cursor):
+    """A message appended at any point of the catch-up, its event trimmed before the watcher
+    reads the stream, is still delivered: once, in order."""
+    store = make_sync_store(backend, StoreConfig(namespace=namespace, events_max_len=2))
+    for at in range(14):
+        thread = store.thread(f"seam-{at}")
+        first = thread.append(UserMessage(content="m1"))[0]
+        for i in range(2, 6):
+            thread.append(UserMessage(content=f"m{i}"))
+        after = 5 if cursor == "sequence" else "1-1"  # "1-1": event 2 is trimmed already
+        assert first.seq_id == 1 and raw_client.xlen(thread.keys.events) <= 3
+        steps = [0]
+
+        def tick():
+            if steps[0] == at:
+                # A message, then enough others that its event is trimmed before the next read.
+                for i in range(6, 10):
+                    thread.append(UserMessage(content=f"m{i}"))
+                assert raw_client.xlen(thread.keys.events) <= 3
+            steps[0] += 1
+
+        events = drive_watch(store, raw_client, thread, after, tick,
+                             until=lambda events: steps[0] > at and _sequences(events)[-1:] == [9])
+        expected = list(range(6, 10)) if cursor == "sequence" else list(range(2, 10))
+        assert _sequences(events) == expected, f"writer before request {at}"
+    store.close()
