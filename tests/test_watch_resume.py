@@ -47,7 +47,8 @@ def _counted(operation, tick):
 
 def drive_watch(store, raw, thread, after, tick, until, max_steps=400):
     """Runs core.watch by hand: every request (the store's reads and the stream reads) is served
-    after tick(); returns the events emitted once until(events) holds."""
+    after tick(); returns the events emitted once until(events) holds (until=None: once a stream
+    read finds nothing, the watcher caught up)."""
     steps = core_watch(thread._ref, after, 20)
     events, reply = [], None
     for _ in range(max_steps):
@@ -55,7 +56,7 @@ def drive_watch(store, raw, thread, after, tick, until, max_steps=400):
         reply = None
         if isinstance(step, Emit):
             events.append(step.event)
-            if until(events):
+            if until is not None and until(events):
                 steps.close()
                 return events
         elif isinstance(step, Run):
@@ -65,6 +66,9 @@ def drive_watch(store, raw, thread, after, tick, until, max_steps=400):
             tick()
             reply = stream_entries(raw.execute_command(
                 "XREAD", "COUNT", step.count, "BLOCK", step.block_ms, "STREAMS", step.key, step.after))
+            if until is None and not reply:
+                steps.close()
+                return events
     steps.close()
     pytest.fail(f"the watch did not get there in {max_steps} steps: {events}")
 
@@ -73,19 +77,33 @@ def _sequences(events) -> list[int]:
     return [m.seq_id for e in events for m in getattr(e, "messages", [])]
 
 
-@pytest.mark.parametrize("cursor", ["sequence", "old event"])
+@pytest.mark.parametrize("cursor", ["sequence", "old event", "old event, deltas since"])
 def test_the_seam_between_paging_and_the_stream_loses_nothing_whatever_is_written_when(
         small_stream_nodes, backend, namespace, raw_client, cursor):
     """A message appended at any point of the catch-up, its event trimmed before the watcher
     reads the stream, is still delivered: once, in order."""
     store = make_sync_store(backend, StoreConfig(namespace=namespace, events_max_len=2))
-    for at in range(14):
-        thread = store.thread(f"seam-{at}")
-        first = thread.append(UserMessage(content="m1"))[0]
-        for i in range(2, 6):
+    # "1-1": event 2 is trimmed already; "5-5": the events since (a turn's deltas) are trimmed
+    # past it, and no message came after it.
+    after = {"sequence": 5, "old event": "1-1", "old event, deltas since": "5-5"}[cursor]
+
+    def five_messages(name):
+        thread = store.thread(name)
+        for i in range(1, 6):
             thread.append(UserMessage(content=f"m{i}"))
-        after = 5 if cursor == "sequence" else "1-1"  # "1-1": event 2 is trimmed already
-        assert first.seq_id == 1 and raw_client.xlen(thread.keys.events) <= 3
+        if cursor == "old event, deltas since":
+            thread.start_turn("turn-1")
+            for i in range(3):
+                thread.publish("turn-1", f"d{i}")
+        assert raw_client.xlen(thread.keys.events) <= 3
+        return thread
+
+    # The requests the watcher makes until it blocks on the stream: a writer before each of them.
+    requests = [0]
+    drive_watch(store, raw_client, five_messages("dry"), after, lambda: requests.__setitem__(0, requests[0] + 1), None)
+    assert requests[0] >= 3
+    for at in range(requests[0] + 1):
+        thread = five_messages(f"seam-{at}")
         steps = [0]
 
         def tick():
@@ -98,6 +116,6 @@ def test_the_seam_between_paging_and_the_stream_loses_nothing_whatever_is_writte
 
         events = drive_watch(store, raw_client, thread, after, tick,
                              until=lambda events: steps[0] > at and _sequences(events)[-1:] == [9])
-        expected = list(range(6, 10)) if cursor == "sequence" else list(range(2, 10))
+        expected = list(range(2, 10)) if cursor == "old event" else list(range(6, 10))
         assert _sequences(events) == expected, f"writer before request {at}"
     store.close()
