@@ -28,6 +28,7 @@
 --- @include "includes/rollover"
 --- @include "includes/retention"
 --- @include "includes/history"
+--- @include "includes/events"
 
 local keys = thread_keys(KEYS)
 local limits = read_limits(ARGV)
@@ -108,6 +109,7 @@ failure = check_batch(keys, new, limits, meta)
 if failure then return failure end
 
 begin_expiry(keys, limits.ttl_ms)
+if meta.layout == nil then begin_incarnation(keys) end  -- a new thread (includes/events.lua)
 local _, store_failure = store_batch(keys, new, limits, meta)
 if store_failure then return store_failure end
 apply_history(keys, new, new_first)
