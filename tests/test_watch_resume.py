@@ -9,8 +9,11 @@ import pytest
 from kvstore import StoreConfig, UserMessage
 from kvstore._engine.core import watch as core_watch
 from kvstore._engine.watch import Emit, ReadStream, Run, stream_entries
+from kvstore._engine.watchers import AsyncWatch
+from kvstore.events import ThreadDeleted
 
 from .conftest import make_sync_store
+from .facade import SyncFacade
 
 
 @pytest.fixture
@@ -118,4 +121,133 @@ def test_the_seam_between_paging_and_the_stream_loses_nothing_whatever_is_writte
                              until=lambda events: steps[0] > at and _sequences(events)[-1:] == [9])
         expected = list(range(2, 10)) if cursor == "old event" else list(range(6, 10))
         assert _sequences(events) == expected, f"writer before request {at}"
+    store.close()
+
+
+# ----------------------------------------------------------------------------- a thread made again
+
+
+def watcher(thread, after, block_ms=100):
+    """(next event or None once the watch ended, close) for a sync thread or an async one behind
+    the test facade."""
+    if isinstance(thread, SyncFacade):
+        watch, loop = thread._thread.watch(after=after, block_ms=block_ms), thread._loop
+        assert isinstance(watch, AsyncWatch)
+
+        def following():
+            try:
+                return loop.run_until_complete(watch.__anext__())
+            except StopAsyncIteration:
+                return None
+
+        return following, lambda: loop.run_until_complete(watch.aclose())
+    watch = thread.watch(after=after, block_ms=block_ms)
+    return (lambda: next(watch, None)), watch.close
+
+
+def contents(events) -> list[str]:
+    return [m.content for e in events for m in getattr(e, "messages", [])]
+
+
+def test_a_live_watcher_of_a_deleted_thread_does_not_go_on_into_a_new_one(make_thread):
+    thread = make_thread("t")
+    for i in range(3):
+        thread.append(UserMessage(content=f"old-{i}"))
+    following, close = watcher(thread, "0-0")
+    assert contents([following() for _ in range(3)]) == ["old-0", "old-1", "old-2"]
+    # Deleted while the watcher is not blocked on the stream (so it misses the 'deleted' event,
+    # which goes with the stream) and written again: the new thread's events 1, 2, ... past 3.
+    thread.delete()
+    for i in range(6):
+        thread.append(UserMessage(content=f"new-{i}"))
+    gone = following()
+    assert isinstance(gone, ThreadDeleted)
+    assert following() is None  # the watch ended
+    close()
+    # Its cursor names the deleted thread: resumed from it, the watch says so again and ends.
+    again, close = watcher(thread, gone.cursor)
+    assert isinstance(again(), ThreadDeleted) and again() is None
+    close()
+    # The new thread, from its beginning.
+    fresh, close = watcher(thread, 0)
+    assert contents([fresh()]) == [f"new-{i}" for i in range(6)]
+    close()
+
+
+@pytest.mark.parametrize("kind", ["event", "paged"])
+def test_resuming_with_a_cursor_of_a_deleted_thread_says_so(make_thread, kind):
+    thread = make_thread("t")
+    for i in range(3):
+        thread.append(UserMessage(content=f"old-{i}"))
+    following, close = watcher(thread, "0-0" if kind == "event" else 0)
+    first = following()  # event 1 ("1-1@..."), or the three messages paged ("3@...")
+    close()
+    thread.delete()
+    for i in range(6):
+        thread.append(UserMessage(content=f"new-{i}"))
+    resumed, close = watcher(thread, first.cursor)
+    assert isinstance(resumed(), ThreadDeleted)
+    assert resumed() is None
+    close()
+
+
+def test_a_thread_made_again_by_a_fork_or_an_expiry_is_a_new_thread(make_thread, backend, raw_client):
+    thread = make_thread("t")
+    for i in range(3):
+        thread.append(UserMessage(content=f"old-{i}"))
+    source = make_thread("source")
+    for i in range(8):
+        source.append(UserMessage(content=f"forked-{i}"))
+    following, close = watcher(thread, "0-0")
+    cursor = following().cursor
+    close()
+    # A fork writes the new thread with restores (no event), then its writes count from 1.
+    thread.delete()
+    source.fork("t", at=8)
+    for i in range(4):
+        thread.append(UserMessage(content=f"new-{i}"))
+    resumed, close = watcher(thread, cursor)
+    assert isinstance(resumed(), ThreadDeleted)
+    close()
+    following, close = watcher(thread, "0-0")
+    cursor = following().cursor
+    close()
+    # An expiry (thread_ttl) leaves no key of the thread: what a DEL of them all leaves.
+    raw_client.delete(*raw_client.keys(thread.keys.meta.rsplit(":", 1)[0] + ":*"))
+    for i in range(4):
+        thread.append(UserMessage(content=f"after-{i}"))
+    resumed, close = watcher(thread, cursor)
+    assert isinstance(resumed(), ThreadDeleted)
+    close()
+
+
+def test_a_thread_made_again_while_the_watcher_pages_it(small_stream_nodes, backend, namespace, raw_client):
+    """Deleted and written again before each request of a catch-up: the watcher delivers the
+    old thread's messages (a prefix, in order), then ThreadDeleted, never a new one's."""
+    store = make_sync_store(backend, StoreConfig(namespace=namespace, events_max_len=2))
+
+    def old_thread(name):
+        thread = store.thread(name)
+        for i in range(5):
+            thread.append(UserMessage(content=f"old-{i}"))
+        return thread
+
+    requests = [0]
+    drive_watch(store, raw_client, old_thread("dry"), 0, lambda: requests.__setitem__(0, requests[0] + 1), None)
+    # (From request 1: the first reads which thread the watcher follows.)
+    for at in range(1, requests[0] + 1):
+        thread = old_thread(f"again-{at}")
+        steps = [0]
+
+        def tick():
+            if steps[0] == at:
+                thread.delete()
+                for i in range(8):
+                    thread.append(UserMessage(content=f"new-{i}"))
+            steps[0] += 1
+
+        events = drive_watch(store, raw_client, thread, 0, tick, max_steps=80,
+                             until=lambda events: isinstance(events[-1], ThreadDeleted))
+        got = contents(events)
+        assert got == [f"old-{i}" for i in range(len(got))], f"thread made again before request {at}"
     store.close()
