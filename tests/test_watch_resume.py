@@ -4,15 +4,18 @@ under a watcher or its cursor (docs/EVENTS.md, "Cursors")."""
 
 from __future__ import annotations
 
+import asyncio
+from types import SimpleNamespace
+
 import pytest
 
-from kvstore import StoreConfig, UserMessage
+from kvstore import StoreConfig, UserMessage, errors
 from kvstore._engine.core import watch as core_watch
 from kvstore._engine.watch import Emit, ReadStream, Run, stream_entries
 from kvstore._engine.watchers import AsyncWatch
 from kvstore.events import ThreadDeleted
 
-from .conftest import make_sync_store
+from .conftest import make_async_store, make_sync_store
 from .facade import SyncFacade
 
 
@@ -251,3 +254,94 @@ def test_a_thread_made_again_while_the_watcher_pages_it(small_stream_nodes, back
         got = contents(events)
         assert got == [f"old-{i}" for i in range(len(got))], f"thread made again before request {at}"
     store.close()
+
+
+# ----------------------------------------------------------------------------- cut at any await
+
+
+@pytest.mark.parametrize("how", ["cancelled", "timed out"])
+def test_a_watch_cut_at_any_await_resumes_from_its_last_cursor(small_stream_nodes, backend, namespace, how):
+    """An async watcher (its catch-up too) cut at each of its awaits, before the awaited call or
+    after it answered, then resumed from the last cursor it gave: every message once, in order."""
+
+    def cut(exc_at: int, when: str, thread):
+        raised = errors.ConnectionFailed("timed out") if how == "timed out" else asyncio.CancelledError()
+        count = [0]
+
+        async def awaited(call):
+            count[0] += 1
+            if count[0] == 3:
+                await four_more(thread, 8)
+            if count[0] == exc_at and when == "before":
+                raise raised
+            result = await call()
+            if count[0] == exc_at and when == "after":
+                raise raised
+            return result
+        return awaited, count
+
+    async def eight_messages(store, name):
+        thread = store.thread(name)
+        for i in range(8):
+            await thread.append(UserMessage(content=f"m{i}"))
+        return thread
+
+    async def four_more(thread, first):
+        """Four more messages (once): written while the first watcher pages, it reads their
+        events on the stream."""
+        if (await thread.stats()).next_sequence == first + 1:
+            for i in range(first, first + 4):
+                await thread.append(UserMessage(content=f"m{i}"))
+
+    def cutting(watch, exc_at, when, thread):
+        awaited, count = cut(exc_at, when, thread)
+        store_run, read = watch._store.run, watch._read
+        watch._store = SimpleNamespace(run=lambda op: awaited(lambda: store_run(op)), client=watch._store.client)
+        watch._read = lambda *args: awaited(lambda: read(*args))
+        return count
+
+    async def main():
+        store = make_async_store(backend, StoreConfig(namespace=namespace, events_max_len=2))
+        try:
+            return await cut_everywhere(store)
+        finally:
+            await store.close()
+
+    async def cut_everywhere(store):
+        # The awaits of a watcher that pages the eight messages and reads the next four on the
+        # stream, up to its next stream read.
+        thread = await eight_messages(store, "dry")
+        watch = thread.watch(after=0, block_ms=20)
+        count, seen = cutting(watch, 0, "never", thread), []
+        while len(seen) < 12:
+            seen.extend(m.seq_id for m in (await watch.__anext__()).messages)
+        await watch.aclose()
+        awaits, cases = count[0] + 1, 0
+        for when in ("before", "after"):
+            for at in range(1, awaits + 1):
+                thread = await eight_messages(store, f"cut-{when}-{at}")
+                watch = thread.watch(after=0, block_ms=20)
+                cutting(watch, at, when, thread)
+                seen, cursor = [], 0
+                try:
+                    while True:  # until the cut
+                        event = await watch.__anext__()
+                        seen.extend(m.seq_id for m in event.messages)
+                        cursor = event.cursor
+                except (asyncio.CancelledError, errors.ConnectionFailed):
+                    cases += 1
+                await watch.aclose()
+                # Written while no watcher ran; their events trimmed but the newest two.
+                await four_more(thread, 8)  # when the cut came before them
+                await four_more(thread, 12)
+                async with thread.watch(after=cursor, block_ms=20) as resumed:
+                    async for event in resumed:
+                        seen.extend(m.seq_id for m in event.messages)
+                        if seen[-1:] == [16]:
+                            break
+                assert seen == list(range(1, 17)), f"cut {when} await {at}"
+        return cases, 2 * awaits
+
+    cases, expected = asyncio.run(main())
+    # Each await of the first watcher's run was cut in some case (the catch-up's and the stream's).
+    assert cases == expected
