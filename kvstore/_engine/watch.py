@@ -10,6 +10,9 @@ and the async watcher share all of it.
 Resuming is exact because event n is followed by event n + 1 (the stream's ids count the
 thread's events): a watcher that reads anything else after n knows the stream lost events, and
 pages the stored messages from the sequence its cursor names, then goes on with the stream.
+Counts start again in a thread made again under the id, so cursors and events also name the
+thread's incarnation (meta `born`): the watcher of a thread that is gone never goes on into
+another.
 """
 
 from __future__ import annotations
