@@ -1,9 +1,12 @@
 """What ``thread.watch()`` yields, and the lease of a turn (docs/EVENTS.md).
 
 Every event has a ``cursor``: pass it as ``watch(after=...)`` (or as an SSE ``Last-Event-ID``) to
-go on right after that event. A cursor is ``"<n>-<s>"`` for an event of the thread's stream
-(its n-th event, made when the thread's last sequence was s) or ``"<s>"`` for messages paged
-from storage, up to sequence s. ``kind`` names the event (the SSE event name).
+go on right after that event. A cursor is ``"<n>-<s>@<born>"`` for an event of the thread's
+stream (its n-th event, made when the thread's last sequence was s) or ``"<s>@<born>"`` for
+messages paged from storage, up to sequence s; ``born`` names the thread's incarnation, so that
+a thread deleted and made again under the id is never taken for the one the cursor came from
+(``@0``: a thread made before incarnations were kept). ``kind`` names the event (the SSE event
+name).
 """
 
 from __future__ import annotations
@@ -105,7 +108,9 @@ class Compacted(ThreadEvent):
 
 @dataclass(frozen=True, slots=True)
 class ThreadDeleted(ThreadEvent):
-    """The thread was deleted: the watch ends after this event."""
+    """The thread was deleted (another thread may hold its id by now): the watch ends after this
+    event. Its cursor names the deleted thread; ``watch(after=0)`` gives the one the id holds now
+    from its beginning."""
 
     kind: ClassVar[str] = "thread_deleted"
 

@@ -30,6 +30,7 @@
 --- @include "includes/rollover"
 --- @include "includes/retention"
 --- @include "includes/history"
+--- @include "includes/events"
 
 local keys = thread_keys(KEYS)
 local limits = read_limits(ARGV)
@@ -110,6 +111,7 @@ failure = check_batch(keys, new, limits, meta)
 if failure then return failure end
 
 begin_expiry(keys, limits.ttl_ms)
+if meta.layout == nil then begin_incarnation(keys) end  -- a new thread (includes/events.lua)
 local _, store_failure = store_batch(keys, new, limits, meta)
 if store_failure then return store_failure end
 redis.call('HSET', keys.meta, 'restoring', '1')

@@ -37,6 +37,7 @@
 --- @include "includes/thread"
 --- @include "includes/turns"
 --- @include "includes/expiry"
+--- @include "includes/events"
 
 local keys = thread_keys(KEYS)
 local limits = read_limits(ARGV)
@@ -100,6 +101,7 @@ elseif fork_of ~= '' then
   fields[#fields + 1] = 'fork_of'; fields[#fields + 1] = fork_of
   fields[#fields + 1] = 'fork_at'; fields[#fields + 1] = fork_at
 end
+if current[1] == nil then begin_incarnation(keys) end  -- a new thread (includes/events.lua)
 redis.call('HSET', keys.meta, unpack(fields))
 if last then redis.call('HDEL', keys.meta, 'restoring') end
 for i = 1, count do

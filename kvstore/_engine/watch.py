@@ -10,6 +10,9 @@ and the async watcher share all of it.
 Resuming is exact because event n is followed by event n + 1 (the stream's ids count the
 thread's events): a watcher that reads anything else after n knows the stream lost events, and
 pages the stored messages from the sequence its cursor names, then goes on with the stream.
+Counts start again in a thread made again under the id, so cursors and events also name the
+thread's incarnation (meta `born`): the watcher of a thread that is gone never goes on into
+another.
 """
 
 from __future__ import annotations
@@ -46,7 +49,8 @@ MAX_DELTA_BYTES = 1024 * 1024
 # Events one XREAD returns at most.
 READ_COUNT = 100
 
-_EVENT_ID = re.compile(r"(\d+)-(\d+)")
+# "<n>-<s>" (an event), "<s>" (a sequence), either with "@<incarnation>".
+_CURSOR = re.compile(r"(?:(\d+)-)?(\d+)(?:@(\d+))?")
 
 
 # ----------------------------------------------------------------------------- turn and delta
@@ -133,46 +137,73 @@ class Emit:
 WatchStep = Generator[ReadStream | Run | Emit, Any, None]
 
 
-def parse_cursor(after: int | str | None) -> tuple[int, int] | int | None:
-    """(n, s) for an event id, s for a sequence, None for "from now on"."""
+def parse_cursor(after: int | str | None) -> tuple[tuple[int, int] | int | None, str | None]:
+    """(where, incarnation): where is (n, s) for an event's cursor, s for a sequence, None for
+    "from now on"; incarnation is the thread's the cursor names (its ``@<born>``), else None."""
     if after is None:
-        return None
+        return None, None
     if isinstance(after, int) and not isinstance(after, bool) and after >= 0:
-        return after
+        return after, None
     if isinstance(after, str):
-        if after.isdigit():
-            return int(after)
-        match = _EVENT_ID.fullmatch(after)
+        match = _CURSOR.fullmatch(after)
         if match:
-            return int(match.group(1)), int(match.group(2))
+            event, sequence, born = match.groups()
+            return ((int(event), int(sequence)) if event is not None else int(sequence)), born
     raise errors.InvalidCursor(
-        f"a watch cursor is an event's cursor ('<n>-<s>'), a sequence (int or digits) or None; got {after!r}"
+        "a watch cursor is an event's cursor ('<n>-<s>', '<n>-<s>@<incarnation>'), a sequence (an int, "
+        f"its digits, or '<s>@<incarnation>') or None; got {after!r}"
     )
 
 
-def _position(thread: ThreadRef) -> Operation:
-    """The stream's newest event: (n, s)."""
+# The incarnation of a thread made before incarnations were kept (meta without `born`, events
+# without `g`); made ones are the server's time in microseconds.
+_NO_BORN = "0"
+
+
+def _cursor(text: str, incarnation: str | None) -> str:
+    return f"{text}@{incarnation}" if incarnation is not None else text
+
+
+@dataclass(frozen=True, slots=True)
+class _State:
+    count: int  # the thread's event count
+    last_seq: int
+    born: str | None  # meta `born`
+    oldest: tuple[int, int] | None  # the stream's oldest and newest events (n, s)
+    newest: tuple[int, int] | None
+
+    @property
+    def incarnation(self) -> str | None:
+        """The thread's incarnation; None for a thread that had no event yet (the watcher takes
+        the incarnation of the first event it reads)."""
+        if self.born is not None:
+            return self.born
+        return _NO_BORN if self.count or self.newest else None
+
+    def position(self) -> tuple[int, int]:
+        """The thread's newest event (n, s)."""
+        if self.newest and self.newest[0] >= self.count:
+            return self.newest
+        return self.count, self.last_seq
+
+
+def _state(thread: ThreadRef) -> Operation:
+    """The thread's event count, last sequence and incarnation, and the stream's ends."""
     keys = thread.keys
-    counted, newest = yield Batch([
-        ("HMGET", keys.meta, "events", "last_seq"),
+    meta, oldest, newest = yield Batch([
+        ("HMGET", keys.meta, "events", "last_seq", "born"),
+        ("XRANGE", keys.events, "-", "+", "COUNT", 1),
         ("XREVRANGE", keys.events, "+", "-", "COUNT", 1),
     ])
-    n, s = int(counted[0] or 0), int(counted[1] or 0)
-    if newest:
-        newest_n, newest_s = _id_numbers(newest[0][0])
-        if newest_n >= n:
-            n, s = newest_n, newest_s
-    return n, s
+    return _State(
+        int(meta[0] or 0), int(meta[1] or 0), _text(meta[2]) if meta[2] is not None else None,
+        _id_numbers(oldest[0][0]) if oldest else None, _id_numbers(newest[0][0]) if newest else None,
+    )
 
 
-def _seam(thread: ThreadRef) -> Operation:
-    """The event count now, and the stream's oldest event (n, s) or None."""
-    keys = thread.keys
-    counted, oldest = yield Batch([
-        ("HGET", keys.meta, "events"),
-        ("XRANGE", keys.events, "-", "+", "COUNT", 1),
-    ])
-    return int(counted or 0), (_id_numbers(oldest[0][0]) if oldest else None)
+def _born(thread: ThreadRef) -> Operation:
+    (born,) = yield Batch([("HGET", thread.keys.meta, "born")])
+    return born
 
 
 def _id_numbers(entry_id: bytes | str) -> tuple[int, int]:
@@ -181,77 +212,151 @@ def _id_numbers(entry_id: bytes | str) -> tuple[int, int]:
     return int(n), int(s)
 
 
+class _Gone(Exception):
+    """The thread the watcher follows is gone: another thread holds its id, or none does."""
+
+
+def _check(incarnation: str | None, born: bytes | str | None) -> None:
+    """Raises _Gone unless meta's `born` (read after a read of the thread) is the watched
+    thread's: incarnations never come back, so the read before was of the watched thread."""
+    if incarnation is None:
+        return
+    current = (born.decode() if isinstance(born, bytes) else born) if born is not None else _NO_BORN
+    if current != incarnation:
+        raise _Gone
+
+
 def watch(thread: ThreadRef, after: int | str | None, block_ms: int, messages: bool = True) -> WatchStep:
     """The events of the thread after `after`, forever (until the thread is deleted).
     `messages`: read the Messages an event names (False: its ids and sequences only)."""
     if not thread.config.events:
         raise errors.ConfigError("watch() needs StoreConfig(events=True)")
-    start = parse_cursor(after)
-    # n: the last event delivered (the next must be n + 1); caught_up: messages through this
-    # sequence were delivered by paging, so an 'added' event at or before it is skipped.
-    # last_s: the thread's last sequence at event n (every message up to it was delivered, or
-    # came before the watch began).
-    caught_up = 0
-    if start is None:
-        n, last_s = yield Run(_position(thread))
-    elif isinstance(start, int):
-        n, caught_up = yield from _catch_up(thread, start)
-        last_s = caught_up
-    else:
-        n, last_s = start
-    while True:
-        entries = yield ReadStream(thread.keys.events, _after_id(n), READ_COUNT, block_ms)
-        if not entries:
-            # Quiet for block_ms: if the thread's event count went back, the thread is gone
-            # (deleted, or expired) since this watcher's cursor, and its events with it.
-            now, _ = yield Run(_position(thread))
-            if now < n:
-                yield Emit(ThreadDeleted(f"{n}-{last_s}"))
-                return
-        for entry_id, fields in entries:
-            entry_n, entry_s = _id_numbers(entry_id)
-            if entry_n != n + 1:
-                # Events n + 1 .. entry_n - 1 are gone (trimmed, or the stream expired): page
-                # the stored messages from the last sequence delivered, then read on.
-                n, caught_up = yield from _catch_up(thread, max(last_s, caught_up))
-                break
-            n, last_s = entry_n, entry_s
-            event = yield from _event(thread, f"{entry_n}-{entry_s}", fields, caught_up, messages)
-            if event is not None:
-                yield Emit(event)
-            if isinstance(event, ThreadDeleted):
-                return
+    start, born = parse_cursor(after)
+    state = yield Run(_state(thread))
+    if born is not None and state.incarnation != born:
+        # The thread the cursor names is gone (another holds its id now, or none does).
+        yield Emit(ThreadDeleted(str(after)))
+        return
+    # incarnation: the thread's this watcher follows (None until it reads the first event of a
+    # thread that had none). n: the last event delivered (the next must be n + 1); caught_up:
+    # messages through this sequence were delivered by paging, so an 'added' event at or before
+    # it is skipped. last_s: the thread's last sequence at event n (every message up to it was
+    # delivered, or came before the watch began).
+    watching = _Watching(thread, state.incarnation, messages)
+    try:
+        yield from watching.run(start, state, block_ms)
+    except _Gone:
+        yield Emit(ThreadDeleted(watching.cursor()))
+
+
+class _Watching:
+    def __init__(self, thread: ThreadRef, incarnation: str | None, messages: bool) -> None:
+        self.thread, self.incarnation, self.messages = thread, incarnation, messages
+        self.n = self.last_s = self.caught_up = 0
+
+    def cursor(self) -> str:
+        return _cursor(f"{self.n}-{self.last_s}", self.incarnation)
+
+    def run(self, start: tuple[int, int] | int | None, state: _State, block_ms: int) -> WatchStep:
+        thread = self.thread
+        if start is None:
+            self.n, self.last_s = state.position()
+        elif isinstance(start, int):
+            self.n, self.caught_up = yield from self.catch_up(start, state)
+            self.last_s = self.caught_up
+        else:
+            self.n, self.last_s = start
+        while True:
+            entries = yield ReadStream(thread.keys.events, _after_id(self.n), READ_COUNT, block_ms)
+            if not entries:
+                # Quiet for block_ms: the thread is gone if another holds its id, or if its
+                # event count went back (deleted, or expired, since this watcher's cursor).
+                state = yield Run(_state(thread))
+                _check(self.incarnation, state.born)
+                if state.count < self.n:
+                    raise _Gone
+            for entry_id, raw in entries:
+                fields = {(k.decode() if isinstance(k, bytes) else k): v for k, v in raw.items()}
+                tag = fields.get("g")
+                if tag is not None:
+                    # An event of another thread of the id: this watcher's thread is gone. (An
+                    # event without one was written by an older version: taken as it comes.)
+                    if self.incarnation is None:
+                        self.incarnation = _text(tag)
+                    _check(self.incarnation, tag)
+                entry_n, entry_s = _id_numbers(entry_id)
+                if entry_n != self.n + 1:
+                    # Events n + 1 .. entry_n - 1 are gone (trimmed, or the stream expired): page
+                    # the stored messages from the last sequence delivered, then read on.
+                    self.n, self.caught_up = yield from self.catch_up(max(self.last_s, self.caught_up))
+                    break
+                self.n, self.last_s = entry_n, entry_s
+                event = yield from self.event(_cursor(f"{entry_n}-{entry_s}", self.incarnation), fields)
+                if event is not None:
+                    yield Emit(event)
+                if isinstance(event, ThreadDeleted):
+                    return
+
+    def catch_up(self, sequence: int, state: _State | None = None) -> Generator[Any, Any, tuple[int, int]]:
+        """Pages the stored messages after `sequence` (as MessagesAdded, paged), then says where
+        the stream goes on: returns (the event to read after, the last sequence paged).
+
+        Where the stream goes on is read first (`state`, read before the call, or now): after
+        the events counted then, or after those it lost already. Every event up to there was
+        made, so every message it stored was stored, before the first page read: paging gets
+        each one, whatever is written or trimmed while it pages. Events lost after that read
+        are a gap the watcher sees in the stream, and it pages again. Each page is checked to
+        be of the watched thread (meta's `born`, read after it)."""
+        thread = self.thread
+        if state is None:
+            state = yield Run(_state(thread))
+        _check(self.incarnation, state.born)
+        resume = max(state.count, state.oldest[0] - 1) if state.oldest else state.count
+        last = sequence
+        while True:
+            page = yield Run(list_page(thread, after=last, limit=ITER_PAGE, order="asc"))
+            if page.messages:
+                _check(self.incarnation, (yield Run(_born(thread))))
+                first_seq, last = page.messages[0].seq_id, page.messages[-1].seq_id
+                yield Emit(MessagesAdded(_cursor(str(last), self.incarnation), list(page.messages), first_seq,
+                                         last, paged=True, message_ids=tuple(m.id for m in page.messages)))
+            if not page.has_more:
+                return resume, last
+
+    def event(self, cursor: str, fields: dict[str, Any]) -> Generator[Any, Any, ThreadEvent | None]:
+        thread, caught_up, incarnation = self.thread, self.caught_up, self.incarnation
+        kind = _text(fields.get("k"))
+        a, b = _int(fields.get("a")), _int(fields.get("b"))
+        turn_id = _text(fields.get("t")) or None
+        if kind == "added":
+            if b <= caught_up:
+                return None
+            ids = tuple(_text(fields.get("i")).split(" ")) if fields.get("i") else ()
+            found = (yield Run(_new_messages(thread, max(a, caught_up + 1), b, incarnation))) if self.messages else []
+            return MessagesAdded(cursor, found, a, b, turn_id, message_ids=ids)
+        if kind == "delta":
+            message = parse_message(fields["d"])
+            return Delta(cursor, turn_id or "", message, _int(fields.get("l")))
+        if kind == "turn_started":
+            return TurnStarted(cursor, turn_id or "", a, _int(fields.get("l")))
+        if kind == "turn_finished":
+            return TurnFinished(cursor, turn_id or "", _text(fields.get("o")), _int(fields.get("n")), a or None, b or None)  # type: ignore[arg-type]
+        if kind == "replaced":
+            found = yield Run(_checked_sequences(thread, [a], incarnation))
+            return MessageReplaced(cursor, _text(fields.get("i")), a, found[0] if found else None)
+        if kind == "turn_removed":
+            return TurnRemoved(cursor, turn_id or "", _int(fields.get("n")), _int(fields.get("r")) == 0)
+        if kind == "compacted":
+            found = yield Run(_checked_sequences(thread, [a], incarnation))
+            return Compacted(cursor, found[0] if found else None, a, b)
+        if kind == "deleted":
+            return ThreadDeleted(cursor)
+        return None  # a kind this version does not know: skipped
 
 
 def _after_id(n: int) -> str:
     """The XREAD id after which event n + 1 comes: every id of event n is below (n, max)."""
     return f"{n}-18446744073709551615"
-
-
-def _catch_up(thread: ThreadRef, sequence: int) -> Generator[Any, Any, tuple[int, int]]:
-    """Pages the stored messages after `sequence` (as MessagesAdded, paged), then finds where
-    the stream goes on: returns (the event to read after, the last sequence paged)."""
-    while True:
-        counted, _ = yield Run(_seam(thread))
-        last = sequence
-        while True:
-            page = yield Run(list_page(thread, after=last, limit=ITER_PAGE, order="asc"))
-            if page.messages:
-                first_seq, last = page.messages[0].seq_id, page.messages[-1].seq_id
-                yield Emit(MessagesAdded(str(last), list(page.messages), first_seq, last, paged=True,
-                                         message_ids=tuple(m.id for m in page.messages)))
-            if not page.has_more:
-                break
-        _, oldest = yield Run(_seam(thread))
-        if oldest is None or oldest[0] <= counted + 1:
-            # Every event after `counted` is in the stream: those of messages paged are skipped.
-            return counted, last
-        if oldest[1] <= last or last == sequence:
-            # Events were lost while paging, but each one that stored a message stored it at or
-            # before `last`: the stream holds every later one. (Or paging found nothing more:
-            # what the lost events stored is gone too, deleted since.)
-            return oldest[0] - 1, last
-        sequence = last  # messages may have come and their events gone: page on
 
 
 def _text(value: bytes | None) -> str:
@@ -262,47 +367,25 @@ def _int(value: bytes | None) -> int:
     return int(value) if value else 0
 
 
-def _event(
-    thread: ThreadRef, cursor: str, raw: dict[bytes, bytes], caught_up: int, messages: bool = True
-) -> Generator[Any, Any, ThreadEvent | None]:
-    fields = {(k.decode() if isinstance(k, bytes) else k): v for k, v in raw.items()}
-    kind = _text(fields.get("k"))
-    a, b = _int(fields.get("a")), _int(fields.get("b"))
-    turn_id = _text(fields.get("t")) or None
-    if kind == "added":
-        if b <= caught_up:
-            return None
-        ids = tuple(_text(fields.get("i")).split(" ")) if fields.get("i") else ()
-        found = (yield Run(_new_messages(thread, max(a, caught_up + 1), b))) if messages else []
-        return MessagesAdded(cursor, found, a, b, turn_id, message_ids=ids)
-    if kind == "delta":
-        message = parse_message(fields["d"])
-        return Delta(cursor, turn_id or "", message, _int(fields.get("l")))
-    if kind == "turn_started":
-        return TurnStarted(cursor, turn_id or "", a, _int(fields.get("l")))
-    if kind == "turn_finished":
-        return TurnFinished(cursor, turn_id or "", _text(fields.get("o")), _int(fields.get("n")), a or None, b or None)  # type: ignore[arg-type]
-    if kind == "replaced":
-        found = yield Run(fetch_sequences(thread, [a], missing_ok=True))
-        return MessageReplaced(cursor, _text(fields.get("i")), a, found[0] if found else None)
-    if kind == "turn_removed":
-        return TurnRemoved(cursor, turn_id or "", _int(fields.get("n")), _int(fields.get("r")) == 0)
-    if kind == "compacted":
-        found = yield Run(fetch_sequences(thread, [a], missing_ok=True))
-        return Compacted(cursor, found[0] if found else None, a, b)
-    if kind == "deleted":
-        return ThreadDeleted(cursor)
-    return None  # a kind this version does not know: skipped
-
-
-def _new_messages(thread: ThreadRef, first: int, last: int) -> Operation:
+def _new_messages(thread: ThreadRef, first: int, last: int, incarnation: str | None) -> Operation:
     """Messages first..last, just stored: one native read of the window, where new messages
     are (a record's sequence never changes hands, so what the window holds is theirs); when some
-    already moved on (rollover, retention, remove_turn), the reads of any sequence."""
-    (records,) = yield Batch([("ZRANGE", thread.keys.window, first, last, "BYSCORE")])
+    already moved on (rollover, retention, remove_turn), the reads of any sequence. Either is
+    checked to be of the watched thread (meta's `born`, read after it, in the same round trip)."""
+    records, born = yield Batch([
+        ("ZRANGE", thread.keys.window, first, last, "BYSCORE"),
+        ("HGET", thread.keys.meta, "born"),
+    ])
+    _check(incarnation, born)
     if len(records) == last - first + 1:
         return decode(thread, list(zip(range(first, last + 1), records)))
-    return list((yield from fetch_sequences(thread, list(range(first, last + 1)), missing_ok=True)))
+    return (yield from _checked_sequences(thread, list(range(first, last + 1)), incarnation))
+
+
+def _checked_sequences(thread: ThreadRef, sequences: list[int], incarnation: str | None) -> Operation:
+    found = list((yield from fetch_sequences(thread, sequences, missing_ok=True)))
+    _check(incarnation, (yield from _born(thread)))
+    return found
 
 
 def stream_entries(reply: Any) -> Sequence[tuple[Any, dict]]:
