@@ -59,8 +59,17 @@ def pytest_generate_tests(metafunc):
         if "server_only" not in metafunc.fixturenames:
             names.append("fakeredis")
         metafunc.parametrize("backend", names, scope="session")
-    if "mode" in metafunc.fixturenames:
+    if "mode" in metafunc.fixturenames and not _parametrizes(metafunc, "mode"):
         metafunc.parametrize("mode", ["sync", "async"])
+
+
+def _parametrizes(metafunc, name: str) -> bool:
+    """Whether the test names its own values of `name` (with the modes it runs in, say)."""
+    for marker in metafunc.definition.iter_markers("parametrize"):
+        names = marker.args[0]
+        if name in ([n.strip() for n in names.split(",")] if isinstance(names, str) else names):
+            return True
+    return False
 
 
 @pytest.fixture

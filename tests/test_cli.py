@@ -511,8 +511,9 @@ def test_a_killed_owner_leaves_no_lock_behind(tmp_path):
         stop(process)
     result = kvstore("export", "chat", "--data-dir", str(data))
     assert result.returncode == 0, result.stderr
-    header, *lines = result.stdout.splitlines()  # the backup's header, then the messages
+    header, *lines, end = result.stdout.splitlines()  # the backup's header, messages, end line
     assert [json.loads(line)["content"] for line in lines] == ["before kill -9", "after the restart"]
+    assert json.loads(end)["messages"] == 2
 
 
 def test_a_locked_data_dir_whose_server_does_not_answer_is_refused(tmp_path):
