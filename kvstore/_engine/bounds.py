@@ -84,11 +84,13 @@ def check_lease(lease: Any) -> int:
 
 
 def check_watch(after: Any, block_ms: Any) -> None:
-    """watch()'s numbers, whatever the form of its cursor: each number in it at most
+    """watch()'s numbers, whatever the form of its cursor: each number of its position at most
     MAX_SEQUENCE (an event's number and a sequence), block_ms from 0 to MAX_WAIT_MS.
     InvalidCursor otherwise (the cursor's form is checked where it is read)."""
     if not bounded(block_ms, 0, MAX_WAIT_MS):
         raise errors.InvalidCursor(f"block_ms must be an int from 0 to {MAX_WAIT_MS}, got {block_ms!r:.80}")
-    numbers = [str(after)] if is_int(after) else re.findall(r"[0-9]+", after) if isinstance(after, str) else []
+    # The thread's incarnation after '@' is an identity (the server's time in µs), not a position.
+    position = after.partition("@")[0] if isinstance(after, str) else after
+    numbers = [str(position)] if is_int(position) else re.findall(r"[0-9]+", position) if isinstance(position, str) else []
     if any(len(n) > 16 or int(n) > MAX_SEQUENCE for n in numbers):
         raise errors.InvalidCursor(f"a watch cursor's numbers are at most {MAX_SEQUENCE} (2**50), got {after!r:.80}")

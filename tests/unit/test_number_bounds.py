@@ -85,10 +85,13 @@ def test_a_lease_and_the_numbers_of_a_watch_at_their_edges():
     for lease in (0, -1, MAX_SEQUENCE + 1, 1.0, True, "1"):
         with pytest.raises(errors.InvalidMessage):
             check_lease(lease)
-    for after in (None, 0, MAX_SEQUENCE, str(MAX_SEQUENCE), f"{MAX_SEQUENCE}-{MAX_SEQUENCE}"):
+    # A cursor's incarnation (the server's time in µs, past 2**50) is no position: not bounded.
+    for after in (None, 0, MAX_SEQUENCE, str(MAX_SEQUENCE), f"{MAX_SEQUENCE}-{MAX_SEQUENCE}",
+                  f"3-{MAX_SEQUENCE}@1796294387070130", f"{MAX_SEQUENCE}@1796294387070130"):
         check_watch(after, MAX_WAIT_MS)
     check_watch(None, 0)
     for after, block_ms in ((MAX_SEQUENCE + 1, 0), (f"1-{MAX_SEQUENCE + 1}", 0), ("9" * 5000, 0),
+                            (f"1-{MAX_SEQUENCE + 1}@1796294387070130", 0),
                             (None, -1), (None, MAX_WAIT_MS + 1), (None, 1.5), (None, None)):
         with pytest.raises(errors.InvalidCursor):
             check_watch(after, block_ms)
