@@ -297,6 +297,15 @@ class ConnectionFailed(ServerError):
     http_status = 503
 
 
+class SourceChanged(KVStoreError):
+    """A source session is not what an earlier import stored from it: it was cleared and
+    refilled, edited or cut since, or the thread holds messages that are not the session's.
+    Nothing of the session was written. Import it into a fresh thread id (``thread_id=``, or
+    the CLI's ``--namespace``), or delete the thread to import the session as it is now."""
+
+    http_status = 409
+
+
 class RestoreConflict(KVStoreError):
     """A restore met a thread that holds other messages where the backup puts its own (a
     sequence taken, an id or otid stored at another sequence, sequences past the backup's

@@ -81,6 +81,7 @@ import redis
 from pydantic import BaseModel
 
 from . import errors
+from .errors import SourceChanged
 from ._engine import core
 from ._engine.keys import check_thread_id
 from .convert import SUMMARY_PREFIX
@@ -137,15 +138,6 @@ SOURCE_FIELDS_MAX = _FIELD_PIECE * _FIELD_PIECES
 # the message) in this namespace.
 _IMPORT_IDS = uuid.UUID("5d0f3b8e-7a2c-4f61-b9e4-3c8a1d6e2f70")
 _LANGCHAIN_PREFIX = "message_store:"
-
-
-class SourceChanged(errors.KVStoreError):
-    """A source session is not what an earlier import stored from it: it was cleared and
-    refilled, edited or cut since, or the thread holds messages that are not the session's.
-    Nothing of the session was written. Import it into a fresh thread id (``thread_id=``, or
-    the CLI's ``--namespace``), or delete the thread to import the session as it is now."""
-
-    http_status = 409
 
 
 class SessionImport(BaseModel):
