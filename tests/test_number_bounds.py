@@ -267,3 +267,13 @@ def test_a_stored_number_the_client_cannot_read_is_a_typed_error(make_thread, ra
         thread.stats()
     with pytest.raises(errors.RecordError):
         thread.snapshot()
+
+
+def test_a_watch_of_a_stored_event_count_it_cannot_read_is_a_typed_error(backend, namespace, raw_client):
+    store = make_sync_store(backend, StoreConfig(namespace=namespace, **SMALL))
+    thread = store.thread("thread-1")
+    thread.append(users(2))
+    raw_client.hset(keys_of(thread).meta, "events", b"1e+30")
+    with pytest.raises(errors.RecordError, match="events"), thread.watch(after=0, block_ms=10) as events:
+        next(iter(events))
+    store.close()

@@ -114,7 +114,7 @@ def _turn(turn_id: str, value: str, records: dict[str, str], state: BackupState)
         start, _, spans = value.partition("|")
         ranges = [_range(span) for span in spans.split(",") if span]
         outcome = state.turn_outcome if state.turn_id == turn_id else "open"
-        start_seq = int(start or 0) or (state.turn_seq if state.turn_id == turn_id else 0)
+        start_seq = stored_int(start or 0, f"turn {turn_id}'s start") or (state.turn_seq if state.turn_id == turn_id else 0)
         spans_from_start = [(max(a, start_seq), b) for a, b in ranges if start_seq and b >= start_seq]
         replies = sum(b - a + 1 for a, b in spans_from_start)
         first = spans_from_start[0][0] if spans_from_start else 0
@@ -137,7 +137,7 @@ def _turn(turn_id: str, value: str, records: dict[str, str], state: BackupState)
 
 def _range(text: str) -> tuple[int, int]:
     a, _, b = text.partition("-")
-    return int(a), int(b)
+    return stored_int(a, "a turn's range"), stored_int(b, "a turn's range")
 
 
 def _text(value: Any) -> str:
@@ -248,10 +248,10 @@ def check_restore_target(thread: ThreadRef, first: BackedUpMessage) -> Operation
         ("HMGET", thread.keys.meta, "last_seq", "deleting"),
         ("HGET", thread.keys.ids, first.message.id),
     ])
-    last_seq = int(meta[0] or 0) if meta[1] is None else 0
+    last_seq = stored_int(meta[0] or 0, "meta field last_seq") if meta[1] is None else 0
     if last_seq == 0:
         return
-    if stored_at is not None and int(stored_at) == first.sequence:
+    if stored_at is not None and stored_int(stored_at, "an id's sequence") == first.sequence:
         return  # restored in part before: the rest follows
     raise errors.RestoreConflict(
         f"the thread already holds messages up to sequence {last_seq} and they are not this backup's"

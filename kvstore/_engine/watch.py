@@ -43,6 +43,7 @@ from .prepare import check_token
 from .reads import decode, fetch_sequences
 from .requests import ITER_PAGE, Batch, Operation, ThreadRef, write
 from .scripts import SCRIPTS
+from .wire import stored_int
 
 # The largest delta publish() sends.
 MAX_DELTA_BYTES = 1024 * 1024
@@ -196,7 +197,8 @@ def _state(thread: ThreadRef) -> Operation:
         ("XREVRANGE", keys.events, "+", "-", "COUNT", 1),
     ])
     return _State(
-        int(meta[0] or 0), int(meta[1] or 0), _text(meta[2]) if meta[2] is not None else None,
+        stored_int(meta[0] or 0, "meta field events"), stored_int(meta[1] or 0, "meta field last_seq"),
+        _text(meta[2]) if meta[2] is not None else None,
         _id_numbers(oldest[0][0]) if oldest else None, _id_numbers(newest[0][0]) if newest else None,
     )
 
@@ -364,7 +366,7 @@ def _text(value: bytes | None) -> str:
 
 
 def _int(value: bytes | None) -> int:
-    return int(value) if value else 0
+    return stored_int(value, "an event's field") if value else 0
 
 
 def _new_messages(thread: ThreadRef, first: int, last: int, incarnation: str | None) -> Operation:
