@@ -30,12 +30,14 @@ local function begin_incarnation(keys)
   redis.call('HSETNX', keys.meta, 'born', now[1] .. string.rep('0', 6 - #now[2]) .. now[2])
 end
 
--- Returns the event's id (false when events are off).
-local function emit_event(keys, limits, last_seq, fields)
+-- Returns the event's id (false when events are off). `born`: the incarnation when the caller
+-- read meta already (false for none), else nil and it is read here.
+local function emit_event(keys, limits, last_seq, fields, born)
   if limits.events_len <= 0 then return false end
   local n = redis.call('HINCRBY', keys.meta, 'events', 1)
   if n == 1 then
     begin_incarnation(keys)
+    born = nil
     local newest = redis.call('XREVRANGE', keys.events, '+', '-', 'COUNT', 1)[1]
     if newest then
       n = tonumber(string.match(newest[1], '^(%d+)')) + 1
@@ -46,7 +48,7 @@ local function emit_event(keys, limits, last_seq, fields)
   -- pcall: a key of another type in the stream's place must not fail a call that has written
   -- (the change stands; its watchers see the gap and page).
   local id = fmt(n) .. '-' .. fmt(last_seq)
-  local born = redis.call('HGET', keys.meta, 'born')
+  if born == nil then born = redis.call('HGET', keys.meta, 'born') end
   if born then
     fields[#fields + 1] = 'g'
     fields[#fields + 1] = born

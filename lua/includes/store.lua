@@ -15,7 +15,7 @@
 -- written once (store_batch), and only the keys this call may write have their type checked;
 -- the maps it reads first (meta, ids, otids) are checked by those reads themselves.
 
-local META_FIELDS = {'layout', 'last_seq', 'stored', 'bytes', 'media', 'window_bytes', 'deleting', 'checked', 'tokens', 'restoring'}
+local META_FIELDS = {'layout', 'last_seq', 'stored', 'bytes', 'media', 'window_bytes', 'deleting', 'checked', 'tokens', 'restoring', 'born'}
 local TOKENS_FIELD = 9
 
 local function wrong_type(key)
@@ -43,7 +43,9 @@ local function load_meta(keys, restoring_ok)
   local values, err = checked_read(keys.meta, 'HMGET', keys.meta, unpack(META_FIELDS))
   if err then return nil, err end
   local meta = {layout = values[1] or nil}
-  for i = 2, #META_FIELDS do meta[META_FIELDS[i]] = tonumber(values[i] or '0') end
+  for i = 2, #META_FIELDS - 1 do meta[META_FIELDS[i]] = tonumber(values[i] or '0') end
+  -- The incarnation, as text (includes/events.lua); false for none yet.
+  meta.born = values[#META_FIELDS] or false
   if meta.deleting > 0 then return nil, deleting_error() end
   if meta.restoring > 0 and not restoring_ok then return nil, restoring_error() end
   -- A thread written before meta kept a token total (store_batch counts it once).
