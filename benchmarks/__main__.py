@@ -35,7 +35,16 @@ from ._common import (
 )
 from ._machine import cpu_snapshot, machine
 
-BENCHMARKS = ("append", "server_cost", "memory", "throughput", "encode", "history", "live_tail", "peers")
+BENCHMARKS = (
+    "append",
+    "server_cost",
+    "memory",
+    "throughput",
+    "encode",
+    "history",
+    "live_tail",
+    "peers",
+)
 DEFAULT_SET = BENCHMARKS[:-1]  # peers only with --peers
 QUIET_LOAD = 0.7
 
@@ -48,8 +57,12 @@ def wait_quiet(limit_s: float = 900, every_s: float = 30) -> tuple[float, float]
         waited = time.monotonic() - started
         if load < QUIET_LOAD or waited >= limit_s:
             return load, waited
-        print(f"waiting for a quiet machine: 1-minute load {load:.2f} (want < {QUIET_LOAD}), "
-              f"{waited:.0f} s so far", file=sys.stderr, flush=True)
+        print(
+            f"waiting for a quiet machine: 1-minute load {load:.2f} (want < {QUIET_LOAD}), "
+            f"{waited:.0f} s so far",
+            file=sys.stderr,
+            flush=True,
+        )
         time.sleep(every_s)
 
 
@@ -63,9 +76,17 @@ def summary_table(documents: dict[str, dict[str, Any]]) -> tuple[list[str], list
             if short not in servers:
                 servers.append(short)
             for r in server["ratios"]:
-                row = rows.setdefault((benchmark, r["name"]), {"benchmark": benchmark, "name": r["name"],
-                                                               "label": r["label"], "target": r.get("target"),
-                                                               "higher": r.get("higher", False), "values": {}})
+                row = rows.setdefault(
+                    (benchmark, r["name"]),
+                    {
+                        "benchmark": benchmark,
+                        "name": r["name"],
+                        "label": r["label"],
+                        "target": r.get("target"),
+                        "higher": r.get("higher", False),
+                        "values": {},
+                    },
+                )
                 row["values"][short] = {"value": r["value"], "pass": r.get("pass")}
     width = max([20] + [len(r["label"]) for r in rows.values()]) + 2
     heads = "".join(f"{s:>16}" for s in servers)
@@ -78,7 +99,11 @@ def summary_table(documents: dict[str, dict[str, Any]]) -> tuple[list[str], list
         cells = ""
         for s in servers:
             v = row["values"].get(s)
-            cells += f"{(value_text(v['value']) + ' ' + verdict_text(v)).rstrip():>16}" if v else f"{'-':>16}"
+            cells += (
+                f"{(value_text(v['value']) + ' ' + verdict_text(v)).rstrip():>16}"
+                if v
+                else f"{'-':>16}"
+            )
         lines.append(f"{row['label']:<{width}}{cells} {target_text(row):>8}")
     met = sum(1 for r in rows.values() for v in r["values"].values() if v["pass"])
     missed = sum(1 for r in rows.values() for v in r["values"].values() if v["pass"] is False)
@@ -87,9 +112,13 @@ def summary_table(documents: dict[str, dict[str, Any]]) -> tuple[list[str], list
     for r in rows.values():
         where = [s.split()[0] for s, v in r["values"].items() if v["pass"] is False]
         if where:
-            worst = max((v["value"] for v in r["values"].values() if v["pass"] is False),
-                        key=lambda x: -x if r["higher"] else x)
-            lines.append(f"  MISS {r['label']}: {value_text(worst)} against {target_text(r)} ({', '.join(where)})")
+            worst = max(
+                (v["value"] for v in r["values"].values() if v["pass"] is False),
+                key=lambda x: -x if r["higher"] else x,
+            )
+            lines.append(
+                f"  MISS {r['label']}: {value_text(worst)} against {target_text(r)} ({', '.join(where)})"
+            )
     return lines, list(rows.values())
 
 
@@ -113,21 +142,39 @@ class Run:
 
 def parse_arguments(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     """The options, and the benchmarks to run."""
-    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n\n")[1])
-    parser.add_argument("names", nargs="*", metavar="NAME",
-                        help=f"benchmarks to run, of {', '.join(BENCHMARKS)} (default: all but peers)")
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks", description=__doc__.split("\n\n")[1]
+    )
+    parser.add_argument(
+        "names",
+        nargs="*",
+        metavar="NAME",
+        help=f"benchmarks to run, of {', '.join(BENCHMARKS)} (default: all but peers)",
+    )
     add_common_arguments(parser)
-    parser.add_argument("--peers", action="store_true",
-                        help="also measure llama-index's and LangChain's Redis chat stores (installs them)")
-    parser.add_argument("--wait-quiet", action="store_true",
-                        help=f"wait (up to 15 min) before each benchmark for a 1-minute load below {QUIET_LOAD}")
-    parser.add_argument("--profile", action="store_true", help="encode: also print the client's profile")
+    parser.add_argument(
+        "--peers",
+        action="store_true",
+        help="also measure llama-index's and LangChain's Redis chat stores (installs them)",
+    )
+    parser.add_argument(
+        "--wait-quiet",
+        action="store_true",
+        help=f"wait (up to 15 min) before each benchmark for a 1-minute load below {QUIET_LOAD}",
+    )
+    parser.add_argument(
+        "--profile", action="store_true", help="encode: also print the client's profile"
+    )
     args = parser.parse_args(argv)
     unknown = [n for n in args.names if n not in BENCHMARKS]
     if unknown:
-        parser.error(f"no benchmark named {', '.join(unknown)}; the benchmarks are {', '.join(BENCHMARKS)}")
+        parser.error(
+            f"no benchmark named {', '.join(unknown)}; the benchmarks are {', '.join(BENCHMARKS)}"
+        )
     if args.json:
-        parser.error("--json names one benchmark's file: use python -m benchmarks.<name> --json PATH")
+        parser.error(
+            "--json names one benchmark's file: use python -m benchmarks.<name> --json PATH"
+        )
     return args, list(args.names) or list(DEFAULT_SET) + (["peers"] if args.peers else [])
 
 
@@ -138,8 +185,11 @@ def run_one(name: str, args: argparse.Namespace, run: Run) -> None:
         # Before each benchmark: other work, and the previous benchmark's own load, settle.
         load, seconds = wait_quiet()
         run.waited[name] = {"load": load, "seconds": seconds}
-        print(f"machine {'quiet' if load < QUIET_LOAD else 'still busy'} for {name}: 1-minute load "
-              f"{load:.2f} after {seconds:.0f} s of waiting", flush=True)
+        print(
+            f"machine {'quiet' if load < QUIET_LOAD else 'still busy'} for {name}: 1-minute load "
+            f"{load:.2f} after {seconds:.0f} s of waiting",
+            flush=True,
+        )
     module = importlib.import_module(f"benchmarks.{name}")
     began, (busy, own) = time.monotonic(), cpu_snapshot()
     document = module.collect(args)
@@ -147,7 +197,8 @@ def run_one(name: str, args: argparse.Namespace, run: Run) -> None:
     busy_after, own_after = cpu_snapshot()
     # What other processes used meanwhile, as a share of the machine's CPUs.
     document["others_cpu_share"] = max(0.0, (busy_after - busy) - (own_after - own)) / (
-        document["seconds"] * (os.cpu_count() or 1))
+        document["seconds"] * (os.cpu_count() or 1)
+    )
     run.documents[name] = document
     run.files[name] = str(write_document(name, document, None, args.quick))
 
@@ -155,31 +206,58 @@ def run_one(name: str, args: argparse.Namespace, run: Run) -> None:
 def print_summary(run: Run, lines: list[str], load: tuple[float, ...]) -> None:
     """Every ratio of the run (`lines`), and how busy the machine was while each benchmark ran."""
     documents, info = run.documents, run.info
-    first_load = documents[run.names[0]]["machine"]["load_average"][0] if documents else info["load_average"][0]
+    first_load = (
+        documents[run.names[0]]["machine"]["load_average"][0]
+        if documents
+        else info["load_average"][0]
+    )
     print()
-    print(f"== every ratio of this run ({info['kvstore_commit'] or 'no commit'}{', --quick' if run.quick else ''}; "
-          f"{run.seconds:.0f} s measuring; 1-minute load {first_load:.2f} at the start, {load[0]:.2f} at the end) ==")
+    print(
+        f"== every ratio of this run ({info['kvstore_commit'] or 'no commit'}{', --quick' if run.quick else ''}; "
+        f"{run.seconds:.0f} s measuring; 1-minute load {first_load:.2f} at the start, {load[0]:.2f} at the end) =="
+    )
     print("\n".join(lines))
-    print("\nwhile each ran: " + "; ".join(
-        f"{name} {d['seconds']:.0f} s, load {d['machine']['load_average'][0]:.2f} at its start, other processes "
-        f"{100 * d['others_cpu_share']:.0f} % of the CPUs" for name, d in documents.items()))
+    print(
+        "\nwhile each ran: "
+        + "; ".join(
+            f"{name} {d['seconds']:.0f} s, load {d['machine']['load_average'][0]:.2f} at its start, other processes "
+            f"{100 * d['others_cpu_share']:.0f} % of the CPUs"
+            for name, d in documents.items()
+        )
+    )
     busy = [name for name, d in documents.items() if d["others_cpu_share"] > 0.1]
     if busy:
-        print(f"note: other processes used over 10 % of the CPUs during {', '.join(busy)}: "
-              "their figures are disturbed; run again on a quiet machine (--wait-quiet)")
+        print(
+            f"note: other processes used over 10 % of the CPUs during {', '.join(busy)}: "
+            "their figures are disturbed; run again on a quiet machine (--wait-quiet)"
+        )
 
 
 def write_summary(run: Run, rows: list[dict[str, Any]], load: tuple[float, ...]) -> Path:
     """``summary-<date>-<time>.json``: every ratio of the run, the machine, what each benchmark took."""
     path = RESULTS_DIR / f"summary-{run.stamp}{'-quick' if run.quick else ''}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({
-        "created": datetime.now(UTC).isoformat(), "quick": run.quick, "machine": run.info,
-        "load_at_end": load, "waited_for_quiet": run.waited, "seconds": run.seconds,
-        "seconds_per_benchmark": {k: d.get("seconds") for k, d in run.documents.items()},
-        "others_cpu_share": {k: d.get("others_cpu_share") for k, d in run.documents.items()},
-        "files": run.files, "ratios": rows,
-    }, indent=2, default=str) + "\n")
+    path.write_text(
+        json.dumps(
+            {
+                "created": datetime.now(UTC).isoformat(),
+                "quick": run.quick,
+                "machine": run.info,
+                "load_at_end": load,
+                "waited_for_quiet": run.waited,
+                "seconds": run.seconds,
+                "seconds_per_benchmark": {k: d.get("seconds") for k, d in run.documents.items()},
+                "others_cpu_share": {
+                    k: d.get("others_cpu_share") for k, d in run.documents.items()
+                },
+                "files": run.files,
+                "ratios": rows,
+            },
+            indent=2,
+            default=str,
+        )
+        + "\n"
+    )
     return path
 
 
@@ -194,8 +272,10 @@ def main(argv: list[str] | None = None) -> int:
         print("\ninterrupted; the benchmark's servers are stopped", file=sys.stderr)
         return 130
     if not args.names and "peers" not in names:
-        print("\npeers skipped: pass --peers to measure llama-index's RedisChatStore and LangChain's "
-              "RedisChatMessageHistory beside kvstore (pip installs them into benchmarks/results/peer-packages)")
+        print(
+            "\npeers skipped: pass --peers to measure llama-index's RedisChatStore and LangChain's "
+            "RedisChatMessageHistory beside kvstore (pip installs them into benchmarks/results/peer-packages)"
+        )
     lines, rows = summary_table(run.documents)
     load = os.getloadavg()
     print_summary(run, lines, load)

@@ -75,8 +75,9 @@ class Bench(Fixture):
         """Appends `count` messages in batches no larger than one call's rollover moves, so the
         thread ends in its steady state (window of 64-96, the rest in chunks); returns the stored
         messages of a thread of up to 1,000."""
-        batch = min(self.config.max_batch_messages,
-                    self.config.max_chunks_per_call * self.config.chunk_size)
+        batch = min(
+            self.config.max_batch_messages, self.config.max_chunks_per_call * self.config.chunk_size
+        )
         stored, done = [], 0
         while done < count:
             n = min(batch, count - done)
@@ -91,7 +92,9 @@ class Bench(Fixture):
         now = datetime.now(UTC)
         pipe = self.client.pipeline(transaction=False)
         for i in range(count):
-            message = UserMessage(id=f"message-{uuid.uuid4()}", date=now, content=self.texts[i % TEXTS], seq_id=i + 1)
+            message = UserMessage(
+                id=f"message-{uuid.uuid4()}", date=now, content=self.texts[i % TEXTS], seq_id=i + 1
+            )
             pipe.rpush(key, message.to_json())
             if i % 1000 == 999:
                 pipe.execute()
@@ -120,7 +123,9 @@ class Bench(Fixture):
         self.big_before = self.big.stats()
         limit = self.config.window_size + self.config.chunk_size
         if self.big_before.window_messages > limit:
-            raise RuntimeError(f"the big thread's window holds {self.big_before.window_messages} messages")
+            raise RuntimeError(
+                f"the big thread's window holds {self.big_before.window_messages} messages"
+            )
         return small_messages
 
     def fill_lists(self, small_messages: list) -> None:
@@ -136,14 +141,18 @@ class Bench(Fixture):
     def fill_baselines(self) -> None:
         """The baselines' keys: the bytes of a real record, a hash, a 4-write script."""
         p = self.params
-        stamped = self.messages[0].model_copy(update={"id": f"message-{uuid.uuid4()}", "date": datetime.now(UTC)})
+        stamped = self.messages[0].model_copy(
+            update={"id": f"message-{uuid.uuid4()}", "date": datetime.now(UTC)}
+        )
         self.blob = encode_record(stamped)
         self.json_bytes = len(stamped.to_json())
         self.raw_key = self.key("raw")
         self.raw_batch_key = self.key("raw-batch")
         self.script_keys = [self.key(n) for n in BARE_KEYS]
         self.script_sha = self.client.script_load(BARE_SCRIPT)
-        self.ids = [f"message-{uuid.uuid4()}" for _ in range(p.warmup + p.calls + p.server_calls + 10)]
+        self.ids = [
+            f"message-{uuid.uuid4()}" for _ in range(p.warmup + p.calls + p.server_calls + 10)
+        ]
 
     def build_script_requests(self) -> None:
         """kvstore's own append script with its arguments built before the clock starts: the
@@ -153,7 +162,9 @@ class Bench(Fixture):
         refs = [core.ThreadRef.of(self.config, f"script-100-{i}") for i in range(len(pool))]
         self.script_requests = []
         for i in range(self.params.warmup + self.params.calls):
-            operation = core.append(refs[i // SMALL_THREAD_APPENDS], new_messages(self.texts, 1, i), None)
+            operation = core.append(
+                refs[i // SMALL_THREAD_APPENDS], new_messages(self.texts, 1, i), None
+            )
             request = next(operation)
             operation.close()
             self.script_requests.append(request)
@@ -184,7 +195,9 @@ class Bench(Fixture):
         for key in (self.list_100, self.lists[self.params.big]):
             if len(self.list_page(key)) != PAGE:
                 raise RuntimeError("list page is not 50 messages")
-        kvstore_page = [m.to_dict() for m in self.read_small.list(limit=PAGE, order="desc").messages]
+        kvstore_page = [
+            m.to_dict() for m in self.read_small.list(limit=PAGE, order="desc").messages
+        ]
         list_page = [m.to_dict() for m in self.list_page(self.list_100)]
         if kvstore_page != list_page:
             raise RuntimeError("kvstore and the JSON list do not hold the same messages")

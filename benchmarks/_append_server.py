@@ -39,8 +39,9 @@ def server_side(bench: Bench) -> dict[str, Any]:
     return {"single": single, "timed": timed}
 
 
-def _single_calls(bench: Bench, counting: redis.Redis, sent: list[int], big: Thread,
-                  small: Thread) -> dict[str, Any]:
+def _single_calls(
+    bench: Bench, counting: redis.Redis, sent: list[int], big: Thread, small: Thread
+) -> dict[str, Any]:
     """One call of each: the typical append and the one that also moves a chunk, a page, the bare
     script."""
 
@@ -52,12 +53,18 @@ def _single_calls(bench: Bench, counting: redis.Redis, sent: list[int], big: Thr
         return {"round_trips": trips, "commands": stats_diff(before, command_stats(counting))}
 
     # One chunk's worth of appends: all but one only store; one also moves a chunk.
-    cycle = [one(lambda m=m: big.append(m)) for m in new_messages(bench.texts, bench.config.chunk_size)]
+    cycle = [
+        one(lambda m=m: big.append(m)) for m in new_messages(bench.texts, bench.config.chunk_size)
+    ]
     shapes = Counter(_shape(c) for c in cycle)
     common, share = shapes.most_common(1)[0]
     typical = next(c for c in cycle if _shape(c) == common)
-    moving = [c for c in cycle if sum(v["calls"] for v in c["commands"].values())
-              > sum(v["calls"] for v in typical["commands"].values())]
+    moving = [
+        c
+        for c in cycle
+        if sum(v["calls"] for v in c["commands"].values())
+        > sum(v["calls"] for v in typical["commands"].values())
+    ]
     return {
         "append": typical,
         "append_typical_share": f"{share} of {len(cycle)}",
@@ -69,7 +76,9 @@ def _single_calls(bench: Bench, counting: redis.Redis, sent: list[int], big: Thr
 
 def _shape(call: dict[str, Any]) -> str:
     """A call's round trips and command counts, as one comparable value."""
-    return json.dumps([call["round_trips"], sorted((k, v["calls"]) for k, v in call["commands"].items())])
+    return json.dumps(
+        [call["round_trips"], sorted((k, v["calls"]) for k, v in call["commands"].items())]
+    )
 
 
 def _timed_calls(bench: Bench, counting: redis.Redis, big: Thread, small: Thread) -> dict[str, Any]:
@@ -103,18 +112,24 @@ def render_server_side(server: dict[str, Any], params: Params) -> list[str]:
     """What one call of each sent and the server ran, then the server time per call."""
     single = server["single"]
     lines: list[str] = []
-    for what, label in (("append", f"one append ({single['append_typical_share']})"),
-                        ("append_moving_a_chunk", "one append that also moves a chunk"),
-                        ("bare_script", "one bare EVALSHA"),
-                        ("page", "one newest-50 page (kvstore)")):
+    for what, label in (
+        ("append", f"one append ({single['append_typical_share']})"),
+        ("append_moving_a_chunk", "one append that also moves a chunk"),
+        ("bare_script", "one bare EVALSHA"),
+        ("page", "one newest-50 page (kvstore)"),
+    ):
         s = single.get(what)
         if not s:
             continue
         scripted = {k: v["calls"] for k, v in s["commands"].items() if k in SCRIPT_COMMANDS}
         inner = {k: v["calls"] for k, v in s["commands"].items() if k not in SCRIPT_COMMANDS}
         if scripted:
-            detail = ", ".join(f"{k} ×{v}" for k, v in sorted(scripted.items())) + ", run inside it: " + ", ".join(
-                f"{k} ×{v}" for k, v in sorted(inner.items())) + f" ({sum(inner.values())} commands)"
+            detail = (
+                ", ".join(f"{k} ×{v}" for k, v in sorted(scripted.items()))
+                + ", run inside it: "
+                + ", ".join(f"{k} ×{v}" for k, v in sorted(inner.items()))
+                + f" ({sum(inner.values())} commands)"
+            )
         else:
             detail = ", ".join(f"{k} ×{v}" for k, v in sorted(inner.items()))
         lines.append(f"{label}: {s['round_trips']} round trip(s); server saw {detail}")
@@ -122,15 +137,28 @@ def render_server_side(server: dict[str, Any], params: Params) -> list[str]:
     lines.append(f"server time per call (usec_per_call over {params.server_calls:,} calls):")
 
     def per_op(entry: dict, names: list[str] | None = None) -> float:
-        return sum(d["usec"] for k, d in entry["commands"].items() if names is None or k in names) / entry["calls"]
+        return (
+            sum(d["usec"] for k, d in entry["commands"].items() if names is None or k in names)
+            / entry["calls"]
+        )
 
     append_total = per_op(timed["append"], list(SCRIPT_COMMANDS))
     inner = per_op(timed["append"]) - append_total
-    lines.append(f"  fcall, kvstore append ({params.big:,}+ thread):    {append_total:6.1f} µs"
-                 f"  ({inner:.1f} in the commands it runs, {append_total - inner:.1f} in Lua and reply conversion)")
-    lines.append(f"  evalsha, bare 4-write script:                 {per_op(timed['bare_script'], list(SCRIPT_COMMANDS)):6.1f} µs")
+    lines.append(
+        f"  fcall, kvstore append ({params.big:,}+ thread):    {append_total:6.1f} µs"
+        f"  ({inner:.1f} in the commands it runs, {append_total - inner:.1f} in Lua and reply conversion)"
+    )
+    lines.append(
+        f"  evalsha, bare 4-write script:                 {per_op(timed['bare_script'], list(SCRIPT_COMMANDS)):6.1f} µs"
+    )
     page = timed["page"]["commands"]
-    parts = ", ".join(f"{k} ×{d['per_op']:.0f} {d['usec_per_call']:.1f}" for k, d in sorted(page.items()))
-    lines.append(f"  kvstore newest 50 (thread of 100):            {per_op(timed['page']):6.1f} µs  ({parts})")
-    lines.append(f"  JSON list newest 50 (LRANGE -50 -1):          {per_op(timed['list_page']):6.1f} µs")
+    parts = ", ".join(
+        f"{k} ×{d['per_op']:.0f} {d['usec_per_call']:.1f}" for k, d in sorted(page.items())
+    )
+    lines.append(
+        f"  kvstore newest 50 (thread of 100):            {per_op(timed['page']):6.1f} µs  ({parts})"
+    )
+    lines.append(
+        f"  JSON list newest 50 (LRANGE -50 -1):          {per_op(timed['list_page']):6.1f} µs"
+    )
     return lines

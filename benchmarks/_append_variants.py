@@ -38,8 +38,14 @@ def variants(bench: Bench) -> list[Variant]:
     timed = [Variant(name, label, calls[name]) for name, label in rows]
     for size, whole_calls in p.whole_calls.items():
         key = bench.lists[size]
-        timed.append(Variant(f"list_whole_{size}", f"whole JSON list of {size:,} (LRANGE 0 -1)",
-                             lambda key=key: bench.list_whole(key), every=max(1, p.calls // whole_calls)))
+        timed.append(
+            Variant(
+                f"list_whole_{size}",
+                f"whole JSON list of {size:,} (LRANGE 0 -1)",
+                lambda key=key: bench.list_whole(key),
+                every=max(1, p.calls // whole_calls),
+            )
+        )
     return timed
 
 
@@ -60,12 +66,16 @@ def _appends(bench: Bench) -> dict[str, Callable[[], Any]]:
         core.prepare_batch(config, [messages[(i + j) % TEXTS] for j in range(BATCH)], None)
 
     return {
-        "append_100": lambda: small_pool[next(small_calls) // SMALL_THREAD_APPENDS].append(small.take()),
+        "append_100": lambda: small_pool[next(small_calls) // SMALL_THREAD_APPENDS].append(
+            small.take()
+        ),
         "append_big": lambda: big_thread.append(big.take()),
         "prepare": lambda: core.prepare_batch(config, prepared.take(), None),
         "prepare_batch": prepare_batch,
         "append_script": lambda: send_script(client, store, requests[next(script_calls)]),
-        "append_batch": lambda: batch_pool[next(batch_calls) // batch_thread_calls].append(batches.take(BATCH)),
+        "append_batch": lambda: batch_pool[next(batch_calls) // batch_thread_calls].append(
+            batches.take(BATCH)
+        ),
     }
 
 

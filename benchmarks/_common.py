@@ -31,6 +31,7 @@ RESULTS_DIR = Path(__file__).resolve().parent / "results"
 TEXT_BYTES = 1000  # the text of each message; its record is ~1.1 KB with id and date
 TEXTS = 64  # distinct texts, used in turn
 
+
 def new_messages(texts: list[str], count: int, start: int = 0) -> list:
     """`count` new user messages without ids over `texts`, from text `start` on.
 
@@ -108,7 +109,9 @@ class Fixture:
     that is not the benchmark's own (`own`: the benchmark's own servers are stopped after it; one
     given with --url is not), and the client is closed."""
 
-    def __init__(self, url: str, params: Any, own: bool, store_class: type[MessageStore] = MessageStore) -> None:
+    def __init__(
+        self, url: str, params: Any, own: bool, store_class: type[MessageStore] = MessageStore
+    ) -> None:
         self.url = url
         self.params = params
         self.own = own
@@ -140,8 +143,28 @@ def log(text: str) -> None:
 
 def make_texts(seed: int = 7, count: int = TEXTS, size: int = TEXT_BYTES) -> list[str]:
     rng = random.Random(seed)
-    words = ["agent", "tool", "call", "result", "thread", "message", "context", "summary", "user",
-             "reply", "the", "a", "of", "to", "and", "store", "window", "chunk", "page", "turn"]
+    words = [
+        "agent",
+        "tool",
+        "call",
+        "result",
+        "thread",
+        "message",
+        "context",
+        "summary",
+        "user",
+        "reply",
+        "the",
+        "a",
+        "of",
+        "to",
+        "and",
+        "store",
+        "window",
+        "chunk",
+        "page",
+        "turn",
+    ]
     texts = []
     for _ in range(count):
         text = ""
@@ -175,7 +198,9 @@ def summarize(samples_ns: list[int]) -> dict[str, float]:
     }
 
 
-def measure(variants: list[Variant], rounds: int, warmup: int, seed: int = 1) -> dict[str, list[int]]:
+def measure(
+    variants: list[Variant], rounds: int, warmup: int, seed: int = 1
+) -> dict[str, list[int]]:
     """Runs every variant once a round (or once every `every` rounds), in a fresh shuffled order
     each round; the first `warmup` rounds are not recorded.
 
@@ -266,9 +291,14 @@ def each_server(url: str | None) -> Iterator[tuple[str, str, bool]]:
 # --------------------------------------------------------------------------------- ratios
 
 
-def collect_per_server(title: str, args: Any, params: Any, run_server: Callable[..., dict[str, Any]],
-                       render: Callable[[dict[str, Any]], str],
-                       params_document: dict[str, Any] | None = None) -> dict[str, Any]:
+def collect_per_server(
+    title: str,
+    args: Any,
+    params: Any,
+    run_server: Callable[..., dict[str, Any]],
+    render: Callable[[dict[str, Any]], str],
+    params_document: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """Runs one benchmark on each server (its own embedded ones, or --url), printing as it goes.
 
     `run_server(url, params, own)` measures one server; its document's "params" are
@@ -280,18 +310,29 @@ def collect_per_server(title: str, args: Any, params: Any, run_server: Callable[
         results.append({"name": name, **run_server(url, params, own)})
         print()
         print(render(results[-1]), flush=True)
-    return {"params": params.__dict__ if params_document is None else params_document, "machine": info,
-            "servers": results}
+    return {
+        "params": params.__dict__ if params_document is None else params_document,
+        "machine": info,
+        "servers": results,
+    }
 
 
-def ratio(name: str, label: str, value: float, target: float | None, higher: bool = False,
-          **extra: Any) -> dict[str, Any]:
+def ratio(
+    name: str, label: str, value: float, target: float | None, higher: bool = False, **extra: Any
+) -> dict[str, Any]:
     """A ratio and its verdict; `higher` means the target is a minimum (≥), not a maximum."""
     verdict = None
     if target is not None:
         verdict = value >= target if higher else value <= target
-    return {"name": name, "label": label, "value": value, "target": target,
-            "higher": higher, "pass": verdict, **extra}
+    return {
+        "name": name,
+        "label": label,
+        "value": value,
+        "target": target,
+        "higher": higher,
+        "pass": verdict,
+        **extra,
+    }
 
 
 def target_text(r: dict[str, Any]) -> str:
@@ -312,26 +353,41 @@ def render_ratios(ratios: list[dict[str, Any]], title: str = "ratios") -> list[s
     width = max([len(title)] + [len(r["label"]) for r in ratios]) + 2
     lines = [f"{title:<{width}} {'value':>7} {'target':>8}"]
     for r in ratios:
-        lines.append(f"{r['label']:<{width}} {value_text(r['value']):>7} {target_text(r):>8}  {verdict_text(r)}")
+        lines.append(
+            f"{r['label']:<{width}} {value_text(r['value']):>7} {target_text(r):>8}  {verdict_text(r)}"
+        )
     return lines
 
 
-def write_document(benchmark: str, document: dict[str, Any], path: Path | None, quick: bool) -> Path:
+def write_document(
+    benchmark: str, document: dict[str, Any], path: Path | None, quick: bool
+) -> Path:
     stamp = f"{datetime.now():%Y%m%d-%H%M%S}{'-quick' if quick else ''}"
     path = path or RESULTS_DIR / f"{benchmark}-{stamp}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    full = {"benchmark": benchmark, "created": datetime.now(UTC).isoformat(), "quick": quick, **document}
+    full = {
+        "benchmark": benchmark,
+        "created": datetime.now(UTC).isoformat(),
+        "quick": quick,
+        **document,
+    }
     path.write_text(json.dumps(full, indent=2, default=str) + "\n")
     return path
 
 
-def standalone_main(benchmark: str, doc: str | None, collect: Callable[[Any], dict[str, Any]],
-                    argv: list[str] | None, add_arguments: Callable[[Any], None] | None = None) -> int:
+def standalone_main(
+    benchmark: str,
+    doc: str | None,
+    collect: Callable[[Any], dict[str, Any]],
+    argv: list[str] | None,
+    add_arguments: Callable[[Any], None] | None = None,
+) -> int:
     """`python -m benchmarks.<name>`: one benchmark, its JSON and its plots."""
     import argparse
 
-    parser = argparse.ArgumentParser(prog=f"python -m benchmarks.{benchmark}",
-                                     description=(doc or "").split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog=f"python -m benchmarks.{benchmark}", description=(doc or "").split("\n\n")[0]
+    )
     add_common_arguments(parser)
     if add_arguments:
         add_arguments(parser)
@@ -350,6 +406,10 @@ def standalone_main(benchmark: str, doc: str | None, collect: Callable[[Any], di
 
 
 def add_common_arguments(parser: Any) -> None:
-    parser.add_argument("--quick", action="store_true", help="smaller sizes and fewer calls (for CI)")
+    parser.add_argument(
+        "--quick", action="store_true", help="smaller sizes and fewer calls (for CI)"
+    )
     parser.add_argument("--url", help="measure this server instead of starting Valkey (and Redis)")
-    parser.add_argument("--json", type=Path, help="where to write the figures (default: benchmarks/results/)")
+    parser.add_argument(
+        "--json", type=Path, help="where to write the figures (default: benchmarks/results/)"
+    )

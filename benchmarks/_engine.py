@@ -28,6 +28,13 @@ from kvstore._engine.record import decode_records, encode_record
 from kvstore._engine.wire import ChunkEntry
 
 __all__ = [
-    "Batch", "ChunkEntry", "Eval", "core", "decode_records", "encode_record", "record", "record_body",
+    "Batch",
+    "ChunkEntry",
+    "Eval",
+    "core",
+    "decode_records",
+    "encode_record",
+    "record",
+    "record_body",
     "request_command",
 ]

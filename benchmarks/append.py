@@ -47,8 +47,12 @@ from ._common import (
     verdict_text,
 )
 
-DEFAULT = Params(calls=2000, warmup=200, big=100_000, whole_calls={1_000: 200, 10_000: 40}, server_calls=1000)
-QUICK = Params(calls=300, warmup=50, big=10_000, whole_calls={1_000: 30, 10_000: 10}, server_calls=200)
+DEFAULT = Params(
+    calls=2000, warmup=200, big=100_000, whole_calls={1_000: 200, 10_000: 40}, server_calls=1000
+)
+QUICK = Params(
+    calls=300, warmup=50, big=10_000, whole_calls={1_000: 30, 10_000: 10}, server_calls=200
+)
 
 
 @dataclass(frozen=True)
@@ -64,19 +68,71 @@ class Ratio:
 def _ratios(big: int) -> list[Ratio]:
     n = f"{big:,}"
     return [
-        Ratio("append_growth", f"append: thread of {n} / thread of 100", "append_big", "append_100", 1.15),
-        Ratio("append_vs_script_100", "append (100) / bare EVALSHA", "append_100", "bare_script", 1.3),
-        Ratio("append_vs_script_big", f"append ({n}) / bare EVALSHA", "append_big", "bare_script", 1.3),
-        Ratio("script_vs_bare", "kvstore's append script alone / bare EVALSHA", "append_script", "bare_script", None),
-        Ratio("append_vs_script_alone", "append (100) / its script alone", "append_100", "append_script", None),
+        Ratio(
+            "append_growth",
+            f"append: thread of {n} / thread of 100",
+            "append_big",
+            "append_100",
+            1.15,
+        ),
+        Ratio(
+            "append_vs_script_100", "append (100) / bare EVALSHA", "append_100", "bare_script", 1.3
+        ),
+        Ratio(
+            "append_vs_script_big", f"append ({n}) / bare EVALSHA", "append_big", "bare_script", 1.3
+        ),
+        Ratio(
+            "script_vs_bare",
+            "kvstore's append script alone / bare EVALSHA",
+            "append_script",
+            "bare_script",
+            None,
+        ),
+        Ratio(
+            "append_vs_script_alone",
+            "append (100) / its script alone",
+            "append_100",
+            "append_script",
+            None,
+        ),
         Ratio("append_vs_hset_100", "append (100) / raw HSET", "append_100", "raw_hset", 2.5),
         Ratio("append_vs_hset_big", f"append ({n}) / raw HSET", "append_big", "raw_hset", 2.5),
-        Ratio("batch_vs_hset", f"append batch of {BATCH} (100) / raw HSET of {BATCH} fields", "append_batch",
-              "raw_hset_batch", 3.0),
-        Ratio("page_vs_list_100", "newest 50 (100): kvstore / JSON list", "page_100", "list_page_100", 1.2),
-        Ratio("page_vs_list_big", f"newest 50 ({n}): kvstore / JSON list", "page_big", "list_page_big", 1.2),
-        Ratio("whole_1k_vs_page", f"whole JSON list of 1,000 / kvstore newest 50 ({n})", "list_whole_1000", "page_big", None),
-        Ratio("whole_10k_vs_page", f"whole JSON list of 10,000 / kvstore newest 50 ({n})", "list_whole_10000", "page_big", 20.0, higher=True),
+        Ratio(
+            "batch_vs_hset",
+            f"append batch of {BATCH} (100) / raw HSET of {BATCH} fields",
+            "append_batch",
+            "raw_hset_batch",
+            3.0,
+        ),
+        Ratio(
+            "page_vs_list_100",
+            "newest 50 (100): kvstore / JSON list",
+            "page_100",
+            "list_page_100",
+            1.2,
+        ),
+        Ratio(
+            "page_vs_list_big",
+            f"newest 50 ({n}): kvstore / JSON list",
+            "page_big",
+            "list_page_big",
+            1.2,
+        ),
+        Ratio(
+            "whole_1k_vs_page",
+            f"whole JSON list of 1,000 / kvstore newest 50 ({n})",
+            "list_whole_1000",
+            "page_big",
+            None,
+        ),
+        Ratio(
+            "whole_10k_vs_page",
+            f"whole JSON list of 10,000 / kvstore newest 50 ({n})",
+            "list_whole_10000",
+            "page_big",
+            20.0,
+            higher=True,
+        ),
     ]
 
 
@@ -116,8 +172,16 @@ def latency_ratios(latency: dict[str, Any], big: int) -> list[dict[str, Any]]:
     for r in _ratios(big):
         num, den = latency.get(r.numerator), latency.get(r.denominator)
         if num and den:
-            ratios.append(ratio(r.name, r.label, num["median_us"] / den["median_us"], r.target, r.higher,
-                                p99_value=num["p99_us"] / den["p99_us"]))
+            ratios.append(
+                ratio(
+                    r.name,
+                    r.label,
+                    num["median_us"] / den["median_us"],
+                    r.target,
+                    r.higher,
+                    p99_value=num["p99_us"] / den["p99_us"],
+                )
+            )
     return ratios
 
 
@@ -141,8 +205,10 @@ def render(result: dict[str, Any], params: Params) -> str:
     lines.append("")
     lines.append(f"{'ratios (of medians)':<56} {'value':>7} {'p99':>7} {'target':>8}")
     for r in result["ratios"]:
-        lines.append(f"{r['label']:<56} {value_text(r['value']):>7} {r['p99_value']:>7.2f}"
-                     f" {target_text(r):>8}  {verdict_text(r)}")
+        lines.append(
+            f"{r['label']:<56} {value_text(r['value']):>7} {r['p99_value']:>7.2f}"
+            f" {target_text(r):>8}  {verdict_text(r)}"
+        )
     lines.append("")
     lines += render_server_side(result["server_side"], params)
     return "\n".join(lines)
@@ -152,7 +218,9 @@ def _latency_lines(latency: dict[str, Any]) -> list[str]:
     """The latency table, and where an append's median goes."""
     lines = [f"{'latency (µs)':<50} {'median':>9} {'p99':>9} {'calls':>6}"]
     for stats in latency.values():
-        lines.append(f"{stats['label']:<50} {_us(stats['median_us']):>9} {_us(stats['p99_us']):>9} {stats['n']:>6}")
+        lines.append(
+            f"{stats['label']:<50} {_us(stats['median_us']):>9} {_us(stats['p99_us']):>9} {stats['n']:>6}"
+        )
     append, script = latency["append_100"]["median_us"], latency["append_script"]["median_us"]
     bare, prepare = latency["bare_script"]["median_us"], latency["prepare"]["median_us"]
     lines.append(
@@ -169,11 +237,25 @@ def _latency_lines(latency: dict[str, Any]) -> list[str]:
 def collect(args: argparse.Namespace) -> dict[str, Any]:
     """Runs on every server, prints one table per server; returns the figures."""
     params = QUICK if args.quick else DEFAULT
-    document = {"calls": params.calls, "warmup": params.warmup, "big_thread": params.big,
-                "whole_list_calls": params.whole_calls, "server_calls": params.server_calls,
-                "text_bytes": TEXT_BYTES, "page": PAGE, "small_thread": SMALL, "batch": BATCH}
-    return collect_per_server("append", args, params, run_server, lambda result: render(result, params),
-                              params_document=document)
+    document = {
+        "calls": params.calls,
+        "warmup": params.warmup,
+        "big_thread": params.big,
+        "whole_list_calls": params.whole_calls,
+        "server_calls": params.server_calls,
+        "text_bytes": TEXT_BYTES,
+        "page": PAGE,
+        "small_thread": SMALL,
+        "batch": BATCH,
+    }
+    return collect_per_server(
+        "append",
+        args,
+        params,
+        run_server,
+        lambda result: render(result, params),
+        params_document=document,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

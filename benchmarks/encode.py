@@ -104,20 +104,35 @@ class Encode(Fixture):
         self.read_thread = self.store.thread("encode-read")
         self.read_thread.append(new_messages(self.texts, 100))
         now = datetime.now(UTC)
-        self.stamped = [m.model_copy(update={"id": f"message-{uuid.uuid4()}", "date": now}) for m in self.messages]
+        self.stamped = [
+            m.model_copy(update={"id": f"message-{uuid.uuid4()}", "date": now})
+            for m in self.messages
+        ]
         self.dicts = [m.to_dict() for m in self.stamped]
         self.records = [encode_record(m) for m in self.stamped]
         # The newest page's native read, as the core builds it, and its records as
         # decode_records gets them.
         keys = self.read_thread.keys
-        operation = core.list_page(core.ThreadRef.of(config, "encode-read"), limit=PAGE, order="desc")
+        operation = core.list_page(
+            core.ThreadRef.of(config, "encode-read"), limit=PAGE, order="desc"
+        )
         self.page_read = list(next(operation).commands)
         operation.close()
-        window = self.client.zrange(keys.window, "+inf", "-inf", byscore=True, desc=True, offset=0, num=PAGE,
-                                    withscores=True)
+        window = self.client.zrange(
+            keys.window,
+            "+inf",
+            "-inf",
+            byscore=True,
+            desc=True,
+            offset=0,
+            num=PAGE,
+            withscores=True,
+        )
         self.entries = [(int(score), member) for member, score in window]
         self.bodies = [record_body(seq, record) for seq, record in self.entries]
-        self.json_texts = [m.to_json() for m in self.read_thread.list(limit=PAGE, order="desc").messages]
+        self.json_texts = [
+            m.to_json() for m in self.read_thread.list(limit=PAGE, order="desc").messages
+        ]
         self.bare_sha = self.client.script_load(BARE_SCRIPT)
         self.bare_keys = bare_keys(f"{self.ns}:{{bare}}")
         # kvstore's script alone: requests built by the core, each with a fresh message id.
@@ -148,7 +163,9 @@ class Encode(Fixture):
         def bare() -> None:
             i = state["bare"]
             state["bare"] = i + 1
-            client.evalsha(self.bare_sha, 4, *self.bare_keys, f"message-{i}", self.records[i % TEXTS])
+            client.evalsha(
+                self.bare_sha, 4, *self.bare_keys, f"message-{i}", self.records[i % TEXTS]
+            )
 
         def read() -> None:
             pipe = client.pipeline(transaction=False)
@@ -159,7 +176,11 @@ class Encode(Fixture):
         body = serializer.to_python(self.stamped[0], mode="json", exclude_none=True)
         return [
             Variant("validate", "", lambda: parse_message(self.dicts[0])),
-            Variant("serialize", "", lambda: serializer.to_python(self.stamped[0], mode="json", exclude_none=True)),
+            Variant(
+                "serialize",
+                "",
+                lambda: serializer.to_python(self.stamped[0], mode="json", exclude_none=True),
+            ),
             Variant("packb", "", lambda: msgpack.packb([2, body], use_bin_type=True)),
             Variant("encode", "", lambda: encode_record(self.stamped[0])),
             Variant("prepare", "", lambda: core.prepare_batch(config, messages[0], None)),
@@ -195,31 +216,73 @@ class Encode(Fixture):
 
 def run_server(url: str, params: Params, own: bool, profile: bool) -> dict[str, Any]:
     with Encode(url, params, own) as bench:
-        log(f"{bench.version}: a {MESSAGES:,}-message thread; {params.calls:,} calls of each step, interleaved")
+        log(
+            f"{bench.version}: a {MESSAGES:,}-message thread; {params.calls:,} calls of each step, interleaved"
+        )
         bench.setup()
         samples = measure(bench.variants(), params.calls, params.warmup)
         profiled = bench.profile() if profile else None
     steps = {name: summarize(samples[name]) for name in samples}
     med = {k: v["median_us"] for k, v in steps.items()}
     ratios = [
-        ratio("client_share_append", "append: client side (append - script alone) / append",
-              (med["append"] - med["script"]) / med["append"], None),
-        ratio("prepare_share_append", "append: prepare_batch / append", med["prepare"] / med["append"], None),
-        ratio("encode_vs_roundtrip", "append: encode_record / bare EVALSHA round trip", med["encode"] / med["bare"],
-              None),
-        ratio("decode_share_page", "page: decode_records / whole page", med["decode"] / med["page"], None),
-        ratio("validate_share_page", "page: validation alone / whole page", med["validate_page"] / med["page"],
-              None),
-        ratio("read_share_page", "page: native read round trip / whole page", med["read"] / med["page"], None),
+        ratio(
+            "client_share_append",
+            "append: client side (append - script alone) / append",
+            (med["append"] - med["script"]) / med["append"],
+            None,
+        ),
+        ratio(
+            "prepare_share_append",
+            "append: prepare_batch / append",
+            med["prepare"] / med["append"],
+            None,
+        ),
+        ratio(
+            "encode_vs_roundtrip",
+            "append: encode_record / bare EVALSHA round trip",
+            med["encode"] / med["bare"],
+            None,
+        ),
+        ratio(
+            "decode_share_page",
+            "page: decode_records / whole page",
+            med["decode"] / med["page"],
+            None,
+        ),
+        ratio(
+            "validate_share_page",
+            "page: validation alone / whole page",
+            med["validate_page"] / med["page"],
+            None,
+        ),
+        ratio(
+            "read_share_page",
+            "page: native read round trip / whole page",
+            med["read"] / med["page"],
+            None,
+        ),
     ]
-    return {"server": bench.version, "steps": steps, "ratios": ratios, "profile": profiled,
-            "per_message_us": {"encode": med["encode"], "decode": med["decode"] / PAGE,
-                               "unpack": med["unpack"] / PAGE, "validate": med["validate_page"] / PAGE}}
+    return {
+        "server": bench.version,
+        "steps": steps,
+        "ratios": ratios,
+        "profile": profiled,
+        "per_message_us": {
+            "encode": med["encode"],
+            "decode": med["decode"] / PAGE,
+            "unpack": med["unpack"] / PAGE,
+            "validate": med["validate_page"] / PAGE,
+        },
+    }
 
 
 def render(result: dict[str, Any]) -> str:
     steps = result["steps"]
-    lines = [f"== {result['server']} ==", "", f"{'step (µs)':<52} {'median':>8} {'p99':>9} {'of whole':>9}"]
+    lines = [
+        f"== {result['server']} ==",
+        "",
+        f"{'step (µs)':<52} {'median':>8} {'p99':>9} {'of whole':>9}",
+    ]
     for group in ("append", "page"):
         whole = steps[group]["median_us"]
         for g, name, label in ROWS:
@@ -230,15 +293,21 @@ def render(result: dict[str, Any]) -> str:
             lines.append(f"{label:<52} {s['median_us']:>8.1f} {s['p99_us']:>9.1f} {share:>9}")
         lines.append("")
     per = result["per_message_us"]
-    lines.append(f"per message: encode {per['encode']:.1f} µs; decode {per['decode']:.2f} µs "
-                 f"(unpack {per['unpack']:.2f} + validate {per['validate']:.2f})")
+    lines.append(
+        f"per message: encode {per['encode']:.1f} µs; decode {per['decode']:.2f} µs "
+        f"(unpack {per['unpack']:.2f} + validate {per['validate']:.2f})"
+    )
     a = steps["append"]["median_us"]
-    lines.append(f"an append: round trip of the bare script {steps['bare']['median_us']:.1f} + kvstore's script over "
-                 f"it {steps['script']['median_us'] - steps['bare']['median_us']:.1f} + client side "
-                 f"{a - steps['script']['median_us']:.1f} (prepare_batch {steps['prepare']['median_us']:.1f} of it)")
+    lines.append(
+        f"an append: round trip of the bare script {steps['bare']['median_us']:.1f} + kvstore's script over "
+        f"it {steps['script']['median_us'] - steps['bare']['median_us']:.1f} + client side "
+        f"{a - steps['script']['median_us']:.1f} (prepare_batch {steps['prepare']['median_us']:.1f} of it)"
+    )
     p = steps["page"]["median_us"]
-    lines.append(f"a page of 50: native read {steps['read']['median_us']:.1f} + decode_records "
-                 f"{steps['decode']['median_us']:.1f} + the rest {p - steps['read']['median_us'] - steps['decode']['median_us']:.1f}")
+    lines.append(
+        f"a page of 50: native read {steps['read']['median_us']:.1f} + decode_records "
+        f"{steps['decode']['median_us']:.1f} + the rest {p - steps['read']['median_us'] - steps['decode']['median_us']:.1f}"
+    )
     lines.append("")
     lines += render_ratios(result["ratios"], "shares (of medians)")
     if result.get("profile"):
@@ -247,14 +316,21 @@ def render(result: dict[str, Any]) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--profile", action="store_true", help="also print where the client spends its time")
+    parser.add_argument(
+        "--profile", action="store_true", help="also print where the client spends its time"
+    )
 
 
 def collect(args: argparse.Namespace) -> dict[str, Any]:
     params = QUICK if args.quick else DEFAULT
     profile = getattr(args, "profile", False)
-    return collect_per_server("encode", args, params,
-                              lambda url, params, own: run_server(url, params, own, profile), render)
+    return collect_per_server(
+        "encode",
+        args,
+        params,
+        lambda url, params, own: run_server(url, params, own, profile),
+        render,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

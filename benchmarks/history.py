@@ -27,7 +27,14 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from kvstore import AssistantMessage, Message, MessageStore, ToolCallMessage, ToolReturnMessage, UserMessage
+from kvstore import (
+    AssistantMessage,
+    Message,
+    MessageStore,
+    ToolCallMessage,
+    ToolReturnMessage,
+    UserMessage,
+)
 
 from ._common import (
     SCRIPT_COMMANDS,
@@ -65,8 +72,16 @@ def agent_turn(texts: list[str], i: int) -> list[Message]:
     call_id = f"call-{i}"
     return [
         UserMessage(content=texts[i % len(texts)][:300]),
-        ToolCallMessage(tool_call={"name": "search", "arguments": json.dumps({"q": f"query {i}"}), "tool_call_id": call_id}),
-        ToolReturnMessage(status="success", tool_call_id=call_id, tool_return=texts[(i + 1) % len(texts)][:600]),
+        ToolCallMessage(
+            tool_call={
+                "name": "search",
+                "arguments": json.dumps({"q": f"query {i}"}),
+                "tool_call_id": call_id,
+            }
+        ),
+        ToolReturnMessage(
+            status="success", tool_call_id=call_id, tool_return=texts[(i + 1) % len(texts)][:600]
+        ),
         AssistantMessage(content=texts[(i + 2) % len(texts)]),
     ]
 
@@ -74,8 +89,12 @@ def agent_turn(texts: list[str], i: int) -> list[Message]:
 def checked_appends(fx: Fixture, params: Params) -> dict[str, Any]:
     """Server time per append with strict history checks and without, in alternating blocks."""
     client = fx.client
-    threads = {mode: MessageStore(client, dataclasses.replace(fx.config, history_checks=mode)).thread(f"checks-{mode}")
-               for mode in ("off", "strict")}
+    threads = {
+        mode: MessageStore(client, dataclasses.replace(fx.config, history_checks=mode)).thread(
+            f"checks-{mode}"
+        )
+        for mode in ("off", "strict")
+    }
     samples: dict[str, list[float]] = {mode: [] for mode in threads}
     turn = 0
     for block in range(params.warmup + params.rounds):
@@ -89,7 +108,9 @@ def checked_appends(fx: Fixture, params: Params) -> dict[str, Any]:
             diff = stats_diff(before, command_stats(client))
             scripts = [diff[name] for name in SCRIPT_COMMANDS if name in diff]
             if block >= params.warmup:
-                samples[mode].append(sum(v["usec"] for v in scripts) / sum(v["calls"] for v in scripts))
+                samples[mode].append(
+                    sum(v["usec"] for v in scripts) / sum(v["calls"] for v in scripts)
+                )
         turn += params.check_turns
     strict = threads["strict"]
     assert strict.stats().history_checked, "the strict thread is checked"
@@ -109,14 +130,31 @@ def run_server(url: str, params: Params, own: bool) -> dict[str, Any]:
         fill_thread(thread, fx.config, fx.texts, params.messages)
         listed = f"{fx.ns}:list"
         for start in range(0, params.messages, 500):
-            client.rpush(listed, *[json.dumps({"type": "human", "content": fx.texts[(start + i) % len(fx.texts)]})
-                                   for i in range(min(500, params.messages - start))])
+            client.rpush(
+                listed,
+                *[
+                    json.dumps({"type": "human", "content": fx.texts[(start + i) % len(fx.texts)]})
+                    for i in range(min(500, params.messages - start))
+                ],
+            )
         budgeted = len(thread.context(max_tokens=BUDGET))
-        samples = measure([
-            Variant("context", "context(): every message", lambda: thread.context()),
-            Variant("budget", f"context(max_tokens={BUDGET})", lambda: thread.context(max_tokens=BUDGET)),
-            Variant("lrange", f"LRANGE of the newest {budgeted} JSON items", lambda: client.lrange(listed, -budgeted, -1)),
-        ], params.rounds, params.warmup)
+        samples = measure(
+            [
+                Variant("context", "context(): every message", lambda: thread.context()),
+                Variant(
+                    "budget",
+                    f"context(max_tokens={BUDGET})",
+                    lambda: thread.context(max_tokens=BUDGET),
+                ),
+                Variant(
+                    "lrange",
+                    f"LRANGE of the newest {budgeted} JSON items",
+                    lambda: client.lrange(listed, -budgeted, -1),
+                ),
+            ],
+            params.rounds,
+            params.warmup,
+        )
         timings = {name: summarize(values) for name, values in samples.items()}
 
         used, before = client.info("memory")["used_memory"], command_stats(client)
@@ -140,18 +178,34 @@ def run_server(url: str, params: Params, own: bool) -> dict[str, Any]:
             "server": fx.version,
             "timings": timings,
             "budgeted_messages": budgeted,
-            "fork": {"seconds": fork_s, "script_calls": calls.get("fcall", {}).get("calls", 0)
-                     + calls.get("evalsha", {}).get("calls", 0),
-                     "commands": sum(v["calls"] for v in calls.values()), "bytes_added": added},
+            "fork": {
+                "seconds": fork_s,
+                "script_calls": calls.get("fcall", {}).get("calls", 0)
+                + calls.get("evalsha", {}).get("calls", 0),
+                "commands": sum(v["calls"] for v in calls.values()),
+                "bytes_added": added,
+            },
             "list_copy_seconds": copy_s,
             "checks": checks,
             "ratios": [
-                ratio("strict_vs_off", "server time per append: strict history checks / none",
-                      checks["append_usec"]["strict"] / checks["append_usec"]["off"], 1.15),
-                ratio("budget_vs_context", f"context(max_tokens={BUDGET}) / context()",
-                      median["budget"] / median["context"], None),
-                ratio("budget_vs_lrange", f"context(max_tokens={BUDGET}) / LRANGE of as many",
-                      median["budget"] / median["lrange"], None),
+                ratio(
+                    "strict_vs_off",
+                    "server time per append: strict history checks / none",
+                    checks["append_usec"]["strict"] / checks["append_usec"]["off"],
+                    1.15,
+                ),
+                ratio(
+                    "budget_vs_context",
+                    f"context(max_tokens={BUDGET}) / context()",
+                    median["budget"] / median["context"],
+                    None,
+                ),
+                ratio(
+                    "budget_vs_lrange",
+                    f"context(max_tokens={BUDGET}) / LRANGE of as many",
+                    median["budget"] / median["lrange"],
+                    None,
+                ),
                 ratio("fork_vs_list_copy", "fork / raw copy of a JSON list", fork_s / copy_s, None),
             ],
         }
@@ -160,14 +214,20 @@ def run_server(url: str, params: Params, own: bool) -> dict[str, Any]:
 def render(result: dict[str, Any]) -> str:
     lines = [f"{result['name']} ({result['server']})"]
     for name, t in result["timings"].items():
-        lines.append(f"  {name:<8} median {t['median_us'] / 1000:8.2f} ms   p99 {t['p99_us'] / 1000:8.2f} ms")
+        lines.append(
+            f"  {name:<8} median {t['median_us'] / 1000:8.2f} ms   p99 {t['p99_us'] / 1000:8.2f} ms"
+        )
     f = result["fork"]
-    lines.append(f"  fork: {f['seconds']:.2f} s, {f['script_calls']} script calls, {f['commands']:,} commands, "
-                 f"+{f['bytes_added'] / 1e6:.1f} MB; raw list copy {result['list_copy_seconds']:.2f} s")
+    lines.append(
+        f"  fork: {f['seconds']:.2f} s, {f['script_calls']} script calls, {f['commands']:,} commands, "
+        f"+{f['bytes_added'] / 1e6:.1f} MB; raw list copy {result['list_copy_seconds']:.2f} s"
+    )
     c = result["checks"]
-    lines.append(f"  append server time (median of blocks of {c['appends_per_block']}): strict checks "
-                 f"{c['append_usec']['strict']:.1f} µs, none {c['append_usec']['off']:.1f} µs; "
-                 f"pairs key {c['pairs_bytes_per_message']:.1f} B per message")
+    lines.append(
+        f"  append server time (median of blocks of {c['appends_per_block']}): strict checks "
+        f"{c['append_usec']['strict']:.1f} µs, none {c['append_usec']['off']:.1f} µs; "
+        f"pairs key {c['pairs_bytes_per_message']:.1f} B per message"
+    )
     lines += render_ratios(result["ratios"])
     return "\n".join(lines)
 

@@ -31,7 +31,10 @@ def langchain_records(count: int, session: int) -> list[bytes]:
     records = []
     for n in range(count):
         if n % 5 == 3:
-            message = AIMessage("", tool_calls=[{"name": "weather", "args": {"city": "Oslo"}, "id": f"c{session}-{n}"}])
+            message = AIMessage(
+                "",
+                tool_calls=[{"name": "weather", "args": {"city": "Oslo"}, "id": f"c{session}-{n}"}],
+            )
         elif n % 5 == 4:
             message = ToolMessage("cloudy, 4 °C", tool_call_id=f"c{session}-{n - 1}")
         elif n % 2:
@@ -46,8 +49,12 @@ def llamaindex_records(count: int) -> list[bytes]:
     from llama_index.core.llms import ChatMessage
 
     text = "Some words of a conversation about the weather in Oslo and elsewhere. " * 3
-    return [ChatMessage(role="user" if n % 2 == 0 else "assistant", content=f"{n}: {text}").model_dump_json().encode()
-            for n in range(count)]
+    return [
+        ChatMessage(role="user" if n % 2 == 0 else "assistant", content=f"{n}: {text}")
+        .model_dump_json()
+        .encode()
+        for n in range(count)
+    ]
 
 
 def timed(label: str, run, messages: int) -> float:
@@ -71,13 +78,26 @@ def run_on(url: str, messages: int, sessions: int) -> None:
             pipe.lpush(f"message_store:s{session}", *langchain_records(100, session + 1))
         pipe.rpush("llama:long", *llamaindex_records(messages))
         pipe.execute()
-    timed(f"langchain, 1 session of {messages:,}", lambda: import_langchain(store, source, "message_store:long"),
-          messages)
-    timed(f"langchain, {sessions} sessions of 100", lambda: import_langchain(store, source, "message_store:s*"),
-          sessions * 100)
-    timed(f"llamaindex, 1 chat of {messages:,}", lambda: import_llamaindex(store, source, "llama:long"), messages)
-    timed("langchain, all again (nothing to store)", lambda: import_langchain(store, source),
-          messages + sessions * 100)
+    timed(
+        f"langchain, 1 session of {messages:,}",
+        lambda: import_langchain(store, source, "message_store:long"),
+        messages,
+    )
+    timed(
+        f"langchain, {sessions} sessions of 100",
+        lambda: import_langchain(store, source, "message_store:s*"),
+        sessions * 100,
+    )
+    timed(
+        f"llamaindex, 1 chat of {messages:,}",
+        lambda: import_llamaindex(store, source, "llama:long"),
+        messages,
+    )
+    timed(
+        "langchain, all again (nothing to store)",
+        lambda: import_langchain(store, source),
+        messages + sessions * 100,
+    )
     store.close()
     source.close()
 

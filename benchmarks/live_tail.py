@@ -46,7 +46,9 @@ class Params:
     memory_appends: tuple[int, ...]  # where the stream's memory is read
 
 
-DEFAULT = Params(fill=300, rounds=30, batch=100, samples=400, memory_appends=(500, 1000, 2000, 4000))
+DEFAULT = Params(
+    fill=300, rounds=30, batch=100, samples=400, memory_appends=(500, 1000, 2000, 4000)
+)
 QUICK = Params(fill=100, rounds=8, batch=50, samples=100, memory_appends=(500, 1000, 2000))
 
 
@@ -76,14 +78,18 @@ class LiveTail(Fixture):
                 thread.append(UserMessage(content="x" * 1000))
         samples: dict[bool, list[float]] = {False: [], True: []}
         for r in range(p.rounds):
-            for on in ((False, True) if r % 2 else (True, False)):
+            for on in (False, True) if r % 2 else (True, False):
                 messages = [UserMessage(content="x" * 1000) for _ in range(p.batch)]
                 self.client.config_resetstat()
                 for message in messages:
                     threads[on].append(message)
                 samples[on].append(self.script_usec())
-        return {"off_us": samples[False], "on_us": samples[True],
-                "off_median": statistics.median(samples[False]), "on_median": statistics.median(samples[True])}
+        return {
+            "off_us": samples[False],
+            "on_us": samples[True],
+            "off_median": statistics.median(samples[False]),
+            "on_median": statistics.median(samples[True]),
+        }
 
     def floor(self) -> list[float]:
         writer, reader = redis.Redis.from_url(self.url), redis.Redis.from_url(self.url)
@@ -145,8 +151,13 @@ class LiveTail(Fixture):
                 thread.append(UserMessage(content="x" * 200))
                 done += 1
             key = thread.keys.events
-            rows.append({"appends": at, "events": int(self.client.xlen(key)),
-                         "bytes": int(self.client.memory_usage(key, samples=0) or 0)})
+            rows.append(
+                {
+                    "appends": at,
+                    "events": int(self.client.xlen(key)),
+                    "bytes": int(self.client.memory_usage(key, samples=0) or 0),
+                }
+            )
         return rows
 
 
@@ -158,31 +169,61 @@ def run_server(url: str, params: Params, own: bool) -> dict[str, Any]:
         floor, tail, ids_only = fixture.floor(), fixture.tail(), fixture.tail(messages=False)
         log("the stream's memory under its cap")
         memory = fixture.memory()
-        latency = {name: {"p50_us": _percentile(xs, 0.5) * 1e6, "p99_us": _percentile(xs, 0.99) * 1e6}
-                   for name, xs in (("floor", floor), ("tail", tail), ("ids_only", ids_only))}
+        latency = {
+            name: {"p50_us": _percentile(xs, 0.5) * 1e6, "p99_us": _percentile(xs, 0.99) * 1e6}
+            for name, xs in (("floor", floor), ("tail", tail), ("ids_only", ids_only))
+        }
         ratios = [
-            ratio("events_cost", "append server time, events on / off", cost["on_median"] / cost["off_median"], 1.15),
-            ratio("tail_p50", "append->watcher / XADD->XREAD, p50",
-                  latency["tail"]["p50_us"] / latency["floor"]["p50_us"], 1.5),
-            ratio("tail_p99", "append->watcher / XADD->XREAD, p99",
-                  latency["tail"]["p99_us"] / latency["floor"]["p99_us"], 1.5),
-            ratio("ids_p50", "append->watcher (ids only) / XADD->XREAD, p50",
-                  latency["ids_only"]["p50_us"] / latency["floor"]["p50_us"], None),
+            ratio(
+                "events_cost",
+                "append server time, events on / off",
+                cost["on_median"] / cost["off_median"],
+                1.15,
+            ),
+            ratio(
+                "tail_p50",
+                "append->watcher / XADD->XREAD, p50",
+                latency["tail"]["p50_us"] / latency["floor"]["p50_us"],
+                1.5,
+            ),
+            ratio(
+                "tail_p99",
+                "append->watcher / XADD->XREAD, p99",
+                latency["tail"]["p99_us"] / latency["floor"]["p99_us"],
+                1.5,
+            ),
+            ratio(
+                "ids_p50",
+                "append->watcher (ids only) / XADD->XREAD, p50",
+                latency["ids_only"]["p50_us"] / latency["floor"]["p50_us"],
+                None,
+            ),
         ]
-        return {"server": fixture.version, "cost": cost, "latency": latency, "memory": memory, "ratios": ratios}
+        return {
+            "server": fixture.version,
+            "cost": cost,
+            "latency": latency,
+            "memory": memory,
+            "ratios": ratios,
+        }
 
 
 def render(result: dict[str, Any]) -> str:
     cost, latency = result["cost"], result["latency"]
-    lines = [f"{result['name']} ({result['server']})",
-             f"server time per append: events off {cost['off_median']:.1f} us, on {cost['on_median']:.1f} us"
-             f" (medians of {len(cost['on_us'])} batches)",
-             f"latency: XADD->XREAD p50 {latency['floor']['p50_us']:.0f} us p99 {latency['floor']['p99_us']:.0f} us;"
-             f" append->watcher p50 {latency['tail']['p50_us']:.0f} us p99 {latency['tail']['p99_us']:.0f} us"
-             f" (ids only: p50 {latency['ids_only']['p50_us']:.0f} us p99 {latency['ids_only']['p99_us']:.0f} us)",
-             "stream memory: " + ", ".join(f"{m['appends']} appends {m['events']} events {m['bytes'] / 1024:.1f} KB"
-                                           for m in result["memory"]),
-             ""]
+    lines = [
+        f"{result['name']} ({result['server']})",
+        f"server time per append: events off {cost['off_median']:.1f} us, on {cost['on_median']:.1f} us"
+        f" (medians of {len(cost['on_us'])} batches)",
+        f"latency: XADD->XREAD p50 {latency['floor']['p50_us']:.0f} us p99 {latency['floor']['p99_us']:.0f} us;"
+        f" append->watcher p50 {latency['tail']['p50_us']:.0f} us p99 {latency['tail']['p99_us']:.0f} us"
+        f" (ids only: p50 {latency['ids_only']['p50_us']:.0f} us p99 {latency['ids_only']['p99_us']:.0f} us)",
+        "stream memory: "
+        + ", ".join(
+            f"{m['appends']} appends {m['events']} events {m['bytes'] / 1024:.1f} KB"
+            for m in result["memory"]
+        ),
+        "",
+    ]
     lines += render_ratios(result["ratios"], "ratios")
     return "\n".join(lines)
 

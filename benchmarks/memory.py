@@ -49,7 +49,9 @@ class Params:
     sample_every: int
 
 
-DEFAULT = Params(sizes=(1_000, 10_000), turns=2_000, compact_every=10, retained=100, sample_every=50)
+DEFAULT = Params(
+    sizes=(1_000, 10_000), turns=2_000, compact_every=10, retained=100, sample_every=50
+)
 QUICK = DEFAULT
 
 
@@ -121,9 +123,12 @@ class Memory(Fixture):
         for turn in range(1, p.turns + 1):
             turn_id = f"turn-{turn}"
             (user,) = thread.append(
-                UserMessage(content=self.texts[turn % TEXTS], otid=f"otid-{turn}"), turn_id=turn_id)
+                UserMessage(content=self.texts[turn % TEXTS], otid=f"otid-{turn}"), turn_id=turn_id
+            )
             thread.start_turn(turn_id)
-            (reply,) = thread.append(AssistantMessage(content=self.texts[(turn * 7) % TEXTS]), turn_id=turn_id)
+            (reply,) = thread.append(
+                AssistantMessage(content=self.texts[(turn * 7) % TEXTS]), turn_id=turn_id
+            )
             thread.finish_turn(turn_id)
             self.client.rpush(key, user.to_json(), reply.to_json())
             if turn % p.compact_every == 0:
@@ -132,21 +137,30 @@ class Memory(Fixture):
             if turn % p.sample_every == 0:
                 stats = thread.stats()
                 memory = thread_memory(self.client, prefix)
-                samples.append({
-                    "turn": turn,
-                    "kvstore_bytes": memory["total"],
-                    "kinds": {k: v["bytes"] for k, v in memory["kinds"].items()},
-                    "stored_messages": stats.stored_messages,
-                    "stored_bytes": stats.stored_bytes,
-                    "chunks": stats.chunks,
-                    "window": stats.window_messages,
-                    "deleted_before": stats.deleted_before_sequence,
-                    "list_bytes": memory_usage(self.client, key),
-                    "list_messages": self.client.llen(key),
-                })
-        return {"samples": samples, "bound_messages": p.retained + config.window_size + config.chunk_size,
-                "config": {"retained_message_limit": p.retained, "window_size": config.window_size,
-                           "chunk_size": config.chunk_size, "compact_every": p.compact_every}}
+                samples.append(
+                    {
+                        "turn": turn,
+                        "kvstore_bytes": memory["total"],
+                        "kinds": {k: v["bytes"] for k, v in memory["kinds"].items()},
+                        "stored_messages": stats.stored_messages,
+                        "stored_bytes": stats.stored_bytes,
+                        "chunks": stats.chunks,
+                        "window": stats.window_messages,
+                        "deleted_before": stats.deleted_before_sequence,
+                        "list_bytes": memory_usage(self.client, key),
+                        "list_messages": self.client.llen(key),
+                    }
+                )
+        return {
+            "samples": samples,
+            "bound_messages": p.retained + config.window_size + config.chunk_size,
+            "config": {
+                "retained_message_limit": p.retained,
+                "window_size": config.window_size,
+                "chunk_size": config.chunk_size,
+                "compact_every": p.compact_every,
+            },
+        }
 
     def cleanup(self) -> None:
         for store, thread_id in self.stores:
@@ -171,14 +185,36 @@ def run_server(url: str, params: Params, own: bool) -> dict[str, Any]:
     ratios = []
     for s in sizes:
         size, n = s["size"], s["messages"]
-        ratios.append(ratio(f"memory_vs_list_{size}", f"memory per message, {size:,}: kvstore / JSON list",
-                            s["kvstore"]["total"] / s["json_list"]["bytes"], 1.1))
-        ratios.append(ratio(f"memory_vs_record_{size}", f"memory per message, {size:,}: kvstore / msgpack record",
-                            s["kvstore"]["total"] / s["record_bytes"], None))
-        ratios.append(ratio(f"list_vs_json_{size}", f"memory per message, {size:,}: JSON list / JSON text",
-                            s["json_list"]["bytes"] / s["json_bytes"], None))
-        s["per_message"] = {"kvstore": s["kvstore"]["total"] / n, "json_list": s["json_list"]["bytes"] / n,
-                            "record": s["record_bytes"] / n, "json": s["json_bytes"] / n}
+        ratios.append(
+            ratio(
+                f"memory_vs_list_{size}",
+                f"memory per message, {size:,}: kvstore / JSON list",
+                s["kvstore"]["total"] / s["json_list"]["bytes"],
+                1.1,
+            )
+        )
+        ratios.append(
+            ratio(
+                f"memory_vs_record_{size}",
+                f"memory per message, {size:,}: kvstore / msgpack record",
+                s["kvstore"]["total"] / s["record_bytes"],
+                None,
+            )
+        )
+        ratios.append(
+            ratio(
+                f"list_vs_json_{size}",
+                f"memory per message, {size:,}: JSON list / JSON text",
+                s["json_list"]["bytes"] / s["json_bytes"],
+                None,
+            )
+        )
+        s["per_message"] = {
+            "kvstore": s["kvstore"]["total"] / n,
+            "json_list": s["json_list"]["bytes"] / n,
+            "record": s["record_bytes"] / n,
+            "json": s["json_bytes"] / n,
+        }
     samples = bounded["samples"]
     started = next((x for x in samples if x["deleted_before"]), None)
     if started:
@@ -186,17 +222,38 @@ def run_server(url: str, params: Params, own: bool) -> dict[str, Any]:
         half = [x for x in steady if x["turn"] > params.turns // 2]
         first_half = [x for x in steady if x["turn"] <= params.turns // 2]
         bounded["retention_from_turn"] = started["turn"]
-        bounded["band"] = [min(x["kvstore_bytes"] for x in steady), max(x["kvstore_bytes"] for x in steady)]
+        bounded["band"] = [
+            min(x["kvstore_bytes"] for x in steady),
+            max(x["kvstore_bytes"] for x in steady),
+        ]
         bounded["max_stored"] = max(x["stored_messages"] for x in steady)
         if half and first_half:
-            ratios.append(ratio(
-                "bounded_trend", f"bounded: memory, max after turn {params.turns // 2:,} / max from turn {started['turn']} to it",
-                max(x["kvstore_bytes"] for x in half) / max(x["kvstore_bytes"] for x in first_half), 1.05))
-        ratios.append(ratio("bounded_messages", "bounded: most messages stored / (retained + window + chunk)",
-                            bounded["max_stored"] / bounded["bound_messages"], 1.0))
+            ratios.append(
+                ratio(
+                    "bounded_trend",
+                    f"bounded: memory, max after turn {params.turns // 2:,} / max from turn {started['turn']} to it",
+                    max(x["kvstore_bytes"] for x in half)
+                    / max(x["kvstore_bytes"] for x in first_half),
+                    1.05,
+                )
+            )
+        ratios.append(
+            ratio(
+                "bounded_messages",
+                "bounded: most messages stored / (retained + window + chunk)",
+                bounded["max_stored"] / bounded["bound_messages"],
+                1.0,
+            )
+        )
     last = samples[-1]
-    ratios.append(ratio("bounded_list_vs_kvstore", f"memory after {params.turns:,} turns: JSON list / kvstore",
-                        last["list_bytes"] / last["kvstore_bytes"], None))
+    ratios.append(
+        ratio(
+            "bounded_list_vs_kvstore",
+            f"memory after {params.turns:,} turns: JSON list / kvstore",
+            last["list_bytes"] / last["kvstore_bytes"],
+            None,
+        )
+    )
     return {"server": version, "sizes": sizes, "bounded": bounded, "ratios": ratios}
 
 
@@ -224,7 +281,9 @@ def render(result: dict[str, Any]) -> str:
         lines.append(row)
 
     def total(label: str, pick: Any) -> None:
-        lines.append(f"{label:<28}" + "".join(f"{pick(s) / s['messages']:>10.1f} {'':>11}" for s in sizes))
+        lines.append(
+            f"{label:<28}" + "".join(f"{pick(s) / s['messages']:>10.1f} {'':>11}" for s in sizes)
+        )
 
     total("kvstore, all keys", lambda s: s["kvstore"]["total"])
     total("JSON list (same messages)", lambda s: s["json_list"]["bytes"])
@@ -233,20 +292,33 @@ def render(result: dict[str, Any]) -> str:
     lines.append("")
     b = result["bounded"]
     cfg = b["config"]
-    lines.append(f"bounded state: {b['samples'][-1]['turn']:,} turns, compaction every "
-                 f"{cfg['compact_every']}, retained_message_limit {cfg['retained_message_limit']}; "
-                 f"retention from turn {b.get('retention_from_turn', '-')}")
-    lines.append(f"{'turn':>6} {'kvstore KB':>11} {'stored':>7} {'chunks':>7} {'JSON list KB':>13} {'list msgs':>10}")
+    lines.append(
+        f"bounded state: {b['samples'][-1]['turn']:,} turns, compaction every "
+        f"{cfg['compact_every']}, retained_message_limit {cfg['retained_message_limit']}; "
+        f"retention from turn {b.get('retention_from_turn', '-')}"
+    )
+    lines.append(
+        f"{'turn':>6} {'kvstore KB':>11} {'stored':>7} {'chunks':>7} {'JSON list KB':>13} {'list msgs':>10}"
+    )
     for x in b["samples"]:
         if x["turn"] % 250 == 0 or x is b["samples"][0]:
-            lines.append(f"{x['turn']:>6} {x['kvstore_bytes'] / 1024:>11.1f} {x['stored_messages']:>7} "
-                         f"{x['chunks']:>7} {x['list_bytes'] / 1024:>13.1f} {x['list_messages']:>10}")
+            lines.append(
+                f"{x['turn']:>6} {x['kvstore_bytes'] / 1024:>11.1f} {x['stored_messages']:>7} "
+                f"{x['chunks']:>7} {x['list_bytes'] / 1024:>13.1f} {x['list_messages']:>10}"
+            )
     if "band" in b:
-        lines.append(f"kvstore after retention starts: {b['band'][0] / 1024:.1f}-{b['band'][1] / 1024:.1f} KB, "
-                     f"at most {b['max_stored']} messages stored (bound {b['bound_messages']} + summaries)")
+        lines.append(
+            f"kvstore after retention starts: {b['band'][0] / 1024:.1f}-{b['band'][1] / 1024:.1f} KB, "
+            f"at most {b['max_stored']} messages stored (bound {b['bound_messages']} + summaries)"
+        )
     last = b["samples"][-1]
-    lines.append("at the last sample, kvstore by key kind (KB): " + ", ".join(
-        f"{KINDS.get(k, k)} {v / 1024:.1f}" for k, v in sorted(last["kinds"].items(), key=lambda kv: -kv[1])))
+    lines.append(
+        "at the last sample, kvstore by key kind (KB): "
+        + ", ".join(
+            f"{KINDS.get(k, k)} {v / 1024:.1f}"
+            for k, v in sorted(last["kinds"].items(), key=lambda kv: -kv[1])
+        )
+    )
     lines.append("")
     lines += render_ratios(result["ratios"], "ratios")
     return "\n".join(lines)

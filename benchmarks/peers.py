@@ -74,8 +74,11 @@ def ensure_installed() -> str | None:
     except ImportError:
         pass
     log(f"installing {', '.join(PACKAGES)} into {TARGET} (pip; once)")
-    done = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--target", str(TARGET), *PACKAGES],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--target", str(TARGET), *PACKAGES],
+        capture_output=True,
+        text=True,
+    )
     if done.returncode:
         return f"pip install failed: {done.stderr.strip().splitlines()[-1] if done.stderr.strip() else done.returncode}"
     importlib.invalidate_caches()
@@ -139,26 +142,46 @@ class Peers(Fixture):
         ours, ll_calls, lc_calls = MessagePool(self.texts, p.warmup + p.calls), count(), count()
         variants = [
             Variant("kv_append", "kvstore: thread.append", lambda: thread.append(ours.take())),
-            Variant("llama_append", "llama-index: RedisChatStore.add_message",
-                    lambda: llama.add_message(llama_key, llama_messages[next(ll_calls) % TEXTS])),
-            Variant("lc_append", "LangChain: RedisChatMessageHistory.add_message",
-                    lambda: history.add_message(lc_messages[next(lc_calls) % TEXTS])),
+            Variant(
+                "llama_append",
+                "llama-index: RedisChatStore.add_message",
+                lambda: llama.add_message(llama_key, llama_messages[next(ll_calls) % TEXTS]),
+            ),
+            Variant(
+                "lc_append",
+                "LangChain: RedisChatMessageHistory.add_message",
+                lambda: history.add_message(lc_messages[next(lc_calls) % TEXTS]),
+            ),
         ]
         for size in p.sizes:
             every = p.whole_every[size]
             variants += [
-                Variant(f"kv_page_{size}", f"kvstore: newest 50 of {size:,} (thread.list)",
-                        lambda t=self.kv[size]: t.list(limit=PAGE, order="desc")),
-                Variant(f"llama_read_{size}", f"llama-index: get_messages of {size:,} (whole list)",
-                        lambda k=self.ll[size]: llama.get_messages(k), every=every),
-                Variant(f"lc_read_{size}", f"LangChain: .messages of {size:,} (whole list)",
-                        lambda h=self.lc[size]: h.messages, every=every),
+                Variant(
+                    f"kv_page_{size}",
+                    f"kvstore: newest 50 of {size:,} (thread.list)",
+                    lambda t=self.kv[size]: t.list(limit=PAGE, order="desc"),
+                ),
+                Variant(
+                    f"llama_read_{size}",
+                    f"llama-index: get_messages of {size:,} (whole list)",
+                    lambda k=self.ll[size]: llama.get_messages(k),
+                    every=every,
+                ),
+                Variant(
+                    f"lc_read_{size}",
+                    f"LangChain: .messages of {size:,} (whole list)",
+                    lambda h=self.lc[size]: h.messages,
+                    every=every,
+                ),
             ]
         return variants
 
     def check(self) -> None:
         size = self.params.sizes[0]
-        if len(self.llama.get_messages(self.ll[size])) != size or len(self.lc[size].messages) != size:
+        if (
+            len(self.llama.get_messages(self.ll[size])) != size
+            or len(self.lc[size].messages) != size
+        ):
             raise RuntimeError("a peer does not hold the messages it was given")
 
     def memory(self) -> dict[str, Any]:
@@ -189,36 +212,72 @@ def run_server(url: str, params: Params, own: bool) -> dict[str, Any]:
         samples = measure(variants, params.calls, params.warmup)
         latency = {v.name: {"label": v.label, **summarize(samples[v.name])} for v in variants}
         memory = peers.memory()
-    return {"server": peers.version, "latency": latency, "memory": memory,
-            "ratios": _ratios(latency, memory, max(params.sizes))}
+    return {
+        "server": peers.version,
+        "latency": latency,
+        "memory": memory,
+        "ratios": _ratios(latency, memory, max(params.sizes)),
+    }
 
 
 def _ratios(latency: dict[str, Any], memory: dict[str, Any], big: int) -> list[dict[str, Any]]:
     med = {k: v["median_us"] for k, v in latency.items()}
     return [
-        ratio("append_vs_llama", "append: kvstore / llama-index add_message", med["kv_append"] / med["llama_append"],
-              None),
-        ratio("append_vs_langchain", "append: kvstore / LangChain add_message", med["kv_append"] / med["lc_append"],
-              None),
-        ratio("llama_read_vs_page", f"read {big:,}: llama-index whole / kvstore newest 50",
-              med[f"llama_read_{big}"] / med[f"kv_page_{big}"], 20.0, higher=True),
-        ratio("langchain_read_vs_page", f"read {big:,}: LangChain whole / kvstore newest 50",
-              med[f"lc_read_{big}"] / med[f"kv_page_{big}"], 20.0, higher=True),
-        ratio("memory_vs_llama", f"memory per message, {big:,}: kvstore / llama-index list",
-              memory["kvstore"] / memory["llama"], 1.1),
-        ratio("memory_vs_langchain", f"memory per message, {big:,}: kvstore / LangChain list",
-              memory["kvstore"] / memory["langchain"], 1.1),
+        ratio(
+            "append_vs_llama",
+            "append: kvstore / llama-index add_message",
+            med["kv_append"] / med["llama_append"],
+            None,
+        ),
+        ratio(
+            "append_vs_langchain",
+            "append: kvstore / LangChain add_message",
+            med["kv_append"] / med["lc_append"],
+            None,
+        ),
+        ratio(
+            "llama_read_vs_page",
+            f"read {big:,}: llama-index whole / kvstore newest 50",
+            med[f"llama_read_{big}"] / med[f"kv_page_{big}"],
+            20.0,
+            higher=True,
+        ),
+        ratio(
+            "langchain_read_vs_page",
+            f"read {big:,}: LangChain whole / kvstore newest 50",
+            med[f"lc_read_{big}"] / med[f"kv_page_{big}"],
+            20.0,
+            higher=True,
+        ),
+        ratio(
+            "memory_vs_llama",
+            f"memory per message, {big:,}: kvstore / llama-index list",
+            memory["kvstore"] / memory["llama"],
+            1.1,
+        ),
+        ratio(
+            "memory_vs_langchain",
+            f"memory per message, {big:,}: kvstore / LangChain list",
+            memory["kvstore"] / memory["langchain"],
+            1.1,
+        ),
     ]
 
 
 def render(result: dict[str, Any]) -> str:
-    lines = [f"== {result['server']} ==", "", f"{'latency (µs)':<52} {'median':>10} {'p99':>10} {'calls':>6}"]
+    lines = [
+        f"== {result['server']} ==",
+        "",
+        f"{'latency (µs)':<52} {'median':>10} {'p99':>10} {'calls':>6}",
+    ]
     for s in result["latency"].values():
         lines.append(f"{s['label']:<52} {s['median_us']:>10,.1f} {s['p99_us']:>10,.1f} {s['n']:>6}")
     m = result["memory"]
-    lines.append(f"memory per message at 10,000: kvstore {m['kvstore']:,.0f} B, llama-index {m['llama']:,.0f} B "
-                 f"({m['llama_json_bytes']:,} B of JSON each), LangChain {m['langchain']:,.0f} B "
-                 f"({m['langchain_json_bytes']:,} B of JSON each)")
+    lines.append(
+        f"memory per message at 10,000: kvstore {m['kvstore']:,.0f} B, llama-index {m['llama']:,.0f} B "
+        f"({m['llama_json_bytes']:,} B of JSON each), LangChain {m['langchain']:,.0f} B "
+        f"({m['langchain_json_bytes']:,} B of JSON each)"
+    )
     lines.append("")
     lines += render_ratios(result["ratios"], "ratios")
     return "\n".join(lines)
@@ -235,8 +294,12 @@ def collect(args: argparse.Namespace) -> dict[str, Any]:
     from importlib import metadata
 
     versions = {}
-    for package in ("llama-index-storage-chat-store-redis", "llama-index-core", "langchain-community",
-                    "langchain-core"):
+    for package in (
+        "llama-index-storage-chat-store-redis",
+        "llama-index-core",
+        "langchain-community",
+        "langchain-core",
+    ):
         try:
             versions[package] = metadata.version(package)
         except metadata.PackageNotFoundError:
@@ -247,7 +310,12 @@ def collect(args: argparse.Namespace) -> dict[str, Any]:
         results.append({"name": name, **run_server(url, params, own)})
         print()
         print(render(results[-1]), flush=True)
-    return {"params": params.__dict__, "machine": info, "peer_versions": versions, "servers": results}
+    return {
+        "params": params.__dict__,
+        "machine": info,
+        "peer_versions": versions,
+        "servers": results,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -89,9 +89,19 @@ class StoreConfig:
 
     def __post_init__(self) -> None:
         check_namespace(self.namespace)
-        _positive(self, "window_size", "chunk_size", "chunk_max_bytes", "max_message_bytes",
-                  "max_chunks_per_call", "max_bytes_per_call", "max_batch_messages",
-                  "max_batch_bytes", "max_inline_part_bytes", "max_inline_media_bytes")
+        _positive(
+            self,
+            "window_size",
+            "chunk_size",
+            "chunk_max_bytes",
+            "max_message_bytes",
+            "max_chunks_per_call",
+            "max_bytes_per_call",
+            "max_batch_messages",
+            "max_batch_bytes",
+            "max_inline_part_bytes",
+            "max_inline_media_bytes",
+        )
         if self.max_bytes_per_call < self.chunk_max_bytes:
             raise ConfigError("max_bytes_per_call must be at least chunk_max_bytes")
         if self.max_inline_part_bytes > self.max_inline_media_bytes:
@@ -101,16 +111,24 @@ class StoreConfig:
         if self.thread_ttl is not None:
             _positive(self, "thread_ttl")
         if self.durability not in ("default", "fsync", "replicated"):
-            raise ConfigError(f"durability must be 'default', 'fsync' or 'replicated', got {self.durability!r}")
-        _positive(self, "durability_replicas", "durability_timeout_ms", "events_max_len", "events_max_age")
+            raise ConfigError(
+                f"durability must be 'default', 'fsync' or 'replicated', got {self.durability!r}"
+            )
+        _positive(
+            self, "durability_replicas", "durability_timeout_ms", "events_max_len", "events_max_age"
+        )
         if not isinstance(self.events, bool):
             raise ConfigError(f"events must be True or False, got {self.events!r}")
         if self.scripting not in ("functions", "eval"):
             raise ConfigError(f"scripting must be 'functions' or 'eval', got {self.scripting!r}")
         if self.unknown_fields not in ("keep", "refuse"):
-            raise ConfigError(f"unknown_fields must be 'keep' or 'refuse', got {self.unknown_fields!r}")
+            raise ConfigError(
+                f"unknown_fields must be 'keep' or 'refuse', got {self.unknown_fields!r}"
+            )
         if self.history_checks not in ("off", "strict"):
-            raise ConfigError(f"history_checks must be 'off' or 'strict', got {self.history_checks!r}")
+            raise ConfigError(
+                f"history_checks must be 'off' or 'strict', got {self.history_checks!r}"
+            )
 
 
 def _positive(config: StoreConfig, *names: str) -> None:

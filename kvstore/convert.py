@@ -148,7 +148,11 @@ def to_chat_completions(
     for message in _messages(messages):
         if isinstance(message, AssistantMessage):
             # A text always opens an assistant message; the step's tool calls may join it.
-            open_step = {"role": "assistant", "content": _text_parts(message.content), **_name(message)}
+            open_step = {
+                "role": "assistant",
+                "content": _text_parts(message.content),
+                **_name(message),
+            }
             open_step_id = message.step_id
             out.append(open_step)
             continue
@@ -173,13 +177,19 @@ def to_chat_completions(
         elif isinstance(message, SummaryMessage):
             out.append({"role": system_role, "content": SUMMARY_PREFIX + message.summary})
         elif isinstance(message, UserMessage):
-            out.append({"role": "user", "content": _chat_user_content(message.content), **_name(message)})
+            out.append(
+                {"role": "user", "content": _chat_user_content(message.content), **_name(message)}
+            )
         elif isinstance(message, ToolReturnMessage):
             for call_id, output in _tool_outputs(message):
-                out.append({"role": "tool", "tool_call_id": call_id, "content": _chat_tool_content(output)})
+                out.append(
+                    {"role": "tool", "tool_call_id": call_id, "content": _chat_tool_content(output)}
+                )
         elif isinstance(message, ApprovalResponseMessage):
             for call_id, output in _approval_outputs(message, requested):
-                out.append({"role": "tool", "tool_call_id": call_id, "content": _chat_tool_content(output)})
+                out.append(
+                    {"role": "tool", "tool_call_id": call_id, "content": _chat_tool_content(output)}
+                )
     return out
 
 
@@ -200,7 +210,9 @@ def to_responses_input(messages: Iterable[Message | Mapping[str, Any]]) -> list[
         if isinstance(message, SystemMessage):
             out.append({"type": "message", "role": "system", "content": message.content})
         elif isinstance(message, SummaryMessage):
-            out.append({"type": "message", "role": "system", "content": SUMMARY_PREFIX + message.summary})
+            out.append(
+                {"type": "message", "role": "system", "content": SUMMARY_PREFIX + message.summary}
+            )
         elif isinstance(message, UserMessage):
             content = message.content
             if not isinstance(content, str):
@@ -214,11 +226,21 @@ def to_responses_input(messages: Iterable[Message | Mapping[str, Any]]) -> list[
             calls = _complete_calls(message)
             if isinstance(message, ApprovalRequestMessage) and message.id:
                 requested[message.id] = [call.tool_call_id for call in calls]
-            out.extend({"type": "function_call", "call_id": call.tool_call_id, "name": call.name,
-                        "arguments": call.arguments} for call in calls)
+            out.extend(
+                {
+                    "type": "function_call",
+                    "call_id": call.tool_call_id,
+                    "name": call.name,
+                    "arguments": call.arguments,
+                }
+                for call in calls
+            )
         elif isinstance(message, (ToolReturnMessage, ApprovalResponseMessage)):
-            outputs = (_tool_outputs(message) if isinstance(message, ToolReturnMessage)
-                       else _approval_outputs(message, requested))
+            outputs = (
+                _tool_outputs(message)
+                if isinstance(message, ToolReturnMessage)
+                else _approval_outputs(message, requested)
+            )
             for call_id, output in outputs:
                 if not isinstance(output, str):
                     output = [_responses_part(part) for part in output]
@@ -246,8 +268,11 @@ def _complete_calls(message: ToolCallMessage | ApprovalRequestMessage) -> list[T
 
 
 def _chat_call(call: ToolCall) -> dict[str, Any]:
-    return {"id": call.tool_call_id, "type": "function",
-            "function": {"name": call.name, "arguments": call.arguments}}
+    return {
+        "id": call.tool_call_id,
+        "type": "function",
+        "function": {"name": call.name, "arguments": call.arguments},
+    }
 
 
 def _text_parts(content: str | list[TextContent]) -> str | list[dict[str, Any]]:
@@ -294,8 +319,10 @@ def _chat_user_content(content: str | list[Any]) -> str | list[dict[str, Any]]:
 def _chat_tool_content(output: str | list[Any]) -> str | list[dict[str, Any]]:
     if isinstance(output, str):
         return output
-    return [{"type": "text", "text": part.text if isinstance(part, TextContent) else _image_note(part)}
-            for part in output]
+    return [
+        {"type": "text", "text": part.text if isinstance(part, TextContent) else _image_note(part)}
+        for part in output
+    ]
 
 
 def _image_note(part: ImageContent) -> str:
@@ -311,7 +338,10 @@ def _responses_part(part: Any) -> dict[str, Any]:
     if isinstance(part, TextContent):
         return {"type": "input_text", "text": part.text}
     detail = getattr(part.source, "detail", None)
-    item: dict[str, Any] = {"type": "input_image", "detail": detail if detail in _DETAILS else "auto"}
+    item: dict[str, Any] = {
+        "type": "input_image",
+        "detail": detail if detail in _DETAILS else "auto",
+    }
     url = _image_url(part)
     if url is None:
         item["file_id"] = part.source.file_id
@@ -327,8 +357,9 @@ def _tool_outputs(message: ToolReturnMessage) -> list[tuple[str, str | list[Any]
     return [(message.tool_call_id, message.tool_return)]
 
 
-def _approval_outputs(message: ApprovalResponseMessage,
-                      requested: dict[str, list[str]]) -> list[tuple[str, str | list[Any]]]:
+def _approval_outputs(
+    message: ApprovalResponseMessage, requested: dict[str, list[str]]
+) -> list[tuple[str, str | list[Any]]]:
     """What the model is told of an approval response: the tool returns it carries and a denial
     for each call refused; an approved call is answered by the tool's own return, later."""
     outputs: list[tuple[str, str | list[Any]]] = []
@@ -339,7 +370,9 @@ def _approval_outputs(message: ApprovalResponseMessage,
             elif isinstance(item, ApprovalReturn) and not item.approve:
                 outputs.append((item.tool_call_id, _denied(item.reason)))
     elif message.approve is False and message.approval_request_id in requested:
-        outputs.extend((call_id, _denied(message.reason)) for call_id in requested[message.approval_request_id])
+        outputs.extend(
+            (call_id, _denied(message.reason)) for call_id in requested[message.approval_request_id]
+        )
     return outputs
 
 
@@ -350,8 +383,9 @@ def _denied(reason: str | None) -> str:
 # --- from the model ---------------------------------------------------------------------------
 
 
-def from_chat_completions(messages: Iterable[Mapping[str, Any] | Any],
-                          id_prefix: str | None = None) -> list[Message]:
+def from_chat_completions(
+    messages: Iterable[Mapping[str, Any] | Any], id_prefix: str | None = None
+) -> list[Message]:
     """kvstore messages for role-based Chat Completions messages (dicts, or the ``openai``
     package's models), ready for ``thread.append``.
 
@@ -367,7 +401,9 @@ def from_chat_completions(messages: Iterable[Mapping[str, Any] | Any],
     for index, raw in enumerate(messages):
         item = raw.model_dump(exclude_none=True) if hasattr(raw, "model_dump") else raw
         if not isinstance(item, Mapping):
-            raise InvalidMessage(f"messages[{index}]: a chat message must be an object, not {type(raw).__name__}")
+            raise InvalidMessage(
+                f"messages[{index}]: a chat message must be an object, not {type(raw).__name__}"
+            )
         try:
             made = _from_chat(item, index, id_prefix)
         except InvalidMessage as exc:
@@ -396,10 +432,20 @@ def _from_chat(item: Mapping[str, Any], index: int, id_prefix: str | None) -> li
         return [UserMessage(content=_user_content(item.get("content")), **common, **ident())]
     if role == "tool":
         content = item.get("content")
-        return [ToolReturnMessage(status="success", tool_call_id=item.get("tool_call_id"),
-                                  tool_return=_plain_text(content, role), **ident())]
+        return [
+            ToolReturnMessage(
+                status="success",
+                tool_call_id=item.get("tool_call_id"),
+                tool_return=_plain_text(content, role),
+                **ident(),
+            )
+        ]
     if role == "assistant":
-        step = {"step_id": f"step-{made_id(id_prefix, str(index))[8:]}"} if id_prefix is not None else {}
+        step = (
+            {"step_id": f"step-{made_id(id_prefix, str(index))[8:]}"}
+            if id_prefix is not None
+            else {}
+        )
         made: list[Message] = []
         content = item.get("content")
         text = _assistant_text(content) if content not in (None, "", []) else item.get("refusal")
@@ -408,20 +454,34 @@ def _from_chat(item: Mapping[str, Any], index: int, id_prefix: str | None) -> li
             made.append(AssistantMessage(content=text or "", **common, **step, **ident(0)))
         for number, call in enumerate(calls, 1):
             if call.get("type", "function") != "function":
-                raise InvalidMessage(f"tool call type {call.get('type')!r} has no kvstore equivalent")
+                raise InvalidMessage(
+                    f"tool call type {call.get('type')!r} has no kvstore equivalent"
+                )
             function = call.get("function") or {}
-            made.append(ToolCallMessage(
-                tool_call=ToolCall(name=function.get("name"), arguments=function.get("arguments"),
-                                   tool_call_id=call.get("id")),
-                **common, **step, **ident(number)))
+            made.append(
+                ToolCallMessage(
+                    tool_call=ToolCall(
+                        name=function.get("name"),
+                        arguments=function.get("arguments"),
+                        tool_call_id=call.get("id"),
+                    ),
+                    **common,
+                    **step,
+                    **ident(number),
+                )
+            )
         return made
-    raise InvalidMessage(f"role {role!r} has no kvstore equivalent (system, developer, user, assistant, tool)")
+    raise InvalidMessage(
+        f"role {role!r} has no kvstore equivalent (system, developer, user, assistant, tool)"
+    )
 
 
 def _plain_text(content: Any, role: Any) -> str:
     if isinstance(content, str):
         return content
-    if isinstance(content, list) and all(isinstance(p, Mapping) and p.get("type") == "text" for p in content):
+    if isinstance(content, list) and all(
+        isinstance(p, Mapping) and p.get("type") == "text" for p in content
+    ):
         return "".join(p.get("text", "") for p in content)
     raise InvalidMessage(f"a {role} message's content must be a string or text parts")
 
@@ -437,7 +497,9 @@ def _assistant_text(content: Any) -> str | list[TextContent]:
             elif isinstance(part, Mapping) and part.get("type") == "refusal":
                 parts.append(TextContent(text=part.get("refusal")))
             else:
-                raise InvalidMessage(f"content[{number}]: an assistant part must be text or refusal")
+                raise InvalidMessage(
+                    f"content[{number}]: an assistant part must be text or refusal"
+                )
         return parts
     raise InvalidMessage("an assistant message's content must be a string or a list of parts")
 
@@ -456,7 +518,9 @@ def _user_content(content: Any) -> str | list[Any]:
             image = part.get("image_url") or {}
             parts.append(ImageContent(source=_image_source(image.get("url"), image.get("detail"))))
         else:
-            raise InvalidMessage(f"content[{number}]: a {kind!r} part has no kvstore equivalent (text, image_url)")
+            raise InvalidMessage(
+                f"content[{number}]: a {kind!r} part has no kvstore equivalent (text, image_url)"
+            )
     return parts
 
 
@@ -465,7 +529,7 @@ def _image_source(url: Any, detail: Any) -> URLImage | Base64Image:
         raise InvalidMessage("an image_url part needs its url")
     match = _DATA_URL.fullmatch(url)
     if match:
-        return Base64Image(data=match["data"], media_type=match["media"],
-                           **({"detail": detail} if detail else {}))
+        return Base64Image(
+            data=match["data"], media_type=match["media"], **({"detail": detail} if detail else {})
+        )
     return URLImage(url=url)
-

@@ -81,10 +81,10 @@ import redis
 from pydantic import BaseModel
 
 from . import errors
-from .errors import SourceChanged
 from ._engine import core
 from ._engine.keys import check_thread_id
 from .convert import SUMMARY_PREFIX
+from .errors import SourceChanged
 from .messages import (
     ApprovalRequestMessage,
     ApprovalResponseMessage,
@@ -170,14 +170,26 @@ Progress = Callable[[str, int], None]
 
 # The server or the connection to it failed: every later session would meet it too, so it ends
 # the import (the same call again finishes it). Any other error is one session's.
-_ABORTS = (errors.ServerError, errors.OutcomeUnknown, errors.NotDurable, redis.ConnectionError,
-           redis.TimeoutError)
+_ABORTS = (
+    errors.ServerError,
+    errors.OutcomeUnknown,
+    errors.NotDurable,
+    redis.ConnectionError,
+    redis.TimeoutError,
+)
 
 
-def import_langchain(store: Any, source: redis.Redis, pattern: str | None = None,
-                     key_prefix: str = _LANGCHAIN_PREFIX, thread_id: Callable[[str], str] | None = None,
-                     batch_messages: int = 100, progress: Progress | None = None, *,
-                     sessions: list[SessionImport] | None = None) -> list[SessionImport]:
+def import_langchain(
+    store: Any,
+    source: redis.Redis,
+    pattern: str | None = None,
+    key_prefix: str = _LANGCHAIN_PREFIX,
+    thread_id: Callable[[str], str] | None = None,
+    batch_messages: int = 100,
+    progress: Progress | None = None,
+    *,
+    sessions: list[SessionImport] | None = None,
+) -> list[SessionImport]:
     """Imports every LangChain ``RedisChatMessageHistory`` session of ``source`` (a redis-py
     client) matching ``pattern`` (default ``<key_prefix>*``) into ``store`` (a MessageStore);
     returns one SessionImport per session, in key order. Idempotent and resumable (module
@@ -197,46 +209,97 @@ def import_langchain(store: Any, source: redis.Redis, pattern: str | None = None
         for session in import_langchain(store, redis.Redis.from_url("redis://old:6379/0")):
             print(session.thread_id, session.imported, session.error or "ok")
     """
-    return _drive(_langchain(store, pattern, key_prefix, thread_id, batch_messages, progress, _list(sessions)),
-                  store, source)
+    return _drive(
+        _langchain(
+            store, pattern, key_prefix, thread_id, batch_messages, progress, _list(sessions)
+        ),
+        store,
+        source,
+    )
 
 
-def import_llamaindex(store: Any, source: redis.Redis, pattern: str = "*",
-                      thread_id: Callable[[str], str] | None = None, batch_messages: int = 100,
-                      progress: Progress | None = None, *,
-                      sessions: list[SessionImport] | None = None) -> list[SessionImport]:
+def import_llamaindex(
+    store: Any,
+    source: redis.Redis,
+    pattern: str = "*",
+    thread_id: Callable[[str], str] | None = None,
+    batch_messages: int = 100,
+    progress: Progress | None = None,
+    *,
+    sessions: list[SessionImport] | None = None,
+) -> list[SessionImport]:
     """Imports every LlamaIndex ``RedisChatStore`` chat of ``source`` (one list per key) whose
     key matches ``pattern`` into ``store``; the thread id is the key (or ``thread_id(key)``).
     A list whose first element is not a LlamaIndex ``ChatMessage`` is reported as not a chat
     and left alone. Otherwise as :func:`import_langchain`.
 
     Example: ``import_llamaindex(store, source, pattern="chat:*")``"""
-    return _drive(_import(store, "llamaindex", pattern, thread_id or _same, batch_messages, progress,
-                          _list(sessions)), store, source)
+    return _drive(
+        _import(
+            store,
+            "llamaindex",
+            pattern,
+            thread_id or _same,
+            batch_messages,
+            progress,
+            _list(sessions),
+        ),
+        store,
+        source,
+    )
 
 
-async def import_langchain_async(store: Any, source: Any, pattern: str | None = None,
-                                 key_prefix: str = _LANGCHAIN_PREFIX, thread_id: Callable[[str], str] | None = None,
-                                 batch_messages: int = 100, progress: Progress | None = None, *,
-                                 sessions: list[SessionImport] | None = None) -> list[SessionImport]:
+async def import_langchain_async(
+    store: Any,
+    source: Any,
+    pattern: str | None = None,
+    key_prefix: str = _LANGCHAIN_PREFIX,
+    thread_id: Callable[[str], str] | None = None,
+    batch_messages: int = 100,
+    progress: Progress | None = None,
+    *,
+    sessions: list[SessionImport] | None = None,
+) -> list[SessionImport]:
     """:func:`import_langchain` into an AsyncMessageStore, from a ``redis.asyncio`` client.
     Cancelled or timed out at any await, it leaves what a sync import interrupted leaves: the
     same call again finishes it.
 
     Example: ``await import_langchain_async(store, redis.asyncio.Redis.from_url(old_url))``"""
-    return await _drive_async(_langchain(store, pattern, key_prefix, thread_id, batch_messages, progress,
-                                         _list(sessions)), store, source)
+    return await _drive_async(
+        _langchain(
+            store, pattern, key_prefix, thread_id, batch_messages, progress, _list(sessions)
+        ),
+        store,
+        source,
+    )
 
 
-async def import_llamaindex_async(store: Any, source: Any, pattern: str = "*",
-                                  thread_id: Callable[[str], str] | None = None, batch_messages: int = 100,
-                                  progress: Progress | None = None, *,
-                                  sessions: list[SessionImport] | None = None) -> list[SessionImport]:
+async def import_llamaindex_async(
+    store: Any,
+    source: Any,
+    pattern: str = "*",
+    thread_id: Callable[[str], str] | None = None,
+    batch_messages: int = 100,
+    progress: Progress | None = None,
+    *,
+    sessions: list[SessionImport] | None = None,
+) -> list[SessionImport]:
     """:func:`import_llamaindex` into an AsyncMessageStore, from a ``redis.asyncio`` client.
 
     Example: ``await import_llamaindex_async(store, source, pattern="chat:*")``"""
-    return await _drive_async(_import(store, "llamaindex", pattern, thread_id or _same, batch_messages, progress,
-                                      _list(sessions)), store, source)
+    return await _drive_async(
+        _import(
+            store,
+            "llamaindex",
+            pattern,
+            thread_id or _same,
+            batch_messages,
+            progress,
+            _list(sessions),
+        ),
+        store,
+        source,
+    )
 
 
 def find_sessions(source: redis.Redis, pattern: str) -> list[str]:
@@ -287,7 +350,11 @@ def _drive(steps: Generator[Any, Any, Any], store: Any, source: Any) -> Any:
             return done.value
         failure = None
         try:
-            reply = getattr(source, step.command)(*step.args) if isinstance(step, _Source) else store.run(step)
+            reply = (
+                getattr(source, step.command)(*step.args)
+                if isinstance(step, _Source)
+                else store.run(step)
+            )
         except BaseException as exc:  # the generator decides: one session's error, or the end
             failure = exc
 
@@ -337,16 +404,36 @@ def _append_new(ref: Any, messages: list[Message]) -> Generator[Any, Any, list[M
         except errors.DuplicateMessageId:
             continue  # another process stored some of them meanwhile: look again
         return [] if result.replayed else todo
-    raise errors.DuplicateMessageId("messages kept being stored by another process while appending them")
+    raise errors.DuplicateMessageId(
+        "messages kept being stored by another process while appending them"
+    )
 
 
-def _langchain(store: Any, pattern: str | None, key_prefix: str, thread_id: Callable[[str], str] | None,
-               batch_messages: int, progress: Progress | None, results: list[SessionImport]) -> Generator:
+def _langchain(
+    store: Any,
+    pattern: str | None,
+    key_prefix: str,
+    thread_id: Callable[[str], str] | None,
+    batch_messages: int,
+    progress: Progress | None,
+    results: list[SessionImport],
+) -> Generator:
     def thread_of(key: str) -> str:
-        return key[len(key_prefix):] if key.startswith(key_prefix) and len(key) > len(key_prefix) else key
+        return (
+            key[len(key_prefix) :]
+            if key.startswith(key_prefix) and len(key) > len(key_prefix)
+            else key
+        )
 
-    return _import(store, "langchain", pattern or f"{_glob_escape(key_prefix)}*", thread_id or thread_of,
-                   batch_messages, progress, results)
+    return _import(
+        store,
+        "langchain",
+        pattern or f"{_glob_escape(key_prefix)}*",
+        thread_id or thread_of,
+        batch_messages,
+        progress,
+        results,
+    )
 
 
 def _same(key: str) -> str:
@@ -357,8 +444,15 @@ def _list(sessions: list[SessionImport] | None) -> list[SessionImport]:
     return [] if sessions is None else sessions
 
 
-def _import(store: Any, kind: Source, pattern: str, thread_id: Callable[[str], str], batch_messages: int,
-            progress: Progress | None, results: list[SessionImport]) -> Generator[Any, Any, list[SessionImport]]:
+def _import(
+    store: Any,
+    kind: Source,
+    pattern: str,
+    thread_id: Callable[[str], str],
+    batch_messages: int,
+    progress: Progress | None,
+    results: list[SessionImport],
+) -> Generator[Any, Any, list[SessionImport]]:
     """Imports every session; `results` grows as they start (so a caller sees them if the import ends early)."""
     if not 1 <= batch_messages <= store.config.max_batch_messages:
         raise errors.ConfigError(f"batch_messages must be 1..{store.config.max_batch_messages}")
@@ -367,14 +461,20 @@ def _import(store: Any, kind: Source, pattern: str, thread_id: Callable[[str], s
         results.append(result)
         try:
             result.thread_id = check_thread_id(_named(thread_id, key))
-            yield from _import_session(store.thread(result.thread_id)._ref, kind, key, result, batch_messages,
-                                       progress)
+            yield from _import_session(
+                store.thread(result.thread_id)._ref, kind, key, result, batch_messages, progress
+            )
         except (errors.KVStoreError, redis.RedisError) as exc:
             result.error, result.error_type = str(exc), type(exc).__name__
             if isinstance(exc, _ABORTS):
                 raise
-        except BaseException as exc:  # KeyboardInterrupt, cancellation: the same call again finishes it
-            result.error, result.error_type = f"interrupted ({type(exc).__name__})", type(exc).__name__
+        except (
+            BaseException
+        ) as exc:  # KeyboardInterrupt, cancellation: the same call again finishes it
+            result.error, result.error_type = (
+                f"interrupted ({type(exc).__name__})",
+                type(exc).__name__,
+            )
             raise
     return results
 
@@ -383,11 +483,19 @@ def _named(thread_id: Callable[[str], str], key: str) -> str:
     try:
         return thread_id(key)
     except Exception as exc:  # the caller's function: its failure is this session's
-        raise errors.InvalidThreadId(f"thread_id({key!r}) raised {type(exc).__name__}: {exc}") from exc
+        raise errors.InvalidThreadId(
+            f"thread_id({key!r}) raised {type(exc).__name__}: {exc}"
+        ) from exc
 
 
-def _import_session(ref: Any, kind: Source, key: str, result: SessionImport, batch_messages: int,
-                    progress: Progress | None) -> Generator[Any, Any, None]:
+def _import_session(
+    ref: Any,
+    kind: Source,
+    key: str,
+    result: SessionImport,
+    batch_messages: int,
+    progress: Progress | None,
+) -> Generator[Any, Any, None]:
     """Stores the session's messages the thread does not hold, after checking that those it holds
     are the session's as it is now (SourceChanged if not)."""
     total = yield _Source("llen", (key,))
@@ -395,7 +503,9 @@ def _import_session(ref: Any, kind: Source, key: str, result: SessionImport, bat
     if total == 0:
         return
     if kind == "llamaindex" and not _is_llamaindex((yield _Source("lindex", (key, 0)))):
-        raise errors.InvalidMessage("not a LlamaIndex chat (its first element is not a ChatMessage)")
+        raise errors.InvalidMessage(
+            "not a LlamaIndex chat (its first element is not a ChatMessage)"
+        )
     # The thread's newest message says where an earlier run stopped: the session's message at
     # `resume`, when it was imported from this source. Every id carries a digest of the session
     # up to its message, so finding that id, as the session is now, proves the whole prefix
@@ -405,8 +515,14 @@ def _import_session(ref: Any, kind: Source, key: str, result: SessionImport, bat
     newest = page.messages[0] if page.messages and not page.unreadable else None
     resume = _source_position(newest, kind)
     if resume is not None and resume >= total:
-        raise SourceChanged(_changed(key, result, f"its newest message is the session's message {resume}, and the"
-                                                  f" session holds {total} now"))
+        raise SourceChanged(
+            _changed(
+                key,
+                result,
+                f"its newest message is the session's message {resume}, and the"
+                f" session holds {total} now",
+            )
+        )
     verified = empty  # the thread holds a prefix of the session as it is now
     digest = b""
     batch: list[Message] = []
@@ -417,7 +533,9 @@ def _import_session(ref: Any, kind: Source, key: str, result: SessionImport, bat
         nonlocal batch, covered, size
         if batch:
             new = yield from _append_new(ref, batch)
-            sources = _sources_in(new)  # an append is atomic: whole source messages are stored or not
+            sources = _sources_in(
+                new
+            )  # an append is atomic: whole source messages are stored or not
             result.stored_messages += len(new)
             result.imported += sources
             result.already += covered - sources
@@ -433,9 +551,15 @@ def _import_session(ref: Any, kind: Source, key: str, result: SessionImport, bat
                 if resume is None or position < resume:
                     continue
                 if newest.id not in _ids(kind, key, position, raw, digest):
-                    raise SourceChanged(_changed(key, result, f"its newest message, the session's message {position}"
-                                                              f" when imported, is not the same (or one before it"
-                                                              f" is not)"))
+                    raise SourceChanged(
+                        _changed(
+                            key,
+                            result,
+                            f"its newest message, the session's message {position}"
+                            f" when imported, is not the same (or one before it"
+                            f" is not)",
+                        )
+                    )
                 verified = True
                 result.already = position + 1
                 if progress:
@@ -443,26 +567,38 @@ def _import_session(ref: Any, kind: Source, key: str, result: SessionImport, bat
                 continue
             messages = _map(kind, key, position, _parse(key, position, raw), digest)
             weight = sum(len(message.to_json()) for message in messages)
-            if batch and (len(batch) + len(messages) > batch_messages or size + weight > IMPORT_BATCH_BYTES):
+            if batch and (
+                len(batch) + len(messages) > batch_messages or size + weight > IMPORT_BATCH_BYTES
+            ):
                 yield from flush()
             batch.extend(messages)
             covered += 1
             size += weight
     yield from flush()
-    if not verified:  # the thread's newest message is not the session's: fine if all of it is stored
+    if (
+        not verified
+    ):  # the thread's newest message is not the session's: fine if all of it is stored
         if not (yield core.stored_ids(ref, [_message_id(kind, key, total - 1, 0, digest)])):
-            raise SourceChanged(_changed(key, result, "it holds messages that are not the session's as it is now"
-                                                      " (its newest message was not imported from it)"))
+            raise SourceChanged(
+                _changed(
+                    key,
+                    result,
+                    "it holds messages that are not the session's as it is now"
+                    " (its newest message was not imported from it)",
+                )
+            )
         result.already = total
         if progress:
             progress(key, total)
 
 
 def _changed(key: str, result: SessionImport, why: str) -> str:
-    return (f"{key} is not what thread {result.thread_id} holds: {why}. The session was cleared and refilled,"
-            f" edited or cut since it was imported, or the thread went on without it; nothing was written."
-            f" Import it into a fresh thread id (thread_id=, or the CLI's --namespace), or delete the thread"
-            f" to import the session as it is now")
+    return (
+        f"{key} is not what thread {result.thread_id} holds: {why}. The session was cleared and refilled,"
+        f" edited or cut since it was imported, or the thread went on without it; nothing was written."
+        f" Import it into a fresh thread id (thread_id=, or the CLI's --namespace), or delete the thread"
+        f" to import the session as it is now"
+    )
 
 
 def _source_position(message: Message | None, kind: Source) -> int | None:
@@ -474,7 +610,9 @@ def _source_position(message: Message | None, kind: Source) -> int | None:
 def _ids(kind: Source, key: str, position: int, raw: bytes, digest: bytes) -> set[str]:
     """The ids an import gives the source message at `position` (none if it is not one)."""
     try:
-        return {message.id for message in _map(kind, key, position, _parse(key, position, raw), digest)}
+        return {
+            message.id for message in _map(kind, key, position, _parse(key, position, raw), digest)
+        }
     except errors.InvalidMessage:
         return set()
 
@@ -483,7 +621,9 @@ def _sources_in(messages: list[Message]) -> int:
     return len({message.metadata["source_position"] for message in messages})
 
 
-def _page(kind: Source, key: str, start: int, end: int, total: int) -> Generator[Any, Any, list[bytes]]:
+def _page(
+    kind: Source, key: str, start: int, end: int, total: int
+) -> Generator[Any, Any, list[bytes]]:
     """The session's messages at positions start..end-1, oldest first, as stored (JSON bytes)."""
     if kind == "langchain":  # newest first: position p is index -(p + 1), stable under LPUSH
         page = (yield _Source("lrange", (key, -end, -start - 1)))[::-1]
@@ -511,7 +651,11 @@ def _is_llamaindex(raw: bytes | None) -> bool:
         record = json.loads(raw) if raw is not None else None
     except ValueError:
         return False
-    return isinstance(record, dict) and "role" in record and ("blocks" in record or "content" in record)
+    return (
+        isinstance(record, dict)
+        and "role" in record
+        and ("blocks" in record or "content" in record)
+    )
 
 
 def _message_id(kind: Source, key: str, position: int, part: int, digest: bytes) -> str:
@@ -522,15 +666,19 @@ def _map(kind: Source, key: str, position: int, record: Any, digest: bytes) -> l
     try:
         made, fields = (_from_langchain if kind == "langchain" else _from_llamaindex)(record)
     except (ValueError, TypeError, KeyError, AttributeError) as exc:  # ValidationError included
-        raise errors.InvalidMessage(f"{key}, message {position}: cannot be read as a {kind} message ({exc})") \
-            from None
+        raise errors.InvalidMessage(
+            f"{key}, message {position}: cannot be read as a {kind} message ({exc})"
+        ) from None
     out = []
     for part, message in enumerate(made):
         metadata = {"source": kind, "source_position": str(position)}
         if part == 0 and fields:
             metadata.update(_split_fields(fields, key, position))
-        out.append(message.model_copy(update={"id": _message_id(kind, key, position, part, digest),
-                                               "metadata": metadata}))
+        out.append(
+            message.model_copy(
+                update={"id": _message_id(kind, key, position, part, digest), "metadata": metadata}
+            )
+        )
     return out
 
 
@@ -541,9 +689,11 @@ def _split_fields(fields: dict[str, Any], key: str, position: int) -> dict[str, 
             f"{key}, message {position}: its fields without a kvstore equivalent take {len(text):,} characters"
             f" of JSON; at most {SOURCE_FIELDS_MAX:,} fit in a message's metadata"
         )
-    pieces = [text[start:start + _FIELD_PIECE] for start in range(0, len(text), _FIELD_PIECE)]
-    return {("source_fields" if number == 1 else f"source_fields_{number}"): piece
-            for number, piece in enumerate(pieces, 1)}
+    pieces = [text[start : start + _FIELD_PIECE] for start in range(0, len(text), _FIELD_PIECE)]
+    return {
+        ("source_fields" if number == 1 else f"source_fields_{number}"): piece
+        for number, piece in enumerate(pieces, 1)
+    }
 
 
 def _joined_fields(metadata: Mapping[str, str] | None) -> dict[str, Any]:
@@ -561,22 +711,38 @@ def _joined_fields(metadata: Mapping[str, str] | None) -> dict[str, Any]:
 
 # What messages_from_dict fills in when a field is absent: a field at its default is not kept.
 _LANGCHAIN_DEFAULTS: dict[str, Any] = {
-    "additional_kwargs": {}, "response_metadata": {}, "name": None, "id": None, "example": False,
-    "tool_calls": [], "invalid_tool_calls": [], "usage_metadata": None, "artifact": None,
-    "status": "success", "tool_call_chunks": [], "chunk_position": None,
+    "additional_kwargs": {},
+    "response_metadata": {},
+    "name": None,
+    "id": None,
+    "example": False,
+    "tool_calls": [],
+    "invalid_tool_calls": [],
+    "usage_metadata": None,
+    "artifact": None,
+    "status": "success",
+    "tool_call_chunks": [],
+    "chunk_position": None,
 }
 _MISSING = object()
 _CORE_TYPES = ("human", "ai", "system", "tool")
-_CHUNK_TYPES = {"AIMessageChunk": "ai", "HumanMessageChunk": "human", "SystemMessageChunk": "system",
-                "ToolMessageChunk": "tool"}
+_CHUNK_TYPES = {
+    "AIMessageChunk": "ai",
+    "HumanMessageChunk": "human",
+    "SystemMessageChunk": "system",
+    "ToolMessageChunk": "tool",
+}
 _CHAT_ROLES = {"user": "human", "human": "human", "assistant": "ai", "ai": "ai", "system": "system"}
 
 
 def _from_langchain(record: Any) -> tuple[list[Message], dict[str, Any]]:
     """The kvstore messages of one LangChain record, and the source fields they do not carry:
     every field that their export (:func:`to_langchain`) would not give back as it was."""
-    if not isinstance(record, dict) or not isinstance(record.get("type"), str) \
-            or not isinstance(record.get("data"), dict):
+    if (
+        not isinstance(record, dict)
+        or not isinstance(record.get("type"), str)
+        or not isinstance(record.get("data"), dict)
+    ):
         raise ValueError("not a LangChain message record ({'type': ..., 'data': {...}})")
     kind, data = record["type"], record["data"]
     base = _CHUNK_TYPES.get(kind, kind)
@@ -589,12 +755,20 @@ def _from_langchain(record: Any) -> tuple[list[Message], dict[str, Any]]:
         return messages, {"type": kind, "data": data}
     messages = _lc_messages(base, data)
     if base == "human" and kind == "chat":
-        messages[0].name = data.get("role") if data.get("role") not in _CHAT_ROLES else data.get("name")
+        messages[0].name = (
+            data.get("role") if data.get("role") not in _CHAT_ROLES else data.get("name")
+        )
     if kind in ("chat", "function"):
-        return messages, {"type": kind, "data": data}  # kept whole: their fields differ from the core types'
+        return messages, {
+            "type": kind,
+            "data": data,
+        }  # kept whole: their fields differ from the core types'
     rebuilt = _lc_data(base, messages)
-    fields = {name: value for name, value in data.items()
-              if name != "type" and rebuilt.get(name, _LANGCHAIN_DEFAULTS.get(name, _MISSING)) != value}
+    fields = {
+        name: value
+        for name, value in data.items()
+        if name != "type" and rebuilt.get(name, _LANGCHAIN_DEFAULTS.get(name, _MISSING)) != value
+    }
     if kind != base:
         fields["type"] = kind
     return messages, fields
@@ -609,18 +783,32 @@ def _lc_messages(base: str, data: dict[str, Any]) -> list[Message]:
         return [SystemMessage(content=_lc_text(content), **name)]
     if base == "tool":
         status = data.get("status") if data.get("status") in ("success", "error") else "success"
-        return [ToolReturnMessage(status=status, tool_call_id=data.get("tool_call_id") or "",
-                                  tool_return=_lc_text(content), **name)]
+        return [
+            ToolReturnMessage(
+                status=status,
+                tool_call_id=data.get("tool_call_id") or "",
+                tool_return=_lc_text(content),
+                **name,
+            )
+        ]
     made: list[Message] = []
     calls = [call for call in data.get("tool_calls") or [] if isinstance(call, dict)]
     if content not in ("", []) or not calls:
         made.append(AssistantMessage(content=_lc_assistant_content(content), **name))
     for call in calls:
         arguments = call.get("args")
-        made.append(ToolCallMessage(tool_call=ToolCall(
-            name=str(call.get("name") or ""), tool_call_id=str(call.get("id") or ""),
-            arguments=json.dumps(arguments, ensure_ascii=False) if isinstance(arguments, dict) else "{}",
-        ), **name))
+        made.append(
+            ToolCallMessage(
+                tool_call=ToolCall(
+                    name=str(call.get("name") or ""),
+                    tool_call_id=str(call.get("id") or ""),
+                    arguments=json.dumps(arguments, ensure_ascii=False)
+                    if isinstance(arguments, dict)
+                    else "{}",
+                ),
+                **name,
+            )
+        )
     return made
 
 
@@ -628,16 +816,25 @@ def _lc_text(content: Any) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return "".join(part if isinstance(part, str) else str(part.get("text", "")) if isinstance(part, dict)
-                       and part.get("type") == "text" else "" for part in content)
+        return "".join(
+            part
+            if isinstance(part, str)
+            else str(part.get("text", ""))
+            if isinstance(part, dict) and part.get("type") == "text"
+            else ""
+            for part in content
+        )
     return ""
 
 
 def _lc_assistant_content(content: Any) -> str | list[TextContent]:
     if isinstance(content, str):
         return content
-    return [TextContent(text=part if isinstance(part, str) else str(part.get("text", "")))
-            for part in content or [] if isinstance(part, str) or (isinstance(part, dict) and part.get("type") == "text")]
+    return [
+        TextContent(text=part if isinstance(part, str) else str(part.get("text", "")))
+        for part in content or []
+        if isinstance(part, str) or (isinstance(part, dict) and part.get("type") == "text")
+    ]
 
 
 def _lc_user_content(content: Any) -> str | list[Any]:
@@ -668,9 +865,13 @@ def _lc_image(part: dict[str, Any]) -> ImageContent | None:
     if part.get("type") == "image":
         if isinstance(part.get("url"), str):
             return ImageContent(source=URLImage(url=part["url"]))
-        data = part.get("base64") or (part.get("data") if part.get("source_type") == "base64" else None)
+        data = part.get("base64") or (
+            part.get("data") if part.get("source_type") == "base64" else None
+        )
         if isinstance(data, str):
-            return ImageContent(source=Base64Image(data=data, media_type=part.get("mime_type") or "image/png"))
+            return ImageContent(
+                source=Base64Image(data=data, media_type=part.get("mime_type") or "image/png")
+            )
     return None
 
 
@@ -683,15 +884,25 @@ def _lc_data(base: str, messages: list[BaseMessage]) -> dict[str, Any]:
     if base == "human":
         data["content"] = _lc_content(first.content)
     elif base == "system":
-        data["content"] = first.content if isinstance(first, SystemMessage) else SUMMARY_PREFIX + first.summary
+        data["content"] = (
+            first.content if isinstance(first, SystemMessage) else SUMMARY_PREFIX + first.summary
+        )
     elif base == "tool":
         data.update(content=first.tool_return, tool_call_id=first.tool_call_id, status=first.status)
     else:
         text = next((m.content for m in messages if isinstance(m, AssistantMessage)), "")
-        data["content"] = text if isinstance(text, str) else [{"type": "text", "text": p.text} for p in text]
+        data["content"] = (
+            text if isinstance(text, str) else [{"type": "text", "text": p.text} for p in text]
+        )
         data["tool_calls"] = [
-            {"name": call.name, "args": _arguments(call.arguments), "id": call.tool_call_id, "type": "tool_call"}
-            for message in messages if isinstance(message, ToolCallMessage)
+            {
+                "name": call.name,
+                "args": _arguments(call.arguments),
+                "id": call.tool_call_id,
+                "type": "tool_call",
+            }
+            for message in messages
+            if isinstance(message, ToolCallMessage)
             for call in _calls(message)
         ]
     return data
@@ -732,8 +943,13 @@ def _calls(message: ToolCallMessage) -> list[ToolCall]:
     return [call for call in calls if isinstance(call, ToolCall)]
 
 
-_LC_LEFT_OUT = (ReasoningMessage, HiddenReasoningMessage, EventMessage, ApprovalRequestMessage,
-                ApprovalResponseMessage)
+_LC_LEFT_OUT = (
+    ReasoningMessage,
+    HiddenReasoningMessage,
+    EventMessage,
+    ApprovalRequestMessage,
+    ApprovalResponseMessage,
+)
 
 
 def langchain_left_out(messages: Iterable[Message]) -> int:
@@ -765,17 +981,35 @@ def to_langchain(messages: Iterable[Message]) -> list[dict[str, Any]]:
         origin = _origin(message)
         if origin is None and isinstance(message, ToolReturnMessage) and message.tool_returns:
             flush()  # several tools' returns in one message: a LangChain tool message each
-            out.extend({"type": "tool", "data": {
-                "type": "tool", "tool_call_id": item.tool_call_id, "status": item.status,
-                "content": item.tool_return if isinstance(item.tool_return, str) else _lc_content(item.tool_return)}}
-                for item in message.tool_returns)
+            out.extend(
+                {
+                    "type": "tool",
+                    "data": {
+                        "type": "tool",
+                        "tool_call_id": item.tool_call_id,
+                        "status": item.status,
+                        "content": item.tool_return
+                        if isinstance(item.tool_return, str)
+                        else _lc_content(item.tool_return),
+                    },
+                }
+                for item in message.tool_returns
+            )
             continue
         if group:
             previous = group[-1]
             same_source = origin is not None and origin == _origin(previous)
-            same_step = origin is None and _origin(previous) is None and isinstance(message, ToolCallMessage) \
-                and isinstance(previous, (AssistantMessage, ToolCallMessage)) \
-                and (previous.step_id is None or message.step_id is None or previous.step_id == message.step_id)
+            same_step = (
+                origin is None
+                and _origin(previous) is None
+                and isinstance(message, ToolCallMessage)
+                and isinstance(previous, (AssistantMessage, ToolCallMessage))
+                and (
+                    previous.step_id is None
+                    or message.step_id is None
+                    or previous.step_id == message.step_id
+                )
+            )
             if not (same_source or same_step):
                 flush()
         group.append(message)
@@ -812,8 +1046,16 @@ def _lc_record(group: list[BaseMessage]) -> dict[str, Any]:
 
 # --- LlamaIndex -------------------------------------------------------------------------------
 
-_LLAMA_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant",
-                "chatbot": "assistant", "model": "assistant", "tool": "tool", "function": "tool"}
+_LLAMA_ROLES = {
+    "system": "system",
+    "developer": "system",
+    "user": "user",
+    "assistant": "assistant",
+    "chatbot": "assistant",
+    "model": "assistant",
+    "tool": "tool",
+    "function": "tool",
+}
 _CONSUMED_KWARGS = ("tool_calls", "tool_call_id", "name")
 
 
@@ -835,7 +1077,11 @@ def _from_llamaindex(record: Any) -> tuple[list[Message], dict[str, Any]]:
             fields[name] = value
     blocks = record.get("blocks")
     if blocks is None:  # an older ChatMessage: `content` text
-        blocks = [] if record.get("content") is None else [{"block_type": "text", "text": record["content"]}]
+        blocks = (
+            []
+            if record.get("content") is None
+            else [{"block_type": "text", "text": record["content"]}]
+        )
     texts: list[TextContent | ImageContent] = []
     reasoning: list[Message] = []
     calls: list[ToolCall] = []
@@ -844,17 +1090,28 @@ def _from_llamaindex(record: Any) -> tuple[list[Message], dict[str, Any]]:
         block_type = block.get("block_type") if isinstance(block, dict) else None
         if block_type == "text":
             texts.append(TextContent(text=block.get("text") or ""))
-        elif block_type == "image" and kind == "user" and (image := _llama_image(block)) is not None:
+        elif (
+            block_type == "image" and kind == "user" and (image := _llama_image(block)) is not None
+        ):
             texts.append(image)
         elif block_type == "thinking" and kind == "assistant":
             reasoning.append(ReasoningMessage(reasoning=block.get("content") or ""))
-            extra = {k: v for k, v in block.items() if k not in ("block_type", "content") and v not in (None, {})}
+            extra = {
+                k: v
+                for k, v in block.items()
+                if k not in ("block_type", "content") and v not in (None, {})
+            }
             if extra:
                 kept.append({"index": index, "block": block})
         elif block_type == "tool_call" and kind == "assistant":
             arguments = block.get("tool_kwargs")
-            calls.append(ToolCall(name=str(block.get("tool_name") or ""), tool_call_id=str(block.get("tool_call_id") or ""),
-                                  arguments=arguments if isinstance(arguments, str) else json.dumps(arguments)))
+            calls.append(
+                ToolCall(
+                    name=str(block.get("tool_name") or ""),
+                    tool_call_id=str(block.get("tool_call_id") or ""),
+                    arguments=arguments if isinstance(arguments, str) else json.dumps(arguments),
+                )
+            )
         else:
             kept.append({"index": index, "block": block})
     if kept:
@@ -865,19 +1122,38 @@ def _from_llamaindex(record: Any) -> tuple[list[Message], dict[str, Any]]:
     if kind == "system":
         return [SystemMessage(content="\n".join(text_only), **named)], fields
     if kind == "tool":
-        return [ToolReturnMessage(status="success", tool_call_id=str(kwargs.get("tool_call_id") or ""),
-                                  tool_return="\n".join(text_only), **named)], fields
+        return [
+            ToolReturnMessage(
+                status="success",
+                tool_call_id=str(kwargs.get("tool_call_id") or ""),
+                tool_return="\n".join(text_only),
+                **named,
+            )
+        ], fields
     if kind == "user":
-        content: Any = texts[0].text if len(texts) == 1 and isinstance(texts[0], TextContent) else texts
+        content: Any = (
+            texts[0].text if len(texts) == 1 and isinstance(texts[0], TextContent) else texts
+        )
         return [UserMessage(content=content, **named)], fields
     for call in kwargs.get("tool_calls") or []:
         function = call.get("function") or {} if isinstance(call, dict) else {}
-        calls.append(ToolCall(name=str(function.get("name") or ""), tool_call_id=str(call.get("id") or ""),
-                              arguments=str(function.get("arguments") or "{}")))
+        calls.append(
+            ToolCall(
+                name=str(function.get("name") or ""),
+                tool_call_id=str(call.get("id") or ""),
+                arguments=str(function.get("arguments") or "{}"),
+            )
+        )
     made: list[Message] = list(reasoning)
     if text_only or not calls:
-        made.append(AssistantMessage(content=text_only[0] if len(text_only) == 1 else
-                                     [TextContent(text=text) for text in text_only], **named))
+        made.append(
+            AssistantMessage(
+                content=text_only[0]
+                if len(text_only) == 1
+                else [TextContent(text=text) for text in text_only],
+                **named,
+            )
+        )
     made.extend(ToolCallMessage(tool_call=call, **named) for call in calls)
     return made, fields
 
@@ -885,9 +1161,13 @@ def _from_llamaindex(record: Any) -> tuple[list[Message], dict[str, Any]]:
 def _llama_image(block: dict[str, Any]) -> ImageContent | None:
     detail = {"detail": block["detail"]} if isinstance(block.get("detail"), str) else {}
     if isinstance(block.get("image"), str):
-        return ImageContent(source=Base64Image(data=block["image"],
-                                               media_type=block.get("image_mimetype") or "application/octet-stream",
-                                               **detail))
+        return ImageContent(
+            source=Base64Image(
+                data=block["image"],
+                media_type=block.get("image_mimetype") or "application/octet-stream",
+                **detail,
+            )
+        )
     if isinstance(block.get("url"), str) and not detail:
         return ImageContent(source=URLImage(url=block["url"]))
     return None
@@ -902,4 +1182,3 @@ def _text(key: bytes | str) -> str:
 
 def _glob_escape(text: str) -> str:
     return "".join(f"\\{char}" if char in "*?[]\\" else char for char in text)
-

@@ -89,10 +89,10 @@ from typing import Annotated, Any, Literal, TypeVar
 from pydantic import (
     AfterValidator,
     BaseModel,
-    GetCoreSchemaHandler,
     ConfigDict,
     Discriminator,
     Field,
+    GetCoreSchemaHandler,
     Tag,
     TypeAdapter,
     ValidationError,
@@ -864,9 +864,17 @@ def invalid_message(exc: ValidationError, data: Any) -> InvalidMessage:
 _TYPE_NAMES = ", ".join(
     repr(cls.model_fields["message_type"].default)
     for cls in (
-        SystemMessage, UserMessage, ReasoningMessage, HiddenReasoningMessage, ToolCallMessage,
-        ToolReturnMessage, AssistantMessage, ApprovalRequestMessage, ApprovalResponseMessage,
-        SummaryMessage, EventMessage,
+        SystemMessage,
+        UserMessage,
+        ReasoningMessage,
+        HiddenReasoningMessage,
+        ToolCallMessage,
+        ToolReturnMessage,
+        AssistantMessage,
+        ApprovalRequestMessage,
+        ApprovalResponseMessage,
+        SummaryMessage,
+        EventMessage,
     )
 )
 
@@ -887,7 +895,9 @@ def _role_based(data: Mapping[str, Any], exc: ValidationError) -> RoleBasedMessa
 def describe_errors(exc: ValidationError, data: Any) -> str:
     """pydantic's errors as ``path: message`` items, e.g. ``content[0].text: Field required``."""
     errors = exc.errors(include_url=False)
-    shown = [f"{_error_path(err, data)}: {_error_text(err, data)}" for err in errors[:_ERRORS_SHOWN]]
+    shown = [
+        f"{_error_path(err, data)}: {_error_text(err, data)}" for err in errors[:_ERRORS_SHOWN]
+    ]
     if len(errors) > _ERRORS_SHOWN:
         shown.append(f"and {len(errors) - _ERRORS_SHOWN} more errors")
     return "; ".join(shown)
@@ -957,8 +967,10 @@ def _find_unknown(node: Any, path: str, found: dict[str, str]) -> None:
         if node.__pydantic_extra__ and not isinstance(node, (Attachment, AttachmentTool)):
             for key in node.__pydantic_extra__:
                 close = difflib.get_close_matches(key, list(fields), n=1)
-                hint = f"did you mean {close[0]!r}?" if close else (
-                    f"{type(node).__name__} has no such field"
+                hint = (
+                    f"did you mean {close[0]!r}?"
+                    if close
+                    else (f"{type(node).__name__} has no such field")
                 )
                 found[f"{path}.{key}" if path else key] = hint
         for name in fields:
@@ -1016,7 +1028,9 @@ def _thread_message(message: BaseMessage, thread_id: str) -> dict[str, Any]:
         "status": message.status or "completed",
         "assistant_id": message.assistant_id,
         "run_id": message.run_id,
-        "attachments": None if message.attachments is None else [
+        "attachments": None
+        if message.attachments is None
+        else [
             attachment.model_dump(mode="json", exclude_none=True)
             for attachment in message.attachments
         ],

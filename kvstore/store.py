@@ -22,7 +22,6 @@ from .thread import AsyncThread, Thread
 __all__ = ["AsyncMessageStore", "AsyncThread", "MessageStore", "Thread"]
 
 
-
 class MessageStore(SyncDriver, Executor):
     """A store over a synchronous client (redis.Redis, RedisCluster or fakeredis).
 
@@ -43,8 +42,14 @@ class MessageStore(SyncDriver, Executor):
     """
 
     @classmethod
-    def from_url(cls, url: str, config: StoreConfig | None = None, *, count_tokens: Callable[[Any], int] | None = None,
-                 **client_kwargs: Any) -> MessageStore:
+    def from_url(
+        cls,
+        url: str,
+        config: StoreConfig | None = None,
+        *,
+        count_tokens: Callable[[Any], int] | None = None,
+        **client_kwargs: Any,
+    ) -> MessageStore:
         """A store over a new ``redis.Redis`` client for `url` (``redis://``, ``rediss://``,
         ``unix://``); `client_kwargs` go to ``redis.Redis.from_url`` (``decode_responses`` is
         always False). Nothing is sent until the first call.
@@ -53,10 +58,14 @@ class MessageStore(SyncDriver, Executor):
 
             store = MessageStore.from_url("redis://localhost:6379/0", socket_timeout=5)
         """
-        return cls(redis.Redis.from_url(url, decode_responses=False, **client_kwargs), config, count_tokens)
+        return cls(
+            redis.Redis.from_url(url, decode_responses=False, **client_kwargs), config, count_tokens
+        )
 
     @classmethod
-    def in_memory(cls, config: StoreConfig | None = None, *, count_tokens: Callable[[Any], int] | None = None) -> MessageStore:
+    def in_memory(
+        cls, config: StoreConfig | None = None, *, count_tokens: Callable[[Any], int] | None = None
+    ) -> MessageStore:
         """A store on an in-process fakeredis server with Lua, for users' own tests.
 
         Each call makes a new, empty server. Needs the ``in-memory`` extra
@@ -133,18 +142,30 @@ class AsyncMessageStore(AsyncDriver, Executor):
     """
 
     @classmethod
-    def from_url(cls, url: str, config: StoreConfig | None = None, *, count_tokens: Callable[[Any], int] | None = None,
-                 **client_kwargs: Any) -> AsyncMessageStore:
+    def from_url(
+        cls,
+        url: str,
+        config: StoreConfig | None = None,
+        *,
+        count_tokens: Callable[[Any], int] | None = None,
+        **client_kwargs: Any,
+    ) -> AsyncMessageStore:
         """A store over a new ``redis.asyncio.Redis`` client: see :meth:`MessageStore.from_url`.
 
         Example::
 
             store = AsyncMessageStore.from_url("redis://localhost:6379/0")
         """
-        return cls(redis.asyncio.Redis.from_url(url, decode_responses=False, **client_kwargs), config, count_tokens)
+        return cls(
+            redis.asyncio.Redis.from_url(url, decode_responses=False, **client_kwargs),
+            config,
+            count_tokens,
+        )
 
     @classmethod
-    def in_memory(cls, config: StoreConfig | None = None, *, count_tokens: Callable[[Any], int] | None = None) -> AsyncMessageStore:
+    def in_memory(
+        cls, config: StoreConfig | None = None, *, count_tokens: Callable[[Any], int] | None = None
+    ) -> AsyncMessageStore:
         """A store on an in-process fakeredis server: see :meth:`MessageStore.in_memory`.
 
         Example::

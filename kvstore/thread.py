@@ -65,8 +65,12 @@ class Thread(_Bound):
 
     _store: MessageStore
 
-    def append(self, messages: Messages, turn_id: str | TurnLease | None = None,
-               tokens: Sequence[int] | None = None) -> AppendResult:
+    def append(
+        self,
+        messages: Messages,
+        turn_id: str | TurnLease | None = None,
+        tokens: Sequence[int] | None = None,
+    ) -> AppendResult:
         """Stores the messages in one atomic call; returns the stored copies (id, date, seq_id).
 
         `tokens`: each message's token count, one int from 0 to 2**31 per message in order (an int for a
@@ -114,7 +118,9 @@ class Thread(_Bound):
         """
         return self._store.run(core.hold_turn(self._ref, turn_id, call_id))
 
-    def publish(self, turn: str | TurnLease, delta: Message | dict | str, call_id: str | None = None) -> str:
+    def publish(
+        self, turn: str | TurnLease, delta: Message | dict | str, call_id: str | None = None
+    ) -> str:
         """Adds a fragment of an open turn's output to the thread's event stream, for its
         watchers: never stored as a message. `delta` is a message in the list API's streaming
         shape (an AssistantMessage or ReasoningMessage with the new text, a ToolCallMessage with
@@ -132,8 +138,12 @@ class Thread(_Bound):
         """
         return self._store.run(core.publish(self._ref, turn, delta, call_id))
 
-    def watch(self, after: int | str | None = None, block_ms: int = DEFAULT_BLOCK_MS,
-              messages: bool = True) -> Watch:
+    def watch(
+        self,
+        after: int | str | None = None,
+        block_ms: int = DEFAULT_BLOCK_MS,
+        messages: bool = True,
+    ) -> Watch:
         """Every change to the thread, as it happens: an iterator of events (kvstore.events),
         blocking on the server on its own connection (docs/EVENTS.md).
 
@@ -171,7 +181,9 @@ class Thread(_Bound):
         """
         return self._store.run(core.start_turn(self._ref, turn_id))
 
-    def finish_turn(self, turn_id: str | TurnLease, outcome: TurnOutcome = "completed") -> TurnResult:
+    def finish_turn(
+        self, turn_id: str | TurnLease, outcome: TurnOutcome = "completed"
+    ) -> TurnResult:
         """Finishes turn `turn_id` with `outcome`; returns its result (reply count, first and
         last sequence of its replies). With a :class:`TurnLease`, refused (TurnFenced) once
         another worker holds the turn.
@@ -190,8 +202,14 @@ class Thread(_Bound):
         """
         return self._store.run(core.finish_turn(self._ref, *_turn(turn_id, outcome)))
 
-    def list(self, after: Cursor = None, before: Cursor = None, limit: int = 50, order: Order = "asc",
-             turn_id: str | None = None) -> MessagesPage:
+    def list(
+        self,
+        after: Cursor = None,
+        before: Cursor = None,
+        limit: int = 50,
+        order: Order = "asc",
+        turn_id: str | None = None,
+    ) -> MessagesPage:
         """One page of the thread's messages, in the list API's paging terms.
 
         ``order="asc"`` lists oldest first, ``"desc"`` newest first. A cursor is a message id
@@ -269,8 +287,9 @@ class Thread(_Bound):
         """
         return self._store.run(core.snapshot(self._ref))
 
-    def context(self, max_tokens: int | None = None,
-                count_tokens: Callable[[Message], int] | None = None) -> _MessageList:
+    def context(
+        self, max_tokens: int | None = None, count_tokens: Callable[[Message], int] | None = None
+    ) -> _MessageList:
         """The model input: the latest summary (if any) and every message after the sequence it
         covers, oldest first. Without a compaction, every stored message.
 
@@ -295,8 +314,13 @@ class Thread(_Bound):
         """
         return self._store.run(core.context(self._ref, max_tokens, count_tokens))
 
-    def compact(self, summary: str, last_sequence: int, stats: CompactionStats | dict | None = None,
-                tokens: int | None = None) -> SummaryMessage:
+    def compact(
+        self,
+        summary: str,
+        last_sequence: int,
+        stats: CompactionStats | dict | None = None,
+        tokens: int | None = None,
+    ) -> SummaryMessage:
         """Stores a summary of the messages up to `last_sequence`, and returns it (a
         SummaryMessage with its id, date and seq_id).
 
@@ -348,7 +372,9 @@ class Thread(_Bound):
         self._store.run(core.fork(self._ref, _thread_id(self._ref), new._ref, at))
         return new
 
-    def replace(self, message_id: str, message: Message | dict, tokens: int | None = None) -> Message:
+    def replace(
+        self, message_id: str, message: Message | dict, tokens: int | None = None
+    ) -> Message:
         """Replaces the stored message `message_id` by `message`; returns the stored copy.
 
         The new message keeps the original's id, sequence, turn and otid (an otid it carries is
@@ -425,8 +451,12 @@ class AsyncThread(_Bound):
 
     _store: AsyncMessageStore
 
-    async def append(self, messages: Messages, turn_id: str | TurnLease | None = None,
-                     tokens: Sequence[int] | None = None) -> AppendResult:
+    async def append(
+        self,
+        messages: Messages,
+        turn_id: str | TurnLease | None = None,
+        tokens: Sequence[int] | None = None,
+    ) -> AppendResult:
         """Stores the messages in one atomic call: see :meth:`Thread.append`.
 
         A call cut off by ``asyncio.wait_for``, ``asyncio.timeout`` or ``task.cancel()`` may
@@ -438,20 +468,28 @@ class AsyncThread(_Bound):
             except TimeoutError:
                 await thread.append(messages)  # a replay if the first call ran
         """
-        return await self._store.run(core.append(self._ref, messages, *_turn(turn_id), tokens=tokens))
+        return await self._store.run(
+            core.append(self._ref, messages, *_turn(turn_id), tokens=tokens)
+        )
 
     async def hold_turn(self, turn_id: str, call_id: str | None = None) -> TurnLease:
         """The awaited :meth:`Thread.hold_turn`. To retry a call that was cancelled, pass the
         same `call_id` both times."""
         return await self._store.run(core.hold_turn(self._ref, turn_id, call_id))
 
-    async def publish(self, turn: str | TurnLease, delta: Message | dict | str, call_id: str | None = None) -> str:
+    async def publish(
+        self, turn: str | TurnLease, delta: Message | dict | str, call_id: str | None = None
+    ) -> str:
         """The awaited :meth:`Thread.publish`. To retry a call that was cancelled, pass the
         same `call_id` both times."""
         return await self._store.run(core.publish(self._ref, turn, delta, call_id))
 
-    def watch(self, after: int | str | None = None, block_ms: int = DEFAULT_BLOCK_MS,
-              messages: bool = True) -> AsyncWatch:
+    def watch(
+        self,
+        after: int | str | None = None,
+        block_ms: int = DEFAULT_BLOCK_MS,
+        messages: bool = True,
+    ) -> AsyncWatch:
         """The async iterator of :meth:`Thread.watch`. Cancelling the task that waits on it
         closes its connection.
 
@@ -473,7 +511,9 @@ class AsyncThread(_Bound):
         """
         return await self._store.run(core.start_turn(self._ref, turn_id))
 
-    async def finish_turn(self, turn_id: str | TurnLease, outcome: TurnOutcome = "completed") -> TurnResult:
+    async def finish_turn(
+        self, turn_id: str | TurnLease, outcome: TurnOutcome = "completed"
+    ) -> TurnResult:
         """The awaited :meth:`Thread.finish_turn`: same arguments, result and errors.
 
         Example::
@@ -482,15 +522,23 @@ class AsyncThread(_Bound):
         """
         return await self._store.run(core.finish_turn(self._ref, *_turn(turn_id, outcome)))
 
-    async def list(self, after: Cursor = None, before: Cursor = None, limit: int = 50, order: Order = "asc",
-                   turn_id: str | None = None) -> MessagesPage:
+    async def list(
+        self,
+        after: Cursor = None,
+        before: Cursor = None,
+        limit: int = 50,
+        order: Order = "asc",
+        turn_id: str | None = None,
+    ) -> MessagesPage:
         """The awaited :meth:`Thread.list`: same arguments, result and errors.
 
         Example::
 
             page = await thread.list(limit=50, order="desc")
         """
-        return await self._store.run(core.list_page(self._ref, after, before, limit, order, turn_id))
+        return await self._store.run(
+            core.list_page(self._ref, after, before, limit, order, turn_id)
+        )
 
     async def iter(self, order: Order = "asc") -> AsyncIterator[Message]:
         """The async iterator of :meth:`Thread.iter`: same order and paging.
@@ -526,8 +574,9 @@ class AsyncThread(_Bound):
         """
         return await self._store.run(core.snapshot(self._ref))
 
-    async def context(self, max_tokens: int | None = None,
-                      count_tokens: Callable[[Message], int] | None = None) -> _MessageList:
+    async def context(
+        self, max_tokens: int | None = None, count_tokens: Callable[[Message], int] | None = None
+    ) -> _MessageList:
         """The awaited :meth:`Thread.context`: same arguments, result and errors.
 
         Example::
@@ -536,8 +585,13 @@ class AsyncThread(_Bound):
         """
         return await self._store.run(core.context(self._ref, max_tokens, count_tokens))
 
-    async def compact(self, summary: str, last_sequence: int, stats: CompactionStats | dict | None = None,
-                      tokens: int | None = None) -> SummaryMessage:
+    async def compact(
+        self,
+        summary: str,
+        last_sequence: int,
+        stats: CompactionStats | dict | None = None,
+        tokens: int | None = None,
+    ) -> SummaryMessage:
         """The awaited :meth:`Thread.compact`: same arguments, result and errors.
 
         Example::
@@ -545,7 +599,6 @@ class AsyncThread(_Bound):
             summary = await thread.compact("The user asked about Oslo.", last_sequence)
         """
         return await self._store.run(core.compact(self._ref, summary, last_sequence, stats, tokens))
-
 
     async def fork(self, new_thread_id: str, at: str | int) -> AsyncThread:
         """The awaited :meth:`Thread.fork`: same arguments, result and errors.
@@ -557,7 +610,10 @@ class AsyncThread(_Bound):
         new = self._store.thread(new_thread_id)
         await self._store.run(core.fork(self._ref, _thread_id(self._ref), new._ref, at))
         return new
-    async def replace(self, message_id: str, message: Message | dict, tokens: int | None = None) -> Message:
+
+    async def replace(
+        self, message_id: str, message: Message | dict, tokens: int | None = None
+    ) -> Message:
         """The awaited :meth:`Thread.replace`: same arguments, result and errors.
 
         Example::

@@ -33,7 +33,9 @@ def _start_servers() -> dict[str, ServerProcess]:
 def _unit_layer_only(config) -> bool:
     """Whether the run holds only tests/unit, the sans-IO core's layer, which needs no server."""
     unit = Path(__file__).parent / "unit"
-    paths = [(config.invocation_params.dir / str(arg).split("::")[0]).resolve() for arg in config.args]
+    paths = [
+        (config.invocation_params.dir / str(arg).split("::")[0]).resolve() for arg in config.args
+    ]
     return bool(paths) and all(path == unit or unit in path.parents for path in paths)
 
 
@@ -41,7 +43,9 @@ def pytest_report_header(config):
     if _unit_layer_only(config):
         return ["kvstore test servers: none started (tests/unit needs none)"]
     servers = _start_servers()
-    lines = [f"kvstore test servers: {name} {s.version()} on {s.url}" for name, s in servers.items()]
+    lines = [
+        f"kvstore test servers: {name} {s.version()} on {s.url}" for name, s in servers.items()
+    ]
     if "redis" not in servers:
         lines.append("kvstore test servers: redis-server not on PATH, the Redis tier is not run")
     return lines
@@ -125,7 +129,9 @@ def make_async_store(backend: str, config: StoreConfig, count_tokens=None) -> As
     if backend == "fakeredis":
         import fakeredis
 
-        return AsyncMessageStore(fakeredis.FakeAsyncRedis(server=_fake_server()), config, count_tokens)
+        return AsyncMessageStore(
+            fakeredis.FakeAsyncRedis(server=_fake_server()), config, count_tokens
+        )
     return AsyncMessageStore.from_url(_servers[backend].url, config, count_tokens=count_tokens)
 
 

@@ -15,16 +15,21 @@ class SyncFacade:
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self._thread, name)
         if name == "iter":
+
             def collect(*args: Any, **kwargs: Any) -> Any:
                 async def gather() -> list:
                     return [m async for m in attr(*args, **kwargs)]
+
                 return iter(self._loop.run_until_complete(gather()))
+
             return collect
         if callable(attr):
+
             def call(*args: Any, **kwargs: Any) -> Any:
                 result = self._loop.run_until_complete(attr(*args, **kwargs))
                 if type(result).__name__ == "AsyncThread":  # fork: the new thread, in the same mode
                     return SyncFacade(result, self._loop)
                 return result
+
             return call
         return attr

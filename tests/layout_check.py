@@ -33,7 +33,9 @@ def manifest_lines(manifest: bytes) -> list[str]:
 
 def legacy_sequences(client, keys: ThreadKeys) -> list[int]:
     """The sequences a migrating layout-1 thread still holds in its legacy hash."""
-    return sorted(int(f) for f in client.hkeys(keys.legacy) if f.isdigit() and not f.startswith(b"0"))
+    return sorted(
+        int(f) for f in client.hkeys(keys.legacy) if f.isdigit() and not f.startswith(b"0")
+    )
 
 
 def chunk_records(client, key: str) -> dict[int, bytes]:
@@ -50,14 +52,18 @@ def chunk_records(client, key: str) -> dict[int, bytes]:
         size = int(side.split("\t")[3])
         records[int(sequence)] = fields[b"d"][offset : offset + size]
         offset += size
-    assert offset == len(fields[b"d"]), f"{key}: the manifest lists {offset} bytes, the data holds {len(fields[b'd'])}"
+    assert offset == len(fields[b"d"]), (
+        f"{key}: the manifest lists {offset} bytes, the data holds {len(fields[b'd'])}"
+    )
     assert list(records) == sorted(records), f"{key}: records out of order"
     return records
 
 
 def read_layout(client, keys: ThreadKeys) -> Layout:
     meta = {k.decode(): v.decode() for k, v in client.hgetall(keys.meta).items()}
-    window = {int(score): member for member, score in client.zrange(keys.window, 0, -1, withscores=True)}
+    window = {
+        int(score): member for member, score in client.zrange(keys.window, 0, -1, withscores=True)
+    }
     chunks, large = {}, {}
     for member, score in client.zrange(keys.chunk_index, 0, -1, withscores=True):
         first = int(score)
@@ -80,7 +86,9 @@ def check_layout(client, keys: ThreadKeys, config: StoreConfig) -> Layout:
         if member.count(b":") == 5:
             # A member written with counts sums its messages' counts (docs/LAYOUT.md).
             lines = manifest_lines(client.hget(keys.chunk(entry.first), "_m"))
-            assert entry.tokens == sum(side_tokens(line.split("\t", 1)[1].encode()) for line in lines), (member, lines)
+            assert entry.tokens == sum(
+                side_tokens(line.split("\t", 1)[1].encode()) for line in lines
+            ), (member, lines)
     # The index matches the chunks exactly.
     for first, fields in layout.chunks.items():
         last, count, nbytes, media = index[first]
@@ -126,15 +134,22 @@ def check_layout(client, keys: ThreadKeys, config: StoreConfig) -> Layout:
     assert client.hlen(keys.ids) == len(sequences)
     # Every stored message is named in a manifest or the window side info, with its true size.
     for first, fields in (*layout.chunks.items(), *((s, {s: r}) for s, r in layout.large.items())):
-        lines = dict(line.split("\t", 1) for line in manifest_lines(client.hget(keys.chunk(first), "_m")))
+        lines = dict(
+            line.split("\t", 1) for line in manifest_lines(client.hget(keys.chunk(first), "_m"))
+        )
         assert {int(k) for k in lines} == set(fields)
         for sequence, side in lines.items():
             assert int(side.split("\t")[3]) == len(fields[int(sequence)])
     media = sum(int(v.decode().split("\t")[2]) for v in client.hvals(keys.window_side))
     for first in (*layout.chunks, *layout.large):
-        media += sum(int(line.split("\t")[3]) for line in manifest_lines(client.hget(keys.chunk(first), "_m")))
+        media += sum(
+            int(line.split("\t")[3])
+            for line in manifest_lines(client.hget(keys.chunk(first), "_m"))
+        )
     assert int(layout.meta.get("media", 0)) == media
-    stored_bytes = sum(len(r) for r in layout.window.values()) + sum(len(r) for r in layout.large.values())
+    stored_bytes = sum(len(r) for r in layout.window.values()) + sum(
+        len(r) for r in layout.large.values()
+    )
     stored_bytes += sum(len(r) for fields in layout.chunks.values() for r in fields.values())
     assert int(layout.meta.get("bytes", 0)) == stored_bytes
     assert int(layout.meta.get("window_bytes", 0)) == sum(len(r) for r in layout.window.values())
@@ -161,10 +176,16 @@ def check_turns(client, keys: ThreadKeys) -> None:
         last, _, turn_id = fields.pop(k).partition("\t")
         assert last.isdigit() and turn_id, ("idle turn", k)
     # A range field is `<turn id>\t<k>` beside its header (a layout-1 turn id may hold a tab).
-    ranges = {k: v for k, v in fields.items() if re.fullmatch(r"(?s)(.*)\t\d+", k) and k.rpartition("\t")[0] in fields}
+    ranges = {
+        k: v
+        for k, v in fields.items()
+        if re.fullmatch(r"(?s)(.*)\t\d+", k) and k.rpartition("\t")[0] in fields
+    }
     # A turn's lease and the calls it remembers (`<turn id>\tlease`, `\tholds`, `\tdeltas`) live
     # and go with its header.
-    extras = {k for k in fields if k not in ranges and re.fullmatch(r"(?s).*\t(lease|holds|deltas)", k)}
+    extras = {
+        k for k in fields if k not in ranges and re.fullmatch(r"(?s).*\t(lease|holds|deltas)", k)
+    }
     for field in extras:
         assert field.rpartition("\t")[0] in fields, ("a turn's field outlives its record", field)
     headers = {k: v for k, v in fields.items() if k not in ranges and k not in extras}
@@ -189,5 +210,8 @@ def check_turns(client, keys: ThreadKeys) -> None:
         after_start = [s for s in sequences if turn.start and s >= turn.start]
         assert turn.replies == len(after_start), (turn_id, header)
         assert turn.first == (after_start[0] if after_start else 0), (turn_id, header)
-        assert turn.outcome != "open" or (turn.count, turn.first_seq, turn.last_seq) == (0, 0, 0), (turn_id, header)
+        assert turn.outcome != "open" or (turn.count, turn.first_seq, turn.last_seq) == (0, 0, 0), (
+            turn_id,
+            header,
+        )
     assert set(ranges) == named, set(ranges) - named

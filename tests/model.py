@@ -9,7 +9,9 @@ the turn's messages with the same cursors.
 from __future__ import annotations
 
 
-def page(sequences: list[int], after: int | None, before: int | None, limit: int, order: str) -> tuple[list[int], bool]:
+def page(
+    sequences: list[int], after: int | None, before: int | None, limit: int, order: str
+) -> tuple[list[int], bool]:
     """The sequences of one page of `sequences` (the kept ones, any order) and its has_more."""
     ascending = sorted(sequences)
     in_order = ascending if order == "asc" else ascending[::-1]
@@ -18,7 +20,8 @@ def page(sequences: list[int], after: int | None, before: int | None, limit: int
         return s > cursor if order == "asc" else s < cursor
 
     candidates = [
-        s for s in in_order
+        s
+        for s in in_order
         if (after is None or follows(s, after)) and (before is None or follows(before, s))
     ]
     if before is not None and after is None:
@@ -32,5 +35,13 @@ def context(kept: list, summary_last: int | None, summary_seq: int | None) -> li
     if summary_seq is None:
         return sorted(kept, key=lambda m: m.seq_id)
     by_seq = {m.seq_id: m for m in kept}
-    head = [by_seq[summary_seq]] if summary_seq in by_seq and by_seq[summary_seq].message_type == "summary_message" else []
-    return head + [m for m in sorted(kept, key=lambda m: m.seq_id) if m.seq_id > summary_last and m.seq_id != summary_seq]
+    head = (
+        [by_seq[summary_seq]]
+        if summary_seq in by_seq and by_seq[summary_seq].message_type == "summary_message"
+        else []
+    )
+    return head + [
+        m
+        for m in sorted(kept, key=lambda m: m.seq_id)
+        if m.seq_id > summary_last and m.seq_id != summary_seq
+    ]

@@ -85,15 +85,19 @@ def read_header(text: str) -> Header:
             continue
         table, first, dots, last, rest = _ENTRY.match(text).groups()
         times = _TIMES.search(rest)
-        entries.append(Entry(
-            table=table,
-            first=int(first),
-            last=int(first) if not dots else (int(last) if last else None),
-            kinds=tuple(Kind(name, tuple(_VALUE.findall(values)) if values else None)
-                        for name, values in _KIND.findall(rest)),
-            times=int(times.group(1)) if times else None,
-            text=rest,
-        ))
+        entries.append(
+            Entry(
+                table=table,
+                first=int(first),
+                last=int(first) if not dots else (int(last) if last else None),
+                kinds=tuple(
+                    Kind(name, tuple(_VALUE.findall(values)) if values else None)
+                    for name, values in _KIND.findall(rest)
+                ),
+                times=int(times.group(1)) if times else None,
+                text=rest,
+            )
+        )
     return Header(
         keys=tuple(e for e in entries if e.table == "KEYS"),
         argv=tuple(e for e in entries if e.table == "ARGV"),
@@ -103,7 +107,9 @@ def read_header(text: str) -> Header:
 
 
 def script_header(name: str) -> Header:
-    return read_header(resources.files("kvstore.lua").joinpath(f"{name}.lua").read_text(encoding="utf-8"))
+    return read_header(
+        resources.files("kvstore.lua").joinpath(f"{name}.lua").read_text(encoding="utf-8")
+    )
 
 
 def _label(entry: Entry) -> str:
@@ -127,7 +133,11 @@ def header_problems(header: Header) -> list[str]:
                 problems.append(f"{label} names no kind")
             if entry.last is not None and entry.last < entry.first:
                 problems.append(f"{label} is empty")
-            elif entry.last is not None and entry.kinds and (entry.last - entry.first + 1) % len(entry.kinds):
+            elif (
+                entry.last is not None
+                and entry.kinds
+                and (entry.last - entry.first + 1) % len(entry.kinds)
+            ):
                 problems.append(f"{label} is no whole number of groups of {len(entry.kinds)}")
             end = entry.last
     if not header.keys:
@@ -143,7 +153,11 @@ def call_mismatches(header: Header, keys: list[Any], args: list[Any]) -> list[st
     key_count = header.keys[-1].last if header.keys else 0
     if len(keys) != key_count:
         found.append(f"{len(keys)} keys sent, the header says {key_count}")
-    found += [f"KEYS[{i}] {problem}" for i, key in enumerate(keys, 1) if (problem := Kind("str").mismatch(key))]
+    found += [
+        f"KEYS[{i}] {problem}"
+        for i, key in enumerate(keys, 1)
+        if (problem := Kind("str").mismatch(key))
+    ]
     end = 0
     for entry in header.argv:
         if not entry.kinds:
@@ -152,15 +166,22 @@ def call_mismatches(header: Header, keys: list[Any], args: list[Any]) -> list[st
         span = last - entry.first + 1
         label = _label(entry)
         # A range open to the end may hold no group at all.
-        if last > len(args) or span < (len(entry.kinds) if entry.last is not None else 0) \
-                or span % len(entry.kinds):
-            found.append(f"{label}: {len(args)} arguments sent, not whole groups of {len(entry.kinds)} there")
+        if (
+            last > len(args)
+            or span < (len(entry.kinds) if entry.last is not None else 0)
+            or span % len(entry.kinds)
+        ):
+            found.append(
+                f"{label}: {len(args)} arguments sent, not whole groups of {len(entry.kinds)} there"
+            )
             end = last
             continue
         if entry.times is not None:
             told = args[entry.times - 1] if entry.times <= len(args) else None
             if told != span // len(entry.kinds):
-                found.append(f"{label}: {span // len(entry.kinds)} groups sent, ARGV[{entry.times}] says {told!r}")
+                found.append(
+                    f"{label}: {span // len(entry.kinds)} groups sent, ARGV[{entry.times}] says {told!r}"
+                )
         for position in range(entry.first, last + 1):
             kind = entry.kinds[(position - entry.first) % len(entry.kinds)]
             if problem := kind.mismatch(args[position - 1]):

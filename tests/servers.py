@@ -23,8 +23,12 @@ class ServerProcess(process.ServerProcess):
     `restart()` keeps its port and data dir; `cleanup()` stops it and removes the dir.
     """
 
-    def __init__(self, name: str, binary: str, extra_args: Sequence[str] = (), **options: Any) -> None:
-        super().__init__(name, binary, [*NO_PERSISTENCE, "--protected-mode", "no", *extra_args], **options)
+    def __init__(
+        self, name: str, binary: str, extra_args: Sequence[str] = (), **options: Any
+    ) -> None:
+        super().__init__(
+            name, binary, [*NO_PERSISTENCE, "--protected-mode", "no", *extra_args], **options
+        )
 
 
 def require_redis() -> bool:

@@ -56,10 +56,23 @@ def view(thread, turns=("turn-5", "done", "open", "turn-gone")):
     return {
         "messages": [m.to_dict() for m in thread.iter()],
         "context": [m.to_dict() for m in thread.context()],
-        "stats": (stats.stored_messages, stats.next_sequence, stats.deleted_before_sequence,
-                  stats.summary_last_sequence, stats.stored_bytes, stats.media_bytes, stats.layout_version),
-        "snapshot": ([m.to_dict() for m in snapshot.messages], snapshot.summary and snapshot.summary.to_dict(), snapshot.turn),
-        "turns": {t: [m.seq_id for m in thread.list(turn_id=t, limit=1000).messages] for t in turns},
+        "stats": (
+            stats.stored_messages,
+            stats.next_sequence,
+            stats.deleted_before_sequence,
+            stats.summary_last_sequence,
+            stats.stored_bytes,
+            stats.media_bytes,
+            stats.layout_version,
+        ),
+        "snapshot": (
+            [m.to_dict() for m in snapshot.messages],
+            snapshot.summary and snapshot.summary.to_dict(),
+            snapshot.turn,
+        ),
+        "turns": {
+            t: [m.seq_id for m in thread.list(turn_id=t, limit=1000).messages] for t in turns
+        },
         "page": thread.list(limit=5, order="desc").deleted_before_sequence,
     }
 
@@ -84,17 +97,27 @@ def test_round_trip_restores_the_whole_thread(stores, raw_client):
     original = build_thread(source)
     text = export_text(source)
     header = json.loads(text.splitlines()[0])
-    assert header["kvstore_backup"] == 1 and header["summary_last"] > 0 and header["deleted_before"] > 1
+    assert (
+        header["kvstore_backup"] == 1
+        and header["summary_last"] > 0
+        and header["deleted_before"] > 1
+    )
 
     progress = backup.ImportProgress()
-    assert backup.import_lines(target, "chat", io.StringIO(text), progress, progress_out=io.StringIO()) > 0
+    assert (
+        backup.import_lines(target, "chat", io.StringIO(text), progress, progress_out=io.StringIO())
+        > 0
+    )
     restored = target.thread("chat")
     assert view(restored) == view(original)
     assert restored.context()[0].message_type == "summary_message"
     assert restored.get_by_otid("qd").content == original.get_by_otid("qd").content
     # A second import stores nothing; every message is counted as already stored.
     again = backup.ImportProgress()
-    assert backup.import_lines(target, "chat", io.StringIO(text), again, progress_out=io.StringIO()) == 0
+    assert (
+        backup.import_lines(target, "chat", io.StringIO(text), again, progress_out=io.StringIO())
+        == 0
+    )
     assert again.already == progress.stored and again.stored == 0
     # Turn results as recorded; the open turn stays open and takes the next reply.
     finished = [t["id"] for t in header["turns"] if t["outcome"] != "open"]
@@ -103,11 +126,12 @@ def test_round_trip_restores_the_whole_thread(stores, raw_client):
         assert restored.finish_turn(turn, "failed") == original.finish_turn(turn, "failed")
     check_layout(raw_client, restored.keys, target.config)
     for thread in (original, restored):
-        rest = AssistantMessage(id="message-rest", date="2026-01-02T03:04:05Z", content="the rest", otid="rest")
+        rest = AssistantMessage(
+            id="message-rest", date="2026-01-02T03:04:05Z", content="the rest", otid="rest"
+        )
         thread.append(rest, turn_id="open")
         assert thread.finish_turn("open").reply_count == 2
     assert view(restored) == view(original)
-
 
 
 def test_an_interrupted_restore_run_again_is_whole(stores, raw_client):
@@ -127,7 +151,10 @@ def test_an_interrupted_restore_run_again_is_whole(stores, raw_client):
     assert 0 < target.thread("chat").stats().stored_messages < original.stats().stored_messages
     rest = backup.ImportProgress()
     backup.import_lines(target, "chat", iter(lines), rest, progress_out=io.StringIO())
-    assert rest.already == first.stored and first.stored + rest.stored == original.stats().stored_messages
+    assert (
+        rest.already == first.stored
+        and first.stored + rest.stored == original.stats().stored_messages
+    )
     assert view(target.thread("chat")) == view(original)
     check_layout(raw_client, target.thread("chat").keys, target.config)
 
@@ -165,10 +192,14 @@ def test_plain_lines_import_once_whatever_the_cut(stores):
     are stored once however often, and however cut, the file is imported (a repeated line is
     a message of its own: its id counts the identical lines before it in the file)."""
     _, target = stores
-    lines = [json.dumps({"message_type": "user_message", "content": f"m{i}"}) + "\n" for i in range(240)]
+    lines = [
+        json.dumps({"message_type": "user_message", "content": f"m{i}"}) + "\n" for i in range(240)
+    ]
     lines += [json.dumps({"message_type": "user_message", "content": "same"}) + "\n"] * 10
-    lines += [json.dumps({"message_type": "user_message", "content": f"o{i}", "otid": f"o{i}"}) + "\n"
-              for i in range(50)]
+    lines += [
+        json.dumps({"message_type": "user_message", "content": f"o{i}", "otid": f"o{i}"}) + "\n"
+        for i in range(50)
+    ]
     first = backup.ImportProgress()
     backup.import_lines(target, "plain", iter(lines[:130]), first, progress_out=io.StringIO())
     assert first.stored == 130
@@ -178,7 +209,9 @@ def test_plain_lines_import_once_whatever_the_cut(stores):
     third = backup.ImportProgress()
     backup.import_lines(target, "plain", iter(lines), third, progress_out=io.StringIO())
     assert (third.stored, third.already) == (0, 300)
-    assert [m.to_dict()["content"] for m in target.thread("plain").iter()] == [json.loads(l)["content"] for l in lines]
+    assert [m.to_dict()["content"] for m in target.thread("plain").iter()] == [
+        json.loads(l)["content"] for l in lines
+    ]
 
 
 def test_an_unreadable_record_fails_the_export_naming_it(stores, raw_client):
@@ -194,7 +227,7 @@ def test_an_unreadable_record_fails_the_export_naming_it(stores, raw_client):
 
 
 def test_a_turn_record_of_the_first_layout_2_form_is_backed_up(stores, raw_client):
-    """"<start>|a-b,c-d" (the first layout-2 turn record) gives its messages their turn."""
+    """ "<start>|a-b,c-d" (the first layout-2 turn record) gives its messages their turn."""
     source, target = stores
     thread = source.thread("old-turn")
     thread.append([UserMessage(content=f"m{i}") for i in range(2)], turn_id="t")
@@ -202,9 +235,23 @@ def test_a_turn_record_of_the_first_layout_2_form_is_backed_up(stores, raw_clien
     thread.append(AssistantMessage(content="r"), turn_id="t")
     raw_client.hset(thread.keys.turns, "t", "2|1-2,4-4")
     text = export_text(source, "old-turn")
-    assert [json.loads(line).get("turn_id") for line in text.splitlines()[1:-1]] == ["t", "t", None, "t"]
+    assert [json.loads(line).get("turn_id") for line in text.splitlines()[1:-1]] == [
+        "t",
+        "t",
+        None,
+        "t",
+    ]
     assert json.loads(text.splitlines()[0])["turns"] == [
-        {"id": "t", "start": 2, "outcome": "open", "replies": 2, "first": 2, "count": 0, "first_seq": 0, "last_seq": 0}
+        {
+            "id": "t",
+            "start": 2,
+            "outcome": "open",
+            "replies": 2,
+            "first": 2,
+            "count": 0,
+            "first_seq": 0,
+            "last_seq": 0,
+        }
     ]
     backup.import_lines(target, "old-turn", io.StringIO(text), progress_out=io.StringIO())
     assert [m.seq_id for m in target.thread("old-turn").list(turn_id="t").messages] == [1, 2, 4]
@@ -245,16 +292,37 @@ def test_runs_are_consecutive_sequences_of_one_turn():
     def item(sequence, turn=None):
         return BackedUpMessage(sequence, turn, UserMessage(content="-"))
 
-    items = [item(1, "a"), item(2, "a"), item(3), item(5), item(6, "b"), *(item(s, "b") for s in range(7, 250))]
+    items = [
+        item(1, "a"),
+        item(2, "a"),
+        item(3),
+        item(5),
+        item(6, "b"),
+        *(item(s, "b") for s in range(7, 250)),
+    ]
     runs = [[(i.sequence, i.turn_id) for i in run] for run in restore_runs(items)]
     assert [(run[0][0], run[-1][0], run[0][1]) for run in runs] == [
-        (1, 2, "a"), (3, 3, None), (5, 5, None), (6, 105, "b"), (106, 205, "b"), (206, 249, "b"),
+        (1, 2, "a"),
+        (3, 3, None),
+        (5, 5, None),
+        (6, 105, "b"),
+        (106, 205, "b"),
+        (206, 249, "b"),
     ]
     with pytest.raises(errors.InvalidMessage, match="in order"):
         list(restore_runs([item(2), item(2)]))
 
     state = BackupState(ranges=sorted([(1, 2, "a"), (6, 249, "b"), (4, 4, "a")]))
-    assert [state.turn_of(s) for s in (1, 2, 3, 4, 5, 6, 249, 250)] == ["a", "a", None, "a", None, "b", "b", None]
+    assert [state.turn_of(s) for s in (1, 2, 3, 4, 5, 6, 249, 250)] == [
+        "a",
+        "a",
+        None,
+        "a",
+        None,
+        "b",
+        "b",
+        None,
+    ]
 
 
 def test_a_restored_thread_written_since_keeps_what_it_has(stores):
@@ -280,9 +348,15 @@ def test_a_finished_turn_of_the_first_layout_2_form_keeps_its_result(stores, raw
     thread.append(UserMessage(content="between"))
     thread.append([AssistantMessage(content=f"r{i}") for i in range(3)], turn_id="t")
     raw_client.hset(thread.keys.turns, "t", "3|1-1,3-5")
-    raw_client.hset(thread.keys.meta, mapping={"turn_id": "t", "turn_seq": 3, "turn_outcome": "cancelled"})
-    backup.import_lines(target, "old-finished", io.StringIO(export_text(source, "old-finished")),
-                          progress_out=io.StringIO())
+    raw_client.hset(
+        thread.keys.meta, mapping={"turn_id": "t", "turn_seq": 3, "turn_outcome": "cancelled"}
+    )
+    backup.import_lines(
+        target,
+        "old-finished",
+        io.StringIO(export_text(source, "old-finished")),
+        progress_out=io.StringIO(),
+    )
     expected = thread.finish_turn("t")
     assert expected.outcome == "cancelled" and expected.reply_count == 3
     assert target.thread("old-finished").finish_turn("t") == expected
@@ -291,8 +365,10 @@ def test_a_finished_turn_of_the_first_layout_2_form_keeps_its_result(stores, raw
 def test_plain_lines_whose_otids_are_stored_under_other_ids_are_replays(stores):
     _, target = stores
     target.thread("otids").append([UserMessage(content=f"o{i}", otid=f"o{i}") for i in range(10)])
-    lines = [json.dumps({"message_type": "user_message", "content": f"o{i}", "otid": f"o{i}"}) + "\n"
-             for i in range(20)]
+    lines = [
+        json.dumps({"message_type": "user_message", "content": f"o{i}", "otid": f"o{i}"}) + "\n"
+        for i in range(20)
+    ]
     progress = backup.ImportProgress()
     backup.import_lines(target, "otids", iter(lines), progress, progress_out=io.StringIO())
     assert (progress.stored, progress.already) == (10, 10)
@@ -308,7 +384,9 @@ def test_a_header_it_cannot_restore_is_refused_before_any_write(stores):
     header = json.loads(head)
     header["turns"][0]["start"] = "soon"
     with pytest.raises(errors.InvalidMessage, match="line 1"):
-        backup.import_lines(target, "chat", iter([json.dumps(header) + "\n", *rest]), progress_out=io.StringIO())
+        backup.import_lines(
+            target, "chat", iter([json.dumps(header) + "\n", *rest]), progress_out=io.StringIO()
+        )
     assert target.thread("chat").stats().stored_messages == 0
 
 
@@ -333,12 +411,22 @@ def test_restore_state_refuses_a_turn_it_could_not_read_back_before_any_write(st
     thread.append(UserMessage(content="q"), turn_id="t")
     ref = ThreadRef.of(target.config, "state")
     before = (raw_client.hgetall(thread.keys.meta), raw_client.hgetall(thread.keys.turns))
-    for bad in (core.TurnRecord("t", 1, "not done", 0, 0, 0, 0, 0), core.TurnRecord("t", 1, "open", -1, 0, 0, 0, 0)):
-        state = core.BackupState(last_seq=1, summary_last=1, summary_seq=1,
-                                 turns=[core.TurnRecord("u", 0, "open", 0, 0, 0, 0, 0), bad])
+    for bad in (
+        core.TurnRecord("t", 1, "not done", 0, 0, 0, 0, 0),
+        core.TurnRecord("t", 1, "open", -1, 0, 0, 0, 0),
+    ):
+        state = core.BackupState(
+            last_seq=1,
+            summary_last=1,
+            summary_seq=1,
+            turns=[core.TurnRecord("u", 0, "open", 0, 0, 0, 0, 0), bad],
+        )
         with pytest.raises(errors.InvalidMessage, match="not one a backup holds"):
             target.run(core.restore_state(ref, state))
-        assert (raw_client.hgetall(thread.keys.meta), raw_client.hgetall(thread.keys.turns)) == before
+        assert (
+            raw_client.hgetall(thread.keys.meta),
+            raw_client.hgetall(thread.keys.turns),
+        ) == before
 
 
 def test_a_restore_call_is_no_larger_than_the_store_allows_an_append():
@@ -346,7 +434,10 @@ def test_a_restore_call_is_no_larger_than_the_store_allows_an_append():
     from kvstore._engine.requests import ThreadRef
 
     config = StoreConfig(namespace="n", max_batch_messages=3, max_batch_bytes=100 * 1024)
-    run = [core.BackedUpMessage(s, None, UserMessage(id=f"m{s}", content="x" * (30 * 1024))) for s in range(1, 11)]
+    run = [
+        core.BackedUpMessage(s, None, UserMessage(id=f"m{s}", content="x" * (30 * 1024)))
+        for s in range(1, 11)
+    ]
     operation = core.restore_run(ThreadRef.of(config, "chat"), run)
     calls, reply = [], None
     try:
@@ -370,8 +461,10 @@ def test_a_run_whose_otid_is_stored_elsewhere_is_a_restore_conflict(stores, raw_
     thread = target.thread("otid")
     thread.append(UserMessage(content="there first", otid="a"))
     before = view(thread, turns=())
-    run = [core.BackedUpMessage(5 + i, None, UserMessage(id=f"m{i}", content=f"m{i}", otid=otid))
-           for i, otid in enumerate(otids)]
+    run = [
+        core.BackedUpMessage(5 + i, None, UserMessage(id=f"m{i}", content=f"m{i}", otid=otid))
+        for i, otid in enumerate(otids)
+    ]
     with pytest.raises(errors.RestoreConflict, match="otid a is stored at sequence 1"):
         target.run(core.restore_run(ThreadRef.of(target.config, "otid"), run))
     assert view(thread, turns=()) == before
@@ -392,13 +485,19 @@ def test_a_backup_without_messages_over_a_thread_holding_messages_is_refused(sto
     other = target.thread("chat")
     other.append([UserMessage(content=f"other {i}") for i in range(2)])
     other.compact("what the other thread said", 1)  # its summary is sequence 3: last_seq 3 too
-    before = {k: raw_client.dump(k) for k in raw_client.scan_iter(match=other.keys.meta.rsplit(":", 1)[0] + "*")}
+    before = {
+        k: raw_client.dump(k)
+        for k in raw_client.scan_iter(match=other.keys.meta.rsplit(":", 1)[0] + "*")
+    }
     assert other.stats().next_sequence == 4
     other_state = raw_client.hgetall(other.keys.meta)
     with pytest.raises(errors.RestoreConflict):
         backup.import_lines(target, "chat", io.StringIO(text), progress_out=io.StringIO())
     assert raw_client.hgetall(other.keys.meta) == other_state
-    after = {k: raw_client.dump(k) for k in raw_client.scan_iter(match=other.keys.meta.rsplit(":", 1)[0] + "*")}
+    after = {
+        k: raw_client.dump(k)
+        for k in raw_client.scan_iter(match=other.keys.meta.rsplit(":", 1)[0] + "*")
+    }
     assert after == before
     # Into an empty thread it restores, and again is a no-op.
     for _ in range(2):
@@ -468,12 +567,18 @@ def test_a_backup_without_its_end_line_is_refused_unless_allowed_and_whole(store
     source, target = stores
     original = long_thread(source)
     lines = export_text(source, "long").splitlines(keepends=True)
-    assert json.loads(lines[-1]) == {"kvstore_backup_end": 1, "messages": 300, "sha256": json.loads(lines[-1])["sha256"]}
+    assert json.loads(lines[-1]) == {
+        "kvstore_backup_end": 1,
+        "messages": 300,
+        "sha256": json.loads(lines[-1])["sha256"],
+    }
     old = lines[:-1]
     with pytest.raises(errors.BackupIncomplete, match="no end line"):
         backup.import_lines(target, "old", iter(old), progress_out=io.StringIO())
     with pytest.raises(errors.BackupIncomplete, match="header"):
-        backup.import_lines(target, "cut", iter(old[:151]), progress_out=io.StringIO(), allow_untrailed=True)
+        backup.import_lines(
+            target, "cut", iter(old[:151]), progress_out=io.StringIO(), allow_untrailed=True
+        )
     backup.import_lines(target, "old", iter(old), progress_out=io.StringIO(), allow_untrailed=True)
     assert view(target.thread("old"), turns=("turn-99",)) == view(original, turns=("turn-99",))
 
@@ -486,7 +591,9 @@ def test_lines_after_a_backups_end_line_are_refused(stores):
         backup.import_lines(target, "chat", io.StringIO(text + text), progress_out=io.StringIO())
 
 
-def test_every_write_to_a_thread_whose_restore_is_unfinished_is_refused_and_writes_nothing(stores, raw_client):
+def test_every_write_to_a_thread_whose_restore_is_unfinished_is_refused_and_writes_nothing(
+    stores, raw_client
+):
     source, target = stores
     long_thread(source)
     lines = export_text(source, "long").splitlines(keepends=True)
@@ -495,7 +602,10 @@ def test_every_write_to_a_thread_whose_restore_is_unfinished_is_refused_and_writ
     half = target.thread("long")
     first = half.list(limit=1, order="asc").messages[0]
     prefix = half.keys.meta.rsplit(":", 1)[0]
-    before = {k: raw_client.dump(k) for k in raw_client.scan_iter(match=prefix.replace("{", "\\{").replace("}", "\\}") + ":*")}
+    before = {
+        k: raw_client.dump(k)
+        for k in raw_client.scan_iter(match=prefix.replace("{", "\\{").replace("}", "\\}") + ":*")
+    }
     writes = {
         "append": lambda: half.append(UserMessage(content="new")),
         "start_turn": lambda: half.start_turn("turn-new"),
@@ -508,5 +618,10 @@ def test_every_write_to_a_thread_whose_restore_is_unfinished_is_refused_and_writ
     for name, write in writes.items():
         with pytest.raises(errors.RestoreIncomplete):
             write()
-        after = {k: raw_client.dump(k) for k in raw_client.scan_iter(match=prefix.replace("{", "\\{").replace("}", "\\}") + ":*")}
+        after = {
+            k: raw_client.dump(k)
+            for k in raw_client.scan_iter(
+                match=prefix.replace("{", "\\{").replace("}", "\\}") + ":*"
+            )
+        }
         assert after == before, name

@@ -116,7 +116,9 @@ def test_a_replacement_changed_in_place_is_refused(make_thread, name):
 def test_compaction_stats_changed_in_place_are_refused(make_thread):
     thread = make_thread()
     thread.append(UserMessage(content="one"))
-    stats = CompactionStats(context_window=8000, messages_count_after=1, messages_count_before=2, trigger="t")
+    stats = CompactionStats(
+        context_window=8000, messages_count_after=1, messages_count_before=2, trigger="t"
+    )
     stats.context_window = "large"
     with pytest.raises(errors.InvalidMessage, match=r"compaction_stats\.context_window"):
         thread.compact("summary", 1, stats)
@@ -146,12 +148,20 @@ def test_the_returned_message_is_what_is_stored_not_the_callers_object(make_thre
 
 
 def _attachment_dict(depth: int) -> dict:
-    return {"message_type": "user_message", "content": "x", "attachments": [{"file_id": "f", "x": nested(depth)}]}
+    return {
+        "message_type": "user_message",
+        "content": "x",
+        "attachments": [{"file_id": "f", "x": nested(depth)}],
+    }
 
 
 def _event_dict(depth: int) -> dict:
     # event_data itself is the first level.
-    return {"message_type": "event_message", "event_type": "compaction", "event_data": {"d": nested(depth - 1)}}
+    return {
+        "message_type": "event_message",
+        "event_type": "compaction",
+        "event_data": {"d": nested(depth - 1)},
+    }
 
 
 @pytest.mark.parametrize("make", [_attachment_dict, _event_dict], ids=["attachment", "event_data"])
@@ -160,7 +170,11 @@ def test_free_form_fields_nest_at_most_max_json_depth(make_thread, make, as_mode
     thread = make_thread()
     payload = make(MAX_JSON_DEPTH)
     if as_model:
-        payload = UserMessage(**payload) if payload["message_type"] == "user_message" else EventMessage(**payload)
+        payload = (
+            UserMessage(**payload)
+            if payload["message_type"] == "user_message"
+            else EventMessage(**payload)
+        )
     (stored,) = thread.append(payload)
     assert thread.get(stored.id) == stored
     for depth in (MAX_JSON_DEPTH + 1, 255, 300, 5000):
@@ -205,7 +219,9 @@ BAD_RECORDS = {
 }
 
 
-def store_unchecked(thread, monkeypatch, records: list[bytes], ids: list[str], otids: list[str], turn_id: str):
+def store_unchecked(
+    thread, monkeypatch, records: list[bytes], ids: list[str], otids: list[str], turn_id: str
+):
     """Stores records as an older version or a bug would have: through the append script,
     with correct side info, but never validated."""
     prepared = [
@@ -227,7 +243,12 @@ def poisoned(request, make_thread, monkeypatch, raw_client):
         good = thread.append([UserMessage(content=f"good {i}") for i in range(3)], turn_id="t-1")
         make_record = BAD_RECORDS[kind]
         (bad_seq,) = store_unchecked(
-            thread, monkeypatch, [make_record("message-bad", "otid-bad", "t-2")], ["message-bad"], ["otid-bad"], "t-2"
+            thread,
+            monkeypatch,
+            [make_record("message-bad", "otid-bad", "t-2")],
+            ["message-bad"],
+            ["otid-bad"],
+            "t-2",
         )
         good += thread.append(UserMessage(content="after the bad one"), turn_id="t-2")
         if request.param == "chunk":
@@ -315,7 +336,9 @@ def test_iter_and_context_go_past_a_page_of_bad_records_only(make_thread, monkey
     assert list(thread.iter(order="desc")) == last + first
     assert thread.context() == first + last
     page = thread.list(after=first[0].seq_id, limit=_core.MAX_LIMIT)
-    assert page.messages == [] and page.unreadable == stored_bad[: _core.MAX_LIMIT] and page.has_more
+    assert (
+        page.messages == [] and page.unreadable == stored_bad[: _core.MAX_LIMIT] and page.has_more
+    )
 
 
 @pytest.mark.parametrize("kind", BAD_RECORDS)

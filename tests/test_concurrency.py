@@ -18,12 +18,19 @@ SMALL = dict(window_size=16, chunk_size=8, chunk_max_bytes=4096)
 def _append_worker(url: str, namespace: str, worker: int, count: int) -> None:
     thread = MessageStore.from_url(url, StoreConfig(namespace=namespace, **SMALL)).thread("shared")
     for i in range(count):
-        thread.append(UserMessage(content=f"w{worker} n{i} " + "x" * random.randint(0, 900), otid=f"w{worker}-{i}"))
+        thread.append(
+            UserMessage(
+                content=f"w{worker} n{i} " + "x" * random.randint(0, 900), otid=f"w{worker}-{i}"
+            )
+        )
 
 
 def test_four_processes_get_gap_free_distinct_sequences(server, raw_client, namespace, server_only):
     context = multiprocessing.get_context("spawn")
-    workers = [context.Process(target=_append_worker, args=(server.url, namespace, w, 250)) for w in range(4)]
+    workers = [
+        context.Process(target=_append_worker, args=(server.url, namespace, w, 250))
+        for w in range(4)
+    ]
     for process in workers:
         process.start()
     for process in workers:
@@ -44,7 +51,9 @@ def test_four_processes_get_gap_free_distinct_sequences(server, raw_client, name
 def _batch_worker(url: str, namespace: str, batches: int) -> None:
     thread = MessageStore.from_url(url, StoreConfig(namespace=namespace, **SMALL)).thread("killed")
     for b in range(batches):
-        thread.append([UserMessage(content=f"b{b} m{i} " + "y" * 700, otid=f"b{b}-m{i}") for i in range(10)])
+        thread.append(
+            [UserMessage(content=f"b{b} m{i} " + "y" * 700, otid=f"b{b}-m{i}") for i in range(10)]
+        )
 
 
 def test_sigkill_mid_append_leaves_no_partial_batch_and_replay_stores_nothing_twice(

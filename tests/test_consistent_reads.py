@@ -32,7 +32,15 @@ def check_context(messages):
     sequences = [m.seq_id for m in rest]
     assert sequences == sorted(sequences)
     skipped = {summary.seq_id} if summary is not None else set()
-    holes = [s for s in range(sequences[0], sequences[-1] + 1) if s not in sequences and s not in skipped] if sequences else []
+    holes = (
+        [
+            s
+            for s in range(sequences[0], sequences[-1] + 1)
+            if s not in sequences and s not in skipped
+        ]
+        if sequences
+        else []
+    )
     assert not holes, f"context skips {holes[:10]}"
     return summary, sequences
 
@@ -53,7 +61,9 @@ def interleaved(store: MessageStore, operation, at_step: int, action):
 
 
 @pytest.mark.parametrize("at_step", range(5))
-def test_context_sees_one_state_when_a_compaction_lands_between_its_round_trips(backend, namespace, at_step):
+def test_context_sees_one_state_when_a_compaction_lands_between_its_round_trips(
+    backend, namespace, at_step
+):
     config = StoreConfig(namespace=namespace, **SMALL)
     store = make_sync_store(backend, config)
     other = make_sync_store(backend, config).thread("t")
@@ -65,7 +75,9 @@ def test_context_sees_one_state_when_a_compaction_lands_between_its_round_trips(
         fill(other, 3, start=60)
         other.compact("up to 50", last_sequence=50)
 
-    messages, steps = interleaved(store, context(ThreadRef.of(config, "t")), at_step, compact_meanwhile)
+    messages, steps = interleaved(
+        store, context(ThreadRef.of(config, "t")), at_step, compact_meanwhile
+    )
     assert steps > at_step  # the compaction landed inside the read
     summary, sequences = check_context(messages)
     assert summary is not None
@@ -77,7 +89,9 @@ def test_context_sees_one_state_when_a_compaction_lands_between_its_round_trips(
 
 
 @pytest.mark.parametrize("at_step", range(5))
-def test_snapshot_sees_one_state_when_a_compaction_lands_between_its_round_trips(backend, namespace, at_step):
+def test_snapshot_sees_one_state_when_a_compaction_lands_between_its_round_trips(
+    backend, namespace, at_step
+):
     config = StoreConfig(namespace=namespace, **SMALL)
     store = make_sync_store(backend, config)
     other = make_sync_store(backend, config).thread("t")
@@ -89,7 +103,9 @@ def test_snapshot_sees_one_state_when_a_compaction_lands_between_its_round_trips
         fill(other, 3, start=60)
         other.compact("up to 50", last_sequence=50)
 
-    snap, steps = interleaved(store, snapshot(ThreadRef.of(config, "t")), at_step, compact_meanwhile)
+    snap, steps = interleaved(
+        store, snapshot(ThreadRef.of(config, "t")), at_step, compact_meanwhile
+    )
     assert steps > at_step  # the compaction landed inside the read
     newest = snap.messages[-1].seq_id
     assert snap.stats.next_sequence == newest + 1
@@ -209,13 +225,17 @@ def test_a_page_answers_with_messages_moving_after_every_round_trip(backend, nam
 
     from kvstore._engine.core import list_page
 
-    page, steps = every_step(store, list_page(ThreadRef.of(config, "t"), after=2, limit=30), append_a_chunk)
+    page, steps = every_step(
+        store, list_page(ThreadRef.of(config, "t"), after=2, limit=30), append_a_chunk
+    )
     assert steps > 3
     assert [m.id for m in page.messages] == [m.id for m in stored[2:32]] and page.next_cursor == 32
     store.close()
 
 
-def _compactor(url: str, namespace: str, seconds: float, every: int = 5, pause: float = 0.02) -> None:
+def _compactor(
+    url: str, namespace: str, seconds: float, every: int = 5, pause: float = 0.02
+) -> None:
     thread = MessageStore.from_url(url, StoreConfig(namespace=namespace, **SMALL)).thread("t")
     deadline = time.monotonic() + seconds
     i = 1000
@@ -227,17 +247,24 @@ def _compactor(url: str, namespace: str, seconds: float, every: int = 5, pause: 
         time.sleep(pause)
 
 
-def test_context_answers_every_call_during_back_to_back_compactions(make_thread, server, namespace, server_only):
+def test_context_answers_every_call_during_back_to_back_compactions(
+    make_thread, server, namespace, server_only
+):
     """A second process compacting after every 3 appends, with no pause: every context() call
     answers (with and without a budget), one state each."""
     thread = make_thread("t", **SMALL)
     fill(thread, 30)
-    worker = multiprocessing.get_context("spawn").Process(target=_compactor, args=(server.url, namespace, 1.5, 3, 0.0))
+    worker = multiprocessing.get_context("spawn").Process(
+        target=_compactor, args=(server.url, namespace, 1.5, 3, 0.0)
+    )
     worker.start()
     reads = 0
     try:
         while worker.is_alive() or reads < 20:
-            for messages, whole in ((thread.context(), True), (thread.context(max_tokens=400), False)):
+            for messages, whole in (
+                (thread.context(), True),
+                (thread.context(max_tokens=400), False),
+            ):
                 summary, sequences = check_context(messages)
                 if summary is not None and sequences:
                     covered = int(summary.summary.split()[-1])
@@ -252,7 +279,9 @@ def test_context_answers_every_call_during_back_to_back_compactions(make_thread,
 def test_context_during_another_process_s_compactions(make_thread, server, namespace, server_only):
     thread = make_thread("t", **SMALL)
     fill(thread, 30)
-    worker = multiprocessing.get_context("spawn").Process(target=_compactor, args=(server.url, namespace, 3.0))
+    worker = multiprocessing.get_context("spawn").Process(
+        target=_compactor, args=(server.url, namespace, 3.0)
+    )
     worker.start()
     reads = 0
     try:
@@ -287,7 +316,9 @@ def test_a_compaction_sent_twice_stores_one_summary(make_thread):
         thread.compact("up to 30, written again", last_sequence=30)
 
 
-def test_a_compaction_sent_again_after_another_compacted_further_answers_as_its_first_run(make_thread):
+def test_a_compaction_sent_again_after_another_compacted_further_answers_as_its_first_run(
+    make_thread,
+):
     """A compact() whose first run stored its summary (the reply lost: OutcomeUnknown says to
     send it again), sent again after another worker compacted further, is a replay: it answers
     what its first run stored, and stores nothing."""
@@ -329,7 +360,9 @@ def test_an_id_cursor_deleted_by_retention_is_cursor_expired(make_thread):
     # An id that was never stored is not expired.
     with pytest.raises(errors.MessageNotFound) as caught:
         thread.list(after="message-never-stored", limit=5)
-    assert type(caught.value) is errors.CursorExpired  # with deletions, an unknown id may be one of them
+    assert (
+        type(caught.value) is errors.CursorExpired
+    )  # with deletions, an unknown id may be one of them
 
 
 def test_an_unknown_id_cursor_without_deletions_is_not_found(make_thread):
@@ -365,7 +398,9 @@ def test_next_cursor_pages_every_order_and_direction(make_thread):
         assert seen == expected[:-1]
 
 
-def test_a_replay_whose_messages_retention_deletes_before_the_read_back_names_them(backend, namespace):
+def test_a_replay_whose_messages_retention_deletes_before_the_read_back_names_them(
+    backend, namespace
+):
     """The replay's reply names each stored message (sequence and id); a message retention
     deletes before the client reads it back still comes back, named, instead of going missing."""
     from kvstore._engine.core import append
@@ -381,7 +416,10 @@ def test_a_replay_whose_messages_retention_deletes_before_the_read_back_names_th
         other.compact("up to 50", last_sequence=50)
 
     again, steps = interleaved(
-        store, append(ThreadRef.of(config, "t"), UserMessage(content="the first", otid="otid-1"), None), 0, retention_meanwhile
+        store,
+        append(ThreadRef.of(config, "t"), UserMessage(content="the first", otid="otid-1"), None),
+        0,
+        retention_meanwhile,
     )
     assert steps > 0
     assert thread.stats().deleted_before_sequence > 1  # it is gone now
@@ -420,10 +458,13 @@ HISTORY = st.lists(
 )
 
 
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(history=HISTORY, budget=st.integers(1, 400), limit=st.integers(1, 12), at=st.integers(0, 40))
 def test_the_consistent_read_answers_what_the_reads_of_several_round_trips_answer(
-        make_thread, monkeypatch, history, budget, limit, at):
+    make_thread, monkeypatch, history, budget, limit, at
+):
     """Whatever the thread holds (chunks, oversized messages, holes a removed turn left,
     retention, a summary splitting a pair), context() and pages read in one step (the fallback)
     equal those read in several round trips."""
@@ -435,9 +476,13 @@ def test_the_consistent_read_answers_what_the_reads_of_several_round_trips_answe
         elif kind == "large":
             thread.append(UserMessage(content="L" * 800))
         elif kind == "call":
-            thread.append(ToolCallMessage(tool_call={"name": "f", "arguments": "{}", "tool_call_id": f"c{n}"}))
+            thread.append(
+                ToolCallMessage(tool_call={"name": "f", "arguments": "{}", "tool_call_id": f"c{n}"})
+            )
         elif kind == "answer":
-            thread.append(ToolReturnMessage(status="success", tool_call_id=f"c{n}", tool_return="ok"))
+            thread.append(
+                ToolReturnMessage(status="success", tool_call_id=f"c{n}", tool_return="ok")
+            )
         elif kind == "turn":
             turns.append(f"t{len(turns)}")
             thread.start_turn(turns[-1])
@@ -536,17 +581,29 @@ def test_a_compaction_cut_off_at_any_step_and_sent_again_keeps_its_promises(make
     while True:
         for sent in (False, True):
             thread = made(f"cut-{at}-{sent}")
-            ref = ThreadRef.of(StoreConfig(namespace=thread.keys.meta.split(":", 1)[0], **SMALL), f"cut-{at}-{sent}")
+            ref = ThreadRef.of(
+                StoreConfig(namespace=thread.keys.meta.split(":", 1)[0], **SMALL),
+                f"cut-{at}-{sent}",
+            )
             finished, _ = cut_at(thread, mode, compact(ref, "up to 30", 30), at, sent)
             again = thread.compact("up to 30", last_sequence=30)
             assert [m.id for m in summaries(thread)] == [again.id]
             assert (again.summary, again.seq_id) == (expected.summary, expected.seq_id)
             stats = thread.stats()
-            assert (stats.summary_last_sequence, stats.next_sequence, stats.deleted_before_sequence,
-                    stats.stored_messages) == (expected_stats.summary_last_sequence, expected_stats.next_sequence,
-                                               expected_stats.deleted_before_sequence, expected_stats.stored_messages)
-            assert [(m.seq_id, m.content) for m in thread.context()[1:]] == \
-                [(m.seq_id, m.content) for m in reference.context()[1:]]
+            assert (
+                stats.summary_last_sequence,
+                stats.next_sequence,
+                stats.deleted_before_sequence,
+                stats.stored_messages,
+            ) == (
+                expected_stats.summary_last_sequence,
+                expected_stats.next_sequence,
+                expected_stats.deleted_before_sequence,
+                expected_stats.stored_messages,
+            )
+            assert [(m.seq_id, m.content) for m in thread.context()[1:]] == [
+                (m.seq_id, m.content) for m in reference.context()[1:]
+            ]
         if finished:
             break
         at += 1

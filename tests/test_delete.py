@@ -30,7 +30,9 @@ def fill(thread, count: int) -> list:
         batch = []
         for j in range(i, min(i + 4, count - 1)):
             size = 400 if j % 25 == 0 else 20
-            batch.append(UserMessage(content=f"m{j} " + "x" * size, otid=f"o{j}" if j % 3 == 0 else None))
+            batch.append(
+                UserMessage(content=f"m{j} " + "x" * size, otid=f"o{j}" if j % 3 == 0 else None)
+            )
         stored += thread.append(batch, turn_id=f"turn-{i // 40}")
     thread.finish_turn("turn-0")
     stored.append(thread.compact("the first half", last_sequence=count // 2))
@@ -49,9 +51,17 @@ def assert_reads_empty(thread, never_written, stored) -> None:
     """Every read of the thread answers as for a thread that was never written."""
     assert thread.stats() == never_written.stats()
     empty = never_written.list()
-    for kwargs in ({}, {"order": "desc"}, {"order": "desc", "limit": 1}, {"after": 10}, {"before": 250},
-                   {"before": 250, "order": "desc"}, {"after": 1, "before": 200, "limit": 1000},
-                   {"turn_id": "turn-0"}, {"turn_id": "turn-1", "order": "desc"}):
+    for kwargs in (
+        {},
+        {"order": "desc"},
+        {"order": "desc", "limit": 1},
+        {"after": 10},
+        {"before": 250},
+        {"before": 250, "order": "desc"},
+        {"after": 1, "before": 200, "limit": 1000},
+        {"turn_id": "turn-0"},
+        {"turn_id": "turn-1", "order": "desc"},
+    ):
         assert thread.list(**kwargs) == empty, kwargs
     assert list(thread.iter()) == [] and list(thread.iter(order="desc")) == []
     assert thread.context() == []
@@ -65,7 +75,9 @@ def assert_reads_empty(thread, never_written, stored) -> None:
             thread.list(after=message.id)
 
 
-def test_an_interrupted_delete_reads_empty_and_the_next_write_finishes_it(make_thread, backend, raw_client, namespace):
+def test_an_interrupted_delete_reads_empty_and_the_next_write_finishes_it(
+    make_thread, backend, raw_client, namespace
+):
     thread = make_thread(**MANY)
     stored = fill(thread, 330)
     assert thread.stats().chunks > DELETE_STEP
@@ -90,7 +102,9 @@ def test_an_interrupted_delete_reads_empty_and_the_next_write_finishes_it(make_t
     store.close()
 
 
-def test_any_later_delete_call_finishes_an_interrupted_delete(make_thread, backend, raw_client, namespace):
+def test_any_later_delete_call_finishes_an_interrupted_delete(
+    make_thread, backend, raw_client, namespace
+):
     thread = make_thread(**MANY)
     stored = fill(thread, 40)
     config = StoreConfig(namespace=namespace, **MANY)
@@ -119,10 +133,16 @@ WRITES = {
     "start_turn": (lambda t: t.start_turn("turn-new"), 1),
     "finish_turn": (lambda t: t.finish_turn("turn-0"), errors.TurnNotFound),
     "compact": (lambda t: t.compact("nothing", last_sequence=1), errors.InvalidSummaryRange),
-    "replace": (lambda t: t.replace(t.stored[3].id, AssistantMessage(content="no")), errors.MessageNotFound),
+    "replace": (
+        lambda t: t.replace(t.stored[3].id, AssistantMessage(content="no")),
+        errors.MessageNotFound,
+    ),
     "remove_turn": (lambda t: t.remove_turn("turn-0"), 0),
     "migrate": (lambda t: t.migrate(), 1),
-    "retain": (lambda t: run_one(t.store, Eval(SCRIPTS["retain"], t.ref.script_keys, t.ref.limits())), 0),
+    "retain": (
+        lambda t: run_one(t.store, Eval(SCRIPTS["retain"], t.ref.script_keys, t.ref.limits())),
+        0,
+    ),
 }
 
 
@@ -135,7 +155,9 @@ class _Target:
 
 
 @pytest.mark.parametrize("operation", list(WRITES))
-def test_every_write_finishes_an_interrupted_delete_first(make_thread, backend, raw_client, namespace, operation):
+def test_every_write_finishes_an_interrupted_delete_first(
+    make_thread, backend, raw_client, namespace, operation
+):
     thread = make_thread(**MANY)
     stored = fill(thread, 30)
     config = StoreConfig(namespace=namespace, **MANY)
@@ -164,7 +186,9 @@ def _is_plan(request, ref) -> bool:
 
 
 @pytest.mark.parametrize("cursor", ["sequence", "id"])
-def test_a_read_in_flight_when_the_delete_starts_plans_again(backend, raw_client, namespace, cursor):
+def test_a_read_in_flight_when_the_delete_starts_plans_again(
+    backend, raw_client, namespace, cursor
+):
     """A page planned on the live thread and fetched after the first delete call: the delete moved
     `gen`, so the read plans again and finds the thread empty, never a part of its chunks. A
     sequence cursor is planned with native reads, an id cursor by the script (whose id is gone

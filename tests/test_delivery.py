@@ -19,7 +19,9 @@ from kvstore._engine.scripts import SCRIPT_NAMES
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_a_timed_out_write_is_outcome_unknown_and_a_resend_stores_once(server, namespace, server_only):
+def test_a_timed_out_write_is_outcome_unknown_and_a_resend_stores_once(
+    server, namespace, server_only
+):
     admin = redis.Redis.from_url(server.url)
     config = StoreConfig(namespace=namespace)
     impatient = redis.Redis.from_url(server.url, socket_timeout=0.1, retry=Retry(NoBackoff(), 0))

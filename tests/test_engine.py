@@ -70,7 +70,9 @@ def test_oversized_message_goes_straight_into_its_own_chunk(make_thread, raw_cli
 def test_message_over_max_message_bytes_is_refused_before_the_socket(namespace):
     from kvstore import MessageStore
 
-    store = MessageStore.from_url("redis://127.0.0.1:1/0", StoreConfig(namespace=namespace, max_message_bytes=4096))
+    store = MessageStore.from_url(
+        "redis://127.0.0.1:1/0", StoreConfig(namespace=namespace, max_message_bytes=4096)
+    )
     thread = store.thread("t")
     with pytest.raises(errors.MessageTooLarge, match="max_message_bytes is 4096"):
         thread.append(UserMessage(content="x" * 5000))
@@ -102,7 +104,9 @@ def test_pages_cross_window_and_chunks_exactly(make_thread, backend, mode):
     stored = []
     for step in range(40):
         size = rng.choice([20, 500, 900, 3000])  # 3000 bytes are oversized here
-        stored += thread.append([UserMessage(content=text(size, str(step))) for _ in range(rng.randint(1, 4))])
+        stored += thread.append(
+            [UserMessage(content=text(size, str(step))) for _ in range(rng.randint(1, 4))]
+        )
     by_seq = {m.seq_id: m for m in stored}
     sequences = sorted(by_seq)
     anchors = {1, 2, len(sequences) // 2, sequences[-1], sequences[-1] - 1, 0, sequences[-1] + 5}
@@ -111,8 +115,10 @@ def test_pages_cross_window_and_chunks_exactly(make_thread, backend, mode):
     for limit in limits:
         for order in ("asc", "desc"):
             cases = [(None, None)] + [(a, None) for a in anchors] + [(None, b) for b in anchors]
-            cases += [(min(a, b), max(a, b)) if order == "asc" else (max(a, b), min(a, b))
-                      for a, b in zip(sorted(anchors), sorted(anchors)[3:])]
+            cases += [
+                (min(a, b), max(a, b)) if order == "asc" else (max(a, b), min(a, b))
+                for a, b in zip(sorted(anchors), sorted(anchors)[3:])
+            ]
             for after, before in cases:
                 page = thread.list(after=after, before=before, limit=limit, order=order)
                 want, more = model.page(sequences, after, before, limit, order)
@@ -121,9 +127,14 @@ def test_pages_cross_window_and_chunks_exactly(make_thread, backend, mode):
                 assert page.messages == [by_seq[s] for s in want]
     # Cursors by message id behave as cursors by sequence.
     middle = stored[len(stored) // 2]
-    assert thread.list(after=middle.id, limit=7).messages == thread.list(after=middle.seq_id, limit=7).messages
-    assert thread.list(before=middle.id, limit=7, order="desc").messages == \
-        thread.list(before=middle.seq_id, limit=7, order="desc").messages
+    assert (
+        thread.list(after=middle.id, limit=7).messages
+        == thread.list(after=middle.seq_id, limit=7).messages
+    )
+    assert (
+        thread.list(before=middle.id, limit=7, order="desc").messages
+        == thread.list(before=middle.seq_id, limit=7, order="desc").messages
+    )
 
 
 def test_chunk_edges_as_anchors(make_thread, raw_client):
@@ -142,7 +153,9 @@ def test_chunk_edges_as_anchors(make_thread, raw_client):
             for order in ("asc", "desc"):
                 for kwargs in ({"after": anchor}, {"before": anchor}):
                     page = thread.list(limit=limit, order=order, **kwargs)
-                    want, more = model.page(sequences, kwargs.get("after"), kwargs.get("before"), limit, order)
+                    want, more = model.page(
+                        sequences, kwargs.get("after"), kwargs.get("before"), limit, order
+                    )
                     assert [m.seq_id for m in page.messages] == want
                     assert page.has_more == more
 
@@ -168,16 +181,21 @@ def test_stats_count_window_and_chunks(make_thread, raw_client):
     assert stats.window_messages == len(layout.window)
     assert stats.chunks == len(layout.chunks) + len(layout.large)
     assert stats.stored_bytes == sum(len(r) for r in layout.window.values()) + sum(
-        len(r) for f in layout.chunks.values() for r in f.values())
+        len(r) for f in layout.chunks.values() for r in f.values()
+    )
     assert stats.deleted_before_sequence is None
     assert [m.seq_id for m in stored] == list(range(1, 31))
 
 
 def test_otid_semantics(make_thread, raw_client):
     thread = make_thread()
-    first = thread.append([UserMessage(content="a", otid="o1"), UserMessage(content="b", otid="o2")])
+    first = thread.append(
+        [UserMessage(content="a", otid="o1"), UserMessage(content="b", otid="o2")]
+    )
     # Every otid stored: the stored messages come back and nothing is written.
-    replay = thread.append([UserMessage(content="a again", otid="o1"), UserMessage(content="b again", otid="o2")])
+    replay = thread.append(
+        [UserMessage(content="a again", otid="o1"), UserMessage(content="b again", otid="o2")]
+    )
     assert replay == first
     assert thread.stats().stored_messages == 2
     # A mix is refused and writes nothing.
@@ -225,9 +243,11 @@ def test_a_retried_call_stores_nothing_twice(make_thread):
 
 def request_messages(request):
     """The messages an append request carries, as (id, otid) holders: ARGV[14 + 5k] is an id."""
+
     class Sent:
         def __init__(self, message_id):
             self.id = message_id
+
     args = list(request.args)
     count = int(args[11])
     return [Sent(args[13 + 5 * k]) for k in range(count)]
@@ -240,7 +260,9 @@ def test_duplicate_message_ids_are_refused(make_thread):
         thread.append([UserMessage(id="message-fixed", content="a"), UserMessage(content="b")])
     assert not isinstance(mix.value, errors.MessageIdRepeated)
     with pytest.raises(errors.MessageIdRepeated, match="appears twice"):
-        thread.append([UserMessage(id="message-new", content="a"), UserMessage(id="message-new", content="b")])
+        thread.append(
+            [UserMessage(id="message-new", content="a"), UserMessage(id="message-new", content="b")]
+        )
     assert thread.stats().stored_messages == 1
 
 
@@ -255,7 +277,10 @@ def test_turn_reply_count(make_thread):
     result = thread.finish_turn("turn-1")
     assert (result.reply_count, result.first_sequence, result.last_sequence) == (6, 2, 8)
     assert [m.seq_id for m in thread.list(turn_id="turn-1").messages] == [1, 2, 3, 4, 5, 6, 8]
-    assert [m.seq_id for m in thread.list(turn_id="turn-1", order="desc", limit=2).messages] == [8, 6]
+    assert [m.seq_id for m in thread.list(turn_id="turn-1", order="desc", limit=2).messages] == [
+        8,
+        6,
+    ]
 
 
 def test_turn_reply_count_falls_back_when_another_turn_started(make_thread):
@@ -285,13 +310,17 @@ def test_wrong_type_key_is_refused_and_nothing_changes(make_thread, raw_client, 
     before = {k: raw_client.dump(k) for k in thread.keys.fixed()}
     # Enough messages to cut a chunk, with an otid, a turn and an oversized one: every key is
     # written, so every key is checked (a write checks the keys it writes, before writing).
-    batch = [UserMessage(content=f"b{i}", otid=f"o{i}") for i in range(6)] + [UserMessage(content="B" * 5000)]
+    batch = [UserMessage(content=f"b{i}", otid=f"o{i}") for i in range(6)] + [
+        UserMessage(content="B" * 5000)
+    ]
     with pytest.raises(errors.LayoutError, match=re.escape(key)):
         thread.append(batch, turn_id="t")
     assert before == {k: raw_client.dump(k) for k in thread.keys.fixed()}
 
 
-@pytest.mark.parametrize(("scripting", "flush"), [("eval", "script_flush"), ("functions", "function_flush")])
+@pytest.mark.parametrize(
+    ("scripting", "flush"), [("eval", "script_flush"), ("functions", "function_flush")]
+)
 def test_script_flush_is_transparent(make_thread, raw_client, server_only, scripting, flush):
     thread = make_thread(scripting=scripting)
     thread.append(UserMessage(content="a"))

@@ -29,7 +29,7 @@ def wait_until(check, timeout: float = 60) -> None:
         try:
             if check():
                 return
-        except Exception:  # noqa: BLE001  # not up yet
+        except Exception:  # not up yet
             pass
         if time.monotonic() > deadline:
             raise TimeoutError("not up in time")
@@ -56,16 +56,45 @@ def app_url(tmp_path):
     db_port, app_port = free_port(), free_port()
     started = []
     try:
-        server = subprocess.Popen([sys.executable, "-m", "kvstore", "server", "--data-dir", str(tmp_path / "data"),
-                                   "--port", str(db_port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        server = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "kvstore",
+                "server",
+                "--data-dir",
+                str(tmp_path / "data"),
+                "--port",
+                str(db_port),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         started.append(server)
         client = redis.Redis(port=db_port)
         wait_until(client.ping)
         client.close()
-        env = {**os.environ, "KVSTORE_URL": f"redis://127.0.0.1:{db_port}/0", "FAKE_MODEL_DELAY": "0.02"}
-        app = subprocess.Popen([sys.executable, "-m", "uvicorn", "examples.fastapi_chat.app:app", "--workers", "2",
-                                "--port", str(app_port)], cwd=ROOT, env=env,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        env = {
+            **os.environ,
+            "KVSTORE_URL": f"redis://127.0.0.1:{db_port}/0",
+            "FAKE_MODEL_DELAY": "0.02",
+        }
+        app = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "uvicorn",
+                "examples.fastapi_chat.app:app",
+                "--workers",
+                "2",
+                "--port",
+                str(app_port),
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         started.append(app)
         url = f"http://127.0.0.1:{app_port}"
         wait_until(lambda: httpx.get(f"{url}/openapi.json").status_code == 200)
@@ -85,8 +114,10 @@ def test_a_turn_posted_to_one_worker_streams_from_both(app_url):
     streams: dict[str, tuple[httpx.Client, httpx.Response]] = {}
     for _ in range(40):
         client = httpx.Client(timeout=30)
-        response = client.send(client.build_request("GET", f"{app_url}/threads/chat-1/events", params={"after": "0"}),
-                               stream=True)
+        response = client.send(
+            client.build_request("GET", f"{app_url}/threads/chat-1/events", params={"after": "0"}),
+            stream=True,
+        )
         pid = response.headers["X-Worker-Pid"]
         if pid in streams:
             response.close()
@@ -97,13 +128,17 @@ def test_a_turn_posted_to_one_worker_streams_from_both(app_url):
             break
     assert len(streams) == 2, "uvicorn --workers 2 should serve from two processes"
     got: dict[str, list[dict]] = {pid: [] for pid in streams}
-    readers = [threading.Thread(target=read_events, args=(response, got[pid]), daemon=True)
-               for pid, (_, response) in streams.items()]
+    readers = [
+        threading.Thread(target=read_events, args=(response, got[pid]), daemon=True)
+        for pid, (_, response) in streams.items()
+    ]
     for reader in readers:
         reader.start()
     time.sleep(0.5)  # both watchers blocked on the server
 
-    posted = httpx.post(f"{app_url}/threads/chat-1/messages", json={"content": "weather in Paris?"}, timeout=30)
+    posted = httpx.post(
+        f"{app_url}/threads/chat-1/messages", json={"content": "weather in Paris?"}, timeout=30
+    )
     assert posted.status_code == 200, posted.text
     assert posted.json()["reply_count"] == 3
     for reader in readers:
@@ -118,24 +153,37 @@ def test_a_turn_posted_to_one_worker_streams_from_both(app_url):
     deltas = [i for i, k in enumerate(kinds) if k == "delta"]
     assert kinds[:2] == ["messages_added", "turn_started"]
     assert kinds[-1] == "turn_finished" and first[-1]["data"]["outcome"] == "completed"
-    assert deltas and deltas[-1] < len(kinds) - 2  # the final message, then finish: the terminal event
+    assert (
+        deltas and deltas[-1] < len(kinds) - 2
+    )  # the final message, then finish: the terminal event
     stored = [m for e in first if e["event"] == "messages_added" for m in e["data"]["messages"]]
-    assert [m["message_type"] for m in stored] == ["user_message", "tool_call_message", "tool_return_message",
-                                                  "assistant_message"]
-    text = "".join(e["data"]["message"]["content"] if isinstance(e["data"]["message"]["content"], str)
-                   else e["data"]["message"]["content"][0]["text"]
-                   for e in first if e["event"] == "delta" and e["data"]["message"]["message_type"] == "assistant_message")
+    assert [m["message_type"] for m in stored] == [
+        "user_message",
+        "tool_call_message",
+        "tool_return_message",
+        "assistant_message",
+    ]
+    text = "".join(
+        e["data"]["message"]["content"]
+        if isinstance(e["data"]["message"]["content"], str)
+        else e["data"]["message"]["content"][0]["text"]
+        for e in first
+        if e["event"] == "delta" and e["data"]["message"]["message_type"] == "assistant_message"
+    )
     assert text.strip() == "It is sunny and 21 degrees."
-    arguments = "".join(e["data"]["message"]["tool_call"]["arguments"] for e in first
-                        if e["event"] == "delta" and e["data"]["message"]["message_type"] == "tool_call_message")
+    arguments = "".join(
+        e["data"]["message"]["tool_call"]["arguments"]
+        for e in first
+        if e["event"] == "delta" and e["data"]["message"]["message_type"] == "tool_call_message"
+    )
     assert json.loads(arguments) == {"city": "Paris"}
     # The ids count the events, one after another.
     assert [int(e["id"].split("-")[0]) for e in first] == list(range(1, len(first) + 1))
 
     # A client that lost its connection after the 5th event reconnects with Last-Event-ID.
-    with httpx.Client(timeout=30) as client:
-        with client.stream("GET", f"{app_url}/threads/chat-1/events",
-                           headers={"Last-Event-ID": first[4]["id"]}) as response:
-            rest: list[dict] = []
-            read_events(response, rest)
+    with httpx.Client(timeout=30) as client, client.stream(
+        "GET", f"{app_url}/threads/chat-1/events", headers={"Last-Event-ID": first[4]["id"]}
+    ) as response:
+        rest: list[dict] = []
+        read_events(response, rest)
     assert rest == first[5:]

@@ -42,7 +42,9 @@ def server_ms(client) -> int:
 
 
 @pytest.mark.parametrize("skew_s", [-120, 120], ids=["clock-behind", "clock-ahead"])
-def test_thread_ttl_follows_the_servers_clock(make_thread, raw_client, namespace, server_only, monkeypatch, skew_s):
+def test_thread_ttl_follows_the_servers_clock(
+    make_thread, raw_client, namespace, server_only, monkeypatch, skew_s
+):
     real_time = time.time
     monkeypatch.setattr(time, "time", lambda: real_time() + skew_s)  # this process only
     thread = make_thread(thread_ttl=TTL_MS // 1000, **SMALL)

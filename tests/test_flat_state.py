@@ -49,7 +49,10 @@ def checked_turn(thread, i: int) -> None:
     thread.append(UserMessage(content=f"question {i}"), turn_id=f"t{i}")
     lease = thread.hold_turn(f"t{i}")
     thread.append(ToolCallMessage(tool_call=call), turn_id=lease)
-    thread.append(ToolReturnMessage(status="success", tool_call_id=f"call-{i}", tool_return="4 °C"), turn_id=lease)
+    thread.append(
+        ToolReturnMessage(status="success", tool_call_id=f"call-{i}", tool_return="4 °C"),
+        turn_id=lease,
+    )
     thread.append(AssistantMessage(content=f"answer {i}"), turn_id=lease)
     thread.finish_turn(lease)
 
@@ -107,15 +110,21 @@ def test_state_stays_flat_under_retention(server_only, backend, namespace, raw_c
     # highest there is the same (a leak of one field per turn would add hundreds).
     quarter = len(measured) // 4
     early, late = measured[quarter : 2 * quarter], measured[-quarter:]
-    growth = {name: (max(m[name] for m in early), max(m[name] for m in late)) for name in measured[0]}
+    growth = {
+        name: (max(m[name] for m in early), max(m[name] for m in late)) for name in measured[0]
+    }
     # Bytes may grow by the digits of growing sequences and ids, no more.
-    assert all(high <= (low * 1.1 if "bytes" in name else low) for name, (low, high) in growth.items()), growth
+    assert all(
+        high <= (low * 1.1 if "bytes" in name else low) for name, (low, high) in growth.items()
+    ), growth
     assert growth["stored"][1] <= 40
     check_layout(raw_client, thread.keys, config)
     store.close()
 
 
-def test_a_turn_finished_after_retention_took_its_messages_goes_with_the_next(make_thread, raw_client, namespace):
+def test_a_turn_finished_after_retention_took_its_messages_goes_with_the_next(
+    make_thread, raw_client, namespace
+):
     config = dict(window_size=4, chunk_size=2, retained_message_limit=0)
     thread = make_thread(**config)
 
@@ -126,7 +135,9 @@ def test_a_turn_finished_after_retention_took_its_messages_goes_with_the_next(ma
         return thread.stats().deleted_before_sequence
 
     def fields_of(turn_id: str) -> list[bytes]:
-        return [k for k in raw_client.hkeys(thread.keys.turns) if k.split(b"\t")[0] == turn_id.encode()]
+        return [
+            k for k in raw_client.hkeys(thread.keys.turns) if k.split(b"\t")[0] == turn_id.encode()
+        ]
 
     lease = thread.hold_turn("t")
     thread.publish(lease, "thinking")
@@ -147,7 +158,9 @@ def test_without_retention_no_turn_is_listed_for_it(make_thread, raw_client):
     assert sorted(raw_client.hkeys(thread.keys.turns)) == [b"t", b"t\tholds", b"t\tlease"]
 
 
-def test_a_forked_turn_without_messages_goes_with_the_forks_retention(make_thread, raw_client, namespace):
+def test_a_forked_turn_without_messages_goes_with_the_forks_retention(
+    make_thread, raw_client, namespace
+):
     """A finished turn with no message of its own is listed for retention by the restore that
     writes it (a fork, an import) as finish_turn lists it, so a fork keeps nothing of it for good."""
     config = dict(window_size=4, chunk_size=2, retained_message_limit=0)

@@ -11,9 +11,9 @@ from kvstore import (
     ApprovalRequestMessage,
     ApprovalResponseMessage,
     AssistantMessage,
+    StoreConfig,
     ToolCallMessage,
     ToolReturnMessage,
-    StoreConfig,
     UserMessage,
     errors,
 )
@@ -24,7 +24,9 @@ from .layout_check import check_layout
 
 
 def call(call_id: str) -> ToolCallMessage:
-    return ToolCallMessage(tool_call={"name": "weather", "arguments": "{}", "tool_call_id": call_id})
+    return ToolCallMessage(
+        tool_call={"name": "weather", "arguments": "{}", "tool_call_id": call_id}
+    )
 
 
 def answer(call_id: str) -> ToolReturnMessage:
@@ -44,16 +46,21 @@ def users(n: int, tag: str = "u") -> list[UserMessage]:
 
 def test_a_compaction_inside_a_pair_moves_back_before_the_call(make_thread):
     thread = make_thread()
-    thread.append(users(5))                   # 1..5
-    thread.append(call("c1"))                 # 6
+    thread.append(users(5))  # 1..5
+    thread.append(call("c1"))  # 6
     thread.append(AssistantMessage(content="checking"))  # 7
-    thread.append(answer("c1"))               # 8
-    thread.append(AssistantMessage(content="done"))      # 9
+    thread.append(answer("c1"))  # 8
+    thread.append(AssistantMessage(content="done"))  # 9
     thread.compact("the user said hello five times", 7)
     assert thread.stats().summary_last_sequence == 5
     context = thread.context()
-    assert kinds(context) == ["summary_message", "tool_call_message", "assistant_message",
-                              "tool_return_message", "assistant_message"]
+    assert kinds(context) == [
+        "summary_message",
+        "tool_call_message",
+        "assistant_message",
+        "tool_return_message",
+        "assistant_message",
+    ]
     # The same last_sequence again is a retry: the summary already stored comes back.
     again = thread.compact("the user said hello five times", 7)
     assert again.id == context[0].id and thread.stats().stored_messages == 10
@@ -70,21 +77,32 @@ def test_a_compaction_outside_any_pair_stays_where_it_was_asked(make_thread):
 def test_a_pair_whose_call_is_the_first_message_cannot_be_summarized_half(make_thread, raw_client):
     thread = make_thread()
     thread.append([call("c1"), answer("c1")])
-    before = {k: raw_client.dump(k) for k in raw_client.scan_iter(match=thread.keys.meta.rsplit(":", 1)[0] + "*")}
+    before = {
+        k: raw_client.dump(k)
+        for k in raw_client.scan_iter(match=thread.keys.meta.rsplit(":", 1)[0] + "*")
+    }
     with pytest.raises(errors.InvalidSummaryRange, match="first message"):
         thread.compact("summary", 1)
-    after = {k: raw_client.dump(k) for k in raw_client.scan_iter(match=thread.keys.meta.rsplit(":", 1)[0] + "*")}
+    after = {
+        k: raw_client.dump(k)
+        for k in raw_client.scan_iter(match=thread.keys.meta.rsplit(":", 1)[0] + "*")
+    }
     assert before == after
 
 
 def test_context_brings_back_a_call_an_older_summary_covers(make_thread, raw_client):
     thread = make_thread(retained_message_limit=None)
-    thread.append([*users(4), call("c1")])   # 1..5
+    thread.append([*users(4), call("c1")])  # 1..5
     thread.compact("summary", 4)
     thread.append([answer("c1"), AssistantMessage(content="done")])  # 7, 8 (the summary is 6)
     # A summary stored before boundaries moved: it covers the call but not its answer.
     raw_client.hset(thread.keys.meta, "summary_last", 5)
-    assert kinds(thread.context()) == ["summary_message", "tool_call_message", "tool_return_message", "assistant_message"]
+    assert kinds(thread.context()) == [
+        "summary_message",
+        "tool_call_message",
+        "tool_return_message",
+        "assistant_message",
+    ]
     assert kinds(thread.context(max_tokens=10_000)) == kinds(thread.context())
 
 
@@ -92,18 +110,29 @@ def test_context_leaves_out_an_answer_whose_call_is_gone(make_thread):
     thread = make_thread()
     thread.append([*users(2), answer("never-called"), AssistantMessage(content="done"), call("c2")])
     # The answer names no call in the thread; the newest call waits for its answer.
-    assert kinds(thread.context()) == ["user_message", "user_message", "assistant_message", "tool_call_message"]
+    assert kinds(thread.context()) == [
+        "user_message",
+        "user_message",
+        "assistant_message",
+        "tool_call_message",
+    ]
     assert len(list(thread.iter())) == 5  # nothing is deleted: only the model input leaves it out
 
 
 def test_approvals_pair_like_calls(make_thread):
     thread = make_thread()
-    request = ApprovalRequestMessage(tool_call={"name": "pay", "arguments": "{}", "tool_call_id": "p1"})
+    request = ApprovalRequestMessage(
+        tool_call={"name": "pay", "arguments": "{}", "tool_call_id": "p1"}
+    )
     thread.append([UserMessage(content="pay the bill"), request])
     thread.append(ApprovalResponseMessage(approval_request_id=request.id, approve=True))
     thread.append(answer("p1"))
-    assert kinds(thread.context()) == ["user_message", "approval_request_message",
-                                       "approval_response_message", "tool_return_message"]
+    assert kinds(thread.context()) == [
+        "user_message",
+        "approval_request_message",
+        "approval_response_message",
+        "tool_return_message",
+    ]
     tokens = [estimated_tokens(m) for m in thread.context()]
     # A budget that cuts the request away leaves out both of its answers.
     assert kinds(thread.context(max_tokens=sum(tokens[2:]))) == []
@@ -179,7 +208,9 @@ steps = st.lists(
 )
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(plan=steps, budget=st.integers(1, 600))
 def test_every_context_holds_whole_pairs(make_thread, plan, budget):
     thread = make_thread(window_size=4, chunk_size=2, retained_message_limit=3)
@@ -211,7 +242,8 @@ def test_every_context_holds_whole_pairs(make_thread, plan, budget):
     if cut_body:
         assert full_body.index(cut_body[0]) <= full_body.index(cut_body[-1])
     assert sum(estimated_tokens(m) for m in cut if m.message_type != "summary_message") <= max(
-        0, budget - sum(estimated_tokens(m) for m in cut if m.message_type == "summary_message"))
+        0, budget - sum(estimated_tokens(m) for m in cut if m.message_type == "summary_message")
+    )
 
 
 def test_the_pair_rules_on_their_own():
@@ -238,7 +270,11 @@ def test_a_fork_holds_the_history_up_to_the_message(make_thread, raw_client):
     assert thread.stats().forked_from is None
     got = list(fork.iter())
     assert got == [m for m in thread.iter() if m.seq_id <= 42]
-    check_layout(raw_client, fork.keys, StoreConfig(namespace=fork.keys.meta.split(":", 1)[0], window_size=8, chunk_size=4))
+    check_layout(
+        raw_client,
+        fork.keys,
+        StoreConfig(namespace=fork.keys.meta.split(":", 1)[0], window_size=8, chunk_size=4),
+    )
     nxt = fork.append(UserMessage(content="Actually, Bergen."))[0]
     assert nxt.seq_id == 43
     assert thread.stats().stored_messages == 80  # the source is untouched
@@ -252,8 +288,8 @@ def test_a_fork_carries_the_summary_retention_and_turns(make_thread):
     thread.append(users(20))
     thread.compact("the first twenty", 20)  # 21
     thread.start_turn("turn-1")
-    thread.append(AssistantMessage(content="one"), turn_id="turn-1")   # 22
-    thread.append(AssistantMessage(content="two"), turn_id="turn-1")   # 23
+    thread.append(AssistantMessage(content="one"), turn_id="turn-1")  # 22
+    thread.append(AssistantMessage(content="two"), turn_id="turn-1")  # 23
     thread.finish_turn("turn-1")
     fork = thread.fork("thread-2", at=22)
     stats, source = fork.stats(), thread.stats()
@@ -315,13 +351,17 @@ def test_a_fork_at_no_stored_message_writes_nothing(make_thread, raw_client, at)
         thread.fork("thread-1", at=2)
 
 
-def test_an_async_fork_cancelled_at_any_point_is_finished_by_running_it_again(server, server_only, namespace):
+def test_an_async_fork_cancelled_at_any_point_is_finished_by_running_it_again(
+    server, server_only, namespace
+):
     import asyncio
 
     from kvstore import AsyncMessageStore
 
     async def scenario() -> None:
-        store = AsyncMessageStore.from_url(server.url, StoreConfig(namespace=namespace, window_size=8, chunk_size=4))
+        store = AsyncMessageStore.from_url(
+            server.url, StoreConfig(namespace=namespace, window_size=8, chunk_size=4)
+        )
         try:
             source = store.thread("source")
             await source.append(users(300))

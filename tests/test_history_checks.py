@@ -12,17 +12,17 @@ from hypothesis import strategies as st
 
 from kvstore import (
     ApprovalRequestMessage,
-    MessageStore,
     ApprovalResponseMessage,
     AssistantMessage,
+    MessageStore,
     StoreConfig,
     ToolCallMessage,
     ToolReturnMessage,
     UserMessage,
     errors,
 )
-from kvstore.cli import backup
 from kvstore._engine.pairs import batch_pairs, history_pairs, pair_ids
+from kvstore.cli import backup
 from kvstore.messages import ApprovalReturn, ToolReturn
 
 from .layout_check import check_layout
@@ -37,28 +37,46 @@ def call(*call_ids: str) -> ToolCallMessage:
 
 
 def answer(call_id: str, *more: str) -> ToolReturnMessage:
-    returns = [ToolReturn(status="success", tool_call_id=c, tool_return="ok") for c in (call_id, *more)]
-    return ToolReturnMessage(status="success", tool_call_id=call_id, tool_return="4 °C",
-                             tool_returns=returns if more else None)
+    returns = [
+        ToolReturn(status="success", tool_call_id=c, tool_return="ok") for c in (call_id, *more)
+    ]
+    return ToolReturnMessage(
+        status="success",
+        tool_call_id=call_id,
+        tool_return="4 °C",
+        tool_returns=returns if more else None,
+    )
 
 
 def approval_request(call_id: str, message_id: str | None = None) -> ApprovalRequestMessage:
     extra = {"id": message_id} if message_id else {}
-    return ApprovalRequestMessage(tool_call={"name": "pay", "arguments": "{}", "tool_call_id": call_id}, **extra)
+    return ApprovalRequestMessage(
+        tool_call={"name": "pay", "arguments": "{}", "tool_call_id": call_id}, **extra
+    )
 
 
-def approval(call_id: str, request_id: str | None = None, approve: bool = True) -> ApprovalResponseMessage:
-    return ApprovalResponseMessage(approval_request_id=request_id,
-                                   approvals=[ApprovalReturn(approve=approve, tool_call_id=call_id)])
+def approval(
+    call_id: str, request_id: str | None = None, approve: bool = True
+) -> ApprovalResponseMessage:
+    return ApprovalResponseMessage(
+        approval_request_id=request_id,
+        approvals=[ApprovalReturn(approve=approve, tool_call_id=call_id)],
+    )
 
 
 def open_pair_ids(raw_client, thread) -> set[str]:
-    return {m.decode() for m in raw_client.zrange(thread.keys.pairs, 0, -1) if not m.startswith((b"m", b"o"))}
+    return {
+        m.decode()
+        for m in raw_client.zrange(thread.keys.pairs, 0, -1)
+        if not m.startswith((b"m", b"o"))
+    }
 
 
 def intact(raw_client, thread, **config) -> None:
     """Every layout invariant holds (tests/layout_check.py), for the thread made with `config`."""
-    check_layout(raw_client, thread.keys, StoreConfig(namespace=thread.keys.meta.split(":", 1)[0], **config))
+    check_layout(
+        raw_client, thread.keys, StoreConfig(namespace=thread.keys.meta.split(":", 1)[0], **config)
+    )
 
 
 def refused_unchanged(raw_client, namespace, call, expected=errors.HistoryConflict) -> str:
@@ -76,10 +94,15 @@ def refused_unchanged(raw_client, namespace, call, expected=errors.HistoryConfli
 
 def test_what_each_message_opens_and_answers():
     assert pair_ids(call("c1", "c2")) == (["c:c1", "c:c2"], [])
-    assert pair_ids(answer("c1", "c2")) == ([], ["c:c1", "c:c2"])  # tool_call_id repeats its first return
+    assert pair_ids(answer("c1", "c2")) == (
+        [],
+        ["c:c1", "c:c2"],
+    )  # tool_call_id repeats its first return
     assert pair_ids(approval_request("c1", "message-r")) == (["c:c1", "p:c1", "a:message-r"], [])
     assert pair_ids(approval("c1", "message-r")) == ([], ["a:message-r", "p:c1"])
-    given_result = ApprovalResponseMessage(approvals=[ToolReturn(status="success", tool_call_id="c1", tool_return="x")])
+    given_result = ApprovalResponseMessage(
+        approvals=[ToolReturn(status="success", tool_call_id="c1", tool_return="x")]
+    )
     assert pair_ids(given_result) == ([], ["p:c1", "c:c1"])
     assert pair_ids(UserMessage(content="hi")) == ([], [])
     # Lengths are bytes, so ids in any script frame exactly.
@@ -90,7 +113,9 @@ def test_what_each_message_opens_and_answers():
 # --- refusals -----------------------------------------------------------------------------------
 
 
-def test_an_answer_to_no_open_call_is_refused_and_writes_nothing(make_thread, raw_client, namespace):
+def test_an_answer_to_no_open_call_is_refused_and_writes_nothing(
+    make_thread, raw_client, namespace
+):
     thread = make_thread("checked", **STRICT)
     thread.append([UserMessage(content="weather?"), call("c1")])
     assert thread.stats().history_checked
@@ -98,7 +123,9 @@ def test_an_answer_to_no_open_call_is_refused_and_writes_nothing(make_thread, ra
     assert "tool call c-unknown" in text and "not open" in text
     thread.append(answer("c1"))
     # A second return for the same call.
-    assert "tool call c1" in refused_unchanged(raw_client, namespace, lambda: thread.append(answer("c1")))
+    assert "tool call c1" in refused_unchanged(
+        raw_client, namespace, lambda: thread.append(answer("c1"))
+    )
     # One return of several answering nothing refuses the message.
     thread.append(call("c2", "c3"))
     refused_unchanged(raw_client, namespace, lambda: thread.append(answer("c2", "c9")))
@@ -108,15 +135,20 @@ def test_an_answer_to_no_open_call_is_refused_and_writes_nothing(make_thread, ra
     intact(raw_client, thread)
 
 
-@pytest.mark.parametrize("call_id", ["", "c\t1", "a;b:c", "c1\n-4:c:c1", "+9:", "\u00e9\u6f22\U0001F600", "x" * 5000])
+@pytest.mark.parametrize(
+    "call_id", ["", "c\t1", "a;b:c", "c1\n-4:c:c1", "+9:", "\u00e9\u6f22\U0001f600", "x" * 5000]
+)
 def test_call_ids_of_any_text_pair_exactly(make_thread, raw_client, namespace, call_id):
     """An id is matched byte for byte, whatever it holds: framing characters, the pairs
     argument's own syntax, no text at all, or 5,000 characters."""
     thread = make_thread("odd-ids", **STRICT)
     thread.append(call(call_id))
     refused_unchanged(raw_client, namespace, lambda: thread.append(answer(call_id + "x")))
-    refused_unchanged(raw_client, namespace, lambda: thread.append(answer(call_id[:-1])) if call_id else
-                      thread.append(answer("-")))
+    refused_unchanged(
+        raw_client,
+        namespace,
+        lambda: thread.append(answer(call_id[:-1])) if call_id else thread.append(answer("-")),
+    )
     thread.append(answer(call_id))
     refused_unchanged(raw_client, namespace, lambda: thread.append(answer(call_id)))
     assert open_pair_ids(raw_client, thread) == set()
@@ -125,30 +157,42 @@ def test_call_ids_of_any_text_pair_exactly(make_thread, raw_client, namespace, c
 def test_approvals_answer_pending_requests_only(make_thread, raw_client, namespace):
     thread = make_thread("approvals", **STRICT)
     (request,) = thread.append(approval_request("pay-1"))
-    refused_unchanged(raw_client, namespace, lambda: thread.append(approval("pay-1", "message-no-such-request")))
+    refused_unchanged(
+        raw_client, namespace, lambda: thread.append(approval("pay-1", "message-no-such-request"))
+    )
     refused_unchanged(raw_client, namespace, lambda: thread.append(approval("pay-2", request.id)))
     thread.append(approval("pay-1", request.id))
     # The approval is answered, the call still waits for its result.
     assert open_pair_ids(raw_client, thread) == {"c:pay-1"}
     assert "approval request" in refused_unchanged(
-        raw_client, namespace, lambda: thread.append(approval("pay-1", request.id)))
+        raw_client, namespace, lambda: thread.append(approval("pay-1", request.id))
+    )
     thread.append(answer("pay-1"))
     assert open_pair_ids(raw_client, thread) == set()
 
 
-def test_a_batch_is_checked_message_by_message_and_refused_whole(make_thread, raw_client, namespace):
+def test_a_batch_is_checked_message_by_message_and_refused_whole(
+    make_thread, raw_client, namespace
+):
     thread = make_thread("batch", **STRICT)
     thread.append(UserMessage(content="go"))
     # A call and its return in one batch are fine; a return before its call is not.
     thread.append([call("b1"), AssistantMessage(content="running"), answer("b1")])
-    text = refused_unchanged(raw_client, namespace, lambda: thread.append(
-        [UserMessage(content="x"), answer("b2"), call("b2")]))
+    text = refused_unchanged(
+        raw_client,
+        namespace,
+        lambda: thread.append([UserMessage(content="x"), answer("b2"), call("b2")]),
+    )
     assert text.startswith("message 1 ")
-    refused_unchanged(raw_client, namespace, lambda: thread.append([call("b3"), answer("b3"), answer("b3")]))
+    refused_unchanged(
+        raw_client, namespace, lambda: thread.append([call("b3"), answer("b3"), answer("b3")])
+    )
     # The largest allowed batch: 250 calls and their returns.
     big = [m for i in range(250) for m in (call(f"x{i}"), answer(f"x{i}"))]
     assert len(thread.append(big)) == 500
-    spoiled = [m for i in range(250) for m in (call(f"y{i}"), answer(f"y{i}" if i != 249 else "nope"))]
+    spoiled = [
+        m for i in range(250) for m in (call(f"y{i}"), answer(f"y{i}" if i != 249 else "nope"))
+    ]
     refused_unchanged(raw_client, namespace, lambda: thread.append(spoiled))
     assert thread.stats().stored_messages == 504
     intact(raw_client, thread)
@@ -169,7 +213,9 @@ def test_a_retried_append_is_a_replay_not_a_second_answer(make_thread):
 # --- which threads are checked ------------------------------------------------------------------
 
 
-def test_only_threads_written_with_checks_from_their_first_message_are_checked(make_thread, raw_client):
+def test_only_threads_written_with_checks_from_their_first_message_are_checked(
+    make_thread, raw_client
+):
     old = make_thread("older")
     old.append([UserMessage(content="from before"), answer("never-made")])
     strict_old = make_thread("older", **STRICT)
@@ -214,13 +260,17 @@ def test_retention_trims_the_state_with_the_messages(make_thread, raw_client):
 def test_a_replacement_keeps_what_the_message_opens_and_answers(make_thread, raw_client, namespace):
     thread = make_thread("replace", window_size=2, chunk_size=2, **STRICT)
     user, tool_call, result = thread.append([UserMessage(content="q"), call("c1"), answer("c1")])
-    thread.append([UserMessage(content=f"roll {i}") for i in range(4)])  # the call is in a chunk now
+    thread.append(
+        [UserMessage(content=f"roll {i}") for i in range(4)]
+    )  # the call is in a chunk now
     thread.replace(tool_call.id, call("c1"))
     thread.replace(result.id, answer("c1").model_copy(update={"tool_return": "5 °C"}))
     thread.replace(user.id, UserMessage(content="q, reworded"))
     refused_unchanged(raw_client, namespace, lambda: thread.replace(tool_call.id, call("c2")))
     refused_unchanged(raw_client, namespace, lambda: thread.replace(user.id, answer("c1")))
-    refused_unchanged(raw_client, namespace, lambda: thread.replace(result.id, UserMessage(content="no result")))
+    refused_unchanged(
+        raw_client, namespace, lambda: thread.replace(result.id, UserMessage(content="no result"))
+    )
     intact(raw_client, thread, window_size=2, chunk_size=2)
 
 
@@ -235,7 +285,9 @@ def test_removing_a_turn_keeps_the_pairs(make_thread, raw_client, namespace):
     thread.finish_turn("t2")
     thread.append(answer("late"))
     # t2's call is answered after it: removing t2 would orphan that answer.
-    assert "tool call late" in refused_unchanged(raw_client, namespace, lambda: thread.remove_turn("t2"))
+    assert "tool call late" in refused_unchanged(
+        raw_client, namespace, lambda: thread.remove_turn("t2")
+    )
     # t1 answered a call made before it: that call is open again, its own pair is gone.
     assert thread.remove_turn("t1") == 3
     assert open_pair_ids(raw_client, thread) == {"c:early"}
@@ -245,7 +297,9 @@ def test_removing_a_turn_keeps_the_pairs(make_thread, raw_client, namespace):
     intact(raw_client, thread)
 
 
-def test_a_thread_checked_before_answers_kept_their_calls_is_removed_by_its_whole_state(make_thread, raw_client, namespace):
+def test_a_thread_checked_before_answers_kept_their_calls_is_removed_by_its_whole_state(
+    make_thread, raw_client, namespace
+):
     """A thread whose state was written before answers kept their calls ('o' members, meta
     checked 1) is planned from every record, as then: the same refusals, the same reopening."""
     thread = make_thread("older-state", **STRICT)
@@ -262,7 +316,9 @@ def test_a_thread_checked_before_answers_kept_their_calls_is_removed_by_its_whol
     raw_client.zrem(thread.keys.pairs, *links)
     raw_client.hset(thread.keys.meta, "checked", "1")
     assert thread.stats().history_checked
-    assert "tool call late" in refused_unchanged(raw_client, namespace, lambda: thread.remove_turn("t2"))
+    assert "tool call late" in refused_unchanged(
+        raw_client, namespace, lambda: thread.remove_turn("t2")
+    )
     assert thread.remove_turn("t1") == 3
     assert open_pair_ids(raw_client, thread) == {"c:early"}
     thread.append(answer("early"))
@@ -275,8 +331,14 @@ def test_a_turn_larger_than_one_removal_step_is_removed_with_its_pairs(make_thre
     thread.start_turn("t")
     pairs = (REMOVE_TURN_STEP // 2) + 5
     for start in range(0, pairs, 100):
-        thread.append([m for i in range(start, min(pairs, start + 100)) for m in (call(f"s{i}"), answer(f"s{i}"))],
-                      turn_id="t")
+        thread.append(
+            [
+                m
+                for i in range(start, min(pairs, start + 100))
+                for m in (call(f"s{i}"), answer(f"s{i}"))
+            ],
+            turn_id="t",
+        )
     thread.append(call("open-at-the-end"), turn_id="t")
     assert thread.remove_turn("t") == 2 * pairs + 1
     assert raw_client.zcard(thread.keys.pairs) == 0
@@ -297,9 +359,13 @@ STEPS = st.lists(
 )
 
 
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(steps=STEPS)
-def test_the_store_refuses_exactly_the_answers_to_nothing_open(make_thread, raw_client, namespace, steps):
+def test_the_store_refuses_exactly_the_answers_to_nothing_open(
+    make_thread, raw_client, namespace, steps
+):
     import uuid
 
     thread = make_thread(f"p-{uuid.uuid4().hex[:8]}", window_size=3, chunk_size=2, **STRICT)
@@ -341,7 +407,9 @@ def test_the_store_refuses_exactly_the_answers_to_nothing_open(make_thread, raw_
 # --- restore and fork ---------------------------------------------------------------------------
 
 
-def test_a_fork_by_a_strict_store_is_checked_with_the_calls_open_at_its_fork_point(make_thread, raw_client, namespace):
+def test_a_fork_by_a_strict_store_is_checked_with_the_calls_open_at_its_fork_point(
+    make_thread, raw_client, namespace
+):
     source = make_thread("source", window_size=4, chunk_size=2, **STRICT)
     source.append([UserMessage(content="q"), call("f1"), answer("f1"), call("f2")])
     (fork_point,) = source.append(call("f3"))
@@ -353,7 +421,6 @@ def test_a_fork_by_a_strict_store_is_checked_with_the_calls_open_at_its_fork_poi
     fork.append(answer("f2"))
 
 
-
 def export_text(store, thread_id: str) -> str:
     out = io.StringIO()
     backup.export(store, thread_id, out, progress_out=io.StringIO())
@@ -361,14 +428,24 @@ def export_text(store, thread_id: str) -> str:
 
 
 def restore_text(store, thread_id: str, text: str) -> None:
-    backup.import_lines(store, thread_id, io.StringIO(text), backup.ImportProgress(), progress_out=io.StringIO())
+    backup.import_lines(
+        store, thread_id, io.StringIO(text), backup.ImportProgress(), progress_out=io.StringIO()
+    )
 
 
-def test_a_restore_by_a_strict_store_builds_the_open_calls_and_refuses_nothing(server_only, server, raw_client, namespace):
-    source_store = MessageStore.from_url(server.url, StoreConfig(namespace=namespace, window_size=4, chunk_size=2))
-    target = MessageStore.from_url(server.url, StoreConfig(namespace=namespace, window_size=4, chunk_size=2, **STRICT))
+def test_a_restore_by_a_strict_store_builds_the_open_calls_and_refuses_nothing(
+    server_only, server, raw_client, namespace
+):
+    source_store = MessageStore.from_url(
+        server.url, StoreConfig(namespace=namespace, window_size=4, chunk_size=2)
+    )
+    target = MessageStore.from_url(
+        server.url, StoreConfig(namespace=namespace, window_size=4, chunk_size=2, **STRICT)
+    )
     source = source_store.thread("source")
-    source.append([UserMessage(content="q"), call("f1"), answer("f1"), call("f2"), call("f3"), answer("f2")])
+    source.append(
+        [UserMessage(content="q"), call("f1"), answer("f1"), call("f2"), call("f3"), answer("f2")]
+    )
     # An answer naming a call the thread never held: a backup holds what it holds.
     source.append(answer("ghost"))
     restore_text(target, "restored", export_text(source_store, "source"))
@@ -419,7 +496,9 @@ end}, {__index = redis})
 """
 
 
-def removal_reads(raw_client, config: StoreConfig, thread_id: str, turn_id: str) -> tuple[int, list]:
+def removal_reads(
+    raw_client, config: StoreConfig, thread_id: str, turn_id: str
+) -> tuple[int, list]:
     """Runs lua/remove_turn.lua as the store sends it, returning the elements its commands read
     and its reply."""
     from kvstore._engine.core import ThreadRef
@@ -430,12 +509,20 @@ def removal_reads(raw_client, config: StoreConfig, thread_id: str, turn_id: str)
     counter = f"{config.namespace}:elements-read"
     body = SCRIPTS["remove_turn"].source.split("\n", 1)[1]
     raw_client.delete(counter)
-    reply = raw_client.eval(COUNTING.replace("COUNTER", repr(counter)) + body, len(ref.script_keys),
-                            *ref.script_keys, *ref.limits(), turn_id, REMOVE_TURN_STEP)
+    reply = raw_client.eval(
+        COUNTING.replace("COUNTER", repr(counter)) + body,
+        len(ref.script_keys),
+        *ref.script_keys,
+        *ref.limits(),
+        turn_id,
+        REMOVE_TURN_STEP,
+    )
     return int(raw_client.get(counter) or 0), reply
 
 
-def test_remove_turn_on_a_checked_thread_reads_what_the_turn_holds_not_the_thread(server_only, backend, raw_client, namespace):
+def test_remove_turn_on_a_checked_thread_reads_what_the_turn_holds_not_the_thread(
+    server_only, backend, raw_client, namespace
+):
     """The removal's reads of the pairs state are bounded by the turn, whatever the thread's
     length: a turn of 4 messages costs as much after 40 earlier messages as after 2,000."""
     from .conftest import make_sync_store
@@ -446,11 +533,19 @@ def test_remove_turn_on_a_checked_thread_reads_what_the_turn_holds_not_the_threa
         store = make_sync_store(backend, config)
         thread = store.thread(thread_id)
         for start in range(0, earlier_pairs, 100):
-            thread.append([m for i in range(start, start + 100 if earlier_pairs > 100 else earlier_pairs)
-                           for m in (call(f"e{i}"), answer(f"e{i}"))])
+            thread.append(
+                [
+                    m
+                    for i in range(start, start + 100 if earlier_pairs > 100 else earlier_pairs)
+                    for m in (call(f"e{i}"), answer(f"e{i}"))
+                ]
+            )
         thread.append(call("before-the-turn"))
         thread.start_turn("t")
-        thread.append([call("x"), answer("x"), answer("before-the-turn"), AssistantMessage(content="done")], turn_id="t")
+        thread.append(
+            [call("x"), answer("x"), answer("before-the-turn"), AssistantMessage(content="done")],
+            turn_id="t",
+        )
         thread.finish_turn("t")
         read, reply = removal_reads(raw_client, config, thread_id, "t")
         assert [int(v) for v in reply] == [4, 0]
@@ -460,7 +555,9 @@ def test_remove_turn_on_a_checked_thread_reads_what_the_turn_holds_not_the_threa
     assert reads[0] == reads[1], reads
 
 
-def test_a_call_answered_in_a_removed_turn_reopens_without_moving_a_reused_open_call(make_thread, raw_client):
+def test_a_call_answered_in_a_removed_turn_reopens_without_moving_a_reused_open_call(
+    make_thread, raw_client
+):
     """[1 call x] [turn: 2 return x] [3 call x, still open]: removing the turn opens the first
     call again, and the pair id stays where its open use put it (3), so retention of message 1
     does not close the call message 3 made."""
@@ -477,21 +574,29 @@ def test_a_call_answered_in_a_removed_turn_reopens_without_moving_a_reused_open_
 
 
 TURN_STEPS = st.lists(
-    st.tuples(st.sampled_from(["call", "answer", "user", "turn"]), st.integers(0, 3), st.booleans()),
+    st.tuples(
+        st.sampled_from(["call", "answer", "user", "turn"]), st.integers(0, 3), st.booleans()
+    ),
     min_size=1,
     max_size=20,
 )
 
 
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(steps=TURN_STEPS, removed=st.integers(0, 5))
-def test_removing_a_turn_by_its_own_state_decides_as_reading_the_whole_state(make_thread, raw_client, namespace,
-                                                                             steps, removed):
+def test_removing_a_turn_by_its_own_state_decides_as_reading_the_whole_state(
+    make_thread, raw_client, namespace, steps, removed
+):
     """The bounded plan (the turn's scores, its answers' links) refuses and reopens exactly as
     the plan from every record does, on twin threads (one marked as checked before links)."""
     import uuid
 
-    twins = [make_thread(f"twin-{uuid.uuid4().hex[:8]}", window_size=3, chunk_size=2, **STRICT) for _ in range(2)]
+    twins = [
+        make_thread(f"twin-{uuid.uuid4().hex[:8]}", window_size=3, chunk_size=2, **STRICT)
+        for _ in range(2)
+    ]
     open_calls: set[str] = set()
     turns: list[str] = []
     for kind, n, in_turn in steps:

@@ -20,7 +20,9 @@ LITERAL = re.compile(r"^'([A-Za-z_]+)'$")
 
 def documented() -> set[str]:
     """Every `name` in backticks on a table row of docs/LAYOUT.md."""
-    rows = [line for line in LAYOUT.read_text(encoding="utf-8").splitlines() if line.startswith("|")]
+    rows = [
+        line for line in LAYOUT.read_text(encoding="utf-8").splitlines() if line.startswith("|")
+    ]
     return {name for row in rows for name in re.findall(r"`([^`]+)`", row)}
 
 
@@ -51,8 +53,10 @@ def fields_written(key_pattern: str) -> set[str]:
             command, key = call.groups()
             if not re.search(key_pattern, key):
                 continue
-            args = arguments(source[call.end():])
-            positions = {"HSET": args[0::2], "HSETNX": args[:1], "HINCRBY": args[:1], "HDEL": args}[command]
+            args = arguments(source[call.end() :])
+            positions = {"HSET": args[0::2], "HSETNX": args[:1], "HINCRBY": args[:1], "HDEL": args}[
+                command
+            ]
             fields |= {m.group(1) for a in positions if (m := LITERAL.match(a))}
     return fields
 
@@ -68,13 +72,26 @@ def test_every_key_of_a_thread_is_documented() -> None:
 def test_every_meta_field_the_scripts_write_is_documented() -> None:
     fields = fields_written(r"^keys\.meta$")
     # The scan finds the fields the store path writes, so an empty or tiny set means it broke.
-    assert {"last_seq", "stored", "media", "gen", "turn_id", "summary_last", "deleting", "legacy_scan"} <= fields
+    assert {
+        "last_seq",
+        "stored",
+        "media",
+        "gen",
+        "turn_id",
+        "summary_last",
+        "deleting",
+        "legacy_scan",
+    } <= fields
     missing = sorted(fields - documented())
-    assert not missing, f"meta fields the scripts write that docs/LAYOUT.md does not name: {missing}"
+    assert not missing, (
+        f"meta fields the scripts write that docs/LAYOUT.md does not name: {missing}"
+    )
 
 
 def test_every_chunk_field_the_scripts_write_is_documented() -> None:
     fields = fields_written(r"chunk")
     assert {"d", "_m"} <= fields
     missing = sorted(fields - documented())
-    assert not missing, f"chunk fields the scripts write that docs/LAYOUT.md does not name: {missing}"
+    assert not missing, (
+        f"chunk fields the scripts write that docs/LAYOUT.md does not name: {missing}"
+    )

@@ -31,13 +31,19 @@ def fill(thread, count: int, size: int = 200, turn_prefix: str | None = None):
 def test_nothing_is_deleted_without_a_summary(make_thread, raw_client, namespace):
     thread = make_thread(retained_message_limit=10, **SMALL)
     stored = fill(thread, 80)
-    layout = check_layout(raw_client, thread.keys, StoreConfig(namespace=namespace, retained_message_limit=10, **SMALL))
+    layout = check_layout(
+        raw_client,
+        thread.keys,
+        StoreConfig(namespace=namespace, retained_message_limit=10, **SMALL),
+    )
     assert layout.all_sequences() == [m.seq_id for m in stored]
     assert thread.stats().deleted_before_sequence is None
     assert thread.context() == stored
 
 
-def test_retention_deletes_only_what_the_summary_covers_and_keeps_the_limit(make_thread, raw_client, namespace):
+def test_retention_deletes_only_what_the_summary_covers_and_keeps_the_limit(
+    make_thread, raw_client, namespace
+):
     config = StoreConfig(namespace=namespace, retained_message_limit=20, **SMALL)
     thread = make_thread(retained_message_limit=20, **SMALL)
     stored = fill(thread, 100)
@@ -93,7 +99,9 @@ def test_summaries_only_move_forward(make_thread):
         thread.compact("s2", last_sequence=500)
 
 
-def test_context_warns_when_messages_were_deleted_without_a_summary(make_thread, raw_client, caplog):
+def test_context_warns_when_messages_were_deleted_without_a_summary(
+    make_thread, raw_client, caplog
+):
     thread = make_thread()
     fill(thread, 3)
     raw_client.hset(thread.keys.meta, "deleted_before", 2)
@@ -110,9 +118,14 @@ def test_bounded_state_over_2000_turns(make_thread, raw_client, namespace, serve
     total_bytes = 0
     for turn in range(1, 2001):
         turn_id = f"turn-{turn}"
-        user = thread.append(UserMessage(content=f"question {turn} " + "q" * 500, otid=f"u{turn}"), turn_id=turn_id)
+        user = thread.append(
+            UserMessage(content=f"question {turn} " + "q" * 500, otid=f"u{turn}"), turn_id=turn_id
+        )
         thread.start_turn(turn_id)
-        reply = thread.append(AssistantMessage(content=f"answer {turn} " + "a" * 900, otid=f"a{turn}"), turn_id=turn_id)
+        reply = thread.append(
+            AssistantMessage(content=f"answer {turn} " + "a" * 900, otid=f"a{turn}"),
+            turn_id=turn_id,
+        )
         thread.finish_turn(turn_id)
         total_bytes += len(user[0].to_json()) + len(reply[0].to_json())
         if turn % 10 == 0:
@@ -133,8 +146,12 @@ def test_bounded_state_over_2000_turns(make_thread, raw_client, namespace, serve
     assert memories[-1] <= max(memories[:2]) * 1.10, memories  # no upward trend
     assert raw_client.hlen(thread.keys.turns) <= bound  # turn records are trimmed too
     assert total_bytes > 3_000_000
-    print(f"\nbounded state: {[(t, m, s) for t, (m, s) in samples.items()]} total stored {total_bytes} bytes")
-    check_layout(raw_client, thread.keys, StoreConfig(namespace=namespace, retained_message_limit=limit))
+    print(
+        f"\nbounded state: {[(t, m, s) for t, (m, s) in samples.items()]} total stored {total_bytes} bytes"
+    )
+    check_layout(
+        raw_client, thread.keys, StoreConfig(namespace=namespace, retained_message_limit=limit)
+    )
 
 
 # ------------------------------------------------------------------------------------ media
@@ -145,11 +162,15 @@ def image(decoded_bytes: int, fill_byte: bytes = b"\x89") -> ImageContent:
     return ImageContent(source={"type": "base64", "data": data, "media_type": "image/png"})
 
 
-def test_seven_3_mib_images_all_append_and_the_thread_stays_within_20_mib(make_thread, raw_client, namespace):
+def test_seven_3_mib_images_all_append_and_the_thread_stays_within_20_mib(
+    make_thread, raw_client, namespace
+):
     thread = make_thread(max_message_bytes=16 * MiB)
     results = []
     for i in range(7):
-        results += thread.append(UserMessage(content=[TextContent(text=f"picture {i}"), image(3 * MiB)]))
+        results += thread.append(
+            UserMessage(content=[TextContent(text=f"picture {i}"), image(3 * MiB)])
+        )
     media = [inline_media_bytes(m) for m in results]
     assert media[:6] == [3 * MiB] * 6
     assert media[6] == 0
@@ -166,15 +187,21 @@ def _image_worker(url: str, namespace: str, worker: int) -> None:
         thread.append(UserMessage(content=[TextContent(text=f"w{worker} {i}"), image(3 * MiB)]))
 
 
-def test_two_processes_racing_with_images_never_pass_the_budget(server, raw_client, namespace, server_only):
+def test_two_processes_racing_with_images_never_pass_the_budget(
+    server, raw_client, namespace, server_only
+):
     context = multiprocessing.get_context("spawn")
-    workers = [context.Process(target=_image_worker, args=(server.url, namespace, w)) for w in range(2)]
+    workers = [
+        context.Process(target=_image_worker, args=(server.url, namespace, w)) for w in range(2)
+    ]
     for process in workers:
         process.start()
     for process in workers:
         process.join(120)
         assert process.exitcode == 0
-    thread = MessageStore.from_url(server.url, StoreConfig(namespace=namespace)).thread("media-race")
+    thread = MessageStore.from_url(server.url, StoreConfig(namespace=namespace)).thread(
+        "media-race"
+    )
     messages = list(thread.iter())
     assert len(messages) == 10
     total = sum(inline_media_bytes(m) for m in messages)
@@ -183,7 +210,9 @@ def test_two_processes_racing_with_images_never_pass_the_budget(server, raw_clie
 
 
 def test_an_image_over_the_part_limit_is_refused_before_the_socket(namespace):
-    thread = MessageStore.from_url("redis://127.0.0.1:1/0", StoreConfig(namespace=namespace)).thread("t")
+    thread = MessageStore.from_url(
+        "redis://127.0.0.1:1/0", StoreConfig(namespace=namespace)
+    ).thread("t")
     with pytest.raises(errors.InlineMediaTooLarge, match="content"):
         thread.append(UserMessage(content=[image(6 * MiB)]))
 
@@ -204,7 +233,11 @@ def test_replace_in_window_chunk_and_oversized_chunk(make_thread, raw_client, na
     assert in_chunk.seq_id not in layout.window and in_window.seq_id in layout.window
     for original in (in_chunk, in_window, oversized):
         new = thread.replace(original.id, AssistantMessage(content=f"replaced {original.seq_id}"))
-        assert (new.id, new.seq_id, new.message_type) == (original.id, original.seq_id, "assistant_message")
+        assert (new.id, new.seq_id, new.message_type) == (
+            original.id,
+            original.seq_id,
+            "assistant_message",
+        )
         assert thread.get(original.id) == new
         check_layout(raw_client, thread.keys, config)
     assert [m.seq_id for m in thread.iter()] == [m.seq_id for m in stored]
@@ -228,14 +261,22 @@ def test_remove_turn_retracts_its_messages_everywhere(make_thread, raw_client, n
     thread = make_thread(**SMALL)
     stored = []
     for turn in range(12):
-        stored += thread.append(UserMessage(content=f"q{turn}", otid=f"q{turn}"), turn_id=f"t{turn}")
-        stored += thread.append([AssistantMessage(content=f"a{turn}.{i}") for i in range(2)], turn_id=f"t{turn}")
+        stored += thread.append(
+            UserMessage(content=f"q{turn}", otid=f"q{turn}"), turn_id=f"t{turn}"
+        )
+        stored += thread.append(
+            [AssistantMessage(content=f"a{turn}.{i}") for i in range(2)], turn_id=f"t{turn}"
+        )
     stored += thread.append(UserMessage(content="B" * 5000), turn_id="t3")  # an oversized one
     assert thread.remove_turn("t3") == 4
     assert thread.remove_turn("t11") == 3  # in the window
     assert thread.remove_turn("t11") == 0
-    kept = [m for m in stored if m.content not in ("q3", "a3.0", "a3.1", "q11", "a11.0", "a11.1")
-            and not str(m.content).startswith("B")]
+    kept = [
+        m
+        for m in stored
+        if m.content not in ("q3", "a3.0", "a3.1", "q11", "a11.0", "a11.1")
+        and not str(m.content).startswith("B")
+    ]
     assert list(thread.iter()) == kept
     assert thread.list(turn_id="t3").messages == []
     check_layout(raw_client, thread.keys, config)
@@ -244,9 +285,13 @@ def test_remove_turn_retracts_its_messages_everywhere(make_thread, raw_client, n
     # Pages still cross the holes exactly.
     sequences = [m.seq_id for m in list(thread.iter())]
     for limit in (1, 3, 7):
-        assert [m.seq_id for m in thread.list(after=5, limit=limit).messages] == [s for s in sequences if s > 5][:limit]
+        assert [m.seq_id for m in thread.list(after=5, limit=limit).messages] == [
+            s for s in sequences if s > 5
+        ][:limit]
         newer = [s for s in reversed(sequences) if s > 30]
-        assert [m.seq_id for m in thread.list(before=30, limit=limit, order="desc").messages] == newer[-limit:]
+        assert [
+            m.seq_id for m in thread.list(before=30, limit=limit, order="desc").messages
+        ] == newer[-limit:]
 
 
 def test_finish_turn_failed_is_visible_to_readers(make_thread):
@@ -266,7 +311,9 @@ def _expiry_times(client, namespace):
     return {k: client.pexpiretime(k) for k in client.scan_iter(match=f"{namespace}:*", count=1000)}
 
 
-def test_thread_ttl_expires_every_key_together_and_writes_refresh_it(make_thread, raw_client, namespace):
+def test_thread_ttl_expires_every_key_together_and_writes_refresh_it(
+    make_thread, raw_client, namespace
+):
     thread = make_thread(thread_ttl=1, **SMALL)
     fill(thread, 30)
     thread.append(UserMessage(content="B" * 6000))
@@ -299,7 +346,9 @@ def test_delete_in_bounded_steps(make_thread, raw_client, namespace, monkeypatch
     assert list(raw_client.scan_iter(match=f"{namespace}:*")) == []
 
 
-def test_retention_around_oversized_messages_deletes_only_whole_prefixes(make_thread, raw_client, namespace):
+def test_retention_around_oversized_messages_deletes_only_whole_prefixes(
+    make_thread, raw_client, namespace
+):
     """An oversized message lives in its own chunk, beside the window: retention takes it with
     the normal chunk whose range holds it, and never while an older message is still kept."""
     config = dict(window_size=4, chunk_size=3, chunk_max_bytes=1500, retained_message_limit=2)

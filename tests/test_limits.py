@@ -37,8 +37,10 @@ def test_stores_with_other_limits_called_in_turn_keep_their_own(make_thread, raw
 def test_a_key_that_does_not_name_its_values_is_not_remembered(backend, namespace, raw_client):
     # Limits no other test sends, so their key is new to the server's library.
     unique_bytes = 1_000_000 + int(namespace[1:7], 16) % 40_000
-    store = make_sync_store(backend, StoreConfig(namespace=namespace, window_size=4, chunk_size=2,
-                                                 chunk_max_bytes=unique_bytes))
+    store = make_sync_store(
+        backend,
+        StoreConfig(namespace=namespace, window_size=4, chunk_size=2, chunk_max_bytes=unique_bytes),
+    )
     thread = store.thread("mismatch")
     ref = thread._ref
     honest = ref.limits()
@@ -46,8 +48,14 @@ def test_a_key_that_does_not_name_its_values_is_not_remembered(backend, namespac
 
     def append(limits, i):
         message = UserMessage(content=f"m{i}").model_copy(update={"id": f"message-{namespace}-{i}"})
-        reply = run_one(store, Eval(SCRIPTS["append"], ref.script_keys,
-                                    [*limits, "", 1, "", message.id, "", 0, 1, encode_record(message)]))
+        reply = run_one(
+            store,
+            Eval(
+                SCRIPTS["append"],
+                ref.script_keys,
+                [*limits, "", 1, "", message.id, "", 0, 1, encode_record(message)],
+            ),
+        )
         assert int(reply[0]) == 1
 
     try:

@@ -59,9 +59,14 @@ def test_the_first_call_on_an_empty_server_loads_the_library(kind, mode):
             for i in range(10):
                 thread.append(UserMessage(content=f"n{i}"))
             assert calls(admin, "function|load") == loads
-        sent = {name: calls(admin, name) for name in ("fcall", "fcall_ro", "function|load", "evalsha", "eval")}
-        print(f"\nfirst call on an empty server [{kind}, {mode}]: library {LIBRARY.name} loaded; commands {sent},"
-              f" of which failed: fcall {failed(admin, 'fcall')} (the first, function not found)")
+        sent = {
+            name: calls(admin, name)
+            for name in ("fcall", "fcall_ro", "function|load", "evalsha", "eval")
+        }
+        print(
+            f"\nfirst call on an empty server [{kind}, {mode}]: library {LIBRARY.name} loaded; commands {sent},"
+            f" of which failed: fcall {failed(admin, 'fcall')} (the first, function not found)"
+        )
         # One FCALL found no function; the load and the call again; 10 appends; the page plan.
         assert sent["function|load"] == 1 and failed(admin, "fcall") == 1
         assert (sent["fcall"], sent["fcall_ro"], failed(admin, "fcall_ro")) == (12, 1, 0)
@@ -71,8 +76,10 @@ def test_the_first_call_on_an_empty_server_loads_the_library(kind, mode):
 def test_function_flush_between_calls_never_fails_a_call(make_thread, raw_client, backend):
     thread = make_thread("flushed", **CONFIG)
     figures = workload(thread, 120, seed=3, before_each=raw_client.function_flush)
-    print(f"\nFUNCTION FLUSH before each call [{backend}]: {figures['steps']} calls,"
-          f" {len(figures['failures'])} failed; state equals the model")
+    print(
+        f"\nFUNCTION FLUSH before each call [{backend}]: {figures['steps']} calls,"
+        f" {len(figures['failures'])} failed; state equals the model"
+    )
     assert not figures["failures"], "\n".join(figures["failures"][:10])
     thread.start_turn("after")  # the workload may end on native reads: one more script call
     assert library_loaded(raw_client)
@@ -113,9 +120,11 @@ def test_function_flush_racing_several_workers_never_fails_a_call(kind, mode):
             stop.set()
             background.join()
         failures = [f for r in results for f in r["failures"]]
-        print(f"\nFUNCTION FLUSH racing {WORKERS} workers [{kind}, {mode}]: {len(results)} workers ran"
-              f" {sum(r['steps'] for r in results)} calls while {flushes[0]} flushes ran;"
-              f" {calls(admin, 'function|load') - loads} FUNCTION LOADs; {len(failures)} calls failed")
+        print(
+            f"\nFUNCTION FLUSH racing {WORKERS} workers [{kind}, {mode}]: {len(results)} workers ran"
+            f" {sum(r['steps'] for r in results)} calls while {flushes[0]} flushes ran;"
+            f" {calls(admin, 'function|load') - loads} FUNCTION LOADs; {len(failures)} calls failed"
+        )
         assert len(results) == WORKERS
         assert not failures, "\n".join(failures[:10])
         assert flushes[0] > 50
@@ -159,7 +168,9 @@ def test_the_durable_path_loads_the_library_after_function_flush(kind, mode):
     the writes, so reads (FCALL_RO) can be served by it."""
     binary = valkey_binary() if kind == "valkey" else redis_binary()
     primary = ServerProcess(f"{kind}-primary", binary).start()
-    replica = ServerProcess(f"{kind}-replica", binary, ["--replicaof", "127.0.0.1", str(primary.port)]).start()
+    replica = ServerProcess(
+        f"{kind}-replica", binary, ["--replicaof", "127.0.0.1", str(primary.port)]
+    ).start()
     try:
         admin = redis.Redis(port=primary.port)
         deadline = time.monotonic() + 10
@@ -167,8 +178,13 @@ def test_the_durable_path_loads_the_library_after_function_flush(kind, mode):
             assert time.monotonic() < deadline, "the replica did not connect"
             time.sleep(0.05)
         namespace = fresh_namespace()
-        config = StoreConfig(namespace=namespace, durability="replicated", durability_timeout_ms=5000,
-                             window_size=4, chunk_size=2)
+        config = StoreConfig(
+            namespace=namespace,
+            durability="replicated",
+            durability_timeout_ms=5000,
+            window_size=4,
+            chunk_size=2,
+        )
         with thread_in_mode(mode, primary.url, config, "durable") as thread:
             stored = []
             for i in range(6):
@@ -180,10 +196,14 @@ def test_the_durable_path_loads_the_library_after_function_flush(kind, mode):
         assert [m.seq_id for m in stored] == [1, 2, 3, 4, 5, 6]
         replica_client = redis.Redis(port=replica.port)
         assert library_loaded(replica_client)
-        reader = MessageStore.from_url(replica.url, StoreConfig(namespace=namespace, window_size=4, chunk_size=2))
+        reader = MessageStore.from_url(
+            replica.url, StoreConfig(namespace=namespace, window_size=4, chunk_size=2)
+        )
         # An older page from an id cursor: page_plan by FCALL_RO.
         page = reader.thread("durable").list(before=stored[4].id, limit=2)
-        assert [m.seq_id for m in page.messages] == [3, 4] and calls(replica_client, "fcall_ro") >= 1
+        assert [m.seq_id for m in page.messages] == [3, 4] and calls(
+            replica_client, "fcall_ro"
+        ) >= 1
     finally:
         replica.cleanup()
         primary.cleanup()
@@ -193,9 +213,13 @@ def test_scripting_eval_calls_the_scripts_by_sha(make_thread, raw_client, server
     thread = make_thread("by-sha", scripting="eval", **CONFIG)
     before = {name: calls(raw_client, name) for name in ("fcall", "fcall_ro", "evalsha", "eval")}
     raw_client.function_flush()
-    figures = workload(thread, 60, seed=4, before_each=raw_client.script_flush)  # NOSCRIPT each call
+    figures = workload(
+        thread, 60, seed=4, before_each=raw_client.script_flush
+    )  # NOSCRIPT each call
     sent = {name: calls(raw_client, name) - before[name] for name in before}
-    print(f"\nscripting='eval' [{backend}]: {figures['steps']} calls after SCRIPT FLUSH each, commands {sent}")
+    print(
+        f"\nscripting='eval' [{backend}]: {figures['steps']} calls after SCRIPT FLUSH each, commands {sent}"
+    )
     assert not figures["failures"], "\n".join(figures["failures"][:10])
     assert sent["fcall"] == sent["fcall_ro"] == 0 and sent["evalsha"] > 0 and sent["eval"] > 0
     assert not library_loaded(raw_client)
@@ -221,12 +245,17 @@ def test_another_version_of_the_library_alongside_is_never_called(make_thread, r
     figures = workload(thread, 60, seed=5)
     assert not figures["failures"], "\n".join(figures["failures"][:10])
     names = sorted(library[1].decode() for library in raw_client.function_list(library="kvstore_*"))
-    print(f"\nanother version alongside [{backend}]: libraries {names}; {figures['steps']} calls, none failed")
+    print(
+        f"\nanother version alongside [{backend}]: libraries {names}; {figures['steps']} calls, none failed"
+    )
     assert names == sorted(["kvstore_000000000000", LIBRARY.name])
 
 
-@pytest.mark.parametrize("renamed", [("FCALL", "FCALL_RO", "FUNCTION"), ("FUNCTION",)],
-                         ids=["no functions", "no FUNCTION LOAD (a proxy)"])
+@pytest.mark.parametrize(
+    "renamed",
+    [("FCALL", "FCALL_RO", "FUNCTION"), ("FUNCTION",)],
+    ids=["no functions", "no FUNCTION LOAD (a proxy)"],
+)
 def test_a_server_without_functions_is_served_by_the_eval_path(kind, mode, renamed):
     disabled = [arg for command in renamed for arg in ("--rename-command", command, "")]
     with dedicated_server(kind, *disabled) as server:
@@ -242,8 +271,10 @@ def test_a_server_without_functions_is_served_by_the_eval_path(kind, mode, renam
                 thread.append(UserMessage(content=f"m{i}", otid=f"o{i}"))
             assert error_replies(admin) == errors_before  # no FCALL sent again
             assert [m.content for m in thread.iter()] == ["first"] + [f"m{i}" for i in range(5)]
-        print(f"\nwithout {', '.join(renamed)} [{kind}, {mode}]: the first call fell back to EVAL,"
-              f" {calls(admin, 'evalsha')} EVALSHA and {calls(admin, 'eval')} EVAL sent, no error reply after it")
+        print(
+            f"\nwithout {', '.join(renamed)} [{kind}, {mode}]: the first call fell back to EVAL,"
+            f" {calls(admin, 'evalsha')} EVALSHA and {calls(admin, 'eval')} EVAL sent, no error reply after it"
+        )
 
 
 def test_a_function_error_still_maps_to_its_typed_error(make_thread, backend):

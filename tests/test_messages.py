@@ -468,7 +468,9 @@ def test_attachment_keys_given_as_is_nest_at_most_max_json_depth(where: str) -> 
     assert parse_message(parsed.to_dict()) == parsed
     path = r"attachments\[0\]" if where == "attachment" else r"attachments\[0\]\.tools\[0\]"
     for depth in (MAX_JSON_DEPTH + 1, 255, 100_000):
-        with pytest.raises(InvalidMessage, match=rf"{path}\.x: .*nests deeper than {MAX_JSON_DEPTH}"):
+        with pytest.raises(
+            InvalidMessage, match=rf"{path}\.x: .*nests deeper than {MAX_JSON_DEPTH}"
+        ):
             parse_message(message(nested(depth)))
     for value in ({1, 2}, b"bytes", float("nan"), datetime(2024, 1, 1), 2**4096, {1: "int key"}):
         with pytest.raises(InvalidMessage, match=path):
@@ -528,34 +530,60 @@ def test_null_for_every_optional_literal_reads_as_absent() -> None:
         "message_type": "approval_response_message",
         "approvals": [
             {"type": None, "approve": True, "tool_call_id": "c1"},
-            {"type": None, "status": "success", "tool_call_id": "c2", "tool_return": [
-                {"type": None, "text": "t"},
-                {"type": None, "source": {"type": None, "url": "u"}},
-                {"type": None, "source": {"type": None, "data": PNG, "media_type": "image/png"}},
-                {"type": None, "source": {"type": None, "file_id": "f"}},
-            ]},
+            {
+                "type": None,
+                "status": "success",
+                "tool_call_id": "c2",
+                "tool_return": [
+                    {"type": None, "text": "t"},
+                    {"type": None, "source": {"type": None, "url": "u"}},
+                    {
+                        "type": None,
+                        "source": {"type": None, "data": PNG, "media_type": "image/png"},
+                    },
+                    {"type": None, "source": {"type": None, "file_id": "f"}},
+                ],
+            },
         ],
     }
     assert parse_message(given).to_dict() == {
         "message_type": "approval_response_message",
         "approvals": [
             {"type": "approval", "approve": True, "tool_call_id": "c1"},
-            {"type": "tool", "status": "success", "tool_call_id": "c2", "tool_return": [
-                {"type": "text", "text": "t"},
-                {"type": "image", "source": {"type": "url", "url": "u"}},
-                {"type": "image", "source": {"type": "base64", "data": PNG, "media_type": "image/png"}},
-                {"type": "image", "source": {"type": "letta", "file_id": "f"}},
-            ]},
+            {
+                "type": "tool",
+                "status": "success",
+                "tool_call_id": "c2",
+                "tool_return": [
+                    {"type": "text", "text": "t"},
+                    {"type": "image", "source": {"type": "url", "url": "u"}},
+                    {
+                        "type": "image",
+                        "source": {"type": "base64", "data": PNG, "media_type": "image/png"},
+                    },
+                    {"type": "image", "source": {"type": "letta", "file_id": "f"}},
+                ],
+            },
         ],
     }
-    reasoning = parse_message({"message_type": "reasoning_message", "reasoning": "r", "source": None})
+    reasoning = parse_message(
+        {"message_type": "reasoning_message", "reasoning": "r", "source": None}
+    )
     assert reasoning.source is None and reasoning.to_dict() == {
-        "message_type": "reasoning_message", "reasoning": "r"
+        "message_type": "reasoning_message",
+        "reasoning": "r",
     }
-    returned = parse_message({"message_type": "tool_return_message", "status": "success",
-                              "tool_call_id": "c", "tool_return": "r",
-                              "tool_returns": [{"type": None, "status": "error", "tool_call_id": "c",
-                                                "tool_return": "x"}]})
+    returned = parse_message(
+        {
+            "message_type": "tool_return_message",
+            "status": "success",
+            "tool_call_id": "c",
+            "tool_return": "r",
+            "tool_returns": [
+                {"type": None, "status": "error", "tool_call_id": "c", "tool_return": "x"}
+            ],
+        }
+    )
     assert returned.tool_returns[0].type == "tool"
 
 
@@ -595,14 +623,25 @@ WITH_UNKNOWN_FIELDS = {
     "tool_call_id": "c",
     "tool_return": "r",
     "tool_returns": [
-        {"type": "tool", "status": "success", "tool_call_id": "c", "tool_return": [
-            {"type": "text", "text": "t", "colour": "red"},
-            {"type": "image", "source": {"type": "url", "url": "u", "shade": [1, {"a": None}]},
-             "alt": "a chart"},
-        ], "duration_ms": 12},
+        {
+            "type": "tool",
+            "status": "success",
+            "tool_call_id": "c",
+            "tool_return": [
+                {"type": "text", "text": "t", "colour": "red"},
+                {
+                    "type": "image",
+                    "source": {"type": "url", "url": "u", "shade": [1, {"a": None}]},
+                    "alt": "a chart",
+                },
+            ],
+            "duration_ms": 12,
+        },
     ],
     "incomplete_details": {"reason": "max_tokens", "tokens": 4096},
-    "attachments": [{"file_id": "f", "data_source": {"uri": "x"}, "tools": [{"type": "t", "k": 1}]}],
+    "attachments": [
+        {"file_id": "f", "data_source": {"uri": "x"}, "tools": [{"type": "t", "k": 1}]}
+    ],
     "trace": {"spans": [{"id": 1, "big": 2**80}]},
 }
 
@@ -626,8 +665,14 @@ def test_unknown_fields_at_every_level_are_kept_in_place() -> None:
 
 
 def test_unknown_fields_hint_at_the_field_they_may_misspell() -> None:
-    message = parse_message({"message_type": "user_message", "content": [{"txt": "a", "text": "b"}],
-                             "otdi": "o", "metdata": {}})
+    message = parse_message(
+        {
+            "message_type": "user_message",
+            "content": [{"txt": "a", "text": "b"}],
+            "otdi": "o",
+            "metdata": {},
+        }
+    )
     assert unknown_fields(message) == {
         "otdi": "did you mean 'otid'?",
         "metdata": "did you mean 'metadata'?",
@@ -654,7 +699,9 @@ def test_an_unknown_field_given_as_null_is_absent() -> None:
 )
 def test_unknown_fields_hold_json_values_only(value: object, expected: str) -> None:
     given = {"message_type": "user_message", "content": [{"text": "a", "colour": value}]}
-    with pytest.raises(InvalidMessage, match=rf"content\[0\]\.colour: Value error, the field {expected}"):
+    with pytest.raises(
+        InvalidMessage, match=rf"content\[0\]\.colour: Value error, the field {expected}"
+    ):
         parse_message(given)
 
 
@@ -667,15 +714,20 @@ def test_unknown_fields_nest_at_most_max_json_depth() -> None:
 
     parse_message({"message_type": "user_message", "content": "x", "deep": nested(MAX_JSON_DEPTH)})
     with pytest.raises(InvalidMessage, match=rf"deep: .*nests deeper than {MAX_JSON_DEPTH}"):
-        parse_message({"message_type": "user_message", "content": "x",
-                       "deep": nested(MAX_JSON_DEPTH + 1)})
+        parse_message(
+            {"message_type": "user_message", "content": "x", "deep": nested(MAX_JSON_DEPTH + 1)}
+        )
 
 
 def test_an_unknown_field_set_on_a_built_message_is_kept() -> None:
     message = UserMessage(content="x", colour="red")
     message.mood = "calm"
-    assert message.to_dict() == {"message_type": "user_message", "content": "x", "colour": "red",
-                                 "mood": "calm"}
+    assert message.to_dict() == {
+        "message_type": "user_message",
+        "content": "x",
+        "colour": "red",
+        "mood": "calm",
+    }
 
 
 # --- timestamps ---------------------------------------------------------------------------------
@@ -860,7 +912,8 @@ json_values = st.recursive(
 
 # Unknown fields, as a newer API sends them (a null one is absent, so none is null here).
 unknown = st.dictionaries(
-    st.sampled_from(["x_note", "trace", "colour"]), json_values.filter(lambda v: v is not None),
+    st.sampled_from(["x_note", "trace", "colour"]),
+    json_values.filter(lambda v: v is not None),
     max_size=2,
 )
 

@@ -21,7 +21,7 @@ def write_layout_1(
     *,
     ids: dict[int, str] | None = None,
     otids: dict[int, str] | None = None,
-    last_seq: int | None | str = "count",
+    last_seq: int | str | None = "count",
     outcome: str = "open",
     junk: tuple[str, ...] = (),
 ) -> list:
@@ -51,7 +51,9 @@ def write_layout_1(
         chunk = {s: records[s] for s in range(start, min(start + 1000, count + 1))}
         pipe.hset(keys.legacy, mapping=chunk)
     for field in junk:
-        pipe.hset(keys.legacy, field, json.dumps({"message_type": "user_message", "content": field}))
+        pipe.hset(
+            keys.legacy, field, json.dumps({"message_type": "user_message", "content": field})
+        )
     pipe.hset(keys.ids, mapping=id_map)
     if otid_map:
         pipe.hset(keys.otids, mapping=otid_map)
@@ -82,7 +84,9 @@ def check_reads(thread, expected, limits=(1, 7, 50, 200)):
     assert thread.get(middle.id) == middle
 
 
-def test_a_50_message_layout_1_thread_reads_as_it_is_and_migrates_on_write(make_thread, raw_client, namespace):
+def test_a_50_message_layout_1_thread_reads_as_it_is_and_migrates_on_write(
+    make_thread, raw_client, namespace
+):
     thread = make_thread("old-thread", window_size=8, chunk_size=4)
     expected = write_layout_1(raw_client, thread.keys, 50)
     assert expected[0].content[0].text.startswith("legacy 1")  # a v1 string reads as a text part
@@ -96,18 +100,24 @@ def test_a_50_message_layout_1_thread_reads_as_it_is_and_migrates_on_write(make_
     assert thread.stats().layout_version == 2
     assert not raw_client.exists(thread.keys.legacy)
     check_reads(thread, expected)
-    check_layout(raw_client, thread.keys, StoreConfig(namespace=namespace, window_size=8, chunk_size=4))
+    check_layout(
+        raw_client, thread.keys, StoreConfig(namespace=namespace, window_size=8, chunk_size=4)
+    )
     # An otid stored in layout 1 still makes a replay.
     replay = thread.append(UserMessage(content="again", otid="legacy-otid-3"))
     assert replay == [expected[2]]
 
 
-def test_a_5000_message_layout_1_thread_with_a_turn_in_progress(make_thread, raw_client, namespace, server_only):
+def test_a_5000_message_layout_1_thread_with_a_turn_in_progress(
+    make_thread, raw_client, namespace, server_only
+):
     thread = make_thread("big-old-thread")
     expected = write_layout_1(raw_client, thread.keys, 5000, turn=("turn-old", 4990))
     check_reads(thread, expected, limits=(1, 50, 200))
     # The first new write moves exactly 4 chunks (4 x 32 messages), and nothing more.
-    expected += thread.append(AssistantMessage(content="reply after the upgrade"), turn_id="turn-old")
+    expected += thread.append(
+        AssistantMessage(content="reply after the upgrade"), turn_id="turn-old"
+    )
     assert raw_client.zcard(thread.keys.chunk_index) == 4
     assert raw_client.hlen(thread.keys.legacy) == 5000 - 128
     check_reads(thread, expected, limits=(1, 50, 200))
@@ -169,13 +179,17 @@ FRAMING_OTIDS = {3: "otid\twith tab", 6: "otid\nnewline", 9: "otid%25", 35: "oti
 FRAMING_TURN = "turn%09old"  # a turn id the client accepts: '%' is allowed
 
 
-def test_ids_with_framing_bytes_survive_migration_reads_retention_and_remove_turn(make_thread, raw_client, namespace):
+def test_ids_with_framing_bytes_survive_migration_reads_retention_and_remove_turn(
+    make_thread, raw_client, namespace
+):
     from kvstore import errors
 
     values = {"window_size": 8, "chunk_size": 4, "retained_message_limit": 8}
     config = StoreConfig(namespace=namespace, **values)
     thread = make_thread("framing", **values)
-    expected = write_layout_1(raw_client, thread.keys, 40, turn=(FRAMING_TURN, 30), ids=FRAMING_IDS, otids=FRAMING_OTIDS)
+    expected = write_layout_1(
+        raw_client, thread.keys, 40, turn=(FRAMING_TURN, 30), ids=FRAMING_IDS, otids=FRAMING_OTIDS
+    )
     by_id = {m.id: m for m in expected}
     check_layout(raw_client, thread.keys, config)
 
@@ -238,7 +252,9 @@ def test_a_legacy_turn_id_with_a_tab_is_trimmed_by_retention(make_thread, raw_cl
 
 
 @pytest.mark.parametrize("byte", ["\t", "\n"])
-def test_a_malformed_manifest_is_a_record_error_and_retention_stops_before_it(make_thread, raw_client, byte):
+def test_a_malformed_manifest_is_a_record_error_and_retention_stops_before_it(
+    make_thread, raw_client, byte
+):
     """A manifest a migration before the escaping wrote: a raw tab or newline in an id."""
     from kvstore import errors
 
@@ -246,7 +262,9 @@ def test_a_malformed_manifest_is_a_record_error_and_retention_stops_before_it(ma
     stored = thread.append([UserMessage(content=f"m{i}") for i in range(1, 31)])
     key = thread.keys.chunk(5)
     manifest = raw_client.hget(key, "_m")
-    broken = manifest.replace(stored[5].id.encode(), stored[5].id.encode()[:10] + byte.encode() + b"x")
+    broken = manifest.replace(
+        stored[5].id.encode(), stored[5].id.encode()[:10] + byte.encode() + b"x"
+    )
     raw_client.hset(key, "_m", broken)
     with pytest.raises(errors.RecordError):
         list(thread.iter())
@@ -272,7 +290,9 @@ def test_a_malformed_manifest_is_a_record_error_and_retention_stops_before_it(ma
 
 
 @pytest.mark.parametrize("last_seq", [None, 0, 45, 49])
-def test_the_legacy_range_comes_from_the_hash_not_meta(make_thread, raw_client, namespace, last_seq):
+def test_the_legacy_range_comes_from_the_hash_not_meta(
+    make_thread, raw_client, namespace, last_seq
+):
     values = {"window_size": 8, "chunk_size": 4}
     config = StoreConfig(namespace=namespace, **values)
     thread = make_thread("lagging", **values)
@@ -293,14 +313,18 @@ def test_the_legacy_range_comes_from_the_hash_not_meta(make_thread, raw_client, 
     assert (stats.stored_messages, stats.next_sequence, stats.layout_version) == (51, 52, 2)
 
 
-def test_a_large_lagging_thread_is_scanned_over_several_calls_before_any_write(make_thread, raw_client, namespace):
+def test_a_large_lagging_thread_is_scanned_over_several_calls_before_any_write(
+    make_thread, raw_client, namespace
+):
     values = {"window_size": 8, "chunk_size": 4, "max_chunks_per_call": 2}
     config = StoreConfig(namespace=namespace, **values)
     thread = make_thread("lagging-big", **values)
     expected = write_layout_1(raw_client, thread.keys, 1500, turn=("turn-old", 1490), last_seq=10)
     # A scan step is bounded: a few calls find the range, and none moves a message.
     assert thread.migrate(max_calls=1) == 1
-    assert raw_client.hlen(thread.keys.legacy) == 1500 and not raw_client.exists(thread.keys.chunk_index)
+    assert raw_client.hlen(thread.keys.legacy) == 1500 and not raw_client.exists(
+        thread.keys.chunk_index
+    )
     assert thread.stats().next_sequence == 11  # the range is not known yet
     # start_turn waits for the scan (the client runs the steps), then starts after the range.
     assert thread.start_turn("turn-new") == 1501
@@ -324,7 +348,9 @@ def test_compact_waits_for_the_scan(make_thread, raw_client, namespace):
     assert thread.context() == [summary, *expected[250:]]
 
 
-def test_legacy_fields_that_are_not_sequences_stay_and_are_reported(make_thread, raw_client, namespace, caplog):
+def test_legacy_fields_that_are_not_sequences_stay_and_are_reported(
+    make_thread, raw_client, namespace, caplog
+):
     values = {"window_size": 8, "chunk_size": 4}
     config = StoreConfig(namespace=namespace, **values)
     thread = make_thread("junk", **values)
@@ -346,7 +372,9 @@ def test_legacy_fields_that_are_not_sequences_stay_and_are_reported(make_thread,
 
 
 @pytest.mark.parametrize("scenario", ["finished", "open, then a new turn"])
-def test_a_migrated_layout_1_turn_is_trimmed_when_retained_away(make_thread, raw_client, namespace, scenario):
+def test_a_migrated_layout_1_turn_is_trimmed_when_retained_away(
+    make_thread, raw_client, namespace, scenario
+):
     values = {"window_size": 8, "chunk_size": 4, "retained_message_limit": 8}
     config = StoreConfig(namespace=namespace, **values)
     thread = make_thread("old-turn", **values)

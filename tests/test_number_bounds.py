@@ -22,8 +22,21 @@ from .test_tokens import keys_of, stored_counts, users
 
 SMALL = dict(window_size=4, chunk_size=2, chunk_max_bytes=4096, retained_message_limit=3)
 DIGITS = re.compile(rb"[0-9]+")
-META_NUMBERS = (b"last_seq", b"stored", b"bytes", b"window_bytes", b"media", b"tokens", b"turn_seq", b"events",
-                b"gen", b"deleted_before", b"summary_last", b"summary_seq", b"fork_at")
+META_NUMBERS = (
+    b"last_seq",
+    b"stored",
+    b"bytes",
+    b"window_bytes",
+    b"media",
+    b"tokens",
+    b"turn_seq",
+    b"events",
+    b"gen",
+    b"deleted_before",
+    b"summary_last",
+    b"summary_seq",
+    b"fork_at",
+)
 
 
 def keyspace(client, namespace: str) -> dict[bytes, bytes]:
@@ -38,7 +51,9 @@ def text_numbers(client, keys) -> list[bytes]:
         numbers += member.split(b":")
         manifest = client.hget(keys.chunk(int(member.split(b":")[0])), "_m")
         numbers += [line.split(b"\t")[0] for line in manifest.split(b"\n")[:-1]]
-    numbers += [m[1:].split(b"\t")[0] for m in client.zrange(keys.pairs, 0, -1) if m.startswith(b"m")]
+    numbers += [
+        m[1:].split(b"\t")[0] for m in client.zrange(keys.pairs, 0, -1) if m.startswith(b"m")
+    ]
     for field, side in client.hgetall(keys.window_side).items():
         numbers += [field, *side.split(b"\t")[2:4], side.split(b"\t")[5]]
     for field, value in client.hgetall(keys.turns).items():
@@ -64,7 +79,7 @@ def test_the_largest_token_count_works_end_to_end(make_thread, raw_client, names
     counts = [MAX_MESSAGE_TOKENS, 1, MAX_MESSAGE_TOKENS, 0, *[MAX_MESSAGE_TOKENS] * 6]
     thread.append(users(4), tokens=counts[:4])
     for i in range(4, 10, 2):  # each call rolls the oldest into chunks
-        thread.append(users(2, i), tokens=counts[i:i + 2])
+        thread.append(users(2, i), tokens=counts[i : i + 2])
     keys = keys_of(thread)
     assert stored_counts(raw_client, keys) == dict(enumerate(counts, 1))
     assert thread.stats().tokens == sum(counts)
@@ -80,7 +95,11 @@ def test_the_largest_token_count_works_end_to_end(make_thread, raw_client, names
     kept = stored_counts(raw_client, keys)
     assert stats.tokens == sum(kept.values())
     assert kept[summary.seq_id] == MAX_MESSAGE_TOKENS
-    assert [m.seq_id for m in thread.context(max_tokens=3 * MAX_MESSAGE_TOKENS)] == [summary.seq_id, 9, 10]
+    assert [m.seq_id for m in thread.context(max_tokens=3 * MAX_MESSAGE_TOKENS)] == [
+        summary.seq_id,
+        9,
+        10,
+    ]
     check_layout(raw_client, keys, StoreConfig(namespace=namespace, **SMALL))
 
 
@@ -94,19 +113,29 @@ def test_an_export_of_the_largest_counts_imports_again(backend, namespace, raw_c
     backup.export(source, "chat", out, progress_out=io.StringIO())
     lines = [json.loads(line) for line in out.getvalue().splitlines()[1:] if '"tokens"' in line]
     assert [line["tokens"] for line in lines] == [MAX_MESSAGE_TOKENS] * 6
-    backup.import_lines(target, "chat", io.StringIO(out.getvalue()), backup.ImportProgress(), progress_out=io.StringIO())
+    backup.import_lines(
+        target,
+        "chat",
+        io.StringIO(out.getvalue()),
+        backup.ImportProgress(),
+        progress_out=io.StringIO(),
+    )
     assert target.thread("chat").stats().tokens == 6 * MAX_MESSAGE_TOKENS
     # One past the bound in a backup is refused before anything of its line is stored.
     bad = out.getvalue().replace(f'"tokens":{MAX_MESSAGE_TOKENS}', f'"tokens":{10**14}', 1)
     with pytest.raises(errors.InvalidMessage, match="line 2"):
-        backup.import_lines(target, "other", io.StringIO(bad), backup.ImportProgress(), progress_out=io.StringIO())
+        backup.import_lines(
+            target, "other", io.StringIO(bad), backup.ImportProgress(), progress_out=io.StringIO()
+        )
     assert not target.thread("other").stats().stored_messages
     source.close()
     target.close()
 
 
 @pytest.mark.parametrize("tokens", [MAX_MESSAGE_TOKENS + 1, 10**14, 10**30])
-def test_a_token_count_past_its_bound_is_refused_and_nothing_is_written(make_thread, raw_client, namespace, tokens):
+def test_a_token_count_past_its_bound_is_refused_and_nothing_is_written(
+    make_thread, raw_client, namespace, tokens
+):
     thread = make_thread(**SMALL)
     (stored,) = thread.append(UserMessage(content="kept"), tokens=MAX_MESSAGE_TOKENS)
     before = keyspace(raw_client, namespace)
@@ -125,7 +154,9 @@ def test_a_token_count_past_its_bound_is_refused_and_nothing_is_written(make_thr
     assert thread.stats().tokens == MAX_MESSAGE_TOKENS
 
 
-def test_a_thread_total_past_its_bound_is_refused_and_nothing_is_written(make_thread, raw_client, namespace):
+def test_a_thread_total_past_its_bound_is_refused_and_nothing_is_written(
+    make_thread, raw_client, namespace
+):
     thread = make_thread(**SMALL)
     (first,) = thread.append(UserMessage(content="first"), tokens=5)
     # A thread that holds the most its total may (as if its messages counted that much).
@@ -149,8 +180,18 @@ def test_a_thread_total_past_its_bound_is_refused_and_nothing_is_written(make_th
 
 def start_at(client, keys, last_seq: int) -> None:
     """A thread with no message whose last sequence is `last_seq`, as a restore leaves one."""
-    client.hset(keys.meta, mapping={"layout": "2", "last_seq": last_seq, "stored": 0, "bytes": 0,
-                                    "window_bytes": 0, "media": 0, "tokens": 0})
+    client.hset(
+        keys.meta,
+        mapping={
+            "layout": "2",
+            "last_seq": last_seq,
+            "stored": 0,
+            "bytes": 0,
+            "window_bytes": 0,
+            "media": 0,
+            "tokens": 0,
+        },
+    )
 
 
 def test_sequences_past_10_to_the_14_are_written_as_digits(make_thread, raw_client, namespace):
@@ -163,8 +204,14 @@ def test_sequences_past_10_to_the_14_are_written_as_digits(make_thread, raw_clie
     thread.append(users(6))  # the window takes 4: the call cuts its own messages into chunks
     assert thread.start_turn("turn-1") == base + 7
     thread.append(users(3), turn_id="turn-1")
-    thread.append(ToolCallMessage(tool_call={"name": "f", "arguments": "{}", "tool_call_id": "call-1"}), turn_id="turn-1")
-    thread.append(ToolReturnMessage(tool_call_id="call-1", tool_return="ok", status="success"), turn_id="turn-1")
+    thread.append(
+        ToolCallMessage(tool_call={"name": "f", "arguments": "{}", "tool_call_id": "call-1"}),
+        turn_id="turn-1",
+    )
+    thread.append(
+        ToolReturnMessage(tool_call_id="call-1", tool_return="ok", status="success"),
+        turn_id="turn-1",
+    )
     thread.publish("turn-1", "delta")
     thread.finish_turn("turn-1")
     for i in range(3):
@@ -173,8 +220,13 @@ def test_sequences_past_10_to_the_14_are_written_as_digits(make_thread, raw_clie
     assert [n for n in text_numbers(raw_client, keys) if not DIGITS.fullmatch(n)] == []
     assert [m.seq_id for m in thread.iter()] == list(range(base + 1, base + 18))
     assert [m.seq_id for m in thread.list(after=base + 2, limit=2).messages] == [base + 3, base + 4]
-    assert [m.seq_id for m in thread.list(after=base + 17, limit=2, order="desc").messages] == [base + 16, base + 15]
-    assert [m.seq_id for m in thread.list(turn_id="turn-1", limit=10).messages] == list(range(base + 7, base + 12))
+    assert [m.seq_id for m in thread.list(after=base + 17, limit=2, order="desc").messages] == [
+        base + 16,
+        base + 15,
+    ]
+    assert [m.seq_id for m in thread.list(turn_id="turn-1", limit=10).messages] == list(
+        range(base + 7, base + 12)
+    )
     third = thread.list(after=base + 2, limit=1).messages[0]
     assert thread.get(third.id).seq_id == base + 3
     assert [m.seq_id for m in thread.list(after=third.id, limit=1).messages] == [base + 4]
@@ -198,7 +250,9 @@ def test_sequences_past_10_to_the_14_are_written_as_digits(make_thread, raw_clie
     assert thread.list(after=MAX_SEQUENCE - 1, limit=5).messages[0].seq_id == MAX_SEQUENCE
 
 
-def test_positions_past_their_bound_are_refused_before_the_socket(make_thread, raw_client, namespace):
+def test_positions_past_their_bound_are_refused_before_the_socket(
+    make_thread, raw_client, namespace
+):
     thread = make_thread(**SMALL)
     thread.append(users(3))
     before = keyspace(raw_client, namespace)
@@ -220,7 +274,11 @@ def test_positions_past_their_bound_are_refused_before_the_socket(make_thread, r
             call()
     with pytest.raises(errors.InvalidSummaryRange):
         thread.compact("s", MAX_SEQUENCE + 1)
-    for lease in (TurnLease("turn-1", MAX_SEQUENCE + 1, 1), TurnLease("turn-1", -1, 1), TurnLease("turn-1", 1.5, 1)):
+    for lease in (
+        TurnLease("turn-1", MAX_SEQUENCE + 1, 1),
+        TurnLease("turn-1", -1, 1),
+        TurnLease("turn-1", 1.5, 1),
+    ):
         with pytest.raises(errors.InvalidMessage):
             thread.append(users(1), turn_id=lease)
         with pytest.raises(errors.InvalidMessage):
@@ -250,7 +308,7 @@ def test_a_store_at_every_config_maximum_works(make_thread, raw_client, namespac
     thread.compact("s", 10)
     keys = keys_of(thread)
     assert [n for n in text_numbers(raw_client, keys) if not DIGITS.fullmatch(n)] == []
-    assert 0 < raw_client.pttl(keys.meta)
+    assert raw_client.pttl(keys.meta) > 0
     check_layout(raw_client, keys, StoreConfig(namespace=namespace, **values))
 
 
@@ -259,7 +317,9 @@ def test_a_store_at_every_config_maximum_works(make_thread, raw_client, namespac
 
 @pytest.mark.parametrize("field", ["tokens", "last_seq", "stored", "bytes", "summary_last"])
 @pytest.mark.parametrize("value", [b"1e+30", b"1.0000000000000000e+30", b"twelve"])
-def test_a_stored_number_the_client_cannot_read_is_a_typed_error(make_thread, raw_client, field, value):
+def test_a_stored_number_the_client_cannot_read_is_a_typed_error(
+    make_thread, raw_client, field, value
+):
     thread = make_thread(**SMALL)
     thread.append(users(3), tokens=[1, 2, 3])
     raw_client.hset(keys_of(thread).meta, field, value)
@@ -269,11 +329,16 @@ def test_a_stored_number_the_client_cannot_read_is_a_typed_error(make_thread, ra
         thread.snapshot()
 
 
-def test_a_watch_of_a_stored_event_count_it_cannot_read_is_a_typed_error(backend, namespace, raw_client):
+def test_a_watch_of_a_stored_event_count_it_cannot_read_is_a_typed_error(
+    backend, namespace, raw_client
+):
     store = make_sync_store(backend, StoreConfig(namespace=namespace, **SMALL))
     thread = store.thread("thread-1")
     thread.append(users(2))
     raw_client.hset(keys_of(thread).meta, "events", b"1e+30")
-    with pytest.raises(errors.RecordError, match="events"), thread.watch(after=0, block_ms=10) as events:
+    with (
+        pytest.raises(errors.RecordError, match="events"),
+        thread.watch(after=0, block_ms=10) as events,
+    ):
         next(iter(events))
     store.close()

@@ -55,7 +55,9 @@ def test_the_newest_page_is_one_native_read_without_scores(backend, namespace, t
     stored = store.thread("t").append([UserMessage(content=f"m{i}") for i in range(total)])
     page, requests = drive(store, list_page(ThreadRef.of(config, "t"), limit=50, order="desc"))
     assert page.messages == stored[::-1][:50]
-    assert page.has_more == (total > 50) and page.next_cursor == (stored[-50].seq_id if total > 50 else None)
+    assert page.has_more == (total > 50) and page.next_cursor == (
+        stored[-50].seq_id if total > 50 else None
+    )
     ((window_read, *_),) = [r.commands for r in requests]
     assert "WITHSCORES" not in window_read
     store.close()
@@ -101,8 +103,10 @@ def test_sequence_and_id_cursors_read_the_same_pages(make_thread, backend):
     for step in range(30):
         size = rng.choice([20, 300, 900, 5000])  # 5000 bytes are oversized here
         turn = "gone" if step in (12, 14) else None
-        stored += thread.append([UserMessage(content=f"{step}." + "x" * size) for _ in range(rng.randint(1, 3))],
-                                turn_id=turn)
+        stored += thread.append(
+            [UserMessage(content=f"{step}." + "x" * size) for _ in range(rng.randint(1, 3))],
+            turn_id=turn,
+        )
     thread.remove_turn("gone")
     thread.compact("up to 20", last_sequence=20)
     kept = thread.list(limit=1000).messages
@@ -116,7 +120,9 @@ def test_sequence_and_id_cursors_read_the_same_pages(make_thread, backend):
                     case = (cursor.seq_id, limit, order, side)
                     by_sequence = thread.list(limit=limit, order=order, **{side: cursor.seq_id})
                     by_id = thread.list(limit=limit, order=order, **{side: cursor.id})
-                    after, before = (cursor.seq_id, None) if side == "after" else (None, cursor.seq_id)
+                    after, before = (
+                        (cursor.seq_id, None) if side == "after" else (None, cursor.seq_id)
+                    )
                     want, more = model.page(sequences, after, before, limit, order)
                     assert [m.seq_id for m in by_sequence.messages] == want, case
                     assert by_sequence.has_more == more, case
@@ -160,8 +166,9 @@ def test_an_append_between_the_newest_page_reads_is_not_misnumbered(backend, nam
         if index == 0 and position == 1 and not appended:
             appended.extend(thread.append(UserMessage(content="late")))
 
-    page, requests = drive(store, list_page(ThreadRef.of(config, "t"), limit=50, order="desc"),
-                           append_inside_the_read)
+    page, requests = drive(
+        store, list_page(ThreadRef.of(config, "t"), limit=50, order="desc"), append_inside_the_read
+    )
     assert appended
     assert page.messages == thread.list(limit=50, order="desc").messages
     assert [m.seq_id for m in page.messages] == list(range(71, 21, -1))

@@ -60,8 +60,17 @@ def test_the_docs_table_of_http_statuses_matches_the_classes():
     }
 
 
-PUBLIC_MODULES = ["kvstore", "kvstore.config", "kvstore.errors", "kvstore.messages", "kvstore.models",
-                  "kvstore.store", "kvstore.thread", "kvstore.convert", "kvstore.importers"]
+PUBLIC_MODULES = [
+    "kvstore",
+    "kvstore.config",
+    "kvstore.errors",
+    "kvstore.messages",
+    "kvstore.models",
+    "kvstore.store",
+    "kvstore.thread",
+    "kvstore.convert",
+    "kvstore.importers",
+]
 
 
 def public_names(module) -> list[str]:
@@ -75,7 +84,9 @@ def public_names(module) -> list[str]:
         if isinstance(node, (ast.Assign, ast.AnnAssign))
         and isinstance(target.target if isinstance(target, ast.AnnAssign) else target, ast.Name)
     ]
-    defined += [node.name for node in tree.body if isinstance(node, (ast.ClassDef, ast.FunctionDef))]
+    defined += [
+        node.name for node in tree.body if isinstance(node, (ast.ClassDef, ast.FunctionDef))
+    ]
     return [name for name in defined if not name.startswith("_")]
 
 
@@ -84,8 +95,12 @@ def documented_variables(module) -> set[str]:
     body = ast.parse(inspect.getsource(module)).body
     found = set()
     for node, after in zip(body, body[1:]):
-        if not (isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant)
-                and isinstance(after.value.value, str) and after.value.value.strip()):
+        if not (
+            isinstance(after, ast.Expr)
+            and isinstance(after.value, ast.Constant)
+            and isinstance(after.value.value, str)
+            and after.value.value.strip()
+        ):
             continue
         targets = [node.target] if isinstance(node, ast.AnnAssign) else getattr(node, "targets", [])
         found.update(target.id for target in targets if isinstance(target, ast.Name))

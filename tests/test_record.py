@@ -101,7 +101,8 @@ def test_message_that_cannot_be_encoded_is_an_invalid_message_naming_the_field()
         context_window=2**4096, messages_count_after=1, messages_count_before=2, trigger="t"
     )
     with pytest.raises(
-        InvalidMessage, match=r"compaction_stats\.context_window: an integer of 4097 bits; at most 4096"
+        InvalidMessage,
+        match=r"compaction_stats\.context_window: an integer of 4097 bits; at most 4096",
     ):
         encode_record(SummaryMessage(summary="s", compaction_stats=stats))
     with pytest.raises(InvalidMessage, match="cannot be encoded: turn_id: "):
@@ -266,7 +267,14 @@ def test_bad_record_error_carries_its_sequence() -> None:
 
 BAD_ONES = [
     b"\xc1",
-    _packed(2, {"message_type": "user_message", "content": "x", "metadata": {str(i): "v" for i in range(17)}}),
+    _packed(
+        2,
+        {
+            "message_type": "user_message",
+            "content": "x",
+            "metadata": {str(i): "v" for i in range(17)},
+        },
+    ),
     b'{"message_type": "user_message"}',
     _packed(3, {}),
 ]
@@ -372,8 +380,11 @@ def test_an_integer_beyond_64_bits_is_a_big_int_extension(value: int) -> None:
 
 def test_integers_inside_64_bits_stay_native_msgpack() -> None:
     message = parse_message(
-        {"message_type": "event_message", "event_type": "compaction",
-         "event_data": {"n": [2**64 - 1, -(2**63)]}}
+        {
+            "message_type": "event_message",
+            "event_type": "compaction",
+            "event_data": {"n": [2**64 - 1, -(2**63)]},
+        }
     )
     assert msgpack.unpackb(encode_record(message), raw=False, max_ext_len=0)[1]["event_data"] == {
         "n": [2**64 - 1, -(2**63)]
@@ -383,8 +394,13 @@ def test_integers_inside_64_bits_stay_native_msgpack() -> None:
 @pytest.mark.parametrize(
     "record",
     [
-        _packed(2, {"message_type": "user_message", "content": "x", "n": msgpack.ExtType(2, b"\x01")}),
-        _packed(2, {"message_type": "user_message", "content": "x", "n": msgpack.ExtType(1, b"\0" * 514)}),
+        _packed(
+            2, {"message_type": "user_message", "content": "x", "n": msgpack.ExtType(2, b"\x01")}
+        ),
+        _packed(
+            2,
+            {"message_type": "user_message", "content": "x", "n": msgpack.ExtType(1, b"\0" * 514)},
+        ),
     ],
     ids=["another extension", "a longer integer than 4096 bits"],
 )

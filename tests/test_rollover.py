@@ -35,10 +35,16 @@ def test_batches_of_500_keep_the_window_within_its_bound(make_thread, raw_client
         if step % 20 == 19:
             check_layout(raw_client, thread.keys, config)
     assert thread.stats().stored_messages == stored == 30_000
-    assert [m.seq_id for m in thread.list(limit=3, order="desc").messages] == [30_000, 29_999, 29_998]
+    assert [m.seq_id for m in thread.list(limit=3, order="desc").messages] == [
+        30_000,
+        29_999,
+        29_998,
+    ]
 
 
-def test_batches_of_chunks_cut_on_bytes_keep_the_window_within_its_bound(make_thread, raw_client, namespace):
+def test_batches_of_chunks_cut_on_bytes_keep_the_window_within_its_bound(
+    make_thread, raw_client, namespace
+):
     small = dict(window_size=8, chunk_size=4, chunk_max_bytes=2048, max_bytes_per_call=2048)
     thread = make_thread(**small)
     config = StoreConfig(namespace=namespace, **small)
@@ -46,9 +52,14 @@ def test_batches_of_chunks_cut_on_bytes_keep_the_window_within_its_bound(make_th
     expected = []
     for step in range(20):
         sizes = [rng.choice([10, 300, 700, 1500]) for _ in range(rng.randint(50, 150))]
-        expected += thread.append([UserMessage(content=f"{step}.{i} " + "x" * n) for i, n in enumerate(sizes)])
+        expected += thread.append(
+            [UserMessage(content=f"{step}.{i} " + "x" * n) for i, n in enumerate(sizes)]
+        )
         window, side = window_sizes(raw_client, thread.keys)
-        assert small["window_size"] <= window <= small["window_size"] + small["chunk_size"] - 1, (step, window)
+        assert small["window_size"] <= window <= small["window_size"] + small["chunk_size"] - 1, (
+            step,
+            window,
+        )
         assert side == window
         check_layout(raw_client, thread.keys, config)
     assert list(thread.iter()) == expected
@@ -114,15 +125,21 @@ def test_retention_while_migrating_keeps_what_is_not_moved(make_thread, raw_clie
     thread.migrate()
     assert list(thread.iter()) == kept
     assert thread.stats().stored_messages == len(kept)
-    check_layout(raw_client, thread.keys, StoreConfig(namespace=namespace, retained_message_limit=10))
+    check_layout(
+        raw_client, thread.keys, StoreConfig(namespace=namespace, retained_message_limit=10)
+    )
 
 
 def chunk_data_sizes(raw_client, keys) -> list[int]:
-    return [raw_client.hstrlen(keys.chunk(int(score)), "d")
-            for _, score in raw_client.zrange(keys.chunk_index, 0, -1, withscores=True)]
+    return [
+        raw_client.hstrlen(keys.chunk(int(score)), "d")
+        for _, score in raw_client.zrange(keys.chunk_index, 0, -1, withscores=True)
+    ]
 
 
-def test_a_chunk_of_large_records_ends_where_its_data_fills_a_size_class(make_thread, raw_client, namespace):
+def test_a_chunk_of_large_records_ends_where_its_data_fills_a_size_class(
+    make_thread, raw_client, namespace
+):
     # 32 records of ~1.1 KB are 35.9 KB, which jemalloc rounds up to 40 KiB; the chunk ends
     # instead where its data fills the 32 KiB class, and the next one takes the records after it.
     thread = make_thread()
@@ -141,12 +158,16 @@ def test_a_chunk_under_16_kib_keeps_chunk_size_messages(make_thread, raw_client)
     # 32 records of ~420 bytes: 13.4 KB of data, under the sizes whose classes are fitted.
     thread = make_thread()
     thread.append([UserMessage(content=f"{i:04d} " + "x" * 295) for i in range(300)])
-    counts = [int(member.split(b":")[2]) for member in raw_client.zrange(thread.keys.chunk_index, 0, -1)]
+    counts = [
+        int(member.split(b":")[2]) for member in raw_client.zrange(thread.keys.chunk_index, 0, -1)
+    ]
     assert counts and set(counts) == {DEFAULT.chunk_size}
     assert max(chunk_data_sizes(raw_client, thread.keys)) < 16 * 1024
 
 
-def test_a_chunk_index_entry_counts_the_inline_media_its_messages_carry(make_thread, raw_client, namespace):
+def test_a_chunk_index_entry_counts_the_inline_media_its_messages_carry(
+    make_thread, raw_client, namespace
+):
     """The index member's media is the sum of its messages' (retention and the budget read it)."""
     from .test_lifecycle import image
 
@@ -161,5 +182,5 @@ def test_a_chunk_index_entry_counts_the_inline_media_its_messages_carry(make_thr
     from kvstore._engine.wire import ChunkEntry
 
     entries = [ChunkEntry.parse(m) for m in raw_client.zrange(thread.keys.chunk_index, 0, -1)]
-    assert [e.media for e in entries] == [sum(sizes[e.first - 1:e.last]) for e in entries]
+    assert [e.media for e in entries] == [sum(sizes[e.first - 1 : e.last]) for e in entries]
     assert any(e.media > 0 for e in entries)

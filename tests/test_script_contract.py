@@ -25,8 +25,14 @@ from .test_migration import write_layout_1
 
 # Small sizes, so a few messages make chunks, an oversized chunk and retention; one chunk per
 # call, so a compaction that deletes one goes on with the retain script.
-SMALL = dict(window_size=4, chunk_size=2, chunk_max_bytes=2048, max_chunks_per_call=1,
-             retained_message_limit=2, thread_ttl=3600)
+SMALL = dict(
+    window_size=4,
+    chunk_size=2,
+    chunk_max_bytes=2048,
+    max_chunks_per_call=1,
+    retained_message_limit=2,
+    thread_ttl=3600,
+)
 
 
 class Recorder(MessageStore):
@@ -48,7 +54,9 @@ def run_every_script(store: Recorder, raw_client) -> None:
     thread.start_turn("t1")
     stored = []
     for i in range(5):
-        stored += thread.append(UserMessage(content=f"m{i} " + "x" * 300, otid=f"o{i}"), turn_id="t1")
+        stored += thread.append(
+            UserMessage(content=f"m{i} " + "x" * 300, otid=f"o{i}"), turn_id="t1"
+        )
     stored += thread.append([AssistantMessage(content="a"), UserMessage(content="b", otid="ob")])
     stored += thread.append(UserMessage(content="B" * 3000), turn_id="t1")  # its own chunk
     thread.append(UserMessage(content="again", otid="o1"))  # a replay, read back by sequence
@@ -88,7 +96,9 @@ def run_every_script(store: Recorder, raw_client) -> None:
     # A backup of it restored into another thread: restore and restore_state.
     backup = io.StringIO()
     cli_backup.export(store, "contract", backup, progress_out=io.StringIO())
-    cli_backup.import_lines(store, "contract-restored", io.StringIO(backup.getvalue()), progress_out=io.StringIO())
+    cli_backup.import_lines(
+        store, "contract-restored", io.StringIO(backup.getvalue()), progress_out=io.StringIO()
+    )
     thread.delete()
 
     # A delete() cut short after its first call (it tombstones the thread and removes no chunk):
@@ -121,7 +131,9 @@ def test_every_call_matches_its_script_header(server_only, server, raw_client, n
     mismatches: dict[str, set[str]] = defaultdict(set)
     for request in store.calls:
         name = request.script.name
-        mismatches[name] |= set(call_mismatches(headers[name], list(request.keys), list(request.args)))
+        mismatches[name] |= set(
+            call_mismatches(headers[name], list(request.keys), list(request.args))
+        )
         if request.keys[0].endswith("{contract}:meta"):
             assert tuple(request.keys) == ref.script_keys, name
     assert {name: sorted(found) for name, found in mismatches.items() if found} == {}
@@ -133,14 +145,18 @@ def test_every_call_matches_its_script_header(server_only, server, raw_client, n
             sent[request.script.name, position].add(value)
     never_sent = [
         f"{name} ARGV[{entry.first}] {value!r}"
-        for name, header in headers.items() for entry in header.argv
-        for kind in entry.kinds if kind.values and entry.last == entry.first
-        for value in kind.values if value not in sent[name, entry.first]
+        for name, header in headers.items()
+        for entry in header.argv
+        for kind in entry.kinds
+        if kind.values and entry.last == entry.first
+        for value in kind.values
+        if value not in sent[name, entry.first]
     ]
     assert never_sent == []
 
 
 # The headers themselves, without a server.
+
 
 @pytest.mark.parametrize("name", SCRIPT_NAMES)
 def test_each_header_is_a_contract(name):
@@ -151,7 +167,9 @@ def test_each_header_is_a_contract(name):
 
 
 def test_the_twelve_keys_are_the_thread_keys_in_order():
-    source = resources.files("kvstore.lua").joinpath("includes/thread.lua").read_text(encoding="utf-8")
+    source = (
+        resources.files("kvstore.lua").joinpath("includes/thread.lua").read_text(encoding="utf-8")
+    )
     named = {int(i): name for name, i in re.findall(r"(\w+) = KEYS\[(\d+)\]", source)}
     fields = [field.name for field in dataclasses.fields(ThreadKeys)]
     assert [named[i] for i in sorted(named)] == fields
@@ -181,32 +199,45 @@ def test_the_check_reads_a_header():
     header = read_header(WRONG)
     assert header_problems(header) == [] and header.errors == ("KVS_WRONGTYPE",)
     assert [(e.first, e.last, [k.name for k in e.kinds], e.times) for e in header.argv] == [
-        (1, 10, ["int"], None), (11, 11, ["bytes"], None), (12, 12, ["str"], None),
-        (13, 13, ["int"], None), (14, None, ["str", "bytes"], 13)]
+        (1, 10, ["int"], None),
+        (11, 11, ["bytes"], None),
+        (12, 12, ["str"], None),
+        (13, 13, ["int"], None),
+        (14, None, ["str", "bytes"], 13),
+    ]
 
 
 def test_the_check_finds_each_kind_of_mismatch():
     header = read_header(WRONG)
     limits = [1] * 10
     assert call_mismatches(header, ["k"] * 10, [*limits, b"t", "failed", 1, "id", b"r"]) == []
-    assert call_mismatches(header, ["k"] * 9, [*limits, b"t", "failed", 1, "id", b"r"]) == \
-        ["9 keys sent, the header says 10"]
-    assert call_mismatches(header, ["k"] * 10, [*limits, "t", "failed", 1, "id", b"r"]) == \
-        ["ARGV[11] 't' is a str, the header says bytes"]
-    assert call_mismatches(header, ["k"] * 10, [*limits, b"t", "steered", 1, "id", b"r"]) == \
-        ["ARGV[12] 'steered' is not one of 'completed' | 'failed'"]
-    assert call_mismatches(header, ["k"] * 10, [*limits, b"t", "failed", 2, "id", b"r"]) == \
-        ["ARGV[14..]: 1 groups sent, ARGV[13] says 2"]
-    assert call_mismatches(header, ["k"] * 10, [*limits, b"t", "failed", 1, "id"]) == \
-        ["ARGV[14..]: 14 arguments sent, not whole groups of 2 there"]
-    assert call_mismatches(header, ["k"] * 10, [*limits[:9], "0", b"t", "failed", 1, "id", b"r"]) == \
-        ["ARGV[10] '0' is a str, the header says int"]
+    assert call_mismatches(header, ["k"] * 9, [*limits, b"t", "failed", 1, "id", b"r"]) == [
+        "9 keys sent, the header says 10"
+    ]
+    assert call_mismatches(header, ["k"] * 10, [*limits, "t", "failed", 1, "id", b"r"]) == [
+        "ARGV[11] 't' is a str, the header says bytes"
+    ]
+    assert call_mismatches(header, ["k"] * 10, [*limits, b"t", "steered", 1, "id", b"r"]) == [
+        "ARGV[12] 'steered' is not one of 'completed' | 'failed'"
+    ]
+    assert call_mismatches(header, ["k"] * 10, [*limits, b"t", "failed", 2, "id", b"r"]) == [
+        "ARGV[14..]: 1 groups sent, ARGV[13] says 2"
+    ]
+    assert call_mismatches(header, ["k"] * 10, [*limits, b"t", "failed", 1, "id"]) == [
+        "ARGV[14..]: 14 arguments sent, not whole groups of 2 there"
+    ]
+    assert call_mismatches(
+        header, ["k"] * 10, [*limits[:9], "0", b"t", "failed", 1, "id", b"r"]
+    ) == ["ARGV[10] '0' is a str, the header says int"]
 
 
 def test_the_check_finds_arguments_the_header_does_not_describe():
-    header = read_header(WRONG.replace("--- ARGV[14..]   ARGV[13] times: id (str), record (bytes)\n", ""))
-    assert call_mismatches(header, ["k"] * 10, [*[1] * 10, b"t", "failed", 1, "id", b"r"]) == \
-        ["15 arguments sent, the header describes 13"]
+    header = read_header(
+        WRONG.replace("--- ARGV[14..]   ARGV[13] times: id (str), record (bytes)\n", "")
+    )
+    assert call_mismatches(header, ["k"] * 10, [*[1] * 10, b"t", "failed", 1, "id", b"r"]) == [
+        "15 arguments sent, the header describes 13"
+    ]
 
 
 def test_the_check_finds_a_malformed_header():

@@ -21,23 +21,44 @@ import pytest
 
 from kvstore import errors
 from kvstore._engine import scripts as _scripts
-from kvstore._engine.scripts import ERROR_CODES, SCRIPT_NAMES, SCRIPTS, build_source, error_from_reply
+from kvstore._engine.scripts import (
+    ERROR_CODES,
+    SCRIPT_NAMES,
+    SCRIPTS,
+    build_source,
+    error_from_reply,
+)
 
 from .script_headers import script_header
 
 # The globals Redis/Valkey's Lua gives a script that kvstore's scripts use; a new one is a
 # decision (deterministic? read-only?), made by adding it here.
-ALLOWED_GLOBALS = frozenset({
-    "redis", "KEYS", "ARGV", "cjson",
-    "string", "table", "math",
-    "tonumber", "tostring", "type", "ipairs", "pairs", "unpack", "select", "pcall",
-})
+ALLOWED_GLOBALS = frozenset(
+    {
+        "redis",
+        "KEYS",
+        "ARGV",
+        "cjson",
+        "string",
+        "table",
+        "math",
+        "tonumber",
+        "tostring",
+        "type",
+        "ipairs",
+        "pairs",
+        "unpack",
+        "select",
+        "pcall",
+    }
+)
 
 LUAC = "luac5.1"
 _LUA = resources.files("kvstore.lua")
 INCLUDE_NAMES = sorted(
     f"includes/{entry.name.removesuffix('.lua')}"
-    for entry in _LUA.joinpath("includes").iterdir() if entry.name.endswith(".lua")
+    for entry in _LUA.joinpath("includes").iterdir()
+    if entry.name.endswith(".lua")
 )
 _INCLUDE_LINE = re.compile(r'^--- @include "([a-z_/]+)"\s*$', re.MULTILINE)
 _GLOBAL_OP = re.compile(r"\s(GETGLOBAL|SETGLOBAL)\s.*;\s*(\S+)\s*$")
@@ -46,15 +67,18 @@ _GLOBAL_OP = re.compile(r"\s(GETGLOBAL|SETGLOBAL)\s.*;\s*(\S+)\s*$")
 def _listing(source: str) -> str:
     """`luac5.1 -p -l -l` of the source; a failure to compile fails the test."""
     if shutil.which(LUAC) is None:
-        message = (f"{LUAC} is not installed: the Lua checks need Debian's lua5.1 package "
-                   "(apt-get install lua5.1; .ci/run installs it)")
+        message = (
+            f"{LUAC} is not installed: the Lua checks need Debian's lua5.1 package "
+            "(apt-get install lua5.1; .ci/run installs it)"
+        )
         if os.environ.get("KVSTORE_REQUIRE_LUAC") == "1":  # CI: never skipped
             pytest.fail(message)
         pytest.skip(message)
     if source.startswith("#!"):
         source = "--" + source[2:]  # the shebang is the server's, not Lua's: keep line numbers
-    done = subprocess.run([LUAC, "-p", "-l", "-l", "-"], input=source, capture_output=True,
-                          text=True, check=False)
+    done = subprocess.run(
+        [LUAC, "-p", "-l", "-l", "-"], input=source, capture_output=True, text=True, check=False
+    )
     if done.returncode != 0:
         pytest.fail(f"{LUAC} does not compile it: {done.stderr.strip()}")
     return done.stdout
@@ -72,8 +96,11 @@ def globals_of(source: str) -> set[tuple[str, str]]:
 
 def unexpected_globals(source: str) -> list[str]:
     """The globals the source should not touch: any write, any read outside ALLOWED_GLOBALS."""
-    return sorted(f"{op} {name}" for op, name in globals_of(source)
-                  if op == "SETGLOBAL" or name not in ALLOWED_GLOBALS)
+    return sorted(
+        f"{op} {name}"
+        for op, name in globals_of(source)
+        if op == "SETGLOBAL" or name not in ALLOWED_GLOBALS
+    )
 
 
 def top_level_locals(source: str) -> set[str]:
@@ -81,7 +108,7 @@ def top_level_locals(source: str) -> set[str]:
     lines = _listing(source).splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("locals ("))
     names = set()
-    for line in lines[start + 1:]:
+    for line in lines[start + 1 :]:
         if not line.startswith("\t"):
             break
         names.add(line.split("\t")[2])
@@ -95,9 +122,11 @@ def _own_text(name: str) -> str:
 
 # The check itself.
 
+
 def test_the_check_finds_an_undefined_global():
-    assert unexpected_globals("local function f() return undefined_name(1) end") == \
-        ["GETGLOBAL undefined_name"]
+    assert unexpected_globals("local function f() return undefined_name(1) end") == [
+        "GETGLOBAL undefined_name"
+    ]
 
 
 def test_the_check_finds_a_local_defined_after_its_user():
@@ -120,11 +149,13 @@ def test_the_check_reports_a_syntax_error():
 
 
 def test_top_level_locals():
-    assert top_level_locals("local A = 1\nlocal function f(x) local y = x return y end\n"
-                            "local b, c = 2\n") == {"A", "f", "b", "c"}
+    assert top_level_locals(
+        "local A = 1\nlocal function f(x) local y = x return y end\nlocal b, c = 2\n"
+    ) == {"A", "f", "b", "c"}
 
 
 # The sources.
+
 
 @pytest.mark.parametrize("name", SCRIPT_NAMES)
 def test_script_uses_no_unexpected_global(name):
@@ -198,17 +229,23 @@ def test_every_mapped_error_code_is_raised_by_some_script():
 def test_the_table_is_written_once():
     """A dict literal keeps the last of two entries for one code: the source names each once."""
     source = inspect.getsource(_scripts)
-    table = source[source.index("ERROR_CODES: dict"):]
+    table = source[source.index("ERROR_CODES: dict") :]
     table = table[: table.index("\n}\n")]
     named = re.findall(r'"(KVS_[A-Z_]+)":', table)
     assert sorted(named) == sorted(set(named)) == sorted(ERROR_CODES)
 
 
 def test_error_replies_carry_their_values():
-    over = error_from_reply(SCRIPTS["append"], "KVS_MEDIA_OVER 120 bytes of inline media are left in the thread")
+    over = error_from_reply(
+        SCRIPTS["append"], "KVS_MEDIA_OVER 120 bytes of inline media are left in the thread"
+    )
     assert over.available == 120
-    expired = error_from_reply(SCRIPTS["page_plan"], "KVS_CURSOR_EXPIRED 41 no stored message has id m-1; ...")
-    assert expired.deleted_before_sequence == 41 and str(expired).startswith("no stored message has id m-1")
+    expired = error_from_reply(
+        SCRIPTS["page_plan"], "KVS_CURSOR_EXPIRED 41 no stored message has id m-1; ..."
+    )
+    assert expired.deleted_before_sequence == 41 and str(expired).startswith(
+        "no stored message has id m-1"
+    )
 
 
 def test_an_unknown_error_names_the_script():
@@ -230,8 +267,9 @@ def _documented_codes() -> dict[str, tuple[str, set[str]]]:
 
 
 def test_the_documented_table_is_the_table():
-    assert {code: row[0] for code, row in _documented_codes().items()} == \
-        {code: cls.__name__ for code, cls in ERROR_CODES.items()}
+    assert {code: row[0] for code, row in _documented_codes().items()} == {
+        code: cls.__name__ for code, cls in ERROR_CODES.items()
+    }
 
 
 def _header_codes() -> dict[str, set[str]]:
@@ -253,5 +291,8 @@ def test_the_documented_table_names_the_scripts_each_header_names():
     documented = {}
     for code, (_class_name, raised_by) in _documented_codes().items():
         documented[code] = set(SCRIPT_NAMES) if raised_by == {"every", "script"} else raised_by
-    from_headers = {code: {name for name, codes in _header_codes().items() if code in codes} for code in ERROR_CODES}
+    from_headers = {
+        code: {name for name, codes in _header_codes().items() if code in codes}
+        for code in ERROR_CODES
+    }
     assert documented == from_headers

@@ -62,68 +62,130 @@ def letta_messages(unknown: bool) -> list[BaseModel]:
         **x(alt="a pixel"),
     )
     file = letta.ImageContent(source=SourceLettaImage(file_id="file-1", media_type="image/png"))
-    call = letta.ToolCall(arguments='{"city": "Oslo"}', name="weather", tool_call_id="call-1",
-                          **x(index=0))
+    call = letta.ToolCall(
+        arguments='{"city": "Oslo"}', name="weather", tool_call_id="call-1", **x(index=0)
+    )
     delta = letta.ToolCallDelta(name="weather", **x(index=1))
     tool_return = letta.ToolReturn(
-        status="error", tool_call_id="call-2", tool_return=[text, url], stdout=["a"], stderr=["b"],
+        status="error",
+        tool_call_id="call-2",
+        tool_return=[text, url],
+        stdout=["a"],
+        stderr=["b"],
         **x(duration_ms=12),
     )
     return [
-        letta.SystemMessage(**_common(1), content="You are helpful.", message_type="system_message",
-                            **x(priority=1)),
-        letta.UserMessage(**_common(2), content="hi", message_type="user_message", otid="o-2",
-                          name="alice", run_id="run-1", step_id="step-1", sender_id="u-1",
-                          is_err=False, **x(mood={"calm": True, "n": BIG})),
-        letta.UserMessage(**_common(3), content=[text, typed_text, url, b64, file],
-                          message_type="user_message"),
-        letta.ReasoningMessage(**_common(4), reasoning="a forecast question",
-                               message_type="reasoning_message", **x(effort="high")),
-        letta.ReasoningMessage(**_common(5), reasoning="r", source="non_reasoner_model",
-                               signature="rs", message_type="reasoning_message"),
-        letta.HiddenReasoningMessage(**_common(6), state="redacted", hidden_reasoning="opaque",
-                                     message_type="hidden_reasoning_message"),
-        letta.ToolCallMessage(**_common(7), tool_call=call, tool_calls=[call],
-                              message_type="tool_call_message"),
-        letta.ToolCallMessage(**_common(8), tool_call=delta, tool_calls=delta,
-                              message_type="tool_call_message"),
-        LettaToolReturnMessage(**_common(9), status="success", tool_call_id="call-1",
-                               tool_return="cloudy", stdout=["ok"],
-                               tool_returns=[tool_return, letta.ToolReturn(
-                                   status="success", tool_call_id="call-3", tool_return="x",
-                                   type="tool")],
-                               message_type="tool_return_message"),
-        letta.AssistantMessage(**_common(10), content="Cloudy, 4 °C.",
-                               message_type="assistant_message"),
-        letta.AssistantMessage(**_common(11), message_type="assistant_message", content=[
-            LettaAssistantText(text="Cloudy", signature="s", **x(colour="grey")),
-            LettaAssistantText(text="and 4 °C", type="text"),
-        ]),
-        letta.ApprovalRequestMessage(**_common(12), tool_call=call, tool_calls=[call],
-                                     message_type="approval_request_message"),
+        letta.SystemMessage(
+            **_common(1), content="You are helpful.", message_type="system_message", **x(priority=1)
+        ),
+        letta.UserMessage(
+            **_common(2),
+            content="hi",
+            message_type="user_message",
+            otid="o-2",
+            name="alice",
+            run_id="run-1",
+            step_id="step-1",
+            sender_id="u-1",
+            is_err=False,
+            **x(mood={"calm": True, "n": BIG}),
+        ),
+        letta.UserMessage(
+            **_common(3), content=[text, typed_text, url, b64, file], message_type="user_message"
+        ),
+        letta.ReasoningMessage(
+            **_common(4),
+            reasoning="a forecast question",
+            message_type="reasoning_message",
+            **x(effort="high"),
+        ),
+        letta.ReasoningMessage(
+            **_common(5),
+            reasoning="r",
+            source="non_reasoner_model",
+            signature="rs",
+            message_type="reasoning_message",
+        ),
+        letta.HiddenReasoningMessage(
+            **_common(6),
+            state="redacted",
+            hidden_reasoning="opaque",
+            message_type="hidden_reasoning_message",
+        ),
+        letta.ToolCallMessage(
+            **_common(7), tool_call=call, tool_calls=[call], message_type="tool_call_message"
+        ),
+        letta.ToolCallMessage(
+            **_common(8), tool_call=delta, tool_calls=delta, message_type="tool_call_message"
+        ),
+        LettaToolReturnMessage(
+            **_common(9),
+            status="success",
+            tool_call_id="call-1",
+            tool_return="cloudy",
+            stdout=["ok"],
+            tool_returns=[
+                tool_return,
+                letta.ToolReturn(
+                    status="success", tool_call_id="call-3", tool_return="x", type="tool"
+                ),
+            ],
+            message_type="tool_return_message",
+        ),
+        letta.AssistantMessage(
+            **_common(10), content="Cloudy, 4 °C.", message_type="assistant_message"
+        ),
+        letta.AssistantMessage(
+            **_common(11),
+            message_type="assistant_message",
+            content=[
+                LettaAssistantText(text="Cloudy", signature="s", **x(colour="grey")),
+                LettaAssistantText(text="and 4 °C", type="text"),
+            ],
+        ),
+        letta.ApprovalRequestMessage(
+            **_common(12),
+            tool_call=call,
+            tool_calls=[call],
+            message_type="approval_request_message",
+        ),
         letta.ApprovalResponseMessage(
-            **_common(13), approval_request_id="message-sdk-12", approve=False, reason="no",
+            **_common(13),
+            approval_request_id="message-sdk-12",
+            approve=False,
+            reason="no",
             approvals=[
-                letta.ApprovalReturn(approve=False, tool_call_id="call-1", reason="no",
-                                     **x(reviewer="bob")),
+                letta.ApprovalReturn(
+                    approve=False, tool_call_id="call-1", reason="no", **x(reviewer="bob")
+                ),
                 letta.ApprovalReturn(approve=True, tool_call_id="call-4", type="approval"),
                 tool_return,
             ],
             message_type="approval_response_message",
         ),
         letta.SummaryMessage(
-            **_common(14), summary="They talked about Oslo.",
+            **_common(14),
+            summary="They talked about Oslo.",
             compaction_stats=LettaCompactionStats(
-                context_window=128_000, messages_count_after=3, messages_count_before=90,
-                trigger="context_window_exceeded", context_tokens_before=120_000,
+                context_window=128_000,
+                messages_count_after=3,
+                messages_count_before=90,
+                trigger="context_window_exceeded",
+                context_tokens_before=120_000,
                 **x(model="m-1"),
             ),
             message_type="summary_message",
         ),
         letta.EventMessage(
-            **_common(15), event_type="compaction", message_type="event_message",
-            event_data={"removed": [1, 2.5, None, True], "big": BIG, "small": -(2**100),
-                        "nested": {"a": {}}},
+            **_common(15),
+            event_type="compaction",
+            message_type="event_message",
+            event_data={
+                "removed": [1, 2.5, None, True],
+                "big": BIG,
+                "small": -(2**100),
+                "nested": {"a": {}},
+            },
         ),
     ]
 
@@ -160,8 +222,10 @@ def assert_same_fields(built: Any, stored: Any, path: str = "") -> None:
     """
     if isinstance(built, BaseModel):
         assert isinstance(stored, dict), path
-        fields = {**{name: getattr(built, name) for name in type(built).model_fields},
-                  **(built.model_extra or {})}
+        fields = {
+            **{name: getattr(built, name) for name in type(built).model_fields},
+            **(built.model_extra or {}),
+        }
         expected_keys = set()
         for name, value in fields.items():
             where = f"{path}.{name}" if path else name
@@ -209,9 +273,12 @@ def test_letta_sdk_messages_store_and_read_back_field_by_field(make_thread, seri
 
 
 def test_letta_sdk_null_literals_are_absent_and_no_reasoning_source_is_invented(make_thread):
-    reasoning = letta.ReasoningMessage(**_common(1), reasoning="r", message_type="reasoning_message")
+    reasoning = letta.ReasoningMessage(
+        **_common(1), reasoning="r", message_type="reasoning_message"
+    )
     user = letta.UserMessage(
-        **_common(2), message_type="user_message",
+        **_common(2),
+        message_type="user_message",
         content=[letta.TextContent(text="a"), letta.ImageContent(source=SourceURLImage(url="u"))],
     )
     dumped = [reasoning.model_dump(mode="json"), user.model_dump(mode="json")]
@@ -252,8 +319,12 @@ def test_letta_sdk_messages_survive_export_and_import(server, namespace):
         text = io.StringIO()
         backup.export(source, "letta", text, progress_out=io.StringIO())
         assert "1180591620717411303424" in text.getvalue()  # 2**70, exactly, in the JSON lines
-        backup.import_lines(target, "letta", io.StringIO(text.getvalue()), progress_out=io.StringIO())
-        for original, read in zip(built, target.thread("letta").list(limit=100).messages, strict=True):
+        backup.import_lines(
+            target, "letta", io.StringIO(text.getvalue()), progress_out=io.StringIO()
+        )
+        for original, read in zip(
+            built, target.thread("letta").list(limit=100).messages, strict=True
+        ):
             assert_same_fields(original, read.to_dict())
     finally:
         source.close()
@@ -272,20 +343,30 @@ def test_strict_store_refuses_unknown_fields_by_path_and_writes_nothing(
     built = {m.id: m for m in letta_messages(unknown=True)}
     cases = {
         "message-sdk-2": ["mood (UserMessage has no such field)"],
-        "message-sdk-3": ["content[0].colour (TextContent has no such field)",
-                          "content[2].source.shade (URLImage has no such field)",
-                          "content[3].alt (ImageContent has no such field)"],
-        "message-sdk-7": ["tool_call.index (ToolCall has no such field)",
-                          "tool_calls[0].index (ToolCall has no such field)"],
-        "message-sdk-8": ["tool_call.index (ToolCallDelta has no such field)",
-                          "tool_calls.index (ToolCallDelta has no such field)"],
-        "message-sdk-9": ["tool_returns[0].duration_ms (ToolReturn has no such field)",
-                          "tool_returns[0].tool_return[0].colour (TextContent has no such field)",
-                          "tool_returns[0].tool_return[1].source.shade (URLImage has no such field)"],
-        "message-sdk-13": ["approvals[0].reviewer (ApprovalReturn has no such field)",
-                           "approvals[2].duration_ms (ToolReturn has no such field)",
-                           "approvals[2].tool_return[0].colour (TextContent has no such field)",
-                           "approvals[2].tool_return[1].source.shade (URLImage has no such field)"],
+        "message-sdk-3": [
+            "content[0].colour (TextContent has no such field)",
+            "content[2].source.shade (URLImage has no such field)",
+            "content[3].alt (ImageContent has no such field)",
+        ],
+        "message-sdk-7": [
+            "tool_call.index (ToolCall has no such field)",
+            "tool_calls[0].index (ToolCall has no such field)",
+        ],
+        "message-sdk-8": [
+            "tool_call.index (ToolCallDelta has no such field)",
+            "tool_calls.index (ToolCallDelta has no such field)",
+        ],
+        "message-sdk-9": [
+            "tool_returns[0].duration_ms (ToolReturn has no such field)",
+            "tool_returns[0].tool_return[0].colour (TextContent has no such field)",
+            "tool_returns[0].tool_return[1].source.shade (URLImage has no such field)",
+        ],
+        "message-sdk-13": [
+            "approvals[0].reviewer (ApprovalReturn has no such field)",
+            "approvals[2].duration_ms (ToolReturn has no such field)",
+            "approvals[2].tool_return[0].colour (TextContent has no such field)",
+            "approvals[2].tool_return[1].source.shade (URLImage has no such field)",
+        ],
         "message-sdk-14": ["compaction_stats.model (CompactionStats has no such field)"],
     }
     for message_id, expected in cases.items():
@@ -300,7 +381,9 @@ def test_strict_store_refuses_unknown_fields_by_path_and_writes_nothing(
     assert keyspace(raw_client, namespace) == before
 
 
-def test_strict_store_names_a_misspelling_and_takes_the_sdks_nulls(make_thread, raw_client, namespace):
+def test_strict_store_names_a_misspelling_and_takes_the_sdks_nulls(
+    make_thread, raw_client, namespace
+):
     thread = make_thread(unknown_fields="refuse")
     thread.append([m.model_dump() for m in letta_messages(unknown=False)])  # nulls are not unknown
     before = keyspace(raw_client, namespace)
@@ -316,8 +399,10 @@ def test_strict_store_names_a_misspelling_and_takes_the_sdks_nulls(make_thread, 
 
 def test_an_attachments_own_keys_are_not_unknown(make_thread):
     thread = make_thread(unknown_fields="refuse")
-    attachment = {"data_source": {"uri": "azureml://x", "type": "uri_asset"},
-                  "tools": [{"type": "file_search", "vector_store": "vs-1"}]}
+    attachment = {
+        "data_source": {"uri": "azureml://x", "type": "uri_asset"},
+        "tools": [{"type": "file_search", "vector_store": "vs-1"}],
+    }
     (stored,) = thread.append(
         {"message_type": "user_message", "content": "x", "attachments": [attachment]}
     )
@@ -330,8 +415,12 @@ def test_unknown_fields_count_toward_the_message_size_limit(make_thread, raw_cli
     base = {"message_type": "user_message", "content": "x" * 3000}
     thread.append(base)
     before = keyspace(raw_client, namespace)
-    with pytest.raises(errors.MessageTooLarge, match=r"encodes to \d+ bytes; max_message_bytes is 4096"):
-        thread.append({**base, "content": [{"type": "text", "text": "x" * 3000, "note": "y" * 1500}]})
+    with pytest.raises(
+        errors.MessageTooLarge, match=r"encodes to \d+ bytes; max_message_bytes is 4096"
+    ):
+        thread.append(
+            {**base, "content": [{"type": "text", "text": "x" * 3000, "note": "y" * 1500}]}
+        )
     with pytest.raises(errors.MessageTooLarge):
         thread.append({**base, "colour": {"deep": ["y" * 1500]}})
     assert keyspace(raw_client, namespace) == before
@@ -342,12 +431,23 @@ def test_unknown_fields_count_toward_the_message_size_limit(make_thread, raw_cli
 
 
 def test_integers_beyond_64_bits_round_trip_exactly(make_thread):
-    values = {"u64": 2**64 - 1, "i64": -(2**63), "past": 2**64, "below": -(2**63) - 1,
-              "big": 2**MAX_JSON_INT_BITS - 1, "small": 1 - 2**MAX_JSON_INT_BITS, "list": [BIG, -BIG]}
+    values = {
+        "u64": 2**64 - 1,
+        "i64": -(2**63),
+        "past": 2**64,
+        "below": -(2**63) - 1,
+        "big": 2**MAX_JSON_INT_BITS - 1,
+        "small": 1 - 2**MAX_JSON_INT_BITS,
+        "list": [BIG, -BIG],
+    }
     thread = make_thread()
     (stored,) = thread.append(
-        {"message_type": "event_message", "event_type": "compaction", "event_data": values,
-         "extra_count": -(2**100)}
+        {
+            "message_type": "event_message",
+            "event_type": "compaction",
+            "event_data": values,
+            "extra_count": -(2**100),
+        }
     )
     read = thread.get(stored.id)
     assert read.event_data == values
@@ -372,13 +472,18 @@ def test_an_integer_past_the_bound_is_refused_saying_why(make_thread, raw_client
 # --- OpenAI -----------------------------------------------------------------------------------
 
 
-def test_an_openai_chat_message_is_refused_pointing_at_the_converter(make_thread, raw_client, namespace):
+def test_an_openai_chat_message_is_refused_pointing_at_the_converter(
+    make_thread, raw_client, namespace
+):
     thread = make_thread()
     thread.append({"message_type": "user_message", "content": "x"})
     before = keyspace(raw_client, namespace)
     chat: ChatCompletionUserMessageParam = {"role": "user", "content": "hi"}
-    for given in (chat, [{"message_type": "user_message", "content": "ok"}, chat],
-                  {"role": "assistant", "content": None, "tool_calls": []}):
+    for given in (
+        chat,
+        [{"message_type": "user_message", "content": "ok"}, chat],
+        {"role": "assistant", "content": None, "tool_calls": []},
+    ):
         with pytest.raises(errors.RoleBasedMessage) as caught:
             thread.append(given)
         text = str(caught.value)
@@ -396,8 +501,9 @@ def thread_fields(**more: Any) -> dict[str, Any]:
         "incomplete_details": {"reason": "max_tokens"},
         "completed_at": "2024-05-01T12:00:05.900Z",
         "incomplete_at": 1_714_564_806,
-        "attachments": [{"file_id": "file-9", "tools": [{"type": "code_interpreter"},
-                                                       {"type": "file_search"}]}],
+        "attachments": [
+            {"file_id": "file-9", "tools": [{"type": "code_interpreter"}, {"type": "file_search"}]}
+        ],
         "assistant_id": "asst-1",
         "run_id": "run-1",
         "metadata": {"tenant": "acme"},
@@ -407,19 +513,41 @@ def thread_fields(**more: Any) -> dict[str, Any]:
 
 def test_thread_messages_validate_as_openais_own_model(make_thread):
     thread = make_thread()
-    user, assistant, bare = thread.append([
-        {"message_type": "user_message", **thread_fields(), "content": [
-            {"type": "text", "text": "this chart"},
-            {"type": "image", "source": {"type": "url", "url": "https://x/c.png", "detail": "low"}},
-            {"type": "image", "source": {"type": "base64", "data": PNG, "media_type": "image/png",
-                                         "detail": "ultra"}},
-            {"type": "image", "source": {"type": "letta", "file_id": "file-1", "detail": "high"}},
-        ]},
-        {"message_type": "assistant_message", **thread_fields(status="completed",
-                                                              incomplete_details=None),
-         "content": "Cloudy.", "date": "2024-05-01T12:00:00.750+02:00"},
-        {"message_type": "user_message", "content": "plain"},
-    ])
+    user, assistant, bare = thread.append(
+        [
+            {
+                "message_type": "user_message",
+                **thread_fields(),
+                "content": [
+                    {"type": "text", "text": "this chart"},
+                    {
+                        "type": "image",
+                        "source": {"type": "url", "url": "https://x/c.png", "detail": "low"},
+                    },
+                    {
+                        "type": "image",
+                        "source": {
+                            "type": "base64",
+                            "data": PNG,
+                            "media_type": "image/png",
+                            "detail": "ultra",
+                        },
+                    },
+                    {
+                        "type": "image",
+                        "source": {"type": "letta", "file_id": "file-1", "detail": "high"},
+                    },
+                ],
+            },
+            {
+                "message_type": "assistant_message",
+                **thread_fields(status="completed", incomplete_details=None),
+                "content": "Cloudy.",
+                "date": "2024-05-01T12:00:00.750+02:00",
+            },
+            {"message_type": "user_message", "content": "plain"},
+        ]
+    )
     read_user, read_assistant, read_bare = thread.list().messages
 
     shape = read_user.to_thread_message("thread-42")
@@ -456,14 +584,22 @@ def test_thread_messages_validate_as_openais_own_model(make_thread):
 
 def test_the_thread_shape_refuses_what_openai_cannot_carry(make_thread):
     thread = make_thread()
-    odd, reasoning = thread.append([
-        {"message_type": "user_message", "content": "x", "status": "incomplete",
-         "incomplete_details": {"reason": "user_left"}},
-        {"message_type": "reasoning_message", "reasoning": "r"},
-    ])
+    odd, reasoning = thread.append(
+        [
+            {
+                "message_type": "user_message",
+                "content": "x",
+                "status": "incomplete",
+                "incomplete_details": {"reason": "user_left"},
+            },
+            {"message_type": "reasoning_message", "reasoning": "r"},
+        ]
+    )
     # Any reason is stored (an API may add one); OpenAI's thread shape allows five.
     assert thread.get(odd.id).incomplete_details.reason == "user_left"
-    with pytest.raises(errors.InvalidMessage, match=r"reason 'user_left' has no OpenAI .*max_tokens"):
+    with pytest.raises(
+        errors.InvalidMessage, match=r"reason 'user_left' has no OpenAI .*max_tokens"
+    ):
         odd.to_thread_message("t")
     with pytest.raises(errors.InvalidMessage, match=r"a reasoning_message has no OpenAI thread"):
         reasoning.to_thread_message("t")
@@ -471,8 +607,13 @@ def test_the_thread_shape_refuses_what_openai_cannot_carry(make_thread):
         message = parse_message({**odd.to_dict(), "incomplete_details": {"reason": reason}})
         shape = OpenAIThreadMessage.model_validate(message.to_thread_message("t"))
         assert shape.incomplete_details.reason == reason
-    tool = parse_message({**odd.to_dict(), "incomplete_details": None,
-                          "attachments": [{"file_id": "f", "tools": [{"type": "web_search"}]}]})
+    tool = parse_message(
+        {
+            **odd.to_dict(),
+            "incomplete_details": None,
+            "attachments": [{"file_id": "f", "tools": [{"type": "web_search"}]}],
+        }
+    )
     with pytest.raises(errors.InvalidMessage, match=r"attachment tool 'web_search' has no OpenAI"):
         tool.to_thread_message("t")
     unsent = parse_message({"message_type": "user_message", "content": "x"})
@@ -483,12 +624,23 @@ def test_the_thread_shape_refuses_what_openai_cannot_carry(make_thread):
 def test_openai_unix_seconds_are_taken_as_given(make_thread):
     # OpenAI's thread messages carry unix seconds: they are valid kvstore timestamps as they are.
     thread = make_thread()
-    (stored,) = thread.append({"message_type": "user_message", "content": "x",
-                               "completed_at": 1_714_564_805, "incomplete_at": 1_714_564_806.5})
+    (stored,) = thread.append(
+        {
+            "message_type": "user_message",
+            "content": "x",
+            "completed_at": 1_714_564_805,
+            "incomplete_at": 1_714_564_806.5,
+        }
+    )
     read = thread.get(stored.id)
     assert read.completed_at == datetime(2024, 5, 1, 12, 0, 5, tzinfo=UTC)
     assert read.incomplete_at == datetime(2024, 5, 1, 12, 0, 6, 500_000, tzinfo=UTC)
     assert read.incomplete_at.utcoffset() == timedelta(0)
-    assert read.model_copy(update={"completed_at": datetime(2024, 5, 1, 14, 0, 5,
-                                                            tzinfo=timezone(timedelta(hours=2)))}
-                           ).to_thread_message("t")["completed_at"] == 1_714_564_805
+    assert (
+        read.model_copy(
+            update={
+                "completed_at": datetime(2024, 5, 1, 14, 0, 5, tzinfo=timezone(timedelta(hours=2)))
+            }
+        ).to_thread_message("t")["completed_at"]
+        == 1_714_564_805
+    )

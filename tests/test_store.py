@@ -34,7 +34,9 @@ def disconnected(admin: redis.Redis, name: str, timeout: float = 5) -> bool:
     return True
 
 
-def test_a_store_closes_its_connections_at_the_end_of_a_with_block(server, namespace, mode, server_only):
+def test_a_store_closes_its_connections_at_the_end_of_a_with_block(
+    server, namespace, mode, server_only
+):
     admin = redis.Redis.from_url(server.url)
     name = f"store-{namespace}"
     config = StoreConfig(namespace=namespace)
@@ -52,10 +54,14 @@ def test_a_store_closes_its_connections_at_the_end_of_a_with_block(server, names
     else:
         store = asyncio.run(async_block())
     assert disconnected(admin, name)
-    assert [m.content for m in MessageStore.from_url(server.url, config).thread("t").iter()] == ["hello"]
+    assert [m.content for m in MessageStore.from_url(server.url, config).thread("t").iter()] == [
+        "hello"
+    ]
 
 
-def test_a_with_block_that_raises_closes_the_store_and_lets_the_error_through(server, namespace, mode, server_only):
+def test_a_with_block_that_raises_closes_the_store_and_lets_the_error_through(
+    server, namespace, mode, server_only
+):
     admin = redis.Redis.from_url(server.url)
     name = f"store-{namespace}"
 
@@ -87,7 +93,14 @@ def test_the_public_surface_is_small(store_class):
     assert public == PUBLIC, sorted(public ^ PUBLIC)
     store = store_class.in_memory()
     assert {name for name in vars(store) if not name.startswith("_")} == ATTRIBUTES
-    for internal in ("script", "missed", "load_failed", "wait_command", "script_error", "check_durable"):
+    for internal in (
+        "script",
+        "missed",
+        "load_failed",
+        "wait_command",
+        "script_error",
+        "check_durable",
+    ):
         assert not hasattr(store, internal), internal
 
 

@@ -11,7 +11,14 @@ import random
 
 import pytest
 
-from kvstore import AssistantMessage, StoreConfig, ToolCallMessage, ToolReturnMessage, UserMessage, errors
+from kvstore import (
+    AssistantMessage,
+    StoreConfig,
+    ToolCallMessage,
+    ToolReturnMessage,
+    UserMessage,
+    errors,
+)
 from kvstore._engine.core import Batch, ThreadRef, context, snapshot, stats
 from kvstore._engine.pairs import estimated_tokens
 from kvstore._engine.wire import ChunkEntry, LargeEntry, side_tokens
@@ -83,7 +90,9 @@ def test_a_summary_takes_its_given_count(make_thread):
     assert thread.stats().tokens == 1 + 2 + 3 + 4 + 9
 
 
-@pytest.mark.parametrize("tokens", [[1], [1, 2, 3], [-1, 2], [1.5, 2], [True, 1], [1, "2"], "12", 3, {"a": 1}])
+@pytest.mark.parametrize(
+    "tokens", [[1], [1, 2, 3], [-1, 2], [1.5, 2], [True, 1], [1, "2"], "12", 3, {"a": 1}]
+)
 def test_bad_counts_are_refused_before_anything_is_sent(make_thread, raw_client, tokens):
     thread = make_thread()
     with pytest.raises(errors.InvalidMessage):
@@ -146,7 +155,11 @@ def test_counts_follow_rollover_retention_replace_and_turn_removal(make_thread, 
     assert thread.stats().tokens == expected_total(thread, counts_by_id)
     # Replace a chunk message and a window message.
     messages = list(thread.iter())
-    in_chunk = next(m for m in messages if raw_client.hget(keys.window_side, m.seq_id) is None and m.id != big.id)
+    in_chunk = next(
+        m
+        for m in messages
+        if raw_client.hget(keys.window_side, m.seq_id) is None and m.id != big.id
+    )
     newest = messages[-1]
     for message, tokens in ((in_chunk, 77), (newest, 2)):
         thread.replace(message.id, AssistantMessage(content="changed"), tokens=tokens)
@@ -171,7 +184,9 @@ def test_a_fork_keeps_each_messages_count(make_thread, raw_client):
     copied = stored_counts(raw_client, keys_of(fork))
     assert copied == {s: t for s, t in source.items() if s <= stored[10].seq_id}
     assert fork.stats().tokens == sum(tokens[:11])
-    check_layout(raw_client, keys_of(fork), StoreConfig(namespace=keys_of(fork).meta.split(":")[0], **SMALL))
+    check_layout(
+        raw_client, keys_of(fork), StoreConfig(namespace=keys_of(fork).meta.split(":")[0], **SMALL)
+    )
 
 
 # --- data written before counts existed --------------------------------------------------------
@@ -180,6 +195,7 @@ def test_a_fork_keeps_each_messages_count(make_thread, raw_client):
 def strip_counts(client, keys) -> None:
     """Rewrites a thread as a version without counts wrote it: side infos of five fields (six
     with the escape mark), index members without tokens, no meta total."""
+
     def old_side(side: bytes) -> bytes:
         fields = side.split(b"\t")
         escaped = fields[-1] == b"%"
@@ -195,7 +211,11 @@ def strip_counts(client, keys) -> None:
             first = int(member.split(b":")[0])
             manifest = client.hget(keys.chunk(first), "_m")
             lines = [line.partition(b"\t") for line in manifest.split(b"\n")[:-1]]
-            client.hset(keys.chunk(first), "_m", b"".join(s + b"\t" + old_side(side) + b"\n" for s, _, side in lines))
+            client.hset(
+                keys.chunk(first),
+                "_m",
+                b"".join(s + b"\t" + old_side(side) + b"\n" for s, _, side in lines),
+            )
     client.hdel(keys.meta, "tokens")
 
 
@@ -203,8 +223,12 @@ def old_rule_total(client, keys) -> int:
     """What the documented rule counts for a thread without counts: ceil(bytes / 4) per window
     message and per index member."""
     total = sum(math.ceil(int(v.split(b"\t")[3]) / 4) for v in client.hvals(keys.window_side))
-    total += sum(math.ceil(int(m.split(b":")[3]) / 4) for m in client.zrange(keys.chunk_index, 0, -1))
-    total += sum(math.ceil(int(m.split(b":")[1]) / 4) for m in client.zrange(keys.large_index, 0, -1))
+    total += sum(
+        math.ceil(int(m.split(b":")[3]) / 4) for m in client.zrange(keys.chunk_index, 0, -1)
+    )
+    total += sum(
+        math.ceil(int(m.split(b":")[1]) / 4) for m in client.zrange(keys.large_index, 0, -1)
+    )
     return total
 
 
@@ -224,7 +248,9 @@ def test_side_infos_and_members_written_without_counts_still_read(make_thread, r
     assert thread.context(max_tokens=10**9)[-1] == before[-1]
     # A budget is planned by the rule, in two round trips, as the client counting by it gives.
     by_seq = stored_counts(raw_client, keys)
-    store = None if hasattr(thread, "_thread") else thread._store  # round trips counted on the sync store
+    store = (
+        None if hasattr(thread, "_thread") else thread._store
+    )  # round trips counted on the sync store
     for budget in (3, 40, 400):
         rule = thread.context(max_tokens=budget, count_tokens=lambda m: by_seq[m.seq_id])
         assert thread.context(max_tokens=budget) == rule
@@ -320,7 +346,9 @@ def test_a_budget_is_planned_from_stored_counts_in_two_round_trips(backend, name
         result, requests = drive(store, context(ref, budget))
         assert len(requests) == 2 and all(isinstance(r, Batch) for r in requests), requests
         # The same as counting on the client with the stored counts.
-        assert result == thread.context(max_tokens=budget, count_tokens=lambda m: counts_by_id[m.id])
+        assert result == thread.context(
+            max_tokens=budget, count_tokens=lambda m: counts_by_id[m.id]
+        )
         left = budget - (40 if compacted else 0)
         assert result == ([summary] if compacted else []) + newest_fitting(body, counts_by_id, left)
 
@@ -340,13 +368,21 @@ def test_a_budget_keeps_pairs_whole_with_stored_counts(make_thread):
     thread = make_thread(window_size=4, chunk_size=2)
     call = ToolCallMessage(tool_call={"name": "f", "arguments": "{}", "tool_call_id": "c1"})
     answer = ToolReturnMessage(tool_call_id="c1", tool_return="ok", status="success")
-    thread.append([UserMessage(content="q"), call, answer, AssistantMessage(content="a")], tokens=[1, 10, 10, 1])
+    thread.append(
+        [UserMessage(content="q"), call, answer, AssistantMessage(content="a")],
+        tokens=[1, 10, 10, 1],
+    )
     assert [m.message_type for m in thread.context(max_tokens=11)] == ["assistant_message"]
-    assert [m.message_type for m in thread.context(max_tokens=21)] == ["tool_call_message", "tool_return_message",
-                                                                         "assistant_message"]
+    assert [m.message_type for m in thread.context(max_tokens=21)] == [
+        "tool_call_message",
+        "tool_return_message",
+        "assistant_message",
+    ]
 
 
-def test_a_migrated_layout_1_thread_counts_its_records_by_the_rule(make_thread, raw_client, namespace):
+def test_a_migrated_layout_1_thread_counts_its_records_by_the_rule(
+    make_thread, raw_client, namespace
+):
     thread = make_thread("old-thread", window_size=8, chunk_size=4)
     keys = keys_of(thread)
     write_layout_1(raw_client, keys, 40)
@@ -360,7 +396,9 @@ def test_a_migrated_layout_1_thread_counts_its_records_by_the_rule(make_thread, 
     check_layout(raw_client, keys, StoreConfig(namespace=namespace, window_size=8, chunk_size=4))
 
 
-def test_an_export_carries_the_counts_and_an_import_restores_them(backend, namespace, raw_client, server_only):
+def test_an_export_carries_the_counts_and_an_import_restores_them(
+    backend, namespace, raw_client, server_only
+):
     import io
 
     from kvstore.cli import backup
@@ -371,13 +409,25 @@ def test_an_export_carries_the_counts_and_an_import_restores_them(backend, names
     source.thread("chat").append(users(14), tokens=tokens)
     out = io.StringIO()
     backup.export(source, "chat", out, progress_out=io.StringIO())
-    lines = [json.loads(line) for line in out.getvalue().splitlines()[1:-1]]  # the header, the messages, the end line
+    lines = [
+        json.loads(line) for line in out.getvalue().splitlines()[1:-1]
+    ]  # the header, the messages, the end line
     assert [line["tokens"] for line in lines] == tokens
-    backup.import_lines(target, "chat", io.StringIO(out.getvalue()), backup.ImportProgress(), progress_out=io.StringIO())
-    assert stored_counts(raw_client, target.thread("chat").keys) == stored_counts(raw_client, source.thread("chat").keys)
+    backup.import_lines(
+        target,
+        "chat",
+        io.StringIO(out.getvalue()),
+        backup.ImportProgress(),
+        progress_out=io.StringIO(),
+    )
+    assert stored_counts(raw_client, target.thread("chat").keys) == stored_counts(
+        raw_client, source.thread("chat").keys
+    )
     assert target.thread("chat").stats().tokens == sum(tokens)
     # A count that is not an int >= 0 is refused before anything of the line is stored.
     bad = out.getvalue().replace(f'"tokens":{tokens[0]}', '"tokens":-4', 1)
     with pytest.raises(errors.InvalidMessage, match="line 2"):
-        backup.import_lines(target, "other", io.StringIO(bad), backup.ImportProgress(), progress_out=io.StringIO())
+        backup.import_lines(
+            target, "other", io.StringIO(bad), backup.ImportProgress(), progress_out=io.StringIO()
+        )
     assert not target.thread("other").stats().stored_messages

@@ -34,7 +34,10 @@ def _send(thread, request):
 
 
 def _events(raw_client, thread) -> list[tuple[str, dict]]:
-    return [(i.decode(), {k.decode(): v for k, v in f.items()}) for i, f in raw_client.xrange(thread.keys.events)]
+    return [
+        (i.decode(), {k.decode(): v for k, v in f.items()})
+        for i, f in raw_client.xrange(thread.keys.events)
+    ]
 
 
 def _kinds(raw_client, thread) -> list[str]:
@@ -108,7 +111,9 @@ def test_the_calls_a_turn_remembers_are_bounded(make_thread, raw_client):
     for i in range(40):
         thread.publish(lease, f"d{i}", call_id=f"c{i}")
     remembered = raw_client.hget(thread.keys.turns, "turn-1\tdeltas")
-    assert remembered.count(b"\n") == 8 and b"\nc39\t" in remembered and b"\nc31\t" not in remembered
+    assert (
+        remembered.count(b"\n") == 8 and b"\nc39\t" in remembered and b"\nc31\t" not in remembered
+    )
     thread.publish(lease, "d39", call_id="c39")
     assert _kinds(raw_client, thread).count("delta") == 40
 
@@ -127,7 +132,7 @@ def test_a_take_overs_turn_started_names_the_threads_last_sequence(make_thread, 
     for i in range(5):
         thread.append(AssistantMessage(content=f"reply {i}"), turn_id=first)
     taken = thread.hold_turn("turn-1")  # another worker takes the turn over
-    (cursor, fields), = _events(raw_client, thread)[-1:]
+    ((cursor, fields),) = _events(raw_client, thread)[-1:]
     assert fields["k"] == b"turn_started" and taken.lease == 2
     assert cursor.split("-")[1] == "6" == str(_last_seq(raw_client, thread))
 
@@ -181,7 +186,9 @@ def test_a_watcher_resuming_from_a_take_overs_cursor_gets_no_message_again(
         # The stream lost every event after the cursor's up to a delta's: the watcher pages the
         # messages after the cursor's sequence, then goes on.
         thread.publish("turn-1", "more")
-        raw_client.xtrim(thread.keys.events, minid=_events(raw_client, thread)[-1][0], approximate=False)
+        raw_client.xtrim(
+            thread.keys.events, minid=_events(raw_client, thread)[-1][0], approximate=False
+        )
     with thread.watch(after=cursor, block_ms=200) as watch:
         event = next(iter(watch))
     assert isinstance(event, MessagesAdded)
@@ -212,7 +219,9 @@ def test_a_hold_and_a_publish_resent_by_redis_py_through_a_sleep_are_taken_once(
     sent several times, and every copy still in its socket runs when it wakes."""
     with dedicated_server(kind, "--enable-debug-command", "yes") as server:
         admin = redis.Redis(port=server.port)
-        store = MessageStore(redis.Redis(port=server.port, socket_timeout=0.05), StoreConfig(namespace="n"))
+        store = MessageStore(
+            redis.Redis(port=server.port, socket_timeout=0.05), StoreConfig(namespace="n")
+        )
         thread = store.thread("asleep")
         thread.start_turn("warm-up")  # loads the library
         sent = admin.info("stats")["total_connections_received"]
@@ -230,7 +239,9 @@ def test_a_hold_and_a_publish_resent_by_redis_py_through_a_sleep_are_taken_once(
         store.close()
 
 
-def test_calls_cut_off_at_every_await_and_sent_again_are_taken_once(server_only, backend, namespace, raw_client):
+def test_calls_cut_off_at_every_await_and_sent_again_are_taken_once(
+    server_only, backend, namespace, raw_client
+):
     """An asyncio hold and publish cancelled after 0, 1, 2, ... turns of the event loop (before,
     while and after their command is sent), then sent again with the same call id."""
     cuts, finished = 30, []
@@ -254,8 +265,15 @@ def test_calls_cut_off_at_every_await_and_sent_again_are_taken_once(server_only,
         thread = store.thread("cut")
         leases = []
         for cut in range(cuts):
-            lease = await cut_then_retry(lambda c=cut: thread.hold_turn(f"turn-{c}", call_id=f"hold-{c}"), cut)
-            await cut_then_retry(lambda c=cut, lease=lease: thread.publish(lease, f"delta {c}", call_id=f"delta-{c}"), cut)
+            lease = await cut_then_retry(
+                lambda c=cut: thread.hold_turn(f"turn-{c}", call_id=f"hold-{c}"), cut
+            )
+            await cut_then_retry(
+                lambda c=cut, lease=lease: thread.publish(
+                    lease, f"delta {c}", call_id=f"delta-{c}"
+                ),
+                cut,
+            )
             leases.append(lease)
         await store.close()
         return thread, leases
@@ -265,4 +283,6 @@ def test_calls_cut_off_at_every_await_and_sent_again_are_taken_once(server_only,
     assert [lease.lease for lease in leases] == [1] * cuts
     events = _events(raw_client, thread)
     assert [f["k"] for _, f in events] == [b"turn_started", b"delta"] * cuts
-    assert [f["t"].decode() for _, f in events] == [f"turn-{k}" for k in range(cuts) for _ in range(2)]
+    assert [f["t"].decode() for _, f in events] == [
+        f"turn-{k}" for k in range(cuts) for _ in range(2)
+    ]

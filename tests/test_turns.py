@@ -29,12 +29,22 @@ def readme_turn_lines() -> str:
 def test_the_readme_snippet_run_twice_stores_once_and_reports_the_same(make_thread):
     thread = make_thread()
     code, printed = readme_turn_lines(), []
-    names = {"thread": thread, "UserMessage": UserMessage, "AssistantMessage": AssistantMessage, "print": printed.append}
+    names = {
+        "thread": thread,
+        "UserMessage": UserMessage,
+        "AssistantMessage": AssistantMessage,
+        "print": printed.append,
+    }
     exec(code, dict(names))
     exec(code, dict(names))  # the whole request again, as a retry would run it
     first, again = printed
     assert first == again
-    assert (first.outcome, first.reply_count, first.first_sequence, first.last_sequence) == ("completed", 1, 2, 2)
+    assert (first.outcome, first.reply_count, first.first_sequence, first.last_sequence) == (
+        "completed",
+        1,
+        2,
+        2,
+    )
     assert thread.start_turn("turn-1") == 2
     assert thread.stats().stored_messages == 2
     assert [m.seq_id for m in thread.list(turn_id="turn-1").messages] == [1, 2]
@@ -90,7 +100,9 @@ async def _race_sequence_async(thread, i):
     return await thread.finish_turn("turn")
 
 
-def test_a_retried_request_racing_its_original_gets_the_same_result(backend, mode, namespace, server_only):
+def test_a_retried_request_racing_its_original_gets_the_same_result(
+    backend, mode, namespace, server_only
+):
     """Two clients run the same request (append, start, append, finish) at once, many times."""
     config = StoreConfig(namespace=namespace)
     results = []
@@ -112,18 +124,27 @@ def test_a_retried_request_racing_its_original_gets_the_same_result(backend, mod
         for store in stores:
             store.close()
     else:
+
         async def main():
             stores = [make_async_store(backend, config) for _ in range(2)]
             for i in range(ROUNDS):
-                results.append(await asyncio.gather(
-                    *(_race_sequence_async(store.thread(f"race-{i}"), i) for store in stores)))
+                results.append(
+                    await asyncio.gather(
+                        *(_race_sequence_async(store.thread(f"race-{i}"), i) for store in stores)
+                    )
+                )
             for store in stores:
                 await store.close()
 
         asyncio.run(main())
     for first, second in results:
         assert first == second
-        assert (first.outcome, first.reply_count, first.first_sequence, first.last_sequence) == ("completed", 1, 2, 2)
+        assert (first.outcome, first.reply_count, first.first_sequence, first.last_sequence) == (
+            "completed",
+            1,
+            2,
+            2,
+        )
 
 
 # ------------------------------------------------------------------------------ retention
@@ -148,7 +169,11 @@ def test_retention_keeps_an_open_turns_record(make_thread, raw_client, namespace
     late = thread.append(AssistantMessage(content="after retention"), turn_id="t")
     result = thread.finish_turn("t")
     # Only the replies still stored are counted, as list(turn_id) returns them.
-    assert (result.reply_count, result.first_sequence, result.last_sequence) == (1, late[0].seq_id, late[0].seq_id)
+    assert (result.reply_count, result.first_sequence, result.last_sequence) == (
+        1,
+        late[0].seq_id,
+        late[0].seq_id,
+    )
     assert [m.seq_id for m in thread.list(turn_id="t").messages] == [late[0].seq_id]
     check_layout(raw_client, thread.keys, StoreConfig(namespace=namespace, **SMALL))
 
@@ -166,7 +191,9 @@ def test_retention_drops_the_record_of_a_finished_turn_left_empty(make_thread, r
     assert thread.finish_turn("open").reply_count == 0
 
 
-def test_retention_trims_an_interleaved_turn_from_its_oldest_ranges(make_thread, raw_client, namespace):
+def test_retention_trims_an_interleaved_turn_from_its_oldest_ranges(
+    make_thread, raw_client, namespace
+):
     config = dict(window_size=4, chunk_size=2, retained_message_limit=6)
     thread = make_thread(**config)
     thread.append(UserMessage(content="question"), turn_id="t")
@@ -182,7 +209,11 @@ def test_retention_trims_an_interleaved_turn_from_its_oldest_ranges(make_thread,
     assert [m.seq_id for m in thread.list(turn_id="t", limit=100).messages] == kept
     check_layout(raw_client, thread.keys, StoreConfig(namespace=namespace, **config))
     result = thread.finish_turn("t")
-    assert (result.reply_count, result.first_sequence, result.last_sequence) == (len(kept), kept[0], kept[-1])
+    assert (result.reply_count, result.first_sequence, result.last_sequence) == (
+        len(kept),
+        kept[0],
+        kept[-1],
+    )
 
 
 # ------------------------------------------------------------------ an interleaved turn
@@ -211,7 +242,9 @@ def test_an_interleaved_turn_keeps_bounded_records(make_thread, raw_client, name
         if i in MEASURED:
             before = _turn_fields(raw_client, thread)
             commands = _commands_run(raw_client) if backend != "fakeredis" else 0
-        expected += [m.seq_id for m in thread.append(AssistantMessage(content=f"t{i}"), turn_id="t")]
+        expected += [
+            m.seq_id for m in thread.append(AssistantMessage(content=f"t{i}"), turn_id="t")
+        ]
         if i in MEASURED:
             if backend != "fakeredis":
                 commands = _commands_run(raw_client) - commands
@@ -221,7 +254,9 @@ def test_an_interleaved_turn_keeps_bounded_records(make_thread, raw_client, name
         others += thread.append(UserMessage(content=f"u{i}"), turn_id=f"u{i % 3}")
     # What an append of the turn writes does not grow with its ranges: at most two fields
     # (the header and the range it closes), of bounded size, and the same number of commands.
-    (early_fields, early_bytes, early_commands), (late_fields, late_bytes, late_commands) = measured.values()
+    (early_fields, early_bytes, early_commands), (late_fields, late_bytes, late_commands) = (
+        measured.values()
+    )
     assert late_fields <= 2 and late_bytes <= early_bytes + 16, measured
     assert late_commands == early_commands, measured
     fields = _turn_fields(raw_client, thread)
@@ -241,14 +276,21 @@ def test_an_interleaved_turn_keeps_bounded_records(make_thread, raw_client, name
     assert walk("asc", 97) == expected
     assert walk("desc", 250) == expected[::-1]
     middle = expected[1000]
-    assert [m.seq_id for m in thread.list(turn_id="t", before=middle, limit=3).messages] == expected[997:1000]
-    assert [m.seq_id for m in thread.list(turn_id="t", before=middle, limit=3, order="desc").messages] \
-        == expected[1001:1004][::-1]
+    assert [
+        m.seq_id for m in thread.list(turn_id="t", before=middle, limit=3).messages
+    ] == expected[997:1000]
+    assert [
+        m.seq_id for m in thread.list(turn_id="t", before=middle, limit=3, order="desc").messages
+    ] == expected[1001:1004][::-1]
     page = thread.list(turn_id="t", after=expected[10], before=expected[14], limit=10)
     assert [m.seq_id for m in page.messages] == expected[11:14] and not page.has_more
 
     result = thread.finish_turn("t")
-    assert (result.reply_count, result.first_sequence, result.last_sequence) == (len(expected), expected[0], expected[-1])
+    assert (result.reply_count, result.first_sequence, result.last_sequence) == (
+        len(expected),
+        expected[0],
+        expected[-1],
+    )
     assert thread.remove_turn("t") == len(expected)
     assert not [k for k in _turn_fields(raw_client, thread) if k == b"t" or k.startswith(b"t\t")]
     assert [m.seq_id for m in thread.iter()] == [m.seq_id for m in others]
@@ -266,19 +308,19 @@ def _old_records(raw_client, thread, records: dict[str, str]) -> None:
 
 def test_records_in_the_earlier_format_keep_working(make_thread, raw_client, namespace):
     thread = make_thread(window_size=4, chunk_size=2)
-    thread.append(UserMessage(content="q"), turn_id="t")                 # 1
+    thread.append(UserMessage(content="q"), turn_id="t")  # 1
     thread.start_turn("t")
-    thread.append(AssistantMessage(content="a1"), turn_id="t")           # 2
-    thread.append(UserMessage(content="other"), turn_id="o")             # 3
-    thread.append(AssistantMessage(content="a2"), turn_id="t")           # 4
-    thread.append(UserMessage(content="other"), turn_id="o")             # 5
-    thread.append(AssistantMessage(content="a3"), turn_id="t")           # 6
+    thread.append(AssistantMessage(content="a1"), turn_id="t")  # 2
+    thread.append(UserMessage(content="other"), turn_id="o")  # 3
+    thread.append(AssistantMessage(content="a2"), turn_id="t")  # 4
+    thread.append(UserMessage(content="other"), turn_id="o")  # 5
+    thread.append(AssistantMessage(content="a3"), turn_id="t")  # 6
     _old_records(raw_client, thread, {"t": "2|1-2,4-4,6-6", "o": "0|3-3,5-5"})
     assert [m.seq_id for m in thread.list(turn_id="t").messages] == [1, 2, 4, 6]
     assert [m.seq_id for m in thread.list(turn_id="t", after=2, limit=1).messages] == [4]
     assert [m.seq_id for m in thread.list(turn_id="t", order="desc", limit=2).messages] == [6, 4]
     # The next write of a turn converts its record.
-    thread.append(AssistantMessage(content="a4"), turn_id="t")            # 7
+    thread.append(AssistantMessage(content="a4"), turn_id="t")  # 7
     assert b"|" not in raw_client.hget(thread.keys.turns, "t")
     assert raw_client.hget(thread.keys.turns, "o") == b"0|3-3,5-5"
     assert [m.seq_id for m in thread.list(turn_id="t").messages] == [1, 2, 4, 6, 7]
@@ -288,21 +330,23 @@ def test_records_in_the_earlier_format_keep_working(make_thread, raw_client, nam
     assert thread.remove_turn("o") == 2
     assert thread.remove_turn("t") == 5
     assert thread.stats().stored_messages == 0 and raw_client.hlen(thread.keys.turns) == 0
-    check_layout(raw_client, thread.keys, StoreConfig(namespace=namespace, window_size=4, chunk_size=2))
+    check_layout(
+        raw_client, thread.keys, StoreConfig(namespace=namespace, window_size=4, chunk_size=2)
+    )
 
 
 def test_an_earlier_record_lost_to_retention_is_repaired(make_thread, raw_client):
     """The earlier version's retention dropped an open turn's record and the next reply made a
     new one with reply start 0; the turn reply sequence still names the turn."""
     thread = make_thread()
-    thread.start_turn("t")                                                # start 1
+    thread.start_turn("t")  # start 1
     thread.append([AssistantMessage(content=f"a{i}") for i in range(3)], turn_id="t")
     _old_records(raw_client, thread, {"t": "0|3-3"})
     result = thread.finish_turn("t")
     assert (result.reply_count, result.first_sequence, result.last_sequence) == (1, 3, 3)
     # An earlier record of a finished turn: finishing it again returns what it counts.
     thread.start_turn("u")
-    thread.append(AssistantMessage(content="u"), turn_id="u")             # 4
+    thread.append(AssistantMessage(content="u"), turn_id="u")  # 4
     thread.finish_turn("u", outcome="cancelled")
     _old_records(raw_client, thread, {"u": "4|4-4"})
     again = thread.finish_turn("u")

@@ -8,7 +8,6 @@ import threading
 import time
 
 import pytest
-import redis
 
 from kvstore import AssistantMessage, StoreConfig, ToolCallMessage, UserMessage, errors
 from kvstore.events import (
@@ -62,9 +61,13 @@ def test_every_write_adds_its_event_in_order(store, raw_client):
     reader = threading.Thread(target=lambda: events.extend(watch))  # ends with the deletion
     reader.start()
     lease = thread.hold_turn("turn-1")
-    stored = thread.append([UserMessage(content="hi"), AssistantMessage(content="hello")], turn_id=lease)
+    stored = thread.append(
+        [UserMessage(content="hi"), AssistantMessage(content="hello")], turn_id=lease
+    )
     thread.publish(lease, "more")
-    thread.publish(lease, ToolCallMessage(tool_call=ToolCallDelta(name="weather", arguments='{"ci')))
+    thread.publish(
+        lease, ToolCallMessage(tool_call=ToolCallDelta(name="weather", arguments='{"ci'))
+    )
     thread.finish_turn(lease)
     thread.replace(stored[0].id, UserMessage(content="hi!"))
     summary = thread.compact("what happened", last_sequence=2)
@@ -80,16 +83,32 @@ def test_every_write_adds_its_event_in_order(store, raw_client):
     assert not reader.is_alive()
     watch.close()
     kinds = [type(e) for e in events]
-    assert kinds == [TurnStarted, MessagesAdded, Delta, Delta, TurnFinished, MessageReplaced, Compacted,
-                     TurnRemoved, ThreadDeleted]
+    assert kinds == [
+        TurnStarted,
+        MessagesAdded,
+        Delta,
+        Delta,
+        TurnFinished,
+        MessageReplaced,
+        Compacted,
+        TurnRemoved,
+        ThreadDeleted,
+    ]
     started, added, text, tool, finished, replaced, compacted, removed, deleted = events
     assert (started.turn_id, started.reply_start, started.lease) == ("turn-1", 1, lease.lease)
     assert (added.first_sequence, added.last_sequence, added.turn_id) == (1, 2, "turn-1")
     assert [m.id for m in added.messages] == [m.id for m in stored]
-    assert text.message.content in ("more", [{"type": "text", "text": "more"}]) or text.message.content[0].text == "more"
+    assert (
+        text.message.content in ("more", [{"type": "text", "text": "more"}])
+        or text.message.content[0].text == "more"
+    )
     assert tool.message.tool_call.name == "weather"
-    assert (finished.outcome, finished.reply_count, finished.first_sequence, finished.last_sequence) == (
-        "completed", 2, 1, 2)
+    assert (
+        finished.outcome,
+        finished.reply_count,
+        finished.first_sequence,
+        finished.last_sequence,
+    ) == ("completed", 2, 1, 2)
     assert (replaced.sequence, replaced.message_id) == (1, stored[0].id)
     assert (compacted.summary_sequence, compacted.last_sequence) == (summary.seq_id, 2)
     assert (removed.turn_id, removed.removed, removed.done) == ("turn-1", 2, True)
@@ -116,8 +135,10 @@ def test_a_watcher_gets_messages_as_they_are_stored(store):
     thread.append(UserMessage(content="before"))
     got = []
     with thread.watch(block_ms=200) as watch:
+
         def consume():
             got.extend(take(watch, 3))
+
         reader = threading.Thread(target=consume)
         reader.start()
         time.sleep(0.3)  # the watcher blocks on the server
@@ -134,9 +155,11 @@ def test_a_stale_lease_is_refused_and_writes_nothing(store):
     thread.publish(first, "a")
     second = thread.hold_turn("turn-1")  # another worker takes the turn over
     assert (second.lease, second.reply_start) == (first.lease + 1, first.reply_start)
-    for refused in (lambda: thread.publish(first, "b"),
-                    lambda: thread.append(AssistantMessage(content="stale"), turn_id=first),
-                    lambda: thread.finish_turn(first)):
+    for refused in (
+        lambda: thread.publish(first, "b"),
+        lambda: thread.append(AssistantMessage(content="stale"), turn_id=first),
+        lambda: thread.finish_turn(first),
+    ):
         with pytest.raises(errors.TurnFenced) as caught:
             refused()
         assert caught.value.http_status == 409
@@ -145,7 +168,13 @@ def test_a_stale_lease_is_refused_and_writes_nothing(store):
     assert thread.finish_turn(second).reply_count == 1
     events = take(thread.watch(after="0-0"), 6)
     assert [type(e).__name__ for e in events] == [
-        "TurnStarted", "Delta", "TurnStarted", "Delta", "MessagesAdded", "TurnFinished"]
+        "TurnStarted",
+        "Delta",
+        "TurnStarted",
+        "Delta",
+        "MessagesAdded",
+        "TurnFinished",
+    ]
     assert [m.content for m in events[4].messages] == ["fresh"]
     # A finished turn takes no delta, so its finish is its last event; nor can it be held.
     with pytest.raises(errors.TurnFinished):
@@ -170,8 +199,12 @@ def test_resuming_after_any_event_gets_the_rest_once(store):
     full = take(thread.watch(after="0-0"), 28)
     assert len(full) == 28
     for cut in range(len(full)):
-        rest = take(thread.watch(after=full[cut].cursor), len(full) - cut - 1) if cut < len(full) - 1 else []
-        assert [e.cursor for e in rest] == [e.cursor for e in full[cut + 1:]]
+        rest = (
+            take(thread.watch(after=full[cut].cursor), len(full) - cut - 1)
+            if cut < len(full) - 1
+            else []
+        )
+        assert [e.cursor for e in rest] == [e.cursor for e in full[cut + 1 :]]
 
 
 def test_a_cursor_older_than_the_stream_pages_then_goes_on(server_only, backend, namespace):
@@ -183,6 +216,7 @@ def test_a_cursor_older_than_the_stream_pages_then_goes_on(server_only, backend,
     watch = thread.watch(after="1-1", block_ms=200)
     seen: list[int] = []
     cursors = []
+
     def consume():
         for event in watch:
             assert isinstance(event, MessagesAdded)
@@ -190,6 +224,7 @@ def test_a_cursor_older_than_the_stream_pages_then_goes_on(server_only, backend,
             cursors.append(event.cursor)
             if seen and seen[-1] == 410:
                 break
+
     reader = threading.Thread(target=consume)
     reader.start()
     for i in range(400, 410):
@@ -220,11 +255,15 @@ def test_events_can_be_turned_off(store, server_only, backend, namespace, raw_cl
 
 
 def test_the_stream_expires_with_the_thread(server_only, backend, namespace, raw_client):
-    store = make_sync_store(backend, StoreConfig(namespace=namespace, thread_ttl=100, events_max_age=3600))
+    store = make_sync_store(
+        backend, StoreConfig(namespace=namespace, thread_ttl=100, events_max_age=3600)
+    )
     thread = store.thread("t")
     thread.append(UserMessage(content="hi"))
     # The thread's deadline, as every key of the thread (docs/LAYOUT.md, "Idle expiry").
-    assert raw_client.pexpiretime(thread.keys.events) == raw_client.pexpiretime(thread.keys.meta) > 0
+    assert (
+        raw_client.pexpiretime(thread.keys.events) == raw_client.pexpiretime(thread.keys.meta) > 0
+    )
     store.close()
 
 
@@ -232,7 +271,9 @@ def _clients(raw_client) -> dict[str, str]:
     return {c["id"]: c["cmd"] for c in raw_client.client_list()}
 
 
-def test_cancelling_an_async_watcher_leaves_no_connection(server_only, backend, namespace, raw_client):
+def test_cancelling_an_async_watcher_leaves_no_connection(
+    server_only, backend, namespace, raw_client
+):
     async def main():
         store = make_async_store(backend, StoreConfig(namespace=namespace))
         thread = store.thread("t")
@@ -276,7 +317,9 @@ def test_closing_a_sync_watcher_closes_its_connection(store, raw_client):
     assert list(watch) == []
 
 
-def test_a_stream_past_its_age_is_gone_and_a_watcher_pages_across_the_gap(server_only, backend, namespace, raw_client):
+def test_a_stream_past_its_age_is_gone_and_a_watcher_pages_across_the_gap(
+    server_only, backend, namespace, raw_client
+):
     store = make_sync_store(backend, StoreConfig(namespace=namespace, events_max_age=1))
     thread = store.thread("t")
     thread.append(UserMessage(content="m1"))
@@ -293,7 +336,11 @@ def test_a_stream_past_its_age_is_gone_and_a_watcher_pages_across_the_gap(server
         assert [m.content for m in paged.messages] == ["m2", "m3"]
         thread.append(UserMessage(content="m4"))
         after = next(watch)  # not m3's event again: m4's
-        assert (position(after.cursor), [m.content for m in after.messages], after.paged) == ("4-4", ["m4"], False)
+        assert (position(after.cursor), [m.content for m in after.messages], after.paged) == (
+            "4-4",
+            ["m4"],
+            False,
+        )
     store.close()
 
 

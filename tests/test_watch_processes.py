@@ -22,13 +22,19 @@ from .reliability.support import dedicated_server, server_kinds
 PRODUCERS, EACH = 4, 60
 
 
-def test_a_consumer_in_another_process_sees_every_event_of_four_producers_once(server_only, server, namespace):
+def test_a_consumer_in_another_process_sees_every_event_of_four_producers_once(
+    server_only, server, namespace
+):
     spawn = multiprocessing.get_context("spawn")
     out = spawn.Queue()
-    consumer = spawn.Process(target=watch_workers.consume, args=(server.url, namespace, "t", PRODUCERS * EACH, out))
+    consumer = spawn.Process(
+        target=watch_workers.consume, args=(server.url, namespace, "t", PRODUCERS * EACH, out)
+    )
     consumer.start()
-    producers = [spawn.Process(target=watch_workers.produce, args=(server.url, namespace, "t", w, EACH))
-                 for w in range(PRODUCERS)]
+    producers = [
+        spawn.Process(target=watch_workers.produce, args=(server.url, namespace, "t", w, EACH))
+        for w in range(PRODUCERS)
+    ]
     for p in producers:
         p.start()
     for p in producers:
@@ -41,16 +47,24 @@ def test_a_consumer_in_another_process_sees_every_event_of_four_producers_once(s
     assert [int(cursor.split("-")[0]) for cursor, _ in seen] == list(range(1, PRODUCERS * EACH + 1))
     messages = [m for _, batch in seen for m in batch]
     assert [seq for seq, _ in messages] == list(range(1, PRODUCERS * EACH + 1))
-    assert sorted(otid for _, otid in messages) == sorted(f"w{w}-{k}" for w in range(PRODUCERS) for k in range(EACH))
+    assert sorted(otid for _, otid in messages) == sorted(
+        f"w{w}-{k}" for w in range(PRODUCERS) for k in range(EACH)
+    )
     # Each producer's messages in the order it sent them.
     for w in range(PRODUCERS):
-        assert [otid for _, otid in messages if otid.startswith(f"w{w}-")] == [f"w{w}-{k}" for k in range(EACH)]
+        assert [otid for _, otid in messages if otid.startswith(f"w{w}-")] == [
+            f"w{w}-{k}" for k in range(EACH)
+        ]
 
 
-def test_a_consumer_cut_off_at_random_points_resumes_with_no_gap_and_no_repeat(server_only, server, namespace):
+def test_a_consumer_cut_off_at_random_points_resumes_with_no_gap_and_no_repeat(
+    server_only, server, namespace
+):
     spawn = multiprocessing.get_context("spawn")
-    producers = [spawn.Process(target=watch_workers.produce, args=(server.url, namespace, "t", w, EACH))
-                 for w in range(PRODUCERS)]
+    producers = [
+        spawn.Process(target=watch_workers.produce, args=(server.url, namespace, "t", w, EACH))
+        for w in range(PRODUCERS)
+    ]
     for p in producers:
         p.start()
     rng = random.Random(16)

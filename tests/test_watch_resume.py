@@ -70,8 +70,18 @@ def drive_watch(store, raw, thread, after, tick, until, max_steps=400):
         else:
             assert isinstance(step, ReadStream)
             tick()
-            reply = stream_entries(raw.execute_command(
-                "XREAD", "COUNT", step.count, "BLOCK", step.block_ms, "STREAMS", step.key, step.after))
+            reply = stream_entries(
+                raw.execute_command(
+                    "XREAD",
+                    "COUNT",
+                    step.count,
+                    "BLOCK",
+                    step.block_ms,
+                    "STREAMS",
+                    step.key,
+                    step.after,
+                )
+            )
             if until is None and not reply:
                 steps.close()
                 return events
@@ -85,7 +95,8 @@ def _sequences(events) -> list[int]:
 
 @pytest.mark.parametrize("cursor", ["sequence", "old event", "old event, deltas since"])
 def test_the_seam_between_paging_and_the_stream_loses_nothing_whatever_is_written_when(
-        small_stream_nodes, backend, namespace, raw_client, cursor):
+    small_stream_nodes, backend, namespace, raw_client, cursor
+):
     """A message appended at any point of the catch-up, its event trimmed before the watcher
     reads the stream, is still delivered: once, in order."""
     store = make_sync_store(backend, StoreConfig(namespace=namespace, events_max_len=2))
@@ -106,7 +117,14 @@ def test_the_seam_between_paging_and_the_stream_loses_nothing_whatever_is_writte
 
     # The requests the watcher makes until it blocks on the stream: a writer before each of them.
     requests = [0]
-    drive_watch(store, raw_client, five_messages("dry"), after, lambda: requests.__setitem__(0, requests[0] + 1), None)
+    drive_watch(
+        store,
+        raw_client,
+        five_messages("dry"),
+        after,
+        lambda: requests.__setitem__(0, requests[0] + 1),
+        None,
+    )
     assert requests[0] >= 3
     for at in range(requests[0] + 1):
         thread = five_messages(f"seam-{at}")
@@ -120,8 +138,14 @@ def test_the_seam_between_paging_and_the_stream_loses_nothing_whatever_is_writte
                 assert raw_client.xlen(thread.keys.events) <= 3
             steps[0] += 1
 
-        events = drive_watch(store, raw_client, thread, after, tick,
-                             until=lambda events: steps[0] > at and _sequences(events)[-1:] == [9])
+        events = drive_watch(
+            store,
+            raw_client,
+            thread,
+            after,
+            tick,
+            until=lambda events: steps[0] > at and _sequences(events)[-1:] == [9],
+        )
         expected = list(range(2, 10)) if cursor == "old event" else list(range(6, 10))
         assert _sequences(events) == expected, f"writer before request {at}"
     store.close()
@@ -194,7 +218,9 @@ def test_resuming_with_a_cursor_of_a_deleted_thread_says_so(make_thread, kind):
     close()
 
 
-def test_a_thread_made_again_by_a_fork_or_an_expiry_is_a_new_thread(make_thread, backend, raw_client):
+def test_a_thread_made_again_by_a_fork_or_an_expiry_is_a_new_thread(
+    make_thread, backend, raw_client
+):
     thread = make_thread("t")
     for i in range(3):
         thread.append(UserMessage(content=f"old-{i}"))
@@ -224,7 +250,9 @@ def test_a_thread_made_again_by_a_fork_or_an_expiry_is_a_new_thread(make_thread,
     close()
 
 
-def test_a_thread_made_again_while_the_watcher_pages_it(small_stream_nodes, backend, namespace, raw_client):
+def test_a_thread_made_again_while_the_watcher_pages_it(
+    small_stream_nodes, backend, namespace, raw_client
+):
     """Deleted and written again before each request of a catch-up: the watcher delivers the
     old thread's messages (a prefix, in order), then ThreadDeleted, never a new one's."""
     store = make_sync_store(backend, StoreConfig(namespace=namespace, events_max_len=2))
@@ -236,7 +264,14 @@ def test_a_thread_made_again_while_the_watcher_pages_it(small_stream_nodes, back
         return thread
 
     requests = [0]
-    drive_watch(store, raw_client, old_thread("dry"), 0, lambda: requests.__setitem__(0, requests[0] + 1), None)
+    drive_watch(
+        store,
+        raw_client,
+        old_thread("dry"),
+        0,
+        lambda: requests.__setitem__(0, requests[0] + 1),
+        None,
+    )
     # (From request 1: the first reads which thread the watcher follows.)
     for at in range(1, requests[0] + 1):
         thread = old_thread(f"again-{at}")
@@ -249,10 +284,19 @@ def test_a_thread_made_again_while_the_watcher_pages_it(small_stream_nodes, back
                     thread.append(UserMessage(content=f"new-{i}"))
             steps[0] += 1
 
-        events = drive_watch(store, raw_client, thread, 0, tick, max_steps=80,
-                             until=lambda events: isinstance(events[-1], ThreadDeleted))
+        events = drive_watch(
+            store,
+            raw_client,
+            thread,
+            0,
+            tick,
+            max_steps=80,
+            until=lambda events: isinstance(events[-1], ThreadDeleted),
+        )
         got = contents(events)
-        assert got == [f"old-{i}" for i in range(len(got))], f"thread made again before request {at}"
+        assert got == [f"old-{i}" for i in range(len(got))], (
+            f"thread made again before request {at}"
+        )
     store.close()
 
 
@@ -260,12 +304,16 @@ def test_a_thread_made_again_while_the_watcher_pages_it(small_stream_nodes, back
 
 
 @pytest.mark.parametrize("how", ["cancelled", "timed out"])
-def test_a_watch_cut_at_any_await_resumes_from_its_last_cursor(small_stream_nodes, backend, namespace, how):
+def test_a_watch_cut_at_any_await_resumes_from_its_last_cursor(
+    small_stream_nodes, backend, namespace, how
+):
     """An async watcher (its catch-up too) cut at each of its awaits, before the awaited call or
     after it answered, then resumed from the last cursor it gave: every message once, in order."""
 
     def cut(exc_at: int, when: str, thread):
-        raised = errors.ConnectionFailed("timed out") if how == "timed out" else asyncio.CancelledError()
+        raised = (
+            errors.ConnectionFailed("timed out") if how == "timed out" else asyncio.CancelledError()
+        )
         count = [0]
 
         async def awaited(call):
@@ -278,6 +326,7 @@ def test_a_watch_cut_at_any_await_resumes_from_its_last_cursor(small_stream_node
             if count[0] == exc_at and when == "after":
                 raise raised
             return result
+
         return awaited, count
 
     async def eight_messages(store, name):
@@ -296,7 +345,9 @@ def test_a_watch_cut_at_any_await_resumes_from_its_last_cursor(small_stream_node
     def cutting(watch, exc_at, when, thread):
         awaited, count = cut(exc_at, when, thread)
         store_run, read = watch._store.run, watch._read
-        watch._store = SimpleNamespace(run=lambda op: awaited(lambda: store_run(op)), client=watch._store.client)
+        watch._store = SimpleNamespace(
+            run=lambda op: awaited(lambda: store_run(op)), client=watch._store.client
+        )
         watch._read = lambda *args: awaited(lambda: read(*args))
         return count
 

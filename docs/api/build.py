@@ -17,8 +17,16 @@ import pdoc.render
 
 # The package (its page lists kvstore.__all__, kvstore.errors included) and the modules that
 # define those names, which hold a few more (ToolCallDelta, Attachment, MESSAGE_ADAPTER …).
-MODULES = ["kvstore", "kvstore.store", "kvstore.thread", "kvstore.messages", "kvstore.models", "kvstore.config",
-           "kvstore.convert", "kvstore.importers"]
+MODULES = [
+    "kvstore",
+    "kvstore.store",
+    "kvstore.thread",
+    "kvstore.messages",
+    "kvstore.models",
+    "kvstore.config",
+    "kvstore.convert",
+    "kvstore.importers",
+]
 
 
 def main(argv: list[str]) -> int:
@@ -28,8 +36,12 @@ def main(argv: list[str]) -> int:
         warnings.simplefilter("always")
         pdoc.pdoc(*MODULES, output_directory=output)
     # Only pdoc's own warnings count: a dependency's deprecation notice is not the reference's.
-    found = [w for w in caught if w.filename.startswith(str(Path(pdoc.__file__).parent))
-             or not issubclass(w.category, DeprecationWarning)]
+    found = [
+        w
+        for w in caught
+        if w.filename.startswith(str(Path(pdoc.__file__).parent))
+        or not issubclass(w.category, DeprecationWarning)
+    ]
     for warning in found:
         print(f"warning: {warning.message}", file=sys.stderr)
     pages = sorted(path.name for path in output.rglob("*.html"))

@@ -88,16 +88,34 @@ async def fake_model(thread: Any, lease: Any, question: str) -> None:
     call_id = f"call-{uuid.uuid4().hex[:8]}"
     arguments = json.dumps({"city": question.split()[-1].strip("?") or "Paris"})
     for i in range(0, len(arguments), 6):
-        await thread.publish(lease, ToolCallMessage(tool_call=ToolCallDelta(
-            name="weather" if i == 0 else None, tool_call_id=call_id if i == 0 else None,
-            arguments=arguments[i:i + 6])))
+        await thread.publish(
+            lease,
+            ToolCallMessage(
+                tool_call=ToolCallDelta(
+                    name="weather" if i == 0 else None,
+                    tool_call_id=call_id if i == 0 else None,
+                    arguments=arguments[i : i + 6],
+                )
+            ),
+        )
         await asyncio.sleep(TOKEN_DELAY)
-    await thread.append(ToolCallMessage(tool_call=ToolCall(name="weather", arguments=arguments, tool_call_id=call_id)),
-                        turn_id=lease)
-    await thread.append(ToolReturnMessage(tool_return="sunny, 21 C", status="success", tool_call_id=call_id,
-                                          tool_returns=[ToolReturn(tool_call_id=call_id, status="success",
-                                                                   tool_return="sunny, 21 C")]),
-                        turn_id=lease)
+    await thread.append(
+        ToolCallMessage(
+            tool_call=ToolCall(name="weather", arguments=arguments, tool_call_id=call_id)
+        ),
+        turn_id=lease,
+    )
+    await thread.append(
+        ToolReturnMessage(
+            tool_return="sunny, 21 C",
+            status="success",
+            tool_call_id=call_id,
+            tool_returns=[
+                ToolReturn(tool_call_id=call_id, status="success", tool_return="sunny, 21 C")
+            ],
+        ),
+        turn_id=lease,
+    )
     answer_id = f"message-{uuid.uuid4()}"
     answer = "It is sunny and 21 degrees."
     for word in answer.split(" "):
@@ -108,18 +126,25 @@ async def fake_model(thread: Any, lease: Any, question: str) -> None:
 
 def event_data(event: ThreadEvent) -> dict[str, Any]:
     """An event as JSON: its fields, messages in the list API's shape."""
+
     def plain(value: Any) -> Any:
         if isinstance(value, BaseMessage):
             return value.model_dump(mode="json", exclude_none=True)
         if isinstance(value, list):
             return [plain(v) for v in value]
         return value
-    return {f.name: plain(getattr(event, f.name)) for f in dataclasses.fields(event) if f.name != "cursor"}
+
+    return {
+        f.name: plain(getattr(event, f.name))
+        for f in dataclasses.fields(event)
+        if f.name != "cursor"
+    }
 
 
 @app.get("/threads/{thread_id}/events")
-async def stream_events(thread_id: str, after: str | None = None,
-                        last_event_id: str | None = Header(default=None)) -> StreamingResponse:
+async def stream_events(
+    thread_id: str, after: str | None = None, last_event_id: str | None = Header(default=None)
+) -> StreamingResponse:
     """The thread's events as Server-Sent Events: each carries its cursor as `id`, so a client
     that reconnects with Last-Event-ID goes on right after the last event it got. Without one,
     `after` (a cursor or a sequence; "0" for the whole thread) or from now on."""
@@ -132,4 +157,6 @@ async def stream_events(thread_id: str, after: str | None = None,
             async for event in events:
                 yield f"id: {event.cursor}\nevent: {event.kind}\ndata: {json.dumps(event_data(event))}\n\n"
 
-    return StreamingResponse(lines(), media_type="text/event-stream", headers={"Cache-Control": "no-store"})
+    return StreamingResponse(
+        lines(), media_type="text/event-stream", headers={"Cache-Control": "no-store"}
+    )

@@ -17,7 +17,10 @@ from .wire import AppendReply, FinishTurnReply, StartTurnReply
 
 
 def append(
-    thread: ThreadRef, messages: Message | dict | Iterable[Message | dict], turn_id: str | None, lease: int = 0,
+    thread: ThreadRef,
+    messages: Message | dict | Iterable[Message | dict],
+    turn_id: str | None,
+    lease: int = 0,
     tokens: Any = None,
 ) -> Operation:
     """`lease`: the caller's lease of the turn (thread.hold_turn), refused once another worker
@@ -27,12 +30,18 @@ def append(
     turn_arg = f"{turn_id}\t{lease}" if turn_id and lease else turn_id or ""
 
     def send(items: list[PreparedMessage]) -> Operation:
-        pairs = batch_pairs([item.message for item in items]) if thread.config.history_checks == "strict" else ""
+        pairs = (
+            batch_pairs([item.message for item in items])
+            if thread.config.history_checks == "strict"
+            else ""
+        )
         args: list[Any] = [*thread.limits(), turn_arg, len(items), pairs]
         for item in items:
             args += (item.message.id, item.message.otid or "", item.media, item.tokens, item.record)
         try:
-            return AppendReply.decode((yield from write(thread, SCRIPTS["append"], args)), len(items))
+            return AppendReply.decode(
+                (yield from write(thread, SCRIPTS["append"], args)), len(items)
+            )
         except errors.OutcomeUnknown as unknown:
             # The ids the client made are the call's token: re-sending these messages is safe.
             unknown.messages = [item.message for item in items]
@@ -42,7 +51,9 @@ def append(
     reply, prepared = yield from within_media_budget(prepared, turn_id, send)
     if reply.stored:
         first = reply.first_sequence
-        return AppendResult([_with_sequence(item.message, first + i) for i, item in enumerate(prepared)])
+        return AppendResult(
+            [_with_sequence(item.message, first + i) for i, item in enumerate(prepared)]
+        )
     return (yield from _replayed(thread, prepared, reply))
 
 
@@ -61,7 +72,9 @@ def _replayed(thread: ThreadRef, prepared: list[PreparedMessage], reply: AppendR
             # Stored, then deleted by retention before this read: named by its stored id and
             # sequence, with the content as sent.
             stored_id = replayed.id or item.message.id
-            message = _with_sequence(item.message.model_copy(update={"id": stored_id}), replayed.sequence)
+            message = _with_sequence(
+                item.message.model_copy(update={"id": stored_id}), replayed.sequence
+            )
         stored.append(message)
     return AppendResult(stored, replayed=True)
 
@@ -74,7 +87,9 @@ def _with_sequence(message: Message, sequence: int) -> Message:
 
 def start_turn(thread: ThreadRef, turn_id: str) -> Operation:
     check_token("turn_id", turn_id)
-    reply = yield from write(thread, SCRIPTS["start_turn"], (*thread.limits(), turn_id, "start", ""))
+    reply = yield from write(
+        thread, SCRIPTS["start_turn"], (*thread.limits(), turn_id, "start", "")
+    )
     return StartTurnReply.decode(reply).reply_start
 
 
@@ -83,7 +98,13 @@ def finish_turn(thread: ThreadRef, turn_id: str, outcome: TurnOutcome, lease: in
     if outcome not in TURN_OUTCOMES:
         raise errors.InvalidMessage(f"outcome {outcome!r} is not one of {', '.join(TURN_OUTCOMES)}")
     reply = FinishTurnReply.decode(
-        (yield from write(thread, SCRIPTS["finish_turn"], (*thread.limits(), f"{turn_id}\t{lease}" if lease else turn_id, outcome)))
+        (
+            yield from write(
+                thread,
+                SCRIPTS["finish_turn"],
+                (*thread.limits(), f"{turn_id}\t{lease}" if lease else turn_id, outcome),
+            )
+        )
     )
     return TurnResult(
         turn_id=turn_id,

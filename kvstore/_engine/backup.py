@@ -72,7 +72,11 @@ class BackupState:
 
     def same_moment(self, other: BackupState) -> bool:
         """No message was added, moved or deleted between the two reads."""
-        return (self.last_seq, self.gen, self.summary_seq) == (other.last_seq, other.gen, other.summary_seq)
+        return (self.last_seq, self.gen, self.summary_seq) == (
+            other.last_seq,
+            other.gen,
+            other.summary_seq,
+        )
 
 
 def backup_state(thread: ThreadRef) -> Operation:
@@ -82,7 +86,9 @@ def backup_state(thread: ThreadRef) -> Operation:
     if "deleting" in fields:
         fields = {}
     if fields.get("layout", "2") != "2":
-        raise errors.LayoutError("the thread is in layout 1: migrate it (kvstore migrate) before a backup")
+        raise errors.LayoutError(
+            "the thread is in layout 1: migrate it (kvstore migrate) before a backup"
+        )
 
     def number(name: str) -> int:
         return stored_int(fields.get(name) or 0, f"meta field {name}")
@@ -108,19 +114,29 @@ def backup_state(thread: ThreadRef) -> Operation:
     return state
 
 
-def _turn(turn_id: str, value: str, records: dict[str, str], state: BackupState) -> tuple[TurnRecord, list[tuple[int, int]]]:
+def _turn(
+    turn_id: str, value: str, records: dict[str, str], state: BackupState
+) -> tuple[TurnRecord, list[tuple[int, int]]]:
     if "|" in value:
         # The first layout-2 form, "<start>|a-b,c-d,...": its outcome is the turn reply sequence's.
         start, _, spans = value.partition("|")
         ranges = [_range(span) for span in spans.split(",") if span]
         outcome = state.turn_outcome if state.turn_id == turn_id else "open"
-        start_seq = stored_int(start or 0, f"turn {turn_id}'s start") or (state.turn_seq if state.turn_id == turn_id else 0)
-        spans_from_start = [(max(a, start_seq), b) for a, b in ranges if start_seq and b >= start_seq]
+        start_seq = stored_int(start or 0, f"turn {turn_id}'s start") or (
+            state.turn_seq if state.turn_id == turn_id else 0
+        )
+        spans_from_start = [
+            (max(a, start_seq), b) for a, b in ranges if start_seq and b >= start_seq
+        ]
         replies = sum(b - a + 1 for a, b in spans_from_start)
         first = spans_from_start[0][0] if spans_from_start else 0
         outcome = outcome or "open"
         # A finished turn's result is what finish_turn reads from such a record: its replies.
-        result = (replies, first, spans_from_start[-1][1] if spans_from_start else 0) if outcome != "open" else (0, 0, 0)
+        result = (
+            (replies, first, spans_from_start[-1][1] if spans_from_start else 0)
+            if outcome != "open"
+            else (0, 0, 0)
+        )
         return TurnRecord(turn_id, start_seq, outcome, replies, first, *result), ranges
     header = TurnHeader.parse(value)
     ranges = []
@@ -130,8 +146,16 @@ def _turn(turn_id: str, value: str, records: dict[str, str], state: BackupState)
             ranges.append(_range(older))
     if header.kept:
         ranges.append((header.a, header.b))
-    record = TurnRecord(turn_id, header.start, header.outcome, header.replies, header.first,
-                        header.count, header.first_seq, header.last_seq)
+    record = TurnRecord(
+        turn_id,
+        header.start,
+        header.outcome,
+        header.replies,
+        header.first,
+        header.count,
+        header.first_seq,
+        header.last_seq,
+    )
     return record, ranges
 
 
@@ -162,8 +186,14 @@ def restore_runs(items: Iterable[BackedUpMessage]) -> Iterator[list[BackedUpMess
     previous = 0
     for item in items:
         if item.sequence <= previous:
-            raise errors.InvalidMessage(f"sequence {item.sequence} follows {previous}: a backup lists sequences in order")
-        if run and (item.sequence != previous + 1 or item.turn_id != run[0].turn_id or len(run) == RESTORE_RUN):
+            raise errors.InvalidMessage(
+                f"sequence {item.sequence} follows {previous}: a backup lists sequences in order"
+            )
+        if run and (
+            item.sequence != previous + 1
+            or item.turn_id != run[0].turn_id
+            or len(run) == RESTORE_RUN
+        ):
             yield run
             run = []
         run.append(item)
@@ -178,18 +208,30 @@ def restore_run(thread: ThreadRef, run: list[BackedUpMessage]) -> Operation:
     RESTORE_RUN_BYTES of records); returns (restored, already stored)."""
     turn_id = run[0].turn_id
     for item in run:
-        check_sequence(item.sequence, "a backed-up message's sequence", errors.InvalidMessage, low=1)
-    prepared = [PreparedMessage.of(thread.config, item.message, turn_id, None, f"message {item.sequence}",
-                                   item.tokens, thread.count_tokens)
-                for item in run]
+        check_sequence(
+            item.sequence, "a backed-up message's sequence", errors.InvalidMessage, low=1
+        )
+    prepared = [
+        PreparedMessage.of(
+            thread.config,
+            item.message,
+            turn_id,
+            None,
+            f"message {item.sequence}",
+            item.tokens,
+            thread.count_tokens,
+        )
+        for item in run
+    ]
     most = thread.config.max_batch_messages
     most_bytes = min(RESTORE_RUN_BYTES, thread.config.max_batch_bytes)
     restored = already = 0
     start = 0
     while start < len(prepared):
         end, size = start, 0
-        while end < len(prepared) and (end == start or (
-                end - start < most and size + len(prepared[end].record) <= most_bytes)):
+        while end < len(prepared) and (
+            end == start or (end - start < most and size + len(prepared[end].record) <= most_bytes)
+        ):
             size += len(prepared[end].record)
             end += 1
         strict = thread.config.history_checks == "strict"
@@ -204,29 +246,54 @@ def restore_run(thread: ThreadRef, run: list[BackedUpMessage]) -> Operation:
     return restored, already
 
 
-def restore_state(thread: ThreadRef, state: BackupState, fork_of: str = "", fork_at: int = 0) -> Operation:
+def restore_state(
+    thread: ThreadRef, state: BackupState, fork_of: str = "", fork_at: int = 0
+) -> Operation:
     """Sets the thread's state as the backup recorded it (after every message is restored); a
     fork also records the thread it was forked from and its fork point. Only the last call ends
     the restore (and records the fork): one stopped before it is run again."""
     turns = state.turns or []
-    numbers = [state.last_seq, state.summary_last, state.summary_seq, state.deleted_before, state.turn_seq, fork_at]
+    numbers = [
+        state.last_seq,
+        state.summary_last,
+        state.summary_seq,
+        state.deleted_before,
+        state.turn_seq,
+        fork_at,
+    ]
     for turn in turns:
         numbers += (turn.start, turn.replies, turn.first, turn.count, turn.first_seq, turn.last_seq)
     for value in numbers:
         if not bounded(value, 0, MAX_SEQUENCE):
             # As lua/restore_state.lua words it (KVS_BAD_BACKUP), before the socket.
-            raise errors.InvalidMessage(f"number {value!r:.80} is not one a backup holds (an int from 0 to 2**50)")
+            raise errors.InvalidMessage(
+                f"number {value!r:.80} is not one a backup holds (an int from 0 to 2**50)"
+            )
     starts = range(0, max(len(turns), 1), RESTORE_TURNS)
     for start in starts:
         part = turns[start : start + RESTORE_TURNS]
         args: list[Any] = [
-            *thread.limits(), state.last_seq, state.summary_last, state.summary_seq, state.deleted_before,
-            state.turn_id, state.turn_seq if state.turn_id else 0, state.turn_outcome if state.turn_id else "",
+            *thread.limits(),
+            state.last_seq,
+            state.summary_last,
+            state.summary_seq,
+            state.deleted_before,
+            state.turn_id,
+            state.turn_seq if state.turn_id else 0,
+            state.turn_outcome if state.turn_id else "",
             len(part),
         ]
         for turn in part:
-            args += (turn.turn_id, turn.start, turn.outcome, turn.replies, turn.first,
-                     turn.count, turn.first_seq, turn.last_seq)
+            args += (
+                turn.turn_id,
+                turn.start,
+                turn.outcome,
+                turn.replies,
+                turn.first,
+                turn.count,
+                turn.first_seq,
+                turn.last_seq,
+            )
         last = start == starts[-1]
         if fork_of or not last:
             args += (fork_of, fork_at, int(last))
@@ -238,16 +305,22 @@ def stored_ids(thread: ThreadRef, ids: list[str]) -> Operation:
     if not ids:
         return {}
     (found,) = yield Batch([("HMGET", thread.keys.ids, *ids)])
-    return {message_id: int(sequence) for message_id, sequence in zip(ids, found) if sequence is not None}
+    return {
+        message_id: int(sequence)
+        for message_id, sequence in zip(ids, found)
+        if sequence is not None
+    }
 
 
 def check_restore_target(thread: ThreadRef, first: BackedUpMessage) -> Operation:
     """Refuses (RestoreConflict) a thread that is neither empty nor a partial restore of this
     backup: one holding messages whose sequences the backup's first message does not start."""
-    (meta, stored_at) = yield Batch([
-        ("HMGET", thread.keys.meta, "last_seq", "deleting"),
-        ("HGET", thread.keys.ids, first.message.id),
-    ])
+    (meta, stored_at) = yield Batch(
+        [
+            ("HMGET", thread.keys.meta, "last_seq", "deleting"),
+            ("HGET", thread.keys.ids, first.message.id),
+        ]
+    )
     last_seq = stored_int(meta[0] or 0, "meta field last_seq") if meta[1] is None else 0
     if last_seq == 0:
         return

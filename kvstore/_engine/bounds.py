@@ -72,14 +72,18 @@ def bounded(value: Any, low: int, high: int) -> bool:
 def check_sequence(value: Any, what: str, error: type[errors.KVStoreError], low: int = 0) -> int:
     """`value` when it is an int from `low` to MAX_SEQUENCE, else `error` naming `what`."""
     if not bounded(value, low, MAX_SEQUENCE):
-        raise error(f"{what} must be an int from {low} to {MAX_SEQUENCE} (2**50), got {value!r:.80}")
+        raise error(
+            f"{what} must be an int from {low} to {MAX_SEQUENCE} (2**50), got {value!r:.80}"
+        )
     return value
 
 
 def check_lease(lease: Any) -> int:
     """A TurnLease's lease (hold_turn numbers them from 1), else InvalidMessage."""
     if not bounded(lease, 1, MAX_SEQUENCE):
-        raise errors.InvalidMessage(f"a turn's lease is an int from 1 to {MAX_SEQUENCE} (2**50), got {lease!r:.80}")
+        raise errors.InvalidMessage(
+            f"a turn's lease is an int from 1 to {MAX_SEQUENCE} (2**50), got {lease!r:.80}"
+        )
     return lease
 
 
@@ -88,9 +92,19 @@ def check_watch(after: Any, block_ms: Any) -> None:
     MAX_SEQUENCE (an event's number and a sequence), block_ms from 0 to MAX_WAIT_MS.
     InvalidCursor otherwise (the cursor's form is checked where it is read)."""
     if not bounded(block_ms, 0, MAX_WAIT_MS):
-        raise errors.InvalidCursor(f"block_ms must be an int from 0 to {MAX_WAIT_MS}, got {block_ms!r:.80}")
+        raise errors.InvalidCursor(
+            f"block_ms must be an int from 0 to {MAX_WAIT_MS}, got {block_ms!r:.80}"
+        )
     # The thread's incarnation after '@' is an identity (the server's time in µs), not a position.
     position = after.partition("@")[0] if isinstance(after, str) else after
-    numbers = [str(position)] if is_int(position) else re.findall(r"[0-9]+", position) if isinstance(position, str) else []
+    numbers = (
+        [str(position)]
+        if is_int(position)
+        else re.findall(r"[0-9]+", position)
+        if isinstance(position, str)
+        else []
+    )
     if any(len(n) > 16 or int(n) > MAX_SEQUENCE for n in numbers):
-        raise errors.InvalidCursor(f"a watch cursor's numbers are at most {MAX_SEQUENCE} (2**50), got {after!r:.80}")
+        raise errors.InvalidCursor(
+            f"a watch cursor's numbers are at most {MAX_SEQUENCE} (2**50), got {after!r:.80}"
+        )

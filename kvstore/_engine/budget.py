@@ -59,27 +59,65 @@ def budgeted_context(thread: ThreadRef, max_tokens: int) -> Operation:
     when the thread changed under each try (context() then reads in one step)."""
     keys = thread.keys
     for _ in range(OPTIMISTIC_READS):
-        meta, sides, chunk_members, large_members, legacy, again = yield Batch([
-            ("HMGET", keys.meta, "gen", "last_seq", "summary_last", "summary_seq", "layout", "deleting",
-             "deleted_before"),
-            ("HGETALL", keys.window_side),
-            ("ZRANGE", keys.chunk_index, "+inf", "-inf", "BYSCORE", "REV", "LIMIT", 0, PLAN_MEMBERS),
-            ("ZRANGE", keys.large_index, "+inf", "-inf", "BYSCORE", "REV", "LIMIT", 0, PLAN_MEMBERS),
-            ("EXISTS", keys.legacy),
-            ("HMGET", keys.meta, "gen", "last_seq"),
-        ])
+        meta, sides, chunk_members, large_members, legacy, again = yield Batch(
+            [
+                (
+                    "HMGET",
+                    keys.meta,
+                    "gen",
+                    "last_seq",
+                    "summary_last",
+                    "summary_seq",
+                    "layout",
+                    "deleting",
+                    "deleted_before",
+                ),
+                ("HGETALL", keys.window_side),
+                (
+                    "ZRANGE",
+                    keys.chunk_index,
+                    "+inf",
+                    "-inf",
+                    "BYSCORE",
+                    "REV",
+                    "LIMIT",
+                    0,
+                    PLAN_MEMBERS,
+                ),
+                (
+                    "ZRANGE",
+                    keys.large_index,
+                    "+inf",
+                    "-inf",
+                    "BYSCORE",
+                    "REV",
+                    "LIMIT",
+                    0,
+                    PLAN_MEMBERS,
+                ),
+                ("EXISTS", keys.legacy),
+                ("HMGET", keys.meta, "gen", "last_seq"),
+            ]
+        )
         gen, last_seq, summary_last, summary_seq, layout, deleting, deleted_before = meta
         if deleting is not None or layout != b"2" or legacy:
             return None
         if list(again) != [gen, last_seq]:
             continue
-        plan = _Plan(stored_int(last_seq, "meta field last_seq"),
-                     stored_int(summary_last, "meta field summary_last") if summary_seq is not None else None,
-                     stored_int(summary_seq, "meta field summary_seq") if summary_seq is not None else None)
+        plan = _Plan(
+            stored_int(last_seq, "meta field last_seq"),
+            stored_int(summary_last, "meta field summary_last")
+            if summary_seq is not None
+            else None,
+            stored_int(summary_seq, "meta field summary_seq") if summary_seq is not None else None,
+        )
         if plan.summary_seq is None and deleted_before is not None:
             log.warning(
                 "thread %s has deleted messages (before sequence %s) but no summary: its model input"
-                " starts mid-conversation", keys.meta, deleted_before.decode())
+                " starts mid-conversation",
+                keys.meta,
+                deleted_before.decode(),
+            )
         plan.window = {int(s): side_tokens(v) for s, v in hash_pairs(sides)}
         chunks = [ChunkEntry.parse(m) for m in chunk_members]
         large = [LargeEntry.parse(m) for m in large_members]
@@ -91,11 +129,33 @@ def budgeted_context(thread: ThreadRef, max_tokens: int) -> Operation:
             # The budget reaches past the members read: read the next ones below them.
             commands: list[tuple[Any, ...]] = []
             if more_chunks:
-                commands.append(("ZRANGE", keys.chunk_index, f"({chunks[-1].first}", "-inf", "BYSCORE", "REV",
-                                 "LIMIT", 0, PLAN_MEMBERS))
+                commands.append(
+                    (
+                        "ZRANGE",
+                        keys.chunk_index,
+                        f"({chunks[-1].first}",
+                        "-inf",
+                        "BYSCORE",
+                        "REV",
+                        "LIMIT",
+                        0,
+                        PLAN_MEMBERS,
+                    )
+                )
             if more_large:
-                commands.append(("ZRANGE", keys.large_index, f"({large[-1].sequence}", "-inf", "BYSCORE", "REV",
-                                 "LIMIT", 0, PLAN_MEMBERS))
+                commands.append(
+                    (
+                        "ZRANGE",
+                        keys.large_index,
+                        f"({large[-1].sequence}",
+                        "-inf",
+                        "BYSCORE",
+                        "REV",
+                        "LIMIT",
+                        0,
+                        PLAN_MEMBERS,
+                    )
+                )
             replies = iter((yield Batch([*commands, ("HMGET", keys.meta, "gen", "last_seq")])))
             if more_chunks:
                 found = [ChunkEntry.parse(m) for m in next(replies)]
@@ -132,8 +192,14 @@ class _Plan:
     summary_where: tuple[Any, ...] | None = None
     summary_tokens: int | None = None
 
-    def select(self, max_tokens: int, chunks: list[ChunkEntry], large: list[LargeEntry],
-               more_chunks: bool, more_large: bool) -> bool:
+    def select(
+        self,
+        max_tokens: int,
+        chunks: list[ChunkEntry],
+        large: list[LargeEntry],
+        more_chunks: bool,
+        more_large: bool,
+    ) -> bool:
         """Names the containers holding the newest messages that may fit; False when the
         budget reaches past the index members read (more are to be read first)."""
         self._locate_summary(chunks, large)
@@ -152,7 +218,8 @@ class _Plan:
                 reached = True
                 break
             if (more_chunks and lowest_chunk is not None and top < lowest_chunk) or (
-                    more_large and lowest_large is not None and top < lowest_large):
+                more_large and lowest_large is not None and top < lowest_large
+            ):
                 return False  # an unread member may be newer than this one
             if top == self.summary_seq and kind != "c":
                 continue
@@ -172,7 +239,11 @@ class _Plan:
             # Oversized messages beside a chosen chunk (inside its range) are read too.
             bottom = min(e.first for e in self.chunks)
             chosen = {e.sequence for e in self.large}
-            self.large += [e for e in large if e.sequence >= max(bottom, floor + 1) and e.sequence not in chosen]
+            self.large += [
+                e
+                for e in large
+                if e.sequence >= max(bottom, floor + 1) and e.sequence not in chosen
+            ]
         return True
 
     def _locate_summary(self, chunks: list[ChunkEntry], large: list[LargeEntry]) -> None:
@@ -242,7 +313,9 @@ def _fetch(thread: ThreadRef, plan: _Plan, gen: bytes, summary_seq: bytes | None
             summary = found if isinstance(found, SummaryMessage) else None
 
     floor = plan.after or 0
-    candidates = sorted((s for s in records if floor < s <= plan.last_seq and s != plan.summary_seq), reverse=True)
+    candidates = sorted(
+        (s for s in records if floor < s <= plan.last_seq and s != plan.summary_seq), reverse=True
+    )
     return _Fetched(summary, summary_tokens, candidates, records, tokens)
 
 
@@ -275,7 +348,11 @@ def _cut(thread: ThreadRef, plan: _Plan, fetched: _Fetched, max_tokens: int) -> 
     unreadable: list[RecordError] = []
     body = decode_records([(s, fetched.records[s]) for s in kept], unreadable)
     for error in unreadable:
-        log.warning("thread %s: skipped an unreadable record: %s", thread.keys.meta.rpartition(":")[0], error)
+        log.warning(
+            "thread %s: skipped an unreadable record: %s",
+            thread.keys.meta.rpartition(":")[0],
+            error,
+        )
     return Budgeted(fetched.summary, plan.after, body, max(left, 0))
 
 
@@ -287,14 +364,16 @@ def stored_tokens(thread: ThreadRef, sequences: list[int]) -> Operation:
     keys = thread.keys
     low, high = min(sequences), max(sequences)
     for _ in range(OPTIMISTIC_READS):
-        gen, sides, below, within, large, again = yield Batch([
-            ("HGET", keys.meta, "gen"),
-            ("HMGET", keys.window_side, *sequences),
-            ("ZRANGE", keys.chunk_index, low, "-inf", "BYSCORE", "REV", "LIMIT", 0, 1),
-            ("ZRANGE", keys.chunk_index, f"({low}", high, "BYSCORE"),
-            ("ZRANGE", keys.large_index, low, high, "BYSCORE"),
-            ("HGET", keys.meta, "gen"),
-        ])
+        gen, sides, below, within, large, again = yield Batch(
+            [
+                ("HGET", keys.meta, "gen"),
+                ("HMGET", keys.window_side, *sequences),
+                ("ZRANGE", keys.chunk_index, low, "-inf", "BYSCORE", "REV", "LIMIT", 0, 1),
+                ("ZRANGE", keys.chunk_index, f"({low}", high, "BYSCORE"),
+                ("ZRANGE", keys.large_index, low, high, "BYSCORE"),
+                ("HGET", keys.meta, "gen"),
+            ]
+        )
         if gen != again:
             continue
         tokens = {s: side_tokens(side) for s, side in zip(sequences, sides) if side is not None}
@@ -303,10 +382,16 @@ def stored_tokens(thread: ThreadRef, sequences: list[int]) -> Operation:
             if entry.sequence in wanted:
                 tokens[entry.sequence] = entry.tokens
         wanted -= set(tokens)
-        chunks = [e.first for e in map(ChunkEntry.parse, [*below, *within]) if any(e.first <= s <= e.last for s in wanted)]
+        chunks = [
+            e.first
+            for e in map(ChunkEntry.parse, [*below, *within])
+            if any(e.first <= s <= e.last for s in wanted)
+        ]
         if not chunks:
             return tokens
-        replies = yield Batch([*(("HGET", keys.chunk(first), "_m") for first in chunks), ("HGET", keys.meta, "gen")])
+        replies = yield Batch(
+            [*(("HGET", keys.chunk(first), "_m") for first in chunks), ("HGET", keys.meta, "gen")]
+        )
         if replies[-1] != gen:
             continue
         for manifest in replies[:-1]:

@@ -20,10 +20,20 @@ The operations live by concern; this module names them for the rest of the code:
 """
 
 from .append import append, finish_turn, start_turn
-from .backup import BackedUpMessage, BackupState, TurnRecord, backup_state, check_restore_target, restore_run, restore_runs, restore_state, stored_ids
+from .backup import (
+    BackedUpMessage,
+    BackupState,
+    TurnRecord,
+    backup_state,
+    check_restore_target,
+    restore_run,
+    restore_runs,
+    restore_state,
+    stored_ids,
+)
 from .budget import stored_tokens
-from .keys import ThreadKeys
 from .fork import fork
+from .keys import ThreadKeys
 from .lifecycle import compact, delete, migrate, remove_turn, replace
 from .pages import gathering, list_page, pages
 from .prepare import PreparedMessage, fit_media, prepare_batch
@@ -62,17 +72,17 @@ __all__ = [
     "backup_state",
     "check_restore_target",
     "compact",
-    "fork",
     "context",
     "delete",
     "fetch_sequences",
     "finish_turn",
     "finishing_deletes",
     "fit_media",
+    "fork",
     "gathering",
-    "hold_turn",
     "get",
     "get_by_otid",
+    "hold_turn",
     "list_page",
     "migrate",
     "pages",

@@ -70,15 +70,23 @@ class Executor:
     """What a store keeps between calls: its client, config, script variants, whether the server
     has functions."""
 
-    def __init__(self, client: Any, config: StoreConfig | None = None,
-                 count_tokens: Callable[[Any], int] | None = None) -> None:
+    def __init__(
+        self,
+        client: Any,
+        config: StoreConfig | None = None,
+        count_tokens: Callable[[Any], int] | None = None,
+    ) -> None:
         self.client = client
         self.config = config if config is not None else StoreConfig()
         if count_tokens is not None and not callable(count_tokens):
-            raise errors.ConfigError(f"count_tokens must be a function of a message, not {type(count_tokens).__name__}")
+            raise errors.ConfigError(
+                f"count_tokens must be a function of a message, not {type(count_tokens).__name__}"
+            )
         self._count_tokens = count_tokens
         if decodes_responses(client):
-            raise errors.ConfigError("the client must return bytes: create it with decode_responses=False")
+            raise errors.ConfigError(
+                "the client must return bytes: create it with decode_responses=False"
+            )
         self._scripts = dict(SCRIPTS)
         if is_fakeredis(client):
             # fakeredis's Lua does not parse the shebang line.
@@ -109,7 +117,9 @@ class Executor:
         if str(reply).startswith("Function not found"):
             return True
         # The server, or a proxy in front of it, does not know FCALL or FUNCTION.
-        if self.functions and str(reply).lower().startswith(("unknown command", "unknown subcommand")):
+        if self.functions and str(reply).lower().startswith(
+            ("unknown command", "unknown subcommand")
+        ):
             self.functions = False
             return True
         return False
@@ -124,7 +134,11 @@ class Executor:
                 f" user may not load it ({loaded}): run `kvstore preload-scripts` as a user allowed"
                 " to, or allow function|load"
             )
-        if not isinstance(loaded, ResponseError) or "already exists" in str(loaded) or self._missed(loaded):
+        if (
+            not isinstance(loaded, ResponseError)
+            or "already exists" in str(loaded)
+            or self._missed(loaded)
+        ):
             return None
         return script_error(script, loaded, Call())
 
@@ -284,7 +298,9 @@ def _durable_call(store: Executor, script: Script, request: Eval) -> Steps:
     return reply
 
 
-def _reloaded_call(store: Executor, script: Script, request: Eval, wait: tuple[Any, ...] | None) -> Steps:
+def _reloaded_call(
+    store: Executor, script: Script, request: Eval, wait: tuple[Any, ...] | None
+) -> Steps:
     """The call again, after the server lacked its script (nothing ran), on one pipeline with
     what loads the script first (FUNCTION LOAD, or EVAL instead of the call), and the durable
     write's WAIT after it."""
@@ -349,7 +365,7 @@ class SyncDriver:
                 continue
             try:
                 reply = step(self)
-            except BaseException as exc:  # noqa: BLE001  # thrown into the steps, which may handle it
+            except BaseException as exc:  # thrown into the steps, which may handle it
                 failure = exc
 
     def _finish(self, steps: Steps) -> Any:
@@ -366,7 +382,7 @@ class SyncDriver:
                 continue
             try:
                 reply = step(self)
-            except BaseException as exc:  # noqa: BLE001  # thrown into the steps, which may handle it
+            except BaseException as exc:  # thrown into the steps, which may handle it
                 failure = exc
 
 
@@ -390,7 +406,7 @@ class AsyncDriver:
                 continue
             try:
                 reply = await step(self)
-            except BaseException as exc:  # noqa: BLE001  # cancellation too: the steps clean up, re-raise
+            except BaseException as exc:  # cancellation too: the steps clean up, re-raise
                 failure = exc
 
     async def _finish(self, steps: Steps) -> Any:
@@ -407,7 +423,7 @@ class AsyncDriver:
                 continue
             try:
                 reply = await step(self)
-            except BaseException as exc:  # noqa: BLE001  # cancellation too: the steps clean up, re-raise
+            except BaseException as exc:  # cancellation too: the steps clean up, re-raise
                 failure = exc
 
 

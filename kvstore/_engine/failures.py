@@ -164,13 +164,17 @@ def batch_error(exc: Exception, call: Call) -> errors.KVStoreError:
     if isinstance(exc, NoPermissionError):
         return errors.PermissionDenied(str(exc))
     if isinstance(exc, (RedisConnectionError, RedisTimeoutError)):
-        return _not_sent(call, exc, "the read") or errors.ServerError(f"the read could not reach the server: {exc}")
+        return _not_sent(call, exc, "the read") or errors.ServerError(
+            f"the read could not reach the server: {exc}"
+        )
     return errors.ServerError(f"the read failed: {exc}")
 
 
 def script_error(script: Script, exc: Exception, call: Call) -> errors.KVStoreError:
     if isinstance(exc, OutOfMemoryError):
-        return errors.ServerError(f"{script.name}: the server is out of memory (maxmemory); nothing was written: {exc}")
+        return errors.ServerError(
+            f"{script.name}: the server is out of memory (maxmemory); nothing was written: {exc}"
+        )
     if isinstance(exc, NoPermissionError):
         return errors.PermissionDenied(f"{script.name}: {exc}")
     if isinstance(exc, (RedisConnectionError, RedisTimeoutError)):
@@ -195,7 +199,8 @@ def read_of_wrong_type(exc: BaseException) -> bool:
 def lost_connection(exc: BaseException) -> bool:
     """Whether a read's error is its connection failing after the read was sent."""
     return isinstance(exc.__cause__, (RedisConnectionError, RedisTimeoutError)) and not isinstance(
-        exc, errors.ConnectionFailed)
+        exc, errors.ConnectionFailed
+    )
 
 
 def _not_sent(call: Call, exc: Exception, what: str) -> errors.ConnectionFailed | None:
@@ -208,7 +213,11 @@ def _not_sent(call: Call, exc: Exception, what: str) -> errors.ConnectionFailed 
     if not call.tracked or call.sent_on:
         return None
     # A full pool refuses to hand out a connection before anything is sent.
-    if call.touched or isinstance(exc, MaxConnectionsError) or str(exc) == "No connection available.":
+    if (
+        call.touched
+        or isinstance(exc, MaxConnectionsError)
+        or str(exc) == "No connection available."
+    ):
         return errors.ConnectionFailed(
             f"{what}: no connection to the server could be used ({exc}); the call was not sent and"
             " nothing was written"
@@ -226,7 +235,9 @@ def durability_unavailable(config: StoreConfig, exc: Exception) -> errors.Config
 def check_durable(config: StoreConfig, script: Script, waited: Any) -> None:
     """Raises NotDurable where the WAIT or WAITAOF after a write says it is not (yet) durable."""
     if isinstance(waited, Exception):
-        raise errors.NotDurable(f"{script.name}: the write happened; waiting for it failed: {waited}")
+        raise errors.NotDurable(
+            f"{script.name}: the write happened; waiting for it failed: {waited}"
+        )
     if config.durability == "fsync":
         if int(waited[0]) < 1:
             raise errors.NotDurable(

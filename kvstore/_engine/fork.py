@@ -44,7 +44,9 @@ def fork(source: ThreadRef, source_id: str, target: ThreadRef, at: str | int) ->
         return at_seq  # finished before: a retried or repeated fork
     state = yield from backup_state(source)
     if at_seq > state.last_seq or at_seq < state.deleted_before:
-        raise errors.MessageNotFound(f"sequence {at_seq} is not stored in the thread (deleted by retention, or not given out yet)")
+        raise errors.MessageNotFound(
+            f"sequence {at_seq} is not stored in the thread (deleted by retention, or not given out yet)"
+        )
     copied = 0
     cursor: int | None = None
     while True:
@@ -52,14 +54,19 @@ def fork(source: ThreadRef, source_id: str, target: ThreadRef, at: str | int) ->
         bad = [sequence for sequence in page.unreadable if sequence <= at_seq]
         if bad:
             # A fork without them would be a different history: replace() them, then fork again.
-            error = errors.RecordError(f"the record at sequence {bad[0]} cannot be read: the fork stops before it")
+            error = errors.RecordError(
+                f"the record at sequence {bad[0]} cannot be read: the fork stops before it"
+            )
             error.sequence = bad[0]
             raise error
         kept = [m for m in page.messages if m.seq_id <= at_seq]
         # Each message keeps its stored count (a message the source moved or removed since the
         # page was read is counted by the fork's store).
         counts = yield from stored_tokens(source, [m.seq_id for m in kept])
-        items = [BackedUpMessage(m.seq_id, state.turn_of(m.seq_id), m, counts.get(m.seq_id)) for m in kept]
+        items = [
+            BackedUpMessage(m.seq_id, state.turn_of(m.seq_id), m, counts.get(m.seq_id))
+            for m in kept
+        ]
         if items and not copied:
             yield from check_restore_target(target, items[0])
         for run in restore_runs(items):
@@ -80,9 +87,15 @@ def fork(source: ThreadRef, source_id: str, target: ThreadRef, at: str | int) ->
 
 
 def _fork_point(source: ThreadRef, at: str | int) -> Operation:
-    if isinstance(at, bool) or not isinstance(at, (str, int)) or (isinstance(at, int) and not 1 <= at <= MAX_SEQUENCE) \
-            or at == "":
-        raise errors.InvalidCursor(f"at must be a message id or a sequence from 1 to {MAX_SEQUENCE} (2**50), got {at!r:.80}")
+    if (
+        isinstance(at, bool)
+        or not isinstance(at, (str, int))
+        or (isinstance(at, int) and not 1 <= at <= MAX_SEQUENCE)
+        or at == ""
+    ):
+        raise errors.InvalidCursor(
+            f"at must be a message id or a sequence from 1 to {MAX_SEQUENCE} (2**50), got {at!r:.80}"
+        )
     if isinstance(at, int):
         return at
     found = yield from locate_records(source, "id", [at])
@@ -106,9 +119,19 @@ def forked_state(state: BackupState, at: int) -> BackupState:
             # Open again, with the replies it had at the fork point (those from its start on).
             crossing.add(turn.turn_id)
             start = turn.start if turn.start <= at else 0
-            replies = [(max(a, start), min(b, at)) for a, b in spans if start and b >= start and a <= at]
-            turn = replace(turn, start=start, outcome="open", replies=sum(b - a + 1 for a, b in replies),
-                           first=replies[0][0] if replies else 0, count=0, first_seq=0, last_seq=0)
+            replies = [
+                (max(a, start), min(b, at)) for a, b in spans if start and b >= start and a <= at
+            ]
+            turn = replace(
+                turn,
+                start=start,
+                outcome="open",
+                replies=sum(b - a + 1 for a, b in replies),
+                first=replies[0][0] if replies else 0,
+                count=0,
+                first_seq=0,
+                last_seq=0,
+            )
         turns.append(turn)
     summary = 0 < state.summary_seq <= at
     current = state.turn_id if state.turn_id and 0 < state.turn_seq <= at else ""

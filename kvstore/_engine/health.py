@@ -92,7 +92,9 @@ class HealthReport(BaseModel):
         if self.ok:
             lines.append("ok: no setting voids kvstore's guarantees")
         elif not self.warnings:
-            lines.append(f"no setting read voids kvstore's guarantees; {len(self.unchecked)} unchecked: {ADMIN_HINT}")
+            lines.append(
+                f"no setting read voids kvstore's guarantees; {len(self.unchecked)} unchecked: {ADMIN_HINT}"
+            )
         return "\n".join(lines)
 
 
@@ -164,8 +166,11 @@ def _report(fake: bool = False) -> Probe:
     if lua is None and library_loaded:
         lua = True  # the server holds kvstore's functions, which are Lua
     elif lua is None:
-        library = f"whether kvstore's library is loaded is unknown ({library_why})" if library_why else (
-            "kvstore's library is not loaded yet (the first write loads it)")
+        library = (
+            f"whether kvstore's library is loaded is unknown ({library_why})"
+            if library_why
+            else ("kvstore's library is not loaded yet (the first write loads it)")
+        )
         unchecked.append(f"whether Lua runs: {lua_note}, and {library}")
     elif lua is False:
         warnings.append(f"Lua scripts do not run ({lua_note}): kvstore cannot write")
@@ -225,7 +230,11 @@ def _settings(warnings: list[str], unchecked: list[str]) -> Probe:
     }
     policy = settings["maxmemory_policy"]
     if policy is not None and policy != "noeviction":
-        scope = "keys that carry a TTL (with thread_ttl, every key of a thread)" if policy.startswith("volatile") else "any key"
+        scope = (
+            "keys that carry a TTL (with thread_ttl, every key of a thread)"
+            if policy.startswith("volatile")
+            else "any key"
+        )
         warnings.append(
             f"maxmemory-policy is {policy}: the server may evict {scope} and leave a thread with"
             " some of its keys (a chunk without its index entry, messages without their ids);"
@@ -246,12 +255,22 @@ def _settings_from_info(refused: Exception, unchecked: list[str]) -> Probe:
         config["maxmemory-policy"] = _text(memory["maxmemory_policy"])
     if not isinstance(persistence, Exception) and "aof_enabled" in persistence:
         config["appendonly"] = "yes" if int(persistence["aof_enabled"]) else "no"
-    missing = [name for name in ("maxmemory-policy", "appendonly", "appendfsync", "save") if name not in config]
+    missing = [
+        name
+        for name in ("maxmemory-policy", "appendonly", "appendfsync", "save")
+        if name not in config
+    ]
     if config.get("appendonly") == "no":
         missing.remove("appendfsync")  # without AOF it does not matter
     if missing:
-        unchecked.append(f"{', '.join(missing)}: CONFIG GET {_why(refused)}"
-                         + ("" if config else f", INFO {_why(memory if isinstance(memory, Exception) else persistence)}"))
+        unchecked.append(
+            f"{', '.join(missing)}: CONFIG GET {_why(refused)}"
+            + (
+                ""
+                if config
+                else f", INFO {_why(memory if isinstance(memory, Exception) else persistence)}"
+            )
+        )
     return config
 
 
@@ -267,7 +286,9 @@ def _aof_write_ok(appendonly: bool | None, warnings: list[str], unchecked: list[
     if "aof_last_write_status" not in persistence or not appendonly:
         return None
     if persistence["aof_last_write_status"] != "ok":
-        warnings.append("the last AOF write failed (aof_last_write_status is not ok): check the disk")
+        warnings.append(
+            "the last AOF write failed (aof_last_write_status is not ok): check the disk"
+        )
         return False
     return True
 
@@ -285,7 +306,9 @@ def _check_version(name: str, version: str, warnings: list[str]) -> None:
         )
 
 
-def _check_persistence(appendonly: bool | None, appendfsync: str | None, save: str | None, warnings: list[str]) -> None:
+def _check_persistence(
+    appendonly: bool | None, appendfsync: str | None, save: str | None, warnings: list[str]
+) -> None:
     if appendonly is None:
         return
     if not appendonly:
@@ -335,7 +358,10 @@ def _library_loaded() -> Probe:
         return True, ""
     if "function not found" in text:
         return False, ""
-    return None, f"FUNCTION LIST {_why(listed)}, FCALL_RO {_why(probed) if isinstance(probed, Exception) else 'ran'}"
+    return (
+        None,
+        f"FUNCTION LIST {_why(listed)}, FCALL_RO {_why(probed) if isinstance(probed, Exception) else 'ran'}",
+    )
 
 
 def _scripts_loaded() -> Probe:
@@ -348,7 +374,11 @@ def _scripts_loaded() -> Probe:
 
 def _denied(exc: Exception) -> bool:
     text = str(exc).lower()
-    return isinstance(exc, redis.exceptions.NoPermissionError) or "no permissions" in text or "noperm" in text
+    return (
+        isinstance(exc, redis.exceptions.NoPermissionError)
+        or "no permissions" in text
+        or "noperm" in text
+    )
 
 
 def _why(exc: Exception) -> str:
@@ -374,7 +404,9 @@ def preload_library(client: Any) -> str | None:
     try:
         name = client.function_load(LIBRARY.source)
     except redis.exceptions.NoPermissionError as exc:
-        raise errors.PermissionDenied(f"this user may not load kvstore's function library: {exc}") from None
+        raise errors.PermissionDenied(
+            f"this user may not load kvstore's function library: {exc}"
+        ) from None
     except redis.ResponseError as exc:
         if "already exists" in str(exc):
             return LIBRARY.name
@@ -383,7 +415,9 @@ def preload_library(client: Any) -> str | None:
         raise
     name = name.decode() if isinstance(name, bytes) else str(name)
     if name != LIBRARY.name:
-        raise errors.ServerError(f"the server loaded the library as {name}, kvstore named it {LIBRARY.name}")
+        raise errors.ServerError(
+            f"the server loaded the library as {name}, kvstore named it {LIBRARY.name}"
+        )
     return name
 
 
@@ -401,6 +435,8 @@ def preload_scripts(client: Any) -> dict[str, str]:
         sha = client.script_load(script.source)
         sha = sha.decode() if isinstance(sha, bytes) else str(sha)
         if sha != script.sha:
-            raise errors.ServerError(f"the server hashed {name}.lua to {sha}, kvstore to {script.sha}")
+            raise errors.ServerError(
+                f"the server hashed {name}.lua to {sha}, kvstore to {script.sha}"
+            )
         loaded[name] = sha
     return loaded

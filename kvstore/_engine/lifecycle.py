@@ -17,7 +17,15 @@ from .prepare import PreparedMessage, check_token, prepare_batch, stored_date, w
 from .reads import fetch_sequences, locate_records
 from .record import salvage
 from .requests import (
-    REMOVE_TURN_STEP, Eval, Operation, ThreadRef, delete_steps, event_limits, migrate_step, read_back_failed, write,
+    REMOVE_TURN_STEP,
+    Eval,
+    Operation,
+    ThreadRef,
+    delete_steps,
+    event_limits,
+    migrate_step,
+    read_back_failed,
+    write,
 )
 from .scripts import SCRIPTS
 from .wire import CompactReply, RemoveTurnReply, ReplaceReply, RetainReply
@@ -26,31 +34,51 @@ log = logging.getLogger("kvstore")
 
 
 def compact(
-    thread: ThreadRef, summary: str, last_sequence: int, stats: CompactionStats | dict | None = None,
+    thread: ThreadRef,
+    summary: str,
+    last_sequence: int,
+    stats: CompactionStats | dict | None = None,
     tokens: int | None = None,
 ) -> Operation:
     check_sequence(last_sequence, "last_sequence", errors.InvalidSummaryRange, low=1)
-    message = {"message_type": "summary_message", "summary": summary, "compaction_stats": stats,
-               "id": summary_id(thread, summary, last_sequence)}
-    prepared = prepare_batch(thread.config, message, None, None if tokens is None else [tokens], thread.count_tokens)
+    message = {
+        "message_type": "summary_message",
+        "summary": summary,
+        "compaction_stats": stats,
+        "id": summary_id(thread, summary, last_sequence),
+    }
+    prepared = prepare_batch(
+        thread.config, message, None, None if tokens is None else [tokens], thread.count_tokens
+    )
     try:
         last_sequence = yield from pair_boundary(thread, last_sequence)
     except errors.ServerError as exc:
         if read_of_wrong_type(exc):
             # A write refuses a key of the wrong type as LayoutError, before any write.
-            raise errors.LayoutError(f"compact: a key of the thread holds another type than kvstore keeps there: {exc}") from exc
+            raise errors.LayoutError(
+                f"compact: a key of the thread holds another type than kvstore keeps there: {exc}"
+            ) from exc
         if not lost_connection(exc):
             raise
         # Bytes of this compact reached a socket: a write's caller gets what any write whose
         # connection fails after sending gets (nothing was written here, so a re-send is safe).
-        unknown = errors.OutcomeUnknown(f"compact: the connection failed while it read the thread ({exc}); re-send it")
+        unknown = errors.OutcomeUnknown(
+            f"compact: the connection failed while it read the thread ({exc}); re-send it"
+        )
         unknown.messages = [prepared[0].message]
         raise unknown from exc
 
     def send(items: list[PreparedMessage]) -> Operation:
         (item,) = items
-        args = [*thread.limits(), last_sequence, item.message.id, item.message.otid or "", item.media, item.tokens,
-                item.record]
+        args = [
+            *thread.limits(),
+            last_sequence,
+            item.message.id,
+            item.message.otid or "",
+            item.media,
+            item.tokens,
+            item.record,
+        ]
         return CompactReply.decode((yield from write(thread, SCRIPTS["compact"], args)))
 
     reply, (item,) = yield from within_media_budget(prepared, None, send)
@@ -83,7 +111,9 @@ def summary_id(thread: ThreadRef, summary: str, last_sequence: int) -> str:
     return f"message-{uuid.uuid5(_SUMMARY_IDS, f'{thread.keys.meta}{chr(0)}{last_sequence}{chr(0)}{summary}')}"
 
 
-def replace(thread: ThreadRef, message_id: str, message: Message | dict, tokens: int | None = None) -> Operation:
+def replace(
+    thread: ThreadRef, message_id: str, message: Message | dict, tokens: int | None = None
+) -> Operation:
     if not isinstance(message_id, str) or not message_id:
         raise errors.InvalidCursor(f"message id must be a non-empty str, got {message_id!r}")
     if tokens is not None:
@@ -111,8 +141,17 @@ def replace(thread: ThreadRef, message_id: str, message: Message | dict, tokens:
         args = [*thread.limits(), message_id, item.media, item.tokens, item.record, pairs]
         return ReplaceReply.decode((yield Eval(SCRIPTS["replace"], thread.script_keys, args)))
 
-    prepared = [PreparedMessage.of(thread.config, incoming, original.turn_id, keep, "the replacement", tokens,
-                                   thread.count_tokens)]
+    prepared = [
+        PreparedMessage.of(
+            thread.config,
+            incoming,
+            original.turn_id,
+            keep,
+            "the replacement",
+            tokens,
+            thread.count_tokens,
+        )
+    ]
     reply, (item,) = yield from within_media_budget(prepared, original.turn_id, send)
     return item.message.model_copy(update={"seq_id": reply.sequence})
 
@@ -122,9 +161,15 @@ def remove_turn(thread: ThreadRef, turn_id: str) -> Operation:
     yield from migrate(thread)
     removed = 0
     while True:
-        reply = RemoveTurnReply.decode((yield Eval(
-            SCRIPTS["remove_turn"], thread.script_keys, (*thread.limits(), turn_id, REMOVE_TURN_STEP)
-        )))
+        reply = RemoveTurnReply.decode(
+            (
+                yield Eval(
+                    SCRIPTS["remove_turn"],
+                    thread.script_keys,
+                    (*thread.limits(), turn_id, REMOVE_TURN_STEP),
+                )
+            )
+        )
         removed += reply.removed
         if reply.remaining == 0:
             return removed
@@ -152,7 +197,9 @@ def migrate(thread: ThreadRef, max_calls: int | None = None) -> Operation:
                 log.warning(
                     "thread %s is in layout 2; %d legacy fields that are not sequences were not"
                     " migrated and stay in %s",
-                    thread.keys.meta, step.fields_left, thread.keys.legacy,
+                    thread.keys.meta,
+                    step.fields_left,
+                    thread.keys.legacy,
                 )
             break
     return calls
@@ -172,8 +219,14 @@ def pair_boundary(thread: ThreadRef, last_sequence: int) -> Operation:
         needed = {i for m in orphans(after.messages) for i in answered_ids(m)}
         if not needed:
             break
-        before = yield from list_page(thread, after=last_sequence + 1, limit=PAIR_LOOKBACK, order="desc")
-        openers = [m.seq_id for m in before.messages if needed.intersection(opened_ids(m)) and m.seq_id is not None]
+        before = yield from list_page(
+            thread, after=last_sequence + 1, limit=PAIR_LOOKBACK, order="desc"
+        )
+        openers = [
+            m.seq_id
+            for m in before.messages
+            if needed.intersection(opened_ids(m)) and m.seq_id is not None
+        ]
         if not openers:
             break  # the calls are no longer stored (or never were): nothing to keep whole
         if min(openers) <= 1:

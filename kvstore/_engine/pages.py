@@ -87,7 +87,9 @@ def _cursor(value: Cursor, name: str) -> Bound:
         raise errors.InvalidCursor(f"{name} must be a message id or a sequence, got {value!r}")
     if isinstance(value, int):
         if not 0 <= value <= MAX_CURSOR:
-            raise errors.InvalidCursor(f"{name} sequence must be from 0 to {MAX_CURSOR} (2**53), got {value}")
+            raise errors.InvalidCursor(
+                f"{name} sequence must be from 0 to {MAX_CURSOR} (2**53), got {value}"
+            )
         return "seq", str(value)
     if isinstance(value, str) and value and len(value) <= MAX_TOKEN_LENGTH:
         return "id", value
@@ -95,7 +97,10 @@ def _cursor(value: Cursor, name: str) -> Bound:
 
 
 def pages(
-    thread: ThreadRef, order: Literal["asc", "desc"] = "asc", after: Cursor = None, limit: int = ITER_PAGE
+    thread: ThreadRef,
+    order: Literal["asc", "desc"] = "asc",
+    after: Cursor = None,
+    limit: int = ITER_PAGE,
 ) -> Generator[Eval | Batch | MessagesPage, Any, None]:
     """Every kept message from `after` on, a page at a time: the one page loop, used by
     ``iter`` (sync and async) and by ``context``.
@@ -207,9 +212,34 @@ def _fetch(keys: ThreadKeys, plan: Plan, upward: bool, need: int) -> _Fetch:
     commands: list[tuple[Any, ...]] = []
     if plan.window:
         if upward:
-            commands.append(("ZRANGE", keys.window, f"({lo}", f"({hi}", "BYSCORE", "LIMIT", 0, need, "WITHSCORES"))
+            commands.append(
+                (
+                    "ZRANGE",
+                    keys.window,
+                    f"({lo}",
+                    f"({hi}",
+                    "BYSCORE",
+                    "LIMIT",
+                    0,
+                    need,
+                    "WITHSCORES",
+                )
+            )
         else:
-            commands.append(("ZRANGE", keys.window, f"({hi}", f"({lo}", "BYSCORE", "REV", "LIMIT", 0, need, "WITHSCORES"))
+            commands.append(
+                (
+                    "ZRANGE",
+                    keys.window,
+                    f"({hi}",
+                    f"({lo}",
+                    "BYSCORE",
+                    "REV",
+                    "LIMIT",
+                    0,
+                    need,
+                    "WITHSCORES",
+                )
+            )
     legacy_sequences: list[int] = []
     for first, last, kind in plan.chunks:
         if kind == 0:
@@ -240,7 +270,9 @@ def _merge(plan: Plan, fetch: _Fetch, results: list[Any], upward: bool) -> Entri
         if kind == 0:
             found.update(split_chunk(*reply))
         else:
-            found.update((s, record) for s, record in zip(fetch.legacy, reply) if record is not None)
+            found.update(
+                (s, record) for s, record in zip(fetch.legacy, reply) if record is not None
+            )
     for _sequence in plan.large:
         found.update(split_chunk(*next(replies)))
     lo, hi, bound = plan.lo, plan.hi, fetch.bound
@@ -279,7 +311,11 @@ def _newest(thread: ThreadRef, need: int) -> Operation:
         # The member compared: an append between the two reads shifts the ranks.
         if member != members[-1] or last - int(float(score)) != need - 1:
             return None
-        return [(last - i, m) for i, m in enumerate(members[:-1])], True, int_or_zero(deleted_before)
+        return (
+            [(last - i, m) for i, m in enumerate(members[:-1])],
+            True,
+            int_or_zero(deleted_before),
+        )
     if members and len(members) == last:
         return [(last - i, m) for i, m in enumerate(members)], False, int_or_zero(deleted_before)
     return None
@@ -300,7 +336,9 @@ def _turn_page(
     # The page starts next to `after`, or next to `before` when only that is given.
     from_before = bool(before[0]) and not after[0]
     walk = "up" if (order == "asc") != from_before else "down"
-    reply = yield Eval(SCRIPTS["turn_page"], thread.script_keys, (turn_id, lo_kind, lo, hi_kind, hi, walk, limit))
+    reply = yield Eval(
+        SCRIPTS["turn_page"], thread.script_keys, (turn_id, lo_kind, lo, hi_kind, hi, walk, limit)
+    )
     deleted_before, has_more = int(reply[0]), bool(int(reply[1]))
     page = [int(s) for s in reply[2:]]
     if from_before:

@@ -46,7 +46,9 @@ def opened_ids(message: Message) -> tuple[str, ...]:
         ids += [call.tool_call_id for call in message.tool_calls]
     if isinstance(message, ApprovalRequestMessage):
         ids.append(message.id)
-    return tuple(i for i in ids if i is not None)  # an empty id is an id: only an exact match answers it
+    return tuple(
+        i for i in ids if i is not None
+    )  # an empty id is an id: only an exact match answers it
 
 
 def answered_ids(message: Message) -> tuple[str, ...]:
@@ -54,7 +56,10 @@ def answered_ids(message: Message) -> tuple[str, ...]:
     if isinstance(message, ToolReturnMessage):
         ids = [message.tool_call_id, *(item.tool_call_id for item in message.tool_returns or ())]
     elif isinstance(message, ApprovalResponseMessage):
-        ids = [message.approval_request_id, *(item.tool_call_id for item in message.approvals or ())]
+        ids = [
+            message.approval_request_id,
+            *(item.tool_call_id for item in message.approvals or ()),
+        ]
     else:
         return ()
     return tuple(i for i in ids if i is not None)

@@ -11,7 +11,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .requests import OPTIMISTIC_READS, Batch, Eval, Operation, ThreadRef, changed_under_reads, int_or_zero
+from .requests import (
+    OPTIMISTIC_READS,
+    Batch,
+    Eval,
+    Operation,
+    ThreadRef,
+    changed_under_reads,
+    int_or_zero,
+)
 from .scripts import SCRIPTS
 from .wire import ChunkEntry, LargeEntry
 
@@ -49,7 +57,9 @@ class Plan:
     large: list[int]
 
 
-def plan_walk(thread: ThreadRef, low: Bound, high: Bound, walk: str, need: int, max_chunks: int) -> Operation:
+def plan_walk(
+    thread: ThreadRef, low: Bound, high: Bound, walk: str, need: int, max_chunks: int
+) -> Operation:
     """Plans the walk's next `need` messages: with native reads for sequence cursors on a
     layout-2 thread, through lua/page_plan.lua for an id cursor or a layout-1 thread."""
     facts = None
@@ -57,7 +67,9 @@ def plan_walk(thread: ThreadRef, low: Bound, high: Bound, walk: str, need: int, 
         facts = yield from _native_facts(thread, low, high, walk, need, max_chunks)
     if facts is None:
         reply = yield Eval(
-            SCRIPTS["page_plan"], thread.script_keys, (low[0], low[1], high[0], high[1], walk, need, max_chunks)
+            SCRIPTS["page_plan"],
+            thread.script_keys,
+            (low[0], low[1], high[0], high[1], walk, need, max_chunks),
         )
         facts = _script_facts(reply)
     return _select(facts, walk, need, max_chunks)
@@ -106,7 +118,16 @@ def _native_facts(
             members = chunks if window_count < need else []
         large_in_range = [s for s in map(_large_sequence, large) if lo < s < hi][:need]
         chunk_candidates = [_chunk_candidate(m) for m in members]
-        return _Facts(int_or_zero(gen), deleted_before, lo, hi, window_count, chunk_candidates, large_in_range, None)
+        return _Facts(
+            int_or_zero(gen),
+            deleted_before,
+            lo,
+            hi,
+            window_count,
+            chunk_candidates,
+            large_in_range,
+            None,
+        )
     raise changed_under_reads()
 
 
@@ -122,7 +143,16 @@ def _index_reads(
     if walk == "up":
         return [
             ("ZRANGE", keys.chunk_index, lo_arg, "-inf", "BYSCORE", "REV", "LIMIT", 0, 1),
-            ("ZRANGE", keys.chunk_index, f"({lo_arg}", hi_arg, "BYSCORE", "LIMIT", 0, max_chunks + 1),
+            (
+                "ZRANGE",
+                keys.chunk_index,
+                f"({lo_arg}",
+                hi_arg,
+                "BYSCORE",
+                "LIMIT",
+                0,
+                max_chunks + 1,
+            ),
             ("ZRANGE", keys.large_index, f"({lo_arg}", hi_arg, "BYSCORE", "LIMIT", 0, need),
         ]
     return [
@@ -166,11 +196,16 @@ def _select(facts: _Facts, walk: str, need: int, max_chunks: int) -> Plan:
     counts, then the window if the walk reaches it (walk down starts from the window)."""
     lo, hi = facts.lo, facts.hi
     if hi - lo <= 1:
-        return Plan(facts.gen, facts.deleted_before, lo, hi, hi if walk == "up" else lo, False, [], [])
+        return Plan(
+            facts.gen, facts.deleted_before, lo, hi, hi if walk == "up" else lo, False, [], []
+        )
     candidates = facts.chunks
     if facts.legacy is not None:
         # The legacy hash, put among the chunks in walk order.
-        at = next((i for i, c in enumerate(candidates) if (facts.legacy[0] < c[0]) == (walk == "up")), len(candidates))
+        at = next(
+            (i for i, c in enumerate(candidates) if (facts.legacy[0] < c[0]) == (walk == "up")),
+            len(candidates),
+        )
         candidates = [*candidates[:at], facts.legacy, *candidates[at:]]
     if walk == "up":
         window, bound, chunks = _select_up(candidates, lo, hi, need, max_chunks)

@@ -80,11 +80,19 @@ class PreparedMessage:
         `available` bytes; itself when it fits already."""
         if self.media <= available:
             return self
-        message, record = encode_message(strip_inline_media(self.message, self.media - available), turn_id)
+        message, record = encode_message(
+            strip_inline_media(self.message, self.media - available), turn_id
+        )
         tokens = self.tokens
         if self.counted:
-            tokens = counted(self.counter, message, "the message") if self.counter else default_tokens(record, turn_id)
-        return PreparedMessage(message, record, inline_media_bytes(message), tokens, self.counter, self.counted)
+            tokens = (
+                counted(self.counter, message, "the message")
+                if self.counter
+                else default_tokens(record, turn_id)
+            )
+        return PreparedMessage(
+            message, record, inline_media_bytes(message), tokens, self.counter, self.counted
+        )
 
 
 def given_tokens(tokens: Any, count: int) -> list[int | None]:
@@ -93,14 +101,20 @@ def given_tokens(tokens: Any, count: int) -> list[int | None]:
     if tokens is None:
         return [None] * count
     if isinstance(tokens, (str, bytes, dict)) or not isinstance(tokens, Iterable):
-        raise errors.InvalidMessage(f"tokens must be a list of ints, one per message, not {type(tokens).__name__}")
+        raise errors.InvalidMessage(
+            f"tokens must be a list of ints, one per message, not {type(tokens).__name__}"
+        )
     counts = list(tokens)
     if len(counts) != count:
-        raise errors.InvalidMessage(f"tokens lists {len(counts)} counts for {count} messages: give one per message")
+        raise errors.InvalidMessage(
+            f"tokens lists {len(counts)} counts for {count} messages: give one per message"
+        )
     return [checked_tokens(value, f"message {position}") for position, value in enumerate(counts)]
 
 
-def fit_media(items: list[PreparedMessage], available: int, turn_id: str | None) -> list[PreparedMessage]:
+def fit_media(
+    items: list[PreparedMessage], available: int, turn_id: str | None
+) -> list[PreparedMessage]:
     """Replaces the batch's own inline parts, first to last, until it fits `available` bytes."""
     fitted = []
     for item in items:
@@ -111,7 +125,9 @@ def fit_media(items: list[PreparedMessage], available: int, turn_id: str | None)
 
 
 def within_media_budget(
-    items: list[PreparedMessage], turn_id: str | None, send: Callable[[list[PreparedMessage]], Operation]
+    items: list[PreparedMessage],
+    turn_id: str | None,
+    send: Callable[[list[PreparedMessage]], Operation],
 ) -> Operation:
     """Runs `send(items)`; returns its result and the items it sent.
 
@@ -137,7 +153,9 @@ def prepare_batch(
     per message, else `counter`'s, else estimated_tokens); every limit is enforced here, before
     the socket."""
     # One message may come as JSON text too (parse_message takes it); never as its characters.
-    if isinstance(messages, (dict, BaseModel, str, bytes, bytearray)) or not isinstance(messages, Iterable):
+    if isinstance(messages, (dict, BaseModel, str, bytes, bytearray)) or not isinstance(
+        messages, Iterable
+    ):
         messages = [messages]
         if isinstance(tokens, int) and not isinstance(tokens, bool):
             tokens = [tokens]
@@ -159,7 +177,9 @@ def prepare_batch(
         body.setdefault("date", now)
 
     prepared = [
-        PreparedMessage.of(config, message, turn_id, stamp, f"message {position}", counts[position], counter)
+        PreparedMessage.of(
+            config, message, turn_id, stamp, f"message {position}", counts[position], counter
+        )
         for position, message in enumerate(given)
     ]
     total = sum(len(item.record) for item in prepared)

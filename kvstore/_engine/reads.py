@@ -36,16 +36,27 @@ def decode(
     failed: list[errors.RecordError] = []
     messages = decode_records(entries, failed)
     for error in failed:
-        log.warning("thread %s: skipped an unreadable record: %s", thread.keys.meta.rpartition(":")[0], error)
+        log.warning(
+            "thread %s: skipped an unreadable record: %s",
+            thread.keys.meta.rpartition(":")[0],
+            error,
+        )
         unreadable.append(error.sequence)
     return messages
 
 
 def fetch_sequences(
-    thread: ThreadRef, sequences: Sequence[int], missing_ok: bool = False, unreadable: list[int] | None = None
+    thread: ThreadRef,
+    sequences: Sequence[int],
+    missing_ok: bool = False,
+    unreadable: list[int] | None = None,
 ) -> Operation:
     """Reads messages by sequence, in the order given (`unreadable`: as in decode)."""
-    return (yield from _fetch_located(thread, "seq", [str(s) for s in sequences], missing_ok, unreadable))
+    return (
+        yield from _fetch_located(
+            thread, "seq", [str(s) for s in sequences], missing_ok, unreadable
+        )
+    )
 
 
 def get(thread: ThreadRef, message_id: str) -> Operation:
@@ -67,7 +78,11 @@ def _get_one(thread: ThreadRef, kind: Literal["id", "otid"], value: str) -> Oper
 
 
 def _fetch_located(
-    thread: ThreadRef, kind: str, targets: list[str], missing_ok: bool, unreadable: list[int] | None = None
+    thread: ThreadRef,
+    kind: str,
+    targets: list[str],
+    missing_ok: bool,
+    unreadable: list[int] | None = None,
 ) -> Operation:
     entries = yield from locate_records(thread, kind, targets)
     if len(entries) < len(targets) and not missing_ok:
@@ -90,7 +105,11 @@ def locate_records(thread: ThreadRef, kind: str, targets: list[str]) -> Operatio
             continue
         entries = []
         for sequence, command, result in zip(wanted, commands, results[:-1]):
-            record = split_chunk(*result).get(sequence) if command[2] == "_m" else (result[0] if result else None)
+            record = (
+                split_chunk(*result).get(sequence)
+                if command[2] == "_m"
+                else (result[0] if result else None)
+            )
             if record is not None:
                 entries.append((sequence, record))
         return entries
@@ -162,13 +181,20 @@ class RangeRead:
 
 
 def read_range(
-    thread: ThreadRef, low: tuple[str, str], high: tuple[str, str], walk: str, need: int = 0, max_tokens: int = 0, lookback: int = 0,
+    thread: ThreadRef,
+    low: tuple[str, str],
+    high: tuple[str, str],
+    walk: str,
+    need: int = 0,
+    max_tokens: int = 0,
+    lookback: int = 0,
     extras: str = "",
 ) -> Operation:
     """The consistent read: one read-only script call (lua/read_range.lua). `low` may be
     ("summary", ""): the range after the context summary's last sequence."""
     reply = yield Eval(
-        SCRIPTS["read_range"], thread.script_keys,
+        SCRIPTS["read_range"],
+        thread.script_keys,
         (low[0], low[1], high[0], high[1], walk, need, max_tokens, lookback, extras),
     )
     deleted_before, summary_last, summary_seq, summary_record, summary_tokens = reply[:5]
@@ -177,15 +203,21 @@ def read_range(
     for _ in range(2):
         n = int(reply[at])
         flat = reply[at + 1 : at + 1 + 3 * n]
-        sections.append([(int(flat[i]), flat[i + 1], int(flat[i + 2])) for i in range(0, len(flat), 3)])
+        sections.append(
+            [(int(flat[i]), flat[i + 1], int(flat[i + 2])) for i in range(0, len(flat), 3)]
+        )
         at += 1 + 3 * n
     summary_seq = int(summary_seq) or None
     return RangeRead(
         deleted_before=int(deleted_before),
         summary_last=int(summary_last) if summary_seq else None,
         summary_seq=summary_seq,
-        summary=(summary_seq, summary_record, int(summary_tokens)) if summary_seq and summary_record else None,
+        summary=(summary_seq, summary_record, int(summary_tokens))
+        if summary_seq and summary_record
+        else None,
         records=sections[0],
         lookback=sections[1],
-        stats=(reply[at + 1 : at + 1 + int(reply[at])], *map(int, reply[at + 1 + int(reply[at]):])) if extras else None,
+        stats=(reply[at + 1 : at + 1 + int(reply[at])], *map(int, reply[at + 1 + int(reply[at]) :]))
+        if extras
+        else None,
     )

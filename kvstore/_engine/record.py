@@ -80,7 +80,9 @@ def _pack_big_int(value: Any) -> msgpack.ExtType:
         raise OverflowError(
             f"an integer of {value.bit_length()} bits; at most {MAX_JSON_INT_BITS} are kept"
         )
-    return msgpack.ExtType(_BIG_INT_EXT, value.to_bytes(value.bit_length() // 8 + 1, "big", signed=True))
+    return msgpack.ExtType(
+        _BIG_INT_EXT, value.to_bytes(value.bit_length() // 8 + 1, "big", signed=True)
+    )
 
 
 def _unpack_ext(code: int, data: bytes) -> int:
@@ -92,7 +94,10 @@ def _unpack_ext(code: int, data: bytes) -> int:
 # Records hold JSON values only: bin is refused outright, ext is the big integer alone; the other
 # length limits default to the record's own size, and nesting is capped by msgpack's stack.
 _UNPACK_LIMITS: dict[str, Any] = {
-    "raw": False, "max_bin_len": 0, "max_ext_len": _MAX_BIG_INT_BYTES, "ext_hook": _unpack_ext,
+    "raw": False,
+    "max_bin_len": 0,
+    "max_ext_len": _MAX_BIG_INT_BYTES,
+    "ext_hook": _unpack_ext,
 }
 
 
@@ -192,7 +197,7 @@ def salvage(record: bytes) -> Salvaged:
             if not isinstance(fields, list) or len(fields) not in (2, 3):
                 return Salvaged(None, None, None)
             body, turn_id = fields[1], fields[2] if len(fields) == 3 else None
-    except Exception:  # noqa: BLE001  # foreign bytes may fail in any way; nothing is known then
+    except Exception:  # foreign bytes may fail in any way; nothing is known then
         return Salvaged(None, None, None)
     if not isinstance(body, dict):
         body = {}

@@ -85,8 +85,13 @@ class ThreadRef:
         )
         # ARGV[10] names the nine as the server receives them (read_limits parses a key once),
         # then the event limits (lua/includes/events.lua) and whether history checks are strict.
-        limits_key = ":".join(str(value) for value in limits) + "|" + ":".join(map(str, event_limits(config))) \
-            + ":" + ("1" if config.history_checks == "strict" else "0")
+        limits_key = (
+            ":".join(str(value) for value in limits)
+            + "|"
+            + ":".join(map(str, event_limits(config)))
+            + ":"
+            + ("1" if config.history_checks == "strict" else "0")
+        )
         script_keys = tuple(getattr(keys, field.name) for field in dataclasses.fields(keys))
         return cls(config, keys, script_keys, (*limits, limits_key), count_tokens)
 
@@ -135,7 +140,9 @@ def write(thread: ThreadRef, script: Script, args: Sequence[Any]) -> Operation:
 
 def migrate_step(thread: ThreadRef) -> Operation:
     """One bounded call of lua/migrate.lua."""
-    return MigrateReply.decode((yield Eval(SCRIPTS["migrate"], thread.script_keys, thread.limits())))
+    return MigrateReply.decode(
+        (yield Eval(SCRIPTS["migrate"], thread.script_keys, thread.limits()))
+    )
 
 
 def read_back_failed(name: str, sent: list[Message], exc: Exception) -> errors.OutcomeUnknown:
@@ -158,7 +165,9 @@ def delete_steps(
 ) -> Operation:
     """Calls lua/delete.lua, DELETE_STEP chunks at a time, until the thread is gone; the call
     that tombstones it adds its 'deleted' event under the `events` limits."""
-    while not DeleteReply.decode((yield Eval(SCRIPTS["delete"], script_keys, (DELETE_STEP, mode, *events)))).done:
+    while not DeleteReply.decode(
+        (yield Eval(SCRIPTS["delete"], script_keys, (DELETE_STEP, mode, *events)))
+    ).done:
         mode = "continue"
 
 

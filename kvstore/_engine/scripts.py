@@ -76,7 +76,9 @@ class Script:
         first_line = source.split("\n", 1)[0]
         if not first_line.startswith("#!lua"):
             raise ScriptBuildError(f"{name}.lua must start with a #!lua shebang line")
-        flags = tuple(first_line.partition("flags=")[2].split(",")) if "flags=" in first_line else ()
+        flags = (
+            tuple(first_line.partition("flags=")[2].split(",")) if "flags=" in first_line else ()
+        )
         return cls(
             name=name,
             source=source,
@@ -104,7 +106,9 @@ class Library:
         bodies = {name: _read(name) for name in names}
         # Every include any script uses, each once, in an order that defines a name before its
         # users (build_source's expansion of all the include lines, in the scripts' order).
-        include_lines = "\n".join(m.group(0) for body in bodies.values() for m in _INCLUDE.finditer(body))
+        include_lines = "\n".join(
+            m.group(0) for body in bodies.values() for m in _INCLUDE.finditer(body)
+        )
         shared = _expand(include_lines, ("library",))
         parts = []
         for name, body in bodies.items():
@@ -127,9 +131,22 @@ class Library:
 
 
 SCRIPT_NAMES = (
-    "append", "compact", "retain", "start_turn", "finish_turn", "replace", "remove_turn", "delete",
-    "migrate", "publish",
-    "page_plan", "locate", "turn_page", "restore", "restore_state", "read_range",
+    "append",
+    "compact",
+    "retain",
+    "start_turn",
+    "finish_turn",
+    "replace",
+    "remove_turn",
+    "delete",
+    "migrate",
+    "publish",
+    "page_plan",
+    "locate",
+    "turn_page",
+    "restore",
+    "restore_state",
+    "read_range",
 )
 SCRIPTS_BY_FILE: dict[str, Script] = {name: Script.load(name) for name in SCRIPT_NAMES}
 LIBRARY, SCRIPTS = Library.build(SCRIPT_NAMES)
@@ -170,10 +187,18 @@ def error_from_reply(script: Script, message: str) -> errors.KVStoreError:
     match = _KVS_CODE.search(message)
     if match and match.group(1) in ERROR_CODES:
         try:
-            return ERROR_CODES[match.group(1)]._from_script(match.group(2).strip() or match.group(1))
+            return ERROR_CODES[match.group(1)]._from_script(
+                match.group(2).strip() or match.group(1)
+            )
         except ValueError:  # a detail without the number its class reads first
-            return errors.ServerError(f"script {script.name}.lua replied an error kvstore cannot read: {message}")
-    if message.startswith("NOPERM") or "no permissions" in message or "can't run this command" in message \
-            or "can't access" in message:
+            return errors.ServerError(
+                f"script {script.name}.lua replied an error kvstore cannot read: {message}"
+            )
+    if (
+        message.startswith("NOPERM")
+        or "no permissions" in message
+        or "can't run this command" in message
+        or "can't access" in message
+    ):
         return errors.PermissionDenied(f"{script.name}: {message}")
     return errors.ServerError(f"script {script.name}.lua failed: {message}")

@@ -13,15 +13,31 @@ from .. import errors
 from ..messages import Message, SummaryMessage
 from ..models import MessagesPage, ThreadSnapshot, ThreadStats, TurnState
 from .bounds import MAX_THREAD_TOKENS, bounded
-from .keys import ThreadKeys
 from .budget import budgeted_context, stored_tokens
+from .keys import ThreadKeys
 from .pages import gathering, list_page, pages
-from .pairs import PAIR_LOOKBACK, TokenCounter, answered_ids, counted, estimated_tokens, opened_ids, orphans, without_orphans
-from .reads import decode, fetch_sequences, read_range
-from .wire import record_tokens, stored_int
-from .requests import (
-    MAX_LIMIT, OPTIMISTIC_READS, SNAPSHOT_SIZE, Batch, ChangedUnderReads, Cursor, Operation, ThreadRef,
+from .pairs import (
+    PAIR_LOOKBACK,
+    TokenCounter,
+    answered_ids,
+    counted,
+    estimated_tokens,
+    opened_ids,
+    orphans,
+    without_orphans,
 )
+from .reads import decode, fetch_sequences, read_range
+from .requests import (
+    MAX_LIMIT,
+    OPTIMISTIC_READS,
+    SNAPSHOT_SIZE,
+    Batch,
+    ChangedUnderReads,
+    Cursor,
+    Operation,
+    ThreadRef,
+)
+from .wire import record_tokens, stored_int
 
 log = logging.getLogger("kvstore")
 
@@ -88,13 +104,23 @@ def snapshot(thread: ThreadRef) -> Operation:
         page = yield from list_page(thread, limit=SNAPSHOT_SIZE, order="desc")
         fields = {_text(k): _text(v) for k, v in meta.items()}
         (now,) = yield Batch([("HMGET", keys.meta, "last_seq", "gen", "summary_seq")])
-        if [None if v is None else _text(v) for v in now] != [fields.get(f) for f in ("last_seq", "gen", "summary_seq")]:
+        if [None if v is None else _text(v) for v in now] != [
+            fields.get(f) for f in ("last_seq", "gen", "summary_seq")
+        ]:
             continue
         unreadable = list(page.unreadable)
         summary = yield from _summary(thread, fields, unreadable)
-        return _snapshot_of(meta, (window, chunks, large, legacy), list(reversed(page.messages)), summary, unreadable)
+        return _snapshot_of(
+            meta,
+            (window, chunks, large, legacy),
+            list(reversed(page.messages)),
+            summary,
+            unreadable,
+        )
     # Appends or moves landed under every try: one read-only step reads it all (read_range.lua).
-    read = yield from read_range(thread, ("", ""), ("", ""), "down", SNAPSHOT_SIZE + 1, extras="snapshot")
+    read = yield from read_range(
+        thread, ("", ""), ("", ""), "down", SNAPSHOT_SIZE + 1, extras="snapshot"
+    )
     assert read.stats is not None
     flat, *sizes = read.stats
     unreadable: list[int] = []
@@ -104,11 +130,18 @@ def snapshot(thread: ThreadRef) -> Operation:
     if read.summary is not None:
         found = decode(thread, [read.summary[:2]], unreadable)
         summary = found[0] if found and isinstance(found[0], SummaryMessage) else None
-    return _snapshot_of(dict(zip(flat[::2], flat[1::2])), tuple(sizes), messages, summary, unreadable)
+    return _snapshot_of(
+        dict(zip(flat[::2], flat[1::2])), tuple(sizes), messages, summary, unreadable
+    )
 
 
-def _snapshot_of(meta: dict, sizes: tuple[int, ...], messages: list[Message], summary: SummaryMessage | None,
-                 unreadable: list[int]) -> ThreadSnapshot:
+def _snapshot_of(
+    meta: dict,
+    sizes: tuple[int, ...],
+    messages: list[Message],
+    summary: SummaryMessage | None,
+    unreadable: list[int],
+) -> ThreadSnapshot:
     """A snapshot from what one state of the thread holds: meta, the sizes stats() reads
     (window, chunk index, large index, legacy hash), the newest messages oldest first, the
     summary and the unreadable sequences."""
@@ -138,12 +171,19 @@ def _summary(thread: ThreadRef, fields: dict[str, str], unreadable: list[int]) -
     """The context summary named by meta, or None (also when its record is unreadable)."""
     if not fields.get("summary_seq"):
         return None
-    found = yield from fetch_sequences(thread, [stored_int(fields["summary_seq"], "meta field summary_seq")], missing_ok=True, unreadable=unreadable)
+    found = yield from fetch_sequences(
+        thread,
+        [stored_int(fields["summary_seq"], "meta field summary_seq")],
+        missing_ok=True,
+        unreadable=unreadable,
+    )
     summary = found[0] if found else None
     return summary if isinstance(summary, SummaryMessage) else None
 
 
-def context(thread: ThreadRef, max_tokens: int | None = None, count_tokens: TokenCounter | None = None) -> Operation:
+def context(
+    thread: ThreadRef, max_tokens: int | None = None, count_tokens: TokenCounter | None = None
+) -> Operation:
     """The model input: the context summary and every message after its last sequence (with
     `max_tokens`, the newest of them that fit), with no tool-call pair split (pairs.py).
 
@@ -153,7 +193,9 @@ def context(thread: ThreadRef, max_tokens: int | None = None, count_tokens: Toke
     in between; otherwise the read starts again.
     """
     if max_tokens is not None and not bounded(max_tokens, 1, MAX_THREAD_TOKENS):
-        raise errors.InvalidCursor(f"max_tokens must be an int from 1 to {MAX_THREAD_TOKENS} (2**52), got {max_tokens!r:.80}")
+        raise errors.InvalidCursor(
+            f"max_tokens must be an int from 1 to {MAX_THREAD_TOKENS} (2**52), got {max_tokens!r:.80}"
+        )
     try:
         return (yield from _optimistic_context(thread, max_tokens, count_tokens))
     except ChangedUnderReads:
@@ -161,7 +203,9 @@ def context(thread: ThreadRef, max_tokens: int | None = None, count_tokens: Toke
         return (yield from _consistent_context(thread, max_tokens, count_tokens))
 
 
-def _optimistic_context(thread: ThreadRef, max_tokens: int | None, count_tokens: TokenCounter | None) -> Operation:
+def _optimistic_context(
+    thread: ThreadRef, max_tokens: int | None, count_tokens: TokenCounter | None
+) -> Operation:
     """context() from reads of several round trips, compared after them; ChangedUnderReads
     when a compaction landed under each try."""
     if max_tokens is not None and count_tokens is None:
@@ -174,11 +218,15 @@ def _optimistic_context(thread: ThreadRef, max_tokens: int | None, count_tokens:
                     counts = yield from stored_tokens(thread, [m.seq_id for m in extra])
                     if sum(counts.get(m.seq_id, 0) for m in extra) <= planned.left:
                         body = extra + body
-            return ([planned.summary] if planned.summary is not None else []) + without_orphans(body)
+            return ([planned.summary] if planned.summary is not None else []) + without_orphans(
+                body
+            )
     count = count_tokens or estimated_tokens
     keys = thread.keys
     for _ in range(OPTIMISTIC_READS):
-        (meta,) = yield Batch([("HMGET", keys.meta, "summary_last", "summary_seq", "deleted_before")])
+        (meta,) = yield Batch(
+            [("HMGET", keys.meta, "summary_last", "summary_seq", "deleted_before")]
+        )
         summary_last, summary_seq, deleted_before = meta
         summary: SummaryMessage | None = None
         after: int | None = None
@@ -192,7 +240,9 @@ def _optimistic_context(thread: ThreadRef, max_tokens: int | None, count_tokens:
                 keys.meta,
                 _text(deleted_before),
             )
-        skip = stored_int(summary_seq, "meta field summary_seq") if summary_seq is not None else None
+        skip = (
+            stored_int(summary_seq, "meta field summary_seq") if summary_seq is not None else None
+        )
         budget = max_tokens
         if budget is not None and summary is not None:
             budget -= counted(count, summary, f"message {summary.id}")
@@ -213,13 +263,22 @@ def _optimistic_context(thread: ThreadRef, max_tokens: int | None, count_tokens:
     raise ChangedUnderReads("the thread was compacted under every read attempt")
 
 
-def _consistent_context(thread: ThreadRef, max_tokens: int | None, count_tokens: TokenCounter | None) -> Operation:
+def _consistent_context(
+    thread: ThreadRef, max_tokens: int | None, count_tokens: TokenCounter | None
+) -> Operation:
     """context() from one read-only step (lua/read_range.lua): the summary, the messages after
     its range (with a budget, the newest that the stored counts show are enough) and the
     PAIR_LOOKBACK before it; the same cut and pair rules as the reads of several round trips."""
     stored_counts = max_tokens is not None and count_tokens is None
-    read = yield from read_range(thread, ("summary", ""), ("", ""), "down", 0,
-                                 max_tokens if stored_counts else 0, PAIR_LOOKBACK)
+    read = yield from read_range(
+        thread,
+        ("summary", ""),
+        ("", ""),
+        "down",
+        0,
+        max_tokens if stored_counts else 0,
+        PAIR_LOOKBACK,
+    )
     count = count_tokens or estimated_tokens
     summary: SummaryMessage | None = None
     if read.summary is not None:
@@ -275,8 +334,9 @@ ABOVE_EVERY_SEQUENCE = 2**53
 BUDGET_FIRST_PAGE = 50
 
 
-def _newest_within(thread: ThreadRef, after: int | None, skip: int | None, budget: int,
-                   count: TokenCounter) -> Operation:
+def _newest_within(
+    thread: ThreadRef, after: int | None, skip: int | None, budget: int, count: TokenCounter
+) -> Operation:
     """The newest messages after sequence `after` whose tokens fit `budget`, oldest first, read
     newest page first; and the budget left when every one of them fit (else 0)."""
     newest_first: list[Message] = []

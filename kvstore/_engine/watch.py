@@ -71,7 +71,9 @@ def hold_turn(thread: ThreadRef, turn_id: str, call_id: str | None = None) -> Op
     check_token("turn_id", turn_id)
     call_id = new_call_id(call_id)
     try:
-        reply = yield from write(thread, SCRIPTS["start_turn"], (*thread.limits(), turn_id, "hold", call_id))
+        reply = yield from write(
+            thread, SCRIPTS["start_turn"], (*thread.limits(), turn_id, "hold", call_id)
+        )
     except errors.OutcomeUnknown as unknown:
         unknown.call_id = call_id  # the caller's token to send the call again
         raise
@@ -86,21 +88,32 @@ def encode_delta(delta: Message | dict | str) -> bytes:
     message = parse_message(delta)
     data = message.model_dump_json(exclude_none=True).encode()
     if len(data) > MAX_DELTA_BYTES:
-        raise errors.MessageTooLarge(f"a delta is {len(data)} bytes encoded; at most {MAX_DELTA_BYTES}")
+        raise errors.MessageTooLarge(
+            f"a delta is {len(data)} bytes encoded; at most {MAX_DELTA_BYTES}"
+        )
     return data
 
 
 def publish(
-    thread: ThreadRef, turn: str | TurnLease, delta: Message | dict | str, call_id: str | None = None
+    thread: ThreadRef,
+    turn: str | TurnLease,
+    delta: Message | dict | str,
+    call_id: str | None = None,
 ) -> Operation:
     if not thread.config.events:
-        raise errors.ConfigError("publish() needs StoreConfig(events=True): deltas travel on the event stream")
-    turn_id, lease = (turn.turn_id, check_lease(turn.lease)) if isinstance(turn, TurnLease) else (turn, 0)
+        raise errors.ConfigError(
+            "publish() needs StoreConfig(events=True): deltas travel on the event stream"
+        )
+    turn_id, lease = (
+        (turn.turn_id, check_lease(turn.lease)) if isinstance(turn, TurnLease) else (turn, 0)
+    )
     check_token("turn_id", turn_id)
     data = encode_delta(delta)
     call_id = new_call_id(call_id)
     try:
-        reply = yield from write(thread, SCRIPTS["publish"], (*thread.limits(), turn_id, lease, data, call_id))
+        reply = yield from write(
+            thread, SCRIPTS["publish"], (*thread.limits(), turn_id, lease, data, call_id)
+        )
     except errors.OutcomeUnknown as unknown:
         unknown.call_id = call_id  # the caller's token to send the call again
         raise
@@ -191,15 +204,19 @@ class _State:
 def _state(thread: ThreadRef) -> Operation:
     """The thread's event count, last sequence and incarnation, and the stream's ends."""
     keys = thread.keys
-    meta, oldest, newest = yield Batch([
-        ("HMGET", keys.meta, "events", "last_seq", "born"),
-        ("XRANGE", keys.events, "-", "+", "COUNT", 1),
-        ("XREVRANGE", keys.events, "+", "-", "COUNT", 1),
-    ])
+    meta, oldest, newest = yield Batch(
+        [
+            ("HMGET", keys.meta, "events", "last_seq", "born"),
+            ("XRANGE", keys.events, "-", "+", "COUNT", 1),
+            ("XREVRANGE", keys.events, "+", "-", "COUNT", 1),
+        ]
+    )
     return _State(
-        stored_int(meta[0] or 0, "meta field events"), stored_int(meta[1] or 0, "meta field last_seq"),
+        stored_int(meta[0] or 0, "meta field events"),
+        stored_int(meta[1] or 0, "meta field last_seq"),
         _text(meta[2]) if meta[2] is not None else None,
-        _id_numbers(oldest[0][0]) if oldest else None, _id_numbers(newest[0][0]) if newest else None,
+        _id_numbers(oldest[0][0]) if oldest else None,
+        _id_numbers(newest[0][0]) if newest else None,
     )
 
 
@@ -228,7 +245,9 @@ def _check(incarnation: str | None, born: bytes | str | None) -> None:
         raise _Gone
 
 
-def watch(thread: ThreadRef, after: int | str | None, block_ms: int, messages: bool = True) -> WatchStep:
+def watch(
+    thread: ThreadRef, after: int | str | None, block_ms: int, messages: bool = True
+) -> WatchStep:
     """The events of the thread after `after`, forever (until the thread is deleted).
     `messages`: read the Messages an event names (False: its ids and sequences only)."""
     if not thread.config.events:
@@ -290,16 +309,22 @@ class _Watching:
                 if entry_n != self.n + 1:
                     # Events n + 1 .. entry_n - 1 are gone (trimmed, or the stream expired): page
                     # the stored messages from the last sequence delivered, then read on.
-                    self.n, self.caught_up = yield from self.catch_up(max(self.last_s, self.caught_up))
+                    self.n, self.caught_up = yield from self.catch_up(
+                        max(self.last_s, self.caught_up)
+                    )
                     break
                 self.n, self.last_s = entry_n, entry_s
-                event = yield from self.event(_cursor(f"{entry_n}-{entry_s}", self.incarnation), fields)
+                event = yield from self.event(
+                    _cursor(f"{entry_n}-{entry_s}", self.incarnation), fields
+                )
                 if event is not None:
                     yield Emit(event)
                 if isinstance(event, ThreadDeleted):
                     return
 
-    def catch_up(self, sequence: int, state: _State | None = None) -> Generator[Any, Any, tuple[int, int]]:
+    def catch_up(
+        self, sequence: int, state: _State | None = None
+    ) -> Generator[Any, Any, tuple[int, int]]:
         """Pages the stored messages after `sequence` (as MessagesAdded, paged), then says where
         the stream goes on: returns (the event to read after, the last sequence paged).
 
@@ -320,8 +345,16 @@ class _Watching:
             if page.messages:
                 _check(self.incarnation, (yield Run(_born(thread))))
                 first_seq, last = page.messages[0].seq_id, page.messages[-1].seq_id
-                yield Emit(MessagesAdded(_cursor(str(last), self.incarnation), list(page.messages), first_seq,
-                                         last, paged=True, message_ids=tuple(m.id for m in page.messages)))
+                yield Emit(
+                    MessagesAdded(
+                        _cursor(str(last), self.incarnation),
+                        list(page.messages),
+                        first_seq,
+                        last,
+                        paged=True,
+                        message_ids=tuple(m.id for m in page.messages),
+                    )
+                )
             if not page.has_more:
                 return resume, last
 
@@ -334,7 +367,11 @@ class _Watching:
             if b <= caught_up:
                 return None
             ids = tuple(_text(fields.get("i")).split(" ")) if fields.get("i") else ()
-            found = (yield Run(_new_messages(thread, max(a, caught_up + 1), b, incarnation))) if self.messages else []
+            found = (
+                (yield Run(_new_messages(thread, max(a, caught_up + 1), b, incarnation)))
+                if self.messages
+                else []
+            )
             return MessagesAdded(cursor, found, a, b, turn_id, message_ids=ids)
         if kind == "delta":
             message = parse_message(fields["d"])
@@ -342,12 +379,21 @@ class _Watching:
         if kind == "turn_started":
             return TurnStarted(cursor, turn_id or "", a, _int(fields.get("l")))
         if kind == "turn_finished":
-            return TurnFinished(cursor, turn_id or "", _text(fields.get("o")), _int(fields.get("n")), a or None, b or None)  # type: ignore[arg-type]
+            return TurnFinished(
+                cursor,
+                turn_id or "",
+                _text(fields.get("o")),
+                _int(fields.get("n")),
+                a or None,
+                b or None,
+            )  # type: ignore[arg-type]
         if kind == "replaced":
             found = yield Run(_checked_sequences(thread, [a], incarnation))
             return MessageReplaced(cursor, _text(fields.get("i")), a, found[0] if found else None)
         if kind == "turn_removed":
-            return TurnRemoved(cursor, turn_id or "", _int(fields.get("n")), _int(fields.get("r")) == 0)
+            return TurnRemoved(
+                cursor, turn_id or "", _int(fields.get("n")), _int(fields.get("r")) == 0
+            )
         if kind == "compacted":
             found = yield Run(_checked_sequences(thread, [a], incarnation))
             return Compacted(cursor, found[0] if found else None, a, b)
@@ -374,17 +420,21 @@ def _new_messages(thread: ThreadRef, first: int, last: int, incarnation: str | N
     are (a record's sequence never changes hands, so what the window holds is theirs); when some
     already moved on (rollover, retention, remove_turn), the reads of any sequence. Either is
     checked to be of the watched thread (meta's `born`, read after it, in the same round trip)."""
-    records, born = yield Batch([
-        ("ZRANGE", thread.keys.window, first, last, "BYSCORE"),
-        ("HGET", thread.keys.meta, "born"),
-    ])
+    records, born = yield Batch(
+        [
+            ("ZRANGE", thread.keys.window, first, last, "BYSCORE"),
+            ("HGET", thread.keys.meta, "born"),
+        ]
+    )
     _check(incarnation, born)
     if len(records) == last - first + 1:
         return decode(thread, list(zip(range(first, last + 1), records)))
     return (yield from _checked_sequences(thread, list(range(first, last + 1)), incarnation))
 
 
-def _checked_sequences(thread: ThreadRef, sequences: list[int], incarnation: str | None) -> Operation:
+def _checked_sequences(
+    thread: ThreadRef, sequences: list[int], incarnation: str | None
+) -> Operation:
     found = list((yield from fetch_sequences(thread, sequences, missing_ok=True)))
     _check(incarnation, (yield from _born(thread)))
     return found
@@ -398,5 +448,3 @@ def stream_entries(reply: Any) -> Sequence[tuple[Any, dict]]:
         (entries,) = reply.values()
         return entries[0] if len(entries) == 1 and isinstance(entries[0], list) else entries
     return reply[0][1]
-
-

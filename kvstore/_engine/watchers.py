@@ -45,7 +45,9 @@ def _xread(key: str, after: str, count: int, block_ms: int) -> tuple[Any, ...]:
 
 
 def _failed(exc: Exception) -> errors.KVStoreError:
-    return errors.ConnectionFailed(f"watch: the event stream could not be read ({exc}); resume from the last cursor")
+    return errors.ConnectionFailed(
+        f"watch: the event stream could not be read ({exc}); resume from the last cursor"
+    )
 
 
 class Watch:
@@ -59,8 +61,12 @@ class Watch:
 
     def _read(self, key: str, after: str, count: int) -> Any:
         if self._client is None:
-            connection_class, kwargs = _settings(_node_client(self._store.client, key), self._block_ms)
-            pool = redis.ConnectionPool(connection_class=connection_class, max_connections=1, **kwargs)
+            connection_class, kwargs = _settings(
+                _node_client(self._store.client, key), self._block_ms
+            )
+            pool = redis.ConnectionPool(
+                connection_class=connection_class, max_connections=1, **kwargs
+            )
             self._client = redis.Redis(connection_pool=pool)
         try:
             return self._client.execute_command(*_xread(key, after, count, self._block_ms))
@@ -116,8 +122,12 @@ class AsyncWatch:
 
     async def _read(self, key: str, after: str, count: int) -> Any:
         if self._client is None:
-            connection_class, kwargs = _settings(_node_client(self._store.client, key), self._block_ms)
-            pool = redis.asyncio.ConnectionPool(connection_class=connection_class, max_connections=1, **kwargs)
+            connection_class, kwargs = _settings(
+                _node_client(self._store.client, key), self._block_ms
+            )
+            pool = redis.asyncio.ConnectionPool(
+                connection_class=connection_class, max_connections=1, **kwargs
+            )
             self._client = redis.asyncio.Redis(connection_pool=pool)
         try:
             return await self._client.execute_command(*_xread(key, after, count, self._block_ms))

@@ -35,7 +35,9 @@ def stored_int(value: Any, what: str) -> int:
 
 
 def _unexpected(script: str, reply: Any) -> errors.ServerError:
-    return errors.ServerError(f"script {script}.lua replied {reply!r:.200}, not the reply its header states")
+    return errors.ServerError(
+        f"script {script}.lua replied {reply!r:.200}, not the reply its header states"
+    )
 
 
 def _list(script: str, reply: Any, length: int) -> list[Any]:
@@ -80,7 +82,12 @@ class AppendReply:
         if isinstance(reply, list) and len(reply) == 2 and reply[0] == 1:
             return cls(True, int(reply[1]), ())
         replay_length = None if count is None else 2 * count + 1
-        if isinstance(reply, list) and len(reply) % 2 == 1 and reply[0] == 0 and len(reply) == (replay_length or len(reply)):
+        if (
+            isinstance(reply, list)
+            and len(reply) % 2 == 1
+            and reply[0] == 0
+            and len(reply) == (replay_length or len(reply))
+        ):
             pairs = zip(reply[1::2], reply[2::2])
             return cls(False, None, tuple(Replayed(int(s), _text(i) or None) for s, i in pairs))
         raise _unexpected("append", reply)
@@ -350,7 +357,9 @@ def split_chunk(manifest: bytes | None, data: bytes | None) -> dict[int, bytes]:
             # "%" when the texts are escaped
             fields = line.split(b"\t")
             escaped = fields[-1] == b"%"
-            if len(fields) - escaped not in (6, 7) or (len(fields) - escaped == 7 and not fields[6].isdigit()):
+            if len(fields) - escaped not in (6, 7) or (
+                len(fields) - escaped == 7 and not fields[6].isdigit()
+            ):
                 raise ValueError(f"line {line[:80]!r} has {len(fields)} fields")
             end = offset + int(fields[4])
             records[int(fields[0])] = data[offset:end]

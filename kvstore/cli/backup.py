@@ -44,8 +44,13 @@ def _add_line(digest: Any, line: str) -> None:
     digest.update(line.rstrip("\r\n").encode("utf-8") + b"\n")
 
 
-def export(store: MessageStore, thread_id: str, out: IO[str], progress_out: IO[str] | None = None,
-           every: float = 5.0) -> int:
+def export(
+    store: MessageStore,
+    thread_id: str,
+    out: IO[str],
+    progress_out: IO[str] | None = None,
+    every: float = 5.0,
+) -> int:
     """Writes a backup of the thread: a header line with its state (BackupState), then one line
     per kept message, oldest first: the message in the list API's shape (its seq_id is its
     sequence) with `turn_id` added for a message of a turn and `tokens`, its stored token count;
@@ -64,10 +69,20 @@ def export(store: MessageStore, thread_id: str, out: IO[str], progress_out: IO[s
         "summary_last": state.summary_last,
         "summary_seq": state.summary_seq,
         "deleted_before": state.deleted_before,
-        "turn": {"id": state.turn_id, "seq": state.turn_seq, "outcome": state.turn_outcome} if state.turn_id else None,
+        "turn": {"id": state.turn_id, "seq": state.turn_seq, "outcome": state.turn_outcome}
+        if state.turn_id
+        else None,
         "turns": [
-            {"id": t.turn_id, "start": t.start, "outcome": t.outcome, "replies": t.replies, "first": t.first,
-             "count": t.count, "first_seq": t.first_seq, "last_seq": t.last_seq}
+            {
+                "id": t.turn_id,
+                "start": t.start,
+                "outcome": t.outcome,
+                "replies": t.replies,
+                "first": t.first,
+                "count": t.count,
+                "first_seq": t.first_seq,
+                "last_seq": t.last_seq,
+            }
             for t in state.turns
         ],
     }
@@ -121,9 +136,16 @@ class ImportProgress:
     sending: int = 0  # messages of the call in flight (stored or not: unknown if interrupted)
 
 
-def import_lines(store: MessageStore, thread_id: str, lines: IO[str], progress: ImportProgress | None = None,
-                 progress_out: IO[str] | None = None, every: float = 5.0, total: int | None = None,
-                 allow_untrailed: bool = False) -> int:
+def import_lines(
+    store: MessageStore,
+    thread_id: str,
+    lines: IO[str],
+    progress: ImportProgress | None = None,
+    progress_out: IO[str] | None = None,
+    every: float = 5.0,
+    total: int | None = None,
+    allow_untrailed: bool = False,
+) -> int:
     """Imports a file `export` wrote (a backup: restored at its sequences, with its summary,
     turns and deleted_before) or plain JSON-lines messages (appended). Either way a message
     already stored is skipped and counted as such, so an import interrupted anywhere is finished
@@ -148,8 +170,10 @@ def import_lines(store: MessageStore, thread_id: str, lines: IO[str], progress: 
     bar_out = progress_out or sys.stderr
     if isinstance(head, dict) and "kvstore_backup" in head:
         if head["kvstore_backup"] != BACKUP_FORMAT:
-            raise errors.InvalidMessage(f"line {number}: backup format {head['kvstore_backup']!r} is not one this"
-                                        f" version reads ({BACKUP_FORMAT})")
+            raise errors.InvalidMessage(
+                f"line {number}: backup format {head['kvstore_backup']!r} is not one this"
+                f" version reads ({BACKUP_FORMAT})"
+            )
         bar = Progress("restored", head.get("messages"), bar_out, every)
         _restore(store, thread_id, head, text, numbered, progress, bar, allow_untrailed)
     else:
@@ -166,8 +190,16 @@ def _numbered(lines: Iterable[str], progress: ImportProgress) -> Iterator[tuple[
             yield number, line
 
 
-def _restore(store: MessageStore, thread_id: str, head: dict, head_text: str, numbered: Iterator[tuple[int, str]],
-             progress: ImportProgress, bar: Progress, allow_untrailed: bool) -> None:
+def _restore(
+    store: MessageStore,
+    thread_id: str,
+    head: dict,
+    head_text: str,
+    numbered: Iterator[tuple[int, str]],
+    progress: ImportProgress,
+    bar: Progress,
+    allow_untrailed: bool,
+) -> None:
     ref = ThreadRef.of(store.config, thread_id)
     state = _header_state(head)
     digest = _line_digest()
@@ -177,7 +209,9 @@ def _restore(store: MessageStore, thread_id: str, head: dict, head_text: str, nu
     def items() -> Iterator[core.BackedUpMessage]:
         for number, text in numbered:
             if read["end"] is not None:
-                raise errors.BackupIncomplete(f"line {number}: a line after the backup's end line (line {read['end'][0]})")
+                raise errors.BackupIncomplete(
+                    f"line {number}: a line after the backup's end line (line {read['end'][0]})"
+                )
             try:
                 body = json.loads(text)
                 if isinstance(body, dict) and BACKUP_END in body:
@@ -195,7 +229,9 @@ def _restore(store: MessageStore, thread_id: str, head: dict, head_text: str, nu
                 raise errors.InvalidMessage(f"line {number}: {exc}") from None
             if message.seq_id is None or message.id is None:
                 # The id is how a restore run again finds the message stored.
-                raise errors.InvalidMessage(f"line {number}: a backup's message must have its seq_id and id")
+                raise errors.InvalidMessage(
+                    f"line {number}: a backup's message must have its seq_id and id"
+                )
             yield core.BackedUpMessage(message.seq_id, turn_id, message, tokens)
 
     checked = False
@@ -214,13 +250,19 @@ def _restore(store: MessageStore, thread_id: str, head: dict, head_text: str, nu
         # or over one it restored before: no message stored and the same last sequence. A
         # thread holding messages is another thread, whatever its last sequence.
         stats = store.thread(thread_id).stats()
-        if stats.stored_messages or (stats.next_sequence > 1 and stats.next_sequence - 1 != state.last_seq):
-            raise errors.RestoreConflict(f"thread {thread_id!r} already holds messages: restore into an empty thread")
+        if stats.stored_messages or (
+            stats.next_sequence > 1 and stats.next_sequence - 1 != state.last_seq
+        ):
+            raise errors.RestoreConflict(
+                f"thread {thread_id!r} already holds messages: restore into an empty thread"
+            )
     _check_whole(head, read["messages"], read["end"], digest.hexdigest(), allow_untrailed)
     store.run(core.restore_state(ref, state))
 
 
-def _check_whole(head: dict, messages: int, end: tuple[int, Any] | None, checksum: str, allow_untrailed: bool) -> None:
+def _check_whole(
+    head: dict, messages: int, end: tuple[int, Any] | None, checksum: str, allow_untrailed: bool
+) -> None:
     """Refuses (BackupIncomplete) a backup that does not prove it is whole, before the restore's
     last step: its end line's count and checksum must be the file's."""
     unfinished = "; the restore is not finished (the thread refuses writes until the whole backup is imported)"
@@ -238,20 +280,25 @@ def _check_whole(head: dict, messages: int, end: tuple[int, Any] | None, checksu
         return
     number, body = end
     if body.get(BACKUP_END) != BACKUP_FORMAT:
-        raise errors.InvalidMessage(f"line {number}: backup end line format {body.get(BACKUP_END)!r} is not one this"
-                                    f" version reads ({BACKUP_FORMAT})")
+        raise errors.InvalidMessage(
+            f"line {number}: backup end line format {body.get(BACKUP_END)!r} is not one this"
+            f" version reads ({BACKUP_FORMAT})"
+        )
     if body.get("messages") != messages:
         raise errors.BackupIncomplete(
             f"line {number}: the backup's end line counts {body.get('messages')!r} message lines, the file has"
             f" {messages} message lines{unfinished}"
         )
     if body.get("sha256") != checksum:
-        raise errors.BackupIncomplete(f"line {number}: the backup's lines do not match its end line's checksum{unfinished}")
+        raise errors.BackupIncomplete(
+            f"line {number}: the backup's lines do not match its end line's checksum{unfinished}"
+        )
 
 
 def _header_state(head: dict) -> core.BackupState:
     """The state a backup's header records, every field checked here: restore_state sends it
     after every message is in, and a value it cannot read must not stop it there."""
+
     def number(value: object) -> int:
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise ValueError(f"{value!r} is not a sequence or count")
@@ -270,21 +317,40 @@ def _header_state(head: dict) -> core.BackupState:
     try:
         turn = head.get("turn") or {}
         return core.BackupState(
-            last_seq=number(head["last_seq"]), summary_last=number(head.get("summary_last") or 0),
-            summary_seq=number(head.get("summary_seq") or 0), deleted_before=number(head.get("deleted_before") or 0),
-            turn_id=text(turn.get("id", "")), turn_seq=number(turn.get("seq") or 0),
+            last_seq=number(head["last_seq"]),
+            summary_last=number(head.get("summary_last") or 0),
+            summary_seq=number(head.get("summary_seq") or 0),
+            deleted_before=number(head.get("deleted_before") or 0),
+            turn_id=text(turn.get("id", "")),
+            turn_seq=number(turn.get("seq") or 0),
             turn_outcome=word(turn["outcome"]) if turn else "",
-            turns=[core.TurnRecord(text(t["id"]), number(t["start"]), word(t["outcome"]), number(t["replies"]),
-                                   number(t["first"]), number(t["count"]), number(t["first_seq"]),
-                                   number(t["last_seq"]))
-                   for t in head.get("turns", [])],
+            turns=[
+                core.TurnRecord(
+                    text(t["id"]),
+                    number(t["start"]),
+                    word(t["outcome"]),
+                    number(t["replies"]),
+                    number(t["first"]),
+                    number(t["count"]),
+                    number(t["first_seq"]),
+                    number(t["last_seq"]),
+                )
+                for t in head.get("turns", [])
+            ],
         )
     except (KeyError, TypeError, AttributeError, ValueError) as exc:
-        raise errors.InvalidMessage(f"line 1: the backup's header is not one export wrote ({exc!r})") from None
+        raise errors.InvalidMessage(
+            f"line 1: the backup's header is not one export wrote ({exc!r})"
+        ) from None
 
 
-def _append_plain(store: MessageStore, thread_id: str, numbered: Iterable[tuple[int, str]],
-                  progress: ImportProgress, bar: Progress) -> None:
+def _append_plain(
+    store: MessageStore,
+    thread_id: str,
+    numbered: Iterable[tuple[int, str]],
+    progress: ImportProgress,
+    bar: Progress,
+) -> None:
     """Plain message lines (an older export, or a file of your own), appended in batches. A
     message without an id gets one made from its line's text (and how many identical lines came
     before), so importing the same file again finds it stored."""
@@ -338,5 +404,3 @@ def _append_plain(store: MessageStore, thread_id: str, numbered: Iterable[tuple[
 
 # Ids of imported messages that had none: uuid5 of the line in this namespace.
 _IMPORT_IDS = uuid.UUID("6f1c3a52-9a64-4b8e-9c55-2d1f0e8b7a31")
-
-

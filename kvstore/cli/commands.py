@@ -10,15 +10,18 @@ from typing import IO
 import redis
 
 from .. import errors
-from .progress import Progress
-from .server import data_dir_server
 from .._engine.keys import check_thread_id
 from .._engine.wire import ChunkEntry, LargeEntry
 from ..config import StoreConfig
 from ..store import MessageStore
+from .progress import Progress
+from .server import data_dir_server
+
 
 @contextmanager
-def open_store(url: str | None, namespace: str, data_dir: str, history_checks: str = "off") -> Iterator[MessageStore]:
+def open_store(
+    url: str | None, namespace: str, data_dir: str, history_checks: str = "off"
+) -> Iterator[MessageStore]:
     """A store on `url`, or without a URL on the server over `data_dir`: the one already running
     there, or an embedded one this command starts and stops."""
     config = StoreConfig(namespace=namespace, history_checks=history_checks)
@@ -64,31 +67,50 @@ def existing_thread(store: MessageStore, thread_id: str):
 INDEX_PAGE = 5000
 
 
-def inspect(store: MessageStore, thread_id: str, out: IO[str] = sys.stdout, chunks: bool = False) -> None:
+def inspect(
+    store: MessageStore, thread_id: str, out: IO[str] = sys.stdout, chunks: bool = False
+) -> None:
     """A thread's layout: a summary of its chunks, or with `chunks` one line for each."""
     thread = existing_thread(store, thread_id)
     keys, client = thread.keys, store.client
     stats = thread.stats()
     meta = {k.decode(): v.decode() for k, v in client.hgetall(keys.meta).items()}
     window = client.zrange(keys.window, 0, -1, withscores=True)
-    print(f"thread {thread_id} (namespace {store.config.namespace}, layout {stats.layout_version})", file=out)
-    print(f"  messages stored   {stats.stored_messages} ({stats.stored_bytes:,} record bytes)", file=out)
+    print(
+        f"thread {thread_id} (namespace {store.config.namespace}, layout {stats.layout_version})",
+        file=out,
+    )
+    print(
+        f"  messages stored   {stats.stored_messages} ({stats.stored_bytes:,} record bytes)",
+        file=out,
+    )
     print(f"  next sequence     {stats.next_sequence}", file=out)
     if "restoring" in meta:
-        print("  restore           unfinished: run the same import or fork again (writes are refused until then)",
-              file=out)
+        print(
+            "  restore           unfinished: run the same import or fork again (writes are refused until then)",
+            file=out,
+        )
     print(f"  deleted before    {stats.deleted_before_sequence or '-'}", file=out)
     print(f"  inline media      {stats.media_bytes:,} bytes", file=out)
     print(f"  tokens            {stats.tokens:,}", file=out)
     summary = meta.get("summary_last")
-    print(f"  summary           {'covers ..' + summary + ' (message ' + meta['summary_seq'] + ')' if summary else '-'}", file=out)
+    print(
+        f"  summary           {'covers ..' + summary + ' (message ' + meta['summary_seq'] + ')' if summary else '-'}",
+        file=out,
+    )
     if meta.get("turn_id"):
-        print(f"  turn              {meta['turn_id']}: replies from {meta['turn_seq']}, {meta.get('turn_outcome', 'open')}", file=out)
+        print(
+            f"  turn              {meta['turn_id']}: replies from {meta['turn_seq']}, {meta.get('turn_outcome', 'open')}",
+            file=out,
+        )
     else:
         print("  turn              -", file=out)
     if window:
         size = sum(len(member) for member, _ in window)
-        print(f"  window            {len(window)} messages, {int(window[0][1])}..{int(window[-1][1])}, {size:,} bytes", file=out)
+        print(
+            f"  window            {len(window)} messages, {int(window[0][1])}..{int(window[-1][1])}, {size:,} bytes",
+            file=out,
+        )
     else:
         print("  window            empty", file=out)
     legacy = client.hlen(keys.legacy)
@@ -97,8 +119,10 @@ def inspect(store: MessageStore, thread_id: str, out: IO[str] = sys.stdout, chun
     chunk_entries = map(ChunkEntry.parse, _index(client, keys.chunk_index))
     large_entries = map(LargeEntry.parse, _index(client, keys.large_index))
     if chunks:
-        print(f"  chunks            {client.zcard(keys.chunk_index)} (+ {client.zcard(keys.large_index)} oversized)",
-              file=out)
+        print(
+            f"  chunks            {client.zcard(keys.chunk_index)} (+ {client.zcard(keys.large_index)} oversized)",
+            file=out,
+        )
         _list_chunks(chunk_entries, large_entries, out)
     else:
         _sum_chunks(chunk_entries, large_entries, out)
@@ -116,15 +140,25 @@ def _index(client: redis.Redis, key: str) -> Iterator[bytes]:
         low = f"({int(page[-1][1])}"
 
 
-def _list_chunks(chunk_entries: Iterable[ChunkEntry], large_entries: Iterable[LargeEntry], out: IO[str]) -> None:
+def _list_chunks(
+    chunk_entries: Iterable[ChunkEntry], large_entries: Iterable[LargeEntry], out: IO[str]
+) -> None:
     for chunk in chunk_entries:
-        print(f"    chunk {chunk.first:>8}  {chunk.first}..{chunk.last}  {chunk.count} messages"
-              f"  {chunk.bytes:,} bytes  {chunk.media:,} media", file=out)
+        print(
+            f"    chunk {chunk.first:>8}  {chunk.first}..{chunk.last}  {chunk.count} messages"
+            f"  {chunk.bytes:,} bytes  {chunk.media:,} media",
+            file=out,
+        )
     for entry in large_entries:
-        print(f"    large {entry.sequence:>8}  1 message  {entry.bytes:,} bytes  {entry.media:,} media", file=out)
+        print(
+            f"    large {entry.sequence:>8}  1 message  {entry.bytes:,} bytes  {entry.media:,} media",
+            file=out,
+        )
 
 
-def _sum_chunks(chunk_entries: Iterable[ChunkEntry], large_entries: Iterable[LargeEntry], out: IO[str]) -> None:
+def _sum_chunks(
+    chunk_entries: Iterable[ChunkEntry], large_entries: Iterable[LargeEntry], out: IO[str]
+) -> None:
     """Two lines for the chunks, one for the oversized messages, however many there are."""
     count = messages = size = media = 0
     first = last = None
@@ -141,18 +175,29 @@ def _sum_chunks(chunk_entries: Iterable[ChunkEntry], large_entries: Iterable[Lar
         smallest = chunk.bytes if smallest is None else min(smallest, chunk.bytes)
         largest = chunk.bytes if largest is None else max(largest, chunk.bytes)
     if count:
-        print(f"  chunks            {count:,}: {messages:,} messages ({first}..{last}), {size:,} bytes,"
-              f" {media:,} media bytes", file=out)
-        print(f"                    each {_span(fewest, most)} messages, {_span(smallest, largest)} bytes", file=out)
+        print(
+            f"  chunks            {count:,}: {messages:,} messages ({first}..{last}), {size:,} bytes,"
+            f" {media:,} media bytes",
+            file=out,
+        )
+        print(
+            f"                    each {_span(fewest, most)} messages, {_span(smallest, largest)} bytes",
+            file=out,
+        )
     else:
         print("  chunks            none", file=out)
     large = list(large_entries)
     if large:
         sequences = [entry.sequence for entry in large]
-        shown = ", ".join(map(str, sequences[:5])) + (f" and {len(large) - 5} more" if len(large) > 5 else "")
+        shown = ", ".join(map(str, sequences[:5])) + (
+            f" and {len(large) - 5} more" if len(large) > 5 else ""
+        )
         where = "message in its own chunk" if len(large) == 1 else "messages in chunks of their own"
-        print(f"  oversized         {len(large):,} {where} ({shown}),"
-              f" {sum(e.bytes for e in large):,} bytes, {sum(e.media for e in large):,} media bytes", file=out)
+        print(
+            f"  oversized         {len(large):,} {where} ({shown}),"
+            f" {sum(e.bytes for e in large):,} bytes, {sum(e.media for e in large):,} media bytes",
+            file=out,
+        )
     else:
         print("  oversized         none", file=out)
     if count or large:
@@ -172,7 +217,9 @@ def layout_1_threads(store: MessageStore) -> list[str]:
     prefix = f"{store.config.namespace}:{{"
     found = []
     try:
-        for key in store.client.scan_iter(match=f"{store.config.namespace}:{{*}}:messages", count=1000):
+        for key in store.client.scan_iter(
+            match=f"{store.config.namespace}:{{*}}:messages", count=1000
+        ):
             text = key.decode()
             found.append(text[len(prefix) : text.rindex("}:messages")])
     except redis.exceptions.NoPermissionError:
@@ -230,7 +277,9 @@ def migrate_named(store: MessageStore, thread_ids: list[str], out: IO[str] = sys
         _migrate(store, todo, out)
     print(f"migrated {len(todo)} threads to layout 2 ({current} already in layout 2)", file=out)
     if missing:
-        names = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+        names = ", ".join(missing[:5]) + (
+            f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+        )
         raise errors.KVStoreError(
             f"{len(missing)} of {len(todo) + current + len(missing)} threads not found in namespace"
             f" {store.config.namespace!r}: {names}"

@@ -10,7 +10,14 @@ from typing import IO
 
 import redis
 
-from ..importers import SessionImport, find_sessions, import_langchain, import_llamaindex, langchain_left_out, to_langchain
+from ..importers import (
+    SessionImport,
+    find_sessions,
+    import_langchain,
+    import_llamaindex,
+    langchain_left_out,
+    to_langchain,
+)
 from ..store import MessageStore
 from .commands import existing_thread
 from .progress import Progress
@@ -18,8 +25,17 @@ from .progress import Progress
 TABLE_ROWS = 50  # sessions listed one a line; the rest are counted
 
 
-def import_from(store: MessageStore, source: redis.Redis, kind: str, pattern: str | None, key_prefix: str,
-                batch_messages: int, out: IO[str], progress_out: IO[str], every: float = 5.0) -> int:
+def import_from(
+    store: MessageStore,
+    source: redis.Redis,
+    kind: str,
+    pattern: str | None,
+    key_prefix: str,
+    batch_messages: int,
+    out: IO[str],
+    progress_out: IO[str],
+    every: float = 5.0,
+) -> int:
     """Imports every session of `source` matching `pattern`, with a progress bar (source
     messages) and a summary table; returns the exit status (1 if a session failed). An import
     that a failed server or connection (or Ctrl-C) ends shows the sessions done, then raises."""
@@ -34,18 +50,35 @@ def import_from(store: MessageStore, source: redis.Redis, kind: str, pattern: st
     results: list[SessionImport] = []
     try:
         if kind == "langchain":
-            import_langchain(store, source, pattern, key_prefix=key_prefix, batch_messages=batch_messages,
-                             progress=done, sessions=results)
+            import_langchain(
+                store,
+                source,
+                pattern,
+                key_prefix=key_prefix,
+                batch_messages=batch_messages,
+                progress=done,
+                sessions=results,
+            )
         else:
-            import_llamaindex(store, source, pattern, batch_messages=batch_messages, progress=done,
-                              sessions=results)
+            import_llamaindex(
+                store,
+                source,
+                pattern,
+                batch_messages=batch_messages,
+                progress=done,
+                sessions=results,
+            )
     except BaseException as exc:
         bar.close()
         if results:  # what was done; main() says why it ended
             _table(results, store.config.namespace, out)
         if isinstance(exc, Exception):  # a failed server or connection (main() says so for Ctrl-C)
-            print("kvstore: the import ended early; run the same command again to finish it (nothing is stored"
-                  " twice)", file=progress_out, flush=True)
+            print(
+                "kvstore: the import ended early; run the same command again to finish it (nothing is stored"
+                " twice)",
+                file=progress_out,
+                flush=True,
+            )
         raise
     bar.close()
     _table(results, store.config.namespace, out)
@@ -56,10 +89,12 @@ def _total(source: redis.Redis, keys: list[str]) -> int:
     total = 0
     for start in range(0, len(keys), 1000):
         with source.pipeline(transaction=False) as pipe:
-            for key in keys[start:start + 1000]:
+            for key in keys[start : start + 1000]:
                 pipe.llen(key)
             # a key that is no list any more is reported by the import, as that session's error
-            total += sum(count for count in pipe.execute(raise_on_error=False) if isinstance(count, int))
+            total += sum(
+                count for count in pipe.execute(raise_on_error=False) if isinstance(count, int)
+            )
     return total
 
 
@@ -68,23 +103,31 @@ def _table(results: list[SessionImport], namespace: str, out: IO[str]) -> None:
         print("no sessions found", file=out)
         return
     width = min(48, max(len(r.source_key) for r in results[:TABLE_ROWS]))
-    print(f"{'source key':<{width}}  {'thread':<{width}}  {'messages':>9}  {'imported':>9}  {'already':>9}  status",
-          file=out)
+    print(
+        f"{'source key':<{width}}  {'thread':<{width}}  {'messages':>9}  {'imported':>9}  {'already':>9}  status",
+        file=out,
+    )
     for result in results[:TABLE_ROWS]:
         status = f"failed: {result.error}" if result.error else "ok"
-        print(f"{_cut(result.source_key, width):<{width}}  {_cut(result.thread_id or '-', width):<{width}}"
-              f"  {result.source_messages:>9,}  {result.imported:>9,}  {result.already:>9,}  {status}", file=out)
+        print(
+            f"{_cut(result.source_key, width):<{width}}  {_cut(result.thread_id or '-', width):<{width}}"
+            f"  {result.source_messages:>9,}  {result.imported:>9,}  {result.already:>9,}  {status}",
+            file=out,
+        )
     if len(results) > TABLE_ROWS:
         print(f"... and {len(results) - TABLE_ROWS} more sessions", file=out)
     failed = sum(1 for r in results if r.error)
-    print(f"{len(results)} sessions into namespace {namespace}, {sum(r.source_messages for r in results):,} source"
-          f" messages: {sum(r.imported for r in results):,} imported, {sum(r.already for r in results):,} already"
-          f" stored ({sum(r.stored_messages for r in results):,} kvstore messages written)"
-          + (f"; {failed} failed" if failed else ""), file=out)
+    print(
+        f"{len(results)} sessions into namespace {namespace}, {sum(r.source_messages for r in results):,} source"
+        f" messages: {sum(r.imported for r in results):,} imported, {sum(r.already for r in results):,} already"
+        f" stored ({sum(r.stored_messages for r in results):,} kvstore messages written)"
+        + (f"; {failed} failed" if failed else ""),
+        file=out,
+    )
 
 
 def _cut(text: str, width: int) -> str:
-    return text if len(text) <= width else text[:width - 1] + "…"
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def export_langchain(store: MessageStore, thread_id: str, out: IO[str]) -> tuple[int, int]:
@@ -95,6 +138,9 @@ def export_langchain(store: MessageStore, thread_id: str, out: IO[str]) -> tuple
     records = to_langchain(messages)
     out.write("[")
     for number, record in enumerate(records):
-        out.write(("\n" if number == 0 else ",\n") + json.dumps(record, ensure_ascii=False, separators=(",", ":")))
+        out.write(
+            ("\n" if number == 0 else ",\n")
+            + json.dumps(record, ensure_ascii=False, separators=(",", ":"))
+        )
     out.write("\n]\n")
     return len(records), langchain_left_out(messages)

@@ -40,7 +40,9 @@ APPENDFSYNC = ("always", "everysec")
 def aof(appendfsync: str = "always") -> tuple[str, ...]:
     """The arguments of a server whose every write goes to its append-only file, fsynced as asked."""
     if appendfsync not in APPENDFSYNC:
-        raise ValueError(f"appendfsync must be one of {', '.join(APPENDFSYNC)}, not {appendfsync!r}")
+        raise ValueError(
+            f"appendfsync must be one of {', '.join(APPENDFSYNC)}, not {appendfsync!r}"
+        )
     return ("--appendonly", "yes", "--appendfsync", appendfsync, "--save", "")
 
 
@@ -87,9 +89,16 @@ class ServerProcess:
     """
 
     def __init__(
-        self, name: str, binary: str, extra_args: Sequence[str] = (), *, port: int = 0,
-        data_dir: str | Path | None = None, log_name: str = "server.log",
-        own_session: bool = False, die_with_parent: bool = False,
+        self,
+        name: str,
+        binary: str,
+        extra_args: Sequence[str] = (),
+        *,
+        port: int = 0,
+        data_dir: str | Path | None = None,
+        log_name: str = "server.log",
+        own_session: bool = False,
+        die_with_parent: bool = False,
     ) -> None:
         self.name = name
         self.binary = binary
@@ -120,17 +129,33 @@ class ServerProcess:
         """Starts the server and returns once it answers (and has read its data). Raises
         PortInUse if another process listens on the port it was given."""
         if self.port and not _can_listen(self.port):
-            raise PortInUse(f"{self.name} cannot listen on {HOST}:{self.port}: another process does")
+            raise PortInUse(
+                f"{self.name} cannot listen on {HOST}:{self.port}: another process does"
+            )
         self.port = self.port or free_port()
         if self.data_dir is None:
             self.data_dir = Path(tempfile.mkdtemp(prefix=f"kvstore-{self.name}-"))
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        command = [self.binary, "--port", str(self.port), "--bind", HOST, "--dir", str(self.data_dir),
-                   "--logfile", str(self.log), *self.extra_args]
+        command = [
+            self.binary,
+            "--port",
+            str(self.port),
+            "--bind",
+            HOST,
+            "--dir",
+            str(self.data_dir),
+            "--logfile",
+            str(self.log),
+            *self.extra_args,
+        ]
         with open(self.log, "ab") as output:  # what it says before its log is open (a bad argument)
             self.process = subprocess.Popen(
-                command, stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT,
-                pass_fds=self.pass_fds, start_new_session=self.own_session,
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=output,
+                stderr=subprocess.STDOUT,
+                pass_fds=self.pass_fds,
+                start_new_session=self.own_session,
                 preexec_fn=_die_with_parent(os.getpid()) if self.die_with_parent else None,
             )
         try:
@@ -144,11 +169,15 @@ class ServerProcess:
         """The server's run_id, once it answers PING: a server still loading its data answers
         LOADING, and is given the time it takes as long as it runs."""
         deadline = time.monotonic() + timeout
-        with redis.Redis(host=HOST, port=self.port, socket_connect_timeout=0.2, retry=Retry(NoBackoff(), 0)) as client:
+        with redis.Redis(
+            host=HOST, port=self.port, socket_connect_timeout=0.2, retry=Retry(NoBackoff(), 0)
+        ) as client:
             while time.monotonic() < deadline:
                 if self.process.poll() is not None:
-                    raise KVStoreError(f"{self.name} exited at start (port {self.port}); the end of"
-                                       f" {self.log}:\n{self.log_tail()}")
+                    raise KVStoreError(
+                        f"{self.name} exited at start (port {self.port}); the end of"
+                        f" {self.log}:\n{self.log_tail()}"
+                    )
                 try:
                     client.ping()
                     return client.info("server")["run_id"]

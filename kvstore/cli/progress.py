@@ -11,8 +11,15 @@ class Progress:
     one line every `every` seconds (and a last one) elsewhere, so a log gets lines, not one line
     of carriage returns."""
 
-    def __init__(self, label: str, total: int | None, out: IO[str], every: float = 5.0,
-                 terminal: bool | None = None, unit: str = "messages") -> None:
+    def __init__(
+        self,
+        label: str,
+        total: int | None,
+        out: IO[str],
+        every: float = 5.0,
+        terminal: bool | None = None,
+        unit: str = "messages",
+    ) -> None:
         self.label, self.total, self.out, self.every, self.unit = label, total, out, every, unit
         self.terminal = out.isatty() if terminal is None else terminal
         self.done = self.already = 0
@@ -41,7 +48,12 @@ class Progress:
         if self.terminal:
             width = 30
             filled = int(width * min(self.done, total) / total) if total else 0
-            print(f"\r  {self.label} [{'#' * filled}{'.' * (width - filled)}] {counted}", end="", file=self.out, flush=True)
+            print(
+                f"\r  {self.label} [{'#' * filled}{'.' * (width - filled)}] {counted}",
+                end="",
+                file=self.out,
+                flush=True,
+            )
         else:
             share = f" ({100 * min(self.done, total) // total}%)" if total else ""
             print(f"  {self.label}: {counted} {self.unit}{share}", file=self.out, flush=True)

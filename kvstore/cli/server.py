@@ -31,7 +31,15 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from ..errors import DataDirInUse
-from .process import DEFAULT_PORT, HOST, START_TIMEOUT, STOP_TIMEOUT, ServerProcess, aof, valkey_binary
+from .process import (
+    DEFAULT_PORT,
+    HOST,
+    START_TIMEOUT,
+    STOP_TIMEOUT,
+    ServerProcess,
+    aof,
+    valkey_binary,
+)
 
 __all__ = ["DEFAULT_PORT", "DataDirServer", "EmbeddedServer", "data_dir_server"]
 
@@ -50,10 +58,21 @@ class EmbeddedServer(ServerProcess):
     `start` takes the data dir's lock first and raises DataDirInUse if another process holds it.
     """
 
-    def __init__(self, data_dir: str | Path = ".kvstore-data", port: int | None = None,
-                 appendfsync: str = "always") -> None:
-        super().__init__("embedded Valkey", valkey_binary(), aof(appendfsync), port=port or 0, data_dir=data_dir,
-                         log_name="valkey.log", die_with_parent=True)
+    def __init__(
+        self,
+        data_dir: str | Path = ".kvstore-data",
+        port: int | None = None,
+        appendfsync: str = "always",
+    ) -> None:
+        super().__init__(
+            "embedded Valkey",
+            valkey_binary(),
+            aof(appendfsync),
+            port=port or 0,
+            data_dir=data_dir,
+            log_name="valkey.log",
+            die_with_parent=True,
+        )
         self.appendfsync = appendfsync
         self._lock: int | None = None
 
@@ -62,14 +81,23 @@ class EmbeddedServer(ServerProcess):
         self._lock = _try_lock(self.data_dir)
         if self._lock is None:
             raise DataDirInUse(f"the data dir {self.data_dir} is locked by another process")
-        self.pass_fds = (self._lock,)  # the lock lives as long as the server, even past this process
+        self.pass_fds = (
+            self._lock,
+        )  # the lock lives as long as the server, even past this process
         try:
             (self.data_dir / ADDRESS_FILE).unlink(missing_ok=True)  # a killed owner's, stale
             super().start(timeout)
-            _write_address(self.data_dir, {
-                "host": HOST, "port": self.port, "pid": self.process.pid,
-                "owner_pid": os.getpid(), "run_id": self.run_id, "appendfsync": self.appendfsync,
-            })
+            _write_address(
+                self.data_dir,
+                {
+                    "host": HOST,
+                    "port": self.port,
+                    "pid": self.process.pid,
+                    "owner_pid": os.getpid(),
+                    "run_id": self.run_id,
+                    "appendfsync": self.appendfsync,
+                },
+            )
             return self
         except BaseException:
             self.stop()
@@ -87,15 +115,23 @@ class EmbeddedServer(ServerProcess):
         """Waits while commands that found this server running still use it (SIGTERM, Ctrl-C: stop now)."""
         (self.data_dir / ADDRESS_FILE).unlink(missing_ok=True)  # no new borrowers from here on
         told = False
-        with redis.Redis(host=HOST, port=self.port, socket_connect_timeout=1, socket_timeout=2) as client:
+        with redis.Redis(
+            host=HOST, port=self.port, socket_connect_timeout=1, socket_timeout=2
+        ) as client:
             try:
                 while self.alive:
-                    users = [c for c in client.client_list() if c.get("name", "").startswith(BORROWER)]
+                    users = [
+                        c for c in client.client_list() if c.get("name", "").startswith(BORROWER)
+                    ]
                     if not users:
                         return
                     if not told:
-                        print(f"kvstore: {len(users)} other command(s) use the server on {self.data_dir};"
-                              " it stops when they end (Ctrl-C stops it now)", file=sys.stderr, flush=True)
+                        print(
+                            f"kvstore: {len(users)} other command(s) use the server on {self.data_dir};"
+                            " it stops when they end (Ctrl-C stops it now)",
+                            file=sys.stderr,
+                            flush=True,
+                        )
                         told = True
                     time.sleep(0.1)
             except redis.RedisError:
@@ -120,8 +156,13 @@ class DataDirServer:
 
 
 @contextmanager
-def data_dir_server(data_dir: str | Path, *, reuse: bool = True, port: int | None = None,
-                    appendfsync: str = "always") -> Iterator[DataDirServer]:
+def data_dir_server(
+    data_dir: str | Path,
+    *,
+    reuse: bool = True,
+    port: int | None = None,
+    appendfsync: str = "always",
+) -> Iterator[DataDirServer]:
     """The server that owns `data_dir`: the running one (when `reuse`), or one this process starts
     (on `port`, or a free one, with `appendfsync`; a running one keeps its own).
 
@@ -168,7 +209,9 @@ def _owned(embedded: EmbeddedServer) -> Iterator[DataDirServer]:
     """The server this process started; stopped at the end, once its borrowers are done."""
     lingers = True
     try:
-        yield DataDirServer(embedded.url, embedded.data_dir, embedded.process.pid, embedded, embedded.appendfsync)
+        yield DataDirServer(
+            embedded.url, embedded.data_dir, embedded.process.pid, embedded, embedded.appendfsync
+        )
     except KeyboardInterrupt:
         lingers = False  # Ctrl-C or SIGTERM: stop now
         raise
@@ -189,7 +232,9 @@ def _borrowed(client: redis.Redis, record: dict, reuse: bool) -> Iterator[DataDi
                 f"a server already runs on {record['dir']} at {_url(record)} (pid {record['pid']});"
                 " commands without --url use it"
             )
-        yield DataDirServer(_url(record), Path(record["dir"]), record["pid"], appendfsync=record.get("appendfsync"))
+        yield DataDirServer(
+            _url(record), Path(record["dir"]), record["pid"], appendfsync=record.get("appendfsync")
+        )
     finally:
         client.close()
 
@@ -205,8 +250,12 @@ def _recorded_server(record: dict) -> tuple[redis.Redis | None, str]:
     counts its borrowers, so a borrower that still sees it is counted.
     """
     client = redis.Redis(
-        host=record["host"], port=record["port"], socket_connect_timeout=1, socket_timeout=1,
-        client_name=f"{BORROWER}-{os.getpid()}", retry=Retry(NoBackoff(), 0),
+        host=record["host"],
+        port=record["port"],
+        socket_connect_timeout=1,
+        socket_timeout=1,
+        client_name=f"{BORROWER}-{os.getpid()}",
+        retry=Retry(NoBackoff(), 0),
     )
     try:
         run_id = client.info("server")["run_id"]

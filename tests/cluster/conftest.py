@@ -30,7 +30,9 @@ def pytest_generate_tests(metafunc):
 def cluster(cluster_kind) -> Iterator[Cluster]:
     """The session's shared cluster of this kind: 3 primaries with one replica each."""
     if cluster_kind not in _shared:
-        _shared[cluster_kind] = Cluster(cluster_kind, cluster_binaries()[cluster_kind]).start(primaries=3, replicas=1)
+        _shared[cluster_kind] = Cluster(cluster_kind, cluster_binaries()[cluster_kind]).start(
+            primaries=3, replicas=1
+        )
     yield _shared[cluster_kind]
 
 
@@ -46,7 +48,9 @@ def fresh_cluster(cluster_kind):
     made: list[Cluster] = []
 
     def make(primaries: int = 3, replicas: int = 0) -> Cluster:
-        made.append(Cluster(cluster_kind, cluster_binaries()[cluster_kind]).start(primaries, replicas))
+        made.append(
+            Cluster(cluster_kind, cluster_binaries()[cluster_kind]).start(primaries, replicas)
+        )
         return made[-1]
 
     yield make

@@ -38,17 +38,38 @@ SLOTS = 16384
 # Small, so a dead primary is detected and replaced in about two seconds.
 NODE_TIMEOUT_MS = 1000
 
+
 # Every node's settings beyond its port, address, dir and log (kvstore.cli.process.ServerProcess).
 def _cluster_args(bus_port: int) -> list[str]:
     return [
-        "--protected-mode", "no", "--daemonize", "no", "--save", "", "--appendonly", "no",
-        "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-        "--cluster-port", str(bus_port), "--cluster-node-timeout", str(NODE_TIMEOUT_MS),
+        "--protected-mode",
+        "no",
+        "--daemonize",
+        "no",
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--cluster-enabled",
+        "yes",
+        "--cluster-config-file",
+        "nodes.conf",
+        "--cluster-port",
+        str(bus_port),
+        "--cluster-node-timeout",
+        str(NODE_TIMEOUT_MS),
         # A replica may always take over, however long it was cut off (the tests kill primaries).
-        "--cluster-replica-validity-factor", "0",
+        "--cluster-replica-validity-factor",
+        "0",
         # Replicas stay where they are put; a failed shard does not stop the others.
-        "--cluster-allow-replica-migration", "no", "--cluster-require-full-coverage", "no",
-        "--repl-diskless-sync", "yes", "--repl-diskless-sync-delay", "0",
+        "--cluster-allow-replica-migration",
+        "no",
+        "--cluster-require-full-coverage",
+        "no",
+        "--repl-diskless-sync",
+        "yes",
+        "--repl-diskless-sync-delay",
+        "0",
     ]
 
 
@@ -110,15 +131,23 @@ class NodeView:
             slots.append((int(first), int(last or first)))
         flags = frozenset(parts[2].split(",")) - {"myself"}
         primary_id = None if parts[3] == "-" else parts[3]
-        return cls(parts[0], int(address.rsplit(":", 1)[1]), flags, primary_id, tuple(sorted(slots)))
+        return cls(
+            parts[0], int(address.rsplit(":", 1)[1]), flags, primary_id, tuple(sorted(slots))
+        )
 
 
 class Node(ServerProcess):
     """One server process of the cluster. Keeps its ports and directory across restarts."""
 
     def __init__(self, kind: str, binary: str, port: int, bus_port: int, data_dir: Path) -> None:
-        super().__init__(f"{HOST}:{port}", binary, _cluster_args(bus_port), port=port, data_dir=data_dir,
-                         own_session=True)
+        super().__init__(
+            f"{HOST}:{port}",
+            binary,
+            _cluster_args(bus_port),
+            port=port,
+            data_dir=data_dir,
+            own_session=True,
+        )
         self.kind = kind
         self.bus_port = bus_port
         self.node_id = ""
@@ -129,7 +158,11 @@ class Node(ServerProcess):
         """A plain client on this node alone (replies decoded: for admin commands)."""
         if self._admin is None:
             self._admin = redis.Redis(
-                host=HOST, port=self.port, decode_responses=True, socket_timeout=10, socket_connect_timeout=1
+                host=HOST,
+                port=self.port,
+                decode_responses=True,
+                socket_timeout=10,
+                socket_connect_timeout=1,
             )
         return self._admin
 
@@ -179,7 +212,6 @@ class Node(ServerProcess):
         return self.admin.execute_command("ROLE")[0]
 
 
-
 class Cluster:
     """A cluster of `kind` ("valkey" or "redis") nodes run from `binary`, in its own temp dir."""
 
@@ -192,7 +224,9 @@ class Cluster:
 
     # ------------------------------------------------------------------------ formation
 
-    def start(self, primaries: int = 3, replicas: int = 0, timeout: float = 30, attempts: int = 3) -> Cluster:
+    def start(
+        self, primaries: int = 3, replicas: int = 0, timeout: float = 30, attempts: int = 3
+    ) -> Cluster:
         """Starts `primaries` primaries with `replicas` replicas each, and forms the cluster.
 
         A node that cannot start (another process took its port between the pick and the bind)
@@ -222,7 +256,9 @@ class Cluster:
         ports = free_ports(2 * count)
         for i in range(count):
             self.nodes.append(
-                Node(self.kind, self.binary, ports[2 * i], ports[2 * i + 1], self.root / f"node-{i}")
+                Node(
+                    self.kind, self.binary, ports[2 * i], ports[2 * i + 1], self.root / f"node-{i}"
+                )
             )
         for node in self.nodes:
             node.start()
@@ -239,7 +275,11 @@ class Cluster:
             seed.admin.execute_command("CLUSTER", "MEET", HOST, node.port, node.bus_port)
         ids = {n.node_id for n in self.nodes}
         for node in self.nodes:
-            wait_until(lambda node=node: set(node.view()) == ids, timeout, f"{node.name} to know every node")
+            wait_until(
+                lambda node=node: set(node.view()) == ids,
+                timeout,
+                f"{node.name} to know every node",
+            )
         for r in range(replicas):
             for i, primary in enumerate(self.nodes[:primaries]):
                 replica = self.nodes[primaries + r * primaries + i]
@@ -269,14 +309,18 @@ class Cluster:
                 views.append({k: (v.is_primary, v.primary_id, v.slots) for k, v in view.items()})
             if any(v != views[0] for v in views[1:]):
                 return False
-            covered = sum(last - first + 1 for entry in views[0].values() for first, last in entry[2])
+            covered = sum(
+                last - first + 1 for entry in views[0].values() for first, last in entry[2]
+            )
             owners = {k for k, v in views[0].items() if v[2]}
             if covered != SLOTS or owners & dead_ids:
                 return False
             for node in live:
                 if node.role() in ("slave", "replica"):
                     info = node.info("replication")
-                    if info.get("master_link_status") != "up" or info.get("master_sync_in_progress"):
+                    if info.get("master_link_status") != "up" or info.get(
+                        "master_sync_in_progress"
+                    ):
                         return False
             return True
 
@@ -337,7 +381,9 @@ class Cluster:
         replica.admin.execute_command("CLUSTER", "FAILOVER")
         wait_until(lambda: replica.role() == "master", timeout, f"{replica.name} to become primary")
         wait_until(
-            lambda: old_primary.role() in ("slave", "replica"), timeout, f"{old_primary.name} to become a replica"
+            lambda: old_primary.role() in ("slave", "replica"),
+            timeout,
+            f"{old_primary.name} to become a replica",
         )
         self.wait_healthy(timeout)
 
@@ -373,7 +419,9 @@ class Cluster:
             keys = source.admin.execute_command("CLUSTER", "GETKEYSINSLOT", slot, batch)
             if not keys:
                 break
-            source.admin.execute_command("MIGRATE", HOST, target.port, "", 0, timeout_ms, "KEYS", *keys)
+            source.admin.execute_command(
+                "MIGRATE", HOST, target.port, "", 0, timeout_ms, "KEYS", *keys
+            )
             moved += len(keys)
             if between_batches is not None:
                 between_batches(moved)
@@ -383,7 +431,11 @@ class Cluster:
             if node not in (source, target):
                 node.admin.execute_command("CLUSTER", "SETSLOT", slot, "NODE", target.node_id)
         self.wait_healthy()
-        wait_until(lambda: self.owner(slot) is target, 10, f"every node to see slot {slot} on {target.name}")
+        wait_until(
+            lambda: self.owner(slot) is target,
+            10,
+            f"every node to see slot {slot} on {target.name}",
+        )
         return moved
 
     def keys_of(self, pattern: str) -> Iterator[tuple[Node, str]]:
@@ -434,7 +486,9 @@ def thread_ids_on_each_primary(cluster: Cluster, prefix: str) -> list[tuple[Node
     for node in cluster.primaries():
         ranges = node.view()[node.node_id].slots
         n = 0
-        while not any(first <= key_slot(f"{prefix}-{n}".encode()) <= last for first, last in ranges):
+        while not any(
+            first <= key_slot(f"{prefix}-{n}".encode()) <= last for first, last in ranges
+        ):
             n += 1
         found.append((node, f"{prefix}-{n}"))
     return found

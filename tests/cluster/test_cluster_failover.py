@@ -23,7 +23,15 @@ from kvstore import MessageStore, StoreConfig, UserMessage, errors
 
 from ..layout_check import check_layout
 from .harness import Cluster, cluster_binaries, thread_ids_on_each_primary, wait_until
-from .workload import LedgerReport, check_ledger, errors_by_type, read_jsonl, start_workers, stop_workers, wait_for_acks
+from .workload import (
+    LedgerReport,
+    check_ledger,
+    errors_by_type,
+    read_jsonl,
+    start_workers,
+    stop_workers,
+    wait_for_acks,
+)
 
 SMALL = dict(window_size=8, chunk_size=4, chunk_max_bytes=4096)
 WORKERS = 4
@@ -65,7 +73,9 @@ def failed_over(cluster_kind, tmp_path_factory) -> Failover:
         thread_ids = [t for threads in shards.values() for t in threads]
 
         ports = [n.port for n in cluster.nodes]
-        processes += start_workers("failover", WORKERS, ports, namespace, SMALL, thread_ids, out, BATCH)
+        processes += start_workers(
+            "failover", WORKERS, ports, namespace, SMALL, thread_ids, out, BATCH
+        )
 
         def progress(more: int) -> None:
             wait_for_acks(out, len(read_jsonl("ledger-*.jsonl", out)) + more, processes)
@@ -124,7 +134,11 @@ def failed_over(cluster_kind, tmp_path_factory) -> Failover:
 def summary(result: Failover) -> str:
     by_type = errors_by_type(result.errors, 70)
     killed = set(result.killed_threads)
-    stalls = [e["acked"] - e["sent"] for e in result.ledger if e["thread"] in killed and e["sent"] < result.elected_at]
+    stalls = [
+        e["acked"] - e["sent"]
+        for e in result.ledger
+        if e["thread"] in killed and e["sent"] < result.elected_at
+    ]
     return (
         f"{result.kind}: {result.report.acknowledged} messages acknowledged, {len(result.report.lost)} lost"
         f" ({[(m['thread'], m['seq'], round(m['acked'] - result.killed_at, 3)) for m in result.report.lost]});"
@@ -135,7 +149,9 @@ def summary(result: Failover) -> str:
     )
 
 
-def test_acknowledged_appends_survive_failover_except_unreplicated_writes_of_the_killed_primary(failed_over):
+def test_acknowledged_appends_survive_failover_except_unreplicated_writes_of_the_killed_primary(
+    failed_over,
+):
     report = failed_over.report
     assert report.problems == [], summary(failed_over)
     assert failed_over.layout_problems == [], summary(failed_over)
@@ -160,11 +176,15 @@ def test_acknowledged_appends_survive_failover_except_unreplicated_writes_of_the
 
 def test_writes_continue_on_every_shard_after_each_failover(failed_over):
     def acked_after(threads: list[str], moment: float) -> set[str]:
-        return {e["thread"] for e in failed_over.ledger if e["thread"] in threads and e["sent"] > moment}
+        return {
+            e["thread"] for e in failed_over.ledger if e["thread"] in threads and e["sent"] > moment
+        }
 
     coordinated = failed_over.coordinated_threads
     killed = failed_over.killed_threads
-    assert acked_after(coordinated, failed_over.coordinated_done) == set(coordinated), summary(failed_over)
+    assert acked_after(coordinated, failed_over.coordinated_done) == set(coordinated), summary(
+        failed_over
+    )
     assert acked_after(killed, failed_over.elected_at) == set(killed), summary(failed_over)
     assert acked_after(killed, failed_over.restarted_at) == set(killed), summary(failed_over)
     others = failed_over.other_threads
@@ -174,7 +194,9 @@ def test_writes_continue_on_every_shard_after_each_failover(failed_over):
 def test_promoted_replicas_answer_noscript_and_the_store_reloads(failed_over):
     """The script cache is not replicated: each promoted replica answered NOSCRIPT at least once,
     and the store sent the script there and carried on (the ledger test shows the writes)."""
-    assert all(count >= 1 for count in failed_over.noscript_on_promoted.values()), summary(failed_over)
+    assert all(count >= 1 for count in failed_over.noscript_on_promoted.values()), summary(
+        failed_over
+    )
 
 
 def test_no_error_escapes_kvstore_untyped_during_failover(failed_over):
@@ -184,7 +206,9 @@ def test_no_error_escapes_kvstore_untyped_during_failover(failed_over):
     assert untyped == [], summary(failed_over)
 
 
-def test_a_kill_before_replication_loses_only_the_unreplicated_tail_and_the_thread_stays_whole(fresh_cluster):
+def test_a_kill_before_replication_loses_only_the_unreplicated_tail_and_the_thread_stays_whole(
+    fresh_cluster,
+):
     """The case the server documents: the primary acknowledges, dies before its replica got the
     write, and the replica takes over without it. Made certain here: the replica is stopped
     (SIGSTOP) and its link closed by the primary, the primary acknowledges 5 appends that go
@@ -197,17 +221,25 @@ def test_a_kill_before_replication_loses_only_the_unreplicated_tail_and_the_thre
     thread = store.thread(thread_id)
     replicated = []
     for i in range(10):
-        replicated += thread.append([UserMessage(content=f"r{i}.{j}", otid=f"r{i}-{j}") for j in range(2)])
+        replicated += thread.append(
+            [UserMessage(content=f"r{i}.{j}", otid=f"r{i}-{j}") for j in range(2)]
+        )
     (replica,) = cluster.replicas_of(primary)
     offset = primary.info("replication")["master_repl_offset"]
-    wait_until(lambda: replica.info("replication")["slave_repl_offset"] >= offset, 10, "the replica to catch up")
+    wait_until(
+        lambda: replica.info("replication")["slave_repl_offset"] >= offset,
+        10,
+        "the replica to catch up",
+    )
 
     replica.pause()
     try:
         assert primary.admin.execute_command("CLIENT", "KILL", "TYPE", "replica") == 1
         unreplicated = []
         for i in range(5):
-            unreplicated += thread.append([UserMessage(content=f"u{i}.{j}", otid=f"u{i}-{j}") for j in range(2)])
+            unreplicated += thread.append(
+                [UserMessage(content=f"u{i}.{j}", otid=f"u{i}-{j}") for j in range(2)]
+            )
         cluster.kill(primary)
     finally:
         replica.resume()
@@ -223,7 +255,9 @@ def test_a_kill_before_replication_loses_only_the_unreplicated_tail_and_the_thre
     # the lost calls stores them (their otids are unknown to the new primary: not a replay).
     resent = []
     for i in range(5):
-        resent += thread.append([UserMessage(content=f"u{i}.{j}", otid=f"u{i}-{j}") for j in range(2)])
+        resent += thread.append(
+            [UserMessage(content=f"u{i}.{j}", otid=f"u{i}-{j}") for j in range(2)]
+        )
     assert [m.seq_id for m in resent] == list(range(21, 31))
     assert [m.otid for m in thread.iter()] == [m.otid for m in replicated + unreplicated]
     # The killed primary comes back as a replica and takes the new primary's data: nothing it
@@ -234,7 +268,9 @@ def test_a_kill_before_replication_loses_only_the_unreplicated_tail_and_the_thre
     check_layout(store.client, thread.keys, config)
 
 
-def test_calls_on_a_shard_whose_primary_is_down_raise_kvstore_errors(fresh_cluster, thread_on, mode):
+def test_calls_on_a_shard_whose_primary_is_down_raise_kvstore_errors(
+    fresh_cluster, thread_on, mode
+):
     """Between a primary's death and its replica's election (here: no replica at all), every call
     on its threads fails: a write as OutcomeUnknown, a read as a kvstore error too, never as a raw
     redis-py exception. Threads on the other primaries are not affected."""
@@ -260,7 +296,9 @@ def test_calls_on_a_shard_whose_primary_is_down_raise_kvstore_errors(fresh_clust
         except errors.KVStoreError as exc:
             outcomes[name] = type(exc).__name__
         except Exception as exc:
-            outcomes[name] = f"untyped {type(exc).__module__}.{type(exc).__qualname__}: {str(exc)[:80]}"
+            outcomes[name] = (
+                f"untyped {type(exc).__module__}.{type(exc).__qualname__}: {str(exc)[:80]}"
+            )
         else:
             outcomes[name] = "succeeded with its primary dead"
         outcomes[name] += f" ({time.monotonic() - started:.2f}s)"

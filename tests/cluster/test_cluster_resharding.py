@@ -24,7 +24,16 @@ from kvstore._engine.core import ThreadRef
 
 from ..layout_check import check_layout
 from .harness import HOST, Cluster, cluster_binaries, thread_ids_in_slot
-from .workload import LedgerReport, acked_count, check_ledger, errors_by_type, read_jsonl, start_workers, stop_workers, wait_for_acks
+from .workload import (
+    LedgerReport,
+    acked_count,
+    check_ledger,
+    errors_by_type,
+    read_jsonl,
+    start_workers,
+    stop_workers,
+    wait_for_acks,
+)
 
 SMALL = dict(window_size=8, chunk_size=4, chunk_max_bytes=4096)
 WORKERS = 4
@@ -63,17 +72,23 @@ def resharded(cluster_kind, tmp_path_factory) -> Resharding:
         store = MessageStore(client, config)
         long_thread = store.thread(long_id)
         for b in range(LONG_THREAD_MESSAGES // 10):  # 10 per call: each call's rollover keeps up
-            long_thread.append([UserMessage(content=f"long {b}.{i}", otid=f"long-{b}-{i}") for i in range(10)])
+            long_thread.append(
+                [UserMessage(content=f"long {b}.{i}", otid=f"long-{b}-{i}") for i in range(10)]
+            )
 
         ports = [n.port for n in cluster.nodes]
-        processes += start_workers("reshard", WORKERS, ports, namespace, SMALL, worker_threads, out, BATCH)
+        processes += start_workers(
+            "reshard", WORKERS, ports, namespace, SMALL, worker_threads, out, BATCH
+        )
         wait_for_acks(out, 40, processes)
 
         source = cluster.owner(slot)
         target = next(n for n in cluster.primaries() if n is not source)
         acked_before = acked_count(out)
         started = time.monotonic()
-        moved = cluster.migrate_slot(slot, target, batch=10, between_batches=lambda _: time.sleep(0.02))
+        moved = cluster.migrate_slot(
+            slot, target, batch=10, between_batches=lambda _: time.sleep(0.02)
+        )
         migration_seconds = time.monotonic() - started
         acked_at_end = acked_count(out)
         wait_for_acks(out, acked_at_end + 40, processes)
@@ -88,7 +103,9 @@ def resharded(cluster_kind, tmp_path_factory) -> Resharding:
                 layout_problems.append(f"{thread_id}: {exc}")
         long_sequences = [m.seq_id for m in long_thread.iter()]
         if long_sequences != list(range(1, LONG_THREAD_MESSAGES + 1)):
-            layout_problems.append(f"{long_id}: the long thread changed: {len(long_sequences)} messages")
+            layout_problems.append(
+                f"{long_id}: the long thread changed: {len(long_sequences)} messages"
+            )
         off_target = [key for node, key in cluster.keys_of(f"{namespace}:*") if node is not target]
         ledger = read_jsonl("ledger-*.jsonl", out)
         return Resharding(
@@ -151,13 +168,19 @@ def test_a_script_never_runs_while_its_slot_is_migrating(fresh_cluster):
     config = StoreConfig(namespace=namespace, **SMALL)
     store = MessageStore(cluster.client(), config)
     thread = store.thread("moving")
-    stored = thread.append([UserMessage(content=f"m{i} " + "q" * 300, otid=f"o{i}") for i in range(40)])
+    stored = thread.append(
+        [UserMessage(content=f"m{i} " + "q" * 300, otid=f"o{i}") for i in range(40)]
+    )
     slot = key_slot(thread.keys.meta.encode())
     source = cluster.owner(slot)
     target = next(n for n in cluster.primaries() if n is not source)
     target.admin.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", source.node_id)
     source.admin.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", target.node_id)
-    chunk_keys = [k for k in source.admin.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 1000) if ":chunk:" in k]
+    chunk_keys = [
+        k
+        for k in source.admin.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 1000)
+        if ":chunk:" in k
+    ]
     source.admin.execute_command("MIGRATE", HOST, target.port, "", 0, 5000, "KEYS", *chunk_keys[:3])
 
     plain = redis.Redis(host=HOST, port=source.port)
@@ -178,7 +201,9 @@ def test_a_script_never_runs_while_its_slot_is_migrating(fresh_cluster):
     before = dump_all()
     assert {client for client, _ in before} == {plain, on_target}, "the thread is not split"
     # The exact call the store would send for an append that rolls a chunk over.
-    request = next(_core.append(ThreadRef.of(config, "moving"), [UserMessage(content="mid-move")], None))
+    request = next(
+        _core.append(ThreadRef.of(config, "moving"), [UserMessage(content="mid-move")], None)
+    )
     script, keys, args = request.script, request.keys, request.args
     plain.script_load(script.source)
     with pytest.raises(redis.exceptions.TryAgainError):
@@ -200,7 +225,9 @@ def test_a_script_never_runs_while_its_slot_is_migrating(fresh_cluster):
     check_layout(cluster.client(), thread.keys, config)
 
 
-def test_a_call_refused_past_the_client_retries_waits_or_raises_a_kvstore_error(fresh_cluster, thread_on, mode):
+def test_a_call_refused_past_the_client_retries_waits_or_raises_a_kvstore_error(
+    fresh_cluster, thread_on, mode
+):
     """A slot stuck MIGRATING for 3 s (a slow or stalled reshard; an operator then cancels it):
     every script call on its threads is answered TRYAGAIN meanwhile, and redis-py's cluster client
     gives up after 16 tries (~0.4 s) with ClusterError("TTL exhausted."). Each call must either

@@ -46,7 +46,9 @@ def assert_in_one_slot(cluster: Cluster, thread, owner: Node) -> list[str]:
     return [key for _, key in found]
 
 
-def test_append_rollover_pages_and_reads_on_every_primary(cluster, cluster_thread, raw_cluster, namespace):
+def test_append_rollover_pages_and_reads_on_every_primary(
+    cluster, cluster_thread, raw_cluster, namespace
+):
     config = StoreConfig(namespace=namespace, **SMALL)
     for owner, thread_id in thread_ids_on_each_primary(cluster, "paging"):
         thread = cluster_thread(thread_id, **SMALL)
@@ -55,7 +57,12 @@ def test_append_rollover_pages_and_reads_on_every_primary(cluster, cluster_threa
         for step in range(30):
             size = rng.choice([20, 500, 900, 3000])  # 3000 bytes are oversized here
             count = rng.randint(1, 4)
-            stored += thread.append([UserMessage(content=text(size, f"{step}.{i}"), otid=f"{step}.{i}") for i in range(count)])
+            stored += thread.append(
+                [
+                    UserMessage(content=text(size, f"{step}.{i}"), otid=f"{step}.{i}")
+                    for i in range(count)
+                ]
+            )
         assert [m.seq_id for m in stored] == list(range(1, len(stored) + 1))
         layout = check_layout(raw_cluster, thread.keys, config)
         assert layout.chunks and layout.large and len(layout.window) >= SMALL["window_size"]
@@ -64,14 +71,27 @@ def test_append_rollover_pages_and_reads_on_every_primary(cluster, cluster_threa
 
         by_seq = {m.seq_id: m for m in stored}
         sequences = sorted(by_seq)
-        anchors = {0, 1, len(sequences) // 2, sequences[-1], sequences[-1] + 3, *rng.sample(sequences, 4)}
+        anchors = {
+            0,
+            1,
+            len(sequences) // 2,
+            sequences[-1],
+            sequences[-1] + 3,
+            *rng.sample(sequences, 4),
+        }
         for limit in (1, 5, 17):
             for order in ("asc", "desc"):
                 cases = [(None, None)] + [(a, None) for a in anchors] + [(None, b) for b in anchors]
                 for after, before in cases:
                     page = thread.list(after=after, before=before, limit=limit, order=order)
                     want, more = model.page(sequences, after, before, limit, order)
-                    assert [m.seq_id for m in page.messages] == want, (thread_id, limit, order, after, before)
+                    assert [m.seq_id for m in page.messages] == want, (
+                        thread_id,
+                        limit,
+                        order,
+                        after,
+                        before,
+                    )
                     assert page.has_more == more
                     assert page.messages == [by_seq[s] for s in want]
         # Walk both ways with id cursors, page by page.
@@ -101,24 +121,32 @@ def test_append_rollover_pages_and_reads_on_every_primary(cluster, cluster_threa
         assert thread.context() == stored
 
 
-def test_turns_replace_and_remove_turn_on_every_primary(cluster, cluster_thread, raw_cluster, namespace):
+def test_turns_replace_and_remove_turn_on_every_primary(
+    cluster, cluster_thread, raw_cluster, namespace
+):
     config = StoreConfig(namespace=namespace, **SMALL)
     for owner, thread_id in thread_ids_on_each_primary(cluster, "turns"):
         thread = cluster_thread(thread_id, **SMALL)
         stored = thread.append(UserMessage(content="question"), turn_id="turn-1")
         assert thread.start_turn("turn-1") == 2
-        stored += thread.append([AssistantMessage(content=f"r{i} " + "y" * 300) for i in range(5)], turn_id="turn-1")
+        stored += thread.append(
+            [AssistantMessage(content=f"r{i} " + "y" * 300) for i in range(5)], turn_id="turn-1"
+        )
         stored += thread.append(UserMessage(content="unrelated"))
         stored += thread.append(AssistantMessage(content="last"), turn_id="turn-1")
         result = thread.finish_turn("turn-1")
         assert (result.reply_count, result.first_sequence, result.last_sequence) == (6, 2, 8)
         assert [m.seq_id for m in thread.list(turn_id="turn-1").messages] == [1, 2, 3, 4, 5, 6, 8]
-        assert [m.seq_id for m in thread.list(turn_id="turn-1", order="desc", limit=2).messages] == [8, 6]
+        assert [
+            m.seq_id for m in thread.list(turn_id="turn-1", order="desc", limit=2).messages
+        ] == [8, 6]
         assert thread.snapshot().turn.outcome == "completed"
 
         # A second turn pushes the first into chunks; replace one message in a chunk and one in
         # the window, then retract the first turn wherever its messages are.
-        stored += thread.append([AssistantMessage(content=f"t2 {i}") for i in range(12)], turn_id="turn-2")
+        stored += thread.append(
+            [AssistantMessage(content=f"t2 {i}") for i in range(12)], turn_id="turn-2"
+        )
         layout = check_layout(raw_cluster, thread.keys, config)
         in_chunk = next(m for m in stored if any(m.seq_id in f for f in layout.chunks.values()))
         in_window = stored[-1]
@@ -135,13 +163,17 @@ def test_turns_replace_and_remove_turn_on_every_primary(cluster, cluster_thread,
         assert_in_one_slot(cluster, thread, owner)
 
 
-def test_compact_retention_context_and_delete_on_every_primary(cluster, cluster_thread, raw_cluster, namespace):
+def test_compact_retention_context_and_delete_on_every_primary(
+    cluster, cluster_thread, raw_cluster, namespace
+):
     config = StoreConfig(namespace=namespace, retained_message_limit=20, **SMALL)
     for owner, thread_id in thread_ids_on_each_primary(cluster, "compact"):
         thread = cluster_thread(thread_id, retained_message_limit=20, **SMALL)
         stored = []
         for i in range(25):
-            stored += thread.append([UserMessage(content=f"m{i}.{j} " + "z" * 150) for j in range(4)])
+            stored += thread.append(
+                [UserMessage(content=f"m{i}.{j} " + "z" * 150) for j in range(4)]
+            )
         summary = thread.compact("the first sixty", last_sequence=60)
         assert isinstance(summary, SummaryMessage) and summary.seq_id == 101
         layout = check_layout(raw_cluster, thread.keys, config)
@@ -149,7 +181,9 @@ def test_compact_retention_context_and_delete_on_every_primary(cluster, cluster_
         deleted = sorted(set(range(1, 102)) - set(kept))
         assert deleted and max(deleted) <= 60 and deleted == list(range(1, deleted[-1] + 1))
         stats = thread.stats()
-        assert stats.deleted_before_sequence == deleted[-1] + 1 and stats.summary_last_sequence == 60
+        assert (
+            stats.deleted_before_sequence == deleted[-1] + 1 and stats.summary_last_sequence == 60
+        )
         assert thread.list(limit=3).deleted_before_sequence == min(kept)
         context = thread.context()
         assert context[0] == summary and [m.seq_id for m in context[1:]] == list(range(61, 101))
@@ -198,7 +232,9 @@ def test_noscript_after_a_failover_is_handled(cluster, cluster_thread, mode):
     assert list(thread.iter()) == stored
     assert thread.list(after=5, limit=10, order="asc").messages == stored[5:15]
     assert thread.get(stored[3].id) == stored[3]
-    assert replica.info("errorstats").get("errorstat_NOSCRIPT", {}).get("count", 0) > noscript_before
+    assert (
+        replica.info("errorstats").get("errorstat_NOSCRIPT", {}).get("count", 0) > noscript_before
+    )
     assert replica.admin.execute_command("SCRIPT", "EXISTS", SCRIPTS["append"].sha) == [1]
     assert_in_one_slot(cluster, thread, replica)
 
@@ -208,7 +244,9 @@ def _commands_on(cluster: Cluster) -> dict[str, int]:
     total: dict[str, int] = {}
     for node in cluster.primaries():
         for name, stats in node.info("commandstats").items():
-            total[name.removeprefix("cmdstat_")] = total.get(name.removeprefix("cmdstat_"), 0) + int(stats["calls"])
+            total[name.removeprefix("cmdstat_")] = total.get(
+                name.removeprefix("cmdstat_"), 0
+            ) + int(stats["calls"])
     return total
 
 
@@ -218,8 +256,11 @@ def _sent_during(cluster: Cluster, calls) -> dict[str, int]:
     before = _commands_on(cluster)
     calls()
     after = _commands_on(cluster)
-    return {name: count - before.get(name, 0) for name, count in after.items()
-            if count - before.get(name, 0) and name != "info" and not name.startswith("cluster|")}
+    return {
+        name: count - before.get(name, 0)
+        for name, count in after.items()
+        if count - before.get(name, 0) and name != "info" and not name.startswith("cluster|")
+    }
 
 
 def test_a_cluster_client_calls_scripts_by_sha_in_one_round_trip(cluster, cluster_thread, mode):
@@ -251,26 +292,38 @@ def test_redis_py_routes_fcall_on_a_cluster_with_command_getkeys(cluster):
         for node in cluster.primaries():
             node.admin.function_load(source, replace=True)
         sha = client.script_load("return 1")
-        fcall = _sent_during(cluster, lambda: [client.fcall("kvstore_probe", 1, f"k{i}") for i in range(20)])
-        evalsha = _sent_during(cluster, lambda: [client.evalsha(sha, 1, f"k{i}") for i in range(20)])
+        fcall = _sent_during(
+            cluster, lambda: [client.fcall("kvstore_probe", 1, f"k{i}") for i in range(20)]
+        )
+        evalsha = _sent_during(
+            cluster, lambda: [client.evalsha(sha, 1, f"k{i}") for i in range(20)]
+        )
     finally:
         for node in cluster.primaries():
             node.admin.function_delete("kvstore_probe")
-    print(f"\nredis-py RedisCluster [{cluster.kind}]: 20 FCALLs sent {fcall}; 20 EVALSHAs sent {evalsha}")
+    print(
+        f"\nredis-py RedisCluster [{cluster.kind}]: 20 FCALLs sent {fcall}; 20 EVALSHAs sent {evalsha}"
+    )
     assert fcall.get("command|getkeys", 0) >= 20 and fcall.get("fcall") == 20
     # (Replicas' REPLCONF ACKs land in the same counters now and then: only the calls' own count.)
     assert evalsha.get("evalsha") == 20 and not {"fcall", "command|getkeys"} & set(evalsha)
 
 
-def test_a_fork_across_primaries_and_a_budgeted_context(cluster, cluster_thread, raw_cluster, namespace):
+def test_a_fork_across_primaries_and_a_budgeted_context(
+    cluster, cluster_thread, raw_cluster, namespace
+):
     # A thread forked into one on each other primary: every step writes one slot, none answers
     # CROSSSLOT (the fixture checks), and the fork reads back as the source's history.
     placed = thread_ids_on_each_primary(cluster, "forking")
     (source_owner, source_id), targets = placed[0], placed[1:]
     source = cluster_thread(source_id, **SMALL)
     stored = source.append([UserMessage(content=text(300, f"m{i}")) for i in range(40)])
-    source.append([ToolCallMessage(tool_call={"name": "w", "arguments": "{}", "tool_call_id": "c1"}),
-                   ToolReturnMessage(status="success", tool_call_id="c1", tool_return="ok")])
+    source.append(
+        [
+            ToolCallMessage(tool_call={"name": "w", "arguments": "{}", "tool_call_id": "c1"}),
+            ToolReturnMessage(status="success", tool_call_id="c1", tool_return="ok"),
+        ]
+    )
     summary = source.compact("the first thirty", 30)
     later = source.append([UserMessage(content=f"later {i}") for i in range(5)])
     config = StoreConfig(namespace=namespace, **SMALL)

@@ -12,7 +12,9 @@ from .throughput import measure
 def test_appends_per_second_standalone_vs_cluster(cluster_kind, record_property):
     figures = measure(cluster_kind, cluster_binaries()[cluster_kind], seconds=1.5, workers=4)
     assert figures["standalone"] > 0 and figures["cluster"] > 0
-    assert len(figures["threads_per_primary"]) == 3, "the threads did not spread over the 3 primaries"
+    assert len(figures["threads_per_primary"]) == 3, (
+        "the threads did not spread over the 3 primaries"
+    )
     record_property("appends_per_second", figures)
     print(
         f"\n{cluster_kind}: standalone {figures['standalone']:,.0f} appends/s,"

@@ -40,7 +40,10 @@ def test_a_sync_watcher_follows_threads_on_each_primary(cluster, namespace):
         reader.join(20)
         watch.close()
         assert [e.kind for e in events] == KINDS, owner.name
-        assert [m.content for e in events if e.kind == "messages_added" for m in e.messages] == ["hi", "hello"]
+        assert [m.content for e in events if e.kind == "messages_added" for m in e.messages] == [
+            "hi",
+            "hello",
+        ]
         # The stream is in the thread's slot, on the primary that owns it.
         slot = key_slot(thread.keys.meta.encode())
         assert key_slot(thread.keys.events.encode()) == slot

@@ -34,7 +34,9 @@ class Target:
         return f"{self.name}-{self.round}"
 
 
-def _worker(worker: int, targets: list[Target], namespace: str, seconds: float, barrier, results) -> None:
+def _worker(
+    worker: int, targets: list[Target], namespace: str, seconds: float, barrier, results
+) -> None:
     from redis.cluster import ClusterNode, RedisCluster
 
     from kvstore import MessageStore, StoreConfig, UserMessage
@@ -71,7 +73,9 @@ def _server_cpu(ports: list[int]) -> float:
     return total
 
 
-def measure(kind: str, binary: str, seconds: float = 5.0, workers: int = 4, rounds: int = 1) -> dict:
+def measure(
+    kind: str, binary: str, seconds: float = 5.0, workers: int = 4, rounds: int = 1
+) -> dict:
     """Appends/s on one standalone `kind` server and on a 3-primary cluster of it: the median of
     `rounds` runs of each, alternating (standalone, cluster, standalone, ...) so a load that comes
     and goes on the machine weighs on both alike.
@@ -97,7 +101,9 @@ def measure(kind: str, binary: str, seconds: float = 5.0, workers: int = 4, roun
         )
     ]
     processes = [
-        context.Process(target=_worker, args=(w, targets, namespace, seconds, barrier, results), daemon=True)
+        context.Process(
+            target=_worker, args=(w, targets, namespace, seconds, barrier, results), daemon=True
+        )
         for w in range(workers)
     ]
     try:
@@ -119,7 +125,11 @@ def measure(kind: str, binary: str, seconds: float = 5.0, workers: int = 4, roun
                 (total / seconds, cpu / total * 1e6, client_cpu / total * 1e6, cpu / seconds)
             )
             config = StoreConfig(namespace=f"{namespace}-{target.namespace_suffix}")
-            store = MessageStore.from_url(target.url, config) if target.url else MessageStore(cluster.client(), config)
+            store = (
+                MessageStore.from_url(target.url, config)
+                if target.url
+                else MessageStore(cluster.client(), config)
+            )
             stored = sum(
                 store.thread(f"w{w}-t{i}").stats().stored_messages
                 for w in range(workers)

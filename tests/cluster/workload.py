@@ -60,7 +60,9 @@ def append_worker(
         loop = asyncio.new_event_loop()
         run = loop.run_until_complete
         store = AsyncMessageStore(
-            RedisCluster(startup_nodes=[ClusterNode("127.0.0.1", p) for p in ports], decode_responses=False),
+            RedisCluster(
+                startup_nodes=[ClusterNode("127.0.0.1", p) for p in ports], decode_responses=False
+            ),
             store_config,
         )
     else:
@@ -70,7 +72,9 @@ def append_worker(
             return result
 
         store = MessageStore(
-            RedisCluster(startup_nodes=[ClusterNode("127.0.0.1", p) for p in ports], decode_responses=False),
+            RedisCluster(
+                startup_nodes=[ClusterNode("127.0.0.1", p) for p in ports], decode_responses=False
+            ),
             store_config,
         )
     threads = [store.thread(t) for t in thread_ids]
@@ -90,7 +94,10 @@ def append_worker(
             except Exception as exc:  # every failure is logged and the same call re-sent
                 _write(error_log, _error_record("append", exc, thread_id, otids))
                 if time.time() - sent > GIVE_UP_AFTER:
-                    _write(error_log, {"op": "append", "gave_up": True, "thread": thread_id, "otids": otids})
+                    _write(
+                        error_log,
+                        {"op": "append", "gave_up": True, "thread": thread_id, "otids": otids},
+                    )
                     return
                 time.sleep(RESEND_PAUSE)
                 continue
@@ -111,7 +118,9 @@ def append_worker(
             # Reads are exercised, not checked here: the ledger check compares the data.
             reads = {
                 "newest page": lambda: thread.list(limit=5, order="desc"),  # native reads
-                "page by cursor": lambda: thread.list(after=max(stored[0].seq_id - 3, 0), limit=3),  # plan
+                "page by cursor": lambda: thread.list(
+                    after=max(stored[0].seq_id - 3, 0), limit=3
+                ),  # plan
                 "get": lambda: thread.get(stored[0].id),  # locate script, then native reads
             }
             for name, read in reads.items():
@@ -127,13 +136,19 @@ def append_worker(
 
 def _error_record(op: str, exc: BaseException, thread_id: str, otids: list[str]) -> dict:
     # Where the error left kvstore: its innermost frame in the kvstore package.
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f"{os.sep}kvstore{os.sep}" in f.filename]
+    frames = [
+        f
+        for f in traceback.extract_tb(exc.__traceback__)
+        if f"{os.sep}kvstore{os.sep}" in f.filename
+    ]
     return {
         "op": op,
         "typed": isinstance(exc, errors.KVStoreError),
         "type": f"{type(exc).__module__}.{type(exc).__qualname__}",
         "message": str(exc)[:300],
-        "where": f"{Path(frames[-1].filename).name}:{frames[-1].lineno} {frames[-1].name}" if frames else "",
+        "where": f"{Path(frames[-1].filename).name}:{frames[-1].lineno} {frames[-1].name}"
+        if frames
+        else "",
         "thread": thread_id,
         "otids": otids,
         "at": time.time(),
@@ -152,9 +167,12 @@ def read_jsonl(pattern: str, out_dir: Path) -> list[dict]:
 
 def errors_by_type(errors: list[dict], width: int = 70) -> dict[str, int]:
     """How often the workers met each kind of error (operation, type, where, message start)."""
-    return dict(Counter(
-        f"{e['op']}: {e.get('type')} at {e.get('where')}: {e.get('message', 'gave up')[:width]}" for e in errors
-    ))
+    return dict(
+        Counter(
+            f"{e['op']}: {e.get('type')} at {e.get('where')}: {e.get('message', 'gave up')[:width]}"
+            for e in errors
+        )
+    )
 
 
 def acked_count(out_dir: Path) -> int:
@@ -169,7 +187,9 @@ class LedgerReport:
     problems: list[str] = field(default_factory=list)  # anything else wrong
 
 
-def check_ledger(store: MessageStore, thread_ids: list[str], out_dir: Path, batch_size: int) -> LedgerReport:
+def check_ledger(
+    store: MessageStore, thread_ids: list[str], out_dir: Path, batch_size: int
+) -> LedgerReport:
     """Compares the workers' ledgers with what every thread holds.
 
     Problems: a sequence gap or repeat, an otid stored twice, a batch stored in part or out of
@@ -190,11 +210,15 @@ def check_ledger(store: MessageStore, thread_ids: list[str], out_dir: Path, batc
         report.stored += len(messages)
         sequences = [m.seq_id for m in messages]
         if sequences != list(range(1, len(messages) + 1)):
-            report.problems.append(f"{thread_id}: sequences are not 1..{len(messages)}: {_gaps(sequences)}")
+            report.problems.append(
+                f"{thread_id}: sequences are not 1..{len(messages)}: {_gaps(sequences)}"
+            )
         batches: dict[str, list[int]] = {}
         for message in messages:
             if message.otid is None or not message.otid.startswith("w"):
-                report.problems.append(f"{thread_id}: message {message.seq_id} was not sent by a worker")
+                report.problems.append(
+                    f"{thread_id}: message {message.seq_id} was not sent by a worker"
+                )
                 continue
             if message.otid in found:
                 report.problems.append(f"otid {message.otid} stored twice")
@@ -207,7 +231,9 @@ def check_ledger(store: MessageStore, thread_ids: list[str], out_dir: Path, batc
         if otid not in found:
             report.lost.append({"otid": otid, "thread": thread_id, "seq": seq, "acked": acked_at})
         elif found[otid] != (thread_id, seq, message_id):
-            report.problems.append(f"{otid} acknowledged as {(thread_id, seq, message_id)}, stored as {found[otid]}")
+            report.problems.append(
+                f"{otid} acknowledged as {(thread_id, seq, message_id)}, stored as {found[otid]}"
+            )
     # Stored messages nobody acknowledged are calls in flight or given up; they are whole batches
     # (checked above) and were sent by a worker, so they are not problems.
     return report
@@ -221,8 +247,14 @@ def _gaps(sequences: list[int]) -> str:
 
 
 def start_workers(
-    name: str, count: int, ports: list[int], namespace: str, limits: dict, thread_ids: list[str],
-    out_dir: Path, batch: int,
+    name: str,
+    count: int,
+    ports: list[int],
+    namespace: str,
+    limits: dict,
+    thread_ids: list[str],
+    out_dir: Path,
+    batch: int,
 ) -> list:
     """`count` append_worker processes (spawned, every other one on the asyncio store), started."""
     context = multiprocessing.get_context("spawn")

@@ -36,7 +36,11 @@ def write_layout_1(client: redis.Redis, keys, count: int, tag: str) -> None:
     """A layout-1 thread written with raw commands (docs/LAYOUT.md, "Layout 1")."""
     records, ids = {}, {}
     for sequence in range(1, count + 1):
-        body = {"message_type": "user_message", "id": f"legacy-{tag}-{sequence}", "content": f"legacy {sequence}"}
+        body = {
+            "message_type": "user_message",
+            "id": f"legacy-{tag}-{sequence}",
+            "content": f"legacy {sequence}",
+        }
         records[sequence] = json.dumps(body).encode()
         ids[body["id"]] = sequence
     pipe = client.pipeline(transaction=False)
@@ -56,7 +60,9 @@ class Worker:
         self.ledger = Ledger(Path(ledger_dir) / f"w{worker}.jsonl")
         self.counts: Counter = Counter()
         self.n = 0
-        self.own: dict[str, list[tuple[str, str]]] = {t: [] for t in shared_thread_ids()}  # (id, otid)
+        self.own: dict[str, list[tuple[str, str]]] = {
+            t: [] for t in shared_thread_ids()
+        }  # (id, otid)
         self.turns: dict[str, list[str]] = {t: [] for t in shared_thread_ids()}  # finished turns
 
     def otid(self) -> str:
@@ -70,7 +76,12 @@ class Worker:
         thread = self.store.thread(thread_id)
         messages = [kind(content=content_for(o), otid=o) for o in otids]
         stored = thread.append(messages, turn_id=turn)
-        self.ledger.write(event="ack", thread=thread_id, turn=turn, messages=[[m.otid, m.id, m.seq_id] for m in stored])
+        self.ledger.write(
+            event="ack",
+            thread=thread_id,
+            turn=turn,
+            messages=[[m.otid, m.id, m.seq_id] for m in stored],
+        )
         self.own[thread_id] += [(m.id, m.otid) for m in stored]
         return stored
 
@@ -103,7 +114,12 @@ class Worker:
                 self.fail("a re-sent otid was not a replay", otid=otid, got=[m.id for m in again])
             else:
                 # Retention deleted it between the get and the re-send: stored anew, as a new message.
-                self.ledger.write(event="ack", thread=thread_id, turn=None, messages=[[m.otid, m.id, m.seq_id] for m in again])
+                self.ledger.write(
+                    event="ack",
+                    thread=thread_id,
+                    turn=None,
+                    messages=[[m.otid, m.id, m.seq_id] for m in again],
+                )
                 self.counts["replay after retention"] += 1
 
     def op_turn(self, thread_id: str) -> None:
@@ -115,11 +131,21 @@ class Worker:
             self.fail("start_turn sent again moved the turn", turn=turn)
         replies = []
         for _ in range(self.rng.randint(1, 3)):
-            replies += [m.seq_id for m in self.append(thread_id, [self.otid()], turn=turn, kind=AssistantMessage)]
+            replies += [
+                m.seq_id
+                for m in self.append(thread_id, [self.otid()], turn=turn, kind=AssistantMessage)
+            ]
         result = thread.finish_turn(turn)
         again = thread.finish_turn(turn)
-        self.ledger.write(event="finished", thread=thread_id, turn=turn, start=start, replies=replies,
-                          result=result.model_dump(), again=again.model_dump())
+        self.ledger.write(
+            event="finished",
+            thread=thread_id,
+            turn=turn,
+            start=start,
+            replies=replies,
+            result=result.model_dump(),
+            again=again.model_dump(),
+        )
         self.turns[thread_id].append(turn)
 
     def op_compact(self, thread_id: str) -> None:
@@ -165,9 +191,15 @@ class Worker:
         while pages < 5:
             page = thread.list(after=cursor, limit=limit, order=order)
             sequences = [m.seq_id for m in page.messages]
-            if sequences != sorted(sequences, reverse=order == "desc") or len(set(sequences)) != len(sequences):
+            if sequences != sorted(sequences, reverse=order == "desc") or len(
+                set(sequences)
+            ) != len(sequences):
                 self.fail("page out of order", sequences=sequences)
-            if page.deleted_before_sequence and sequences and min(sequences) < page.deleted_before_sequence:
+            if (
+                page.deleted_before_sequence
+                and sequences
+                and min(sequences) < page.deleted_before_sequence
+            ):
                 self.fail("page holds a deleted sequence", sequences=sequences)
             seen += sequences
             pages += 1
@@ -191,7 +223,9 @@ class Worker:
             covered = int(messages[0].summary.split()[-1])
             rest = sequences[1:]
             if rest and rest[0] <= covered:
-                self.fail("context holds what its summary covers", covered=covered, sequences=rest[:10])
+                self.fail(
+                    "context holds what its summary covers", covered=covered, sequences=rest[:10]
+                )
             if any(s == sequences[0] for s in rest):
                 self.fail("context repeats its summary", sequences=sequences[:10])
             # Kept messages after the summary are every stored one: holes only where a turn was
@@ -224,7 +258,9 @@ class Worker:
             thread.append([UserMessage(content=f"scratch {start + i}") for i in range(10)])
         thread.delete()
         self.n += 1
-        left = list(self.raw.scan_iter(match=f"{self.config.namespace}:{{{thread_id}}}:*", count=1000))
+        left = list(
+            self.raw.scan_iter(match=f"{self.config.namespace}:{{{thread_id}}}:*", count=1000)
+        )
         if left:
             self.fail("delete left keys", thread=thread_id, keys=[k.decode() for k in left[:5]])
 
@@ -246,8 +282,19 @@ class Worker:
         thread.delete()
 
     OPERATIONS = {
-        "append": 20, "batch": 6, "replay": 4, "turn": 10, "compact": 4, "replace": 4, "remove_turn": 2,
-        "page": 10, "iter": 2, "context": 6, "snapshot": 3, "get": 6, "delete_scratch": 1,
+        "append": 20,
+        "batch": 6,
+        "replay": 4,
+        "turn": 10,
+        "compact": 4,
+        "replace": 4,
+        "remove_turn": 2,
+        "page": 10,
+        "iter": 2,
+        "context": 6,
+        "snapshot": 3,
+        "get": 6,
+        "delete_scratch": 1,
         "migrate_scratch": 1,
     }
 
@@ -262,5 +309,7 @@ class Worker:
         self.ledger.write(event="counts", counts=dict(self.counts))
 
 
-def mixed_worker(url: str, namespace: str, worker: int, ledger_dir: str, stop_at: float, seed: int) -> None:
+def mixed_worker(
+    url: str, namespace: str, worker: int, ledger_dir: str, stop_at: float, seed: int
+) -> None:
     Worker(url, namespace, worker, ledger_dir, seed).run(stop_at)

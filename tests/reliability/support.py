@@ -105,7 +105,7 @@ def first_request(operation, store: MessageStore | None = None) -> Eval:
 def with_limits(request: Eval, ref: ThreadRef) -> Eval:
     """The same call with `ref`'s limits (ARGV[1..n] of every writing script, lua/includes/thread.lua)."""
     limits = ref.limits()
-    return Eval(request.script, request.keys, [*limits, *list(request.args)[len(limits):]])
+    return Eval(request.script, request.keys, [*limits, *list(request.args)[len(limits) :]])
 
 
 def script_call(name: str, ref: ThreadRef, *args: Any) -> Eval:
@@ -114,21 +114,31 @@ def script_call(name: str, ref: ThreadRef, *args: Any) -> Eval:
 
 
 @contextlib.contextmanager
-def thread_in_mode(mode: str, url: str, config: Any, thread_id: str, client: Any = None) -> Iterator[Any]:
+def thread_in_mode(
+    mode: str, url: str, config: Any, thread_id: str, client: Any = None
+) -> Iterator[Any]:
     """A thread of a sync store, or of an async store behind a SyncFacade; closed afterwards."""
     import asyncio
 
     from kvstore import AsyncMessageStore
 
     if mode == "sync":
-        store = MessageStore(client, config) if client is not None else MessageStore.from_url(url, config)
+        store = (
+            MessageStore(client, config)
+            if client is not None
+            else MessageStore.from_url(url, config)
+        )
         try:
             yield store.thread(thread_id)
         finally:
             store.close()
         return
     loop = asyncio.new_event_loop()
-    store = AsyncMessageStore(client, config) if client is not None else AsyncMessageStore.from_url(url, config)
+    store = (
+        AsyncMessageStore(client, config)
+        if client is not None
+        else AsyncMessageStore.from_url(url, config)
+    )
     try:
         yield SyncFacade(store.thread(thread_id), loop)
     finally:

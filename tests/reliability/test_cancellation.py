@@ -52,7 +52,11 @@ def _batch(i: int, rng: random.Random) -> list:
     batch = []
     for j in range(rng.choice((1, 1, 2, 3))):
         content = f"call {i} message {j}"
-        batch.append({"message_type": "user_message", "content": content} if j == 1 else UserMessage(content=content))
+        batch.append(
+            {"message_type": "user_message", "content": content}
+            if j == 1
+            else UserMessage(content=content)
+        )
     return batch
 
 
@@ -145,9 +149,14 @@ def test_an_interrupted_append_re_sent_as_the_caller_holds_it_stores_once(kind, 
             if first is not None:
                 outcomes["completed"] += 1
             else:
-                outcomes["re-sent: a replay" if getattr(resent, "replayed", False) else "re-sent: stored now"] += 1
+                outcomes[
+                    "re-sent: a replay"
+                    if getattr(resent, "replayed", False)
+                    else "re-sent: stored now"
+                ] += 1
 
         if mode == "async":
+
             async def run() -> list:
                 store = AsyncMessageStore.from_url(server.url, config)
                 thread = store.thread("cancelled")
@@ -175,6 +184,7 @@ def test_an_interrupted_append_re_sent_as_the_caller_holds_it_stores_once(kind, 
 
             stored = asyncio.run(run())
         else:
+
             def interrupt(signum, frame):
                 if _inside_hiredis_pack(frame):
                     # hiredis's packer crashes the interpreter when an exception is raised inside
@@ -206,7 +216,11 @@ def test_an_interrupted_append_re_sent_as_the_caller_holds_it_stores_once(kind, 
             stored = list(thread.iter())
 
         failures = _check_stored_once(sent, stored)
-        check_layout(redis.Redis(port=server.port), MessageStore.from_url(server.url, config).thread("cancelled").keys, config)
+        check_layout(
+            redis.Redis(port=server.port),
+            MessageStore.from_url(server.url, config).thread("cancelled").keys,
+            config,
+        )
         print(
             f"\ncancellation [{kind}, {mode}]: {CALLS} appends of 1-3 messages without otids, cut off"
             f" at random 0-6 ms (most within 0.4 ms) under 5-40 ms pauses every 1-10 ms: {dict(outcomes)};"
@@ -214,7 +228,9 @@ def test_an_interrupted_append_re_sent_as_the_caller_holds_it_stores_once(kind, 
         )
         assert not failures, "\n".join(failures[:20])
         # The run reached the case it is about: calls cut off after their script had run.
-        assert sum(v for k, v in outcomes.items() if k.startswith("cut off")) >= CALLS // 6, outcomes
+        assert sum(v for k, v in outcomes.items() if k.startswith("cut off")) >= CALLS // 6, (
+            outcomes
+        )
         assert outcomes["re-sent: a replay"] > 0, outcomes
 
 
@@ -231,11 +247,15 @@ def _interrupting_client(port: int, command: bytes) -> tuple[redis.Redis, list[b
                 raise Interrupted()
             return super().send_packed_command(packed, check_health)
 
-    return redis.Redis(connection_pool=redis.ConnectionPool(port=port, connection_class=Connection)), armed
+    return redis.Redis(
+        connection_pool=redis.ConnectionPool(port=port, connection_class=Connection)
+    ), armed
 
 
 @pytest.mark.parametrize(("scripting", "command"), [("eval", b"EVAL"), ("functions", b"FUNCTION")])
-def test_an_interrupt_while_the_script_is_sent_again_reaches_the_caller(plain_server, scripting, command):
+def test_an_interrupt_while_the_script_is_sent_again_reaches_the_caller(
+    plain_server, scripting, command
+):
     """The server lacked the script (SCRIPT FLUSH, FUNCTION FLUSH), so the call is sent again
     with what loads it; an interrupt right then reaches the caller as itself, and the connection
     that met the miss is closed, not handed to the next call."""
@@ -252,5 +272,7 @@ def test_an_interrupt_while_the_script_is_sent_again_reaches_the_caller(plain_se
         thread.append(UserMessage(content="second"))
     pool = store.client.connection_pool
     assert all(not connection.is_connected for connection in pool._available_connections)
-    print(f"\ninterrupted re-send [{plain_server.name}, {scripting}]: Interrupted reached the caller,"
-          f" {len(pool._available_connections)} pooled connection(s), none left open")
+    print(
+        f"\ninterrupted re-send [{plain_server.name}, {scripting}]: Interrupted reached the caller,"
+        f" {len(pool._available_connections)} pooled connection(s), none left open"
+    )

@@ -51,13 +51,18 @@ def test_client_sigkill_at_random_points_then_replay_stores_exactly_once(kind, t
         started = time.time()
         for kill in range(KILLS):
             ready = context.Event()
-            child = context.Process(target=appending_child, args=(server.url, namespace, str(tmp_path / f"ledger-{kill}"), next_otid, ready))
+            child = context.Process(
+                target=appending_child,
+                args=(server.url, namespace, str(tmp_path / f"ledger-{kill}"), next_otid, ready),
+            )
             child.start()
             assert ready.wait(30), "the child never connected"
             time.sleep(rng.uniform(0.002, 0.06))
             os.kill(child.pid, signal.SIGKILL)
             child.join()
-            assert child.exitcode == -signal.SIGKILL, f"the child ended by itself ({child.exitcode})"
+            assert child.exitcode == -signal.SIGKILL, (
+                f"the child ended by itself ({child.exitcode})"
+            )
 
             # What the child knew when it died: the batches it sent and those acknowledged.
             # (Each child has its own ledger: a line cut by the kill ends only that one.)
@@ -69,23 +74,35 @@ def test_client_sigkill_at_random_points_then_replay_stores_exactly_once(kind, t
                         acked[otid] = (message_id, seq)
             sent += intents
             next_otid = 1 + max((int(o[1:]) for batch in sent for o in batch), default=-1)
-            in_flight = intents[-1] if intents and any(o not in acked for o in intents[-1]) else None
+            in_flight = (
+                intents[-1] if intents and any(o not in acked for o in intents[-1]) else None
+            )
 
             if in_flight is not None:
                 figures["kills mid-call"] += 1
                 before = raw.hmget(thread.keys.otids, in_flight)
-                assert len(set(map(bool, before))) == 1, f"batch {in_flight} is stored in part: {before}"
+                assert len(set(map(bool, before))) == 1, (
+                    f"batch {in_flight} is stored in part: {before}"
+                )
                 stored_before = before[0] is not None
-                figures["in-flight batches the server had stored" if stored_before else "in-flight batches not stored"] += 1
+                figures[
+                    "in-flight batches the server had stored"
+                    if stored_before
+                    else "in-flight batches not stored"
+                ] += 1
                 last_seq = thread.stats().next_sequence - 1
-                replay = thread.append([UserMessage(content=content_for(o), otid=o) for o in in_flight])
+                replay = thread.append(
+                    [UserMessage(content=content_for(o), otid=o) for o in in_flight]
+                )
                 assert [m.otid for m in replay] == in_flight
                 assert all(m.content == content_for(m.otid) for m in replay)
                 if stored_before:
                     assert [m.seq_id for m in replay] == [int(s) for s in before]
                     assert thread.stats().next_sequence - 1 == last_seq, "the replay stored again"
                 else:
-                    assert [m.seq_id for m in replay] == list(range(last_seq + 1, last_seq + 1 + len(in_flight)))
+                    assert [m.seq_id for m in replay] == list(
+                        range(last_seq + 1, last_seq + 1 + len(in_flight))
+                    )
                 for m in replay:
                     acked[m.otid] = (m.id, m.seq_id)
             else:
@@ -96,7 +113,9 @@ def test_client_sigkill_at_random_points_then_replay_stores_exactly_once(kind, t
             if done:
                 batch = rng.choice(done)
                 last_seq = thread.stats().next_sequence - 1
-                replay = thread.append([UserMessage(content="a different body", otid=o) for o in batch])
+                replay = thread.append(
+                    [UserMessage(content="a different body", otid=o) for o in batch]
+                )
                 assert [(m.id, m.seq_id) for m in replay] == [acked[o] for o in batch]
                 assert all(m.content == content_for(m.otid) for m in replay)
                 assert thread.stats().next_sequence - 1 == last_seq
@@ -106,7 +125,9 @@ def test_client_sigkill_at_random_points_then_replay_stores_exactly_once(kind, t
         otids = [m.otid for m in messages]
         assert len(otids) == len(set(otids)), "a message is stored twice"
         assert [m.seq_id for m in messages] == list(range(1, len(messages) + 1))
-        assert set(otids) == {o for batch in sent for o in batch}, "a sent batch is missing after its replay"
+        assert set(otids) == {o for batch in sent for o in batch}, (
+            "a sent batch is missing after its replay"
+        )
         assert {m.otid: (m.id, m.seq_id) for m in messages} == acked
         check_layout(raw, thread.keys, config)
         print(

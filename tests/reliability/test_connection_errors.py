@@ -39,7 +39,9 @@ def _client(mode: str, **kwargs):
 def _writes(thread) -> dict:
     return {
         "append": lambda: thread.append(UserMessage(content="one")),
-        "append batch": lambda: thread.append([UserMessage(content="a", otid="o-a"), {"message_type": "user_message", "content": "b"}]),
+        "append batch": lambda: thread.append(
+            [UserMessage(content="a", otid="o-a"), {"message_type": "user_message", "content": "b"}]
+        ),
         "start_turn": lambda: thread.start_turn("turn-1"),
         "finish_turn": lambda: thread.finish_turn("turn-1"),
         "compact": lambda: thread.compact("so far", 1),
@@ -67,13 +69,17 @@ def _outcomes(calls: dict) -> dict[str, str]:
         try:
             call()
             seen[name] = "succeeded"
-        except Exception as exc:  # noqa: BLE001 - the test reports what each call raised
+        except Exception as exc:
             seen[name] = f"{type(exc).__name__}: {exc}"
     return seen
 
 
 def _unexpected(seen: dict[str, str], expected: type) -> list[str]:
-    return [f"{name}: {outcome}" for name, outcome in seen.items() if not outcome.startswith(expected.__name__ + ":")]
+    return [
+        f"{name}: {outcome}"
+        for name, outcome in seen.items()
+        if not outcome.startswith(expected.__name__ + ":")
+    ]
 
 
 def test_a_refused_connection_is_connection_failed_for_every_operation(mode):
@@ -82,11 +88,17 @@ def test_a_refused_connection_is_connection_failed_for_every_operation(mode):
     failures = []
     for durability in ("default", "fsync"):
         client = _client(mode, host="127.0.0.1", port=port, socket_connect_timeout=0.5)
-        with thread_in_mode(mode, "", StoreConfig(namespace=config.namespace, durability=durability), "down", client) as thread:
+        with thread_in_mode(
+            mode, "", StoreConfig(namespace=config.namespace, durability=durability), "down", client
+        ) as thread:
             seen = _outcomes({**_writes(thread), **_reads(thread)})
-        failures += [f"durability={durability}: {f}" for f in _unexpected(seen, errors.ConnectionFailed)]
-    print(f"\nrefused connection [{mode}]: {2 * len(seen)} calls, {len(failures)} not ConnectionFailed;"
-          f" e.g. {seen['append']}")
+        failures += [
+            f"durability={durability}: {f}" for f in _unexpected(seen, errors.ConnectionFailed)
+        ]
+    print(
+        f"\nrefused connection [{mode}]: {2 * len(seen)} calls, {len(failures)} not ConnectionFailed;"
+        f" e.g. {seen['append']}"
+    )
     assert not failures, "\n".join(failures)
     assert issubclass(errors.ConnectionFailed, errors.ServerError)
 
@@ -95,7 +107,9 @@ def test_a_refused_connection_is_connection_failed_for_every_operation(mode):
 def test_a_full_connection_pool_is_connection_failed(plain_server, mode, pool_kind):
     module = redis if mode == "sync" else redis.asyncio
     options = {"timeout": 0.1} if pool_kind == "BlockingConnectionPool" else {}
-    pool = getattr(module, pool_kind)(host="127.0.0.1", port=plain_server.port, max_connections=1, **options)
+    pool = getattr(module, pool_kind)(
+        host="127.0.0.1", port=plain_server.port, max_connections=1, **options
+    )
     client = module.Redis(connection_pool=pool)
     config = StoreConfig(namespace=fresh_namespace())
     with thread_in_mode(mode, plain_server.url, config, "full", client) as thread:
@@ -108,8 +122,10 @@ def test_a_full_connection_pool_is_connection_failed(plain_server, mode, pool_ki
             run(pool.release(held)) if mode == "async" else pool.release(held)
         after = [m.content for m in thread.iter()]
     failures = _unexpected(seen, errors.ConnectionFailed)
-    print(f"\nfull pool [{mode}, {pool_kind}]: {len(seen)} calls, {len(failures)} not ConnectionFailed;"
-          f" e.g. {seen['append']}")
+    print(
+        f"\nfull pool [{mode}, {pool_kind}]: {len(seen)} calls, {len(failures)} not ConnectionFailed;"
+        f" e.g. {seen['append']}"
+    )
     assert not failures, "\n".join(failures)
     assert after == ["warm up"], "a call that raised ConnectionFailed wrote something"
 
@@ -123,9 +139,13 @@ def test_a_server_killed_after_receiving_the_call_is_outcome_unknown(kind, mode)
             config = StoreConfig(namespace=fresh_namespace())
             client = _client(mode, host="127.0.0.1", port=server.port, socket_connect_timeout=0.5)
             with thread_in_mode(mode, server.url, config, "killed", client) as thread:
-                thread.append(UserMessage(content="warm up"))  # loads the script, opens the connection
+                thread.append(
+                    UserMessage(content="warm up")
+                )  # loads the script, opens the connection
                 admin = redis.Redis(port=server.port, retry=Retry(NoBackoff(), 0))
-                sleeper = threading.Thread(target=lambda: _ignore(lambda: admin.execute_command("DEBUG", "SLEEP", 2)))
+                sleeper = threading.Thread(
+                    target=lambda: _ignore(lambda: admin.execute_command("DEBUG", "SLEEP", 2))
+                )
                 sleeper.start()
                 time.sleep(0.05)
                 killer = threading.Timer(0.3, server.kill)
@@ -157,6 +177,7 @@ def _dies_after_a_replay(mode: str, server, watched: str):
 
     seen: list[bool] = []
     if mode == "sync":
+
         class Client(redis.Redis):
             def execute_command(self, *args, **options):
                 reply = super().execute_command(*args, **options)
@@ -165,6 +186,7 @@ def _dies_after_a_replay(mode: str, server, watched: str):
                     server.kill()
                 return reply
     else:
+
         class Client(redis.asyncio.Redis):
             async def execute_command(self, *args, **options):
                 reply = await super().execute_command(*args, **options)
@@ -172,13 +194,20 @@ def _dies_after_a_replay(mode: str, server, watched: str):
                     reply = await super().execute_command(*args, **options)
                     server.kill()
                 return reply
-    client = Client(host="127.0.0.1", port=server.port, socket_connect_timeout=0.5,
-                    retry=(Retry if mode == "sync" else AsyncRetry)(NoBackoff(), RETRIES))
+
+    client = Client(
+        host="127.0.0.1",
+        port=server.port,
+        socket_connect_timeout=0.5,
+        retry=(Retry if mode == "sync" else AsyncRetry)(NoBackoff(), RETRIES),
+    )
     return client, lambda: seen.append(True)
 
 
 @pytest.mark.parametrize("operation", ["append", "compact"])
-def test_a_failed_read_after_a_replayed_write_is_outcome_unknown_with_the_messages(kind, mode, operation):
+def test_a_failed_read_after_a_replayed_write_is_outcome_unknown_with_the_messages(
+    kind, mode, operation
+):
     """The issue's chain: a write's reply is lost, the re-send is answered "already stored", and
     the read of the stored messages that follows fails. The write happened: the caller gets
     OutcomeUnknown with the messages as sent (never a bare ServerError), and re-sending them
@@ -209,5 +238,7 @@ def test_a_failed_read_after_a_replayed_write_is_outcome_unknown_with_the_messag
                 context = patient.context()
                 assert context[0].id == sent[0].id, context
                 assert [m.message_type for m in patient.iter()].count("summary_message") == 1
-    print(f"\nread after a replayed {operation} failed [{kind}, {mode}]: {type(unknown.value).__name__}"
-          f" with {len(sent)} message(s) as sent; stored once after the re-send")
+    print(
+        f"\nread after a replayed {operation} failed [{kind}, {mode}]: {type(unknown.value).__name__}"
+        f" with {len(sent)} message(s) as sent; stored once after the re-send"
+    )

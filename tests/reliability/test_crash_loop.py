@@ -91,7 +91,9 @@ def verify(server, namespace: str, ledger_dir) -> dict:
     for t in range(CRASH_THREADS):
         thread = store.thread(f"t{t}")
         messages = list(thread.iter())
-        assert [m.seq_id for m in messages] == list(range(1, len(messages) + 1)), f"t{t}: sequences not contiguous"
+        assert [m.seq_id for m in messages] == list(range(1, len(messages) + 1)), (
+            f"t{t}: sequences not contiguous"
+        )
         for m in messages:
             assert m.otid not in stored, f"{m.otid} is stored twice"
             assert m.otid in sent, f"{m.otid} is stored but was never sent"

@@ -44,7 +44,11 @@ def fuzz_settings(examples: int) -> settings:
     return settings(
         max_examples=examples,
         deadline=None,
-        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
+        suppress_health_check=[
+            HealthCheck.too_slow,
+            HealthCheck.data_too_large,
+            HealthCheck.filter_too_much,
+        ],
     )
 
 
@@ -57,7 +61,9 @@ def report(name: str, counts: Counter) -> None:
 def outcome_of(exc: BaseException) -> str:
     if isinstance(exc, errors.KVStoreError):
         return type(exc).__name__
-    raise AssertionError(f"untyped error {type(exc).__module__}.{type(exc).__name__}: {exc}") from exc
+    raise AssertionError(
+        f"untyped error {type(exc).__module__}.{type(exc).__name__}: {exc}"
+    ) from exc
 
 
 # ------------------------------------------------------------------------------ strategies
@@ -81,26 +87,72 @@ thread_ids = st.one_of(
 namespaces = st.from_regex(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,20}", fullmatch=True)
 
 json_leaves = st.one_of(
-    st.none(), st.booleans(), st.integers(min_value=-(2**70), max_value=2**70),
-    st.floats(), st.text(max_size=12), st.binary(max_size=4),
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(),
+    st.text(max_size=12),
+    st.binary(max_size=4),
 )
 json_values = st.recursive(
     json_leaves,
-    lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=8), kids, max_size=4),
+    lambda kids: (
+        st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=8), kids, max_size=4)
+    ),
     max_leaves=16,
 )
 MESSAGE_TYPES = [
-    "system_message", "user_message", "reasoning_message", "hidden_reasoning_message",
-    "tool_call_message", "tool_return_message", "assistant_message", "approval_request_message",
-    "approval_response_message", "summary_message", "event_message",
+    "system_message",
+    "user_message",
+    "reasoning_message",
+    "hidden_reasoning_message",
+    "tool_call_message",
+    "tool_return_message",
+    "assistant_message",
+    "approval_request_message",
+    "approval_response_message",
+    "summary_message",
+    "event_message",
 ]
 FIELDS = [
-    "id", "date", "name", "otid", "run_id", "step_id", "sender_id", "seq_id", "is_err", "status",
-    "content", "reasoning", "source", "signature", "state", "hidden_reasoning", "tool_call",
-    "tool_calls", "tool_return", "tool_call_id", "stdout", "stderr", "tool_returns", "approvals",
-    "approve", "approval_request_id", "reason", "summary", "compaction_stats", "event_type",
-    "event_data", "metadata", "attachments", "incomplete_details", "completed_at", "incomplete_at",
-    "assistant_id", "unknown_field",
+    "id",
+    "date",
+    "name",
+    "otid",
+    "run_id",
+    "step_id",
+    "sender_id",
+    "seq_id",
+    "is_err",
+    "status",
+    "content",
+    "reasoning",
+    "source",
+    "signature",
+    "state",
+    "hidden_reasoning",
+    "tool_call",
+    "tool_calls",
+    "tool_return",
+    "tool_call_id",
+    "stdout",
+    "stderr",
+    "tool_returns",
+    "approvals",
+    "approve",
+    "approval_request_id",
+    "reason",
+    "summary",
+    "compaction_stats",
+    "event_type",
+    "event_data",
+    "metadata",
+    "attachments",
+    "incomplete_details",
+    "completed_at",
+    "incomplete_at",
+    "assistant_id",
+    "unknown_field",
 ]
 
 
@@ -114,12 +166,22 @@ def nested(depth: int, leaf=None):
 parts = st.lists(
     st.one_of(
         st.fixed_dictionaries({"type": st.just("text"), "text": st.text(max_size=40)}),
-        st.fixed_dictionaries({"type": st.just("image"), "source": st.one_of(
-            st.fixed_dictionaries({"type": st.just("url"), "url": st.text(max_size=30)}),
-            st.fixed_dictionaries({"type": st.just("base64"), "media_type": st.sampled_from(["image/png", "x"]),
-                                   "data": st.text(alphabet="QUFBx=", max_size=64)}),
-            json_values,
-        )}),
+        st.fixed_dictionaries(
+            {
+                "type": st.just("image"),
+                "source": st.one_of(
+                    st.fixed_dictionaries({"type": st.just("url"), "url": st.text(max_size=30)}),
+                    st.fixed_dictionaries(
+                        {
+                            "type": st.just("base64"),
+                            "media_type": st.sampled_from(["image/png", "x"]),
+                            "data": st.text(alphabet="QUFBx=", max_size=64),
+                        }
+                    ),
+                    json_values,
+                ),
+            }
+        ),
         json_values,
     ),
     max_size=4,
@@ -130,27 +192,52 @@ field_values = st.one_of(
     parts,
     st.integers(1, 3000).map(nested),
     st.integers(1, 100).map(lambda n: {f"k{i}": "v" * (n * 7 % 600) for i in range(n % 20)}),
-    st.sampled_from(["success", "error", "completed", "redacted", "compaction", "2024-01-01T00:00:00Z", 1e300]),
+    st.sampled_from(
+        ["success", "error", "completed", "redacted", "compaction", "2024-01-01T00:00:00Z", 1e300]
+    ),
 )
 random_messages = st.fixed_dictionaries(
     {"message_type": st.one_of(st.sampled_from(MESSAGE_TYPES), json_leaves)},
     optional={field: field_values for field in FIELDS},
 )
 plausible_messages = st.one_of(
-    st.builds(lambda c, o: {"message_type": "user_message", "content": c, **({"otid": o} if o else {})},
-              st.one_of(st.text(max_size=200), parts), st.one_of(st.none(), st.text(max_size=20))),
-    st.builds(lambda c: {"message_type": "assistant_message", "content": c}, st.one_of(st.text(max_size=200), parts)),
-    st.builds(lambda d: {"message_type": "event_message", "event_type": "compaction", "event_data": d},
-              st.dictionaries(st.text(max_size=6), json_values, max_size=4)),
-    st.builds(lambda s, st_: {"message_type": "summary_message", "summary": s, "compaction_stats": st_},
-              st.text(max_size=50), json_values),
-    st.builds(lambda r, m: {"message_type": "tool_return_message", "status": "success", "tool_call_id": "c",
-                            "tool_return": r, "metadata": m},
-              st.text(max_size=50), st.dictionaries(st.text(max_size=70), st.text(max_size=600), max_size=18)),
+    st.builds(
+        lambda c, o: {"message_type": "user_message", "content": c, **({"otid": o} if o else {})},
+        st.one_of(st.text(max_size=200), parts),
+        st.one_of(st.none(), st.text(max_size=20)),
+    ),
+    st.builds(
+        lambda c: {"message_type": "assistant_message", "content": c},
+        st.one_of(st.text(max_size=200), parts),
+    ),
+    st.builds(
+        lambda d: {"message_type": "event_message", "event_type": "compaction", "event_data": d},
+        st.dictionaries(st.text(max_size=6), json_values, max_size=4),
+    ),
+    st.builds(
+        lambda s, st_: {"message_type": "summary_message", "summary": s, "compaction_stats": st_},
+        st.text(max_size=50),
+        json_values,
+    ),
+    st.builds(
+        lambda r, m: {
+            "message_type": "tool_return_message",
+            "status": "success",
+            "tool_call_id": "c",
+            "tool_return": r,
+            "metadata": m,
+        },
+        st.text(max_size=50),
+        st.dictionaries(st.text(max_size=70), st.text(max_size=600), max_size=18),
+    ),
 )
 messages = st.one_of(random_messages, plausible_messages)
-str_turn_ids = st.one_of(st.none(), st.text(max_size=12), st.sampled_from(["t1", "a\tb", "x" * 257, "", "\n"]))
-any_values = st.one_of(json_values, st.floats(), st.binary(max_size=8), st.tuples(st.integers()), st.just(object()))
+str_turn_ids = st.one_of(
+    st.none(), st.text(max_size=12), st.sampled_from(["t1", "a\tb", "x" * 257, "", "\n"])
+)
+any_values = st.one_of(
+    json_values, st.floats(), st.binary(max_size=8), st.tuples(st.integers()), st.just(object())
+)
 
 
 # ------------------------------------------------------------------------------ key checks
@@ -176,7 +263,7 @@ def check_id(namespace: str, thread_id) -> str:
         keys = ThreadKeys.of(namespace, thread_id)
     except errors.InvalidThreadId:
         return "InvalidThreadId"
-    except BaseException as exc:  # noqa: BLE001
+    except BaseException as exc:
         return outcome_of(exc)
     assert isinstance(thread_id, str) and 1 <= len(thread_id) <= 200
     assert all(c in VALID_CHARS for c in thread_id), thread_id
@@ -207,7 +294,9 @@ def test_two_ids_never_share_a_key_nor_a_prefix():
     counts = Counter()
 
     @fuzz_settings(2000)
-    @given(namespaces, st.one_of(valid_ids, thread_ids), namespaces, st.one_of(valid_ids, thread_ids))
+    @given(
+        namespaces, st.one_of(valid_ids, thread_ids), namespaces, st.one_of(valid_ids, thread_ids)
+    )
     def check(ns_a, id_a, ns_b, id_b):
         try:
             a, b = ThreadKeys.of(ns_a, id_a), ThreadKeys.of(ns_b, id_b)
@@ -250,7 +339,12 @@ class Target:
         for i in range(60):
             turn = f"turn-{i // 3}"
             body = "O" * 1600 if i % 17 == 5 else f"m{i} " + "x" * (i * 37 % 700)
-            stored += thread.append(UserMessage(content=body, otid=f"o{i}") if i % 2 else AssistantMessage(content=body), turn_id=turn)
+            stored += thread.append(
+                UserMessage(content=body, otid=f"o{i}")
+                if i % 2
+                else AssistantMessage(content=body),
+                turn_id=turn,
+            )
         removed = thread.remove_turn("turn-12")
         kept = [m for m in stored if not (36 <= stored.index(m) <= 38)]
         assert removed == 3
@@ -262,8 +356,13 @@ class Target:
         kept = [m for m in kept if m.seq_id >= deleted_before]
         assert list(thread.iter()) == kept
         turn_of = {m.id: f"turn-{stored.index(m) // 3}" for m in stored}
-        return {"kept": kept, "deleted": deleted, "deleted_before": deleted_before, "turn_of": turn_of,
-                "removed_ids": [m.id for m in stored[36:39]]}
+        return {
+            "kept": kept,
+            "deleted": deleted,
+            "deleted_before": deleted_before,
+            "turn_of": turn_of,
+            "removed_ids": [m.id for m in stored[36:39]],
+        }
 
     def _bystander_keys(self) -> list[str]:
         keys = self.bystander.keys
@@ -291,13 +390,17 @@ def fake_target():
 @pytest.fixture(scope="module")
 def real_target():
     with dedicated_server("valkey") as server:
-        store = MessageStore.from_url(server.url, StoreConfig(namespace=fresh_namespace(), **CONFIG))
+        store = MessageStore.from_url(
+            server.url, StoreConfig(namespace=fresh_namespace(), **CONFIG)
+        )
         yield Target("valkey", store, redis.Redis(port=server.port))
 
 
 @pytest.fixture(scope="module", params=["fakeredis", "valkey"])
 def target(request):
-    return request.getfixturevalue({"fakeredis": "fake_target", "valkey": "real_target"}[request.param])
+    return request.getfixturevalue(
+        {"fakeredis": "fake_target", "valkey": "real_target"}[request.param]
+    )
 
 
 def examples(target: Target, count: int) -> int:
@@ -326,7 +429,7 @@ def test_ids_write_only_their_own_keys(target):
         try:
             thread = store.thread(thread_id)
             stored = thread.append(UserMessage(content=f"for {thread_id!r}"[:300]))
-        except BaseException as exc:  # noqa: BLE001
+        except BaseException as exc:
             counts[outcome_of(exc)] += 1
             assert keyspace(raw, namespace) == initial
             return
@@ -351,12 +454,14 @@ def test_adversarial_messages_are_stored_whole_or_refused_with_a_typed_error(tar
     thread = target.store.thread("messages")
 
     @fuzz_settings(examples(target, 1500))
-    @given(st.one_of(messages, st.lists(messages, min_size=0, max_size=3), any_values), str_turn_ids)
+    @given(
+        st.one_of(messages, st.lists(messages, min_size=0, max_size=3), any_values), str_turn_ids
+    )
     def check(payload, turn_id):
         with target.bystander_unchanged():
             try:
                 stored = thread.append(payload, turn_id=turn_id)
-            except BaseException as exc:  # noqa: BLE001
+            except BaseException as exc:
                 counts[outcome_of(exc)] += 1
                 return
             for message in stored:
@@ -410,8 +515,12 @@ def expected_page(target: Target, after, before, limit, order, turn_id):
             return errors.InvalidCursor
         if isinstance(cursor, str) and (not cursor or len(cursor) > 256):
             return errors.InvalidCursor
-    if turn_id is not None and (not isinstance(turn_id, str) or not turn_id or len(turn_id) > 256
-                                or any(c in turn_id for c in "\t\n\r\0")):
+    if turn_id is not None and (
+        not isinstance(turn_id, str)
+        or not turn_id
+        or len(turn_id) > 256
+        or any(c in turn_id for c in "\t\n\r\0")
+    ):
         return errors.InvalidMessage
     by_id = {m.id: m.seq_id for m in target.model["kept"]}
     resolved = []
@@ -435,13 +544,18 @@ def test_adversarial_cursors_get_the_models_page_or_a_typed_error(target):
     # draw every argument from anything at all.
     good_cursors = st.one_of(st.none(), st.integers(0, 80), st.sampled_from(kept_ids))
     clean = st.tuples(
-        good_cursors, good_cursors, st.one_of(st.integers(1, 12), st.sampled_from([50, 999, 1000])),
+        good_cursors,
+        good_cursors,
+        st.one_of(st.integers(1, 12), st.sampled_from([50, 999, 1000])),
         st.sampled_from(["asc", "desc"]),
         st.one_of(st.none(), st.none(), st.sampled_from(["turn-1", "turn-12", "turn-19", "nope"])),
     )
     dirty = st.tuples(
-        cursor_values(target), cursor_values(target),
-        st.one_of(st.integers(-3, 1003), st.floats(), st.text(max_size=3), st.none(), st.booleans()),
+        cursor_values(target),
+        cursor_values(target),
+        st.one_of(
+            st.integers(-3, 1003), st.floats(), st.text(max_size=3), st.none(), st.booleans()
+        ),
         st.one_of(st.sampled_from(["asc", "desc"]), st.text(max_size=5), st.none(), st.integers()),
         st.one_of(st.none(), str_turn_ids),
     )
@@ -452,13 +566,17 @@ def test_adversarial_cursors_get_the_models_page_or_a_typed_error(target):
         after, before, limit, order, turn_id = call
         expected = expected_page(target, after, before, limit, order, turn_id)
         try:
-            page = thread.list(after=after, before=before, limit=limit, order=order, turn_id=turn_id)
-        except BaseException as exc:  # noqa: BLE001
+            page = thread.list(
+                after=after, before=before, limit=limit, order=order, turn_id=turn_id
+            )
+        except BaseException as exc:
             counts[outcome_of(exc)] += 1
             if isinstance(expected, type):
                 assert isinstance(exc, expected), (exc, expected)
             else:
-                raise AssertionError(f"the model answers {expected}, kvstore raised {exc!r}") from exc
+                raise AssertionError(
+                    f"the model answers {expected}, kvstore raised {exc!r}"
+                ) from exc
             return
         assert not isinstance(expected, type), f"expected {expected.__name__}, got a page"
         sequences, has_more = expected
@@ -481,7 +599,7 @@ def test_get_with_any_id_returns_the_message_or_a_typed_error(target):
     def check(message_id):
         try:
             message = target.paged.get(message_id)
-        except BaseException as exc:  # noqa: BLE001
+        except BaseException as exc:
             counts[outcome_of(exc)] += 1
             assert message_id not in by_id
             return
@@ -500,7 +618,10 @@ def test_turn_ids_of_any_type_get_typed_errors(target):
     thread = target.store.thread("turn-args")
 
     @fuzz_settings(examples(target, 300))
-    @given(st.one_of(str_turn_ids, any_values, st.integers()), st.sampled_from(["append", "start", "finish", "list", "remove"]))
+    @given(
+        st.one_of(str_turn_ids, any_values, st.integers()),
+        st.sampled_from(["append", "start", "finish", "list", "remove"]),
+    )
     def check(turn_id, call):
         calls = {
             "append": lambda: thread.append(UserMessage(content="t"), turn_id=turn_id),
@@ -512,7 +633,7 @@ def test_turn_ids_of_any_type_get_typed_errors(target):
         try:
             calls[call]()
             counts["ok"] += 1
-        except BaseException as exc:  # noqa: BLE001
+        except BaseException as exc:
             counts[outcome_of(exc)] += 1
 
     check()
@@ -525,8 +646,12 @@ def test_compact_and_replace_arguments_of_any_type_get_typed_errors(target):
     first = thread.append([UserMessage(content=f"c{i}") for i in range(5)])
 
     @fuzz_settings(examples(target, 400))
-    @given(st.one_of(st.text(max_size=30), any_values), st.one_of(st.integers(-2, 8), any_values),
-           st.one_of(st.none(), json_values), st.one_of(messages, any_values))
+    @given(
+        st.one_of(st.text(max_size=30), any_values),
+        st.one_of(st.integers(-2, 8), any_values),
+        st.one_of(st.none(), json_values),
+        st.one_of(messages, any_values),
+    )
     def check(summary, last_sequence, stats, replacement):
         for name, call in (
             ("compact", lambda: thread.compact(summary, last_sequence, stats)),
@@ -535,7 +660,7 @@ def test_compact_and_replace_arguments_of_any_type_get_typed_errors(target):
             try:
                 call()
                 counts[f"{name} ok"] += 1
-            except BaseException as exc:  # noqa: BLE001
+            except BaseException as exc:
                 counts[f"{name} {outcome_of(exc)}"] += 1
 
     check()
@@ -578,14 +703,30 @@ def packed(value) -> bytes:
 
 bombs = st.one_of(
     st.sampled_from(KNOWN_BOMBS),
-    st.builds(lambda prefix, tail: prefix + tail,
-              st.sampled_from([b"\x92\x02", b"\x93\x02", b"{", b"\x92\x02\x82", b"\x92\x01", b""]),
-              st.binary(max_size=64)),
+    st.builds(
+        lambda prefix, tail: prefix + tail,
+        st.sampled_from([b"\x92\x02", b"\x93\x02", b"{", b"\x92\x02\x82", b"\x92\x01", b""]),
+        st.binary(max_size=64),
+    ),
     st.builds(lambda body: packed([2, body]), st.one_of(messages, json_values)),
     st.builds(lambda body, turn: packed([2, body, turn]), plausible_messages, json_leaves),
-    st.builds(lambda n: packed([2, {"message_type": "user_message", "content": nested(n, "x")}]), st.integers(1, 2000)),
-    st.builds(lambda n: packed([2, {"message_type": "event_message", "event_type": "compaction",
-                                    "event_data": {"d": nested(n, 1)}}]), st.integers(1, 2000)),
+    st.builds(
+        lambda n: packed([2, {"message_type": "user_message", "content": nested(n, "x")}]),
+        st.integers(1, 2000),
+    ),
+    st.builds(
+        lambda n: packed(
+            [
+                2,
+                {
+                    "message_type": "event_message",
+                    "event_type": "compaction",
+                    "event_data": {"d": nested(n, 1)},
+                },
+            ]
+        ),
+        st.integers(1, 2000),
+    ),
 )
 
 
@@ -595,7 +736,9 @@ def bomb_site(target):
     thread = target.store.thread("bombs")
     stored = []
     for i in range(12):
-        stored += thread.append(UserMessage(content=f"b{i} " + ("Z" * 1600 if i == 4 else "y" * 100)))
+        stored += thread.append(
+            UserMessage(content=f"b{i} " + ("Z" * 1600 if i == 4 else "y" * 100))
+        )
     keys = thread.keys
     window = {int(s) for _, s in target.raw.zrange(keys.window, 0, -1, withscores=True)}
     large = {int(s) for _, s in target.raw.zrange(keys.large_index, 0, -1, withscores=True)}
@@ -646,7 +789,9 @@ def plant(target: Target, thread, where: str, message, first_of, bomb: bytes) ->
     index = keys.chunk_index if where == "chunk" else keys.large_index
     (member,) = target.raw.zrangebyscore(index, first, first)
     fields = member.split(b":")
-    at = 3 if where == "chunk" else 1  # first:last:count:bytes:media:tokens or seq:bytes:media:tokens
+    at = (
+        3 if where == "chunk" else 1
+    )  # first:last:count:bytes:media:tokens or seq:bytes:media:tokens
     fields[at] = str(int(fields[at]) + delta).encode()
     target.raw.zrem(index, member)
     target.raw.zadd(index, {b":".join(fields): first})
@@ -668,7 +813,11 @@ def test_planted_bombs_are_skipped_and_named_by_pages_and_raised_by_get(target, 
     thread, sites, first_of = bomb_site
     counts = Counter()
     keys = thread.keys
-    names = [*keys.fixed(), *{keys.chunk(f) for f in first_of.values()}, keys.chunk(sites["oversized chunk"].seq_id)]
+    names = [
+        *keys.fixed(),
+        *{keys.chunk(f) for f in first_of.values()},
+        keys.chunk(sites["oversized chunk"].seq_id),
+    ]
     saved = {k: target.raw.dump(k) for k in names}
     total = len(thread.list(limit=1000).messages)
 
@@ -698,7 +847,9 @@ def test_planted_bombs_are_skipped_and_named_by_pages_and_raised_by_get(target, 
                 assert len(whole.messages) == total - len(named)
                 assert (sequence in [m.seq_id for m in whole.messages]) == reads
                 # The model input leaves out an answer whose call is not there (docs/HISTORY.md).
-                assert [m.seq_id for m in thread.context()] == [m.seq_id for m in without_orphans(whole.messages)]
+                assert [m.seq_id for m in thread.context()] == [
+                    m.seq_id for m in without_orphans(whole.messages)
+                ]
                 snapshot = thread.snapshot()
                 assert snapshot.messages == whole.messages and snapshot.unreadable == named
                 assert list(thread.iter()) == whole.messages

@@ -36,14 +36,20 @@ def store_health(mode: str, port: int, **client_kwargs) -> HealthReport:
 def test_a_well_configured_server_reports_no_warning(kind, mode):
     with dedicated_server(kind, "--appendonly", "yes", "--appendfsync", "always") as server:
         report = store_health(mode, server.port)
-        print(f"\nhealth [{kind}, {mode}], appendonly yes, appendfsync always, noeviction:\n{report}")
+        print(
+            f"\nhealth [{kind}, {mode}], appendonly yes, appendfsync always, noeviction:\n{report}"
+        )
         assert isinstance(report, HealthReport)
         assert report == health(redis.Redis(port=server.port))
         assert report.complete and report.unchecked == ()
         assert report.server == kind
         assert report.version and report.version[0].isdigit()
         assert report.lua is True
-        assert (report.appendonly, report.appendfsync, report.maxmemory_policy) == (True, "always", "noeviction")
+        assert (report.appendonly, report.appendfsync, report.maxmemory_policy) == (
+            True,
+            "always",
+            "noeviction",
+        )
         assert report.aof_last_write_ok is True
         assert report.ok and report.warnings == ()
         assert report.library == LIBRARY.name and report.library_loaded is False
@@ -77,7 +83,9 @@ def test_each_setting_that_voids_a_guarantee_is_warned_about(kind, settings, phr
 def test_a_user_denied_config_info_and_eval_gets_a_report_not_an_error(kind):
     with dedicated_server(kind) as server:
         admin = redis.Redis(port=server.port)
-        make_user(admin, "app", without=load_rules())  # no FUNCTION LOAD; CONFIG and INFO are never granted
+        make_user(
+            admin, "app", without=load_rules()
+        )  # no FUNCTION LOAD; CONFIG and INFO are never granted
         report = health(redis.Redis(port=server.port, username="kvstore-app", password=PASSWORD))
         print(f"\nhealth [{kind}] as a user without function|load:\n{report}")
         assert report.server == kind and report.version == server.version()  # from HELLO
@@ -108,10 +116,16 @@ def test_the_readme_user_gets_what_it_can_check_and_what_it_cannot(kind, mode):
         assert before.library_loaded is False and before.lua is None
         assert before.warnings == () and not before.ok and not before.complete
         assert before.maxmemory_policy is None and before.appendfsync is None
-        assert any(u.startswith("whether Lua runs: EVAL is denied") and "not loaded yet" in u for u in before.unchecked)
+        assert any(
+            u.startswith("whether Lua runs: EVAL is denied") and "not loaded yet" in u
+            for u in before.unchecked
+        )
         settings = [u for u in before.unchecked if "CONFIG GET is denied to this user" in u]
         assert len(settings) == 1 and "INFO is denied to this user" in settings[0]
-        assert all(name in settings[0] for name in ("maxmemory-policy", "appendonly", "appendfsync", "save"))
+        assert all(
+            name in settings[0]
+            for name in ("maxmemory-policy", "appendonly", "appendfsync", "save")
+        )
         assert "unchecked: " in str(before) and "a user allowed INFO and CONFIG GET" in str(before)
         assert "warning:" not in str(before)
         url = f"redis://kvstore-app:{PASSWORD}@127.0.0.1:{server.port}/0"
@@ -128,7 +142,10 @@ def test_the_readme_user_gets_what_it_can_check_and_what_it_cannot(kind, mode):
         admin.execute_command("ACL", "SETUSER", "kvstore-app", "+info")
         with_info = store_health(mode, server.port, **app)
         assert (with_info.maxmemory_policy, with_info.appendonly) == ("allkeys-lru", True)
-        assert len(with_info.warnings) == 1 and "maxmemory-policy is allkeys-lru" in with_info.warnings[0]
+        assert (
+            len(with_info.warnings) == 1
+            and "maxmemory-policy is allkeys-lru" in with_info.warnings[0]
+        )
         assert with_info.unchecked == ("appendfsync, save: CONFIG GET is denied to this user",)
         assert with_info.aof_last_write_ok is True
 
@@ -161,5 +178,12 @@ def test_an_unreachable_server_raises_server_error(mode):
             MessageStore(client).health()
         else:
             port = client.connection_pool.connection_kwargs["port"]
-            asyncio.run(AsyncMessageStore(redis.asyncio.Redis(
-                port=port, socket_connect_timeout=0.2, retry=redis.asyncio.retry.Retry(NoBackoff(), 0))).health())
+            asyncio.run(
+                AsyncMessageStore(
+                    redis.asyncio.Redis(
+                        port=port,
+                        socket_connect_timeout=0.2,
+                        retry=redis.asyncio.retry.Retry(NoBackoff(), 0),
+                    )
+                ).health()
+            )

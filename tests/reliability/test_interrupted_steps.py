@@ -50,7 +50,11 @@ class Side:
     def run(self, call):
         """`call` (a function of no arguments) run to its end: its awaitable awaited."""
         result = call()
-        return self.loop.run_until_complete(result) if self.loop is not None and asyncio.iscoroutine(result) else result
+        return (
+            self.loop.run_until_complete(result)
+            if self.loop is not None and asyncio.iscoroutine(result)
+            else result
+        )
 
     @contextlib.contextmanager
     def stopped_at(self, k, how: str = "raise"):
@@ -64,7 +68,9 @@ class Side:
 
         def sink(request) -> None:
             if k == len(sent) or (callable(k) and k(request, sent)):
-                raise (asyncio.CancelledError if how == "cancel" else Stop)(f"stopped before request {k}")
+                raise (asyncio.CancelledError if how == "cancel" else Stop)(
+                    f"stopped before request {k}"
+                )
             sent.append(request)
 
         record(self.store, sink)
@@ -99,7 +105,7 @@ def raw_state(raw_client, thread) -> dict:
     prefix = thread.keys.meta.rsplit(":", 1)[0]
     state = {}
     for key in raw_client.scan_iter(match=prefix.replace("{", "\\{").replace("}", "\\}") + ":*"):
-        name = key.decode()[len(prefix):]
+        name = key.decode()[len(prefix) :]
         kind = raw_client.type(key).decode()
         if kind == "hash":
             value = raw_client.hgetall(key)
@@ -124,7 +130,9 @@ def view(thread, turns=()) -> dict:
         "messages": [m.to_dict() for m in thread.iter()],
         "stats": stats.model_dump(),
         "snapshot_turn": snapshot.turn,
-        "turns": {t: [m.seq_id for m in thread.list(turn_id=t, limit=1000).messages] for t in turns},
+        "turns": {
+            t: [m.seq_id for m in thread.list(turn_id=t, limit=1000).messages] for t in turns
+        },
     }
 
 
@@ -137,10 +145,17 @@ def turned_thread(thread, turns: int, replies: int = 1, open_last: bool = True) 
     threads built alike hold the same bytes); each finished but the last when `open_last`."""
     for n in range(turns):
         turn = f"turn-{n}"
-        thread.append(UserMessage(id=f"message-q{n}", date=DATE, content=f"question {n}"), turn_id=turn)
+        thread.append(
+            UserMessage(id=f"message-q{n}", date=DATE, content=f"question {n}"), turn_id=turn
+        )
         thread.start_turn(turn)
-        thread.append([AssistantMessage(id=f"message-a{n}.{i}", date=DATE, content=f"answer {n}.{i}")
-                       for i in range(replies)], turn_id=turn)
+        thread.append(
+            [
+                AssistantMessage(id=f"message-a{n}.{i}", date=DATE, content=f"answer {n}.{i}")
+                for i in range(replies)
+            ],
+            turn_id=turn,
+        )
         if n < turns - 1 or not open_last:
             thread.finish_turn(turn, "completed")
 
@@ -156,7 +171,9 @@ def test_a_fork_stopped_between_its_state_calls_is_not_finished(side, raw_client
     source = store.thread("source")
     turns = backup_module.RESTORE_TURNS + 10
     for n in range(turns):  # a question and a recorded result per turn
-        source.append(UserMessage(id=f"message-q{n}", date=DATE, content=f"question {n}"), turn_id=f"turn-{n}")
+        source.append(
+            UserMessage(id=f"message-q{n}", date=DATE, content=f"question {n}"), turn_id=f"turn-{n}"
+        )
         source.start_turn(f"turn-{n}")
         source.finish_turn(f"turn-{n}", "completed")
     source.append(UserMessage(id="message-open", date=DATE, content="open"), turn_id="turn-open")
@@ -166,8 +183,14 @@ def test_a_fork_stopped_between_its_state_calls_is_not_finished(side, raw_client
     expected = whole(raw_client, reference, ["turn-0", last])
 
     def second_state_call(request, sent) -> bool:
-        return getattr(request, "script", None) is not None and request.script.name == "restore_state" and any(
-            getattr(before, "script", None) and before.script.name == "restore_state" for before in sent)
+        return (
+            getattr(request, "script", None) is not None
+            and request.script.name == "restore_state"
+            and any(
+                getattr(before, "script", None) and before.script.name == "restore_state"
+                for before in sent
+            )
+        )
 
     with store.stopped_at(second_state_call), pytest.raises(Stop):
         source.fork("forked", at=at)
@@ -201,7 +224,9 @@ def stop_at_every_step(store: Side, raw_client, build, operation, *, how: str = 
         with store.stopped_at(k, how), pytest.raises(stops):
             operation(target)
         operation(target)
-        assert whole(raw_client, store.thread(target), turns) == expected, f"stopped before request {k}"
+        assert whole(raw_client, store.thread(target), turns) == expected, (
+            f"stopped before request {k}"
+        )
     return len(sent)
 
 
@@ -209,7 +234,9 @@ def stop_at_every_step(store: Side, raw_client, build, operation, *, how: str = 
 # call an exception or a cancellation ('cancel'). (On the real servers only, server_only: the
 # in-process tier runs each script many times slower, and a stop at every step runs them by the
 # thousand.)
-STOPS = pytest.mark.parametrize(("mode", "how"), [("sync", "raise"), ("async", "raise"), ("async", "cancel")])
+STOPS = pytest.mark.parametrize(
+    ("mode", "how"), [("sync", "raise"), ("async", "raise"), ("async", "cancel")]
+)
 
 
 @pytest.fixture
@@ -225,18 +252,28 @@ SMALL = dict(window_size=4, chunk_size=2, max_chunks_per_call=1)
 
 
 @STOPS
-def test_a_fork_stopped_after_any_step_and_run_again_is_whole(side, raw_client, how, server_only, small_steps):
+def test_a_fork_stopped_after_any_step_and_run_again_is_whole(
+    side, raw_client, how, server_only, small_steps
+):
     store = side(**SMALL)
     source = store.thread("source")
     turned_thread(source, 5, replies=2)
     source.compact("the first turns", 4)
-    steps = stop_at_every_step(store, raw_client, lambda target: None,
-                               lambda target: source.fork(target, at=13), how=how, turns=("turn-0", "turn-4"))
+    steps = stop_at_every_step(
+        store,
+        raw_client,
+        lambda target: None,
+        lambda target: source.fork(target, at=13),
+        how=how,
+        turns=("turn-0", "turn-4"),
+    )
     assert steps > 10
 
 
 @pytest.mark.parametrize(("mode", "how"), [("sync", "raise")])  # kvstore import is a sync command
-def test_an_import_stopped_after_any_step_and_run_again_is_whole(side, raw_client, how, server_only, mode, small_steps):
+def test_an_import_stopped_after_any_step_and_run_again_is_whole(
+    side, raw_client, how, server_only, mode, small_steps
+):
     store = side(**SMALL)
     source = store.thread("source")
     turned_thread(source, 5, replies=2)
@@ -245,24 +282,40 @@ def test_an_import_stopped_after_any_step_and_run_again_is_whole(side, raw_clien
     backup.export(store.store, "source", out, progress_out=io.StringIO())
 
     def restore(target: str) -> None:
-        backup.import_lines(store.store, target, io.StringIO(out.getvalue()), progress_out=io.StringIO())
+        backup.import_lines(
+            store.store, target, io.StringIO(out.getvalue()), progress_out=io.StringIO()
+        )
 
-    assert stop_at_every_step(store, raw_client, lambda target: None, restore, turns=("turn-0", "turn-4")) > 5
+    assert (
+        stop_at_every_step(
+            store, raw_client, lambda target: None, restore, turns=("turn-0", "turn-4")
+        )
+        > 5
+    )
 
 
 @STOPS
-def test_a_delete_stopped_after_any_step_and_run_again_is_whole(side, raw_client, how, server_only, small_steps):
+def test_a_delete_stopped_after_any_step_and_run_again_is_whole(
+    side, raw_client, how, server_only, small_steps
+):
     store = side(**SMALL)
 
     def build(target: str) -> None:
         turned_thread(store.thread(target), 4, replies=3)
 
-    assert stop_at_every_step(store, raw_client, build, lambda target: store.thread(target).delete(), how=how) > 3
+    assert (
+        stop_at_every_step(
+            store, raw_client, build, lambda target: store.thread(target).delete(), how=how
+        )
+        > 3
+    )
     assert whole(raw_client, store.thread("reference"))[1] == {}
 
 
 @STOPS
-def test_a_remove_turn_stopped_after_any_step_and_run_again_is_whole(side, raw_client, how, server_only, small_steps):
+def test_a_remove_turn_stopped_after_any_step_and_run_again_is_whole(
+    side, raw_client, how, server_only, small_steps
+):
     store = side(**SMALL)
 
     def build(target: str) -> None:
@@ -271,11 +324,16 @@ def test_a_remove_turn_stopped_after_any_step_and_run_again_is_whole(side, raw_c
     def remove(target: str) -> None:
         store.thread(target).remove_turn("turn-1")
 
-    assert stop_at_every_step(store, raw_client, build, remove, how=how, turns=("turn-1", "turn-2")) > 3
+    assert (
+        stop_at_every_step(store, raw_client, build, remove, how=how, turns=("turn-1", "turn-2"))
+        > 3
+    )
 
 
 @STOPS
-def test_a_migration_stopped_after_any_step_and_run_again_is_whole(side, raw_client, how, server_only, namespace):
+def test_a_migration_stopped_after_any_step_and_run_again_is_whole(
+    side, raw_client, how, server_only, namespace
+):
     from ..test_migration import write_layout_1
 
     store = side(**SMALL)
@@ -291,15 +349,20 @@ def test_a_migration_stopped_after_any_step_and_run_again_is_whole(side, raw_cli
 
 @STOPS
 def test_a_compaction_with_a_retention_backlog_stopped_after_any_step_and_run_again_is_whole(
-        side, raw_client, how, server_only, monkeypatch):
+    side, raw_client, how, server_only, monkeypatch
+):
     # The summary's id and date as in the reference: the two threads then hold the same bytes.
     # (A summary's id is made from its thread, range and text: the same for both threads here.)
-    monkeypatch.setattr("kvstore._engine.lifecycle.summary_id", lambda thread, summary, last: "message-summary")
+    monkeypatch.setattr(
+        "kvstore._engine.lifecycle.summary_id", lambda thread, summary, last: "message-summary"
+    )
     monkeypatch.setattr("kvstore._engine.prepare.stored_date", lambda: DATE)
     store = side(**SMALL, retained_message_limit=4)
 
     def build(target: str) -> None:
-        store.thread(target).append([UserMessage(id=f"message-{i}", date=DATE, content=f"m{i}") for i in range(40)])
+        store.thread(target).append(
+            [UserMessage(id=f"message-{i}", date=DATE, content=f"m{i}") for i in range(40)]
+        )
 
     def compact(target: str) -> None:
         store.thread(target).compact("the first 36", 36)
@@ -333,7 +396,8 @@ KILLED = 9
 
 @pytest.mark.parametrize("operation", ["fork", "import"])
 def test_a_fork_or_import_whose_process_is_killed_after_any_step_is_finished_by_another(
-        backend, server, server_only, namespace, raw_client, small_steps, operation):
+    backend, server, server_only, namespace, raw_client, small_steps, operation
+):
     config = StoreConfig(namespace=namespace, **SMALL)
     store = Side(backend, "sync", config)
     try:
@@ -348,7 +412,10 @@ def test_a_fork_or_import_whose_process_is_killed_after_any_step_is_finished_by_
                 if operation == "fork":
                     on.thread("source").fork(target, at=13)
                 else:
-                    backup.import_lines(on, target, io.StringIO(out.getvalue()), progress_out=io.StringIO())
+                    backup.import_lines(
+                        on, target, io.StringIO(out.getvalue()), progress_out=io.StringIO()
+                    )
+
             return go
 
         with store.stopped_at(None) as sent:
@@ -357,11 +424,17 @@ def test_a_fork_or_import_whose_process_is_killed_after_any_step_is_finished_by_
         processes = multiprocessing.get_context("fork")
         for k in range(len(sent)):
             target = f"killed-{k}"
-            child = processes.Process(target=_killed_before, args=(k, server.url, config, run(target)))
+            child = processes.Process(
+                target=_killed_before, args=(k, server.url, config, run(target))
+            )
             child.start()
             child.join(30)
-            assert child.exitcode == KILLED, f"the process stopped before request {k} with {child.exitcode}"
+            assert child.exitcode == KILLED, (
+                f"the process stopped before request {k} with {child.exitcode}"
+            )
             run(target)(store.store)
-            assert whole(raw_client, store.thread(target), ("turn-0", "turn-4")) == expected, f"killed before request {k}"
+            assert whole(raw_client, store.thread(target), ("turn-0", "turn-4")) == expected, (
+                f"killed before request {k}"
+            )
     finally:
         store.close()

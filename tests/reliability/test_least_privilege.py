@@ -29,7 +29,9 @@ PASSWORD = "app-secret"
 
 def _documented_lines() -> list[str]:
     text = (ROOT / "docs" / "RELIABILITY.md").read_text(encoding="utf-8")
-    return [ln.strip() for ln in text.splitlines() if ln.strip().startswith("ACL SETUSER kvstore-app ")]
+    return [
+        ln.strip() for ln in text.splitlines() if ln.strip().startswith("ACL SETUSER kvstore-app ")
+    ]
 
 
 def documented_acl_line() -> str:
@@ -40,7 +42,9 @@ def documented_acl_line() -> str:
 def readme_acl_args(namespace: str) -> list[str]:
     """The README's application user (its one ACL SETUSER line), as ACL SETUSER arguments."""
     text = (ROOT / "README.md").read_text(encoding="utf-8")
-    [line] = [ln.strip() for ln in text.splitlines() if ln.strip().startswith("ACL SETUSER kvstore-app ")]
+    [line] = [
+        ln.strip() for ln in text.splitlines() if ln.strip().startswith("ACL SETUSER kvstore-app ")
+    ]
     return shlex.split(line.replace("<password>", PASSWORD).replace("<namespace>", namespace))[3:]
 
 
@@ -74,8 +78,13 @@ def documented_commands() -> set[str]:
 
 
 CLIENT_METHODS = {
-    "fcall": "fcall", "fcall_ro": "fcall_ro", "function_load": "function|load",
-    "evalsha": "evalsha", "eval": "eval", "script_load": "script|load", "script_exists": "script|exists",
+    "fcall": "fcall",
+    "fcall_ro": "fcall_ro",
+    "function_load": "function|load",
+    "evalsha": "evalsha",
+    "eval": "eval",
+    "script_load": "script|load",
+    "script_exists": "script|exists",
 }
 
 
@@ -85,14 +94,21 @@ def commands_kvstore_sends() -> set[str]:
     call or load made with a client method (`client.fcall(...)`, `pipe.function_load(...)`)."""
     sent = set()
     for script in SCRIPTS.values():
-        sent |= {c.lower() for c in re.findall(r"redis\.p?call\(\s*['\"]([A-Za-z]+)['\"]", script.source)}
+        sent |= {
+            c.lower() for c in re.findall(r"redis\.p?call\(\s*['\"]([A-Za-z]+)['\"]", script.source)
+        }
     # The store and the engine's operations and executor (health checks and the command line's
     # maintenance commands are not the app user's).
-    modules = [ROOT / "kvstore" / "store.py",
-               *(p for p in sorted((ROOT / "kvstore" / "_engine").glob("*.py")) if p.name != "health.py")]
+    modules = [
+        ROOT / "kvstore" / "store.py",
+        *(p for p in sorted((ROOT / "kvstore" / "_engine").glob("*.py")) if p.name != "health.py"),
+    ]
     for module in modules:
         source = module.read_text(encoding="utf-8")
-        sent |= {c.lower().replace(" ", "|") for c in re.findall(r'\(\s*"([A-Z][A-Z_]*(?: [A-Z]+)?)"\s*,', source)}
+        sent |= {
+            c.lower().replace(" ", "|")
+            for c in re.findall(r'\(\s*"([A-Z][A-Z_]*(?: [A-Z]+)?)"\s*,', source)
+        }
         sent |= {CLIENT_METHODS[m] for m in re.findall(r"\.(\w+)\(", source) if m in CLIENT_METHODS}
     return sent
 
@@ -110,17 +126,23 @@ EVAL_RULE, EVAL_LOAD_RULE = "+evalsha", "+eval"
 def test_the_documented_acl_grants_every_command_kvstore_sends():
     sent = commands_kvstore_sends()
     granted = documented_commands() | {rule[1:] for rule in documented_additions()}
-    print(f"\nACL: kvstore sends {len(sent)} commands: {sorted(sent)};"
-          f" the EVAL path and the durability modes add {sorted(documented_additions())}")
+    print(
+        f"\nACL: kvstore sends {len(sent)} commands: {sorted(sent)};"
+        f" the EVAL path and the durability modes add {sorted(documented_additions())}"
+    )
     assert {"fcall", "fcall_ro", "function|load", "evalsha", "eval"} <= sent
     assert load_rules() == ("+function|load",) and EVAL_LOAD_RULE in documented_additions()
     assert not sent - granted, f"docs/RELIABILITY.md's ACL lines lack {sorted(sent - granted)}"
     # And they grant nothing kvstore no longer sends (the CLI's connection check sends PING).
     unused = documented_commands() - sent - {"ping"}
-    assert not unused, f"docs/RELIABILITY.md's ACL line grants {sorted(unused)}, which kvstore does not send"
+    assert not unused, (
+        f"docs/RELIABILITY.md's ACL line grants {sorted(unused)}, which kvstore does not send"
+    )
 
 
-def make_user(admin: redis.Redis, namespace: str, name: str = "kvstore-app", without: tuple[str, ...] = ()) -> None:
+def make_user(
+    admin: redis.Redis, namespace: str, name: str = "kvstore-app", without: tuple[str, ...] = ()
+) -> None:
     args = acl_args(namespace, without=without)
     admin.execute_command("ACL", "SETUSER", name, *args)
 
@@ -131,17 +153,25 @@ def app_client(server, name: str = "kvstore-app") -> redis.Redis:
 
 def integration_slice(thread) -> dict:
     """Every public operation once or more, each result checked; returns a few counts."""
-    first = thread.append(UserMessage(content="What's the weather in Oslo?", otid="req-1"), turn_id="turn-1")
+    first = thread.append(
+        UserMessage(content="What's the weather in Oslo?", otid="req-1"), turn_id="turn-1"
+    )
     thread.start_turn("turn-1")
-    replies = thread.append([AssistantMessage(content=f"part {i} " + "w" * 400) for i in range(5)], turn_id="turn-1")
+    replies = thread.append(
+        [AssistantMessage(content=f"part {i} " + "w" * 400) for i in range(5)], turn_id="turn-1"
+    )
     finished = thread.finish_turn("turn-1")
     assert (finished.reply_count, finished.first_sequence, finished.last_sequence) == (5, 2, 6)
     assert thread.append(UserMessage(content="again", otid="req-1")) == first  # otid replay
     stored = first + replies
     for t in range(2, 8):
-        stored += thread.append(UserMessage(content=f"q{t} " + "x" * 300, otid=f"req-{t}"), turn_id=f"turn-{t}")
+        stored += thread.append(
+            UserMessage(content=f"q{t} " + "x" * 300, otid=f"req-{t}"), turn_id=f"turn-{t}"
+        )
         stored += thread.append(AssistantMessage(content=f"a{t}"), turn_id=f"turn-{t}")
-    stored += thread.append(UserMessage(content="O" * 5000), turn_id="turn-big")  # an oversized chunk
+    stored += thread.append(
+        UserMessage(content="O" * 5000), turn_id="turn-big"
+    )  # an oversized chunk
     assert list(thread.iter()) == stored
     assert thread.list(limit=5, order="desc").messages == stored[::-1][:5]
     assert thread.list(after=stored[2].id, limit=4).messages == stored[3:7]
@@ -156,7 +186,9 @@ def integration_slice(thread) -> dict:
     summary = thread.compact("the weather talk", last_sequence=12)
     assert isinstance(summary, SummaryMessage)
     context = thread.context()
-    assert context[0] == summary and [m.seq_id for m in context[1:]] == [m.seq_id for m in stored if m.seq_id > 12]
+    assert context[0] == summary and [m.seq_id for m in context[1:]] == [
+        m.seq_id for m in stored if m.seq_id > 12
+    ]
     removed = thread.remove_turn("turn-7")
     assert removed == 2
     stored = [m for m in stored if m.seq_id not in (stored[-3].seq_id, stored[-2].seq_id)]
@@ -170,7 +202,9 @@ def integration_slice(thread) -> dict:
     return {"messages": len(stored) + 1, "chunks": snapshot.stats.chunks}
 
 
-CONFIG = dict(window_size=4, chunk_size=2, chunk_max_bytes=2048, retained_message_limit=4, thread_ttl=3600)
+CONFIG = dict(
+    window_size=4, chunk_size=2, chunk_max_bytes=2048, retained_message_limit=4, thread_ttl=3600
+)
 
 
 def _denials(admin: redis.Redis) -> list[str]:
@@ -191,14 +225,18 @@ def test_the_integration_slice_runs_as_the_least_privileged_user(kind, mode, scr
             add_documented(admin, EVAL_RULE)
         admin.execute_command("ACL", "LOG", "RESET")
         config = StoreConfig(namespace=namespace, scripting=scripting, **CONFIG)
-        with thread_in_mode(mode, server.url, config, "least-privilege", client=_client_for(mode, server)) as thread:
+        with thread_in_mode(
+            mode, server.url, config, "least-privilege", client=_client_for(mode, server)
+        ) as thread:
             figures = integration_slice(thread)
             thread.append(UserMessage(content="kept"))
             check_layout(admin, thread.keys, config)
         # redis-py names itself with CLIENT SETINFO on connect and ignores a refusal: not needed.
         denials = [d for d in _denials(admin) if d != "command client|setinfo"]
-        print(f"\nleast privilege [{kind}, {mode}, {scripting}]: {figures['messages']} messages, {figures['chunks']} chunks,"
-              f" every operation as the ACL user; denials logged: {denials or 'none'}")
+        print(
+            f"\nleast privilege [{kind}, {mode}, {scripting}]: {figures['messages']} messages, {figures['chunks']} chunks,"
+            f" every operation as the ACL user; denials logged: {denials or 'none'}"
+        )
         assert not denials
 
 
@@ -225,18 +263,26 @@ def test_denied_keys_and_commands_raise_permission_denied(kind):
         for other in ("elsewhere", f"{namespace}:nested"):
             thread = MessageStore(client, StoreConfig(namespace=other)).thread("theirs")
             for name, call in {
-                "script on a key outside the pattern (append)": lambda: thread.append(UserMessage(content="x")),
-                "read-only script outside the pattern (page plan)": lambda: thread.list(after="message-x"),
+                "script on a key outside the pattern (append)": lambda: thread.append(
+                    UserMessage(content="x")
+                ),
+                "read-only script outside the pattern (page plan)": lambda: thread.list(
+                    after="message-x"
+                ),
                 "native reads outside the pattern (page plan)": lambda: thread.list(after=1),
                 "native command outside the pattern (stats)": thread.stats,
-                "native command outside the pattern (newest page)": lambda: thread.list(order="desc"),
+                "native command outside the pattern (newest page)": lambda: thread.list(
+                    order="desc"
+                ),
             }.items():
                 with pytest.raises(errors.PermissionDenied) as caught:
                     call()
                 outcomes[f"{other}: {name}"] = str(caught.value)[:70]
         # The library is gone, and the user may not load it: a PermissionDenied that says what
         # to do, never a silent failure.
-        admin.execute_command("ACL", "SETUSER", "kvstore-app", *(f"-{rule[1:]}" for rule in load_rules()))
+        admin.execute_command(
+            "ACL", "SETUSER", "kvstore-app", *(f"-{rule[1:]}" for rule in load_rules())
+        )
         admin.function_flush()
         with pytest.raises(errors.PermissionDenied, match="kvstore preload-scripts") as caught:
             own.append(UserMessage(content="needs a load"))
@@ -271,7 +317,9 @@ def test_a_command_denied_inside_a_script_raises_permission_denied(kind):
             changed = keyspace_diff(before, keyspace(admin, namespace))
             if changed:
                 failures.append(f"without {denied[1:]}: the refused append changed {changed}")
-        print(f"\ndenied inside a script [{kind}]: 2 denials, {len(failures)} not PermissionDenied: {failures}")
+        print(
+            f"\ndenied inside a script [{kind}]: 2 denials, {len(failures)} not PermissionDenied: {failures}"
+        )
         assert not failures, "\n".join(failures)
 
 
@@ -286,10 +334,14 @@ def test_durability_fsync_runs_as_the_user_with_the_documented_addition():
         admin.execute_command("ACL", "LOG", "RESET")
         from kvstore import MessageStore
 
-        store = MessageStore(app_client(server), StoreConfig(namespace=namespace, durability="fsync", **CONFIG))
+        store = MessageStore(
+            app_client(server), StoreConfig(namespace=namespace, durability="fsync", **CONFIG)
+        )
         figures = integration_slice(store.thread("durable"))
         denials = [d for d in _denials(admin) if d != "command client|setinfo"]
-        print(f"\ndurability fsync as the ACL user [valkey]: {figures['messages']} messages; denials: {denials or 'none'}")
+        print(
+            f"\ndurability fsync as the ACL user [valkey]: {figures['messages']} messages; denials: {denials or 'none'}"
+        )
         assert not denials
 
 
@@ -300,9 +352,17 @@ def test_preloaded_scripts_serve_a_user_without_load_permissions(kind, mode, scr
     operation works; a restart without persistence loses what was loaded, and a new preload
     brings it back."""
     if scripting == "functions":
-        without, flush, preload = load_rules(), "function_flush", lambda admin: preload_library(admin)
+        without, flush, preload = (
+            load_rules(),
+            "function_flush",
+            lambda admin: preload_library(admin),
+        )
     else:
-        without, flush, preload = (EVAL_LOAD_RULE,), "script_flush", lambda admin: preload_scripts(admin)
+        without, flush, preload = (
+            (EVAL_LOAD_RULE,),
+            "script_flush",
+            lambda admin: preload_scripts(admin),
+        )
 
     def limited_user(admin: redis.Redis) -> None:
         make_user(admin, namespace, without=load_rules())
@@ -311,7 +371,11 @@ def test_preloaded_scripts_serve_a_user_without_load_permissions(kind, mode, scr
 
     def loaded(admin: redis.Redis) -> bool:
         report = health(admin)
-        return report.library_loaded if scripting == "functions" else report.scripts_loaded == len(SCRIPTS)
+        return (
+            report.library_loaded
+            if scripting == "functions"
+            else report.scripts_loaded == len(SCRIPTS)
+        )
 
     with dedicated_server(kind) as server:
         admin = redis.Redis(port=server.port)
@@ -319,7 +383,9 @@ def test_preloaded_scripts_serve_a_user_without_load_permissions(kind, mode, scr
         limited_user(admin)
         getattr(admin, flush)()
         config = StoreConfig(namespace=namespace, scripting=scripting, **CONFIG)
-        with thread_in_mode(mode, server.url, config, "preloaded", client=_client_for(mode, server)) as thread:
+        with thread_in_mode(
+            mode, server.url, config, "preloaded", client=_client_for(mode, server)
+        ) as thread:
             with pytest.raises(errors.PermissionDenied) as before:
                 thread.append(UserMessage(content="before the preload"))
             if scripting == "functions":
@@ -340,8 +406,10 @@ def test_preloaded_scripts_serve_a_user_without_load_permissions(kind, mode, scr
                 thread.append(UserMessage(content="after a restart"))
             preload(admin)
             thread.append(UserMessage(content="after the preload"))
-        print(f"\npreloaded [{kind}, {mode}, {scripting}]: loaded by the admin; the slice"
-              f" ({figures['messages']} messages) ran as a user without {', '.join(without)}")
+        print(
+            f"\npreloaded [{kind}, {mode}, {scripting}]: loaded by the admin; the slice"
+            f" ({figures['messages']} messages) ran as a user without {', '.join(without)}"
+        )
 
 
 def test_the_live_tail_forks_and_budgets_run_as_the_least_privileged_user(kind):
@@ -377,7 +445,9 @@ def test_the_live_tail_forks_and_budgets_run_as_the_least_privileged_user(kind):
             assert [m.content for m in thread.context(max_tokens=1000)] == ["Hello"]
 
         async def async_side() -> list:
-            client = redis.asyncio.Redis(port=server.port, username="kvstore-app", password=PASSWORD)
+            client = redis.asyncio.Redis(
+                port=server.port, username="kvstore-app", password=PASSWORD
+            )
             async with AsyncMessageStore(client, config) as store:
                 thread = store.thread("tail-async")
                 lease = await thread.hold_turn("turn-1")
@@ -402,10 +472,16 @@ def test_the_live_tail_forks_and_budgets_run_as_the_least_privileged_user(kind):
             call = ToolCallMessage(tool_call={"name": "w", "arguments": "{}", "tool_call_id": "c1"})
             (stored_call,) = thread.append(call, turn_id="t")
             with pytest.raises(errors.HistoryConflict):
-                thread.append(ToolReturnMessage(status="success", tool_call_id="c2", tool_return="x"))
+                thread.append(
+                    ToolReturnMessage(status="success", tool_call_id="c2", tool_return="x")
+                )
             thread.replace(stored_call.id, call)
-            thread.append(ToolReturnMessage(status="success", tool_call_id="c1", tool_return="x"), turn_id="t")
+            thread.append(
+                ToolReturnMessage(status="success", tool_call_id="c1", tool_return="x"), turn_id="t"
+            )
             assert thread.remove_turn("t") == 2 and thread.stats().history_checked
         denials = [d for d in _denials(admin) if d != "command client|setinfo"]
-        print(f"\nleast privilege, live tail, fork and history checks [{kind}]: denials logged: {denials or 'none'}")
+        print(
+            f"\nleast privilege, live tail, fork and history checks [{kind}]: denials logged: {denials or 'none'}"
+        )
         assert not denials

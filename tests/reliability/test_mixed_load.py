@@ -27,8 +27,8 @@ from kvstore import MessageStore, StoreConfig, SummaryMessage
 
 from ..layout_check import check_layout
 from .mixed_workers import MIXED_CONFIG, mixed_worker, shared_thread_ids
-from .workers import read_ledger
 from .support import fresh_namespace, new_server, server_kinds
+from .workers import read_ledger
 
 WORKERS = 4
 LONG = os.environ.get("KVSTORE_LONG") == "1"
@@ -43,7 +43,10 @@ def test_four_processes_mixing_every_operation_keep_every_promise(kind, tmp_path
         context = multiprocessing.get_context("spawn")
         stop_at = time.time() + 1.5 + duration  # a spawned worker takes about a second to import
         workers = [
-            context.Process(target=mixed_worker, args=(server.url, namespace, w, str(tmp_path), stop_at, 500 + w))
+            context.Process(
+                target=mixed_worker,
+                args=(server.url, namespace, w, str(tmp_path), stop_at, 500 + w),
+            )
             for w in range(WORKERS)
         ]
         for process in workers:
@@ -78,7 +81,9 @@ def verify(server, namespace: str, ledger_dir) -> dict:
             for otid, message_id, sequence in entry["messages"]:
                 earlier = acked[entry["thread"]].get(otid)
                 # An otid is stored once, unless retention deleted it and it was sent again.
-                assert earlier is None or earlier[1] < deleted_before[entry["thread"]], f"{otid} acknowledged twice"
+                assert earlier is None or earlier[1] < deleted_before[entry["thread"]], (
+                    f"{otid} acknowledged twice"
+                )
                 if earlier is None or earlier[1] < sequence:
                     acked[entry["thread"]][otid] = (message_id, sequence, entry["turn"])
     for entry in entries:
@@ -90,8 +95,13 @@ def verify(server, namespace: str, ledger_dir) -> dict:
             kept = [s for s in replies if s >= deleted_before[entry["thread"]]]
             assert len(kept) <= result["reply_count"] <= len(replies), entry
             if result["reply_count"] == len(replies):
-                assert (result["first_sequence"], result["last_sequence"]) == (replies[0], replies[-1]), entry
-            assert result["first_sequence"] is None or result["first_sequence"] >= entry["start"], entry
+                assert (result["first_sequence"], result["last_sequence"]) == (
+                    replies[0],
+                    replies[-1],
+                ), entry
+            assert result["first_sequence"] is None or result["first_sequence"] >= entry["start"], (
+                entry
+            )
 
     messages_checked = retained = removed_count = 0
     for thread_id, by_otid in acked.items():
@@ -112,17 +122,25 @@ def verify(server, namespace: str, ledger_dir) -> dict:
             else:
                 message = stored.get(sequence)
                 assert message is not None, f"acknowledged {otid} at {sequence} is gone"
-                assert (message.id, message.otid) == (message_id, otid), (otid, message.id, message.otid)
+                assert (message.id, message.otid) == (message_id, otid), (
+                    otid,
+                    message.id,
+                    message.otid,
+                )
                 if (thread_id, message_id) not in replaced:
                     assert otid in str(message.content), otid
                 messages_checked += 1
         for sequence, message in stored.items():
             if not isinstance(message, SummaryMessage):
-                assert sequence in sent_sequences, f"{thread_id}: sequence {sequence} was never acknowledged"
+                assert sequence in sent_sequences, (
+                    f"{thread_id}: sequence {sequence} was never acknowledged"
+                )
         # Everything after the summary is in the context, with holes only for removed turns.
         context = thread.context()
         if context and isinstance(context[0], SummaryMessage):
-            assert [m.seq_id for m in context[1:]] == sorted(s for s in stored if s > stats.summary_last_sequence and s != context[0].seq_id)
+            assert [m.seq_id for m in context[1:]] == sorted(
+                s for s in stored if s > stats.summary_last_sequence and s != context[0].seq_id
+            )
     leftovers = [k for k in raw.scan_iter(match=f"{namespace}:{{scratch-*", count=1000)]
     leftovers += [k for k in raw.scan_iter(match=f"{namespace}:{{legacy-*", count=1000)]
     assert not leftovers, leftovers[:5]

@@ -28,7 +28,9 @@ EVAL_PATH = dict(CONFIG, scripting="eval")
 def _reloads(admin: redis.Redis) -> int:
     """Scripts sent in full after NOSCRIPT (by EVAL, or SCRIPT LOAD)."""
     stats = admin.info("commandstats")
-    return sum(int(stats.get(name, {}).get("calls", 0)) for name in ("cmdstat_eval", "cmdstat_script|load"))
+    return sum(
+        int(stats.get(name, {}).get("calls", 0)) for name in ("cmdstat_eval", "cmdstat_script|load")
+    )
 
 
 def workload(thread, steps: int, seed: int, before_each=None) -> dict:
@@ -53,10 +55,14 @@ def workload(thread, steps: int, seed: int, before_each=None) -> dict:
         op = i % 10 if expected else 0
         try:
             if op == 0:
-                expected += thread.append(UserMessage(content=f"a{i} " + "x" * rng.randint(0, 900), otid=f"o{i}"))
+                expected += thread.append(
+                    UserMessage(content=f"a{i} " + "x" * rng.randint(0, 900), otid=f"o{i}")
+                )
             elif op == 1:
                 turn = f"turn{rng.randint(0, 4)}"
-                stored = thread.append([UserMessage(content=f"b{i}.{k}") for k in range(3)], turn_id=turn)
+                stored = thread.append(
+                    [UserMessage(content=f"b{i}.{k}") for k in range(3)], turn_id=turn
+                )
                 turn_of.update((m.id, turn) for m in stored)
                 expected += stored
             elif op == 2:
@@ -70,7 +76,9 @@ def workload(thread, steps: int, seed: int, before_each=None) -> dict:
                 with_otid = [m for m in expected if m.otid]
                 if with_otid:
                     original = rng.choice(with_otid)
-                    assert thread.append(UserMessage(content="replayed", otid=original.otid)) == [original]
+                    assert thread.append(UserMessage(content="replayed", otid=original.otid)) == [
+                        original
+                    ]
             elif op == 5:
                 position = rng.randrange(len(expected))
                 if expected[position].message_type == "user_message":
@@ -84,7 +92,11 @@ def workload(thread, steps: int, seed: int, before_each=None) -> dict:
                     assert context == expected
                 else:
                     assert context[0] == summary
-                    assert context[1:] == [m for m in expected if m.seq_id > summary_last and m.seq_id != summary.seq_id]
+                    assert context[1:] == [
+                        m
+                        for m in expected
+                        if m.seq_id > summary_last and m.seq_id != summary.seq_id
+                    ]
             elif op == 8 and i % 30 == 8:
                 last = expected[len(expected) // 2].seq_id
                 if last >= summary_last:
@@ -147,4 +159,6 @@ def test_script_flush_racing_the_calls_is_transparent(plain_server, mode):
         f" {flushes[0]} flushes ran; {_reloads(admin) - reloads} reloads; {len(failures)} calls failed"
         + (f" (first: {failures[0]})" if failures else "")
     )
-    assert not failures, f"{len(failures)} of {figures['steps']} calls failed:\n" + "\n".join(failures[:10])
+    assert not failures, f"{len(failures)} of {figures['steps']} calls failed:\n" + "\n".join(
+        failures[:10]
+    )

@@ -18,7 +18,13 @@ from collections import Counter
 import redis
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
 from kvstore import AssistantMessage, MessageStore, StoreConfig, UserMessage, errors
 from kvstore._engine.wire import ChunkEntry
@@ -27,7 +33,13 @@ from .. import model
 from ..layout_check import check_layout, read_layout
 from .support import dedicated_server, fresh_namespace
 
-CONFIG = dict(window_size=4, chunk_size=3, chunk_max_bytes=1500, max_chunks_per_call=2, retained_message_limit=5)
+CONFIG = dict(
+    window_size=4,
+    chunk_size=3,
+    chunk_max_bytes=1500,
+    max_chunks_per_call=2,
+    retained_message_limit=5,
+)
 SIZES = st.sampled_from([5, 120, 600, 1700])  # 1700 is over chunk_max_bytes: its own chunk
 TURNS = st.sampled_from([None, "t0", "t1", "t2", "t3"])
 
@@ -74,7 +86,9 @@ class ThreadMachine(RuleBasedStateMachine):
         return make(content=body(f"n{self.n}", size), otid=f"o{self.n}" if otid else None)
 
     def _stored(self, messages, turn) -> None:
-        assert [m.seq_id for m in messages] == list(range(self.last_seq + 1, self.last_seq + 1 + len(messages)))
+        assert [m.seq_id for m in messages] == list(
+            range(self.last_seq + 1, self.last_seq + 1 + len(messages))
+        )
         self.last_seq += len(messages)
         self.kept += messages
         self.turn_of.update((m.id, turn) for m in messages)
@@ -87,7 +101,9 @@ class ThreadMachine(RuleBasedStateMachine):
         if deleted_before > self.deleted_before:
             deleted = [m for m in self.kept if m.seq_id < deleted_before]
             assert all(m.seq_id <= self.summary_last for m in deleted), "deleted past the summary"
-            assert len(self.kept) - len(deleted) >= CONFIG["retained_message_limit"], "kept fewer than the limit"
+            assert len(self.kept) - len(deleted) >= CONFIG["retained_message_limit"], (
+                "kept fewer than the limit"
+            )
             self.kept = [m for m in self.kept if m.seq_id >= deleted_before]
             self.gone += deleted
             self.deleted_before = deleted_before
@@ -100,7 +116,9 @@ class ThreadMachine(RuleBasedStateMachine):
         if not self.kept or not self.summary_last:
             return
         keys, oldest = self.thread.keys, self.kept[0].seq_id
-        if self.raw.zscore(keys.large_index, oldest) is None and self.raw.hexists(keys.window_side, oldest):
+        if self.raw.zscore(keys.large_index, oldest) is None and self.raw.hexists(
+            keys.window_side, oldest
+        ):
             return
         last = oldest  # an oversized message's own chunk
         for member in self.raw.zrange(keys.chunk_index, "-inf", oldest, byscore=True):
@@ -132,9 +150,13 @@ class ThreadMachine(RuleBasedStateMachine):
         STEPS["otid replay"] += 1
         with_otid = [m for m in self.kept if m.otid]
         # Positions, not messages, are drawn: a failing run then prints short steps.
-        positions = data.draw(st.lists(st.integers(0, len(with_otid) - 1), min_size=1, max_size=3, unique=True))
+        positions = data.draw(
+            st.lists(st.integers(0, len(with_otid) - 1), min_size=1, max_size=3, unique=True)
+        )
         chosen = [with_otid[i] for i in positions]
-        replayed = self.thread.append([UserMessage(content="a different body", otid=m.otid) for m in chosen])
+        replayed = self.thread.append(
+            [UserMessage(content="a different body", otid=m.otid) for m in chosen]
+        )
         assert replayed == chosen
 
     @precondition(lambda self: any(m.otid for m in self.kept))
@@ -144,7 +166,12 @@ class ThreadMachine(RuleBasedStateMachine):
         with_otid = [m for m in self.kept if m.otid]
         stored = with_otid[data.draw(st.integers(0, len(with_otid) - 1))]
         try:
-            self.thread.append([UserMessage(content="old", otid=stored.otid), UserMessage(content="new", otid="never-stored")])
+            self.thread.append(
+                [
+                    UserMessage(content="old", otid=stored.otid),
+                    UserMessage(content="new", otid="never-stored"),
+                ]
+            )
         except errors.OtidConflict:
             return
         raise AssertionError("a batch mixing a stored and a new otid was accepted")
@@ -192,15 +219,24 @@ class ThreadMachine(RuleBasedStateMachine):
         before = read_layout(self.raw, self.thread.keys)
         size = min(size, self.max_size)
         try:
-            replaced = self.thread.replace(target.id, UserMessage(content=body(f"r{target.seq_id}", size)))
+            replaced = self.thread.replace(
+                target.id, UserMessage(content=body(f"r{target.seq_id}", size))
+            )
         except errors.MessageTooLarge:
             # Allowed only for a message sharing a normal chunk the replacement would overflow.
             (fields,) = [f for f in before.chunks.values() if target.seq_id in f]
             assert len(fields) > 1
-            assert sum(len(r) for r in fields.values()) - len(fields[target.seq_id]) + size > CONFIG["chunk_max_bytes"] - 300
+            assert (
+                sum(len(r) for r in fields.values()) - len(fields[target.seq_id]) + size
+                > CONFIG["chunk_max_bytes"] - 300
+            )
             STEPS["replace refused (chunk full)"] += 1
             return
-        assert (replaced.id, replaced.seq_id, replaced.otid) == (target.id, target.seq_id, target.otid)
+        assert (replaced.id, replaced.seq_id, replaced.otid) == (
+            target.id,
+            target.seq_id,
+            target.otid,
+        )
         self.kept[self.kept.index(target)] = replaced
 
     @rule(turn=TURNS.filter(lambda t: t is not None))
@@ -235,7 +271,9 @@ class ThreadMachine(RuleBasedStateMachine):
     @rule()
     def context(self):
         STEPS["context"] += 1
-        assert self.thread.context() == model.context(self.kept, self.summary_last, self.summary_seq)
+        assert self.thread.context() == model.context(
+            self.kept, self.summary_last, self.summary_seq
+        )
 
     @precondition(lambda self: self.kept or self.gone)
     @rule(data=st.data())
@@ -303,11 +341,17 @@ def run_machine(machine: type[ThreadMachine], examples: int) -> None:
                 # Shrinking a failing run replays it hundreds of times, server restarts included
                 # (up to Hypothesis's 5-minute shrink limit): the run is printed as found unless
                 # KVSTORE_SHRINK=1 asks for the minimal one.
-                phases=[p for p in Phase if p is not Phase.shrink or os.environ.get("KVSTORE_SHRINK") == "1"],
+                phases=[
+                    p
+                    for p in Phase
+                    if p is not Phase.shrink or os.environ.get("KVSTORE_SHRINK") == "1"
+                ],
             ),
         )
-    print(f"\nstateful ({machine.__name__}): {STEPS['threads']} runs, {STEPS['checks']} model checks;"
-          f" steps {dict(STEPS.most_common())}")
+    print(
+        f"\nstateful ({machine.__name__}): {STEPS['threads']} runs, {STEPS['checks']} model checks;"
+        f" steps {dict(STEPS.most_common())}"
+    )
 
 
 def test_the_thread_equals_the_model_under_flushes_and_restarts():

@@ -48,7 +48,7 @@ class Calls:
             outcome = "success" if time.monotonic() - began < TIMEOUT else "success after a timeout"
         except errors.OutcomeUnknown:
             outcome = "OutcomeUnknown"
-        except Exception as exc:  # noqa: BLE001 - anything else fails the test below
+        except Exception as exc:
             outcome = f"{type(exc).__module__}.{type(exc).__name__}: {exc}"
         with self.lock:
             self.made.append((content, otid, outcome))
@@ -109,12 +109,20 @@ def test_paused_server_gives_success_or_outcome_unknown_never_a_duplicate(kind):
         # 3. A DEBUG SLEEP long enough that many re-sends queue up in the server's sockets and
         # all run when it wakes: one with an otid, one without, from two clients at once.
         connections = _connections(admin)
-        sleeper = threading.Thread(target=lambda: redis.Redis(port=server.port).execute_command("DEBUG", "SLEEP", 3))
+        sleeper = threading.Thread(
+            target=lambda: redis.Redis(port=server.port).execute_command("DEBUG", "SLEEP", 3)
+        )
         sleeper.start()
         time.sleep(0.05)
         racers = [
-            threading.Thread(target=calls.append, args=(impatient_store().thread("paused"), "long sleep", "long-sleep")),
-            threading.Thread(target=calls.append, args=(impatient_store().thread("paused"), "long sleep, no otid", None)),
+            threading.Thread(
+                target=calls.append,
+                args=(impatient_store().thread("paused"), "long sleep", "long-sleep"),
+            ),
+            threading.Thread(
+                target=calls.append,
+                args=(impatient_store().thread("paused"), "long sleep, no otid", None),
+            ),
         ]
         for racer in racers:
             racer.start()
@@ -140,10 +148,14 @@ def test_paused_server_gives_success_or_outcome_unknown_never_a_duplicate(kind):
             copies = stored[content]
             if outcome.startswith("success") or otid is not None:
                 if copies != 1:
-                    failures.append(f"{content!r} ({outcome}, otid {otid}) is stored {copies} times")
+                    failures.append(
+                        f"{content!r} ({outcome}, otid {otid}) is stored {copies} times"
+                    )
             elif outcome == "OutcomeUnknown":
                 if copies > 1:
-                    failures.append(f"{content!r} (OutcomeUnknown, no otid) is stored {copies} times")
+                    failures.append(
+                        f"{content!r} (OutcomeUnknown, no otid) is stored {copies} times"
+                    )
             else:
                 failures.append(f"{content!r}: the caller saw {outcome}")
         check_layout(redis.Redis(port=server.port), patient.keys, config)
@@ -163,7 +175,10 @@ def test_a_read_of_an_unreachable_server_raises_a_typed_error(kind):
     """Reads never report OutcomeUnknown, but what they raise is still one of kvstore's errors."""
     with dedicated_server(kind, "--enable-debug-command", "yes") as server:
         config = StoreConfig(namespace=fresh_namespace(), window_size=8, chunk_size=4)
-        store = MessageStore(redis.Redis(port=server.port, socket_timeout=TIMEOUT, retry=Retry(NoBackoff(), 0)), config)
+        store = MessageStore(
+            redis.Redis(port=server.port, socket_timeout=TIMEOUT, retry=Retry(NoBackoff(), 0)),
+            config,
+        )
         thread = store.thread("reads")
         stored = thread.append([UserMessage(content=f"m{i}") for i in range(30)])
         reads = {
@@ -182,7 +197,10 @@ def test_a_read_of_an_unreachable_server_raises_a_typed_error(kind):
                     server.kill()
                 else:
                     sleeper = threading.Thread(
-                        target=lambda: redis.Redis(port=server.port).execute_command("DEBUG", "SLEEP", 0.3))
+                        target=lambda: redis.Redis(port=server.port).execute_command(
+                            "DEBUG", "SLEEP", 0.3
+                        )
+                    )
                     sleeper.start()
                     time.sleep(0.03)
                 try:
@@ -190,13 +208,17 @@ def test_a_read_of_an_unreachable_server_raises_a_typed_error(kind):
                     failures.append(f"{name} on a {situation} server succeeded")
                 except errors.KVStoreError as exc:
                     seen[type(exc).__name__] += 1
-                except Exception as exc:  # noqa: BLE001
-                    failures.append(f"{name} on a {situation} server raised {type(exc).__module__}.{type(exc).__name__}: {exc}")
+                except Exception as exc:
+                    failures.append(
+                        f"{name} on a {situation} server raised {type(exc).__module__}.{type(exc).__name__}: {exc}"
+                    )
                 if situation == "killed":
                     server.start()
                 else:
                     sleeper.join()
-        print(f"\nunreachable reads [{kind}]: {2 * len(reads)} reads, typed errors {dict(seen)}, {len(failures)} untyped")
+        print(
+            f"\nunreachable reads [{kind}]: {2 * len(reads)} reads, typed errors {dict(seen)}, {len(failures)} untyped"
+        )
         assert not failures, "\n".join(failures)
 
 
@@ -209,22 +231,30 @@ def test_re_sending_after_outcome_unknown_stores_once(kind, otid):
         config = StoreConfig(namespace=fresh_namespace())
         # No retry, so the first call gives up at its first timeout (the default retry would only
         # take longer to reach the same OutcomeUnknown).
-        impatient = MessageStore(redis.Redis(port=server.port, socket_timeout=0.1, retry=Retry(NoBackoff(), 0)), config)
+        impatient = MessageStore(
+            redis.Redis(port=server.port, socket_timeout=0.1, retry=Retry(NoBackoff(), 0)), config
+        )
         thread = impatient.thread("resend")
         thread.append(UserMessage(content="warm up"))  # loads the script
         message = UserMessage(content="sent twice", otid=otid)
-        sleeper = threading.Thread(target=lambda: redis.Redis(port=server.port).execute_command("DEBUG", "SLEEP", 0.5))
+        sleeper = threading.Thread(
+            target=lambda: redis.Redis(port=server.port).execute_command("DEBUG", "SLEEP", 0.5)
+        )
         sleeper.start()
         time.sleep(0.05)
         with pytest.raises(errors.OutcomeUnknown) as unknown:
             thread.append(message)
         sleeper.join()
         patient = MessageStore.from_url(server.url, config).thread("resend")
-        assert [_text(m) for m in patient.iter()] == ["warm up", "sent twice"], "the first call did not run"
+        assert [_text(m) for m in patient.iter()] == ["warm up", "sent twice"], (
+            "the first call did not run"
+        )
         again = patient.append(message if otid else unknown.value.messages)
         stored = list(patient.iter())
         copies = [_text(m) for m in stored].count("sent twice")
-        print(f"\nre-send after OutcomeUnknown [{kind}]: re-sent with {'its otid' if otid else 'exc.messages'},"
-              f" stored {copies} times")
+        print(
+            f"\nre-send after OutcomeUnknown [{kind}]: re-sent with {'its otid' if otid else 'exc.messages'},"
+            f" stored {copies} times"
+        )
         assert copies == 1
         assert again == [stored[1]]

@@ -13,9 +13,16 @@ import dataclasses
 
 import pytest
 
-from kvstore import MessageStore, StoreConfig, ToolCallMessage, ToolReturnMessage, UserMessage, errors
-from kvstore._engine.core import ThreadRef
+from kvstore import (
+    MessageStore,
+    StoreConfig,
+    ToolCallMessage,
+    ToolReturnMessage,
+    UserMessage,
+    errors,
+)
 from kvstore._engine import core as _core
+from kvstore._engine.core import ThreadRef
 from kvstore.messages import ImageContent, TextContent
 
 from ..layout_check import check_layout
@@ -36,7 +43,9 @@ from .support import (
 # expiry path runs (and a refused call must not move any deadline either); a retained limit
 # above the thread's size so retention runs on every rollover (after the summary) and deletes
 # nothing.
-SMALL = dict(window_size=4, chunk_size=2, chunk_max_bytes=2048, retained_message_limit=1000, thread_ttl=3600)
+SMALL = dict(
+    window_size=4, chunk_size=2, chunk_max_bytes=2048, retained_message_limit=1000, thread_ttl=3600
+)
 
 
 @dataclasses.dataclass
@@ -63,7 +72,11 @@ def target(request):
 
         fake = fakeredis.FakeServer()
         raw = fakeredis.FakeRedis(server=fake)
-        yield request.param, (lambda config: MessageStore(fakeredis.FakeRedis(server=fake), config)), raw
+        yield (
+            request.param,
+            (lambda config: MessageStore(fakeredis.FakeRedis(server=fake), config)),
+            raw,
+        )
         return
     import redis
 
@@ -81,18 +94,32 @@ def populate(make_store, raw, **overrides) -> Setup:
     thread.start_turn("t1")
     stored = []
     for i in range(6):
-        stored += thread.append(UserMessage(content=f"m{i} " + "x" * 300, otid=f"o{i}"), turn_id="t1")
-    stored += thread.append(UserMessage(content="B" * 3000, otid="big"), turn_id="t1")  # its own chunk
+        stored += thread.append(
+            UserMessage(content=f"m{i} " + "x" * 300, otid=f"o{i}"), turn_id="t1"
+        )
+    stored += thread.append(
+        UserMessage(content="B" * 3000, otid="big"), turn_id="t1"
+    )  # its own chunk
     thread.start_turn("t2")
-    stored += thread.append([UserMessage(content=f"r{i}", otid=f"r{i}") for i in range(3)], turn_id="t2")
-    stored.append(thread.compact("the first two", 2))  # a summary: retention now runs on every rollover
+    stored += thread.append(
+        [UserMessage(content=f"r{i}", otid=f"r{i}") for i in range(3)], turn_id="t2"
+    )
+    stored.append(
+        thread.compact("the first two", 2)
+    )  # a summary: retention now runs on every rollover
     layout = check_layout(raw, thread.keys, config)
     assert layout.chunks and layout.large and layout.window
     chunk_seq = min(min(fields) for fields in layout.chunks.values())
     by_seq = {m.seq_id: m for m in stored}
     return Setup(
-        store, raw, namespace, config, thread,
-        window_id=by_seq[max(layout.window)].id, chunk_id=by_seq[chunk_seq].id, otid="o1",
+        store,
+        raw,
+        namespace,
+        config,
+        thread,
+        window_id=by_seq[max(layout.window)].id,
+        chunk_id=by_seq[chunk_seq].id,
+        otid="o1",
     )
 
 
@@ -126,7 +153,7 @@ def refused_unchanged(s: Setup, call, expected: type[errors.KVStoreError]) -> st
         result = call()
     except expected:
         outcome = None
-    except Exception as exc:  # noqa: BLE001 - every other outcome is reported
+    except Exception as exc:
         outcome = f"raised {type(exc).__module__}.{type(exc).__name__}: {exc}"
     else:
         outcome = f"succeeded ({result!r:.80})"
@@ -180,11 +207,15 @@ def test_a_wrong_type_key_is_refused_unchanged_or_left_alone_by_a_whole_write(ta
                 outcomes["refused"] += 1
                 changed = keyspace_diff(before, keyspace(s.raw, s.namespace))
                 if changed:
-                    failures.append(f"{field} holds a {wrong}: {op} raised LayoutError and changed {changed}")
+                    failures.append(
+                        f"{field} holds a {wrong}: {op} raised LayoutError and changed {changed}"
+                    )
                 continue
-            except Exception as exc:  # noqa: BLE001
-                failures.append(f"{field} holds a {wrong}: {op} raised {type(exc).__module__}.{type(exc).__name__}:"
-                                f" {exc}; changed {keyspace_diff(before, keyspace(s.raw, s.namespace))}")
+            except Exception as exc:
+                failures.append(
+                    f"{field} holds a {wrong}: {op} raised {type(exc).__module__}.{type(exc).__name__}:"
+                    f" {exc}; changed {keyspace_diff(before, keyspace(s.raw, s.namespace))}"
+                )
                 put_back()
                 return _fail(name, field, outcomes, failures)
             outcomes["succeeded"] += 1
@@ -194,7 +225,9 @@ def test_a_wrong_type_key_is_refused_unchanged_or_left_alone_by_a_whole_write(ta
             try:
                 check_layout(raw, s.thread.keys, s.config)
             except AssertionError as exc:
-                failures.append(f"{field} holds a {wrong}: {op} succeeded but the thread is inconsistent: {exc!r:.300}")
+                failures.append(
+                    f"{field} holds a {wrong}: {op} succeeded but the thread is inconsistent: {exc!r:.300}"
+                )
             raw.delete(key)
             plant(raw, key)
         # delete checks the chunk indexes it walks; any other key of the thread it removes.
@@ -210,8 +243,10 @@ def test_a_wrong_type_key_is_refused_unchanged_or_left_alone_by_a_whole_write(ta
 
 
 def _fail(name, field, outcomes, failures):
-    print(f"\nvalidate-then-write [{name}] {field}: {outcomes['refused']} refused with the keyspace"
-          f" byte-identical, {outcomes['succeeded']} whole writes that did not need it; {len(failures)} not clean")
+    print(
+        f"\nvalidate-then-write [{name}] {field}: {outcomes['refused']} refused with the keyspace"
+        f" byte-identical, {outcomes['succeeded']} whole writes that did not need it; {len(failures)} not clean"
+    )
     assert not failures, "\n".join(failures)
 
 
@@ -253,18 +288,38 @@ def test_every_history_refusal_and_a_wrong_type_pairs_key_change_nothing(target)
     cases = [
         ("an answer to no call", lambda: thread.append(_answer("nothing")), errors.HistoryConflict),
         ("a second answer", lambda: thread.append(_answer("k1")), errors.HistoryConflict),
-        ("one bad answer in a batch", lambda: thread.append([_call("k4"), _answer("k4"), _answer("k9")]),
-         errors.HistoryConflict),
-        ("a replacement changing the call", lambda: thread.replace(s.window_id, _call("other")), errors.HistoryConflict),
-        ("a replacement dropping the answer", lambda: thread.replace(later.id, UserMessage(content="x")),
-         errors.HistoryConflict),
+        (
+            "one bad answer in a batch",
+            lambda: thread.append([_call("k4"), _answer("k4"), _answer("k9")]),
+            errors.HistoryConflict,
+        ),
+        (
+            "a replacement changing the call",
+            lambda: thread.replace(s.window_id, _call("other")),
+            errors.HistoryConflict,
+        ),
+        (
+            "a replacement dropping the answer",
+            lambda: thread.replace(later.id, UserMessage(content="x")),
+            errors.HistoryConflict,
+        ),
     ]
     thread.start_turn("t4")
     thread.append(_call("k5"), turn_id="t4")
     thread.finish_turn("t4")
     thread.append(_answer("k5"))
-    cases.append(("a turn removal orphaning a later answer", lambda: thread.remove_turn("t4"), errors.HistoryConflict))
-    failures = [f"{label}: {why}" for label, call, expected in cases if (why := refused_unchanged(s, call, expected))]
+    cases.append(
+        (
+            "a turn removal orphaning a later answer",
+            lambda: thread.remove_turn("t4"),
+            errors.HistoryConflict,
+        )
+    )
+    failures = [
+        f"{label}: {why}"
+        for label, call, expected in cases
+        if (why := refused_unchanged(s, call, expected))
+    ]
 
     outcomes = {"refused": 0, "succeeded": 0}
     for wrong, plant in _wrong_values("pairs"):
@@ -281,8 +336,10 @@ def test_every_history_refusal_and_a_wrong_type_pairs_key_change_nothing(target)
             except errors.LayoutError:
                 outcomes["refused"] += 1
                 if changed := keyspace_diff(before, keyspace(s.raw, s.namespace)):
-                    failures.append(f"pairs holds a {wrong}: {op} raised LayoutError and changed {changed}")
-            except Exception as exc:  # noqa: BLE001
+                    failures.append(
+                        f"pairs holds a {wrong}: {op} raised LayoutError and changed {changed}"
+                    )
+            except Exception as exc:
                 failures.append(f"pairs holds a {wrong}: {op} raised {type(exc).__name__}: {exc}")
             else:
                 outcomes["succeeded"] += 1
@@ -290,8 +347,10 @@ def test_every_history_refusal_and_a_wrong_type_pairs_key_change_nothing(target)
                     failures.append(f"pairs holds a {wrong}: {op} succeeded and wrote into it")
             raw.delete(key)
             raw.restore(key, 0, original)
-    print(f"\nvalidate-then-write [{name}] history: {len(cases)} refusals, {outcomes['refused']} wrong-type"
-          f" refusals, {outcomes['succeeded']} writes that did not need the key; {len(failures)} not clean")
+    print(
+        f"\nvalidate-then-write [{name}] history: {len(cases)} refusals, {outcomes['refused']} wrong-type"
+        f" refusals, {outcomes['succeeded']} writes that did not need the key; {len(failures)} not clean"
+    )
     assert not failures, "\n".join(failures)
     assert outcomes["refused"] >= 2 * 3
 
@@ -327,7 +386,9 @@ def test_a_wrong_type_at_a_chunk_key_the_call_would_write_refuses_it_and_changes
     sequence = s.thread.get(s.window_id).seq_id
     raw.set(s.thread.keys.chunk(sequence), "planted")
     why = refused_unchanged(
-        s, lambda: s.thread.replace(s.window_id, UserMessage(content="G" * 3000)), errors.LayoutError
+        s,
+        lambda: s.thread.replace(s.window_id, UserMessage(content="G" * 3000)),
+        errors.LayoutError,
     )
     if why:
         try:
@@ -347,17 +408,26 @@ def test_every_refusal_is_typed_and_changes_nothing(target):
     s = populate(make_store, raw)
     thread, ref = s.thread, s.ref
     last_seq = thread.stats().next_sequence - 1
-    big_ref = ThreadRef.of(dataclasses.replace(s.config, max_message_bytes=10 * 1024 * 1024), "victim")
+    big_ref = ThreadRef.of(
+        dataclasses.replace(s.config, max_message_bytes=10 * 1024 * 1024), "victim"
+    )
     huge = UserMessage(content="H" * 6000)
     small_limit = dataclasses.replace(s.config, max_message_bytes=4096)
     small_ref = ThreadRef.of(small_limit, "victim")
     # The script reads the budget from its limits: a 10-byte budget, for the limits only.
-    media_ref = ThreadRef.of(dataclasses.replace(s.config, max_inline_media_bytes=10, max_inline_part_bytes=10), "victim")
+    media_ref = ThreadRef.of(
+        dataclasses.replace(s.config, max_inline_media_bytes=10, max_inline_part_bytes=10), "victim"
+    )
     image = UserMessage(
-        content=[TextContent(text="look"), ImageContent(source={"type": "base64", "media_type": "image/png", "data": "QUFB" * 30})]
+        content=[
+            TextContent(text="look"),
+            ImageContent(source={"type": "base64", "media_type": "image/png", "data": "QUFB" * 30}),
+        ]
     )
     with_media = UserMessage(
-        content=[ImageContent(source={"type": "base64", "media_type": "image/png", "data": "QUFB" * 20})]
+        content=[
+            ImageContent(source={"type": "base64", "media_type": "image/png", "data": "QUFB" * 20})
+        ]
     )
 
     def direct(operation, ref_for_limits=None):
@@ -368,63 +438,153 @@ def test_every_refusal_is_typed_and_changes_nothing(target):
 
     cases = [
         # otids and ids
-        ("otid mix (stored + new)", lambda: thread.append(
-            [UserMessage(content="a", otid="o1"), UserMessage(content="b", otid="fresh")]), errors.OtidConflict),
-        ("otid repeated in a batch", lambda: thread.append(
-            [UserMessage(content="a", otid="dup"), UserMessage(content="b", otid="dup")]), errors.OtidRepeated),
-        ("message id mix (stored + new)", lambda: thread.append(
-            [UserMessage(id=s.window_id, content="a"), UserMessage(id="message-fresh", content="b")]),
-         errors.DuplicateMessageId),
-        ("message id repeated in a batch", lambda: thread.append(
-            [UserMessage(id="message-x", content="a"), UserMessage(id="message-x", content="b")]),
-         errors.MessageIdRepeated),
+        (
+            "otid mix (stored + new)",
+            lambda: thread.append(
+                [UserMessage(content="a", otid="o1"), UserMessage(content="b", otid="fresh")]
+            ),
+            errors.OtidConflict,
+        ),
+        (
+            "otid repeated in a batch",
+            lambda: thread.append(
+                [UserMessage(content="a", otid="dup"), UserMessage(content="b", otid="dup")]
+            ),
+            errors.OtidRepeated,
+        ),
+        (
+            "message id mix (stored + new)",
+            lambda: thread.append(
+                [
+                    UserMessage(id=s.window_id, content="a"),
+                    UserMessage(id="message-fresh", content="b"),
+                ]
+            ),
+            errors.DuplicateMessageId,
+        ),
+        (
+            "message id repeated in a batch",
+            lambda: thread.append(
+                [UserMessage(id="message-x", content="a"), UserMessage(id="message-x", content="b")]
+            ),
+            errors.MessageIdRepeated,
+        ),
         # sizes, past the client's own check
-        ("oversized append, script called directly",
-         direct(_core.append(big_ref, huge, None), small_ref), errors.MessageTooLarge),
-        ("oversized compact summary, script called directly",
-         direct(_core.compact(big_ref, "S" * 6000, 2), small_ref), errors.MessageTooLarge),
-        ("oversized replace, script called directly",
-         lambda: run_one(s.store, with_limits(script_call(
-             "replace", ref, *ref.limits(), s.window_id, 0, 1500, b"\x92\x02" + b"R" * 6000, ""), small_ref)),
-         errors.MessageTooLarge),
-        ("replace growing a shared chunk past chunk_max_bytes",
-         lambda: thread.replace(s.chunk_id, UserMessage(content="G" * 1900)), errors.MessageTooLarge),
-        ("inline media over the thread's budget, first call",
-         direct(_core.append(ref, with_media, None), media_ref), errors.InlineMediaBudget),
-        ("inline part over max_inline_part_bytes (client)",
-         lambda: MessageStore(s.store.client, dataclasses.replace(s.config, max_inline_part_bytes=10,
-                                                                    max_inline_media_bytes=10))
-         .thread("victim").append(image), errors.InlineMediaTooLarge),
+        (
+            "oversized append, script called directly",
+            direct(_core.append(big_ref, huge, None), small_ref),
+            errors.MessageTooLarge,
+        ),
+        (
+            "oversized compact summary, script called directly",
+            direct(_core.compact(big_ref, "S" * 6000, 2), small_ref),
+            errors.MessageTooLarge,
+        ),
+        (
+            "oversized replace, script called directly",
+            lambda: run_one(
+                s.store,
+                with_limits(
+                    script_call(
+                        "replace",
+                        ref,
+                        *ref.limits(),
+                        s.window_id,
+                        0,
+                        1500,
+                        b"\x92\x02" + b"R" * 6000,
+                        "",
+                    ),
+                    small_ref,
+                ),
+            ),
+            errors.MessageTooLarge,
+        ),
+        (
+            "replace growing a shared chunk past chunk_max_bytes",
+            lambda: thread.replace(s.chunk_id, UserMessage(content="G" * 1900)),
+            errors.MessageTooLarge,
+        ),
+        (
+            "inline media over the thread's budget, first call",
+            direct(_core.append(ref, with_media, None), media_ref),
+            errors.InlineMediaBudget,
+        ),
+        (
+            "inline part over max_inline_part_bytes (client)",
+            lambda: (
+                MessageStore(
+                    s.store.client,
+                    dataclasses.replace(
+                        s.config, max_inline_part_bytes=10, max_inline_media_bytes=10
+                    ),
+                )
+                .thread("victim")
+                .append(image)
+            ),
+            errors.InlineMediaTooLarge,
+        ),
         # summaries, turns, ids, cursors
-        ("compact past the last sequence", lambda: thread.compact("s", last_seq + 5), errors.InvalidSummaryRange),
-        ("compact with last_sequence 0", lambda: thread.compact("s", 0), errors.InvalidSummaryRange),
+        (
+            "compact past the last sequence",
+            lambda: thread.compact("s", last_seq + 5),
+            errors.InvalidSummaryRange,
+        ),
+        (
+            "compact with last_sequence 0",
+            lambda: thread.compact("s", 0),
+            errors.InvalidSummaryRange,
+        ),
         ("finish a turn never started", lambda: thread.finish_turn("never"), errors.TurnNotFound),
-        ("replace an unknown id", lambda: thread.replace("message-unknown", UserMessage(content="r")),
-         errors.MessageNotFound),
-        ("page after an unknown id", lambda: thread.list(after="message-unknown"), errors.MessageNotFound),
-        ("page before an unknown id", lambda: thread.list(before="message-unknown", order="desc"),
-         errors.MessageNotFound),
+        (
+            "replace an unknown id",
+            lambda: thread.replace("message-unknown", UserMessage(content="r")),
+            errors.MessageNotFound,
+        ),
+        (
+            "page after an unknown id",
+            lambda: thread.list(after="message-unknown"),
+            errors.MessageNotFound,
+        ),
+        (
+            "page before an unknown id",
+            lambda: thread.list(before="message-unknown", order="desc"),
+            errors.MessageNotFound,
+        ),
         ("page after a negative sequence", lambda: thread.list(after=-1), errors.InvalidCursor),
         ("page with limit 0", lambda: thread.list(limit=0), errors.InvalidCursor),
         ("get an unknown id", lambda: thread.get("message-unknown"), errors.MessageNotFound),
-        ("batch over max_batch_messages", lambda: thread.append([UserMessage(content="m")] * 501),
-         errors.BatchTooLarge),
+        (
+            "batch over max_batch_messages",
+            lambda: thread.append([UserMessage(content="m")] * 501),
+            errors.BatchTooLarge,
+        ),
     ]
-    failures = [f"{label}: {why}" for label, call, expected in cases
-                if (why := refused_unchanged(s, call, expected))]
+    failures = [
+        f"{label}: {why}"
+        for label, call, expected in cases
+        if (why := refused_unchanged(s, call, expected))
+    ]
 
     # The summary may not move back: compact once, then try an earlier last_sequence.
     thread.compact("up to 4", 4)
-    failures += [f"compact moving back: {why}"
-                 for why in [refused_unchanged(s, lambda: thread.compact("s", 2), errors.InvalidSummaryRange)] if why]
+    failures += [
+        f"compact moving back: {why}"
+        for why in [
+            refused_unchanged(s, lambda: thread.compact("s", 2), errors.InvalidSummaryRange)
+        ]
+        if why
+    ]
     # A thread in a layout this version does not write.
     raw.hset(thread.keys.meta, "layout", "9")
     for op, call in writing_operations(s).items():
         why = refused_unchanged(s, call, errors.LayoutError)
         if why:
             failures.append(f"layout 9: {op} {why}")
-    print(f"\nvalidate-then-write [{name}]: {len(cases) + 1 + len(writing_operations(s))} refusal paths,"
-          f" {len(failures)} not clean")
+    print(
+        f"\nvalidate-then-write [{name}]: {len(cases) + 1 + len(writing_operations(s))} refusal paths,"
+        f" {len(failures)} not clean"
+    )
     assert not failures, "\n".join(failures)
 
 
@@ -448,7 +608,7 @@ def test_out_of_memory_refuses_every_write_typed_and_changes_nothing(kind):
                 failures.append(f"{op} succeeded while the server is out of memory")
             except errors.KVStoreError as exc:
                 texts.add(f"{type(exc).__name__}: {exc}")
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 failures.append(f"{op} raised {type(exc).__module__}.{type(exc).__name__}: {exc}")
             changed = keyspace_diff(before, keyspace(raw, s.namespace))
             if changed:
@@ -460,7 +620,9 @@ def test_out_of_memory_refuses_every_write_typed_and_changes_nothing(kind):
         # delete() frees memory, so it runs at the limit (its script declares allow-oom).
         s.thread.delete()
         assert keyspace(raw, s.namespace) == {}
-        print(f"\nOOM [{kind}]: {len(writing_operations(s))} writes refused, delete allowed; errors seen: {sorted(texts)}")
+        print(
+            f"\nOOM [{kind}]: {len(writing_operations(s))} writes refused, delete allowed; errors seen: {sorted(texts)}"
+        )
         assert not failures, "\n".join(failures)
 
 
@@ -472,7 +634,9 @@ def test_appends_up_to_the_memory_limit_are_whole_and_refusals_change_nothing(ki
     with dedicated_server(kind) as server:
         raw = redis.Redis(port=server.port)
         namespace = fresh_namespace()
-        config = StoreConfig(namespace=namespace, window_size=8, chunk_size=4, chunk_max_bytes=64 * 1024)
+        config = StoreConfig(
+            namespace=namespace, window_size=8, chunk_size=4, chunk_max_bytes=64 * 1024
+        )
         thread = MessageStore.from_url(server.url, config).thread("fill")
         used = int(raw.info("memory")["used_memory"])
         raw.config_set("maxmemory-policy", "noeviction")
@@ -481,7 +645,9 @@ def test_appends_up_to_the_memory_limit_are_whole_and_refusals_change_nothing(ki
         while refused < 5:
             before = keyspace(raw, namespace)
             try:
-                acknowledged += thread.append(UserMessage(content=f"{i} " + "z" * 8000, otid=f"f{i}"))
+                acknowledged += thread.append(
+                    UserMessage(content=f"{i} " + "z" * 8000, otid=f"f{i}")
+                )
             except errors.KVStoreError as exc:
                 refused += 1
                 assert "memory" in str(exc), exc
@@ -490,5 +656,7 @@ def test_appends_up_to_the_memory_limit_are_whole_and_refusals_change_nothing(ki
             assert i < 5000, "never reached maxmemory"
         check_layout(raw, thread.keys, config)
         assert list(thread.iter()) == acknowledged
-        print(f"\nOOM edge [{kind}]: {len(acknowledged)} appends of 8 KB acknowledged and stored under a"
-              f" 2 MiB headroom, {refused} refused with the keyspace byte-identical")
+        print(
+            f"\nOOM edge [{kind}]: {len(acknowledged)} appends of 8 KB acknowledged and stored under a"
+            f" 2 MiB headroom, {refused} refused with the keyspace byte-identical"
+        )

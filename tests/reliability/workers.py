@@ -50,7 +50,9 @@ def read_ledger(path: Path) -> list[dict]:
 # ------------------------------------------------------------------------ server crash loop
 
 
-def crash_loop_worker(url: str, namespace: str, worker: int, ledger_dir: str, stop_at: float, seed: int) -> None:
+def crash_loop_worker(
+    url: str, namespace: str, worker: int, ledger_dir: str, stop_at: float, seed: int
+) -> None:
     """Appends batches of 1-3 messages with otids to 20 threads until `stop_at`.
 
     Before a batch is sent its otids go to the intent ledger; after the call returns, the stored
@@ -62,7 +64,14 @@ def crash_loop_worker(url: str, namespace: str, worker: int, ledger_dir: str, st
     intents = Ledger(Path(ledger_dir) / f"w{worker}.intent")
     acks = Ledger(Path(ledger_dir) / f"w{worker}.ack")
     stats = Ledger(Path(ledger_dir) / f"w{worker}.stats")
-    counts = {"batches": 0, "retries": 0, "OutcomeUnknown": 0, "ConnectionFailed": 0, "ServerError": 0, "redis": 0}
+    counts = {
+        "batches": 0,
+        "retries": 0,
+        "OutcomeUnknown": 0,
+        "ConnectionFailed": 0,
+        "ServerError": 0,
+        "redis": 0,
+    }
     give_up = stop_at + 60
     n = 0
     while time.time() < stop_at:

@@ -35,6 +35,7 @@ from kvstore._engine.core import Batch, Eval, Operation, gathering
 
 __all__ = ["Repeat", "Step", "batch", "call", "collect", "describe", "drive", "repeat"]
 
+
 @dataclass(eq=False)
 class Step:
     kind: str  # "eval" or "batch"
@@ -72,7 +73,9 @@ class Repeat:
     times: int | None
 
 
-def call(name: str, args: Any = None, *, reply: Any = None, error: BaseException | None = None) -> Step:
+def call(
+    name: str, args: Any = None, *, reply: Any = None, error: BaseException | None = None
+) -> Step:
     return Step("eval", name=name, args=args, reply=reply, error=error)
 
 
@@ -88,7 +91,12 @@ def _short(value: Any, width: int = 60) -> str:
     if isinstance(value, bytes) and len(value) > width:
         return repr(value[:width]) + f"...({len(value)} bytes)"
     if isinstance(value, tuple):
-        return "(" + ", ".join(_short(v, width) for v in value) + ("," if len(value) == 1 else "") + ")"
+        return (
+            "("
+            + ", ".join(_short(v, width) for v in value)
+            + ("," if len(value) == 1 else "")
+            + ")"
+        )
     text = repr(value)
     return text if len(text) <= 2 * width else text[: 2 * width] + "..."
 
@@ -159,7 +167,9 @@ def _check(step: Step, request: Any, number: int, keys: Sequence[str] | None) ->
                 if position >= len(args):
                     mismatch(f"args[{position}] is missing (the call has {len(args)} arguments)")
                 if args[position] != expected:
-                    mismatch(f"args[{position}] is {_short(args[position])}, not {_short(expected)}")
+                    mismatch(
+                        f"args[{position}] is {_short(args[position])}, not {_short(expected)}"
+                    )
         elif callable(step.args):
             if step.args(args) is False:
                 mismatch("the arguments do not pass the step's check")
@@ -201,10 +211,12 @@ def drive(operation: Operation, *steps: Step | Repeat, keys: Sequence[str] | Non
                 request = operation.send(step.answer(request))
     except StopIteration as done:
         result = done.value
-    except Exception as exc:  # noqa: BLE001  # whatever the operation raised is raised again below
+    except Exception as exc:  # whatever the operation raised is raised again below
         failure = exc
     # Outside the except clauses: a failure here is reported alone, not chained to StopIteration.
-    _nothing_left(script, "returned" if failure is None else f"raised {type(failure).__name__}: {failure}")
+    _nothing_left(
+        script, "returned" if failure is None else f"raised {type(failure).__name__}: {failure}"
+    )
     if failure is not None:
         raise failure
     return result
@@ -220,7 +232,9 @@ def _nothing_left(script: _Steps, ended: str) -> None:
         )
 
 
-def collect(operation: Any, *steps: Step | Repeat, keys: Sequence[str] | None = None) -> tuple[Any, list[Any]]:
+def collect(
+    operation: Any, *steps: Step | Repeat, keys: Sequence[str] | None = None
+) -> tuple[Any, list[Any]]:
     """Drives an operation that also yields outputs (core.pages) through core.gathering;
     returns its result and the outputs, in order."""
     outputs: list[Any] = []

@@ -34,7 +34,9 @@ def v1_record(seq: int) -> bytes:
     return f'{{"message_type": "user_message", "id": "m{seq}", "content": "legacy {seq}", "date": "{DATE}"}}'.encode()
 
 
-def side_line(seq: int, record: bytes, message_id: str, otid: str = "", media: int = 0, turn: str = "") -> bytes:
+def side_line(
+    seq: int, record: bytes, message_id: str, otid: str = "", media: int = 0, turn: str = ""
+) -> bytes:
     """One manifest line: sequence, id, otid, media, bytes, turn (lua/includes/format.lua)."""
     return f"{seq}\t{message_id}\t{otid}\t{media}\t{len(record)}\t{turn}\n".encode()
 
@@ -94,7 +96,9 @@ class FakeThread:
     def last_seq(self) -> int:
         return int(self.meta.get("last_seq", 0))
 
-    def append(self, count: int = 1, make: Callable[[int], Any] = message, large: bool = False) -> list[int]:
+    def append(
+        self, count: int = 1, make: Callable[[int], Any] = message, large: bool = False
+    ) -> list[int]:
         """Stores `count` messages after last_seq, in the window (or each in its own chunk)."""
         added = []
         for _ in range(count):
@@ -155,7 +159,7 @@ class FakeThread:
         if key == self.keys.legacy:
             return {str(s).encode(): r for s, r in self.legacy.items()} or None
         if key.startswith(self.keys.chunk_prefix):
-            first = int(key[len(self.keys.chunk_prefix):])
+            first = int(key[len(self.keys.chunk_prefix) :])
             if first in self.chunks:
                 return chunk_hash(self.chunks[first], self.id_of)
             if first in self.large:
@@ -182,7 +186,9 @@ class FakeThread:
             return len(self._zset(key))
         if name == "ZCOUNT":
             low, high = _bound(args[0]), _bound(args[1])
-            return sum(1 for _, score in self._zset(key) if _above(score, low) and _below(score, high))
+            return sum(
+                1 for _, score in self._zset(key) if _above(score, low) and _below(score, high)
+            )
         if name == "ZRANGE":
             return self._zrange(key, *args)
         raise AssertionError(f"the fake does not know {name}")
@@ -265,8 +271,10 @@ class FakeThread:
         def check(commands: list[tuple]) -> bool:
             return (
                 len(commands) == 3
-                and commands[0][:2] == ("ZRANGE", keys.window) and commands[0][-1] == "REV"
-                and commands[1][:2] == ("ZRANGE", keys.window) and commands[1][-1] == "WITHSCORES"
+                and commands[0][:2] == ("ZRANGE", keys.window)
+                and commands[0][-1] == "REV"
+                and commands[1][:2] == ("ZRANGE", keys.window)
+                and commands[1][-1] == "WITHSCORES"
                 and commands[2] == ("HMGET", keys.meta, "deleted_before", "deleting", "last_seq")
             )
 
@@ -278,7 +286,12 @@ class FakeThread:
 
         def check(commands: list[tuple]) -> bool:
             first, last = commands[0], commands[-1]
-            return first[:3] == ("HMGET", keys.meta, "gen") and last == ("HMGET", keys.meta, "gen", "last_seq")
+            return first[:3] == ("HMGET", keys.meta, "gen") and last == (
+                "HMGET",
+                keys.meta,
+                "gen",
+                "last_seq",
+            )
 
         return batch(check, reply=reply or self.reply)
 

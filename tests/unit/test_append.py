@@ -101,7 +101,11 @@ def test_media_over_budget_resends_with_the_messages_own_inline_parts_replaced(t
 def test_fit_media_strips_only_the_messages_over_what_the_ones_before_left(config):
     batch = prepare_batch(
         config,
-        [UserMessage(content=[image(1000)]), UserMessage(content=[image(1500)]), UserMessage(content=[image(400)])],
+        [
+            UserMessage(content=[image(1000)]),
+            UserMessage(content=[image(1500)]),
+            UserMessage(content=[image(400)]),
+        ],
         None,
     )
     fitted = fit_media(batch, 1500, None)
@@ -127,23 +131,36 @@ def test_fit_media_strips_only_as_many_parts_as_needed(config):
 def replayed(thread, fake, resent, reply):
     """An append whose call the server answers as a replay with `reply`, then the read-back."""
     targets = [str(sequence) for sequence in reply[1::2]]
-    return drive(core.append(thread, resent, None), call("append", reply=reply), fake.located(*targets), fake.fetch())
+    return drive(
+        core.append(thread, resent, None),
+        call("append", reply=reply),
+        fake.located(*targets),
+        fake.fetch(),
+    )
 
 
 def test_a_replay_reads_back_what_the_first_call_stored(thread, fake):
     fake.append(6)  # the first call stored m5 and m6 (content "message 5", "message 6")
-    resent = [UserMessage(id="m5", content="sent again 5"), UserMessage(id="m6", content="sent again 6")]
+    resent = [
+        UserMessage(id="m5", content="sent again 5"),
+        UserMessage(id="m6", content="sent again 6"),
+    ]
     result = replayed(thread, fake, resent, [0, 5, b"m5", 6, b"m6"])
     assert result.replayed
     assert seqs(result) == [5, 6]
     assert [m.content for m in result] == ["message 5", "message 6"]
 
 
-def test_a_replayed_message_retention_deleted_comes_back_by_its_stored_id_and_sequence(thread, fake):
+def test_a_replayed_message_retention_deleted_comes_back_by_its_stored_id_and_sequence(
+    thread, fake
+):
     fake.append(8)
     fake.remove(3, 4)  # stored by the first call, deleted by retention before this read
     # Sent again by otid, with ids of a new call: the stored ones differ.
-    resent = [UserMessage(content="again a", otid="o-a"), UserMessage(content="again b", otid="o-b")]
+    resent = [
+        UserMessage(content="again a", otid="o-a"),
+        UserMessage(content="again b", otid="o-b"),
+    ]
     result = replayed(thread, fake, resent, [0, 3, b"m3", 4, b""])
     assert result.replayed and seqs(result) == [3, 4]
     # Named by the stored id where the reply gives one, else by the id sent; content as sent.
@@ -157,7 +174,11 @@ def test_outcome_unknown_carries_the_messages_as_sent(thread):
     with pytest.raises(errors.OutcomeUnknown) as raised:
         drive(core.append(thread, messages, None), step)
     carried = raised.value.messages
-    assert [m.id for m in carried] == [m.id for m in messages] == [g[0] for g in sent(step.request.args)]
+    assert (
+        [m.id for m in carried]
+        == [m.id for m in messages]
+        == [g[0] for g in sent(step.request.args)]
+    )
     assert [m.otid for m in carried] == [None, "o-2"]
     assert [m.content for m in carried] == ["one", "two"]
 
@@ -166,7 +187,11 @@ def test_a_failed_read_back_of_a_replay_is_outcome_unknown_with_the_messages(thr
     messages = [UserMessage(id="m5", content="five")]
     lost = errors.ServerError("the read could not reach the server")
     with pytest.raises(errors.OutcomeUnknown, match="re-send|Re-send") as raised:
-        drive(core.append(thread, messages, None), call("append", reply=[0, 5, b"m5"]), call("locate", error=lost))
+        drive(
+            core.append(thread, messages, None),
+            call("append", reply=[0, 5, b"m5"]),
+            call("locate", error=lost),
+        )
     assert [m.id for m in raised.value.messages] == ["m5"]
     assert raised.value.__cause__ is lost
 
@@ -185,18 +210,28 @@ def test_start_turn_returns_where_the_replies_start(thread):
 
 
 def test_finish_turn_returns_the_recorded_result(thread):
-    step = call("finish_turn", (*thread.limits(), "turn-1", "cancelled"), reply=[3, 12, 15, 12, b"completed"])
+    step = call(
+        "finish_turn",
+        (*thread.limits(), "turn-1", "cancelled"),
+        reply=[3, 12, 15, 12, b"completed"],
+    )
     result = drive(core.finish_turn(thread, "turn-1", "cancelled"), step)
     # A finished turn answers with the outcome its first finish recorded.
     assert (result.turn_id, result.outcome, result.reply_count) == ("turn-1", "completed", 3)
     assert (result.first_sequence, result.last_sequence) == (12, 15)
-    empty = drive(core.finish_turn(thread, "turn-2", "failed"), call("finish_turn", reply=[0, 0, 0, 9, b"failed"]))
+    empty = drive(
+        core.finish_turn(thread, "turn-2", "failed"),
+        call("finish_turn", reply=[0, 0, 0, 9, b"failed"]),
+    )
     assert empty.reply_count == 0 and empty.first_sequence is None and empty.last_sequence is None
 
 
 def test_finish_turn_of_an_unknown_turn_raises_turn_not_found(thread):
     with pytest.raises(errors.TurnNotFound):
-        drive(core.finish_turn(thread, "t", "completed"), call("finish_turn", error=errors.TurnNotFound("t")))
+        drive(
+            core.finish_turn(thread, "t", "completed"),
+            call("finish_turn", error=errors.TurnNotFound("t")),
+        )
 
 
 def test_a_replay_that_names_fewer_messages_than_were_sent_is_a_server_error(thread):

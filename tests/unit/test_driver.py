@@ -23,13 +23,22 @@ def two_requests():
 
 
 def test_replies_go_back_in_order_and_the_result_comes_out():
-    first, second = call("locate", ("seq", "1"), reply=[1, 0]), batch([("HGET", "meta", "gen")], reply=[b"1"])
+    first, second = (
+        call("locate", ("seq", "1"), reply=[1, 0]),
+        batch([("HGET", "meta", "gen")], reply=[b"1"]),
+    )
     assert drive(two_requests(), first, second) == ([1, 0], [b"1"])
-    assert first.request.args == ("seq", "1") and second.request.commands == [("HGET", "meta", "gen")]
+    assert first.request.args == ("seq", "1") and second.request.commands == [
+        ("HGET", "meta", "gen")
+    ]
 
 
 def test_a_reply_can_be_computed_from_the_request():
-    result = drive(two_requests(), call("locate", reply=lambda r: list(r.args)), batch(reply=lambda r: len(r.commands)))
+    result = drive(
+        two_requests(),
+        call("locate", reply=lambda r: list(r.args)),
+        batch(reply=lambda r: len(r.commands)),
+    )
     assert result == (["seq", "1"], 1)
 
 
@@ -39,7 +48,9 @@ def test_an_unscripted_request_fails_naming_it():
 
 
 def test_a_request_other_than_the_next_step_fails_naming_both():
-    with pytest.raises(Failed, match=r"call of append\.lua(.|\n)*expected: Eval append(.|\n)*sent: +Eval locate"):
+    with pytest.raises(
+        Failed, match=r"call of append\.lua(.|\n)*expected: Eval append(.|\n)*sent: +Eval locate"
+    ):
         drive(two_requests(), call("append"))
     with pytest.raises(Failed, match=r"args\[1\] is '1', not '2'"):
         drive(two_requests(), call("locate", {1: "2"}))
@@ -55,7 +66,9 @@ def test_keys_other_than_the_threads_fail():
 
 
 def test_steps_left_over_fail_whether_the_operation_returns_or_raises():
-    with pytest.raises(Failed, match=r"returned after 2 requests; 1 scripted steps never came(.|\n)*a Batch"):
+    with pytest.raises(
+        Failed, match=r"returned after 2 requests; 1 scripted steps never came(.|\n)*a Batch"
+    ):
         drive(two_requests(), call("locate"), batch(), batch())
     with pytest.raises(Failed, match=r"raised MessageNotFound: gone after 1 requests"):
         drive(two_requests(), call("locate", error=errors.MessageNotFound("gone")), batch())

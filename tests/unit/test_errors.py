@@ -29,10 +29,14 @@ def test_each_code_maps_to_its_class_with_its_detail(code):
 
 
 def test_the_classes_carrying_a_number_read_it_from_the_detail():
-    expired = error_from_reply(SCRIPTS["page_plan"], "KVS_CURSOR_EXPIRED 17 no stored message has id 'm3'")
+    expired = error_from_reply(
+        SCRIPTS["page_plan"], "KVS_CURSOR_EXPIRED 17 no stored message has id 'm3'"
+    )
     assert isinstance(expired, errors.MessageNotFound) and expired.deleted_before_sequence == 17
     assert "m3" in str(expired)
-    over = error_from_reply(SCRIPTS["replace"], "KVS_MEDIA_OVER 0 bytes of inline media are left in the thread")
+    over = error_from_reply(
+        SCRIPTS["replace"], "KVS_MEDIA_OVER 0 bytes of inline media are left in the thread"
+    )
     assert over.available == 0
 
 
@@ -49,7 +53,11 @@ def test_a_code_without_detail_names_the_code():
 
 @pytest.mark.parametrize(
     "message",
-    ["KVS_NO_SUCH_CODE something", "ERR Error running script: attempt to index a nil value", "WRONGTYPE Operation"],
+    [
+        "KVS_NO_SUCH_CODE something",
+        "ERR Error running script: attempt to index a nil value",
+        "WRONGTYPE Operation",
+    ],
 )
 def test_an_unknown_error_is_a_server_error_naming_the_script(message):
     error = error_from_reply(SCRIPTS["remove_turn"], message)
@@ -65,14 +73,24 @@ def test_a_carried_number_missing_from_the_detail_is_a_server_error(code):
 
 
 def test_an_acl_refusal_is_permission_denied():
-    error = error_from_reply(SCRIPTS["append"], "NOPERM this user has no permissions to run the 'fcall' command")
+    error = error_from_reply(
+        SCRIPTS["append"], "NOPERM this user has no permissions to run the 'fcall' command"
+    )
     assert type(error) is errors.PermissionDenied and "append" in str(error)
 
 
 @pytest.mark.parametrize(
     "code",
-    ["KVS_WRONGTYPE", "KVS_LAYOUT", "KVS_TOO_LARGE", "KVS_OTID_CONFLICT", "KVS_OTID_REPEATED", "KVS_DUPLICATE_ID",
-     "KVS_ID_REPEATED", "KVS_TURN_FINISHED"],
+    [
+        "KVS_WRONGTYPE",
+        "KVS_LAYOUT",
+        "KVS_TOO_LARGE",
+        "KVS_OTID_CONFLICT",
+        "KVS_OTID_REPEATED",
+        "KVS_DUPLICATE_ID",
+        "KVS_ID_REPEATED",
+        "KVS_TURN_FINISHED",
+    ],
 )
 def test_an_append_hands_on_the_errors_it_does_not_handle(thread, code):
     error = error_from_reply(SCRIPTS["append"], f"{code} detail")

@@ -50,10 +50,17 @@ def run(store_class, client):
     return asyncio.run(result) if store_class is AsyncMessageStore else result
 
 
-@pytest.mark.parametrize(("store_class", "client_class"), [(MessageStore, RefusingClient), (AsyncMessageStore, AsyncRefusingClient)])
+@pytest.mark.parametrize(
+    ("store_class", "client_class"),
+    [(MessageStore, RefusingClient), (AsyncMessageStore, AsyncRefusingClient)],
+)
 def test_a_refused_call_is_sent_again_until_it_goes_through(store_class, client_class, monkeypatch):
     slept = []
-    sleep = (lambda s: slept.append(s) or asyncio.sleep(0)) if store_class is AsyncMessageStore else slept.append
+    sleep = (
+        (lambda s: slept.append(s) or asyncio.sleep(0))
+        if store_class is AsyncMessageStore
+        else slept.append
+    )
     monkeypatch.setattr(store_class, "_sleep", staticmethod(sleep))
     client = client_class(refusals=3)
     assert run(store_class, client) == b"ok"
@@ -61,7 +68,10 @@ def test_a_refused_call_is_sent_again_until_it_goes_through(store_class, client_
     assert slept == [0.02, 0.04, 0.08]
 
 
-@pytest.mark.parametrize(("store_class", "client_class"), [(MessageStore, RefusingClient), (AsyncMessageStore, AsyncRefusingClient)])
+@pytest.mark.parametrize(
+    ("store_class", "client_class"),
+    [(MessageStore, RefusingClient), (AsyncMessageStore, AsyncRefusingClient)],
+)
 def test_a_call_refused_past_the_bound_raises_server_error(store_class, client_class, monkeypatch):
     monkeypatch.setattr(executor, "CLUSTER_REFUSAL_SECONDS", 0.05)
     with pytest.raises(errors.ServerError, match="the cluster refused the call"):

@@ -84,8 +84,13 @@ def test_a_message_over_max_message_bytes():
 
 
 def test_an_inline_part_over_its_limit(config):
-    thread = ThreadRef.of(StoreConfig(namespace="unit", max_inline_part_bytes=100, max_inline_media_bytes=1000), "t")
-    part = {"type": "image", "source": {"type": "base64", "data": "AAAA" * 50, "media_type": "image/png"}}
+    thread = ThreadRef.of(
+        StoreConfig(namespace="unit", max_inline_part_bytes=100, max_inline_media_bytes=1000), "t"
+    )
+    part = {
+        "type": "image",
+        "source": {"type": "base64", "data": "AAAA" * 50, "media_type": "image/png"},
+    }
     with pytest.raises(errors.InlineMediaTooLarge):
         drive(core.append(thread, UserMessage(content=[part]), None))
 
@@ -135,27 +140,51 @@ def test_unknown_fields_takes_keep_or_refuse():
 
 def test_unknown_fields_are_refused_before_any_request_in_a_refusing_store():
     thread = ThreadRef.of(StoreConfig(namespace="unit", unknown_fields="refuse"), "t-1")
-    given = [UserMessage(content="a"),
-             {"message_type": "user_message", "content": [{"text": "b", "colour": "red"}]}]
-    with pytest.raises(errors.UnknownField, match=r"message 1 \(user_message\) holds fields kvstore"
-                                                  r" does not know: content\[0\]\.colour") as caught:
+    given = [
+        UserMessage(content="a"),
+        {"message_type": "user_message", "content": [{"text": "b", "colour": "red"}]},
+    ]
+    with pytest.raises(
+        errors.UnknownField,
+        match=r"message 1 \(user_message\) holds fields kvstore"
+        r" does not know: content\[0\]\.colour",
+    ) as caught:
         drive(core.append(thread, given, None))
     assert caught.value.fields == ["content[0].colour"]
     assert given[0].id is None  # refused before the ids are the call's token
 
 
 def test_a_keeping_store_stores_unknown_fields_and_counts_their_bytes(config):
-    plain, extra = prepare_batch(config, [
-        {"message_type": "user_message", "content": "x", "id": "m-1", "date": "2024-01-01T00:00:00Z"},
-        {"message_type": "user_message", "content": "x", "id": "m-1", "date": "2024-01-01T00:00:00Z",
-         "colour": "r" * 100},
-    ], None)
+    plain, extra = prepare_batch(
+        config,
+        [
+            {
+                "message_type": "user_message",
+                "content": "x",
+                "id": "m-1",
+                "date": "2024-01-01T00:00:00Z",
+            },
+            {
+                "message_type": "user_message",
+                "content": "x",
+                "id": "m-1",
+                "date": "2024-01-01T00:00:00Z",
+                "colour": "r" * 100,
+            },
+        ],
+        None,
+    )
     assert extra.message.to_dict()["colour"] == "r" * 100
     assert len(extra.record) - len(plain.record) > 100
 
 
-@pytest.mark.parametrize("text", ['{"message_type": "user_message", "content": "hi"}',
-                                  b'{"message_type": "user_message", "content": "hi"}'])
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"message_type": "user_message", "content": "hi"}',
+        b'{"message_type": "user_message", "content": "hi"}',
+    ],
+)
 def test_one_message_given_as_json_text_is_one_message(config, text):
     (prepared,) = prepare_batch(config, text, None)
     assert prepared.message.content == "hi"

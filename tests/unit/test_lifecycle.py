@@ -11,8 +11,8 @@ from kvstore import StoreConfig, SummaryMessage, UserMessage, errors
 from kvstore._engine import core
 from kvstore._engine.core import DELETE_STEP, ThreadRef, finishing_deletes
 from kvstore._engine.pairs import estimated_tokens
-from kvstore._engine.requests import MAX_DELETE_REFUSALS
 from kvstore._engine.record import decode_records, encode_record, record_turn_id
+from kvstore._engine.requests import MAX_DELETE_REFUSALS
 
 from .driver import call, drive, repeat
 from .layout import DATE, FakeThread, message, summary
@@ -35,8 +35,18 @@ def boundary(fake: FakeThread) -> list:
 def test_compact_runs_retention_again_while_each_call_hits_the_cap(thread, fake):
     cap = thread.config.max_chunks_per_call
     store = call("compact", {10: 12}, reply=[1, 13, cap])
-    first, last = call("retain", thread.limits(), reply=cap), call("retain", thread.limits(), reply=cap - 1)
-    result = drive(core.compact(thread, "what happened", 12), *boundary(fake), store, first, last, keys=thread.script_keys)
+    first, last = (
+        call("retain", thread.limits(), reply=cap),
+        call("retain", thread.limits(), reply=cap - 1),
+    )
+    result = drive(
+        core.compact(thread, "what happened", 12),
+        *boundary(fake),
+        store,
+        first,
+        last,
+        keys=thread.script_keys,
+    )
     assert isinstance(result, SummaryMessage)
     assert result.seq_id == 13 and result.summary == "what happened"
     args = store.request.args
@@ -49,7 +59,9 @@ def test_compact_runs_retention_again_while_each_call_hits_the_cap(thread, fake)
 
 def test_compact_under_the_cap_runs_no_more_retention(thread, fake):
     cap = thread.config.max_chunks_per_call
-    result = drive(core.compact(thread, "s", 5), *boundary(fake), call("compact", reply=[1, 6, cap - 1]))
+    result = drive(
+        core.compact(thread, "s", 5), *boundary(fake), call("compact", reply=[1, 6, cap - 1])
+    )
     assert result.seq_id == 6
 
 
@@ -58,7 +70,8 @@ def test_a_compact_replay_runs_retention_and_returns_the_stored_summary(thread, 
     fake.append(1, make=lambda s: summary(s, "the summary stored first"))  # 9
     result = drive(
         core.compact(thread, "sent again", 8),
-        fake.plan(), fake.fetch(),  # the page after 8: the summary, no answer
+        fake.plan(),
+        fake.fetch(),  # the page after 8: the summary, no answer
         call("compact", {10: 8}, reply=[0, 9, 0]),
         call("retain", reply=0),  # the first caller may not have finished retention
         fake.located("9"),
@@ -68,11 +81,18 @@ def test_a_compact_replay_runs_retention_and_returns_the_stored_summary(thread, 
     assert result.seq_id == 9 and result.summary == "the summary stored first" and result.id == "m9"
 
 
-def test_compact_that_loses_its_connection_in_retention_is_outcome_unknown_with_the_summary(thread, fake):
+def test_compact_that_loses_its_connection_in_retention_is_outcome_unknown_with_the_summary(
+    thread, fake
+):
     cap = thread.config.max_chunks_per_call
     store = call("compact", reply=[1, 13, cap])
     with pytest.raises(errors.OutcomeUnknown) as raised:
-        drive(core.compact(thread, "s", 12), *boundary(fake), store, call("retain", error=errors.OutcomeUnknown("dropped")))
+        drive(
+            core.compact(thread, "s", 12),
+            *boundary(fake),
+            store,
+            call("retain", error=errors.OutcomeUnknown("dropped")),
+        )
     (carried,) = raised.value.messages
     assert carried.summary == "s" and carried.id == store.request.args[11]
 
@@ -85,7 +105,11 @@ def test_compact_refuses_a_last_sequence_that_is_no_positive_int_before_any_requ
 
 def test_compact_maps_a_summary_that_would_move_back(thread, fake):
     with pytest.raises(errors.InvalidSummaryRange):
-        drive(core.compact(thread, "s", 3), *boundary(fake), call("compact", error=errors.InvalidSummaryRange("before 9")))
+        drive(
+            core.compact(thread, "s", 3),
+            *boundary(fake),
+            call("compact", error=errors.InvalidSummaryRange("before 9")),
+        )
 
 
 # ------------------------------------------------------------------- thread being deleted
@@ -93,11 +117,17 @@ def test_compact_maps_a_summary_that_would_move_back(thread, fake):
 
 def test_a_write_refused_as_deleting_finishes_the_delete_then_is_sent_again(thread):
     refused = call("append", error=errors.ThreadDeleting("tombstoned"))
-    steps = [call("delete", (DELETE_STEP, "continue", 0, 0), reply=0), call("delete", (DELETE_STEP, "continue", 0, 0), reply=1)]
+    steps = [
+        call("delete", (DELETE_STEP, "continue", 0, 0), reply=0),
+        call("delete", (DELETE_STEP, "continue", 0, 0), reply=1),
+    ]
     again = call("append", reply=[1, 1])
     result = drive(
         finishing_deletes(core.append(thread, UserMessage(content="hi"), None)),
-        refused, *steps, again, keys=thread.script_keys,
+        refused,
+        *steps,
+        again,
+        keys=thread.script_keys,
     )
     assert result[0].seq_id == 1
     # The very same call is sent again, to the now empty thread.
@@ -107,7 +137,9 @@ def test_a_write_refused_as_deleting_finishes_the_delete_then_is_sent_again(thre
 def test_finishing_deletes_passes_other_errors_into_the_operation(thread):
     over = call("append", error=errors.InlineMediaBudget(0))
     result = drive(
-        finishing_deletes(core.append(thread, UserMessage(content=[{"type": "text", "text": "x"}]), None)),
+        finishing_deletes(
+            core.append(thread, UserMessage(content=[{"type": "text", "text": "x"}]), None)
+        ),
         over,
         call("append", reply=[1, 4]),
     )
@@ -148,12 +180,19 @@ def test_a_write_refused_while_the_legacy_scan_runs_runs_migrate_steps_then_is_s
     ("name", "operation", "reply", "expected"),
     [
         ("start_turn", lambda t: core.start_turn(t, "turn-1"), 77, 77),
-        ("finish_turn", lambda t: core.finish_turn(t, "turn-1", "failed"), [0, 0, 0, 5, b"failed"], "failed"),
+        (
+            "finish_turn",
+            lambda t: core.finish_turn(t, "turn-1", "failed"),
+            [0, 0, 0, 5, b"failed"],
+            "failed",
+        ),
         ("compact", lambda t: core.compact(t, "s", 3), [1, 9, 0], 9),
     ],
     ids=["start_turn", "finish_turn", "compact"],
 )
-def test_every_write_through_the_scan_check_waits_for_it(thread, fake, name, operation, reply, expected):
+def test_every_write_through_the_scan_check_waits_for_it(
+    thread, fake, name, operation, reply, expected
+):
     result = drive(
         operation(thread),
         *(boundary(fake) if name == "compact" else []),
@@ -161,7 +200,11 @@ def test_every_write_through_the_scan_check_waits_for_it(thread, fake, name, ope
         call("migrate", reply=migrate_reply(2)),  # the scan ended, and the migration with it
         call(name, reply=reply),
     )
-    got = {"start_turn": lambda r: r, "finish_turn": lambda r: r.outcome, "compact": lambda r: r.seq_id}[name](result)
+    got = {
+        "start_turn": lambda r: r,
+        "finish_turn": lambda r: r.outcome,
+        "compact": lambda r: r.seq_id,
+    }[name](result)
     assert got == expected
 
 
@@ -173,7 +216,13 @@ def test_migrate_runs_until_layout_2_or_max_calls(thread, caplog):
     )
     assert calls == 4
     assert "2 legacy fields" in caplog.text
-    assert drive(core.migrate(thread, max_calls=2), repeat(call("migrate", reply=migrate_reply(1)), times=2)) == 2
+    assert (
+        drive(
+            core.migrate(thread, max_calls=2),
+            repeat(call("migrate", reply=migrate_reply(1)), times=2),
+        )
+        == 2
+    )
 
 
 # ------------------------------------------------------------------------------ delete
@@ -233,7 +282,14 @@ def test_replace_keeps_the_originals_id_otid_date_and_turn(thread):
 def test_replace_of_an_unreadable_message_keeps_what_salvage_reads(thread):
     # A record the reader refuses (an unknown field), but whose otid and turn can still be read.
     fake = stored_with(thread, 2, b"")
-    body = {"message_type": "user_message", "id": "m2", "otid": "o-2", "date": DATE, "content": "x", "bogus": 1}
+    body = {
+        "message_type": "user_message",
+        "id": "m2",
+        "otid": "o-2",
+        "date": DATE,
+        "content": "x",
+        "bogus": 1,
+    }
     fake.window[2] = msgpack.packb([2, body, "turn-3"], use_bin_type=True)
     step = call("replace", reply=2)
     drive(
@@ -261,7 +317,10 @@ def test_replace_of_an_unknown_id_raises_before_any_write(thread, fake):
 
 def test_replace_over_the_media_budget_resends_with_its_parts_replaced(thread):
     fake = stored_with(thread, 3, encode_record(message(3)))
-    picture = {"type": "image", "source": {"type": "base64", "data": "AAAA" * 300, "media_type": "image/png"}}
+    picture = {
+        "type": "image",
+        "source": {"type": "base64", "data": "AAAA" * 300, "media_type": "image/png"},
+    }
     over, again = call("replace", error=errors.InlineMediaBudget(100)), call("replace", reply=3)
     result = drive(
         core.replace(thread, "m3", UserMessage(content=[picture])),
@@ -278,7 +337,10 @@ def test_replace_over_the_media_budget_resends_with_its_parts_replaced(thread):
 
 def test_replace_refitted_to_the_media_budget_still_keeps_the_originals_id_otid_and_turn(thread):
     fake = stored_with(thread, 4, encode_record(message(4, otid="o-4"), "turn-9"))
-    picture = {"type": "image", "source": {"type": "base64", "data": "AAAA" * 300, "media_type": "image/png"}}
+    picture = {
+        "type": "image",
+        "source": {"type": "base64", "data": "AAAA" * 300, "media_type": "image/png"},
+    }
     over, again = call("replace", error=errors.InlineMediaBudget(0)), call("replace", reply=4)
     result = drive(
         core.replace(thread, "m4", UserMessage(content=[picture], otid="o-other", id="other")),
@@ -301,11 +363,23 @@ def test_replace_refitted_to_the_media_budget_still_keeps_the_originals_id_otid_
 def test_stats_read_in_one_batch(thread, fake):
     fake.append(10)
     fake.roll(1, 4)
-    fake.meta.update(stored="10", bytes="1234", media="0", summary_last="3", layout="2", deleted_before="2", tokens="321")
+    fake.meta.update(
+        stored="10",
+        bytes="1234",
+        media="0",
+        summary_last="3",
+        layout="2",
+        deleted_before="2",
+        tokens="321",
+    )
     stats = drive(core.stats(thread), fake.stats_read())
     assert stats.stored_messages == 10 and stats.window_messages == 6 and stats.chunks == 1
     assert stats.next_sequence == 11 and stats.stored_bytes == 1234
-    assert stats.deleted_before_sequence == 2 and stats.summary_last_sequence == 3 and stats.layout_version == 2
+    assert (
+        stats.deleted_before_sequence == 2
+        and stats.summary_last_sequence == 3
+        and stats.layout_version == 2
+    )
     assert stats.tokens == 321
 
 
@@ -325,12 +399,17 @@ def test_stats_of_a_thread_being_deleted_read_as_empty(thread, fake):
 
 
 def test_small_configs_change_the_limits_sent(thread):
-    small = ThreadRef.of(StoreConfig(namespace="unit", window_size=8, chunk_size=4, retained_message_limit=None), "t-1")
+    small = ThreadRef.of(
+        StoreConfig(namespace="unit", window_size=8, chunk_size=4, retained_message_limit=None),
+        "t-1",
+    )
     step = call("start_turn", reply=1)
     drive(core.start_turn(small, "t"), step)
     assert step.request.args[0] == 8 and step.request.args[1] == 4 and step.request.args[7] == -1
     # The event limits and the history checks follow the nine (lua/includes/thread.lua: read_limits).
-    assert step.request.args[9] == ":".join(str(v) for v in step.request.args[:9]) + "|1000:3600000:0"
+    assert (
+        step.request.args[9] == ":".join(str(v) for v in step.request.args[:9]) + "|1000:3600000:0"
+    )
     strict = ThreadRef.of(StoreConfig(namespace="unit", history_checks="strict"), "t-1")
     assert strict.limits()[9].endswith("|1000:3600000:1")
 
@@ -339,26 +418,39 @@ def test_a_write_refused_as_deleting_again_and_again_gives_up_with_a_server_erro
     # Another caller deletes the thread again each time this one finishes the deletion.
     rounds = []
     for _ in range(MAX_DELETE_REFUSALS):
-        rounds += [call("append", error=errors.ThreadDeleting("tombstoned")),
-                   call("delete", (DELETE_STEP, "continue", 0, 0), reply=1)]
+        rounds += [
+            call("append", error=errors.ThreadDeleting("tombstoned")),
+            call("delete", (DELETE_STEP, "continue", 0, 0), reply=1),
+        ]
     last = call("append", error=errors.ThreadDeleting("tombstoned"))
     with pytest.raises(errors.ServerError, match="being deleted"):
-        drive(finishing_deletes(core.append(thread, UserMessage(content="hi"), None)), *rounds, last,
-              keys=thread.script_keys)
+        drive(
+            finishing_deletes(core.append(thread, UserMessage(content="hi"), None)),
+            *rounds,
+            last,
+            keys=thread.script_keys,
+        )
 
 
-def test_the_count_of_refusals_as_deleting_starts_again_at_each_request_that_gets_through(thread, fake):
+def test_the_count_of_refusals_as_deleting_starts_again_at_each_request_that_gets_through(
+    thread, fake
+):
     # compact, then retain, each refused as often as finishing_deletes bears: neither gives up.
     cap = thread.config.max_chunks_per_call
 
     def refused(name: str) -> list:
-        return [call(name, error=errors.ThreadDeleting("tombstoned")),
-                call("delete", (DELETE_STEP, "continue", 0, 0), reply=1)] * MAX_DELETE_REFUSALS
+        return [
+            call(name, error=errors.ThreadDeleting("tombstoned")),
+            call("delete", (DELETE_STEP, "continue", 0, 0), reply=1),
+        ] * MAX_DELETE_REFUSALS
 
     result = drive(
         finishing_deletes(core.compact(thread, "s", 12)),
-        *boundary(fake), *refused("compact"), call("compact", reply=[1, 13, cap]),
-        *refused("retain"), call("retain", reply=0),
+        *boundary(fake),
+        *refused("compact"),
+        call("compact", reply=[1, 13, cap]),
+        *refused("retain"),
+        call("retain", reply=0),
         keys=thread.script_keys,
     )
     assert result.seq_id == 13

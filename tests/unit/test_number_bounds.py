@@ -45,8 +45,12 @@ def test_each_config_int_takes_its_largest_and_refuses_one_more(name):
 
 def test_every_config_int_has_a_bound_and_every_bound_keeps_sums_exact():
     config = StoreConfig()
-    ints = {field.name for field in dataclasses.fields(config)
-            if isinstance(getattr(config, field.name), int) and not isinstance(getattr(config, field.name), bool)}
+    ints = {
+        field.name
+        for field in dataclasses.fields(config)
+        if isinstance(getattr(config, field.name), int)
+        and not isinstance(getattr(config, field.name), bool)
+    }
     ints.add("retained_message_limit")
     ints.add("thread_ttl")
     assert ints == set(CONFIG_MAXIMA)
@@ -66,7 +70,9 @@ def test_every_config_int_has_a_bound_and_every_bound_keeps_sums_exact():
 def test_a_token_count_at_its_edges_is_taken(tokens):
     assert checked_tokens(tokens, "m") == tokens
     assert counted(lambda message: tokens, None, "m") == tokens
-    (item,) = prepare_batch(StoreConfig(), {"message_type": "user_message", "content": "x"}, None, tokens)
+    (item,) = prepare_batch(
+        StoreConfig(), {"message_type": "user_message", "content": "x"}, None, tokens
+    )
     assert item.tokens == tokens
 
 
@@ -77,7 +83,9 @@ def test_a_token_count_past_its_edges_is_refused(tokens):
     with pytest.raises(errors.InvalidMessage, match="token counter"):
         counted(lambda message: tokens, None, "m")
     with pytest.raises(errors.InvalidMessage):
-        prepare_batch(StoreConfig(), [{"message_type": "user_message", "content": "x"}], None, [tokens])
+        prepare_batch(
+            StoreConfig(), [{"message_type": "user_message", "content": "x"}], None, [tokens]
+        )
 
 
 def test_a_lease_and_the_numbers_of_a_watch_at_their_edges():
@@ -86,13 +94,27 @@ def test_a_lease_and_the_numbers_of_a_watch_at_their_edges():
         with pytest.raises(errors.InvalidMessage):
             check_lease(lease)
     # A cursor's incarnation (the server's time in µs, past 2**50) is no position: not bounded.
-    for after in (None, 0, MAX_SEQUENCE, str(MAX_SEQUENCE), f"{MAX_SEQUENCE}-{MAX_SEQUENCE}",
-                  f"3-{MAX_SEQUENCE}@1796294387070130", f"{MAX_SEQUENCE}@1796294387070130"):
+    for after in (
+        None,
+        0,
+        MAX_SEQUENCE,
+        str(MAX_SEQUENCE),
+        f"{MAX_SEQUENCE}-{MAX_SEQUENCE}",
+        f"3-{MAX_SEQUENCE}@1796294387070130",
+        f"{MAX_SEQUENCE}@1796294387070130",
+    ):
         check_watch(after, MAX_WAIT_MS)
     check_watch(None, 0)
-    for after, block_ms in ((MAX_SEQUENCE + 1, 0), (f"1-{MAX_SEQUENCE + 1}", 0), ("9" * 5000, 0),
-                            (f"1-{MAX_SEQUENCE + 1}@1796294387070130", 0),
-                            (None, -1), (None, MAX_WAIT_MS + 1), (None, 1.5), (None, None)):
+    for after, block_ms in (
+        (MAX_SEQUENCE + 1, 0),
+        (f"1-{MAX_SEQUENCE + 1}", 0),
+        ("9" * 5000, 0),
+        (f"1-{MAX_SEQUENCE + 1}@1796294387070130", 0),
+        (None, -1),
+        (None, MAX_WAIT_MS + 1),
+        (None, 1.5),
+        (None, None),
+    ):
         with pytest.raises(errors.InvalidCursor):
             check_watch(after, block_ms)
 
@@ -102,7 +124,9 @@ def test_a_stored_number_reads(value):
     assert stored_int(value, "x") in (12, -3)
 
 
-@pytest.mark.parametrize("value", [b"1e+14", b"1.0000000000000000e+30", b"", b" 1", b"1" * 20, "twelve", None, 1.5])
+@pytest.mark.parametrize(
+    "value", [b"1e+14", b"1.0000000000000000e+30", b"", b" 1", b"1" * 20, "twelve", None, 1.5]
+)
 def test_a_stored_value_that_is_no_number_is_a_record_error(value):
     with pytest.raises(errors.RecordError, match="meta field tokens"):
         stored_int(value, "meta field tokens")
@@ -114,13 +138,23 @@ def test_a_backup_past_the_sequence_bound_is_refused_before_the_socket():
     from kvstore._engine.requests import ThreadRef
 
     ref = ThreadRef.of(StoreConfig(), "chat")
-    at_edge = core.restore_run(ref, [core.BackedUpMessage(MAX_SEQUENCE, None, UserMessage(id="m", content="x"))])
+    at_edge = core.restore_run(
+        ref, [core.BackedUpMessage(MAX_SEQUENCE, None, UserMessage(id="m", content="x"))]
+    )
     assert next(at_edge).args[11] == MAX_SEQUENCE  # the call goes out
-    past = core.restore_run(ref, [core.BackedUpMessage(MAX_SEQUENCE + 1, None, UserMessage(id="m", content="x"))])
+    past = core.restore_run(
+        ref, [core.BackedUpMessage(MAX_SEQUENCE + 1, None, UserMessage(id="m", content="x"))]
+    )
     with pytest.raises(errors.InvalidMessage, match="sequence"):
         next(past)
-    assert next(core.restore_state(ref, core.BackupState(last_seq=MAX_SEQUENCE))).args[10] == MAX_SEQUENCE
-    for state in (core.BackupState(last_seq=MAX_SEQUENCE + 1), core.BackupState(last_seq=1, summary_last=10**30),
-                  core.BackupState(turns=[core.TurnRecord("t", 1, "open", 0, 0, 0, 0, 10**14 * 10**6)])):
+    assert (
+        next(core.restore_state(ref, core.BackupState(last_seq=MAX_SEQUENCE))).args[10]
+        == MAX_SEQUENCE
+    )
+    for state in (
+        core.BackupState(last_seq=MAX_SEQUENCE + 1),
+        core.BackupState(last_seq=1, summary_last=10**30),
+        core.BackupState(turns=[core.TurnRecord("t", 1, "open", 0, 0, 0, 0, 10**14 * 10**6)]),
+    ):
         with pytest.raises(errors.InvalidMessage, match="not one a backup holds"):
             next(core.restore_state(ref, state))

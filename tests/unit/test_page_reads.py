@@ -10,11 +10,11 @@ import pytest
 from kvstore import errors
 from kvstore._engine import core
 from kvstore._engine.core import MAX_LIMIT
+from kvstore._engine.record import encode_record
+from kvstore._engine.requests import OPTIMISTIC_READS
 
 from .driver import batch, call, drive, repeat
 from .layout import FakeThread, message, seqs, v1_record
-from kvstore._engine.record import encode_record
-from kvstore._engine.requests import OPTIMISTIC_READS
 
 
 def contents(page) -> list[str]:
@@ -69,7 +69,9 @@ def test_retention_shows_in_the_newest_page(thread, fake):
 def test_a_hole_among_the_newest_falls_back_to_the_plan(thread, fake):
     fake.append(30)
     fake.remove(25)  # a removed turn: the window's ranks no longer follow the sequences
-    page = drive(core.list_page(thread, limit=10, order="desc"), fake.newest(), fake.plan(), fake.fetch())
+    page = drive(
+        core.list_page(thread, limit=10, order="desc"), fake.newest(), fake.plan(), fake.fetch()
+    )
     expected = [30, 29, 28, 27, 26, 24, 23, 22, 21, 20]
     assert seqs(page.messages) == expected
     assert contents(page) == [f"message {s}" for s in expected]
@@ -80,7 +82,9 @@ def test_an_oversized_message_among_the_newest_falls_back_to_the_plan(thread, fa
     fake.append(20)
     fake.append(1, large=True)  # 21 lives in its own chunk, not in the window
     fake.append(5)
-    page = drive(core.list_page(thread, limit=8, order="desc"), fake.newest(), fake.plan(), fake.fetch())
+    page = drive(
+        core.list_page(thread, limit=8, order="desc"), fake.newest(), fake.plan(), fake.fetch()
+    )
     assert seqs(page.messages) == list(range(26, 18, -1))
     assert contents(page) == [f"message {s}" for s in range(26, 18, -1)]
 
@@ -93,7 +97,12 @@ def test_an_append_between_the_newest_reads_falls_back_to_the_plan(thread, fake,
         # The append lands between two reads of the one pipeline.
         return fake.answer(request, before=lambda at: at == position and fake.append(1))
 
-    page = drive(core.list_page(thread, limit=10, order="desc"), fake.newest(racing), fake.plan(), fake.fetch())
+    page = drive(
+        core.list_page(thread, limit=10, order="desc"),
+        fake.newest(racing),
+        fake.plan(),
+        fake.fetch(),
+    )
     # Read as of the state after the append, each message under its own sequence.
     assert seqs(page.messages) == list(range(31, 21, -1))
     assert contents(page) == [f"message {s}" for s in range(31, 21, -1)]
@@ -117,7 +126,13 @@ def test_a_page_plans_again_when_gen_moves_between_plan_and_fetch(thread, fake):
         return fake.answer(request)
 
     first_fetch, second_fetch = fake.fetch(rolled_meanwhile), fake.fetch()
-    page = drive(core.list_page(thread, after=6, limit=4), fake.plan(), first_fetch, fake.plan(), second_fetch)
+    page = drive(
+        core.list_page(thread, after=6, limit=4),
+        fake.plan(),
+        first_fetch,
+        fake.plan(),
+        second_fetch,
+    )
     assert seqs(page.messages) == [7, 8, 9, 10]
     assert page.has_more and page.next_cursor == 10
     # The first fetch read the window, where the messages no longer were; the second reads the
@@ -137,9 +152,16 @@ def test_a_page_reads_in_one_step_when_gen_always_moves(thread, fake):
 
     plan, fetch = fake.plan(), fake.fetch(always_moving)
     records = [(s, encode_record(message(s)), 1) for s in range(3, 9)]
-    one_step = call("read_range", ("seq", "2", "", "", "up", 5, 0, 0, ""),
-                    reply=[0, 0, 0, b"", 0, len(records), *[v for r in records for v in r], 0])
-    page = drive(core.list_page(thread, after=2, limit=4), repeat(plan, fetch, times=OPTIMISTIC_READS), one_step)
+    one_step = call(
+        "read_range",
+        ("seq", "2", "", "", "up", 5, 0, 0, ""),
+        reply=[0, 0, 0, b"", 0, len(records), *[v for r in records for v in r], 0],
+    )
+    page = drive(
+        core.list_page(thread, after=2, limit=4),
+        repeat(plan, fetch, times=OPTIMISTIC_READS),
+        one_step,
+    )
     assert seqs(page.messages) == [3, 4, 5, 6] and page.has_more and page.next_cursor == 6
     # Bounded, and each attempt was a full plan and fetch.
     assert len(fetch.requests) == len(plan.requests) == OPTIMISTIC_READS
@@ -171,7 +193,9 @@ def test_a_walk_plans_on_past_short_chunks_and_keeps_the_first_plans_deleted_bef
         return replies
 
     fetches = [fake.fetch(retention_meanwhile), fake.fetch()]
-    page = drive(core.list_page(thread, after=0, limit=5), fake.plan(), fetches[0], fake.plan(), fetches[1])
+    page = drive(
+        core.list_page(thread, after=0, limit=5), fake.plan(), fetches[0], fake.plan(), fetches[1]
+    )
     assert seqs(page.messages) == [1, 2, 3, 4, 5]
     assert page.has_more and page.next_cursor == 5
     # What the page holds was read as of the first plan, before retention.
@@ -238,7 +262,9 @@ def test_an_id_cursor_is_planned_by_the_script(thread, fake):
 def test_an_expired_cursor_is_raised_with_its_deleted_before(thread):
     expired = errors.CursorExpired("no stored message has id 'm2'", 40)
     with pytest.raises(errors.CursorExpired) as raised:
-        drive(core.list_page(thread, after="m2"), call("page_plan", {0: "id", 1: "m2"}, error=expired))
+        drive(
+            core.list_page(thread, after="m2"), call("page_plan", {0: "id", 1: "m2"}, error=expired)
+        )
     assert raised.value.deleted_before_sequence == 40
 
 
@@ -249,7 +275,9 @@ def test_an_expired_cursor_is_raised_with_its_deleted_before(thread):
         ({"before": 9}, [7, 5], [5, 7], 5),  # from `before`, downward, shown ascending
     ],
 )
-def test_a_turn_page_reads_its_sequences_by_the_turn_record(thread, fake, cursor, walk_reply, page_seqs, next_cursor):
+def test_a_turn_page_reads_its_sequences_by_the_turn_record(
+    thread, fake, cursor, walk_reply, page_seqs, next_cursor
+):
     fake.append(9)
     after = ("seq", "1") if "after" in cursor else ("", "")
     before = ("seq", "9") if "before" in cursor else ("", "")
@@ -282,7 +310,9 @@ def test_get_of_an_unknown_id_or_otid_is_message_not_found(thread, fake):
         drive(
             core.get(thread, "nope"),
             fake.located("nope", kind="id"),
-            batch([("HGET", thread.keys.meta, "gen")], reply=fake.reply),  # nothing to fetch but gen
+            batch(
+                [("HGET", thread.keys.meta, "gen")], reply=fake.reply
+            ),  # nothing to fetch but gen
         )
     with pytest.raises(errors.MessageNotFound):
         drive(core.get_by_otid(thread, "o-1"), fake.located("o-1", kind="otid"), fake.fetch())
@@ -315,7 +345,9 @@ def test_fetch_sequences_names_what_is_missing_unless_missing_ok(thread, fake):
     fake.append(3)
     with pytest.raises(errors.MessageNotFound, match="1 messages"):
         drive(core.fetch_sequences(thread, [2, 7]), fake.located("2", "7"), fake.fetch())
-    found = drive(core.fetch_sequences(thread, [2, 7], missing_ok=True), fake.located("2", "7"), fake.fetch())
+    found = drive(
+        core.fetch_sequences(thread, [2, 7], missing_ok=True), fake.located("2", "7"), fake.fetch()
+    )
     assert seqs(found) == [2]
 
 

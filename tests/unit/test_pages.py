@@ -18,13 +18,13 @@ from kvstore._engine.core import (
     Eval,
     gathering,
 )
+from kvstore._engine.pairs import PAIR_LOOKBACK
+from kvstore._engine.record import encode_record
+from kvstore._engine.requests import OPTIMISTIC_READS
 from kvstore._engine.scripts import SCRIPTS
 
 from .driver import batch, call, collect, drive, repeat
 from .layout import FakeThread, message, seqs, summary
-from kvstore._engine.pairs import PAIR_LOOKBACK
-from kvstore._engine.record import encode_record
-from kvstore._engine.requests import OPTIMISTIC_READS
 
 
 def chunked(fake: FakeThread, total: int = 12) -> FakeThread:
@@ -52,10 +52,14 @@ def test_pages_from_a_cursor_in_descending_order(thread, fake):
     # The first page has no cursor: the newest page's Batch, which falls back to the plan here
     # (the window holds fewer messages than the page); then a plan from each page's cursor.
     _, pages = collect(
-        core.pages(thread, order="desc", limit=5), fake.newest(), repeat(fake.plan(), fake.fetch(), times=3)
+        core.pages(thread, order="desc", limit=5),
+        fake.newest(),
+        repeat(fake.plan(), fake.fetch(), times=3),
     )
     assert [seqs(p.messages) for p in pages] == [[12, 11, 10, 9, 8], [7, 6, 5, 4, 3], [2, 1]]
-    _, after = collect(core.pages(thread, after=6, limit=4), repeat(fake.plan(), fake.fetch(), times=2))
+    _, after = collect(
+        core.pages(thread, after=6, limit=4), repeat(fake.plan(), fake.fetch(), times=2)
+    )
     assert [seqs(p.messages) for p in after] == [[7, 8, 9, 10], [11, 12]]
 
 
@@ -121,7 +125,10 @@ def context_pass(fake: FakeThread, summary_seq: str, last_check=None):
     pages after what it covers, and summary_seq read again."""
     keys = fake.keys
     return [
-        batch([("HMGET", keys.meta, "summary_last", "summary_seq", "deleted_before")], reply=fake.reply),
+        batch(
+            [("HMGET", keys.meta, "summary_last", "summary_seq", "deleted_before")],
+            reply=fake.reply,
+        ),
         fake.located(summary_seq),
         fake.fetch(),
         fake.plan(),
@@ -158,7 +165,11 @@ def test_context_reads_again_when_a_compaction_lands_in_between(thread, fake):
         fake.meta.update(summary_last="10", summary_seq="12", deleted_before="9")
         return fake.answer(request)
 
-    messages = drive(core.context(thread), *context_pass(fake, "9", compacted_meanwhile), *context_pass(fake, "12"))
+    messages = drive(
+        core.context(thread),
+        *context_pass(fake, "9", compacted_meanwhile),
+        *context_pass(fake, "12"),
+    )
     assert seqs(messages) == [12, 11]
     assert messages[0].summary == "the newer summary"
 
@@ -172,7 +183,10 @@ def test_context_reads_in_one_step_when_every_pass_is_compacted_under_it(thread,
 
     keys = fake.keys
     passes = repeat(
-        batch([("HMGET", keys.meta, "summary_last", "summary_seq", "deleted_before")], reply=fake.reply),
+        batch(
+            [("HMGET", keys.meta, "summary_last", "summary_seq", "deleted_before")],
+            reply=fake.reply,
+        ),
         call("locate", reply=fake.locate),
         fake.fetch(),
         fake.plan(),
@@ -183,8 +197,11 @@ def test_context_reads_in_one_step_when_every_pass_is_compacted_under_it(thread,
     # and the messages before it, in one step.
     summary_record = encode_record(summary(9))
     body = [(s, encode_record(message(s)), 1) for s in (11, 10, 8, 7)]
-    one_step = call("read_range", ("summary", "", "", "", "down", 0, 0, PAIR_LOOKBACK, ""),
-                    reply=[5, 6, 9, summary_record, 1, len(body), *[v for r in body for v in r], 0])
+    one_step = call(
+        "read_range",
+        ("summary", "", "", "", "down", 0, 0, PAIR_LOOKBACK, ""),
+        reply=[5, 6, 9, summary_record, 1, len(body), *[v for r in body for v in r], 0],
+    )
     passes.times = OPTIMISTIC_READS
     messages = drive(core.context(thread), passes, one_step)
     assert seqs(messages) == [9, 7, 8, 10, 11]
@@ -198,7 +215,10 @@ def test_context_without_a_summary_is_every_message_and_warns_of_retention(threa
     with caplog.at_level(logging.WARNING, logger="kvstore"):
         messages = drive(
             core.context(thread),
-            batch([("HMGET", keys.meta, "summary_last", "summary_seq", "deleted_before")], reply=fake.reply),
+            batch(
+                [("HMGET", keys.meta, "summary_last", "summary_seq", "deleted_before")],
+                reply=fake.reply,
+            ),
             fake.plan(),
             fake.fetch(),
             batch([("HGET", keys.meta, "summary_seq")], reply=fake.reply),
@@ -213,7 +233,9 @@ def test_context_without_a_summary_is_every_message_and_warns_of_retention(threa
 def snapshot_pass(fake: FakeThread, recheck=None):
     keys = fake.keys
     stats = fake.stats_read()
-    again = batch([("HMGET", keys.meta, "last_seq", "gen", "summary_seq")], reply=recheck or fake.reply)
+    again = batch(
+        [("HMGET", keys.meta, "last_seq", "gen", "summary_seq")], reply=recheck or fake.reply
+    )
     return [stats, fake.newest(), again]
 
 
@@ -221,12 +243,24 @@ def test_a_snapshot_is_the_newest_page_oldest_first_with_turn_summary_and_stats(
     fake.append(3)
     fake.append(1, make=summary)  # 4
     fake.append(2)
-    fake.meta.update(turn_id="turn-1", turn_seq="5", turn_outcome="open", summary_seq="4", summary_last="3", stored="6", tokens="60")
+    fake.meta.update(
+        turn_id="turn-1",
+        turn_seq="5",
+        turn_outcome="open",
+        summary_seq="4",
+        summary_last="3",
+        stored="6",
+        tokens="60",
+    )
     snap = drive(core.snapshot(thread), *snapshot_pass(fake), fake.located("4"), fake.fetch())
     assert seqs(snap.messages) == [1, 2, 3, 4, 5, 6]
     assert snap.summary is not None and snap.summary.seq_id == 4
     assert (snap.turn.turn_id, snap.turn.sequence, snap.turn.outcome) == ("turn-1", 5, "open")
-    assert snap.stats.next_sequence == 7 and snap.stats.window_messages == 6 and snap.stats.stored_messages == 6
+    assert (
+        snap.stats.next_sequence == 7
+        and snap.stats.window_messages == 6
+        and snap.stats.stored_messages == 6
+    )
 
 
 def test_a_snapshot_reads_the_newest_snapshot_size_messages(thread, fake):
@@ -244,7 +278,9 @@ def test_a_snapshot_reads_again_when_an_append_lands_in_between(thread, fake):
         fake.append(1)
         return fake.answer(request)
 
-    snap = drive(core.snapshot(thread), *snapshot_pass(fake, appended_meanwhile), *snapshot_pass(fake))
+    snap = drive(
+        core.snapshot(thread), *snapshot_pass(fake, appended_meanwhile), *snapshot_pass(fake)
+    )
     # The page and the stats are of one state: the one after the append.
     assert seqs(snap.messages) == [1, 2, 3, 4, 5, 6]
     assert snap.stats.next_sequence == 7

@@ -41,8 +41,13 @@ def run_demo(options: DemoOptions, out=sys.stdout) -> int:
     finally:
         store.close()
         client.close()
-    print(f"\nNext, look at how a thread is stored:  kvstore inspect demo-0 {options.reach}", file=out)
-    print(f"  or read the chat back as JSON lines:  kvstore export {CHAT_THREAD} {options.reach}", file=out)
+    print(
+        f"\nNext, look at how a thread is stored:  kvstore inspect demo-0 {options.reach}", file=out
+    )
+    print(
+        f"  or read the chat back as JSON lines:  kvstore export {CHAT_THREAD} {options.reach}",
+        file=out,
+    )
     return 0
 
 

@@ -22,20 +22,33 @@ from ...messages import (
     UserMessage,
 )
 from ...store import MessageStore
-from .options import COMPACT_EVERY, MEMORY_SAMPLES, RETAINED, SPARKS, WORDS, DemoFailed, DemoOptions, demo_config
-
+from .options import (
+    COMPACT_EVERY,
+    MEMORY_SAMPLES,
+    RETAINED,
+    SPARKS,
+    WORDS,
+    DemoFailed,
+    DemoOptions,
+    demo_config,
+)
 
 # Scene 4: worker processes on shared threads, memory held flat.
 
 
 def _turn_messages(rng: random.Random, worker: int, turn: int) -> tuple[UserMessage, list]:
-    question = f"worker {worker} turn {turn}: " + " ".join(rng.choice(WORDS) for _ in range(rng.randint(10, 60)))
+    question = f"worker {worker} turn {turn}: " + " ".join(
+        rng.choice(WORDS) for _ in range(rng.randint(10, 60))
+    )
     call_id = f"call-{worker}-{turn}"
     replies = [
         ReasoningMessage(reasoning="Thinking about " + question[:80]),
-        ToolCallMessage(tool_call=ToolCall(name="search", arguments=f'{{"q": "{turn}"}}', tool_call_id=call_id)),
+        ToolCallMessage(
+            tool_call=ToolCall(name="search", arguments=f'{{"q": "{turn}"}}', tool_call_id=call_id)
+        ),
         ToolReturnMessage(
-            tool_call_id=call_id, status="success",
+            tool_call_id=call_id,
+            status="success",
             tool_return=" ".join(rng.choice(WORDS) for _ in range(rng.randint(20, 200))),
         ),
         AssistantMessage(content=" ".join(rng.choice(WORDS) for _ in range(rng.randint(20, 120)))),
@@ -65,7 +78,9 @@ def _worker(options: DemoOptions, worker: int, progress, results) -> None:
             raise RuntimeError(f"turn {turn_id} counted {result.reply_count} replies")
         if turn % COMPACT_EVERY == COMPACT_EVERY - 1:
             try:
-                thread.compact(f"summary by worker {worker} after turn {turn}", result.last_sequence)
+                thread.compact(
+                    f"summary by worker {worker} after turn {turn}", result.last_sequence
+                )
             except errors.InvalidSummaryRange:
                 pass  # another worker's summary of this thread already reaches further
         started = time.perf_counter()
@@ -79,10 +94,16 @@ def _worker(options: DemoOptions, worker: int, progress, results) -> None:
 
 def workers_scene(options: DemoOptions, store: MessageStore, client: redis.Redis, out) -> bool:
     total_turns = options.workers * options.turns
-    print(f"\n4. Memory held flat while messages keep coming: {options.workers} workers, {total_turns} turns"
-          f" on {options.threads} shared threads", file=out)
-    print(f"   (demo-0..{options.threads - 1}; a summary every {COMPACT_EVERY} turns of a worker, retention then"
-          f" keeps each thread's newest {RETAINED})", file=out)
+    print(
+        f"\n4. Memory held flat while messages keep coming: {options.workers} workers, {total_turns} turns"
+        f" on {options.threads} shared threads",
+        file=out,
+    )
+    print(
+        f"   (demo-0..{options.threads - 1}; a summary every {COMPACT_EVERY} turns of a worker, retention then"
+        f" keeps each thread's newest {RETAINED})",
+        file=out,
+    )
     run = _run_workers(options, client, out)
     if run is None:
         print("\na worker failed; see its traceback above", file=out)
@@ -115,7 +136,8 @@ def _run_workers(options: DemoOptions, client: redis.Redis, out) -> _Run | None:
     draw = out.isatty()  # a log or a pipe gets the last state only
     started = time.perf_counter()
     processes = [
-        context.Process(target=_worker, args=(options, w, progress, results)) for w in range(options.workers)
+        context.Process(target=_worker, args=(options, w, progress, results))
+        for w in range(options.workers)
     ]
     for process in processes:
         process.start()
@@ -162,19 +184,34 @@ def _count_messages(store: MessageStore, options: DemoOptions) -> tuple[int, int
     return messages, kept, trimmed
 
 
-def _summary(options: DemoOptions, run: _Run, messages: int, kept: int, trimmed: bool) -> list[tuple[str, str]]:
+def _summary(
+    options: DemoOptions, run: _Run, messages: int, kept: int, trimmed: bool
+) -> list[tuple[str, str]]:
     append_us, page_us, samples = run.append_us, run.page_us, run.samples
     appended = [count for count, _ in samples]
     memory = [size for _, size in samples]
     second_half = _second_half(samples)
     if not trimmed:
-        second_half += f"; retention has not begun (under {RETAINED} messages a thread): more --turns show it"
+        second_half += (
+            f"; retention has not begun (under {RETAINED} messages a thread): more --turns show it"
+        )
     processes = f"{options.workers} process{'es' if options.workers != 1 else ''}"
     return [
-        ("messages", f"{messages:,} appended, {kept:,} kept (retention {RETAINED}/thread), gap-free"),
-        ("messages over the run", f"{sparkline(appended)}  {appended[0]:,} → {appended[-1]:,} appended"),
-        ("memory over the run", (f"{sparkline(memory)}  {memory[0] / 1024:,.0f} → {memory[-1] / 1024:,.0f} KiB"
-                                 " (MEMORY USAGE of the threads' keys)")),
+        (
+            "messages",
+            f"{messages:,} appended, {kept:,} kept (retention {RETAINED}/thread), gap-free",
+        ),
+        (
+            "messages over the run",
+            f"{sparkline(appended)}  {appended[0]:,} → {appended[-1]:,} appended",
+        ),
+        (
+            "memory over the run",
+            (
+                f"{sparkline(memory)}  {memory[0] / 1024:,.0f} → {memory[-1] / 1024:,.0f} KiB"
+                " (MEMORY USAGE of the threads' keys)"
+            ),
+        ),
         ("second half of the run", second_half),
         ("appends/s", f"{len(append_us) / run.elapsed:,.0f} over {processes}"),
         ("append p50 / p99", f"{_pct(append_us, 50):.0f} / {_pct(append_us, 99):.0f} µs"),
@@ -216,4 +253,9 @@ def _draw(done: int, total: int, out, again: bool) -> None:
     width = 40
     filled = int(width * done / max(total, 1))
     start = "\r" if again else ""
-    print(f"{start}  [{'#' * filled}{'.' * (width - filled)}] {done}/{total} turns", end="", file=out, flush=True)
+    print(
+        f"{start}  [{'#' * filled}{'.' * (width - filled)}] {done}/{total} turns",
+        end="",
+        file=out,
+        flush=True,
+    )
