@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from ._engine import core
 from ._engine.bounds import check_lease, check_watch
 from ._engine.core import Cursor, ThreadRef
-from ._engine.watchers import DEFAULT_BLOCK_MS, AsyncWatch, Watch
+from ._engine.watch_drivers import DEFAULT_BLOCK_MS, AsyncWatch, Watch
 from .events import TurnLease
 from .messages import CompactionStats, Message, SummaryMessage
 from .models import (

@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass
 
 from kvstore._engine.keys import ThreadKeys
-from kvstore._engine.wire import ChunkEntry, LargeEntry, TurnHeader, side_tokens
+from kvstore._engine.replies import ChunkEntry, LargeEntry, TurnHeader, side_tokens
 from kvstore.config import StoreConfig
 
 

@@ -404,7 +404,7 @@ def test_a_backup_message_without_its_id_is_refused(stores, which):
 
 def test_restore_state_refuses_a_turn_it_could_not_read_back_before_any_write(stores, raw_client):
     from kvstore._engine import core
-    from kvstore._engine.requests import ThreadRef
+    from kvstore._engine.operation import ThreadRef
 
     _, target = stores
     thread = target.thread("state")
@@ -431,7 +431,7 @@ def test_restore_state_refuses_a_turn_it_could_not_read_back_before_any_write(st
 
 def test_a_restore_call_is_no_larger_than_the_store_allows_an_append():
     from kvstore._engine import core
-    from kvstore._engine.requests import ThreadRef
+    from kvstore._engine.operation import ThreadRef
 
     config = StoreConfig(namespace="n", max_batch_messages=3, max_batch_bytes=100 * 1024)
     run = [
@@ -455,7 +455,7 @@ def test_a_restore_call_is_no_larger_than_the_store_allows_an_append():
 def test_a_run_whose_otid_is_stored_elsewhere_is_a_restore_conflict(stores, raw_client, otids):
     """Some or all of a run's otids stored at other sequences: one conflict, nothing written."""
     from kvstore._engine import core
-    from kvstore._engine.requests import ThreadRef
+    from kvstore._engine.operation import ThreadRef
 
     _, target = stores
     thread = target.thread("otid")

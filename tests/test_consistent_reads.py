@@ -437,7 +437,7 @@ from kvstore import AssistantMessage, ToolCallMessage, ToolReturnMessage  # noqa
 
 
 def _changed(*args, **kwargs):
-    from kvstore._engine.requests import ChangedUnderReads
+    from kvstore._engine.operation import ChangedUnderReads
 
     raise ChangedUnderReads("every optimistic try met a write")
     yield  # a generator, like the operation it stands for

@@ -181,9 +181,12 @@ def test_a_turn_posted_to_one_worker_streams_from_both(app_url):
     assert [int(e["id"].split("-")[0]) for e in first] == list(range(1, len(first) + 1))
 
     # A client that lost its connection after the 5th event reconnects with Last-Event-ID.
-    with httpx.Client(timeout=30) as client, client.stream(
-        "GET", f"{app_url}/threads/chat-1/events", headers={"Last-Event-ID": first[4]["id"]}
-    ) as response:
+    with (
+        httpx.Client(timeout=30) as client,
+        client.stream(
+            "GET", f"{app_url}/threads/chat-1/events", headers={"Last-Event-ID": first[4]["id"]}
+        ) as response,
+    ):
         rest: list[dict] = []
         read_events(response, rest)
     assert rest == first[5:]

@@ -18,7 +18,7 @@ from kvstore import (
     errors,
 )
 from kvstore._engine import backup as backup_module
-from kvstore._engine.pairs import answered_ids, estimated_tokens, opened_ids, orphans
+from kvstore._engine.tool_pairs import answered_ids, estimated_tokens, opened_ids, orphans
 
 from .layout_check import check_layout
 

@@ -21,7 +21,7 @@ from kvstore import (
     UserMessage,
     errors,
 )
-from kvstore._engine.pairs import batch_pairs, history_pairs, pair_ids
+from kvstore._engine.tool_pairs import batch_pairs, history_pairs, pair_ids
 from kvstore.cli import backup
 from kvstore.messages import ApprovalReturn, ToolReturn
 
@@ -325,7 +325,7 @@ def test_a_thread_checked_before_answers_kept_their_calls_is_removed_by_its_whol
 
 
 def test_a_turn_larger_than_one_removal_step_is_removed_with_its_pairs(make_thread, raw_client):
-    from kvstore._engine.requests import REMOVE_TURN_STEP
+    from kvstore._engine.operation import REMOVE_TURN_STEP
 
     thread = make_thread("big-turn", **STRICT)
     thread.start_turn("t")
@@ -502,7 +502,7 @@ def removal_reads(
     """Runs lua/remove_turn.lua as the store sends it, returning the elements its commands read
     and its reply."""
     from kvstore._engine.core import ThreadRef
-    from kvstore._engine.requests import REMOVE_TURN_STEP
+    from kvstore._engine.operation import REMOVE_TURN_STEP
     from kvstore._engine.scripts import SCRIPTS
 
     ref = ThreadRef.of(config, thread_id)

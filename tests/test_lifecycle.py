@@ -335,7 +335,7 @@ def test_thread_ttl_expires_every_key_together_and_writes_refresh_it(
 
 
 def test_delete_in_bounded_steps(make_thread, raw_client, namespace, monkeypatch):
-    from kvstore._engine import requests as _requests
+    from kvstore._engine import operation as _requests
 
     # Where the delete steps read it: core only re-exports it.
     monkeypatch.setattr(_requests, "DELETE_STEP", 3)

@@ -8,7 +8,7 @@ import pytest
 
 from kvstore import AssistantMessage, StoreConfig, UserMessage
 from kvstore._engine.record import decode_records
-from kvstore._engine.wire import TurnHeader
+from kvstore._engine.replies import TurnHeader
 
 from .layout_check import check_layout
 

@@ -12,7 +12,7 @@ import pytest
 from kvstore import StoreConfig, UserMessage, errors
 from kvstore._engine.core import watch as core_watch
 from kvstore._engine.watch import Emit, ReadStream, Run, stream_entries
-from kvstore._engine.watchers import AsyncWatch
+from kvstore._engine.watch_drivers import AsyncWatch
 from kvstore.events import ThreadDeleted
 
 from .conftest import make_async_store, make_sync_store

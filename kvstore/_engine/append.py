@@ -8,12 +8,12 @@ from typing import Any
 from .. import errors
 from ..messages import Message
 from ..models import AppendResult, TurnOutcome, TurnResult
-from .pairs import batch_pairs
+from .operation import TURN_OUTCOMES, Operation, ThreadRef, read_back_failed, write
 from .prepare import PreparedMessage, check_token, prepare_batch, within_media_budget
 from .reads import fetch_sequences
-from .requests import TURN_OUTCOMES, Operation, ThreadRef, read_back_failed, write
+from .replies import AppendReply, FinishTurnReply, StartTurnReply
 from .scripts import SCRIPTS
-from .wire import AppendReply, FinishTurnReply, StartTurnReply
+from .tool_pairs import batch_pairs
 
 
 def append(

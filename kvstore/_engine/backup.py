@@ -20,11 +20,11 @@ from typing import Any
 from .. import errors
 from ..messages import Message
 from .bounds import MAX_SEQUENCE, bounded, check_sequence
-from .pairs import batch_pairs
+from .operation import Batch, Operation, ThreadRef, write
 from .prepare import PreparedMessage
-from .requests import Batch, Operation, ThreadRef, write
+from .replies import RestoreReply, TurnHeader, stored_int
 from .scripts import SCRIPTS
-from .wire import RestoreReply, TurnHeader, stored_int
+from .tool_pairs import batch_pairs
 
 # The most messages (and record bytes) one restore call sends.
 RESTORE_RUN = 100

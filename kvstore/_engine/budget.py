@@ -7,7 +7,7 @@ infos and the newest chunk and oversized index members; it names, newest first, 
 whose counts fit the budget and the one that does not, and reads them (and the summary) in a
 second pipeline. The cut is then made on each message's own count, newest first, stopping at
 the first that does not fit. An index member written before counts existed sums less than its
-messages count (wire.py: record_tokens), so a plan may read a container more, never one less.
+messages count (replies.py: record_tokens), so a plan may read a container more, never one less.
 
 A budget reaching past the newest PLAN_MEMBERS chunk or oversized members reads the next ones
 (one more round trip each). Data stored before counts existed is planned by the same rule as
@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..messages import Message, SummaryMessage
+from .operation import OPTIMISTIC_READS, Batch, Operation, ThreadRef, changed_under_reads
 from .record import RecordError, decode_records
-from .requests import OPTIMISTIC_READS, Batch, Operation, ThreadRef, changed_under_reads
-from .wire import (
+from .replies import (
     ChunkEntry,
     LargeEntry,
     hash_pairs,

@@ -4,11 +4,11 @@ An operation yields :class:`Eval` (one script call) or :class:`Batch` (native co
 one round trip) and receives the reply; it returns the result. The sync and async stores are
 executors that drive these generators over a client, so both share one implementation of every
 operation: keys and arguments are built in the core, replies are parsed there (a writing
-script's reply is decoded by name in kvstore/_engine/wire.py).
+script's reply is decoded by name in kvstore/_engine/replies.py).
 
 The operations live by concern; this module names them for the rest of the code:
 
-- requests.py: the requests, ThreadRef, shared limits, the writing-script call, finishing_deletes
+- operation.py: the requests, ThreadRef, shared limits, the writing-script call, finishing_deletes
 - prepare.py: PreparedMessage, prepare_batch, fit_media: every limit, before the socket
 - append.py: append, start_turn, finish_turn
 - reads.py: messages by sequence, id or otid; the one place records are decoded
@@ -35,10 +35,7 @@ from .budget import stored_tokens
 from .fork import fork
 from .keys import ThreadKeys
 from .lifecycle import compact, delete, migrate, remove_turn, replace
-from .pages import gathering, list_page, pages
-from .prepare import PreparedMessage, fit_media, prepare_batch
-from .reads import fetch_sequences, get, get_by_otid
-from .requests import (
+from .operation import (
     DELETE_STEP,
     ITER_PAGE,
     MAX_LIMIT,
@@ -50,6 +47,9 @@ from .requests import (
     ThreadRef,
     finishing_deletes,
 )
+from .pages import gathering, list_page, pages
+from .prepare import PreparedMessage, fit_media, prepare_batch
+from .reads import fetch_sequences, get, get_by_otid
 from .views import context, snapshot, stats
 from .watch import hold_turn, publish, watch
 

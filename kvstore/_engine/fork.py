@@ -27,9 +27,9 @@ from .backup import (
 from .bounds import MAX_SEQUENCE
 from .budget import stored_tokens
 from .lifecycle import migrate
+from .operation import Batch, Operation, ThreadRef
 from .pages import list_page
 from .reads import locate_records
-from .requests import Batch, Operation, ThreadRef
 
 
 def fork(source: ThreadRef, source_id: str, target: ThreadRef, at: str | int) -> Operation:

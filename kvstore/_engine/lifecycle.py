@@ -11,12 +11,7 @@ from .. import errors
 from ..messages import CompactionStats, Message
 from .bounds import check_sequence
 from .failures import lost_connection, read_of_wrong_type
-from .pages import list_page
-from .pairs import PAIR_LOOKBACK, answered_ids, checked_tokens, history_pairs, opened_ids, orphans
-from .prepare import PreparedMessage, check_token, prepare_batch, stored_date, within_media_budget
-from .reads import fetch_sequences, locate_records
-from .record import salvage
-from .requests import (
+from .operation import (
     REMOVE_TURN_STEP,
     Eval,
     Operation,
@@ -27,8 +22,20 @@ from .requests import (
     read_back_failed,
     write,
 )
+from .pages import list_page
+from .prepare import PreparedMessage, check_token, prepare_batch, stored_date, within_media_budget
+from .reads import fetch_sequences, locate_records
+from .record import salvage
+from .replies import CompactReply, RemoveTurnReply, ReplaceReply, RetainReply
 from .scripts import SCRIPTS
-from .wire import CompactReply, RemoveTurnReply, ReplaceReply, RetainReply
+from .tool_pairs import (
+    PAIR_LOOKBACK,
+    answered_ids,
+    checked_tokens,
+    history_pairs,
+    opened_ids,
+    orphans,
+)
 
 log = logging.getLogger("kvstore")
 

@@ -17,10 +17,7 @@ from .. import errors
 from ..models import MessagesPage
 from .bounds import MAX_CURSOR
 from .keys import ThreadKeys
-from .plan import Bound, Plan, plan_walk
-from .prepare import check_token
-from .reads import decode, fetch_sequences, read_range
-from .requests import (
+from .operation import (
     ITER_PAGE,
     MAX_LIMIT,
     MAX_TOKEN_LENGTH,
@@ -34,8 +31,11 @@ from .requests import (
     ThreadRef,
     int_or_zero,
 )
+from .plan import Bound, Plan, plan_walk
+from .prepare import check_token
+from .reads import decode, fetch_sequences, read_range
+from .replies import score_pairs, split_chunk
 from .scripts import SCRIPTS
-from .wire import score_pairs, split_chunk
 
 # (sequence, record) pairs, in walk order.
 Entries = list[tuple[int, bytes]]

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .requests import (
+from .operation import (
     OPTIMISTIC_READS,
     Batch,
     Eval,
@@ -20,8 +20,8 @@ from .requests import (
     changed_under_reads,
     int_or_zero,
 )
+from .replies import ChunkEntry, LargeEntry
 from .scripts import SCRIPTS
-from .wire import ChunkEntry, LargeEntry
 
 # A cursor bound: ("", "") none, ("seq", "<sequence>") or ("id", "<message id>").
 Bound = tuple[str, str]

@@ -13,10 +13,10 @@ from typing import Any, Literal
 
 from .. import errors
 from ..messages import Message
+from .operation import OPTIMISTIC_READS, Batch, Eval, Operation, ThreadRef, int_or_zero
 from .record import decode_records
-from .requests import OPTIMISTIC_READS, Batch, Eval, Operation, ThreadRef, int_or_zero
+from .replies import split_chunk
 from .scripts import SCRIPTS
-from .wire import split_chunk
 
 log = logging.getLogger("kvstore")
 

@@ -15,19 +15,7 @@ from ..models import MessagesPage, ThreadSnapshot, ThreadStats, TurnState
 from .bounds import MAX_THREAD_TOKENS, bounded
 from .budget import budgeted_context, stored_tokens
 from .keys import ThreadKeys
-from .pages import gathering, list_page, pages
-from .pairs import (
-    PAIR_LOOKBACK,
-    TokenCounter,
-    answered_ids,
-    counted,
-    estimated_tokens,
-    opened_ids,
-    orphans,
-    without_orphans,
-)
-from .reads import decode, fetch_sequences, read_range
-from .requests import (
+from .operation import (
     MAX_LIMIT,
     OPTIMISTIC_READS,
     SNAPSHOT_SIZE,
@@ -37,7 +25,19 @@ from .requests import (
     Operation,
     ThreadRef,
 )
-from .wire import record_tokens, stored_int
+from .pages import gathering, list_page, pages
+from .reads import decode, fetch_sequences, read_range
+from .replies import record_tokens, stored_int
+from .tool_pairs import (
+    PAIR_LOOKBACK,
+    TokenCounter,
+    answered_ids,
+    counted,
+    estimated_tokens,
+    opened_ids,
+    orphans,
+    without_orphans,
+)
 
 log = logging.getLogger("kvstore")
 
@@ -185,7 +185,7 @@ def context(
     thread: ThreadRef, max_tokens: int | None = None, count_tokens: TokenCounter | None = None
 ) -> Operation:
     """The model input: the context summary and every message after its last sequence (with
-    `max_tokens`, the newest of them that fit), with no tool-call pair split (pairs.py).
+    `max_tokens`, the newest of them that fit), with no tool-call pair split (tool_pairs.py).
 
     It takes several round trips; a compaction landing between them would pair the old summary
     with pages cut by the new retention. Summaries only move forward (each is a new message with

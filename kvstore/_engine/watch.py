@@ -38,12 +38,12 @@ from ..events import (
 )
 from ..messages import AssistantMessage, Message, parse_message
 from .bounds import check_lease
+from .operation import ITER_PAGE, Batch, Operation, ThreadRef, write
 from .pages import list_page
 from .prepare import check_token
 from .reads import decode, fetch_sequences
-from .requests import ITER_PAGE, Batch, Operation, ThreadRef, write
+from .replies import stored_int
 from .scripts import SCRIPTS
-from .wire import stored_int
 
 # The largest delta publish() sends.
 MAX_DELTA_BYTES = 1024 * 1024

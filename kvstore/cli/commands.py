@@ -11,7 +11,7 @@ import redis
 
 from .. import errors
 from .._engine.keys import check_thread_id
-from .._engine.wire import ChunkEntry, LargeEntry
+from .._engine.replies import ChunkEntry, LargeEntry
 from ..config import StoreConfig
 from ..store import MessageStore
 from .progress import Progress

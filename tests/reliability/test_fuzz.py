@@ -28,9 +28,9 @@ from redis.crc import key_slot
 from kvstore import AssistantMessage, MessageStore, StoreConfig, UserMessage, errors
 from kvstore._engine.bounds import MAX_CURSOR
 from kvstore._engine.keys import ThreadKeys
-from kvstore._engine.pairs import without_orphans
 from kvstore._engine.record import decode_records
-from kvstore._engine.wire import ChunkEntry
+from kvstore._engine.replies import ChunkEntry
+from kvstore._engine.tool_pairs import without_orphans
 
 from .. import model
 from .support import dedicated_server, fresh_namespace, keyspace, keyspace_diff

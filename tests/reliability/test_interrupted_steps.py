@@ -244,7 +244,7 @@ def small_steps(monkeypatch):
     """Steps of a few messages, turns and chunks, so that a small thread takes many."""
     monkeypatch.setattr("kvstore._engine.fork.RESTORE_RUN", 4)
     monkeypatch.setattr(backup_module, "RESTORE_TURNS", 2)
-    monkeypatch.setattr("kvstore._engine.requests.DELETE_STEP", 2)
+    monkeypatch.setattr("kvstore._engine.operation.DELETE_STEP", 2)
     monkeypatch.setattr("kvstore._engine.lifecycle.REMOVE_TURN_STEP", 3)
 
 

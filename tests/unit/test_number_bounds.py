@@ -19,9 +19,9 @@ from kvstore._engine.bounds import (
     check_lease,
     check_watch,
 )
-from kvstore._engine.pairs import checked_tokens, counted
 from kvstore._engine.prepare import prepare_batch
-from kvstore._engine.wire import stored_int
+from kvstore._engine.replies import stored_int
+from kvstore._engine.tool_pairs import checked_tokens, counted
 
 
 def largest(name: str) -> dict[str, int]:
@@ -135,7 +135,7 @@ def test_a_stored_value_that_is_no_number_is_a_record_error(value):
 def test_a_backup_past_the_sequence_bound_is_refused_before_the_socket():
     from kvstore import UserMessage
     from kvstore._engine import core
-    from kvstore._engine.requests import ThreadRef
+    from kvstore._engine.operation import ThreadRef
 
     ref = ThreadRef.of(StoreConfig(), "chat")
     at_edge = core.restore_run(

@@ -10,8 +10,8 @@ import pytest
 from kvstore import errors
 from kvstore._engine import core
 from kvstore._engine.core import MAX_LIMIT
+from kvstore._engine.operation import OPTIMISTIC_READS
 from kvstore._engine.record import encode_record
-from kvstore._engine.requests import OPTIMISTIC_READS
 
 from .driver import batch, call, drive, repeat
 from .layout import FakeThread, message, seqs, v1_record

@@ -18,10 +18,10 @@ from kvstore._engine.core import (
     Eval,
     gathering,
 )
-from kvstore._engine.pairs import PAIR_LOOKBACK
+from kvstore._engine.operation import OPTIMISTIC_READS
 from kvstore._engine.record import encode_record
-from kvstore._engine.requests import OPTIMISTIC_READS
 from kvstore._engine.scripts import SCRIPTS
+from kvstore._engine.tool_pairs import PAIR_LOOKBACK
 
 from .driver import batch, call, collect, drive, repeat
 from .layout import FakeThread, message, seqs, summary

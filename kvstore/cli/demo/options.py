@@ -37,4 +37,34 @@ class DemoFailed(Exception):
 
 
 # The words the demo's messages are made of.
-WORDS = ["the", "a", "thread", "message", "model", "tool", "call", "result", "user", "answer", "question", "context", "window", "chunk", "index", "summary", "turn", "reply", "stream", "token", "latency", "memory", "server", "worker", "process", "append", "page", "cursor", "order"]
+WORDS = [
+    "the",
+    "a",
+    "thread",
+    "message",
+    "model",
+    "tool",
+    "call",
+    "result",
+    "user",
+    "answer",
+    "question",
+    "context",
+    "window",
+    "chunk",
+    "index",
+    "summary",
+    "turn",
+    "reply",
+    "stream",
+    "token",
+    "latency",
+    "memory",
+    "server",
+    "worker",
+    "process",
+    "append",
+    "page",
+    "cursor",
+    "order",
+]

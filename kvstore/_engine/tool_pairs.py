@@ -28,7 +28,7 @@ from ..messages import (
 )
 from .bounds import MAX_MESSAGE_TOKENS, bounded
 from .record import encode_record
-from .wire import record_tokens
+from .replies import record_tokens
 
 TokenCounter = Callable[[Message], int]
 

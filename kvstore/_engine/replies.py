@@ -266,7 +266,7 @@ def hash_pairs(reply: Any) -> list[tuple[Any, Any]]:
 
 def record_tokens(record_bytes: int) -> int:
     """The documented count of a message stored without one: a token per 4 record bytes,
-    rounded up (lua/includes/format.lua: bytes_tokens; pairs.py: estimated_tokens, the same
+    rounded up (lua/includes/format.lua: bytes_tokens; tool_pairs.py: estimated_tokens, the same
     rule)."""
     return -(-record_bytes // 4)
 

@@ -1,12 +1,11 @@
-"""kvstore/_engine/wire.py: the scripts' replies and stored text values, read as typed values."""
+"""kvstore/_engine/replies.py: the scripts' replies and stored text values, read as typed values."""
 
 from __future__ import annotations
 
 import pytest
 
 from kvstore import AssistantMessage, UserMessage, errors
-from kvstore._engine.pairs import estimated_tokens
-from kvstore._engine.wire import (
+from kvstore._engine.replies import (
     AppendReply,
     ChunkEntry,
     CompactReply,
@@ -21,6 +20,7 @@ from kvstore._engine.wire import (
     side_tokens,
     split_chunk,
 )
+from kvstore._engine.tool_pairs import estimated_tokens
 
 from .layout_check import read_layout
 
@@ -186,10 +186,10 @@ def test_a_reply_of_another_shape_is_a_server_error_naming_the_script(decoder, r
 def test_a_chunk_written_by_the_scripts_splits_into_the_records_it_was_given(
     make_thread, raw_client
 ):
-    """The manifest's writer (lua/includes/format.lua) and its reader (kvstore._engine.wire.split_chunk)
+    """The manifest's writer (lua/includes/format.lua) and its reader (kvstore._engine.replies.split_chunk)
     agree on a chunk the real scripts wrote: every record, at its sequence, byte for byte."""
     from kvstore._engine.record import decode_records
-    from kvstore._engine.wire import split_chunk
+    from kvstore._engine.replies import split_chunk
 
     thread = make_thread("split", window_size=4, chunk_size=5)
     sent = [f"message {i} " + "x" * (i * 37) for i in range(20)]

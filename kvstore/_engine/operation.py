@@ -18,8 +18,8 @@ from .. import errors
 from ..config import StoreConfig
 from ..messages import Message
 from .keys import ThreadKeys
+from .replies import DeleteReply, MigrateReply, stored_int
 from .scripts import SCRIPTS, Script
-from .wire import DeleteReply, MigrateReply, stored_int
 
 
 @dataclass(frozen=True, slots=True)
