@@ -285,7 +285,7 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     # Fields a model does not declare are kept, each a JSON value (checked like event_data).
-    __pydantic_extra__: dict[str, JsonField]  # type: ignore[assignment]
+    __pydantic_extra__: dict[str, JsonField]
 
 
 def _declared_type(value: Any) -> Any:
@@ -917,7 +917,7 @@ def _error_text(error: Any, data: Any) -> str:
         if isinstance(node, Mapping) and node.get("message_type") is None:
             # Pydantic's "Unable to extract tag" (or "Input tag 'None'") is no help to a caller.
             return f"missing or null; it names the message's type, one of {_TYPE_NAMES}"
-    return error["msg"]
+    return str(error["msg"])
 
 
 def _error_path(error: Any, data: Any) -> str:

@@ -9,7 +9,7 @@ and media, its sequences and counters.
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, cast
 
 from .. import errors
 
@@ -75,7 +75,7 @@ def check_sequence(value: Any, what: str, error: type[errors.KVStoreError], low:
         raise error(
             f"{what} must be an int from {low} to {MAX_SEQUENCE} (2**50), got {value!r:.80}"
         )
-    return value
+    return cast(int, value)
 
 
 def check_lease(lease: Any) -> int:
@@ -84,7 +84,7 @@ def check_lease(lease: Any) -> int:
         raise errors.InvalidMessage(
             f"a turn's lease is an int from 1 to {MAX_SEQUENCE} (2**50), got {lease!r:.80}"
         )
-    return lease
+    return cast(int, lease)
 
 
 def check_watch(after: Any, block_ms: Any) -> None:

@@ -14,7 +14,7 @@ or fakeredis client apart.
 from __future__ import annotations
 
 from contextvars import ContextVar
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis.asyncio
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -56,7 +56,14 @@ def _sent(connection: Any) -> None:
         call.sent_on.append(connection)
 
 
-class TracksSends:
+if TYPE_CHECKING:
+    from redis.asyncio.connection import AbstractConnection as _AsyncConnection
+    from redis.connection import AbstractConnection as _SyncConnection
+else:  # mixins: the connection class comes after them in a connection's bases
+    _SyncConnection = _AsyncConnection = object
+
+
+class TracksSends(_SyncConnection):
     """Mixed into a sync connection class: marks the call as sent just before its command's
     bytes go to the socket. The handshake after a connect (HELLO, AUTH, SELECT, CLIENT
     SETINFO) and health-check PINGs are not the call's command."""
@@ -73,7 +80,7 @@ class TracksSends:
         _touched()
         self._kvstore_internal += 1
         try:
-            return super().connect_check_health(*args, **kwargs)
+            super().connect_check_health(*args, **kwargs)
         finally:
             self._kvstore_internal -= 1
 
@@ -90,10 +97,10 @@ class TracksSends:
                 self._kvstore_internal -= 1
             _sent(self)
             check_health = False
-        return super().send_packed_command(command, check_health)
+        super().send_packed_command(command, check_health)
 
 
-class AsyncTracksSends:
+class AsyncTracksSends(_AsyncConnection):
     """The asyncio twin of :class:`TracksSends`."""
 
     _kvstore_internal = 0
@@ -105,7 +112,7 @@ class AsyncTracksSends:
         _touched()
         self._kvstore_internal += 1
         try:
-            return await super().connect_check_health(*args, **kwargs)
+            await super().connect_check_health(*args, **kwargs)
         finally:
             self._kvstore_internal -= 1
 
@@ -121,7 +128,7 @@ class AsyncTracksSends:
                 self._kvstore_internal -= 1
             _sent(self)
             check_health = False
-        return await super().send_packed_command(command, check_health)
+        await super().send_packed_command(command, check_health)
 
 
 def track_sends(client: Any) -> bool:

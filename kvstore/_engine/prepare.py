@@ -49,7 +49,7 @@ class PreparedMessage:
     def of(
         cls,
         config: StoreConfig,
-        message: Message | dict,
+        message: Message | dict[str, Any],
         turn_id: str | None,
         edit: Callable[[dict[str, Any]], None] | None = None,
         what: str = "the message",
@@ -144,7 +144,7 @@ def within_media_budget(
 
 def prepare_batch(
     config: StoreConfig,
-    messages: Message | dict | Iterable[Message | dict],
+    messages: Message | dict[str, Any] | Iterable[Message | dict[str, Any]],
     turn_id: str | None,
     tokens: Any = None,
     counter: TokenCounter | None = None,
@@ -218,7 +218,7 @@ def _check_batch_count(config: StoreConfig, batch: list[Any]) -> None:
         )
 
 
-def _give_id(original: Any, message_id: str) -> None:
+def _give_id(original: Any, message_id: str | None) -> None:
     """Sets the id the store made on the caller's message (a model or a dict) that had none."""
     if isinstance(original, BaseModel):
         if original.__dict__.get("id") is None:

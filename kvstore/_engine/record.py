@@ -33,7 +33,7 @@ never hides the others. :func:`salvage` reads what it can of a record without va
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import msgpack
 from pydantic import TypeAdapter, ValidationError
@@ -322,7 +322,7 @@ def _dump(message: BaseMessage) -> dict[str, Any]:
     try:
         # The serializer directly: measurably cheaper than model_dump on this hot path. Its
         # warnings about values of the wrong type are left out: validation names those fields.
-        return message.__pydantic_serializer__.to_python(
+        return message.__pydantic_serializer__.to_python(  # type: ignore[no-any-return]
             message, mode="json", exclude_none=True, warnings=False
         )
     except (ValueError, TypeError, OverflowError, RecursionError) as exc:
@@ -363,6 +363,6 @@ def _salvaged_date(value: Any) -> str | None:
     if not isinstance(value, (str, int, float)) or isinstance(value, bool):
         return None
     try:
-        return _TIMESTAMP.dump_python(_TIMESTAMP.validate_python(value), mode="json")
+        return cast(str, _TIMESTAMP.dump_python(_TIMESTAMP.validate_python(value), mode="json"))
     except (ValidationError, ValueError, OverflowError):
         return None

@@ -53,6 +53,7 @@ def opened_ids(message: Message) -> tuple[str, ...]:
 
 def answered_ids(message: Message) -> tuple[str, ...]:
     """The ids this message answers: each must be opened by an earlier message."""
+    ids: list[str | None]
     if isinstance(message, ToolReturnMessage):
         ids = [message.tool_call_id, *(item.tool_call_id for item in message.tool_returns or ())]
     elif isinstance(message, ApprovalResponseMessage):
