@@ -14,7 +14,8 @@ import redis
 import redis.asyncio
 
 from ._engine.core import Operation, ThreadRef
-from ._engine.executor import AsyncDriver, Executor, SyncDriver, operate
+from ._engine.drivers import AsyncDriver, SyncDriver
+from ._engine.executor import Executor, operate
 from ._engine.health import HealthReport, health, health_async
 from .config import StoreConfig
 from .thread import AsyncThread, Thread
