@@ -56,6 +56,17 @@ def _from_llamaindex(record: Any) -> tuple[list[Message], dict[str, Any]]:
             if record.get("content") is None
             else [{"block_type": "text", "text": record["content"]}]
         )
+    texts, reasoning, calls, kept = _blocks(blocks, kind)
+    if kept:
+        fields["blocks"] = kept
+    return _messages(kind, kwargs, texts, reasoning, calls), fields
+
+
+def _blocks(
+    blocks: list[Any], kind: str
+) -> tuple[list[TextContent | ImageContent], list[Message], list[ToolCall], list[dict[str, Any]]]:
+    """A ChatMessage's blocks read: its text and image parts, reasoning, tool calls, and the
+    blocks kept whole in the source fields (with their index)."""
     texts: list[TextContent | ImageContent] = []
     reasoning: list[Message] = []
     calls: list[ToolCall] = []
@@ -88,13 +99,22 @@ def _from_llamaindex(record: Any) -> tuple[list[Message], dict[str, Any]]:
             )
         else:
             kept.append({"index": index, "block": block})
-    if kept:
-        fields["blocks"] = kept
+    return texts, reasoning, calls, kept
+
+
+def _messages(
+    kind: str,
+    kwargs: dict[str, Any],
+    texts: list[TextContent | ImageContent],
+    reasoning: list[Message],
+    calls: list[ToolCall],
+) -> list[Message]:
+    """The kvstore messages of a ChatMessage of role `kind`, from its blocks read."""
     name = kwargs.get("name") if isinstance(kwargs.get("name"), str) else None
     named = {"name": name} if name else {}
     text_only = [part.text for part in texts if isinstance(part, TextContent)]
     if kind == "system":
-        return [SystemMessage(content="\n".join(text_only), **named)], fields
+        return [SystemMessage(content="\n".join(text_only), **named)]
     if kind == "tool":
         return [
             ToolReturnMessage(
@@ -103,12 +123,12 @@ def _from_llamaindex(record: Any) -> tuple[list[Message], dict[str, Any]]:
                 tool_return="\n".join(text_only),
                 **named,
             )
-        ], fields
+        ]
     if kind == "user":
         content: Any = (
             texts[0].text if len(texts) == 1 and isinstance(texts[0], TextContent) else texts
         )
-        return [UserMessage(content=content, **named)], fields
+        return [UserMessage(content=content, **named)]
     for call in kwargs.get("tool_calls") or []:
         function = call.get("function") or {} if isinstance(call, dict) else {}
         calls.append(
@@ -129,7 +149,7 @@ def _from_llamaindex(record: Any) -> tuple[list[Message], dict[str, Any]]:
             )
         )
     made.extend(ToolCallMessage(tool_call=call, **named) for call in calls)
-    return made, fields
+    return made
 
 
 def _llama_image(block: dict[str, Any]) -> ImageContent | None:

@@ -15,6 +15,7 @@ from .. import errors
 from .._engine import core
 from .._engine.drivers import Step
 from .._engine.keys import check_thread_id
+from .._engine.text import text
 from ..errors import SourceChanged
 from ..messages import (
     Message,
@@ -103,7 +104,7 @@ def _find(pattern: str) -> Generator[Any, Any, list[str]]:
     cursor = 0
     while True:
         cursor, found = yield SourceRead("scan", (cursor, pattern, 1000, "list"))
-        keys.update(_text(key) for key in found)
+        keys.update(text(key) for key in found)
         if int(cursor) == 0:
             return sorted(keys)
 
@@ -192,6 +193,38 @@ def _import_session(
         raise errors.InvalidMessage(
             "not a LlamaIndex chat (its first element is not a ChatMessage)"
         )
+    newest, resume, verified = yield from _resume_point(ref, kind, key, result, total)
+    batch = _Batch(ref, key, result, batch_messages, progress)
+    digest = b""
+    for start in range(0, total, SOURCE_PAGE):
+        page_records = yield from _page(kind, key, start, min(start + SOURCE_PAGE, total), total)
+        for position, raw in enumerate(page_records, start):
+            digest = _chain(digest, raw)
+            if verified:
+                yield from batch.add(_map(kind, key, position, _parse(key, position, raw), digest))
+            elif resume is not None and position >= resume:
+                if newest is None or newest.id not in _ids(kind, key, position, raw, digest):
+                    raise SourceChanged(
+                        _changed(
+                            key,
+                            result,
+                            f"its newest message, the session's message {position}"
+                            " when imported, is not the same (or one before it is not)",
+                        )
+                    )
+                verified = True
+                _covered(result, progress, key, position + 1)
+    yield from batch.flush()
+    if not verified:  # the thread's newest message is not the session's: fine if all is stored
+        yield from _check_all_stored(ref, kind, key, total, digest, result)
+        _covered(result, progress, key, total)
+
+
+def _resume_point(
+    ref: Any, kind: Source, key: str, result: SessionImport, total: int
+) -> Generator[Any, Any, tuple[Message | None, int | None, bool]]:
+    """The thread's newest message, its position in the session if it was imported from it, and
+    whether the thread is empty (so holds a prefix of the session as it is now)."""
     # The thread's newest message says where an earlier run stopped: the session's message at
     # `resume`, when it was imported from this source. Every id carries a digest of the session
     # up to its message, so finding that id, as the session is now, proves the whole prefix
@@ -209,75 +242,72 @@ def _import_session(
                 f" session holds {total} now",
             )
         )
-    verified = empty  # the thread holds a prefix of the session as it is now
-    digest = b""
-    batch: list[Message] = []
-    covered = 0  # source messages in `batch`
-    size = 0
+    return newest, resume, empty
 
-    def flush() -> Generator[Any, Any, None]:
-        nonlocal batch, covered, size
-        if batch:
-            new = yield from _append_new(ref, batch)
+
+def _check_all_stored(
+    ref: Any, kind: Source, key: str, total: int, digest: bytes, result: SessionImport
+) -> Generator[Any, Any, None]:
+    if not (yield StoreRun(core.stored_ids(ref, [message_id(kind, key, total - 1, 0, digest)]))):
+        raise SourceChanged(
+            _changed(
+                key,
+                result,
+                "it holds messages that are not the session's as it is now"
+                " (its newest message was not imported from it)",
+            )
+        )
+
+
+def _covered(result: SessionImport, progress: Progress | None, key: str, count: int) -> None:
+    """The session's first `count` messages are found stored."""
+    result.already = count
+    if progress:
+        progress(key, count)
+
+
+class _Batch:
+    """The messages of whole source messages waiting for one append (batch_messages and
+    IMPORT_BATCH_BYTES at most, a source message never split between two appends)."""
+
+    def __init__(
+        self,
+        ref: Any,
+        key: str,
+        result: SessionImport,
+        batch_messages: int,
+        progress: Progress | None,
+    ) -> None:
+        self.ref, self.key, self.result = ref, key, result
+        self.limit, self.progress = batch_messages, progress
+        self.messages: list[Message] = []
+        self.covered = 0  # source messages in `messages`
+        self.size = 0
+
+    def add(self, messages: list[Message]) -> Generator[Any, Any, None]:
+        """Adds one source message's messages, appending the batch first if they do not fit."""
+        weight = sum(len(message.to_json()) for message in messages)
+        if self.messages and (
+            len(self.messages) + len(messages) > self.limit
+            or self.size + weight > IMPORT_BATCH_BYTES
+        ):
+            yield from self.flush()
+        self.messages.extend(messages)
+        self.covered += 1
+        self.size += weight
+
+    def flush(self) -> Generator[Any, Any, None]:
+        if self.messages:
+            new = yield from _append_new(self.ref, self.messages)
             sources = _sources_in(
                 new
             )  # an append is atomic: whole source messages are stored or not
-            result.stored_messages += len(new)
-            result.imported += sources
-            result.already += covered - sources
-            if progress:
-                progress(key, covered)
-        batch, covered, size = [], 0, 0
-
-    for start in range(0, total, SOURCE_PAGE):
-        page_records = yield from _page(kind, key, start, min(start + SOURCE_PAGE, total), total)
-        for position, raw in enumerate(page_records, start):
-            digest = _chain(digest, raw)
-            if not verified:
-                if resume is None or position < resume:
-                    continue
-                if newest.id not in _ids(kind, key, position, raw, digest):
-                    raise SourceChanged(
-                        _changed(
-                            key,
-                            result,
-                            f"its newest message, the session's message {position}"
-                            f" when imported, is not the same (or one before it"
-                            f" is not)",
-                        )
-                    )
-                verified = True
-                result.already = position + 1
-                if progress:
-                    progress(key, position + 1)
-                continue
-            messages = _map(kind, key, position, _parse(key, position, raw), digest)
-            weight = sum(len(message.to_json()) for message in messages)
-            if batch and (
-                len(batch) + len(messages) > batch_messages or size + weight > IMPORT_BATCH_BYTES
-            ):
-                yield from flush()
-            batch.extend(messages)
-            covered += 1
-            size += weight
-    yield from flush()
-    if (
-        not verified
-    ):  # the thread's newest message is not the session's: fine if all of it is stored
-        if not (
-            yield StoreRun(core.stored_ids(ref, [message_id(kind, key, total - 1, 0, digest)]))
-        ):
-            raise SourceChanged(
-                _changed(
-                    key,
-                    result,
-                    "it holds messages that are not the session's as it is now"
-                    " (its newest message was not imported from it)",
-                )
-            )
-        result.already = total
-        if progress:
-            progress(key, total)
+            self.result.stored_messages += len(new)
+            self.result.imported += sources
+            self.result.already += self.covered - sources
+            if self.progress:
+                self.progress(self.key, self.covered)
+        self.messages, self.covered, self.size = [], 0, 0
 
 
 def _changed(key: str, result: SessionImport, why: str) -> str:
@@ -364,7 +394,3 @@ def _map(kind: Source, key: str, position: int, record: Any, digest: bytes) -> l
             )
         )
     return out
-
-
-def _text(key: bytes | str) -> str:
-    return key.decode() if isinstance(key, bytes) else key

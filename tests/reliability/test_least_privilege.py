@@ -17,7 +17,7 @@ import pytest
 import redis
 
 from kvstore import AssistantMessage, StoreConfig, SummaryMessage, UserMessage, errors
-from kvstore._engine.health import health, preload_library, preload_scripts
+from kvstore.admin import health, preload_library, preload_scripts
 from kvstore._engine.scripts import LIBRARY, SCRIPTS
 
 from ..layout_check import check_layout

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 import redis
 
 from ... import errors
-from ..._engine.keys import ThreadKeys
 from ...messages import (
     AssistantMessage,
     ReasoningMessage,
@@ -238,7 +237,8 @@ def sparkline(values: list[float]) -> str:
 
 def _sample(client: redis.Redis, options: DemoOptions) -> tuple[int, int]:
     """(messages appended, MEMORY USAGE in bytes) of the worker threads (demo-0, demo-1 …)."""
-    metas = [ThreadKeys.of(options.namespace, f"demo-{t}").meta for t in range(options.threads)]
+    store = MessageStore(client, demo_config(options.namespace))  # makes no call: names the keys
+    metas = [store.thread(f"demo-{t}").keys.meta for t in range(options.threads)]
     appended = sum(int(client.hget(meta, "last_seq") or 0) for meta in metas)
     keys = client.scan_iter(match=f"{options.namespace}:{{demo-*", count=1000)
     return appended, sum(client.memory_usage(k, samples=0) or 0 for k in keys)
