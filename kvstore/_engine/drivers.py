@@ -23,6 +23,9 @@ class Step:
 
     __slots__ = ()
 
+    def __call__(self, store: Any) -> Any:
+        raise NotImplementedError
+
 
 class Send(Step):
     """One command, alone."""
@@ -66,25 +69,10 @@ class Sleep(Step):
 
 # ------------------------------------------------------------------- the drivers
 #
-# Each driver loop has one shape: advance the steps (send the reply in, or throw the failure in),
-# hand out an output or make the step, keep its reply or its exception for the next advance.
-
-
-class Done:
-    """What steps returned once they ended."""
-
-    __slots__ = ("value",)
-
-    def __init__(self, value: Any) -> None:
-        self.value = value
-
-
-def advance(steps: Steps, reply: Any, failure: BaseException | None) -> Any:
-    """The next step after sending `reply` into `steps` (or throwing `failure` in), or Done."""
-    try:
-        return steps.send(reply) if failure is None else steps.throw(failure)
-    except StopIteration as done:
-        return Done(done.value)
+# Every driver loop has one shape: send the reply into the steps (or throw the failure in), hand
+# out an output or make the step, keep its reply or its exception for the next turn. The four
+# are written out rather than sharing a helper that advances the steps: that call would cost
+# about 0.2 µs a step, a quarter of the loop's own time, on every request of every store.
 
 
 class SyncDriver:
@@ -94,9 +82,14 @@ class SyncDriver:
 
     def _outputs(self, steps: Steps) -> Iterator[Any]:
         """Makes the steps, handing out the outputs among them; returns what the steps return."""
-        reply, failure = None, None
-        while not isinstance(step := advance(steps, reply, failure), Done):
-            reply, failure = None, None
+        reply: Any = None
+        failure: BaseException | None = None
+        while True:
+            try:
+                step = steps.send(reply) if failure is None else steps.throw(failure)
+            except StopIteration as done:
+                return done.value
+            reply = failure = None
             if not isinstance(step, Step):
                 yield step
                 continue
@@ -104,18 +97,23 @@ class SyncDriver:
                 reply = step(self)
             except BaseException as exc:  # thrown into the steps, which may handle it
                 failure = exc
-        return step.value
 
     def _finish(self, steps: Steps) -> Any:
         """Makes the steps of an operation without outputs; returns what they return."""
-        reply, failure = None, None
-        while not isinstance(step := advance(steps, reply, failure), Done):
-            reply, failure = None, None
+        reply: Any = None
+        failure: BaseException | None = None
+        while True:
             try:
-                reply = step(self) if isinstance(step, Step) else None
+                step = steps.send(reply) if failure is None else steps.throw(failure)
+            except StopIteration as done:
+                return done.value
+            reply = failure = None
+            if not isinstance(step, Step):
+                continue
+            try:
+                reply = step(self)
             except BaseException as exc:  # thrown into the steps, which may handle it
                 failure = exc
-        return step.value
 
 
 class AsyncDriver:
@@ -125,9 +123,14 @@ class AsyncDriver:
 
     async def _outputs(self, steps: Steps) -> AsyncIterator[Any]:
         """Awaits the steps, handing out the outputs among them."""
-        reply, failure = None, None
-        while not isinstance(step := advance(steps, reply, failure), Done):
-            reply, failure = None, None
+        reply: Any = None
+        failure: BaseException | None = None
+        while True:
+            try:
+                step = steps.send(reply) if failure is None else steps.throw(failure)
+            except StopIteration:
+                return
+            reply = failure = None
             if not isinstance(step, Step):
                 yield step
                 continue
@@ -138,11 +141,17 @@ class AsyncDriver:
 
     async def _finish(self, steps: Steps) -> Any:
         """Awaits the steps of an operation without outputs; returns what they return."""
-        reply, failure = None, None
-        while not isinstance(step := advance(steps, reply, failure), Done):
-            reply, failure = None, None
+        reply: Any = None
+        failure: BaseException | None = None
+        while True:
             try:
-                reply = await step(self) if isinstance(step, Step) else None
+                step = steps.send(reply) if failure is None else steps.throw(failure)
+            except StopIteration as done:
+                return done.value
+            reply = failure = None
+            if not isinstance(step, Step):
+                continue
+            try:
+                reply = await step(self)
             except BaseException as exc:  # cancellation too: the steps clean up, re-raise
                 failure = exc
-        return step.value

@@ -4,11 +4,11 @@ A core operation yields requests, Eval (a script) and Batch (native commands), a
 replies. The executor decides how each goes out: FCALL, FCALL_RO or EVALSHA; FUNCTION LOAD
 pipelined with the call again where the function is missing; EVAL after NOSCRIPT; WAIT or
 WAITAOF after a durable write; the call re-sent while a cluster refuses it. Those decisions are
-generators of IO steps (Send, Pipeline, Sleep). A driver makes each step on the store's client
-and sends the reply back in, or throws the exception in. The sync driver calls
-``step(store)``, the asyncio driver awaits it: that, and ``close``, is all the two stores do
-differently. Which typed error a failure is, and whether its command was sent at all, is
-kvstore/_engine/failures.py's part.
+generators of IO steps (Send, Pipeline, Sleep). A driver (kvstore/_engine/drivers.py) makes
+each step on the store's client and sends the reply back in, or throws the exception in. The
+sync driver calls ``step(store)``, the asyncio driver awaits it: that, and ``close``, is all the
+two stores do differently. Which typed error a failure is, and whether its command was sent at
+all, is kvstore/_engine/failures.py's part.
 
 Why steps rather than a sync module generated from the async one (unasync): one module to read,
 nothing generated to keep fresh and no build step, the sans-IO pattern of the core carried one

@@ -196,7 +196,7 @@ def _langchain(
     batch_messages: int,
     progress: Progress | None,
     results: list[SessionImport],
-) -> Generator:
+) -> Generator[Any, Any, list[SessionImport]]:
     def thread_of(key: str) -> str:
         return (
             key[len(key_prefix) :]
