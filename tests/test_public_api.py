@@ -78,6 +78,7 @@ PUBLIC_MODULES = [
     "kvstore.importers.session",
     "kvstore.importers.records",
     "kvstore.importers.langchain",
+    "kvstore.admin",
 ]
 
 
