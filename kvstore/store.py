@@ -17,8 +17,9 @@ from ._engine.core import Operation, ThreadRef
 from ._engine.drivers import AsyncDriver, SyncDriver
 from ._engine.executor import Executor, operate
 from ._engine.health import HealthReport, health, health_async
+from .async_thread import AsyncThread
 from .config import StoreConfig
-from .thread import AsyncThread, Thread
+from .thread import Thread
 
 __all__ = ["AsyncMessageStore", "AsyncThread", "MessageStore", "Thread"]
 

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 from ._engine import core
 from ._engine.core import Cursor
-from .async_thread import AsyncThread  # noqa: F401  (kvstore.thread.AsyncThread, as before)
+from .async_thread import AsyncThread as AsyncThread  # kvstore.thread.AsyncThread, as before
 from .events import TurnLease
 from .messages import CompactionStats, Message, SummaryMessage
 from .models import (

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Generator, Iterator, Sequence
+from collections.abc import AsyncIterator, Generator, Sequence
 from typing import Any
 
 Steps = Generator[Any, Any, Any]
@@ -80,7 +80,7 @@ class SyncDriver:
 
     _sleep = staticmethod(time.sleep)
 
-    def _outputs(self, steps: Steps) -> Iterator[Any]:
+    def _outputs(self, steps: Steps) -> Steps:
         """Makes the steps, handing out the outputs among them; returns what the steps return."""
         reply: Any = None
         failure: BaseException | None = None
