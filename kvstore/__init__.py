@@ -2,6 +2,7 @@
 
 from . import errors, events
 from ._engine.health import HealthReport
+from .async_thread import AsyncThread
 from .config import StoreConfig
 from .events import TurnLease
 from .messages import (
@@ -26,7 +27,7 @@ from .messages import (
 )
 from .models import AppendResult, MessagesPage, ThreadSnapshot, ThreadStats, TurnResult, TurnState
 from .store import AsyncMessageStore, MessageStore
-from .thread import AsyncThread, Thread
+from .thread import Thread
 
 __all__ = [
     "AppendResult",

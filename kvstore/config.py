@@ -5,9 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from ._engine.bounds import CONFIG_MAXIMA
-from ._engine.keys import check_namespace
 from .errors import ConfigError
+from .limits import CONFIG_MAXIMA, check_namespace
 
 KiB = 1024
 """Bytes in a kibibyte."""

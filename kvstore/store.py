@@ -14,10 +14,12 @@ import redis
 import redis.asyncio
 
 from ._engine.core import Operation, ThreadRef
-from ._engine.executor import AsyncDriver, Executor, SyncDriver, operate
+from ._engine.drivers import AsyncDriver, SyncDriver
+from ._engine.executor import Executor, operate
 from ._engine.health import HealthReport, health, health_async
+from .async_thread import AsyncThread
 from .config import StoreConfig
-from .thread import AsyncThread, Thread
+from .thread import Thread
 
 __all__ = ["AsyncMessageStore", "AsyncThread", "MessageStore", "Thread"]
 

@@ -1,18 +1,18 @@
-"""Thread and AsyncThread: one conversation, each method one call to its store.
+"""Thread: one conversation, each method one call to its store.
 
 Every method hands one core operation (kvstore._engine.core) to the store it was made by
-(kvstore/store.py), which runs it: sync on MessageStore, awaited on AsyncMessageStore.
+(kvstore/store.py), which runs it: sync on MessageStore, awaited on AsyncMessageStore
+(AsyncThread, kvstore/async_thread.py, importable from here too). The turn and event methods are
+in kvstore/turns.py, what both threads share in kvstore/thread_base.py.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from collections.abc import Callable, Iterator, Sequence
 
 from ._engine import core
-from ._engine.bounds import check_lease, check_watch
-from ._engine.core import Cursor, ThreadRef
-from ._engine.watch_drivers import DEFAULT_BLOCK_MS, AsyncWatch, Watch
+from ._engine.core import Cursor
+from .async_thread import AsyncThread as AsyncThread  # kvstore.thread.AsyncThread, as before
 from .events import TurnLease
 from .messages import CompactionStats, Message, SummaryMessage
 from .models import (
@@ -20,36 +20,19 @@ from .models import (
     MessagesPage,
     ThreadSnapshot,
     ThreadStats,
-    TurnOutcome,
-    TurnResult,
 )
-
-Order = Literal["asc", "desc"]
-"""A page's order: "asc" lists oldest first, "desc" newest first."""
-Messages = Message | dict | Iterable[Message | dict]
-"""What ``append`` takes: one message (a model or a dict in the list API's shape), or several."""
-# Inside Thread, `list` is the method: an annotation evaluated in the class's scope (pdoc,
-# Python 3.14's lazy annotations) needs the builtin under another name.
-_MessageList = list[Message]
-
-if TYPE_CHECKING:
-    from .store import AsyncMessageStore, MessageStore
+from .thread_base import (
+    Messages,
+    Order,
+    RunsOperations,
+    _MessageList,
+    thread_id_of,
+    turn_args,
+)
+from .turns import ThreadTurns
 
 
-class _Bound:
-    """What Thread and AsyncThread share: their store and the thread's keys."""
-
-    def __init__(self, store: Any, ref: ThreadRef) -> None:
-        self._store = store
-        self._ref = ref
-
-    @property
-    def keys(self) -> core.ThreadKeys:
-        """The names of the thread's keys (docs/LAYOUT.md), all under one hash tag."""
-        return self._ref.keys
-
-
-class Thread(_Bound):
+class Thread(ThreadTurns):
     """One conversation. Cheap to make; holds no state beyond its keys.
 
     Made by :meth:`MessageStore.thread`. Every method is one call to the store, safe to run
@@ -63,7 +46,7 @@ class Thread(_Bound):
         page = thread.list(limit=50, order="desc")
     """
 
-    _store: MessageStore
+    _store: RunsOperations
 
     def append(
         self,
@@ -92,115 +75,7 @@ class Thread(_Bound):
         (or a copy without its id). Otids work the same way across processes: a batch whose
         otids are all stored is a replay.
         """
-        return self._store.run(core.append(self._ref, messages, *_turn(turn_id), tokens=tokens))
-
-    def hold_turn(self, turn_id: str, call_id: str | None = None) -> TurnLease:
-        """Starts turn `turn_id` if it is not started, and makes the caller its producer: returns
-        a new lease of it. Any earlier lease is refused from then on (TurnFenced): a worker that
-        takes over a turn fences off the one it replaces. Pass the lease where a turn id goes
-        (:meth:`append`, :meth:`publish`, :meth:`finish_turn`). Raises TurnFinished for a
-        finished turn.
-
-        (:meth:`start_turn` is unchanged: a turn started with it has no lease until one is
-        held, and its writers are not fenced.)
-
-        Idempotent: each call has an id (`call_id`, made by the store unless you pass one) that
-        the server remembers with the lease it gave, so the same call sent again (a timeout,
-        cancellation, OutcomeUnknown, whose ``call_id`` it carries) returns that lease and takes
-        no second one. Pass your own `call_id` to retry a call you cannot hold on to otherwise.
-
-        Example::
-
-            lease = thread.hold_turn("turn-1")
-            thread.publish(lease, "Hel")
-            thread.append(AssistantMessage(content="Hello"), turn_id=lease)
-            thread.finish_turn(lease)
-        """
-        return self._store.run(core.hold_turn(self._ref, turn_id, call_id))
-
-    def publish(
-        self, turn: str | TurnLease, delta: Message | dict | str, call_id: str | None = None
-    ) -> str:
-        """Adds a fragment of an open turn's output to the thread's event stream, for its
-        watchers: never stored as a message. `delta` is a message in the list API's streaming
-        shape (an AssistantMessage or ReasoningMessage with the new text, a ToolCallMessage with
-        a ToolCallDelta) or a str (an AssistantMessage's text). Returns the event's cursor.
-
-        Raises TurnNotFound for a turn never started, TurnFinished once it is finished (so
-        finish_turn's event is the turn's last), TurnFenced for a lease another holds now.
-
-        Idempotent as :meth:`hold_turn` is: the same call sent again (same `call_id`) adds no
-        second delta and returns the first one's cursor.
-
-        Example::
-
-            thread.publish("turn-1", AssistantMessage(id="msg-1", content="Hel"))
-        """
-        return self._store.run(core.publish(self._ref, turn, delta, call_id))
-
-    def watch(
-        self,
-        after: int | str | None = None,
-        block_ms: int = DEFAULT_BLOCK_MS,
-        messages: bool = True,
-    ) -> Watch:
-        """Every change to the thread, as it happens: an iterator of events (kvstore.events),
-        blocking on the server on its own connection (docs/EVENTS.md).
-
-        `after`: None for changes from now on; an event's ``cursor`` to go on right after it; a
-        sequence for every message stored after it, then the changes. A cursor older than the
-        event stream holds pages the stored messages first, with no gap and no repeat. Close the
-        watcher (``with`` or ``close()``) to close its connection. ``messages=False``: events of
-        new messages carry their ids and sequences but not the messages (no read per event).
-
-        Example::
-
-            with thread.watch(after=last_cursor) as events:
-                for event in events:
-                    send(event.kind, event.cursor)
-        """
-        check_watch(after, block_ms)
-        return Watch(self._store, core.watch(self._ref, after, block_ms, messages), block_ms)
-
-    def start_turn(self, turn_id: str) -> int:
-        """Starts turn `turn_id`: records where its replies start, and returns that sequence.
-
-        The turn's replies are the messages appended with this ``turn_id`` from here on (see
-        :meth:`finish_turn`, :meth:`list` with ``turn_id``). Retry-safe: starting a turn already
-        started (open or finished) returns the sequence recorded then and changes nothing.
-
-        Raises InvalidMessage when `turn_id` is not 1-256 characters without tabs, newlines or
-        NUL.
-
-        Example::
-
-            thread.append(UserMessage(content="hi", otid="req-1"), turn_id="turn-1")
-            thread.start_turn("turn-1")
-            thread.append(AssistantMessage(content="hello", otid="reply-1"), turn_id="turn-1")
-            thread.finish_turn("turn-1")
-        """
-        return self._store.run(core.start_turn(self._ref, turn_id))
-
-    def finish_turn(
-        self, turn_id: str | TurnLease, outcome: TurnOutcome = "completed"
-    ) -> TurnResult:
-        """Finishes turn `turn_id` with `outcome`; returns its result (reply count, first and
-        last sequence of its replies). With a :class:`TurnLease`, refused (TurnFenced) once
-        another worker holds the turn.
-
-        A finished turn takes no new message (an append to it raises TurnFinished). Retry-safe:
-        finishing a finished turn returns the result recorded by the first call, whatever
-        `outcome` the retry passes.
-
-        Raises TurnNotFound when the turn was never started in this thread, InvalidMessage when
-        `outcome` is not "completed", "steered", "cancelled" or "failed".
-
-        Example::
-
-            result = thread.finish_turn("turn-1", outcome="cancelled")
-            result.reply_count, result.first_sequence, result.last_sequence
-        """
-        return self._store.run(core.finish_turn(self._ref, *_turn(turn_id, outcome)))
+        return self._store.run(core.append(self._ref, messages, *turn_args(turn_id), tokens=tokens))
 
     def list(
         self,
@@ -369,7 +244,7 @@ class Thread(_Bound):
             draft.append(UserMessage(content="Actually, Bergen."))
         """
         new = self._store.thread(new_thread_id)
-        self._store.run(core.fork(self._ref, _thread_id(self._ref), new._ref, at))
+        self._store.run(core.fork(self._ref, thread_id_of(self._ref), new._ref, at))
         return new
 
     def replace(
@@ -444,229 +319,3 @@ class Thread(_Bound):
             assert thread.stats().stored_messages == 0
         """
         self._store.run(core.delete(self._ref))
-
-
-class AsyncThread(_Bound):
-    """The asyncio twin of :class:`Thread`: same methods, awaited."""
-
-    _store: AsyncMessageStore
-
-    async def append(
-        self,
-        messages: Messages,
-        turn_id: str | TurnLease | None = None,
-        tokens: Sequence[int] | None = None,
-    ) -> AppendResult:
-        """Stores the messages in one atomic call: see :meth:`Thread.append`.
-
-        A call cut off by ``asyncio.wait_for``, ``asyncio.timeout`` or ``task.cancel()`` may
-        still run on the server; the messages you passed already carry their ids, so sending
-        them again stores them once::
-
-            try:
-                await asyncio.wait_for(thread.append(messages), 1)
-            except TimeoutError:
-                await thread.append(messages)  # a replay if the first call ran
-        """
-        return await self._store.run(
-            core.append(self._ref, messages, *_turn(turn_id), tokens=tokens)
-        )
-
-    async def hold_turn(self, turn_id: str, call_id: str | None = None) -> TurnLease:
-        """The awaited :meth:`Thread.hold_turn`. To retry a call that was cancelled, pass the
-        same `call_id` both times."""
-        return await self._store.run(core.hold_turn(self._ref, turn_id, call_id))
-
-    async def publish(
-        self, turn: str | TurnLease, delta: Message | dict | str, call_id: str | None = None
-    ) -> str:
-        """The awaited :meth:`Thread.publish`. To retry a call that was cancelled, pass the
-        same `call_id` both times."""
-        return await self._store.run(core.publish(self._ref, turn, delta, call_id))
-
-    def watch(
-        self,
-        after: int | str | None = None,
-        block_ms: int = DEFAULT_BLOCK_MS,
-        messages: bool = True,
-    ) -> AsyncWatch:
-        """The async iterator of :meth:`Thread.watch`. Cancelling the task that waits on it
-        closes its connection.
-
-        Example::
-
-            async with thread.watch() as events:
-                async for event in events:
-                    ...
-        """
-        check_watch(after, block_ms)
-        return AsyncWatch(self._store, core.watch(self._ref, after, block_ms, messages), block_ms)
-
-    async def start_turn(self, turn_id: str) -> int:
-        """The awaited :meth:`Thread.start_turn`: same arguments, result and errors.
-
-        Example::
-
-            await thread.start_turn("turn-1")
-        """
-        return await self._store.run(core.start_turn(self._ref, turn_id))
-
-    async def finish_turn(
-        self, turn_id: str | TurnLease, outcome: TurnOutcome = "completed"
-    ) -> TurnResult:
-        """The awaited :meth:`Thread.finish_turn`: same arguments, result and errors.
-
-        Example::
-
-            result = await thread.finish_turn("turn-1")
-        """
-        return await self._store.run(core.finish_turn(self._ref, *_turn(turn_id, outcome)))
-
-    async def list(
-        self,
-        after: Cursor = None,
-        before: Cursor = None,
-        limit: int = 50,
-        order: Order = "asc",
-        turn_id: str | None = None,
-    ) -> MessagesPage:
-        """The awaited :meth:`Thread.list`: same arguments, result and errors.
-
-        Example::
-
-            page = await thread.list(limit=50, order="desc")
-        """
-        return await self._store.run(
-            core.list_page(self._ref, after, before, limit, order, turn_id)
-        )
-
-    async def iter(self, order: Order = "asc") -> AsyncIterator[Message]:
-        """The async iterator of :meth:`Thread.iter`: same order and paging.
-
-        Example::
-
-            async for message in thread.iter(order="desc"):
-                print(message.seq_id)
-        """
-        async for page in self._store.stream(core.pages(self._ref, order)):
-            for message in page.messages:
-                yield message
-
-    async def get(self, message_id: str) -> Message:
-        """The awaited :meth:`Thread.get`: same arguments, result and errors.
-
-        Example::
-
-            message = await thread.get(message_id)
-        """
-        return await self._store.run(core.get(self._ref, message_id))
-
-    async def get_by_otid(self, otid: str) -> Message:
-        """See :meth:`Thread.get_by_otid`."""
-        return await self._store.run(core.get_by_otid(self._ref, otid))
-
-    async def snapshot(self) -> ThreadSnapshot:
-        """The awaited :meth:`Thread.snapshot`: same arguments, result and errors.
-
-        Example::
-
-            snap = await thread.snapshot()
-        """
-        return await self._store.run(core.snapshot(self._ref))
-
-    async def context(
-        self, max_tokens: int | None = None, count_tokens: Callable[[Message], int] | None = None
-    ) -> _MessageList:
-        """The awaited :meth:`Thread.context`: same arguments, result and errors.
-
-        Example::
-
-            messages = await thread.context(max_tokens=8000)
-        """
-        return await self._store.run(core.context(self._ref, max_tokens, count_tokens))
-
-    async def compact(
-        self,
-        summary: str,
-        last_sequence: int,
-        stats: CompactionStats | dict | None = None,
-        tokens: int | None = None,
-    ) -> SummaryMessage:
-        """The awaited :meth:`Thread.compact`: same arguments, result and errors.
-
-        Example::
-
-            summary = await thread.compact("The user asked about Oslo.", last_sequence)
-        """
-        return await self._store.run(core.compact(self._ref, summary, last_sequence, stats, tokens))
-
-    async def fork(self, new_thread_id: str, at: str | int) -> AsyncThread:
-        """The awaited :meth:`Thread.fork`: same arguments, result and errors.
-
-        Example::
-
-            draft = await thread.fork("user-42:session-7:edit-1", at=user_message_id)
-        """
-        new = self._store.thread(new_thread_id)
-        await self._store.run(core.fork(self._ref, _thread_id(self._ref), new._ref, at))
-        return new
-
-    async def replace(
-        self, message_id: str, message: Message | dict, tokens: int | None = None
-    ) -> Message:
-        """The awaited :meth:`Thread.replace`: same arguments, result and errors.
-
-        Example::
-
-            await thread.replace(message.id, AssistantMessage(content="Cloudy, 5 °C."))
-        """
-        return await self._store.run(core.replace(self._ref, message_id, message, tokens))
-
-    async def remove_turn(self, turn_id: str) -> int:
-        """The awaited :meth:`Thread.remove_turn`: same arguments, result and errors.
-
-        Example::
-
-            removed = await thread.remove_turn("turn-1")
-        """
-        return await self._store.run(core.remove_turn(self._ref, turn_id))
-
-    async def migrate(self, max_calls: int | None = None) -> int:
-        """The awaited :meth:`Thread.migrate`: same arguments, result and errors.
-
-        Example::
-
-            calls = await thread.migrate()
-        """
-        return await self._store.run(core.migrate(self._ref, max_calls))
-
-    async def stats(self) -> ThreadStats:
-        """The awaited :meth:`Thread.stats`: same arguments, result and errors.
-
-        Example::
-
-            stats = await thread.stats()
-        """
-        return await self._store.run(core.stats(self._ref))
-
-    async def delete(self) -> None:
-        """The awaited :meth:`Thread.delete`: same arguments, result and errors.
-
-        Example::
-
-            await thread.delete()
-        """
-        await self._store.run(core.delete(self._ref))
-
-
-def _thread_id(ref: ThreadRef) -> str:
-    """The thread id inside its keys' hash tag (a thread id holds no braces)."""
-    meta = ref.keys.meta
-    return meta[meta.rindex("{") + 1 : meta.rindex("}")]
-
-
-def _turn(turn: str | TurnLease | None, *between: Any) -> tuple[Any, ...]:
-    """A turn id or lease as the core takes it: the id, what comes between, the lease (0: none)."""
-    if isinstance(turn, TurnLease):
-        return (turn.turn_id, *between, check_lease(turn.lease))
-    return (turn, *between, 0)

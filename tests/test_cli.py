@@ -23,7 +23,7 @@ from kvstore import (
     UserMessage,
     errors,
 )
-from kvstore._engine.tool_pairs import estimated_tokens
+from kvstore._engine.tokens import estimated_tokens
 from kvstore.cli.process import _can_listen
 from kvstore.cli.server import DEFAULT_PORT, EmbeddedServer, data_dir_server
 

@@ -18,7 +18,8 @@ from kvstore import (
     errors,
 )
 from kvstore._engine import backup as backup_module
-from kvstore._engine.tool_pairs import answered_ids, estimated_tokens, opened_ids, orphans
+from kvstore._engine.tokens import estimated_tokens
+from kvstore._engine.tool_pairs import answered_ids, opened_ids, orphans
 
 from .layout_check import check_layout
 

@@ -293,7 +293,7 @@ def test_positions_past_their_bound_are_refused_before_the_socket(
 
 
 def test_a_store_at_every_config_maximum_works(make_thread, raw_client, namespace):
-    from kvstore._engine.bounds import CONFIG_MAXIMA
+    from kvstore.limits import CONFIG_MAXIMA
 
     values = dict(CONFIG_MAXIMA)
     values["max_inline_part_bytes"] = values["max_inline_media_bytes"]

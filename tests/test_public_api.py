@@ -68,8 +68,17 @@ PUBLIC_MODULES = [
     "kvstore.models",
     "kvstore.store",
     "kvstore.thread",
+    "kvstore.thread_base",
+    "kvstore.turns",
+    "kvstore.async_thread",
     "kvstore.convert",
+    "kvstore.convert_in",
     "kvstore.importers",
+    "kvstore.importers.api",
+    "kvstore.importers.session",
+    "kvstore.importers.records",
+    "kvstore.importers.langchain",
+    "kvstore.admin",
 ]
 
 
@@ -104,6 +113,14 @@ def documented_variables(module) -> set[str]:
             continue
         targets = [node.target] if isinstance(node, ast.AnnAssign) else getattr(node, "targets", [])
         found.update(target.id for target in targets if isinstance(target, ast.Name))
+    if hasattr(module, "__path__"):  # a package: a name it imports from a submodule is that one's
+        for node in body:
+            if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module:
+                sub = importlib.import_module(f"{module.__name__}.{node.module}")
+                documented = documented_variables(sub)
+                found.update(
+                    alias.asname or alias.name for alias in node.names if alias.name in documented
+                )
     return found
 
 

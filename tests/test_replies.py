@@ -20,7 +20,7 @@ from kvstore._engine.replies import (
     side_tokens,
     split_chunk,
 )
-from kvstore._engine.tool_pairs import estimated_tokens
+from kvstore._engine.tokens import estimated_tokens
 
 from .layout_check import read_layout
 

@@ -21,7 +21,7 @@ from kvstore import (
 )
 from kvstore._engine.core import Batch, ThreadRef, context, snapshot, stats
 from kvstore._engine.replies import ChunkEntry, LargeEntry, side_tokens
-from kvstore._engine.tool_pairs import estimated_tokens
+from kvstore._engine.tokens import estimated_tokens
 
 from .conftest import make_sync_store
 from .layout_check import check_layout

@@ -24,6 +24,7 @@ from .operation import Batch, Operation, ThreadRef, write
 from .prepare import PreparedMessage
 from .replies import RestoreReply, TurnHeader, stored_int
 from .scripts import SCRIPTS
+from .text import text as _text
 from .tool_pairs import batch_pairs
 
 # The most messages (and record bytes) one restore call sends.
@@ -162,10 +163,6 @@ def _turn(
 def _range(text: str) -> tuple[int, int]:
     a, _, b = text.partition("-")
     return stored_int(a, "a turn's range"), stored_int(b, "a turn's range")
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 @dataclass(frozen=True, slots=True)

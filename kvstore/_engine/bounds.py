@@ -12,10 +12,8 @@ import re
 from typing import Any, cast
 
 from .. import errors
-
-KiB = 1024
-MiB = 1024 * KiB
-GiB = 1024 * MiB
+from ..limits import MAX_SEQUENCE as MAX_SEQUENCE
+from ..limits import MAX_WAIT_MS as MAX_WAIT_MS
 
 # Lua holds every integer exactly up to here, and no number the scripts keep gets near it.
 EXACT = 2**53
@@ -24,40 +22,9 @@ MAX_MESSAGE_TOKENS = 2**31
 # A thread's token total (meta `tokens`): the scripts refuse a write that would pass it, so
 # a sum of it and one write's counts stays below EXACT.
 MAX_THREAD_TOKENS = 2**52
-# Sequences, and the counters that grow by one per write (event numbers, leases): the scripts
-# refuse a write past it (35 years of a million messages a second). A sequence given to name a
-# message (at=, last_sequence, a watch cursor) is at most this too.
-MAX_SEQUENCE = 2**50
 # A page's sequence cursor: a bound of a range, which may lie past the thread's end; the
 # scripts only compare it, so it may reach EXACT.
 MAX_CURSOR = EXACT
-# Milliseconds a call may wait on the server (watch's block_ms, durability_timeout_ms).
-MAX_WAIT_MS = 2**31 - 1
-# Seconds of thread_ttl and events_max_age (136 years): in milliseconds, 1.5 times over, far
-# inside what PEXPIRE takes.
-MAX_SECONDS = 2**32
-
-# The most each StoreConfig int may be (the least is 1; retained_message_limit's is 0).
-CONFIG_MAXIMA: dict[str, int] = {
-    "window_size": 100_000,
-    "chunk_size": 1000,
-    "chunk_max_bytes": 8 * MiB,
-    "max_message_bytes": 256 * MiB,  # the server's bulk limit is 512 MB
-    "max_chunks_per_call": 10_000,
-    "max_bytes_per_call": 1 * GiB,
-    # A batch's ids go to one HMGET and HSET, whose arguments Lua unpacks onto its stack (8000
-    # slots at most).
-    "max_batch_messages": 2000,
-    "max_batch_bytes": 512 * MiB,
-    "retained_message_limit": MAX_SEQUENCE,
-    "max_inline_part_bytes": 2**40,
-    "max_inline_media_bytes": 2**40,
-    "thread_ttl": MAX_SECONDS,
-    "durability_replicas": 1000,
-    "durability_timeout_ms": MAX_WAIT_MS,
-    "events_max_len": 2**32,
-    "events_max_age": MAX_SECONDS,
-}
 
 
 def is_int(value: Any) -> bool:

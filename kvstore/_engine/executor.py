@@ -4,11 +4,11 @@ A core operation yields requests, Eval (a script) and Batch (native commands), a
 replies. The executor decides how each goes out: FCALL, FCALL_RO or EVALSHA; FUNCTION LOAD
 pipelined with the call again where the function is missing; EVAL after NOSCRIPT; WAIT or
 WAITAOF after a durable write; the call re-sent while a cluster refuses it. Those decisions are
-generators of IO steps (Send, Pipeline, Sleep). A driver makes each step on the store's client
-and sends the reply back in, or throws the exception in. The sync driver calls
-``step(store)``, the asyncio driver awaits it: that, and ``close``, is all the two stores do
-differently. Which typed error a failure is, and whether its command was sent at all, is
-kvstore/_engine/failures.py's part.
+generators of IO steps (Send, Pipeline, Sleep). A driver (kvstore/_engine/drivers.py) makes
+each step on the store's client and sends the reply back in, or throws the exception in. The
+sync driver calls ``step(store)``, the asyncio driver awaits it: that, and ``close``, is all the
+two stores do differently. Which typed error a failure is, and whether its command was sent at
+all, is kvstore/_engine/failures.py's part.
 
 Why steps rather than a sync module generated from the async one (unasync): one module to read,
 nothing generated to keep fresh and no build step, the sans-IO pattern of the core carried one
@@ -19,9 +19,8 @@ executors (measured with a client that answers at once), under 1 % of a sync app
 
 from __future__ import annotations
 
-import asyncio
 import time
-from collections.abc import AsyncIterator, Callable, Generator, Iterator, Sequence
+from collections.abc import Callable, Generator
 from typing import Any
 
 from redis.exceptions import (
@@ -37,6 +36,7 @@ from .. import errors
 from ..config import StoreConfig
 from . import core
 from .core import Batch, Eval
+from .drivers import Pipeline, Send, Sleep, Steps
 from .failures import (
     CALL,
     Call,
@@ -59,9 +59,6 @@ CLUSTER_REFUSAL_SECONDS = 10.0
 # The server reads a library that large apart from the call after it, so a FUNCTION FLUSH can
 # still run between the two (nothing ran then): the pair is sent up to this many times.
 LOAD_ATTEMPTS = 10
-
-Steps = Generator[Any, Any, Any]
-
 
 # ------------------------------------------------------------------- what a store keeps
 
@@ -148,56 +145,6 @@ class Executor:
         if self.config.durability == "fsync":
             return ("WAITAOF", 1, 0, timeout)
         return ("WAIT", self.config.durability_replicas, timeout)
-
-
-# ------------------------------------------------------------------- the steps
-
-
-class Step:
-    """One IO step: ``step(store)`` makes it on the store's client and returns the reply, or on
-    an asyncio store an awaitable of it. Plain slotted classes: one is made per request."""
-
-    __slots__ = ()
-
-
-class Send(Step):
-    """One command, alone."""
-
-    __slots__ = ("command",)
-
-    def __init__(self, command: Sequence[Any]) -> None:
-        self.command = command
-
-    def __call__(self, store: Executor) -> Any:
-        return store.client.execute_command(*self.command)
-
-
-class Pipeline(Step):
-    """Commands on one pipeline (no transaction); with raise_on_error False, a command's error
-    comes back in its reply's place."""
-
-    __slots__ = ("commands", "raise_on_error")
-
-    def __init__(self, commands: Sequence[Sequence[Any]], raise_on_error: bool = True) -> None:
-        self.commands, self.raise_on_error = commands, raise_on_error
-
-    def __call__(self, store: Executor) -> Any:
-        pipe = store.client.pipeline(transaction=False)
-        for command in self.commands:
-            pipe.execute_command(*command)
-        return pipe.execute(raise_on_error=self.raise_on_error)
-
-
-class Sleep(Step):
-    """A pause (time.sleep, or asyncio.sleep awaited)."""
-
-    __slots__ = ("seconds",)
-
-    def __init__(self, seconds: float) -> None:
-        self.seconds = seconds
-
-    def __call__(self, store: Executor) -> Any:
-        return store._sleep(self.seconds)
 
 
 # ------------------------------------------------------------------- the decisions
@@ -340,91 +287,6 @@ def request_command(store: Executor, request: Eval) -> tuple[Any, ...]:
 
 def _eval_command(script: Script, request: Eval) -> tuple[Any, ...]:
     return ("EVAL", script.source, len(request.keys), *request.keys, *request.args)
-
-
-# ------------------------------------------------------------------- the drivers
-
-
-class SyncDriver:
-    """Makes each step in the calling thread."""
-
-    _sleep = staticmethod(time.sleep)
-
-    def _outputs(self, steps: Steps) -> Iterator[Any]:
-        """Makes the steps, handing out the outputs among them; returns what the steps return."""
-        reply: Any = None
-        failure: BaseException | None = None
-        while True:
-            try:
-                step = steps.send(reply) if failure is None else steps.throw(failure)
-            except StopIteration as done:
-                return done.value
-            reply = failure = None
-            if not isinstance(step, Step):
-                yield step
-                continue
-            try:
-                reply = step(self)
-            except BaseException as exc:  # thrown into the steps, which may handle it
-                failure = exc
-
-    def _finish(self, steps: Steps) -> Any:
-        """Makes the steps of an operation without outputs; returns what they return."""
-        reply: Any = None
-        failure: BaseException | None = None
-        while True:
-            try:
-                step = steps.send(reply) if failure is None else steps.throw(failure)
-            except StopIteration as done:
-                return done.value
-            reply = failure = None
-            if not isinstance(step, Step):
-                continue
-            try:
-                reply = step(self)
-            except BaseException as exc:  # thrown into the steps, which may handle it
-                failure = exc
-
-
-class AsyncDriver:
-    """Awaits each step in the calling task."""
-
-    _sleep = staticmethod(asyncio.sleep)
-
-    async def _outputs(self, steps: Steps) -> AsyncIterator[Any]:
-        """Awaits the steps, handing out the outputs among them."""
-        reply: Any = None
-        failure: BaseException | None = None
-        while True:
-            try:
-                step = steps.send(reply) if failure is None else steps.throw(failure)
-            except StopIteration:
-                return
-            reply = failure = None
-            if not isinstance(step, Step):
-                yield step
-                continue
-            try:
-                reply = await step(self)
-            except BaseException as exc:  # cancellation too: the steps clean up, re-raise
-                failure = exc
-
-    async def _finish(self, steps: Steps) -> Any:
-        """Awaits the steps of an operation without outputs; returns what they return."""
-        reply: Any = None
-        failure: BaseException | None = None
-        while True:
-            try:
-                step = steps.send(reply) if failure is None else steps.throw(failure)
-            except StopIteration as done:
-                return done.value
-            reply = failure = None
-            if not isinstance(step, Step):
-                continue
-            try:
-                reply = await step(self)
-            except BaseException as exc:  # cancellation too: the steps clean up, re-raise
-                failure = exc
 
 
 # ------------------------------------------------------------------- hooks for tests and benchmarks

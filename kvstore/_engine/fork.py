@@ -30,6 +30,7 @@ from .lifecycle import migrate
 from .operation import Batch, Operation, ThreadRef
 from .pages import list_page
 from .reads import locate_records
+from .text import text as _text
 
 
 def fork(source: ThreadRef, source_id: str, target: ThreadRef, at: str | int) -> Operation:
@@ -145,7 +146,3 @@ def forked_state(state: BackupState, at: int) -> BackupState:
         turn_outcome=("open" if current in crossing else state.turn_outcome) if current else "",
         turns=turns,
     )
-
-
-def _text(value: object) -> str | None:
-    return value.decode() if isinstance(value, bytes) else (None if value is None else str(value))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ..errors import ConfigError, InvalidThreadId
+from ..errors import InvalidThreadId
 
 MAX_THREAD_ID_LENGTH = 200
 
@@ -18,16 +18,6 @@ MAX_THREAD_ID_LENGTH = 200
 # the hash tag; whitespace, glob characters (* ? [ ]) and backslashes are excluded so keys stay
 # printable and safe to use in SCAN patterns and ACL key patterns.
 _THREAD_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@/+=-]*")
-_NAMESPACE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,63}")
-
-
-def check_namespace(namespace: str) -> str:
-    if not isinstance(namespace, str) or not _NAMESPACE.fullmatch(namespace):
-        raise ConfigError(
-            f"namespace {namespace!r} must be 1-64 characters of letters, digits and . _ : -,"
-            " starting with a letter or digit"
-        )
-    return namespace
 
 
 def check_thread_id(thread_id: str) -> str:

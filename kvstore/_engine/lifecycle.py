@@ -28,10 +28,10 @@ from .reads import fetch_sequences, locate_records
 from .record import salvage
 from .replies import CompactReply, RemoveTurnReply, ReplaceReply, RetainReply
 from .scripts import SCRIPTS
+from .tokens import checked_tokens
 from .tool_pairs import (
     PAIR_LOOKBACK,
     answered_ids,
-    checked_tokens,
     history_pairs,
     opened_ids,
     orphans,

@@ -28,14 +28,14 @@ from ..messages import (
 )
 from .operation import MAX_TOKEN_LENGTH, Operation
 from .record import encode_message
-from .tool_pairs import TokenCounter, checked_tokens, counted, default_tokens
+from .tokens import TokenCounter, checked_tokens, counted, default_tokens
 
 
 @dataclass(frozen=True, slots=True)
 class PreparedMessage:
     """One message ready to send: as stored (validated; ids and dates filled), its record, its
     inline media bytes (what the thread's budget counts) and its token count: the caller's, else
-    what `counter` gave, else the default rule's (tool_pairs.py: estimated_tokens, from the record),
+    what `counter` gave, else the default rule's (tokens.py: estimated_tokens, from the record),
     counted again by whichever counted it if its inline parts are replaced."""
 
     message: Message

@@ -13,11 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import errors
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else value
-
+from .text import text as _text
 
 _STORED_INT = re.compile(r"-?[0-9]{1,19}")
 
@@ -266,7 +262,7 @@ def hash_pairs(reply: Any) -> list[tuple[Any, Any]]:
 
 def record_tokens(record_bytes: int) -> int:
     """The documented count of a message stored without one: a token per 4 record bytes,
-    rounded up (lua/includes/format.lua: bytes_tokens; tool_pairs.py: estimated_tokens, the same
+    rounded up (lua/includes/format.lua: bytes_tokens; tokens.py: estimated_tokens, the same
     rule)."""
     return -(-record_bytes // 4)
 

@@ -13,11 +13,8 @@ come yet is not an orphan: it is the newest step of a turn still running.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 
-import msgpack
-
-from .. import errors
 from ..messages import (
     ApprovalRequestMessage,
     ApprovalResponseMessage,
@@ -26,11 +23,6 @@ from ..messages import (
     ToolCallMessage,
     ToolReturnMessage,
 )
-from .bounds import MAX_MESSAGE_TOKENS, bounded
-from .record import encode_record
-from .replies import record_tokens
-
-TokenCounter = Callable[[Message], int]
 
 # The messages read on either side of a boundary (a summary's, a compaction's) to find the calls
 # the answers after it need: a call and its answer are a few messages apart, not hundreds.
@@ -130,42 +122,3 @@ def without_orphans(messages: list[Message]) -> list[Message]:
     """`messages` with every orphaned answer left out."""
     dropped = {id(m) for m in orphans(messages)}
     return [m for m in messages if id(m) not in dropped] if dropped else messages
-
-
-def estimated_tokens(message: Message) -> int:
-    """The documented rule for a message without a counter: a token per 4 bytes of its record
-    (msgpack of its JSON without ``None`` fields and without ``seq_id``; no turn id), rounded
-    up. A message counts the same before and after it is stored."""
-    return record_tokens(len(encode_record(message)))
-
-
-def default_tokens(record: bytes, turn_id: str | None) -> int:
-    """estimated_tokens of a message from the record the store made of it: its length without
-    the turn id the record carries (the one msgpack value the store adds after the message)."""
-    if turn_id is None:
-        return record_tokens(len(record))
-    return record_tokens(len(record) - len(msgpack.packb(turn_id, use_bin_type=True)))
-
-
-def _is_count(tokens: object) -> bool:
-    return bounded(tokens, 0, MAX_MESSAGE_TOKENS)
-
-
-def checked_tokens(tokens: object, what: str) -> int:
-    """`tokens` when it is an int from 0 to MAX_MESSAGE_TOKENS, else InvalidMessage naming `what`."""
-    if not _is_count(tokens):
-        raise errors.InvalidMessage(
-            f"the token count of {what} is {tokens!r:.80}: it must be an int from 0 to {MAX_MESSAGE_TOKENS}"
-        )
-    return tokens  # type: ignore[return-value]
-
-
-def counted(counter: TokenCounter, message: Message, what: str) -> int:
-    """What `counter` gives for `message`, else InvalidMessage naming `what` when that is not an
-    int from 0 to MAX_MESSAGE_TOKENS."""
-    tokens = counter(message)
-    if not _is_count(tokens):
-        raise errors.InvalidMessage(
-            f"the token counter gave {tokens!r:.80} for {what}: it must give an int from 0 to {MAX_MESSAGE_TOKENS}"
-        )
-    return tokens

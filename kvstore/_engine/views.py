@@ -28,12 +28,11 @@ from .operation import (
 from .pages import gathering, list_page, pages
 from .reads import decode, fetch_sequences, read_range
 from .replies import record_tokens, stored_int
+from .text import text as _text
+from .tokens import TokenCounter, counted, estimated_tokens
 from .tool_pairs import (
     PAIR_LOOKBACK,
-    TokenCounter,
     answered_ids,
-    counted,
-    estimated_tokens,
     opened_ids,
     orphans,
     without_orphans,
@@ -161,10 +160,6 @@ def _snapshot_of(
         stats=_stats_from(meta, window, chunks + large, legacy),
         unreadable=sorted(set(unreadable)),
     )
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
 
 
 def _summary(thread: ThreadRef, fields: dict[str, str], unreadable: list[int]) -> Operation:

@@ -44,6 +44,7 @@ from .prepare import check_token
 from .reads import decode, fetch_sequences
 from .replies import stored_int
 from .scripts import SCRIPTS
+from .text import text as _text
 
 # The largest delta publish() sends.
 MAX_DELTA_BYTES = 1024 * 1024
@@ -405,10 +406,6 @@ class _Watching:
 def _after_id(n: int) -> str:
     """The XREAD id after which event n + 1 comes: every id of event n is below (n, max)."""
     return f"{n}-18446744073709551615"
-
-
-def _text(value: bytes | None) -> str:
-    return value.decode() if value is not None else ""
 
 
 def _int(value: bytes | None) -> int:

@@ -22,7 +22,7 @@ from .. import errors
 from .._engine import core
 from .._engine.keys import check_thread_id
 from .._engine.operation import ThreadRef
-from .._engine.tool_pairs import checked_tokens
+from .._engine.tokens import checked_tokens
 from ..messages import Message, parse_message
 from ..store import MessageStore
 from .commands import existing_thread

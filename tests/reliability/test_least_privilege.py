@@ -17,8 +17,8 @@ import pytest
 import redis
 
 from kvstore import AssistantMessage, StoreConfig, SummaryMessage, UserMessage, errors
-from kvstore._engine.health import health, preload_library, preload_scripts
 from kvstore._engine.scripts import LIBRARY, SCRIPTS
+from kvstore.admin import health, preload_library, preload_scripts
 
 from ..layout_check import check_layout
 from .support import dedicated_server, fresh_namespace, keyspace, keyspace_diff, thread_in_mode

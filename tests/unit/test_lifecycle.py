@@ -12,7 +12,7 @@ from kvstore._engine import core
 from kvstore._engine.core import DELETE_STEP, ThreadRef, finishing_deletes
 from kvstore._engine.operation import MAX_DELETE_REFUSALS
 from kvstore._engine.record import decode_records, encode_record, record_turn_id
-from kvstore._engine.tool_pairs import estimated_tokens
+from kvstore._engine.tokens import estimated_tokens
 
 from .driver import call, drive, repeat
 from .layout import DATE, FakeThread, message, summary

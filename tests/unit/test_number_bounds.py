@@ -10,7 +10,6 @@ import pytest
 
 from kvstore import StoreConfig, errors
 from kvstore._engine.bounds import (
-    CONFIG_MAXIMA,
     EXACT,
     MAX_MESSAGE_TOKENS,
     MAX_SEQUENCE,
@@ -21,7 +20,8 @@ from kvstore._engine.bounds import (
 )
 from kvstore._engine.prepare import prepare_batch
 from kvstore._engine.replies import stored_int
-from kvstore._engine.tool_pairs import checked_tokens, counted
+from kvstore._engine.tokens import checked_tokens, counted
+from kvstore.limits import CONFIG_MAXIMA
 
 
 def largest(name: str) -> dict[str, int]:

@@ -34,6 +34,11 @@ from .options import (
 
 
 def conversation_scene(thread: Thread, out) -> None:
+    _conversation(thread, out)
+    _request_sent_twice(thread, out)
+
+
+def _conversation(thread: Thread, out) -> None:
     print("\n1. A conversation, stored and read back (thread chat)", file=out)
     thread.append(
         UserMessage(content="What's the weather in Oslo tomorrow?", otid="req-1"), turn_id="turn-1"
@@ -77,6 +82,8 @@ def conversation_scene(thread: Thread, out) -> None:
         file=out,
     )
 
+
+def _request_sent_twice(thread: Thread, out) -> None:
     print("\n2. The same request, sent twice (as a client retries after a timeout)", file=out)
     question = UserMessage(content="Should I take an umbrella?", otid="req-2")
     first = thread.append(question.model_copy(), turn_id="turn-2")

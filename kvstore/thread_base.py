@@ -1,0 +1,73 @@
+"""What Thread and AsyncThread share: their store (as a protocol: a thread only asks it to run
+core operations), the thread's keys, and the types of their arguments."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Iterable, Iterator
+from typing import Any, Literal, Protocol
+
+from ._engine import core
+from ._engine.bounds import check_lease
+from ._engine.core import ThreadRef
+from .events import TurnLease
+from .messages import Message
+
+Order = Literal["asc", "desc"]
+"""A page's order: "asc" lists oldest first, "desc" newest first."""
+Messages = Message | dict | Iterable[Message | dict]
+"""What ``append`` takes: one message (a model or a dict in the list API's shape), or several."""
+# Inside Thread, `list` is the method: an annotation evaluated in the class's scope (pdoc,
+# Python 3.14's lazy annotations) needs the builtin under another name.
+_MessageList = list[Message]
+
+
+class RunsOperations(Protocol):
+    """What a Thread asks of its store (a MessageStore)."""
+
+    def run(self, operation: Any) -> Any:
+        """Runs a core operation; returns its result."""
+
+    def stream(self, operation: Any) -> Iterator[Any]:
+        """Runs a core operation, handing out its outputs (pages) as they come."""
+
+    def thread(self, thread_id: str) -> Any:
+        """The thread `thread_id` of this store."""
+
+
+class AwaitsOperations(Protocol):
+    """What an AsyncThread asks of its store (an AsyncMessageStore)."""
+
+    def run(self, operation: Any) -> Awaitable[Any]:
+        """Runs a core operation; its result, awaited."""
+
+    def stream(self, operation: Any) -> AsyncIterator[Any]:
+        """Runs a core operation, handing out its outputs (pages) as they come."""
+
+    def thread(self, thread_id: str) -> Any:
+        """The thread `thread_id` of this store."""
+
+
+class ThreadBase:
+    """What Thread and AsyncThread share: their store and the thread's keys."""
+
+    def __init__(self, store: Any, ref: ThreadRef) -> None:
+        self._store = store
+        self._ref = ref
+
+    @property
+    def keys(self) -> core.ThreadKeys:
+        """The names of the thread's keys (docs/LAYOUT.md), all under one hash tag."""
+        return self._ref.keys
+
+
+def thread_id_of(ref: ThreadRef) -> str:
+    """The thread id inside its keys' hash tag (a thread id holds no braces)."""
+    meta = ref.keys.meta
+    return meta[meta.rindex("{") + 1 : meta.rindex("}")]
+
+
+def turn_args(turn: str | TurnLease | None, *between: Any) -> tuple[Any, ...]:
+    """A turn id or lease as the core takes it: the id, what comes between, the lease (0: none)."""
+    if isinstance(turn, TurnLease):
+        return (turn.turn_id, *between, check_lease(turn.lease))
+    return (turn, *between, 0)
