@@ -2,14 +2,13 @@
 --- Appends a batch of messages to a thread in one atomic step.
 ---
 --- KEYS[1..12]  the thread's keys (includes/thread.lua: thread_keys; docs/LAYOUT.md)
---- ARGV[1..9]   limits (int): includes/thread.lua, read_limits
---- ARGV[10]     limits key (str): ARGV[1..9] joined by ':', then the event limits
---- ARGV[11]     turn_id (str): '' for none; '<turn_id>\t<lease>' from the turn's holder
---- ARGV[12]     count (int): the messages that follow
---- ARGV[13]     pairs (str): what each message opens and answers, with strict history checks
----              (includes/history.lua: read_batch_pairs); '' when none does, and without them
---- ARGV[14..]   ARGV[12] times: id (str), otid (str): '' for none, media (int): the message's
----              inline media bytes, tokens (int): its token count, record (bytes)
+--- ARGV limits (limits): the store's limits (includes/args.lua: read_limits)
+--- ARGV turn_id (str): '' for none
+--- ARGV lease (int): the caller's lease of the turn (start_turn 'hold'), 0 for none
+--- ARGV pairs (str): what each message opens and answers, with strict history checks
+---      (includes/history.lua: read_batch_pairs); '' when none does, and without them
+--- ARGV messages[] id (str), otid (str): '' for none, media (int): the message's inline
+---      media bytes, tokens (int): its token count, record (bytes)
 ---
 --- A new message of a finished turn is refused (KVS_TURN_FINISHED); a replay is not.
 ---
@@ -30,9 +29,9 @@
 --- @include "includes/history"
 
 local keys = thread_keys(KEYS)
-local limits = read_limits(ARGV)
-local batch = read_batch(ARGV, 13, tonumber(ARGV[12]), ARGV[11])
-read_batch_pairs(ARGV[13], batch, limits)
+local limits = args.limits
+local batch = read_batch(args.messages, args.turn_id, args.lease)
+read_batch_pairs(args.pairs, batch, limits)
 
 local meta, failure = load_meta(keys)
 local cuts

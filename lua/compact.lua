@@ -2,11 +2,13 @@
 --- Stores a summary message and moves the context summary to it, then runs retention.
 ---
 --- KEYS[1..12]  the thread's keys (includes/thread.lua: thread_keys; docs/LAYOUT.md)
---- ARGV[1..9]   limits (int): includes/thread.lua, read_limits
---- ARGV[10]     limits key (str): ARGV[1..9] joined by ':', then the event limits
---- ARGV[11]     summary_last (int): the last sequence the summary covers
---- ARGV[12..16] the summary message: id (str), otid (str): '' for none, media (int): its inline
----              media bytes, tokens (int): its token count, record (bytes)
+--- ARGV limits (limits): the store's limits (includes/args.lua: read_limits)
+--- ARGV summary_last (int): the last sequence the summary covers
+--- ARGV id (str): the summary message's
+--- ARGV otid (str): its otid, '' for none
+--- ARGV media (int): its inline media bytes
+--- ARGV tokens (int): its token count
+--- ARGV record (bytes): its record
 ---
 --- The summary covers messages up to summary_last; it must be stored (or deleted) already and
 --- may not move back. A summary_last equal to the current summary's is a replay: the current
@@ -25,9 +27,9 @@
 --- @include "includes/migration"
 
 local keys = thread_keys(KEYS)
-local limits = read_limits(ARGV)
-local summary_last = tonumber(ARGV[11])
-local batch = read_batch(ARGV, 11, 1, '')
+local limits = args.limits
+local summary_last = args.summary_last
+local batch = read_batch({id = {args.id}, otid = {args.otid}, media = {args.media}, tokens = {args.tokens}, record = {args.record}}, '', 0)
 
 local meta, failure = load_meta(keys)
 local cuts

@@ -9,12 +9,12 @@
 --- Keys that can be large go with UNLINK, so the server frees them in the background.
 ---
 --- KEYS[1..12]  the thread's keys (includes/thread.lua: thread_keys; docs/LAYOUT.md)
---- ARGV[1]      max_chunks (int): the most chunks this call removes
---- ARGV[2]      mode (str: 'start' | 'continue'): 'start' for delete() (tombstone the thread if
----              it is not yet), 'continue' to finish only a deletion already started (a live
----              thread is left as it is)
---- ARGV[3]      events_len (int): the event limits (includes/events.lua); 0 for no event
---- ARGV[4]      events_age_ms (int)
+--- ARGV max_chunks (int): the most chunks this call removes
+--- ARGV mode (str: 'start' | 'continue'): 'start' for delete() (tombstone the thread if
+---      it is not yet), 'continue' to finish only a deletion already started (a live thread
+---      is left as it is)
+--- ARGV events_len (int): the event limits (includes/events.lua); 0 for no event
+--- ARGV events_age_ms (int)
 ---
 --- The call that tombstones the thread adds its 'deleted' event (watchers blocked on the stream
 --- get it before the next call); the call that removes meta removes the stream too.
@@ -28,8 +28,8 @@
 --- @include "includes/format"
 
 local keys = thread_keys(KEYS)
-local max_chunks, mode = tonumber(ARGV[1]), ARGV[2]
-local limits = {events_len = tonumber(ARGV[3]), events_age_ms = tonumber(ARGV[4]), ttl_ms = 0}
+local max_chunks, mode = args.max_chunks, args.mode
+local limits = {events_len = args.events_len, events_age_ms = args.events_age_ms, ttl_ms = 0}
 
 local err = check_key_types({{keys.chunk_index, 'zset'}, {keys.large_index, 'zset'}})
 if err then return err end

@@ -6,13 +6,13 @@
 --- _select) and fetches the records natively, comparing `gen`. No message is read here.
 ---
 --- KEYS[1..12]  the thread's keys (includes/thread.lua: thread_keys; docs/LAYOUT.md)
---- ARGV[1]      lo_kind (str: '' | 'seq' | 'id'): the exclusive lower bound of the range
---- ARGV[2]      lo (str): a sequence or a message id, '' for none
---- ARGV[3]      hi_kind (str: '' | 'seq' | 'id'): the exclusive upper bound of the range
---- ARGV[4]      hi (str): a sequence or a message id, '' for none
---- ARGV[5]      walk (str: 'up' | 'down'): which end of the range the page starts from
---- ARGV[6]      need (int): messages wanted (the page limit + 1)
---- ARGV[7]      max_chunks (int): chunks a plan names at most
+--- ARGV lo_kind (str: '' | 'seq' | 'id'): the exclusive lower bound of the range
+--- ARGV lo (str): a sequence or a message id, '' for none
+--- ARGV hi_kind (str: '' | 'seq' | 'id'): the exclusive upper bound of the range
+--- ARGV hi (str): a sequence or a message id, '' for none
+--- ARGV walk (str: 'up' | 'down'): which end of the range the page starts from
+--- ARGV need (int): messages wanted (the page limit + 1)
+--- ARGV max_chunks (int): chunks a plan names at most
 ---
 --- Reply: {gen, deleted_before, lo, hi, window_count, below, n_above, above..., n_large,
 ---         large..., legacy_first, legacy_last, legacy_count}
@@ -29,8 +29,8 @@
 --- @include "includes/format"
 
 local keys = thread_keys(KEYS)
-local lo_kind, lo_arg, hi_kind, hi_arg = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
-local walk, need, max_chunks = ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7])
+local lo_kind, lo_arg, hi_kind, hi_arg = args.lo_kind, args.lo, args.hi_kind, args.hi
+local walk, need, max_chunks = args.walk, args.need, args.max_chunks
 
 local meta = redis.call('HMGET', keys.meta, 'gen', 'deleted_before', 'last_seq', 'deleting', 'layout',
   'migrated', 'legacy_last')

@@ -5,19 +5,19 @@
 --- whole containers, in walk order, until they hold what the walk needs; the client cuts.
 ---
 --- KEYS[1..12]  the thread's keys (includes/thread.lua: thread_keys; docs/LAYOUT.md)
---- ARGV[1]      lo_kind (str: '' | 'seq' | 'id' | 'summary'): the exclusive lower bound of the
----              range; 'summary': the context summary's last sequence (0 without a summary)
---- ARGV[2]      lo (str): a sequence or a message id, '' for none
---- ARGV[3]      hi_kind (str: '' | 'seq' | 'id'): the exclusive upper bound of the range
---- ARGV[4]      hi (str): a sequence or a message id, '' for none
---- ARGV[5]      walk (str: 'up' | 'down'): which end of the range the read starts from
---- ARGV[6]      need (int): the records the walk needs, 0 for every record of the range
---- ARGV[7]      max_tokens (int): 0 for none; else the walk needs the records whose stored
----              counts, summed in walk order, pass it
---- ARGV[8]      lookback (int): with lo_kind 'summary' and a summary, also the `lookback` records
----              at and before the summary's last sequence, newest first; 0 for none
---- ARGV[9]      extras (str: '' | 'snapshot'): 'snapshot' also replies the summary (as lo_kind
----              'summary' does) and, after the records, what stats() reads
+--- ARGV lo_kind (str: '' | 'seq' | 'id' | 'summary'): the exclusive lower bound of the
+---      range; 'summary': the context summary's last sequence (0 without a summary)
+--- ARGV lo (str): a sequence or a message id, '' for none
+--- ARGV hi_kind (str: '' | 'seq' | 'id'): the exclusive upper bound of the range
+--- ARGV hi (str): a sequence or a message id, '' for none
+--- ARGV walk (str: 'up' | 'down'): which end of the range the read starts from
+--- ARGV need (int): the records the walk needs, 0 for every record of the range
+--- ARGV max_tokens (int): 0 for none; else the walk needs the records whose stored counts,
+---      summed in walk order, pass it
+--- ARGV lookback (int): with lo_kind 'summary' and a summary, also the `lookback` records at
+---      and before the summary's last sequence, newest first; 0 for none
+--- ARGV extras (str: '' | 'snapshot'): 'snapshot' also replies the summary (as lo_kind
+---      'summary' does) and, after the records, what stats() reads
 ---
 --- Reply: {deleted_before, summary_last, summary_seq, summary_record, summary_tokens,
 ---         n, sequence_1, record_1, tokens_1, ..., m, (the lookback's records likewise)}
@@ -33,9 +33,9 @@
 --- @include "includes/format"
 
 local keys = thread_keys(KEYS)
-local lo_kind, lo_arg, hi_kind, hi_arg = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
-local walk, need, max_tokens, lookback = ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
-local snapshot = ARGV[9] == 'snapshot'
+local lo_kind, lo_arg, hi_kind, hi_arg = args.lo_kind, args.lo, args.hi_kind, args.hi
+local walk, need, max_tokens, lookback = args.walk, args.need, args.max_tokens, args.lookback
+local snapshot = args.extras == 'snapshot'
 
 local meta = redis.call('HMGET', keys.meta, 'deleted_before', 'last_seq', 'deleting', 'layout', 'migrated',
   'legacy_last', 'summary_last', 'summary_seq')

@@ -3,11 +3,10 @@
 --- media budget is restored; removed messages give their bytes and media back.
 ---
 --- KEYS[1..12]  the thread's keys (includes/thread.lua: thread_keys; docs/LAYOUT.md)
---- ARGV[1..9]   limits (int): includes/thread.lua, read_limits
---- ARGV[10]     limits key (str): ARGV[1..9] joined by ':', then the event limits
---- ARGV[11]     turn_id (str)
---- ARGV[12]     max_messages (int): the most sequences one call walks; the client calls again
----              for more
+--- ARGV limits (limits): the store's limits (includes/args.lua: read_limits)
+--- ARGV turn_id (str)
+--- ARGV max_messages (int): the most sequences one call walks; the client calls again for
+---      more
 ---
 --- Reply: {removed, remaining}
 --- With strict history checks on a checked thread, a removal that would leave a later message
@@ -26,8 +25,8 @@
 --- @include "includes/history"
 
 local keys = thread_keys(KEYS)
-local limits = read_limits(ARGV)
-local turn_id, max_messages = ARGV[11], tonumber(ARGV[12])
+local limits = args.limits
+local turn_id, max_messages = args.turn_id, args.max_messages
 
 local err = check_thread(keys)
 if err then return err end

@@ -2,14 +2,13 @@
 --- Replaces a stored message in place: same id, same sequence, same container.
 ---
 --- KEYS[1..12]  the thread's keys (includes/thread.lua: thread_keys; docs/LAYOUT.md)
---- ARGV[1..9]   limits (int): includes/thread.lua, read_limits
---- ARGV[10]     limits key (str): ARGV[1..9] joined by ':', then the event limits
---- ARGV[11]     id (str): the stored message's
---- ARGV[12]     media (int): the replacement's inline media bytes
---- ARGV[13]     tokens (int): the replacement's token count
---- ARGV[14]     record (bytes): the replacement's
---- ARGV[15]     pairs (str): the replacement's (includes/history.lua) with strict history
----              checks, '' without; on a checked thread they must be the stored message's
+--- ARGV limits (limits): the store's limits (includes/args.lua: read_limits)
+--- ARGV id (str): the stored message's
+--- ARGV media (int): the replacement's inline media bytes
+--- ARGV tokens (int): the replacement's token count
+--- ARGV record (bytes): the replacement's
+--- ARGV pairs (str): the replacement's (includes/history.lua) with strict history checks, ''
+---      without; on a checked thread they must be the stored message's
 ---
 --- A window message whose replacement is larger than chunk_max_bytes moves into its own chunk,
 --- as an oversized append would. A chunk message's replacement must keep its chunk within
@@ -29,8 +28,8 @@
 --- @include "includes/history"
 
 local keys = thread_keys(KEYS)
-local limits = read_limits(ARGV)
-local id, media, tokens, record = ARGV[11], tonumber(ARGV[12]), tonumber(ARGV[13]), ARGV[14]
+local limits = args.limits
+local id, media, tokens, record = args.id, args.media, args.tokens, args.record
 
 local err = check_thread(keys)
 if err then return err end
@@ -56,7 +55,7 @@ else
   side = manifest_find(manifest, sequence)
 end
 local old_id, otid, old_media, old_bytes, turn, old_tokens = parse_side(side)
-local history_refusal, history_drop = check_replacement(keys, limits, sequence, ARGV[15])
+local history_refusal, history_drop = check_replacement(keys, limits, sequence, args.pairs)
 if history_refusal then return history_refusal end
 
 local current_media = tonumber(redis.call('HGET', keys.meta, 'media') or '0')

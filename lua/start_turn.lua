@@ -3,11 +3,10 @@
 --- 'hold', also gives the caller the turn's next lease.
 ---
 --- KEYS[1..12]  the thread's keys (includes/thread.lua: thread_keys; docs/LAYOUT.md)
---- ARGV[1..9]   limits (int): includes/thread.lua, read_limits
---- ARGV[10]     limits key (str): ARGV[1..9] joined by ':', then the event limits
---- ARGV[11]     turn_id (str)
---- ARGV[12]     mode (str: 'start' | 'hold')
---- ARGV[13]     call_id (str): with 'hold', the id the client made for this call ('' for none)
+--- ARGV limits (limits): the store's limits (includes/args.lua: read_limits)
+--- ARGV turn_id (str)
+--- ARGV mode (str: 'start' | 'hold')
+--- ARGV call_id (str): with 'hold', the id the client made for this call ('' for none)
 ---
 --- A turn is started once: starting a started turn (open or finished, current or not) returns
 --- the sequence recorded then and changes nothing, so a retried call is harmless. 'hold' starts
@@ -27,8 +26,8 @@
 --- @include "includes/events"
 
 local keys = thread_keys(KEYS)
-local limits = read_limits(ARGV)
-local turn_id, mode, call_id = ARGV[11], ARGV[12], ARGV[13]
+local limits = args.limits
+local turn_id, mode, call_id = args.turn_id, args.mode, args.call_id
 
 local turn, err = load_turn_for_call(keys, limits, turn_id)
 if err then return err end
