@@ -1,7 +1,7 @@
 #!lua
 --- Appends a batch of messages to a thread in one atomic step.
 ---
---- KEYS[1..12]  the thread's keys (includes/thread.lua: thread_keys; docs/LAYOUT.md)
+--- KEYS[1..12]  the thread's keys (includes/layout.lua: thread_keys; docs/LAYOUT.md)
 --- ARGV limits (limits): the store's limits (includes/args.lua: read_limits)
 --- ARGV turn_id (str): '' for none
 --- ARGV lease (int): the caller's lease of the turn (start_turn 'hold'), 0 for none
@@ -18,6 +18,7 @@
 --- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_DELETING, KVS_RESTORING, KVS_MIGRATING, KVS_TOO_LARGE, KVS_MEDIA_OVER,
 ---         KVS_OTID_CONFLICT, KVS_OTID_REPEATED, KVS_DUPLICATE_ID, KVS_ID_REPEATED,
 ---         KVS_TURN_FINISHED, KVS_TURN_FENCED, KVS_HISTORY
+--- @include "includes/layout"
 --- @include "includes/thread"
 --- @include "includes/events"
 --- @include "includes/turns"

@@ -8,7 +8,7 @@
 --- then removes up to max_chunks chunks; the call that leaves none removes the indexes and meta.
 --- Keys that can be large go with UNLINK, so the server frees them in the background.
 ---
---- KEYS[1..12]  the thread's keys (includes/thread.lua: thread_keys; docs/LAYOUT.md)
+--- KEYS[1..12]  the thread's keys (includes/layout.lua: thread_keys; docs/LAYOUT.md)
 --- ARGV max_chunks (int): the most chunks this call removes
 --- ARGV mode (str: 'start' | 'continue'): 'start' for delete() (tombstone the thread if
 ---      it is not yet), 'continue' to finish only a deletion already started (a live thread
@@ -22,10 +22,9 @@
 --- Reply: 1 when the thread is gone (or, for 'continue', was not being deleted), 0 when more
 ---        calls are needed
 --- Errors: KVS_WRONGTYPE
+--- @include "includes/layout"
 --- @include "includes/checks"
---- @include "includes/thread"
 --- @include "includes/events"
---- @include "includes/format"
 
 local keys = thread_keys(KEYS)
 local max_chunks, mode = args.max_chunks, args.mode
@@ -60,7 +59,7 @@ for _, index in ipairs({keys.chunk_index, keys.large_index}) do
       local chunk_keys, members = {}, {}
       for i = 1, #entries, 2 do
         members[#members + 1] = entries[i]
-        chunk_keys[#chunk_keys + 1] = keys.chunk_prefix .. fmt(tonumber(entries[i + 1]))
+        chunk_keys[#chunk_keys + 1] = chunk_key(keys, tonumber(entries[i + 1]))
       end
       redis.call('UNLINK', unpack(chunk_keys))
       redis.call('ZREM', index, unpack(members))

@@ -1,7 +1,7 @@
 #!lua
 --- Closes a turn and counts its replies without reading any message.
 ---
---- KEYS[1..12]  the thread's keys (includes/thread.lua: thread_keys; docs/LAYOUT.md)
+--- KEYS[1..12]  the thread's keys (includes/layout.lua: thread_keys; docs/LAYOUT.md)
 --- ARGV limits (limits): the store's limits (includes/args.lua: read_limits)
 --- ARGV turn_id (str)
 --- ARGV lease (int): the caller's lease of the turn (start_turn 'hold'), 0 for none: refused
@@ -16,7 +16,7 @@
 ---
 --- Reply: {reply_count, first_sequence or 0, last_sequence or 0, reply_start, outcome}
 --- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_DELETING, KVS_RESTORING, KVS_MIGRATING, KVS_TURN_NOT_FOUND, KVS_TURN_FENCED
---- @include "includes/thread"
+--- @include "includes/layout"
 --- @include "includes/turns"
 --- @include "includes/expiry"
 --- @include "includes/turn_call"

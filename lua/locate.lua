@@ -1,7 +1,7 @@
 #!lua flags=no-writes
 --- Finds where messages live, by sequence, by id or by otid, without reading them.
 ---
---- KEYS[1..12]  the thread's keys (includes/thread.lua: thread_keys; docs/LAYOUT.md)
+--- KEYS[1..12]  the thread's keys (includes/layout.lua: thread_keys; docs/LAYOUT.md)
 --- ARGV kind (str: 'seq' | 'id' | 'otid')
 --- ARGV targets[] target (str): a sequence (in decimal), message id or otid, as kind says
 ---
@@ -10,9 +10,8 @@
 ---   the first sequence of its chunk (an oversized message's chunk is named by its own
 ---   sequence). seq = 0 for an unknown id.
 --- Errors: KVS_WRONGTYPE
+--- @include "includes/layout"
 --- @include "includes/checks"
---- @include "includes/thread"
---- @include "includes/index"
 
 local keys = thread_keys(KEYS)
 local kind = args.kind

@@ -5,7 +5,7 @@
 --- (kvstore/_engine/plan.py: _native_facts). The client picks the containers from them (plan.py:
 --- _select) and fetches the records natively, comparing `gen`. No message is read here.
 ---
---- KEYS[1..12]  the thread's keys (includes/thread.lua: thread_keys; docs/LAYOUT.md)
+--- KEYS[1..12]  the thread's keys (includes/layout.lua: thread_keys; docs/LAYOUT.md)
 --- ARGV lo_kind (str: '' | 'seq' | 'id'): the exclusive lower bound of the range
 --- ARGV lo (str): a sequence or a message id, '' for none
 --- ARGV hi_kind (str: '' | 'seq' | 'id'): the exclusive upper bound of the range
@@ -24,8 +24,8 @@
 ---   layout-1 thread: the part of its legacy hash not yet migrated, read like one more chunk.
 --- Errors: KVS_CURSOR_NOT_FOUND, KVS_CURSOR_EXPIRED <deleted_before>. A key of another type
 ---   fails the command that reads it (nothing is written either way).
+--- @include "includes/layout"
 --- @include "includes/cursors"
---- @include "includes/thread"
 --- @include "includes/format"
 
 local keys = thread_keys(KEYS)

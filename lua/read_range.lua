@@ -4,7 +4,7 @@
 --- the thread under each of its optimistic tries (kvstore/_engine/pages.py, views.py). It reads
 --- whole containers, in walk order, until they hold what the walk needs; the client cuts.
 ---
---- KEYS[1..12]  the thread's keys (includes/thread.lua: thread_keys; docs/LAYOUT.md)
+--- KEYS[1..12]  the thread's keys (includes/layout.lua: thread_keys; docs/LAYOUT.md)
 --- ARGV lo_kind (str: '' | 'seq' | 'id' | 'summary'): the exclusive lower bound of the
 ---      range; 'summary': the context summary's last sequence (0 without a summary)
 --- ARGV lo (str): a sequence or a message id, '' for none
@@ -28,8 +28,8 @@
 ---   chunk index's and large index's ZCARD and the legacy hash's HLEN.
 --- Errors: KVS_CURSOR_NOT_FOUND, KVS_CURSOR_EXPIRED <deleted_before>. A key of another type
 ---   fails the command that reads it (nothing is written either way).
+--- @include "includes/layout"
 --- @include "includes/cursors"
---- @include "includes/thread"
 --- @include "includes/format"
 
 local keys = thread_keys(KEYS)
@@ -57,7 +57,7 @@ end
 
 -- The records of chunk `first` (normal or oversized) inside (lo, hi) as {sequence, record, tokens}.
 local function chunk_records(first, lo, hi, out)
-  local found = redis.call('HMGET', keys.chunk_prefix .. fmt(first), '_m', 'd')
+  local found = redis.call('HMGET', chunk_key(keys, first), '_m', 'd')
   local manifest, data = found[1], found[2]
   if not manifest or not data then return 0, 0 end
   local offset, count, tokens = 1, 0, 0

@@ -2,7 +2,7 @@
 --- Retracts a turn: removes its messages wherever they are stored. Nothing evicted by the
 --- media budget is restored; removed messages give their bytes and media back.
 ---
---- KEYS[1..12]  the thread's keys (includes/thread.lua: thread_keys; docs/LAYOUT.md)
+--- KEYS[1..12]  the thread's keys (includes/layout.lua: thread_keys; docs/LAYOUT.md)
 --- ARGV limits (limits): the store's limits (includes/args.lua: read_limits)
 --- ARGV turn_id (str)
 --- ARGV max_messages (int): the most sequences one call walks; the client calls again for
@@ -14,13 +14,12 @@
 --- made before it are open again (includes/history.lua).
 ---
 --- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_DELETING, KVS_RESTORING, KVS_MIGRATING, KVS_HISTORY
---- @include "includes/thread"
+--- @include "includes/layout"
 --- @include "includes/events"
 --- @include "includes/index"
 --- @include "includes/chunks"
 --- @include "includes/turns"
 --- @include "includes/expiry"
---- @include "includes/migration"
 --- @include "includes/format"
 --- @include "includes/history"
 
@@ -75,23 +74,23 @@ for _, sequence in ipairs(sequences) do
     local _, _, _, window_bytes = parse_side(side)
     redis.call('HINCRBY', keys.meta, 'window_bytes', -window_bytes)
   elseif where == 'large' then
-    side = manifest_find(redis.call('HGET', keys.chunk_prefix .. fmt(first), '_m'), sequence)
-    redis.call('DEL', keys.chunk_prefix .. fmt(first))
+    side = manifest_find(chunk_manifest(keys, first), sequence)
+    redis.call('DEL', chunk_key(keys, first))
     redis.call('ZREM', keys.large_index, member)
   elseif where == 'chunk' then
-    local chunk_key = keys.chunk_prefix .. fmt(first)
-    local manifest = redis.call('HGET', chunk_key, '_m')
+    local chunk = chunk_key(keys, first)
+    local manifest = redis.call('HGET', chunk, '_m')
     side = manifest_find(manifest, sequence)
     local c_first, c_last, c_count, c_bytes, c_media, c_tokens = parse_chunk_member(member)
     local _, _, m_media, m_bytes, _, m_tokens = parse_side(side)
     redis.call('ZREM', keys.chunk_index, member)
     if c_count == 1 then
-      redis.call('DEL', chunk_key)
+      redis.call('DEL', chunk)
     else
       -- The record is cut out of the chunk's data, and its line out of the manifest.
       local start, length, at, stop = chunk_slot(manifest, sequence)
-      local data = redis.call('HGET', chunk_key, 'd')
-      redis.call('HSET', chunk_key,
+      local data = redis.call('HGET', chunk, 'd')
+      redis.call('HSET', chunk,
         '_m', string.sub(manifest, 1, at - 1) .. string.sub(manifest, stop + 1),
         'd', string.sub(data, 1, start - 1) .. string.sub(data, start + length))
       redis.call('ZADD', keys.chunk_index, c_first,

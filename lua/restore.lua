@@ -1,7 +1,7 @@
 #!lua
 --- Restores a run of a backed-up thread's messages at their stored sequences.
 ---
---- KEYS[1..12]  the thread's keys (includes/thread.lua: thread_keys; docs/LAYOUT.md)
+--- KEYS[1..12]  the thread's keys (includes/layout.lua: thread_keys; docs/LAYOUT.md)
 --- ARGV limits (limits): the store's limits (includes/args.lua: read_limits)
 --- ARGV turn_id (str): '' for none; every message of the run is of this turn
 --- ARGV first (int): the sequence of the run's first message; the run is first..first+count-1
@@ -22,6 +22,7 @@
 --- Reply: {restored, already_stored}
 --- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_DELETING, KVS_TOO_LARGE, KVS_MEDIA_OVER,
 ---         KVS_OTID_REPEATED, KVS_ID_REPEATED, KVS_RESTORE_CONFLICT, KVS_HISTORY
+--- @include "includes/layout"
 --- @include "includes/thread"
 --- @include "includes/expiry"
 --- @include "includes/store"

@@ -2,7 +2,7 @@
 --- Ends a restore: sets the thread's state as its backup recorded it, once every message of the
 --- backup is restored (lua/restore.lua).
 ---
---- KEYS[1..12]  the thread's keys (includes/thread.lua: thread_keys; docs/LAYOUT.md)
+--- KEYS[1..12]  the thread's keys (includes/layout.lua: thread_keys; docs/LAYOUT.md)
 --- ARGV limits (limits): the store's limits (includes/args.lua: read_limits)
 --- ARGV last_seq (int): the last sequence the backed-up thread had assigned
 --- ARGV summary_last (int): the last sequence the context summary covers; 0 for none
@@ -31,7 +31,7 @@
 ---
 --- Reply: the number of turn records written
 --- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_DELETING, KVS_RESTORE_CONFLICT, KVS_BAD_BACKUP
---- @include "includes/thread"
+--- @include "includes/layout"
 --- @include "includes/turns"
 --- @include "includes/expiry"
 --- @include "includes/events"

@@ -2,7 +2,7 @@
 --- Records where a turn's replies start: the turn reply sequence {turn_id, sequence}; with mode
 --- 'hold', also gives the caller the turn's next lease.
 ---
---- KEYS[1..12]  the thread's keys (includes/thread.lua: thread_keys; docs/LAYOUT.md)
+--- KEYS[1..12]  the thread's keys (includes/layout.lua: thread_keys; docs/LAYOUT.md)
 --- ARGV limits (limits): the store's limits (includes/args.lua: read_limits)
 --- ARGV turn_id (str)
 --- ARGV mode (str: 'start' | 'hold')
@@ -18,8 +18,8 @@
 ---
 --- Reply: 'start': the sequence the turn's replies start at; 'hold': {that sequence, lease}
 --- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_DELETING, KVS_RESTORING, KVS_MIGRATING, KVS_TURN_FINISHED
+--- @include "includes/layout"
 --- @include "includes/format"
---- @include "includes/thread"
 --- @include "includes/turns"
 --- @include "includes/expiry"
 --- @include "includes/turn_call"

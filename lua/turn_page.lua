@@ -3,7 +3,7 @@
 --- without reading any message. It reads the header, finds the range a cursor falls in by a
 --- binary search over the range fields, and reads the ranges the page needs from there.
 ---
---- KEYS[1..12]  the thread's keys (includes/thread.lua: thread_keys; docs/LAYOUT.md)
+--- KEYS[1..12]  the thread's keys (includes/layout.lua: thread_keys; docs/LAYOUT.md)
 --- ARGV turn_id (str)
 --- ARGV lo_kind (str: '' | 'seq' | 'id'): the exclusive lower bound
 --- ARGV lo (str): a sequence or a message id, '' for none
@@ -14,9 +14,9 @@
 ---
 --- Reply: {deleted_before, has_more (0|1), sequences of the page in walk order...}
 --- Errors: KVS_WRONGTYPE, KVS_CURSOR_NOT_FOUND, KVS_CURSOR_EXPIRED <deleted_before>
+--- @include "includes/layout"
 --- @include "includes/checks"
 --- @include "includes/cursors"
---- @include "includes/thread"
 --- @include "includes/turns"
 
 local keys = thread_keys(KEYS)

@@ -1,3 +1,4 @@
+--- @include "includes/layout"
 --- @include "includes/expiry"
 --- @include "includes/format"
 -- A chunk is a hash of two fields: `d`, its messages' records concatenated in sequence order,
@@ -43,10 +44,10 @@ local function fit_size_class(records, from, n, bytes)
 end
 
 local function write_chunk(keys, first, manifest, data)
-  local chunk_key = keys.chunk_prefix .. fmt(first)
-  redis.call('HSET', chunk_key, '_m', manifest, 'd', data)
-  expire_new_chunk(keys, chunk_key)
-  return chunk_key
+  local chunk = chunk_key(keys, first)
+  redis.call('HSET', chunk, '_m', manifest, 'd', data)
+  expire_new_chunk(keys, chunk)
+  return chunk
 end
 
 -- Where a sequence's record lies in a chunk's data: 1-based start, length, and the manifest

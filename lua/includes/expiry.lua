@@ -1,5 +1,5 @@
---- @include "includes/format"
 -- Idle expiry (thread_ttl), on the server's clock: scripts never see a time. Every key of a
+--- @include "includes/layout"
 -- thread carries one absolute deadline, meta's. A write that finds less than `ttl` left on meta
 -- (PTTL) sets 1.5 ttl on meta (PEXPIRE) and meta's new deadline (PEXPIRETIME) on every other
 -- key, chunks included: one pass over the chunks per half ttl, not per write. Each write also
@@ -36,7 +36,7 @@ local function apply_expiry(keys)
     for _, index in ipairs({keys.chunk_index, keys.large_index}) do
       local firsts = redis.call('ZRANGE', index, 0, -1, 'WITHSCORES')
       for i = 2, #firsts, 2 do
-        redis.call('PEXPIREAT', keys.chunk_prefix .. fmt(tonumber(firsts[i])), deadline)
+        redis.call('PEXPIREAT', chunk_key(keys, tonumber(firsts[i])), deadline)
       end
     end
   end
@@ -44,8 +44,8 @@ end
 
 -- A chunk written by this call gets the thread's deadline at once (when the deadline moves, the
 -- pass of apply_expiry sets it).
-local function expire_new_chunk(keys, chunk_key)
+local function expire_new_chunk(keys, chunk)
   if keys.deadline and keys.deadline > 0 then
-    redis.call('PEXPIREAT', chunk_key, keys.deadline)
+    redis.call('PEXPIREAT', chunk, keys.deadline)
   end
 end

@@ -1,3 +1,4 @@
+--- @include "includes/layout"
 --- @include "includes/checks"
 --- @include "includes/index"
 --- @include "includes/chunks"
@@ -86,7 +87,7 @@ local function check_store_keys(keys, batch, limits, meta)
   if meta.layout ~= '2' then expected[#expected + 1] = {keys.legacy, 'hash'} end
   if #oversized > 0 then expected[#expected + 1] = {keys.large_index, 'zset'} end
   for _, sequence in ipairs(oversized) do
-    expected[#expected + 1] = {keys.chunk_prefix .. fmt(sequence), 'none'}
+    expected[#expected + 1] = {chunk_key(keys, sequence), 'none'}
   end
   if cut_possible(limits, count + #incoming, meta.window_bytes + incoming_bytes) then
     -- A cut writes the chunk index and may run retention, which touches these too.
@@ -115,7 +116,7 @@ local function replay_reply(keys, sequences)
     if where == 'window' then
       side = redis.call('HGET', keys.window_side, sequence)
     elseif where then
-      side = manifest_find(redis.call('HGET', keys.chunk_prefix .. fmt(first), '_m') or '', sequence)
+      side = manifest_find(chunk_manifest(keys, first), sequence)
     end
     reply[#reply + 1] = sequence
     reply[#reply + 1] = (side and parse_side(side)) or ''
