@@ -39,7 +39,7 @@ local cuts
 if not failure then cuts, failure = check_store_keys(keys, batch, limits, meta) end
 failure = failure or check_batch(keys, batch, limits, meta) or check_turn(keys, batch, meta)
   or check_history(keys, batch, limits, meta)
-if not failure and meta.layout ~= '2' then failure = check_migration(keys) end
+if not failure and meta.layout ~= CURRENT_LAYOUT then failure = check_migration(keys) end
 if failure then return failure end
 
 begin_expiry(keys, limits.ttl_ms)

@@ -37,7 +37,7 @@ local cuts
 failure = failure or check_thread(keys)
 if not failure then cuts, failure = check_store_keys(keys, batch, limits, meta) end
 failure = failure or check_batch(keys, batch, limits, meta)
-if not failure and meta.layout ~= '2' then failure = check_migration(keys) end
+if not failure and meta.layout ~= CURRENT_LAYOUT then failure = check_migration(keys) end
 if failure then
   if type(failure) == 'table' and failure[1] == 0 then return {0, failure[2], 0} end
   return failure

@@ -45,7 +45,7 @@ if deleting then deleted_before, last_seq = 0, 0 end
 -- has found the legacy range, meta's last_seq may lag the hash: the range then reaches at least
 -- the hash's field count (a hole reads as nothing).
 local legacy_first, legacy_last, legacy_count = 0, 0, 0
-if not deleting and (layout == '1' or (not layout and redis.call('EXISTS', keys.legacy) == 1)) then
+if not deleting and holds_legacy(keys, layout) then
   legacy_count = redis.call('HLEN', keys.legacy)
   local first = tonumber(meta[6] or '0') + 1
   local last = tonumber(meta[7] or '') or math.max(last_seq, legacy_count)

@@ -48,7 +48,7 @@ if deleting then deleted_before, last_seq, summary_last, summary_seq = 0, 0, 0, 
 
 -- A layout-1 thread's legacy messages not yet migrated (as lua/page_plan.lua finds them).
 local legacy_first, legacy_last = 0, 0
-if not deleting and (layout == '1' or (not layout and redis.call('EXISTS', keys.legacy) == 1)) then
+if not deleting and holds_legacy(keys, layout) then
   local first = tonumber(meta[5] or '0') + 1
   local last = tonumber(meta[6] or '') or math.max(last_seq, redis.call('HLEN', keys.legacy))
   if last >= first then legacy_first, legacy_last = first, last end

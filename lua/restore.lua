@@ -41,7 +41,7 @@ read_batch_pairs(args.pairs, batch, limits)
 
 local meta, failure = load_meta(keys, true)
 if failure then return failure end
-if meta.layout ~= nil and meta.layout ~= '2' then
+if meta.layout ~= nil and meta.layout ~= CURRENT_LAYOUT then
   return redis.error_reply('KVS_LAYOUT thread is stored in layout ' .. meta.layout .. ', a restore writes into layout 2 only')
 end
 if redis.call('EXISTS', keys.legacy) == 1 then

@@ -75,7 +75,7 @@ if tonumber(current[2] or '0') > last_seq then
 end
 
 begin_expiry(keys, limits.ttl_ms)
-local fields = {'layout', '2', 'last_seq', last_seq}
+local fields = {'layout', CURRENT_LAYOUT, 'last_seq', last_seq}
 if summary_last > 0 then
   fields[#fields + 1] = 'summary_last'; fields[#fields + 1] = summary_last
   fields[#fields + 1] = 'summary_seq'; fields[#fields + 1] = summary_seq

@@ -50,7 +50,7 @@ if started then
   local start = tonumber(redis.call('HGET', keys.meta, 'last_seq') or '0') + 1
   turn.start, turn.outcome, turn.replies, turn.first = start, 'open', 0, 0
   write_turn(keys, turn_id, turn)
-  redis.call('HSETNX', keys.meta, 'layout', '2')
+  redis.call('HSETNX', keys.meta, 'layout', CURRENT_LAYOUT)
   redis.call('HSET', keys.meta, 'turn_id', turn_id, 'turn_seq', start, 'turn_outcome', 'open')
 end
 local lease = 0

@@ -326,7 +326,7 @@ def test_the_check_finds_a_malformed_header():
         )
     )
     assert header_problems(group_first) == ["group messages[] is not the last argument"]
-    with pytest.raises(ScriptArgsError, match="unreadable argument entry .--- ARGV turn_id."):
+    with pytest.raises(ScriptArgsError, match=r"unreadable argument entry .--- ARGV turn_id."):
         read_header(WRONG.replace("turn_id (bytes)", "turn_id"))
     no_errors = read_header(WRONG.replace("--- Errors: KVS_WRONGTYPE\n", ""))
     assert header_problems(no_errors) == ["0 Errors lines, not one"]

@@ -34,17 +34,22 @@ local function chunk_manifest(keys, first)
   return redis.call('HGET', chunk_key(keys, first), '_m') or ''
 end
 
+-- The refusal of a thread whose meta `layout` reads `layout` when this version does not read
+-- that layout; nil for one it reads, or for a new thread (no layout).
+local function unreadable_layout(layout)
+  if layout and not READ_LAYOUTS[layout] then
+    return redis.error_reply('KVS_LAYOUT thread is stored in layout ' .. layout .. ', this version reads layouts 1 and 2')
+  end
+  return nil
+end
+
 -- Fails unless the thread is missing or in a layout this version reads (layout 1 it migrates),
 -- and is not being deleted, nor restored (unless `restoring_ok`: the restore's own calls).
 local function check_layout(meta_key, restoring_ok)
   local meta = redis.call('HMGET', meta_key, 'layout', 'deleting', 'restoring')
   if meta[2] then return deleting_error() end
   if meta[3] and not restoring_ok then return restoring_error() end
-  local layout = meta[1]
-  if layout and not READ_LAYOUTS[layout] then
-    return redis.error_reply('KVS_LAYOUT thread is stored in layout ' .. layout .. ', this version reads layouts 1 and 2')
-  end
-  return nil
+  return unreadable_layout(meta[1])
 end
 
 -- Fails unless every key is missing or of its type, and the thread's layout is one this version
@@ -57,11 +62,16 @@ local function check_thread(keys, restoring_ok)
   }) or check_layout(keys.meta, restoring_ok)
 end
 
+-- Whether a thread whose meta `layout` reads `layout` (false or nil: none) holds layout-1 data:
+-- a thread from before meta named its layout has only the legacy hash.
+local function holds_legacy(keys, layout)
+  if layout == '1' then return true end
+  return not layout and redis.call('EXISTS', keys.legacy) == 1
+end
+
 -- Whether the thread is stored in layout 1 (wholly or in part).
 local function is_layout_1(keys)
-  local layout = redis.call('HGET', keys.meta, 'layout')
-  if layout == '1' then return true end
-  return layout == false and redis.call('EXISTS', keys.legacy) == 1
+  return holds_legacy(keys, redis.call('HGET', keys.meta, 'layout'))
 end
 
 -- Finds where a sequence is stored in layout 2: 'window', 'large' (with its index member) or

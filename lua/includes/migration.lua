@@ -171,7 +171,7 @@ local function migrate_step(keys, limits)
     -- in `stored` by begin_migration, and not stored as a message): it stays, uncounted.
     local left = redis.call('HLEN', keys.legacy)
     if left > 0 then redis.call('HINCRBY', keys.meta, 'stored', -left) end
-    redis.call('HSET', keys.meta, 'layout', '2')
+    redis.call('HSET', keys.meta, 'layout', CURRENT_LAYOUT)
     redis.call('HDEL', keys.meta, 'migrated', 'legacy_last', 'legacy_turn', 'legacy_turn_seq')
   end
   redis.call('HINCRBY', keys.meta, 'gen', 1)
