@@ -55,25 +55,6 @@ if not deleting and holds_legacy(keys, layout) then
   if last > last_seq then last_seq = last end
 end
 
--- The records of chunk `first` (normal or oversized) inside (lo, hi) as {sequence, record, tokens}.
-local function chunk_records(first, lo, hi, out)
-  local found = redis.call('HMGET', chunk_key(keys, first), '_m', 'd')
-  local manifest, data = found[1], found[2]
-  if not manifest or not data then return 0, 0 end
-  local offset, count, tokens = 1, 0, 0
-  for line_sequence, side in manifest_lines(manifest) do
-    local _, _, _, bytes, _, m_tokens = parse_side(side)
-    if not bytes then break end
-    local sequence = tonumber(line_sequence)
-    if sequence > lo and sequence < hi then
-      out[#out + 1] = {sequence, string.sub(data, offset, offset + bytes - 1), m_tokens}
-      count, tokens = count + 1, tokens + m_tokens
-    end
-    offset = offset + bytes
-  end
-  return count, tokens
-end
-
 -- The records of a walk over (lo, hi), in walk order. Units (window messages, oversized
 -- messages, chunks, the legacy range) are taken in walk order until their records in the range
 -- hold `need` (or pass max_tokens); chunks are disjoint and older than the window, so every
@@ -158,7 +139,7 @@ local function walk_range(lo, hi, walk, need, max_tokens)
         end
       end
     else
-      n, t = chunk_records(unit.first, lo, hi, taken)
+      n, t = chunk_records(keys, unit.first, lo, hi, taken)
     end
     count, tokens = count + n, tokens + t
   end

@@ -17,7 +17,6 @@
 --- @include "includes/layout"
 --- @include "includes/events"
 --- @include "includes/index"
---- @include "includes/chunks"
 --- @include "includes/turns"
 --- @include "includes/expiry"
 --- @include "includes/format"

@@ -1,12 +1,16 @@
 --- @include "includes/checks"
 --- @include "includes/format"
--- The stored layout, as the scripts know it: which layout a thread is in, the thread's keys
--- and their types, a chunk's key and manifest, and which container holds a sequence. Scripts and
--- the other includes ask these functions instead of naming keys, fields or layouts themselves.
+-- The stored layout, as the scripts know it: which layout a thread is in (and which this version
+-- reads and writes), the thread's keys and their types, a chunk's key and manifest, which
+-- container holds a sequence, where a record lies in a chunk, and a chunk's records in a range.
+-- Scripts and the other includes ask these functions instead of naming keys, chunk fields or
+-- layout numbers themselves.
 --
 -- Layouts (docs/LAYOUT.md): 1, the legacy hash (read as it is and migrated, includes/
 -- migration.lua); 2, the window, the chunks and their indexes (the one written). The member
--- formats are includes/format.lua's; moving a window into chunks is includes/rollover.lua's.
+-- formats are includes/format.lua's; writing a chunk and its size classes includes/chunks.lua's;
+-- moving the window into chunks includes/rollover.lua's; deleting the oldest chunks
+-- includes/retention.lua's.
 
 -- The layout every write leaves a thread in, and the layouts this version reads.
 local CURRENT_LAYOUT = '2'
@@ -97,4 +101,37 @@ local function locate(keys, sequence)
     end
   end
   return nil
+end
+
+-- Where a sequence's record lies in a chunk's data: 1-based start, length, and the manifest
+-- line's bounds (at, stop); nil when the manifest does not list it.
+local function chunk_slot(manifest, sequence)
+  local offset, wanted = 1, fmt(sequence)
+  for line_sequence, side, at, stop in manifest_lines(manifest) do
+    local _, _, _, bytes = parse_side(side)
+    if not bytes then return nil end
+    if line_sequence == wanted then return offset, bytes, at, stop end
+    offset = offset + bytes
+  end
+  return nil
+end
+
+-- Appends to `out` the records of chunk `first` (normal or oversized) inside (lo, hi), as
+-- {sequence, record, tokens}; returns how many and their tokens (0, 0 for no chunk).
+local function chunk_records(keys, first, lo, hi, out)
+  local found = redis.call('HMGET', chunk_key(keys, first), '_m', 'd')
+  local manifest, data = found[1], found[2]
+  if not manifest or not data then return 0, 0 end
+  local offset, count, tokens = 1, 0, 0
+  for line_sequence, side in manifest_lines(manifest) do
+    local _, _, _, bytes, _, m_tokens = parse_side(side)
+    if not bytes then break end
+    local sequence = tonumber(line_sequence)
+    if sequence > lo and sequence < hi then
+      out[#out + 1] = {sequence, string.sub(data, offset, offset + bytes - 1), m_tokens}
+      count, tokens = count + 1, tokens + m_tokens
+    end
+    offset = offset + bytes
+  end
+  return count, tokens
 end
