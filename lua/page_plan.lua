@@ -41,16 +41,11 @@ local deleting, layout = meta[4], meta[5]
 -- A thread being deleted (lua/delete.lua) reads as empty, whatever chunks it still has.
 if deleting then deleted_before, last_seq = 0, 0 end
 
--- A layout-1 thread's legacy messages not yet migrated. Until the scan (includes/migration.lua)
--- has found the legacy range, meta's last_seq may lag the hash: the range then reaches at least
--- the hash's field count (a hole reads as nothing).
+-- A layout-1 thread's legacy messages not yet migrated (includes/layout.lua, legacy_range).
 local legacy_first, legacy_last, legacy_count = 0, 0, 0
 if not deleting and holds_legacy(keys, layout) then
   legacy_count = redis.call('HLEN', keys.legacy)
-  local first = tonumber(meta[6] or '0') + 1
-  local last = tonumber(meta[7] or '') or math.max(last_seq, legacy_count)
-  if last >= first then legacy_first, legacy_last = first, last end
-  if last > last_seq then last_seq = last end
+  legacy_first, legacy_last, last_seq = legacy_range(keys, meta[6], meta[7], last_seq, legacy_count)
 end
 
 local lo, lo_err = resolve_cursor(keys.ids, lo_kind, lo_arg, deleted_before)

@@ -45,13 +45,10 @@ local summary_last, summary_seq = tonumber(meta[7] or '0'), tonumber(meta[8] or 
 -- A thread being deleted (lua/delete.lua) reads as empty, whatever it still holds.
 if deleting then deleted_before, last_seq, summary_last, summary_seq = 0, 0, 0, 0 end
 
--- A layout-1 thread's legacy messages not yet migrated (as lua/page_plan.lua finds them).
+-- A layout-1 thread's legacy messages not yet migrated (includes/layout.lua, legacy_range).
 local legacy_first, legacy_last = 0, 0
 if not deleting and holds_legacy(keys, layout) then
-  local first = tonumber(meta[5] or '0') + 1
-  local last = tonumber(meta[6] or '') or math.max(last_seq, redis.call('HLEN', keys.legacy))
-  if last >= first then legacy_first, legacy_last = first, last end
-  if last > last_seq then last_seq = last end
+  legacy_first, legacy_last, last_seq = legacy_range(keys, meta[5], meta[6], last_seq)
 end
 
 local lo, hi

@@ -1,11 +1,11 @@
 --- @include "includes/checks"
 --- @include "includes/format"
--- The stored layout, as the scripts know it: which layout a thread is in (and which this version
--- reads and writes), the thread's keys and their types, a chunk's key and manifest, which
--- container holds a sequence, where a record lies in a chunk, a chunk's records in a range, and
--- the walk over every container of a range (window, oversized messages, chunks, legacy hash).
--- Scripts and the other includes ask these functions instead of naming keys, chunk fields or
--- layout numbers themselves.
+-- The stored layout, as the scripts know it: which layout a thread is in, which layouts this
+-- version reads and writes, and the part of a layout-1 thread not yet migrated; the thread's keys
+-- and their types; a chunk's key and manifest; which container holds a sequence; where a record
+-- lies in a chunk; a chunk's records in a range; and the walk over every container of a range
+-- (window, oversized messages, chunks, legacy hash). Scripts and the other includes ask these
+-- functions instead of naming keys, chunk fields or layout numbers themselves.
 --
 -- Layouts (docs/LAYOUT.md): 1, the legacy hash (read as it is and migrated, includes/
 -- migration.lua); 2, the window, the chunks and their indexes (the one written). The member
@@ -72,6 +72,19 @@ end
 local function holds_legacy(keys, layout)
   if layout == '1' then return true end
   return not layout and redis.call('EXISTS', keys.legacy) == 1
+end
+
+-- The part of a layout-1 thread's legacy hash not yet migrated: its first and last sequences
+-- (0, 0 for none), and the thread's last sequence raised to the range's end. `migrated` and
+-- `legacy_last` are meta's fields as read. Until the scan (includes/migration.lua) has found the
+-- legacy range, meta's last_seq may lag the hash: the range then reaches at least the hash's
+-- field count (`field_count` when the caller read it, else read here; a hole reads as nothing).
+local function legacy_range(keys, migrated, legacy_last, last_seq, field_count)
+  local first = tonumber(migrated or '0') + 1
+  local last = tonumber(legacy_last or '') or math.max(last_seq, field_count or redis.call('HLEN', keys.legacy))
+  local legacy_first, legacy_end = 0, 0
+  if last >= first then legacy_first, legacy_end = first, last end
+  return legacy_first, legacy_end, math.max(last, last_seq)
 end
 
 -- Whether the thread is stored in layout 1 (wholly or in part).
