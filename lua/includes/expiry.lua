@@ -1,5 +1,5 @@
--- Idle expiry (thread_ttl), on the server's clock: scripts never see a time. Every key of a
 --- @include "includes/layout"
+-- Idle expiry (thread_ttl), on the server's clock: scripts never see a time. Every key of a
 -- thread carries one absolute deadline, meta's. A write that finds less than `ttl` left on meta
 -- (PTTL) sets 1.5 ttl on meta (PEXPIRE) and meta's new deadline (PEXPIRETIME) on every other
 -- key, chunks included: one pass over the chunks per half ttl, not per write. Each write also
