@@ -52,7 +52,7 @@ if not (meta_is_hash and redis.call('HEXISTS', keys.meta, 'deleting') == 1) then
 end
 
 local left = max_chunks
-for _, index in ipairs({keys.chunk_index, keys.large_index}) do
+for _, index in ipairs(chunk_indexes(keys)) do
   if left > 0 then
     local entries = redis.call('ZRANGE', index, 0, left - 1, 'WITHSCORES')
     if #entries > 0 then

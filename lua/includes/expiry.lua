@@ -28,12 +28,11 @@ local function apply_expiry(keys)
     deadline = redis.call('PEXPIRETIME', keys.meta)
   end
   if deadline <= 0 then return end
-  for _, key in ipairs({keys.meta, keys.window, keys.window_side, keys.chunk_index, keys.large_index,
-                        keys.ids, keys.otids, keys.turns, keys.legacy, keys.events, keys.pairs}) do
+  for _, key in ipairs(fixed_keys(keys)) do
     redis.call('PEXPIREAT', key, deadline)
   end
   if moved then
-    for _, index in ipairs({keys.chunk_index, keys.large_index}) do
+    for _, index in ipairs(chunk_indexes(keys)) do
       local firsts = redis.call('ZRANGE', index, 0, -1, 'WITHSCORES')
       for i = 2, #firsts, 2 do
         redis.call('PEXPIREAT', chunk_key(keys, tonumber(firsts[i])), deadline)

@@ -1,11 +1,12 @@
 --- @include "includes/checks"
 --- @include "includes/format"
 -- The stored layout, as the scripts know it: which layout a thread is in, which layouts this
--- version reads and writes, and the part of a layout-1 thread not yet migrated; the thread's keys
--- and their types; a chunk's key and manifest; which container holds a sequence; where a record
--- lies in a chunk; a chunk's records in a range; and the walk over every container of a range
--- (window, oversized messages, chunks, legacy hash). Scripts and the other includes ask these
--- functions instead of naming keys, chunk fields or layout numbers themselves.
+-- version reads and writes, and the part of a layout-1 thread not yet migrated; the thread's keys,
+-- their types, its fixed keys and chunk indexes; a chunk's key and manifest; which container
+-- holds a sequence; where a record lies in a chunk; a chunk's records in a range; and the walk
+-- over every container of a range (window, oversized messages, chunks, legacy hash). Scripts and
+-- the other includes ask these functions instead of naming keys, chunk fields or layout numbers
+-- themselves.
 --
 -- Layouts (docs/LAYOUT.md): 1, the legacy hash (read as it is and migrated, includes/
 -- migration.lua); 2, the window, the chunks and their indexes (the one written). The member
@@ -25,6 +26,18 @@ local function thread_keys(KEYS)
     large_index = KEYS[5], ids = KEYS[6], otids = KEYS[7], turns = KEYS[8], legacy = KEYS[9],
     chunk_prefix = KEYS[10], events = KEYS[11], pairs = KEYS[12],
   }
+end
+
+-- The thread's keys but its chunks, meta first (every key the thread's expiry covers).
+local function fixed_keys(keys)
+  return {keys.meta, keys.window, keys.window_side, keys.chunk_index, keys.large_index,
+          keys.ids, keys.otids, keys.turns, keys.legacy, keys.events, keys.pairs}
+end
+
+-- The indexes that name the thread's chunks, normal then oversized: a member's score is its
+-- chunk's first sequence (chunk_key).
+local function chunk_indexes(keys)
+  return {keys.chunk_index, keys.large_index}
 end
 
 -- A chunk's key: the prefix KEYS[10] and the chunk's first sequence (a number, or the text of
