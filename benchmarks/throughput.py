@@ -230,10 +230,8 @@ def _ceiling_commands(
         ]  # FCALL <function>, as the store sends it
     finally:
         client.close()
-    args = [str(a) for a in request.args[:13]]  # the limits, turn id, count, pairs ('': no checks)
-    tokens = str(
-        request.args[16]
-    )  # the message's token count (lua/append.lua: id, otid, media, tokens, record)
+    named = request.named()  # the append's arguments by name (lua/append.lua's header)
+    ((_, _, _, tokens, _),) = named["messages"]  # the message's token count, as the store sent it
     # Every record must differ, as real ones do (each holds its message id): the window is a
     # sorted set, where an equal record would only move, not add.
     record = blob[: -len("__rand_int__")] + "__rand_int__"
@@ -241,17 +239,9 @@ def _ceiling_commands(
     # redis-benchmark seeds its __rand_int__ sequence the same way for runs that start in
     # the same second, so ids are made distinct per run by a prefix of their own.
     def kvstore(run: str) -> list[str]:
-        return [
-            *head,
-            str(len(request.keys)),
-            *request.keys,
-            *args,
-            f"message-{run}-__rand_int__",
-            "",
-            "0",
-            tokens,
-            record,
-        ]
+        message = (f"message-{run}-__rand_int__", "", 0, tokens, record)
+        args = request.script.args(**{**named, "messages": [message]})
+        return [*head, str(len(request.keys)), *request.keys, *map(str, args)]
 
     return bare, kvstore, blob
 

@@ -1,15 +1,14 @@
 #!lua
 --- Appends a batch of messages to a thread in one atomic step.
 ---
---- KEYS[1..12]  the thread's keys (includes/thread.lua: thread_keys; docs/LAYOUT.md)
---- ARGV[1..9]   limits (int): includes/thread.lua, read_limits
---- ARGV[10]     limits key (str): ARGV[1..9] joined by ':', then the event limits
---- ARGV[11]     turn_id (str): '' for none; '<turn_id>\t<lease>' from the turn's holder
---- ARGV[12]     count (int): the messages that follow
---- ARGV[13]     pairs (str): what each message opens and answers, with strict history checks
----              (includes/history.lua: read_batch_pairs); '' when none does, and without them
---- ARGV[14..]   ARGV[12] times: id (str), otid (str): '' for none, media (int): the message's
----              inline media bytes, tokens (int): its token count, record (bytes)
+--- KEYS[1..12]  the thread's keys (includes/layout.lua: thread_keys; docs/LAYOUT.md)
+--- ARGV limits (limits): the store's limits (includes/args.lua: read_limits)
+--- ARGV turn_id (str): '' for none
+--- ARGV lease (int): the caller's lease of the turn (start_turn 'hold'), 0 for none
+--- ARGV pairs (str): what each message opens and answers, with strict history checks
+---      (includes/history.lua: read_batch_pairs); '' when none does, and without them
+--- ARGV messages[] id (str), otid (str): '' for none, media (int): the message's inline
+---      media bytes, tokens (int): its token count, record (bytes)
 ---
 --- A new message of a finished turn is refused (KVS_TURN_FINISHED); a replay is not.
 ---
@@ -19,6 +18,7 @@
 --- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_DELETING, KVS_RESTORING, KVS_MIGRATING, KVS_TOO_LARGE, KVS_MEDIA_OVER,
 ---         KVS_OTID_CONFLICT, KVS_OTID_REPEATED, KVS_DUPLICATE_ID, KVS_ID_REPEATED,
 ---         KVS_TURN_FINISHED, KVS_TURN_FENCED, KVS_HISTORY
+--- @include "includes/layout"
 --- @include "includes/thread"
 --- @include "includes/events"
 --- @include "includes/turns"
@@ -30,16 +30,16 @@
 --- @include "includes/history"
 
 local keys = thread_keys(KEYS)
-local limits = read_limits(ARGV)
-local batch = read_batch(ARGV, 13, tonumber(ARGV[12]), ARGV[11])
-read_batch_pairs(ARGV[13], batch, limits)
+local limits = args.limits
+local batch = read_batch(args.messages, args.turn_id, args.lease)
+read_batch_pairs(args.pairs, batch, limits)
 
 local meta, failure = load_meta(keys)
 local cuts
 if not failure then cuts, failure = check_store_keys(keys, batch, limits, meta) end
 failure = failure or check_batch(keys, batch, limits, meta) or check_turn(keys, batch, meta)
   or check_history(keys, batch, limits, meta)
-if not failure and meta.layout ~= '2' then failure = check_migration(keys) end
+if not failure and meta.layout ~= CURRENT_LAYOUT then failure = check_migration(keys) end
 if failure then return failure end
 
 begin_expiry(keys, limits.ttl_ms)

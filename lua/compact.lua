@@ -1,12 +1,14 @@
 #!lua
 --- Stores a summary message and moves the context summary to it, then runs retention.
 ---
---- KEYS[1..12]  the thread's keys (includes/thread.lua: thread_keys; docs/LAYOUT.md)
---- ARGV[1..9]   limits (int): includes/thread.lua, read_limits
---- ARGV[10]     limits key (str): ARGV[1..9] joined by ':', then the event limits
---- ARGV[11]     summary_last (int): the last sequence the summary covers
---- ARGV[12..16] the summary message: id (str), otid (str): '' for none, media (int): its inline
----              media bytes, tokens (int): its token count, record (bytes)
+--- KEYS[1..12]  the thread's keys (includes/layout.lua: thread_keys; docs/LAYOUT.md)
+--- ARGV limits (limits): the store's limits (includes/args.lua: read_limits)
+--- ARGV summary_last (int): the last sequence the summary covers
+--- ARGV id (str): the summary message's
+--- ARGV otid (str): its otid, '' for none
+--- ARGV media (int): its inline media bytes
+--- ARGV tokens (int): its token count
+--- ARGV record (bytes): its record
 ---
 --- The summary covers messages up to summary_last; it must be stored (or deleted) already and
 --- may not move back. A summary_last equal to the current summary's is a replay: the current
@@ -16,6 +18,7 @@
 --- Reply: {1, summary_sequence, chunks_deleted}, or {0, summary_sequence, 0} for a replay
 --- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_DELETING, KVS_RESTORING, KVS_MIGRATING, KVS_TOO_LARGE, KVS_MEDIA_OVER,
 ---         KVS_BAD_SUMMARY
+--- @include "includes/layout"
 --- @include "includes/thread"
 --- @include "includes/events"
 --- @include "includes/expiry"
@@ -25,16 +28,16 @@
 --- @include "includes/migration"
 
 local keys = thread_keys(KEYS)
-local limits = read_limits(ARGV)
-local summary_last = tonumber(ARGV[11])
-local batch = read_batch(ARGV, 11, 1, '')
+local limits = args.limits
+local summary_last = args.summary_last
+local batch = read_batch({id = {args.id}, otid = {args.otid}, media = {args.media}, tokens = {args.tokens}, record = {args.record}}, '', 0)
 
 local meta, failure = load_meta(keys)
 local cuts
 failure = failure or check_thread(keys)
 if not failure then cuts, failure = check_store_keys(keys, batch, limits, meta) end
 failure = failure or check_batch(keys, batch, limits, meta)
-if not failure and meta.layout ~= '2' then failure = check_migration(keys) end
+if not failure and meta.layout ~= CURRENT_LAYOUT then failure = check_migration(keys) end
 if failure then
   if type(failure) == 'table' and failure[1] == 0 then return {0, failure[2], 0} end
   return failure

@@ -8,13 +8,13 @@
 --- then removes up to max_chunks chunks; the call that leaves none removes the indexes and meta.
 --- Keys that can be large go with UNLINK, so the server frees them in the background.
 ---
---- KEYS[1..12]  the thread's keys (includes/thread.lua: thread_keys; docs/LAYOUT.md)
---- ARGV[1]      max_chunks (int): the most chunks this call removes
---- ARGV[2]      mode (str: 'start' | 'continue'): 'start' for delete() (tombstone the thread if
----              it is not yet), 'continue' to finish only a deletion already started (a live
----              thread is left as it is)
---- ARGV[3]      events_len (int): the event limits (includes/events.lua); 0 for no event
---- ARGV[4]      events_age_ms (int)
+--- KEYS[1..12]  the thread's keys (includes/layout.lua: thread_keys; docs/LAYOUT.md)
+--- ARGV max_chunks (int): the most chunks this call removes
+--- ARGV mode (str: 'start' | 'continue'): 'start' for delete() (tombstone the thread if
+---      it is not yet), 'continue' to finish only a deletion already started (a live thread
+---      is left as it is)
+--- ARGV events_len (int): the event limits (includes/events.lua); 0 for no event
+--- ARGV events_age_ms (int)
 ---
 --- The call that tombstones the thread adds its 'deleted' event (watchers blocked on the stream
 --- get it before the next call); the call that removes meta removes the stream too.
@@ -22,14 +22,13 @@
 --- Reply: 1 when the thread is gone (or, for 'continue', was not being deleted), 0 when more
 ---        calls are needed
 --- Errors: KVS_WRONGTYPE
+--- @include "includes/layout"
 --- @include "includes/checks"
---- @include "includes/thread"
 --- @include "includes/events"
---- @include "includes/format"
 
 local keys = thread_keys(KEYS)
-local max_chunks, mode = tonumber(ARGV[1]), ARGV[2]
-local limits = {events_len = tonumber(ARGV[3]), events_age_ms = tonumber(ARGV[4]), ttl_ms = 0}
+local max_chunks, mode = args.max_chunks, args.mode
+local limits = {events_len = args.events_len, events_age_ms = args.events_age_ms, ttl_ms = 0}
 
 local err = check_key_types({{keys.chunk_index, 'zset'}, {keys.large_index, 'zset'}})
 if err then return err end
@@ -53,14 +52,14 @@ if not (meta_is_hash and redis.call('HEXISTS', keys.meta, 'deleting') == 1) then
 end
 
 local left = max_chunks
-for _, index in ipairs({keys.chunk_index, keys.large_index}) do
+for _, index in ipairs(chunk_indexes(keys)) do
   if left > 0 then
     local entries = redis.call('ZRANGE', index, 0, left - 1, 'WITHSCORES')
     if #entries > 0 then
       local chunk_keys, members = {}, {}
       for i = 1, #entries, 2 do
         members[#members + 1] = entries[i]
-        chunk_keys[#chunk_keys + 1] = keys.chunk_prefix .. fmt(tonumber(entries[i + 1]))
+        chunk_keys[#chunk_keys + 1] = chunk_key(keys, tonumber(entries[i + 1]))
       end
       redis.call('UNLINK', unpack(chunk_keys))
       redis.call('ZREM', index, unpack(members))

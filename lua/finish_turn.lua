@@ -1,12 +1,12 @@
 #!lua
 --- Closes a turn and counts its replies without reading any message.
 ---
---- KEYS[1..12]  the thread's keys (includes/thread.lua: thread_keys; docs/LAYOUT.md)
---- ARGV[1..9]   limits (int): includes/thread.lua, read_limits
---- ARGV[10]     limits key (str): ARGV[1..9] joined by ':', then the event limits
---- ARGV[11]     turn_id (str); '<turn_id>\t<lease>' from the turn's holder: refused once another
----              worker holds the turn
---- ARGV[12]     outcome (str: 'completed' | 'steered' | 'cancelled' | 'failed')
+--- KEYS[1..12]  the thread's keys (includes/layout.lua: thread_keys; docs/LAYOUT.md)
+--- ARGV limits (limits): the store's limits (includes/args.lua: read_limits)
+--- ARGV turn_id (str)
+--- ARGV lease (int): the caller's lease of the turn (start_turn 'hold'), 0 for none: refused
+---      once another worker holds the turn
+--- ARGV outcome (str: 'completed' | 'steered' | 'cancelled' | 'failed')
 ---
 --- The counts are kept in the turn's record (includes/turns.lua). The first call records the
 --- outcome and the result; finishing a finished turn returns that recorded result, whatever
@@ -16,17 +16,15 @@
 ---
 --- Reply: {reply_count, first_sequence or 0, last_sequence or 0, reply_start, outcome}
 --- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_DELETING, KVS_RESTORING, KVS_MIGRATING, KVS_TURN_NOT_FOUND, KVS_TURN_FENCED
---- @include "includes/thread"
+--- @include "includes/layout"
 --- @include "includes/turns"
 --- @include "includes/expiry"
 --- @include "includes/turn_call"
 --- @include "includes/events"
 
 local keys = thread_keys(KEYS)
-local limits = read_limits(ARGV)
-local turn_id, outcome = ARGV[11], ARGV[12]
-local held_turn, lease = string.match(turn_id, '^([^\t]*)\t(%d+)$')
-if held_turn then turn_id = held_turn end
+local limits = args.limits
+local turn_id, lease, outcome = args.turn_id, args.lease, args.outcome
 
 local turn, err = load_turn_for_call(keys, limits, turn_id)
 if err then return err end
@@ -35,8 +33,8 @@ if turn.start == 0 then
   return redis.error_reply('KVS_TURN_NOT_FOUND turn ' .. turn_id .. ' was never started in this thread')
 end
 
-if turn.outcome == 'open' and lease then
-  err = check_lease(keys, turn_id, tonumber(lease))
+if turn.outcome == 'open' and lease ~= 0 then
+  err = check_lease(keys, turn_id, lease)
   if err then
     apply_expiry(keys)
     return err

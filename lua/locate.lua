@@ -1,21 +1,20 @@
 #!lua flags=no-writes
 --- Finds where messages live, by sequence, by id or by otid, without reading them.
 ---
---- KEYS[1..12]  the thread's keys (includes/thread.lua: thread_keys; docs/LAYOUT.md)
---- ARGV[1]      kind (str: 'seq' | 'id' | 'otid')
---- ARGV[2..]    targets (str): sequences (in decimal), message ids or otids, as kind says
+--- KEYS[1..12]  the thread's keys (includes/layout.lua: thread_keys; docs/LAYOUT.md)
+--- ARGV kind (str: 'seq' | 'id' | 'otid')
+--- ARGV targets[] target (str): a sequence (in decimal), message id or otid, as kind says
 ---
 --- Reply: {gen, deleted_before, seq_1, where_1, ..., seq_n, where_n}
 ---   where = -1 in the window, -2 in a layout-1 thread's legacy hash, 0 not stored, otherwise
 ---   the first sequence of its chunk (an oversized message's chunk is named by its own
 ---   sequence). seq = 0 for an unknown id.
 --- Errors: KVS_WRONGTYPE
+--- @include "includes/layout"
 --- @include "includes/checks"
---- @include "includes/thread"
---- @include "includes/index"
 
 local keys = thread_keys(KEYS)
-local kind = ARGV[1]
+local kind = args.kind
 
 local checked = {
   {keys.meta, 'hash'}, {keys.window_side, 'hash'}, {keys.chunk_index, 'zset'},
@@ -29,14 +28,14 @@ local meta = redis.call('HMGET', keys.meta, 'gen', 'deleted_before', 'deleting')
 local reply = {tonumber(meta[1] or '0'), tonumber(meta[2] or '0')}
 -- A thread being deleted (lua/delete.lua) stores nothing, whatever chunks it still has.
 local deleting = meta[3]
-for i = 2, #ARGV do
+for _, target in ipairs(args.targets.target) do
   local sequence
   if kind == 'id' then
-    sequence = tonumber(redis.call('HGET', keys.ids, ARGV[i]) or '0')
+    sequence = tonumber(redis.call('HGET', keys.ids, target) or '0')
   elseif kind == 'otid' then
-    sequence = tonumber(redis.call('HGET', keys.otids, ARGV[i]) or '0')
+    sequence = tonumber(redis.call('HGET', keys.otids, target) or '0')
   else
-    sequence = tonumber(ARGV[i])
+    sequence = tonumber(target)
   end
   local where, first = nil, nil
   if sequence > 0 and not deleting then

@@ -1,9 +1,8 @@
 #!lua
 --- Moves one bounded step of a layout-1 thread into chunks (includes/migration.lua).
 ---
---- KEYS[1..12]  the thread's keys (includes/thread.lua: thread_keys; docs/LAYOUT.md)
---- ARGV[1..9]   limits (int): includes/thread.lua, read_limits
---- ARGV[10]     limits key (str): ARGV[1..9] joined by ':', then the event limits
+--- KEYS[1..12]  the thread's keys (includes/layout.lua: thread_keys; docs/LAYOUT.md)
+--- ARGV limits (limits): the store's limits (includes/args.lua: read_limits)
 ---
 --- Reply: {chunks_written, layout_version, scanning, fields_left}
 ---   scanning is 1 while the legacy range is still being scanned (writes refuse with
@@ -14,7 +13,8 @@
 --- @include "includes/expiry"
 --- @include "includes/migration"
 
-local keys, limits, err = begin_thread_call(KEYS, ARGV)
+local limits = args.limits
+local keys, err = begin_thread_call(KEYS, limits)
 if err then return err end
 
 local chunks = migrate_step(keys, limits)

@@ -5,14 +5,14 @@
 --- (kvstore/_engine/plan.py: _native_facts). The client picks the containers from them (plan.py:
 --- _select) and fetches the records natively, comparing `gen`. No message is read here.
 ---
---- KEYS[1..12]  the thread's keys (includes/thread.lua: thread_keys; docs/LAYOUT.md)
---- ARGV[1]      lo_kind (str: '' | 'seq' | 'id'): the exclusive lower bound of the range
---- ARGV[2]      lo (str): a sequence or a message id, '' for none
---- ARGV[3]      hi_kind (str: '' | 'seq' | 'id'): the exclusive upper bound of the range
---- ARGV[4]      hi (str): a sequence or a message id, '' for none
---- ARGV[5]      walk (str: 'up' | 'down'): which end of the range the page starts from
---- ARGV[6]      need (int): messages wanted (the page limit + 1)
---- ARGV[7]      max_chunks (int): chunks a plan names at most
+--- KEYS[1..12]  the thread's keys (includes/layout.lua: thread_keys; docs/LAYOUT.md)
+--- ARGV lo_kind (str: '' | 'seq' | 'id'): the exclusive lower bound of the range
+--- ARGV lo (str): a sequence or a message id, '' for none
+--- ARGV hi_kind (str: '' | 'seq' | 'id'): the exclusive upper bound of the range
+--- ARGV hi (str): a sequence or a message id, '' for none
+--- ARGV walk (str: 'up' | 'down'): which end of the range the page starts from
+--- ARGV need (int): messages wanted (the page limit + 1)
+--- ARGV max_chunks (int): chunks a plan names at most
 ---
 --- Reply: {gen, deleted_before, lo, hi, window_count, below, n_above, above..., n_large,
 ---         large..., legacy_first, legacy_last, legacy_count}
@@ -24,13 +24,13 @@
 ---   layout-1 thread: the part of its legacy hash not yet migrated, read like one more chunk.
 --- Errors: KVS_CURSOR_NOT_FOUND, KVS_CURSOR_EXPIRED <deleted_before>. A key of another type
 ---   fails the command that reads it (nothing is written either way).
+--- @include "includes/layout"
 --- @include "includes/cursors"
---- @include "includes/thread"
 --- @include "includes/format"
 
 local keys = thread_keys(KEYS)
-local lo_kind, lo_arg, hi_kind, hi_arg = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
-local walk, need, max_chunks = ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7])
+local lo_kind, lo_arg, hi_kind, hi_arg = args.lo_kind, args.lo, args.hi_kind, args.hi
+local walk, need, max_chunks = args.walk, args.need, args.max_chunks
 
 local meta = redis.call('HMGET', keys.meta, 'gen', 'deleted_before', 'last_seq', 'deleting', 'layout',
   'migrated', 'legacy_last')
@@ -41,16 +41,11 @@ local deleting, layout = meta[4], meta[5]
 -- A thread being deleted (lua/delete.lua) reads as empty, whatever chunks it still has.
 if deleting then deleted_before, last_seq = 0, 0 end
 
--- A layout-1 thread's legacy messages not yet migrated. Until the scan (includes/migration.lua)
--- has found the legacy range, meta's last_seq may lag the hash: the range then reaches at least
--- the hash's field count (a hole reads as nothing).
+-- A layout-1 thread's legacy messages not yet migrated (includes/layout.lua, legacy_range).
 local legacy_first, legacy_last, legacy_count = 0, 0, 0
-if not deleting and (layout == '1' or (not layout and redis.call('EXISTS', keys.legacy) == 1)) then
+if not deleting and holds_legacy(keys, layout) then
   legacy_count = redis.call('HLEN', keys.legacy)
-  local first = tonumber(meta[6] or '0') + 1
-  local last = tonumber(meta[7] or '') or math.max(last_seq, legacy_count)
-  if last >= first then legacy_first, legacy_last = first, last end
-  if last > last_seq then last_seq = last end
+  legacy_first, legacy_last, last_seq = legacy_range(keys, meta[6], meta[7], last_seq, legacy_count)
 end
 
 local lo, lo_err = resolve_cursor(keys.ids, lo_kind, lo_arg, deleted_before)

@@ -2,13 +2,12 @@
 --- Adds a delta of an open turn's output to the thread's event stream: ephemeral, never stored
 --- as a message (includes/events.lua).
 ---
---- KEYS[1..12]  the thread's keys (includes/thread.lua: thread_keys; docs/LAYOUT.md)
---- ARGV[1..9]   limits (int): includes/thread.lua, read_limits
---- ARGV[10]     limits key (str): ARGV[1..9] joined by ':', then the event limits
---- ARGV[11]     turn_id (str)
---- ARGV[12]     lease (int): the caller's lease of the turn (start_turn 'hold'), 0 for none
---- ARGV[13]     delta (bytes): as the client encoded it
---- ARGV[14]     call_id (str): the id the client made for this call ('' for none)
+--- KEYS[1..12]  the thread's keys (includes/layout.lua: thread_keys; docs/LAYOUT.md)
+--- ARGV limits (limits): the store's limits (includes/args.lua: read_limits)
+--- ARGV turn_id (str)
+--- ARGV lease (int): the caller's lease of the turn (start_turn 'hold'), 0 for none
+--- ARGV delta (bytes): as the client encoded it
+--- ARGV call_id (str): the id the client made for this call ('' for none)
 ---
 --- The turn must be started and open, so the turn's finish_turn event is the last of its
 --- events: a delta sent after it is refused. With a lease, a turn another worker holds now
@@ -24,8 +23,9 @@
 --- @include "includes/expiry"
 --- @include "includes/events"
 
-local keys, limits, err = begin_thread_call(KEYS, ARGV)
-local turn_id, lease, delta, call_id = ARGV[11], tonumber(ARGV[12]), ARGV[13], ARGV[14]
+local limits = args.limits
+local keys, err = begin_thread_call(KEYS, limits)
+local turn_id, lease, delta, call_id = args.turn_id, args.lease, args.delta, args.call_id
 if err then return err end
 local deltas = calls_field(turn_id, 'deltas')
 local answered, calls = recorded_call(keys, deltas, call_id)

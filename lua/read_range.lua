@@ -4,20 +4,20 @@
 --- the thread under each of its optimistic tries (kvstore/_engine/pages.py, views.py). It reads
 --- whole containers, in walk order, until they hold what the walk needs; the client cuts.
 ---
---- KEYS[1..12]  the thread's keys (includes/thread.lua: thread_keys; docs/LAYOUT.md)
---- ARGV[1]      lo_kind (str: '' | 'seq' | 'id' | 'summary'): the exclusive lower bound of the
----              range; 'summary': the context summary's last sequence (0 without a summary)
---- ARGV[2]      lo (str): a sequence or a message id, '' for none
---- ARGV[3]      hi_kind (str: '' | 'seq' | 'id'): the exclusive upper bound of the range
---- ARGV[4]      hi (str): a sequence or a message id, '' for none
---- ARGV[5]      walk (str: 'up' | 'down'): which end of the range the read starts from
---- ARGV[6]      need (int): the records the walk needs, 0 for every record of the range
---- ARGV[7]      max_tokens (int): 0 for none; else the walk needs the records whose stored
----              counts, summed in walk order, pass it
---- ARGV[8]      lookback (int): with lo_kind 'summary' and a summary, also the `lookback` records
----              at and before the summary's last sequence, newest first; 0 for none
---- ARGV[9]      extras (str: '' | 'snapshot'): 'snapshot' also replies the summary (as lo_kind
----              'summary' does) and, after the records, what stats() reads
+--- KEYS[1..12]  the thread's keys (includes/layout.lua: thread_keys; docs/LAYOUT.md)
+--- ARGV lo_kind (str: '' | 'seq' | 'id' | 'summary'): the exclusive lower bound of the
+---      range; 'summary': the context summary's last sequence (0 without a summary)
+--- ARGV lo (str): a sequence or a message id, '' for none
+--- ARGV hi_kind (str: '' | 'seq' | 'id'): the exclusive upper bound of the range
+--- ARGV hi (str): a sequence or a message id, '' for none
+--- ARGV walk (str: 'up' | 'down'): which end of the range the read starts from
+--- ARGV need (int): the records the walk needs, 0 for every record of the range
+--- ARGV max_tokens (int): 0 for none; else the walk needs the records whose stored counts,
+---      summed in walk order, pass it
+--- ARGV lookback (int): with lo_kind 'summary' and a summary, also the `lookback` records at
+---      and before the summary's last sequence, newest first; 0 for none
+--- ARGV extras (str: '' | 'snapshot'): 'snapshot' also replies the summary (as lo_kind
+---      'summary' does) and, after the records, what stats() reads
 ---
 --- Reply: {deleted_before, summary_last, summary_seq, summary_record, summary_tokens,
 ---         n, sequence_1, record_1, tokens_1, ..., m, (the lookback's records likewise)}
@@ -28,14 +28,13 @@
 ---   chunk index's and large index's ZCARD and the legacy hash's HLEN.
 --- Errors: KVS_CURSOR_NOT_FOUND, KVS_CURSOR_EXPIRED <deleted_before>. A key of another type
 ---   fails the command that reads it (nothing is written either way).
+--- @include "includes/layout"
 --- @include "includes/cursors"
---- @include "includes/thread"
---- @include "includes/format"
 
 local keys = thread_keys(KEYS)
-local lo_kind, lo_arg, hi_kind, hi_arg = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
-local walk, need, max_tokens, lookback = ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
-local snapshot = ARGV[9] == 'snapshot'
+local lo_kind, lo_arg, hi_kind, hi_arg = args.lo_kind, args.lo, args.hi_kind, args.hi
+local walk, need, max_tokens, lookback = args.walk, args.need, args.max_tokens, args.lookback
+local snapshot = args.extras == 'snapshot'
 
 local meta = redis.call('HMGET', keys.meta, 'deleted_before', 'last_seq', 'deleting', 'layout', 'migrated',
   'legacy_last', 'summary_last', 'summary_seq')
@@ -46,140 +45,10 @@ local summary_last, summary_seq = tonumber(meta[7] or '0'), tonumber(meta[8] or 
 -- A thread being deleted (lua/delete.lua) reads as empty, whatever it still holds.
 if deleting then deleted_before, last_seq, summary_last, summary_seq = 0, 0, 0, 0 end
 
--- A layout-1 thread's legacy messages not yet migrated (as lua/page_plan.lua finds them).
+-- A layout-1 thread's legacy messages not yet migrated (includes/layout.lua, legacy_range).
 local legacy_first, legacy_last = 0, 0
-if not deleting and (layout == '1' or (not layout and redis.call('EXISTS', keys.legacy) == 1)) then
-  local first = tonumber(meta[5] or '0') + 1
-  local last = tonumber(meta[6] or '') or math.max(last_seq, redis.call('HLEN', keys.legacy))
-  if last >= first then legacy_first, legacy_last = first, last end
-  if last > last_seq then last_seq = last end
-end
-
--- The records of chunk `first` (normal or oversized) inside (lo, hi) as {sequence, record, tokens}.
-local function chunk_records(first, lo, hi, out)
-  local found = redis.call('HMGET', keys.chunk_prefix .. fmt(first), '_m', 'd')
-  local manifest, data = found[1], found[2]
-  if not manifest or not data then return 0, 0 end
-  local offset, count, tokens = 1, 0, 0
-  for line_sequence, side in manifest_lines(manifest) do
-    local _, _, _, bytes, _, m_tokens = parse_side(side)
-    if not bytes then break end
-    local sequence = tonumber(line_sequence)
-    if sequence > lo and sequence < hi then
-      out[#out + 1] = {sequence, string.sub(data, offset, offset + bytes - 1), m_tokens}
-      count, tokens = count + 1, tokens + m_tokens
-    end
-    offset = offset + bytes
-  end
-  return count, tokens
-end
-
--- The records of a walk over (lo, hi), in walk order. Units (window messages, oversized
--- messages, chunks, the legacy range) are taken in walk order until their records in the range
--- hold `need` (or pass max_tokens); chunks are disjoint and older than the window, so every
--- record not taken lies past the units taken, but for an oversized message inside a taken
--- chunk's span, which is taken too.
-local function walk_range(lo, hi, walk, need, max_tokens)
-  local records = {}
-  if hi - lo <= 1 then return records end
-  local up = walk == 'up'
-  -- With a count to reach, `need` of each kind in walk order suffice (a chunk more: the one
-  -- across the range's far bound may hold none of it).
-  local limit = (need > 0 and max_tokens == 0) and {'LIMIT', 0, need} or {}
-  local chunk_limit = (need > 0 and max_tokens == 0) and {'LIMIT', 0, need + 1} or {}
-  local units = {}
-  local window
-  if up then
-    window = redis.call('ZRANGE', keys.window, '(' .. lo, '(' .. hi, 'BYSCORE', 'WITHSCORES', unpack(limit))
-  else
-    window = redis.call('ZRANGE', keys.window, '(' .. hi, '(' .. lo, 'BYSCORE', 'REV', 'WITHSCORES', unpack(limit))
-  end
-  local window_sequences = {}
-  for i = 2, #window, 2 do window_sequences[#window_sequences + 1] = tonumber(window[i]) end
-  -- Side infos a thousand at a time (unpack's stack is bounded; a window may be configured large).
-  for from = 1, #window_sequences, 1000 do
-    local sides = redis.call('HMGET', keys.window_side, unpack(window_sequences, from, math.min(#window_sequences, from + 999)))
-    for i, side in ipairs(sides) do
-      local at = from + i - 1
-      local record = window[2 * at - 1]
-      local tokens = side and select(6, parse_side(side)) or bytes_tokens(#record)
-      units[#units + 1] = {first = window_sequences[at], last = window_sequences[at], kind = 'w', record = record, tokens = tokens}
-    end
-  end
-  local large
-  if up then
-    large = redis.call('ZRANGE', keys.large_index, '(' .. lo, '(' .. hi, 'BYSCORE', unpack(limit))
-  else
-    large = redis.call('ZRANGE', keys.large_index, '(' .. hi, '(' .. lo, 'BYSCORE', 'REV', unpack(limit))
-  end
-  for _, member in ipairs(large) do
-    local sequence = parse_large_member(member)
-    if sequence then units[#units + 1] = {first = sequence, last = sequence, kind = 'l'} end
-  end
-  -- The chunks overlapping the range: the one starting at or before lo, and those after it.
-  local members = redis.call('ZRANGE', keys.chunk_index, lo, '-inf', 'BYSCORE', 'REV', 'LIMIT', 0, 1)
-  local after
-  if up then
-    after = redis.call('ZRANGE', keys.chunk_index, '(' .. lo, '(' .. hi, 'BYSCORE', unpack(chunk_limit))
-  else
-    after = redis.call('ZRANGE', keys.chunk_index, '(' .. hi, '(' .. lo, 'BYSCORE', 'REV', unpack(chunk_limit))
-  end
-  for _, member in ipairs(after) do members[#members + 1] = member end
-  for _, member in ipairs(members) do
-    local first, last = parse_chunk_member(member)
-    if first and last > lo and first < hi then units[#units + 1] = {first = first, last = last, kind = 'c'} end
-  end
-  local a, b = math.max(legacy_first, lo + 1), math.min(legacy_last, hi - 1)
-  if legacy_last > 0 and a <= b then units[#units + 1] = {first = a, last = b, kind = 'h'} end
-  if up then
-    table.sort(units, function(x, y) return x.first < y.first end)
-  else
-    table.sort(units, function(x, y) return x.last > y.last end)
-  end
-
-  -- reach: the farthest sequence of the units taken (in walk order); edge: that reach, once
-  -- they hold what the walk needs.
-  local taken, count, tokens, reach, edge = {}, 0, 0, nil, nil
-  local function take(unit)
-    local n, t = 0, 0
-    if unit.kind == 'w' then
-      taken[#taken + 1] = {unit.first, unit.record, unit.tokens}
-      n, t = 1, unit.tokens
-    elseif unit.kind == 'h' then
-      for from = unit.first, unit.last, 1000 do
-        local sequences = {}
-        for s = from, math.min(unit.last, from + 999) do sequences[#sequences + 1] = s end
-        local found = redis.call('HMGET', keys.legacy, unpack(sequences))
-        for i, s in ipairs(sequences) do
-          if found[i] then
-            taken[#taken + 1] = {s, found[i], bytes_tokens(#found[i])}
-            n, t = n + 1, t + bytes_tokens(#found[i])
-          end
-        end
-      end
-    else
-      n, t = chunk_records(unit.first, lo, hi, taken)
-    end
-    count, tokens = count + n, tokens + t
-  end
-  for _, unit in ipairs(units) do
-    if edge ~= nil then
-      -- Past what the walk needs: only an oversized message inside the span taken.
-      if unit.kind == 'l' and ((up and unit.first <= edge) or (not up and unit.first >= edge)) then take(unit) end
-    else
-      take(unit)
-      if up then reach = math.max(reach or unit.last, unit.last) else reach = math.min(reach or unit.first, unit.first) end
-      if (max_tokens > 0 and tokens > max_tokens) or (max_tokens == 0 and need > 0 and count >= need) then
-        edge = reach
-      end
-    end
-  end
-  if up then
-    table.sort(taken, function(x, y) return x[1] < y[1] end)
-  else
-    table.sort(taken, function(x, y) return x[1] > y[1] end)
-  end
-  return taken
+if not deleting and holds_legacy(keys, layout) then
+  legacy_first, legacy_last, last_seq = legacy_range(keys, meta[5], meta[6], last_seq)
 end
 
 local lo, hi
@@ -199,7 +68,7 @@ if not hi or hi > last_seq + 1 then hi = last_seq + 1 end
 local reply = {deleted_before, 0, 0, '', 0}
 if (lo_kind == 'summary' or snapshot) and summary_seq > 0 then
   reply[2], reply[3] = summary_last, summary_seq
-  local found = walk_range(summary_seq - 1, summary_seq + 1, 'up', 1, 0)
+  local found = walk_range(keys, summary_seq - 1, summary_seq + 1, 'up', 1, 0, legacy_first, legacy_last)
   if found[1] then reply[4], reply[5] = found[1][2], found[1][3] end
 end
 local function add(records)
@@ -210,10 +79,11 @@ local function add(records)
     reply[#reply + 1] = record[3]
   end
 end
-add(walk_range(lo, hi, walk, need, max_tokens))
+add(walk_range(keys, lo, hi, walk, need, max_tokens, legacy_first, legacy_last))
 if lo_kind == 'summary' and summary_seq > 0 and lookback > 0 then
   local before = {}
-  for i, record in ipairs(walk_range(math.max(0, deleted_before - 1), summary_last + 1, 'down', lookback, 0)) do
+  for i, record in ipairs(walk_range(keys, math.max(0, deleted_before - 1), summary_last + 1, 'down', lookback, 0,
+    legacy_first, legacy_last)) do
     if i <= lookback then before[i] = record end
   end
   add(before)

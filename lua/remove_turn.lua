@@ -2,12 +2,11 @@
 --- Retracts a turn: removes its messages wherever they are stored. Nothing evicted by the
 --- media budget is restored; removed messages give their bytes and media back.
 ---
---- KEYS[1..12]  the thread's keys (includes/thread.lua: thread_keys; docs/LAYOUT.md)
---- ARGV[1..9]   limits (int): includes/thread.lua, read_limits
---- ARGV[10]     limits key (str): ARGV[1..9] joined by ':', then the event limits
---- ARGV[11]     turn_id (str)
---- ARGV[12]     max_messages (int): the most sequences one call walks; the client calls again
----              for more
+--- KEYS[1..12]  the thread's keys (includes/layout.lua: thread_keys; docs/LAYOUT.md)
+--- ARGV limits (limits): the store's limits (includes/args.lua: read_limits)
+--- ARGV turn_id (str)
+--- ARGV max_messages (int): the most sequences one call walks; the client calls again for
+---      more
 ---
 --- Reply: {removed, remaining}
 --- With strict history checks on a checked thread, a removal that would leave a later message
@@ -15,19 +14,17 @@
 --- made before it are open again (includes/history.lua).
 ---
 --- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_DELETING, KVS_RESTORING, KVS_MIGRATING, KVS_HISTORY
---- @include "includes/thread"
+--- @include "includes/layout"
 --- @include "includes/events"
 --- @include "includes/index"
---- @include "includes/chunks"
 --- @include "includes/turns"
 --- @include "includes/expiry"
---- @include "includes/migration"
 --- @include "includes/format"
 --- @include "includes/history"
 
 local keys = thread_keys(KEYS)
-local limits = read_limits(ARGV)
-local turn_id, max_messages = ARGV[11], tonumber(ARGV[12])
+local limits = args.limits
+local turn_id, max_messages = args.turn_id, args.max_messages
 
 local err = check_thread(keys)
 if err then return err end
@@ -76,23 +73,23 @@ for _, sequence in ipairs(sequences) do
     local _, _, _, window_bytes = parse_side(side)
     redis.call('HINCRBY', keys.meta, 'window_bytes', -window_bytes)
   elseif where == 'large' then
-    side = manifest_find(redis.call('HGET', keys.chunk_prefix .. fmt(first), '_m'), sequence)
-    redis.call('DEL', keys.chunk_prefix .. fmt(first))
+    side = manifest_find(chunk_manifest(keys, first), sequence)
+    redis.call('DEL', chunk_key(keys, first))
     redis.call('ZREM', keys.large_index, member)
   elseif where == 'chunk' then
-    local chunk_key = keys.chunk_prefix .. fmt(first)
-    local manifest = redis.call('HGET', chunk_key, '_m')
+    local chunk = chunk_key(keys, first)
+    local manifest = redis.call('HGET', chunk, '_m')
     side = manifest_find(manifest, sequence)
     local c_first, c_last, c_count, c_bytes, c_media, c_tokens = parse_chunk_member(member)
     local _, _, m_media, m_bytes, _, m_tokens = parse_side(side)
     redis.call('ZREM', keys.chunk_index, member)
     if c_count == 1 then
-      redis.call('DEL', chunk_key)
+      redis.call('DEL', chunk)
     else
       -- The record is cut out of the chunk's data, and its line out of the manifest.
       local start, length, at, stop = chunk_slot(manifest, sequence)
-      local data = redis.call('HGET', chunk_key, 'd')
-      redis.call('HSET', chunk_key,
+      local data = redis.call('HGET', chunk, 'd')
+      redis.call('HSET', chunk,
         '_m', string.sub(manifest, 1, at - 1) .. string.sub(manifest, stop + 1),
         'd', string.sub(data, 1, start - 1) .. string.sub(data, start + length))
       redis.call('ZADD', keys.chunk_index, c_first,

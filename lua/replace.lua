@@ -1,15 +1,14 @@
 #!lua
 --- Replaces a stored message in place: same id, same sequence, same container.
 ---
---- KEYS[1..12]  the thread's keys (includes/thread.lua: thread_keys; docs/LAYOUT.md)
---- ARGV[1..9]   limits (int): includes/thread.lua, read_limits
---- ARGV[10]     limits key (str): ARGV[1..9] joined by ':', then the event limits
---- ARGV[11]     id (str): the stored message's
---- ARGV[12]     media (int): the replacement's inline media bytes
---- ARGV[13]     tokens (int): the replacement's token count
---- ARGV[14]     record (bytes): the replacement's
---- ARGV[15]     pairs (str): the replacement's (includes/history.lua) with strict history
----              checks, '' without; on a checked thread they must be the stored message's
+--- KEYS[1..12]  the thread's keys (includes/layout.lua: thread_keys; docs/LAYOUT.md)
+--- ARGV limits (limits): the store's limits (includes/args.lua: read_limits)
+--- ARGV id (str): the stored message's
+--- ARGV media (int): the replacement's inline media bytes
+--- ARGV tokens (int): the replacement's token count
+--- ARGV record (bytes): the replacement's
+--- ARGV pairs (str): the replacement's (includes/history.lua) with strict history checks, ''
+---      without; on a checked thread they must be the stored message's
 ---
 --- A window message whose replacement is larger than chunk_max_bytes moves into its own chunk,
 --- as an oversized append would. A chunk message's replacement must keep its chunk within
@@ -18,19 +17,18 @@
 --- Reply: the message's sequence
 --- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_DELETING, KVS_RESTORING, KVS_MIGRATING, KVS_NOT_FOUND, KVS_TOO_LARGE,
 ---         KVS_MEDIA_OVER, KVS_HISTORY
+--- @include "includes/layout"
 --- @include "includes/checks"
---- @include "includes/thread"
 --- @include "includes/events"
 --- @include "includes/index"
 --- @include "includes/chunks"
 --- @include "includes/expiry"
---- @include "includes/migration"
 --- @include "includes/format"
 --- @include "includes/history"
 
 local keys = thread_keys(KEYS)
-local limits = read_limits(ARGV)
-local id, media, tokens, record = ARGV[11], tonumber(ARGV[12]), tonumber(ARGV[13]), ARGV[14]
+local limits = args.limits
+local id, media, tokens, record = args.id, args.media, args.tokens, args.record
 
 local err = check_thread(keys)
 if err then return err end
@@ -47,16 +45,16 @@ if not where then
   return redis.error_reply('KVS_NOT_FOUND no stored message has id ' .. id)
 end
 
-local chunk_key = first and (keys.chunk_prefix .. fmt(first))
+local chunk = first and (chunk_key(keys, first))
 local side, manifest
 if where == 'window' then
   side = redis.call('HGET', keys.window_side, sequence)
 else
-  manifest = redis.call('HGET', chunk_key, '_m')
+  manifest = redis.call('HGET', chunk, '_m')
   side = manifest_find(manifest, sequence)
 end
 local old_id, otid, old_media, old_bytes, turn, old_tokens = parse_side(side)
-local history_refusal, history_drop = check_replacement(keys, limits, sequence, ARGV[15])
+local history_refusal, history_drop = check_replacement(keys, limits, sequence, args.pairs)
 if history_refusal then return history_refusal end
 
 local current_media = tonumber(redis.call('HGET', keys.meta, 'media') or '0')
@@ -70,7 +68,7 @@ end
 local new_side = side_info(old_id, otid, media, #record, turn, tokens)
 if where == 'window' and #record > limits.chunk_max_bytes then
   -- The message will move into its own chunk: that key must be free, the large index sound.
-  local type_err = check_key_types({{keys.chunk_prefix .. fmt(sequence), 'none'}, {keys.large_index, 'zset'}})
+  local type_err = check_key_types({{chunk_key(keys, sequence), 'none'}, {keys.large_index, 'zset'}})
   if type_err then return type_err end
 end
 local c_first, c_last, c_count, c_bytes, c_media, c_tokens
@@ -102,10 +100,10 @@ if where == 'window' then
 else
   -- Chunks are immutable but for this: the record is spliced into the chunk's data in place.
   local start, length, at, stop = chunk_slot(manifest, sequence)
-  local data = redis.call('HGET', chunk_key, 'd')
+  local data = redis.call('HGET', chunk, 'd')
   data = string.sub(data, 1, start - 1) .. record .. string.sub(data, start + length)
   manifest = string.sub(manifest, 1, at - 1) .. manifest_line(sequence, new_side) .. string.sub(manifest, stop + 1)
-  redis.call('HSET', chunk_key, '_m', manifest, 'd', data)
+  redis.call('HSET', chunk, '_m', manifest, 'd', data)
   if where == 'chunk' then
     redis.call('ZREM', keys.chunk_index, member)
     redis.call('ZADD', keys.chunk_index, c_first,

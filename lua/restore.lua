@@ -1,16 +1,14 @@
 #!lua
 --- Restores a run of a backed-up thread's messages at their stored sequences.
 ---
---- KEYS[1..12]  the thread's keys (includes/thread.lua: thread_keys; docs/LAYOUT.md)
---- ARGV[1..9]   limits (int): includes/thread.lua, read_limits
---- ARGV[10]     limits key (str): ARGV[1..9] joined by ':', then the event limits
---- ARGV[11]     turn_id (str): '' for none; every message of the run is of this turn
---- ARGV[12]     first (int): the sequence of the run's first message; the run is first..first+count-1
---- ARGV[13]     count (int): the messages that follow
---- ARGV[14]     pairs (str): what each message opens and answers, with strict history checks
----              (includes/history.lua: read_batch_pairs); '' when none does, and without them
---- ARGV[15..]   ARGV[13] times: id (str), otid (str): '' for none, media (int): the message's
----              inline media bytes, tokens (int): its token count, record (bytes)
+--- KEYS[1..12]  the thread's keys (includes/layout.lua: thread_keys; docs/LAYOUT.md)
+--- ARGV limits (limits): the store's limits (includes/args.lua: read_limits)
+--- ARGV turn_id (str): '' for none; every message of the run is of this turn
+--- ARGV first (int): the sequence of the run's first message; the run is first..first+count-1
+--- ARGV pairs (str): what each message opens and answers, with strict history checks
+---      (includes/history.lua: read_batch_pairs); '' when none does, and without them
+--- ARGV messages[] id (str), otid (str): '' for none, media (int): the message's inline
+---      media bytes, tokens (int): its token count, record (bytes)
 ---
 --- A message whose id is stored at its own sequence was restored before: it is skipped. The
 --- others must come after every sequence the thread holds (the thread's last_seq); an id or
@@ -24,6 +22,7 @@
 --- Reply: {restored, already_stored}
 --- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_DELETING, KVS_TOO_LARGE, KVS_MEDIA_OVER,
 ---         KVS_OTID_REPEATED, KVS_ID_REPEATED, KVS_RESTORE_CONFLICT, KVS_HISTORY
+--- @include "includes/layout"
 --- @include "includes/thread"
 --- @include "includes/expiry"
 --- @include "includes/store"
@@ -33,16 +32,16 @@
 --- @include "includes/events"
 
 local keys = thread_keys(KEYS)
-local limits = read_limits(ARGV)
-local turn_id = ARGV[11]
-local first = tonumber(ARGV[12])
-local count = tonumber(ARGV[13])
-local batch = read_batch(ARGV, 14, count, turn_id)
-read_batch_pairs(ARGV[14], batch, limits)
+local limits = args.limits
+local turn_id = args.turn_id
+local first = args.first
+local count = args.messages.n
+local batch = read_batch(args.messages, turn_id, 0)
+read_batch_pairs(args.pairs, batch, limits)
 
 local meta, failure = load_meta(keys, true)
 if failure then return failure end
-if meta.layout ~= nil and meta.layout ~= '2' then
+if meta.layout ~= nil and meta.layout ~= CURRENT_LAYOUT then
   return redis.error_reply('KVS_LAYOUT thread is stored in layout ' .. meta.layout .. ', a restore writes into layout 2 only')
 end
 if redis.call('EXISTS', keys.legacy) == 1 then

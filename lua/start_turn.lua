@@ -2,12 +2,11 @@
 --- Records where a turn's replies start: the turn reply sequence {turn_id, sequence}; with mode
 --- 'hold', also gives the caller the turn's next lease.
 ---
---- KEYS[1..12]  the thread's keys (includes/thread.lua: thread_keys; docs/LAYOUT.md)
---- ARGV[1..9]   limits (int): includes/thread.lua, read_limits
---- ARGV[10]     limits key (str): ARGV[1..9] joined by ':', then the event limits
---- ARGV[11]     turn_id (str)
---- ARGV[12]     mode (str: 'start' | 'hold')
---- ARGV[13]     call_id (str): with 'hold', the id the client made for this call ('' for none)
+--- KEYS[1..12]  the thread's keys (includes/layout.lua: thread_keys; docs/LAYOUT.md)
+--- ARGV limits (limits): the store's limits (includes/args.lua: read_limits)
+--- ARGV turn_id (str)
+--- ARGV mode (str: 'start' | 'hold')
+--- ARGV call_id (str): with 'hold', the id the client made for this call ('' for none)
 ---
 --- A turn is started once: starting a started turn (open or finished, current or not) returns
 --- the sequence recorded then and changes nothing, so a retried call is harmless. 'hold' starts
@@ -19,16 +18,16 @@
 ---
 --- Reply: 'start': the sequence the turn's replies start at; 'hold': {that sequence, lease}
 --- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_DELETING, KVS_RESTORING, KVS_MIGRATING, KVS_TURN_FINISHED
+--- @include "includes/layout"
 --- @include "includes/format"
---- @include "includes/thread"
 --- @include "includes/turns"
 --- @include "includes/expiry"
 --- @include "includes/turn_call"
 --- @include "includes/events"
 
 local keys = thread_keys(KEYS)
-local limits = read_limits(ARGV)
-local turn_id, mode, call_id = ARGV[11], ARGV[12], ARGV[13]
+local limits = args.limits
+local turn_id, mode, call_id = args.turn_id, args.mode, args.call_id
 
 local turn, err = load_turn_for_call(keys, limits, turn_id)
 if err then return err end
@@ -51,7 +50,7 @@ if started then
   local start = tonumber(redis.call('HGET', keys.meta, 'last_seq') or '0') + 1
   turn.start, turn.outcome, turn.replies, turn.first = start, 'open', 0, 0
   write_turn(keys, turn_id, turn)
-  redis.call('HSETNX', keys.meta, 'layout', '2')
+  redis.call('HSETNX', keys.meta, 'layout', CURRENT_LAYOUT)
   redis.call('HSET', keys.meta, 'turn_id', turn_id, 'turn_seq', start, 'turn_outcome', 'open')
 end
 local lease = 0

@@ -3,26 +3,26 @@
 --- without reading any message. It reads the header, finds the range a cursor falls in by a
 --- binary search over the range fields, and reads the ranges the page needs from there.
 ---
---- KEYS[1..12]  the thread's keys (includes/thread.lua: thread_keys; docs/LAYOUT.md)
---- ARGV[1]      turn_id (str)
---- ARGV[2]      lo_kind (str: '' | 'seq' | 'id'): the exclusive lower bound
---- ARGV[3]      lo (str): a sequence or a message id, '' for none
---- ARGV[4]      hi_kind (str: '' | 'seq' | 'id'): the exclusive upper bound
---- ARGV[5]      hi (str): a sequence or a message id, '' for none
---- ARGV[6]      walk (str: 'up' | 'down'): which end of the range the page starts from
---- ARGV[7]      limit (int): the page's messages at most
+--- KEYS[1..12]  the thread's keys (includes/layout.lua: thread_keys; docs/LAYOUT.md)
+--- ARGV turn_id (str)
+--- ARGV lo_kind (str: '' | 'seq' | 'id'): the exclusive lower bound
+--- ARGV lo (str): a sequence or a message id, '' for none
+--- ARGV hi_kind (str: '' | 'seq' | 'id'): the exclusive upper bound
+--- ARGV hi (str): a sequence or a message id, '' for none
+--- ARGV walk (str: 'up' | 'down'): which end of the range the page starts from
+--- ARGV limit (int): the page's messages at most
 ---
 --- Reply: {deleted_before, has_more (0|1), sequences of the page in walk order...}
 --- Errors: KVS_WRONGTYPE, KVS_CURSOR_NOT_FOUND, KVS_CURSOR_EXPIRED <deleted_before>
+--- @include "includes/layout"
 --- @include "includes/checks"
 --- @include "includes/cursors"
---- @include "includes/thread"
 --- @include "includes/turns"
 
 local keys = thread_keys(KEYS)
-local turn_id = ARGV[1]
-local lo_kind, lo_arg, hi_kind, hi_arg = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
-local walk, limit = ARGV[6], tonumber(ARGV[7])
+local turn_id = args.turn_id
+local lo_kind, lo_arg, hi_kind, hi_arg = args.lo_kind, args.lo, args.hi_kind, args.hi
+local walk, limit = args.walk, args.limit
 
 local err = check_key_types({{keys.meta, 'hash'}, {keys.ids, 'hash'}, {keys.turns, 'hash'}})
 if err then return err end

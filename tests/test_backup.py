@@ -443,12 +443,12 @@ def test_a_restore_call_is_no_larger_than_the_store_allows_an_append():
     try:
         while True:
             call = operation.send(reply)
-            calls.append(call.args)
-            reply = [int(call.args[12]), 0]  # each restored
+            calls.append(call.named())
+            reply = [len(call.named()["messages"]), 0]  # each restored
     except StopIteration as done:
         assert done.value == (10, 0)
-    sizes = [int(args[12]) for args in calls]
-    assert sizes == [3, 3, 3, 1] and [int(args[11]) for args in calls] == [1, 4, 7, 10]
+    sizes = [len(args["messages"]) for args in calls]
+    assert sizes == [3, 3, 3, 1] and [args["first"] for args in calls] == [1, 4, 7, 10]
 
 
 @pytest.mark.parametrize("otids", [("a", "b"), ("a", None)])

@@ -40,7 +40,8 @@ def fill(thread, count: int) -> list:
 
 
 def delete_call(ref: ThreadRef, max_chunks: int, mode: str = "start") -> Eval:
-    return Eval(SCRIPTS["delete"], ref.script_keys, [max_chunks, mode, 0, 0])
+    args = SCRIPTS["delete"].args(max_chunks=max_chunks, mode=mode, events_len=0, events_age_ms=0)
+    return Eval(SCRIPTS["delete"], ref.script_keys, args)
 
 
 def thread_keys_left(client, namespace: str) -> list[bytes]:
@@ -140,7 +141,12 @@ WRITES = {
     "remove_turn": (lambda t: t.remove_turn("turn-0"), 0),
     "migrate": (lambda t: t.migrate(), 1),
     "retain": (
-        lambda t: run_one(t.store, Eval(SCRIPTS["retain"], t.ref.script_keys, t.ref.limits())),
+        lambda t: run_one(
+            t.store,
+            Eval(
+                SCRIPTS["retain"], t.ref.script_keys, SCRIPTS["retain"].args(limits=t.ref.limits())
+            ),
+        ),
         0,
     ),
 }

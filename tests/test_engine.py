@@ -242,15 +242,13 @@ def test_a_retried_call_stores_nothing_twice(make_thread):
 
 
 def request_messages(request):
-    """The messages an append request carries, as (id, otid) holders: ARGV[14 + 5k] is an id."""
+    """The messages an append request carries, as holders of their ids."""
 
     class Sent:
         def __init__(self, message_id):
             self.id = message_id
 
-    args = list(request.args)
-    count = int(args[11])
-    return [Sent(args[13 + 5 * k]) for k in range(count)]
+    return [Sent(row[0]) for row in request.named()["messages"]]
 
 
 def test_duplicate_message_ids_are_refused(make_thread):

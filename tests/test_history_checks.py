@@ -513,9 +513,9 @@ def removal_reads(
         COUNTING.replace("COUNTER", repr(counter)) + body,
         len(ref.script_keys),
         *ref.script_keys,
-        *ref.limits(),
-        turn_id,
-        REMOVE_TURN_STEP,
+        *SCRIPTS["remove_turn"].args(
+            limits=ref.limits(), turn_id=turn_id, max_messages=REMOVE_TURN_STEP
+        ),
     )
     return int(raw_client.get(counter) or 0), reply
 

@@ -1,5 +1,5 @@
 """Each call's limits are its own: the library remembers a store's parsed limits by their key
-(ARGV[10], lua/includes/thread.lua), so stores with other limits on the same server, called in
+(the last value of the `limits` argument, lua/includes/args.lua), so stores with other limits on the same server, called in
 turn, and a call whose key does not name its values must each get exactly what they sent."""
 
 from __future__ import annotations
@@ -53,7 +53,13 @@ def test_a_key_that_does_not_name_its_values_is_not_remembered(backend, namespac
             Eval(
                 SCRIPTS["append"],
                 ref.script_keys,
-                [*limits, "", 1, "", message.id, "", 0, 1, encode_record(message)],
+                SCRIPTS["append"].args(
+                    limits=limits,
+                    turn_id="",
+                    lease=0,
+                    pairs="",
+                    messages=[(message.id, "", 0, 1, encode_record(message))],
+                ),
             ),
         )
         assert int(reply[0]) == 1

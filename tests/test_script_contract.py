@@ -1,11 +1,14 @@
-"""Each script's header against what the client sends: real operations on a real server, every
-script call they make recorded and checked against the KEYS and ARGV its header states
-(tests/script_headers.py reads the headers)."""
+"""Each script's header against what the client sends and what the script reads: real
+operations on a real server, every script call they make recorded and checked against the KEYS
+and arguments its header states (tests/script_headers.py reads the headers); the encoder
+(Script.args) and the Lua prologue that names ARGV, both built from the same header, checked to
+agree with it and with each other."""
 
 from __future__ import annotations
 
 import dataclasses
 import io
+import json
 import re
 from collections import defaultdict
 from importlib import resources
@@ -14,9 +17,11 @@ from typing import Any
 import pytest
 
 from kvstore import AssistantMessage, MessageStore, StoreConfig, UserMessage
+from kvstore._engine import scripts as _scripts
 from kvstore._engine.core import Batch, Eval, ThreadRef
 from kvstore._engine.executor import record
 from kvstore._engine.keys import ThreadKeys
+from kvstore._engine.script_args import LIMIT_NAMES, ScriptArgsError
 from kvstore._engine.scripts import SCRIPT_NAMES, SCRIPTS
 from kvstore.cli import backup as cli_backup
 
@@ -106,7 +111,8 @@ def run_every_script(store: Recorder, raw_client) -> None:
     interrupted = store.thread("contract-deleting")
     interrupted.append([UserMessage(content=f"d{i}") for i in range(8)])
     ref = ThreadRef.of(store.config, "contract-deleting")
-    assert store.run(iter_once(Eval(SCRIPTS["delete"], ref.script_keys, (0, "start", 0, 0)))) == 0
+    start = SCRIPTS["delete"].args(max_chunks=0, mode="start", events_len=0, events_age_ms=0)
+    assert store.run(iter_once(Eval(SCRIPTS["delete"], ref.script_keys, start))) == 0
     interrupted.append(UserMessage(content="after"))
 
     legacy = store.thread("contract-legacy")
@@ -138,21 +144,83 @@ def test_every_call_matches_its_script_header(server_only, server, raw_client, n
             assert tuple(request.keys) == ref.script_keys, name
     assert {name: sorted(found) for name, found in mismatches.items() if found} == {}
     assert sorted(set(SCRIPT_NAMES) - {request.script.name for request in store.calls}) == []
-    # Each value a header lists was sent, so each was checked (and none is stale).
-    sent: dict[tuple[str, int], set[Any]] = defaultdict(set)
+    # Each call is what the encoder makes of its arguments by name, and each value a header
+    # lists was sent, so each was checked (and none is stale).
+    sent: dict[tuple[str, str], set[Any]] = defaultdict(set)
     for request in store.calls:
-        for position, value in enumerate(request.args, 1):
-            sent[request.script.name, position].add(value)
+        script = request.script
+        named = script.arguments.decode(request.args)
+        assert script.args(**named) == tuple(request.args), script.name
+        for name, value in named.items():
+            sent[script.name, name].add(value if not isinstance(value, list) else None)
     never_sent = [
-        f"{name} ARGV[{entry.first}] {value!r}"
+        f"{name} {arg.name} {value!r}"
         for name, header in headers.items()
-        for entry in header.argv
-        for kind in entry.kinds
-        if kind.values and entry.last == entry.first
-        for value in kind.values
-        if value not in sent[name, entry.first]
+        for arg in header.argv
+        if arg.values
+        for value in arg.values
+        if value not in sent[name, arg.name]
     ]
     assert never_sent == []
+
+
+def test_the_lua_prologue_names_what_the_encoder_sends(server_only, raw_client):
+    """Each script's prologue, run on the server with arguments the encoder made, reads each
+    argument under its name, with its kind: the header, the encoder and the decoder agree."""
+    for name in SCRIPT_NAMES:
+        script = SCRIPTS[name]
+        values = {arg.name: _sample(arg, i) for i, arg in enumerate(script.arguments.args)}
+        reads_limits = any(arg.kind == "limits" for arg in script.arguments.args)
+        lua = "\n".join(
+            (
+                _scripts._read("includes/args") if reads_limits else "",
+                script.arguments.lua_prologue(),
+                "return cjson.encode(args)",
+            )
+        )
+        decoded = json.loads(raw_client.eval(lua, 0, *script.args(**values)))
+        assert decoded == {
+            arg.name: _as_lua(arg, values[arg.name]) for arg in script.arguments.args
+        }, name
+
+
+def _sample(arg, i: int) -> Any:
+    """A value of the argument's kind (distinct per argument)."""
+    if arg.kind == "limits":
+        numbers = (4, 2, 2048, 1, 4096, 1000, 500, -1, 0, 7, 8, 1)
+        return (*numbers, ":".join(map(str, numbers)))
+    if arg.kind == "group":
+        return [
+            tuple(_sample(field, 10 * row + k) for k, field in enumerate(arg.fields))
+            for row in range(2)
+        ]
+    if arg.values:
+        return arg.values[i % len(arg.values)]
+    return {"int": 100 + i, "str": f"s{i}", "bytes": f"b{i}".encode()}[arg.kind]
+
+
+def _as_lua(arg, value: Any) -> Any:
+    """What the prologue reads for a value, as cjson gives it back."""
+    if arg.kind == "limits":
+        limits = dict(zip(LIMIT_NAMES, value, strict=False))
+        return {**limits, "strict_history": limits["strict_history"] == 1}
+    if arg.kind == "group":
+        columns: dict[str, Any] = {"n": len(value)}
+        for k, field in enumerate(arg.fields):
+            columns[field.name] = [_as_lua(field, row[k]) for row in value]
+        return columns
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def test_the_encoder_refuses_a_missing_or_unknown_name():
+    limits = ThreadRef.of(StoreConfig(), "t").limits()
+    assert SCRIPTS["retain"].args(limits=limits) == limits
+    with pytest.raises(ScriptArgsError, match=r"missing \['limits'\], not declared \['limit'\]"):
+        SCRIPTS["retain"].args(limit=limits)
+    with pytest.raises(ScriptArgsError, match=r"missing \['outcome'\]"):
+        SCRIPTS["finish_turn"].args(limits=limits, turn_id="t", lease=0)
+    with pytest.raises(ScriptArgsError, match="a row of targets has 2 values, not 1"):
+        SCRIPTS["locate"].args(kind="seq", targets=[("1", "2")])
 
 
 # The headers themselves, without a server.
@@ -162,13 +230,13 @@ def test_every_call_matches_its_script_header(server_only, server, raw_client, n
 def test_each_header_is_a_contract(name):
     header = script_header(name)
     assert header_problems(header) == []
-    # Every script takes the same twelve keys (includes/thread.lua: thread_keys).
-    assert [(e.first, e.last) for e in header.keys] == [(1, 12)]
+    # Every script takes the same twelve keys (includes/layout.lua: thread_keys).
+    assert header.keys == ((1, 12),)
 
 
 def test_the_twelve_keys_are_the_thread_keys_in_order():
     source = (
-        resources.files("kvstore.lua").joinpath("includes/thread.lua").read_text(encoding="utf-8")
+        resources.files("kvstore.lua").joinpath("includes/layout.lua").read_text(encoding="utf-8")
     )
     named = {int(i): name for name, i in re.findall(r"(\w+) = KEYS\[(\d+)\]", source)}
     fields = [field.name for field in dataclasses.fields(ThreadKeys)]
@@ -183,67 +251,90 @@ WRONG = """#!lua
 --- A script whose header is wrong in every way the check knows.
 ---
 --- KEYS[1..10]  the thread's keys
---- ARGV[1..10]  limits (int): read_limits
---- ARGV[11]     turn_id (bytes)
---- ARGV[12]     outcome (str: 'completed' | 'failed')
---- ARGV[13]     count (int)
---- ARGV[14..]   ARGV[13] times: id (str), record (bytes)
+--- ARGV limits (limits): read_limits
+--- ARGV turn_id (bytes)
+--- ARGV outcome (str: 'completed' | 'failed')
+--- ARGV count (int)
+--- ARGV messages[] id (str), record (bytes): what
+---      goes on
 ---
 --- Reply: 1
 --- Errors: KVS_WRONGTYPE
 local x = 1
 """
 
+LIMITS = ThreadRef.of(StoreConfig(), "t").limits()
+
 
 def test_the_check_reads_a_header():
     header = read_header(WRONG)
     assert header_problems(header) == [] and header.errors == ("KVS_WRONGTYPE",)
-    assert [(e.first, e.last, [k.name for k in e.kinds], e.times) for e in header.argv] == [
-        (1, 10, ["int"], None),
-        (11, 11, ["bytes"], None),
-        (12, 12, ["str"], None),
-        (13, 13, ["int"], None),
-        (14, None, ["str", "bytes"], 13),
+    assert [(a.name, a.kind, a.values) for a in header.argv] == [
+        ("limits", "limits", None),
+        ("turn_id", "bytes", None),
+        ("outcome", "str", ("completed", "failed")),
+        ("count", "int", None),
+        ("messages", "group", None),
+    ]
+    assert [(f.name, f.kind) for f in header.argv[-1].fields] == [
+        ("id", "str"),
+        ("record", "bytes"),
     ]
 
 
 def test_the_check_finds_each_kind_of_mismatch():
     header = read_header(WRONG)
-    limits = [1] * 10
-    assert call_mismatches(header, ["k"] * 10, [*limits, b"t", "failed", 1, "id", b"r"]) == []
-    assert call_mismatches(header, ["k"] * 9, [*limits, b"t", "failed", 1, "id", b"r"]) == [
-        "9 keys sent, the header says 10"
+    sent = [*LIMITS, b"t", "failed", 1, "id", b"r"]
+    assert call_mismatches(header, ["k"] * 10, sent) == []
+    assert call_mismatches(header, ["k"] * 9, sent) == ["9 keys sent, the header says 10"]
+    assert call_mismatches(header, ["k"] * 10, [*LIMITS, "t", "failed", 1, "id", b"r"]) == [
+        "turn_id 't' is a str, the header says bytes"
     ]
-    assert call_mismatches(header, ["k"] * 10, [*limits, "t", "failed", 1, "id", b"r"]) == [
-        "ARGV[11] 't' is a str, the header says bytes"
+    assert call_mismatches(header, ["k"] * 10, [*LIMITS, b"t", "steered", 1, "id", b"r"]) == [
+        "outcome 'steered' is not one of 'completed' | 'failed'"
     ]
-    assert call_mismatches(header, ["k"] * 10, [*limits, b"t", "steered", 1, "id", b"r"]) == [
-        "ARGV[12] 'steered' is not one of 'completed' | 'failed'"
+    assert call_mismatches(header, ["k"] * 10, [*LIMITS, b"t", "failed", 1, "id"]) == [
+        "messages[]: 1 values sent, not rows of 2"
     ]
-    assert call_mismatches(header, ["k"] * 10, [*limits, b"t", "failed", 2, "id", b"r"]) == [
-        "ARGV[14..]: 1 groups sent, ARGV[13] says 2"
+    assert call_mismatches(header, ["k"] * 10, [*LIMITS, b"t", "failed", 1, "id", "r"]) == [
+        "messages[1].record 'r' is a str, the header says bytes"
     ]
-    assert call_mismatches(header, ["k"] * 10, [*limits, b"t", "failed", 1, "id"]) == [
-        "ARGV[14..]: 14 arguments sent, not whole groups of 2 there"
+    assert call_mismatches(header, ["k"] * 10, [*LIMITS[:-1], "0", b"t", "failed", 1]) == [
+        "limits: key '0' does not name the values sent"
     ]
     assert call_mismatches(
-        header, ["k"] * 10, [*limits[:9], "0", b"t", "failed", 1, "id", b"r"]
-    ) == ["ARGV[10] '0' is a str, the header says int"]
+        header, ["k"] * 10, [str(LIMITS[0]), *LIMITS[1:], b"t", "failed", 1]
+    ) == [f"limits.window_size '{LIMITS[0]}' is a str, the header says int"]
 
 
 def test_the_check_finds_arguments_the_header_does_not_describe():
-    header = read_header(
-        WRONG.replace("--- ARGV[14..]   ARGV[13] times: id (str), record (bytes)\n", "")
-    )
-    assert call_mismatches(header, ["k"] * 10, [*[1] * 10, b"t", "failed", 1, "id", b"r"]) == [
-        "15 arguments sent, the header describes 13"
+    header = read_header(WRONG.replace("--- ARGV messages[] id (str), record (bytes): what\n", ""))
+    assert call_mismatches(header, ["k"] * 10, [*LIMITS, b"t", "failed", 1, "id", b"r"]) == [
+        "18 arguments sent, the header describes 16"
+    ]
+    assert call_mismatches(header, ["k"] * 10, [*LIMITS, b"t", "failed"]) == [
+        "count: not sent (15 arguments)"
     ]
 
 
 def test_the_check_finds_a_malformed_header():
-    gap = read_header(WRONG.replace("--- ARGV[13]     count (int)\n", ""))
-    assert header_problems(gap) == ["ARGV[14..] does not follow ARGV[12]"]
-    no_kind = read_header(WRONG.replace("turn_id (bytes)", "turn_id"))
-    assert header_problems(no_kind) == ["ARGV[11] names no kind"]
+    twice = read_header(WRONG.replace("--- ARGV count (int)", "--- ARGV outcome (int)"))
+    assert header_problems(twice) == ["argument outcome declared twice"]
+    group_first = read_header(
+        WRONG.replace("--- ARGV limits (limits): read_limits\n", "").replace(
+            "---      goes on\n", "---      goes on\n--- ARGV limits (limits)\n"
+        )
+    )
+    assert header_problems(group_first) == ["group messages[] is not the last argument"]
+    with pytest.raises(ScriptArgsError, match=r"unreadable argument entry .--- ARGV turn_id."):
+        read_header(WRONG.replace("turn_id (bytes)", "turn_id"))
     no_errors = read_header(WRONG.replace("--- Errors: KVS_WRONGTYPE\n", ""))
     assert header_problems(no_errors) == ["0 Errors lines, not one"]
+    gap = read_header(WRONG.replace("KEYS[1..10]", "KEYS[2..10]"))
+    assert header_problems(gap) == ["KEYS[2..10] does not follow KEYS[0]"]
+
+
+def test_the_limits_are_named_alike_in_python_and_lua():
+    source = resources.files("kvstore.lua").joinpath("includes/args.lua").read_text("utf-8")
+    names = re.search(r"LIMIT_NAMES = \{([^}]*)\}", source).group(1)
+    assert tuple(re.findall(r"'(\w+)'", names)) == LIMIT_NAMES

@@ -115,9 +115,17 @@ def top_level_locals(source: str) -> set[str]:
     return names
 
 
+def _file_text(name: str) -> str:
+    """The file as written; a script's with the prologue that names its arguments, and that
+    prologue's include (kvstore/_engine/scripts.py)."""
+    if name.startswith("includes/"):
+        return _LUA.joinpath(f"{name}.lua").read_text(encoding="utf-8")
+    return _scripts._read_script(name)
+
+
 def _own_text(name: str) -> str:
-    """The file as written, its include lines removed."""
-    return _INCLUDE_LINE.sub("", _LUA.joinpath(f"{name}.lua").read_text(encoding="utf-8"))
+    """The file, its include lines removed."""
+    return _INCLUDE_LINE.sub("", _file_text(name))
 
 
 # The check itself.
@@ -184,8 +192,7 @@ def test_file_includes_exactly_what_it_uses(name):
     """Each name a file uses from an include comes from one it includes itself (not one its
     neighbours happen to include first), and each include it names gives it something."""
     defined_by = {include: top_level_locals(_own_text(include)) for include in INCLUDE_NAMES}
-    source = _LUA.joinpath(f"{name}.lua").read_text(encoding="utf-8")
-    included = _INCLUDE_LINE.findall(source)
+    included = _INCLUDE_LINE.findall(_file_text(name))
     used = {global_name for _, global_name in globals_of(_own_text(name))} - ALLOWED_GLOBALS
     not_included = sorted(
         f"{global_name} ({', '.join(i for i, names in defined_by.items() if global_name in names) or 'defined nowhere'})"

@@ -26,8 +26,6 @@ def append(
     """`lease`: the caller's lease of the turn (thread.hold_turn), refused once another worker
     holds it; 0 for none. `tokens`: the caller's token count of each message (None: the store's
     counter counts them)."""
-    # The turn id with the lease, as lua/includes/thread.lua's read_batch reads it.
-    turn_arg = f"{turn_id}\t{lease}" if turn_id and lease else turn_id or ""
 
     def send(items: list[PreparedMessage]) -> Operation:
         pairs = (
@@ -35,9 +33,15 @@ def append(
             if thread.config.history_checks == "strict"
             else ""
         )
-        args: list[Any] = [*thread.limits(), turn_arg, len(items), pairs]
-        for item in items:
-            args += (item.message.id, item.message.otid or "", item.media, item.tokens, item.record)
+        args = SCRIPTS["append"].args(
+            limits=thread.limits(),
+            turn_id=turn_id or "",
+            lease=lease if turn_id else 0,
+            pairs=pairs,
+            messages=[
+                (i.message.id, i.message.otid or "", i.media, i.tokens, i.record) for i in items
+            ],
+        )
         try:
             return AppendReply.decode(
                 (yield from write(thread, SCRIPTS["append"], args)), len(items)
@@ -88,7 +92,11 @@ def _with_sequence(message: Message, sequence: int) -> Message:
 def start_turn(thread: ThreadRef, turn_id: str) -> Operation:
     check_token("turn_id", turn_id)
     reply = yield from write(
-        thread, SCRIPTS["start_turn"], (*thread.limits(), turn_id, "start", "")
+        thread,
+        SCRIPTS["start_turn"],
+        SCRIPTS["start_turn"].args(
+            limits=thread.limits(), turn_id=turn_id, mode="start", call_id=""
+        ),
     )
     return StartTurnReply.decode(reply).reply_start
 
@@ -102,7 +110,9 @@ def finish_turn(thread: ThreadRef, turn_id: str, outcome: TurnOutcome, lease: in
             yield from write(
                 thread,
                 SCRIPTS["finish_turn"],
-                (*thread.limits(), f"{turn_id}\t{lease}" if lease else turn_id, outcome),
+                SCRIPTS["finish_turn"].args(
+                    limits=thread.limits(), turn_id=turn_id, lease=lease, outcome=outcome
+                ),
             )
         )
     )

@@ -233,9 +233,16 @@ def restore_run(thread: ThreadRef, run: list[BackedUpMessage]) -> Operation:
             end += 1
         strict = thread.config.history_checks == "strict"
         pairs = batch_pairs([item.message for item in prepared[start:end]]) if strict else ""
-        args: list[Any] = [*thread.limits(), turn_id or "", run[start].sequence, end - start, pairs]
-        for item in prepared[start:end]:
-            args += (item.message.id, item.message.otid or "", item.media, item.tokens, item.record)
+        args = SCRIPTS["restore"].args(
+            limits=thread.limits(),
+            turn_id=turn_id or "",
+            first=run[start].sequence,
+            pairs=pairs,
+            messages=[
+                (i.message.id, i.message.otid or "", i.media, i.tokens, i.record)
+                for i in prepared[start:end]
+            ],
+        )
         reply = RestoreReply.decode((yield from write(thread, SCRIPTS["restore"], args)))
         restored += reply.restored
         already += reply.already_stored
@@ -269,31 +276,32 @@ def restore_state(
     starts = range(0, max(len(turns), 1), RESTORE_TURNS)
     for start in starts:
         part = turns[start : start + RESTORE_TURNS]
-        args: list[Any] = [
-            *thread.limits(),
-            state.last_seq,
-            state.summary_last,
-            state.summary_seq,
-            state.deleted_before,
-            state.turn_id,
-            state.turn_seq if state.turn_id else 0,
-            state.turn_outcome if state.turn_id else "",
-            len(part),
-        ]
-        for turn in part:
-            args += (
-                turn.turn_id,
-                turn.start,
-                turn.outcome,
-                turn.replies,
-                turn.first,
-                turn.count,
-                turn.first_seq,
-                turn.last_seq,
-            )
-        last = start == starts[-1]
-        if fork_of or not last:
-            args += (fork_of, fork_at, int(last))
+        args = SCRIPTS["restore_state"].args(
+            limits=thread.limits(),
+            last_seq=state.last_seq,
+            summary_last=state.summary_last,
+            summary_seq=state.summary_seq,
+            deleted_before=state.deleted_before,
+            turn_id=state.turn_id,
+            turn_seq=state.turn_seq if state.turn_id else 0,
+            turn_outcome=state.turn_outcome if state.turn_id else "",
+            fork_of=fork_of,
+            fork_at=fork_at,
+            last=int(start == starts[-1]),
+            turns=[
+                (
+                    t.turn_id,
+                    t.start,
+                    t.outcome,
+                    t.replies,
+                    t.first,
+                    t.count,
+                    t.first_seq,
+                    t.last_seq,
+                )
+                for t in part
+            ],
+        )
         yield from write(thread, SCRIPTS["restore_state"], args)
 
 

@@ -77,15 +77,15 @@ def compact(
 
     def send(items: list[PreparedMessage]) -> Operation:
         (item,) = items
-        args = [
-            *thread.limits(),
-            last_sequence,
-            item.message.id,
-            item.message.otid or "",
-            item.media,
-            item.tokens,
-            item.record,
-        ]
+        args = SCRIPTS["compact"].args(
+            limits=thread.limits(),
+            summary_last=last_sequence,
+            id=item.message.id,
+            otid=item.message.otid or "",
+            media=item.media,
+            tokens=item.tokens,
+            record=item.record,
+        )
         return CompactReply.decode((yield from write(thread, SCRIPTS["compact"], args)))
 
     reply, (item,) = yield from within_media_budget(prepared, None, send)
@@ -94,7 +94,11 @@ def compact(
     try:
         # Each call deletes at most max_chunks_per_call chunks; go on while that cap was reached.
         while deleted >= thread.config.max_chunks_per_call:
-            retained = yield Eval(SCRIPTS["retain"], thread.script_keys, thread.limits())
+            retained = yield Eval(
+                SCRIPTS["retain"],
+                thread.script_keys,
+                SCRIPTS["retain"].args(limits=thread.limits()),
+            )
             deleted = RetainReply.decode(retained).chunks_deleted
         if not reply.stored:
             found = yield from fetch_sequences(thread, [reply.summary_sequence])
@@ -145,7 +149,14 @@ def replace(
     def send(items: list[PreparedMessage]) -> Operation:
         (item,) = items
         pairs = history_pairs(item.message) if thread.config.history_checks == "strict" else ""
-        args = [*thread.limits(), message_id, item.media, item.tokens, item.record, pairs]
+        args = SCRIPTS["replace"].args(
+            limits=thread.limits(),
+            id=message_id,
+            media=item.media,
+            tokens=item.tokens,
+            record=item.record,
+            pairs=pairs,
+        )
         return ReplaceReply.decode((yield Eval(SCRIPTS["replace"], thread.script_keys, args)))
 
     prepared = [
@@ -173,7 +184,9 @@ def remove_turn(thread: ThreadRef, turn_id: str) -> Operation:
                 yield Eval(
                     SCRIPTS["remove_turn"],
                     thread.script_keys,
-                    (*thread.limits(), turn_id, REMOVE_TURN_STEP),
+                    SCRIPTS["remove_turn"].args(
+                        limits=thread.limits(), turn_id=turn_id, max_messages=REMOVE_TURN_STEP
+                    ),
                 )
             )
         )

@@ -26,7 +26,11 @@ from .scripts import SCRIPTS, Script
 class Eval:
     script: Script
     keys: Sequence[str]
-    args: Sequence[Any]
+    args: Sequence[Any]  # ARGV as sent: Script.args builds it from the arguments by name
+
+    def named(self) -> dict[str, Any]:
+        """The call's arguments by name (script_args.py: ScriptArgs.decode)."""
+        return self.script.arguments.decode(self.args)
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,8 +67,8 @@ class ThreadRef:
 
     config: StoreConfig
     keys: ThreadKeys
-    script_keys: tuple[str, ...]  # KEYS[1..12] of every script (lua/includes/thread.lua)
-    limits_args: tuple[Any, ...]  # ARGV[1..10] of every writing script
+    script_keys: tuple[str, ...]  # KEYS[1..12] of every script (lua/includes/layout.lua)
+    limits_args: tuple[Any, ...]  # the `limits` argument of every writing script
     # The store's token counter (MessageStore(count_tokens=...)); None: estimated_tokens.
     count_tokens: Any = None
 
@@ -72,6 +76,7 @@ class ThreadRef:
     def of(cls, config: StoreConfig, thread_id: str, count_tokens: Any = None) -> ThreadRef:
         keys = ThreadKeys.of(config.namespace, thread_id)
         retained = config.retained_message_limit
+        # In the order of script_args.py's LIMIT_NAMES (lua/includes/args.lua: read_limits).
         limits = (
             config.window_size,
             config.chunk_size,
@@ -82,21 +87,17 @@ class ThreadRef:
             config.max_inline_media_bytes,
             -1 if retained is None else retained,
             (config.thread_ttl or 0) * 1000,
+            *event_limits(config),
+            1 if config.history_checks == "strict" else 0,
         )
-        # ARGV[10] names the nine as the server receives them (read_limits parses a key once),
-        # then the event limits (lua/includes/events.lua) and whether history checks are strict.
-        limits_key = (
-            ":".join(str(value) for value in limits)
-            + "|"
-            + ":".join(map(str, event_limits(config)))
-            + ":"
-            + ("1" if config.history_checks == "strict" else "0")
-        )
+        # Then their key, the values joined by ':' (the server parses a key's limits once).
+        limits_key = ":".join(map(str, limits))
         script_keys = tuple(getattr(keys, field.name) for field in dataclasses.fields(keys))
         return cls(config, keys, script_keys, (*limits, limits_key), count_tokens)
 
     def limits(self) -> tuple[Any, ...]:
-        """ARGV[1..10] of every writing script (lua/includes/thread.lua: read_limits)."""
+        """The `limits` argument of every writing script (script_args.py: LIMIT_NAMES, then
+        their key)."""
         return self.limits_args
 
 
@@ -141,7 +142,13 @@ def write(thread: ThreadRef, script: Script, args: Sequence[Any]) -> Operation:
 def migrate_step(thread: ThreadRef) -> Operation:
     """One bounded call of lua/migrate.lua."""
     return MigrateReply.decode(
-        (yield Eval(SCRIPTS["migrate"], thread.script_keys, thread.limits()))
+        (
+            yield Eval(
+                SCRIPTS["migrate"],
+                thread.script_keys,
+                SCRIPTS["migrate"].args(limits=thread.limits()),
+            )
+        )
     )
 
 
@@ -166,7 +173,18 @@ def delete_steps(
     """Calls lua/delete.lua, DELETE_STEP chunks at a time, until the thread is gone; the call
     that tombstones it adds its 'deleted' event under the `events` limits."""
     while not DeleteReply.decode(
-        (yield Eval(SCRIPTS["delete"], script_keys, (DELETE_STEP, mode, *events)))
+        (
+            yield Eval(
+                SCRIPTS["delete"],
+                script_keys,
+                SCRIPTS["delete"].args(
+                    max_chunks=DELETE_STEP,
+                    mode=mode,
+                    events_len=events[0],
+                    events_age_ms=events[1],
+                ),
+            )
+        )
     ).done:
         mode = "continue"
 

@@ -337,7 +337,11 @@ def _turn_page(
     from_before = bool(before[0]) and not after[0]
     walk = "up" if (order == "asc") != from_before else "down"
     reply = yield Eval(
-        SCRIPTS["turn_page"], thread.script_keys, (turn_id, lo_kind, lo, hi_kind, hi, walk, limit)
+        SCRIPTS["turn_page"],
+        thread.script_keys,
+        SCRIPTS["turn_page"].args(
+            turn_id=turn_id, lo_kind=lo_kind, lo=lo, hi_kind=hi_kind, hi=hi, walk=walk, limit=limit
+        ),
     )
     deleted_before, has_more = int(reply[0]), bool(int(reply[1]))
     page = [int(s) for s in reply[2:]]

@@ -69,7 +69,15 @@ def plan_walk(
         reply = yield Eval(
             SCRIPTS["page_plan"],
             thread.script_keys,
-            (low[0], low[1], high[0], high[1], walk, need, max_chunks),
+            SCRIPTS["page_plan"].args(
+                lo_kind=low[0],
+                lo=low[1],
+                hi_kind=high[0],
+                hi=high[1],
+                walk=walk,
+                need=need,
+                max_chunks=max_chunks,
+            ),
         )
         facts = _script_facts(reply)
     return _select(facts, walk, need, max_chunks)

@@ -97,7 +97,11 @@ def locate_records(thread: ThreadRef, kind: str, targets: list[str]) -> Operatio
     by their sequences in one step each run of them (lua/read_range.lua): a message keeps its
     sequence wherever it moves."""
     for _ in range(OPTIMISTIC_READS):
-        reply = yield Eval(SCRIPTS["locate"], thread.script_keys, (kind, *targets))
+        reply = yield Eval(
+            SCRIPTS["locate"],
+            thread.script_keys,
+            SCRIPTS["locate"].args(kind=kind, targets=[(target,) for target in targets]),
+        )
         gen, places = reply[0], reply[2:]
         wanted, commands = _record_reads(thread, places)
         results = yield Batch([*commands, ("HGET", thread.keys.meta, "gen")])
@@ -195,7 +199,17 @@ def read_range(
     reply = yield Eval(
         SCRIPTS["read_range"],
         thread.script_keys,
-        (low[0], low[1], high[0], high[1], walk, need, max_tokens, lookback, extras),
+        SCRIPTS["read_range"].args(
+            lo_kind=low[0],
+            lo=low[1],
+            hi_kind=high[0],
+            hi=high[1],
+            walk=walk,
+            need=need,
+            max_tokens=max_tokens,
+            lookback=lookback,
+            extras=extras,
+        ),
     )
     deleted_before, summary_last, summary_seq, summary_record, summary_tokens = reply[:5]
     at = 5

@@ -15,6 +15,10 @@ Two ways to run them (docs/LAYOUT.md, "Loading"):
 
 The library's name and its functions' names carry a digest of its source, so a client only
 ever calls the library it was built with; two versions can be loaded side by side.
+
+Every script's arguments are named in its header: a script's ARGV is built by name
+(:meth:`Script.args`) and its body reads them by name, from the table `args` a prologue written
+from the same header fills (kvstore/_engine/script_args.py).
 """
 
 from __future__ import annotations
@@ -23,8 +27,10 @@ import hashlib
 import re
 from dataclasses import dataclass, replace
 from importlib import resources
+from typing import Any
 
 from .. import errors
+from .script_args import ScriptArgs
 
 _INCLUDE = re.compile(r'^--- @include "([a-z_/]+)"\s*$', re.MULTILINE)
 
@@ -37,9 +43,24 @@ def _read(name: str) -> str:
     return resources.files("kvstore.lua").joinpath(f"{name}.lua").read_text(encoding="utf-8")
 
 
+_ARGS_INCLUDE = '--- @include "includes/args"'
+
+
+def _read_script(name: str) -> str:
+    """A script's file with the prologue that names its arguments (and the include it needs to
+    read limits) put before its first code line, after its header and its includes."""
+    text = _read(name)
+    lines = text.split("\n")
+    body = next(i for i, line in enumerate(lines) if i and not line.startswith("---"))
+    arguments = ScriptArgs.of(name, text)
+    include = (_ARGS_INCLUDE,) if any(arg.kind == "limits" for arg in arguments.args) else ()
+    return "\n".join((*lines[:body], *include, arguments.lua_prologue(), *lines[body:]))
+
+
 def build_source(name: str) -> str:
-    """Returns the script's source with every include inlined."""
-    return _expand(_read(name), (name,))
+    """Returns the script's source (or an include's, built alone) with every include inlined."""
+    text = _read(name) if name.startswith("includes/") else _read_script(name)
+    return _expand(text, (name,))
 
 
 def _expand(text: str, chain: tuple[str, ...]) -> str:
@@ -67,6 +88,7 @@ class Script:
     source: str
     sha: str
     writes: bool
+    arguments: ScriptArgs
     flags: tuple[str, ...] = ()
     function: str = ""  # its name in LIBRARY, set when the library is built
 
@@ -84,8 +106,14 @@ class Script:
             source=source,
             sha=hashlib.sha1(source.encode()).hexdigest(),
             writes="no-writes" not in flags,
+            arguments=ScriptArgs.of(name, _read(name)),
             flags=flags,
         )
+
+    def args(self, **values: Any) -> tuple[Any, ...]:
+        """The script's ARGV, from its arguments by name (its header's; a name missing or not
+        declared is refused before anything is sent)."""
+        return self.arguments.encode(values)
 
     def without_shebang(self) -> Script:
         """The same script for servers whose Lua does not parse the shebang (fakeredis)."""
@@ -103,7 +131,7 @@ class Library:
     @classmethod
     def build(cls, names: tuple[str, ...]) -> tuple[Library, dict[str, Script]]:
         """The library of the named scripts, and the scripts with their function names set."""
-        bodies = {name: _read(name) for name in names}
+        bodies = {name: _read_script(name) for name in names}
         # Every include any script uses, each once, in an order that defines a name before its
         # users (build_source's expansion of all the include lines, in the scripts' order).
         include_lines = "\n".join(

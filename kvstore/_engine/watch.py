@@ -73,7 +73,11 @@ def hold_turn(thread: ThreadRef, turn_id: str, call_id: str | None = None) -> Op
     call_id = new_call_id(call_id)
     try:
         reply = yield from write(
-            thread, SCRIPTS["start_turn"], (*thread.limits(), turn_id, "hold", call_id)
+            thread,
+            SCRIPTS["start_turn"],
+            SCRIPTS["start_turn"].args(
+                limits=thread.limits(), turn_id=turn_id, mode="hold", call_id=call_id
+            ),
         )
     except errors.OutcomeUnknown as unknown:
         unknown.call_id = call_id  # the caller's token to send the call again
@@ -113,7 +117,11 @@ def publish(
     call_id = new_call_id(call_id)
     try:
         reply = yield from write(
-            thread, SCRIPTS["publish"], (*thread.limits(), turn_id, lease, data, call_id)
+            thread,
+            SCRIPTS["publish"],
+            SCRIPTS["publish"].args(
+                limits=thread.limits(), turn_id=turn_id, lease=lease, delta=data, call_id=call_id
+            ),
         )
     except errors.OutcomeUnknown as unknown:
         unknown.call_id = call_id  # the caller's token to send the call again

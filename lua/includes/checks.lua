@@ -27,16 +27,3 @@ end
 local function restoring_error()
   return redis.error_reply('KVS_RESTORING the thread\'s restore (import or fork) is not finished: run it again to finish it')
 end
-
--- Fails unless the thread is missing, in layout 2, or in layout 1 (which it migrates), and is not
--- being deleted, nor restored (unless `restoring_ok`: the restore's own calls).
-local function check_layout(meta_key, restoring_ok)
-  local meta = redis.call('HMGET', meta_key, 'layout', 'deleting', 'restoring')
-  if meta[2] then return deleting_error() end
-  if meta[3] and not restoring_ok then return restoring_error() end
-  local layout = meta[1]
-  if layout and layout ~= '2' and layout ~= '1' then
-    return redis.error_reply('KVS_LAYOUT thread is stored in layout ' .. layout .. ', this version reads layouts 1 and 2')
-  end
-  return nil
-end

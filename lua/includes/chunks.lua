@@ -1,5 +1,5 @@
+--- @include "includes/layout"
 --- @include "includes/expiry"
---- @include "includes/format"
 -- A chunk is a hash of two fields: `d`, its messages' records concatenated in sequence order,
 -- and `_m`, its manifest (one "sequence\t<side info>\n" line per message, in the same order; the
 -- side info's bytes field is the record's length). One value per chunk instead of one per
@@ -43,21 +43,8 @@ local function fit_size_class(records, from, n, bytes)
 end
 
 local function write_chunk(keys, first, manifest, data)
-  local chunk_key = keys.chunk_prefix .. fmt(first)
-  redis.call('HSET', chunk_key, '_m', manifest, 'd', data)
-  expire_new_chunk(keys, chunk_key)
-  return chunk_key
-end
-
--- Where a sequence's record lies in a chunk's data: 1-based start, length, and the manifest
--- line's bounds (at, stop); nil when the manifest does not list it.
-local function chunk_slot(manifest, sequence)
-  local offset, wanted = 1, fmt(sequence)
-  for line_sequence, side, at, stop in manifest_lines(manifest) do
-    local _, _, _, bytes = parse_side(side)
-    if not bytes then return nil end
-    if line_sequence == wanted then return offset, bytes, at, stop end
-    offset = offset + bytes
-  end
-  return nil
+  local chunk = chunk_key(keys, first)
+  redis.call('HSET', chunk, '_m', manifest, 'd', data)
+  expire_new_chunk(keys, chunk)
+  return chunk
 end

@@ -1,4 +1,4 @@
---- @include "includes/format"
+--- @include "includes/layout"
 -- Idle expiry (thread_ttl), on the server's clock: scripts never see a time. Every key of a
 -- thread carries one absolute deadline, meta's. A write that finds less than `ttl` left on meta
 -- (PTTL) sets 1.5 ttl on meta (PEXPIRE) and meta's new deadline (PEXPIRETIME) on every other
@@ -28,15 +28,14 @@ local function apply_expiry(keys)
     deadline = redis.call('PEXPIRETIME', keys.meta)
   end
   if deadline <= 0 then return end
-  for _, key in ipairs({keys.meta, keys.window, keys.window_side, keys.chunk_index, keys.large_index,
-                        keys.ids, keys.otids, keys.turns, keys.legacy, keys.events, keys.pairs}) do
+  for _, key in ipairs(fixed_keys(keys)) do
     redis.call('PEXPIREAT', key, deadline)
   end
   if moved then
-    for _, index in ipairs({keys.chunk_index, keys.large_index}) do
+    for _, index in ipairs(chunk_indexes(keys)) do
       local firsts = redis.call('ZRANGE', index, 0, -1, 'WITHSCORES')
       for i = 2, #firsts, 2 do
-        redis.call('PEXPIREAT', keys.chunk_prefix .. fmt(tonumber(firsts[i])), deadline)
+        redis.call('PEXPIREAT', chunk_key(keys, tonumber(firsts[i])), deadline)
       end
     end
   end
@@ -44,8 +43,8 @@ end
 
 -- A chunk written by this call gets the thread's deadline at once (when the deadline moves, the
 -- pass of apply_expiry sets it).
-local function expire_new_chunk(keys, chunk_key)
+local function expire_new_chunk(keys, chunk)
   if keys.deadline and keys.deadline > 0 then
-    redis.call('PEXPIREAT', chunk_key, keys.deadline)
+    redis.call('PEXPIREAT', chunk, keys.deadline)
   end
 end

@@ -1,5 +1,5 @@
 -- Every text format the scripts write into the thread's keys, each with its writer and its
--- reader in one place (docs/LAYOUT.md; the Python side reads them in kvstore/_engine/wire.py):
+-- reader in one place (docs/LAYOUT.md; the Python side reads them in kvstore/_engine/replies.py):
 --
 -- - a chunk index member "first:last:count:bytes:media:tokens" and a large index member
 --   "sequence:bytes:media:tokens";

@@ -3,7 +3,7 @@
 -- Checked updates (StoreConfig(history_checks="strict"); docs/HISTORY.md, "Checked updates").
 --
 -- A message's *pairs* are the pair ids it opens and answers, computed by the client
--- (kvstore/_engine/pairs.py: history_pairs) and sent with strict checks only: a message's pairs
+-- (kvstore/_engine/tool_pairs.py: history_pairs) and sent with strict checks only: a message's pairs
 -- argument is items '+<length>:<pair id>' (opens) and '-<length>:<pair id>' (answers), answers
 -- first. A pair id is 'c:<tool call id>', 'p:<tool call id>' (its approval) or
 -- 'a:<approval request message id>'. Lua never reads a record: the pair ids are all it knows.

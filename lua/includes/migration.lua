@@ -1,3 +1,4 @@
+--- @include "includes/layout"
 --- @include "includes/chunks"
 --- @include "includes/turns"
 --- @include "includes/format"
@@ -25,13 +26,6 @@
 -- the messages a call may move.
 local SCAN_COUNT = 128
 local SCAN_CALL_FACTOR = 8
-
--- Whether the thread is stored in layout 1 (wholly or in part).
-local function is_layout_1(keys)
-  local layout = redis.call('HGET', keys.meta, 'layout')
-  if layout == '1' then return true end
-  return layout == false and redis.call('EXISTS', keys.legacy) == 1
-end
 
 -- The side info of a version-1 record; a record cjson cannot read keeps an empty id. Sequences
 -- from `turn_from` on belong to the legacy turn (begin_migration).
@@ -177,7 +171,7 @@ local function migrate_step(keys, limits)
     -- in `stored` by begin_migration, and not stored as a message): it stays, uncounted.
     local left = redis.call('HLEN', keys.legacy)
     if left > 0 then redis.call('HINCRBY', keys.meta, 'stored', -left) end
-    redis.call('HSET', keys.meta, 'layout', '2')
+    redis.call('HSET', keys.meta, 'layout', CURRENT_LAYOUT)
     redis.call('HDEL', keys.meta, 'migrated', 'legacy_last', 'legacy_turn', 'legacy_turn_seq')
   end
   redis.call('HINCRBY', keys.meta, 'gen', 1)

@@ -1,3 +1,4 @@
+--- @include "includes/layout"
 --- @include "includes/turns"
 --- @include "includes/format"
 --- @include "includes/history"
@@ -28,7 +29,7 @@ end
 -- side infos were escaped could write raw tabs and newlines into it): retention stops before
 -- such a chunk rather than fail after its first write.
 local function chunk_contents(keys, first, index_key, member)
-  local manifest = redis.call('HGET', keys.chunk_prefix .. fmt(first), '_m') or ''
+  local manifest = chunk_manifest(keys, first)
   local count = 1
   if index_key == keys.chunk_index then count = select(3, parse_chunk_member(member)) end
   if string.sub(manifest, -1) ~= '\n' then return nil end
@@ -54,7 +55,7 @@ local function drop_chunk(keys, first, index_key, member, bytes, tokens, content
   for turn in pairs(contents.turns) do touched_turns[turn] = true end
   if #ids > 0 then redis.call('HDEL', keys.ids, unpack(ids)) end
   if #otids > 0 then redis.call('HDEL', keys.otids, unpack(otids)) end
-  redis.call('DEL', keys.chunk_prefix .. fmt(first))
+  redis.call('DEL', chunk_key(keys, first))
   redis.call('ZREM', index_key, member)
   redis.call('HINCRBY', keys.meta, 'stored', -#ids)
   redis.call('HINCRBY', keys.meta, 'bytes', -bytes)

@@ -1,3 +1,4 @@
+--- @include "includes/layout"
 --- @include "includes/chunks"
 --- @include "includes/format"
 -- Moves the oldest window messages into immutable chunks, oldest first, in two steps: a plan
@@ -74,9 +75,9 @@ local function plan_rollover(keys, limits, meta, incoming)
       extra_chunks = extra_chunks + 1
       extra_bytes = extra_bytes + bytes
     end
-    local chunk_key = keys.chunk_prefix .. sequences[position]
-    if redis.call('EXISTS', chunk_key) == 1 then
-      return nil, redis.error_reply('KVS_WRONGTYPE ' .. chunk_key .. ' exists where a new chunk must go')
+    local chunk = chunk_key(keys, sequences[position])
+    if redis.call('EXISTS', chunk) == 1 then
+      return nil, redis.error_reply('KVS_WRONGTYPE ' .. chunk .. ' exists where a new chunk must go')
     end
     cuts[#cuts + 1] = {position, n, bytes}
     if owed then cuts.owed = #cuts end

@@ -1,3 +1,4 @@
+--- @include "includes/layout"
 --- @include "includes/checks"
 --- @include "includes/index"
 --- @include "includes/chunks"
@@ -74,19 +75,18 @@ end
 -- call will create must not exist. Returns the rollover plan (includes/rollover.lua), or nil
 -- and an error reply.
 local function check_store_keys(keys, batch, limits, meta)
-  if meta.layout and meta.layout ~= '2' and meta.layout ~= '1' then
-    return nil, redis.error_reply('KVS_LAYOUT thread is stored in layout ' .. meta.layout .. ', this version reads layouts 1 and 2')
-  end
+  local unreadable = unreadable_layout(meta.layout)
+  if unreadable then return nil, unreadable end
   local count, err = checked_read(keys.window, 'ZCARD', keys.window)
   if err then return nil, err end
   meta.window_count = count
   local incoming, oversized, incoming_bytes = split_batch(batch, limits, meta)
   local expected = {}
   if batch.turn_id ~= '' then expected[#expected + 1] = {keys.turns, 'hash'} end
-  if meta.layout ~= '2' then expected[#expected + 1] = {keys.legacy, 'hash'} end
+  if meta.layout ~= CURRENT_LAYOUT then expected[#expected + 1] = {keys.legacy, 'hash'} end
   if #oversized > 0 then expected[#expected + 1] = {keys.large_index, 'zset'} end
   for _, sequence in ipairs(oversized) do
-    expected[#expected + 1] = {keys.chunk_prefix .. fmt(sequence), 'none'}
+    expected[#expected + 1] = {chunk_key(keys, sequence), 'none'}
   end
   if cut_possible(limits, count + #incoming, meta.window_bytes + incoming_bytes) then
     -- A cut writes the chunk index and may run retention, which touches these too.
@@ -115,7 +115,7 @@ local function replay_reply(keys, sequences)
     if where == 'window' then
       side = redis.call('HGET', keys.window_side, sequence)
     elseif where then
-      side = manifest_find(redis.call('HGET', keys.chunk_prefix .. fmt(first), '_m') or '', sequence)
+      side = manifest_find(chunk_manifest(keys, first), sequence)
     end
     reply[#reply + 1] = sequence
     reply[#reply + 1] = (side and parse_side(side)) or ''
@@ -265,7 +265,7 @@ local function store_batch(keys, batch, limits, meta)
     write_turn(keys, batch.turn_id, turn)
   end
 
-  meta.layout = meta.layout or '2'  -- a migrating thread stays at 1 until done
+  meta.layout = meta.layout or CURRENT_LAYOUT  -- a migrating thread stays at 1 until done
   meta.last_seq = last + count
   meta.stored = meta.stored + count
   meta.bytes = meta.bytes + total_bytes
@@ -288,7 +288,7 @@ end
 -- the chunks moved and meta as it is now (the window is untouched by migration, so its count
 -- carries over).
 local function migrate_first(keys, limits, meta)
-  if meta.layout == '2' then return 0, meta end
+  if meta.layout == CURRENT_LAYOUT then return 0, meta end
   local migrated = migrate_step(keys, limits)
   local window_count = meta.window_count
   meta = load_meta(keys)

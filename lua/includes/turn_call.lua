@@ -1,4 +1,4 @@
---- @include "includes/thread"
+--- @include "includes/layout"
 --- @include "includes/turns"
 --- @include "includes/expiry"
 --- @include "includes/migration"

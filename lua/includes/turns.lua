@@ -1,3 +1,4 @@
+--- @include "includes/layout"
 --- @include "includes/format"
 -- A turn's record in the turns hash: a header of constant size and one field per older range.
 --
@@ -326,6 +327,6 @@ local function check_turn(keys, batch, meta)
     local err = check_lease(keys, batch.turn_id, batch.lease)
     if err then return err end
   end
-  if meta.layout == '2' then batch.turn = turn or false end
+  if meta.layout == CURRENT_LAYOUT then batch.turn = turn or false end
   return nil
 end

@@ -103,14 +103,15 @@ def first_request(operation, store: MessageStore | None = None) -> Eval:
 
 
 def with_limits(request: Eval, ref: ThreadRef) -> Eval:
-    """The same call with `ref`'s limits (ARGV[1..n] of every writing script, lua/includes/thread.lua)."""
-    limits = ref.limits()
-    return Eval(request.script, request.keys, [*limits, *list(request.args)[len(limits) :]])
+    """The same call with `ref`'s limits (the `limits` argument of every writing script)."""
+    args = request.script.args(**{**request.named(), "limits": ref.limits()})
+    return Eval(request.script, request.keys, args)
 
 
-def script_call(name: str, ref: ThreadRef, *args: Any) -> Eval:
+def script_call(name: str, ref: ThreadRef, **args: Any) -> Eval:
+    """A call of the script `name` on `ref`'s thread, its arguments by name."""
     keys = ref.script_keys() if callable(ref.script_keys) else ref.script_keys
-    return Eval(SCRIPTS[name], keys, list(args))
+    return Eval(SCRIPTS[name], keys, SCRIPTS[name].args(**args))
 
 
 @contextlib.contextmanager

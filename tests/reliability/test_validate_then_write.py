@@ -139,7 +139,7 @@ def writing_operations(s: Setup):
         "replace (window)": lambda: thread.replace(s.window_id, UserMessage(content="replaced")),
         "replace (chunk)": lambda: thread.replace(s.chunk_id, UserMessage(content="replaced")),
         "remove_turn": lambda: thread.remove_turn("t1"),
-        "retain": lambda: run_one(s.store, script_call("retain", s.ref, *s.ref.limits())),
+        "retain": lambda: run_one(s.store, script_call("retain", s.ref, limits=s.ref.limits())),
     }
     if hasattr(thread, "migrate"):
         ops["migrate"] = lambda: thread.migrate()
@@ -488,12 +488,12 @@ def test_every_refusal_is_typed_and_changes_nothing(target):
                     script_call(
                         "replace",
                         ref,
-                        *ref.limits(),
-                        s.window_id,
-                        0,
-                        1500,
-                        b"\x92\x02" + b"R" * 6000,
-                        "",
+                        limits=ref.limits(),
+                        id=s.window_id,
+                        media=0,
+                        tokens=1500,
+                        record=b"\x92\x02" + b"R" * 6000,
+                        pairs="",
                     ),
                     small_ref,
                 ),

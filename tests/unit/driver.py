@@ -4,13 +4,14 @@ A test lists the requests it expects, in order, each with its answer::
 
     result = drive(
         core.append(thread, message, None),
-        call("append", {11: "", 12: 1}, error=errors.InlineMediaBudget(0)),
+        call("append", {"turn_id": "", "lease": 0}, error=errors.InlineMediaBudget(0)),
         call("append", reply=[1, 7]),
     )
 
 - ``call(name, args, reply=..., error=...)`` expects an ``Eval`` of the script ``name``;
-  ``args`` is ``{position: value}`` for the arguments that matter (0-based), the whole argument
-  list, or a function of the arguments that asserts (or returns False to fail).
+  ``args`` is ``{name: value}`` for the arguments that matter (by the names the script's header
+  gives them), the whole argument list as sent, or a function of that list that asserts (or
+  returns False to fail).
 - ``batch(commands, reply=..., error=...)`` expects a ``Batch``; ``commands`` is the whole list
   of commands, or a function of it.
 - ``reply`` is the value sent back, or a function of the request that returns it; ``error`` is
@@ -55,7 +56,7 @@ class Step:
         if self.kind == "eval":
             what = f"Eval {self.name}"
             if isinstance(self.args, Mapping):
-                what += " with " + ", ".join(f"args[{i}]={_short(v)}" for i, v in self.args.items())
+                what += " with " + ", ".join(f"{name}={_short(v)}" for name, v in self.args.items())
             elif self.args is not None and not callable(self.args):
                 what += f" with args {_short(tuple(self.args))}"
             return what
@@ -163,13 +164,12 @@ def _check(step: Step, request: Any, number: int, keys: Sequence[str] | None) ->
             mismatch(f"the call's keys are {tuple(request.keys)}, not the thread's")
         args = tuple(request.args)
         if isinstance(step.args, Mapping):
-            for position, expected in step.args.items():
-                if position >= len(args):
-                    mismatch(f"args[{position}] is missing (the call has {len(args)} arguments)")
-                if args[position] != expected:
-                    mismatch(
-                        f"args[{position}] is {_short(args[position])}, not {_short(expected)}"
-                    )
+            named = request.named()
+            for name, expected in step.args.items():
+                if name not in named:
+                    mismatch(f"{step.name}.lua takes no argument {name}")
+                if named[name] != expected:
+                    mismatch(f"{name} is {_short(named[name])}, not {_short(expected)}")
         elif callable(step.args):
             if step.args(args) is False:
                 mismatch("the arguments do not pass the step's check")

@@ -25,19 +25,17 @@ def image(decoded_bytes: int) -> dict:
     return {"type": "image", "source": {"type": "base64", "data": data, "media_type": "image/png"}}
 
 
-def sent(args) -> list[tuple[str, str, int, bytes]]:
-    """(id, otid, media, record) of each message an append sends (ARGV[14..] of lua/append.lua,
-    whose tokens sent_tokens reads)."""
-    count = args[11]
-    assert args[12] == ""  # no pairs without strict history checks
-    groups = [tuple(args[13 + 5 * i : 18 + 5 * i]) for i in range(count)]
-    assert len(args) == 13 + 5 * count
-    return [(i, o, m, r) for i, o, m, _, r in groups]
+def sent(request) -> list[tuple[str, str, int, bytes]]:
+    """(id, otid, media, record) of each message an append sends (the `messages` argument of
+    lua/append.lua, whose tokens sent_tokens reads)."""
+    args = request.named()
+    assert args["pairs"] == ""  # no pairs without strict history checks
+    return [(i, o, m, r) for i, o, m, _, r in args["messages"]]
 
 
-def sent_tokens(args) -> list[int]:
+def sent_tokens(request) -> list[int]:
     """The token count of each message an append sends."""
-    return [args[16 + 5 * i] for i in range(args[11])]
+    return [tokens for _, _, _, tokens, _ in request.named()["messages"]]
 
 
 def stored(record: bytes, seq: int = 1):
@@ -50,12 +48,12 @@ def stored(record: bytes, seq: int = 1):
 
 def test_an_append_sends_the_limits_the_turn_and_each_message(thread):
     messages = [UserMessage(content="hi", otid="o-1"), AssistantMessage(content="hello")]
-    step = call("append", {11: 2}, reply=[1, 41])
+    step = call("append", {"lease": 0}, reply=[1, 41])
     result = drive(core.append(thread, messages, "turn-7"), step, keys=thread.script_keys)
-    args = step.request.args
-    assert tuple(args[:10]) == thread.limits()
-    assert args[10] == "turn-7"
-    groups = sent(args)
+    args = step.request.named()
+    assert args["limits"] == thread.limits()
+    assert args["turn_id"] == "turn-7" and len(args["messages"]) == 2
+    groups = sent(step.request)
     # The ids the store made are set on the caller's messages: the call's token.
     assert [g[0] for g in groups] == [m.id for m in messages] and all(m.id for m in messages)
     assert [g[1] for g in groups] == ["o-1", ""]
@@ -70,8 +68,8 @@ def test_a_dict_message_gets_its_id_too(thread):
     body = {"message_type": "user_message", "content": "as a dict"}
     step = call("append", reply=[1, 3])
     (message,) = drive(core.append(thread, body, None), step)
-    assert body["id"] == message.id == sent(step.request.args)[0][0]
-    assert step.request.args[10] == ""
+    assert body["id"] == message.id == sent(step.request)[0][0]
+    assert step.request.named()["turn_id"] == ""
 
 
 # ------------------------------------------------------------------------- media refit
@@ -83,7 +81,7 @@ def test_media_over_budget_resends_with_the_messages_own_inline_parts_replaced(t
     over, again = call("append", error=errors.InlineMediaBudget(1000)), call("append", reply=[1, 7])
     result = drive(core.append(thread, [picture, plain], "turn-1"), over, again)
 
-    before, after = sent(over.request.args), sent(again.request.args)
+    before, after = sent(over.request), sent(again.request)
     assert [g[2] for g in before] == [3000, 0]
     assert sum(g[2] for g in after) <= 1000
     assert [g[0] for g in after] == [g[0] for g in before]  # same ids: still the same call
@@ -174,11 +172,7 @@ def test_outcome_unknown_carries_the_messages_as_sent(thread):
     with pytest.raises(errors.OutcomeUnknown) as raised:
         drive(core.append(thread, messages, None), step)
     carried = raised.value.messages
-    assert (
-        [m.id for m in carried]
-        == [m.id for m in messages]
-        == [g[0] for g in sent(step.request.args)]
-    )
+    assert [m.id for m in carried] == [m.id for m in messages] == [g[0] for g in sent(step.request)]
     assert [m.otid for m in carried] == [None, "o-2"]
     assert [m.content for m in carried] == ["one", "two"]
 
@@ -205,14 +199,18 @@ def test_a_reply_of_another_shape_is_a_server_error_naming_the_script(thread):
 
 
 def test_start_turn_returns_where_the_replies_start(thread):
-    step = call("start_turn", (*thread.limits(), "turn-1", "start", ""), reply=12)
+    step = call(
+        "start_turn",
+        {"limits": thread.limits(), "turn_id": "turn-1", "mode": "start", "call_id": ""},
+        reply=12,
+    )
     assert drive(core.start_turn(thread, "turn-1"), step) == 12
 
 
 def test_finish_turn_returns_the_recorded_result(thread):
     step = call(
         "finish_turn",
-        (*thread.limits(), "turn-1", "cancelled"),
+        {"limits": thread.limits(), "turn_id": "turn-1", "lease": 0, "outcome": "cancelled"},
         reply=[3, 12, 15, 12, b"completed"],
     )
     result = drive(core.finish_turn(thread, "turn-1", "cancelled"), step)

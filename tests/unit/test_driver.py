@@ -52,8 +52,10 @@ def test_a_request_other_than_the_next_step_fails_naming_both():
         Failed, match=r"call of append\.lua(.|\n)*expected: Eval append(.|\n)*sent: +Eval locate"
     ):
         drive(two_requests(), call("append"))
-    with pytest.raises(Failed, match=r"args\[1\] is '1', not '2'"):
-        drive(two_requests(), call("locate", {1: "2"}))
+    with pytest.raises(Failed, match=r"targets is \[\('1',\)\], not \[\('2',\)\]"):
+        drive(two_requests(), call("locate", {"targets": [("2",)]}))
+    with pytest.raises(Failed, match=r"locate\.lua takes no argument target"):
+        drive(two_requests(), call("locate", {"target": "1"}))
     with pytest.raises(Failed, match="commands differ"):
         drive(two_requests(), call("locate"), batch([("HGET", "meta", "last_seq")]))
     with pytest.raises(Failed, match="expected a Batch"):

@@ -12,6 +12,7 @@ from kvstore._engine import core
 from kvstore._engine.core import DELETE_STEP, ThreadRef, finishing_deletes
 from kvstore._engine.operation import MAX_DELETE_REFUSALS
 from kvstore._engine.record import decode_records, encode_record, record_turn_id
+from kvstore._engine.script_args import LIMIT_NAMES
 from kvstore._engine.tokens import estimated_tokens
 
 from .driver import call, drive, repeat
@@ -34,7 +35,7 @@ def boundary(fake: FakeThread) -> list:
 
 def test_compact_runs_retention_again_while_each_call_hits_the_cap(thread, fake):
     cap = thread.config.max_chunks_per_call
-    store = call("compact", {10: 12}, reply=[1, 13, cap])
+    store = call("compact", {"summary_last": 12}, reply=[1, 13, cap])
     first, last = (
         call("retain", thread.limits(), reply=cap),
         call("retain", thread.limits(), reply=cap - 1),
@@ -49,11 +50,11 @@ def test_compact_runs_retention_again_while_each_call_hits_the_cap(thread, fake)
     )
     assert isinstance(result, SummaryMessage)
     assert result.seq_id == 13 and result.summary == "what happened"
-    args = store.request.args
-    assert tuple(args[:10]) == thread.limits()
-    assert args[11] == result.id and args[12] == "" and args[13] == 0
-    assert args[14] == estimated_tokens(result)
-    (recorded,) = decode_records([(13, args[15])])
+    args = store.request.named()
+    assert args["limits"] == thread.limits()
+    assert args["id"] == result.id and args["otid"] == "" and args["media"] == 0
+    assert args["tokens"] == estimated_tokens(result)
+    (recorded,) = decode_records([(13, args["record"])])
     assert recorded.summary == "what happened"
 
 
@@ -72,7 +73,7 @@ def test_a_compact_replay_runs_retention_and_returns_the_stored_summary(thread, 
         core.compact(thread, "sent again", 8),
         fake.plan(),
         fake.fetch(),  # the page after 8: the summary, no answer
-        call("compact", {10: 8}, reply=[0, 9, 0]),
+        call("compact", {"summary_last": 8}, reply=[0, 9, 0]),
         call("retain", reply=0),  # the first caller may not have finished retention
         fake.located("9"),
         fake.fetch(),
@@ -94,7 +95,7 @@ def test_compact_that_loses_its_connection_in_retention_is_outcome_unknown_with_
             call("retain", error=errors.OutcomeUnknown("dropped")),
         )
     (carried,) = raised.value.messages
-    assert carried.summary == "s" and carried.id == store.request.args[11]
+    assert carried.summary == "s" and carried.id == store.request.named()["id"]
 
 
 @pytest.mark.parametrize("last", [0, -3, True, 2.5, "7"])
@@ -243,8 +244,8 @@ def test_remove_turn_migrates_first_and_calls_until_nothing_remains(thread):
     removed = drive(
         core.remove_turn(thread, "turn-1"),
         call("migrate", reply=migrate_reply(2)),
-        call("remove_turn", {10: "turn-1"}, reply=[500, 120]),
-        call("remove_turn", {10: "turn-1"}, reply=[120, 0]),
+        call("remove_turn", {"turn_id": "turn-1"}, reply=[500, 120]),
+        call("remove_turn", {"turn_id": "turn-1"}, reply=[120, 0]),
     )
     assert removed == 620
 
@@ -262,7 +263,7 @@ def stored_with(thread: ThreadRef, seq: int, record: bytes) -> FakeThread:
 def test_replace_keeps_the_originals_id_otid_date_and_turn(thread):
     original = encode_record(message(4, otid="o-4"), "turn-9")
     fake = stored_with(thread, 4, original)
-    step = call("replace", {10: "m4"}, reply=4)
+    step = call("replace", {"id": "m4"}, reply=4)
     result = drive(
         core.replace(thread, "m4", UserMessage(content="edited", otid="o-other", id="other")),
         call("migrate", reply=migrate_reply(2)),
@@ -270,7 +271,7 @@ def test_replace_keeps_the_originals_id_otid_date_and_turn(thread):
         fake.fetch(),
         step,
     )
-    media, record = step.request.args[11], step.request.args[13]
+    media, record = step.request.named()["media"], step.request.named()["record"]
     (written,) = decode_records([(4, record)])
     assert (written.id, written.otid, written.content) == ("m4", "o-4", "edited")
     assert written.date == message(4).date
@@ -299,9 +300,9 @@ def test_replace_of_an_unreadable_message_keeps_what_salvage_reads(thread):
         fake.fetch(),
         step,
     )
-    (written,) = decode_records([(2, step.request.args[13])])
+    (written,) = decode_records([(2, step.request.named()["record"])])
     assert (written.id, written.otid, written.content) == ("m2", "o-2", "fixed")
-    assert record_turn_id(step.request.args[13]) == "turn-3"
+    assert record_turn_id(step.request.named()["record"]) == "turn-3"
 
 
 def test_replace_of_an_unknown_id_raises_before_any_write(thread, fake):
@@ -330,8 +331,8 @@ def test_replace_over_the_media_budget_resends_with_its_parts_replaced(thread):
         over,
         again,
     )
-    assert over.request.args[11] == 900 and again.request.args[11] == 0
-    assert len(again.request.args[13]) < len(over.request.args[13])
+    assert over.request.named()["media"] == 900 and again.request.named()["media"] == 0
+    assert len(again.request.named()["record"]) < len(over.request.named()["record"])
     assert result.seq_id == 3 and result.content[0].type == "text"
 
 
@@ -350,10 +351,10 @@ def test_replace_refitted_to_the_media_budget_still_keeps_the_originals_id_otid_
         over,
         again,
     )
-    record = again.request.args[13]
+    record = again.request.named()["record"]
     (written,) = decode_records([(4, record)])
     assert (written.id, written.otid, written.date) == ("m4", "o-4", message(4).date)
-    assert record_turn_id(record) == "turn-9" and again.request.args[11] == 0
+    assert record_turn_id(record) == "turn-9" and again.request.named()["media"] == 0
     assert result.id == "m4" and result.otid == "o-4" and result.content == written.content
 
 
@@ -405,13 +406,19 @@ def test_small_configs_change_the_limits_sent(thread):
     )
     step = call("start_turn", reply=1)
     drive(core.start_turn(small, "t"), step)
-    assert step.request.args[0] == 8 and step.request.args[1] == 4 and step.request.args[7] == -1
-    # The event limits and the history checks follow the nine (lua/includes/thread.lua: read_limits).
-    assert (
-        step.request.args[9] == ":".join(str(v) for v in step.request.args[:9]) + "|1000:3600000:0"
+    *values, key = step.request.named()["limits"]
+    limits = dict(zip(LIMIT_NAMES, values, strict=True))
+    assert (limits["window_size"], limits["chunk_size"], limits["retained_limit"]) == (8, 4, -1)
+    # The event limits and the history checks are limits too, and the key names them all
+    # (lua/includes/args.lua: read_limits).
+    assert (limits["events_len"], limits["events_age_ms"], limits["strict_history"]) == (
+        1000,
+        3600000,
+        0,
     )
+    assert key == ":".join(str(v) for v in values)
     strict = ThreadRef.of(StoreConfig(namespace="unit", history_checks="strict"), "t-1")
-    assert strict.limits()[9].endswith("|1000:3600000:1")
+    assert strict.limits()[-1].endswith(":1000:3600000:1")
 
 
 def test_a_write_refused_as_deleting_again_and_again_gives_up_with_a_server_error(thread):

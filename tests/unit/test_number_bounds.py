@@ -141,14 +141,14 @@ def test_a_backup_past_the_sequence_bound_is_refused_before_the_socket():
     at_edge = core.restore_run(
         ref, [core.BackedUpMessage(MAX_SEQUENCE, None, UserMessage(id="m", content="x"))]
     )
-    assert next(at_edge).args[11] == MAX_SEQUENCE  # the call goes out
+    assert next(at_edge).named()["first"] == MAX_SEQUENCE  # the call goes out
     past = core.restore_run(
         ref, [core.BackedUpMessage(MAX_SEQUENCE + 1, None, UserMessage(id="m", content="x"))]
     )
     with pytest.raises(errors.InvalidMessage, match="sequence"):
         next(past)
     assert (
-        next(core.restore_state(ref, core.BackupState(last_seq=MAX_SEQUENCE))).args[10]
+        next(core.restore_state(ref, core.BackupState(last_seq=MAX_SEQUENCE))).named()["last_seq"]
         == MAX_SEQUENCE
     )
     for state in (

@@ -226,7 +226,9 @@ def test_a_legacy_hash_is_read_only_at_the_walks_end(thread, order):
     steps = [fake.newest()] if order == "desc" else []
     steps += [
         fake.plan(),  # the native facts find layout 1: the script plans
-        call("page_plan", {0: "", 2: "", 4: walk, 5: 11}, reply=plan_reply),
+        call(
+            "page_plan", {"lo_kind": "", "hi_kind": "", "walk": walk, "need": 11}, reply=plan_reply
+        ),
         fake.fetch(commands=reads_the_walks_end),
     ]
     page = drive(core.list_page(thread, limit=10, order=order), *steps, keys=thread.script_keys)
@@ -263,7 +265,8 @@ def test_an_expired_cursor_is_raised_with_its_deleted_before(thread):
     expired = errors.CursorExpired("no stored message has id 'm2'", 40)
     with pytest.raises(errors.CursorExpired) as raised:
         drive(
-            core.list_page(thread, after="m2"), call("page_plan", {0: "id", 1: "m2"}, error=expired)
+            core.list_page(thread, after="m2"),
+            call("page_plan", {"lo_kind": "id", "lo": "m2"}, error=expired),
         )
     assert raised.value.deleted_before_sequence == 40
 

@@ -11,22 +11,20 @@ from kvstore.events import TurnLease
 
 from .driver import call, drive
 
-HOLD_CALL_ID, PUBLISH_CALL_ID = 12, 13
-
 
 def test_each_call_has_its_own_id_and_a_callers_id_is_sent_as_it_is(thread):
     sent = []
     for _ in range(2):
-        step = call("start_turn", {10: "turn-1", 11: "hold"}, reply=[1, 1])
+        step = call("start_turn", {"turn_id": "turn-1", "mode": "hold"}, reply=[1, 1])
         drive(core.hold_turn(thread, "turn-1"), step)
-        sent.append(step.request.args[HOLD_CALL_ID])
-        step = call("publish", {10: "turn-1"}, reply=b"2-0")
+        sent.append(step.request.named()["call_id"])
+        step = call("publish", {"turn_id": "turn-1"}, reply=b"2-0")
         drive(core.publish(thread, "turn-1", "Hel"), step)
-        sent.append(step.request.args[PUBLISH_CALL_ID])
+        sent.append(step.request.named()["call_id"])
     assert len(set(sent)) == 4 and all(isinstance(c, str) and c for c in sent)
-    step = call("start_turn", {HOLD_CALL_ID: "request-7"}, reply=[1, 1])
+    step = call("start_turn", {"call_id": "request-7"}, reply=[1, 1])
     assert drive(core.hold_turn(thread, "turn-1", "request-7"), step) == TurnLease("turn-1", 1, 1)
-    step = call("publish", {PUBLISH_CALL_ID: "request-7:1"}, reply=b"2-0")
+    step = call("publish", {"call_id": "request-7:1"}, reply=b"2-0")
     assert drive(core.publish(thread, "turn-1", "Hel", "request-7:1"), step) == "2-0"
 
 
@@ -42,7 +40,7 @@ def test_an_outcome_unknown_names_the_call_id_to_send_again(thread):
     step = call("start_turn", error=errors.OutcomeUnknown("lost"))
     with pytest.raises(errors.OutcomeUnknown) as raised:
         drive(core.hold_turn(thread, "turn-1"), step)
-    assert raised.value.call_id == step.request.args[HOLD_CALL_ID]
+    assert raised.value.call_id == step.request.named()["call_id"]
     step = call("publish", error=errors.OutcomeUnknown("lost"))
     with pytest.raises(errors.OutcomeUnknown) as raised:
         drive(core.publish(thread, "turn-1", "Hel", "mine"), step)
