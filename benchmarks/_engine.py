@@ -23,9 +23,9 @@ names below. The core and these are imported here and nowhere else in benchmarks
 from kvstore._engine import core
 from kvstore._engine.core import Batch, Eval
 from kvstore._engine.executor import record, request_command
+from kvstore._engine.layout.formats import ChunkEntry
 from kvstore._engine.record import _record_body as record_body
 from kvstore._engine.record import decode_records, encode_record
-from kvstore._engine.replies import ChunkEntry
 
 __all__ = [
     "Batch",

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from ._engine.bounds import CONFIG_MAXIMA
-from ._engine.keys import check_namespace
+from ._engine.layout.keys import check_namespace
 from .errors import ConfigError
 
 KiB = 1024

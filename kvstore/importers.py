@@ -82,7 +82,7 @@ from pydantic import BaseModel
 
 from . import errors
 from ._engine import core
-from ._engine.keys import check_thread_id
+from ._engine.layout.keys import check_thread_id
 from .convert import SUMMARY_PREFIX
 from .errors import SourceChanged
 from .messages import (

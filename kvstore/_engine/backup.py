@@ -20,9 +20,10 @@ from typing import Any
 from .. import errors
 from ..messages import Message
 from .bounds import MAX_SEQUENCE, bounded, check_sequence
+from .layout.formats import TurnHeader
 from .operation import Batch, Operation, ThreadRef, write
 from .prepare import PreparedMessage
-from .replies import RestoreReply, TurnHeader, stored_int
+from .replies import RestoreReply, stored_int
 from .scripts import SCRIPTS
 from .tool_pairs import batch_pairs
 

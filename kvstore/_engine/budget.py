@@ -22,18 +22,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..messages import Message, SummaryMessage
+from .layout.formats import ChunkEntry, LargeEntry, side_tokens
+from .layout.reader import Containers, WindowRead, decode, fetch
+from .layout.v2 import index_newest, only_layout_2
 from .operation import OPTIMISTIC_READS, Batch, Operation, ThreadRef, changed_under_reads
 from .record import RecordError, decode_records
-from .replies import (
-    ChunkEntry,
-    LargeEntry,
-    hash_pairs,
-    manifest_tokens,
-    score_pairs,
-    side_tokens,
-    split_chunk,
-    stored_int,
-)
+from .replies import hash_pairs, stored_int
 
 log = logging.getLogger("kvstore")
 
@@ -73,34 +67,14 @@ def budgeted_context(thread: ThreadRef, max_tokens: int) -> Operation:
                     "deleted_before",
                 ),
                 ("HGETALL", keys.window_side),
-                (
-                    "ZRANGE",
-                    keys.chunk_index,
-                    "+inf",
-                    "-inf",
-                    "BYSCORE",
-                    "REV",
-                    "LIMIT",
-                    0,
-                    PLAN_MEMBERS,
-                ),
-                (
-                    "ZRANGE",
-                    keys.large_index,
-                    "+inf",
-                    "-inf",
-                    "BYSCORE",
-                    "REV",
-                    "LIMIT",
-                    0,
-                    PLAN_MEMBERS,
-                ),
+                index_newest(keys.chunk_index, None, PLAN_MEMBERS),
+                index_newest(keys.large_index, None, PLAN_MEMBERS),
                 ("EXISTS", keys.legacy),
                 ("HMGET", keys.meta, "gen", "last_seq"),
             ]
         )
         gen, last_seq, summary_last, summary_seq, layout, deleting, deleted_before = meta
-        if deleting is not None or layout != b"2" or legacy:
+        if deleting is not None or not only_layout_2(layout, legacy):
             return None
         if list(again) != [gen, last_seq]:
             continue
@@ -129,33 +103,9 @@ def budgeted_context(thread: ThreadRef, max_tokens: int) -> Operation:
             # The budget reaches past the members read: read the next ones below them.
             commands: list[tuple[Any, ...]] = []
             if more_chunks:
-                commands.append(
-                    (
-                        "ZRANGE",
-                        keys.chunk_index,
-                        f"({chunks[-1].first}",
-                        "-inf",
-                        "BYSCORE",
-                        "REV",
-                        "LIMIT",
-                        0,
-                        PLAN_MEMBERS,
-                    )
-                )
+                commands.append(index_newest(keys.chunk_index, chunks[-1].first, PLAN_MEMBERS))
             if more_large:
-                commands.append(
-                    (
-                        "ZRANGE",
-                        keys.large_index,
-                        f"({large[-1].sequence}",
-                        "-inf",
-                        "BYSCORE",
-                        "REV",
-                        "LIMIT",
-                        0,
-                        PLAN_MEMBERS,
-                    )
-                )
+                commands.append(index_newest(keys.large_index, large[-1].sequence, PLAN_MEMBERS))
             replies = iter((yield Batch([*commands, ("HMGET", keys.meta, "gen", "last_seq")])))
             if more_chunks:
                 found = [ChunkEntry.parse(m) for m in next(replies)]
@@ -268,37 +218,27 @@ class _Plan:
 def _fetch(thread: ThreadRef, plan: _Plan, gen: bytes, summary_seq: bytes | None) -> Operation:
     """The second read: the planned containers and the summary, with each message's own count.
     None when messages moved or a compaction ran in between (plan again)."""
-    keys = thread.keys
-    commands: list[tuple[Any, ...]] = []
     window_low = plan.window_from
     if plan.summary_where == ("window",):
         window_low = plan.summary_seq if window_low is None else min(window_low, plan.summary_seq)
-    if window_low is not None:
-        commands.append(("ZRANGE", keys.window, window_low, plan.last_seq, "BYSCORE", "WITHSCORES"))
+    windows = [] if window_low is None else [WindowRead(window_low, plan.last_seq)]
     containers = [e.first for e in plan.chunks] + [e.sequence for e in plan.large]
     if plan.summary_where and plan.summary_where[0] == "chunk":
         containers.append(plan.summary_where[1].first)
     elif plan.summary_where and plan.summary_where[0] == "large":
         containers.append(plan.summary_where[1].sequence)
-    containers = list(dict.fromkeys(containers))
-    commands += [("HMGET", keys.chunk(first), "_m", "d") for first in containers]
-    replies = yield Batch([*commands, ("HMGET", keys.meta, "gen", "summary_seq")])
-    if list(replies[-1]) != [gen, summary_seq]:
+    found = yield from fetch(
+        thread,
+        Containers(windows, containers, tokens=True),
+        [("HMGET", thread.keys.meta, "gen", "summary_seq")],
+    )
+    if list(found.checks[0]) != [gen, summary_seq]:
         return None
-    records: dict[int, bytes] = {}
-    tokens: dict[int, int] = {}
-    at = 0
-    if window_low is not None:
-        for member, score in score_pairs(replies[0]):
-            sequence = int(float(score))
-            if sequence in plan.window:
-                records[sequence] = member
-                tokens[sequence] = plan.window[sequence]
-        at = 1
-    for reply in replies[at:-1]:
-        manifest, data = reply
-        records.update(split_chunk(manifest, data))
-        tokens.update(manifest_tokens(manifest))
+    # Each message counts its own: a chunk's from its manifest, the window's from the side
+    # infos the plan read (a window member without one is left out).
+    tokens = {s: plan.window[s] for s in found.records if s in plan.window}
+    tokens.update(found.tokens)
+    records = {s: record for s, record in found.records.items() if s in tokens}
 
     summary: SummaryMessage | None = None
     summary_tokens = 0
@@ -345,56 +285,5 @@ def _cut(thread: ThreadRef, plan: _Plan, fetched: _Fetched, max_tokens: int) -> 
         left -= count
         kept.append(sequence)
     kept.reverse()
-    unreadable: list[RecordError] = []
-    body = decode_records([(s, fetched.records[s]) for s in kept], unreadable)
-    for error in unreadable:
-        log.warning(
-            "thread %s: skipped an unreadable record: %s",
-            thread.keys.meta.rpartition(":")[0],
-            error,
-        )
+    body = decode(thread, [(s, fetched.records[s]) for s in kept], [])
     return Budgeted(fetched.summary, plan.after, body, max(left, 0))
-
-
-def stored_tokens(thread: ThreadRef, sequences: list[int]) -> Operation:
-    """The stored token counts of these sequences, from their side infos (the window's, or their
-    chunks' manifests): two round trips. A sequence not stored is left out."""
-    if not sequences:
-        return {}
-    keys = thread.keys
-    low, high = min(sequences), max(sequences)
-    for _ in range(OPTIMISTIC_READS):
-        gen, sides, below, within, large, again = yield Batch(
-            [
-                ("HGET", keys.meta, "gen"),
-                ("HMGET", keys.window_side, *sequences),
-                ("ZRANGE", keys.chunk_index, low, "-inf", "BYSCORE", "REV", "LIMIT", 0, 1),
-                ("ZRANGE", keys.chunk_index, f"({low}", high, "BYSCORE"),
-                ("ZRANGE", keys.large_index, low, high, "BYSCORE"),
-                ("HGET", keys.meta, "gen"),
-            ]
-        )
-        if gen != again:
-            continue
-        tokens = {s: side_tokens(side) for s, side in zip(sequences, sides) if side is not None}
-        wanted = set(sequences) - set(tokens)
-        for entry in map(LargeEntry.parse, large):
-            if entry.sequence in wanted:
-                tokens[entry.sequence] = entry.tokens
-        wanted -= set(tokens)
-        chunks = [
-            e.first
-            for e in map(ChunkEntry.parse, [*below, *within])
-            if any(e.first <= s <= e.last for s in wanted)
-        ]
-        if not chunks:
-            return tokens
-        replies = yield Batch(
-            [*(("HGET", keys.chunk(first), "_m") for first in chunks), ("HGET", keys.meta, "gen")]
-        )
-        if replies[-1] != gen:
-            continue
-        for manifest in replies[:-1]:
-            tokens.update((s, t) for s, t in manifest_tokens(manifest).items() if s in wanted)
-        return tokens
-    raise changed_under_reads()

@@ -31,9 +31,11 @@ from .backup import (
     restore_state,
     stored_ids,
 )
-from .budget import stored_tokens
+from .event_stream import watch
 from .fork import fork
-from .keys import ThreadKeys
+from .held_turns import hold_turn, publish
+from .layout.keys import ThreadKeys
+from .layout.v2 import stored_tokens
 from .lifecycle import compact, delete, migrate, remove_turn, replace
 from .operation import (
     DELETE_STEP,
@@ -51,7 +53,6 @@ from .pages import gathering, list_page, pages
 from .prepare import PreparedMessage, fit_media, prepare_batch
 from .reads import fetch_sequences, get, get_by_otid
 from .views import context, snapshot, stats
-from .watch import hold_turn, publish, watch
 
 __all__ = [
     "DELETE_STEP",

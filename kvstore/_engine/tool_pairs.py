@@ -27,8 +27,8 @@ from ..messages import (
     ToolReturnMessage,
 )
 from .bounds import MAX_MESSAGE_TOKENS, bounded
+from .layout.formats import record_tokens
 from .record import encode_record
-from .replies import record_tokens
 
 TokenCounter = Callable[[Message], int]
 

@@ -7,14 +7,15 @@ the thread changed in between, so that what it returns is as of one state of the
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from .. import errors
 from ..messages import Message, SummaryMessage
 from ..models import MessagesPage, ThreadSnapshot, ThreadStats, TurnState
 from .bounds import MAX_THREAD_TOKENS, bounded
-from .budget import budgeted_context, stored_tokens
-from .keys import ThreadKeys
+from .budget import budgeted_context
+from .layout.formats import record_tokens
+from .layout.reader import decode
+from .layout.v2 import size_reads, stored_tokens
 from .operation import (
     MAX_LIMIT,
     OPTIMISTIC_READS,
@@ -26,8 +27,8 @@ from .operation import (
     ThreadRef,
 )
 from .pages import gathering, list_page, pages
-from .reads import decode, fetch_sequences, read_range
-from .replies import record_tokens, stored_int
+from .reads import fetch_sequences, read_range
+from .replies import stored_int
 from .tool_pairs import (
     PAIR_LOOKBACK,
     TokenCounter,
@@ -43,18 +44,8 @@ log = logging.getLogger("kvstore")
 
 
 def stats(thread: ThreadRef) -> Operation:
-    meta, window, chunks, large, legacy = yield Batch(_stats_commands(thread.keys))
+    meta, window, chunks, large, legacy = yield Batch(size_reads(thread.keys))
     return _stats_from(meta, window, chunks + large, legacy)
-
-
-def _stats_commands(keys: ThreadKeys) -> list[tuple[Any, ...]]:
-    return [
-        ("HGETALL", keys.meta),
-        ("ZCARD", keys.window),
-        ("ZCARD", keys.chunk_index),
-        ("ZCARD", keys.large_index),
-        ("HLEN", keys.legacy),
-    ]
 
 
 def _stats_from(meta: dict, window: int, chunks: int, legacy: int) -> ThreadStats:
@@ -100,7 +91,7 @@ def snapshot(thread: ThreadRef) -> Operation:
     """
     keys = thread.keys
     for _ in range(OPTIMISTIC_READS):
-        meta, window, chunks, large, legacy = yield Batch(_stats_commands(keys))
+        meta, window, chunks, large, legacy = yield Batch(size_reads(keys))
         page = yield from list_page(thread, limit=SNAPSHOT_SIZE, order="desc")
         fields = {_text(k): _text(v) for k, v in meta.items()}
         (now,) = yield Batch([("HMGET", keys.meta, "last_seq", "gen", "summary_seq")])

@@ -18,11 +18,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import IO, Any
 
-from .. import errors
-from .._engine import core
-from .._engine.keys import check_thread_id
-from .._engine.operation import ThreadRef
-from .._engine.tool_pairs import checked_tokens
+from .. import admin, errors
+from ..admin import check_thread_id, checked_tokens
 from ..messages import Message, parse_message
 from ..store import MessageStore
 from .commands import existing_thread
@@ -58,8 +55,7 @@ def export(
     message lines and the SHA-256 of every line before it. Refuses (nothing to trust, and no end
     line) if the thread changed while it was read."""
     thread = existing_thread(store, thread_id)
-    ref = ThreadRef.of(store.config, thread_id)
-    state = store.run(core.backup_state(ref))
+    state = admin.backup_state(store, thread_id)
     stats = thread.stats()
     header = {
         "kvstore_backup": BACKUP_FORMAT,
@@ -96,9 +92,9 @@ def export(
     progress = Progress("exported", stats.stored_messages, progress_out or sys.stderr, every)
     count = 0
     unreadable: list[int] = []
-    for page in store.stream(core.pages(ref)):
+    for page in admin.pages(store, thread_id):
         unreadable += page.unreadable
-        counts = store.run(core.stored_tokens(ref, [m.seq_id for m in page.messages]))
+        counts = admin.stored_tokens(store, thread_id, [m.seq_id for m in page.messages])
         for message in page.messages:
             line = message.to_dict()
             turn_id = state.turn_of(message.seq_id)
@@ -116,7 +112,7 @@ def export(
             f"{len(unreadable)} stored records of {thread_id!r} could not be read and are not in the backup"
             f" (sequences {shown}; docs/RELIABILITY.md, 'One bad record')"
         )
-    if not state.same_moment(store.run(core.backup_state(ref))):
+    if not state.same_moment(admin.backup_state(store, thread_id)):
         raise errors.KVStoreError(
             f"thread {thread_id!r} changed while it was exported: the file is not one state of it; export it"
             " again while nothing writes to it"
@@ -200,13 +196,12 @@ def _restore(
     bar: Progress,
     allow_untrailed: bool,
 ) -> None:
-    ref = ThreadRef.of(store.config, thread_id)
     state = _header_state(head)
     digest = _line_digest()
     _add_line(digest, head_text)
     read = {"messages": 0, "end": None}
 
-    def items() -> Iterator[core.BackedUpMessage]:
+    def items() -> Iterator[admin.BackedUpMessage]:
         for number, text in numbered:
             if read["end"] is not None:
                 raise errors.BackupIncomplete(
@@ -232,15 +227,15 @@ def _restore(
                 raise errors.InvalidMessage(
                     f"line {number}: a backup's message must have its seq_id and id"
                 )
-            yield core.BackedUpMessage(message.seq_id, turn_id, message, tokens)
+            yield admin.BackedUpMessage(message.seq_id, turn_id, message, tokens)
 
     checked = False
-    for run in core.restore_runs(items()):
+    for run in admin.restore_runs(items()):
         if not checked:
-            store.run(core.check_restore_target(ref, run[0]))
+            admin.check_restore_target(store, thread_id, run[0])
             checked = True
         progress.sending = len(run)
-        new, already = store.run(core.restore_run(ref, run))
+        new, already = admin.restore_run(store, thread_id, run)
         progress.sending = 0
         progress.stored += new
         progress.already += already
@@ -257,7 +252,7 @@ def _restore(
                 f"thread {thread_id!r} already holds messages: restore into an empty thread"
             )
     _check_whole(head, read["messages"], read["end"], digest.hexdigest(), allow_untrailed)
-    store.run(core.restore_state(ref, state))
+    admin.restore_state(store, thread_id, state)
 
 
 def _check_whole(
@@ -295,7 +290,7 @@ def _check_whole(
         )
 
 
-def _header_state(head: dict) -> core.BackupState:
+def _header_state(head: dict) -> admin.BackupState:
     """The state a backup's header records, every field checked here: restore_state sends it
     after every message is in, and a value it cannot read must not stop it there."""
 
@@ -316,7 +311,7 @@ def _header_state(head: dict) -> core.BackupState:
 
     try:
         turn = head.get("turn") or {}
-        return core.BackupState(
+        return admin.BackupState(
             last_seq=number(head["last_seq"]),
             summary_last=number(head.get("summary_last") or 0),
             summary_seq=number(head.get("summary_seq") or 0),
@@ -325,7 +320,7 @@ def _header_state(head: dict) -> core.BackupState:
             turn_seq=number(turn.get("seq") or 0),
             turn_outcome=word(turn["outcome"]) if turn else "",
             turns=[
-                core.TurnRecord(
+                admin.TurnRecord(
                     text(t["id"]),
                     number(t["start"]),
                     word(t["outcome"]),
@@ -355,11 +350,10 @@ def _append_plain(
     message without an id gets one made from its line's text (and how many identical lines came
     before), so importing the same file again finds it stored."""
     thread = store.thread(thread_id)
-    ref = ThreadRef.of(store.config, thread_id)
     seen: dict[str, int] = {}
 
     def send(batch: list[Message]) -> None:
-        stored = store.run(core.stored_ids(ref, [m.id for m in batch]))
+        stored = admin.stored_ids(store, thread_id, [m.id for m in batch])
         todo = [m for m in batch if m.id not in stored]
         count(0, len(batch) - len(todo))
         if not todo:

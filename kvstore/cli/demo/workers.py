@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import redis
 
 from ... import errors
-from ..._engine.keys import ThreadKeys
+from ..._engine.layout.keys import ThreadKeys
 from ...messages import (
     AssistantMessage,
     ReasoningMessage,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ..errors import ConfigError, InvalidThreadId
+from ...errors import ConfigError, InvalidThreadId
 
 MAX_THREAD_ID_LENGTH = 200
 
@@ -43,6 +43,17 @@ def check_thread_id(thread_id: str) -> str:
             " and must start with a letter or digit"
         )
     return thread_id
+
+
+def legacy_pattern(namespace: str) -> str:
+    """The SCAN pattern of every layout-1 legacy hash of a namespace."""
+    return f"{namespace}:{{*}}:messages"
+
+
+def thread_of_legacy_key(namespace: str, key: bytes | str) -> str:
+    """The thread id of a legacy hash's key (one legacy_pattern matched)."""
+    text = key.decode() if isinstance(key, bytes) else key
+    return text[len(f"{namespace}:{{") : text.rindex("}:messages")]
 
 
 @dataclass(frozen=True, slots=True)
