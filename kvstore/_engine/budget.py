@@ -95,28 +95,7 @@ def budgeted_context(thread: ThreadRef, max_tokens: int) -> Operation:
         plan.window = {int(s): side_tokens(v) for s, v in hash_pairs(sides)}
         chunks = [ChunkEntry.parse(m) for m in chunk_members]
         large = [LargeEntry.parse(m) for m in large_members]
-        more_chunks, more_large = len(chunks) == PLAN_MEMBERS, len(large) == PLAN_MEMBERS
-        while True:
-            done = plan.select(max_tokens, chunks, large, more_chunks, more_large)
-            if done:
-                break
-            # The budget reaches past the members read: read the next ones below them.
-            commands: list[tuple[Any, ...]] = []
-            if more_chunks:
-                commands.append(index_newest(keys.chunk_index, chunks[-1].first, PLAN_MEMBERS))
-            if more_large:
-                commands.append(index_newest(keys.large_index, large[-1].sequence, PLAN_MEMBERS))
-            replies = iter((yield Batch([*commands, ("HMGET", keys.meta, "gen", "last_seq")])))
-            if more_chunks:
-                found = [ChunkEntry.parse(m) for m in next(replies)]
-                chunks += found
-                more_chunks = len(found) == PLAN_MEMBERS
-            if more_large:
-                found_large = [LargeEntry.parse(m) for m in next(replies)]
-                large += found_large
-                more_large = len(found_large) == PLAN_MEMBERS
-            if list(next(replies)) != [gen, last_seq]:
-                break
+        done = yield from _select(thread, plan, max_tokens, chunks, large, [gen, last_seq])
         if not done:
             continue
         if plan.summary_seq is not None and plan.summary_where is None:
@@ -125,6 +104,40 @@ def budgeted_context(thread: ThreadRef, max_tokens: int) -> Operation:
         if fetched is not None:
             return _cut(thread, plan, fetched, max_tokens)
     raise changed_under_reads()
+
+
+def _select(
+    thread: ThreadRef,
+    plan: _Plan,
+    max_tokens: int,
+    chunks: list[ChunkEntry],
+    large: list[LargeEntry],
+    moment: list[Any],
+) -> Operation:
+    """Selects the plan's containers, reading the next index members below those read while the
+    budget reaches past them; False when the thread changed meanwhile (meta's gen and last_seq
+    are no longer `moment`)."""
+    keys = thread.keys
+    more_chunks, more_large = len(chunks) == PLAN_MEMBERS, len(large) == PLAN_MEMBERS
+    while not plan.select(max_tokens, chunks, large, more_chunks, more_large):
+        # The budget reaches past the members read: read the next ones below them.
+        commands: list[tuple[Any, ...]] = []
+        if more_chunks:
+            commands.append(index_newest(keys.chunk_index, chunks[-1].first, PLAN_MEMBERS))
+        if more_large:
+            commands.append(index_newest(keys.large_index, large[-1].sequence, PLAN_MEMBERS))
+        replies = iter((yield Batch([*commands, ("HMGET", keys.meta, "gen", "last_seq")])))
+        if more_chunks:
+            found = [ChunkEntry.parse(m) for m in next(replies)]
+            chunks += found
+            more_chunks = len(found) == PLAN_MEMBERS
+        if more_large:
+            found_large = [LargeEntry.parse(m) for m in next(replies)]
+            large += found_large
+            more_large = len(found_large) == PLAN_MEMBERS
+        if list(next(replies)) != moment:
+            return False
+    return True
 
 
 @dataclass(slots=True)

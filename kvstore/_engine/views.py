@@ -27,7 +27,7 @@ from .operation import (
     ThreadRef,
 )
 from .pages import gathering, list_page, pages
-from .reads import fetch_sequences, read_range
+from .reads import RangeRead, fetch_sequences, read_range
 from .replies import stored_int
 from .tool_pairs import (
     PAIR_LOOKBACK,
@@ -117,13 +117,20 @@ def snapshot(thread: ThreadRef) -> Operation:
     unreadable: list[int] = []
     newest_first = [(sequence, record) for sequence, record, _ in read.records[:SNAPSHOT_SIZE]]
     messages = decode(thread, list(reversed(newest_first)), unreadable)
-    summary = None
-    if read.summary is not None:
-        found = decode(thread, [read.summary[:2]], unreadable)
-        summary = found[0] if found and isinstance(found[0], SummaryMessage) else None
+    summary = _read_summary(thread, read, unreadable)
     return _snapshot_of(
         dict(zip(flat[::2], flat[1::2])), tuple(sizes), messages, summary, unreadable
     )
+
+
+def _read_summary(
+    thread: ThreadRef, read: RangeRead, unreadable: list[int]
+) -> SummaryMessage | None:
+    """The context summary a consistent read found, or None (also when its record is unreadable)."""
+    if read.summary is None:
+        return None
+    found = decode(thread, [read.summary[:2]], unreadable)
+    return found[0] if found and isinstance(found[0], SummaryMessage) else None
 
 
 def _snapshot_of(
@@ -271,10 +278,7 @@ def _consistent_context(
         PAIR_LOOKBACK,
     )
     count = count_tokens or estimated_tokens
-    summary: SummaryMessage | None = None
-    if read.summary is not None:
-        found = decode(thread, [read.summary[:2]], [])
-        summary = found[0] if found and isinstance(found[0], SummaryMessage) else None
+    summary = _read_summary(thread, read, [])
     newest_first = [r for r in read.records if r[0] != read.summary_seq]
     left: int | None = None
     if max_tokens is None:

@@ -9,7 +9,6 @@ end line proves the file whole; a file of plain message lines is appended.
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import json
 import sys
@@ -22,23 +21,19 @@ from .. import admin, errors
 from ..admin import check_thread_id, checked_tokens
 from ..messages import Message, parse_message
 from ..store import MessageStore
+from .backup_file import (
+    BACKUP_END,
+    BACKUP_FORMAT,
+    add_line,
+    check_whole,
+    header_line,
+    header_state,
+    line_digest,
+)
 from .commands import existing_thread
 from .progress import Progress
 
 IMPORT_BATCH = 100
-BACKUP_FORMAT = 1
-# The end line's key: {"kvstore_backup_end": 1, "messages": N, "sha256": "<hex>"}.
-BACKUP_END = "kvstore_backup_end"
-
-
-def _line_digest() -> Any:
-    return hashlib.sha256()
-
-
-def _add_line(digest: Any, line: str) -> None:
-    """A line as the checksum takes it: its text without its line break, then "\n" (a file
-    whose line breaks became CRLF is the same backup)."""
-    digest.update(line.rstrip("\r\n").encode("utf-8") + b"\n")
 
 
 def export(
@@ -57,36 +52,12 @@ def export(
     thread = existing_thread(store, thread_id)
     state = admin.backup_state(store, thread_id)
     stats = thread.stats()
-    header = {
-        "kvstore_backup": BACKUP_FORMAT,
-        "thread": thread_id,
-        "messages": stats.stored_messages,
-        "last_seq": state.last_seq,
-        "summary_last": state.summary_last,
-        "summary_seq": state.summary_seq,
-        "deleted_before": state.deleted_before,
-        "turn": {"id": state.turn_id, "seq": state.turn_seq, "outcome": state.turn_outcome}
-        if state.turn_id
-        else None,
-        "turns": [
-            {
-                "id": t.turn_id,
-                "start": t.start,
-                "outcome": t.outcome,
-                "replies": t.replies,
-                "first": t.first,
-                "count": t.count,
-                "first_seq": t.first_seq,
-                "last_seq": t.last_seq,
-            }
-            for t in state.turns
-        ],
-    }
-    digest = _line_digest()
+    header = header_line(thread_id, stats.stored_messages, state)
+    digest = line_digest()
 
     def write(line: str) -> None:
         out.write(line)
-        _add_line(digest, line)
+        add_line(digest, line)
 
     write(json.dumps(header, separators=(",", ":")) + "\n")
     progress = Progress("exported", stats.stored_messages, progress_out or sys.stderr, every)
@@ -196,41 +167,13 @@ def _restore(
     bar: Progress,
     allow_untrailed: bool,
 ) -> None:
-    state = _header_state(head)
-    digest = _line_digest()
-    _add_line(digest, head_text)
-    read = {"messages": 0, "end": None}
-
-    def items() -> Iterator[admin.BackedUpMessage]:
-        for number, text in numbered:
-            if read["end"] is not None:
-                raise errors.BackupIncomplete(
-                    f"line {number}: a line after the backup's end line (line {read['end'][0]})"
-                )
-            try:
-                body = json.loads(text)
-                if isinstance(body, dict) and BACKUP_END in body:
-                    read["end"] = (number, body)
-                    continue
-                _add_line(digest, text)
-                read["messages"] += 1
-                turn_id = body.pop("turn_id", None) if isinstance(body, dict) else None
-                # A backup written before counts were kept has none: the store counts them.
-                tokens = body.pop("tokens", None) if isinstance(body, dict) else None
-                if tokens is not None:
-                    checked_tokens(tokens, "the message")
-                message = parse_message(body)
-            except (ValueError, errors.InvalidMessage) as exc:
-                raise errors.InvalidMessage(f"line {number}: {exc}") from None
-            if message.seq_id is None or message.id is None:
-                # The id is how a restore run again finds the message stored.
-                raise errors.InvalidMessage(
-                    f"line {number}: a backup's message must have its seq_id and id"
-                )
-            yield admin.BackedUpMessage(message.seq_id, turn_id, message, tokens)
+    state = header_state(head)
+    digest = line_digest()
+    add_line(digest, head_text)
+    read: dict[str, Any] = {"messages": 0, "end": None}
 
     checked = False
-    for run in admin.restore_runs(items()):
+    for run in admin.restore_runs(_backup_items(numbered, digest, read)):
         if not checked:
             admin.check_restore_target(store, thread_id, run[0])
             checked = True
@@ -251,92 +194,41 @@ def _restore(
             raise errors.RestoreConflict(
                 f"thread {thread_id!r} already holds messages: restore into an empty thread"
             )
-    _check_whole(head, read["messages"], read["end"], digest.hexdigest(), allow_untrailed)
+    check_whole(head, read["messages"], read["end"], digest.hexdigest(), allow_untrailed)
     admin.restore_state(store, thread_id, state)
 
 
-def _check_whole(
-    head: dict, messages: int, end: tuple[int, Any] | None, checksum: str, allow_untrailed: bool
-) -> None:
-    """Refuses (BackupIncomplete) a backup that does not prove it is whole, before the restore's
-    last step: its end line's count and checksum must be the file's."""
-    unfinished = "; the restore is not finished (the thread refuses writes until the whole backup is imported)"
-    if end is None:
-        if not allow_untrailed:
+def _backup_items(
+    numbered: Iterator[tuple[int, str]], digest: Any, read: dict[str, Any]
+) -> Iterator[admin.BackedUpMessage]:
+    """A backup's message lines as messages, each line added to `digest`; `read` counts them
+    and keeps the end line (number, body) when it comes."""
+    for number, text in numbered:
+        if read["end"] is not None:
             raise errors.BackupIncomplete(
-                f"the backup has no end line after its {messages} message lines: it may be cut short{unfinished}."
-                " A backup written before end lines existed is imported with --allow-untrailed"
+                f"line {number}: a line after the backup's end line (line {read['end'][0]})"
             )
-        if head.get("messages") != messages:
-            raise errors.BackupIncomplete(
-                f"the backup has no end line and {messages} message lines where its header counts"
-                f" {head.get('messages')!r}: it is cut short{unfinished}"
+        try:
+            body = json.loads(text)
+            if isinstance(body, dict) and BACKUP_END in body:
+                read["end"] = (number, body)
+                continue
+            add_line(digest, text)
+            read["messages"] += 1
+            turn_id = body.pop("turn_id", None) if isinstance(body, dict) else None
+            # A backup written before counts were kept has none: the store counts them.
+            tokens = body.pop("tokens", None) if isinstance(body, dict) else None
+            if tokens is not None:
+                checked_tokens(tokens, "the message")
+            message = parse_message(body)
+        except (ValueError, errors.InvalidMessage) as exc:
+            raise errors.InvalidMessage(f"line {number}: {exc}") from None
+        if message.seq_id is None or message.id is None:
+            # The id is how a restore run again finds the message stored.
+            raise errors.InvalidMessage(
+                f"line {number}: a backup's message must have its seq_id and id"
             )
-        return
-    number, body = end
-    if body.get(BACKUP_END) != BACKUP_FORMAT:
-        raise errors.InvalidMessage(
-            f"line {number}: backup end line format {body.get(BACKUP_END)!r} is not one this"
-            f" version reads ({BACKUP_FORMAT})"
-        )
-    if body.get("messages") != messages:
-        raise errors.BackupIncomplete(
-            f"line {number}: the backup's end line counts {body.get('messages')!r} message lines, the file has"
-            f" {messages} message lines{unfinished}"
-        )
-    if body.get("sha256") != checksum:
-        raise errors.BackupIncomplete(
-            f"line {number}: the backup's lines do not match its end line's checksum{unfinished}"
-        )
-
-
-def _header_state(head: dict) -> admin.BackupState:
-    """The state a backup's header records, every field checked here: restore_state sends it
-    after every message is in, and a value it cannot read must not stop it there."""
-
-    def number(value: object) -> int:
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(f"{value!r} is not a sequence or count")
-        return value
-
-    def text(value: object) -> str:
-        if not isinstance(value, str):
-            raise ValueError(f"{value!r} is not a string")
-        return value
-
-    def word(value: object) -> str:  # a turn's outcome, as its record holds it
-        if not (isinstance(value, str) and value.isascii() and value.isalpha()):
-            raise ValueError(f"{value!r} is not an outcome")
-        return value
-
-    try:
-        turn = head.get("turn") or {}
-        return admin.BackupState(
-            last_seq=number(head["last_seq"]),
-            summary_last=number(head.get("summary_last") or 0),
-            summary_seq=number(head.get("summary_seq") or 0),
-            deleted_before=number(head.get("deleted_before") or 0),
-            turn_id=text(turn.get("id", "")),
-            turn_seq=number(turn.get("seq") or 0),
-            turn_outcome=word(turn["outcome"]) if turn else "",
-            turns=[
-                admin.TurnRecord(
-                    text(t["id"]),
-                    number(t["start"]),
-                    word(t["outcome"]),
-                    number(t["replies"]),
-                    number(t["first"]),
-                    number(t["count"]),
-                    number(t["first_seq"]),
-                    number(t["last_seq"]),
-                )
-                for t in head.get("turns", [])
-            ],
-        )
-    except (KeyError, TypeError, AttributeError, ValueError) as exc:
-        raise errors.InvalidMessage(
-            f"line 1: the backup's header is not one export wrote ({exc!r})"
-        ) from None
+        yield admin.BackedUpMessage(message.seq_id, turn_id, message, tokens)
 
 
 def _append_plain(
