@@ -2,12 +2,13 @@
 
 Every message's count is kept in its side info, every chunk's and oversized message's in its
 index member (lua/includes/format.lua). So `context(max_tokens=N)` without a counter of the
-caller's reads, in one pipeline of native reads, what it needs to plan: meta, the window's side
-infos and the newest chunk and oversized index members; it names, newest first, the containers
+caller's reads, in one pipeline of native reads (layout/v2.py: stored_counts), what it needs to
+plan: meta, the window's side infos and the newest chunk and oversized index members; it names, newest first, the containers
 whose counts fit the budget and the one that does not, and reads them (and the summary) in a
 second pipeline. The cut is then made on each message's own count, newest first, stopping at
 the first that does not fit. An index member written before counts existed sums less than its
-messages count (replies.py: record_tokens), so a plan may read a container more, never one less.
+messages count (layout/formats.py: record_tokens), so a plan may read a container more, never
+one less.
 
 A budget reaching past the newest PLAN_MEMBERS chunk or oversized members reads the next ones
 (one more round trip each). Data stored before counts existed is planned by the same rule as
@@ -22,12 +23,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..messages import Message, SummaryMessage
-from .layout.formats import ChunkEntry, LargeEntry, side_tokens
+from .layout.formats import ChunkEntry, LargeEntry
 from .layout.reader import Containers, WindowRead, decode, fetch
-from .layout.v2 import index_newest, only_layout_2
-from .operation import OPTIMISTIC_READS, Batch, Operation, ThreadRef, changed_under_reads
+from .layout.v2 import older_members, stored_counts
+from .operation import OPTIMISTIC_READS, Operation, ThreadRef, changed_under_reads
 from .record import RecordError, decode_records
-from .replies import hash_pairs, stored_int
+from .replies import stored_int
 
 log = logging.getLogger("kvstore")
 
@@ -51,33 +52,13 @@ def budgeted_context(thread: ThreadRef, max_tokens: int) -> Operation:
     """The summary and the newest messages whose stored counts fit `max_tokens` (Budgeted), in
     two round trips; None when the thread cannot be planned from stored counts. ChangedUnderReads
     when the thread changed under each try (context() then reads in one step)."""
-    keys = thread.keys
     for _ in range(OPTIMISTIC_READS):
-        meta, sides, chunk_members, large_members, legacy, again = yield Batch(
-            [
-                (
-                    "HMGET",
-                    keys.meta,
-                    "gen",
-                    "last_seq",
-                    "summary_last",
-                    "summary_seq",
-                    "layout",
-                    "deleting",
-                    "deleted_before",
-                ),
-                ("HGETALL", keys.window_side),
-                index_newest(keys.chunk_index, None, PLAN_MEMBERS),
-                index_newest(keys.large_index, None, PLAN_MEMBERS),
-                ("EXISTS", keys.legacy),
-                ("HMGET", keys.meta, "gen", "last_seq"),
-            ]
-        )
-        gen, last_seq, summary_last, summary_seq, layout, deleting, deleted_before = meta
-        if deleting is not None or not only_layout_2(layout, legacy):
+        counts = yield from stored_counts(thread, PLAN_MEMBERS)
+        if not counts.plannable:
             return None
-        if list(again) != [gen, last_seq]:
+        if not counts.unchanged:
             continue
+        gen, last_seq, summary_last, summary_seq, deleted_before = counts.meta
         plan = _Plan(
             stored_int(last_seq, "meta field last_seq"),
             stored_int(summary_last, "meta field summary_last")
@@ -89,13 +70,13 @@ def budgeted_context(thread: ThreadRef, max_tokens: int) -> Operation:
             log.warning(
                 "thread %s has deleted messages (before sequence %s) but no summary: its model input"
                 " starts mid-conversation",
-                keys.meta,
+                thread.keys.meta,
                 deleted_before.decode(),
             )
-        plan.window = {int(s): side_tokens(v) for s, v in hash_pairs(sides)}
-        chunks = [ChunkEntry.parse(m) for m in chunk_members]
-        large = [LargeEntry.parse(m) for m in large_members]
-        done = yield from _select(thread, plan, max_tokens, chunks, large, [gen, last_seq])
+        plan.window = counts.window
+        done = yield from _select(
+            thread, plan, max_tokens, counts.chunks, counts.large, [gen, last_seq]
+        )
         if not done:
             continue
         if plan.summary_seq is not None and plan.summary_where is None:
@@ -117,25 +98,22 @@ def _select(
     """Selects the plan's containers, reading the next index members below those read while the
     budget reaches past them; False when the thread changed meanwhile (meta's gen and last_seq
     are no longer `moment`)."""
-    keys = thread.keys
     more_chunks, more_large = len(chunks) == PLAN_MEMBERS, len(large) == PLAN_MEMBERS
     while not plan.select(max_tokens, chunks, large, more_chunks, more_large):
         # The budget reaches past the members read: read the next ones below them.
-        commands: list[tuple[Any, ...]] = []
-        if more_chunks:
-            commands.append(index_newest(keys.chunk_index, chunks[-1].first, PLAN_MEMBERS))
-        if more_large:
-            commands.append(index_newest(keys.large_index, large[-1].sequence, PLAN_MEMBERS))
-        replies = iter((yield Batch([*commands, ("HMGET", keys.meta, "gen", "last_seq")])))
-        if more_chunks:
-            found = [ChunkEntry.parse(m) for m in next(replies)]
-            chunks += found
-            more_chunks = len(found) == PLAN_MEMBERS
-        if more_large:
-            found_large = [LargeEntry.parse(m) for m in next(replies)]
+        found_chunks, found_large, now = yield from older_members(
+            thread,
+            chunks[-1].first if more_chunks else None,
+            large[-1].sequence if more_large else None,
+            PLAN_MEMBERS,
+        )
+        if found_chunks is not None:
+            chunks += found_chunks
+            more_chunks = len(found_chunks) == PLAN_MEMBERS
+        if found_large is not None:
             large += found_large
             more_large = len(found_large) == PLAN_MEMBERS
-        if list(next(replies)) != moment:
+        if now != moment:
             return False
     return True
 

@@ -72,10 +72,10 @@ def locate_records(thread: ThreadRef, kind: str, targets: list[str]) -> Operatio
         reply = yield Eval(SCRIPTS["locate"], thread.script_keys, (kind, *targets))
         gen, places = reply[0], reply[2:]
         containers, wanted = Containers.located(places)
-        found = yield from fetch(thread, containers, [("HGET", thread.keys.meta, "gen")])
-        if int_or_zero(found.checks[0]) != int(gen):
+        fetched = yield from fetch(thread, containers, [("HGET", thread.keys.meta, "gen")])
+        if int_or_zero(fetched.checks[0]) != int(gen):
             continue
-        return [(s, found.records[s]) for s in wanted if s in found.records]
+        return [(s, fetched.records[s]) for s in wanted if s in fetched.records]
     sequences = [int(places[i]) for i in range(0, len(places), 2) if int(places[i]) > 0]
     found: dict[int, bytes] = {}
     for first, last in _runs(sorted(set(sequences))):

@@ -5,6 +5,7 @@ oversized messages (docs/LAYOUT.md). The native reads of those containers, and t
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..operation import (
@@ -15,7 +16,7 @@ from ..operation import (
     changed_under_reads,
     int_or_zero,
 )
-from ..replies import score_pairs
+from ..replies import hash_pairs, score_pairs
 from .formats import ChunkEntry, LargeEntry, manifest_tokens, side_tokens, split_chunk
 from .keys import ThreadKeys
 
@@ -29,8 +30,10 @@ __all__ = [
     "manifest_read",
     "manifest_tokens",
     "newest_page",
+    "older_members",
     "only_layout_2",
     "size_reads",
+    "stored_counts",
     "stored_tokens",
     "window_read",
     "window_records",
@@ -79,6 +82,74 @@ def only_layout_2(layout: Any, legacy_exists: Any) -> bool:
     """Whether meta records layout 2 and no legacy hash is left beside it (a migration leaves
     one holding the fields that were not sequences)."""
     return layout == b"2" and not legacy_exists
+
+
+@dataclass(slots=True)
+class StoredCounts:
+    """What a budget plans from (budget.py), read in one round trip: meta's gen, last_seq,
+    summary_last, summary_seq and deleted_before; whether the thread can be planned from stored
+    counts (layout 2, not being deleted) and was the same throughout the reads; and, when both,
+    the window's counts by sequence and the newest chunk and oversized index members."""
+
+    meta: list[Any]
+    plannable: bool
+    unchanged: bool
+    window: dict[int, int] = field(default_factory=dict)
+    chunks: list[ChunkEntry] = field(default_factory=list)
+    large: list[LargeEntry] = field(default_factory=list)
+
+
+def stored_counts(thread: ThreadRef, members: int) -> Operation:
+    """The StoredCounts of the thread, with the `members` newest members of each index."""
+    keys = thread.keys
+    meta, sides, chunk_members, large_members, legacy, again = yield Batch(
+        [
+            (
+                "HMGET",
+                keys.meta,
+                "gen",
+                "last_seq",
+                "summary_last",
+                "summary_seq",
+                "layout",
+                "deleting",
+                "deleted_before",
+            ),
+            ("HGETALL", keys.window_side),
+            index_newest(keys.chunk_index, None, members),
+            index_newest(keys.large_index, None, members),
+            ("EXISTS", keys.legacy),
+            ("HMGET", keys.meta, "gen", "last_seq"),
+        ]
+    )
+    gen, last_seq, summary_last, summary_seq, layout, deleting, deleted_before = meta
+    counts = StoredCounts(
+        [gen, last_seq, summary_last, summary_seq, deleted_before],
+        deleting is None and only_layout_2(layout, legacy),
+        list(again) == [gen, last_seq],
+    )
+    if counts.plannable and counts.unchanged:
+        counts.window = {int(s): side_tokens(v) for s, v in hash_pairs(sides)}
+        counts.chunks = [ChunkEntry.parse(m) for m in chunk_members]
+        counts.large = [LargeEntry.parse(m) for m in large_members]
+    return counts
+
+
+def older_members(
+    thread: ThreadRef, chunks_below: int | None, large_below: int | None, members: int
+) -> Operation:
+    """The `members` index members below those read (None: that index is not read), and meta's
+    gen and last_seq read after them: (chunks or None, large or None, [gen, last_seq])."""
+    keys = thread.keys
+    commands: list[tuple[Any, ...]] = []
+    if chunks_below is not None:
+        commands.append(index_newest(keys.chunk_index, chunks_below, members))
+    if large_below is not None:
+        commands.append(index_newest(keys.large_index, large_below, members))
+    replies = iter((yield Batch([*commands, ("HMGET", keys.meta, "gen", "last_seq")])))
+    chunks = [ChunkEntry.parse(m) for m in next(replies)] if chunks_below is not None else None
+    large = [LargeEntry.parse(m) for m in next(replies)] if large_below is not None else None
+    return chunks, large, list(next(replies))
 
 
 def size_reads(keys: ThreadKeys) -> list[tuple[Any, ...]]:
