@@ -15,6 +15,7 @@ from .bounds import MAX_THREAD_TOKENS, bounded
 from .budget import budgeted_context
 from .layout.formats import record_tokens
 from .layout.reader import decode
+from .layout.v1 import untouched_layout_1
 from .layout.v2 import size_reads, stored_tokens
 from .operation import (
     MAX_LIMIT,
@@ -59,8 +60,8 @@ def _stats_from(meta: dict, window: int, chunks: int, legacy: int) -> ThreadStat
 
     stored = number("stored") or 0
     layout = number("layout")
-    if legacy and layout != 2 and number("legacy_last") is None:
-        # A layout-1 thread no write has touched yet: its messages are all in the legacy hash.
+    if untouched_layout_1(layout, legacy, number("legacy_last")):
+        # Its messages are all in the legacy hash.
         stored += legacy
         layout = 1
     return ThreadStats(

@@ -10,9 +10,11 @@ them on the Python side.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from ... import errors
+from ..replies import stored_int
 
 
 def _text(value: bytes | str) -> str:
@@ -168,3 +170,80 @@ def split_chunk(manifest: bytes | None, data: bytes | None) -> dict[int, bytes]:
     except ValueError as exc:
         raise errors.RecordError(f"a chunk manifest is malformed: {exc}") from None
     return records
+
+
+@dataclass(frozen=True, slots=True)
+class TurnRecord:
+    """A turn as a backup keeps it: its reply start and outcome, and what finish_turn recorded."""
+
+    turn_id: str
+    start: int
+    outcome: str
+    replies: int
+    first: int
+    count: int
+    first_seq: int
+    last_seq: int
+
+
+def turn_records(
+    records: dict[str, str], turn_id: str, turn_seq: int, turn_outcome: str
+) -> Iterator[tuple[TurnRecord, list[tuple[int, int]]]]:
+    """Each turn of a turns hash (field -> value, as text) with its ranges of sequences, by turn
+    id; `turn_id`, `turn_seq` and `turn_outcome` are meta's turn reply sequence (the outcome of a
+    turn recorded in the first layout-2 form is its)."""
+    for name, value in sorted(records.items()):
+        if "\t" in name:
+            continue  # an older range of a turn, read with its header
+        yield _turn(name, value, records, (turn_id, turn_seq, turn_outcome))
+
+
+def _turn(
+    turn_id: str, value: str, records: dict[str, str], current: tuple[str, int, str]
+) -> tuple[TurnRecord, list[tuple[int, int]]]:
+    current_id, current_seq, current_outcome = current
+    if "|" in value:
+        # The first layout-2 form, "<start>|a-b,c-d,...": its outcome is the turn reply sequence's.
+        start, _, spans = value.partition("|")
+        ranges = [_range(span) for span in spans.split(",") if span]
+        outcome = current_outcome if current_id == turn_id else "open"
+        start_seq = stored_int(start or 0, f"turn {turn_id}'s start") or (
+            current_seq if current_id == turn_id else 0
+        )
+        spans_from_start = [
+            (max(a, start_seq), b) for a, b in ranges if start_seq and b >= start_seq
+        ]
+        replies = sum(b - a + 1 for a, b in spans_from_start)
+        first = spans_from_start[0][0] if spans_from_start else 0
+        outcome = outcome or "open"
+        # A finished turn's result is what finish_turn reads from such a record: its replies.
+        result = (
+            (replies, first, spans_from_start[-1][1] if spans_from_start else 0)
+            if outcome != "open"
+            else (0, 0, 0)
+        )
+        return TurnRecord(turn_id, start_seq, outcome, replies, first, *result), ranges
+    header = TurnHeader.parse(value)
+    ranges = []
+    for k in range(header.k0, header.k1):
+        older = records.get(f"{turn_id}\t{k}")
+        if older:
+            ranges.append(_range(older))
+    if header.kept:
+        ranges.append((header.a, header.b))
+    record = TurnRecord(
+        turn_id,
+        header.start,
+        header.outcome,
+        header.replies,
+        header.first,
+        header.count,
+        header.first_seq,
+        header.last_seq,
+    )
+    return record, ranges
+
+
+def _range(text: str) -> tuple[int, int]:
+    a, _, b = text.partition("-")
+    return stored_int(a, "a turn's range"), stored_int(b, "a turn's range")

@@ -15,6 +15,12 @@ def is_layout_1(layout: Any, legacy_exists: Any) -> bool:
     return layout == b"1" or (layout is None and bool(legacy_exists))
 
 
+def untouched_layout_1(layout: int | None, legacy_fields: int, legacy_last: int | None) -> bool:
+    """Whether a thread is in layout 1 and no write has touched it yet (meta's `layout` and
+    `legacy_last`, and the legacy hash's size): then meta counts none of its messages."""
+    return bool(legacy_fields) and layout != 2 and legacy_last is None
+
+
 def legacy_read(keys: ThreadKeys, sequences: Sequence[int]) -> tuple[Any, ...]:
     return ("HMGET", keys.legacy, *sequences)
 
