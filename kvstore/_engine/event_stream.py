@@ -35,7 +35,7 @@ from ..events import (
     TurnStarted,
 )
 from ..messages import parse_message
-from .layout.reader import Containers, WindowRead, decode, fetch
+from .layout.reader import decode, fetch, just_appended
 from .operation import ITER_PAGE, Batch, Operation, ThreadRef
 from .pages import list_page
 from .reads import fetch_sequences
@@ -344,14 +344,12 @@ def _int(value: bytes | None) -> int:
 
 
 def _new_messages(thread: ThreadRef, first: int, last: int, incarnation: str | None) -> Operation:
-    """Messages first..last, just stored: one native read of the window, where new messages
-    are (a record's sequence never changes hands, so what the window holds is theirs); when some
-    already moved on (rollover, retention, remove_turn), the reads of any sequence. Either is
-    checked to be of the watched thread (meta's `born`, read after it, in the same round trip)."""
+    """Messages first..last, just stored: one native read of where new messages are (a record's
+    sequence never changes hands, so what is found there is theirs); when some already moved on
+    (rollover, retention, remove_turn), the reads of any sequence. Either is checked to be of
+    the watched thread (meta's `born`, read after it, in the same round trip)."""
     found = yield from fetch(
-        thread,
-        Containers([WindowRead(first, last, scores=False)]),
-        [("HGET", thread.keys.meta, "born")],
+        thread, just_appended(first, last), [("HGET", thread.keys.meta, "born")]
     )
     _check(incarnation, found.checks[0])
     if len(found.records) == last - first + 1:

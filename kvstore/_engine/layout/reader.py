@@ -112,6 +112,12 @@ class Found:
     checks: list[Any] = field(default_factory=list)
 
 
+def just_appended(first: int, last: int) -> Containers:
+    """Where messages first..last are while they are the newest: the window (layout 2). Found
+    holds all of them, or none when some moved on meanwhile."""
+    return Containers([WindowRead(first, last, scores=False)])
+
+
 def fetch(
     thread: ThreadRef, containers: Containers, checks: Sequence[tuple[Any, ...]] = ()
 ) -> Operation:
