@@ -11,12 +11,16 @@ The operations live by concern; this module names them for the rest of the code:
 - operation.py: the requests, ThreadRef, shared limits, the writing-script call, finishing_deletes
 - prepare.py: PreparedMessage, prepare_batch, fit_media: every limit, before the socket
 - append.py: append, start_turn, finish_turn
-- reads.py: messages by sequence, id or otid; the one place records are decoded
-- pages.py, plan.py: list_page and its walk, the page plans, the one page loop (pages)
+- layout/: the stored layout (keys, formats, the page plans, the one container reader, where
+  records are decoded), asked by every read below
+- reads.py: messages by sequence, id or otid; the consistent read (read_range)
+- pages.py: list_page and its walk, the one page loop (pages)
+- budget.py: a budgeted context planned from stored token counts
 - views.py: stats, snapshot, context
 - lifecycle.py: compact, replace, remove_turn, delete, migrate
 - fork.py: fork (a new thread holding a thread's history up to a message)
 - backup.py: backup_state, restore_run(s), restore_state: a thread's backup and its restore
+- held_turns.py: hold_turn, publish; event_stream.py: watch
 """
 
 from .append import append, finish_turn, start_turn
