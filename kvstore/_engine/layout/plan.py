@@ -21,9 +21,9 @@ from ..operation import (
     int_or_zero,
 )
 from ..scripts import SCRIPTS
+from . import CURRENT, version
 from .formats import ChunkEntry, LargeEntry
 from .reader import Containers, WindowRead
-from .v1 import is_layout_1
 
 # A cursor bound: ("", "") none, ("seq", "<sequence>") or ("id", "<message id>").
 Bound = tuple[str, str]
@@ -103,7 +103,7 @@ def _native_facts(
         gen, deleted_before, last_seq, deleting, layout = meta
         if deleting is not None:  # an interrupted delete(): the thread reads as empty
             return _Facts(int_or_zero(gen), 0, 0, 1, 0, [], [], None)
-        if is_layout_1(layout, legacy):
+        if version(layout, legacy) != CURRENT:  # lua/page_plan.lua plans the other layouts
             return None
         if [gen, last_seq] != again:
             continue
