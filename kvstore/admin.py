@@ -24,24 +24,19 @@ Checking input
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import redis
 
 from . import errors
-from ._engine.backup import (
-    BackedUpMessage,
-    BackupState,
-    TurnRecord,
-    restore_runs,
-)
+from ._engine.backup import BackedUpMessage, BackupState, restore_runs
 from ._engine.backup import backup_state as _backup_state
 from ._engine.backup import check_restore_target as _check_restore_target
 from ._engine.backup import restore_run as _restore_run
 from ._engine.backup import restore_state as _restore_state
 from ._engine.backup import stored_ids as _stored_ids
 from ._engine.layout import survey
-from ._engine.layout.formats import ChunkEntry, LargeEntry
+from ._engine.layout.formats import ChunkEntry, LargeEntry, TurnRecord
 from ._engine.layout.keys import check_thread_id, legacy_pattern, thread_of_legacy_key
 from ._engine.layout.survey import Containers, Presence
 from ._engine.layout.v2 import stored_tokens as _stored_tokens
@@ -85,12 +80,14 @@ def _ref(store: MessageStore, thread_id: str) -> ThreadRef:
 
 def presence(store: MessageStore, thread_id: str) -> Presence:
     """Whether the thread has a meta hash, and whether it holds a layout-1 legacy hash."""
-    return store.run(survey.presence(_ref(store, thread_id)))
+    found: Presence = store.run(survey.presence(_ref(store, thread_id)))
+    return found
 
 
 def containers(store: MessageStore, thread_id: str) -> Containers:
     """The thread's meta fields, window and container counts, in one round trip."""
-    return store.run(survey.containers(_ref(store, thread_id)))
+    found: Containers = store.run(survey.containers(_ref(store, thread_id)))
+    return found
 
 
 def chunk_entries(store: MessageStore, thread_id: str) -> Iterator[ChunkEntry]:
@@ -122,7 +119,8 @@ def layout_1_threads(store: MessageStore) -> list[str]:
 
 def backup_state(store: MessageStore, thread_id: str) -> BackupState:
     """The thread's state apart from its messages (LayoutError for a layout-1 thread)."""
-    return store.run(_backup_state(_ref(store, thread_id)))
+    state: BackupState = store.run(_backup_state(_ref(store, thread_id)))
+    return state
 
 
 def pages(store: MessageStore, thread_id: str) -> Iterator[MessagesPage]:
@@ -132,12 +130,14 @@ def pages(store: MessageStore, thread_id: str) -> Iterator[MessagesPage]:
 
 def stored_tokens(store: MessageStore, thread_id: str, sequences: list[int]) -> dict[int, int]:
     """The stored token count of each of these sequences that is stored."""
-    return store.run(_stored_tokens(_ref(store, thread_id), sequences))
+    counts: dict[int, int] = store.run(_stored_tokens(_ref(store, thread_id), sequences))
+    return counts
 
 
 def stored_ids(store: MessageStore, thread_id: str, ids: list[str]) -> dict[str, int]:
     """Which of `ids` the thread holds, with their sequences."""
-    return store.run(_stored_ids(_ref(store, thread_id), ids))
+    found: dict[str, int] = store.run(_stored_ids(_ref(store, thread_id), ids))
+    return found
 
 
 def check_restore_target(store: MessageStore, thread_id: str, first: BackedUpMessage) -> None:
@@ -147,8 +147,8 @@ def check_restore_target(store: MessageStore, thread_id: str, first: BackedUpMes
 
 def restore_run(store: MessageStore, thread_id: str, run: list[BackedUpMessage]) -> tuple[int, int]:
     """Restores one run of restore_runs at its sequences: (restored now, already stored)."""
-    result: Any = store.run(_restore_run(_ref(store, thread_id), run))
-    return result
+    restored: tuple[int, int] = store.run(_restore_run(_ref(store, thread_id), run))
+    return restored
 
 
 def restore_state(store: MessageStore, thread_id: str, state: BackupState) -> None:

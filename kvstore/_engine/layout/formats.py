@@ -9,6 +9,7 @@ them on the Python side.
 
 from __future__ import annotations
 
+import builtins
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -36,7 +37,7 @@ class ChunkEntry:
     tokens: int
 
     @classmethod
-    def parse(cls, member: bytes | str) -> ChunkEntry:
+    def parse(cls, member: builtins.bytes | str) -> ChunkEntry:
         fields = _fields(member, (6, 5), "chunk index member")
         if len(fields) == 5:
             fields.append(record_tokens(fields[3]))
@@ -54,7 +55,7 @@ class LargeEntry:
     tokens: int
 
     @classmethod
-    def parse(cls, member: bytes | str) -> LargeEntry:
+    def parse(cls, member: builtins.bytes | str) -> LargeEntry:
         fields = _fields(member, (4, 3), "large index member")
         if len(fields) == 3:
             fields.append(record_tokens(fields[1]))

@@ -164,7 +164,7 @@ def _index_reads(
     ]
 
 
-def _script_facts(reply: list) -> _Facts:
+def _script_facts(reply: list[Any]) -> _Facts:
     """The facts lua/page_plan.lua replies."""
     gen, deleted_before, lo, hi, window_count, below, above_count = reply[:7]
     above_end = 7 + int(above_count)

@@ -155,5 +155,6 @@ def decode(
             thread.keys.meta.rpartition(":")[0],
             error,
         )
-        unreadable.append(error.sequence)
+        if error.sequence is not None:  # decode_records names each record's
+            unreadable.append(error.sequence)
     return messages
