@@ -5,9 +5,10 @@ Each call takes the store and a thread id and runs the engine's operations on th
 client; none of them knows how a thread is laid out (kvstore/_engine/layout/ does).
 
 Inspecting
-    :func:`presence` (is the thread there, is it in layout 1), :func:`containers` (meta's
-    fields, the window, the counts of chunks and oversized messages), :func:`chunk_entries` and
-    :func:`oversized_entries` (every index member, in order, read a page at a time), and
+    :func:`presence` (a :class:`Presence`: is the thread there, is it in layout 1),
+    :func:`containers` (a :class:`Containers`: meta's fields, the window, the counts of chunks
+    and oversized messages), :func:`chunk_entries` and :func:`oversized_entries` (every index
+    member, a :class:`ChunkEntry` or :class:`LargeEntry`, in order, read a page at a time), and
     :func:`layout_1_threads` (SCAN for the threads not yet migrated: needs +scan).
 
 Backing up and restoring (docs/LAYOUT.md, "Backup and restore")
