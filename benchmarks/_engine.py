@@ -13,8 +13,8 @@ names below. The core and these are imported here and nowhere else in benchmarks
 - ``decode_records`` (record.py): a page's records into messages, timed alone by encode;
 - ``record_body`` (record.py's ``_record_body``): one record's message dict before validation,
   so encode can time the unpacking and the validation of a page apart;
-- ``ChunkEntry`` (kvstore/_engine/replies.py): a chunk index member parsed, so server_cost knows how
-  many messages a chunk holds (one append in that many also moves a chunk);
+- ``ChunkEntry`` (kvstore/_engine/layout/formats.py): a chunk index member parsed, so
+  server_cost knows how many messages a chunk holds (one append in that many also moves a chunk);
 - ``record`` and ``request_command`` (kvstore/_engine/executor.py, the executor's hooks): the
   requests an operation sends, recorded so that each can be replayed and timed alone, and the
   command a store sends for one (FCALL, FCALL_RO or EVALSHA), for redis-benchmark.
@@ -23,9 +23,9 @@ names below. The core and these are imported here and nowhere else in benchmarks
 from kvstore._engine import core
 from kvstore._engine.core import Batch, Eval
 from kvstore._engine.executor import record, request_command
+from kvstore._engine.layout.formats import ChunkEntry
 from kvstore._engine.record import _record_body as record_body
 from kvstore._engine.record import decode_records, encode_record
-from kvstore._engine.replies import ChunkEntry
 
 __all__ = [
     "Batch",

@@ -1,22 +1,173 @@
-"""The operator's surface: what the command line's admin commands call, for deployments whose
-application user may not load scripts or read the server's settings.
+"""The operator's surface: what `kvstore inspect`, `export`, `import`, `migrate`, `health` and
+`preload` need beyond the public API, on a sync :class:`~kvstore.MessageStore` or a client.
 
-``health`` / ``health_async`` read the server's settings kvstore's guarantees depend on (also
-``store.health()``); ``preload_library`` and ``preload_scripts`` load kvstore's function library
-and scripts as an admin user, for application users denied FUNCTION LOAD or EVAL.
+Each call takes the store and a thread id and runs the engine's operations on the store's own
+client; none of them knows how a thread is laid out (kvstore/_engine/layout/ does).
+
+Inspecting
+    :func:`presence` (a :class:`Presence`: is the thread there, is it in layout 1),
+    :func:`containers` (a :class:`Containers`: meta's fields, the window, the counts of chunks
+    and oversized messages), :func:`chunk_entries` and :func:`oversized_entries` (every index
+    member, a :class:`ChunkEntry` or :class:`LargeEntry`, in order, read a page at a time), and
+    :func:`layout_1_threads` (SCAN for the threads not yet migrated: needs +scan).
+
+Backing up and restoring (docs/LAYOUT.md, "Backup and restore")
+    :func:`backup_state` (a thread's state apart from its messages), :func:`pages` (every kept
+    message, a page at a time), :func:`stored_tokens` (the stored count of each message),
+    :func:`stored_ids`, :func:`check_restore_target`, :func:`restore_run` (after
+    :func:`restore_runs` cut the messages) and :func:`restore_state`, with the types a backup
+    is made of: :class:`BackupState`, :class:`TurnRecord`, :class:`BackedUpMessage`.
+
+Checking input
+    :func:`check_thread_id`, :func:`checked_tokens`.
+
+The server
+    :func:`health` / :func:`health_async` read the server's settings kvstore's guarantees depend
+    on (a :class:`HealthReport`; also ``store.health()``); :func:`preload_library` and
+    :func:`preload_scripts` load kvstore's function library and scripts as an admin user, for
+    deployments whose application user may not load scripts (FUNCTION LOAD, EVAL).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 import redis
 
 from . import errors
+from ._engine.backup import BackedUpMessage, BackupState, restore_runs
+from ._engine.backup import backup_state as _backup_state
+from ._engine.backup import check_restore_target as _check_restore_target
+from ._engine.backup import restore_run as _restore_run
+from ._engine.backup import restore_state as _restore_state
+from ._engine.backup import stored_ids as _stored_ids
 from ._engine.health import HealthReport, health, health_async
+from ._engine.layout import survey
+from ._engine.layout.formats import ChunkEntry, LargeEntry, TurnRecord
+from ._engine.layout.keys import check_thread_id, legacy_pattern, thread_of_legacy_key
+from ._engine.layout.survey import Containers, Presence
+from ._engine.layout.v2 import stored_tokens as _stored_tokens
+from ._engine.operation import ThreadRef
+from ._engine.pages import pages as _pages
 from ._engine.scripts import LIBRARY, SCRIPTS
+from ._engine.tokens import checked_tokens
+from .models import MessagesPage
 
-__all__ = ["HealthReport", "health", "health_async", "preload_library", "preload_scripts"]
+if TYPE_CHECKING:
+    from .store import MessageStore
+
+__all__ = [
+    "BackedUpMessage",
+    "BackupState",
+    "ChunkEntry",
+    "Containers",
+    "HealthReport",
+    "LargeEntry",
+    "Presence",
+    "TurnRecord",
+    "backup_state",
+    "check_restore_target",
+    "check_thread_id",
+    "checked_tokens",
+    "chunk_entries",
+    "containers",
+    "health",
+    "health_async",
+    "layout_1_threads",
+    "oversized_entries",
+    "pages",
+    "preload_library",
+    "preload_scripts",
+    "presence",
+    "restore_run",
+    "restore_runs",
+    "restore_state",
+    "stored_ids",
+    "stored_tokens",
+]
+
+
+def _ref(store: MessageStore, thread_id: str) -> ThreadRef:
+    return ThreadRef.of(store.config, thread_id)
+
+
+def presence(store: MessageStore, thread_id: str) -> Presence:
+    """Whether the thread has a meta hash, and whether it holds a layout-1 legacy hash."""
+    found: Presence = store.run(survey.presence(_ref(store, thread_id)))
+    return found
+
+
+def containers(store: MessageStore, thread_id: str) -> Containers:
+    """The thread's meta fields, window and container counts, in one round trip."""
+    found: Containers = store.run(survey.containers(_ref(store, thread_id)))
+    return found
+
+
+def chunk_entries(store: MessageStore, thread_id: str) -> Iterator[ChunkEntry]:
+    """Every chunk index member of the thread, oldest first, read a page at a time."""
+    return survey.entries(store.run, _ref(store, thread_id), oversized=False)
+
+
+def oversized_entries(store: MessageStore, thread_id: str) -> Iterator[LargeEntry]:
+    """Every oversized message's index member, oldest first, read a page at a time."""
+    return survey.entries(store.run, _ref(store, thread_id), oversized=True)
+
+
+def layout_1_threads(store: MessageStore) -> list[str]:
+    """Thread ids of the namespace that still hold a layout-1 legacy hash (SCAN, no KEYS).
+
+    The operator's path: SCAN needs +scan, which the app user's ACL does not grant (it would list
+    every namespace's keys): PermissionDenied then.
+    """
+    namespace = store.config.namespace
+    try:
+        keys = list(store.client.scan_iter(match=legacy_pattern(namespace), count=1000))
+    except redis.exceptions.NoPermissionError:
+        raise errors.PermissionDenied(
+            "finding layout-1 threads needs SCAN, which this user may not run: name the threads"
+            " (kvstore migrate THREAD ... or --threads-from FILE), or run it as an admin user with +scan"
+        ) from None
+    return sorted(thread_of_legacy_key(namespace, key) for key in keys)
+
+
+def backup_state(store: MessageStore, thread_id: str) -> BackupState:
+    """The thread's state apart from its messages (LayoutError for a layout-1 thread)."""
+    state: BackupState = store.run(_backup_state(_ref(store, thread_id)))
+    return state
+
+
+def pages(store: MessageStore, thread_id: str) -> Iterator[MessagesPage]:
+    """Every kept message of the thread, oldest first, a page at a time."""
+    return store.stream(_pages(_ref(store, thread_id)))
+
+
+def stored_tokens(store: MessageStore, thread_id: str, sequences: list[int]) -> dict[int, int]:
+    """The stored token count of each of these sequences that is stored."""
+    counts: dict[int, int] = store.run(_stored_tokens(_ref(store, thread_id), sequences))
+    return counts
+
+
+def stored_ids(store: MessageStore, thread_id: str, ids: list[str]) -> dict[str, int]:
+    """Which of `ids` the thread holds, with their sequences."""
+    found: dict[str, int] = store.run(_stored_ids(_ref(store, thread_id), ids))
+    return found
+
+
+def check_restore_target(store: MessageStore, thread_id: str, first: BackedUpMessage) -> None:
+    """RestoreConflict unless the thread is empty or a partial restore of this backup."""
+    store.run(_check_restore_target(_ref(store, thread_id), first))
+
+
+def restore_run(store: MessageStore, thread_id: str, run: list[BackedUpMessage]) -> tuple[int, int]:
+    """Restores one run of restore_runs at its sequences: (restored now, already stored)."""
+    restored: tuple[int, int] = store.run(_restore_run(_ref(store, thread_id), run))
+    return restored
+
+
+def restore_state(store: MessageStore, thread_id: str, state: BackupState) -> None:
+    """Sets the thread's state as the backup recorded it; the restore's last step."""
+    store.run(_restore_state(_ref(store, thread_id), state))
 
 
 def preload_library(client: Any) -> str | None:

@@ -2,7 +2,7 @@
 --- Reads, in one step, what a page plan needs when only a script can read it: an id cursor,
 --- resolved through the ids map, or a layout-1 thread's legacy range still to migrate. A page
 --- with sequence cursors on a layout-2 thread reads the same facts with native commands instead
---- (kvstore/_engine/plan.py: _native_facts). The client picks the containers from them (plan.py:
+--- (kvstore/_engine/layout/plan.py: _native_facts). The client picks the containers from them (plan.py:
 --- _select) and fetches the records natively, comparing `gen`. No message is read here.
 ---
 --- KEYS[1..12]  the thread's keys (includes/layout.lua: thread_keys; docs/LAYOUT.md)

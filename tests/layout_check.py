@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from kvstore._engine.keys import ThreadKeys
-from kvstore._engine.replies import ChunkEntry, LargeEntry, TurnHeader, side_tokens
+from kvstore._engine.layout.formats import ChunkEntry, LargeEntry, TurnHeader, side_tokens
+from kvstore._engine.layout.keys import ThreadKeys
 from kvstore.config import StoreConfig
 
 

@@ -8,7 +8,7 @@ import re
 import pytest
 
 from kvstore import AssistantMessage, StoreConfig, UserMessage, errors
-from kvstore._engine.keys import ThreadKeys
+from kvstore._engine.layout.keys import ThreadKeys
 
 from . import model
 from .layout_check import check_layout, read_layout

@@ -1,4 +1,4 @@
-"""docs/LAYOUT.md names every key kvstore/_engine/keys.py makes and every field the scripts write
+"""docs/LAYOUT.md names every key kvstore/_engine/layout/keys.py makes and every field the scripts write
 into a thread's meta hash and its chunk hashes: a new key or field that the page does not name
 fails here, so the page stays true to the code."""
 
@@ -8,7 +8,7 @@ import dataclasses
 import re
 from pathlib import Path
 
-from kvstore._engine.keys import ThreadKeys
+from kvstore._engine.layout.keys import ThreadKeys
 from kvstore._engine.scripts import SCRIPT_NAMES, build_source
 
 LAYOUT = Path(__file__).resolve().parents[1] / "docs" / "LAYOUT.md"

@@ -7,8 +7,8 @@ import json
 import pytest
 
 from kvstore import AssistantMessage, StoreConfig, UserMessage
+from kvstore._engine.layout.formats import TurnHeader
 from kvstore._engine.record import decode_records
-from kvstore._engine.replies import TurnHeader
 
 from .layout_check import check_layout
 

@@ -5,20 +5,22 @@ from __future__ import annotations
 import pytest
 
 from kvstore import AssistantMessage, UserMessage, errors
-from kvstore._engine.replies import (
-    AppendReply,
+from kvstore._engine.layout.formats import (
     ChunkEntry,
-    CompactReply,
-    DeleteReply,
-    FinishTurnReply,
     LargeEntry,
-    MigrateReply,
-    RemoveTurnReply,
-    Replayed,
     TurnHeader,
     manifest_tokens,
     side_tokens,
     split_chunk,
+)
+from kvstore._engine.replies import (
+    AppendReply,
+    CompactReply,
+    DeleteReply,
+    FinishTurnReply,
+    MigrateReply,
+    RemoveTurnReply,
+    Replayed,
 )
 from kvstore._engine.tokens import estimated_tokens
 
@@ -188,8 +190,8 @@ def test_a_chunk_written_by_the_scripts_splits_into_the_records_it_was_given(
 ):
     """The manifest's writer (lua/includes/format.lua) and its reader (kvstore._engine.replies.split_chunk)
     agree on a chunk the real scripts wrote: every record, at its sequence, byte for byte."""
+    from kvstore._engine.layout.formats import split_chunk
     from kvstore._engine.record import decode_records
-    from kvstore._engine.replies import split_chunk
 
     thread = make_thread("split", window_size=4, chunk_size=5)
     sent = [f"message {i} " + "x" * (i * 37) for i in range(20)]

@@ -179,7 +179,7 @@ def test_a_chunk_index_entry_counts_the_inline_media_its_messages_carry(
         thread.append(UserMessage(content=content))
     layout = check_layout(raw_client, thread.keys, config)
     assert layout.chunks, "nothing rolled into a chunk"
-    from kvstore._engine.replies import ChunkEntry
+    from kvstore._engine.layout.formats import ChunkEntry
 
     entries = [ChunkEntry.parse(m) for m in raw_client.zrange(thread.keys.chunk_index, 0, -1)]
     assert [e.media for e in entries] == [sum(sizes[e.first - 1 : e.last]) for e in entries]

@@ -20,7 +20,7 @@ from kvstore import AssistantMessage, MessageStore, StoreConfig, UserMessage
 from kvstore._engine import scripts as _scripts
 from kvstore._engine.core import Batch, Eval, ThreadRef
 from kvstore._engine.executor import record
-from kvstore._engine.keys import ThreadKeys
+from kvstore._engine.layout.keys import ThreadKeys
 from kvstore._engine.script_args import LIMIT_NAMES, ScriptArgsError
 from kvstore._engine.scripts import SCRIPT_NAMES, SCRIPTS
 from kvstore.cli import backup as cli_backup

@@ -20,7 +20,7 @@ from kvstore import (
     errors,
 )
 from kvstore._engine.core import Batch, ThreadRef, context, snapshot, stats
-from kvstore._engine.replies import ChunkEntry, LargeEntry, side_tokens
+from kvstore._engine.layout.formats import ChunkEntry, LargeEntry, side_tokens
 from kvstore._engine.tokens import estimated_tokens
 
 from .conftest import make_sync_store

@@ -15,14 +15,15 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
 from .. import errors
 from ..messages import Message
 from .bounds import MAX_SEQUENCE, bounded, check_sequence
+from .layout import CURRENT
+from .layout.formats import TurnRecord, turn_records
 from .operation import Batch, Operation, ThreadRef, write
 from .prepare import PreparedMessage
-from .replies import RestoreReply, TurnHeader, stored_int
+from .replies import RestoreReply, stored_int
 from .scripts import SCRIPTS
 from .text import text as _text
 from .tool_pairs import batch_pairs
@@ -32,20 +33,6 @@ RESTORE_RUN = 100
 RESTORE_RUN_BYTES = 4 * 1024 * 1024
 # The most turn records one restore_state call sends.
 RESTORE_TURNS = 500
-
-
-@dataclass(frozen=True, slots=True)
-class TurnRecord:
-    """A turn as a backup keeps it: its reply start and outcome, and what finish_turn recorded."""
-
-    turn_id: str
-    start: int
-    outcome: str
-    replies: int
-    first: int
-    count: int
-    first_seq: int
-    last_seq: int
 
 
 @dataclass(slots=True)
@@ -86,7 +73,7 @@ def backup_state(thread: ThreadRef) -> Operation:
     fields = {_text(k): _text(v) for k, v in meta.items()}
     if "deleting" in fields:
         fields = {}
-    if fields.get("layout", "2") != "2":
+    if fields.get("layout", str(CURRENT)) != str(CURRENT):
         raise errors.LayoutError(
             "the thread is in layout 1: migrate it (kvstore migrate) before a backup"
         )
@@ -105,64 +92,11 @@ def backup_state(thread: ThreadRef) -> Operation:
         gen=number("gen"),
     )
     records = {_text(k): _text(v) for k, v in turns.items()}
-    for name, value in sorted(records.items()):
-        if "\t" in name:
-            continue
-        record, ranges = _turn(name, value, records, state)
+    for record, ranges in turn_records(records, state.turn_id, state.turn_seq, state.turn_outcome):
         state.turns.append(record)
-        state.ranges += [(a, b, name) for a, b in ranges]
+        state.ranges += [(a, b, record.turn_id) for a, b in ranges]
     state.ranges.sort()
     return state
-
-
-def _turn(
-    turn_id: str, value: str, records: dict[str, str], state: BackupState
-) -> tuple[TurnRecord, list[tuple[int, int]]]:
-    if "|" in value:
-        # The first layout-2 form, "<start>|a-b,c-d,...": its outcome is the turn reply sequence's.
-        start, _, spans = value.partition("|")
-        ranges = [_range(span) for span in spans.split(",") if span]
-        outcome = state.turn_outcome if state.turn_id == turn_id else "open"
-        start_seq = stored_int(start or 0, f"turn {turn_id}'s start") or (
-            state.turn_seq if state.turn_id == turn_id else 0
-        )
-        spans_from_start = [
-            (max(a, start_seq), b) for a, b in ranges if start_seq and b >= start_seq
-        ]
-        replies = sum(b - a + 1 for a, b in spans_from_start)
-        first = spans_from_start[0][0] if spans_from_start else 0
-        outcome = outcome or "open"
-        # A finished turn's result is what finish_turn reads from such a record: its replies.
-        result = (
-            (replies, first, spans_from_start[-1][1] if spans_from_start else 0)
-            if outcome != "open"
-            else (0, 0, 0)
-        )
-        return TurnRecord(turn_id, start_seq, outcome, replies, first, *result), ranges
-    header = TurnHeader.parse(value)
-    ranges = []
-    for k in range(header.k0, header.k1):
-        older = records.get(f"{turn_id}\t{k}")
-        if older:
-            ranges.append(_range(older))
-    if header.kept:
-        ranges.append((header.a, header.b))
-    record = TurnRecord(
-        turn_id,
-        header.start,
-        header.outcome,
-        header.replies,
-        header.first,
-        header.count,
-        header.first_seq,
-        header.last_seq,
-    )
-    return record, ranges
-
-
-def _range(text: str) -> tuple[int, int]:
-    a, _, b = text.partition("-")
-    return stored_int(a, "a turn's range"), stored_int(b, "a turn's range")
 
 
 @dataclass(frozen=True, slots=True)

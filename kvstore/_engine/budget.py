@@ -2,12 +2,13 @@
 
 Every message's count is kept in its side info, every chunk's and oversized message's in its
 index member (lua/includes/format.lua). So `context(max_tokens=N)` without a counter of the
-caller's reads, in one pipeline of native reads, what it needs to plan: meta, the window's side
-infos and the newest chunk and oversized index members; it names, newest first, the containers
+caller's reads, in one pipeline of native reads (layout/v2.py: stored_counts), what it needs to
+plan: meta, the window's side infos and the newest chunk and oversized index members; it names, newest first, the containers
 whose counts fit the budget and the one that does not, and reads them (and the summary) in a
 second pipeline. The cut is then made on each message's own count, newest first, stopping at
 the first that does not fit. An index member written before counts existed sums less than its
-messages count (replies.py: record_tokens), so a plan may read a container more, never one less.
+messages count (layout/formats.py: record_tokens), so a plan may read a container more, never
+one less.
 
 A budget reaching past the newest PLAN_MEMBERS chunk or oversized members reads the next ones
 (one more round trip each). Data stored before counts existed is planned by the same rule as
@@ -22,18 +23,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..messages import Message, SummaryMessage
-from .operation import OPTIMISTIC_READS, Batch, Operation, ThreadRef, changed_under_reads
+from .layout.formats import ChunkEntry, LargeEntry
+from .layout.reader import Containers, WindowRead, decode, fetch
+from .layout.v2 import older_members, stored_counts
+from .operation import OPTIMISTIC_READS, Operation, ThreadRef, changed_under_reads
 from .record import RecordError, decode_records
-from .replies import (
-    ChunkEntry,
-    LargeEntry,
-    hash_pairs,
-    manifest_tokens,
-    score_pairs,
-    side_tokens,
-    split_chunk,
-    stored_int,
-)
+from .replies import stored_int
 
 log = logging.getLogger("kvstore")
 
@@ -57,53 +52,13 @@ def budgeted_context(thread: ThreadRef, max_tokens: int) -> Operation:
     """The summary and the newest messages whose stored counts fit `max_tokens` (Budgeted), in
     two round trips; None when the thread cannot be planned from stored counts. ChangedUnderReads
     when the thread changed under each try (context() then reads in one step)."""
-    keys = thread.keys
     for _ in range(OPTIMISTIC_READS):
-        meta, sides, chunk_members, large_members, legacy, again = yield Batch(
-            [
-                (
-                    "HMGET",
-                    keys.meta,
-                    "gen",
-                    "last_seq",
-                    "summary_last",
-                    "summary_seq",
-                    "layout",
-                    "deleting",
-                    "deleted_before",
-                ),
-                ("HGETALL", keys.window_side),
-                (
-                    "ZRANGE",
-                    keys.chunk_index,
-                    "+inf",
-                    "-inf",
-                    "BYSCORE",
-                    "REV",
-                    "LIMIT",
-                    0,
-                    PLAN_MEMBERS,
-                ),
-                (
-                    "ZRANGE",
-                    keys.large_index,
-                    "+inf",
-                    "-inf",
-                    "BYSCORE",
-                    "REV",
-                    "LIMIT",
-                    0,
-                    PLAN_MEMBERS,
-                ),
-                ("EXISTS", keys.legacy),
-                ("HMGET", keys.meta, "gen", "last_seq"),
-            ]
-        )
-        gen, last_seq, summary_last, summary_seq, layout, deleting, deleted_before = meta
-        if deleting is not None or layout != b"2" or legacy:
+        counts = yield from stored_counts(thread, PLAN_MEMBERS)
+        if not counts.plannable:
             return None
-        if list(again) != [gen, last_seq]:
+        if not counts.unchanged:
             continue
+        gen, last_seq, summary_last, summary_seq, deleted_before = counts.meta
         plan = _Plan(
             stored_int(last_seq, "meta field last_seq"),
             stored_int(summary_last, "meta field summary_last")
@@ -115,58 +70,13 @@ def budgeted_context(thread: ThreadRef, max_tokens: int) -> Operation:
             log.warning(
                 "thread %s has deleted messages (before sequence %s) but no summary: its model input"
                 " starts mid-conversation",
-                keys.meta,
+                thread.keys.meta,
                 deleted_before.decode(),
             )
-        plan.window = {int(s): side_tokens(v) for s, v in hash_pairs(sides)}
-        chunks = [ChunkEntry.parse(m) for m in chunk_members]
-        large = [LargeEntry.parse(m) for m in large_members]
-        more_chunks, more_large = len(chunks) == PLAN_MEMBERS, len(large) == PLAN_MEMBERS
-        while True:
-            done = plan.select(max_tokens, chunks, large, more_chunks, more_large)
-            if done:
-                break
-            # The budget reaches past the members read: read the next ones below them.
-            commands: list[tuple[Any, ...]] = []
-            if more_chunks:
-                commands.append(
-                    (
-                        "ZRANGE",
-                        keys.chunk_index,
-                        f"({chunks[-1].first}",
-                        "-inf",
-                        "BYSCORE",
-                        "REV",
-                        "LIMIT",
-                        0,
-                        PLAN_MEMBERS,
-                    )
-                )
-            if more_large:
-                commands.append(
-                    (
-                        "ZRANGE",
-                        keys.large_index,
-                        f"({large[-1].sequence}",
-                        "-inf",
-                        "BYSCORE",
-                        "REV",
-                        "LIMIT",
-                        0,
-                        PLAN_MEMBERS,
-                    )
-                )
-            replies = iter((yield Batch([*commands, ("HMGET", keys.meta, "gen", "last_seq")])))
-            if more_chunks:
-                found = [ChunkEntry.parse(m) for m in next(replies)]
-                chunks += found
-                more_chunks = len(found) == PLAN_MEMBERS
-            if more_large:
-                found_large = [LargeEntry.parse(m) for m in next(replies)]
-                large += found_large
-                more_large = len(found_large) == PLAN_MEMBERS
-            if list(next(replies)) != [gen, last_seq]:
-                break
+        plan.window = counts.window
+        done = yield from _select(
+            thread, plan, max_tokens, counts.chunks, counts.large, [gen, last_seq]
+        )
         if not done:
             continue
         if plan.summary_seq is not None and plan.summary_where is None:
@@ -175,6 +85,37 @@ def budgeted_context(thread: ThreadRef, max_tokens: int) -> Operation:
         if fetched is not None:
             return _cut(thread, plan, fetched, max_tokens)
     raise changed_under_reads()
+
+
+def _select(
+    thread: ThreadRef,
+    plan: _Plan,
+    max_tokens: int,
+    chunks: list[ChunkEntry],
+    large: list[LargeEntry],
+    moment: list[Any],
+) -> Operation:
+    """Selects the plan's containers, reading the next index members below those read while the
+    budget reaches past them; False when the thread changed meanwhile (meta's gen and last_seq
+    are no longer `moment`)."""
+    more_chunks, more_large = len(chunks) == PLAN_MEMBERS, len(large) == PLAN_MEMBERS
+    while not plan.select(max_tokens, chunks, large, more_chunks, more_large):
+        # The budget reaches past the members read: read the next ones below them.
+        found_chunks, found_large, now = yield from older_members(
+            thread,
+            chunks[-1].first if more_chunks else None,
+            large[-1].sequence if more_large else None,
+            PLAN_MEMBERS,
+        )
+        if found_chunks is not None:
+            chunks += found_chunks
+            more_chunks = len(found_chunks) == PLAN_MEMBERS
+        if found_large is not None:
+            large += found_large
+            more_large = len(found_large) == PLAN_MEMBERS
+        if now != moment:
+            return False
+    return True
 
 
 @dataclass(slots=True)
@@ -268,37 +209,27 @@ class _Plan:
 def _fetch(thread: ThreadRef, plan: _Plan, gen: bytes, summary_seq: bytes | None) -> Operation:
     """The second read: the planned containers and the summary, with each message's own count.
     None when messages moved or a compaction ran in between (plan again)."""
-    keys = thread.keys
-    commands: list[tuple[Any, ...]] = []
     window_low = plan.window_from
     if plan.summary_where == ("window",):
         window_low = plan.summary_seq if window_low is None else min(window_low, plan.summary_seq)
-    if window_low is not None:
-        commands.append(("ZRANGE", keys.window, window_low, plan.last_seq, "BYSCORE", "WITHSCORES"))
+    windows = [] if window_low is None else [WindowRead(window_low, plan.last_seq)]
     containers = [e.first for e in plan.chunks] + [e.sequence for e in plan.large]
     if plan.summary_where and plan.summary_where[0] == "chunk":
         containers.append(plan.summary_where[1].first)
     elif plan.summary_where and plan.summary_where[0] == "large":
         containers.append(plan.summary_where[1].sequence)
-    containers = list(dict.fromkeys(containers))
-    commands += [("HMGET", keys.chunk(first), "_m", "d") for first in containers]
-    replies = yield Batch([*commands, ("HMGET", keys.meta, "gen", "summary_seq")])
-    if list(replies[-1]) != [gen, summary_seq]:
+    found = yield from fetch(
+        thread,
+        Containers(windows, containers, tokens=True),
+        [("HMGET", thread.keys.meta, "gen", "summary_seq")],
+    )
+    if list(found.checks[0]) != [gen, summary_seq]:
         return None
-    records: dict[int, bytes] = {}
-    tokens: dict[int, int] = {}
-    at = 0
-    if window_low is not None:
-        for member, score in score_pairs(replies[0]):
-            sequence = int(float(score))
-            if sequence in plan.window:
-                records[sequence] = member
-                tokens[sequence] = plan.window[sequence]
-        at = 1
-    for reply in replies[at:-1]:
-        manifest, data = reply
-        records.update(split_chunk(manifest, data))
-        tokens.update(manifest_tokens(manifest))
+    # Each message counts its own: a chunk's from its manifest, the window's from the side
+    # infos the plan read (a window member without one is left out).
+    tokens = {s: plan.window[s] for s in found.records if s in plan.window}
+    tokens.update(found.tokens)
+    records = {s: record for s, record in found.records.items() if s in tokens}
 
     summary: SummaryMessage | None = None
     summary_tokens = 0
@@ -345,56 +276,5 @@ def _cut(thread: ThreadRef, plan: _Plan, fetched: _Fetched, max_tokens: int) -> 
         left -= count
         kept.append(sequence)
     kept.reverse()
-    unreadable: list[RecordError] = []
-    body = decode_records([(s, fetched.records[s]) for s in kept], unreadable)
-    for error in unreadable:
-        log.warning(
-            "thread %s: skipped an unreadable record: %s",
-            thread.keys.meta.rpartition(":")[0],
-            error,
-        )
+    body = decode(thread, [(s, fetched.records[s]) for s in kept], [])
     return Budgeted(fetched.summary, plan.after, body, max(left, 0))
-
-
-def stored_tokens(thread: ThreadRef, sequences: list[int]) -> Operation:
-    """The stored token counts of these sequences, from their side infos (the window's, or their
-    chunks' manifests): two round trips. A sequence not stored is left out."""
-    if not sequences:
-        return {}
-    keys = thread.keys
-    low, high = min(sequences), max(sequences)
-    for _ in range(OPTIMISTIC_READS):
-        gen, sides, below, within, large, again = yield Batch(
-            [
-                ("HGET", keys.meta, "gen"),
-                ("HMGET", keys.window_side, *sequences),
-                ("ZRANGE", keys.chunk_index, low, "-inf", "BYSCORE", "REV", "LIMIT", 0, 1),
-                ("ZRANGE", keys.chunk_index, f"({low}", high, "BYSCORE"),
-                ("ZRANGE", keys.large_index, low, high, "BYSCORE"),
-                ("HGET", keys.meta, "gen"),
-            ]
-        )
-        if gen != again:
-            continue
-        tokens = {s: side_tokens(side) for s, side in zip(sequences, sides) if side is not None}
-        wanted = set(sequences) - set(tokens)
-        for entry in map(LargeEntry.parse, large):
-            if entry.sequence in wanted:
-                tokens[entry.sequence] = entry.tokens
-        wanted -= set(tokens)
-        chunks = [
-            e.first
-            for e in map(ChunkEntry.parse, [*below, *within])
-            if any(e.first <= s <= e.last for s in wanted)
-        ]
-        if not chunks:
-            return tokens
-        replies = yield Batch(
-            [*(("HGET", keys.chunk(first), "_m") for first in chunks), ("HGET", keys.meta, "gen")]
-        )
-        if replies[-1] != gen:
-            continue
-        for manifest in replies[:-1]:
-            tokens.update((s, t) for s, t in manifest_tokens(manifest).items() if s in wanted)
-        return tokens
-    raise changed_under_reads()

@@ -11,12 +11,16 @@ The operations live by concern; this module names them for the rest of the code:
 - operation.py: the requests, ThreadRef, shared limits, the writing-script call, finishing_deletes
 - prepare.py: PreparedMessage, prepare_batch, fit_media: every limit, before the socket
 - append.py: append, start_turn, finish_turn
-- reads.py: messages by sequence, id or otid; the one place records are decoded
-- pages.py, plan.py: list_page and its walk, the page plans, the one page loop (pages)
+- layout/: the stored layout (keys, formats, the page plans, the one container reader, where
+  records are decoded), asked by every read below
+- reads.py: messages by sequence, id or otid; the consistent read (read_range)
+- pages.py: list_page and its walk, the one page loop (pages)
+- budget.py: a budgeted context planned from stored token counts
 - views.py: stats, snapshot, context
 - lifecycle.py: compact, replace, remove_turn, delete, migrate
 - fork.py: fork (a new thread holding a thread's history up to a message)
 - backup.py: backup_state, restore_run(s), restore_state: a thread's backup and its restore
+- held_turns.py: hold_turn, publish; event_stream.py: watch
 """
 
 from .append import append, finish_turn, start_turn
@@ -31,9 +35,11 @@ from .backup import (
     restore_state,
     stored_ids,
 )
-from .budget import stored_tokens
+from .event_stream import watch
 from .fork import fork
-from .keys import ThreadKeys
+from .held_turns import hold_turn, publish
+from .layout.keys import ThreadKeys
+from .layout.v2 import stored_tokens
 from .lifecycle import compact, delete, migrate, remove_turn, replace
 from .operation import (
     DELETE_STEP,
@@ -51,7 +57,6 @@ from .pages import gathering, list_page, pages
 from .prepare import PreparedMessage, fit_media, prepare_batch
 from .reads import fetch_sequences, get, get_by_otid
 from .views import context, snapshot, stats
-from .watch import hold_turn, publish, watch
 
 __all__ = [
     "DELETE_STEP",

@@ -25,7 +25,7 @@ from .backup import (
     restore_state,
 )
 from .bounds import MAX_SEQUENCE
-from .budget import stored_tokens
+from .layout.v2 import stored_tokens
 from .lifecycle import migrate
 from .operation import Batch, Operation, ThreadRef
 from .pages import list_page

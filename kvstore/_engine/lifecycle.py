@@ -57,23 +57,7 @@ def compact(
     prepared = prepare_batch(
         thread.config, message, None, None if tokens is None else [tokens], thread.count_tokens
     )
-    try:
-        last_sequence = yield from pair_boundary(thread, last_sequence)
-    except errors.ServerError as exc:
-        if read_of_wrong_type(exc):
-            # A write refuses a key of the wrong type as LayoutError, before any write.
-            raise errors.LayoutError(
-                f"compact: a key of the thread holds another type than kvstore keeps there: {exc}"
-            ) from exc
-        if not lost_connection(exc):
-            raise
-        # Bytes of this compact reached a socket: a write's caller gets what any write whose
-        # connection fails after sending gets (nothing was written here, so a re-send is safe).
-        unknown = errors.OutcomeUnknown(
-            f"compact: the connection failed while it read the thread ({exc}); re-send it"
-        )
-        unknown.messages = [prepared[0].message]
-        raise unknown from exc
+    last_sequence = yield from _summary_boundary(thread, last_sequence, prepared[0])
 
     def send(items: list[PreparedMessage]) -> Operation:
         (item,) = items
@@ -109,6 +93,28 @@ def compact(
     except errors.ServerError as exc:
         raise read_back_failed("compact", [item.message], exc) from exc
     return item.message.model_copy(update={"seq_id": reply.summary_sequence})
+
+
+def _summary_boundary(thread: ThreadRef, last_sequence: int, item: PreparedMessage) -> Operation:
+    """The summary's last sequence, moved back before a call whose answer comes after it
+    (pair_boundary); a failed read is what a failed write's caller gets."""
+    try:
+        return (yield from pair_boundary(thread, last_sequence))
+    except errors.ServerError as exc:
+        if read_of_wrong_type(exc):
+            # A write refuses a key of the wrong type as LayoutError, before any write.
+            raise errors.LayoutError(
+                f"compact: a key of the thread holds another type than kvstore keeps there: {exc}"
+            ) from exc
+        if not lost_connection(exc):
+            raise
+        # Bytes of this compact reached a socket: a write's caller gets what any write whose
+        # connection fails after sending gets (nothing was written here, so a re-send is safe).
+        unknown = errors.OutcomeUnknown(
+            f"compact: the connection failed while it read the thread ({exc}); re-send it"
+        )
+        unknown.messages = [item.message]
+        raise unknown from exc
 
 
 # Summary ids: uuid5 of (thread, last_sequence, summary) in this namespace.

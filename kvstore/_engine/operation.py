@@ -17,7 +17,7 @@ from typing import Any, Literal
 from .. import errors
 from ..config import StoreConfig
 from ..messages import Message
-from .keys import ThreadKeys
+from .layout.keys import ThreadKeys
 from .replies import DeleteReply, MigrateReply, stored_int
 from .scripts import SCRIPTS, Script
 

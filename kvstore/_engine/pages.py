@@ -1,22 +1,23 @@
 """Pages of a thread: list_page, and the one page loop (pages, gathering) iter and context use.
 
 A page is a walk over the range between its cursors, up or down: the newest page in one round
-trip when it can (:func:`_newest`), otherwise plan (kvstore/_engine/plan.py), fetch the planned
-containers in one pipeline checked against meta's gen, merge what they hold into walk order,
-and plan again past it while the page is short. A turn's page reads its sequences from the
+trip when it can (layout: newest_page), otherwise plan (layout: plan_walk), fetch the planned
+containers (layout: plan_reads, fetch) in one pipeline checked against meta's gen, cut what they
+hold into walk order, and plan again past it while the page is short. A turn's page reads its sequences from the
 turn's record (lua/turn_page.lua), then the messages by sequence.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Generator
-from dataclasses import dataclass
 from typing import Any, Literal
 
 from .. import errors
 from ..models import MessagesPage
 from .bounds import MAX_CURSOR
-from .keys import ThreadKeys
+from .layout.plan import Bound, plan_reads, plan_walk
+from .layout.reader import cut, decode, fetch
+from .layout.v2 import newest_page
 from .operation import (
     ITER_PAGE,
     MAX_LIMIT,
@@ -31,10 +32,8 @@ from .operation import (
     ThreadRef,
     int_or_zero,
 )
-from .plan import Bound, Plan, plan_walk
 from .prepare import check_token
-from .reads import decode, fetch_sequences, read_range
-from .replies import score_pairs, split_chunk
+from .reads import fetch_sequences, read_range
 from .scripts import SCRIPTS
 
 # (sequence, record) pairs, in walk order.
@@ -160,7 +159,7 @@ def _optimistic_walk(thread: ThreadRef, low: Bound, high: Bound, walk: str, need
     """_walk from native reads, checked against meta's gen; ChangedUnderReads when every
     attempt met the thread changing under it."""
     if walk == "down" and not low[0] and not high[0]:
-        newest = yield from _newest(thread, need)
+        newest = yield from newest_page(thread, need)
         if newest is not None:
             return newest
     upward = walk == "up"
@@ -174,151 +173,30 @@ def _optimistic_walk(thread: ThreadRef, low: Bound, high: Bound, walk: str, need
         # A page planned again may meet a later retention; what it collected before is as of
         # the first plan, so the page reports the first plan's deleted_before.
         deleted_before = plan.deleted_before if not collected else deleted_before
-        fetch = _fetch(thread.keys, plan, upward, need)
-        if not fetch.commands:  # nothing in the range: nothing to fetch, nothing to compare
+        containers, bound = plan_reads(plan, upward, need)
+        if not containers:  # nothing in the range: nothing to fetch, nothing to compare
             return collected, False, deleted_before
-        results = yield Batch([*fetch.commands, ("HGET", thread.keys.meta, "gen")])
-        if int_or_zero(results[-1]) != plan.gen:
+        found = yield from fetch(thread, containers, [("HGET", thread.keys.meta, "gen")])
+        if int_or_zero(found.checks[0]) != plan.gen:
             attempts += 1
             if attempts >= OPTIMISTIC_READS:
                 raise ChangedUnderReads("the thread changed under every page read attempt")
             continue
-        collected += _merge(plan, fetch, results, upward)[: need - len(collected)]
+        # What was read inside the plan's range, as far as it is complete, in walk order.
+        lo, hi = (
+            (plan.lo, min(plan.hi, bound + 1)) if upward else (max(plan.lo, bound - 1), plan.hi)
+        )
+        collected += cut(found.records, lo, hi, not upward)[: need - len(collected)]
         if len(collected) >= need:
             return collected[: need - 1], True, deleted_before
-        complete = fetch.bound >= plan.hi if upward else fetch.bound <= plan.lo
+        complete = bound >= plan.hi if upward else bound <= plan.lo
         if complete:
             return collected, False, deleted_before
         # Holes left the planned chunks short: plan again past what was read.
         if upward:
-            low = ("seq", str(fetch.bound))
+            low = ("seq", str(bound))
         else:
-            high = ("seq", str(fetch.bound))
-
-
-@dataclass(frozen=True, slots=True)
-class _Fetch:
-    """The native reads of a plan: complete up to `bound` (the plan's, or nearer when only the
-    walk's end of the legacy hash is read); `legacy` names the legacy fields read."""
-
-    commands: list[tuple[Any, ...]]
-    legacy: list[int]
-    bound: int
-
-
-def _fetch(keys: ThreadKeys, plan: Plan, upward: bool, need: int) -> _Fetch:
-    """The reads of the planned containers, in plan order: window, chunks, oversized messages."""
-    lo, hi, bound = plan.lo, plan.hi, plan.bound
-    commands: list[tuple[Any, ...]] = []
-    if plan.window:
-        if upward:
-            commands.append(
-                (
-                    "ZRANGE",
-                    keys.window,
-                    f"({lo}",
-                    f"({hi}",
-                    "BYSCORE",
-                    "LIMIT",
-                    0,
-                    need,
-                    "WITHSCORES",
-                )
-            )
-        else:
-            commands.append(
-                (
-                    "ZRANGE",
-                    keys.window,
-                    f"({hi}",
-                    f"({lo}",
-                    "BYSCORE",
-                    "REV",
-                    "LIMIT",
-                    0,
-                    need,
-                    "WITHSCORES",
-                )
-            )
-    legacy_sequences: list[int] = []
-    for first, last, kind in plan.chunks:
-        if kind == 0:
-            commands.append(("HMGET", keys.chunk(first), "_m", "d"))
-            continue
-        # The legacy hash of a layout-1 thread can span more than a page: read only the
-        # walk's end of it, and trust the result only that far.
-        sequences = list(range(max(first, lo + 1), min(last, hi - 1) + 1))
-        if len(sequences) > need:
-            sequences = sequences[:need] if upward else sequences[-need:]
-            bound = min(bound, sequences[-1]) if upward else max(bound, sequences[0])
-        legacy_sequences = sequences
-        commands.append(("HMGET", keys.legacy, *sequences))
-    for sequence in plan.large:
-        commands.append(("HMGET", keys.chunk(sequence), "_m", "d"))
-    return _Fetch(commands, legacy_sequences, bound)
-
-
-def _merge(plan: Plan, fetch: _Fetch, results: list[Any], upward: bool) -> Entries:
-    """The fetched records inside the plan's range and bound, in walk order."""
-    replies = iter(results)
-    found: dict[int, bytes] = {}
-    if plan.window:
-        for member, score in score_pairs(next(replies)):
-            found[int(float(score))] = member
-    for _first, _last, kind in plan.chunks:
-        reply = next(replies)
-        if kind == 0:
-            found.update(split_chunk(*reply))
-        else:
-            found.update(
-                (s, record) for s, record in zip(fetch.legacy, reply) if record is not None
-            )
-    for _sequence in plan.large:
-        found.update(split_chunk(*next(replies)))
-    lo, hi, bound = plan.lo, plan.hi, fetch.bound
-    ordered = sorted(
-        (s for s in found if lo < s < hi and (s <= bound if upward else s >= bound)),
-        reverse=not upward,
-    )
-    return [(sequence, found[sequence]) for sequence in ordered]
-
-
-def _newest(thread: ThreadRef, need: int) -> Operation:
-    """The newest page in one round trip of native reads, or None when it must be planned.
-
-    The window holds the newest messages (docs/LAYOUT.md, "Invariants"). Its members are read
-    without their scores (Redis 7.0 prints each score of a WITHSCORES reply as a double: 51 of
-    them cost twice the records), and the sequences follow from two numbers: the score of the
-    `need`-th newest member and meta's last_seq, read after the window. Window messages have
-    distinct sequences, none above last_seq, so `need` of them from that score up to a last_seq
-    `need - 1` above it are every sequence in between. A window shorter than `need` that holds
-    last_seq messages is the whole thread. Anything else (an oversized or removed message among
-    the newest, an append in between) is read through the plan.
-    """
-    keys = thread.keys
-    members, bottom, (deleted_before, deleting, last_seq) = yield Batch(
-        [
-            ("ZRANGE", keys.window, 0, need - 1, "REV"),
-            ("ZRANGE", keys.window, need - 1, need - 1, "REV", "WITHSCORES"),
-            ("HMGET", keys.meta, "deleted_before", "deleting", "last_seq"),
-        ]
-    )
-    if deleting is not None:  # an interrupted delete(): the thread reads as empty
-        return [], False, 0
-    last = int_or_zero(last_seq)
-    if len(members) == need:
-        (member, score), *_ = score_pairs(bottom) or [(None, 0)]
-        # The member compared: an append between the two reads shifts the ranks.
-        if member != members[-1] or last - int(float(score)) != need - 1:
-            return None
-        return (
-            [(last - i, m) for i, m in enumerate(members[:-1])],
-            True,
-            int_or_zero(deleted_before),
-        )
-    if members and len(members) == last:
-        return [(last - i, m) for i, m in enumerate(members)], False, int_or_zero(deleted_before)
-    return None
+            high = ("seq", str(bound))
 
 
 # ------------------------------------------------------------------------------ turn page

@@ -1,48 +1,20 @@
-"""Reads of messages named by sequence, id or otid, and the one place records are decoded.
+"""Reads of messages named by sequence, id or otid, and the consistent read (read_range).
 
 lua/locate.lua says where each message lives (the window, a chunk or a layout-1 thread's legacy
-hash); one pipeline of native reads then fetches the records, checked against meta's gen.
+hash); the container reader (layout/reader.py) then fetches the records in one pipeline,
+checked against meta's gen.
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from .. import errors
-from ..messages import Message
-from .operation import OPTIMISTIC_READS, Batch, Eval, Operation, ThreadRef, int_or_zero
-from .record import decode_records
-from .replies import split_chunk
+from .layout.reader import Containers, decode, fetch
+from .operation import OPTIMISTIC_READS, Eval, Operation, ThreadRef, int_or_zero
 from .scripts import SCRIPTS
-
-log = logging.getLogger("kvstore")
-
-
-def decode(
-    thread: ThreadRef, entries: list[tuple[int, bytes]], unreadable: list[int] | None = None
-) -> list[Message]:
-    """The messages of `entries`; every read decodes here (docs/RELIABILITY.md, "One bad record").
-
-    An unreadable record raises RecordError naming its sequence. Given `unreadable` (a page
-    read), it is skipped instead, logged, and its sequence appended there in page order.
-    """
-    if not entries:
-        return []
-    if unreadable is None:
-        return decode_records(entries)
-    failed: list[errors.RecordError] = []
-    messages = decode_records(entries, failed)
-    for error in failed:
-        log.warning(
-            "thread %s: skipped an unreadable record: %s",
-            thread.keys.meta.rpartition(":")[0],
-            error,
-        )
-        unreadable.append(error.sequence)
-    return messages
 
 
 def fetch_sequences(
@@ -103,20 +75,11 @@ def locate_records(thread: ThreadRef, kind: str, targets: list[str]) -> Operatio
             SCRIPTS["locate"].args(kind=kind, targets=[(target,) for target in targets]),
         )
         gen, places = reply[0], reply[2:]
-        wanted, commands = _record_reads(thread, places)
-        results = yield Batch([*commands, ("HGET", thread.keys.meta, "gen")])
-        if int_or_zero(results[-1]) != int(gen):
+        containers, wanted = Containers.located(places)
+        fetched = yield from fetch(thread, containers, [("HGET", thread.keys.meta, "gen")])
+        if int_or_zero(fetched.checks[0]) != int(gen):
             continue
-        entries = []
-        for sequence, command, result in zip(wanted, commands, results[:-1]):
-            record = (
-                split_chunk(*result).get(sequence)
-                if command[2] == "_m"
-                else (result[0] if result else None)
-            )
-            if record is not None:
-                entries.append((sequence, record))
-        return entries
+        return [(s, fetched.records[s]) for s in wanted if s in fetched.records]
     sequences = [int(places[i]) for i in range(0, len(places), 2) if int(places[i]) > 0]
     found: dict[int, bytes] = {}
     for first, last in _runs(sorted(set(sequences))):
@@ -138,27 +101,6 @@ def _runs(sequences: list[int]) -> list[tuple[int, int]]:
         else:
             runs.append((sequence, sequence))
     return runs
-
-
-def _record_reads(thread: ThreadRef, places: list[Any]) -> tuple[list[int], list[tuple[Any, ...]]]:
-    """The sequences found and the native read of each, from lua/locate.lua's (sequence, where)
-    pairs: where -1 is the window, -2 the legacy hash, a positive number the chunk starting
-    there, 0 nowhere."""
-    keys = thread.keys
-    wanted: list[int] = []
-    commands: list[tuple[Any, ...]] = []
-    for i in range(0, len(places), 2):
-        sequence, where = int(places[i]), int(places[i + 1])
-        if where == -1:
-            commands.append(("ZRANGE", keys.window, sequence, sequence, "BYSCORE"))
-        elif where == -2:
-            commands.append(("HMGET", keys.legacy, sequence))
-        elif where > 0:
-            commands.append(("HMGET", keys.chunk(where), "_m", "d"))
-        else:
-            continue
-        wanted.append(sequence)
-    return wanted, commands
 
 
 # ----------------------------------------------------------------------- consistent read

@@ -10,8 +10,8 @@ import msgpack
 from .. import errors
 from ..messages import Message
 from .bounds import MAX_MESSAGE_TOKENS, bounded
+from .layout.formats import record_tokens
 from .record import encode_record
-from .replies import record_tokens
 
 TokenCounter = Callable[[Message], int]
 """The store's tokenizer (MessageStore(count_tokens=...)): a message's token count."""

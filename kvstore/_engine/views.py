@@ -7,14 +7,16 @@ the thread changed in between, so that what it returns is as of one state of the
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from .. import errors
 from ..messages import Message, SummaryMessage
 from ..models import MessagesPage, ThreadSnapshot, ThreadStats, TurnState
 from .bounds import MAX_THREAD_TOKENS, bounded
-from .budget import budgeted_context, stored_tokens
-from .keys import ThreadKeys
+from .budget import budgeted_context
+from .layout.formats import record_tokens
+from .layout.reader import decode
+from .layout.v1 import untouched_layout_1
+from .layout.v2 import size_reads, stored_tokens
 from .operation import (
     MAX_LIMIT,
     OPTIMISTIC_READS,
@@ -26,8 +28,8 @@ from .operation import (
     ThreadRef,
 )
 from .pages import gathering, list_page, pages
-from .reads import decode, fetch_sequences, read_range
-from .replies import record_tokens, stored_int
+from .reads import RangeRead, fetch_sequences, read_range
+from .replies import stored_int
 from .text import text as _text
 from .tokens import TokenCounter, counted, estimated_tokens
 from .tool_pairs import (
@@ -42,18 +44,8 @@ log = logging.getLogger("kvstore")
 
 
 def stats(thread: ThreadRef) -> Operation:
-    meta, window, chunks, large, legacy = yield Batch(_stats_commands(thread.keys))
+    meta, window, chunks, large, legacy = yield Batch(size_reads(thread.keys))
     return _stats_from(meta, window, chunks + large, legacy)
-
-
-def _stats_commands(keys: ThreadKeys) -> list[tuple[Any, ...]]:
-    return [
-        ("HGETALL", keys.meta),
-        ("ZCARD", keys.window),
-        ("ZCARD", keys.chunk_index),
-        ("ZCARD", keys.large_index),
-        ("HLEN", keys.legacy),
-    ]
 
 
 def _stats_from(meta: dict, window: int, chunks: int, legacy: int) -> ThreadStats:
@@ -67,8 +59,8 @@ def _stats_from(meta: dict, window: int, chunks: int, legacy: int) -> ThreadStat
 
     stored = number("stored") or 0
     layout = number("layout")
-    if legacy and layout != 2 and number("legacy_last") is None:
-        # A layout-1 thread no write has touched yet: its messages are all in the legacy hash.
+    if untouched_layout_1(layout, legacy, number("legacy_last")):
+        # Its messages are all in the legacy hash.
         stored += legacy
         layout = 1
     return ThreadStats(
@@ -99,7 +91,7 @@ def snapshot(thread: ThreadRef) -> Operation:
     """
     keys = thread.keys
     for _ in range(OPTIMISTIC_READS):
-        meta, window, chunks, large, legacy = yield Batch(_stats_commands(keys))
+        meta, window, chunks, large, legacy = yield Batch(size_reads(keys))
         page = yield from list_page(thread, limit=SNAPSHOT_SIZE, order="desc")
         fields = {_text(k): _text(v) for k, v in meta.items()}
         (now,) = yield Batch([("HMGET", keys.meta, "last_seq", "gen", "summary_seq")])
@@ -125,13 +117,20 @@ def snapshot(thread: ThreadRef) -> Operation:
     unreadable: list[int] = []
     newest_first = [(sequence, record) for sequence, record, _ in read.records[:SNAPSHOT_SIZE]]
     messages = decode(thread, list(reversed(newest_first)), unreadable)
-    summary = None
-    if read.summary is not None:
-        found = decode(thread, [read.summary[:2]], unreadable)
-        summary = found[0] if found and isinstance(found[0], SummaryMessage) else None
+    summary = _read_summary(thread, read, unreadable)
     return _snapshot_of(
         dict(zip(flat[::2], flat[1::2])), tuple(sizes), messages, summary, unreadable
     )
+
+
+def _read_summary(
+    thread: ThreadRef, read: RangeRead, unreadable: list[int]
+) -> SummaryMessage | None:
+    """The context summary a consistent read found, or None (also when its record is unreadable)."""
+    if read.summary is None:
+        return None
+    found = decode(thread, [read.summary[:2]], unreadable)
+    return found[0] if found and isinstance(found[0], SummaryMessage) else None
 
 
 def _snapshot_of(
@@ -275,10 +274,7 @@ def _consistent_context(
         PAIR_LOOKBACK,
     )
     count = count_tokens or estimated_tokens
-    summary: SummaryMessage | None = None
-    if read.summary is not None:
-        found = decode(thread, [read.summary[:2]], [])
-        summary = found[0] if found and isinstance(found[0], SummaryMessage) else None
+    summary = _read_summary(thread, read, [])
     newest_first = [r for r in read.records if r[0] != read.summary_seq]
     left: int | None = None
     if max_tokens is None:

@@ -1,4 +1,4 @@
-"""The watchers: the sync and asyncio drivers of core.watch (kvstore/_engine/watch.py).
+"""The watchers: the sync and asyncio drivers of core.watch (kvstore/_engine/event_stream.py).
 
 Each watcher has its own connection, made from its store's client's settings and used only for
 its blocking XREAD, so a watcher never holds one of the store's pooled connections while it
@@ -15,7 +15,7 @@ import redis.asyncio
 
 from .. import errors
 from ..events import ThreadEvent
-from .watch import Emit, Run, WatchStep, stream_entries
+from .event_stream import Emit, Run, WatchStep, stream_entries
 
 # A blocking read waits this long at most before it blocks again; the socket waits this much
 # longer, so that a dead server is noticed.

@@ -9,7 +9,6 @@ end line proves the file whole; a file of plain message lines is appended.
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import json
 import sys
@@ -18,30 +17,23 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import IO, Any
 
-from .. import errors
-from .._engine import core
-from .._engine.keys import check_thread_id
-from .._engine.operation import ThreadRef
-from .._engine.tokens import checked_tokens
+from .. import admin, errors
+from ..admin import check_thread_id, checked_tokens
 from ..messages import Message, parse_message
 from ..store import MessageStore
+from .backup_file import (
+    BACKUP_END,
+    BACKUP_FORMAT,
+    add_line,
+    check_whole,
+    header_line,
+    header_state,
+    line_digest,
+)
 from .commands import existing_thread
 from .progress import Progress
 
 IMPORT_BATCH = 100
-BACKUP_FORMAT = 1
-# The end line's key: {"kvstore_backup_end": 1, "messages": N, "sha256": "<hex>"}.
-BACKUP_END = "kvstore_backup_end"
-
-
-def _line_digest() -> Any:
-    return hashlib.sha256()
-
-
-def _add_line(digest: Any, line: str) -> None:
-    """A line as the checksum takes it: its text without its line break, then "\n" (a file
-    whose line breaks became CRLF is the same backup)."""
-    digest.update(line.rstrip("\r\n").encode("utf-8") + b"\n")
 
 
 def export(
@@ -58,47 +50,22 @@ def export(
     message lines and the SHA-256 of every line before it. Refuses (nothing to trust, and no end
     line) if the thread changed while it was read."""
     thread = existing_thread(store, thread_id)
-    ref = ThreadRef.of(store.config, thread_id)
-    state = store.run(core.backup_state(ref))
+    state = admin.backup_state(store, thread_id)
     stats = thread.stats()
-    header = {
-        "kvstore_backup": BACKUP_FORMAT,
-        "thread": thread_id,
-        "messages": stats.stored_messages,
-        "last_seq": state.last_seq,
-        "summary_last": state.summary_last,
-        "summary_seq": state.summary_seq,
-        "deleted_before": state.deleted_before,
-        "turn": {"id": state.turn_id, "seq": state.turn_seq, "outcome": state.turn_outcome}
-        if state.turn_id
-        else None,
-        "turns": [
-            {
-                "id": t.turn_id,
-                "start": t.start,
-                "outcome": t.outcome,
-                "replies": t.replies,
-                "first": t.first,
-                "count": t.count,
-                "first_seq": t.first_seq,
-                "last_seq": t.last_seq,
-            }
-            for t in state.turns
-        ],
-    }
-    digest = _line_digest()
+    header = header_line(thread_id, stats.stored_messages, state)
+    digest = line_digest()
 
     def write(line: str) -> None:
         out.write(line)
-        _add_line(digest, line)
+        add_line(digest, line)
 
     write(json.dumps(header, separators=(",", ":")) + "\n")
     progress = Progress("exported", stats.stored_messages, progress_out or sys.stderr, every)
     count = 0
     unreadable: list[int] = []
-    for page in store.stream(core.pages(ref)):
+    for page in admin.pages(store, thread_id):
         unreadable += page.unreadable
-        counts = store.run(core.stored_tokens(ref, [m.seq_id for m in page.messages]))
+        counts = admin.stored_tokens(store, thread_id, [m.seq_id for m in page.messages])
         for message in page.messages:
             line = message.to_dict()
             turn_id = state.turn_of(message.seq_id)
@@ -116,7 +83,7 @@ def export(
             f"{len(unreadable)} stored records of {thread_id!r} could not be read and are not in the backup"
             f" (sequences {shown}; docs/RELIABILITY.md, 'One bad record')"
         )
-    if not state.same_moment(store.run(core.backup_state(ref))):
+    if not state.same_moment(admin.backup_state(store, thread_id)):
         raise errors.KVStoreError(
             f"thread {thread_id!r} changed while it was exported: the file is not one state of it; export it"
             " again while nothing writes to it"
@@ -200,47 +167,18 @@ def _restore(
     bar: Progress,
     allow_untrailed: bool,
 ) -> None:
-    ref = ThreadRef.of(store.config, thread_id)
-    state = _header_state(head)
-    digest = _line_digest()
-    _add_line(digest, head_text)
-    read = {"messages": 0, "end": None}
-
-    def items() -> Iterator[core.BackedUpMessage]:
-        for number, text in numbered:
-            if read["end"] is not None:
-                raise errors.BackupIncomplete(
-                    f"line {number}: a line after the backup's end line (line {read['end'][0]})"
-                )
-            try:
-                body = json.loads(text)
-                if isinstance(body, dict) and BACKUP_END in body:
-                    read["end"] = (number, body)
-                    continue
-                _add_line(digest, text)
-                read["messages"] += 1
-                turn_id = body.pop("turn_id", None) if isinstance(body, dict) else None
-                # A backup written before counts were kept has none: the store counts them.
-                tokens = body.pop("tokens", None) if isinstance(body, dict) else None
-                if tokens is not None:
-                    checked_tokens(tokens, "the message")
-                message = parse_message(body)
-            except (ValueError, errors.InvalidMessage) as exc:
-                raise errors.InvalidMessage(f"line {number}: {exc}") from None
-            if message.seq_id is None or message.id is None:
-                # The id is how a restore run again finds the message stored.
-                raise errors.InvalidMessage(
-                    f"line {number}: a backup's message must have its seq_id and id"
-                )
-            yield core.BackedUpMessage(message.seq_id, turn_id, message, tokens)
+    state = header_state(head)
+    digest = line_digest()
+    add_line(digest, head_text)
+    read: dict[str, Any] = {"messages": 0, "end": None}
 
     checked = False
-    for run in core.restore_runs(items()):
+    for run in admin.restore_runs(_backup_items(numbered, digest, read)):
         if not checked:
-            store.run(core.check_restore_target(ref, run[0]))
+            admin.check_restore_target(store, thread_id, run[0])
             checked = True
         progress.sending = len(run)
-        new, already = store.run(core.restore_run(ref, run))
+        new, already = admin.restore_run(store, thread_id, run)
         progress.sending = 0
         progress.stored += new
         progress.already += already
@@ -256,92 +194,41 @@ def _restore(
             raise errors.RestoreConflict(
                 f"thread {thread_id!r} already holds messages: restore into an empty thread"
             )
-    _check_whole(head, read["messages"], read["end"], digest.hexdigest(), allow_untrailed)
-    store.run(core.restore_state(ref, state))
+    check_whole(head, read["messages"], read["end"], digest.hexdigest(), allow_untrailed)
+    admin.restore_state(store, thread_id, state)
 
 
-def _check_whole(
-    head: dict, messages: int, end: tuple[int, Any] | None, checksum: str, allow_untrailed: bool
-) -> None:
-    """Refuses (BackupIncomplete) a backup that does not prove it is whole, before the restore's
-    last step: its end line's count and checksum must be the file's."""
-    unfinished = "; the restore is not finished (the thread refuses writes until the whole backup is imported)"
-    if end is None:
-        if not allow_untrailed:
+def _backup_items(
+    numbered: Iterator[tuple[int, str]], digest: Any, read: dict[str, Any]
+) -> Iterator[admin.BackedUpMessage]:
+    """A backup's message lines as messages, each line added to `digest`; `read` counts them
+    and keeps the end line (number, body) when it comes."""
+    for number, text in numbered:
+        if read["end"] is not None:
             raise errors.BackupIncomplete(
-                f"the backup has no end line after its {messages} message lines: it may be cut short{unfinished}."
-                " A backup written before end lines existed is imported with --allow-untrailed"
+                f"line {number}: a line after the backup's end line (line {read['end'][0]})"
             )
-        if head.get("messages") != messages:
-            raise errors.BackupIncomplete(
-                f"the backup has no end line and {messages} message lines where its header counts"
-                f" {head.get('messages')!r}: it is cut short{unfinished}"
+        try:
+            body = json.loads(text)
+            if isinstance(body, dict) and BACKUP_END in body:
+                read["end"] = (number, body)
+                continue
+            add_line(digest, text)
+            read["messages"] += 1
+            turn_id = body.pop("turn_id", None) if isinstance(body, dict) else None
+            # A backup written before counts were kept has none: the store counts them.
+            tokens = body.pop("tokens", None) if isinstance(body, dict) else None
+            if tokens is not None:
+                checked_tokens(tokens, "the message")
+            message = parse_message(body)
+        except (ValueError, errors.InvalidMessage) as exc:
+            raise errors.InvalidMessage(f"line {number}: {exc}") from None
+        if message.seq_id is None or message.id is None:
+            # The id is how a restore run again finds the message stored.
+            raise errors.InvalidMessage(
+                f"line {number}: a backup's message must have its seq_id and id"
             )
-        return
-    number, body = end
-    if body.get(BACKUP_END) != BACKUP_FORMAT:
-        raise errors.InvalidMessage(
-            f"line {number}: backup end line format {body.get(BACKUP_END)!r} is not one this"
-            f" version reads ({BACKUP_FORMAT})"
-        )
-    if body.get("messages") != messages:
-        raise errors.BackupIncomplete(
-            f"line {number}: the backup's end line counts {body.get('messages')!r} message lines, the file has"
-            f" {messages} message lines{unfinished}"
-        )
-    if body.get("sha256") != checksum:
-        raise errors.BackupIncomplete(
-            f"line {number}: the backup's lines do not match its end line's checksum{unfinished}"
-        )
-
-
-def _header_state(head: dict) -> core.BackupState:
-    """The state a backup's header records, every field checked here: restore_state sends it
-    after every message is in, and a value it cannot read must not stop it there."""
-
-    def number(value: object) -> int:
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(f"{value!r} is not a sequence or count")
-        return value
-
-    def text(value: object) -> str:
-        if not isinstance(value, str):
-            raise ValueError(f"{value!r} is not a string")
-        return value
-
-    def word(value: object) -> str:  # a turn's outcome, as its record holds it
-        if not (isinstance(value, str) and value.isascii() and value.isalpha()):
-            raise ValueError(f"{value!r} is not an outcome")
-        return value
-
-    try:
-        turn = head.get("turn") or {}
-        return core.BackupState(
-            last_seq=number(head["last_seq"]),
-            summary_last=number(head.get("summary_last") or 0),
-            summary_seq=number(head.get("summary_seq") or 0),
-            deleted_before=number(head.get("deleted_before") or 0),
-            turn_id=text(turn.get("id", "")),
-            turn_seq=number(turn.get("seq") or 0),
-            turn_outcome=word(turn["outcome"]) if turn else "",
-            turns=[
-                core.TurnRecord(
-                    text(t["id"]),
-                    number(t["start"]),
-                    word(t["outcome"]),
-                    number(t["replies"]),
-                    number(t["first"]),
-                    number(t["count"]),
-                    number(t["first_seq"]),
-                    number(t["last_seq"]),
-                )
-                for t in head.get("turns", [])
-            ],
-        )
-    except (KeyError, TypeError, AttributeError, ValueError) as exc:
-        raise errors.InvalidMessage(
-            f"line 1: the backup's header is not one export wrote ({exc!r})"
-        ) from None
+        yield admin.BackedUpMessage(message.seq_id, turn_id, message, tokens)
 
 
 def _append_plain(
@@ -355,11 +242,10 @@ def _append_plain(
     message without an id gets one made from its line's text (and how many identical lines came
     before), so importing the same file again finds it stored."""
     thread = store.thread(thread_id)
-    ref = ThreadRef.of(store.config, thread_id)
     seen: dict[str, int] = {}
 
     def send(batch: list[Message]) -> None:
-        stored = store.run(core.stored_ids(ref, [m.id for m in batch]))
+        stored = admin.stored_ids(store, thread_id, [m.id for m in batch])
         todo = [m for m in batch if m.id not in stored]
         count(0, len(batch) - len(todo))
         if not todo:

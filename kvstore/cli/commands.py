@@ -9,9 +9,8 @@ from typing import IO
 
 import redis
 
-from .. import errors
-from .._engine.keys import check_thread_id
-from .._engine.replies import ChunkEntry, LargeEntry
+from .. import admin, errors
+from ..admin import ChunkEntry, LargeEntry, check_thread_id
 from ..config import StoreConfig
 from ..store import MessageStore
 from .progress import Progress
@@ -55,16 +54,11 @@ def connect(url: str) -> redis.Redis:
 
 def existing_thread(store: MessageStore, thread_id: str):
     thread = store.thread(thread_id)
-    keys = thread.keys
-    if not store.client.exists(keys.meta, keys.legacy):
+    if not admin.presence(store, thread_id).exists:
         raise errors.KVStoreError(
             f"thread {thread_id!r} not found in namespace {store.config.namespace!r}"
         )
     return thread
-
-
-# Index members read per ZRANGE: a thread of millions of messages is summed without one huge reply.
-INDEX_PAGE = 5000
 
 
 def inspect(
@@ -72,10 +66,9 @@ def inspect(
 ) -> None:
     """A thread's layout: a summary of its chunks, or with `chunks` one line for each."""
     thread = existing_thread(store, thread_id)
-    keys, client = thread.keys, store.client
     stats = thread.stats()
-    meta = {k.decode(): v.decode() for k, v in client.hgetall(keys.meta).items()}
-    window = client.zrange(keys.window, 0, -1, withscores=True)
+    found = admin.containers(store, thread_id)
+    meta, window = found.meta, found.window_sequences
     print(
         f"thread {thread_id} (namespace {store.config.namespace}, layout {stats.layout_version})",
         file=out,
@@ -106,38 +99,21 @@ def inspect(
     else:
         print("  turn              -", file=out)
     if window:
-        size = sum(len(member) for member, _ in window)
         print(
-            f"  window            {len(window)} messages, {int(window[0][1])}..{int(window[-1][1])}, {size:,} bytes",
+            f"  window            {len(window)} messages, {window[0]}..{window[-1]}, {found.window_bytes:,} bytes",
             file=out,
         )
     else:
         print("  window            empty", file=out)
-    legacy = client.hlen(keys.legacy)
-    if legacy:
-        print(f"  legacy (layout 1) {legacy} messages not yet migrated", file=out)
-    chunk_entries = map(ChunkEntry.parse, _index(client, keys.chunk_index))
-    large_entries = map(LargeEntry.parse, _index(client, keys.large_index))
+    if found.legacy_messages:
+        print(f"  legacy (layout 1) {found.legacy_messages} messages not yet migrated", file=out)
+    chunk_entries = admin.chunk_entries(store, thread_id)
+    large_entries = admin.oversized_entries(store, thread_id)
     if chunks:
-        print(
-            f"  chunks            {client.zcard(keys.chunk_index)} (+ {client.zcard(keys.large_index)} oversized)",
-            file=out,
-        )
+        print(f"  chunks            {found.chunks} (+ {found.oversized} oversized)", file=out)
         _list_chunks(chunk_entries, large_entries, out)
     else:
         _sum_chunks(chunk_entries, large_entries, out)
-
-
-def _index(client: redis.Redis, key: str) -> Iterator[bytes]:
-    """An index's members in order of score (a sequence), INDEX_PAGE at a time, each page after
-    the last score read, so that members retention deletes meanwhile shift nothing."""
-    low: str | float = "-inf"
-    while True:
-        page = client.zrangebyscore(key, low, "+inf", start=0, num=INDEX_PAGE, withscores=True)
-        yield from (member for member, _ in page)
-        if len(page) < INDEX_PAGE:
-            return
-        low = f"({int(page[-1][1])}"
 
 
 def _list_chunks(
@@ -209,25 +185,8 @@ def _span(low: int, high: int) -> str:
 
 
 def layout_1_threads(store: MessageStore) -> list[str]:
-    """Thread ids of the namespace that still hold a layout-1 legacy hash (SCAN, no KEYS).
-
-    The operator's path: SCAN needs +scan, which the app user's ACL does not grant (it would list
-    every namespace's keys).
-    """
-    prefix = f"{store.config.namespace}:{{"
-    found = []
-    try:
-        for key in store.client.scan_iter(
-            match=f"{store.config.namespace}:{{*}}:messages", count=1000
-        ):
-            text = key.decode()
-            found.append(text[len(prefix) : text.rindex("}:messages")])
-    except redis.exceptions.NoPermissionError:
-        raise errors.PermissionDenied(
-            "finding layout-1 threads needs SCAN, which this user may not run: name the threads"
-            " (kvstore migrate THREAD ... or --threads-from FILE), or run it as an admin user with +scan"
-        ) from None
-    return sorted(found)
+    """Thread ids of the namespace that still hold a layout-1 legacy hash (admin: needs +scan)."""
+    return admin.layout_1_threads(store)
 
 
 def thread_ids_from(lines: Iterable[str]) -> list[str]:
@@ -266,10 +225,10 @@ def migrate_named(store: MessageStore, thread_ids: list[str], out: IO[str] = sys
         check_thread_id(thread_id)
     todo, current, missing = [], 0, []
     for thread_id in dict.fromkeys(thread_ids):
-        keys = store.thread(thread_id).keys
-        if store.client.exists(keys.legacy):
+        found = admin.presence(store, thread_id)
+        if found.legacy:
             todo.append(thread_id)
-        elif store.client.exists(keys.meta):
+        elif found.meta:
             current += 1
         else:
             missing.append(thread_id)

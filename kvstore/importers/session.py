@@ -14,7 +14,7 @@ from pydantic import BaseModel
 from .. import errors
 from .._engine import core
 from .._engine.drivers import Step
-from .._engine.keys import check_thread_id
+from .._engine.layout.keys import check_thread_id
 from .._engine.text import text
 from ..errors import SourceChanged
 from ..messages import (

@@ -15,7 +15,7 @@ import redis
 
 from kvstore import MessageStore
 from kvstore._engine.core import Batch, Eval, ThreadRef
-from kvstore._engine.keys import ThreadKeys
+from kvstore._engine.layout.keys import ThreadKeys
 from kvstore._engine.scripts import SCRIPTS
 
 from ..facade import SyncFacade

@@ -27,9 +27,9 @@ from redis.crc import key_slot
 
 from kvstore import AssistantMessage, MessageStore, StoreConfig, UserMessage, errors
 from kvstore._engine.bounds import MAX_CURSOR
-from kvstore._engine.keys import ThreadKeys
+from kvstore._engine.layout.formats import ChunkEntry
+from kvstore._engine.layout.keys import ThreadKeys
 from kvstore._engine.record import decode_records
-from kvstore._engine.replies import ChunkEntry
 from kvstore._engine.tool_pairs import without_orphans
 
 from .. import model

@@ -27,7 +27,7 @@ from hypothesis.stateful import (
 )
 
 from kvstore import AssistantMessage, MessageStore, StoreConfig, UserMessage, errors
-from kvstore._engine.replies import ChunkEntry
+from kvstore._engine.layout.formats import ChunkEntry
 
 from .. import model
 from ..layout_check import check_layout, read_layout

@@ -17,7 +17,7 @@ from typing import Any
 
 from kvstore import SummaryMessage, UserMessage
 from kvstore._engine.core import Batch, Eval
-from kvstore._engine.keys import ThreadKeys
+from kvstore._engine.layout.keys import ThreadKeys
 from kvstore._engine.record import encode_record
 
 from .driver import Step, batch, call

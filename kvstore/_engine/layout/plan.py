@@ -3,7 +3,7 @@
 A plan starts from facts about the range: read natively (:func:`_native_facts`, sequence
 cursors on a layout-2 thread) or replied by lua/page_plan.lua (an id cursor, a layout-1 thread).
 :func:`_select` then names the chunks, the window and the oversized messages to read, and how
-far the plan is complete.
+far the plan is complete; :func:`plan_reads` names the reads of them (reader.py).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .operation import (
+from ..operation import (
     OPTIMISTIC_READS,
     Batch,
     Eval,
@@ -20,8 +20,11 @@ from .operation import (
     changed_under_reads,
     int_or_zero,
 )
-from .replies import ChunkEntry, LargeEntry
-from .scripts import SCRIPTS
+from ..scripts import SCRIPTS
+from . import CURRENT, version
+from .formats import ChunkEntry, LargeEntry
+from .reader import Containers
+from .v2 import WindowRead
 
 # A cursor bound: ("", "") none, ("seq", "<sequence>") or ("id", "<message id>").
 Bound = tuple[str, str]
@@ -109,7 +112,7 @@ def _native_facts(
         gen, deleted_before, last_seq, deleting, layout = meta
         if deleting is not None:  # an interrupted delete(): the thread reads as empty
             return _Facts(int_or_zero(gen), 0, 0, 1, 0, [], [], None)
-        if layout == b"1" or (layout is None and legacy):
+        if version(layout, legacy) != CURRENT:  # lua/page_plan.lua plans the other layouts
             return None
         if [gen, last_seq] != again:
             continue
@@ -170,7 +173,7 @@ def _index_reads(
     ]
 
 
-def _script_facts(reply: list) -> _Facts:
+def _script_facts(reply: list[Any]) -> _Facts:
     """The facts lua/page_plan.lua replies."""
     gen, deleted_before, lo, hi, window_count, below, above_count = reply[:7]
     above_end = 7 + int(above_count)
@@ -267,3 +270,23 @@ def _in_range(first: int, last: int, count: int, lo: int, hi: int) -> int:
     """How many of a chunk's messages can lie inside (lo, hi): at most its count and span."""
     a, b = max(first, lo + 1), min(last, hi - 1)
     return 0 if b < a else min(count, b - a + 1)
+
+
+def plan_reads(plan: Plan, upward: bool, need: int) -> tuple[Containers, int]:
+    """The reads of a plan's containers, and how far what they read is complete: the plan's
+    bound, or nearer when only the walk's end of a legacy hash is read."""
+    lo, hi, bound = plan.lo, plan.hi, plan.bound
+    windows = [WindowRead(f"({lo}", f"({hi}", not upward, need)] if plan.window else []
+    chunks: list[int] = []
+    legacy: list[int] = []
+    for first, last, kind in plan.chunks:
+        if kind == 0:
+            chunks.append(first)
+            continue
+        # The legacy hash of a layout-1 thread can span more than a page: read only the
+        # walk's end of it, and trust the result only that far.
+        legacy = list(range(max(first, lo + 1), min(last, hi - 1) + 1))
+        if len(legacy) > need:
+            legacy = legacy[:need] if upward else legacy[-need:]
+            bound = min(bound, legacy[-1]) if upward else max(bound, legacy[0])
+    return Containers(windows, [*chunks, *plan.large], legacy), bound

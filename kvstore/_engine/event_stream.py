@@ -1,4 +1,4 @@
-"""The live tail: holding a turn, publishing its deltas, and watching the thread's events.
+"""The sans-IO reader of a thread's event stream: watch, its cursors, and its catch-up.
 
 Every writing script adds its event to the thread's stream in the same atomic step
 (lua/includes/events.lua; docs/EVENTS.md). :func:`watch` is the sans-IO reader of that stream:
@@ -17,7 +17,6 @@ another.
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass
@@ -32,101 +31,22 @@ from ..events import (
     ThreadDeleted,
     ThreadEvent,
     TurnFinished,
-    TurnLease,
     TurnRemoved,
     TurnStarted,
 )
-from ..messages import AssistantMessage, Message, parse_message
-from .bounds import check_lease
-from .operation import ITER_PAGE, Batch, Operation, ThreadRef, write
+from ..messages import parse_message
+from .layout.reader import decode, fetch, just_appended
+from .operation import ITER_PAGE, Batch, Operation, ThreadRef
 from .pages import list_page
-from .prepare import check_token
-from .reads import decode, fetch_sequences
+from .reads import fetch_sequences
 from .replies import stored_int
-from .scripts import SCRIPTS
 from .text import text as _text
 
-# The largest delta publish() sends.
-MAX_DELTA_BYTES = 1024 * 1024
 # Events one XREAD returns at most.
 READ_COUNT = 100
 
 # "<n>-<s>" (an event), "<s>" (a sequence), either with "@<incarnation>".
 _CURSOR = re.compile(r"(?:(\d+)-)?(\d+)(?:@(\d+))?")
-
-
-# ----------------------------------------------------------------------------- turn and delta
-
-
-def new_call_id(call_id: str | None) -> str:
-    """The id of one hold_turn or publish call: the caller's (to retry a call across processes
-    or interruptions), else one made here, before the first send, so that a re-send of the same
-    command (redis-py's retry) is a replay (lua/includes/turns.lua, recorded_call)."""
-    if call_id is None:
-        return os.urandom(8).hex()
-    check_token("call_id", call_id)
-    return call_id
-
-
-def hold_turn(thread: ThreadRef, turn_id: str, call_id: str | None = None) -> Operation:
-    check_token("turn_id", turn_id)
-    call_id = new_call_id(call_id)
-    try:
-        reply = yield from write(
-            thread,
-            SCRIPTS["start_turn"],
-            SCRIPTS["start_turn"].args(
-                limits=thread.limits(), turn_id=turn_id, mode="hold", call_id=call_id
-            ),
-        )
-    except errors.OutcomeUnknown as unknown:
-        unknown.call_id = call_id  # the caller's token to send the call again
-        raise
-    start, lease = reply
-    return TurnLease(turn_id=turn_id, lease=int(lease), reply_start=int(start))
-
-
-def encode_delta(delta: Message | dict | str) -> bytes:
-    """A delta as the stream keeps it: the message's JSON in the list API's shape."""
-    if isinstance(delta, str):
-        delta = AssistantMessage(content=delta)
-    message = parse_message(delta)
-    data = message.model_dump_json(exclude_none=True).encode()
-    if len(data) > MAX_DELTA_BYTES:
-        raise errors.MessageTooLarge(
-            f"a delta is {len(data)} bytes encoded; at most {MAX_DELTA_BYTES}"
-        )
-    return data
-
-
-def publish(
-    thread: ThreadRef,
-    turn: str | TurnLease,
-    delta: Message | dict | str,
-    call_id: str | None = None,
-) -> Operation:
-    if not thread.config.events:
-        raise errors.ConfigError(
-            "publish() needs StoreConfig(events=True): deltas travel on the event stream"
-        )
-    turn_id, lease = (
-        (turn.turn_id, check_lease(turn.lease)) if isinstance(turn, TurnLease) else (turn, 0)
-    )
-    check_token("turn_id", turn_id)
-    data = encode_delta(delta)
-    call_id = new_call_id(call_id)
-    try:
-        reply = yield from write(
-            thread,
-            SCRIPTS["publish"],
-            SCRIPTS["publish"].args(
-                limits=thread.limits(), turn_id=turn_id, lease=lease, delta=data, call_id=call_id
-            ),
-        )
-    except errors.OutcomeUnknown as unknown:
-        unknown.call_id = call_id  # the caller's token to send the call again
-        raise
-    return reply.decode() if isinstance(reply, bytes) else str(reply)
 
 
 # ----------------------------------------------------------------------------- watching
@@ -421,19 +341,16 @@ def _int(value: bytes | None) -> int:
 
 
 def _new_messages(thread: ThreadRef, first: int, last: int, incarnation: str | None) -> Operation:
-    """Messages first..last, just stored: one native read of the window, where new messages
-    are (a record's sequence never changes hands, so what the window holds is theirs); when some
-    already moved on (rollover, retention, remove_turn), the reads of any sequence. Either is
-    checked to be of the watched thread (meta's `born`, read after it, in the same round trip)."""
-    records, born = yield Batch(
-        [
-            ("ZRANGE", thread.keys.window, first, last, "BYSCORE"),
-            ("HGET", thread.keys.meta, "born"),
-        ]
+    """Messages first..last, just stored: one native read of where new messages are (a record's
+    sequence never changes hands, so what is found there is theirs); when some already moved on
+    (rollover, retention, remove_turn), the reads of any sequence. Either is checked to be of
+    the watched thread (meta's `born`, read after it, in the same round trip)."""
+    found = yield from fetch(
+        thread, just_appended(first, last), [("HGET", thread.keys.meta, "born")]
     )
-    _check(incarnation, born)
-    if len(records) == last - first + 1:
-        return decode(thread, list(zip(range(first, last + 1), records)))
+    _check(incarnation, found.checks[0])
+    if len(found.records) == last - first + 1:
+        return decode(thread, list(found.records.items()))
     return (yield from _checked_sequences(thread, list(range(first, last + 1)), incarnation))
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ..errors import InvalidThreadId
+from ...errors import InvalidThreadId
 
 MAX_THREAD_ID_LENGTH = 200
 
@@ -21,6 +21,8 @@ _THREAD_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@/+=-]*")
 
 
 def check_thread_id(thread_id: str) -> str:
+    """`thread_id` if it can name a thread's keys (1-200 of the characters below, starting with
+    a letter or digit), else InvalidThreadId."""
     if not isinstance(thread_id, str):
         raise InvalidThreadId(f"thread id must be a str, not {type(thread_id).__name__}")
     if not 1 <= len(thread_id) <= MAX_THREAD_ID_LENGTH:
@@ -33,6 +35,17 @@ def check_thread_id(thread_id: str) -> str:
             " and must start with a letter or digit"
         )
     return thread_id
+
+
+def legacy_pattern(namespace: str) -> str:
+    """The SCAN pattern of every layout-1 legacy hash of a namespace."""
+    return f"{namespace}:{{*}}:messages"
+
+
+def thread_of_legacy_key(namespace: str, key: bytes | str) -> str:
+    """The thread id of a legacy hash's key (one legacy_pattern matched)."""
+    text = key.decode() if isinstance(key, bytes) else key
+    return text[len(f"{namespace}:{{") : text.rindex("}:messages")]
 
 
 @dataclass(frozen=True, slots=True)

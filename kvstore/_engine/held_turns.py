@@ -1,0 +1,89 @@
+"""Held turns and their deltas: hold_turn (start a turn under a lease) and publish (a delta on
+the thread's event stream), and what they share: the call id that makes a re-sent call a replay,
+and a delta's encoding (docs/EVENTS.md)."""
+
+from __future__ import annotations
+
+import os
+
+from .. import errors
+from ..events import TurnLease
+from ..messages import AssistantMessage, Message, parse_message
+from .bounds import check_lease
+from .operation import Operation, ThreadRef, write
+from .prepare import check_token
+from .scripts import SCRIPTS
+
+# The largest delta publish() sends.
+MAX_DELTA_BYTES = 1024 * 1024
+
+
+def new_call_id(call_id: str | None) -> str:
+    """The id of one hold_turn or publish call: the caller's (to retry a call across processes
+    or interruptions), else one made here, before the first send, so that a re-send of the same
+    command (redis-py's retry) is a replay (lua/includes/turns.lua, recorded_call)."""
+    if call_id is None:
+        return os.urandom(8).hex()
+    check_token("call_id", call_id)
+    return call_id
+
+
+def hold_turn(thread: ThreadRef, turn_id: str, call_id: str | None = None) -> Operation:
+    check_token("turn_id", turn_id)
+    call_id = new_call_id(call_id)
+    try:
+        reply = yield from write(
+            thread,
+            SCRIPTS["start_turn"],
+            SCRIPTS["start_turn"].args(
+                limits=thread.limits(), turn_id=turn_id, mode="hold", call_id=call_id
+            ),
+        )
+    except errors.OutcomeUnknown as unknown:
+        unknown.call_id = call_id  # the caller's token to send the call again
+        raise
+    start, lease = reply
+    return TurnLease(turn_id=turn_id, lease=int(lease), reply_start=int(start))
+
+
+def encode_delta(delta: Message | dict | str) -> bytes:
+    """A delta as the stream keeps it: the message's JSON in the list API's shape."""
+    if isinstance(delta, str):
+        delta = AssistantMessage(content=delta)
+    message = parse_message(delta)
+    data = message.model_dump_json(exclude_none=True).encode()
+    if len(data) > MAX_DELTA_BYTES:
+        raise errors.MessageTooLarge(
+            f"a delta is {len(data)} bytes encoded; at most {MAX_DELTA_BYTES}"
+        )
+    return data
+
+
+def publish(
+    thread: ThreadRef,
+    turn: str | TurnLease,
+    delta: Message | dict | str,
+    call_id: str | None = None,
+) -> Operation:
+    if not thread.config.events:
+        raise errors.ConfigError(
+            "publish() needs StoreConfig(events=True): deltas travel on the event stream"
+        )
+    turn_id, lease = (
+        (turn.turn_id, check_lease(turn.lease)) if isinstance(turn, TurnLease) else (turn, 0)
+    )
+    check_token("turn_id", turn_id)
+    data = encode_delta(delta)
+    call_id = new_call_id(call_id)
+    try:
+        reply = yield from write(
+            thread,
+            SCRIPTS["publish"],
+            SCRIPTS["publish"].args(
+                limits=thread.limits(), turn_id=turn_id, lease=lease, delta=data, call_id=call_id
+            ),
+        )
+    except errors.OutcomeUnknown as unknown:
+        unknown.call_id = call_id  # the caller's token to send the call again
+        raise
+    return reply.decode() if isinstance(reply, bytes) else str(reply)

@@ -1,0 +1,137 @@
+"""A backup file's own format (docs/LAYOUT.md, "Backup and restore"): its header line (the
+thread's state), its end line (the count of message lines and the checksum of every line before
+it), and the checks that a file read back is whole and its header is one `export` wrote."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from .. import admin, errors
+
+BACKUP_FORMAT = 1
+# The end line's key: {"kvstore_backup_end": 1, "messages": N, "sha256": "<hex>"}.
+BACKUP_END = "kvstore_backup_end"
+
+
+def line_digest() -> Any:
+    return hashlib.sha256()
+
+
+def add_line(digest: Any, line: str) -> None:
+    """A line as the checksum takes it: its text without its line break, then "\n" (a file
+    whose line breaks became CRLF is the same backup)."""
+    digest.update(line.rstrip("\r\n").encode("utf-8") + b"\n")
+
+
+def header_line(thread_id: str, messages: int, state: admin.BackupState) -> dict[str, Any]:
+    """A backup's header line: the thread's state apart from its messages."""
+    return {
+        "kvstore_backup": BACKUP_FORMAT,
+        "thread": thread_id,
+        "messages": messages,
+        "last_seq": state.last_seq,
+        "summary_last": state.summary_last,
+        "summary_seq": state.summary_seq,
+        "deleted_before": state.deleted_before,
+        "turn": {"id": state.turn_id, "seq": state.turn_seq, "outcome": state.turn_outcome}
+        if state.turn_id
+        else None,
+        "turns": [
+            {
+                "id": t.turn_id,
+                "start": t.start,
+                "outcome": t.outcome,
+                "replies": t.replies,
+                "first": t.first,
+                "count": t.count,
+                "first_seq": t.first_seq,
+                "last_seq": t.last_seq,
+            }
+            for t in state.turns
+        ],
+    }
+
+
+def check_whole(
+    head: dict, messages: int, end: tuple[int, Any] | None, checksum: str, allow_untrailed: bool
+) -> None:
+    """Refuses (BackupIncomplete) a backup that does not prove it is whole, before the restore's
+    last step: its end line's count and checksum must be the file's."""
+    unfinished = "; the restore is not finished (the thread refuses writes until the whole backup is imported)"
+    if end is None:
+        if not allow_untrailed:
+            raise errors.BackupIncomplete(
+                f"the backup has no end line after its {messages} message lines: it may be cut short{unfinished}."
+                " A backup written before end lines existed is imported with --allow-untrailed"
+            )
+        if head.get("messages") != messages:
+            raise errors.BackupIncomplete(
+                f"the backup has no end line and {messages} message lines where its header counts"
+                f" {head.get('messages')!r}: it is cut short{unfinished}"
+            )
+        return
+    number, body = end
+    if body.get(BACKUP_END) != BACKUP_FORMAT:
+        raise errors.InvalidMessage(
+            f"line {number}: backup end line format {body.get(BACKUP_END)!r} is not one this"
+            f" version reads ({BACKUP_FORMAT})"
+        )
+    if body.get("messages") != messages:
+        raise errors.BackupIncomplete(
+            f"line {number}: the backup's end line counts {body.get('messages')!r} message lines, the file has"
+            f" {messages} message lines{unfinished}"
+        )
+    if body.get("sha256") != checksum:
+        raise errors.BackupIncomplete(
+            f"line {number}: the backup's lines do not match its end line's checksum{unfinished}"
+        )
+
+
+def header_state(head: dict) -> admin.BackupState:
+    """The state a backup's header records, every field checked here: restore_state sends it
+    after every message is in, and a value it cannot read must not stop it there."""
+
+    def number(value: object) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{value!r} is not a sequence or count")
+        return value
+
+    def text(value: object) -> str:
+        if not isinstance(value, str):
+            raise ValueError(f"{value!r} is not a string")
+        return value
+
+    def word(value: object) -> str:  # a turn's outcome, as its record holds it
+        if not (isinstance(value, str) and value.isascii() and value.isalpha()):
+            raise ValueError(f"{value!r} is not an outcome")
+        return value
+
+    try:
+        turn = head.get("turn") or {}
+        return admin.BackupState(
+            last_seq=number(head["last_seq"]),
+            summary_last=number(head.get("summary_last") or 0),
+            summary_seq=number(head.get("summary_seq") or 0),
+            deleted_before=number(head.get("deleted_before") or 0),
+            turn_id=text(turn.get("id", "")),
+            turn_seq=number(turn.get("seq") or 0),
+            turn_outcome=word(turn["outcome"]) if turn else "",
+            turns=[
+                admin.TurnRecord(
+                    text(t["id"]),
+                    number(t["start"]),
+                    word(t["outcome"]),
+                    number(t["replies"]),
+                    number(t["first"]),
+                    number(t["count"]),
+                    number(t["first_seq"]),
+                    number(t["last_seq"]),
+                )
+                for t in head.get("turns", [])
+            ],
+        )
+    except (KeyError, TypeError, AttributeError, ValueError) as exc:
+        raise errors.InvalidMessage(
+            f"line 1: the backup's header is not one export wrote ({exc!r})"
+        ) from None
