@@ -12,8 +12,8 @@ import redis
 
 from kvstore import AsyncMessageStore, MessageStore, StoreConfig
 
-from .facade import SyncFacade
-from .servers import ServerProcess, redis_binary, require_redis, valkey_binary
+from .support.facade import SyncFacade
+from .support.servers import ServerProcess, redis_binary, require_redis, valkey_binary
 
 _servers: dict[str, ServerProcess] = {}
 

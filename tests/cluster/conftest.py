@@ -15,7 +15,7 @@ import pytest
 
 from kvstore import AsyncMessageStore, MessageStore, StoreConfig
 
-from ..facade import SyncFacade
+from ..support.facade import SyncFacade
 from .harness import Cluster, cluster_binaries
 
 _shared: dict[str, Cluster] = {}

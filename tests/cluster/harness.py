@@ -31,7 +31,7 @@ from redis.crc import key_slot
 from kvstore.cli.process import ServerProcess
 from kvstore.errors import KVStoreError
 
-from ..servers import redis_binary, require_redis, valkey_binary
+from ..support.servers import redis_binary, require_redis, valkey_binary
 
 HOST = "127.0.0.1"
 SLOTS = 16384

@@ -21,7 +21,7 @@ from redis.crc import key_slot
 
 from kvstore import MessageStore, StoreConfig, UserMessage, errors
 
-from ..layout_check import check_layout
+from ..support.layout_check import check_layout
 from .harness import Cluster, cluster_binaries, thread_ids_on_each_primary, wait_until
 from .workload import (
     LedgerReport,

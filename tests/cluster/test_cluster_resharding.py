@@ -22,7 +22,7 @@ from kvstore import MessageStore, StoreConfig, UserMessage, errors
 from kvstore._engine import core as _core
 from kvstore._engine.core import ThreadRef
 
-from ..layout_check import check_layout
+from ..support.layout_check import check_layout
 from .harness import HOST, Cluster, cluster_binaries, thread_ids_in_slot
 from .workload import (
     LedgerReport,

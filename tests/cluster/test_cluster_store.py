@@ -20,8 +20,8 @@ from kvstore import (
 )
 from kvstore._engine.scripts import SCRIPTS
 
-from .. import model
-from ..layout_check import check_layout
+from ..support import model
+from ..support.layout_check import check_layout
 from .harness import Cluster, Node, thread_ids_on_each_primary
 
 SMALL = dict(window_size=8, chunk_size=4, chunk_max_bytes=2048)

@@ -18,8 +18,8 @@ from kvstore._engine.core import Batch, Eval, ThreadRef
 from kvstore._engine.keys import ThreadKeys
 from kvstore._engine.scripts import SCRIPTS
 
-from ..facade import SyncFacade
-from ..servers import ServerProcess, redis_binary, require_redis, valkey_binary
+from ..support.facade import SyncFacade
+from ..support.servers import ServerProcess, redis_binary, require_redis, valkey_binary
 
 
 def server_kinds() -> list[str]:
@@ -148,6 +148,6 @@ def thread_in_mode(
 
 def free_port_client(**kwargs: Any) -> redis.Redis:
     """A client of a loopback port nothing listens on."""
-    from ..servers import free_port
+    from ..support.servers import free_port
 
     return redis.Redis(host="127.0.0.1", port=free_port(), **kwargs)

@@ -24,7 +24,7 @@ from redis.retry import Retry
 from kvstore import StoreConfig, UserMessage, errors
 from kvstore._engine.scripts import SCRIPTS
 
-from ..servers import free_port
+from ..support.servers import free_port
 from .support import dedicated_server, fresh_namespace, thread_in_mode
 
 RETRIES = 3  # redis-py's retry on, without its backoff sleeps

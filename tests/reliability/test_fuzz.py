@@ -32,7 +32,7 @@ from kvstore._engine.record import decode_records
 from kvstore._engine.replies import ChunkEntry
 from kvstore._engine.tool_pairs import without_orphans
 
-from .. import model
+from ..support import model
 from .support import dedicated_server, fresh_namespace, keyspace, keyspace_diff
 
 FIGURES: dict[str, Counter] = {}

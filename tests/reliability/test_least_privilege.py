@@ -20,7 +20,7 @@ from kvstore import AssistantMessage, StoreConfig, SummaryMessage, UserMessage, 
 from kvstore._engine.health import health, preload_library, preload_scripts
 from kvstore._engine.scripts import LIBRARY, SCRIPTS
 
-from ..layout_check import check_layout
+from ..support.layout_check import check_layout
 from .support import dedicated_server, fresh_namespace, keyspace, keyspace_diff, thread_in_mode
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -25,7 +25,7 @@ import redis
 
 from kvstore import MessageStore, StoreConfig, SummaryMessage
 
-from ..layout_check import check_layout
+from ..support.layout_check import check_layout
 from .mixed_workers import MIXED_CONFIG, mixed_worker, shared_thread_ids
 from .support import fresh_namespace, new_server, server_kinds
 from .workers import read_ledger

@@ -18,7 +18,7 @@ import redis
 
 from kvstore import StoreConfig, UserMessage, errors
 
-from ..layout_check import check_layout
+from ..support.layout_check import check_layout
 from .support import fresh_namespace, thread_in_mode
 
 CONFIG = dict(window_size=8, chunk_size=4, chunk_max_bytes=4096, retained_message_limit=None)

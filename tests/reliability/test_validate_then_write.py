@@ -25,7 +25,7 @@ from kvstore._engine import core as _core
 from kvstore._engine.core import ThreadRef
 from kvstore.messages import ImageContent, TextContent
 
-from ..layout_check import check_layout
+from ..support.layout_check import check_layout
 from .support import (
     dedicated_server,
     first_request,
