@@ -73,7 +73,7 @@ def open_pair_ids(raw_client, thread) -> set[str]:
 
 
 def intact(raw_client, thread, **config) -> None:
-    """Every layout invariant holds (tests/layout_check.py), for the thread made with `config`."""
+    """Every layout invariant holds (tests/support/layout_check.py), for the thread made with `config`."""
     check_layout(
         raw_client, thread.keys, StoreConfig(namespace=thread.keys.meta.split(":", 1)[0], **config)
     )

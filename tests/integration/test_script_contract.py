@@ -1,6 +1,6 @@
 """Each script's header against what the client sends: real operations on a real server, every
 script call they make recorded and checked against the KEYS and ARGV its header states
-(tests/script_headers.py reads the headers)."""
+(tests/support/script_headers.py reads the headers)."""
 
 from __future__ import annotations
 

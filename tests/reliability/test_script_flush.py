@@ -2,7 +2,7 @@
 
 A server restart, a failover or an operator's SCRIPT FLUSH empties the script cache; with
 scripting="eval" the executors call scripts by SHA and must reload them transparently (spec §3).
-(The function library's loss is tests/test_loading.py's, with the same workload.) A mixed workload
+(The function library's loss is tests/integration/test_loading.py's, with the same workload.) A mixed workload
 (appends, batches, otid replays, pages, get, replace, compact, remove_turn, context) runs against
 a model of what it stored, with the cache flushed before every call, then with a thread
 flushing it in a loop.

@@ -1,4 +1,4 @@
-"""Processes for the live-tail tests (tests/test_watch_processes.py): producers that append, and
+"""Processes for the live-tail tests (tests/integration/test_watch_processes.py): producers that append, and
 a consumer that watches, each in its own interpreter, on its own client."""
 
 from __future__ import annotations
