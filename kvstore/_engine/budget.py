@@ -376,7 +376,7 @@ def stored_tokens(thread: ThreadRef, sequences: list[int]) -> Operation:
         )
         if gen != again:
             continue
-        tokens = {s: side_tokens(side) for s, side in zip(sequences, sides) if side is not None}
+        tokens = {s: side_tokens(x) for s, x in zip(sequences, sides, strict=True) if x is not None}
         wanted = set(sequences) - set(tokens)
         for entry in map(LargeEntry.parse, large):
             if entry.sequence in wanted:

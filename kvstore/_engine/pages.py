@@ -270,9 +270,7 @@ def _merge(plan: Plan, fetch: _Fetch, results: list[Any], upward: bool) -> Entri
         if kind == 0:
             found.update(split_chunk(*reply))
         else:
-            found.update(
-                (s, record) for s, record in zip(fetch.legacy, reply) if record is not None
-            )
+            found.update((s, r) for s, r in zip(fetch.legacy, reply, strict=False) if r is not None)
     for _sequence in plan.large:
         found.update(split_chunk(*next(replies)))
     lo, hi, bound = plan.lo, plan.hi, fetch.bound

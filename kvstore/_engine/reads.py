@@ -104,7 +104,7 @@ def locate_records(thread: ThreadRef, kind: str, targets: list[str]) -> Operatio
         if int_or_zero(results[-1]) != int(gen):
             continue
         entries = []
-        for sequence, command, result in zip(wanted, commands, results[:-1]):
+        for sequence, command, result in zip(wanted, commands, results[:-1], strict=True):
             record = (
                 split_chunk(*result).get(sequence)
                 if command[2] == "_m"

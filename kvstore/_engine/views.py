@@ -131,7 +131,7 @@ def snapshot(thread: ThreadRef) -> Operation:
         found = decode(thread, [read.summary[:2]], unreadable)
         summary = found[0] if found and isinstance(found[0], SummaryMessage) else None
     return _snapshot_of(
-        dict(zip(flat[::2], flat[1::2])), tuple(sizes), messages, summary, unreadable
+        dict(zip(flat[::2], flat[1::2], strict=False)), tuple(sizes), messages, summary, unreadable
     )
 
 

@@ -428,7 +428,7 @@ def _new_messages(thread: ThreadRef, first: int, last: int, incarnation: str | N
     )
     _check(incarnation, born)
     if len(records) == last - first + 1:
-        return decode(thread, list(zip(range(first, last + 1), records)))
+        return decode(thread, list(zip(range(first, last + 1), records, strict=True)))
     return (yield from _checked_sequences(thread, list(range(first, last + 1)), incarnation))
 
 

@@ -39,10 +39,7 @@ def import_from(
     """Imports every session of `source` matching `pattern`, with a progress bar (source
     messages) and a summary table; returns the exit status (1 if a session failed). An import
     that a failed server or connection (or Ctrl-C) ends shows the sessions done, then raises."""
-    if kind == "langchain":
-        pattern = pattern or f"{key_prefix}*"
-    else:
-        pattern = pattern or "*"
+    pattern = pattern or (f"{key_prefix}*" if kind == "langchain" else "*")
     keys = find_sessions(source, pattern)
     total = _total(source, keys)
     bar = Progress("imported", total, progress_out, every)

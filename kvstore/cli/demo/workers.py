@@ -3,6 +3,7 @@ memory flat."""
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import queue
 import random
@@ -77,12 +78,11 @@ def _worker(options: DemoOptions, worker: int, progress, results) -> None:
         if result.reply_count != len(replies):
             raise RuntimeError(f"turn {turn_id} counted {result.reply_count} replies")
         if turn % COMPACT_EVERY == COMPACT_EVERY - 1:
-            try:
+            # InvalidSummaryRange: another worker's summary of this thread already reaches further.
+            with contextlib.suppress(errors.InvalidSummaryRange):
                 thread.compact(
                     f"summary by worker {worker} after turn {turn}", result.last_sequence
                 )
-            except errors.InvalidSummaryRange:
-                pass  # another worker's summary of this thread already reaches further
         started = time.perf_counter()
         thread.list(limit=50, order="desc")
         page_us.append((time.perf_counter() - started) * 1e6)
