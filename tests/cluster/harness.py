@@ -12,6 +12,7 @@ them, each step waiting for the cluster to agree again.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -457,10 +458,8 @@ class Cluster:
 
     def teardown(self) -> None:
         for client in self._clients:
-            try:
+            with contextlib.suppress(Exception):  # a client of a node already gone
                 client.close()
-            except Exception:  # a client of a node already gone
-                pass
         self._clients.clear()
         self._stop_nodes()
         shutil.rmtree(self.root, ignore_errors=True)

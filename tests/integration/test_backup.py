@@ -210,7 +210,7 @@ def test_plain_lines_import_once_whatever_the_cut(stores):
     backup.import_lines(target, "plain", iter(lines), third, progress_out=io.StringIO())
     assert (third.stored, third.already) == (0, 300)
     assert [m.to_dict()["content"] for m in target.thread("plain").iter()] == [
-        json.loads(l)["content"] for l in lines
+        json.loads(line)["content"] for line in lines
     ]
 
 

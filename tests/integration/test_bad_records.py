@@ -226,7 +226,7 @@ def store_unchecked(
     with correct side info, but never validated."""
     prepared = [
         _core.PreparedMessage(UserMessage(id=i, otid=o, content="-"), record, 0, 1)
-        for i, o, record in zip(ids, otids, records)
+        for i, o, record in zip(ids, otids, records, strict=True)
     ]
     with monkeypatch.context() as patch:
         # Where append looks it up: core only re-exports it.

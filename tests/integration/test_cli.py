@@ -667,7 +667,7 @@ def test_a_killed_owner_leaves_no_lock_behind(tmp_path):
         stop(process)
     result = kvstore("export", "chat", "--data-dir", str(data))
     assert result.returncode == 0, result.stderr
-    header, *lines, end = result.stdout.splitlines()  # the backup's header, messages, end line
+    _header, *lines, end = result.stdout.splitlines()  # the backup's header, messages, end line
     assert [json.loads(line)["content"] for line in lines] == [
         "before kill -9",
         "after the restart",

@@ -117,7 +117,7 @@ def test_pages_cross_window_and_chunks_exactly(make_thread, backend, mode):
             cases = [(None, None)] + [(a, None) for a in anchors] + [(None, b) for b in anchors]
             cases += [
                 (min(a, b), max(a, b)) if order == "asc" else (max(a, b), min(a, b))
-                for a, b in zip(sorted(anchors), sorted(anchors)[3:])
+                for a, b in zip(sorted(anchors), sorted(anchors)[3:], strict=False)
             ]
             for after, before in cases:
                 page = thread.list(after=after, before=before, limit=limit, order=order)

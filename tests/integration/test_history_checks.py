@@ -397,7 +397,7 @@ def test_the_store_refuses_exactly_the_answers_to_nothing_open(
             open_calls, pending = after
             stored += len(batch)
         else:
-            refused_unchanged(raw_client, namespace, lambda: thread.append(batch))
+            refused_unchanged(raw_client, namespace, lambda batch=batch: thread.append(batch))
         expected = {f"c:{c}" for c in open_calls} | {f"p:{c}" for c in pending}
         assert {t for t in open_pair_ids(raw_client, thread) if not t.startswith("a:")} == expected
     assert thread.stats().stored_messages == stored

@@ -137,7 +137,7 @@ def test_bounded_state_over_2000_turns(make_thread, raw_client, namespace, serve
             samples[turn] = (memory, stats.stored_messages)
     # stored messages <= limit + window + one chunk (+ the summaries, which are messages too)
     bound = limit + window + chunk
-    for turn, (memory, stored) in samples.items():
+    for turn, (_memory, stored) in samples.items():
         assert stored <= bound, (turn, stored, bound)
     per_message = [memory / stored for memory, stored in samples.values()]
     mean = sum(per_message) / len(per_message)

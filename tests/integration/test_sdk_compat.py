@@ -513,7 +513,7 @@ def thread_fields(**more: Any) -> dict[str, Any]:
 
 def test_thread_messages_validate_as_openais_own_model(make_thread):
     thread = make_thread()
-    user, assistant, bare = thread.append(
+    user, _assistant, bare = thread.append(
         [
             {
                 "message_type": "user_message",

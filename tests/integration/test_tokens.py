@@ -139,7 +139,7 @@ def test_counts_follow_rollover_retention_replace_and_turn_removal(make_thread, 
         batch = users(rng.randint(1, 3), start=10 * step)
         tokens = [rng.randint(0, 50) for _ in batch]
         stored = thread.append(batch, turn_id=f"turn-{step % 3}", tokens=tokens)
-        counts_by_id.update((m.id, t) for m, t in zip(stored, tokens))
+        counts_by_id.update((m.id, t) for m, t in zip(stored, tokens, strict=True))
         check_layout(raw_client, keys, config)
         assert thread.stats().tokens == expected_total(thread, counts_by_id)
     # An oversized message: its own chunk, its count in the large index member.
@@ -334,7 +334,9 @@ def test_a_budget_is_planned_from_stored_counts_in_two_round_trips(backend, name
     thread.append(messages[:150], tokens=tokens[:150])
     thread.append(UserMessage(content="z" * 5000), tokens=[25])  # an oversized one among them
     thread.append(messages[150:], tokens=tokens[150:])
-    counts_by_id = {m.id: t for m, t in zip(thread.iter(), [*tokens[:150], 25, *tokens[150:]])}
+    counts_by_id = {
+        m.id: t for m, t in zip(thread.iter(), [*tokens[:150], 25, *tokens[150:]], strict=True)
+    }
     summary = None
     if compacted:
         summary = thread.compact("s", 120, tokens=40)

@@ -254,7 +254,7 @@ def test_an_interleaved_turn_keeps_bounded_records(make_thread, raw_client, name
         others += thread.append(UserMessage(content=f"u{i}"), turn_id=f"u{i % 3}")
     # What an append of the turn writes does not grow with its ranges: at most two fields
     # (the header and the range it closes), of bounded size, and the same number of commands.
-    (early_fields, early_bytes, early_commands), (late_fields, late_bytes, late_commands) = (
+    (_early_fields, early_bytes, early_commands), (late_fields, late_bytes, late_commands) = (
         measured.values()
     )
     assert late_fields <= 2 and late_bytes <= early_bytes + 16, measured

@@ -94,7 +94,7 @@ def test_every_write_adds_its_event_in_order(store, raw_client):
         TurnRemoved,
         ThreadDeleted,
     ]
-    started, added, text, tool, finished, replaced, compacted, removed, deleted = events
+    started, added, text, tool, finished, replaced, compacted, removed, _deleted = events
     assert (started.turn_id, started.reply_start, started.lease) == ("turn-1", 1, lease.lease)
     assert (added.first_sequence, added.last_sequence, added.turn_id) == (1, 2, "turn-1")
     assert [m.id for m in added.messages] == [m.id for m in stored]

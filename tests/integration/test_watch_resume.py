@@ -130,7 +130,7 @@ def test_the_seam_between_paging_and_the_stream_loses_nothing_whatever_is_writte
         thread = five_messages(f"seam-{at}")
         steps = [0]
 
-        def tick():
+        def tick(thread=thread, steps=steps, at=at):
             if steps[0] == at:
                 # A message, then enough others that its event is trimmed before the next read.
                 for i in range(6, 10):
@@ -144,7 +144,9 @@ def test_the_seam_between_paging_and_the_stream_loses_nothing_whatever_is_writte
             thread,
             after,
             tick,
-            until=lambda events: steps[0] > at and _sequences(events)[-1:] == [9],
+            until=lambda events, steps=steps, at=at: (
+                steps[0] > at and _sequences(events)[-1:] == [9]
+            ),
         )
         expected = list(range(2, 10)) if cursor == "old event" else list(range(6, 10))
         assert _sequences(events) == expected, f"writer before request {at}"
@@ -277,7 +279,7 @@ def test_a_thread_made_again_while_the_watcher_pages_it(
         thread = old_thread(f"again-{at}")
         steps = [0]
 
-        def tick():
+        def tick(thread=thread, steps=steps, at=at):
             if steps[0] == at:
                 thread.delete()
                 for i in range(8):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import importlib
 import inspect
+import itertools
 import re
 import sys
 import tomllib
@@ -94,7 +95,7 @@ def documented_variables(module) -> set[str]:
     """Module-level names followed by a string literal: the docstring pdoc shows for them."""
     body = ast.parse(inspect.getsource(module)).body
     found = set()
-    for node, after in zip(body, body[1:]):
+    for node, after in itertools.pairwise(body):
         if not (
             isinstance(after, ast.Expr)
             and isinstance(after.value, ast.Constant)

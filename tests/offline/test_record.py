@@ -92,7 +92,7 @@ def test_encoded_size_is_len_of_the_record() -> None:
 
 
 def test_message_that_cannot_be_encoded_is_an_invalid_message_naming_the_field() -> None:
-    with pytest.raises(InvalidMessage, match="cannot be encoded: content: .*surrogates"):
+    with pytest.raises(InvalidMessage, match=r"cannot be encoded: content: .*surrogates"):
         encode_record(UserMessage(content="lone \ud800 surrogate"))
     parts = UserMessage(content=[TextContent(text="fine"), TextContent(text="lone \ud800")])
     with pytest.raises(InvalidMessage, match=r"cannot be encoded: content\[1\]\.text: "):
@@ -125,7 +125,7 @@ def test_encode_message_returns_the_validated_copy_that_the_record_holds() -> No
 def test_encode_message_validates_the_dump_not_the_object() -> None:
     message = UserMessage(content="x", metadata={})
     message.metadata.update({f"k{i}": "v" for i in range(17)})  # validate_assignment cannot see it
-    with pytest.raises(InvalidMessage, match="metadata: .*17 pairs"):
+    with pytest.raises(InvalidMessage, match=r"metadata: .*17 pairs"):
         encode_message(message)
     message = UserMessage(content=[TextContent(text="x")])
     message.content[0].text = 5

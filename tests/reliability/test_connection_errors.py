@@ -10,6 +10,8 @@ attempt was sent).
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import threading
 import time
 from collections import Counter
@@ -143,9 +145,8 @@ def test_a_server_killed_after_receiving_the_call_is_outcome_unknown(kind, mode)
                     UserMessage(content="warm up")
                 )  # loads the script, opens the connection
                 admin = redis.Redis(port=server.port, retry=Retry(NoBackoff(), 0))
-                sleeper = threading.Thread(
-                    target=lambda: _ignore(lambda: admin.execute_command("DEBUG", "SLEEP", 2))
-                )
+                sleep = functools.partial(admin.execute_command, "DEBUG", "SLEEP", 2)
+                sleeper = threading.Thread(target=_ignore, args=(sleep,))
                 sleeper.start()
                 time.sleep(0.05)
                 killer = threading.Timer(0.3, server.kill)
@@ -161,10 +162,8 @@ def test_a_server_killed_after_receiving_the_call_is_outcome_unknown(kind, mode)
 
 
 def _ignore(call) -> None:
-    try:
+    with contextlib.suppress(redis.ConnectionError):
         call()
-    except redis.ConnectionError:
-        pass
 
 
 def _dies_after_a_replay(mode: str, server, watched: str):

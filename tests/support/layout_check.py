@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 from dataclasses import dataclass
 
@@ -65,10 +66,10 @@ def read_layout(client, keys: ThreadKeys) -> Layout:
         int(score): member for member, score in client.zrange(keys.window, 0, -1, withscores=True)
     }
     chunks, large = {}, {}
-    for member, score in client.zrange(keys.chunk_index, 0, -1, withscores=True):
+    for _member, score in client.zrange(keys.chunk_index, 0, -1, withscores=True):
         first = int(score)
         chunks[first] = chunk_records(client, keys.chunk(first))
-    for member, score in client.zrange(keys.large_index, 0, -1, withscores=True):
+    for _member, score in client.zrange(keys.large_index, 0, -1, withscores=True):
         records = chunk_records(client, keys.chunk(int(score)))
         assert list(records) == [int(score)]
         large[int(score)] = records[int(score)]
@@ -104,7 +105,7 @@ def check_layout(client, keys: ThreadKeys, config: StoreConfig) -> Layout:
         assert count == 1 or nbytes <= config.chunk_max_bytes, (first, nbytes)
     # Normal chunks hold disjoint, ordered ranges, all older than the window.
     ranges = sorted((first, index[first][0]) for first in layout.chunks)
-    for (_, last), (next_first, _) in zip(ranges, ranges[1:]):
+    for (_, last), (next_first, _) in itertools.pairwise(ranges):
         assert last < next_first
     if ranges and layout.window:
         assert ranges[-1][1] < min(layout.window)
@@ -203,7 +204,7 @@ def check_turns(client, keys: ThreadKeys) -> None:
                 low, _, high = ranges[field].partition("-")
                 spans.append((int(low), int(high)))
             spans.append((turn.a, turn.b))
-        for (low, high), (next_low, _) in zip(spans, spans[1:]):
+        for (low, high), (next_low, _) in itertools.pairwise(spans):
             assert low <= high < next_low - 1, (turn_id, spans)
         sequences = [s for low, high in spans for s in range(low, high + 1)]
         assert turn.kept == len(sequences), (turn_id, header)

@@ -22,12 +22,14 @@ def consume(url: str, namespace: str, thread_id: str, total: int, out: Any) -> N
     [(cursor, [(sequence, otid)])], on `out`."""
     seen: list[tuple[str, list[tuple[int, str]]]] = []
     count = 0
-    with MessageStore.from_url(url, StoreConfig(namespace=namespace)) as store:
-        with store.thread(thread_id).watch(after="0-0", block_ms=1000) as events:
-            for event in events:
-                assert isinstance(event, MessagesAdded), event
-                seen.append((event.cursor, [(m.seq_id, m.otid) for m in event.messages]))
-                count += len(event.messages)
-                if count >= total:
-                    break
+    with (
+        MessageStore.from_url(url, StoreConfig(namespace=namespace)) as store,
+        store.thread(thread_id).watch(after="0-0", block_ms=1000) as events,
+    ):
+        for event in events:
+            assert isinstance(event, MessagesAdded), event
+            seen.append((event.cursor, [(m.seq_id, m.otid) for m in event.messages]))
+            count += len(event.messages)
+            if count >= total:
+                break
     out.put(seen)
