@@ -13,7 +13,13 @@ import redis
 from kvstore import AsyncMessageStore, MessageStore, StoreConfig
 
 from .support.facade import SyncFacade
-from .support.servers import ServerProcess, redis_binary, require_redis, valkey_binary
+from .support.servers import (
+    ServerProcess,
+    redis_binary,
+    selected_backends,
+    server_binaries,
+    uses_fakeredis,
+)
 
 _servers: dict[str, ServerProcess] = {}
 
@@ -21,12 +27,8 @@ _servers: dict[str, ServerProcess] = {}
 def _start_servers() -> dict[str, ServerProcess]:
     if _servers:
         return _servers
-    _servers["valkey"] = ServerProcess("valkey", valkey_binary()).start()
-    binary = redis_binary()
-    if binary:
-        _servers["redis"] = ServerProcess("redis", binary).start()
-    elif require_redis():
-        raise RuntimeError("KVSTORE_REQUIRE_REDIS=1 but redis-server is not on PATH")
+    for kind, binary in server_binaries().items():
+        _servers[kind] = ServerProcess(kind, binary).start()
     return _servers
 
 
@@ -46,7 +48,7 @@ def pytest_report_header(config):
     lines = [
         f"kvstore test servers: {name} {s.version()} on {s.url}" for name, s in servers.items()
     ]
-    if "redis" not in servers:
+    if not redis_binary():
         lines.append("kvstore test servers: redis-server not on PATH, the Redis tier is not run")
     return lines
 
@@ -57,10 +59,28 @@ def pytest_sessionfinish(session, exitstatus):
     _servers.clear()
 
 
+# The parameters that name a server kind: a test with none of them runs the same on any matrix.
+SERVER_PARAMS = {"backend", "kind", "cluster_kind"}
+
+
+def pytest_collection_modifyitems(config, items):
+    """A run that picks its backends (KVSTORE_SERVERS, as CI's run on the matrix's other majors)
+    keeps only the tests parametrized by a server kind: the others would repeat the main run."""
+    if selected_backends() is None:
+        return
+    keep, drop = [], []
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        (keep if callspec and SERVER_PARAMS & set(callspec.params) else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
 def pytest_generate_tests(metafunc):
     if "backend" in metafunc.fixturenames:
         names = list(_start_servers())
-        if "server_only" not in metafunc.fixturenames:
+        if "server_only" not in metafunc.fixturenames and uses_fakeredis():
             names.append("fakeredis")
         metafunc.parametrize("backend", names, scope="session")
     if "mode" in metafunc.fixturenames and not _parametrizes(metafunc, "mode"):

@@ -16,9 +16,15 @@ import redis
 from kvstore import MessageStore, StoreConfig, UserMessage, errors
 from kvstore._engine.scripts import LIBRARY, SCRIPTS
 
-from ..reliability.support import dedicated_server, fresh_namespace, server_kinds, thread_in_mode
+from ..reliability.support import (
+    binary_of,
+    dedicated_server,
+    fresh_namespace,
+    server_kinds,
+    thread_in_mode,
+)
 from ..reliability.test_script_flush import CONFIG, workload
-from ..support.servers import ServerProcess, redis_binary, valkey_binary
+from ..support.servers import ServerProcess
 
 
 def library_loaded(client) -> bool:
@@ -166,7 +172,7 @@ def test_the_durable_path_loads_the_library_after_function_flush(kind, mode):
     """durability="replicated": the call and WAIT go on one connection; a missing function is
     loaded on that pipeline and the call is sent again. The replica receives the library with
     the writes, so reads (FCALL_RO) can be served by it."""
-    binary = valkey_binary() if kind == "valkey" else redis_binary()
+    binary = binary_of(kind)
     primary = ServerProcess(f"{kind}-primary", binary).start()
     replica = ServerProcess(
         f"{kind}-replica", binary, ["--replicaof", "127.0.0.1", str(primary.port)]

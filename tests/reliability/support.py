@@ -19,23 +19,17 @@ from kvstore._engine.keys import ThreadKeys
 from kvstore._engine.scripts import SCRIPTS
 
 from ..support.facade import SyncFacade
-from ..support.servers import ServerProcess, redis_binary, require_redis, valkey_binary
+from ..support.servers import ServerProcess, server_binaries
 
 
 def server_kinds() -> list[str]:
-    """The real servers this machine runs: Valkey always, Debian Redis where installed."""
-    kinds = ["valkey"]
-    if redis_binary():
-        kinds.append("redis")
-    elif require_redis():
-        raise RuntimeError("KVSTORE_REQUIRE_REDIS=1 but redis-server is not on PATH")
-    return kinds
+    """The real servers of this run's matrix (tests/support/servers.py): Valkey always, Debian
+    Redis where installed, the extra kinds CI names."""
+    return list(server_binaries())
 
 
 def binary_of(kind: str) -> str:
-    binary = valkey_binary() if kind == "valkey" else redis_binary()
-    assert binary, kind
-    return binary
+    return server_binaries()[kind]
 
 
 def new_server(kind: str, *extra_args: str) -> ServerProcess:
