@@ -1,5 +1,6 @@
-"""Test tiers: real Valkey (always), real Debian Redis (where installed; required in CI) and
-fakeredis (the in-process tier). Each test gets a fresh random namespace, never FLUSHALL."""
+"""Test tiers: the server matrix of tests/support/servers.py (real Valkey always, real Debian
+Redis where installed and required in CI, the other majors CI names) and fakeredis (the
+in-process tier). Each test gets a fresh random namespace, never FLUSHALL."""
 
 from __future__ import annotations
 
@@ -32,18 +33,20 @@ def _start_servers() -> dict[str, ServerProcess]:
     return _servers
 
 
-def _unit_layer_only(config) -> bool:
-    """Whether the run holds only tests/unit, the sans-IO core's layer, which needs no server."""
-    unit = Path(__file__).parent / "unit"
+def _serverless_layers_only(config) -> bool:
+    """Whether the run holds only tests/unit and tests/offline, the layers that need no server."""
+    layers = [Path(__file__).parent / name for name in ("unit", "offline")]
     paths = [
         (config.invocation_params.dir / str(arg).split("::")[0]).resolve() for arg in config.args
     ]
-    return bool(paths) and all(path == unit or unit in path.parents for path in paths)
+    return bool(paths) and all(
+        any(path == layer or layer in path.parents for layer in layers) for path in paths
+    )
 
 
 def pytest_report_header(config):
-    if _unit_layer_only(config):
-        return ["kvstore test servers: none started (tests/unit needs none)"]
+    if _serverless_layers_only(config):
+        return ["kvstore test servers: none started (tests/unit and tests/offline need none)"]
     servers = _start_servers()
     lines = [
         f"kvstore test servers: {name} {s.version()} on {s.url}" for name, s in servers.items()
