@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -28,6 +29,27 @@ from kvstore.cli.process import _can_listen
 from kvstore.cli.server import DEFAULT_PORT, EmbeddedServer, data_dir_server
 
 from .test_migration import write_layout_1
+
+_opened: list[redis.Redis | MessageStore] = []
+
+
+def connect(url: str, **options) -> redis.Redis:
+    """A client on `url`, closed at the end of the test (its server may be gone by then)."""
+    _opened.append(redis.Redis.from_url(url, **options))
+    return _opened[-1]
+
+
+def open_store(url: str, config: StoreConfig) -> MessageStore:
+    """A store on `url`, closed at the end of the test."""
+    _opened.append(MessageStore.from_url(url, config))
+    return _opened[-1]
+
+
+@pytest.fixture(autouse=True)
+def _close_opened():
+    yield
+    while _opened:
+        _opened.pop().close()
 
 
 def kvstore(
@@ -126,12 +148,12 @@ def test_demo_tells_its_story_and_each_scene_holds(tmp_path):
 
     process, url = start_server(data)
     try:
-        client = redis.Redis.from_url(url, decode_responses=True)
+        client = connect(url, decode_responses=True)
         assert (
             f"durability: appendfsync {client.config_get('appendfsync')['appendfsync']} (AOF on)"
             in out
         )
-        store = MessageStore.from_url(url, StoreConfig(namespace="demo"))
+        store = open_store(url, StoreConfig(namespace="demo"))
         chat = list(store.thread("chat").iter())
         assert len(chat) == 7 and [m.otid for m in chat].count("req-2") == 1
         job = list(store.thread("job").iter())
@@ -161,7 +183,7 @@ def _shape(text: str) -> list[str]:
 
 def test_demo_says_when_it_cannot_read_the_durability(server, server_only):
     """A user denied CONFIG still runs the demo; the URL it prints next hides the password."""
-    admin = redis.Redis.from_url(server.url)
+    admin = connect(server.url)
     user = f"demo-{os.getpid()}"
     admin.execute_command(
         "ACL", "SETUSER", user, "reset", "on", ">secret-pw", "~*", "&*", "+@all", "-config"
@@ -190,22 +212,19 @@ def test_server_runs_in_the_foreground_and_prints_its_url(tmp_path):
     try:
         line = process.stdout.readline()
         url = line.split(" on ")[1].split()[0]
-        assert redis.Redis.from_url(url).ping()
+        assert connect(url).ping()
     finally:
-        process.terminate()
-        process.wait(10)
+        stop(process)
     # Stopping the command stops the server it started.
     try:
-        redis.Redis.from_url(url, socket_connect_timeout=1).ping()
+        connect(url, socket_connect_timeout=1).ping()
         raise AssertionError("the embedded server outlived `kvstore server`")
     except redis.ConnectionError:
         pass
 
 
 def test_inspect_export_import(server, namespace, tmp_path, server_only):
-    store = MessageStore.from_url(
-        server.url, StoreConfig(namespace=namespace, window_size=8, chunk_size=4)
-    )
+    store = open_store(server.url, StoreConfig(namespace=namespace, window_size=8, chunk_size=4))
     thread = store.thread("chat-1")
     thread.start_turn("t1")
     stored = thread.append(
@@ -252,7 +271,7 @@ def test_inspect_export_import(server, namespace, tmp_path, server_only):
 def test_export_and_import_print_progress_lines_to_a_non_terminal(
     server, namespace, tmp_path, server_only
 ):
-    store = MessageStore.from_url(server.url, StoreConfig(namespace=namespace))
+    store = open_store(server.url, StoreConfig(namespace=namespace))
     thread = store.thread("long")
     for start in range(0, 1000, 100):
         thread.append([UserMessage(content=f"m{start + i}") for i in range(100)])
@@ -278,7 +297,7 @@ def test_export_and_import_print_progress_lines_to_a_non_terminal(
 
 def test_inspect_sums_up_the_chunks_and_lists_them_on_request(server, namespace, server_only):
     """A long thread is a dozen lines by default; --chunks lists every chunk, read page by page."""
-    store = MessageStore.from_url(
+    store = open_store(
         server.url,
         StoreConfig(namespace=namespace, window_size=8, chunk_size=4, max_chunks_per_call=200),
     )
@@ -290,7 +309,7 @@ def test_inspect_sums_up_the_chunks_and_lists_them_on_request(server, namespace,
     thread.append(
         [AssistantMessage(content="B" * 1_100_000), AssistantMessage(content="C" * 1_200_000)]
     )
-    client = redis.Redis.from_url(server.url)
+    client = connect(server.url)
     keys = thread.keys
     members = client.zrange(keys.chunk_index, 0, -1)
     assert len(members) > 5000
@@ -326,8 +345,8 @@ def test_inspect_sums_up_the_chunks_and_lists_them_on_request(server, namespace,
 
 
 def test_migrate_finds_layout_1_threads_and_finishes_them(server, namespace, server_only):
-    client = redis.Redis.from_url(server.url)
-    store = MessageStore.from_url(server.url, StoreConfig(namespace=namespace))
+    client = connect(server.url)
+    store = open_store(server.url, StoreConfig(namespace=namespace))
     expected = {t: write_layout_1(client, store.thread(t).keys, 700) for t in ("old-a", "old-b")}
     result = kvstore("migrate", "--url", server.url, "--namespace", namespace)
     assert result.returncode == 0, result.stderr
@@ -375,7 +394,7 @@ def test_health_and_preload_scripts(server, server_only, tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     assert "appendonly       True (appendfsync always)" in result.stdout
     assert result.stdout.splitlines()[-1] == "ok: no setting voids kvstore's guarantees"
-    admin = redis.Redis.from_url(server.url)
+    admin = connect(server.url)
     admin.function_flush()
     admin.script_flush()
     result = kvstore("preload-scripts", "--url", server.url)
@@ -427,7 +446,7 @@ def test_server_listens_on_its_documented_port_and_runs_appendfsync_always(tmp_p
         assert url == f"redis://127.0.0.1:{DEFAULT_PORT}/0"
         recorded = json.loads((tmp_path / "data" / "server.json").read_text())
         assert (recorded["port"], recorded["appendfsync"]) == (DEFAULT_PORT, "always")
-        assert redis.Redis.from_url(url, decode_responses=True).config_get("appendfsync") == {
+        assert connect(url, decode_responses=True).config_get("appendfsync") == {
             "appendfsync": "always"
         }
         # Health against kvstore's own server, in its default posture, finds nothing wrong.
@@ -472,7 +491,7 @@ def test_server_with_appendfsync_everysec_says_so_and_health_warns(tmp_path):
         line = process.stdout.readline()
         assert "appendfsync everysec" in line, line + process.stderr.read()
         url = line.split(" on ")[1].split()[0]
-        assert redis.Redis.from_url(url, decode_responses=True).config_get("appendfsync") == {
+        assert connect(url, decode_responses=True).config_get("appendfsync") == {
             "appendfsync": "everysec"
         }
         assert json.loads((tmp_path / "server.json").read_text())["appendfsync"] == "everysec"
@@ -489,7 +508,7 @@ def test_server_with_appendfsync_everysec_says_so_and_health_warns(tmp_path):
 def test_data_dir_server_says_which_appendfsync_it_runs(tmp_path):
     with data_dir_server(tmp_path, appendfsync="everysec") as owned:
         assert owned.started and owned.appendfsync == "everysec" == owned.embedded.appendfsync
-        assert redis.Redis.from_url(owned.url, decode_responses=True).config_get("appendfsync") == {
+        assert connect(owned.url, decode_responses=True).config_get("appendfsync") == {
             "appendfsync": "everysec"
         }
         with data_dir_server(
@@ -502,9 +521,9 @@ def test_data_dir_server_says_which_appendfsync_it_runs(tmp_path):
             )
     with data_dir_server(tmp_path) as default:
         assert default.appendfsync == "always"
-        assert redis.Redis.from_url(default.url, decode_responses=True).config_get(
-            "appendfsync"
-        ) == {"appendfsync": "always"}
+        assert connect(default.url, decode_responses=True).config_get("appendfsync") == {
+            "appendfsync": "always"
+        }
     assert EmbeddedServer(tmp_path).appendfsync == "always"
     with pytest.raises(ValueError, match="appendfsync must be one of always, everysec"):
         EmbeddedServer(tmp_path, appendfsync="no")
@@ -516,7 +535,7 @@ def test_health_as_the_readme_user_reports_what_it_could_not_check(server, names
     server, its version and whether the library is loaded."""
     from ..reliability.test_least_privilege import PASSWORD, readme_acl_args
 
-    admin = redis.Redis.from_url(server.url)
+    admin = connect(server.url)
     user = f"app-{namespace}"
     admin.execute_command("ACL", "SETUSER", user, *readme_acl_args(namespace))
     try:
@@ -566,13 +585,19 @@ def start_server(data_dir, *extra: str) -> tuple[subprocess.Popen, str]:
 
 
 def stop(process: subprocess.Popen) -> None:
+    """Stops `process` if it still runs, and closes its pipes."""
     if process.poll() is None:
         process.terminate()
         process.wait(15)
+    for pipe in (process.stdin, process.stdout, process.stderr):
+        if pipe:
+            with contextlib.suppress(OSError):  # a broken pipe's unsent rest
+                pipe.close()
 
 
 def valkey_pid(url: str) -> int:
-    return int(redis.Redis.from_url(url).info("server")["process_id"])
+    with redis.Redis.from_url(url) as client:
+        return int(client.info("server")["process_id"])
 
 
 def wait_gone(pid: int, timeout: float = 15) -> None:
@@ -591,15 +616,15 @@ def jsonl(messages) -> str:
 
 
 def contents(url: str, thread_id: str, namespace: str = "kv") -> list[str]:
-    store = MessageStore.from_url(url, StoreConfig(namespace=namespace))
-    return [m.content for m in store.thread(thread_id).iter()]
+    with MessageStore.from_url(url, StoreConfig(namespace=namespace)) as store:
+        return [m.content for m in store.thread(thread_id).iter()]
 
 
 def test_commands_next_to_a_running_server_use_it_and_nothing_is_lost(tmp_path):
     data = tmp_path / "data"
     process, url = start_server(data)
     try:
-        store = MessageStore.from_url(url, StoreConfig())
+        store = open_store(url, StoreConfig())
         store.thread("chat").append(UserMessage(content="acknowledged by the first server"))
         file = tmp_path / "in.jsonl"
         file.write_text(jsonl([UserMessage(content=f"imported {i}") for i in range(3)]))
@@ -618,7 +643,7 @@ def test_commands_next_to_a_running_server_use_it_and_nothing_is_lost(tmp_path):
         )
         assert result.returncode == 0, result.stderr
         assert f"Valkey on {url}" in result.stdout and "already running" in result.stdout
-        demo = MessageStore.from_url(url, StoreConfig(namespace="demo"))
+        demo = open_store(url, StoreConfig(namespace="demo"))
         assert demo.thread("demo-0").stats().stored_messages > 0
         # A second `kvstore server` on the dir refuses, naming the one that runs.
         second = kvstore("server", "--data-dir", str(data), timeout=30)
@@ -642,12 +667,10 @@ def test_commands_next_to_a_running_server_use_it_and_nothing_is_lost(tmp_path):
 def test_a_killed_owner_leaves_no_lock_behind(tmp_path):
     data = tmp_path / "data"
     process, url = start_server(data)
-    MessageStore.from_url(url, StoreConfig()).thread("chat").append(
-        UserMessage(content="before kill -9")
-    )
+    open_store(url, StoreConfig()).thread("chat").append(UserMessage(content="before kill -9"))
     pid = valkey_pid(url)
     process.kill()  # SIGKILL the command: its Valkey goes with it (and flushes its AOF)
-    process.wait(10)
+    stop(process)
     wait_gone(pid)
     result = kvstore("export", "chat", "--data-dir", str(data))  # the recorded address is stale
     assert result.returncode == 0, result.stderr
@@ -655,13 +678,13 @@ def test_a_killed_owner_leaves_no_lock_behind(tmp_path):
     process, url = start_server(data)
     try:
         # appendfsync always: what was acknowledged is on disk, however soon the server dies.
-        MessageStore.from_url(url, StoreConfig()).thread("chat").append(
+        open_store(url, StoreConfig()).thread("chat").append(
             UserMessage(content="after the restart")
         )
         pid = valkey_pid(url)
         os.kill(pid, signal.SIGKILL)  # both die hard: the lock goes with them, the address stays
         process.kill()
-        process.wait(10)
+        stop(process)
         wait_gone(pid)
     finally:
         stop(process)
@@ -751,6 +774,8 @@ def test_two_commands_starting_at_once_share_one_server(tmp_path):
     assert second.wait(30) == 0, second.stderr.read()
     assert first.wait(30) == 0
     assert "other command(s) use the server" in first.stderr.read()
+    for process in (first, second):
+        stop(process)
     process, url = start_server(data)
     try:
         assert contents(url, "a") == [f"a {i}" for i in range(100)]
@@ -766,11 +791,11 @@ def test_migrate_named_threads_as_the_least_privileged_user(
     refused with a clear, typed message (it needs an admin user with +scan)."""
     from ..reliability.test_least_privilege import PASSWORD, _denials, make_user
 
-    admin = redis.Redis.from_url(server.url)
+    admin = connect(server.url)
     user = f"app-{namespace}"
     make_user(admin, namespace, name=user)
     try:
-        store = MessageStore.from_url(server.url, StoreConfig(namespace=namespace))
+        store = open_store(server.url, StoreConfig(namespace=namespace))
         expected = {
             t: write_layout_1(admin, store.thread(t).keys, 700) for t in ("old-a", "old-b", "old-c")
         }
@@ -825,7 +850,7 @@ def test_migrate_named_threads_as_the_least_privileged_user(
 
 
 def test_export_into_a_closed_pipe_ends_quietly(server, namespace, server_only):
-    store = MessageStore.from_url(server.url, StoreConfig(namespace=namespace))
+    store = open_store(server.url, StoreConfig(namespace=namespace))
     thread = store.thread("long")
     for start in range(0, 2000, 100):  # ~0.5 MB of JSON lines: more than a pipe holds
         thread.append([UserMessage(content=f"m{start + i} " + "x" * 200) for i in range(100)])
@@ -849,6 +874,7 @@ def test_export_into_a_closed_pipe_ends_quietly(server, namespace, server_only):
     process.stdout.close()
     stderr = process.stderr.read().decode()
     assert process.wait(30) == 141 and stderr == ""  # as a tool cut by SIGPIPE, without a word
+    stop(process)
 
 
 def test_ctrl_c_during_import_says_what_was_stored(server, namespace, server_only):
@@ -871,7 +897,7 @@ def test_ctrl_c_during_import_says_what_was_stored(server, namespace, server_onl
     )
     process.stdin.write(jsonl([UserMessage(content=f"m{i}", otid=f"o{i}") for i in range(250)]))
     process.stdin.flush()  # two batches of 100 stored, 50 lines read and not yet sent
-    store = MessageStore.from_url(server.url, StoreConfig(namespace=namespace))
+    store = open_store(server.url, StoreConfig(namespace=namespace))
     deadline = time.monotonic() + 30
     while store.thread("chat").stats().stored_messages < 200:
         assert time.monotonic() < deadline
@@ -880,6 +906,7 @@ def test_ctrl_c_during_import_says_what_was_stored(server, namespace, server_onl
     process.send_signal(signal.SIGINT)
     stderr = process.stderr.read()
     assert process.wait(30) == 130
+    stop(process)
     assert stderr.count("\n") == 1 and stderr.startswith("kvstore: interrupted"), stderr
     assert (
         "200 messages stored" in stderr
@@ -892,7 +919,7 @@ def test_ctrl_c_during_import_says_what_was_stored(server, namespace, server_onl
 def test_ctrl_c_during_a_restore_then_the_same_import_finishes_it(
     server, namespace, tmp_path, server_only
 ):
-    store = MessageStore.from_url(server.url, StoreConfig(namespace=namespace))
+    store = open_store(server.url, StoreConfig(namespace=namespace))
     thread = store.thread("source")
     for start in range(0, 400, 100):
         thread.append(
@@ -918,6 +945,7 @@ def test_ctrl_c_during_a_restore_then_the_same_import_finishes_it(
     process.send_signal(signal.SIGINT)
     stderr = process.stderr.read()
     assert process.wait(30) == 130
+    stop(process)
     assert stderr.startswith("kvstore: interrupted") and "200 messages stored in copy" in stderr, (
         stderr
     )
@@ -932,10 +960,8 @@ def test_ctrl_c_during_a_restore_then_the_same_import_finishes_it(
 
 
 def test_import_with_history_checks_makes_checked_threads(server, namespace, tmp_path, server_only):
-    store = MessageStore.from_url(server.url, StoreConfig(namespace=namespace))
-    checked = MessageStore.from_url(
-        server.url, StoreConfig(namespace=namespace, history_checks="strict")
-    )
+    store = open_store(server.url, StoreConfig(namespace=namespace))
+    checked = open_store(server.url, StoreConfig(namespace=namespace, history_checks="strict"))
     call = ToolCallMessage(tool_call={"name": "w", "arguments": "{}", "tool_call_id": "c1"})
     store.thread("source").append([UserMessage(content="q"), call])
     out = tmp_path / "source.jsonl"
@@ -995,9 +1021,7 @@ def test_import_with_history_checks_makes_checked_threads(server, namespace, tmp
 
 
 def test_fork_from_the_command_line(server, namespace, server_only):
-    store = MessageStore.from_url(
-        server.url, StoreConfig(namespace=namespace, window_size=4, chunk_size=2)
-    )
+    store = open_store(server.url, StoreConfig(namespace=namespace, window_size=4, chunk_size=2))
     source = store.thread("source")
     stored = source.append([UserMessage(content=f"m{i}") for i in range(10)])
     base = ("--url", server.url, "--namespace", namespace)
@@ -1026,7 +1050,7 @@ def test_an_import_of_a_backup_cut_at_a_line_end_fails_and_serves_no_thread(
     """300 messages cut after 150 lines: exit 1, naming the missing end line; the part restored
     refuses writes (its state not set); the whole file then finishes it. A backup of an older
     version (no end line) imports with --allow-untrailed."""
-    store = MessageStore.from_url(server.url, StoreConfig(namespace=namespace))
+    store = open_store(server.url, StoreConfig(namespace=namespace))
     thread = store.thread("source")
     for n in range(100):
         thread.append(UserMessage(content=f"question {n}"), turn_id=f"t{n}")

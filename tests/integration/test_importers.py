@@ -787,6 +787,7 @@ def test_async_import_cancelled_at_any_await_then_run_again_is_as_uninterrupted(
             server.url, StoreConfig(namespace=target, history_checks="strict")
         )
         source = redis.asyncio.Redis.from_url(server.url)
+        again = redis.asyncio.Redis.from_url(server.url)
         awaits = 0
 
         def counted(call):
@@ -812,13 +813,14 @@ def test_async_import_cancelled_at_any_await_then_run_again_is_as_uninterrupted(
                 assert cancel_at is not None
             steps = awaits
             results = await import_langchain_async(
-                store, redis.asyncio.Redis.from_url(server.url), key_prefix=prefix, batch_messages=2
+                store, again, key_prefix=prefix, batch_messages=2
             )
             assert [r.error for r in results] == [None, None]
             return steps, await state(store, ["a", "b"])
         finally:
             await store.close()
             await source.aclose()
+            await again.aclose()
 
     steps, expected = asyncio.run(run(f"{namespace}-whole", None))
     assert [len(expected["a"]), len(expected["b"])] == [4, 5]
