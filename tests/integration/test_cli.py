@@ -543,7 +543,9 @@ def test_health_as_the_readme_user_reports_what_it_could_not_check(server, names
         result = kvstore("health", "--url", app_url)
         assert result.returncode == 3, result.stdout + result.stderr
         lines = result.stdout.splitlines()
-        assert lines[0] == f"server           {server.name} {server.version()}"
+        # The server's own name (valkey, redis): a kind of the matrix may add its major (valkey8).
+        product = server.name.rstrip("0123456789")
+        assert lines[0] == f"server           {product} {server.version()}"
         unchecked = [line for line in lines if line.startswith("unchecked: ")]
         assert any(
             "CONFIG GET is denied to this user" in line and "appendfsync" in line
