@@ -63,7 +63,7 @@ class UnknownField(InvalidMessage):
 
     http_status = 422
 
-    fields: list[str] = []
+    fields: list[str] = []  # noqa: RUF012 (replaced, never mutated, by the raiser)
 
 
 class InvalidCursor(KVStoreError, ValueError):
