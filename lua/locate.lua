@@ -12,6 +12,7 @@
 --- Errors: KVS_WRONGTYPE
 --- @include "includes/layout"
 --- @include "includes/checks"
+--- @include "includes/layout2"
 
 local keys = thread_keys(KEYS)
 local kind = args.kind

@@ -1,5 +1,5 @@
 #!lua
---- Moves one bounded step of a layout-1 thread into chunks (includes/migration.lua).
+--- Moves one bounded step of a layout-1 thread into chunks (includes/layout1_migration.lua).
 ---
 --- KEYS[1..12]  the thread's keys (includes/layout.lua: thread_keys; docs/LAYOUT.md)
 --- ARGV limits (limits): the store's limits (includes/args.lua: read_limits)
@@ -11,7 +11,7 @@
 --- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_DELETING, KVS_RESTORING
 --- @include "includes/thread"
 --- @include "includes/expiry"
---- @include "includes/migration"
+--- @include "includes/layout1_migration"
 
 local limits = args.limits
 local keys, err = begin_thread_call(KEYS, limits)

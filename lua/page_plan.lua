@@ -26,7 +26,8 @@
 ---   fails the command that reads it (nothing is written either way).
 --- @include "includes/layout"
 --- @include "includes/cursors"
---- @include "includes/format"
+--- @include "includes/numbers"
+--- @include "includes/layout1"
 
 local keys = thread_keys(KEYS)
 local lo_kind, lo_arg, hi_kind, hi_arg = args.lo_kind, args.lo, args.hi_kind, args.hi
@@ -41,7 +42,7 @@ local deleting, layout = meta[4], meta[5]
 -- A thread being deleted (lua/delete.lua) reads as empty, whatever chunks it still has.
 if deleting then deleted_before, last_seq = 0, 0 end
 
--- A layout-1 thread's legacy messages not yet migrated (includes/layout.lua, legacy_range).
+-- A layout-1 thread's legacy messages not yet migrated (includes/layout1.lua, legacy_range).
 local legacy_first, legacy_last, legacy_count = 0, 0, 0
 if not deleting and holds_legacy(keys, layout) then
   legacy_count = redis.call('HLEN', keys.legacy)

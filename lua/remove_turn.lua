@@ -16,11 +16,13 @@
 --- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_DELETING, KVS_RESTORING, KVS_MIGRATING, KVS_HISTORY
 --- @include "includes/layout"
 --- @include "includes/events"
---- @include "includes/index"
 --- @include "includes/turns"
 --- @include "includes/expiry"
---- @include "includes/format"
 --- @include "includes/history"
+--- @include "includes/layout2_format"
+--- @include "includes/layout2"
+--- @include "includes/layout2_index"
+--- @include "includes/layout1"
 
 local keys = thread_keys(KEYS)
 local limits = args.limits

@@ -20,11 +20,14 @@
 --- @include "includes/layout"
 --- @include "includes/checks"
 --- @include "includes/events"
---- @include "includes/index"
---- @include "includes/chunks"
 --- @include "includes/expiry"
---- @include "includes/format"
 --- @include "includes/history"
+--- @include "includes/numbers"
+--- @include "includes/layout2_format"
+--- @include "includes/layout2"
+--- @include "includes/layout2_index"
+--- @include "includes/layout1"
+--- @include "includes/layout2_chunks"
 
 local keys = thread_keys(KEYS)
 local limits = args.limits

@@ -25,11 +25,11 @@
 --- @include "includes/layout"
 --- @include "includes/thread"
 --- @include "includes/expiry"
---- @include "includes/store"
---- @include "includes/rollover"
---- @include "includes/retention"
 --- @include "includes/history"
 --- @include "includes/events"
+--- @include "includes/layout2_store"
+--- @include "includes/layout2_retention"
+--- @include "includes/layout2_rollover"
 
 local keys = thread_keys(KEYS)
 local limits = args.limits

@@ -1,5 +1,5 @@
 --- @include "includes/layout"
---- @include "includes/format"
+--- @include "includes/numbers"
 -- A turn's record in the turns hash: a header of constant size and one field per older range.
 --
 -- Header, field `<turn_id>`:

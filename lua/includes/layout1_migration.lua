@@ -1,8 +1,10 @@
 --- @include "includes/layout"
---- @include "includes/chunks"
 --- @include "includes/turns"
---- @include "includes/format"
---- @include "includes/index"
+--- @include "includes/numbers"
+--- @include "includes/layout2_format"
+--- @include "includes/layout2_index"
+--- @include "includes/layout1"
+--- @include "includes/layout2_chunks"
 -- Layout 1 and its migration to layout 2.
 --
 -- Layout 1 kept a thread's messages in one large hash, `legacy` (sequence -> version-1 JSON
