@@ -12,6 +12,7 @@
 --- @include "includes/thread"
 --- @include "includes/expiry"
 --- @include "includes/layout1_migration"
+--- @include "includes/layout1"
 
 local limits = args.limits
 local keys, err = begin_thread_call(KEYS, limits)
@@ -22,4 +23,4 @@ if chunks > 0 then apply_expiry(keys) end
 local state = redis.call('HMGET', keys.meta, 'layout', 'legacy_last')
 local layout = tonumber(state[1] or '2') or 2
 local scanning = (layout ~= 2 and not state[2]) and 1 or 0
-return {chunks, layout, scanning, layout == 2 and redis.call('HLEN', keys.legacy) or 0}
+return {chunks, layout, scanning, layout == 2 and legacy_fields(keys) or 0}

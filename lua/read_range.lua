@@ -96,9 +96,6 @@ if snapshot then
   local fields = redis.call('HGETALL', keys.meta)
   reply[#reply + 1] = #fields
   for _, value in ipairs(fields) do reply[#reply + 1] = value end
-  reply[#reply + 1] = redis.call('ZCARD', keys.window)
-  reply[#reply + 1] = redis.call('ZCARD', keys.chunk_index)
-  reply[#reply + 1] = redis.call('ZCARD', keys.large_index)
-  reply[#reply + 1] = redis.call('HLEN', keys.legacy)
+  add_container_sizes(keys, reply)
 end
 return reply

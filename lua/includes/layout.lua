@@ -35,6 +35,17 @@ local function chunk_indexes(keys)
   return {keys.chunk_index, keys.large_index}
 end
 
+-- The keys delete removes at its tombstone: the thread's keys but meta, the event stream, the
+-- chunk indexes and the chunks (those go step by step after it, lua/delete.lua).
+local function tombstone_keys(keys)
+  return {keys.window, keys.window_side, keys.ids, keys.otids, keys.turns, keys.legacy, keys.pairs}
+end
+
+-- The chunk indexes with their type, for check_key_types.
+local function chunk_index_types(keys)
+  return {{keys.chunk_index, 'zset'}, {keys.large_index, 'zset'}}
+end
+
 -- A chunk's key: the prefix KEYS[10] and the chunk's first sequence (a number, or the text of
 -- one as a score reads).
 local function chunk_key(keys, first)

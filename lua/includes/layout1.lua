@@ -27,3 +27,13 @@ end
 local function is_layout_1(keys)
   return holds_legacy(keys, redis.call('HGET', keys.meta, 'layout'))
 end
+
+-- Whether the legacy hash exists, whatever meta says.
+local function legacy_exists(keys)
+  return redis.call('EXISTS', keys.legacy) == 1
+end
+
+-- How many fields the legacy hash has (messages not yet migrated, and any other field).
+local function legacy_fields(keys)
+  return redis.call('HLEN', keys.legacy)
+end

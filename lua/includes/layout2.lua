@@ -190,3 +190,52 @@ local function walk_range(keys, lo, hi, walk, need, max_tokens, legacy_first, le
   end
   return taken
 end
+
+-- What a page plan over (lo, hi) reads of layout 2's containers (lua/page_plan.lua): the
+-- window's count in the range (walking down), the chunk index member at or below lo (walking
+-- up; '' for none), the chunk index members inside the range (at most max_chunks + 1, in walk
+-- order) and the large index members inside it (at most `need`).
+local function plan_containers(keys, lo, hi, walk, need, max_chunks)
+  local window_count, below, above, large = 0, '', {}, {}
+  if hi - lo > 1 then
+    if walk == 'up' then
+      below = redis.call('ZRANGE', keys.chunk_index, lo, '-inf', 'BYSCORE', 'REV', 'LIMIT', 0, 1)[1] or ''
+      above = redis.call('ZRANGE', keys.chunk_index, '(' .. fmt(lo), '(' .. fmt(hi), 'BYSCORE', 'LIMIT', 0, max_chunks + 1)
+      large = redis.call('ZRANGE', keys.large_index, '(' .. fmt(lo), '(' .. fmt(hi), 'BYSCORE', 'LIMIT', 0, need)
+    else
+      window_count = redis.call('ZCOUNT', keys.window, '(' .. fmt(lo), '(' .. fmt(hi))
+      if window_count < need then
+        above = redis.call('ZRANGE', keys.chunk_index, '(' .. fmt(hi), '-inf', 'BYSCORE', 'REV', 'LIMIT', 0, max_chunks + 1)
+      end
+      large = redis.call('ZRANGE', keys.large_index, '(' .. fmt(hi), '(' .. fmt(lo), 'BYSCORE', 'REV', 'LIMIT', 0, need)
+    end
+  end
+  return window_count, below, above, large
+end
+
+-- Appends to `reply` the sizes of the thread's containers, for a snapshot (lua/read_range.lua):
+-- the window's messages, the chunk index's and the large index's members, the legacy hash's
+-- fields.
+local function add_container_sizes(keys, reply)
+  reply[#reply + 1] = redis.call('ZCARD', keys.window)
+  reply[#reply + 1] = redis.call('ZCARD', keys.chunk_index)
+  reply[#reply + 1] = redis.call('ZCARD', keys.large_index)
+  reply[#reply + 1] = redis.call('HLEN', keys.legacy)
+end
+
+-- The keys a lookup by id, otid or sequence reads (lua/locate.lua), with their types; the otid
+-- index too when `by_otid`.
+local function located_key_types(keys, by_otid)
+  local checked = {
+    {keys.meta, 'hash'}, {keys.window_side, 'hash'}, {keys.chunk_index, 'zset'},
+    {keys.large_index, 'zset'}, {keys.ids, 'hash'}, {keys.legacy, 'hash'},
+  }
+  if by_otid then checked[#checked + 1] = {keys.otids, 'hash'} end
+  return checked
+end
+
+-- Where a sequence is stored: 'legacy' (a layout-1 message not yet migrated), else as locate.
+local function locate_stored(keys, sequence)
+  if redis.call('HEXISTS', keys.legacy, sequence) == 1 then return 'legacy' end
+  return locate(keys, sequence)
+end
