@@ -29,6 +29,19 @@
 local SCAN_COUNT = 128
 local SCAN_CALL_FACTOR = 8
 
+-- The header of a layout-1 thread's turn in progress (migration): replies start..last.
+local function layout_1_turn(start, last, outcome)
+  local turn = new_turn()
+  turn.start, turn.outcome = start, outcome or 'open'
+  if start <= last then
+    turn.kept, turn.replies, turn.first, turn.a, turn.b = last - start + 1, last - start + 1, start, start, last
+  end
+  if turn.outcome ~= 'open' then
+    turn.count, turn.first_seq, turn.last_seq = turn.replies, turn.first, turn.b
+  end
+  return turn_header(turn)
+end
+
 -- The side info of a version-1 record; a record cjson cannot read keeps an empty id. Sequences
 -- from `turn_from` on belong to the legacy turn (begin_migration).
 local function legacy_side(record, sequence, turn_from, turn_id)

@@ -46,19 +46,6 @@ local function turn_header(turn)
     turn.replies, turn.first, turn.k0, turn.k1, turn.a, turn.b, turn.count, turn.first_seq, turn.last_seq)
 end
 
--- The header of a layout-1 thread's turn in progress (migration): replies start..last.
-local function layout_1_turn(start, last, outcome)
-  local turn = new_turn()
-  turn.start, turn.outcome = start, outcome or 'open'
-  if start <= last then
-    turn.kept, turn.replies, turn.first, turn.a, turn.b = last - start + 1, last - start + 1, start, start, last
-  end
-  if turn.outcome ~= 'open' then
-    turn.count, turn.first_seq, turn.last_seq = turn.replies, turn.first, turn.b
-  end
-  return turn_header(turn)
-end
-
 -- An earlier-format record as a turn whose every range is still to be written. The outcome is
 -- the turn reply sequence's when it names the turn (the earlier version kept it only there), and
 -- so is a missing reply start: that version's retention dropped an open turn's record, and its
