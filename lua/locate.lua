@@ -12,7 +12,7 @@
 --- Errors: KVS_WRONGTYPE
 --- @include "includes/layout"
 --- @include "includes/checks"
---- @include "includes/layout2"
+--- @include "includes/layout2_reads"
 
 local keys = thread_keys(KEYS)
 local kind = args.kind

@@ -27,7 +27,7 @@
 --- @include "includes/layout"
 --- @include "includes/cursors"
 --- @include "includes/layout1"
---- @include "includes/layout2"
+--- @include "includes/layout2_reads"
 
 local keys = thread_keys(KEYS)
 local lo_kind, lo_arg, hi_kind, hi_arg = args.lo_kind, args.lo, args.hi_kind, args.hi
