@@ -18,7 +18,7 @@ from .tool_pairs import batch_pairs
 
 def append(
     thread: ThreadRef,
-    messages: Message | dict | Iterable[Message | dict],
+    messages: Message | dict[str, Any] | Iterable[Message | dict[str, Any]],
     turn_id: str | None,
     lease: int = 0,
     tokens: Any = None,

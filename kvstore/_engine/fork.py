@@ -17,7 +17,6 @@ from .backup import (
     RESTORE_RUN,
     BackedUpMessage,
     BackupState,
-    TurnRecord,
     backup_state,
     check_restore_target,
     restore_run,
@@ -25,6 +24,7 @@ from .backup import (
     restore_state,
 )
 from .bounds import MAX_SEQUENCE
+from .layout.formats import TurnRecord
 from .layout.v2 import stored_tokens
 from .lifecycle import migrate
 from .operation import Batch, Operation, ThreadRef

@@ -5,6 +5,7 @@ and a delta's encoding (docs/EVENTS.md)."""
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from .. import errors
 from ..events import TurnLease
@@ -46,7 +47,7 @@ def hold_turn(thread: ThreadRef, turn_id: str, call_id: str | None = None) -> Op
     return TurnLease(turn_id=turn_id, lease=int(lease), reply_start=int(start))
 
 
-def encode_delta(delta: Message | dict | str) -> bytes:
+def encode_delta(delta: Message | dict[str, Any] | str) -> bytes:
     """A delta as the stream keeps it: the message's JSON in the list API's shape."""
     if isinstance(delta, str):
         delta = AssistantMessage(content=delta)
@@ -62,7 +63,7 @@ def encode_delta(delta: Message | dict | str) -> bytes:
 def publish(
     thread: ThreadRef,
     turn: str | TurnLease,
-    delta: Message | dict | str,
+    delta: Message | dict[str, Any] | str,
     call_id: str | None = None,
 ) -> Operation:
     if not thread.config.events:

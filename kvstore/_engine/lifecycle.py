@@ -44,7 +44,7 @@ def compact(
     thread: ThreadRef,
     summary: str,
     last_sequence: int,
-    stats: CompactionStats | dict | None = None,
+    stats: CompactionStats | dict[str, Any] | None = None,
     tokens: int | None = None,
 ) -> Operation:
     check_sequence(last_sequence, "last_sequence", errors.InvalidSummaryRange, low=1)
@@ -129,7 +129,7 @@ def summary_id(thread: ThreadRef, summary: str, last_sequence: int) -> str:
 
 
 def replace(
-    thread: ThreadRef, message_id: str, message: Message | dict, tokens: int | None = None
+    thread: ThreadRef, message_id: str, message: Message | dict[str, Any], tokens: int | None = None
 ) -> Operation:
     if not isinstance(message_id, str) or not message_id:
         raise errors.InvalidCursor(f"message id must be a non-empty str, got {message_id!r}")

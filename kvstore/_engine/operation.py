@@ -216,6 +216,8 @@ def finishing_deletes(operation: Operation) -> Operation:
                         f"the thread was being deleted each of the {MAX_DELETE_REFUSALS} times its"
                         " deletion was finished and the call sent again; nothing was written"
                     ) from refused
+                # KVS_DELETING is a script's refusal: the refused request is an Eval.
+                assert isinstance(request, Eval)
                 yield from delete_steps(request.keys, "continue")
                 continue
             except errors.KVStoreError as exc:

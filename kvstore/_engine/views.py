@@ -48,7 +48,7 @@ def stats(thread: ThreadRef) -> Operation:
     return _stats_from(meta, window, chunks + large, legacy)
 
 
-def _stats_from(meta: dict, window: int, chunks: int, legacy: int) -> ThreadStats:
+def _stats_from(meta: dict[bytes, bytes], window: int, chunks: int, legacy: int) -> ThreadStats:
     fields = {(k.decode() if isinstance(k, bytes) else k): v for k, v in meta.items()}
     if "deleting" in fields:  # an interrupted delete(): the thread reads as empty
         fields, window, chunks, legacy = {}, 0, 0, 0
@@ -114,7 +114,7 @@ def snapshot(thread: ThreadRef) -> Operation:
     )
     assert read.stats is not None
     flat, *sizes = read.stats
-    unreadable: list[int] = []
+    unreadable = []
     newest_first = [(sequence, record) for sequence, record, _ in read.records[:SNAPSHOT_SIZE]]
     messages = decode(thread, list(reversed(newest_first)), unreadable)
     summary = _read_summary(thread, read, unreadable)
@@ -134,7 +134,7 @@ def _read_summary(
 
 
 def _snapshot_of(
-    meta: dict,
+    meta: dict[bytes, bytes],
     sizes: tuple[int, ...],
     messages: list[Message],
     summary: SummaryMessage | None,
@@ -270,7 +270,7 @@ def _consistent_context(
         ("", ""),
         "down",
         0,
-        max_tokens if stored_counts else 0,
+        max_tokens if max_tokens is not None and stored_counts else 0,
         PAIR_LOOKBACK,
     )
     count = count_tokens or estimated_tokens
@@ -290,7 +290,7 @@ def _consistent_context(
             if stored_counts:
                 tokens = record[2]
             else:
-                (message,) = decode(thread, [record[:2]], []) or [None]
+                message = next(iter(decode(thread, [record[:2]], [])), None)
                 tokens = 0 if message is None else counted(count, message, f"message {message.id}")
             if tokens > left:
                 left = 0
