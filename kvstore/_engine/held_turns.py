@@ -29,7 +29,7 @@ def new_call_id(call_id: str | None) -> str:
     return call_id
 
 
-def hold_turn(thread: ThreadRef, turn_id: str, call_id: str | None = None) -> Operation:
+def hold_turn(thread: ThreadRef, turn_id: str, call_id: str | None = None) -> Operation[TurnLease]:
     check_token("turn_id", turn_id)
     call_id = new_call_id(call_id)
     try:
@@ -65,7 +65,7 @@ def publish(
     turn: str | TurnLease,
     delta: Message | dict[str, Any] | str,
     call_id: str | None = None,
-) -> Operation:
+) -> Operation[str]:
     if not thread.config.events:
         raise errors.ConfigError(
             "publish() needs StoreConfig(events=True): deltas travel on the event stream"

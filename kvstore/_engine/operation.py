@@ -14,6 +14,8 @@ from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from typing_extensions import TypeVar  # a default (PEP 696) before Python 3.13
+
 from .. import errors
 from ..config import StoreConfig
 from ..messages import Message
@@ -38,7 +40,9 @@ class Batch:
     commands: Sequence[tuple[Any, ...]]
 
 
-Operation = Generator[Eval | Batch, Any, Any]
+Result = TypeVar("Result", default=Any)
+# A core operation: yields requests, takes their replies, returns its result.
+Operation = Generator[Eval | Batch, Any, Result]
 
 Cursor = str | int | None
 

@@ -43,7 +43,7 @@ from .tool_pairs import (
 log = logging.getLogger("kvstore")
 
 
-def stats(thread: ThreadRef) -> Operation:
+def stats(thread: ThreadRef) -> Operation[ThreadStats]:
     meta, window, chunks, large, legacy = yield Batch(size_reads(thread.keys))
     return _stats_from(meta, window, chunks + large, legacy)
 
@@ -83,7 +83,7 @@ def _stats_from(meta: dict[bytes, bytes], window: int, chunks: int, legacy: int)
     )
 
 
-def snapshot(thread: ThreadRef) -> Operation:
+def snapshot(thread: ThreadRef) -> Operation[ThreadSnapshot]:
     """The newest page, the summary, the turn and the stats, as of one state of the thread.
 
     The stats are read before the page and checked after it: an append, a move or a compaction
@@ -177,7 +177,7 @@ def _summary(thread: ThreadRef, fields: dict[str, str], unreadable: list[int]) -
 
 def context(
     thread: ThreadRef, max_tokens: int | None = None, count_tokens: TokenCounter | None = None
-) -> Operation:
+) -> Operation[list[Message]]:
     """The model input: the context summary and every message after its last sequence (with
     `max_tokens`, the newest of them that fit), with no tool-call pair split (tool_pairs.py).
 
@@ -199,7 +199,7 @@ def context(
 
 def _optimistic_context(
     thread: ThreadRef, max_tokens: int | None, count_tokens: TokenCounter | None
-) -> Operation:
+) -> Operation[list[Message]]:
     """context() from reads of several round trips, compared after them; ChangedUnderReads
     when a compaction landed under each try."""
     if max_tokens is not None and count_tokens is None:
@@ -259,7 +259,7 @@ def _optimistic_context(
 
 def _consistent_context(
     thread: ThreadRef, max_tokens: int | None, count_tokens: TokenCounter | None
-) -> Operation:
+) -> Operation[list[Message]]:
     """context() from one read-only step (lua/read_range.lua): the summary, the messages after
     its range (with a budget, the newest that the stored counts show are enough) and the
     PAIR_LOOKBACK before it; the same cut and pair rules as the reads of several round trips."""
