@@ -84,7 +84,7 @@ class AppendReply:
             and reply[0] == 0
             and len(reply) == (replay_length or len(reply))
         ):
-            pairs = zip(reply[1::2], reply[2::2])
+            pairs = zip(reply[1::2], reply[2::2], strict=False)
             return cls(False, None, tuple(Replayed(int(s), _text(i) or None) for s, i in pairs))
         raise _unexpected("append", reply)
 
@@ -200,14 +200,14 @@ def score_pairs(reply: list[Any]) -> list[tuple[Any, Any]]:
     """(member, score) pairs of a WITHSCORES reply: flat in RESP2, nested in RESP3."""
     if reply and isinstance(reply[0], list):
         return [(member, score) for member, score in reply]
-    return list(zip(reply[0::2], reply[1::2]))
+    return list(zip(reply[0::2], reply[1::2], strict=False))
 
 
 def hash_pairs(reply: Any) -> list[tuple[Any, Any]]:
     """(field, value) pairs of an HGETALL reply: a dict from redis-py, a flat list otherwise."""
     if isinstance(reply, dict):
         return list(reply.items())
-    return list(zip(reply[0::2], reply[1::2]))
+    return list(zip(reply[0::2], reply[1::2], strict=False))
 
 
 @dataclass(slots=True)

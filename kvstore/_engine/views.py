@@ -119,7 +119,7 @@ def snapshot(thread: ThreadRef) -> Operation[ThreadSnapshot]:
     messages = decode(thread, list(reversed(newest_first)), unreadable)
     summary = _read_summary(thread, read, unreadable)
     return _snapshot_of(
-        dict(zip(flat[::2], flat[1::2])), tuple(sizes), messages, summary, unreadable
+        dict(zip(flat[::2], flat[1::2], strict=False)), tuple(sizes), messages, summary, unreadable
     )
 
 
