@@ -95,7 +95,7 @@ def _hbars(
     ax.invert_yaxis()
     top = max(values) if values else 1
     texts = texts or [f"{v:,.0f}" for v in values]
-    for i, (v, text) in enumerate(zip(values, texts)):
+    for i, (v, text) in enumerate(zip(values, texts, strict=True)):
         ax.text(v * 1.12 if log else v + top * 0.01, i, text, va="center", fontsize=7)
     if log:
         ax.set_xscale("log")
@@ -159,7 +159,7 @@ def _server_cost(figure: Any, document: dict[str, Any]) -> None:
             label=server["server"],
             color=SERVER_COLORS.get(server["name"], PALETTE[i]),
         )
-        for x, v in zip(xs, values):
+        for x, v in zip(xs, values, strict=True):
             ax.text(x, v, f"{v:.1f}", ha="center", va="bottom", fontsize=7)
     ax.set_xticks([j + width * (len(servers) - 1) / 2 for j in range(len(names))])
     ax.set_xticklabels([label for _, label in names], fontsize=8)
@@ -219,7 +219,7 @@ def _memory(figure: Any, document: dict[str, Any]) -> None:
             label=KINDS.get(kind, kind),
             color=PALETTE[k % len(PALETTE)],
         )
-        bottoms = [b + v for b, v in zip(bottoms, values)]
+        bottoms = [b + v for b, v in zip(bottoms, values, strict=True)]
     list_values = [
         entry["json_list"]["bytes"] / entry["messages"] if what == "list" else 0
         for what, entry in bars
@@ -231,7 +231,7 @@ def _memory(figure: Any, document: dict[str, Any]) -> None:
         color="#95a5a6",
         label="JSON list (one Redis list)",
     )
-    totals = [b + v for b, v in zip(bottoms, list_values)]
+    totals = [b + v for b, v in zip(bottoms, list_values, strict=True)]
     for x, v in enumerate(totals):
         ax.text(x, v + 10, f"{v:,.0f}", ha="center", fontsize=8)
     record = servers[0]["sizes"][0]["record_bytes"] / servers[0]["sizes"][0]["messages"]
@@ -332,7 +332,7 @@ def _throughput(figure: Any, document: dict[str, Any]) -> None:
                 values.append(match[0]["per_second"] if match else 0)
             xs = [k + (j - 1) * width for k in range(3)]
             ax.bar(xs, values, width, label=label, color=PALETTE[j])
-            for x, v in zip(xs, values):
+            for x, v in zip(xs, values, strict=True):
                 ax.text(x, v, f"{v:,.0f}", ha="center", va="bottom", fontsize=6)
         limit = server["ceiling"]
         if "runs" in limit:

@@ -65,7 +65,7 @@ class UnknownField(InvalidMessage):
 
     http_status = 422
 
-    fields: list[str] = []  # noqa: RUF012  # never changed in place: an error sets its own list
+    fields: list[str] = []  # noqa: RUF012 (replaced, never mutated, by the raiser)
 
 
 class InvalidCursor(KVStoreError, ValueError):

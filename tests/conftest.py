@@ -1,5 +1,6 @@
-"""Test tiers: real Valkey (always), real Debian Redis (where installed; required in CI) and
-fakeredis (the in-process tier). Each test gets a fresh random namespace, never FLUSHALL."""
+"""Test tiers: the server matrix of tests/support/servers.py (real Valkey always, real Debian
+Redis where installed and required in CI, the other majors CI names) and fakeredis (the
+in-process tier). Each test gets a fresh random namespace, never FLUSHALL."""
 
 from __future__ import annotations
 
@@ -12,8 +13,14 @@ import redis
 
 from kvstore import AsyncMessageStore, MessageStore, StoreConfig
 
-from .facade import SyncFacade
-from .servers import ServerProcess, redis_binary, require_redis, valkey_binary
+from .support.facade import SyncFacade
+from .support.servers import (
+    ServerProcess,
+    redis_binary,
+    selected_backends,
+    server_binaries,
+    uses_fakeredis,
+)
 
 _servers: dict[str, ServerProcess] = {}
 
@@ -21,32 +28,30 @@ _servers: dict[str, ServerProcess] = {}
 def _start_servers() -> dict[str, ServerProcess]:
     if _servers:
         return _servers
-    _servers["valkey"] = ServerProcess("valkey", valkey_binary()).start()
-    binary = redis_binary()
-    if binary:
-        _servers["redis"] = ServerProcess("redis", binary).start()
-    elif require_redis():
-        raise RuntimeError("KVSTORE_REQUIRE_REDIS=1 but redis-server is not on PATH")
+    for kind, binary in server_binaries().items():
+        _servers[kind] = ServerProcess(kind, binary).start()
     return _servers
 
 
-def _unit_layer_only(config) -> bool:
-    """Whether the run holds only tests/unit, the sans-IO core's layer, which needs no server."""
-    unit = Path(__file__).parent / "unit"
+def _serverless_layers_only(config) -> bool:
+    """Whether the run holds only tests/unit and tests/offline, the layers that need no server."""
+    layers = [Path(__file__).parent / name for name in ("unit", "offline")]
     paths = [
         (config.invocation_params.dir / str(arg).split("::")[0]).resolve() for arg in config.args
     ]
-    return bool(paths) and all(path == unit or unit in path.parents for path in paths)
+    return bool(paths) and all(
+        any(path == layer or layer in path.parents for layer in layers) for path in paths
+    )
 
 
 def pytest_report_header(config):
-    if _unit_layer_only(config):
-        return ["kvstore test servers: none started (tests/unit needs none)"]
+    if _serverless_layers_only(config):
+        return ["kvstore test servers: none started (tests/unit and tests/offline need none)"]
     servers = _start_servers()
     lines = [
         f"kvstore test servers: {name} {s.version()} on {s.url}" for name, s in servers.items()
     ]
-    if "redis" not in servers:
+    if not redis_binary():
         lines.append("kvstore test servers: redis-server not on PATH, the Redis tier is not run")
     return lines
 
@@ -57,10 +62,28 @@ def pytest_sessionfinish(session, exitstatus):
     _servers.clear()
 
 
+# The parameters that name a server kind: a test with none of them runs the same on any matrix.
+SERVER_PARAMS = {"backend", "kind", "cluster_kind"}
+
+
+def pytest_collection_modifyitems(config, items):
+    """A run that picks its backends (KVSTORE_SERVERS, as CI's run on the matrix's other majors)
+    keeps only the tests parametrized by a server kind: the others would repeat the main run."""
+    if selected_backends() is None:
+        return
+    keep, drop = [], []
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        (keep if callspec and SERVER_PARAMS & set(callspec.params) else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
 def pytest_generate_tests(metafunc):
     if "backend" in metafunc.fixturenames:
         names = list(_start_servers())
-        if "server_only" not in metafunc.fixturenames:
+        if "server_only" not in metafunc.fixturenames and uses_fakeredis():
             names.append("fakeredis")
         metafunc.parametrize("backend", names, scope="session")
     if "mode" in metafunc.fixturenames and not _parametrizes(metafunc, "mode"):

@@ -72,7 +72,7 @@ def _replayed(
         raise read_back_failed("append", [item.message for item in prepared], exc) from exc
     by_sequence = {m.seq_id: m for m in found}
     stored = []
-    for item, replayed in zip(prepared, reply.replayed, strict=False):
+    for item, replayed in zip(prepared, reply.replayed, strict=True):
         message = by_sequence.get(replayed.sequence)
         if message is None:
             # Stored, then deleted by retention before this read: named by its stored id and

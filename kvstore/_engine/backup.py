@@ -246,7 +246,7 @@ def stored_ids(thread: ThreadRef, ids: list[str]) -> Operation:
     (found,) = yield Batch([("HMGET", thread.keys.ids, *ids)])
     return {
         message_id: int(sequence)
-        for message_id, sequence in zip(ids, found, strict=False)
+        for message_id, sequence in zip(ids, found, strict=True)
         if sequence is not None
     }
 

@@ -189,7 +189,7 @@ def prepare_batch(
         )
     # The ids are the call's token: the caller's own messages carry them from now on, so that
     # sending the same messages again after any interruption is a replay.
-    for original, item in zip(given, prepared, strict=False):
+    for original, item in zip(given, prepared, strict=True):
         _give_id(original, item.message.id)
     return prepared
 

@@ -84,7 +84,7 @@ class AppendReply:
             and reply[0] == 0
             and len(reply) == (replay_length or len(reply))
         ):
-            pairs = zip(reply[1::2], reply[2::2], strict=False)
+            pairs = zip(reply[1::2], reply[2::2], strict=True)
             return cls(False, None, tuple(Replayed(int(s), _text(i) or None) for s, i in pairs))
         raise _unexpected("append", reply)
 

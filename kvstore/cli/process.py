@@ -1,6 +1,6 @@
 """One class that starts a server process: a Valkey or Redis binary on a loopback port, its
 files in a data dir. The command line's embedded server (kvstore/cli/server.py), the tests
-(tests/servers.py) and the benchmarks (benchmarks/_servers.py) start theirs with it.
+(tests/support/servers.py) and the benchmarks (benchmarks/_servers.py) start theirs with it.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""Cluster tiers: a 3-primary cluster of Valkey (always) and of Debian Redis (where installed;
-required in CI), formed by tests/cluster/harness.py on free loopback ports.
+"""Cluster tiers: a 3-primary cluster of each server kind of the matrix (tests/support/servers.py:
+Valkey always, Debian Redis where installed and required in CI), formed by
+tests/cluster/harness.py on free loopback ports.
 
 `cluster` is one shared cluster per server kind for the whole session (3 primaries, one replica
 each); tests that kill nodes or move slots take a `fresh_cluster` of their own instead, so a
@@ -15,7 +16,7 @@ import pytest
 
 from kvstore import AsyncMessageStore, MessageStore, StoreConfig
 
-from ..facade import SyncFacade
+from ..support.facade import SyncFacade
 from .harness import Cluster, cluster_binaries
 
 _shared: dict[str, Cluster] = {}

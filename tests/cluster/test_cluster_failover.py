@@ -21,7 +21,7 @@ from redis.crc import key_slot
 
 from kvstore import MessageStore, StoreConfig, UserMessage, errors
 
-from ..layout_check import check_layout
+from ..support.layout_check import check_layout
 from .harness import Cluster, cluster_binaries, thread_ids_on_each_primary, wait_until
 from .workload import (
     LedgerReport,
@@ -275,7 +275,7 @@ def test_calls_on_a_shard_whose_primary_is_down_raise_kvstore_errors(
     on its threads fails: a write as OutcomeUnknown, a read as a kvstore error too, never as a raw
     redis-py exception. Threads on the other primaries are not affected."""
     cluster = fresh_cluster(primaries=3)
-    (dead, dead_id), (alive, alive_id), _ = thread_ids_on_each_primary(cluster, "down")
+    (dead, dead_id), (_alive, alive_id), _ = thread_ids_on_each_primary(cluster, "down")
     thread = thread_on(cluster, dead_id, **SMALL)
     other = thread_on(cluster, alive_id, **SMALL)
     stored = thread.append([UserMessage(content=f"m{i}") for i in range(20)])

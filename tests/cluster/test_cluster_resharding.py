@@ -22,7 +22,7 @@ from kvstore import MessageStore, StoreConfig, UserMessage, errors
 from kvstore._engine import core as _core
 from kvstore._engine.core import ThreadRef
 
-from ..layout_check import check_layout
+from ..support.layout_check import check_layout
 from .harness import HOST, Cluster, cluster_binaries, thread_ids_in_slot
 from .workload import (
     LedgerReport,
@@ -195,7 +195,7 @@ def test_a_script_never_runs_while_its_slot_is_migrating(fresh_cluster):
             for key in keys:
                 pipe.execute_command("ASKING")
                 pipe.dump(key)
-            dumps.update(zip(((client, k) for k in keys), pipe.execute()[1::2]))
+            dumps.update(zip(((client, k) for k in keys), pipe.execute()[1::2], strict=True))
         return dumps
 
     before = dump_all()
@@ -212,7 +212,7 @@ def test_a_script_never_runs_while_its_slot_is_migrating(fresh_cluster):
     pipe = on_target.pipeline(transaction=False)
     pipe.execute_command("ASKING")
     pipe.evalsha(script.sha, len(keys), *keys, *args)
-    asking, reply = pipe.execute(raise_on_error=False)
+    _asking, reply = pipe.execute(raise_on_error=False)
     assert isinstance(reply, redis.exceptions.TryAgainError), reply
     assert dump_all() == before, "a refused script changed the thread"
     plain.close()

@@ -20,8 +20,8 @@ from kvstore import (
 )
 from kvstore._engine.scripts import SCRIPTS
 
-from .. import model
-from ..layout_check import check_layout
+from ..support import model
+from ..support.layout_check import check_layout
 from .harness import Cluster, Node, thread_ids_on_each_primary
 
 SMALL = dict(window_size=8, chunk_size=4, chunk_max_bytes=2048)
@@ -267,7 +267,7 @@ def test_a_cluster_client_calls_scripts_by_sha_in_one_round_trip(cluster, cluste
     """redis-py's RedisCluster finds an FCALL's slot with COMMAND GETKEYS round trips (two per
     call, measured below) and an EVALSHA's from its arguments: a cluster store keeps to EVALSHA,
     whatever StoreConfig.scripting says (docs/SCALING.md)."""
-    (owner, thread_id), *_ = thread_ids_on_each_primary(cluster, "by-sha")
+    (_owner, thread_id), *_ = thread_ids_on_each_primary(cluster, "by-sha")
     thread = cluster_thread(thread_id, **SMALL)
     (first,) = thread.append(UserMessage(content="warm up"))  # loads the scripts on this primary
 
@@ -317,7 +317,7 @@ def test_a_fork_across_primaries_and_a_budgeted_context(
     placed = thread_ids_on_each_primary(cluster, "forking")
     (source_owner, source_id), targets = placed[0], placed[1:]
     source = cluster_thread(source_id, **SMALL)
-    stored = source.append([UserMessage(content=text(300, f"m{i}")) for i in range(40)])
+    source.append([UserMessage(content=text(300, f"m{i}")) for i in range(40)])
     source.append(
         [
             ToolCallMessage(tool_call={"name": "w", "arguments": "{}", "tool_call_id": "c1"}),

@@ -23,7 +23,7 @@ def test_a_sync_watcher_follows_threads_on_each_primary(cluster, namespace):
         events = []
         watch = thread.watch(after="0-0", block_ms=500)
 
-        def consume():
+        def consume(watch=watch, events=events):
             for event in watch:
                 events.append(event)
                 if event.kind == "turn_finished":
@@ -61,7 +61,7 @@ def test_an_async_watcher_follows_threads_on_each_primary(cluster, namespace):
             await thread.append(UserMessage(content="first"))
             events = []
 
-            async def consume():
+            async def consume(thread=thread, events=events):
                 async with thread.watch(after=1, block_ms=500) as watch:
                     async for event in watch:
                         events.append(event)

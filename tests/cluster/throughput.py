@@ -83,7 +83,7 @@ def measure(
     Also checks that every acknowledged append is stored: the threads' message counts add up."""
     from kvstore import MessageStore, StoreConfig
 
-    from ..servers import ServerProcess
+    from ..support.servers import ServerProcess
     from .harness import Cluster
 
     standalone = ServerProcess(f"{kind}-throughput", binary).start()

@@ -22,6 +22,7 @@ import time
 import traceback
 from collections import Counter
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -117,11 +118,11 @@ def append_worker(
         if read_every and batch % read_every == 0:
             # Reads are exercised, not checked here: the ledger check compares the data.
             reads = {
-                "newest page": lambda: thread.list(limit=5, order="desc"),  # native reads
-                "page by cursor": lambda: thread.list(
-                    after=max(stored[0].seq_id - 3, 0), limit=3
+                "newest page": partial(thread.list, limit=5, order="desc"),  # native reads
+                "page by cursor": partial(
+                    thread.list, after=max(stored[0].seq_id - 3, 0), limit=3
                 ),  # plan
-                "get": lambda: thread.get(stored[0].id),  # locate script, then native reads
+                "get": partial(thread.get, stored[0].id),  # locate script, then native reads
             }
             for name, read in reads.items():
                 try:
@@ -201,7 +202,7 @@ def check_ledger(
     ledger = read_jsonl("ledger-*.jsonl", out_dir)
     acked = {}
     for entry in ledger:
-        for otid, seq, message_id in zip(entry["otids"], entry["seqs"], entry["ids"]):
+        for otid, seq, message_id in zip(entry["otids"], entry["seqs"], entry["ids"], strict=True):
             acked[otid] = (entry["thread"], seq, message_id, entry["acked"])
     report.acknowledged = len(acked)
     found: dict[str, tuple[str, int, str]] = {}

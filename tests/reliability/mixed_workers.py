@@ -17,6 +17,7 @@ import random
 import time
 from collections import Counter
 from pathlib import Path
+from typing import ClassVar
 
 import redis
 
@@ -281,7 +282,7 @@ class Worker:
             self.fail("migrated id points elsewhere", thread=thread_id)
         thread.delete()
 
-    OPERATIONS = {
+    OPERATIONS: ClassVar[dict[str, int]] = {
         "append": 20,
         "batch": 6,
         "replay": 4,

@@ -18,24 +18,18 @@ from kvstore._engine.core import Batch, Eval, ThreadRef
 from kvstore._engine.layout.keys import ThreadKeys
 from kvstore._engine.scripts import SCRIPTS
 
-from ..facade import SyncFacade
-from ..servers import ServerProcess, redis_binary, require_redis, valkey_binary
+from ..support.facade import SyncFacade
+from ..support.servers import ServerProcess, server_binaries
 
 
 def server_kinds() -> list[str]:
-    """The real servers this machine runs: Valkey always, Debian Redis where installed."""
-    kinds = ["valkey"]
-    if redis_binary():
-        kinds.append("redis")
-    elif require_redis():
-        raise RuntimeError("KVSTORE_REQUIRE_REDIS=1 but redis-server is not on PATH")
-    return kinds
+    """The real servers of this run's matrix (tests/support/servers.py): Valkey always, Debian
+    Redis where installed, the extra kinds CI names."""
+    return list(server_binaries())
 
 
 def binary_of(kind: str) -> str:
-    binary = valkey_binary() if kind == "valkey" else redis_binary()
-    assert binary, kind
-    return binary
+    return server_binaries()[kind]
 
 
 def new_server(kind: str, *extra_args: str) -> ServerProcess:
@@ -149,6 +143,6 @@ def thread_in_mode(
 
 def free_port_client(**kwargs: Any) -> redis.Redis:
     """A client of a loopback port nothing listens on."""
-    from ..servers import free_port
+    from ..support.servers import free_port
 
     return redis.Redis(host="127.0.0.1", port=free_port(), **kwargs)

@@ -22,7 +22,7 @@ from redis.connection import HiredisRespSerializer
 
 from kvstore import AsyncMessageStore, MessageStore, StoreConfig, UserMessage
 
-from ..layout_check import check_layout
+from ..support.layout_check import check_layout
 from .support import dedicated_server, fresh_namespace
 
 # A signal landing inside pydantic's serializer is swallowed there with this warning (the call

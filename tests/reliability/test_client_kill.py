@@ -20,7 +20,7 @@ import redis
 
 from kvstore import MessageStore, StoreConfig, UserMessage
 
-from ..layout_check import check_layout
+from ..support.layout_check import check_layout
 from .support import dedicated_server, fresh_namespace
 from .workers import CRASH_CONFIG, appending_child, content_for, read_ledger
 

@@ -21,7 +21,7 @@ import redis
 
 from kvstore import MessageStore, StoreConfig
 
-from ..layout_check import check_layout
+from ..support.layout_check import check_layout
 from .support import fresh_namespace, new_server
 from .workers import CRASH_CONFIG, CRASH_THREADS, content_for, crash_loop_worker, read_ledger
 

@@ -32,7 +32,7 @@ from kvstore._engine.layout.keys import ThreadKeys
 from kvstore._engine.record import decode_records
 from kvstore._engine.tool_pairs import without_orphans
 
-from .. import model
+from ..support import model
 from .support import dedicated_server, fresh_namespace, keyspace, keyspace_diff
 
 FIGURES: dict[str, Counter] = {}
@@ -68,7 +68,7 @@ def outcome_of(exc: BaseException) -> str:
 
 # ------------------------------------------------------------------------------ strategies
 
-SPECIAL = list("{}*?[]\\:\r\n\0 \t|,") + ["\x7f", "é", "漢", "\u200b", "\u212a", "🙂", "\ud800"]
+SPECIAL = [*"{}*?[]\\:\r\n\0 \t|,", "\x7f", "é", "漢", "\u200b", "\u212a", "🙂", "\ud800"]
 VALID_CHARS = list(string.ascii_letters + string.digits + "._:@/+=-")
 id_chars = st.sampled_from(SPECIAL + VALID_CHARS)
 valid_ids = st.from_regex(r"[A-Za-z0-9][A-Za-z0-9._:@/+=-]{0,60}", fullmatch=True)
@@ -749,7 +749,7 @@ def bomb_site(target):
         "oversized chunk": next(m for m in stored if m.seq_id in large),
     }
     first_of = {}
-    for member, score in target.raw.zrange(keys.chunk_index, 0, -1, withscores=True):
+    for member, _score in target.raw.zrange(keys.chunk_index, 0, -1, withscores=True):
         chunk = ChunkEntry.parse(member)
         for s in range(chunk.first, chunk.last + 1):
             first_of[s] = chunk.first

@@ -25,7 +25,7 @@ from kvstore._engine.executor import record
 from kvstore.cli import backup
 
 from ..conftest import make_async_store, make_sync_store
-from ..facade import SyncFacade
+from ..support.facade import SyncFacade
 
 DATE = "2026-01-02T03:04:05Z"
 
@@ -334,7 +334,7 @@ def test_a_remove_turn_stopped_after_any_step_and_run_again_is_whole(
 def test_a_migration_stopped_after_any_step_and_run_again_is_whole(
     side, raw_client, how, server_only, namespace
 ):
-    from ..test_migration import write_layout_1
+    from ..integration.test_migration import write_layout_1
 
     store = side(**SMALL)
 

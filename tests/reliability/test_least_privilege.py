@@ -20,7 +20,7 @@ from kvstore import AssistantMessage, StoreConfig, SummaryMessage, UserMessage, 
 from kvstore._engine.scripts import LIBRARY, SCRIPTS
 from kvstore.admin import health, preload_library, preload_scripts
 
-from ..layout_check import check_layout
+from ..support.layout_check import check_layout
 from .support import dedicated_server, fresh_namespace, keyspace, keyspace_diff, thread_in_mode
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -263,16 +263,18 @@ def test_denied_keys_and_commands_raise_permission_denied(kind):
         for other in ("elsewhere", f"{namespace}:nested"):
             thread = MessageStore(client, StoreConfig(namespace=other)).thread("theirs")
             for name, call in {
-                "script on a key outside the pattern (append)": lambda: thread.append(
+                "script on a key outside the pattern (append)": lambda thread=thread: thread.append(
                     UserMessage(content="x")
                 ),
-                "read-only script outside the pattern (page plan)": lambda: thread.list(
-                    after="message-x"
+                "read-only script outside the pattern (page plan)": lambda thread=thread: (
+                    thread.list(after="message-x")
                 ),
-                "native reads outside the pattern (page plan)": lambda: thread.list(after=1),
+                "native reads outside the pattern (page plan)": lambda thread=thread: thread.list(
+                    after=1
+                ),
                 "native command outside the pattern (stats)": thread.stats,
-                "native command outside the pattern (newest page)": lambda: thread.list(
-                    order="desc"
+                "native command outside the pattern (newest page)": lambda thread=thread: (
+                    thread.list(order="desc")
                 ),
             }.items():
                 with pytest.raises(errors.PermissionDenied) as caught:

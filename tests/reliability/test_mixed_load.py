@@ -8,7 +8,7 @@ threads of its own deletes and migrates layout-1 threads. Afterwards, on every s
   with, unless retention deleted it (below deleted_before) or its turn was removed;
 - nothing is stored that no worker sent (summaries aside);
 - every finish_turn result matched the replies sent, and finishing again returned the same;
-- the layout invariants of docs/LAYOUT.md hold (tests/layout_check.py);
+- the layout invariants of docs/LAYOUT.md hold (tests/support/layout_check.py);
 - no read saw a state that breaks its invariants.
 15 s per server by default; KVSTORE_LONG=1 runs 60 s.
 """
@@ -25,7 +25,7 @@ import redis
 
 from kvstore import MessageStore, StoreConfig, SummaryMessage
 
-from ..layout_check import check_layout
+from ..support.layout_check import check_layout
 from .mixed_workers import MIXED_CONFIG, mixed_worker, shared_thread_ids
 from .support import fresh_namespace, new_server, server_kinds
 from .workers import read_ledger

@@ -2,7 +2,7 @@
 
 A server restart, a failover or an operator's SCRIPT FLUSH empties the script cache; with
 scripting="eval" the executors call scripts by SHA and must reload them transparently (spec §3).
-(The function library's loss is tests/test_loading.py's, with the same workload.) A mixed workload
+(The function library's loss is tests/integration/test_loading.py's, with the same workload.) A mixed workload
 (appends, batches, otid replays, pages, get, replace, compact, remove_turn, context) runs against
 a model of what it stored, with the cache flushed before every call, then with a thread
 flushing it in a loop.
@@ -18,7 +18,7 @@ import redis
 
 from kvstore import StoreConfig, UserMessage, errors
 
-from ..layout_check import check_layout
+from ..support.layout_check import check_layout
 from .support import fresh_namespace, thread_in_mode
 
 CONFIG = dict(window_size=8, chunk_size=4, chunk_max_bytes=4096, retained_message_limit=None)

@@ -29,8 +29,8 @@ from hypothesis.stateful import (
 from kvstore import AssistantMessage, MessageStore, StoreConfig, UserMessage, errors
 from kvstore._engine.layout.formats import ChunkEntry
 
-from .. import model
-from ..layout_check import check_layout, read_layout
+from ..support import model
+from ..support.layout_check import check_layout, read_layout
 from .support import dedicated_server, fresh_namespace
 
 CONFIG = dict(

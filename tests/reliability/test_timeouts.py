@@ -19,7 +19,7 @@ from redis.retry import Retry
 
 from kvstore import MessageStore, StoreConfig, UserMessage, errors
 
-from ..layout_check import check_layout
+from ..support.layout_check import check_layout
 from .support import dedicated_server, fresh_namespace
 
 TIMEOUT = 0.05

@@ -25,7 +25,7 @@ from kvstore._engine import core as _core
 from kvstore._engine.core import ThreadRef
 from kvstore.messages import ImageContent, TextContent
 
-from ..layout_check import check_layout
+from ..support.layout_check import check_layout
 from .support import (
     dedicated_server,
     first_request,
@@ -191,7 +191,7 @@ def test_a_wrong_type_key_is_refused_unchanged_or_left_alone_by_a_whole_write(ta
         key = getattr(s.thread.keys, field)
         original = raw.dump(key)
 
-        def put_back():
+        def put_back(key=key, original=original):
             raw.delete(key)
             if original is not None:
                 raw.restore(key, 0, original)

@@ -28,7 +28,8 @@ def content_for(otid: str) -> str:
 
 class Ledger:
     def __init__(self, path: Path) -> None:
-        self._file = open(path, "a", buffering=1, encoding="utf-8")
+        # Open for the worker's life (a kill may end it at any line): no context manager.
+        self._file = open(path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115
 
     def write(self, **entry) -> None:
         self._file.write(json.dumps(entry) + "\n")

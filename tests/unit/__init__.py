@@ -6,5 +6,5 @@ it with a reply built the way the server builds it (tests/unit/layout.py holds a
 docs/LAYOUT.md lays it out and answers native reads from it) or with a typed error thrown in.
 No server, no client, no socket: the layer runs in a few seconds and starts nothing
 (tests/unit/conftest.py checks both). What the scripts do on a real server is tested by the
-layers above (tests/test_scripts.py, the backend-parametrized tests).
+layers above (tests/integration/test_scripts.py, the backend-parametrized tests).
 """

@@ -180,7 +180,7 @@ def test_outcome_unknown_carries_the_messages_as_sent(thread):
 def test_a_failed_read_back_of_a_replay_is_outcome_unknown_with_the_messages(thread):
     messages = [UserMessage(id="m5", content="five")]
     lost = errors.ServerError("the read could not reach the server")
-    with pytest.raises(errors.OutcomeUnknown, match="re-send|Re-send") as raised:
+    with pytest.raises(errors.OutcomeUnknown, match=r"re-send|Re-send") as raised:
         drive(
             core.append(thread, messages, None),
             call("append", reply=[0, 5, b"m5"]),
@@ -191,7 +191,7 @@ def test_a_failed_read_back_of_a_replay_is_outcome_unknown_with_the_messages(thr
 
 
 def test_a_reply_of_another_shape_is_a_server_error_naming_the_script(thread):
-    with pytest.raises(errors.ServerError, match="append.lua"):
+    with pytest.raises(errors.ServerError, match=r"append\.lua"):
         drive(core.append(thread, UserMessage(content="x"), None), call("append", reply=[2, 1]))
 
 
@@ -234,5 +234,5 @@ def test_finish_turn_of_an_unknown_turn_raises_turn_not_found(thread):
 
 def test_a_replay_that_names_fewer_messages_than_were_sent_is_a_server_error(thread):
     messages = [UserMessage(id="m5", content="five"), UserMessage(id="m6", content="six")]
-    with pytest.raises(errors.ServerError, match="append.lua"):
+    with pytest.raises(errors.ServerError, match=r"append\.lua"):
         drive(core.append(thread, messages, None), call("append", reply=[0, 5, b"m5"]))

@@ -1,5 +1,5 @@
 """The bounds of the numbers that cross into Lua, checked with no server (the rest, end to end,
-in tests/test_number_bounds.py): each StoreConfig int at its largest is taken and one more is
+in tests/integration/test_number_bounds.py): each StoreConfig int at its largest is taken and one more is
 refused; token counts, leases and watch numbers likewise."""
 
 from __future__ import annotations

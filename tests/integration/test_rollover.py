@@ -1,0 +1,186 @@
+"""The rollover keeps the window bounded whatever the batch size: every call moves out at least
+as many messages as it adds, plus up to the per-call cap of what was there before it."""
+
+from __future__ import annotations
+
+import random
+
+from kvstore import StoreConfig, UserMessage
+
+from ..support.layout_check import check_layout
+from .test_migration import check_reads, write_layout_1
+
+DEFAULT = StoreConfig()
+BOUND = DEFAULT.window_size + DEFAULT.chunk_size - 1  # the most a window holds after a call
+CAP = DEFAULT.max_chunks_per_call * DEFAULT.chunk_size  # what a call moves beyond its own messages
+
+
+def batch(tag: str, count: int) -> list[UserMessage]:
+    return [UserMessage(content=f"{tag}.{i}") for i in range(count)]
+
+
+def window_sizes(raw_client, keys) -> tuple[int, int]:
+    return raw_client.zcard(keys.window), raw_client.hlen(keys.window_side)
+
+
+def test_batches_of_500_keep_the_window_within_its_bound(make_thread, raw_client, namespace):
+    thread = make_thread()
+    config = StoreConfig(namespace=namespace)
+    stored = 0
+    for step in range(60):
+        stored += len(thread.append(batch(str(step), 500)))
+        window, side = window_sizes(raw_client, thread.keys)
+        assert DEFAULT.window_size <= window <= BOUND, (step, window)
+        assert side == window
+        if step % 20 == 19:
+            check_layout(raw_client, thread.keys, config)
+    assert thread.stats().stored_messages == stored == 30_000
+    assert [m.seq_id for m in thread.list(limit=3, order="desc").messages] == [
+        30_000,
+        29_999,
+        29_998,
+    ]
+
+
+def test_batches_of_chunks_cut_on_bytes_keep_the_window_within_its_bound(
+    make_thread, raw_client, namespace
+):
+    small = dict(window_size=8, chunk_size=4, chunk_max_bytes=2048, max_bytes_per_call=2048)
+    thread = make_thread(**small)
+    config = StoreConfig(namespace=namespace, **small)
+    rng = random.Random(11)
+    expected = []
+    for step in range(20):
+        sizes = [rng.choice([10, 300, 700, 1500]) for _ in range(rng.randint(50, 150))]
+        expected += thread.append(
+            [UserMessage(content=f"{step}.{i} " + "x" * n) for i, n in enumerate(sizes)]
+        )
+        window, side = window_sizes(raw_client, thread.keys)
+        assert small["window_size"] <= window <= small["window_size"] + small["chunk_size"] - 1, (
+            step,
+            window,
+        )
+        assert side == window
+        check_layout(raw_client, thread.keys, config)
+    assert list(thread.iter()) == expected
+
+
+def test_a_window_grown_past_its_bound_drains_back(make_thread, raw_client, namespace):
+    # A window of 1,000 messages, as an older version left it after a few big batches.
+    grown = make_thread(window_size=1000)
+    expected = []
+    for step in range(2):
+        expected += grown.append(batch(f"old{step}", 500))
+    assert window_sizes(raw_client, grown.keys) == (1000, 1000)
+
+    thread = make_thread()
+    before, calls = 1000, 0
+    while before > BOUND:
+        expected += thread.append(batch(f"new{calls}", 200))
+        calls += 1
+        after, side = window_sizes(raw_client, thread.keys)
+        # Each call moves its own 200 messages and up to a full cap more.
+        assert after <= max(BOUND, before - CAP), (calls, before, after)
+        assert side == after
+        before = after
+    assert calls <= -(-(1000 - BOUND) // CAP)
+    for i in range(40):
+        expected += thread.append(UserMessage(content=f"single {i}"))
+        assert DEFAULT.window_size <= raw_client.zcard(thread.keys.window) <= BOUND
+    check_layout(raw_client, thread.keys, StoreConfig(namespace=namespace))
+    assert list(thread.iter()) == expected
+
+
+def test_a_layout_1_thread_receiving_batches_while_it_migrates(make_thread, raw_client, namespace):
+    thread = make_thread()
+    expected = write_layout_1(raw_client, thread.keys, 1500)
+    legacy = 1500
+    while thread.stats().layout_version == 1:
+        expected += thread.append(batch(f"b{len(expected)}", 500))
+        window, side = window_sizes(raw_client, thread.keys)
+        assert window <= BOUND and side == window, window
+        # The migration goes on at its own pace.
+        now = raw_client.hlen(thread.keys.legacy)
+        assert now == max(0, legacy - CAP)
+        legacy = now
+    assert not raw_client.exists(thread.keys.legacy)
+    check_layout(raw_client, thread.keys, StoreConfig(namespace=namespace))
+    check_reads(thread, expected, limits=(1, 50, 200))
+
+
+def test_retention_while_migrating_keeps_what_is_not_moved(make_thread, raw_client, namespace):
+    # Window messages roll into chunks newer than the legacy part; retention must not delete
+    # past the part already moved.
+    thread = make_thread(retained_message_limit=10)
+    expected = write_layout_1(raw_client, thread.keys, 1000)
+    for step in range(2):
+        expected += thread.append(batch(f"b{step}", 500))
+    assert raw_client.hlen(thread.keys.legacy) > 0
+    summary = thread.compact("everything so far", last_sequence=expected[-1].seq_id)
+    moved = int(raw_client.hget(thread.keys.meta, "migrated") or 1000)
+    deleted_before = int(raw_client.hget(thread.keys.meta, "deleted_before"))
+    assert deleted_before <= moved + 1
+    kept = [m for m in expected if m.seq_id >= deleted_before] + [summary]
+    assert list(thread.iter()) == kept
+    thread.migrate()
+    assert list(thread.iter()) == kept
+    assert thread.stats().stored_messages == len(kept)
+    check_layout(
+        raw_client, thread.keys, StoreConfig(namespace=namespace, retained_message_limit=10)
+    )
+
+
+def chunk_data_sizes(raw_client, keys) -> list[int]:
+    return [
+        raw_client.hstrlen(keys.chunk(int(score)), "d")
+        for _, score in raw_client.zrange(keys.chunk_index, 0, -1, withscores=True)
+    ]
+
+
+def test_a_chunk_of_large_records_ends_where_its_data_fills_a_size_class(
+    make_thread, raw_client, namespace
+):
+    # 32 records of ~1.1 KB are 35.9 KB, which jemalloc rounds up to 40 KiB; the chunk ends
+    # instead where its data fills the 32 KiB class, and the next one takes the records after it.
+    thread = make_thread()
+    stored = thread.append([UserMessage(content=f"{i:04d} " + "x" * 995) for i in range(400)])
+    stats = thread.stats()
+    record = stats.stored_bytes // stats.stored_messages
+    sizes = chunk_data_sizes(raw_client, thread.keys)
+    assert len(sizes) >= 10
+    assert all(32 * 1024 - 16 - record < size <= 32 * 1024 - 16 for size in sizes), (record, sizes)
+    check_layout(raw_client, thread.keys, StoreConfig(namespace=namespace))
+    assert list(thread.iter()) == stored
+    assert thread.get(stored[100].id) == stored[100]
+
+
+def test_a_chunk_under_16_kib_keeps_chunk_size_messages(make_thread, raw_client):
+    # 32 records of ~420 bytes: 13.4 KB of data, under the sizes whose classes are fitted.
+    thread = make_thread()
+    thread.append([UserMessage(content=f"{i:04d} " + "x" * 295) for i in range(300)])
+    counts = [
+        int(member.split(b":")[2]) for member in raw_client.zrange(thread.keys.chunk_index, 0, -1)
+    ]
+    assert counts and set(counts) == {DEFAULT.chunk_size}
+    assert max(chunk_data_sizes(raw_client, thread.keys)) < 16 * 1024
+
+
+def test_a_chunk_index_entry_counts_the_inline_media_its_messages_carry(
+    make_thread, raw_client, namespace
+):
+    """The index member's media is the sum of its messages' (retention and the budget read it)."""
+    from .test_lifecycle import image
+
+    config = StoreConfig(namespace=namespace, window_size=4, chunk_size=3)
+    thread = make_thread("media", window_size=4, chunk_size=3)
+    sizes = [0, 1000, 0, 70, 123456, 0, 5, 0, 0, 2048, 9, 0]
+    for i, size in enumerate(sizes):
+        content = [{"type": "text", "text": f"m{i}"}] + ([image(size)] if size else [])
+        thread.append(UserMessage(content=content))
+    layout = check_layout(raw_client, thread.keys, config)
+    assert layout.chunks, "nothing rolled into a chunk"
+    from kvstore._engine.layout.formats import ChunkEntry
+
+    entries = [ChunkEntry.parse(m) for m in raw_client.zrange(thread.keys.chunk_index, 0, -1)]
+    assert [e.media for e in entries] == [sum(sizes[e.first - 1 : e.last]) for e in entries]
+    assert any(e.media > 0 for e in entries)
