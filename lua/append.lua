@@ -23,11 +23,11 @@
 --- @include "includes/events"
 --- @include "includes/turns"
 --- @include "includes/expiry"
---- @include "includes/store"
---- @include "includes/rollover"
---- @include "includes/retention"
---- @include "includes/migration"
 --- @include "includes/history"
+--- @include "includes/layout2_store"
+--- @include "includes/layout1_migration"
+--- @include "includes/layout2_retention"
+--- @include "includes/layout2_rollover"
 
 local keys = thread_keys(KEYS)
 local limits = args.limits

@@ -13,7 +13,7 @@
 --- The summary covers messages up to summary_last; it must be stored (or deleted) already and
 --- may not move back. A summary_last equal to the current summary's is a replay: the current
 --- summary is returned and nothing is written. Retention then deletes the oldest chunks it
---- allows (includes/retention).
+--- allows (includes/layout2_retention).
 ---
 --- Reply: {1, summary_sequence, chunks_deleted}, or {0, summary_sequence, 0} for a replay
 --- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_DELETING, KVS_RESTORING, KVS_MIGRATING, KVS_TOO_LARGE, KVS_MEDIA_OVER,
@@ -22,10 +22,10 @@
 --- @include "includes/thread"
 --- @include "includes/events"
 --- @include "includes/expiry"
---- @include "includes/store"
---- @include "includes/rollover"
---- @include "includes/retention"
---- @include "includes/migration"
+--- @include "includes/layout2_store"
+--- @include "includes/layout1_migration"
+--- @include "includes/layout2_retention"
+--- @include "includes/layout2_rollover"
 
 local keys = thread_keys(KEYS)
 local limits = args.limits

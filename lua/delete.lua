@@ -30,14 +30,14 @@ local keys = thread_keys(KEYS)
 local max_chunks, mode = args.max_chunks, args.mode
 local limits = {events_len = args.events_len, events_age_ms = args.events_age_ms, ttl_ms = 0}
 
-local err = check_key_types({{keys.chunk_index, 'zset'}, {keys.large_index, 'zset'}})
+local err = check_key_types(chunk_index_types(keys))
 if err then return err end
 
 local meta_is_hash = redis.call('TYPE', keys.meta)['ok'] == 'hash'
 local announced = false
 if not (meta_is_hash and redis.call('HEXISTS', keys.meta, 'deleting') == 1) then
   if mode ~= 'start' then return 1 end
-  redis.call('UNLINK', keys.window, keys.window_side, keys.ids, keys.otids, keys.turns, keys.legacy, keys.pairs)
+  redis.call('UNLINK', unpack(tombstone_keys(keys)))
   -- Any other value at meta goes too; a hash stays a key (and keeps its expiry): the tombstone
   -- first, then every other field goes.
   if not meta_is_hash then redis.call('UNLINK', keys.meta) end
@@ -70,5 +70,5 @@ end
 -- Both indexes gave fewer chunks than asked for: none is left. A call that added the 'deleted'
 -- event leaves the stream to the next call, so that the watchers blocked on it get the event.
 if left == 0 or announced then return 0 end
-redis.call('UNLINK', keys.chunk_index, keys.large_index, keys.meta, keys.events)
+redis.call('UNLINK', keys.meta, keys.events, unpack(chunk_indexes(keys)))
 return 1

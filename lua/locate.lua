@@ -12,16 +12,12 @@
 --- Errors: KVS_WRONGTYPE
 --- @include "includes/layout"
 --- @include "includes/checks"
+--- @include "includes/layout2_reads"
 
 local keys = thread_keys(KEYS)
 local kind = args.kind
 
-local checked = {
-  {keys.meta, 'hash'}, {keys.window_side, 'hash'}, {keys.chunk_index, 'zset'},
-  {keys.large_index, 'zset'}, {keys.ids, 'hash'}, {keys.legacy, 'hash'},
-}
-if kind == 'otid' then checked[#checked + 1] = {keys.otids, 'hash'} end
-local err = check_key_types(checked)
+local err = check_key_types(located_key_types(keys, kind == 'otid'))
 if err then return err end
 
 local meta = redis.call('HMGET', keys.meta, 'gen', 'deleted_before', 'deleting')
@@ -39,11 +35,7 @@ for _, target in ipairs(args.targets.target) do
   end
   local where, first = nil, nil
   if sequence > 0 and not deleting then
-    if redis.call('HEXISTS', keys.legacy, sequence) == 1 then
-      where = 'legacy'
-    else
-      where, first = locate(keys, sequence)
-    end
+    where, first = locate_stored(keys, sequence)
   end
   reply[#reply + 1] = sequence
   reply[#reply + 1] = (where == 'window' and -1) or (where == 'legacy' and -2) or first or 0

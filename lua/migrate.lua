@@ -1,5 +1,5 @@
 #!lua
---- Moves one bounded step of a layout-1 thread into chunks (includes/migration.lua).
+--- Moves one bounded step of a layout-1 thread into chunks (includes/layout1_migration.lua).
 ---
 --- KEYS[1..12]  the thread's keys (includes/layout.lua: thread_keys; docs/LAYOUT.md)
 --- ARGV limits (limits): the store's limits (includes/args.lua: read_limits)
@@ -11,7 +11,8 @@
 --- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_DELETING, KVS_RESTORING
 --- @include "includes/thread"
 --- @include "includes/expiry"
---- @include "includes/migration"
+--- @include "includes/layout1_migration"
+--- @include "includes/layout1"
 
 local limits = args.limits
 local keys, err = begin_thread_call(KEYS, limits)
@@ -22,4 +23,4 @@ if chunks > 0 then apply_expiry(keys) end
 local state = redis.call('HMGET', keys.meta, 'layout', 'legacy_last')
 local layout = tonumber(state[1] or '2') or 2
 local scanning = (layout ~= 2 and not state[2]) and 1 or 0
-return {chunks, layout, scanning, layout == 2 and redis.call('HLEN', keys.legacy) or 0}
+return {chunks, layout, scanning, layout == 2 and legacy_fields(keys) or 0}

@@ -26,7 +26,8 @@
 ---   fails the command that reads it (nothing is written either way).
 --- @include "includes/layout"
 --- @include "includes/cursors"
---- @include "includes/format"
+--- @include "includes/layout1"
+--- @include "includes/layout2_reads"
 
 local keys = thread_keys(KEYS)
 local lo_kind, lo_arg, hi_kind, hi_arg = args.lo_kind, args.lo, args.hi_kind, args.hi
@@ -41,10 +42,10 @@ local deleting, layout = meta[4], meta[5]
 -- A thread being deleted (lua/delete.lua) reads as empty, whatever chunks it still has.
 if deleting then deleted_before, last_seq = 0, 0 end
 
--- A layout-1 thread's legacy messages not yet migrated (includes/layout.lua, legacy_range).
+-- A layout-1 thread's legacy messages not yet migrated (includes/layout1.lua, legacy_range).
 local legacy_first, legacy_last, legacy_count = 0, 0, 0
 if not deleting and holds_legacy(keys, layout) then
-  legacy_count = redis.call('HLEN', keys.legacy)
+  legacy_count = legacy_fields(keys)
   legacy_first, legacy_last, last_seq = legacy_range(keys, meta[6], meta[7], last_seq, legacy_count)
 end
 
@@ -56,20 +57,7 @@ lo = lo or 0
 if deleted_before > 0 and lo < deleted_before - 1 then lo = deleted_before - 1 end
 if not hi or hi > last_seq + 1 then hi = last_seq + 1 end
 
-local window_count, below, above, large = 0, '', {}, {}
-if hi - lo > 1 then
-  if walk == 'up' then
-    below = redis.call('ZRANGE', keys.chunk_index, lo, '-inf', 'BYSCORE', 'REV', 'LIMIT', 0, 1)[1] or ''
-    above = redis.call('ZRANGE', keys.chunk_index, '(' .. fmt(lo), '(' .. fmt(hi), 'BYSCORE', 'LIMIT', 0, max_chunks + 1)
-    large = redis.call('ZRANGE', keys.large_index, '(' .. fmt(lo), '(' .. fmt(hi), 'BYSCORE', 'LIMIT', 0, need)
-  else
-    window_count = redis.call('ZCOUNT', keys.window, '(' .. fmt(lo), '(' .. fmt(hi))
-    if window_count < need then
-      above = redis.call('ZRANGE', keys.chunk_index, '(' .. fmt(hi), '-inf', 'BYSCORE', 'REV', 'LIMIT', 0, max_chunks + 1)
-    end
-    large = redis.call('ZRANGE', keys.large_index, '(' .. fmt(hi), '(' .. fmt(lo), 'BYSCORE', 'REV', 'LIMIT', 0, need)
-  end
-end
+local window_count, below, above, large = plan_containers(keys, lo, hi, walk, need, max_chunks)
 
 local reply = {gen, deleted_before, lo, hi, window_count, below, #above}
 for _, member in ipairs(above) do reply[#reply + 1] = member end

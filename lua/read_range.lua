@@ -30,6 +30,8 @@
 ---   fails the command that reads it (nothing is written either way).
 --- @include "includes/layout"
 --- @include "includes/cursors"
+--- @include "includes/layout1"
+--- @include "includes/layout2_reads"
 
 local keys = thread_keys(KEYS)
 local lo_kind, lo_arg, hi_kind, hi_arg = args.lo_kind, args.lo, args.hi_kind, args.hi
@@ -45,7 +47,7 @@ local summary_last, summary_seq = tonumber(meta[7] or '0'), tonumber(meta[8] or 
 -- A thread being deleted (lua/delete.lua) reads as empty, whatever it still holds.
 if deleting then deleted_before, last_seq, summary_last, summary_seq = 0, 0, 0, 0 end
 
--- A layout-1 thread's legacy messages not yet migrated (includes/layout.lua, legacy_range).
+-- A layout-1 thread's legacy messages not yet migrated (includes/layout1.lua, legacy_range).
 local legacy_first, legacy_last = 0, 0
 if not deleting and holds_legacy(keys, layout) then
   legacy_first, legacy_last, last_seq = legacy_range(keys, meta[5], meta[6], last_seq)
@@ -94,9 +96,6 @@ if snapshot then
   local fields = redis.call('HGETALL', keys.meta)
   reply[#reply + 1] = #fields
   for _, value in ipairs(fields) do reply[#reply + 1] = value end
-  reply[#reply + 1] = redis.call('ZCARD', keys.window)
-  reply[#reply + 1] = redis.call('ZCARD', keys.chunk_index)
-  reply[#reply + 1] = redis.call('ZCARD', keys.large_index)
-  reply[#reply + 1] = redis.call('HLEN', keys.legacy)
+  add_container_sizes(keys, reply)
 end
 return reply

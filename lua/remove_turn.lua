@@ -16,11 +16,12 @@
 --- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_DELETING, KVS_RESTORING, KVS_MIGRATING, KVS_HISTORY
 --- @include "includes/layout"
 --- @include "includes/events"
---- @include "includes/index"
 --- @include "includes/turns"
 --- @include "includes/expiry"
---- @include "includes/format"
 --- @include "includes/history"
+--- @include "includes/layout2_index"
+--- @include "includes/layout1"
+--- @include "includes/layout2_edit"
 
 local keys = thread_keys(KEYS)
 local limits = args.limits
@@ -64,40 +65,8 @@ local removed, bytes, media, tokens = 0, 0, 0, 0
 local ids, otids = {}, {}
 local last_done = nil
 for _, sequence in ipairs(sequences) do
-  local where, first, member = locate(keys, sequence)
-  local side
-  if where == 'window' then
-    side = redis.call('HGET', keys.window_side, sequence)
-    redis.call('HDEL', keys.window_side, sequence)
-    redis.call('ZREMRANGEBYSCORE', keys.window, sequence, sequence)
-    local _, _, _, window_bytes = parse_side(side)
-    redis.call('HINCRBY', keys.meta, 'window_bytes', -window_bytes)
-  elseif where == 'large' then
-    side = manifest_find(chunk_manifest(keys, first), sequence)
-    redis.call('DEL', chunk_key(keys, first))
-    redis.call('ZREM', keys.large_index, member)
-  elseif where == 'chunk' then
-    local chunk = chunk_key(keys, first)
-    local manifest = redis.call('HGET', chunk, '_m')
-    side = manifest_find(manifest, sequence)
-    local c_first, c_last, c_count, c_bytes, c_media, c_tokens = parse_chunk_member(member)
-    local _, _, m_media, m_bytes, _, m_tokens = parse_side(side)
-    redis.call('ZREM', keys.chunk_index, member)
-    if c_count == 1 then
-      redis.call('DEL', chunk)
-    else
-      -- The record is cut out of the chunk's data, and its line out of the manifest.
-      local start, length, at, stop = chunk_slot(manifest, sequence)
-      local data = redis.call('HGET', chunk, 'd')
-      redis.call('HSET', chunk,
-        '_m', string.sub(manifest, 1, at - 1) .. string.sub(manifest, stop + 1),
-        'd', string.sub(data, 1, start - 1) .. string.sub(data, start + length))
-      redis.call('ZADD', keys.chunk_index, c_first,
-        chunk_index_member(c_first, c_last, c_count - 1, c_bytes - m_bytes, c_media - m_media, c_tokens - m_tokens))
-    end
-  end
-  if side then
-    local id, otid, m_media, m_bytes, _, m_tokens = parse_side(side)
+  local found, id, otid, m_media, m_bytes, _, m_tokens = remove_stored(keys, sequence)
+  if found then
     ids[#ids + 1] = id
     if otid ~= '' then otids[#otids + 1] = otid end
     bytes = bytes + m_bytes

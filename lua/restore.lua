@@ -25,11 +25,12 @@
 --- @include "includes/layout"
 --- @include "includes/thread"
 --- @include "includes/expiry"
---- @include "includes/store"
---- @include "includes/rollover"
---- @include "includes/retention"
 --- @include "includes/history"
 --- @include "includes/events"
+--- @include "includes/layout2_store"
+--- @include "includes/layout2_retention"
+--- @include "includes/layout2_rollover"
+--- @include "includes/layout1"
 
 local keys = thread_keys(KEYS)
 local limits = args.limits
@@ -44,7 +45,7 @@ if failure then return failure end
 if meta.layout ~= nil and meta.layout ~= CURRENT_LAYOUT then
   return redis.error_reply('KVS_LAYOUT thread is stored in layout ' .. meta.layout .. ', a restore writes into layout 2 only')
 end
-if redis.call('EXISTS', keys.legacy) == 1 then
+if legacy_exists(keys) then
   return redis.error_reply('KVS_LAYOUT thread holds a layout-1 message hash, a restore writes into layout 2 only')
 end
 local err

@@ -35,6 +35,7 @@
 --- @include "includes/turns"
 --- @include "includes/expiry"
 --- @include "includes/events"
+--- @include "includes/layout1"
 
 local keys = thread_keys(KEYS)
 local limits = args.limits
@@ -66,7 +67,7 @@ end
 local err = check_thread(keys, true)
 if err then return err end
 local current = redis.call('HMGET', keys.meta, 'layout', 'last_seq')
-if current[1] == '1' or redis.call('EXISTS', keys.legacy) == 1 then
+if current[1] == '1' or legacy_exists(keys) then
   return redis.error_reply('KVS_LAYOUT thread is stored in layout 1, a restore writes into layout 2 only')
 end
 if tonumber(current[2] or '0') > last_seq then

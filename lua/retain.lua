@@ -8,7 +8,7 @@
 --- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_DELETING, KVS_RESTORING
 --- @include "includes/thread"
 --- @include "includes/expiry"
---- @include "includes/retention"
+--- @include "includes/layout2_retention"
 
 local limits = args.limits
 local keys, err = begin_thread_call(KEYS, limits)

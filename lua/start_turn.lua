@@ -19,11 +19,11 @@
 --- Reply: 'start': the sequence the turn's replies start at; 'hold': {that sequence, lease}
 --- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_DELETING, KVS_RESTORING, KVS_MIGRATING, KVS_TURN_FINISHED
 --- @include "includes/layout"
---- @include "includes/format"
 --- @include "includes/turns"
 --- @include "includes/expiry"
 --- @include "includes/turn_call"
 --- @include "includes/events"
+--- @include "includes/numbers"
 
 local keys = thread_keys(KEYS)
 local limits = args.limits

@@ -1,7 +1,7 @@
 """A budgeted context planned from the stored token counts (docs/HISTORY.md, "Counting tokens").
 
 Every message's count is kept in its side info, every chunk's and oversized message's in its
-index member (lua/includes/format.lua). So `context(max_tokens=N)` without a counter of the
+index member (lua/includes/layout2_format.lua). So `context(max_tokens=N)` without a counter of the
 caller's reads, in one pipeline of native reads (layout/v2.py: stored_counts), what it needs to
 plan: meta, the window's side infos and the newest chunk and oversized index members; it names, newest first, the containers
 whose counts fit the budget and the one that does not, and reads them (and the summary) in a

@@ -32,7 +32,7 @@ from typing import Any
 from .. import errors
 from .script_args import ScriptArgs
 
-_INCLUDE = re.compile(r'^--- @include "([a-z_/]+)"\s*$', re.MULTILINE)
+_INCLUDE = re.compile(r'^--- @include "([a-z0-9_/]+)"\s*$', re.MULTILINE)
 
 
 class ScriptBuildError(Exception):

@@ -77,7 +77,7 @@ def _stats_from(meta: dict[bytes, bytes], window: int, chunks: int, legacy: int)
         fork_sequence=number("fork_at"),
         history_checked=(number("checked") or 0) > 0,
         # A thread no write has touched since meta kept a total: the rule on its stored bytes
-        # (its first write counts each chunk and message, lua/includes/index.lua: ensure_tokens).
+        # (its first write counts each chunk and message, lua/includes/layout2_index.lua: ensure_tokens).
         tokens=number("tokens") if "tokens" in fields else record_tokens(number("bytes") or 0),
         restore_unfinished="restoring" in fields,
     )

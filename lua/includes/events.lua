@@ -1,4 +1,4 @@
---- @include "includes/format"
+--- @include "includes/numbers"
 -- The thread's event stream (docs/LAYOUT.md, "Events"): one entry per change, added by the
 -- writing script in the same atomic step as the change, read by thread.watch().
 --

@@ -1,5 +1,5 @@
 --- @include "includes/checks"
---- @include "includes/format"
+--- @include "includes/numbers"
 -- Checked updates (StoreConfig(history_checks="strict"); docs/HISTORY.md, "Checked updates").
 --
 -- A message's *pairs* are the pair ids it opens and answers, computed by the client

@@ -1,7 +1,7 @@
 --- @include "includes/layout"
 --- @include "includes/turns"
 --- @include "includes/expiry"
---- @include "includes/migration"
+--- @include "includes/layout1_migration"
 -- What start_turn and finish_turn do first: check the thread, start the call's expiry, move one
 -- step of a layout-1 thread (its turn in progress gets its turn record when its migration
 -- begins), and read the turn's record, its start recovered from the turn reply sequence.

@@ -1,5 +1,5 @@
 --- @include "includes/layout"
---- @include "includes/format"
+--- @include "includes/numbers"
 -- A turn's record in the turns hash: a header of constant size and one field per older range.
 --
 -- Header, field `<turn_id>`:
@@ -44,19 +44,6 @@ end
 local function turn_header(turn)
   return string.format('%.0f:%s:%.0f:%.0f:%.0f:%.0f:%.0f:%.0f:%.0f:%.0f:%.0f:%.0f', turn.start, turn.outcome, turn.kept,
     turn.replies, turn.first, turn.k0, turn.k1, turn.a, turn.b, turn.count, turn.first_seq, turn.last_seq)
-end
-
--- The header of a layout-1 thread's turn in progress (migration): replies start..last.
-local function layout_1_turn(start, last, outcome)
-  local turn = new_turn()
-  turn.start, turn.outcome = start, outcome or 'open'
-  if start <= last then
-    turn.kept, turn.replies, turn.first, turn.a, turn.b = last - start + 1, last - start + 1, start, start, last
-  end
-  if turn.outcome ~= 'open' then
-    turn.count, turn.first_seq, turn.last_seq = turn.replies, turn.first, turn.b
-  end
-  return turn_header(turn)
 end
 
 -- An earlier-format record as a turn whose every range is still to be written. The outcome is

@@ -188,7 +188,7 @@ def test_a_reply_of_another_shape_is_a_server_error_naming_the_script(decoder, r
 def test_a_chunk_written_by_the_scripts_splits_into_the_records_it_was_given(
     make_thread, raw_client
 ):
-    """The manifest's writer (lua/includes/format.lua) and its reader (kvstore._engine.replies.split_chunk)
+    """The manifest's writer (lua/includes/layout2_format.lua) and its reader (kvstore._engine.replies.split_chunk)
     agree on a chunk the real scripts wrote: every record, at its sequence, byte for byte."""
     from kvstore._engine.layout.formats import split_chunk
     from kvstore._engine.record import decode_records

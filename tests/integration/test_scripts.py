@@ -60,7 +60,7 @@ INCLUDE_NAMES = sorted(
     for entry in _LUA.joinpath("includes").iterdir()
     if entry.name.endswith(".lua")
 )
-_INCLUDE_LINE = re.compile(r'^--- @include "([a-z_/]+)"\s*$', re.MULTILINE)
+_INCLUDE_LINE = re.compile(r'^--- @include "([a-z0-9_/]+)"\s*$', re.MULTILINE)
 _GLOBAL_OP = re.compile(r"\s(GETGLOBAL|SETGLOBAL)\s.*;\s*(\S+)\s*$")
 
 

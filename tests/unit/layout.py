@@ -37,7 +37,7 @@ def v1_record(seq: int) -> bytes:
 def side_line(
     seq: int, record: bytes, message_id: str, otid: str = "", media: int = 0, turn: str = ""
 ) -> bytes:
-    """One manifest line: sequence, id, otid, media, bytes, turn (lua/includes/format.lua)."""
+    """One manifest line: sequence, id, otid, media, bytes, turn (lua/includes/layout2_format.lua)."""
     return f"{seq}\t{message_id}\t{otid}\t{media}\t{len(record)}\t{turn}\n".encode()
 
 

@@ -3,7 +3,7 @@
 A chunk index member and a large index member (the containers' ranges, sizes and token counts),
 a side info (one message's id, otid, media, bytes, turn and tokens: the window's side hash and
 every chunk manifest line), a chunk manifest and the data it frames, and a turn's header. The
-scripts write these (lua/includes/format.lua, lua/includes/turns.lua); this module alone reads
+scripts write these (lua/includes/layout2_format.lua, lua/includes/turns.lua); this module alone reads
 them on the Python side.
 """
 
@@ -21,7 +21,7 @@ from ..text import text as _text
 
 @dataclass(frozen=True, slots=True)
 class ChunkEntry:
-    """A chunk index member, "first:last:count:bytes:media:tokens" (lua/includes/format.lua).
+    """A chunk index member, "first:last:count:bytes:media:tokens" (lua/includes/layout2_format.lua).
 
     A member written before token counts existed has no tokens field: its tokens are
     record_tokens(bytes), a lower bound of what its messages count by the same rule."""
@@ -68,7 +68,7 @@ def _fields(member: bytes | str, counts: tuple[int, ...], what: str) -> list[int
 
 def record_tokens(record_bytes: int) -> int:
     """The documented count of a message stored without one: a token per 4 record bytes,
-    rounded up (lua/includes/format.lua: bytes_tokens; tokens.py: estimated_tokens, the same
+    rounded up (lua/includes/numbers.lua: bytes_tokens; tokens.py: estimated_tokens, the same
     rule)."""
     return -(-record_bytes // 4)
 
@@ -142,7 +142,7 @@ class TurnHeader:
 
 def split_chunk(manifest: bytes | None, data: bytes | None) -> dict[int, bytes]:
     """A chunk's records by sequence: its data cut by the lengths its manifest lists, in order
-    (lua/includes/format.lua). A chunk deleted meanwhile reads as empty; a manifest that does not
+    (lua/includes/layout2_format.lua). A chunk deleted meanwhile reads as empty; a manifest that does not
     frame its data exactly is a RecordError."""
     if manifest is None or data is None:
         return {}

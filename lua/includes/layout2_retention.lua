@@ -1,8 +1,10 @@
 --- @include "includes/layout"
 --- @include "includes/turns"
---- @include "includes/format"
 --- @include "includes/history"
---- @include "includes/index"
+--- @include "includes/layout2"
+--- @include "includes/layout2_index"
+--- @include "includes/numbers"
+--- @include "includes/layout2_format"
 -- Retention: after a compaction, the oldest chunk is deleted while its last sequence is at or
 -- before the summary's last sequence AND at least `retained_limit` messages are stored after
 -- it. At most `max_chunks` chunks go per call. Deleting a chunk trims the id and otid maps and

@@ -1,6 +1,7 @@
 --- @include "includes/layout"
---- @include "includes/chunks"
---- @include "includes/format"
+--- @include "includes/layout2_format"
+--- @include "includes/layout2_chunks"
+--- @include "includes/numbers"
 -- Moves the oldest window messages into immutable chunks, oldest first, in two steps: a plan
 -- made before the call writes anything, and its execution after the call's own writes.
 --

@@ -1,11 +1,13 @@
 --- @include "includes/layout"
 --- @include "includes/checks"
---- @include "includes/index"
---- @include "includes/chunks"
 --- @include "includes/turns"
---- @include "includes/rollover"
---- @include "includes/migration"
---- @include "includes/format"
+--- @include "includes/numbers"
+--- @include "includes/layout2"
+--- @include "includes/layout2_rollover"
+--- @include "includes/layout2_format"
+--- @include "includes/layout1_migration"
+--- @include "includes/layout2_index"
+--- @include "includes/layout2_chunks"
 -- Stores a batch of messages: the shared body of append and compact.
 --
 -- `batch` holds parallel lists ids, otids, media, tokens, records and the turn id ('' for none).
@@ -72,7 +74,7 @@ end
 -- Checks the layout and the types of the keys this batch may write, before any write: the
 -- window by the ZCARD the rollover plan needs anyway (kept in meta.window_count), the window
 -- side hash by being the first key written (store_batch), the others with TYPE; chunk keys this
--- call will create must not exist. Returns the rollover plan (includes/rollover.lua), or nil
+-- call will create must not exist. Returns the rollover plan (includes/layout2_rollover.lua), or nil
 -- and an error reply.
 local function check_store_keys(keys, batch, limits, meta)
   local unreadable = unreadable_layout(meta.layout)
@@ -196,7 +198,7 @@ local function check_batch(keys, batch, limits, meta)
         math.max(0, limits.max_media - current)))
     end
   end
-  -- The thread's sums stay exact in Lua's doubles (includes/format.lua).
+  -- The thread's sums stay exact in Lua's doubles (includes/numbers.lua).
   if meta.last_seq + count > MAX_SEQUENCE then
     return redis.error_reply(string.format('KVS_TOO_LARGE the thread\'s sequences would pass %.0f (2^50)', MAX_SEQUENCE))
   end

@@ -1,8 +1,10 @@
 --- @include "includes/layout"
---- @include "includes/chunks"
 --- @include "includes/turns"
---- @include "includes/format"
---- @include "includes/index"
+--- @include "includes/numbers"
+--- @include "includes/layout2_format"
+--- @include "includes/layout2_index"
+--- @include "includes/layout1"
+--- @include "includes/layout2_chunks"
 -- Layout 1 and its migration to layout 2.
 --
 -- Layout 1 kept a thread's messages in one large hash, `legacy` (sequence -> version-1 JSON
@@ -26,6 +28,19 @@
 -- the messages a call may move.
 local SCAN_COUNT = 128
 local SCAN_CALL_FACTOR = 8
+
+-- The header of a layout-1 thread's turn in progress (migration): replies start..last.
+local function layout_1_turn(start, last, outcome)
+  local turn = new_turn()
+  turn.start, turn.outcome = start, outcome or 'open'
+  if start <= last then
+    turn.kept, turn.replies, turn.first, turn.a, turn.b = last - start + 1, last - start + 1, start, start, last
+  end
+  if turn.outcome ~= 'open' then
+    turn.count, turn.first_seq, turn.last_seq = turn.replies, turn.first, turn.b
+  end
+  return turn_header(turn)
+end
 
 -- The side info of a version-1 record; a record cjson cannot read keeps an empty id. Sequences
 -- from `turn_from` on belong to the legacy turn (begin_migration).
@@ -103,6 +118,32 @@ local function scan_step(keys, limits)
   return true
 end
 
+-- Moves an oversized legacy message into its own chunk, as an oversized append would.
+local function migrate_oversized(keys, record, sequence, turn_from, turn_id)
+  local size = #record
+  local side = legacy_side(record, sequence, turn_from, turn_id or '')
+  write_chunk(keys, sequence, manifest_line(sequence, side), record)
+  redis.call('ZADD', keys.large_index, sequence, large_index_member(sequence, size, 0, bytes_tokens(size)))
+  redis.call('HDEL', keys.legacy, sequence)
+  redis.call('HINCRBY', keys.meta, 'bytes', size)
+  redis.call('HINCRBY', keys.meta, 'tokens', bytes_tokens(size))
+end
+
+-- Records how far a migration step went; once the legacy range is moved whole, the thread is
+-- in the current layout.
+local function end_migration_step(keys, migrated, legacy_last)
+  redis.call('HSET', keys.meta, 'migrated', fmt(migrated))
+  if migrated >= legacy_last then
+    -- Every sequence of the range was moved and HDEL'd; a field left is not a sequence (counted
+    -- in `stored` by begin_migration, and not stored as a message): it stays, uncounted.
+    local left = redis.call('HLEN', keys.legacy)
+    if left > 0 then redis.call('HINCRBY', keys.meta, 'stored', -left) end
+    redis.call('HSET', keys.meta, 'layout', CURRENT_LAYOUT)
+    redis.call('HDEL', keys.meta, 'migrated', 'legacy_last', 'legacy_turn', 'legacy_turn_seq')
+  end
+  redis.call('HINCRBY', keys.meta, 'gen', 1)
+end
+
 -- Moves the oldest legacy messages into chunks (or, while the legacy range is unknown, scans for
 -- it); returns the number of chunks written.
 local function migrate_step(keys, limits)
@@ -129,13 +170,7 @@ local function migrate_step(keys, limits)
         local size = #record
         if size > limits.chunk_max_bytes then
           if take > 0 then break end
-          -- An oversized legacy message gets its own chunk, as an oversized append would.
-          local side = legacy_side(record, sequence, turn_from, turn_id or '')
-          write_chunk(keys, sequence, manifest_line(sequence, side), record)
-          redis.call('ZADD', keys.large_index, sequence, large_index_member(sequence, size, 0, bytes_tokens(size)))
-          redis.call('HDEL', keys.legacy, sequence)
-          redis.call('HINCRBY', keys.meta, 'bytes', size)
-          redis.call('HINCRBY', keys.meta, 'tokens', bytes_tokens(size))
+          migrate_oversized(keys, record, sequence, turn_from, turn_id)
           last = sequence
           moved_bytes = moved_bytes + size
           take = -1
@@ -165,15 +200,6 @@ local function migrate_step(keys, limits)
     migrated = last
     chunks = chunks + 1
   end
-  redis.call('HSET', keys.meta, 'migrated', fmt(migrated))
-  if migrated >= legacy_last then
-    -- Every sequence of the range was moved and HDEL'd; a field left is not a sequence (counted
-    -- in `stored` by begin_migration, and not stored as a message): it stays, uncounted.
-    local left = redis.call('HLEN', keys.legacy)
-    if left > 0 then redis.call('HINCRBY', keys.meta, 'stored', -left) end
-    redis.call('HSET', keys.meta, 'layout', CURRENT_LAYOUT)
-    redis.call('HDEL', keys.meta, 'migrated', 'legacy_last', 'legacy_turn', 'legacy_turn_seq')
-  end
-  redis.call('HINCRBY', keys.meta, 'gen', 1)
+  end_migration_step(keys, migrated, legacy_last)
   return chunks
 end

@@ -1,4 +1,5 @@
--- Every text format the scripts write into the thread's keys, each with its writer and its
+--- @include "includes/numbers"
+-- Every text format layout 2 writes into the thread's keys, each with its writer and its
 -- reader in one place (docs/LAYOUT.md; the Python side reads them in kvstore/_engine/replies.py):
 --
 -- - a chunk index member "first:last:count:bytes:media:tokens" and a large index member
@@ -12,27 +13,6 @@
 -- - a manifest ("_m" of a chunk): one "sequence\t<side info>\n" line per message, in the order
 --   of the records in the chunk's data ("d"); the side info's bytes field is the record's length.
 -- The turn records' format lives with the turns (includes/turns.lua).
-
--- A number as the decimal integer it holds, for every number written as text into a key, a
--- field, a member or a reply. Lua 5.1 numbers are doubles: tostring and '..' write %.14g
--- (10^14 and up as 1e+14), and string.format('%d') goes through the platform's C long. '%.0f'
--- writes every integer a double holds exactly (to 2^53) as its digits, everywhere; the client
--- keeps every number the scripts take below that (kvstore/_engine/bounds.py). Numbers passed
--- to redis.call as they are, the server writes itself, as digits to 2^53 too.
-local function fmt(n)
-  return string.format('%.0f', n)
-end
-
--- Bounds the scripts keep themselves, since a thread's sums grow write by write: a write past
--- them is refused before anything is written (kvstore/_engine/bounds.py: MAX_SEQUENCE,
--- MAX_THREAD_TOKENS).
-local MAX_SEQUENCE = 2 ^ 50
-local MAX_THREAD_TOKENS = 2 ^ 52
-
--- The documented count of what was stored without one: a token per 4 record bytes, rounded up.
-local function bytes_tokens(bytes)
-  return math.ceil(bytes / 4)
-end
 
 local function chunk_index_member(first, last, count, bytes, media, tokens)
   return string.format('%.0f:%.0f:%.0f:%.0f:%.0f:%.0f', first, last, count, bytes, media, tokens)

@@ -1,6 +1,7 @@
---- @include "includes/format"
+--- @include "includes/numbers"
+--- @include "includes/layout2_format"
 -- The thread's token total, summed over the chunk index, the large index and the window side
--- infos (their formats: includes/format.lua; where a sequence is: includes/layout.lua, locate).
+-- infos (their formats: includes/layout2_format.lua; where a sequence is: includes/layout2.lua, locate).
 
 -- The thread's stored tokens summed over its index members and window side infos (what was
 -- stored before counts existed counts by bytes_tokens): the meta total of a thread written
