@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
 
 from ._engine import core
 from ._engine.core import Cursor
@@ -28,7 +29,7 @@ from .turns import AsyncThreadTurns
 class AsyncThread(AsyncThreadTurns):
     """The asyncio twin of :class:`Thread`: same methods, awaited."""
 
-    _store: AwaitsOperations
+    _store: AwaitsOperations[AsyncThread]
 
     async def append(
         self,
@@ -118,7 +119,7 @@ class AsyncThread(AsyncThreadTurns):
         self,
         summary: str,
         last_sequence: int,
-        stats: CompactionStats | dict | None = None,
+        stats: CompactionStats | dict[str, Any] | None = None,
         tokens: int | None = None,
     ) -> SummaryMessage:
         """The awaited :meth:`Thread.compact`: same arguments, result and errors.
@@ -141,7 +142,7 @@ class AsyncThread(AsyncThreadTurns):
         return new
 
     async def replace(
-        self, message_id: str, message: Message | dict, tokens: int | None = None
+        self, message_id: str, message: Message | dict[str, Any], tokens: int | None = None
     ) -> Message:
         """The awaited :meth:`Thread.replace`: same arguments, result and errors.
 

@@ -212,13 +212,12 @@ def to_responses_input(messages: Iterable[Message | Mapping[str, Any]]) -> list[
                 {"type": "message", "role": "system", "content": SUMMARY_PREFIX + message.summary}
             )
         elif isinstance(message, UserMessage):
-            content = message.content
-            if not isinstance(content, str):
-                content = [_responses_part(part) for part in content]
+            parts = message.content
+            content = parts if isinstance(parts, str) else [_responses_part(p) for p in parts]
             out.append({"type": "message", "role": "user", "content": content})
         elif isinstance(message, AssistantMessage):
-            content = message.content
-            text = content if isinstance(content, str) else "\n".join(part.text for part in content)
+            said = message.content
+            text = said if isinstance(said, str) else "\n".join(part.text for part in said)
             out.append({"type": "message", "role": "assistant", "content": text})
         elif isinstance(message, (ToolCallMessage, ApprovalRequestMessage)):
             calls = _complete_calls(message)
@@ -301,7 +300,7 @@ def _file_note(part: ImageContent) -> str:
 def _chat_user_content(content: str | list[Any]) -> str | list[dict[str, Any]]:
     if isinstance(content, str):
         return content
-    parts = []
+    parts: list[dict[str, Any]] = []
     for part in content:
         if isinstance(part, TextContent):
             parts.append({"type": "text", "text": part.text})

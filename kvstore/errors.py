@@ -8,6 +8,8 @@ class here (docs/LAYOUT.md, "Errors").
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class KVStoreError(Exception):
     """Base class of every error kvstore raises on purpose.
@@ -240,7 +242,8 @@ class OutcomeUnknown(KVStoreError):
 
     http_status = 503
 
-    messages: list | None = None
+    # kvstore.messages.Message objects (not imported here: kvstore.messages imports this module).
+    messages: list[Any] | None = None
     call_id: str | None = None
 
 

@@ -733,7 +733,7 @@ class ToolReturnMessage(BaseMessage):
 
     message_type: Literal["tool_return_message"] = "tool_return_message"
     # The list API's meaning of `status` (how the tool call ended), not the thread-message one.
-    status: Literal["success", "error"]  # type: ignore[assignment]
+    status: Literal["success", "error"]  # type: ignore[assignment]  # another meaning, on purpose
     tool_call_id: str
     tool_return: str
     stdout: list[str] | None = None
@@ -857,7 +857,7 @@ def invalid_message(exc: ValidationError, data: Any) -> InvalidMessage:
         return _role_based(data, exc)
     prefix = f"invalid {kind}" if isinstance(kind, str) else "invalid message"
     error = InvalidMessage(f"{prefix}: {describe_errors(exc, data)}")
-    error.errors = exc.errors(include_url=False)  # type: ignore[attr-defined]
+    error.errors = exc.errors(include_url=False)  # type: ignore[attr-defined]  # only errors made from a ValidationError carry it
     return error
 
 
@@ -888,7 +888,7 @@ def _role_based(data: Mapping[str, Any], exc: ValidationError) -> RoleBasedMessa
         "'tool_return_message' …); kvstore.convert.from_chat_completions(...) converts chat "
         "messages into kvstore messages"
     )
-    error.errors = exc.errors(include_url=False)  # type: ignore[attr-defined]
+    error.errors = exc.errors(include_url=False)  # type: ignore[attr-defined]  # only errors made from a ValidationError carry it
     return error
 
 

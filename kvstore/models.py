@@ -132,7 +132,7 @@ class ThreadSnapshot(_Result):
     unreadable: list[int] = []
 
 
-class AppendResult(list):
+class AppendResult(list[Message]):
     """What ``append`` returns: the stored messages, in the order given, as a plain list.
 
     ``replayed`` is true when every message of the call was already stored (its otids or ids

@@ -9,6 +9,7 @@ in kvstore/turns.py, what both threads share in kvstore/thread_base.py.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 from ._engine import core
 from ._engine.core import Cursor
@@ -46,7 +47,7 @@ class Thread(ThreadTurns):
         page = thread.list(limit=50, order="desc")
     """
 
-    _store: RunsOperations
+    _store: RunsOperations[Thread]
 
     def append(
         self,
@@ -193,7 +194,7 @@ class Thread(ThreadTurns):
         self,
         summary: str,
         last_sequence: int,
-        stats: CompactionStats | dict | None = None,
+        stats: CompactionStats | dict[str, Any] | None = None,
         tokens: int | None = None,
     ) -> SummaryMessage:
         """Stores a summary of the messages up to `last_sequence`, and returns it (a
@@ -248,7 +249,7 @@ class Thread(ThreadTurns):
         return new
 
     def replace(
-        self, message_id: str, message: Message | dict, tokens: int | None = None
+        self, message_id: str, message: Message | dict[str, Any], tokens: int | None = None
     ) -> Message:
         """Replaces the stored message `message_id` by `message`; returns the stored copy.
 

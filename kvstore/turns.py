@@ -3,6 +3,8 @@ start and finish, and the watcher itself (docs/EVENTS.md)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from ._engine import core
 from ._engine.bounds import check_watch
 from ._engine.watch_drivers import DEFAULT_BLOCK_MS, AsyncWatch, Watch
@@ -23,7 +25,7 @@ from .thread_base import (
 class ThreadTurns(ThreadBase):
     """Thread's turn and event methods."""
 
-    _store: RunsOperations
+    _store: RunsOperations[ThreadBase]
 
     def hold_turn(self, turn_id: str, call_id: str | None = None) -> TurnLease:
         """Starts turn `turn_id` if it is not started, and makes the caller its producer: returns
@@ -50,7 +52,10 @@ class ThreadTurns(ThreadBase):
         return self._store.run(core.hold_turn(self._ref, turn_id, call_id))
 
     def publish(
-        self, turn: str | TurnLease, delta: Message | dict | str, call_id: str | None = None
+        self,
+        turn: str | TurnLease,
+        delta: Message | dict[str, Any] | str,
+        call_id: str | None = None,
     ) -> str:
         """Adds a fragment of an open turn's output to the thread's event stream, for its
         watchers: never stored as a message. `delta` is a message in the list API's streaming
@@ -137,7 +142,7 @@ class ThreadTurns(ThreadBase):
 class AsyncThreadTurns(ThreadBase):
     """AsyncThread's turn and event methods."""
 
-    _store: AwaitsOperations
+    _store: AwaitsOperations[ThreadBase]
 
     async def hold_turn(self, turn_id: str, call_id: str | None = None) -> TurnLease:
         """The awaited :meth:`Thread.hold_turn`. To retry a call that was cancelled, pass the
@@ -145,7 +150,10 @@ class AsyncThreadTurns(ThreadBase):
         return await self._store.run(core.hold_turn(self._ref, turn_id, call_id))
 
     async def publish(
-        self, turn: str | TurnLease, delta: Message | dict | str, call_id: str | None = None
+        self,
+        turn: str | TurnLease,
+        delta: Message | dict[str, Any] | str,
+        call_id: str | None = None,
     ) -> str:
         """The awaited :meth:`Thread.publish`. To retry a call that was cancelled, pass the
         same `call_id` both times."""

@@ -18,11 +18,11 @@ from .tool_pairs import batch_pairs
 
 def append(
     thread: ThreadRef,
-    messages: Message | dict | Iterable[Message | dict],
+    messages: Message | dict[str, Any] | Iterable[Message | dict[str, Any]],
     turn_id: str | None,
     lease: int = 0,
     tokens: Any = None,
-) -> Operation:
+) -> Operation[AppendResult]:
     """`lease`: the caller's lease of the turn (thread.hold_turn), refused once another worker
     holds it; 0 for none. `tokens`: the caller's token count of each message (None: the store's
     counter counts them)."""
@@ -61,7 +61,9 @@ def append(
     return (yield from _replayed(thread, prepared, reply))
 
 
-def _replayed(thread: ThreadRef, prepared: list[PreparedMessage], reply: AppendReply) -> Operation:
+def _replayed(
+    thread: ThreadRef, prepared: list[PreparedMessage], reply: AppendReply
+) -> Operation[AppendResult]:
     """Every message was already stored: a replay returns what the first call stored."""
     sequences = [replayed.sequence for replayed in reply.replayed]
     try:
@@ -89,7 +91,7 @@ def _with_sequence(message: Message, sequence: int) -> Message:
     return message
 
 
-def start_turn(thread: ThreadRef, turn_id: str) -> Operation:
+def start_turn(thread: ThreadRef, turn_id: str) -> Operation[int]:
     check_token("turn_id", turn_id)
     reply = yield from write(
         thread,
@@ -101,7 +103,9 @@ def start_turn(thread: ThreadRef, turn_id: str) -> Operation:
     return StartTurnReply.decode(reply).reply_start
 
 
-def finish_turn(thread: ThreadRef, turn_id: str, outcome: TurnOutcome, lease: int = 0) -> Operation:
+def finish_turn(
+    thread: ThreadRef, turn_id: str, outcome: TurnOutcome, lease: int = 0
+) -> Operation[TurnResult]:
     check_token("turn_id", turn_id)
     if outcome not in TURN_OUTCOMES:
         raise errors.InvalidMessage(f"outcome {outcome!r} is not one of {', '.join(TURN_OUTCOMES)}")

@@ -22,12 +22,13 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..errors import RecordError
 from ..messages import Message, SummaryMessage
 from .layout.formats import ChunkEntry, LargeEntry
-from .layout.reader import Containers, WindowRead, decode, fetch
-from .layout.v2 import older_members, stored_counts
+from .layout.reader import Containers, decode, fetch
+from .layout.v2 import WindowRead, older_members, stored_counts
 from .operation import OPTIMISTIC_READS, Operation, ThreadRef, changed_under_reads
-from .record import RecordError, decode_records
+from .record import decode_records
 from .replies import stored_int
 
 log = logging.getLogger("kvstore")
@@ -198,11 +199,11 @@ class _Plan:
             if entry.sequence == s:
                 self.summary_where, self.summary_tokens = ("large", entry), entry.tokens
                 return
-        for entry in chunks:
-            if entry.first <= s <= entry.last:
+        for chunk in chunks:
+            if chunk.first <= s <= chunk.last:
                 # Its count is in the chunk's manifest, read with the chunk: the plan counts
                 # none for it, so it may read more, never less.
-                self.summary_where = ("chunk", entry)
+                self.summary_where = ("chunk", chunk)
                 return
 
 
@@ -211,6 +212,7 @@ def _fetch(thread: ThreadRef, plan: _Plan, gen: bytes, summary_seq: bytes | None
     None when messages moved or a compaction ran in between (plan again)."""
     window_low = plan.window_from
     if plan.summary_where == ("window",):
+        assert plan.summary_seq is not None  # located only for a summary
         window_low = plan.summary_seq if window_low is None else min(window_low, plan.summary_seq)
     windows = [] if window_low is None else [WindowRead(window_low, plan.last_seq)]
     containers = [e.first for e in plan.chunks] + [e.sequence for e in plan.large]

@@ -27,7 +27,6 @@ from .append import append, finish_turn, start_turn
 from .backup import (
     BackedUpMessage,
     BackupState,
-    TurnRecord,
     backup_state,
     check_restore_target,
     restore_run,
@@ -38,6 +37,7 @@ from .backup import (
 from .event_stream import watch
 from .fork import fork
 from .held_turns import hold_turn, publish
+from .layout.formats import TurnRecord
 from .layout.keys import ThreadKeys
 from .layout.v2 import stored_tokens
 from .lifecycle import compact, delete, migrate, remove_turn, replace

@@ -9,9 +9,10 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Generator, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 Steps = Generator[Any, Any, Any]
+Result = TypeVar("Result")  # what the steps return
 
 
 # ------------------------------------------------------------------- the steps
@@ -98,7 +99,7 @@ class SyncDriver:
             except BaseException as exc:  # thrown into the steps, which may handle it
                 failure = exc
 
-    def _finish(self, steps: Steps) -> Any:
+    def _finish(self, steps: Generator[Any, Any, Result]) -> Result:
         """Makes the steps of an operation without outputs; returns what they return."""
         reply: Any = None
         failure: BaseException | None = None
@@ -106,7 +107,8 @@ class SyncDriver:
             try:
                 step = steps.send(reply) if failure is None else steps.throw(failure)
             except StopIteration as done:
-                return done.value
+                result: Result = done.value  # the steps' return value
+                return result
             reply = failure = None
             if not isinstance(step, Step):
                 continue
@@ -139,7 +141,7 @@ class AsyncDriver:
             except BaseException as exc:  # cancellation too: the steps clean up, re-raise
                 failure = exc
 
-    async def _finish(self, steps: Steps) -> Any:
+    async def _finish(self, steps: Generator[Any, Any, Result]) -> Result:
         """Awaits the steps of an operation without outputs; returns what they return."""
         reply: Any = None
         failure: BaseException | None = None
@@ -147,7 +149,8 @@ class AsyncDriver:
             try:
                 step = steps.send(reply) if failure is None else steps.throw(failure)
             except StopIteration as done:
-                return done.value
+                result: Result = done.value  # the steps' return value
+                return result
             reply = failure = None
             if not isinstance(step, Step):
                 continue

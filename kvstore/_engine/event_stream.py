@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from .. import errors
 from ..events import (
@@ -35,6 +35,7 @@ from ..events import (
     TurnStarted,
 )
 from ..messages import parse_message
+from ..models import TurnOutcome
 from .layout.reader import decode, fetch, just_appended
 from .operation import ITER_PAGE, Batch, Operation, ThreadRef
 from .pages import list_page
@@ -311,11 +312,12 @@ class _Watching:
             return TurnFinished(
                 cursor,
                 turn_id or "",
-                _text(fields.get("o")),
+                # Only finish_turn.lua writes the event, with one of the four outcomes.
+                cast(TurnOutcome, _text(fields.get("o"))),
                 _int(fields.get("n")),
                 a or None,
                 b or None,
-            )  # type: ignore[arg-type]
+            )
         if kind == "replaced":
             found = yield Run(_checked_sequences(thread, [a], incarnation))
             return MessageReplaced(cursor, _text(fields.get("i")), a, found[0] if found else None)
@@ -362,11 +364,12 @@ def _checked_sequences(
     return found
 
 
-def stream_entries(reply: Any) -> Sequence[tuple[Any, dict]]:
+def stream_entries(reply: Any) -> Sequence[tuple[Any, dict[bytes, bytes]]]:
     """XREAD's reply as a list of (id, fields), for RESP2 and RESP3 clients."""
     if not reply:
         return []
     if isinstance(reply, dict):  # RESP3: {key: [entries]}
         (entries,) = reply.values()
         return entries[0] if len(entries) == 1 and isinstance(entries[0], list) else entries
-    return reply[0][1]
+    resp2: Sequence[tuple[Any, dict[bytes, bytes]]] = reply[0][1]  # [[key, entries]]
+    return resp2

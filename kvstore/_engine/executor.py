@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Generator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from redis.exceptions import (
     ClusterError,
@@ -99,6 +99,10 @@ class Executor:
                 "durability modes need a standalone client: WAIT and WAITAOF must follow the write"
                 " on its own connection, which a cluster pipeline does not guarantee"
             )
+
+    if TYPE_CHECKING:
+        # A store's driver (kvstore/_engine/drivers.py), mixed in beside this class, makes steps.
+        def _finish(self, steps: Steps) -> Any: ...
 
     def _script(self, request: Eval) -> Script:
         return self._scripts[request.script.name]

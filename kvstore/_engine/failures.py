@@ -74,7 +74,7 @@ class TracksSends(_SyncConnection):
         """The call was interrupted (KeyboardInterrupt, a signal) between sending and reading:
         redis-py puts the connection back in its pool with the reply unread, and the next call
         on it would take that reply for its own."""
-        self.disconnect()
+        self.disconnect()  # type: ignore[no-untyped-call]  # unannotated in redis-py
 
     def connect_check_health(self, *args: Any, **kwargs: Any) -> None:
         _touched()
@@ -92,12 +92,12 @@ class TracksSends(_SyncConnection):
                 if not self._sock:
                     self.connect_check_health(check_health=False)
                 if check_health:
-                    self.check_health()
+                    self.check_health()  # type: ignore[no-untyped-call]  # unannotated in redis-py
             finally:
                 self._kvstore_internal -= 1
             _sent(self)
             check_health = False
-        super().send_packed_command(command, check_health)
+        super().send_packed_command(command, check_health)  # type: ignore[no-untyped-call]  # unannotated in redis-py
 
 
 class AsyncTracksSends(_AsyncConnection):
@@ -123,7 +123,7 @@ class AsyncTracksSends(_AsyncConnection):
                 if not self.is_connected:
                     await self.connect_check_health(check_health=False)
                 if check_health:
-                    await self.check_health()
+                    await self.check_health()  # type: ignore[no-untyped-call]  # unannotated in redis-py
             finally:
                 self._kvstore_internal -= 1
             _sent(self)

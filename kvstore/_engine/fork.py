@@ -17,7 +17,6 @@ from .backup import (
     RESTORE_RUN,
     BackedUpMessage,
     BackupState,
-    TurnRecord,
     backup_state,
     check_restore_target,
     restore_run,
@@ -25,6 +24,7 @@ from .backup import (
     restore_state,
 )
 from .bounds import MAX_SEQUENCE
+from .layout.formats import TurnRecord
 from .layout.v2 import stored_tokens
 from .lifecycle import migrate
 from .operation import Batch, Operation, ThreadRef
@@ -60,14 +60,12 @@ def fork(source: ThreadRef, source_id: str, target: ThreadRef, at: str | int) ->
             )
             error.sequence = bad[0]
             raise error
-        kept = [m for m in page.messages if m.seq_id <= at_seq]
+        # A listed message has its sequence (seq_id): decode sets it.
+        kept = [(m.seq_id, m) for m in page.messages if m.seq_id is not None and m.seq_id <= at_seq]
         # Each message keeps its stored count (a message the source moved or removed since the
         # page was read is counted by the fork's store).
-        counts = yield from stored_tokens(source, [m.seq_id for m in kept])
-        items = [
-            BackedUpMessage(m.seq_id, state.turn_of(m.seq_id), m, counts.get(m.seq_id))
-            for m in kept
-        ]
+        counts = yield from stored_tokens(source, [s for s, _ in kept])
+        items = [BackedUpMessage(s, state.turn_of(s), m, counts.get(s)) for s, m in kept]
         if items and not copied:
             yield from check_restore_target(target, items[0])
         for run in restore_runs(items):

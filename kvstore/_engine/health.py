@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Generator, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypedDict
 
 import redis
 from pydantic import BaseModel, ConfigDict, computed_field
@@ -63,13 +63,13 @@ class HealthReport(BaseModel):
     warnings: tuple[str, ...] = ()
     unchecked: tuple[str, ...] = ()
 
-    @computed_field
+    @computed_field  # type: ignore[prop-decorator]  # pydantic's documented form; mypy rejects it
     @property
     def ok(self) -> bool:
         """Every setting was read and none voids a guarantee."""
         return not self.warnings and not self.unchecked
 
-    @computed_field
+    @computed_field  # type: ignore[prop-decorator]  # pydantic's documented form; mypy rejects it
     @property
     def complete(self) -> bool:
         """Every setting kvstore's guarantees depend on was read."""
@@ -109,6 +109,7 @@ def health(client: Any) -> HealthReport:
         method, args = call
         with run.answering():
             run.reply = getattr(client, method)(*args)
+    assert run.report is not None  # made once next_call gives None
     return run.report
 
 
@@ -119,6 +120,7 @@ async def health_async(client: Any) -> HealthReport:
         method, args = call
         with run.answering():
             run.reply = await getattr(client, method)(*args)
+    assert run.report is not None  # made once next_call gives None
     return run.report
 
 
@@ -211,6 +213,14 @@ def _server(warnings: list[str], unchecked: list[str]) -> Probe:
     return name, version
 
 
+class _Settings(TypedDict):
+    maxmemory: int | None
+    maxmemory_policy: str | None
+    appendonly: bool | None
+    appendfsync: str | None
+    save: str | None
+
+
 def _settings(warnings: list[str], unchecked: list[str]) -> Probe:
     """The memory and persistence settings (CONFIG GET; where it is denied, what INFO shows),
     with what they void of kvstore's guarantees."""
@@ -222,7 +232,7 @@ def _settings(warnings: list[str], unchecked: list[str]) -> Probe:
             config = yield from _settings_from_info(reply, unchecked)
             break
         config.update({_text(k): _text(v) for k, v in reply.items()})
-    settings = {
+    settings: _Settings = {
         "maxmemory": int(config["maxmemory"]) if "maxmemory" in config else None,
         "maxmemory_policy": config.get("maxmemory-policy"),
         "appendonly": config["appendonly"] == "yes" if "appendonly" in config else None,

@@ -5,6 +5,7 @@ and a delta's encoding (docs/EVENTS.md)."""
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from .. import errors
 from ..events import TurnLease
@@ -28,7 +29,7 @@ def new_call_id(call_id: str | None) -> str:
     return call_id
 
 
-def hold_turn(thread: ThreadRef, turn_id: str, call_id: str | None = None) -> Operation:
+def hold_turn(thread: ThreadRef, turn_id: str, call_id: str | None = None) -> Operation[TurnLease]:
     check_token("turn_id", turn_id)
     call_id = new_call_id(call_id)
     try:
@@ -46,7 +47,7 @@ def hold_turn(thread: ThreadRef, turn_id: str, call_id: str | None = None) -> Op
     return TurnLease(turn_id=turn_id, lease=int(lease), reply_start=int(start))
 
 
-def encode_delta(delta: Message | dict | str) -> bytes:
+def encode_delta(delta: Message | dict[str, Any] | str) -> bytes:
     """A delta as the stream keeps it: the message's JSON in the list API's shape."""
     if isinstance(delta, str):
         delta = AssistantMessage(content=delta)
@@ -62,9 +63,9 @@ def encode_delta(delta: Message | dict | str) -> bytes:
 def publish(
     thread: ThreadRef,
     turn: str | TurnLease,
-    delta: Message | dict | str,
+    delta: Message | dict[str, Any] | str,
     call_id: str | None = None,
-) -> Operation:
+) -> Operation[str]:
     if not thread.config.events:
         raise errors.ConfigError(
             "publish() needs StoreConfig(events=True): deltas travel on the event stream"

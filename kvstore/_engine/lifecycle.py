@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import logging
 import uuid
-from typing import Any
+from typing import Any, cast
 
 from .. import errors
-from ..messages import CompactionStats, Message
+from ..messages import CompactionStats, Message, SummaryMessage
 from .bounds import check_sequence
 from .failures import lost_connection, read_of_wrong_type
 from .operation import (
@@ -44,9 +44,9 @@ def compact(
     thread: ThreadRef,
     summary: str,
     last_sequence: int,
-    stats: CompactionStats | dict | None = None,
+    stats: CompactionStats | dict[str, Any] | None = None,
     tokens: int | None = None,
-) -> Operation:
+) -> Operation[SummaryMessage]:
     check_sequence(last_sequence, "last_sequence", errors.InvalidSummaryRange, low=1)
     message = {
         "message_type": "summary_message",
@@ -86,13 +86,16 @@ def compact(
             deleted = RetainReply.decode(retained).chunks_deleted
         if not reply.stored:
             found = yield from fetch_sequences(thread, [reply.summary_sequence])
-            return found[0]
+            # The summary the first call stored, as stored now.
+            return cast(SummaryMessage, found[0])
     except errors.OutcomeUnknown as unknown:
         unknown.messages = [item.message]
         raise
     except errors.ServerError as exc:
         raise read_back_failed("compact", [item.message], exc) from exc
-    return item.message.model_copy(update={"seq_id": reply.summary_sequence})
+    stored = item.message.model_copy(update={"seq_id": reply.summary_sequence})
+    assert isinstance(stored, SummaryMessage)  # prepared from a summary_message above
+    return stored
 
 
 def _summary_boundary(thread: ThreadRef, last_sequence: int, item: PreparedMessage) -> Operation:
@@ -129,8 +132,8 @@ def summary_id(thread: ThreadRef, summary: str, last_sequence: int) -> str:
 
 
 def replace(
-    thread: ThreadRef, message_id: str, message: Message | dict, tokens: int | None = None
-) -> Operation:
+    thread: ThreadRef, message_id: str, message: Message | dict[str, Any], tokens: int | None = None
+) -> Operation[Message]:
     if not isinstance(message_id, str) or not message_id:
         raise errors.InvalidCursor(f"message id must be a non-empty str, got {message_id!r}")
     if tokens is not None:
@@ -180,7 +183,7 @@ def replace(
     return item.message.model_copy(update={"seq_id": reply.sequence})
 
 
-def remove_turn(thread: ThreadRef, turn_id: str) -> Operation:
+def remove_turn(thread: ThreadRef, turn_id: str) -> Operation[int]:
     check_token("turn_id", turn_id)
     yield from migrate(thread)
     removed = 0
@@ -201,7 +204,7 @@ def remove_turn(thread: ThreadRef, turn_id: str) -> Operation:
             return removed
 
 
-def delete(thread: ThreadRef) -> Operation:
+def delete(thread: ThreadRef) -> Operation[None]:
     """Removes every key of the thread, DELETE_STEP chunks per call.
 
     The first call tombstones the thread (lua/delete.lua): if the caller stops between calls,
@@ -209,7 +212,7 @@ def delete(thread: ThreadRef) -> Operation:
     yield from delete_steps(thread.script_keys, "start", event_limits(thread.config))
 
 
-def migrate(thread: ThreadRef, max_calls: int | None = None) -> Operation:
+def migrate(thread: ThreadRef, max_calls: int | None = None) -> Operation[int]:
     """Moves a layout-1 thread into chunks, one bounded call at a time; returns the calls made.
 
     Stops when the thread is in layout 2 or after `max_calls` calls (None: until done).

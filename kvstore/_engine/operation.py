@@ -14,6 +14,8 @@ from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from typing_extensions import TypeVar  # a default (PEP 696) before Python 3.13
+
 from .. import errors
 from ..config import StoreConfig
 from ..messages import Message
@@ -38,7 +40,9 @@ class Batch:
     commands: Sequence[tuple[Any, ...]]
 
 
-Operation = Generator[Eval | Batch, Any, Any]
+Result = TypeVar("Result", default=Any)
+# A core operation: yields requests, takes their replies, returns its result.
+Operation = Generator[Eval | Batch, Any, Result]
 
 Cursor = str | int | None
 
@@ -216,6 +220,8 @@ def finishing_deletes(operation: Operation) -> Operation:
                         f"the thread was being deleted each of the {MAX_DELETE_REFUSALS} times its"
                         " deletion was finished and the call sent again; nothing was written"
                     ) from refused
+                # KVS_DELETING is a script's refusal: the refused request is an Eval.
+                assert isinstance(request, Eval)
                 yield from delete_steps(request.keys, "continue")
                 continue
             except errors.KVStoreError as exc:

@@ -47,7 +47,7 @@ def list_page(
     limit: int = 50,
     order: Literal["asc", "desc"] = "asc",
     turn_id: str | None = None,
-) -> Operation:
+) -> Operation[MessagesPage]:
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
         raise errors.InvalidCursor(f"limit must be an int from 1 to {MAX_LIMIT}, got {limit!r}")
     if order not in ("asc", "desc"):
@@ -204,7 +204,7 @@ def _optimistic_walk(thread: ThreadRef, low: Bound, high: Bound, walk: str, need
 
 def _turn_page(
     thread: ThreadRef, after: Bound, before: Bound, limit: int, order: str, turn_id: str
-) -> Operation:
+) -> Operation[MessagesPage]:
     """A page of the turn's messages: lua/turn_page.lua reads the sequences from the turn's
     record, as much of it as the page needs; the messages are then read by sequence."""
     if order == "asc":

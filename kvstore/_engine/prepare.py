@@ -26,7 +26,7 @@ from ..messages import (
     strip_inline_media,
     unknown_fields,
 )
-from .operation import MAX_TOKEN_LENGTH, Operation
+from .operation import MAX_TOKEN_LENGTH, Operation, Result
 from .record import encode_message
 from .tokens import TokenCounter, checked_tokens, counted, default_tokens
 
@@ -127,8 +127,8 @@ def fit_media(
 def within_media_budget(
     items: list[PreparedMessage],
     turn_id: str | None,
-    send: Callable[[list[PreparedMessage]], Operation],
-) -> Operation:
+    send: Callable[[list[PreparedMessage]], Operation[Result]],
+) -> Operation[tuple[Result, list[PreparedMessage]]]:
     """Runs `send(items)`; returns its result and the items it sent.
 
     A thread whose inline-media budget has less room than the items carry refuses the call

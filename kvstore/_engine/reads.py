@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from .. import errors
+from ..messages import Message
 from .layout.reader import Containers, decode, fetch
 from .operation import OPTIMISTIC_READS, Eval, Operation, ThreadRef, int_or_zero
 from .scripts import SCRIPTS
@@ -22,7 +23,7 @@ def fetch_sequences(
     sequences: Sequence[int],
     missing_ok: bool = False,
     unreadable: list[int] | None = None,
-) -> Operation:
+) -> Operation[list[Message]]:
     """Reads messages by sequence, in the order given (`unreadable`: as in decode)."""
     return (
         yield from _fetch_located(
@@ -31,15 +32,15 @@ def fetch_sequences(
     )
 
 
-def get(thread: ThreadRef, message_id: str) -> Operation:
+def get(thread: ThreadRef, message_id: str) -> Operation[Message]:
     return (yield from _get_one(thread, "id", message_id))
 
 
-def get_by_otid(thread: ThreadRef, otid: str) -> Operation:
+def get_by_otid(thread: ThreadRef, otid: str) -> Operation[Message]:
     return (yield from _get_one(thread, "otid", otid))
 
 
-def _get_one(thread: ThreadRef, kind: Literal["id", "otid"], value: str) -> Operation:
+def _get_one(thread: ThreadRef, kind: Literal["id", "otid"], value: str) -> Operation[Message]:
     name = "message id" if kind == "id" else "otid"
     if not isinstance(value, str) or not value:
         raise errors.InvalidCursor(f"{name} must be a non-empty str, got {value!r}")
@@ -55,7 +56,7 @@ def _fetch_located(
     targets: list[str],
     missing_ok: bool,
     unreadable: list[int] | None = None,
-) -> Operation:
+) -> Operation[list[Message]]:
     entries = yield from locate_records(thread, kind, targets)
     if len(entries) < len(targets) and not missing_ok:
         raise errors.MessageNotFound(f"{len(targets) - len(entries)} messages are not stored")

@@ -322,7 +322,7 @@ def _dump(message: BaseMessage) -> dict[str, Any]:
     try:
         # The serializer directly: measurably cheaper than model_dump on this hot path. Its
         # warnings about values of the wrong type are left out: validation names those fields.
-        return message.__pydantic_serializer__.to_python(  # type: ignore[no-any-return]
+        return message.__pydantic_serializer__.to_python(  # type: ignore[no-any-return]  # pydantic-core types it Any
             message, mode="json", exclude_none=True, warnings=False
         )
     except (ValueError, TypeError, OverflowError, RecursionError) as exc:

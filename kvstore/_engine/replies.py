@@ -196,7 +196,7 @@ class MigrateReply:
         return cls(int(chunks), int(layout), bool(int(scanning)), int(left))
 
 
-def score_pairs(reply: list) -> list[tuple[Any, Any]]:
+def score_pairs(reply: list[Any]) -> list[tuple[Any, Any]]:
     """(member, score) pairs of a WITHSCORES reply: flat in RESP2, nested in RESP3."""
     if reply and isinstance(reply[0], list):
         return [(member, score) for member, score in reply]

@@ -4,6 +4,7 @@ the checks a count given by the caller or by the store's counter must pass."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TypeGuard
 
 import msgpack
 
@@ -32,7 +33,7 @@ def default_tokens(record: bytes, turn_id: str | None) -> int:
     return record_tokens(len(record) - len(msgpack.packb(turn_id, use_bin_type=True)))
 
 
-def _is_count(tokens: object) -> bool:
+def _is_count(tokens: object) -> TypeGuard[int]:
     return bounded(tokens, 0, MAX_MESSAGE_TOKENS)
 
 
@@ -42,7 +43,7 @@ def checked_tokens(tokens: object, what: str) -> int:
         raise errors.InvalidMessage(
             f"the token count of {what} is {tokens!r:.80}: it must be an int from 0 to {MAX_MESSAGE_TOKENS}"
         )
-    return tokens  # type: ignore[return-value]
+    return tokens
 
 
 def counted(counter: TokenCounter, message: Message, what: str) -> int:

@@ -43,12 +43,12 @@ from .tool_pairs import (
 log = logging.getLogger("kvstore")
 
 
-def stats(thread: ThreadRef) -> Operation:
+def stats(thread: ThreadRef) -> Operation[ThreadStats]:
     meta, window, chunks, large, legacy = yield Batch(size_reads(thread.keys))
     return _stats_from(meta, window, chunks + large, legacy)
 
 
-def _stats_from(meta: dict, window: int, chunks: int, legacy: int) -> ThreadStats:
+def _stats_from(meta: dict[bytes, bytes], window: int, chunks: int, legacy: int) -> ThreadStats:
     fields = {(k.decode() if isinstance(k, bytes) else k): v for k, v in meta.items()}
     if "deleting" in fields:  # an interrupted delete(): the thread reads as empty
         fields, window, chunks, legacy = {}, 0, 0, 0
@@ -83,7 +83,7 @@ def _stats_from(meta: dict, window: int, chunks: int, legacy: int) -> ThreadStat
     )
 
 
-def snapshot(thread: ThreadRef) -> Operation:
+def snapshot(thread: ThreadRef) -> Operation[ThreadSnapshot]:
     """The newest page, the summary, the turn and the stats, as of one state of the thread.
 
     The stats are read before the page and checked after it: an append, a move or a compaction
@@ -114,7 +114,7 @@ def snapshot(thread: ThreadRef) -> Operation:
     )
     assert read.stats is not None
     flat, *sizes = read.stats
-    unreadable: list[int] = []
+    unreadable = []
     newest_first = [(sequence, record) for sequence, record, _ in read.records[:SNAPSHOT_SIZE]]
     messages = decode(thread, list(reversed(newest_first)), unreadable)
     summary = _read_summary(thread, read, unreadable)
@@ -134,7 +134,7 @@ def _read_summary(
 
 
 def _snapshot_of(
-    meta: dict,
+    meta: dict[bytes, bytes],
     sizes: tuple[int, ...],
     messages: list[Message],
     summary: SummaryMessage | None,
@@ -177,7 +177,7 @@ def _summary(thread: ThreadRef, fields: dict[str, str], unreadable: list[int]) -
 
 def context(
     thread: ThreadRef, max_tokens: int | None = None, count_tokens: TokenCounter | None = None
-) -> Operation:
+) -> Operation[list[Message]]:
     """The model input: the context summary and every message after its last sequence (with
     `max_tokens`, the newest of them that fit), with no tool-call pair split (tool_pairs.py).
 
@@ -199,7 +199,7 @@ def context(
 
 def _optimistic_context(
     thread: ThreadRef, max_tokens: int | None, count_tokens: TokenCounter | None
-) -> Operation:
+) -> Operation[list[Message]]:
     """context() from reads of several round trips, compared after them; ChangedUnderReads
     when a compaction landed under each try."""
     if max_tokens is not None and count_tokens is None:
@@ -259,7 +259,7 @@ def _optimistic_context(
 
 def _consistent_context(
     thread: ThreadRef, max_tokens: int | None, count_tokens: TokenCounter | None
-) -> Operation:
+) -> Operation[list[Message]]:
     """context() from one read-only step (lua/read_range.lua): the summary, the messages after
     its range (with a budget, the newest that the stored counts show are enough) and the
     PAIR_LOOKBACK before it; the same cut and pair rules as the reads of several round trips."""
@@ -270,7 +270,7 @@ def _consistent_context(
         ("", ""),
         "down",
         0,
-        max_tokens if stored_counts else 0,
+        max_tokens if max_tokens is not None and stored_counts else 0,
         PAIR_LOOKBACK,
     )
     count = count_tokens or estimated_tokens
@@ -290,7 +290,7 @@ def _consistent_context(
             if stored_counts:
                 tokens = record[2]
             else:
-                (message,) = decode(thread, [record[:2]], []) or [None]
+                message = next(iter(decode(thread, [record[:2]], [])), None)
                 tokens = 0 if message is None else counted(count, message, f"message {message.id}")
             if tokens > left:
                 left = 0

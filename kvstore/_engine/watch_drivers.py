@@ -69,7 +69,8 @@ class Watch:
             )
             self._client = redis.Redis(connection_pool=pool)
         try:
-            return self._client.execute_command(*_xread(key, after, count, self._block_ms))
+            command = _xread(key, after, count, self._block_ms)
+            return self._client.execute_command(*command)  # type: ignore[no-untyped-call]  # unannotated in redis-py
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             raise _failed(exc) from exc
 
@@ -130,7 +131,8 @@ class AsyncWatch:
             )
             self._client = redis.asyncio.Redis(connection_pool=pool)
         try:
-            return await self._client.execute_command(*_xread(key, after, count, self._block_ms))
+            command = _xread(key, after, count, self._block_ms)
+            return await self._client.execute_command(*command)  # type: ignore[no-untyped-call]  # unannotated in redis-py
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             raise _failed(exc) from exc
 

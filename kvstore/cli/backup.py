@@ -31,7 +31,7 @@ from .backup_file import (
     line_digest,
 )
 from .commands import existing_thread
-from .progress import Progress
+from .progress import Progress, TextOut
 
 IMPORT_BATCH = 100
 
@@ -39,7 +39,7 @@ IMPORT_BATCH = 100
 def export(
     store: MessageStore,
     thread_id: str,
-    out: IO[str],
+    out: TextOut,
     progress_out: IO[str] | None = None,
     every: float = 5.0,
 ) -> int:
@@ -65,14 +65,16 @@ def export(
     unreadable: list[int] = []
     for page in admin.pages(store, thread_id):
         unreadable += page.unreadable
-        counts = admin.stored_tokens(store, thread_id, [m.seq_id for m in page.messages])
-        for message in page.messages:
+        # A listed message has its sequence (seq_id).
+        listed = [(m.seq_id, m) for m in page.messages if m.seq_id is not None]
+        counts = admin.stored_tokens(store, thread_id, [sequence for sequence, _ in listed])
+        for sequence, message in listed:
             line = message.to_dict()
-            turn_id = state.turn_of(message.seq_id)
+            turn_id = state.turn_of(sequence)
             if turn_id is not None:
                 line["turn_id"] = turn_id
-            if message.seq_id in counts:
-                line["tokens"] = counts[message.seq_id]
+            if sequence in counts:
+                line["tokens"] = counts[sequence]
             write(json.dumps(line, separators=(",", ":"), ensure_ascii=False) + "\n")
             count += 1
         progress.update(len(page.messages) + len(page.unreadable))
@@ -160,7 +162,7 @@ def _numbered(lines: Iterable[str], progress: ImportProgress) -> Iterator[tuple[
 def _restore(
     store: MessageStore,
     thread_id: str,
-    head: dict,
+    head: dict[str, Any],
     head_text: str,
     numbered: Iterator[tuple[int, str]],
     progress: ImportProgress,
@@ -245,7 +247,8 @@ def _append_plain(
     seen: dict[str, int] = {}
 
     def send(batch: list[Message]) -> None:
-        stored = admin.stored_ids(store, thread_id, [m.id for m in batch])
+        # Each has its id: its own, or the one made from its line below.
+        stored = admin.stored_ids(store, thread_id, [m.id for m in batch if m.id is not None])
         todo = [m for m in batch if m.id not in stored]
         count(0, len(batch) - len(todo))
         if not todo:
@@ -275,7 +278,7 @@ def _append_plain(
             message = parse_message(text)
         except errors.InvalidMessage as exc:
             raise errors.InvalidMessage(f"line {number}: {exc}") from None
-        update: dict = {"seq_id": None}
+        update: dict[str, Any] = {"seq_id": None}
         if message.id is None:
             occurrence = seen.get(text.strip(), 0)
             seen[text.strip()] = occurrence + 1

@@ -54,7 +54,11 @@ def header_line(thread_id: str, messages: int, state: admin.BackupState) -> dict
 
 
 def check_whole(
-    head: dict, messages: int, end: tuple[int, Any] | None, checksum: str, allow_untrailed: bool
+    head: dict[str, Any],
+    messages: int,
+    end: tuple[int, Any] | None,
+    checksum: str,
+    allow_untrailed: bool,
 ) -> None:
     """Refuses (BackupIncomplete) a backup that does not prove it is whole, before the restore's
     last step: its end line's count and checksum must be the file's."""
@@ -88,7 +92,7 @@ def check_whole(
         )
 
 
-def header_state(head: dict) -> admin.BackupState:
+def header_state(head: dict[str, Any]) -> admin.BackupState:
     """The state a backup's header records, every field checked here: restore_state sends it
     after every message is in, and a value it cannot read must not stop it there."""
 

@@ -5,21 +5,24 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from typing import IO
+from typing import IO, Literal
 
 import redis
 
 from .. import admin, errors
 from ..admin import ChunkEntry, LargeEntry, check_thread_id
 from ..config import StoreConfig
-from ..store import MessageStore
+from ..store import MessageStore, Thread
 from .progress import Progress
 from .server import data_dir_server
 
 
 @contextmanager
 def open_store(
-    url: str | None, namespace: str, data_dir: str, history_checks: str = "off"
+    url: str | None,
+    namespace: str,
+    data_dir: str,
+    history_checks: Literal["off", "strict"] = "off",
 ) -> Iterator[MessageStore]:
     """A store on `url`, or without a URL on the server over `data_dir`: the one already running
     there, or an embedded one this command starts and stops."""
@@ -52,7 +55,7 @@ def connect(url: str) -> redis.Redis:
     return client
 
 
-def existing_thread(store: MessageStore, thread_id: str):
+def existing_thread(store: MessageStore, thread_id: str) -> Thread:
     thread = store.thread(thread_id)
     if not admin.presence(store, thread_id).exists:
         raise errors.KVStoreError(
@@ -136,28 +139,18 @@ def _sum_chunks(
     chunk_entries: Iterable[ChunkEntry], large_entries: Iterable[LargeEntry], out: IO[str]
 ) -> None:
     """Two lines for the chunks, one for the oversized messages, however many there are."""
-    count = messages = size = media = 0
-    first = last = None
-    fewest = most = smallest = largest = None
-    for chunk in chunk_entries:
-        count += 1
-        messages += chunk.count
-        size += chunk.bytes
-        media += chunk.media
-        first = chunk.first if first is None else first
-        last = chunk.last
-        fewest = chunk.count if fewest is None else min(fewest, chunk.count)
-        most = chunk.count if most is None else max(most, chunk.count)
-        smallest = chunk.bytes if smallest is None else min(smallest, chunk.bytes)
-        largest = chunk.bytes if largest is None else max(largest, chunk.bytes)
-    if count:
+    chunks = list(chunk_entries)
+    if chunks:
+        counts, sizes = [chunk.count for chunk in chunks], [chunk.bytes for chunk in chunks]
         print(
-            f"  chunks            {count:,}: {messages:,} messages ({first}..{last}), {size:,} bytes,"
-            f" {media:,} media bytes",
+            f"  chunks            {len(chunks):,}: {sum(counts):,} messages"
+            f" ({chunks[0].first}..{chunks[-1].last}), {sum(sizes):,} bytes,"
+            f" {sum(chunk.media for chunk in chunks):,} media bytes",
             file=out,
         )
         print(
-            f"                    each {_span(fewest, most)} messages, {_span(smallest, largest)} bytes",
+            f"                    each {_span(min(counts), max(counts))} messages,"
+            f" {_span(min(sizes), max(sizes))} bytes",
             file=out,
         )
     else:
@@ -176,7 +169,7 @@ def _sum_chunks(
         )
     else:
         print("  oversized         none", file=out)
-    if count or large:
+    if chunks or large:
         print("  (--chunks lists each chunk)", file=out)
 
 

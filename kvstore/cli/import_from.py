@@ -20,7 +20,7 @@ from ..importers import (
 )
 from ..store import MessageStore
 from .commands import existing_thread
-from .progress import Progress
+from .progress import Progress, TextOut
 
 TABLE_ROWS = 50  # sessions listed one a line; the rest are counted
 
@@ -127,7 +127,7 @@ def _cut(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def export_langchain(store: MessageStore, thread_id: str, out: IO[str]) -> tuple[int, int]:
+def export_langchain(store: MessageStore, thread_id: str, out: TextOut) -> tuple[int, int]:
     """Writes the thread as LangChain's message JSON: one array, a message a line. Returns
     (messages written, kvstore messages left out: no LangChain type)."""
     thread = existing_thread(store, thread_id)

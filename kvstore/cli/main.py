@@ -7,7 +7,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import redis
 
@@ -73,7 +73,8 @@ def _store_command(args: argparse.Namespace) -> int:
     from .commands import open_store
 
     threads = _named_threads(args) if args.command == "migrate" else None  # checked first
-    checks = getattr(args, "history_checks", "off")
+    # The parser's choices are StoreConfig's; a command without the option has its default.
+    checks: Literal["off", "strict"] = getattr(args, "history_checks", "off")
     with open_store(args.url, args.namespace, args.data_dir, history_checks=checks) as store:
         if args.command == "export" and args.format == "langchain":
             return _export_langchain(store, args)
@@ -342,6 +343,8 @@ def _server(args: argparse.Namespace) -> int:
                 f" appendfsync {server.appendfsync}); Ctrl-C stops it",
                 flush=True,
             )
+            # Without reuse the server is this process's own, started.
+            assert server.embedded is not None and server.embedded.process is not None
             server.embedded.process.wait()
     except PortInUse as exc:
         raise errors.ConfigError(

@@ -69,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _with_store(
-    commands: argparse._SubParsersAction, name: str, help_text: str
+    commands: argparse._SubParsersAction[argparse.ArgumentParser], name: str, help_text: str
 ) -> argparse.ArgumentParser:
     sub = commands.add_parser(name, help=help_text)
     sub.add_argument(
@@ -80,7 +80,7 @@ def _with_store(
     return sub
 
 
-def _add_backup_commands(commands: argparse._SubParsersAction) -> None:
+def _add_backup_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """inspect, export and import: a thread's layout, and its backup out and in."""
     inspect = _with_store(
         commands, "inspect", "show a thread's layout: window, chunks, index, turn, summary"
@@ -131,7 +131,7 @@ def _add_backup_commands(commands: argparse._SubParsersAction) -> None:
         )
 
 
-def _add_thread_commands(commands: argparse._SubParsersAction) -> None:
+def _add_thread_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """fork and migrate: threads made or rewritten on the server."""
     fork = _with_store(
         commands,
@@ -164,7 +164,7 @@ def _add_thread_commands(commands: argparse._SubParsersAction) -> None:
     )
 
 
-def _add_import_from(commands: argparse._SubParsersAction) -> None:
+def _add_import_from(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """import-from: LangChain's or LlamaIndex's Redis chat histories in."""
     import_from = commands.add_parser(
         "import-from",
@@ -213,7 +213,7 @@ def _add_import_from(commands: argparse._SubParsersAction) -> None:
     )
 
 
-def _add_admin_commands(commands: argparse._SubParsersAction) -> None:
+def _add_admin_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """health and preload-scripts: the server's settings, kvstore's scripts loaded."""
     health = _with_store(
         commands, "health", "check the server settings kvstore's guarantees depend on"

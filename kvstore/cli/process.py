@@ -14,7 +14,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import redis
@@ -53,7 +53,8 @@ class PortInUse(KVStoreError):
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind((HOST, 0))
-        return sock.getsockname()[1]
+        port: int = sock.getsockname()[1]  # (host, port) of an IPv4 socket
+        return port
 
 
 def _can_listen(port: int) -> bool:
@@ -109,7 +110,7 @@ class ServerProcess:
         self.own_session = own_session
         self.die_with_parent = die_with_parent
         self.pass_fds: tuple[int, ...] = ()
-        self.process: subprocess.Popen | None = None
+        self.process: subprocess.Popen[bytes] | None = None
         self.run_id = ""
         self._temporary = data_dir is None
 
@@ -119,6 +120,7 @@ class ServerProcess:
 
     @property
     def log(self) -> Path:
+        assert self.data_dir is not None  # read once start() has chosen it
         return self.data_dir / self.log_name
 
     @property
@@ -168,6 +170,7 @@ class ServerProcess:
     def _wait_ready(self, timeout: float) -> str:
         """The server's run_id, once it answers PING: a server still loading its data answers
         LOADING, and is given the time it takes as long as it runs."""
+        assert self.process is not None  # start() has just started it
         deadline = time.monotonic() + timeout
         with redis.Redis(
             host=HOST, port=self.port, socket_connect_timeout=0.2, retry=Retry(NoBackoff(), 0)
@@ -180,7 +183,8 @@ class ServerProcess:
                     )
                 try:
                     client.ping()
-                    return client.info("server")["run_id"]
+                    run_id: str = client.info("server")["run_id"]
+                    return run_id
                 except redis.BusyLoadingError:
                     deadline = time.monotonic() + timeout
                 except (redis.ConnectionError, redis.TimeoutError):
@@ -202,6 +206,7 @@ class ServerProcess:
     def stop(self, timeout: float = STOP_TIMEOUT) -> None:
         """SIGTERM (the server shuts down cleanly), then SIGKILL if it takes longer than `timeout`."""
         if self.alive:
+            assert self.process is not None  # alive: started
             self.process.terminate()
             try:
                 self.process.wait(timeout=timeout)
@@ -211,6 +216,7 @@ class ServerProcess:
     def kill(self) -> None:
         """SIGKILL: no shutdown, nothing flushed beyond what the server already wrote."""
         if self.alive:
+            assert self.process is not None  # alive: started
             self.process.kill()
             self.process.wait()
 
@@ -232,7 +238,7 @@ class ServerProcess:
         self.cleanup()
 
 
-def _die_with_parent(parent: int):
+def _die_with_parent(parent: int) -> Callable[[], None] | None:
     """A preexec_fn that has Linux send the server SIGTERM when the process that started it dies."""
     if not sys.platform.startswith("linux"):
         return None

@@ -1,9 +1,15 @@
-"""Progress of a long command (export, import, migrate)."""
+"""Progress of a long command (export, import, migrate), and what an export writes to."""
 
 from __future__ import annotations
 
 import time
-from typing import IO
+from typing import IO, Protocol
+
+
+class TextOut(Protocol):
+    """Where an export writes its text: a file, or standard output behind a guard (main.py)."""
+
+    def write(self, text: str, /) -> int: ...
 
 
 class Progress:

@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import redis
 from redis.backoff import NoBackoff
@@ -58,6 +59,8 @@ class EmbeddedServer(ServerProcess):
     `start` takes the data dir's lock first and raises DataDirInUse if another process holds it.
     """
 
+    data_dir: Path  # always given
+
     def __init__(
         self,
         data_dir: str | Path = ".kvstore-data",
@@ -87,6 +90,7 @@ class EmbeddedServer(ServerProcess):
         try:
             (self.data_dir / ADDRESS_FILE).unlink(missing_ok=True)  # a killed owner's, stale
             super().start(timeout)
+            assert self.process is not None  # started
             _write_address(
                 self.data_dir,
                 {
@@ -209,6 +213,7 @@ def _owned(embedded: EmbeddedServer) -> Iterator[DataDirServer]:
     """The server this process started; stopped at the end, once its borrowers are done."""
     lingers = True
     try:
+        assert embedded.process is not None  # started
         yield DataDirServer(
             embedded.url, embedded.data_dir, embedded.process.pid, embedded, embedded.appendfsync
         )
@@ -224,7 +229,7 @@ def _owned(embedded: EmbeddedServer) -> Iterator[DataDirServer]:
 
 
 @contextmanager
-def _borrowed(client: redis.Redis, record: dict, reuse: bool) -> Iterator[DataDirServer]:
+def _borrowed(client: redis.Redis, record: dict[str, Any], reuse: bool) -> Iterator[DataDirServer]:
     """The server another process started, used through `client` (which keeps it counted)."""
     try:
         if not reuse:
@@ -239,11 +244,11 @@ def _borrowed(client: redis.Redis, record: dict, reuse: bool) -> Iterator[DataDi
         client.close()
 
 
-def _url(record: dict) -> str:
+def _url(record: dict[str, Any]) -> str:
     return f"redis://{record['host']}:{record['port']}/0"
 
 
-def _recorded_server(record: dict) -> tuple[redis.Redis | None, str]:
+def _recorded_server(record: dict[str, Any]) -> tuple[redis.Redis | None, str]:
     """A connection to the recorded server, named as a borrower, if it answers as that server.
 
     The address file is read again after the connection is made: an owner removes it before it
@@ -281,13 +286,13 @@ def _try_lock(data_dir: Path) -> int | None:
     return fd
 
 
-def _write_address(data_dir: Path, record: dict) -> None:
+def _write_address(data_dir: Path, record: dict[str, Any]) -> None:
     temporary = data_dir / f".{ADDRESS_FILE}.{os.getpid()}"
     temporary.write_text(json.dumps(record), encoding="utf-8")
     os.replace(temporary, data_dir / ADDRESS_FILE)
 
 
-def _read_address(data_dir: Path) -> dict | None:
+def _read_address(data_dir: Path) -> dict[str, Any] | None:
     try:
         record = json.loads((data_dir / ADDRESS_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):

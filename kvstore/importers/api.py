@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Generator
-from typing import Any
+from typing import Any, TypeVar
 
 import redis
 
@@ -14,6 +14,7 @@ from ..messages import (
 from .session import Progress, SessionImport, _append_new, _find, _import
 
 _LANGCHAIN_PREFIX = "message_store:"
+_Result = TypeVar("_Result")  # what an import's steps return
 
 
 def import_langchain(
@@ -180,11 +181,11 @@ class _AsyncImport(AsyncDriver):
         self.store, self.source = store, source
 
 
-def _drive(steps: Generator[Any, Any, Any], store: Any, source: Any) -> Any:
+def _drive(steps: Generator[Any, Any, _Result], store: Any, source: Any) -> _Result:
     return _Import(store, source)._finish(steps)
 
 
-async def _drive_async(steps: Generator[Any, Any, Any], store: Any, source: Any) -> Any:
+async def _drive_async(steps: Generator[Any, Any, _Result], store: Any, source: Any) -> _Result:
     return await _AsyncImport(store, source)._finish(steps)
 
 

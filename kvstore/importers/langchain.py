@@ -72,7 +72,7 @@ def _from_langchain(record: Any) -> tuple[list[Message], dict[str, Any]]:
     elif base == "function":
         base = "tool"
     elif base not in _CORE_TYPES:  # remove, or a type of a later LangChain: kept whole
-        messages = [SystemMessage(content=_lc_text(data.get("content", "")))]
+        messages: list[Message] = [SystemMessage(content=_lc_text(data.get("content", "")))]
         return messages, {"type": kind, "data": data}
     messages = _lc_messages(base, data)
     if base == "human" and kind == "chat":
@@ -84,7 +84,7 @@ def _from_langchain(record: Any) -> tuple[list[Message], dict[str, Any]]:
             "type": kind,
             "data": data,
         }  # kept whole: their fields differ from the core types'
-    rebuilt = _lc_data(base, messages)
+    rebuilt = _lc_data(messages)
     fields = {
         name: value
         for name, value in data.items()
@@ -196,19 +196,20 @@ def _lc_image(part: dict[str, Any]) -> ImageContent | None:
     return None
 
 
-def _lc_data(base: str, messages: list[BaseMessage]) -> dict[str, Any]:
-    """The LangChain `data` a group of kvstore messages makes (the core types' fields)."""
+def _lc_data(messages: list[Message]) -> dict[str, Any]:
+    """The LangChain `data` a group of kvstore messages makes (the core types' fields): its
+    first message's type is the group's (human, system, tool; else ai)."""
     first = messages[0]
     data: dict[str, Any] = {}
     if first.name:
         data["name"] = first.name
-    if base == "human":
+    if isinstance(first, UserMessage):
         data["content"] = _lc_content(first.content)
-    elif base == "system":
-        data["content"] = (
-            first.content if isinstance(first, SystemMessage) else SUMMARY_PREFIX + first.summary
-        )
-    elif base == "tool":
+    elif isinstance(first, SystemMessage):
+        data["content"] = first.content
+    elif isinstance(first, SummaryMessage):
+        data["content"] = SUMMARY_PREFIX + first.summary
+    elif isinstance(first, ToolReturnMessage):
         data.update(content=first.tool_return, tool_call_id=first.tool_call_id, status=first.status)
     else:
         text = next((m.content for m in messages if isinstance(m, AssistantMessage)), "")
@@ -232,7 +233,7 @@ def _lc_data(base: str, messages: list[BaseMessage]) -> dict[str, Any]:
 def _lc_content(content: str | list[Any]) -> str | list[dict[str, Any]]:
     if isinstance(content, str):
         return content
-    parts = []
+    parts: list[dict[str, Any]] = []
     for part in content:
         if isinstance(part, TextContent):
             parts.append({"type": "text", "text": part.text})
@@ -289,7 +290,7 @@ def to_langchain(messages: Iterable[Message]) -> list[dict[str, Any]]:
         history = messages_from_dict(to_langchain(thread.iter()))
     """
     out: list[dict[str, Any]] = []
-    group: list[BaseMessage] = []
+    group: list[Message] = []
 
     def flush() -> None:
         if group:
@@ -345,7 +346,7 @@ def _origin(message: BaseMessage) -> tuple[str, str] | None:
     return None
 
 
-def _lc_record(group: list[BaseMessage]) -> dict[str, Any]:
+def _lc_record(group: list[Message]) -> dict[str, Any]:
     first = group[0]
     if isinstance(first, UserMessage):
         base = "human"
@@ -358,7 +359,7 @@ def _lc_record(group: list[BaseMessage]) -> dict[str, Any]:
     fields = joined_fields(first.metadata) if _origin(first) else {}
     if "data" in fields:  # a type kept whole
         return {"type": fields["type"], "data": fields["data"]}
-    data = _lc_data(base, group)
+    data = _lc_data(group)
     kind = fields.pop("type", base)
     data.update(fields)
     data["type"] = kind

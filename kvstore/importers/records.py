@@ -52,7 +52,8 @@ def joined_fields(metadata: Mapping[str, str] | None) -> dict[str, Any]:
     while f"source_fields_{number}" in metadata:
         text += metadata[f"source_fields_{number}"]
         number += 1
-    return json.loads(text)
+    fields: dict[str, Any] = json.loads(text)  # split_fields wrote a JSON object
+    return fields
 
 
 # --- LangChain --------------------------------------------------------------------------------

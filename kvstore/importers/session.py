@@ -111,8 +111,8 @@ def _find(pattern: str) -> Generator[Any, Any, list[str]]:
 
 def _append_new(ref: Any, messages: list[Message]) -> Generator[Any, Any, list[Message]]:
     """The messages append_missing stored now."""
-    ids = [message.id for message in messages]
-    if any(message_id is None for message_id in ids):
+    ids = [message.id for message in messages if message.id is not None]
+    if len(ids) < len(messages):
         raise errors.InvalidMessage("append_missing needs every message's id set")
     for _ in range(3):
         stored = yield StoreRun(core.stored_ids(ref, ids))
@@ -328,15 +328,14 @@ def _source_position(message: Message | None, kind: Source) -> int | None:
 def _ids(kind: Source, key: str, position: int, raw: bytes, digest: bytes) -> set[str]:
     """The ids an import gives the source message at `position` (none if it is not one)."""
     try:
-        return {
-            message.id for message in _map(kind, key, position, _parse(key, position, raw), digest)
-        }
+        mapped = _map(kind, key, position, _parse(key, position, raw), digest)
+        return {message.id for message in mapped if message.id is not None}
     except errors.InvalidMessage:
         return set()
 
 
 def _sources_in(messages: list[Message]) -> int:
-    return len({message.metadata["source_position"] for message in messages})
+    return len({(message.metadata or {})["source_position"] for message in messages})
 
 
 def _page(
@@ -344,7 +343,7 @@ def _page(
 ) -> Generator[Any, Any, list[bytes]]:
     """The session's messages at positions start..end-1, oldest first, as stored (JSON bytes)."""
     if kind == "langchain":  # newest first: position p is index -(p + 1), stable under LPUSH
-        page = (yield SourceRead("lrange", (key, -end, -start - 1)))[::-1]
+        page: list[bytes] = (yield SourceRead("lrange", (key, -end, -start - 1)))[::-1]
     else:
         page = yield SourceRead("lrange", (key, start, end - 1))
     if len(page) != end - start:

@@ -13,6 +13,7 @@ demo exits 1 if a check fails.
 from __future__ import annotations
 
 import sys
+from typing import IO, Any
 
 import redis
 
@@ -24,7 +25,7 @@ from .workers import workers_scene
 __all__ = ["DemoOptions", "durability", "run_demo"]
 
 
-def run_demo(options: DemoOptions, out=sys.stdout) -> int:
+def run_demo(options: DemoOptions, out: IO[str] = sys.stdout) -> int:
     client = redis.Redis.from_url(options.url)
     store = MessageStore.from_url(options.url, demo_config(options.namespace))
     print(f"durability: {durability(client)}", file=out)
@@ -69,7 +70,8 @@ def durability(client: redis.Redis) -> str:
 
 
 def _config(client: redis.Redis, name: str) -> str:
-    reply = client.config_get(name)
+    # Bytes keys and values on a client without decode_responses (redis-py types them str).
+    reply: dict[Any, Any] = client.config_get(name)
     value = reply.get(name.encode(), reply.get(name))
     if value is None:
         raise redis.ResponseError(f"{name} not returned")

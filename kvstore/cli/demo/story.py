@@ -7,11 +7,14 @@ import os
 import random
 import signal
 import time
+from multiprocessing.synchronize import Event
+from typing import IO, Any
 
 import redis
 
 from ...messages import (
     AssistantMessage,
+    Message,
     ReasoningMessage,
     ToolCall,
     ToolCallMessage,
@@ -33,12 +36,12 @@ from .options import (
 # Scenes 1 and 2: a conversation, and a request sent twice.
 
 
-def conversation_scene(thread: Thread, out) -> None:
+def conversation_scene(thread: Thread, out: IO[str]) -> None:
     _conversation(thread, out)
     _request_sent_twice(thread, out)
 
 
-def _conversation(thread: Thread, out) -> None:
+def _conversation(thread: Thread, out: IO[str]) -> None:
     print("\n1. A conversation, stored and read back (thread chat)", file=out)
     thread.append(
         UserMessage(content="What's the weather in Oslo tomorrow?", otid="req-1"), turn_id="turn-1"
@@ -83,7 +86,7 @@ def _conversation(thread: Thread, out) -> None:
     )
 
 
-def _request_sent_twice(thread: Thread, out) -> None:
+def _request_sent_twice(thread: Thread, out: IO[str]) -> None:
     print("\n2. The same request, sent twice (as a client retries after a timeout)", file=out)
     question = UserMessage(content="Should I take an umbrella?", otid="req-2")
     first = thread.append(question.model_copy(), turn_id="turn-2")
@@ -118,20 +121,20 @@ def _request_sent_twice(thread: Thread, out) -> None:
     )
 
 
-def _chat_line(message) -> str:
-    kind = message.message_type
-    if kind == "user_message":
+def _chat_line(message: Message) -> str:
+    text: object
+    if isinstance(message, UserMessage):
         who, text = "user", message.content
-    elif kind == "assistant_message":
+    elif isinstance(message, AssistantMessage):
         who, text = "assistant", message.content
-    elif kind == "reasoning_message":
+    elif isinstance(message, ReasoningMessage):
         who, text = "reasoning", message.reasoning
-    elif kind == "tool_call_message":
+    elif isinstance(message, ToolCallMessage):
         who, text = "tool call", f"{message.tool_call.name}({message.tool_call.arguments})"
-    elif kind == "tool_return_message":
+    elif isinstance(message, ToolReturnMessage):
         who, text = "tool", message.tool_return
     else:
-        who, text = kind.removesuffix("_message"), ""
+        who, text = message.message_type.removesuffix("_message"), ""
     return f"  #{message.seq_id:<3} {who:<10} {text}"
 
 
@@ -144,7 +147,7 @@ def _job(thread: Thread, doomed: _DiesBeforeReading | None = None) -> tuple[int,
     Returns (appends replayed, appends stored)."""
     replayed = stored = 0
 
-    def append(message, number: int) -> None:
+    def append(message: Message, number: int) -> None:
         nonlocal replayed, stored
         if doomed is not None and number == KILLED_AFTER:
             doomed.doomed = True
@@ -173,23 +176,25 @@ class _DiesBeforeReading(redis.Redis):
     the demo, and waits to be killed without reading it."""
 
     doomed = False
-    ready = None
+    ready: Event  # set by _doomed_worker, before any command
 
-    def parse_response(self, connection, command_name, **options):
+    def parse_response(self, connection: Any, command_name: Any, **options: Any) -> Any:
         if self.doomed:
             connection.can_read(timeout=30)  # the server ran the append and answered
             self.ready.set()
             time.sleep(60)
-        return super().parse_response(connection, command_name, **options)
+        # redis-py leaves parse_response unannotated.
+        return super().parse_response(connection, command_name, **options)  # type: ignore[no-untyped-call]
 
 
-def _doomed_worker(url: str, namespace: str, ready) -> None:
+def _doomed_worker(url: str, namespace: str, ready: Event) -> None:
     client = _DiesBeforeReading.from_url(url)
+    assert isinstance(client, _DiesBeforeReading)  # from_url makes its class's client
     client.ready = ready
     _job(MessageStore(client, demo_config(namespace)).thread(JOB_THREAD), client)
 
 
-def killed_worker_scene(options: DemoOptions, thread: Thread, out) -> None:
+def killed_worker_scene(options: DemoOptions, thread: Thread, out: IO[str]) -> None:
     print("\n3. A worker killed mid-append, then its job run again (thread job)", file=out)
     context = multiprocessing.get_context("spawn")
     ready = context.Event()
@@ -202,6 +207,7 @@ def killed_worker_scene(options: DemoOptions, thread: Thread, out) -> None:
             raise DemoFailed(
                 f"the worker ended before its reply {KILLED_AFTER} (exit code {worker.exitcode})"
             )
+    assert worker.pid is not None  # started
     os.kill(worker.pid, signal.SIGKILL)
     worker.join(10)
     print(

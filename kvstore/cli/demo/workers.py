@@ -8,13 +8,18 @@ import multiprocessing
 import queue
 import random
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
+from multiprocessing.queues import Queue
+from multiprocessing.sharedctypes import Synchronized
+from typing import IO
 
 import redis
 
 from ... import errors
 from ...messages import (
     AssistantMessage,
+    Message,
     ReasoningMessage,
     ToolCall,
     ToolCallMessage,
@@ -36,12 +41,12 @@ from .options import (
 # Scene 4: worker processes on shared threads, memory held flat.
 
 
-def _turn_messages(rng: random.Random, worker: int, turn: int) -> tuple[UserMessage, list]:
+def _turn_messages(rng: random.Random, worker: int, turn: int) -> tuple[UserMessage, list[Message]]:
     question = f"worker {worker} turn {turn}: " + " ".join(
         rng.choice(WORDS) for _ in range(rng.randint(10, 60))
     )
     call_id = f"call-{worker}-{turn}"
-    replies = [
+    replies: list[Message] = [
         ReasoningMessage(reasoning="Thinking about " + question[:80]),
         ToolCallMessage(
             tool_call=ToolCall(name="search", arguments=f'{{"q": "{turn}"}}', tool_call_id=call_id)
@@ -56,7 +61,13 @@ def _turn_messages(rng: random.Random, worker: int, turn: int) -> tuple[UserMess
     return UserMessage(content=question), replies
 
 
-def _worker(options: DemoOptions, worker: int, progress, results) -> None:
+# What a worker sends back: its appends' and its page reads' times, in µs.
+Timings = tuple[list[float], list[float]]
+
+
+def _worker(
+    options: DemoOptions, worker: int, progress: Synchronized[int], results: Queue[Timings]
+) -> None:
     rng = random.Random(worker)
     store = MessageStore.from_url(options.url, demo_config(options.namespace))
     append_us: list[float] = []
@@ -77,6 +88,7 @@ def _worker(options: DemoOptions, worker: int, progress, results) -> None:
         if result.reply_count != len(replies):
             raise RuntimeError(f"turn {turn_id} counted {result.reply_count} replies")
         if turn % COMPACT_EVERY == COMPACT_EVERY - 1:
+            assert result.last_sequence is not None  # the turn has replies
             # Another worker's summary of this thread may already reach further.
             with contextlib.suppress(errors.InvalidSummaryRange):
                 thread.compact(
@@ -91,7 +103,9 @@ def _worker(options: DemoOptions, worker: int, progress, results) -> None:
     store.close()
 
 
-def workers_scene(options: DemoOptions, store: MessageStore, client: redis.Redis, out) -> bool:
+def workers_scene(
+    options: DemoOptions, store: MessageStore, client: redis.Redis, out: IO[str]
+) -> bool:
     total_turns = options.workers * options.turns
     print(
         f"\n4. Memory held flat while messages keep coming: {options.workers} workers, {total_turns} turns"
@@ -123,7 +137,7 @@ class _Run:
     elapsed: float
 
 
-def _run_workers(options: DemoOptions, client: redis.Redis, out) -> _Run | None:
+def _run_workers(options: DemoOptions, client: redis.Redis, out: IO[str]) -> _Run | None:
     """Runs the worker processes, drawing their progress and sampling memory; None if one failed."""
     context = multiprocessing.get_context("spawn")
     progress = context.Value("i", 0)
@@ -140,7 +154,7 @@ def _run_workers(options: DemoOptions, client: redis.Redis, out) -> _Run | None:
     ]
     for process in processes:
         process.start()
-    collected = []
+    collected: list[Timings] = []
     while len(collected) < len(processes):
         done = progress.value
         if draw:
@@ -229,7 +243,7 @@ def _second_half(samples: list[tuple[int, int]]) -> str:
     return f"memory {grew} ({middle / 1024:,.0f} → {end / 1024:,.0f} KiB) while messages went {count:,} → {total:,}"
 
 
-def sparkline(values: list[float]) -> str:
+def sparkline(values: Sequence[float]) -> str:
     """One block a value, from zero to the largest (so a flat series reads as flat)."""
     top = max(values) or 1
     return "".join(SPARKS[min(len(SPARKS) - 1, int(v / top * len(SPARKS)))] for v in values)
@@ -248,7 +262,7 @@ def _pct(values: list[float], pct: float) -> float:
     return values[min(len(values) - 1, int(len(values) * pct / 100))] if values else 0.0
 
 
-def _draw(done: int, total: int, out, again: bool) -> None:
+def _draw(done: int, total: int, out: IO[str], again: bool) -> None:
     """The progress bar; `again` draws over the previous one."""
     width = 40
     filled = int(width * done / max(total, 1))
