@@ -1,7 +1,7 @@
 #!lua
 --- Appends a batch of messages to a thread in one atomic step.
 ---
---- KEYS[1..12]  the thread's keys (includes/layout.lua: thread_keys; docs/LAYOUT.md)
+--- KEYS[1..14]  the thread's keys (includes/layout.lua: thread_keys; docs/LAYOUT.md)
 --- ARGV limits (limits): the store's limits (includes/args.lua: read_limits)
 --- ARGV turn_id (str): '' for none
 --- ARGV lease (int): the caller's lease of the turn (start_turn 'hold'), 0 for none

@@ -1,7 +1,7 @@
 #!lua
 --- Stores a summary message and moves the context summary to it, then runs retention.
 ---
---- KEYS[1..12]  the thread's keys (includes/layout.lua: thread_keys; docs/LAYOUT.md)
+--- KEYS[1..14]  the thread's keys (includes/layout.lua: thread_keys; docs/LAYOUT.md)
 --- ARGV limits (limits): the store's limits (includes/args.lua: read_limits)
 --- ARGV summary_last (int): the last sequence the summary covers
 --- ARGV id (str): the summary message's

@@ -8,7 +8,7 @@
 --- then removes up to max_chunks chunks; the call that leaves none removes the indexes and meta.
 --- Keys that can be large go with UNLINK, so the server frees them in the background.
 ---
---- KEYS[1..12]  the thread's keys (includes/layout.lua: thread_keys; docs/LAYOUT.md)
+--- KEYS[1..14]  the thread's keys (includes/layout.lua: thread_keys; docs/LAYOUT.md)
 --- ARGV max_chunks (int): the most chunks this call removes
 --- ARGV mode (str: 'start' | 'continue'): 'start' for delete() (tombstone the thread if
 ---      it is not yet), 'continue' to finish only a deletion already started (a live thread

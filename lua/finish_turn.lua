@@ -1,7 +1,7 @@
 #!lua
 --- Closes a turn and counts its replies without reading any message.
 ---
---- KEYS[1..12]  the thread's keys (includes/layout.lua: thread_keys; docs/LAYOUT.md)
+--- KEYS[1..14]  the thread's keys (includes/layout.lua: thread_keys; docs/LAYOUT.md)
 --- ARGV limits (limits): the store's limits (includes/args.lua: read_limits)
 --- ARGV turn_id (str)
 --- ARGV lease (int): the caller's lease of the turn (start_turn 'hold'), 0 for none: refused

@@ -1,7 +1,7 @@
 #!lua flags=no-writes
 --- Finds where messages live, by sequence, by id or by otid, without reading them.
 ---
---- KEYS[1..12]  the thread's keys (includes/layout.lua: thread_keys; docs/LAYOUT.md)
+--- KEYS[1..14]  the thread's keys (includes/layout.lua: thread_keys; docs/LAYOUT.md)
 --- ARGV kind (str: 'seq' | 'id' | 'otid')
 --- ARGV targets[] target (str): a sequence (in decimal), message id or otid, as kind says
 ---

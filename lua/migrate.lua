@@ -1,7 +1,7 @@
 #!lua
 --- Moves one bounded step of a layout-1 thread into chunks (includes/layout1_migration.lua).
 ---
---- KEYS[1..12]  the thread's keys (includes/layout.lua: thread_keys; docs/LAYOUT.md)
+--- KEYS[1..14]  the thread's keys (includes/layout.lua: thread_keys; docs/LAYOUT.md)
 --- ARGV limits (limits): the store's limits (includes/args.lua: read_limits)
 ---
 --- Reply: {chunks_written, layout_version, scanning, fields_left}

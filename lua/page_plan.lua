@@ -5,7 +5,7 @@
 --- (kvstore/_engine/layout/plan.py: _native_facts). The client picks the containers from them (plan.py:
 --- _select) and fetches the records natively, comparing `gen`. No message is read here.
 ---
---- KEYS[1..12]  the thread's keys (includes/layout.lua: thread_keys; docs/LAYOUT.md)
+--- KEYS[1..14]  the thread's keys (includes/layout.lua: thread_keys; docs/LAYOUT.md)
 --- ARGV lo_kind (str: '' | 'seq' | 'id'): the exclusive lower bound of the range
 --- ARGV lo (str): a sequence or a message id, '' for none
 --- ARGV hi_kind (str: '' | 'seq' | 'id'): the exclusive upper bound of the range

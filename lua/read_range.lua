@@ -4,7 +4,7 @@
 --- the thread under each of its optimistic tries (kvstore/_engine/pages.py, views.py). It reads
 --- whole containers, in walk order, until they hold what the walk needs; the client cuts.
 ---
---- KEYS[1..12]  the thread's keys (includes/layout.lua: thread_keys; docs/LAYOUT.md)
+--- KEYS[1..14]  the thread's keys (includes/layout.lua: thread_keys; docs/LAYOUT.md)
 --- ARGV lo_kind (str: '' | 'seq' | 'id' | 'summary'): the exclusive lower bound of the
 ---      range; 'summary': the context summary's last sequence (0 without a summary)
 --- ARGV lo (str): a sequence or a message id, '' for none

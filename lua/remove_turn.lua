@@ -2,7 +2,7 @@
 --- Retracts a turn: removes its messages wherever they are stored. Nothing evicted by the
 --- media budget is restored; removed messages give their bytes and media back.
 ---
---- KEYS[1..12]  the thread's keys (includes/layout.lua: thread_keys; docs/LAYOUT.md)
+--- KEYS[1..14]  the thread's keys (includes/layout.lua: thread_keys; docs/LAYOUT.md)
 --- ARGV limits (limits): the store's limits (includes/args.lua: read_limits)
 --- ARGV turn_id (str)
 --- ARGV max_messages (int): the most sequences one call walks; the client calls again for

@@ -1,7 +1,7 @@
 #!lua
 --- Replaces a stored message in place: same id, same sequence, same container.
 ---
---- KEYS[1..12]  the thread's keys (includes/layout.lua: thread_keys; docs/LAYOUT.md)
+--- KEYS[1..14]  the thread's keys (includes/layout.lua: thread_keys; docs/LAYOUT.md)
 --- ARGV limits (limits): the store's limits (includes/args.lua: read_limits)
 --- ARGV id (str): the stored message's
 --- ARGV media (int): the replacement's inline media bytes

@@ -1,7 +1,7 @@
 #!lua
 --- Restores a run of a backed-up thread's messages at their stored sequences.
 ---
---- KEYS[1..12]  the thread's keys (includes/layout.lua: thread_keys; docs/LAYOUT.md)
+--- KEYS[1..14]  the thread's keys (includes/layout.lua: thread_keys; docs/LAYOUT.md)
 --- ARGV limits (limits): the store's limits (includes/args.lua: read_limits)
 --- ARGV turn_id (str): '' for none; every message of the run is of this turn
 --- ARGV first (int): the sequence of the run's first message; the run is first..first+count-1

@@ -2,7 +2,7 @@
 --- Ends a restore: sets the thread's state as its backup recorded it, once every message of the
 --- backup is restored (lua/restore.lua).
 ---
---- KEYS[1..12]  the thread's keys (includes/layout.lua: thread_keys; docs/LAYOUT.md)
+--- KEYS[1..14]  the thread's keys (includes/layout.lua: thread_keys; docs/LAYOUT.md)
 --- ARGV limits (limits): the store's limits (includes/args.lua: read_limits)
 --- ARGV last_seq (int): the last sequence the backed-up thread had assigned
 --- ARGV summary_last (int): the last sequence the context summary covers; 0 for none

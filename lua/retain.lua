@@ -1,7 +1,7 @@
 #!lua
 --- Runs retention alone: compact calls it again while the per-call cap stopped it short.
 ---
---- KEYS[1..12]  the thread's keys (includes/layout.lua: thread_keys; docs/LAYOUT.md)
+--- KEYS[1..14]  the thread's keys (includes/layout.lua: thread_keys; docs/LAYOUT.md)
 --- ARGV limits (limits): the store's limits (includes/args.lua: read_limits)
 ---
 --- Reply: the number of chunks deleted (at most max_move_chunks)

@@ -2,7 +2,7 @@
 --- Records where a turn's replies start: the turn reply sequence {turn_id, sequence}; with mode
 --- 'hold', also gives the caller the turn's next lease.
 ---
---- KEYS[1..12]  the thread's keys (includes/layout.lua: thread_keys; docs/LAYOUT.md)
+--- KEYS[1..14]  the thread's keys (includes/layout.lua: thread_keys; docs/LAYOUT.md)
 --- ARGV limits (limits): the store's limits (includes/args.lua: read_limits)
 --- ARGV turn_id (str)
 --- ARGV mode (str: 'start' | 'hold')

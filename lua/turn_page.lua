@@ -3,7 +3,7 @@
 --- without reading any message. It reads the header, finds the range a cursor falls in by a
 --- binary search over the range fields, and reads the ranges the page needs from there.
 ---
---- KEYS[1..12]  the thread's keys (includes/layout.lua: thread_keys; docs/LAYOUT.md)
+--- KEYS[1..14]  the thread's keys (includes/layout.lua: thread_keys; docs/LAYOUT.md)
 --- ARGV turn_id (str)
 --- ARGV lo_kind (str: '' | 'seq' | 'id'): the exclusive lower bound
 --- ARGV lo (str): a sequence or a message id, '' for none

@@ -71,7 +71,7 @@ class ThreadRef:
 
     config: StoreConfig
     keys: ThreadKeys
-    script_keys: tuple[str, ...]  # KEYS[1..12] of every script (lua/includes/layout.lua)
+    script_keys: tuple[str, ...]  # KEYS[1..14] of every script (lua/includes/layout.lua)
     limits_args: tuple[Any, ...]  # the `limits` argument of every writing script
     # The store's token counter (MessageStore(count_tokens=...)); None: estimated_tokens.
     count_tokens: Any = None

@@ -13,20 +13,22 @@
 local CURRENT_LAYOUT = '2'
 local READ_LAYOUTS = {['1'] = true, ['2'] = true}
 
--- The thread's keys, named once from KEYS (every script takes the same twelve). KEYS is passed
+-- The thread's keys, named once from KEYS (every script takes the same fourteen). KEYS is passed
 -- in: a script's is a global, a library function's is its argument.
 local function thread_keys(KEYS)
   return {
     meta = KEYS[1], window = KEYS[2], window_side = KEYS[3], chunk_index = KEYS[4],
     large_index = KEYS[5], ids = KEYS[6], otids = KEYS[7], turns = KEYS[8], legacy = KEYS[9],
     chunk_prefix = KEYS[10], events = KEYS[11], pairs = KEYS[12],
+    open_data = KEYS[13], open_manifest = KEYS[14],
   }
 end
 
 -- The thread's keys but its chunks, meta first (every key the thread's expiry covers).
 local function fixed_keys(keys)
   return {keys.meta, keys.window, keys.window_side, keys.chunk_index, keys.large_index,
-          keys.ids, keys.otids, keys.turns, keys.legacy, keys.events, keys.pairs}
+          keys.ids, keys.otids, keys.turns, keys.legacy, keys.events, keys.pairs,
+          keys.open_data, keys.open_manifest}
 end
 
 -- The indexes that name the thread's chunks, normal then oversized: a member's score is its
@@ -38,7 +40,8 @@ end
 -- The keys delete removes at its tombstone: the thread's keys but meta, the event stream, the
 -- chunk indexes and the chunks (those go step by step after it, lua/delete.lua).
 local function tombstone_keys(keys)
-  return {keys.window, keys.window_side, keys.ids, keys.otids, keys.turns, keys.legacy, keys.pairs}
+  return {keys.window, keys.window_side, keys.ids, keys.otids, keys.turns, keys.legacy, keys.pairs,
+          keys.open_data, keys.open_manifest}
 end
 
 -- The chunk indexes with their type, for check_key_types.
@@ -78,5 +81,6 @@ local function check_thread(keys, restoring_ok)
     {keys.meta, 'hash'}, {keys.window, 'zset'}, {keys.window_side, 'hash'},
     {keys.chunk_index, 'zset'}, {keys.large_index, 'zset'}, {keys.ids, 'hash'},
     {keys.otids, 'hash'}, {keys.turns, 'hash'}, {keys.legacy, 'hash'}, {keys.pairs, 'zset'},
+    {keys.open_data, 'string'}, {keys.open_manifest, 'string'},
   }) or check_layout(keys.meta, restoring_ok)
 end

@@ -230,11 +230,11 @@ def test_the_encoder_refuses_a_missing_or_unknown_name():
 def test_each_header_is_a_contract(name):
     header = script_header(name)
     assert header_problems(header) == []
-    # Every script takes the same twelve keys (includes/layout.lua: thread_keys).
-    assert header.keys == ((1, 12),)
+    # Every script takes the same fourteen keys (includes/layout.lua: thread_keys).
+    assert header.keys == ((1, 14),)
 
 
-def test_the_twelve_keys_are_the_thread_keys_in_order():
+def test_the_fourteen_keys_are_the_thread_keys_in_order():
     source = (
         resources.files("kvstore.lua").joinpath("includes/layout.lua").read_text(encoding="utf-8")
     )

@@ -64,6 +64,8 @@ class ThreadKeys:
     chunk_prefix: str
     events: str
     pairs: str
+    open_data: str
+    open_manifest: str
 
     @classmethod
     def of(cls, namespace: str, thread_id: str) -> ThreadKeys:
@@ -81,10 +83,29 @@ class ThreadKeys:
             chunk_prefix=base + "chunk:",
             events=base + "events",
             pairs=base + "pairs",
+            open_data=base + "open:d",
+            open_manifest=base + "open:m",
         )
 
     def chunk(self, first_sequence: int) -> str:
+        """A layout-2 chunk: one hash (`_m` its manifest, `d` its records)."""
         return f"{self.chunk_prefix}{first_sequence}"
+
+    def chunk_data(self, first_sequence: int) -> str:
+        """A layout-3 chunk's records: one string (its manifest is chunk_manifest's)."""
+        return f"{self.chunk_prefix}{first_sequence}:d"
+
+    def chunk_manifest(self, first_sequence: int) -> str:
+        """A layout-3 chunk's manifest: one string, a line per message."""
+        return f"{self.chunk_prefix}{first_sequence}:m"
+
+    def chunk_keys(self, first_sequence: int) -> tuple[str, str, str]:
+        """Every key a chunk starting at `first_sequence` may have, in either layout."""
+        return (
+            self.chunk(first_sequence),
+            self.chunk_data(first_sequence),
+            self.chunk_manifest(first_sequence),
+        )
 
     def fixed(self) -> tuple[str, ...]:
         """Every key whose name does not depend on the thread's contents."""
@@ -100,4 +121,6 @@ class ThreadKeys:
             self.legacy,
             self.events,
             self.pairs,
+            self.open_data,
+            self.open_manifest,
         )
