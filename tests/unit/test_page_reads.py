@@ -52,7 +52,7 @@ def test_the_newest_page_is_one_batch_with_one_score(thread, fake):
             ),
             ("MGET", keys.open_manifest, keys.open_data),
             ("ZRANGE", keys.large_index, "+inf", "-inf", "BYSCORE", "REV", "LIMIT", 0, 11),
-            ("ZRANGE", keys.chunk_index, "+inf", "-inf", "BYSCORE", "REV", "LIMIT", 0, 1),
+            ("ZRANGE", keys.chunk_index, "+inf", "-inf", "BYSCORE", "REV", "LIMIT", 0, 2),
             ("ZRANGE", keys.window, 0, 10, "REV"),
             ("ZRANGE", keys.window, 10, 10, "REV", "WITHSCORES"),
             ("HMGET", keys.meta, "gen", "last_seq"),
