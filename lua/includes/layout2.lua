@@ -5,7 +5,7 @@
 -- a sequence, where a record lies in a chunk. The reads of the read-only scripts (walks, page
 -- plans, lookups) are includes/layout2_reads.lua's; the member formats
 -- includes/layout2_format.lua's; writing a chunk includes/layout2_chunks.lua's; the window
--- writes includes/layout2_store.lua's; moving the window into chunks
+-- writes (layout 2; layout 3 stores into the open chunk: includes/layout3_store.lua); moving the window into chunks
 -- includes/layout2_rollover.lua's; deleting the oldest chunks includes/layout2_retention.lua's;
 -- the index token totals includes/layout2_index.lua's; edits in place
 -- includes/layout2_edit.lua's.

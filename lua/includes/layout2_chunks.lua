@@ -26,6 +26,20 @@ local function size_classes(size)
   return class, class - step
 end
 
+-- The most record bytes a layout-3 chunk closes with: 64 KiB less the string's header, so a
+-- chunk of records up to this size fills the 64 KiB class (an allocation past 64 KiB takes 80).
+local CLOSE_BYTES = 65520
+
+-- Whether the open chunk, holding `bytes` of records (16 KiB and up), closes before a record of
+-- `size` joins it because it fills its size class within 1/16 and the record would take it into
+-- the next class (where it would close wasting up to a fifth of that class).
+local function close_here(bytes, size)
+  local now = bytes + VALUE_HEADROOM
+  if now <= FIT_FROM then return false end
+  local class = size_classes(now)
+  return now + size > class and (class - now) * 16 < class
+end
+
 -- Ends a cut of the `n` records from records[from], `bytes` in all, where its data fills a size
 -- class (above); returns the count and bytes it keeps (the records past it go into the next cut).
 local function fit_size_class(records, from, n, bytes)
