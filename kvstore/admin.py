@@ -10,7 +10,7 @@ Inspecting
     and oversized messages), :func:`chunk_entries` and :func:`oversized_entries` (every index
     member, a :class:`ChunkEntry` or :class:`LargeEntry`, in order, read a page at a time), and
     :func:`layout_1_threads` and :func:`unmigrated_threads` (SCAN for the threads not yet
-    migrated: needs +scan).
+    migrated: needs +scan); :data:`CURRENT_LAYOUT`, the layout every write leaves.
 
 Backing up and restoring (docs/LAYOUT.md, "Backup and restore")
     :func:`backup_state` (a thread's state apart from its messages), :func:`pages` (every kept
@@ -44,7 +44,7 @@ from ._engine.backup import restore_run as _restore_run
 from ._engine.backup import restore_state as _restore_state
 from ._engine.backup import stored_ids as _stored_ids
 from ._engine.health import HealthReport, health, health_async
-from ._engine.layout import survey
+from ._engine.layout import CURRENT, survey
 from ._engine.layout.formats import ChunkEntry, LargeEntry, TurnRecord
 from ._engine.layout.keys import (
     check_thread_id,
@@ -65,6 +65,7 @@ if TYPE_CHECKING:
     from .store import MessageStore
 
 __all__ = [
+    "CURRENT_LAYOUT",
     "BackedUpMessage",
     "BackupState",
     "ChunkEntry",
@@ -94,6 +95,10 @@ __all__ = [
     "stored_tokens",
     "unmigrated_threads",
 ]
+
+
+CURRENT_LAYOUT = CURRENT
+"""The layout every write leaves a thread in: `kvstore migrate` moves older threads to it."""
 
 
 def _ref(store: MessageStore, thread_id: str) -> ThreadRef:

@@ -29,7 +29,7 @@ if is_layout_1(keys) then
   scanning = redis.call('HGET', keys.meta, 'legacy_last') and 0 or 1
 elseif redis.call('EXISTS', keys.meta) == 1 then
   local cuts, plan_err = plan_drain(keys, limits)
-  if not cuts then return plan_err end
+  if plan_err and #cuts == 0 then return plan_err end
   if redis.call('HGET', keys.meta, 'layout') ~= CURRENT_LAYOUT then
     redis.call('HSET', keys.meta, 'layout', CURRENT_LAYOUT)
   end

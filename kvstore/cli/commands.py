@@ -10,7 +10,7 @@ from typing import IO, Literal
 import redis
 
 from .. import admin, errors
-from .._engine.layout import CURRENT
+from ..admin import CURRENT_LAYOUT as CURRENT
 from ..admin import ChunkEntry, LargeEntry, check_thread_id
 from ..config import StoreConfig
 from ..store import MessageStore, Thread

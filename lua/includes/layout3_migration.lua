@@ -14,12 +14,14 @@
 -- not, so a write whose meta reads 0 never looks at the window (the hot path pays nothing).
 -- Layout-2 hash chunks are never converted: they are read as they are.
 --
--- A step plans first (reads only, every target checked to be free) and writes after, so the
--- caller may plan during its checks and run the step after them; drain_window does both.
+-- A step plans first (reads only, every target checked to be free) and writes after. A key
+-- where a chunk must go (none should be) ends the plan before that chunk: a write's step moves
+-- what comes before it and goes on, and lua/migrate.lua refuses with the error once nothing
+-- before it is left to move.
 
 -- The next step's cuts over the window's oldest messages, each {from, count, bytes} into the
--- parallel lists cuts.sequences (as the scores read) and cuts.records; or nil and an error reply
--- when a key sits where a chunk must go. No cut when the window is empty.
+-- parallel lists cuts.sequences (as the scores read) and cuts.records (no cut when the window is
+-- empty); and an error reply when a key sits where the next chunk must go.
 local function plan_drain(keys, limits)
   local sequences, records = {}, {}
   local cuts = {sequences = sequences, records = records}
@@ -42,7 +44,8 @@ local function plan_drain(keys, limits)
     if #cuts > 0 and moved_bytes + bytes > limits.max_move_bytes then break end
     local first = sequences[from]
     if redis.call('EXISTS', chunk_key(keys, first), chunk_data_key(keys, first), chunk_manifest_key(keys, first)) > 0 then
-      return nil, redis.error_reply('KVS_WRONGTYPE ' .. chunk_key(keys, first) .. ' exists where a new chunk must go')
+      for i = #records, from, -1 do records[i], sequences[i] = nil, nil end
+      return cuts, redis.error_reply('KVS_WRONGTYPE ' .. chunk_key(keys, first) .. ' exists where a new chunk must go')
     end
     cuts[#cuts + 1] = {from, n, bytes}
     position, moved_bytes = position + n, moved_bytes + bytes
@@ -82,10 +85,8 @@ local function run_drain(keys, cuts)
   return #cuts
 end
 
--- One step of the 2 -> 3 migration: plans and moves the window's oldest messages; returns the
--- chunks written (0 once the window is empty), or nil and an error reply (nothing written).
+-- One step of the 2 -> 3 migration, as a write takes it before storing its batch (only when
+-- meta's window_bytes > 0): moves the window's oldest messages; returns the chunks written.
 local function drain_window(keys, limits)
-  local cuts, err = plan_drain(keys, limits)
-  if not cuts then return nil, err end
-  return run_drain(keys, cuts)
+  return run_drain(keys, plan_drain(keys, limits))
 end

@@ -38,6 +38,43 @@ def old_thread(server, namespace, tid, count, spread=60, **config) -> list[dict]
     return run_previous(server.url, {"namespace": namespace, **config}, code)
 
 
+def stored(client, keys) -> dict[int, tuple[bytes, str]]:
+    """Every stored message as raw commands find it, wherever it is (the window, a chunk of
+    either kind, an oversized message's chunk, the open chunk): sequence -> (record, side info
+    without its bytes field's neighbours changed). Asserts no sequence is stored twice."""
+    found: dict[int, tuple[bytes, str]] = {}
+
+    def add(sequence: int, record: bytes, side: str) -> None:
+        assert sequence not in found, f"sequence {sequence} is stored twice"
+        found[sequence] = (record, side)
+
+    sides = {int(k): v.decode() for k, v in client.hgetall(keys.window_side).items()}
+    for record, score in client.zrange(keys.window, 0, -1, withscores=True):
+        add(int(score), record, sides[int(score)])
+    firsts = [int(s) for _, s in client.zrange(keys.chunk_index, 0, -1, withscores=True)]
+    firsts += [int(s) for _, s in client.zrange(keys.large_index, 0, -1, withscores=True)]
+    pairs = [client.mget(keys.chunk_manifest(f), keys.chunk_data(f)) for f in firsts]
+    for first, pair in zip(firsts, pairs, strict=True):
+        if pair[0] is None:
+            pair = client.hmget(keys.chunk(first), "_m", "d")
+        assert pair[0] is not None, f"chunk {first} is listed but missing"
+        cut(pair[0], pair[1], add)
+    manifest, data = client.mget(keys.open_manifest, keys.open_data)
+    if manifest:
+        cut(manifest, data, add)
+    return found
+
+
+def cut(manifest: bytes, data: bytes, add) -> None:
+    offset = 0
+    for line in manifest.decode().split("\n")[:-1]:
+        sequence, side = line.split("\t", 1)
+        size = int(side.split("\t")[3])
+        add(int(sequence), data[offset : offset + size], side)
+        offset += size
+    assert offset == len(data)
+
+
 def dumps(messages) -> list[dict]:
     return [m.model_dump(mode="json") for m in messages]
 
@@ -53,6 +90,7 @@ def test_a_layout_2_thread_reads_as_it_is_then_drains_one_step_per_write(
     written = old_thread(server, namespace, "old", 30, **config)
     thread = make_thread("old", **config)
     assert thread.stats().layout_version == 2
+    before = stored(raw_client, thread.keys)
     expected = list(thread.iter())
     assert dumps(expected) == written
     check_reads(thread, expected)
@@ -63,12 +101,15 @@ def test_a_layout_2_thread_reads_as_it_is_then_drains_one_step_per_write(
     while left:
         expected += thread.append(UserMessage(content=f"new {writes}", id=f"message-new-{writes}"))
         writes += 1
-        assert thread.stats().layout_version == 3
+        assert raw_client.hget(thread.keys.meta, "layout") == b"3"
         now = window_of(raw_client, thread.keys)
         assert left - 4 <= now < left  # one chunk of at most chunk_size moved, no more
         left = now
-        check_reads(thread, expected, limits=(1, 7, 50))
-        check_layout(raw_client, thread.keys, StoreConfig(namespace=namespace, **config))
+        after = stored(raw_client, thread.keys)
+        assert {s: after[s] for s in before} == before  # nothing lost, changed or doubled
+        assert len(after) == len(before) + writes
+    check_reads(thread, expected, limits=(1, 7, 50))
+    check_layout(raw_client, thread.keys, StoreConfig(namespace=namespace, **config))
     assert raw_client.zcard(thread.keys.chunk_index) >= chunks + writes
     assert int(raw_client.hget(thread.keys.meta, "window_bytes") or 0) == 0
     assert not raw_client.exists(thread.keys.window, thread.keys.window_side)
@@ -102,9 +143,7 @@ def test_migrate_drains_a_large_window_in_bounded_calls(
 def test_a_drain_step_stops_at_the_bytes_cap_and_cuts_at_the_byte_limit(
     make_thread, raw_client, namespace, server, server_only
 ):
-    config = dict(
-        window_size=100, chunk_size=16, chunk_max_bytes=2000, max_chunks_per_call=8
-    )
+    config = dict(window_size=100, chunk_size=16, chunk_max_bytes=2000, max_chunks_per_call=8)
     written = old_thread(server, namespace, "heavy", 60, spread=900, **config)
     thread = make_thread("heavy", max_bytes_per_call=3000, **config)
     thread.migrate(max_calls=1)

@@ -9,6 +9,7 @@ that need it are skipped.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -24,7 +25,7 @@ import pytest
 PREVIOUS = "658d5c4"
 
 _ROOT = Path(__file__).resolve().parents[2]
-_TREE = Path(tempfile.gettempdir()) / f"kvstore-release-{PREVIOUS}-{os.getuid()}"
+_TREE = Path(tempfile.gettempdir()) / f"kvstore-release-{PREVIOUS}-{os.getuid()}-1"
 
 # What the child runs around the caller's code: a store of the previous release on `url`, with
 # `config`; the code leaves what it returns in `result` (anything json can write).
@@ -40,7 +41,7 @@ result = None
 
 def previous_release() -> Path:
     """The unpacked source of the previous release (skips the test when it cannot be had)."""
-    if (_TREE / "kvstore" / "__init__.py").exists():
+    if (_TREE / "kvstore" / "lua" / "__init__.py").exists():
         return _TREE
     tree = Path(tempfile.mkdtemp(prefix="kvstore-release-"))
     try:
@@ -50,12 +51,13 @@ def previous_release() -> Path:
             capture_output=True,
         ).stdout
         subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
+        # Installed, the scripts are the package kvstore.lua (pyproject.toml): there they are
+        # found before an installed kvstore's.
+        (tree / "lua").rename(tree / "kvstore" / "lua")
     except (OSError, subprocess.CalledProcessError) as exc:
         pytest.skip(f"the previous release ({PREVIOUS}) is not in this checkout: {exc}")
-    try:
+    with contextlib.suppress(OSError):  # another process unpacked it first
         tree.rename(_TREE)
-    except OSError:
-        pass  # another process unpacked it first
     return _TREE
 
 
