@@ -88,17 +88,21 @@ local function plan_store(batch, limits, meta)
 end
 
 -- Checks the layout and the types of the keys this batch may write, before any write: the open
--- chunk's two strings by STRLEN, the others with TYPE; no key may be where a chunk this call
+-- chunk's two strings by STRLEN (or by their own APPENDs: flush_open), the others with TYPE; no key may be where a chunk this call
 -- makes goes (COPY does not overwrite, and the open chunk is deleted after it). Returns the plan
 -- (plan_store), or nil and an error reply.
 local function check_store_keys(keys, batch, limits, meta)
   local unreadable = unreadable_layout(meta.layout)
   if unreadable then return nil, unreadable end
-  for _, key in ipairs({keys.open_manifest, keys.open_data}) do
-    local _, err = checked_read(key, 'STRLEN', key)
-    if err then return nil, err end
-  end
   local plan = plan_store(batch, limits, meta)
+  if #plan.closes > 0 or #plan.oversized > 0 or meta.layout ~= CURRENT_LAYOUT then
+    -- Writes come before the open chunk's: its two strings are checked now (on the common
+    -- path, their APPENDs are the call's first writes, and check themselves: flush_open).
+    for _, key in ipairs({keys.open_manifest, keys.open_data}) do
+      local _, err = checked_read(key, 'STRLEN', key)
+      if err then return nil, err end
+    end
+  end
   local expected = {}
   if batch.turn_id ~= '' then expected[#expected + 1] = {keys.turns, 'hash'} end
   if meta.layout ~= CURRENT_LAYOUT then expected[#expected + 1] = {keys.legacy, 'hash'} end
@@ -241,20 +245,28 @@ local function open_writer(meta)
   }
 end
 
--- Writes the records the open chunk holds but the server does not yet: appended to the open
--- pair, or SET when the server holds none (an exact string: no growth slack).
+-- Writes the records the open chunk holds but the server does not yet, appended to the open pair
+-- (APPEND to a missing key writes an exact string: no growth slack). Returns an error reply, and
+-- writes nothing, when either key holds another type (on the common path these are the call's
+-- first writes, so the call then wrote nothing).
 local function flush_open(keys, open)
-  if #open.data == 0 then return end
-  local data, lines = table.concat(open.data), table.concat(open.lines)
-  if open.on_server then
-    redis.call('APPEND', keys.open_manifest, lines)
-    redis.call('APPEND', keys.open_data, data)
-  else
-    redis.call('SET', keys.open_manifest, lines)
-    redis.call('SET', keys.open_data, data)
-    open.on_server = true
+  if #open.data == 0 then return nil end
+  local lines = table.concat(open.lines)
+  local reply = redis.pcall('APPEND', keys.open_manifest, lines)
+  if type(reply) == 'table' and reply.err then return call_error(keys.open_manifest, reply) end
+  local failed = redis.pcall('APPEND', keys.open_data, table.concat(open.data))
+  if type(failed) == 'table' and failed.err then
+    -- The manifest's new lines go again (KEEPTTL: the thread's deadline stays).
+    local kept = reply - #lines
+    if kept > 0 then
+      redis.call('SET', keys.open_manifest, redis.call('GETRANGE', keys.open_manifest, 0, kept - 1), 'KEEPTTL')
+    else
+      redis.call('DEL', keys.open_manifest)
+    end
+    return call_error(keys.open_data, failed)
   end
-  open.data, open.lines = {}, {}
+  open.on_server, open.data, open.lines = true, {}, {}
+  return nil
 end
 
 -- Closes the open chunk: its records and manifest become the chunk's keys (COPY on the server,
@@ -313,7 +325,8 @@ local function store_ids(keys, batch, first)
 end
 
 -- Writes a checked batch as `plan` (check_store_keys) says; returns its first sequence and the
--- number of chunks closed. `meta` (from load_meta, read after any migration step) is updated in
+-- number of chunks closed, or nil, nil and an error reply when the open chunk's keys hold another
+-- type (then nothing was written: flush_open). `meta` (from load_meta, read after any migration step) is updated in
 -- place and written back in one call.
 local function store_batch(keys, batch, limits, meta, plan)
   local count, first = #batch.ids, meta.last_seq + 1
@@ -334,20 +347,25 @@ local function store_batch(keys, batch, limits, meta, plan)
     end
     total_bytes, total_media, total_tokens = total_bytes + #record, total_media + media, total_tokens + tokens
   end
-  flush_open(keys, open)
+  local failure = flush_open(keys, open)
+  if failure then return nil, nil, failure end
   store_ids(keys, batch, first)
 
-  if meta.layout == nil or meta.layout == '2' then meta.layout = CURRENT_LAYOUT end  -- a layout-1 thread stays at 1 until migrated
-  meta.last_seq, meta.stored = meta.last_seq + count, meta.stored + count
-  meta.bytes, meta.media = meta.bytes + total_bytes, meta.media + total_media
   if meta.tokens_missing then
     meta.tokens, meta.tokens_missing = thread_tokens(keys) - total_tokens, false  -- the batch is stored already
   end
-  meta.tokens = meta.tokens + total_tokens
-  -- Numbers go to the server as they are: it writes an integer's digits exactly (to 2^53).
-  redis.call('HSET', keys.meta, 'layout', meta.layout, 'last_seq', meta.last_seq, 'stored', meta.stored,
-    'bytes', meta.bytes, 'media', meta.media, 'tokens', meta.tokens, 'open_first', open.first, 'open_last', open.last,
-    'open_count', open.count, 'open_bytes', open.bytes, 'open_media', open.media, 'open_tokens', open.tokens)
+  -- Only the fields that change: every field costs the call. Numbers go to the server as they
+  -- are: it writes an integer's digits exactly (to 2^53).
+  local fields = {'last_seq', meta.last_seq + count, 'stored', meta.stored + count, 'bytes', meta.bytes + total_bytes,
+    'tokens', meta.tokens + total_tokens, 'open_last', open.last, 'open_count', open.count, 'open_bytes', open.bytes,
+    'open_tokens', open.tokens}
+  if meta.layout == nil or meta.layout == '2' then  -- a layout-1 thread stays at 1 until migrated
+    fields[#fields + 1], fields[#fields + 2] = 'layout', CURRENT_LAYOUT
+  end
+  if total_media > 0 then fields[#fields + 1], fields[#fields + 2] = 'media', meta.media + total_media end
+  if open.media ~= meta.open_media then fields[#fields + 1], fields[#fields + 2] = 'open_media', open.media end
+  if open.first ~= meta.open_first then fields[#fields + 1], fields[#fields + 2] = 'open_first', open.first end
+  redis.call('HSET', keys.meta, unpack(fields))
   if closed > 0 then redis.call('HINCRBY', keys.meta, 'gen', 1) end
   return first, closed
 end
