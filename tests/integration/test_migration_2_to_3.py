@@ -8,6 +8,7 @@ import threading
 
 from kvstore import AssistantMessage, StoreConfig, UserMessage
 
+from ..conftest import make_sync_store
 from ..support.layout_check import check_layout
 from ..support.old_release import run_previous
 from .test_migration import check_reads, write_layout_1
@@ -128,14 +129,17 @@ def test_migrate_drains_a_large_window_in_bounded_calls(
     config = dict(window_size=200, chunk_size=8, max_chunks_per_call=2)
     written = old_thread(server, namespace, "wide", 150, **config)
     thread = make_thread("wide", **config)
+    before = stored(raw_client, thread.keys)
     assert window_of(raw_client, thread.keys) == 150
     assert thread.migrate(max_calls=1) == 1
     assert window_of(raw_client, thread.keys) == 150 - 16  # two chunks of 8
-    assert thread.stats().layout_version == 3
-    assert dumps(thread.iter()) == written
+    assert raw_client.hget(thread.keys.meta, "layout") == b"3"
+    assert stored(raw_client, thread.keys) == before
     calls = thread.migrate()
     assert calls == (150 - 16 + 15) // 16
     assert window_of(raw_client, thread.keys) == 0
+    assert stored(raw_client, thread.keys) == before
+    assert int(raw_client.hget(thread.keys.meta, "window_bytes")) == 0
     assert dumps(thread.iter()) == written
     check_layout(raw_client, thread.keys, StoreConfig(namespace=namespace, **config))
 
@@ -146,12 +150,14 @@ def test_a_drain_step_stops_at_the_bytes_cap_and_cuts_at_the_byte_limit(
     config = dict(window_size=100, chunk_size=16, chunk_max_bytes=2000, max_chunks_per_call=8)
     written = old_thread(server, namespace, "heavy", 60, spread=900, **config)
     thread = make_thread("heavy", max_bytes_per_call=3000, **config)
+    before = stored(raw_client, thread.keys)
     thread.migrate(max_calls=1)
     members = [m.decode().split(":") for m in raw_client.zrange(thread.keys.chunk_index, 0, -1)]
     assert 1 <= len(members) <= 2  # 3000 bytes a call: two chunks of at most 2000 bytes
     assert all(int(m[3]) <= 2000 for m in members)
     thread.migrate()
     assert window_of(raw_client, thread.keys) == 0
+    assert stored(raw_client, thread.keys) == before
     assert dumps(thread.iter()) == written
     check_layout(raw_client, thread.keys, StoreConfig(namespace=namespace, **config))
 
@@ -160,11 +166,15 @@ def test_a_layout_1_thread_migrates_to_layout_2_then_to_3(make_thread, raw_clien
     config = dict(window_size=8, chunk_size=4)
     thread = make_thread("older", **config)
     expected = write_layout_1(raw_client, thread.keys, 50, turn=("turn-old", 45))
+    legacy = {int(k): v for k, v in raw_client.hgetall(thread.keys.legacy).items()}
     thread.migrate()
-    assert thread.stats().layout_version == 3
+    assert raw_client.hget(thread.keys.meta, "layout") == b"3"
     assert not raw_client.exists(thread.keys.legacy)
     first = int(raw_client.zrange(thread.keys.chunk_index, 0, 0, withscores=True)[0][1])
     assert raw_client.type(thread.keys.chunk_data(first)) == b"string"
+    records = stored(raw_client, thread.keys)
+    assert sorted(records) == list(range(1, 51))
+    assert {s: record for s, (record, _) in records.items()} == legacy
     check_reads(thread, expected)
     expected += thread.append(AssistantMessage(content="after"), turn_id="turn-old")
     check_reads(thread, expected)
@@ -172,11 +182,17 @@ def test_a_layout_1_thread_migrates_to_layout_2_then_to_3(make_thread, raw_clien
 
 
 def test_the_migration_under_concurrent_appends_from_several_workers(
-    make_thread, raw_client, namespace, server, server_only
+    backend, raw_client, namespace, server, server_only
 ):
+    """Four workers (a store and a thread each) append and take migrate steps while another
+    runs the migration to its end: every message is stored once, the old ones unchanged."""
     config = dict(window_size=40, chunk_size=4, max_chunks_per_call=1)
     written = old_thread(server, namespace, "busy", 60, **config)
-    workers = [make_thread("busy", **config) for _ in range(4)]
+    stores = [
+        make_sync_store(backend, StoreConfig(namespace=namespace, **config)) for _ in range(5)
+    ]
+    workers = [store.thread("busy") for store in stores[:4]]
+    before = stored(raw_client, workers[0].keys)
     added: list[list] = [[] for _ in workers]
 
     def work(n: int) -> None:
@@ -188,17 +204,26 @@ def test_the_migration_under_concurrent_appends_from_several_workers(
     runs = [threading.Thread(target=work, args=(n,)) for n in range(len(workers))]
     for run in runs:
         run.start()
-    workers[0].migrate()  # meanwhile, to the end
+    stores[4].thread("busy").migrate()  # meanwhile, to the end
     for run in runs:
         run.join()
-    workers[0].migrate()
-    stored = list(workers[0].iter())
-    assert dumps(stored[:60]) == written
+    for store in stores:
+        store.close()
+    final = make_sync_store(backend, StoreConfig(namespace=namespace, **config))
+    try:
+        thread = final.thread("busy")
+        thread.migrate()
+        assert window_of(raw_client, thread.keys) == 0
+        after = stored(raw_client, thread.keys)
+        assert {s: after[s] for s in before} == before
+        assert sorted(after) == list(range(1, 60 + 4 * 15 + 1))
+        check_layout(raw_client, thread.keys, StoreConfig(namespace=namespace, **config))
+        kept = list(thread.iter())
+    finally:
+        final.close()
+    assert dumps(kept[:60]) == written
     new = {m.id: m for batch in added for m in batch}
-    assert {m.id: m for m in stored[60:]} == new and len(stored) == 60 + len(new)
-    assert [m.seq_id for m in stored] == list(range(1, len(stored) + 1))
-    assert window_of(raw_client, workers[0].keys) == 0
-    check_layout(raw_client, workers[0].keys, StoreConfig(namespace=namespace, **config))
+    assert {m.id: m for m in kept[60:]} == new and len(kept) == 60 + len(new)
 
 
 def test_retention_keeps_every_chunk_newer_than_a_window_message(
@@ -210,15 +235,23 @@ def test_retention_keeps_every_chunk_newer_than_a_window_message(
     old_thread(server, namespace, "kept", 44, **config)
     thread = make_thread("kept", **config)
     expected = list(thread.iter())
-    for i in range(12):
+    for i in range(6):  # each moves one chunk of 4 from the window: 24 of its 40 or more
         expected += thread.append(UserMessage(content=f"new {i}", id=f"message-new-{i}"))
     assert window_of(raw_client, thread.keys) > 0
+    assert raw_client.zcard(thread.keys.chunk_index) > 0
+    before = stored(raw_client, thread.keys)
+    thread.compact("everything so far", expected[-1].seq_id)  # (a drain step first)
     oldest_in_window = int(raw_client.zrange(thread.keys.window, 0, 0, withscores=True)[0][1])
-    thread.compact("everything so far", expected[-1].seq_id)
     deleted_before = int(raw_client.hget(thread.keys.meta, "deleted_before") or 0)
-    assert deleted_before <= oldest_in_window
-    kept = list(thread.iter())
-    assert [m.seq_id for m in kept if m.message_type != "summary_message"] == [
-        m.seq_id for m in expected if m.seq_id >= deleted_before
-    ] or deleted_before == 0
+    # The chunk closed from the open chunk (45 to 48) is newer than the window: it stays.
+    assert 0 < deleted_before <= oldest_in_window
+    after = stored(raw_client, thread.keys)
+    assert {s: after[s] for s in before if s >= deleted_before} == {
+        s: v for s, v in before.items() if s >= deleted_before
+    }
+    assert all(s >= deleted_before for s in after)
     check_layout(raw_client, thread.keys, StoreConfig(namespace=namespace, **config))
+    kept = list(thread.iter())
+    assert [m.seq_id for m in kept][:-1] == [
+        m.seq_id for m in expected if m.seq_id >= deleted_before
+    ]
