@@ -108,6 +108,11 @@ local function retain(keys, retained_limit, max_chunks)
   -- While a layout-1 thread migrates, chunks past the part moved are newer than the legacy
   -- messages still waiting: nothing past the moved part goes.
   local until_sequence = math.min(summary_last, tonumber(state[2] or summary_last))
+  -- While a layout-3 thread's window drains (includes/layout3_migration.lua), chunks closed
+  -- since are newer than the window's messages: nothing past the window's oldest goes. (In
+  -- layout 2 every chunk is older than the window: no limit.)
+  local oldest = redis.call('ZRANGE', keys.window, 0, 0, 'WITHSCORES')[2]
+  if oldest then until_sequence = math.min(until_sequence, tonumber(oldest) - 1) end
   local deleted, deleted_before, touched_turns = 0, nil, {}
   while deleted < max_chunks do
     local last, count, unit = oldest_unit(keys)

@@ -7,6 +7,7 @@
 --- @include "includes/layout1_migration"
 --- @include "includes/layout2_index"
 --- @include "includes/layout2_chunks"
+--- @include "includes/layout3_migration"
 -- Stores a batch of messages into the thread's open chunk (layout 3): the shared body of
 -- append, compact and restore.
 --
@@ -373,9 +374,14 @@ local function store_batch(keys, batch, limits, meta, plan)
   return first, closed
 end
 
--- A layout-1 thread moves a bounded step before the batch is stored. Returns meta as it is now.
+-- A layout-1 thread moves a bounded step before the batch is stored, and so does the window a
+-- layout-2 thread left (meta's window_bytes > 0: includes/layout3_migration.lua). Returns meta
+-- as it is now.
 local function migrate_first(keys, limits, meta)
-  if meta.layout == CURRENT_LAYOUT or meta.layout == '2' or meta.layout == nil then return meta end
+  if meta.layout == CURRENT_LAYOUT or meta.layout == '2' or meta.layout == nil then
+    if meta.window_bytes <= 0 or drain_window(keys, limits) == 0 then return meta end
+    return load_meta(keys)
+  end
   migrate_step(keys, limits)
   return load_meta(keys)
 end
