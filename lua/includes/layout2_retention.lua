@@ -4,6 +4,7 @@
 --- @include "includes/layout2_index"
 --- @include "includes/numbers"
 --- @include "includes/layout2_format"
+--- @include "includes/events"
 -- Retention: after a compaction, the oldest chunk (of either kind: includes/layout2_chunks.lua,
 -- delete_chunk) is deleted while its last sequence is at or before the summary's last sequence
 -- AND at least `retained_limit` messages are stored after it, and no window or open-chunk
@@ -134,6 +135,7 @@ local function retain(keys, retained_limit, max_chunks)
   end
   if deleted > 0 then
     redis.call('HSET', keys.meta, 'deleted_before', fmt(deleted_before))
+    trim_events(keys, deleted_before)
     trim_history(keys, deleted_before)
     for turn in pairs(touched_turns) do trim_turn(keys, turn, deleted_before) end
     drop_idle_turns(keys, deleted_before)
