@@ -98,7 +98,8 @@ end
 -- An edited chunk, written back in its own kind (read_chunk's is_hash).
 local function rewrite_chunk(keys, first, is_hash, manifest, data)
   if is_hash then
-    redis.call('HSET', chunk_key(keys, first), '_m', manifest, 'd', data)
+    local chunk = chunk_key(keys, first)
+    redis.call('HSET', chunk, '_m', manifest, 'd', data)
     return
   end
   -- SET drops a key's time to live: KEEPTTL holds the thread's deadline.
