@@ -38,6 +38,7 @@ from ._machine import cpu_snapshot, machine
 BENCHMARKS = (
     "append",
     "server_cost",
+    "aof",
     "memory",
     "throughput",
     "encode",

@@ -248,7 +248,12 @@ def _bounded(figure: Any, document: dict[str, Any]) -> None:
     servers = _servers(document)
     _title(
         figure,
-        "One thread over 2,000 turns, compaction every 10 turns, retained_message_limit 100",
+        "One thread over {turns:,} turns, compaction every {compact_every} turns, "
+        "retained_message_limit {retained}".format(
+            turns=servers[0]["bounded"]["samples"][-1]["turn"],
+            compact_every=servers[0]["bounded"]["config"]["compact_every"],
+            retained=servers[0]["bounded"]["config"]["retained_message_limit"],
+        ),
         document,
     )
     left = figure.add_subplot(1, 2, 1)
