@@ -53,7 +53,7 @@ from ._common import (
     standalone_main,
     summarize,
 )
-from ._engine import core, decode_records, encode_record, record_body
+from ._engine import core, decode_records, encode_record, record, record_body, request_command
 
 PAGE = 50
 MESSAGES = 1_000
@@ -75,6 +75,9 @@ ROWS = (
     ("append", "packb", "  msgpack.packb of the record"),
     ("append", "encode", "encode_record (serializer + packb)"),
     ("append", "prepare", "prepare_batch (copy, ids, date, encode, checks)"),
+    ("append", "dict_packb", "msgpack.packb of the message dict (the floor)"),
+    ("append", "client", "client side before the socket (prepare, args, command, packing)"),
+    ("append", "pack", "  of which redis-py packing the command (pack_command)"),
     ("append", "ping", "PING round trip"),
     ("append", "bare", "bare 4-write EVALSHA round trip"),
     ("append", "script", "kvstore's append script alone (args pre-built)"),
@@ -110,25 +113,13 @@ class Encode(Fixture):
         ]
         self.dicts = [m.to_dict() for m in self.stamped]
         self.records = [encode_record(m) for m in self.stamped]
-        # The newest page's native read, as the core builds it, and its records as
-        # decode_records gets them.
-        keys = self.read_thread.keys
-        operation = core.list_page(
-            core.ThreadRef.of(config, "encode-read"), limit=PAGE, order="desc"
-        )
-        self.page_read = list(next(operation).commands)
-        operation.close()
-        window = self.client.zrange(
-            keys.window,
-            "+inf",
-            "-inf",
-            byscore=True,
-            desc=True,
-            offset=0,
-            num=PAGE,
-            withscores=True,
-        )
-        self.entries = [(int(score), member) for member, score in window]
+        # The newest page's requests, as the core sends them, and its records as decode_records
+        # gets them (the stored bytes: a record is the message without its sequence).
+        self.page_requests: list[Any] = []
+        record(self.store, self.page_requests.append)
+        newest = self.read_thread.list(limit=PAGE, order="desc").messages
+        record(self.store, None)
+        self.entries = [(m.seq_id, encode_record(m)) for m in newest]
         self.bodies = [record_body(seq, record) for seq, record in self.entries]
         self.json_texts = [
             m.to_json() for m in self.read_thread.list(limit=PAGE, order="desc").messages
@@ -147,7 +138,7 @@ class Encode(Fixture):
     def variants(self) -> list[Variant]:
         client, config, messages = self.client, self.config, self.messages
         state = {"append": 0, "script": 0, "bare": 0}
-        pool = MessagePool(self.texts, self.params.warmup + self.params.calls)
+        pool = MessagePool(self.texts, 2 * (self.params.warmup + self.params.calls))
         serializer = self.stamped[0].__pydantic_serializer__
 
         def append() -> None:
@@ -168,10 +159,27 @@ class Encode(Fixture):
             )
 
         def read() -> None:
-            pipe = client.pipeline(transaction=False)
-            for command in self.page_read:
-                pipe.execute_command(*command)
-            pipe.execute()
+            for request in self.page_requests:
+                if isinstance(request, core.Eval):
+                    send_script(client, self.store, request)
+                    continue
+                pipe = client.pipeline(transaction=False)
+                for command in request.commands:
+                    pipe.execute_command(*command)
+                pipe.execute()
+
+        ref = core.ThreadRef.of(config, "encode")
+        connection = client.connection_pool.get_connection()
+        client.connection_pool.release(connection)
+        command = request_command(self.store, self.script_requests[0])
+
+        def client_side() -> None:
+            # The append up to its request, the command the executor sends, packed: all of
+            # an append's work before the socket.
+            operation = core.append(ref, pool.take(), None)
+            request = next(operation)
+            operation.close()
+            connection.pack_command(*request_command(self.store, request))
 
         body = serializer.to_python(self.stamped[0], mode="json", exclude_none=True)
         return [
@@ -184,6 +192,9 @@ class Encode(Fixture):
             Variant("packb", "", lambda: msgpack.packb([2, body], use_bin_type=True)),
             Variant("encode", "", lambda: encode_record(self.stamped[0])),
             Variant("prepare", "", lambda: core.prepare_batch(config, messages[0], None)),
+            Variant("dict_packb", "", lambda: msgpack.packb(self.dicts[0])),
+            Variant("client", "", client_side),
+            Variant("pack", "", lambda: connection.pack_command(*command)),
             Variant("ping", "", client.ping),
             Variant("bare", "", bare),
             Variant("script", "", script),
@@ -229,6 +240,18 @@ def run_server(url: str, params: Params, own: bool, profile: bool) -> dict[str, 
             "client_share_append",
             "append: client side (append - script alone) / append",
             (med["append"] - med["script"]) / med["append"],
+            None,
+        ),
+        ratio(
+            "client_vs_packb",
+            "append: client side before the socket / msgpack.packb of the message dict",
+            med["client"] / med["dict_packb"],
+            None,
+        ),
+        ratio(
+            "client_vs_bare",
+            "append: client side before the socket / bare EVALSHA round trip",
+            med["client"] / med["bare"],
             None,
         ),
         ratio(
