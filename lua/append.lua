@@ -24,10 +24,9 @@
 --- @include "includes/turns"
 --- @include "includes/expiry"
 --- @include "includes/history"
---- @include "includes/layout2_store"
+--- @include "includes/layout3_store"
 --- @include "includes/layout1_migration"
 --- @include "includes/layout2_retention"
---- @include "includes/layout2_rollover"
 
 local keys = thread_keys(KEYS)
 local limits = args.limits
@@ -35,20 +34,19 @@ local batch = read_batch(args.messages, args.turn_id, args.lease)
 read_batch_pairs(args.pairs, batch, limits)
 
 local meta, failure = load_meta(keys)
-local cuts
-if not failure then cuts, failure = check_store_keys(keys, batch, limits, meta) end
+local plan
+if not failure then plan, failure = check_store_keys(keys, batch, limits, meta) end
 failure = failure or check_batch(keys, batch, limits, meta) or check_turn(keys, batch, meta)
   or check_history(keys, batch, limits, meta)
 if not failure and meta.layout ~= CURRENT_LAYOUT then failure = check_migration(keys) end
 if failure then return failure end
 
 begin_expiry(keys, limits.ttl_ms)
-local migrated
-migrated, meta = migrate_first(keys, limits, meta)
-local first, store_failure = store_batch(keys, batch, limits, meta)
+meta = migrate_first(keys, limits, meta)
+local first, closed, store_failure = store_batch(keys, batch, limits, meta, plan)
 if store_failure then return store_failure end
 apply_history(keys, batch, first)
-if rollover(keys, cuts, migrated) > 0 then
+if closed > 0 then
   -- A new chunk may make the oldest one deletable: retention keeps the thread bounded.
   retain(keys, limits.retained_limit, limits.max_move_chunks)
 end

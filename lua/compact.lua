@@ -22,10 +22,9 @@
 --- @include "includes/thread"
 --- @include "includes/events"
 --- @include "includes/expiry"
---- @include "includes/layout2_store"
+--- @include "includes/layout3_store"
 --- @include "includes/layout1_migration"
 --- @include "includes/layout2_retention"
---- @include "includes/layout2_rollover"
 
 local keys = thread_keys(KEYS)
 local limits = args.limits
@@ -33,9 +32,9 @@ local summary_last = args.summary_last
 local batch = read_batch({id = {args.id}, otid = {args.otid}, media = {args.media}, tokens = {args.tokens}, record = {args.record}}, '', 0)
 
 local meta, failure = load_meta(keys)
-local cuts
+local plan
 failure = failure or check_thread(keys)
-if not failure then cuts, failure = check_store_keys(keys, batch, limits, meta) end
+if not failure then plan, failure = check_store_keys(keys, batch, limits, meta) end
 failure = failure or check_batch(keys, batch, limits, meta)
 if not failure and meta.layout ~= CURRENT_LAYOUT then failure = check_migration(keys) end
 if failure then
@@ -57,11 +56,10 @@ if summary_last == previous then
 end
 
 begin_expiry(keys, limits.ttl_ms)
-local migrated
-migrated, meta = migrate_first(keys, limits, meta)
-local sequence = store_batch(keys, batch, limits, meta)
+meta = migrate_first(keys, limits, meta)
+local sequence, _, store_failure = store_batch(keys, batch, limits, meta, plan)
+if store_failure then return store_failure end
 redis.call('HSET', keys.meta, 'summary_last', summary_last, 'summary_seq', sequence)
-rollover(keys, cuts, migrated)
 local deleted = retain(keys, limits.retained_limit, limits.max_move_chunks)
 emit_event(keys, limits, sequence, {'k', 'compacted', 'a', sequence, 'b', summary_last, 'i', batch.ids[1]})
 apply_expiry(keys)

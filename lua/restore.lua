@@ -27,9 +27,8 @@
 --- @include "includes/expiry"
 --- @include "includes/history"
 --- @include "includes/events"
---- @include "includes/layout2_store"
+--- @include "includes/layout3_store"
 --- @include "includes/layout2_retention"
---- @include "includes/layout2_rollover"
 --- @include "includes/layout1"
 
 local keys = thread_keys(KEYS)
@@ -43,10 +42,10 @@ read_batch_pairs(args.pairs, batch, limits)
 local meta, failure = load_meta(keys, true)
 if failure then return failure end
 if meta.layout ~= nil and meta.layout ~= CURRENT_LAYOUT then
-  return redis.error_reply('KVS_LAYOUT thread is stored in layout ' .. meta.layout .. ', a restore writes into layout 2 only')
+  return redis.error_reply('KVS_LAYOUT thread is stored in layout ' .. meta.layout .. ', a restore writes into layout 3 only')
 end
 if legacy_exists(keys) then
-  return redis.error_reply('KVS_LAYOUT thread holds a layout-1 message hash, a restore writes into layout 2 only')
+  return redis.error_reply('KVS_LAYOUT thread holds a layout-1 message hash, a restore writes into layout 3 only')
 end
 local err
 
@@ -89,8 +88,8 @@ if failure then return failure end
 -- store_batch assigns last_seq + 1 ...: the run goes at its own sequences (a removed turn or
 -- retention left the hole before it).
 meta.last_seq = new_first - 1
-local cuts
-cuts, failure = check_store_keys(keys, new, limits, meta)
+local plan
+plan, failure = check_store_keys(keys, new, limits, meta)
 if failure then return failure end
 -- An otid stored at all is at another sequence (its message is not among those skipped): some
 -- or all of them, it is one conflict, and check_batch then sees no replay.
@@ -112,11 +111,11 @@ if failure then return failure end
 
 begin_expiry(keys, limits.ttl_ms)
 if meta.layout == nil then begin_incarnation(keys) end  -- a new thread (includes/events.lua)
-local _, store_failure = store_batch(keys, new, limits, meta)
+local _, closed, store_failure = store_batch(keys, new, limits, meta, plan)
 if store_failure then return store_failure end
 redis.call('HSET', keys.meta, 'restoring', '1')
 apply_history(keys, new, new_first)
-if rollover(keys, cuts, 0) > 0 then
+if closed > 0 then
   retain(keys, limits.retained_limit, limits.max_move_chunks)
 end
 apply_expiry(keys)

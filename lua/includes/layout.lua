@@ -6,12 +6,14 @@
 -- naming keys or layout numbers themselves.
 --
 -- Layouts (docs/LAYOUT.md): 1, the legacy hash (read as it is: includes/layout1.lua; migrated:
--- includes/layout1_migration.lua); 2, the window, the chunks and their indexes (the one
--- written: includes/layout2*.lua).
+-- includes/layout1_migration.lua); 2, the window, the chunks and their indexes
+-- (includes/layout2*.lua); 3, the open chunk appended in place and closed into chunks on the
+-- server (the one written: includes/layout3_store.lua; its chunks and indexes are layout 2's
+-- formats, in strings: includes/layout2_chunks.lua).
 
 -- The layout every write leaves a thread in, and the layouts this version reads.
-local CURRENT_LAYOUT = '2'
-local READ_LAYOUTS = {['1'] = true, ['2'] = true}
+local CURRENT_LAYOUT = '3'
+local READ_LAYOUTS = {['1'] = true, ['2'] = true, ['3'] = true}
 
 -- The thread's keys, named once from KEYS (every script takes the same fourteen). KEYS is passed
 -- in: a script's is a global, a library function's is its argument.
@@ -60,7 +62,7 @@ end
 -- that layout; nil for one it reads, or for a new thread (no layout).
 local function unreadable_layout(layout)
   if layout and not READ_LAYOUTS[layout] then
-    return redis.error_reply('KVS_LAYOUT thread is stored in layout ' .. layout .. ', this version reads layouts 1 and 2')
+    return redis.error_reply('KVS_LAYOUT thread is stored in layout ' .. layout .. ', this version reads layouts 1, 2 and 3')
   end
   return nil
 end

@@ -1,21 +1,17 @@
 --- @include "includes/layout"
 --- @include "includes/numbers"
 --- @include "includes/layout2_format"
+--- @include "includes/layout2_chunks"
 -- Layout 2's finding of a message (docs/LAYOUT.md): a chunk's manifest, which container holds
 -- a sequence, where a record lies in a chunk. The reads of the read-only scripts (walks, page
 -- plans, lookups) are includes/layout2_reads.lua's; the member formats
 -- includes/layout2_format.lua's; writing a chunk includes/layout2_chunks.lua's; the window
--- writes includes/layout2_store.lua's; moving the window into chunks
+-- writes (layout 2; layout 3 stores into the open chunk: includes/layout3_store.lua); moving the window into chunks
 -- includes/layout2_rollover.lua's; deleting the oldest chunks includes/layout2_retention.lua's;
 -- the index token totals includes/layout2_index.lua's; edits in place
 -- includes/layout2_edit.lua's.
 
--- A chunk's manifest (its field `_m`; includes/layout2_format.lua reads it), '' for no chunk.
-local function chunk_manifest(keys, first)
-  return redis.call('HGET', chunk_key(keys, first), '_m') or ''
-end
-
--- Finds where a sequence is stored in layout 2: 'window', 'large' (with its index member) or
+-- Finds where a sequence is stored: 'window' (layout 2's), 'open' (the open chunk, layout 3), 'large' (with its index member) or
 -- 'chunk' (with its first sequence and index member); nil when it is not stored there.
 --
 -- Normal chunks are listed in the chunk index, a sorted set scored by a chunk's first sequence.
@@ -25,6 +21,10 @@ end
 local function locate(keys, sequence)
   if redis.call('HEXISTS', keys.window_side, sequence) == 1 then
     return 'window'
+  end
+  local open = redis.call('GET', keys.open_manifest)
+  if open and manifest_find(open, sequence) then
+    return 'open'
   end
   local large = redis.call('ZRANGE', keys.large_index, sequence, sequence, 'BYSCORE', 'LIMIT', 0, 1)[1]
   if large then

@@ -30,7 +30,7 @@ from typing import Any
 from .v1 import is_layout_1
 
 # The layout new threads are written in.
-CURRENT = 2
+CURRENT = 3
 
 
 def version(layout: Any, legacy_exists: Any) -> int:
