@@ -116,34 +116,39 @@ class Cost(Fixture):
 
     def page_requests(self) -> dict[str, list[list[Eval | Batch]]]:
         """The requests of the newest page (on the measured thread, and on each cold thread), of
-        an older page and of the same from an id cursor."""
+        an older page and of the same from an id cursor. A page that does not read back as
+        expected is left out (and said), not measured."""
         thread, middle = self.thread, self.params.messages // 2
-        _, newest = self.recorded(lambda: thread.list(limit=PAGE, order="desc"))
+        pages: dict[str, list[list[Eval | Batch]]] = {}
+        newest_page, newest = self.recorded(lambda: thread.list(limit=PAGE, order="desc"))
+        expected = list(range(self.params.messages, self.params.messages - PAGE, -1))
+        _keep(pages, "newest_page", [newest], [m.seq_id for m in newest_page.messages], expected)
         older_page, older = self.recorded(
             lambda: thread.list(before=middle, limit=PAGE, order="desc")
         )
-        if len(older_page.messages) != PAGE:
-            raise RuntimeError(f"the older page holds {len(older_page.messages)} messages")
-        cursor_id = thread.list(after=middle - 1, limit=1).messages[0].id
-        by_id_page, by_id = self.recorded(
-            lambda: thread.list(before=cursor_id, limit=PAGE, order="desc")
-        )
-        if by_id_page.messages != older_page.messages:
-            raise RuntimeError("the older page from an id cursor is not the same page")
-        cold = []
+        expected = list(range(middle - 1, middle - 1 - PAGE, -1))
+        _keep(pages, "older_page", [older], [m.seq_id for m in older_page.messages], expected)
+        cursor = thread.list(after=middle - 1, limit=1).messages
+        if cursor:
+            by_id_page, by_id = self.recorded(
+                lambda: thread.list(before=cursor[0].id, limit=PAGE, order="desc")
+            )
+            got = [m.seq_id for m in by_id_page.messages]
+            _keep(pages, "older_page_by_id", [by_id], got, expected)
+        else:
+            log(f"  NOT MEASURED: older_page_by_id (no message after {middle - 1} listed)")
+        cold, sequences = [], []
         for each in self.cold:
             page, requests = self.recorded(lambda t=each: t.list(limit=PAGE, order="desc"))
-            if len(page.messages) != PAGE:
-                raise RuntimeError(f"a cold newest page holds {len(page.messages)} messages")
             cold.append(requests)
+            sequences += [m.seq_id for m in page.messages]
+        n = self.params.cold_messages
+        expected = list(range(n, n - PAGE, -1)) * len(self.cold)
         if len({len(r) for r in cold}) != 1:
-            raise RuntimeError("the cold threads' newest pages took different numbers of requests")
-        return {
-            "newest_page": [newest],
-            "older_page": [older],
-            "older_page_by_id": [by_id],
-            "newest_page_cold": cold,
-        }
+            log("  the cold threads' newest pages took different numbers of requests")
+        else:
+            _keep(pages, "newest_page_cold", cold, sequences, expected)
+        return pages
 
     def replay(self, request: Eval | Batch) -> Callable[[int], Any]:
         """Sends `request` again as the executor sends it."""
@@ -218,6 +223,23 @@ class Cost(Fixture):
         self.client.delete(*self.script_keys, self.hmget_key, self.list_key, *self.cold_hashes)
 
 
+def _keep(
+    pages: dict[str, list[list[Eval | Batch]]],
+    name: str,
+    requests: list[list[Eval | Batch]],
+    got: list[int],
+    expected: list[int],
+) -> None:
+    """Keeps a page's requests for measuring when it read the sequences expected."""
+    if got == expected:
+        pages[name] = requests
+        return
+    log(
+        f"  NOT MEASURED: {name} read {len(got)} messages ({got[:3]}...), expected"
+        f" {len(expected)} ({expected[:3]}...)"
+    )
+
+
 def _scripted(request: Eval | Batch) -> bool:
     return isinstance(request, Eval)
 
@@ -240,6 +262,7 @@ def run_server(url: str, params: Params, own: bool) -> dict[str, Any]:
     return {
         "server": cost.version,
         "messages": params.messages,
+        "cold_threads": params.cold_threads,
         "record_bytes": len(cost.blob),
         "results": results,
         "requests": shape,
