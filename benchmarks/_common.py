@@ -41,12 +41,15 @@ def new_messages(texts: list[str], count: int, start: int = 0) -> list:
     return [UserMessage(content=texts[(start + i) % len(texts)]) for i in range(count)]
 
 
-def fill_thread(thread: Any, config: Any, texts: list[str], count: int) -> None:
-    """Appends `count` new messages to `thread` in batches of what one call rolls over at most
-    (``max_chunks_per_call × chunk_size``), so the thread ends in its steady state."""
+def fill_thread(thread: Any, config: Any, texts: list[str], count: int) -> list[Any]:
+    """Appends `count` new messages to `thread` in batches of ``max_chunks_per_call ×
+    chunk_size`` (what one layout-2 call rolls over at most), so every thread is filled the same
+    way; returns the messages as stored."""
     batch = config.max_chunks_per_call * config.chunk_size
+    stored: list[Any] = []
     for start in range(0, count, batch):
-        thread.append(new_messages(texts, min(batch, count - start), start))
+        stored += thread.append(new_messages(texts, min(batch, count - start), start))
+    return stored
 
 
 class MessagePool:

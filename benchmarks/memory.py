@@ -81,15 +81,15 @@ class Memory(Fixture):
         store = MessageStore(self.client, config)
         thread = store.thread(f"mem-{size}")
         self.stores.append((store, f"mem-{size}"))
-        fill_thread(thread, config, self.texts, size)
+        stored = fill_thread(thread, config, self.texts, size)
         stats = thread.stats()
         kvstore = thread_memory(self.client, self.prefix(config, f"mem-{size}"))
 
-        # The list layout holding the same messages, as JSON.
+        # The list layout holding the same messages (as the appends returned them), as JSON.
         key = self.json_list(str(size))
         json_bytes = 0
         pipe = self.client.pipeline(transaction=False)
-        for i, message in enumerate(thread.iter()):
+        for i, message in enumerate(stored):
             text = message.to_json()
             json_bytes += len(text.encode())
             pipe.rpush(key, text)
