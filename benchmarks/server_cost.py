@@ -126,7 +126,8 @@ class Cost(Fixture):
         older_page, older = self.recorded(
             lambda: thread.list(before=middle, limit=PAGE, order="desc")
         )
-        expected = list(range(middle - 1, middle - 1 - PAGE, -1))
+        # before=X with order="desc" is the page of the 50 messages newer than X, newest first.
+        expected = list(range(middle + PAGE, middle, -1))
         _keep(pages, "older_page", [older], [m.seq_id for m in older_page.messages], expected)
         cursor = thread.list(after=middle - 1, limit=1).messages
         if cursor:
