@@ -43,10 +43,8 @@ def new_messages(texts: list[str], count: int, start: int = 0) -> list:
 
 def fill_thread(thread: Any, config: Any, texts: list[str], count: int) -> list[Any]:
     """Appends `count` new messages to `thread` in batches of ``max_chunks_per_call ×
-    chunk_size`` (what one layout-2 call rolls over at most), so every thread is filled the same
-    way; returns the messages as stored."""
-    batch = config.max_chunks_per_call * config.chunk_size
-    stored: list[Any] = []
+    chunk_size``, so every thread is filled alike; returns the messages as stored."""
+    batch, stored = config.max_chunks_per_call * config.chunk_size, []
     for start in range(0, count, batch):
         stored += thread.append(new_messages(texts, min(batch, count - start), start))
     return stored

@@ -248,18 +248,17 @@ def _memory(figure: Any, document: dict[str, Any]) -> None:
     ax.legend(fontsize=7, loc="upper left", ncol=4)
 
 
+def _bounded_title(bounded: dict[str, Any]) -> str:
+    config = bounded["config"]
+    return (
+        f"One thread over {bounded['samples'][-1]['turn']:,} turns, compaction every "
+        f"{config['compact_every']} turns, retained_message_limit {config['retained_message_limit']}"
+    )
+
+
 def _bounded(figure: Any, document: dict[str, Any]) -> None:
     servers = _servers(document)
-    _title(
-        figure,
-        "One thread over {turns:,} turns, compaction every {compact_every} turns, "
-        "retained_message_limit {retained}".format(
-            turns=servers[0]["bounded"]["samples"][-1]["turn"],
-            compact_every=servers[0]["bounded"]["config"]["compact_every"],
-            retained=servers[0]["bounded"]["config"]["retained_message_limit"],
-        ),
-        document,
-    )
+    _title(figure, _bounded_title(servers[0]["bounded"]), document)
     left = figure.add_subplot(1, 2, 1)
     right = figure.add_subplot(1, 2, 2)
     for i, server in enumerate(servers):

@@ -26,6 +26,7 @@ import json
 import pstats
 import sys
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -158,28 +159,8 @@ class Encode(Fixture):
                 self.bare_sha, 4, *self.bare_keys, f"message-{i}", self.records[i % TEXTS]
             )
 
-        def read() -> None:
-            for request in self.page_requests:
-                if isinstance(request, core.Eval):
-                    send_script(client, self.store, request)
-                    continue
-                pipe = client.pipeline(transaction=False)
-                for command in request.commands:
-                    pipe.execute_command(*command)
-                pipe.execute()
-
-        ref = core.ThreadRef.of(config, "encode")
-        connection = client.connection_pool.get_connection()
-        client.connection_pool.release(connection)
-        command = request_command(self.store, self.script_requests[0])
-
-        def client_side() -> None:
-            # The append up to its request, the command the executor sends, packed: all of
-            # an append's work before the socket.
-            operation = core.append(ref, pool.take(), None)
-            request = next(operation)
-            operation.close()
-            connection.pack_command(*request_command(self.store, request))
+        read = self.page_read()
+        connection, command, client_side = self.client_side(pool)
 
         body = serializer.to_python(self.stamped[0], mode="json", exclude_none=True)
         return [
@@ -207,6 +188,38 @@ class Encode(Fixture):
             Variant("page", "", lambda: self.read_thread.list(limit=PAGE, order="desc")),
         ]
 
+    def page_read(self) -> Callable[[], None]:
+        """The newest page's requests, sent as the core sends them."""
+        client = self.client
+
+        def read() -> None:
+            for request in self.page_requests:
+                if isinstance(request, core.Eval):
+                    send_script(client, self.store, request)
+                    continue
+                pipe = client.pipeline(transaction=False)
+                for command in request.commands:
+                    pipe.execute_command(*command)
+                pipe.execute()
+
+        return read
+
+    def client_side(self, pool: MessagePool) -> tuple[Any, tuple[Any, ...], Callable[[], None]]:
+        """A connection to pack with, an append's command, and an append's work before the
+        socket: the core up to its request, the command the executor sends, packed."""
+        ref = core.ThreadRef.of(self.config, "encode")
+        connection = self.client.connection_pool.get_connection()
+        self.client.connection_pool.release(connection)
+        command = request_command(self.store, self.script_requests[0])
+
+        def client_side() -> None:
+            operation = core.append(ref, pool.take(), None)
+            request = next(operation)
+            operation.close()
+            connection.pack_command(*request_command(self.store, request))
+
+        return connection, command, client_side
+
     def cleanup(self) -> None:
         self.thread.delete()
         self.read_thread.delete()
@@ -225,6 +238,43 @@ class Encode(Fixture):
         return out.getvalue()
 
 
+# (name, label, numerator, what it less, denominator) of each share, all for information.
+SHARES = (
+    (
+        "client_share_append",
+        "append: client side (append - script alone) / append",
+        "append",
+        "script",
+        "append",
+    ),
+    (
+        "client_vs_packb",
+        "append: client side before the socket / msgpack.packb of the message dict",
+        "client",
+        None,
+        "dict_packb",
+    ),
+    (
+        "client_vs_bare",
+        "append: client side before the socket / bare EVALSHA round trip",
+        "client",
+        None,
+        "bare",
+    ),
+    ("prepare_share_append", "append: prepare_batch / append", "prepare", None, "append"),
+    (
+        "encode_vs_roundtrip",
+        "append: encode_record / bare EVALSHA round trip",
+        "encode",
+        None,
+        "bare",
+    ),
+    ("decode_share_page", "page: decode_records / whole page", "decode", None, "page"),
+    ("validate_share_page", "page: validation alone / whole page", "validate_page", None, "page"),
+    ("read_share_page", "page: native read round trip / whole page", "read", None, "page"),
+)
+
+
 def run_server(url: str, params: Params, own: bool, profile: bool) -> dict[str, Any]:
     with Encode(url, params, own) as bench:
         log(
@@ -236,54 +286,8 @@ def run_server(url: str, params: Params, own: bool, profile: bool) -> dict[str, 
     steps = {name: summarize(samples[name]) for name in samples}
     med = {k: v["median_us"] for k, v in steps.items()}
     ratios = [
-        ratio(
-            "client_share_append",
-            "append: client side (append - script alone) / append",
-            (med["append"] - med["script"]) / med["append"],
-            None,
-        ),
-        ratio(
-            "client_vs_packb",
-            "append: client side before the socket / msgpack.packb of the message dict",
-            med["client"] / med["dict_packb"],
-            None,
-        ),
-        ratio(
-            "client_vs_bare",
-            "append: client side before the socket / bare EVALSHA round trip",
-            med["client"] / med["bare"],
-            None,
-        ),
-        ratio(
-            "prepare_share_append",
-            "append: prepare_batch / append",
-            med["prepare"] / med["append"],
-            None,
-        ),
-        ratio(
-            "encode_vs_roundtrip",
-            "append: encode_record / bare EVALSHA round trip",
-            med["encode"] / med["bare"],
-            None,
-        ),
-        ratio(
-            "decode_share_page",
-            "page: decode_records / whole page",
-            med["decode"] / med["page"],
-            None,
-        ),
-        ratio(
-            "validate_share_page",
-            "page: validation alone / whole page",
-            med["validate_page"] / med["page"],
-            None,
-        ),
-        ratio(
-            "read_share_page",
-            "page: native read round trip / whole page",
-            med["read"] / med["page"],
-            None,
-        ),
+        ratio(name, label, (med[top] - med[less] if less else med[top]) / med[bottom], None)
+        for name, label, top, less, bottom in SHARES
     ]
     return {
         "server": bench.version,
