@@ -50,6 +50,6 @@ if closed > 0 then
   -- A new chunk may make the oldest one deletable: retention keeps the thread bounded.
   retain(keys, limits.retained_limit, limits.max_move_chunks)
 end
-emit_event(keys, limits, first + #batch.ids - 1, {'k', 'added', 'a', first, 'b', first + #batch.ids - 1, 't', batch.turn_id, 'i', table.concat(batch.ids, ' ')}, meta.born)
+emit_event(keys, limits, first + #batch.ids - 1, event_fields('added', first, first + #batch.ids - 1, batch.turn_id), meta.born)
 apply_expiry(keys)
 return {1, first}

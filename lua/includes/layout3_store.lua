@@ -25,7 +25,6 @@
 
 local META_FIELDS = {'layout', 'last_seq', 'stored', 'bytes', 'media', 'window_bytes', 'deleting', 'checked', 'tokens',
   'restoring', 'open_first', 'open_last', 'open_count', 'open_bytes', 'open_media', 'open_tokens', 'born'}
-local TOKENS_FIELD = 9
 
 local function wrong_type(key)
   return redis.error_reply('KVS_WRONGTYPE ' .. key .. ' does not hold the type kvstore keeps there')
@@ -49,16 +48,21 @@ end
 -- The meta fields the store path needs, as numbers (layout as a string or nil); refuses a
 -- thread being deleted, or restored (unless `restoring_ok`: lua/restore.lua).
 local function load_meta(keys, restoring_ok)
-  local values, err = checked_read(keys.meta, 'HMGET', keys.meta, unpack(META_FIELDS))
+  local v, err = checked_read(keys.meta, 'HMGET', keys.meta, unpack(META_FIELDS))
   if err then return nil, err end
-  local meta = {layout = values[1] or nil}
-  for i = 2, #META_FIELDS - 1 do meta[META_FIELDS[i]] = tonumber(values[i] or '0') end
-  -- The incarnation, as text (includes/events.lua); false for none yet.
-  meta.born = values[#META_FIELDS] or false
-  if meta.deleting > 0 then return nil, deleting_error() end
-  if meta.restoring > 0 and not restoring_ok then return nil, restoring_error() end
-  -- A thread written before meta kept a token total (store_batch counts it once).
-  meta.tokens_missing = not values[TOKENS_FIELD] and (meta.stored > 0 or meta.layout ~= nil)
+  -- One constructor (a table sized once: this runs on every write), in META_FIELDS' order; the
+  -- incarnation stays text (includes/events.lua), false for none yet.
+  local meta = {
+    layout = v[1] or nil, last_seq = tonumber(v[2] or 0), stored = tonumber(v[3] or 0), bytes = tonumber(v[4] or 0),
+    media = tonumber(v[5] or 0), window_bytes = tonumber(v[6] or 0), deleting = v[7], checked = tonumber(v[8] or 0),
+    tokens = tonumber(v[9] or 0), restoring = v[10], open_first = tonumber(v[11] or 0),
+    open_last = tonumber(v[12] or 0), open_count = tonumber(v[13] or 0), open_bytes = tonumber(v[14] or 0),
+    open_media = tonumber(v[15] or 0), open_tokens = tonumber(v[16] or 0), born = v[17] or false,
+    -- A thread written before meta kept a token total (store_batch counts it once).
+    tokens_missing = not v[9] and (tonumber(v[3] or 0) > 0 or v[1] ~= false),
+  }
+  if meta.deleting then return nil, deleting_error() end
+  if meta.restoring and not restoring_ok then return nil, restoring_error() end
   return meta
 end
 
