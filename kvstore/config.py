@@ -67,7 +67,7 @@ class StoreConfig:
 
     namespace: str = "kv"
     window_size: int = 64
-    chunk_size: int = 32
+    chunk_size: int = 64
     chunk_max_bytes: int = 1 * MiB
     max_message_bytes: int = 16 * MiB
     max_chunks_per_call: int = 4

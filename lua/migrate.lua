@@ -13,6 +13,7 @@
 ---   fields that were not sequences and stay in the legacy hash; window_left the messages still
 ---   in the window (0 with layout 3: the migration is done).
 --- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_DELETING, KVS_RESTORING
+--- @include "includes/layout"
 --- @include "includes/thread"
 --- @include "includes/expiry"
 --- @include "includes/layout1_migration"

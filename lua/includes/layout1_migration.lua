@@ -1,4 +1,3 @@
---- @include "includes/layout"
 --- @include "includes/turns"
 --- @include "includes/numbers"
 --- @include "includes/layout2_format"

@@ -1,5 +1,4 @@
 --- @include "includes/layout"
---- @include "includes/numbers"
 --- @include "includes/layout2_format"
 --- @include "includes/layout2_chunks"
 -- The migration of a layout-2 thread to layout 3 (docs/LAYOUT.md, docs/MIGRATING.md).

@@ -7,6 +7,7 @@
 --- @include "includes/layout1_migration"
 --- @include "includes/layout2_index"
 --- @include "includes/layout2_chunks"
+--- @include "includes/expiry"
 --- @include "includes/layout3_migration"
 -- Stores a batch of messages into the thread's open chunk (layout 3): the shared body of
 -- append, compact and restore.
