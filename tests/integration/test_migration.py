@@ -115,12 +115,12 @@ def test_a_5000_message_layout_1_thread_with_a_turn_in_progress(
     thread = make_thread("big-old-thread")
     expected = write_layout_1(raw_client, thread.keys, 5000, turn=("turn-old", 4990))
     check_reads(thread, expected, limits=(1, 50, 200))
-    # The first new write moves exactly 4 chunks (4 x 32 messages), and nothing more.
+    # The first new write moves exactly 4 chunks (4 x chunk_size messages), and nothing more.
     expected += thread.append(
         AssistantMessage(content="reply after the upgrade"), turn_id="turn-old"
     )
     assert raw_client.zcard(thread.keys.chunk_index) == 4
-    assert raw_client.hlen(thread.keys.legacy) == 5000 - 128
+    assert raw_client.hlen(thread.keys.legacy) == 5000 - 4 * StoreConfig().chunk_size
     check_reads(thread, expected, limits=(1, 50, 200))
     # Later writes go on moving; a half-moved thread pages and loads its context correctly.
     for i in range(5):
