@@ -432,14 +432,24 @@ def _killed_before(k: int, url: str, config: StoreConfig, operation) -> None:
 KILLED = 9
 
 
-def test_a_2_to_3_migration_whose_process_is_killed_after_any_step_is_finished_by_another(
-    backend, server, server_only, namespace, raw_client
+@pytest.mark.parametrize("layout", [1, 2])
+def test_a_migration_whose_process_is_killed_after_any_step_is_finished_by_another(
+    backend, server, server_only, namespace, raw_client, layout
 ):
+    from ..integration.test_migration import write_layout_1
+
     config = StoreConfig(namespace=namespace, **SMALL)
     store = Side(backend, "sync", config)
     try:
-        build = layout_2_template(server, namespace, raw_client, store)
-        turns = ("turn-0", "turn-1", "turn-2")
+        if layout == 2:
+            build = layout_2_template(server, namespace, raw_client, store)
+            turns: tuple[str, ...] = ("turn-0", "turn-1", "turn-2")
+        else:
+
+            def build(target: str) -> None:
+                write_layout_1(raw_client, store.thread(target).keys, 40, turn=("turn-l", 30))
+
+            turns = ("turn-l",)
         build("reference")
         with store.stopped_at(None) as sent:
             store.thread("reference").migrate()
