@@ -15,6 +15,9 @@ On each server:
   compacted every 10 turns with a ~500-character summary covering everything so far; its memory
   and stored messages sampled every 50 turns, against a JSON list that receives the same
   messages.
+- **Retained chat, events on / off**: the same turns, 600 of them, newest 100 kept
+  (``retained_message_limit``), compacted every 20 turns; the thread's memory (its event stream
+  included) under ``events=True`` against ``events=False`` after the last turn (target 1.10).
 """
 
 from __future__ import annotations
@@ -47,6 +50,8 @@ class Params:
     compact_every: int
     retained: int
     sample_every: int
+    chat_turns: int = 600
+    chat_compact_every: int = 20
 
 
 DEFAULT = Params(
@@ -162,6 +167,38 @@ class Memory(Fixture):
             },
         }
 
+    # --- retained chat, events on and off
+
+    def chat_turn(self, thread: Any, turn: int) -> Any:
+        """One turn: a user message with an otid, the turn started, a reply, the turn finished."""
+        turn_id = f"turn-{turn}"
+        text = self.texts[turn % TEXTS]
+        thread.append(UserMessage(content=text, otid=f"otid-{turn}"), turn_id=turn_id)
+        thread.start_turn(turn_id)
+        (reply,) = thread.append(
+            AssistantMessage(content=self.texts[(turn * 7) % TEXTS]), turn_id=turn_id
+        )
+        thread.finish_turn(turn_id)
+        return reply
+
+    def retained_chat(self, events: bool) -> dict[str, Any]:
+        p = self.params
+        config = StoreConfig(namespace=self.ns, retained_message_limit=p.retained, events=events)
+        thread_id = f"chat-{'on' if events else 'off'}"
+        store = MessageStore(self.client, config)
+        thread = store.thread(thread_id)
+        self.stores.append((store, thread_id))
+        for turn in range(1, p.chat_turns + 1):
+            reply = self.chat_turn(thread, turn)
+            if turn % p.chat_compact_every == 0:
+                thread.compact(self.summary_text, reply.seq_id)
+        memory = thread_memory(self.client, self.prefix(config, thread_id))
+        return {
+            "bytes": memory["total"],
+            "events_bytes": memory["kinds"].get("events", {}).get("bytes", 0),
+            "stored_messages": thread.stats().stored_messages,
+        }
+
     def cleanup(self) -> None:
         for store, thread_id in self.stores:
             store.thread(thread_id).delete()
@@ -182,6 +219,8 @@ def run_server(url: str, params: Params, own: bool) -> dict[str, Any]:
             sizes.append(bench.per_message(size))
         log(f"{version}: {params.turns:,} turns with compaction every {params.compact_every}")
         bounded = bench.bounded()
+        log(f"{version}: a retained chat of {params.chat_turns} turns, events on and off")
+        chat = {"on": bench.retained_chat(True), "off": bench.retained_chat(False)}
     ratios = []
     for s in sizes:
         size, n = s["size"], s["messages"]
@@ -254,7 +293,22 @@ def run_server(url: str, params: Params, own: bool) -> dict[str, Any]:
             None,
         )
     )
-    return {"server": version, "sizes": sizes, "bounded": bounded, "ratios": ratios}
+    ratios.append(
+        ratio(
+            "retained_chat_events",
+            f"retained chat ({params.chat_turns} turns, newest {params.retained} kept): "
+            "memory, events on / off",
+            chat["on"]["bytes"] / chat["off"]["bytes"],
+            1.1,
+        )
+    )
+    return {
+        "server": version,
+        "sizes": sizes,
+        "bounded": bounded,
+        "retained_chat": chat,
+        "ratios": ratios,
+    }
 
 
 def render(result: dict[str, Any]) -> str:
@@ -318,6 +372,11 @@ def render(result: dict[str, Any]) -> str:
             f"{KINDS.get(k, k)} {v / 1024:.1f}"
             for k, v in sorted(last["kinds"].items(), key=lambda kv: -kv[1])
         )
+    )
+    on, off = result["retained_chat"]["on"], result["retained_chat"]["off"]
+    lines.append(
+        f"retained chat: events on {on['bytes'] / 1024:.1f} KB (stream "
+        f"{on['events_bytes'] / 1024:.1f} KB), off {off['bytes'] / 1024:.1f} KB"
     )
     lines.append("")
     lines += render_ratios(result["ratios"], "ratios")

@@ -23,7 +23,7 @@
 -- ids, otids) are checked by those reads themselves.
 
 local META_FIELDS = {'layout', 'last_seq', 'stored', 'bytes', 'media', 'window_bytes', 'deleting', 'checked', 'tokens',
-  'restoring', 'open_first', 'open_last', 'open_count', 'open_bytes', 'open_media', 'open_tokens', 'born'}
+  'restoring', 'open_first', 'open_last', 'open_count', 'open_bytes', 'open_media', 'open_tokens', 'events', 'born'}
 local TOKENS_FIELD = 9
 
 local function wrong_type(key)
@@ -344,9 +344,15 @@ local function store_batch(keys, batch, limits, meta, plan)
   end
   meta.tokens = meta.tokens + total_tokens
   -- Numbers go to the server as they are: it writes an integer's digits exactly (to 2^53).
-  redis.call('HSET', keys.meta, 'layout', meta.layout, 'last_seq', meta.last_seq, 'stored', meta.stored,
+  local fields = {'layout', meta.layout, 'last_seq', meta.last_seq, 'stored', meta.stored,
     'bytes', meta.bytes, 'media', meta.media, 'tokens', meta.tokens, 'open_first', open.first, 'open_last', open.last,
-    'open_count', open.count, 'open_bytes', open.bytes, 'open_media', open.media, 'open_tokens', open.tokens)
+    'open_count', open.count, 'open_bytes', open.bytes, 'open_media', open.media, 'open_tokens', open.tokens}
+  -- The event this call will make, counted here rather than by its own write (includes/events.lua).
+  if meta.events_counted then
+    fields[#fields + 1] = 'events'
+    fields[#fields + 1] = meta.events
+  end
+  redis.call('HSET', keys.meta, unpack(fields))
   if closed > 0 then redis.call('HINCRBY', keys.meta, 'gen', 1) end
   return first, closed
 end
