@@ -18,13 +18,15 @@ MiB = 1024 * KiB
 class StoreConfig:
     """Sizes and limits. Every store and every worker of a thread must use the same values.
 
-    window_size: messages kept in the window before the oldest roll into chunks.
-    chunk_size / chunk_max_bytes: a chunk holds at most this many messages and record bytes; a
-        message larger than chunk_max_bytes skips the window into its own chunk.
+    chunk_size / chunk_max_bytes: a chunk holds at most this many messages and record bytes
+        (and at most 65,520 bytes of records, so it fills one allocator size class); the newest
+        messages sit in the open chunk, which closes into a chunk when full; a message larger
+        than chunk_max_bytes gets a chunk of its own.
     max_message_bytes: one encoded message larger than this is refused before the socket.
-    max_chunks_per_call / max_bytes_per_call: the most one call moves out of the window beyond
-        what it adds (once the window is full a call moves at least as many messages as it adds,
-        so the window stays bounded whatever the batch size; docs/LAYOUT.md).
+    window_size, max_chunks_per_call / max_bytes_per_call: the window a thread written by an
+        older version (layout 2) may still hold, and the most one call moves out of it into
+        chunks (docs/LAYOUT.md, its migration); max_chunks_per_call also bounds what retention
+        deletes in one call.
     max_batch_messages / max_batch_bytes: the most one append call may carry.
     retained_message_limit: messages always kept after a compaction (None keeps everything).
     max_inline_part_bytes / max_inline_media_bytes: inline media limits (decoded bytes).
@@ -67,7 +69,7 @@ class StoreConfig:
 
     namespace: str = "kv"
     window_size: int = 64
-    chunk_size: int = 32
+    chunk_size: int = 64
     chunk_max_bytes: int = 1 * MiB
     max_message_bytes: int = 16 * MiB
     max_chunks_per_call: int = 4

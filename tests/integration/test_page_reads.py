@@ -163,7 +163,8 @@ def test_an_append_between_the_newest_page_reads_is_not_misnumbered(backend, nam
     appended = []
 
     def append_inside_the_read(index, position):
-        if index == 0 and position == 1 and not appended:
+        # Between the window's two reads (layout 2), before meta's second read (layout 3).
+        if index == 0 and position == 5 and not appended:
             appended.extend(thread.append(UserMessage(content="late")))
 
     page, requests = drive(

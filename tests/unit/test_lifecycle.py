@@ -19,9 +19,11 @@ from .driver import call, drive, repeat
 from .layout import DATE, FakeThread, message, summary
 
 
-def migrate_reply(layout: int, scanning: bool = False, chunks: int = 0, left: int = 0) -> list[int]:
-    """lua/migrate.lua: {chunks_written, layout_version, scanning, fields_left}."""
-    return [chunks, layout, int(scanning), left]
+def migrate_reply(
+    layout: int, scanning: bool = False, chunks: int = 0, left: int = 0, window: int = 0
+) -> list[int]:
+    """lua/migrate.lua: {chunks_written, layout_version, scanning, fields_left, window_left}."""
+    return [chunks, layout, int(scanning), left, window]
 
 
 # ------------------------------------------------------------------------------ compact
@@ -198,7 +200,9 @@ def test_every_write_through_the_scan_check_waits_for_it(
         operation(thread),
         *(boundary(fake) if name == "compact" else []),
         call(name, error=errors.MigrationPending("scanning")),
-        call("migrate", reply=migrate_reply(2)),  # the scan ended, and the migration with it
+        call(
+            "migrate", reply=migrate_reply(2)
+        ),  # the scan ended (layout 2 then 3 at its next write)
         call(name, reply=reply),
     )
     got = {
@@ -209,13 +213,15 @@ def test_every_write_through_the_scan_check_waits_for_it(
     assert got == expected
 
 
-def test_migrate_runs_until_layout_2_or_max_calls(thread, caplog):
+def test_migrate_runs_until_layout_3_with_an_empty_window_or_max_calls(thread, caplog):
     calls = drive(
         core.migrate(thread),
         repeat(call("migrate", thread.limits(), reply=migrate_reply(1, chunks=4)), times=3),
         call("migrate", reply=migrate_reply(2, chunks=1, left=2)),
+        call("migrate", reply=migrate_reply(3, chunks=4, left=2, window=5)),
+        call("migrate", reply=migrate_reply(3, chunks=1, left=2)),
     )
-    assert calls == 4
+    assert calls == 6
     assert "2 legacy fields" in caplog.text
     assert (
         drive(
@@ -243,7 +249,7 @@ def test_delete_starts_then_continues_until_done(thread):
 def test_remove_turn_migrates_first_and_calls_until_nothing_remains(thread):
     removed = drive(
         core.remove_turn(thread, "turn-1"),
-        call("migrate", reply=migrate_reply(2)),
+        call("migrate", reply=migrate_reply(3)),
         call("remove_turn", {"turn_id": "turn-1"}, reply=[500, 120]),
         call("remove_turn", {"turn_id": "turn-1"}, reply=[120, 0]),
     )
@@ -266,7 +272,7 @@ def test_replace_keeps_the_originals_id_otid_date_and_turn(thread):
     step = call("replace", {"id": "m4"}, reply=4)
     result = drive(
         core.replace(thread, "m4", UserMessage(content="edited", otid="o-other", id="other")),
-        call("migrate", reply=migrate_reply(2)),
+        call("migrate", reply=migrate_reply(3)),
         fake.located("m4", kind="id"),
         fake.fetch(),
         step,
@@ -295,7 +301,7 @@ def test_replace_of_an_unreadable_message_keeps_what_salvage_reads(thread):
     step = call("replace", reply=2)
     drive(
         core.replace(thread, "m2", UserMessage(content="fixed")),
-        call("migrate", reply=migrate_reply(2)),
+        call("migrate", reply=migrate_reply(3)),
         fake.located("m2", kind="id"),
         fake.fetch(),
         step,
@@ -310,7 +316,7 @@ def test_replace_of_an_unknown_id_raises_before_any_write(thread, fake):
     with pytest.raises(errors.MessageNotFound):
         drive(
             core.replace(thread, "nope", UserMessage(content="x")),
-            call("migrate", reply=migrate_reply(2)),
+            call("migrate", reply=migrate_reply(3)),
             fake.located("nope", kind="id"),
             fake.fetch(),
         )
@@ -325,7 +331,7 @@ def test_replace_over_the_media_budget_resends_with_its_parts_replaced(thread):
     over, again = call("replace", error=errors.InlineMediaBudget(100)), call("replace", reply=3)
     result = drive(
         core.replace(thread, "m3", UserMessage(content=[picture])),
-        call("migrate", reply=migrate_reply(2)),
+        call("migrate", reply=migrate_reply(3)),
         fake.located("m3", kind="id"),
         fake.fetch(),
         over,
@@ -345,7 +351,7 @@ def test_replace_refitted_to_the_media_budget_still_keeps_the_originals_id_otid_
     over, again = call("replace", error=errors.InlineMediaBudget(0)), call("replace", reply=4)
     result = drive(
         core.replace(thread, "m4", UserMessage(content=[picture], otid="o-other", id="other")),
-        call("migrate", reply=migrate_reply(2)),
+        call("migrate", reply=migrate_reply(3)),
         fake.located("m4", kind="id"),
         fake.fetch(),
         over,
