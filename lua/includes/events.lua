@@ -39,9 +39,10 @@ local function begin_incarnation(keys)
 end
 
 -- How many events the stream keeps at least: events_len, and with retention no more than the
--- messages it keeps (retained_limit; at least 1, so that the newest event stays).
+-- messages it keeps (retained_limit; at least 1, so that the newest event stays). A call whose
+-- limits name no retention (delete's) keeps events_len.
 local function events_cap(limits)
-  local retained = limits.retained_limit
+  local retained = limits.retained_limit or -1
   if retained >= 0 and retained < limits.events_len then return math.max(retained, 1) end
   return limits.events_len
 end
