@@ -182,7 +182,7 @@ def run_server(url: str, params: Params, own: bool) -> dict[str, Any]:
             ),
             ratio(
                 "tail_p50",
-                "append->watcher / XADD->XREAD, p50",
+                "append->watcher / XADD->XREAD, p50 (aim 1.2)",
                 latency["tail"]["p50_us"] / latency["floor"]["p50_us"],
                 1.5,
             ),

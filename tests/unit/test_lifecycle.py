@@ -39,8 +39,8 @@ def test_compact_runs_retention_again_while_each_call_hits_the_cap(thread, fake)
     cap = thread.config.max_chunks_per_call
     store = call("compact", {"summary_last": 12}, reply=[1, 13, cap])
     first, last = (
-        call("retain", thread.limits(), reply=cap),
-        call("retain", thread.limits(), reply=cap - 1),
+        call("retain", (thread.limits(),), reply=cap),
+        call("retain", (thread.limits(),), reply=cap - 1),
     )
     result = drive(
         core.compact(thread, "what happened", 12),
@@ -169,9 +169,9 @@ def test_finishing_deletes_returns_what_a_read_returns(thread, fake):
 def test_a_write_refused_while_the_legacy_scan_runs_runs_migrate_steps_then_is_sent_again(thread):
     refused = call("append", error=errors.MigrationPending("scanning"))
     steps = [
-        call("migrate", thread.limits(), reply=migrate_reply(1, scanning=True)),
-        call("migrate", thread.limits(), reply=migrate_reply(1, scanning=True)),
-        call("migrate", thread.limits(), reply=migrate_reply(1, scanning=False)),
+        call("migrate", (thread.limits(),), reply=migrate_reply(1, scanning=True)),
+        call("migrate", (thread.limits(),), reply=migrate_reply(1, scanning=True)),
+        call("migrate", (thread.limits(),), reply=migrate_reply(1, scanning=False)),
     ]
     again = call("append", reply=[1, 501])
     result = drive(core.append(thread, UserMessage(content="hi"), None), refused, *steps, again)
@@ -216,7 +216,7 @@ def test_every_write_through_the_scan_check_waits_for_it(
 def test_migrate_runs_until_layout_3_with_an_empty_window_or_max_calls(thread, caplog):
     calls = drive(
         core.migrate(thread),
-        repeat(call("migrate", thread.limits(), reply=migrate_reply(1, chunks=4)), times=3),
+        repeat(call("migrate", (thread.limits(),), reply=migrate_reply(1, chunks=4)), times=3),
         call("migrate", reply=migrate_reply(2, chunks=1, left=2)),
         call("migrate", reply=migrate_reply(3, chunks=4, left=2, window=5)),
         call("migrate", reply=migrate_reply(3, chunks=1, left=2)),
@@ -412,7 +412,8 @@ def test_small_configs_change_the_limits_sent(thread):
     )
     step = call("start_turn", reply=1)
     drive(core.start_turn(small, "t"), step)
-    *values, key = step.request.named()["limits"]
+    key = step.request.named()["limits"]
+    values = [int(v) for v in key.split(":")]
     limits = dict(zip(LIMIT_NAMES, values, strict=True))
     assert (limits["window_size"], limits["chunk_size"], limits["retained_limit"]) == (8, 4, -1)
     # The event limits and the history checks are limits too, and the key names them all
@@ -424,7 +425,7 @@ def test_small_configs_change_the_limits_sent(thread):
     )
     assert key == ":".join(str(v) for v in values)
     strict = ThreadRef.of(StoreConfig(namespace="unit", history_checks="strict"), "t-1")
-    assert strict.limits()[-1].endswith(":1000:3600000:1")
+    assert strict.limits().endswith(":1000:3600000:1")
 
 
 def test_a_write_refused_as_deleting_again_and_again_gives_up_with_a_server_error(thread):
