@@ -38,7 +38,9 @@ class StoreConfig:
     events: whether every write also adds its event to the thread's event stream, which
         thread.watch() reads (docs/EVENTS.md). False: no stream is written, watch() cannot be used.
     events_max_len: the stream keeps about the newest this many events (at least this many; it
-        is trimmed in whole nodes of 100). A watcher further behind pages the stored messages.
+        is trimmed in whole nodes of 100; with retained_message_limit lower, about that many, and
+        none older than the oldest message kept). A watcher further behind pages the stored
+        messages.
     events_max_age: without thread_ttl, the stream expires 1 to 1.5 times this many seconds after
         the thread's last event: how long an idle thread's watcher can resume from an event id.
         With thread_ttl, the stream expires with the thread.

@@ -2,7 +2,8 @@
 -- The thread's event stream (docs/LAYOUT.md, "Events"): one entry per change, added by the
 -- writing script in the same atomic step as the change, read by thread.watch().
 --
--- Entry id "<n>-<s>": n counts the thread's events (meta `events`: 1, 2, 3, ... with no gap),
+-- Entry id "<n>-<s>": n counts the thread's events (meta `events`: 1, 2, 3, ... with no gap;
+-- append counts it in its own write of meta, count_event, the other calls by HINCRBY),
 -- s is the thread's last sequence once the change is made. An id names one event for as long as
 -- the thread lives; a reader that saw event n knows the next is n + 1, so a missing one (the
 -- stream trimmed past it, or expired) is seen, and s says where to page the stored messages from.
@@ -37,6 +38,15 @@ local function begin_incarnation(keys)
   redis.call('HSETNX', keys.meta, 'born', now[1] .. string.rep('0', 6 - #now[2]) .. now[2])
 end
 
+-- How many events the stream keeps at least: events_len, and with retention no more than the
+-- messages it keeps (retained_limit; at least 1, so that the newest event stays). A call whose
+-- limits name no retention (delete's) keeps events_len.
+local function events_cap(limits)
+  local retained = limits.retained_limit or -1
+  if retained >= 0 and retained < limits.events_len then return math.max(retained, 1) end
+  return limits.events_len
+end
+
 -- An event's fields: the four every event has, then the kind's own name, value pairs, each
 -- left out when its value is 0 or ''.
 local function event_fields(kind, a, b, turn_id, ...)
@@ -52,11 +62,23 @@ local function event_fields(kind, a, b, turn_id, ...)
   return fields
 end
 
+-- Counts the event a call will make in the call's own write of meta: meta.events (as read)
+-- becomes the event's number, which the caller writes with its other meta fields (meta.
+-- events_counted says so) and hands to emit_event. Nil for a thread that counted no event yet
+-- (or with events off): emit_event counts it then.
+local function count_event(meta, limits)
+  if limits.events_len <= 0 or (meta.events or 0) <= 0 then return nil end
+  meta.events, meta.events_counted = meta.events + 1, true
+  return meta.events
+end
+
 -- Returns the event's id (false when events are off). `born`: the incarnation when the caller
--- read meta already (false for none), else nil and it is read here.
-local function emit_event(keys, limits, last_seq, fields, born)
+-- read meta already (false for none), else nil and it is read here. `counted`: the event's
+-- number when the caller wrote it to meta already (count_event), else nil and it is counted
+-- here.
+local function emit_event(keys, limits, last_seq, fields, born, counted)
   if limits.events_len <= 0 then return false end
-  local n = redis.call('HINCRBY', keys.meta, 'events', 1)
+  local n = counted or redis.call('HINCRBY', keys.meta, 'events', 1)
   if n == 1 then
     begin_incarnation(keys)
     born = nil
@@ -75,7 +97,7 @@ local function emit_event(keys, limits, last_seq, fields, born)
     fields[#fields + 1] = 'g'
     fields[#fields + 1] = born
   end
-  redis.pcall('XADD', keys.events, 'MAXLEN', '~', limits.events_len, id, unpack(fields))
+  redis.pcall('XADD', keys.events, 'MAXLEN', '~', events_cap(limits), id, unpack(fields))
   if limits.ttl_ms <= 0 then
     -- As for a thread's ttl (includes/expiry.lua): a PTTL on most calls, a PEXPIRE of 1.5 age
     -- only when less than the age is left, so it expires 1 to 1.5 age after the last event.

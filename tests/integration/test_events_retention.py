@@ -57,6 +57,25 @@ def test_the_stream_holds_no_event_older_than_the_oldest_kept_message(store, raw
     assert len(entries) <= 2 * (kept[-1] - stats.deleted_before_sequence + 1) + 8
 
 
+def test_with_retention_the_stream_keeps_about_as_many_events_as_messages_kept(
+    server_only, backend, namespace, raw_client
+):
+    """The stream keeps about the newest retained_message_limit events (MAXLEN ~ trims whole
+    nodes: with nodes of one entry, exactly that many), also while retention deletes nothing."""
+    (before,) = raw_client.config_get("stream-node-max-entries").values()
+    raw_client.config_set("stream-node-max-entries", 1)
+    try:
+        config = StoreConfig(namespace=namespace, retained_message_limit=6)
+        store = make_sync_store(backend, config)
+        thread = store.thread("t")
+        chat(thread, 4)  # no compaction: retention deletes nothing
+        assert raw_client.xlen(thread.keys.events) == 6
+        assert _entries(raw_client, thread)[-1][0] == 16
+        store.close()
+    finally:
+        raw_client.config_set("stream-node-max-entries", before)
+
+
 def test_an_added_event_names_its_sequences_and_not_its_ids(store, raw_client):
     thread = store.thread("t")
     stored = thread.append([UserMessage(content="a"), UserMessage(content="b")])
