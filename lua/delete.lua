@@ -2,10 +2,12 @@
 --- Deletes a thread in bounded steps (allowed at maxmemory: deleting frees memory).
 ---
 --- The first call tombstones the thread: it removes every key but the two chunk indexes and
---- meta, and leaves meta holding only `deleting` and a moved `gen` (so a read in flight plans
---- again). From then on the thread reads as empty and every writing script refuses it
---- (KVS_DELETING) before writing: the client finishes the deletion and writes again. Each call
---- then removes up to max_chunks chunks; the call that leaves none removes the indexes and meta.
+--- meta (the open chunk and a layout-2 window among those it removes), and leaves meta holding
+--- only `deleting` and a moved `gen` (so a read in flight plans again). From then on the thread
+--- reads as empty and every writing script refuses it (KVS_DELETING) before writing: the client
+--- finishes the deletion and writes again. Each call then removes up to max_chunks chunks, of
+--- either kind (a chunk's layout-3 strings, or its layout-2 hash); the call that leaves none
+--- removes the indexes and meta.
 --- Keys that can be large go with UNLINK, so the server frees them in the background.
 ---
 --- KEYS[1..14]  the thread's keys (includes/layout.lua: thread_keys; docs/LAYOUT.md)
@@ -41,7 +43,7 @@ if not (meta_is_hash and redis.call('HEXISTS', keys.meta, 'deleting') == 1) then
   -- Any other value at meta goes too; a hash stays a key (and keeps its expiry): the tombstone
   -- first, then every other field goes.
   if not meta_is_hash then redis.call('UNLINK', keys.meta) end
-  if meta_is_hash then announced = emit_event(keys, limits, nil, {'k', 'deleted'}) end
+  if meta_is_hash then announced = emit_event(keys, limits, nil, event_fields('deleted', '', '', '')) end
   redis.call('HSET', keys.meta, 'deleting', '1')
   local fields, drop = redis.call('HGETALL', keys.meta), {}
   for i = 1, #fields, 2 do
@@ -59,7 +61,11 @@ for _, index in ipairs(chunk_indexes(keys)) do
       local chunk_keys, members = {}, {}
       for i = 1, #entries, 2 do
         members[#members + 1] = entries[i]
-        chunk_keys[#chunk_keys + 1] = chunk_key(keys, tonumber(entries[i + 1]))
+        -- A chunk of either kind: its layout-3 strings or its layout-2 hash.
+        local chunk = chunk_key(keys, tonumber(entries[i + 1]))
+        chunk_keys[#chunk_keys + 1] = chunk
+        chunk_keys[#chunk_keys + 1] = chunk .. ':d'
+        chunk_keys[#chunk_keys + 1] = chunk .. ':m'
       end
       redis.call('UNLINK', unpack(chunk_keys))
       redis.call('ZREM', index, unpack(members))

@@ -11,8 +11,10 @@
 ---      without; on a checked thread they must be the stored message's
 ---
 --- A window message whose replacement is larger than chunk_max_bytes moves into its own chunk,
---- as an oversized append would. A chunk message's replacement must keep its chunk within
---- chunk_max_bytes (unless it is alone in it).
+--- as an oversized append would, and so does an open-chunk message whose replacement would grow
+--- the open chunk (of more than one message) past chunk_max_bytes. A closed chunk's message's
+--- replacement must keep its chunk within chunk_max_bytes (unless it is alone in it); the chunk
+--- is written back in its own kind (a layout-2 hash stays one).
 ---
 --- Reply: the message's sequence
 --- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_DELETING, KVS_RESTORING, KVS_MIGRATING, KVS_NOT_FOUND, KVS_TOO_LARGE,
@@ -66,10 +68,10 @@ if room_err then return room_err end
 begin_expiry(keys, limits.ttl_ms)
 if history_drop then drop_history(keys) end
 ensure_tokens(keys)
-write_replacement(keys, limits, message, entry, sequence, record, media, tokens)
+write_replacement(keys, message, entry, sequence, record, media, tokens)
 redis.call('HINCRBY', keys.meta, 'bytes', #record - old_bytes)
 if media ~= old_media then redis.call('HINCRBY', keys.meta, 'media', media - old_media) end
 if tokens ~= old_tokens then redis.call('HINCRBY', keys.meta, 'tokens', tokens - old_tokens) end
-emit_event(keys, limits, nil, {'k', 'replaced', 'a', sequence, 'i', id})
+emit_event(keys, limits, nil, event_fields('replaced', sequence, '', '', 'i', id))
 apply_expiry(keys)
 return sequence

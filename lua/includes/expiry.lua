@@ -2,9 +2,9 @@
 -- Idle expiry (thread_ttl), on the server's clock: scripts never see a time. Every key of a
 -- thread carries one absolute deadline, meta's. A write that finds less than `ttl` left on meta
 -- (PTTL) sets 1.5 ttl on meta (PEXPIRE) and meta's new deadline (PEXPIRETIME) on every other
--- key, chunks included: one pass over the chunks per half ttl, not per write. Each write also
--- sets the deadline on the fixed keys, since a write may have created one, and on the chunks it
--- wrote. One absolute deadline, rather than a PEXPIRE per key, makes every key expire at the
+-- key, chunks of both kinds included: one pass over the chunks per half ttl, not per write. Each
+-- write also sets the deadline on the fixed keys (the open chunk's among them), since a write may
+-- have created one, and on the chunks it wrote; a chunk closed by COPY carries the open chunk's. One absolute deadline, rather than a PEXPIRE per key, makes every key expire at the
 -- same instant: Redis 7.0 does not freeze time inside a script, so relative expiries set along a
 -- pass over many chunks would spread.
 
@@ -35,7 +35,13 @@ local function apply_expiry(keys)
     for _, index in ipairs(chunk_indexes(keys)) do
       local firsts = redis.call('ZRANGE', index, 0, -1, 'WITHSCORES')
       for i = 2, #firsts, 2 do
-        redis.call('PEXPIREAT', chunk_key(keys, tonumber(firsts[i])), deadline)
+        -- A chunk is two layout-3 strings, or else one layout-2 hash.
+        local chunk = chunk_key(keys, tonumber(firsts[i]))
+        if redis.call('PEXPIREAT', chunk .. ':d', deadline) == 1 then
+          redis.call('PEXPIREAT', chunk .. ':m', deadline)
+        else
+          redis.call('PEXPIREAT', chunk, deadline)
+        end
       end
     end
   end

@@ -1,4 +1,3 @@
---- @include "includes/layout"
 --- @include "includes/numbers"
 --- @include "includes/layout2_format"
 --- @include "includes/layout2_chunks"
@@ -11,24 +10,27 @@
 -- the index token totals includes/layout2_index.lua's; edits in place
 -- includes/layout2_edit.lua's.
 
--- Finds where a sequence is stored: 'window' (layout 2's), 'open' (the open chunk, layout 3), 'large' (with its index member) or
+-- Finds where a sequence is stored in layouts 2 and 3: 'window' (a layout-2 leftover), 'large'
+-- (with its first sequence and index member), 'open' (the open chunk: with its manifest) or
 -- 'chunk' (with its first sequence and index member); nil when it is not stored there.
 --
 -- Normal chunks are listed in the chunk index, a sorted set scored by a chunk's first sequence.
 -- Oversized single-message chunks are listed apart, in the large index, so normal chunks keep
 -- disjoint, ordered ranges. A message's side info lives in the window side hash while the
--- message is in the window and in its chunk's manifest afterwards.
+-- message is in the window, and in its chunk's manifest (the open chunk's included) otherwise.
 local function locate(keys, sequence)
   if redis.call('HEXISTS', keys.window_side, sequence) == 1 then
     return 'window'
   end
-  local open = redis.call('GET', keys.open_manifest)
-  if open and manifest_find(open, sequence) then
-    return 'open'
-  end
   local large = redis.call('ZRANGE', keys.large_index, sequence, sequence, 'BYSCORE', 'LIMIT', 0, 1)[1]
   if large then
     return 'large', sequence, large
+  end
+  local open = redis.call('HMGET', keys.meta, 'open_first', 'open_last')
+  if sequence >= tonumber(open[1] or '0') and sequence <= tonumber(open[2] or '-1') then
+    local manifest = redis.call('GET', keys.open_manifest) or ''
+    if manifest_find(manifest, sequence) then return 'open', nil, nil, manifest end
+    return nil
   end
   local member = redis.call('ZRANGE', keys.chunk_index, sequence, '-inf', 'BYSCORE', 'REV', 'LIMIT', 0, 1)[1]
   if member then

@@ -1,9 +1,23 @@
 --- @include "includes/numbers"
 --- @include "includes/layout2_format"
--- The thread's token total, summed over the chunk index, the large index and the window side
--- infos (their formats: includes/layout2_format.lua; where a sequence is: includes/layout2.lua, locate).
+-- The thread's token total, summed over the chunk index, the large index, the open chunk's
+-- manifest and the window side infos (their formats: includes/layout2_format.lua; where a
+-- sequence is: includes/layout2.lua, locate); the sums of a manifest (the open chunk's meta).
 
--- The thread's stored tokens summed over its index members and window side infos (what was
+-- A manifest's sums: first and last sequence, count, bytes, media and tokens of its lines (the
+-- first and last 0 for an empty one), as an index member sums a chunk.
+local function manifest_sums(manifest)
+  local first, last, count, bytes, media, tokens = 0, 0, 0, 0, 0, 0
+  for sequence, side in manifest_lines(manifest) do
+    local _, _, m_media, m_bytes, _, m_tokens = parse_side(side)
+    if count == 0 then first = tonumber(sequence) end
+    last, count = tonumber(sequence), count + 1
+    bytes, media, tokens = bytes + (m_bytes or 0), media + (m_media or 0), tokens + (m_tokens or 0)
+  end
+  return first, last, count, bytes, media, tokens
+end
+
+-- The thread's stored tokens summed over its index members, open chunk and window side infos (what was
 -- stored before counts existed counts by bytes_tokens): the meta total of a thread written
 -- before meta kept one. Reads every index member once.
 local function thread_tokens(keys)
@@ -18,7 +32,7 @@ local function thread_tokens(keys)
   for i = 2, #sides, 2 do
     total = total + (select(6, parse_side(sides[i])) or 0)
   end
-  return total
+  return total + select(6, manifest_sums(redis.call('GET', keys.open_manifest) or ''))
 end
 
 -- Gives meta its `tokens` total when it has none (a thread written before counts existed), so

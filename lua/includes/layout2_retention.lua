@@ -1,13 +1,14 @@
---- @include "includes/layout"
 --- @include "includes/turns"
 --- @include "includes/history"
---- @include "includes/layout2"
+--- @include "includes/layout2_chunks"
 --- @include "includes/layout2_index"
 --- @include "includes/numbers"
 --- @include "includes/layout2_format"
--- Retention: after a compaction, the oldest chunk is deleted while its last sequence is at or
--- before the summary's last sequence AND at least `retained_limit` messages are stored after
--- it. At most `max_chunks` chunks go per call. Deleting a chunk trims the id and otid maps and
+--- @include "includes/events"
+-- Retention: after a compaction, the oldest chunk (of either kind: includes/layout2_chunks.lua,
+-- delete_chunk) is deleted while its last sequence is at or before the summary's last sequence
+-- AND at least `retained_limit` messages are stored after it, and no window or open-chunk
+-- message is older than it. At most `max_chunks` chunks go per call. Deleting a chunk trims the id and otid maps and
 -- the turn records of its messages (from its manifest) and of finished turns left without
 -- messages before it (includes/turns.lua, drop_idle_turns), gives its bytes, media and tokens back
 -- (the tokens its index member sums), and
@@ -57,7 +58,7 @@ local function drop_chunk(keys, first, index_key, member, bytes, tokens, content
   for turn in pairs(contents.turns) do touched_turns[turn] = true end
   if #ids > 0 then redis.call('HDEL', keys.ids, unpack(ids)) end
   if #otids > 0 then redis.call('HDEL', keys.otids, unpack(otids)) end
-  redis.call('DEL', chunk_key(keys, first))
+  delete_chunk(keys, first)
   redis.call('ZREM', index_key, member)
   redis.call('HINCRBY', keys.meta, 'stored', -#ids)
   redis.call('HINCRBY', keys.meta, 'bytes', -bytes)
@@ -65,23 +66,32 @@ local function drop_chunk(keys, first, index_key, member, bytes, tokens, content
   if contents.media > 0 then redis.call('HINCRBY', keys.meta, 'media', -contents.media) end
 end
 
+-- Whether a unit from `first` to `last` is older than every message of the window (a layout-2
+-- leftover) and of the open chunk: only such a unit may go.
+local function older_than_window_and_open(keys, first, last)
+  if redis.call('ZCOUNT', keys.window, '-inf', '(' .. fmt(first)) > 0 then return false end
+  local open_first = tonumber(redis.call('HGET', keys.meta, 'open_first') or '0')
+  return open_first == 0 or last < open_first
+end
+
 -- The oldest unit retention may delete: the oldest chunk of either index, and with a normal
--- chunk every oversized chunk inside its range (they were stored beside it, out of the window),
--- so that everything below `deleted_before` is really gone. Returns last, count and the chunks
--- as {first, index key, member, bytes, tokens}; nil when there is no chunk.
+-- chunk every oversized chunk inside its range (they were stored beside it, out of the window
+-- or the open chunk), so that everything below `deleted_before` is really gone; never a unit
+-- newer than a window or open-chunk message. Returns last, count and the chunks as {first,
+-- index key, member, bytes, tokens}; nil when there is no such unit.
 local function oldest_unit(keys)
   local normal = redis.call('ZRANGE', keys.chunk_index, 0, 0)[1]
   local large = redis.call('ZRANGE', keys.large_index, 0, 0)[1]
   if large then
     local sequence, bytes, _, tokens = parse_large_member(large)
     if not normal or sequence < parse_chunk_member(normal) then
-      -- An oversized message newer than a window message is not the oldest: nothing goes.
-      if redis.call('ZCOUNT', keys.window, '-inf', '(' .. fmt(sequence)) > 0 then return nil end
+      if not older_than_window_and_open(keys, sequence, sequence) then return nil end
       return sequence, 1, {{sequence, keys.large_index, large, bytes, tokens}}
     end
   end
   if not normal then return nil end
   local first, last, count, bytes, _, tokens = parse_chunk_member(normal)
+  if not older_than_window_and_open(keys, first, last) then return nil end
   local unit = {{first, keys.chunk_index, normal, bytes, tokens}}
   for _, member in ipairs(redis.call('ZRANGE', keys.large_index, first, last, 'BYSCORE')) do
     local sequence, large_bytes, _, large_tokens = parse_large_member(member)
@@ -99,6 +109,11 @@ local function retain(keys, retained_limit, max_chunks)
   -- While a layout-1 thread migrates, chunks past the part moved are newer than the legacy
   -- messages still waiting: nothing past the moved part goes.
   local until_sequence = math.min(summary_last, tonumber(state[2] or summary_last))
+  -- While a layout-3 thread's window drains (includes/layout3_migration.lua), chunks closed
+  -- since are newer than the window's messages: nothing past the window's oldest goes. (In
+  -- layout 2 every chunk is older than the window: no limit.)
+  local oldest = redis.call('ZRANGE', keys.window, 0, 0, 'WITHSCORES')[2]
+  if oldest then until_sequence = math.min(until_sequence, tonumber(oldest) - 1) end
   local deleted, deleted_before, touched_turns = 0, nil, {}
   while deleted < max_chunks do
     local last, count, unit = oldest_unit(keys)
@@ -120,6 +135,7 @@ local function retain(keys, retained_limit, max_chunks)
   end
   if deleted > 0 then
     redis.call('HSET', keys.meta, 'deleted_before', fmt(deleted_before))
+    trim_events(keys, deleted_before)
     trim_history(keys, deleted_before)
     for turn in pairs(touched_turns) do trim_turn(keys, turn, deleted_before) end
     drop_idle_turns(keys, deleted_before)

@@ -1,10 +1,12 @@
-"""Reads a thread's keys with raw commands and checks the layout's invariants (docs/LAYOUT.md)."""
+"""Reads a thread's keys with raw commands and checks the layout's invariants (docs/LAYOUT.md):
+layouts 2 and 3, a layout-1 thread's migration."""
 
 from __future__ import annotations
 
 import itertools
 import re
 from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 
 from kvstore._engine.layout.formats import ChunkEntry, LargeEntry, TurnHeader, side_tokens
 from kvstore._engine.layout.keys import ThreadKeys
@@ -17,9 +19,14 @@ class Layout:
     chunks: dict[int, dict[int, bytes]]  # first sequence -> {sequence: record}
     large: dict[int, bytes]
     meta: dict[str, str]
+    open: dict[int, bytes] = dataclass_field(default_factory=dict)  # the open chunk (layout 3)
+    manifests: dict[int, bytes] = dataclass_field(
+        default_factory=dict
+    )  # first sequence -> its manifest
+    hash_chunks: set[int] = dataclass_field(default_factory=set)  # chunks still in layout 2's hash
 
     def all_sequences(self) -> list[int]:
-        sequences = list(self.window) + list(self.large)
+        sequences = list(self.window) + list(self.large) + list(self.open)
         for fields in self.chunks.values():
             sequences += list(fields)
         return sorted(sequences)
@@ -39,25 +46,42 @@ def legacy_sequences(client, keys: ThreadKeys) -> list[int]:
     )
 
 
-def chunk_records(client, key: str) -> dict[int, bytes]:
+def split_records(name: str, manifest: bytes, data: bytes) -> dict[int, bytes]:
     """A chunk's records by sequence, cut from its data by its manifest (docs/LAYOUT.md)."""
-    fields = client.hgetall(key)
-    assert set(fields) == {b"_m", b"d"}, f"{key} holds {sorted(fields)}"
     records, offset = {}, 0
-    for line in manifest_lines(fields[b"_m"]):
+    for line in manifest_lines(manifest):
         sequence, side = line.split("\t", 1)
         # id, otid, media, bytes, turn, tokens (none in a side info written before counts
         # existed); and "%" after them when the three texts are escaped.
         tabs = side.count("\t") - side.endswith("\t%")
-        assert tabs == 5 or tabs == 4, f"{key}: {line!r}"
+        assert tabs == 5 or tabs == 4, f"{name}: {line!r}"
         size = int(side.split("\t")[3])
-        records[int(sequence)] = fields[b"d"][offset : offset + size]
+        records[int(sequence)] = data[offset : offset + size]
         offset += size
-    assert offset == len(fields[b"d"]), (
-        f"{key}: the manifest lists {offset} bytes, the data holds {len(fields[b'd'])}"
+    assert offset == len(data), (
+        f"{name}: the manifest lists {offset} bytes, the data holds {len(data)}"
     )
-    assert list(records) == sorted(records), f"{key}: records out of order"
+    assert list(records) == sorted(records), f"{name}: records out of order"
     return records
+
+
+def read_chunk(client, keys: ThreadKeys, first: int) -> tuple[bytes, bytes, bool]:
+    """A closed chunk's manifest, data and whether it is a layout-2 hash: exactly one of its two
+    kinds exists (layout-3 strings `chunk:<first>:m`, `:d`; or the hash `chunk:<first>`)."""
+    manifest, data = client.mget(keys.chunk_manifest(first), keys.chunk_data(first))
+    fields = client.hgetall(keys.chunk(first)) if client.type(keys.chunk(first)) == b"hash" else {}
+    if manifest is not None or data is not None:
+        assert manifest is not None and data is not None, f"chunk {first}: one string of two"
+        assert not fields, f"chunk {first} is both strings and a hash"
+        return manifest, data, False
+    assert set(fields) == {b"_m", b"d"}, f"chunk {first} holds {sorted(fields)}"
+    return fields[b"_m"], fields[b"d"], True
+
+
+def chunk_records(client, keys: ThreadKeys, first: int) -> dict[int, bytes]:
+    """A closed chunk's records by sequence, of either kind."""
+    manifest, data, _ = read_chunk(client, keys, first)
+    return split_records(keys.chunk(first), manifest, data)
 
 
 def read_layout(client, keys: ThreadKeys) -> Layout:
@@ -65,62 +89,114 @@ def read_layout(client, keys: ThreadKeys) -> Layout:
     window = {
         int(score): member for member, score in client.zrange(keys.window, 0, -1, withscores=True)
     }
-    chunks, large = {}, {}
-    for _member, score in client.zrange(keys.chunk_index, 0, -1, withscores=True):
-        first = int(score)
-        chunks[first] = chunk_records(client, keys.chunk(first))
-    for _member, score in client.zrange(keys.large_index, 0, -1, withscores=True):
-        records = chunk_records(client, keys.chunk(int(score)))
-        assert list(records) == [int(score)]
-        large[int(score)] = records[int(score)]
-    return Layout(window, chunks, large, meta)
+    layout = Layout(window, {}, {}, meta)
+    for index in (keys.chunk_index, keys.large_index):
+        for _member, score in client.zrange(index, 0, -1, withscores=True):
+            first = int(score)
+            manifest, data, is_hash = read_chunk(client, keys, first)
+            records = split_records(keys.chunk(first), manifest, data)
+            layout.manifests[first] = manifest
+            if is_hash:
+                layout.hash_chunks.add(first)
+            if index == keys.chunk_index:
+                layout.chunks[first] = records
+            else:
+                assert list(records) == [first]
+                layout.large[first] = records[first]
+    manifest, data = client.mget(keys.open_manifest, keys.open_data)
+    assert (manifest is None) == (data is None), "the open chunk has one string of two"
+    if manifest is not None:
+        assert manifest, "an empty open chunk is stored"
+        layout.open = split_records(keys.open_manifest, manifest, data)
+        layout.manifests[0] = manifest
+    return layout
 
 
-def check_layout(client, keys: ThreadKeys, config: StoreConfig) -> Layout:
-    """Asserts every invariant of docs/LAYOUT.md that holds after any completed call."""
-    layout = read_layout(client, keys)
-    index = {}
-    for member, score in client.zrange(keys.chunk_index, 0, -1, withscores=True):
+def manifest_sums(manifest: bytes) -> tuple[int, int, int]:
+    """A manifest's media, bytes and tokens, summed over its lines."""
+    media = nbytes = tokens = 0
+    for line in manifest_lines(manifest):
+        side = line.split("\t", 1)[1]
+        media += int(side.split("\t")[2])
+        nbytes += int(side.split("\t")[3])
+        tokens += side_tokens(side.encode())
+    return media, nbytes, tokens
+
+
+def check_index(client, keys: ThreadKeys, config: StoreConfig, layout: Layout) -> None:
+    """The chunk index matches the chunks exactly, each within its bounds."""
+    for member in client.zrange(keys.chunk_index, 0, -1):
         entry = ChunkEntry.parse(member)
-        assert entry.first == int(score)
-        index[entry.first] = (entry.last, entry.count, entry.bytes, entry.media)
+        fields = layout.chunks[entry.first]
+        assert fields, f"chunk {entry.first} is listed but empty or missing"
+        media, nbytes, tokens = manifest_sums(layout.manifests[entry.first])
+        assert (entry.media, entry.bytes) == (media, nbytes), (member, media, nbytes)
         if member.count(b":") == 5:
             # A member written with counts sums its messages' counts (docs/LAYOUT.md).
-            lines = manifest_lines(client.hget(keys.chunk(entry.first), "_m"))
-            assert entry.tokens == sum(
-                side_tokens(line.split("\t", 1)[1].encode()) for line in lines
-            ), (member, lines)
-    # The index matches the chunks exactly.
-    for first, fields in layout.chunks.items():
-        last, count, nbytes, media = index[first]
-        assert fields, f"chunk {first} is listed but empty or missing"
-        manifest = manifest_lines(client.hget(keys.chunk(first), "_m"))
-        assert sum(int(line.split("\t")[3]) for line in manifest) == media, (first, media)
+            assert entry.tokens == tokens, (member, tokens)
         # Removed turns may leave holes, even at the edges; the key keeps its first sequence.
-        assert first <= min(fields) and max(fields) <= last, (first, last, sorted(fields))
-        assert len(fields) == count
-        assert sum(len(r) for r in fields.values()) == nbytes
-        assert count <= config.chunk_size
+        assert entry.first <= min(fields) and max(fields) <= entry.last, (member, sorted(fields))
+        assert len(fields) == entry.count and sum(map(len, fields.values())) == entry.bytes
+        assert entry.count <= config.chunk_size
         # A message alone in its chunk may exceed the cap: a replace may grow it (docs/LAYOUT.md).
-        assert count == 1 or nbytes <= config.chunk_max_bytes, (first, nbytes)
-    # Normal chunks hold disjoint, ordered ranges, all older than the window.
-    ranges = sorted((first, index[first][0]) for first in layout.chunks)
+        assert entry.count == 1 or entry.bytes <= config.chunk_max_bytes, member
+    for member in client.zrange(keys.large_index, 0, -1):
+        entry = LargeEntry.parse(member)
+        media, nbytes, tokens = manifest_sums(layout.manifests[entry.sequence])
+        assert (entry.media, entry.bytes) == (media, nbytes), (member, media, nbytes)
+
+
+def check_open(config: StoreConfig, layout: Layout) -> None:
+    """The open chunk's meta frames it: first, last, count and sums (none when it is empty);
+    it is newer than every closed chunk and every window message."""
+    fields = ("open_first", "open_last", "open_count", "open_bytes", "open_media", "open_tokens")
+    framed = tuple(int(layout.meta.get(name, 0)) for name in fields)
+    if not layout.open:
+        assert framed == (0,) * 6, framed
+        return
+    media, nbytes, tokens = manifest_sums(layout.manifests[0])
+    sequences = sorted(layout.open)
+    assert framed == (sequences[0], sequences[-1], len(sequences), nbytes, media, tokens), framed
+    assert nbytes == sum(map(len, layout.open.values()))
+    assert len(sequences) <= config.chunk_size
+    assert len(sequences) == 1 or nbytes <= config.chunk_max_bytes, framed
+    older = [*layout.window, *(max(records) for records in layout.chunks.values())]
+    assert not older or max(older) < sequences[0], (max(older), sequences[0])
+
+
+def check_containers(client, keys: ThreadKeys, config: StoreConfig, layout: Layout) -> None:
+    """The containers agree with their indexes and with each other."""
+    check_index(client, keys, config, layout)
+    check_open(config, layout)
+    # Normal chunks hold disjoint, ordered ranges; no window message lies in one (layout 2's
+    # window is older than its chunks; a layout-3 thread's leftover window is older than the
+    # chunks closed from the open chunk, newer than those made before).
+    members = client.zrange(keys.chunk_index, 0, -1)
+    ranges = sorted((entry.first, entry.last) for entry in map(ChunkEntry.parse, members))
     for (_, last), (next_first, _) in itertools.pairwise(ranges):
         assert last < next_first
-    if ranges and layout.window:
+    for first, last in ranges:
+        assert not [s for s in layout.window if first <= s <= last], (first, last)
+    if layout.meta.get("layout") != "3" and ranges and layout.window:
         assert ranges[-1][1] < min(layout.window)
-    # No chunk key exists that the index does not list.
-    listed = {keys.chunk(f).encode() for f in (*layout.chunks, *layout.large)}
+    # No chunk key exists that the index does not list: each chunk is its two strings or its hash.
+    listed = set()
+    for first in (*layout.chunks, *layout.large):
+        kind = (keys.chunk(first),) if first in layout.hash_chunks else keys.chunk_keys(first)[1:]
+        listed |= {key.encode() for key in kind}
     present = set(client.scan_iter(match=keys.chunk_prefix + "*", count=1000))
     assert present == listed, present ^ listed
     # Window side info covers exactly the window.
     assert {int(f) for f in client.hkeys(keys.window_side)} == set(layout.window)
-    # Counters agree with what is stored. A migrating layout-1 thread's legacy hash holds the
-    # messages not yet moved: they count in `stored` once the scan found its range
-    # (`legacy_last`), every field of it, and the range ends at or before `last_seq`.
+
+
+def check_counters(client, keys: ThreadKeys, layout: Layout) -> None:
+    """Counters agree with what is stored. A migrating layout-1 thread's legacy hash holds the
+    messages not yet moved: they count in `stored` once the scan found its range
+    (`legacy_last`), every field of it, and the range ends at or before `last_seq`."""
     sequences = layout.all_sequences()
     kept = len(sequences)
-    legacy = legacy_sequences(client, keys) if layout.meta.get("layout") != "2" else []
+    legacy = legacy_sequences(client, keys) if layout.meta.get("layout") not in ("2", "3") else []
     assert not set(legacy) & set(sequences), sorted(set(legacy) & set(sequences))
     scanned = "legacy_last" in layout.meta
     if scanned:
@@ -134,33 +210,36 @@ def check_layout(client, keys: ThreadKeys, config: StoreConfig) -> Layout:
         assert int(layout.meta["last_seq"]) >= sequences[-1]
     assert client.hlen(keys.ids) == len(sequences)
     # Every stored message is named in a manifest or the window side info, with its true size.
-    for first, fields in (*layout.chunks.items(), *((s, {s: r}) for s, r in layout.large.items())):
-        lines = dict(
-            line.split("\t", 1) for line in manifest_lines(client.hget(keys.chunk(first), "_m"))
-        )
-        assert {int(k) for k in lines} == set(fields)
-        for sequence, side in lines.items():
-            assert int(side.split("\t")[3]) == len(fields[int(sequence)])
     media = sum(int(v.decode().split("\t")[2]) for v in client.hvals(keys.window_side))
-    for first in (*layout.chunks, *layout.large):
-        media += sum(
-            int(line.split("\t")[3])
-            for line in manifest_lines(client.hget(keys.chunk(first), "_m"))
-        )
+    media += sum(manifest_sums(manifest)[0] for manifest in layout.manifests.values())
     assert int(layout.meta.get("media", 0)) == media
-    stored_bytes = sum(len(r) for r in layout.window.values()) + sum(
-        len(r) for r in layout.large.values()
-    )
-    stored_bytes += sum(len(r) for fields in layout.chunks.values() for r in fields.values())
-    assert int(layout.meta.get("bytes", 0)) == stored_bytes
+    records = [*layout.window.values(), *layout.large.values(), *layout.open.values()]
+    records += [r for fields in layout.chunks.values() for r in fields.values()]
+    assert int(layout.meta.get("bytes", 0)) == sum(map(len, records))
     assert int(layout.meta.get("window_bytes", 0)) == sum(len(r) for r in layout.window.values())
-    # The token total is the index members' and the window side infos' (a thread written before
-    # counts existed has none until its next write).
+    # The token total is the messages' (a thread written before counts existed has none until
+    # its next write; an index member without counts sums bytes_tokens of its bytes, as a side
+    # info without counts does).
     if "tokens" in layout.meta:
-        tokens = sum(ChunkEntry.parse(m).tokens for m in client.zrange(keys.chunk_index, 0, -1))
-        tokens += sum(LargeEntry.parse(m).tokens for m in client.zrange(keys.large_index, 0, -1))
-        tokens += sum(side_tokens(v) for v in client.hvals(keys.window_side))
-        assert int(layout.meta["tokens"]) == tokens, (layout.meta["tokens"], tokens)
+        assert int(layout.meta["tokens"]) == index_tokens(client, keys, layout), layout.meta
+
+
+def index_tokens(client, keys: ThreadKeys, layout: Layout) -> int:
+    """The thread's tokens as the scripts sum them: the index members', the open chunk's and the
+    window side infos'."""
+    tokens = sum(ChunkEntry.parse(m).tokens for m in client.zrange(keys.chunk_index, 0, -1))
+    tokens += sum(LargeEntry.parse(m).tokens for m in client.zrange(keys.large_index, 0, -1))
+    tokens += sum(side_tokens(v) for v in client.hvals(keys.window_side))
+    if 0 in layout.manifests:
+        tokens += manifest_sums(layout.manifests[0])[2]
+    return tokens
+
+
+def check_layout(client, keys: ThreadKeys, config: StoreConfig) -> Layout:
+    """Asserts every invariant of docs/LAYOUT.md that holds after any completed call."""
+    layout = read_layout(client, keys)
+    check_containers(client, keys, config, layout)
+    check_counters(client, keys, layout)
     check_turns(client, keys)
     return layout
 
@@ -216,3 +295,15 @@ def check_turns(client, keys: ThreadKeys) -> None:
             header,
         )
     assert set(ranges) == named, set(ranges) - named
+
+
+def to_hash_chunk(client, keys: ThreadKeys, first: int) -> None:
+    """Turns a closed layout-3 chunk into the layout-2 hash it would be on a thread migrated from
+    layout 2 (such chunks are kept and read forever), with the same deadline."""
+    manifest, data = client.mget(keys.chunk_manifest(first), keys.chunk_data(first))
+    assert manifest is not None and data is not None, f"chunk {first} is not in strings"
+    deadline = client.pexpiretime(keys.chunk_data(first))
+    client.delete(keys.chunk_manifest(first), keys.chunk_data(first))
+    client.hset(keys.chunk(first), mapping={"_m": manifest, "d": data})
+    if deadline > 0:
+        client.pexpireat(keys.chunk(first), deadline)
