@@ -36,11 +36,18 @@ def users(n: int, start: int = 0) -> list[UserMessage]:
 
 
 def stored_counts(client, keys) -> dict[int, int]:
-    """Each stored sequence's count, read with raw commands from the side infos."""
+    """Each stored sequence's count, read with raw commands from the side infos: the window's
+    (layout 2), the open chunk's manifest (layout 3) and each chunk's, a layout-3 string or a
+    layout-2 hash's field."""
     counts = {int(s): side_tokens(v) for s, v in client.hgetall(keys.window_side).items()}
+    manifests = [client.get(keys.open_manifest) or b""]
     for member in client.zrange(keys.chunk_index, 0, -1) + client.zrange(keys.large_index, 0, -1):
         first = int(member.split(b":")[0])
-        for line in client.hget(keys.chunk(first), "_m").split(b"\n")[:-1]:
+        manifests.append(
+            client.get(keys.chunk_manifest(first)) or client.hget(keys.chunk(first), "_m")
+        )
+    for manifest in manifests:
+        for line in manifest.split(b"\n")[:-1]:
             sequence, _, side = line.partition(b"\t")
             counts[int(sequence)] = side_tokens(side)
     return counts
