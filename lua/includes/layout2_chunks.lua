@@ -129,20 +129,3 @@ local function write_open(keys, manifest, data)
   redis.call('SET', keys.open_data, data, 'KEEPTTL')
   redis.call('SET', keys.open_manifest, manifest, 'KEEPTTL')
 end
-
--- A closed chunk's manifest and records: layout-3 strings first, else the layout-2 hash; nils
--- when neither.
-local function read_chunk(keys, first)
-  local prefix = chunk_key(keys, first)
-  local found = redis.call('MGET', prefix .. ':m', prefix .. ':d')
-  if found[1] and found[2] then return found[1], found[2], false end
-  found = redis.call('HMGET', prefix, '_m', 'd')
-  if found[1] and found[2] then return found[1], found[2], true end
-  return nil, nil, nil
-end
-
--- The open chunk's manifest and records, '' when empty.
-local function read_open(keys)
-  local found = redis.call('MGET', keys.open_manifest, keys.open_data)
-  return found[1] or '', found[2] or ''
-end

@@ -11,7 +11,7 @@ import pytest
 from kvstore import AssistantMessage, MessageStore, StoreConfig, SummaryMessage, UserMessage, errors
 from kvstore.messages import ImageContent, TextContent, inline_media_bytes
 
-from ..support.layout_check import check_layout, read_layout
+from ..support.layout_check import check_layout, read_layout, to_hash_chunk
 
 SMALL = dict(window_size=8, chunk_size=4, chunk_max_bytes=4096)
 MiB = 1024 * 1024
@@ -365,3 +365,112 @@ def test_retention_around_oversized_messages_deletes_only_whole_prefixes(
         assert set(range(deleted_before, kept[-1] + 1)) == set(kept), (kept, deleted_before)
         assert all(s <= last_sequence for s in range(1, deleted_before))
         assert [m.seq_id for m in thread.iter()] == kept
+
+
+# ------------------------------------------------------------------ edits on layout 3's chunks
+
+
+def test_replace_in_the_open_chunk_in_place_or_into_its_own_chunk(
+    make_thread, raw_client, namespace
+):
+    config = StoreConfig(namespace=namespace, **SMALL)
+    thread = make_thread(**SMALL)
+    stored = fill(thread, 7, size=200)  # a chunk closed at 1..4, the open chunk 5..7
+    layout = check_layout(raw_client, thread.keys, config)
+    assert sorted(layout.open) == [5, 6, 7] and list(layout.chunks) == [1]
+    # In place: the open chunk's record and its meta sums change, nothing moves.
+    gen = raw_client.hget(thread.keys.meta, "gen")
+    thread.replace(stored[5].id, AssistantMessage(content="replaced 6"))
+    layout = check_layout(raw_client, thread.keys, config)
+    assert b"replaced 6" in layout.open[6] and sorted(layout.open) == [5, 6, 7]
+    assert raw_client.hget(thread.keys.meta, "gen") == gen
+    # Past chunk_max_bytes: its own chunk, as an oversized append.
+    thread.replace(stored[6].id, UserMessage(content="G" * 6000))
+    layout = check_layout(raw_client, thread.keys, config)
+    assert sorted(layout.open) == [5, 6] and list(layout.large) == [7]
+    # Within chunk_max_bytes but growing the open chunk past it: its own chunk too.
+    thread.replace(stored[4].id, UserMessage(content="H" * 3900))
+    layout = check_layout(raw_client, thread.keys, config)
+    assert sorted(layout.open) == [6] and sorted(layout.large) == [5, 7]
+    assert raw_client.hget(thread.keys.meta, "open_first") == b"6"
+    # Alone in the open chunk, a message may outgrow the cap in place.
+    thread.replace(stored[5].id, UserMessage(content="I" * 6000))
+    layout = check_layout(raw_client, thread.keys, config)
+    assert sorted(layout.open) == [6] and b"I" * 6000 in layout.open[6]
+    # The chunks closed after it start at the open chunk's first sequence left (6, not 5,
+    # which is an oversized chunk's now): no chunk key is written twice.
+    stored += fill(thread, 9, size=200)
+    layout = check_layout(raw_client, thread.keys, config)
+    assert 6 in layout.chunks and layout.chunks[6].keys() == {6}
+    assert layout.all_sequences() == [m.seq_id for m in stored]
+
+
+def test_replace_in_closed_chunks_of_either_kind(make_thread, raw_client, namespace):
+    config = StoreConfig(namespace=namespace, **SMALL)
+    thread = make_thread(**SMALL)
+    stored = fill(thread, 4, size=100)
+    stored += thread.append(UserMessage(content="B" * 6000))  # an oversized chunk, 5
+    stored += fill(thread, 8, size=100)
+    layout = check_layout(raw_client, thread.keys, config)
+    assert sorted(layout.chunks) == [1, 6] and list(layout.large) == [5]
+    # A thread migrated from layout 2 keeps its chunks as hashes: edits write them back as such.
+    to_hash_chunk(raw_client, thread.keys, 1)
+    to_hash_chunk(raw_client, thread.keys, 5)
+    for original in (stored[1], stored[4], stored[6]):
+        thread.replace(original.id, AssistantMessage(content=f"replaced {original.seq_id}"))
+        layout = check_layout(raw_client, thread.keys, config)
+        record = {**layout.large, **layout.chunks[1], **layout.chunks[6]}[original.seq_id]
+        assert f"replaced {original.seq_id}".encode() in record
+    assert layout.hash_chunks == {1, 5}
+    # A closed chunk's message may not grow its chunk past the cap, in either kind.
+    for original in (stored[2], stored[7]):
+        with pytest.raises(errors.MessageTooLarge, match="chunk_max_bytes"):
+            thread.replace(original.id, UserMessage(content="C" * 4000))
+    assert check_layout(raw_client, thread.keys, config).all_sequences() == list(range(1, 14))
+
+
+def test_remove_turn_from_the_open_chunk_and_closed_chunks_of_either_kind(
+    make_thread, raw_client, namespace
+):
+    config = StoreConfig(namespace=namespace, **SMALL)
+    thread = make_thread(**SMALL)
+    stored = fill(thread, 14, size=100, turn_prefix="t")  # turns t0..t6, two messages each
+    stored += thread.append(UserMessage(content="B" * 5000), turn_id="t1")  # 15, oversized
+    stored += fill(thread, 2, size=100, turn_prefix="u")  # 16, 17: turn u0
+    layout = check_layout(raw_client, thread.keys, config)
+    assert sorted(layout.chunks) == [1, 5, 9] and sorted(layout.open) == [13, 14, 16, 17]
+    to_hash_chunk(raw_client, thread.keys, 1)
+    to_hash_chunk(raw_client, thread.keys, 15)
+    raw_client.hdel(thread.keys.meta, "tokens")  # as before counts existed: summed again
+    assert thread.remove_turn("t1") == 3  # 3, 4 in a hash chunk, 15 oversized
+    assert thread.remove_turn("t6") == 2  # 13, 14: the open chunk's first two
+    layout = check_layout(raw_client, thread.keys, config)
+    assert layout.hash_chunks == {1} and sorted(layout.chunks[1]) == [1, 2]
+    assert sorted(layout.open) == [16, 17]
+    assert raw_client.hget(thread.keys.meta, "open_first") == b"16"
+    assert thread.remove_turn("u0") == 2  # the open chunk left empty: its keys go
+    layout = check_layout(raw_client, thread.keys, config)
+    assert not layout.open and not raw_client.exists(thread.keys.open_data)
+    assert thread.remove_turn("t2") == 2  # 5, 6 of a closed chunk's strings
+    layout = check_layout(raw_client, thread.keys, config)
+    kept = [m.seq_id for m in stored if m.seq_id not in (3, 4, 5, 6, 13, 14, 15, 16, 17)]
+    assert layout.all_sequences() == kept
+    # The next appends start a new open chunk.
+    stored = fill(thread, 3, size=100)
+    layout = check_layout(raw_client, thread.keys, config)
+    assert sorted(layout.open) == [18, 19, 20]
+
+
+def test_retention_keeps_an_oversized_chunk_newer_than_an_open_chunk_message(
+    make_thread, raw_client, namespace
+):
+    config = StoreConfig(namespace=namespace, retained_message_limit=0, **SMALL)
+    thread = make_thread(retained_message_limit=0, **SMALL)
+    stored = fill(thread, 2, size=100)  # the open chunk: 1, 2
+    stored += thread.append(UserMessage(content="B" * 5000))  # 3, its own chunk
+    stored += fill(thread, 1, size=100)  # 4 joins the open chunk
+    thread.compact("the first three", last_sequence=3)
+    layout = check_layout(raw_client, thread.keys, config)
+    # The oversized chunk is the oldest chunk, but the open chunk holds older messages.
+    assert list(layout.large) == [3] and sorted(layout.open)[:2] == [1, 2]
+    assert thread.stats().deleted_before_sequence is None

@@ -255,3 +255,61 @@ def test_retention_keeps_every_chunk_newer_than_a_window_message(
     assert [m.seq_id for m in kept][:-1] == [
         m.seq_id for m in expected if m.seq_id >= deleted_before
     ]
+
+
+def test_a_layout_1_thread_the_previous_release_was_migrating_ends_in_layout_3(
+    make_thread, raw_client, namespace, server, server_only
+):
+    """The previous release's writes moved part of a layout-1 thread into chunks and put their
+    own messages in a window: this release finishes the legacy hash, then drains the window."""
+    config = dict(window_size=8, chunk_size=4, max_chunks_per_call=1)
+    thread = make_thread("halfway", **config)
+    write_layout_1(raw_client, thread.keys, 80)
+    code = """
+t = store.thread("halfway")
+for i in range(12):
+    t.append(UserMessage(content="old worker " + str(i), id="message-w-" + str(i), date="{date}"))
+result = [m.model_dump(mode="json") for m in t.iter()]
+""".replace("{date}", DATE)
+    written = run_previous(server.url, {"namespace": namespace, **config}, code)
+    assert len(written) == 92
+    assert raw_client.hget(thread.keys.meta, "layout") == b"1"
+    assert raw_client.exists(thread.keys.legacy) and raw_client.zcard(thread.keys.window) > 0
+    legacy = {int(k): v for k, v in raw_client.hgetall(thread.keys.legacy).items()}
+    before = stored(raw_client, thread.keys)
+    assert dumps(thread.iter()) == written
+    thread.migrate()
+    assert raw_client.hget(thread.keys.meta, "layout") == b"3"
+    assert not raw_client.exists(thread.keys.legacy, thread.keys.window, thread.keys.window_side)
+    after = stored(raw_client, thread.keys)
+    assert sorted(after) == list(range(1, 93))
+    assert {s: after[s] for s in before} == before
+    assert {s: after[s][0] for s in legacy} == legacy
+    assert dumps(thread.iter()) == written
+    check_layout(raw_client, thread.keys, StoreConfig(namespace=namespace, **config))
+
+
+def test_kvstore_migrate_finds_layout_1_and_2_threads_and_finishes_them(
+    make_thread, raw_client, namespace, server, server_only
+):
+    from .test_cli import kvstore
+
+    config = dict(window_size=8, chunk_size=4)
+    written = old_thread(server, namespace, "two", 30, **config)
+    one = write_layout_1(raw_client, make_thread("one", **config).keys, 30)
+    make_thread("three", **config).append(UserMessage(content="already layout 3"))
+    result = kvstore("migrate", "--url", server.url, "--namespace", namespace)
+    assert result.returncode == 0, result.stderr
+    assert "migrated 2 threads to layout 3" in result.stdout
+    for tid in ("one", "two", "three"):
+        keys = make_thread(tid, **config).keys
+        assert raw_client.hget(keys.meta, "layout") == b"3"
+        assert not raw_client.exists(keys.legacy, keys.window, keys.window_side)
+    assert dumps(make_thread("two", **config).iter()) == written
+    assert list(make_thread("one", **config).iter()) == one
+    result = kvstore("migrate", "--url", server.url, "--namespace", namespace)
+    assert "no threads to migrate" in result.stdout
+    result = kvstore(
+        "migrate", "one", "two", "three", "--url", server.url, "--namespace", namespace
+    )
+    assert "migrated 0 threads to layout 3 (3 already in layout 3)" in result.stdout

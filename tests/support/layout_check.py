@@ -295,3 +295,15 @@ def check_turns(client, keys: ThreadKeys) -> None:
             header,
         )
     assert set(ranges) == named, set(ranges) - named
+
+
+def to_hash_chunk(client, keys: ThreadKeys, first: int) -> None:
+    """Turns a closed layout-3 chunk into the layout-2 hash it would be on a thread migrated from
+    layout 2 (such chunks are kept and read forever), with the same deadline."""
+    manifest, data = client.mget(keys.chunk_manifest(first), keys.chunk_data(first))
+    assert manifest is not None and data is not None, f"chunk {first} is not in strings"
+    deadline = client.pexpiretime(keys.chunk_data(first))
+    client.delete(keys.chunk_manifest(first), keys.chunk_data(first))
+    client.hset(keys.chunk(first), mapping={"_m": manifest, "d": data})
+    if deadline > 0:
+        client.pexpireat(keys.chunk(first), deadline)
