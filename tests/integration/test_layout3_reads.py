@@ -233,3 +233,17 @@ def test_inspect_shows_the_open_chunk_and_stats_count_it_in_the_window(backend, 
     inspect(store, "t", out=out)
     assert "  open chunk        4 messages, 17..20," in out.getvalue()
     store.close()
+
+
+@pytest.mark.parametrize("budget", [1, 20, 39, 40, 100, 10**6])
+def test_a_migrated_thread_budgets_by_the_counts_of_every_kind_of_container(migrated, budget):
+    store, _ = migrated
+    # Each crafted message counts its own sequence.
+    kept, left = [], budget
+    for seq in reversed(KEPT):
+        if seq > left:
+            break
+        left -= seq
+        kept.append(seq)
+    context = store.thread("t").context(max_tokens=budget)
+    assert [m.seq_id for m in context] == kept[::-1]
