@@ -116,7 +116,7 @@ def test_append_rollover_pages_and_reads_on_every_primary(
         stats = thread.stats()
         assert stats.stored_messages == len(stored) and stats.next_sequence == len(stored) + 1
         assert stats.chunks == len(layout.chunks) + len(layout.large)
-        assert stats.window_messages == len(layout.window)
+        assert stats.window_messages == len(layout.window) + len(layout.open)
         snapshot = thread.snapshot()
         assert snapshot.messages == stored[-200:] and snapshot.stats == stats
         assert thread.context() == stored
