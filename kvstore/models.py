@@ -50,7 +50,8 @@ class ThreadStats(_Result):
     """A thread's counts and sizes, from ``Thread.stats()`` (and ``ThreadSnapshot.stats``).
 
     stored_messages: messages stored (in the window and in chunks).
-    window_messages: messages in the window, not yet rolled into chunks.
+    window_messages: messages not yet in a closed chunk: the open chunk's (and, on a thread
+        migrating from layout 2, its window's).
     chunks: chunks stored (a message larger than ``chunk_max_bytes`` is a chunk of its own).
     stored_bytes / media_bytes: record bytes stored, and the decoded inline media among them.
     next_sequence: the sequence the next message gets (1 for an empty thread).
