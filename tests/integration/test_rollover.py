@@ -163,27 +163,38 @@ def chunk_data_sizes(raw_client, keys) -> list[int]:
     ]
 
 
+def size_class(size: int) -> int:
+    """jemalloc's size class of an allocation of `size` bytes, from 16 KiB up: four per power
+    of two."""
+    step = 1 << (max(size - 1, 1).bit_length() - 3)
+    return -(-size // step) * step
+
+
 def test_a_chunk_of_large_records_ends_where_its_data_fills_a_size_class(
     make_thread, raw_client, namespace
 ):
-    # 32 records of ~1.1 KB are 35.9 KB, which jemalloc rounds up to 40 KiB; the chunk closes
-    # instead where its data fills the 32 KiB class, and the next one takes the records after it.
+    # Records of ~1.1 KB: each chunk closes where its data (and the string's 16 bytes of header)
+    # fills its size class to within one record, never a record into the next class.
     thread = make_thread()
     stored = thread.append([UserMessage(content=f"{i:04d} " + "x" * 995) for i in range(400)])
     stats = thread.stats()
     record = stats.stored_bytes // stats.stored_messages
     sizes = chunk_data_sizes(raw_client, thread.keys)
-    assert len(sizes) >= 10
-    assert all(32 * 1024 - 16 - record < size <= 32 * 1024 - 16 for size in sizes), (record, sizes)
+    assert len(sizes) >= 6
+    assert all(size_class(s + 16) - record < s + 16 <= size_class(s + 16) for s in sizes), (
+        record,
+        sizes,
+    )
+    assert all(s <= 65520 for s in sizes)
     check_layout(raw_client, thread.keys, StoreConfig(namespace=namespace))
     assert list(thread.iter()) == stored
     assert thread.get(stored[100].id) == stored[100]
 
 
 def test_a_chunk_under_16_kib_keeps_chunk_size_messages(make_thread, raw_client):
-    # 32 records of ~420 bytes: 13.4 KB of data, under the sizes whose classes are fitted.
+    # 64 records of ~225 bytes: 14.4 KB of data, under the sizes whose classes are fitted.
     thread = make_thread()
-    thread.append([UserMessage(content=f"{i:04d} " + "x" * 295) for i in range(300)])
+    thread.append([UserMessage(content=f"{i:04d} " + "x" * 100) for i in range(500)])
     counts = [
         int(member.split(b":")[2]) for member in raw_client.zrange(thread.keys.chunk_index, 0, -1)
     ]
