@@ -19,6 +19,7 @@ import json
 import os
 import sys
 import time
+import traceback
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -38,6 +39,7 @@ from ._machine import cpu_snapshot, machine
 BENCHMARKS = (
     "append",
     "server_cost",
+    "aof",
     "memory",
     "throughput",
     "encode",
@@ -265,9 +267,15 @@ def main(argv: list[str] | None = None) -> int:
     args, names = parse_arguments(argv)
     _servers.stop_on_sigterm()
     run = Run(names, args.quick)
+    failed: list[str] = []
     try:
         for name in names:
-            run_one(name, args, run)
+            try:
+                run_one(name, args, run)
+            except Exception:  # one benchmark's failure does not lose the others' figures
+                traceback.print_exc()
+                print(f"\n{name} FAILED (above); the other benchmarks go on", file=sys.stderr)
+                failed.append(name)
     except KeyboardInterrupt:
         print("\ninterrupted; the benchmark's servers are stopped", file=sys.stderr)
         return 130
@@ -283,6 +291,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nall figures: {summary} (and one JSON per benchmark beside it)")
     for plot in _plots.draw(run.documents, RESULTS_DIR, args.quick):
         print(f"plot: {plot}")
+    if failed:
+        print(f"\nFAILED: {', '.join(failed)} (their tracebacks are above)")
+        return 1
     return 0
 
 

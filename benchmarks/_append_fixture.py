@@ -185,16 +185,20 @@ class Bench(Fixture):
         return MESSAGE_LIST_ADAPTER.validate_python([json.loads(item) for item in raw])
 
     def check(self) -> None:
-        """Every read variant returns the page it claims to, before anything is timed."""
-        for thread in (self.read_small, self.big):
-            page = thread.list(limit=PAGE, order="desc")
-            if len(page.messages) != PAGE or not page.has_more:
-                raise RuntimeError(f"kvstore page of {len(page.messages)} messages")
-            if page.messages[0].seq_id < page.messages[-1].seq_id:
-                raise RuntimeError("kvstore's desc page is not newest first")
+        """Every read variant returns the page it claims to, before anything is timed. A kvstore
+        page that does not is left out of the run (`pages_ok` False, and said), not timed."""
         for key in (self.list_100, self.lists[self.params.big]):
             if len(self.list_page(key)) != PAGE:
                 raise RuntimeError("list page is not 50 messages")
+        self.pages_ok = True
+        for thread, stored in ((self.read_small, SMALL), (self.big, self.params.big)):
+            page = thread.list(limit=PAGE, order="desc")
+            sequences = [m.seq_id for m in page.messages]
+            if sequences != list(range(stored, stored - PAGE, -1)) or not page.has_more:
+                log(f"  NOT MEASURED: kvstore's newest page read {sequences[:3]}... of {stored}")
+                self.pages_ok = False
+        if not self.pages_ok:
+            return
         kvstore_page = [
             m.to_dict() for m in self.read_small.list(limit=PAGE, order="desc").messages
         ]

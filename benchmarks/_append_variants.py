@@ -35,6 +35,8 @@ def variants(bench: Bench) -> list[Variant]:
         ("list_page_100", "newest 50, JSON list of 100 (LRANGE -50 -1)"),
         ("list_page_big", f"newest 50, JSON list of {n} (LRANGE -50 -1)"),
     ]
+    if not bench.pages_ok:  # kvstore's pages read back wrong: not timed (check() said so)
+        rows = [row for row in rows if row[0] not in ("page_100", "page_big")]
     timed = [Variant(name, label, calls[name]) for name, label in rows]
     for size, whole_calls in p.whole_calls.items():
         key = bench.lists[size]

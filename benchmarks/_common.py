@@ -41,12 +41,13 @@ def new_messages(texts: list[str], count: int, start: int = 0) -> list:
     return [UserMessage(content=texts[(start + i) % len(texts)]) for i in range(count)]
 
 
-def fill_thread(thread: Any, config: Any, texts: list[str], count: int) -> None:
-    """Appends `count` new messages to `thread` in batches of what one call rolls over at most
-    (``max_chunks_per_call × chunk_size``), so the thread ends in its steady state."""
-    batch = config.max_chunks_per_call * config.chunk_size
+def fill_thread(thread: Any, config: Any, texts: list[str], count: int) -> list[Any]:
+    """Appends `count` new messages to `thread` in batches of ``max_chunks_per_call ×
+    chunk_size``, so every thread is filled alike; returns the messages as stored."""
+    batch, stored = config.max_chunks_per_call * config.chunk_size, []
     for start in range(0, count, batch):
-        thread.append(new_messages(texts, min(batch, count - start), start))
+        stored += thread.append(new_messages(texts, min(batch, count - start), start))
+    return stored
 
 
 class MessagePool:

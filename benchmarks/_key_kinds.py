@@ -14,7 +14,9 @@ import redis
 KINDS = {
     "window": "window (sorted set)",
     "wside": "window side hash",
-    "chunk": "chunks (hashes)",
+    "open:d": "open chunk (string)",
+    "open:m": "open chunk manifest",
+    "chunk": "closed chunks",
     "ids": "ids map",
     "otids": "otids map",
     "chunks": "index: chunks",

@@ -26,6 +26,7 @@ import json
 import pstats
 import sys
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -53,7 +54,7 @@ from ._common import (
     standalone_main,
     summarize,
 )
-from ._engine import core, decode_records, encode_record, record_body
+from ._engine import core, decode_records, encode_record, record, record_body, request_command
 
 PAGE = 50
 MESSAGES = 1_000
@@ -75,6 +76,9 @@ ROWS = (
     ("append", "packb", "  msgpack.packb of the record"),
     ("append", "encode", "encode_record (serializer + packb)"),
     ("append", "prepare", "prepare_batch (copy, ids, date, encode, checks)"),
+    ("append", "dict_packb", "msgpack.packb of the message dict (the floor)"),
+    ("append", "client", "client side before the socket (prepare, args, command, packing)"),
+    ("append", "pack", "  of which redis-py packing the command (pack_command)"),
     ("append", "ping", "PING round trip"),
     ("append", "bare", "bare 4-write EVALSHA round trip"),
     ("append", "script", "kvstore's append script alone (args pre-built)"),
@@ -110,25 +114,13 @@ class Encode(Fixture):
         ]
         self.dicts = [m.to_dict() for m in self.stamped]
         self.records = [encode_record(m) for m in self.stamped]
-        # The newest page's native read, as the core builds it, and its records as
-        # decode_records gets them.
-        keys = self.read_thread.keys
-        operation = core.list_page(
-            core.ThreadRef.of(config, "encode-read"), limit=PAGE, order="desc"
-        )
-        self.page_read = list(next(operation).commands)
-        operation.close()
-        window = self.client.zrange(
-            keys.window,
-            "+inf",
-            "-inf",
-            byscore=True,
-            desc=True,
-            offset=0,
-            num=PAGE,
-            withscores=True,
-        )
-        self.entries = [(int(score), member) for member, score in window]
+        # The newest page's requests, as the core sends them, and its records as decode_records
+        # gets them (the stored bytes: a record is the message without its sequence).
+        self.page_requests: list[Any] = []
+        record(self.store, self.page_requests.append)
+        newest = self.read_thread.list(limit=PAGE, order="desc").messages
+        record(self.store, None)
+        self.entries = [(m.seq_id, encode_record(m)) for m in newest]
         self.bodies = [record_body(seq, record) for seq, record in self.entries]
         self.json_texts = [
             m.to_json() for m in self.read_thread.list(limit=PAGE, order="desc").messages
@@ -147,7 +139,7 @@ class Encode(Fixture):
     def variants(self) -> list[Variant]:
         client, config, messages = self.client, self.config, self.messages
         state = {"append": 0, "script": 0, "bare": 0}
-        pool = MessagePool(self.texts, self.params.warmup + self.params.calls)
+        pool = MessagePool(self.texts, 2 * (self.params.warmup + self.params.calls))
         serializer = self.stamped[0].__pydantic_serializer__
 
         def append() -> None:
@@ -167,11 +159,8 @@ class Encode(Fixture):
                 self.bare_sha, 4, *self.bare_keys, f"message-{i}", self.records[i % TEXTS]
             )
 
-        def read() -> None:
-            pipe = client.pipeline(transaction=False)
-            for command in self.page_read:
-                pipe.execute_command(*command)
-            pipe.execute()
+        read = self.page_read()
+        connection, command, client_side = self.client_side(pool)
 
         body = serializer.to_python(self.stamped[0], mode="json", exclude_none=True)
         return [
@@ -184,6 +173,9 @@ class Encode(Fixture):
             Variant("packb", "", lambda: msgpack.packb([2, body], use_bin_type=True)),
             Variant("encode", "", lambda: encode_record(self.stamped[0])),
             Variant("prepare", "", lambda: core.prepare_batch(config, messages[0], None)),
+            Variant("dict_packb", "", lambda: msgpack.packb(self.dicts[0])),
+            Variant("client", "", client_side),
+            Variant("pack", "", lambda: connection.pack_command(*command)),
             Variant("ping", "", client.ping),
             Variant("bare", "", bare),
             Variant("script", "", script),
@@ -195,6 +187,38 @@ class Encode(Fixture):
             Variant("json_loads", "", lambda: [json.loads(t) for t in self.json_texts]),
             Variant("page", "", lambda: self.read_thread.list(limit=PAGE, order="desc")),
         ]
+
+    def page_read(self) -> Callable[[], None]:
+        """The newest page's requests, sent as the core sends them."""
+        client = self.client
+
+        def read() -> None:
+            for request in self.page_requests:
+                if isinstance(request, core.Eval):
+                    send_script(client, self.store, request)
+                    continue
+                pipe = client.pipeline(transaction=False)
+                for command in request.commands:
+                    pipe.execute_command(*command)
+                pipe.execute()
+
+        return read
+
+    def client_side(self, pool: MessagePool) -> tuple[Any, tuple[Any, ...], Callable[[], None]]:
+        """A connection to pack with, an append's command, and an append's work before the
+        socket: the core up to its request, the command the executor sends, packed."""
+        ref = core.ThreadRef.of(self.config, "encode")
+        connection = self.client.connection_pool.get_connection()
+        self.client.connection_pool.release(connection)
+        command = request_command(self.store, self.script_requests[0])
+
+        def client_side() -> None:
+            operation = core.append(ref, pool.take(), None)
+            request = next(operation)
+            operation.close()
+            connection.pack_command(*request_command(self.store, request))
+
+        return connection, command, client_side
 
     def cleanup(self) -> None:
         self.thread.delete()
@@ -214,6 +238,43 @@ class Encode(Fixture):
         return out.getvalue()
 
 
+# (name, label, numerator, what it less, denominator) of each share, all for information.
+SHARES = (
+    (
+        "client_share_append",
+        "append: client side (append - script alone) / append",
+        "append",
+        "script",
+        "append",
+    ),
+    (
+        "client_vs_packb",
+        "append: client side before the socket / msgpack.packb of the message dict",
+        "client",
+        None,
+        "dict_packb",
+    ),
+    (
+        "client_vs_bare",
+        "append: client side before the socket / bare EVALSHA round trip",
+        "client",
+        None,
+        "bare",
+    ),
+    ("prepare_share_append", "append: prepare_batch / append", "prepare", None, "append"),
+    (
+        "encode_vs_roundtrip",
+        "append: encode_record / bare EVALSHA round trip",
+        "encode",
+        None,
+        "bare",
+    ),
+    ("decode_share_page", "page: decode_records / whole page", "decode", None, "page"),
+    ("validate_share_page", "page: validation alone / whole page", "validate_page", None, "page"),
+    ("read_share_page", "page: native read round trip / whole page", "read", None, "page"),
+)
+
+
 def run_server(url: str, params: Params, own: bool, profile: bool) -> dict[str, Any]:
     with Encode(url, params, own) as bench:
         log(
@@ -225,42 +286,8 @@ def run_server(url: str, params: Params, own: bool, profile: bool) -> dict[str, 
     steps = {name: summarize(samples[name]) for name in samples}
     med = {k: v["median_us"] for k, v in steps.items()}
     ratios = [
-        ratio(
-            "client_share_append",
-            "append: client side (append - script alone) / append",
-            (med["append"] - med["script"]) / med["append"],
-            None,
-        ),
-        ratio(
-            "prepare_share_append",
-            "append: prepare_batch / append",
-            med["prepare"] / med["append"],
-            None,
-        ),
-        ratio(
-            "encode_vs_roundtrip",
-            "append: encode_record / bare EVALSHA round trip",
-            med["encode"] / med["bare"],
-            None,
-        ),
-        ratio(
-            "decode_share_page",
-            "page: decode_records / whole page",
-            med["decode"] / med["page"],
-            None,
-        ),
-        ratio(
-            "validate_share_page",
-            "page: validation alone / whole page",
-            med["validate_page"] / med["page"],
-            None,
-        ),
-        ratio(
-            "read_share_page",
-            "page: native read round trip / whole page",
-            med["read"] / med["page"],
-            None,
-        ),
+        ratio(name, label, (med[top] - med[less] if less else med[top]) / med[bottom], None)
+        for name, label, top, less, bottom in SHARES
     ]
     return {
         "server": bench.version,

@@ -35,21 +35,18 @@ from kvstore import MessageStore, StoreConfig, UserMessage
 
 from ._common import (
     BARE_SCRIPT,
-    SCRIPT_COMMANDS,
     Fixture,
     MessagePool,
     bare_keys,
     collect_per_server,
-    command_stats,
     fill_thread,
     log,
     new_messages,
-    ratio,
-    render_ratios,
     send_script,
     standalone_main,
-    stats_diff,
 )
+from ._cost import replayed, slowlog_appends, timed
+from ._cost_render import ratios, render
 from ._engine import Batch, ChunkEntry, Eval, encode_record, record
 
 PAGE = 50
@@ -60,10 +57,12 @@ class Params:
     messages: int  # in the measured thread
     calls: int  # per operation
     warmup: int
+    cold_threads: int  # threads (and hashes) the cold newest page and HMGET go round
+    cold_messages: int  # in each of them
 
 
-DEFAULT = Params(messages=10_000, calls=3000, warmup=200)
-QUICK = Params(messages=2_000, calls=500, warmup=50)
+DEFAULT = Params(messages=10_000, calls=3000, warmup=200, cold_threads=256, cold_messages=200)
+QUICK = Params(messages=2_000, calls=500, warmup=50, cold_threads=64, cold_messages=120)
 
 
 class Recorder(MessageStore):
@@ -75,76 +74,8 @@ class Recorder(MessageStore):
         record(self, self.requests.append)
 
 
-def cpu_seconds(client: redis.Redis) -> float:
-    info = client.info("cpu")
-    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
-
-
-def timed(
-    client: redis.Redis, calls: int, fn: Callable[[int], Any], scripted: bool
-) -> dict[str, Any]:
-    """Server time per call of `fn`: its script command's time if `scripted`, else the sum of its
-    commands."""
-    cpu_before, before = cpu_seconds(client), command_stats(client)
-    for i in range(calls):
-        fn(i)
-    after, cpu_after = command_stats(client), cpu_seconds(client)
-    diff = stats_diff(before, after)
-    diff.pop("cpu", None)
-    diff = {k: v for k, v in diff.items() if not k.startswith("info")}
-    if scripted:
-        scripts = {k: v for k, v in diff.items() if k in SCRIPT_COMMANDS}
-        usec = sum(v["usec"] for v in scripts.values())
-        inner = sum(v["usec"] for k, v in diff.items() if k not in scripts)
-    else:
-        usec, inner = sum(v["usec"] for v in diff.values()), 0
-    return {
-        "calls": calls,
-        "usec_per_call": usec / calls,
-        "inner_usec_per_call": inner / calls,
-        "cpu_usec_per_call": (cpu_after - cpu_before) * 1e6 / calls,
-        "commands": {
-            k: {**v, "per_call": v["calls"] / calls, "usec_per_call": v["usec"] / v["calls"]}
-            for k, v in sorted(diff.items())
-        },
-    }
-
-
-def slowlog_appends(
-    client: redis.Redis, append: Callable[[int], Any], calls: int, per_chunk: int
-) -> dict[str, Any] | None:
-    """Each append's own server time, from SLOWLOG with a 0 µs threshold (own servers only):
-    the typical append against the one in `per_chunk` (the messages a chunk holds) that also
-    moves a chunk."""
-    try:
-        client.config_set("slowlog-log-slower-than", 0)
-        # Valkey also logs the commands a script runs: room for all of them.
-        client.config_set("slowlog-max-len", calls * 40)
-        client.slowlog_reset()
-    except redis.ResponseError:
-        return None
-    for i in range(calls):
-        append(i)
-    entries = client.slowlog_get(calls * 40)
-    client.config_set("slowlog-log-slower-than", 10000)
-    scripted = tuple(name.upper().encode() + b" " for name in SCRIPT_COMMANDS)
-    durations = sorted(
-        e["duration"] for e in entries if bytes(e["command"]).upper().startswith(scripted)
-    )
-    if not durations:
-        return None
-    moving = max(1, len(durations) // per_chunk)
-    return {
-        "calls": len(durations),
-        "median_us": durations[len(durations) // 2],
-        "typical_mean_us": sum(durations[:-moving]) / (len(durations) - moving),
-        "slowest_share_mean_us": sum(durations[-moving:]) / moving,
-        "slowest_share": f"1 in {per_chunk} ({moving})",
-    }
-
-
 class Cost(Fixture):
-    """The thread, the baselines' keys and the recorded page requests of one run on one server."""
+    """The threads, the baselines' keys and the recorded page requests of one run on one server."""
 
     params: Params
     store: Recorder
@@ -152,20 +83,30 @@ class Cost(Fixture):
     def __init__(self, url: str, params: Params, own: bool) -> None:
         super().__init__(url, params, own, Recorder)
         self.thread = self.store.thread("cost")
+        self.quiet_config = StoreConfig(namespace=self.ns, events=False)
+        self.quiet = MessageStore(self.client, self.quiet_config).thread("cost-quiet")
+        self.cold = [self.store.thread(f"cold-{i}") for i in range(params.cold_threads)]
         self.script_keys = bare_keys(f"{self.ns}:{{bare}}")
         self.hmget_key = f"{self.ns}:{{native}}:hash"
+        self.cold_hashes = [f"{self.ns}:{{native-{i}}}:hash" for i in range(params.cold_threads)]
         self.list_key = f"{self.ns}:{{native}}:list"
 
     def setup(self) -> None:
-        """The thread, then the baselines with the bytes of one of its records."""
+        """The threads, then the baselines with the bytes of one of its records."""
         fill_thread(self.thread, self.config, self.texts, self.params.messages)
+        fill_thread(self.quiet, self.quiet_config, self.texts, self.params.messages)
+        for thread in self.cold:
+            fill_thread(thread, self.config, self.texts, self.params.cold_messages)
         stamped = UserMessage(content=self.texts[0]).model_copy(
             update={"id": f"message-{uuid.uuid4()}", "date": datetime.now(UTC)}
         )
         self.blob = encode_record(stamped)
         self.sha = self.client.script_load(BARE_SCRIPT)
-        self.client.hset(self.hmget_key, mapping={i: self.blob for i in range(1, 65)})
-        self.client.rpush(self.list_key, *[stamped.to_json()] * 100)
+        pipe = self.client.pipeline(transaction=False)
+        for key in [self.hmget_key, *self.cold_hashes]:
+            pipe.hset(key, mapping={i: self.blob for i in range(1, 65)})
+        pipe.rpush(self.list_key, *[stamped.to_json()] * 100)
+        pipe.execute()
 
     def recorded(self, read: Callable[[], Any]) -> tuple[Any, list[Eval | Batch]]:
         """What `read` returns, and the requests it sent."""
@@ -173,22 +114,42 @@ class Cost(Fixture):
         result = read()
         return result, list(self.store.requests)
 
-    def page_requests(self) -> dict[str, list[Eval | Batch]]:
-        """The requests of the newest page, of an older page and of the same from an id cursor."""
+    def page_requests(self) -> dict[str, list[list[Eval | Batch]]]:
+        """The requests of the newest page (on the measured thread, and on each cold thread), of
+        an older page and of the same from an id cursor. A page that does not read back as
+        expected is left out (and said), not measured."""
         thread, middle = self.thread, self.params.messages // 2
-        _, newest = self.recorded(lambda: thread.list(limit=PAGE, order="desc"))
+        pages: dict[str, list[list[Eval | Batch]]] = {}
+        newest_page, newest = self.recorded(lambda: thread.list(limit=PAGE, order="desc"))
+        expected = list(range(self.params.messages, self.params.messages - PAGE, -1))
+        _keep(pages, "newest_page", [newest], [m.seq_id for m in newest_page.messages], expected)
         older_page, older = self.recorded(
             lambda: thread.list(before=middle, limit=PAGE, order="desc")
         )
-        if len(older_page.messages) != PAGE or len(older) != 2:
-            raise RuntimeError("the older page was not one plan and one fetch")
-        cursor_id = thread.list(after=middle - 1, limit=1).messages[0].id
-        by_id_page, by_id = self.recorded(
-            lambda: thread.list(before=cursor_id, limit=PAGE, order="desc")
-        )
-        if by_id_page.messages != older_page.messages or not isinstance(by_id[0], Eval):
-            raise RuntimeError("the older page from an id cursor did not go through the page plan")
-        return {"newest_page": newest, "older_page": older, "older_page_by_id": by_id}
+        # before=X with order="desc" is the page of the 50 messages newer than X, newest first.
+        expected = list(range(middle + PAGE, middle, -1))
+        _keep(pages, "older_page", [older], [m.seq_id for m in older_page.messages], expected)
+        cursor = thread.list(after=middle - 1, limit=1).messages
+        if cursor:
+            by_id_page, by_id = self.recorded(
+                lambda: thread.list(before=cursor[0].id, limit=PAGE, order="desc")
+            )
+            got = [m.seq_id for m in by_id_page.messages]
+            _keep(pages, "older_page_by_id", [by_id], got, expected)
+        else:
+            log(f"  NOT MEASURED: older_page_by_id (no message after {middle - 1} listed)")
+        cold, sequences = [], []
+        for each in self.cold:
+            page, requests = self.recorded(lambda t=each: t.list(limit=PAGE, order="desc"))
+            cold.append(requests)
+            sequences += [m.seq_id for m in page.messages]
+        n = self.params.cold_messages
+        expected = list(range(n, n - PAGE, -1)) * len(self.cold)
+        if len({len(r) for r in cold}) != 1:
+            log("  the cold threads' newest pages took different numbers of requests")
+        else:
+            _keep(pages, "newest_page_cold", cold, sequences, expected)
+        return pages
 
     def replay(self, request: Eval | Batch) -> Callable[[int], Any]:
         """Sends `request` again as the executor sends it."""
@@ -204,21 +165,29 @@ class Cost(Fixture):
 
         return pipeline
 
-    def measure(self, pages: dict[str, list[Eval | Batch]]) -> dict[str, Any]:
-        """Server time per call of each operation, after a warm-up of the script cache and the
-        allocator."""
+    def warm_up(self, ids: list[str]) -> None:
+        """The script cache and the allocator, before anything is measured."""
+        n, client = self.params.calls, self.client
+        for i, message in enumerate(new_messages(self.texts, 2 * self.params.warmup)):
+            (self.thread if i % 2 else self.quiet).append(message)
+            client.evalsha(self.sha, 4, *self.script_keys, ids[n + i // 2], self.blob)
+        self.store.requests.clear()
+
+    def measure(self, pages: dict[str, list[list[Eval | Batch]]]) -> dict[str, Any]:
+        """Server time per call of each operation, after a warm-up."""
         client, thread, n = self.client, self.thread, self.params.calls
         sha, keys, blob = self.sha, self.script_keys, self.blob
         ids = [f"message-{uuid.uuid4()}" for _ in range(n + self.params.warmup)]
         log(f"  measuring {n:,} calls of each operation")
-        for i, message in enumerate(new_messages(self.texts, self.params.warmup)):
-            thread.append(message)
-            client.evalsha(sha, 4, *keys, ids[n + i], blob)
-        self.store.requests.clear()
-        self.pool = MessagePool(self.texts, 2 * n + 640)
+        self.warm_up(ids)
+        self.pool = MessagePool(self.texts, 3 * n + 640)
         fields = list(range(1, PAGE + 1))
+        hashes = self.cold_hashes
         return {
             "append": timed(client, n, lambda i: thread.append(self.pool.take()), scripted=True),
+            "append_events_off": timed(
+                client, n, lambda i: self.quiet.append(self.pool.take()), scripted=True
+            ),
             "append_batch_10": timed(
                 client, max(1, n // 10), lambda i: thread.append(self.pool.take(10)), scripted=True
             ),
@@ -226,11 +195,14 @@ class Cost(Fixture):
                 client, n, lambda i: client.evalsha(sha, 4, *keys, ids[i], blob), scripted=True
             ),
             **{
-                name: _replayed(client, n, requests, self.replay)
+                name: replayed(client, n, requests, self.replay, _scripted)
                 for name, requests in pages.items()
             },
             "hmget_50": timed(
                 client, n, lambda i: client.hmget(self.hmget_key, fields), scripted=False
+            ),
+            "hmget_50_cold": timed(
+                client, n, lambda i: client.hmget(hashes[i % len(hashes)], fields), scripted=False
             ),
             "list_page": timed(
                 client, n, lambda i: client.lrange(self.list_key, -PAGE, -1), scripted=False
@@ -247,89 +219,56 @@ class Cost(Fixture):
         )
 
     def cleanup(self) -> None:
-        self.thread.delete()
-        self.client.delete(*self.script_keys, self.hmget_key, self.list_key)
+        for thread in [self.thread, self.quiet, *self.cold]:
+            thread.delete()
+        self.client.delete(*self.script_keys, self.hmget_key, self.list_key, *self.cold_hashes)
+
+
+def _keep(
+    pages: dict[str, list[list[Eval | Batch]]],
+    name: str,
+    requests: list[list[Eval | Batch]],
+    got: list[int],
+    expected: list[int],
+) -> None:
+    """Keeps a page's requests for measuring when it read the sequences expected."""
+    if got == expected:
+        pages[name] = requests
+        return
+    log(
+        f"  NOT MEASURED: {name} read {len(got)} messages ({got[:3]}...), expected"
+        f" {len(expected)} ({expected[:3]}...)"
+    )
+
+
+def _scripted(request: Eval | Batch) -> bool:
+    return isinstance(request, Eval)
 
 
 def run_server(url: str, params: Params, own: bool) -> dict[str, Any]:
     with Cost(url, params, own) as cost:
-        log(f"{cost.version} at {url}: filling a {params.messages:,}-message thread")
+        log(
+            f"{cost.version} at {url}: filling two {params.messages:,}-message threads and "
+            f"{params.cold_threads} of {params.cold_messages}"
+        )
         cost.setup()
         pages = cost.page_requests()
         results = cost.measure(pages)
         per_call = cost.per_call() if own else None
         shape = {
-            name: [_describe(r, cost.store) for r in requests] for name, requests in pages.items()
+            name: [_describe(r, cost.store) for r in requests[0]]
+            for name, requests in pages.items()
         }
         shape["append"] = "FCALL" if cost.store.functions else "EVALSHA"
     return {
         "server": cost.version,
         "messages": params.messages,
+        "cold_threads": params.cold_threads,
         "record_bytes": len(cost.blob),
         "results": results,
         "requests": shape,
         "append_per_call": per_call,
-        "ratios": _ratios(results),
-    }
-
-
-def _ratios(results: dict[str, Any]) -> list[dict[str, Any]]:
-    a, b, h = results["append"], results["bare_script"], results["hmget_50"]
-    return [
-        ratio(
-            "append_vs_bare",
-            "server time: append / bare 4-write script (stretch 1.5)",
-            a["usec_per_call"] / b["usec_per_call"],
-            2.0,
-        ),
-        ratio(
-            "batch_message_vs_bare",
-            "server time: per message of a batch of 10 / one bare call",
-            results["append_batch_10"]["usec_per_call"] / 10 / b["usec_per_call"],
-            1.0,
-        ),
-        ratio(
-            "newest_page_vs_hmget",
-            "server time: newest page of 50 / HMGET of 50",
-            results["newest_page"]["usec_per_call"] / h["usec_per_call"],
-            1.5,
-        ),
-        ratio(
-            "older_page_vs_hmget",
-            "server time: older page of 50 / HMGET of 50",
-            results["older_page"]["usec_per_call"] / h["usec_per_call"],
-            3.0,
-        ),
-        ratio(
-            "older_page_by_id_vs_hmget",
-            "server time: older page of 50, id cursor / HMGET of 50",
-            results["older_page_by_id"]["usec_per_call"] / h["usec_per_call"],
-            None,
-        ),
-        ratio(
-            "list_page_vs_hmget",
-            "server time: JSON list LRANGE -50 -1 / HMGET of 50",
-            results["list_page"]["usec_per_call"] / h["usec_per_call"],
-            None,
-        ),
-        ratio(
-            "append_vs_bare_cpu",
-            "server CPU incl. I/O: append / bare 4-write script",
-            a["cpu_usec_per_call"] / b["cpu_usec_per_call"],
-            None,
-        ),
-    ]
-
-
-def _replayed(client: redis.Redis, calls: int, requests: list, replay: Callable) -> dict[str, Any]:
-    """A multi-request operation: each request replayed `calls` times, the times added up."""
-    parts = [timed(client, calls, replay(r), scripted=isinstance(r, Eval)) for r in requests]
-    return {
-        "calls": calls,
-        "usec_per_call": sum(p["usec_per_call"] for p in parts),
-        "inner_usec_per_call": sum(p["inner_usec_per_call"] for p in parts),
-        "cpu_usec_per_call": sum(p["cpu_usec_per_call"] for p in parts),
-        "parts": parts,
+        "ratios": ratios(results),
     }
 
 
@@ -340,70 +279,6 @@ def _describe(request: Eval | Batch, store: MessageStore) -> str:
         )
         return f"{command} {request.script.name}"
     return "pipeline: " + ", ".join(str(c[0]) for c in request.commands)
-
-
-def render(result: dict[str, Any]) -> str:
-    r = result["results"]
-    lines = [
-        f"== {result['server']} ==",
-        f"thread of {result['messages']:,} messages of {result['record_bytes']:,} B; "
-        f"{r['append']['calls']:,} calls of each",
-        "",
-        f"{'server time per call (µs)':<52} {'commandstats':>12} {'CPU incl. I/O':>14}",
-    ]
-
-    def row(label: str, entry: dict[str, Any]) -> None:
-        lines.append(
-            f"{label:<52} {entry['usec_per_call']:>12.1f} {entry['cpu_usec_per_call']:>14.1f}"
-        )
-
-    row(
-        f"kvstore append ({result['requests'].get('append', 'EVALSHA')}, amortized over rollovers)",
-        r["append"],
-    )
-    inner = r["append"]["inner_usec_per_call"]
-    lines.append(
-        f"  of which the commands it runs: {inner:.1f}; Lua and reply conversion: "
-        f"{r['append']['usec_per_call'] - inner:.1f}"
-    )
-    top = sorted(
-        ((k, v) for k, v in r["append"]["commands"].items() if k not in SCRIPT_COMMANDS),
-        key=lambda kv: -kv[1]["usec"],
-    )
-    lines.append(
-        "  commands per append: "
-        + ", ".join(
-            f"{k} ×{v['per_call']:.2f} {v['usec'] / r['append']['calls']:.2f}" for k, v in top
-        )
-    )
-    per_call = result.get("append_per_call")
-    if per_call:
-        lines.append(
-            f"  per call (SLOWLOG, {per_call['calls']} appends): median {per_call['median_us']} µs; "
-            f"the slowest {per_call['slowest_share'].split(' (')[0]} (the appends that move a chunk)"
-            f" {per_call['slowest_share_mean_us']:.0f} µs "
-            f"on average, the others {per_call['typical_mean_us']:.1f}"
-        )
-    row("bare 4-write script (EVALSHA)", r["bare_script"])
-    row("kvstore newest page of 50", r["newest_page"])
-    lines.append("  " + "; ".join(result["requests"]["newest_page"]))
-    for name, label in (
-        ("older_page", "kvstore older page of 50 (plan + fetch)"),
-        ("older_page_by_id", "  the same from an id cursor"),
-    ):
-        row(label, r[name])
-        lines.append(
-            "  "
-            + "; ".join(result["requests"][name])
-            + " ("
-            + " + ".join(f"{p['usec_per_call']:.1f}" for p in r[name]["parts"])
-            + ")"
-        )
-    row("native HMGET of 50 fields (1 KB values)", r["hmget_50"])
-    row("JSON list LRANGE -50 -1", r["list_page"])
-    lines.append("")
-    lines += render_ratios(result["ratios"], "ratios")
-    return "\n".join(lines)
 
 
 def collect(args: argparse.Namespace) -> dict[str, Any]:

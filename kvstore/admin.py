@@ -9,7 +9,8 @@ Inspecting
     :func:`containers` (a :class:`Containers`: meta's fields, the window, the counts of chunks
     and oversized messages), :func:`chunk_entries` and :func:`oversized_entries` (every index
     member, a :class:`ChunkEntry` or :class:`LargeEntry`, in order, read a page at a time), and
-    :func:`layout_1_threads` (SCAN for the threads not yet migrated: needs +scan).
+    :func:`layout_1_threads` and :func:`unmigrated_threads` (SCAN for the threads not yet
+    migrated: needs +scan); :data:`CURRENT_LAYOUT`, the layout every write leaves.
 
 Backing up and restoring (docs/LAYOUT.md, "Backup and restore")
     :func:`backup_state` (a thread's state apart from its messages), :func:`pages` (every kept
@@ -43,9 +44,15 @@ from ._engine.backup import restore_run as _restore_run
 from ._engine.backup import restore_state as _restore_state
 from ._engine.backup import stored_ids as _stored_ids
 from ._engine.health import HealthReport, health, health_async
-from ._engine.layout import survey
+from ._engine.layout import CURRENT, survey
 from ._engine.layout.formats import ChunkEntry, LargeEntry, TurnRecord
-from ._engine.layout.keys import check_thread_id, legacy_pattern, thread_of_legacy_key
+from ._engine.layout.keys import (
+    check_thread_id,
+    legacy_pattern,
+    meta_pattern,
+    thread_of_legacy_key,
+    thread_of_meta_key,
+)
 from ._engine.layout.survey import Containers, Presence
 from ._engine.layout.v2 import stored_tokens as _stored_tokens
 from ._engine.operation import ThreadRef
@@ -58,6 +65,7 @@ if TYPE_CHECKING:
     from .store import MessageStore
 
 __all__ = [
+    "CURRENT_LAYOUT",
     "BackedUpMessage",
     "BackupState",
     "ChunkEntry",
@@ -85,7 +93,12 @@ __all__ = [
     "restore_state",
     "stored_ids",
     "stored_tokens",
+    "unmigrated_threads",
 ]
+
+
+CURRENT_LAYOUT = CURRENT
+"""The layout every write leaves a thread in: `kvstore migrate` moves older threads to it."""
 
 
 def _ref(store: MessageStore, thread_id: str) -> ThreadRef:
@@ -121,14 +134,32 @@ def layout_1_threads(store: MessageStore) -> list[str]:
     every namespace's keys): PermissionDenied then.
     """
     namespace = store.config.namespace
+    keys = _scan(store, legacy_pattern(namespace))
+    return sorted(thread_of_legacy_key(namespace, key) for key in keys)
+
+
+def unmigrated_threads(store: MessageStore) -> list[str]:
+    """Thread ids of the namespace that `migrate` has work on: a layout-1 legacy hash, or not in
+    the current layout, or a window left (SCAN, no KEYS; then one read per thread found)."""
+    namespace = store.config.namespace
+    found = {
+        thread_of_legacy_key(namespace, key) for key in _scan(store, legacy_pattern(namespace))
+    }
+    found.update(
+        thread_of_meta_key(namespace, key) for key in _scan(store, meta_pattern(namespace))
+    )
+    return sorted(t for t in found if not presence(store, t).current)
+
+
+def _scan(store: MessageStore, pattern: str) -> list[Any]:
     try:
-        keys = list(store.client.scan_iter(match=legacy_pattern(namespace), count=1000))
+        return list(store.client.scan_iter(match=pattern, count=1000))
     except redis.exceptions.NoPermissionError:
         raise errors.PermissionDenied(
-            "finding layout-1 threads needs SCAN, which this user may not run: name the threads"
-            " (kvstore migrate THREAD ... or --threads-from FILE), or run it as an admin user with +scan"
+            "finding the threads to migrate needs SCAN, which this user may not run: name the"
+            " threads (kvstore migrate THREAD ... or --threads-from FILE), or run it as an admin"
+            " user with +scan"
         ) from None
-    return sorted(thread_of_legacy_key(namespace, key) for key in keys)
 
 
 def backup_state(store: MessageStore, thread_id: str) -> BackupState:

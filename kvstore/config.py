@@ -18,13 +18,15 @@ MiB = 1024 * KiB
 class StoreConfig:
     """Sizes and limits. Every store and every worker of a thread must use the same values.
 
-    window_size: messages kept in the window before the oldest roll into chunks.
-    chunk_size / chunk_max_bytes: a chunk holds at most this many messages and record bytes; a
-        message larger than chunk_max_bytes skips the window into its own chunk.
+    chunk_size / chunk_max_bytes: a chunk holds at most this many messages and record bytes
+        (and at most 65,520 bytes of records, so it fills one allocator size class); the newest
+        messages sit in the open chunk, which closes into a chunk when full; a message larger
+        than chunk_max_bytes gets a chunk of its own.
     max_message_bytes: one encoded message larger than this is refused before the socket.
-    max_chunks_per_call / max_bytes_per_call: the most one call moves out of the window beyond
-        what it adds (once the window is full a call moves at least as many messages as it adds,
-        so the window stays bounded whatever the batch size; docs/LAYOUT.md).
+    window_size, max_chunks_per_call / max_bytes_per_call: the window a thread written by an
+        older version (layout 2) may still hold, and the most one call moves out of it into
+        chunks (docs/LAYOUT.md, its migration); max_chunks_per_call also bounds what retention
+        deletes in one call.
     max_batch_messages / max_batch_bytes: the most one append call may carry.
     retained_message_limit: messages always kept after a compaction (None keeps everything).
     max_inline_part_bytes / max_inline_media_bytes: inline media limits (decoded bytes).
@@ -36,7 +38,9 @@ class StoreConfig:
     events: whether every write also adds its event to the thread's event stream, which
         thread.watch() reads (docs/EVENTS.md). False: no stream is written, watch() cannot be used.
     events_max_len: the stream keeps about the newest this many events (at least this many; it
-        is trimmed in whole nodes of 100). A watcher further behind pages the stored messages.
+        is trimmed in whole nodes of 100; with retained_message_limit lower, about that many, and
+        none older than the oldest message kept). A watcher further behind pages the stored
+        messages.
     events_max_age: without thread_ttl, the stream expires 1 to 1.5 times this many seconds after
         the thread's last event: how long an idle thread's watcher can resume from an event id.
         With thread_ttl, the stream expires with the thread.
@@ -65,7 +69,7 @@ class StoreConfig:
 
     namespace: str = "kv"
     window_size: int = 64
-    chunk_size: int = 32
+    chunk_size: int = 64
     chunk_max_bytes: int = 1 * MiB
     max_message_bytes: int = 16 * MiB
     max_chunks_per_call: int = 4

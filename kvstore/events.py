@@ -41,8 +41,9 @@ class ThreadEvent:
 class MessagesAdded(ThreadEvent):
     """Messages stored by one append (from the stream), or a page of stored messages a watcher
     caught up with (``paged``). Messages deleted since (retention, remove_turn) are missing;
-    ``messages`` is empty for a watcher made with ``messages=False`` (``message_ids`` and the
-    sequences say what was stored)."""
+    ``messages`` is empty for a watcher made with ``messages=False`` (the sequences say what was
+    stored). ``message_ids`` are the ids of ``messages`` (and of a paged event's; empty with
+    ``messages=False``, except on events written before layout 3, which listed them)."""
 
     messages: list[Message]
     first_sequence: int

@@ -56,7 +56,8 @@ class ThreadStats(_Result):
     next_sequence: the sequence the next message gets (1 for an empty thread).
     deleted_before_sequence: every sequence below it was deleted by retention (None: none was).
     summary_last_sequence: the last sequence the latest summary covers (None: no compaction).
-    layout_version: 2, or 1 for a thread not migrated yet; None for an unknown thread.
+    layout_version: 3; 2 or 1 for a thread this release has not written yet; None for an unknown
+        thread.
     forked_from / fork_sequence: for a thread made by ``Thread.fork``, the thread it was forked
     from and the sequence of its fork point (None otherwise, and while the fork is unfinished).
     tokens: the stored messages' token counts summed (each message's count as it was given or

@@ -281,17 +281,20 @@ class Thread(ThreadTurns):
         return self._store.run(core.remove_turn(self._ref, turn_id))
 
     def migrate(self, max_calls: int | None = None) -> int:
-        """Moves a layout-1 thread (every message in one window hash) to layout 2, one bounded
-        call at a time; returns the number of calls made (the last one finds the thread in
-        layout 2, so a layout-2 thread takes one).
+        """Moves a thread of an older layout to the current one (layout 3), one bounded call at
+        a time; returns the number of calls made (the last one finds the thread done, so a
+        thread already in layout 3 takes one).
 
-        Stops when the thread is in layout 2, or after `max_calls` calls (None: until done). A
-        thread's first write starts this by itself; call it to move a thread ahead of time.
+        A layout-1 thread's legacy hash moves into chunks (layout 2 on the way); a layout-2
+        thread becomes layout 3 and the window it kept moves into chunks. Stops when the thread
+        is in layout 3 with no window left, or after `max_calls` calls (None: until done). A
+        thread's writes do the same a step at a time; call it to finish a thread ahead of time.
+        Stopped anywhere and called again, it goes on where the thread is.
 
         Example, in steps of at most 10 calls::
 
-            while thread.stats().layout_version == 1:
-                thread.migrate(max_calls=10)
+            while thread.migrate(max_calls=10) == 10:
+                pass
         """
         return self._store.run(core.migrate(self._ref, max_calls))
 

@@ -87,7 +87,7 @@ class ThreadTurns(ThreadBase):
         sequence for every message stored after it, then the changes. A cursor older than the
         event stream holds pages the stored messages first, with no gap and no repeat. Close the
         watcher (``with`` or ``close()``) to close its connection. ``messages=False``: events of
-        new messages carry their ids and sequences but not the messages (no read per event).
+        new messages carry their sequences but not the messages (no read per event).
 
         Example::
 

@@ -43,12 +43,14 @@ if failure then return failure end
 
 begin_expiry(keys, limits.ttl_ms)
 meta = migrate_first(keys, limits, meta)
-local first, closed = store_batch(keys, batch, limits, meta, plan)
+local counted = count_event(meta, limits)
+local first, closed, store_failure = store_batch(keys, batch, limits, meta, plan)
+if store_failure then return store_failure end
 apply_history(keys, batch, first)
 if closed > 0 then
   -- A new chunk may make the oldest one deletable: retention keeps the thread bounded.
   retain(keys, limits.retained_limit, limits.max_move_chunks)
 end
-emit_event(keys, limits, first + #batch.ids - 1, {'k', 'added', 'a', first, 'b', first + #batch.ids - 1, 't', batch.turn_id, 'i', table.concat(batch.ids, ' ')}, meta.born)
+emit_event(keys, limits, first + #batch.ids - 1, event_fields('added', first, first + #batch.ids - 1, batch.turn_id), meta.born, counted)
 apply_expiry(keys)
 return {1, first}

@@ -57,9 +57,10 @@ end
 
 begin_expiry(keys, limits.ttl_ms)
 meta = migrate_first(keys, limits, meta)
-local sequence = store_batch(keys, batch, limits, meta, plan)
+local sequence, _, store_failure = store_batch(keys, batch, limits, meta, plan)
+if store_failure then return store_failure end
 redis.call('HSET', keys.meta, 'summary_last', summary_last, 'summary_seq', sequence)
 local deleted = retain(keys, limits.retained_limit, limits.max_move_chunks)
-emit_event(keys, limits, sequence, {'k', 'compacted', 'a', sequence, 'b', summary_last, 'i', batch.ids[1]})
+emit_event(keys, limits, sequence, event_fields('compacted', sequence, summary_last, ''))
 apply_expiry(keys)
 return {1, sequence, deleted}

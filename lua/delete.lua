@@ -43,7 +43,7 @@ if not (meta_is_hash and redis.call('HEXISTS', keys.meta, 'deleting') == 1) then
   -- Any other value at meta goes too; a hash stays a key (and keeps its expiry): the tombstone
   -- first, then every other field goes.
   if not meta_is_hash then redis.call('UNLINK', keys.meta) end
-  if meta_is_hash then announced = emit_event(keys, limits, nil, {'k', 'deleted'}) end
+  if meta_is_hash then announced = emit_event(keys, limits, nil, event_fields('deleted', '', '', '')) end
   redis.call('HSET', keys.meta, 'deleting', '1')
   local fields, drop = redis.call('HGETALL', keys.meta), {}
   for i = 1, #fields, 2 do

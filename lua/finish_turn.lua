@@ -47,7 +47,7 @@ if turn.outcome == 'open' then
   write_turn(keys, turn_id, turn)
   -- Without retention (a retained limit of -1) nothing would drop it: not listed.
   if turn.kept == 0 and limits.retained_limit >= 0 then note_idle_turn(keys, turn_id) end
-  emit_event(keys, limits, nil, {'k', 'turn_finished', 't', turn_id, 'o', outcome, 'n', turn.count, 'a', turn.first_seq, 'b', turn.last_seq})
+  emit_event(keys, limits, nil, event_fields('turn_finished', turn.first_seq, turn.last_seq, turn_id, 'o', outcome, 'n', turn.count))
   if redis.call('HGET', keys.meta, 'turn_id') == turn_id then
     redis.call('HSET', keys.meta, 'turn_outcome', outcome)
   end

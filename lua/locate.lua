@@ -6,7 +6,8 @@
 --- ARGV targets[] target (str): a sequence (in decimal), message id or otid, as kind says
 ---
 --- Reply: {gen, deleted_before, seq_1, where_1, ..., seq_n, where_n}
----   where = -1 in the window, -2 in a layout-1 thread's legacy hash, 0 not stored, otherwise
+---   where = -1 in the window, -2 in a layout-1 thread's legacy hash, -3 in layout 3's open
+---   chunk, 0 not stored, otherwise
 ---   the first sequence of its chunk (an oversized message's chunk is named by its own
 ---   sequence). seq = 0 for an unknown id.
 --- Errors: KVS_WRONGTYPE
@@ -38,6 +39,7 @@ for _, target in ipairs(args.targets.target) do
     where, first = locate_stored(keys, sequence)
   end
   reply[#reply + 1] = sequence
-  reply[#reply + 1] = (where == 'window' and -1) or (where == 'legacy' and -2) or first or 0
+  reply[#reply + 1] = (where == 'window' and -1) or (where == 'legacy' and -2) or (where == 'open' and -3)
+    or first or 0
 end
 return reply

@@ -14,14 +14,17 @@
 --- ARGV need (int): messages wanted (the page limit + 1)
 --- ARGV max_chunks (int): chunks a plan names at most
 ---
---- Reply: {gen, deleted_before, lo, hi, window_count, below, n_above, above..., n_large,
----         large..., legacy_first, legacy_last, legacy_count}
----   lo and hi are the range, clamped (exclusive bounds). Walk up: `below` is the chunk index
----   member at or before lo ('' for none) and `above` the first max_chunks + 1 members after it
----   in the range. Walk down: `window_count` is the window's messages in the range and, when it
----   is under `need`, `above` the chunk index members before hi, newest first. `large` are the
----   first `need` oversized members in the range in walk order. legacy_* are 0 but for a
----   layout-1 thread: the part of its legacy hash not yet migrated, read like one more chunk.
+--- Reply: {gen, deleted_before, lo, hi, layout, below, n_above, above..., n_large,
+---         large..., legacy_first, legacy_last, legacy_count, window_first, window_last,
+---         window_count, open_first, open_last, open_count}
+---   lo and hi are the range, clamped (exclusive bounds); layout the thread's (1, 2 or 3).
+---   Walk up: `below` is the chunk index member at or before lo ('' for none) and `above` the
+---   first max_chunks + 1 members after it in the range. Walk down: `above` are the chunk index
+---   members before hi, newest first. `large` are the first `need` oversized members in the
+---   range in walk order. legacy_* are 0 but for a layout-1 thread: the part of its legacy hash
+---   not yet migrated, read like one more chunk. window_*: the window's lowest and highest
+---   sequence in the range and its count there (0s for none); open_*: meta's (layout 3's open
+---   chunk, 0s when empty).
 --- Errors: KVS_CURSOR_NOT_FOUND, KVS_CURSOR_EXPIRED <deleted_before>. A key of another type
 ---   fails the command that reads it (nothing is written either way).
 --- @include "includes/layout"
@@ -34,7 +37,7 @@ local lo_kind, lo_arg, hi_kind, hi_arg = args.lo_kind, args.lo, args.hi_kind, ar
 local walk, need, max_chunks = args.walk, args.need, args.max_chunks
 
 local meta = redis.call('HMGET', keys.meta, 'gen', 'deleted_before', 'last_seq', 'deleting', 'layout',
-  'migrated', 'legacy_last')
+  'migrated', 'legacy_last', 'open_first', 'open_last', 'open_count')
 local gen = tonumber(meta[1] or '0')
 local deleted_before = tonumber(meta[2] or '0')
 local last_seq = tonumber(meta[3] or '0')
@@ -44,7 +47,9 @@ if deleting then deleted_before, last_seq = 0, 0 end
 
 -- A layout-1 thread's legacy messages not yet migrated (includes/layout1.lua, legacy_range).
 local legacy_first, legacy_last, legacy_count = 0, 0, 0
+local layout_number = tonumber(layout or CURRENT_LAYOUT)
 if not deleting and holds_legacy(keys, layout) then
+  layout_number = 1
   legacy_count = legacy_fields(keys)
   legacy_first, legacy_last, last_seq = legacy_range(keys, meta[6], meta[7], last_seq, legacy_count)
 end
@@ -57,13 +62,18 @@ lo = lo or 0
 if deleted_before > 0 and lo < deleted_before - 1 then lo = deleted_before - 1 end
 if not hi or hi > last_seq + 1 then hi = last_seq + 1 end
 
-local window_count, below, above, large = plan_containers(keys, lo, hi, walk, need, max_chunks)
+local below, above, large, window = plan_containers(keys, lo, hi, walk, need, max_chunks)
 
-local reply = {gen, deleted_before, lo, hi, window_count, below, #above}
+local reply = {gen, deleted_before, lo, hi, layout_number, below, #above}
 for _, member in ipairs(above) do reply[#reply + 1] = member end
 reply[#reply + 1] = #large
 for _, member in ipairs(large) do reply[#reply + 1] = member end
 reply[#reply + 1] = legacy_first
 reply[#reply + 1] = legacy_last
 reply[#reply + 1] = legacy_count
+for _, value in ipairs(window) do reply[#reply + 1] = value end
+local open_count = deleting and 0 or tonumber(meta[10] or '0')
+reply[#reply + 1] = open_count > 0 and tonumber(meta[8]) or 0
+reply[#reply + 1] = open_count > 0 and tonumber(meta[9]) or 0
+reply[#reply + 1] = open_count
 return reply

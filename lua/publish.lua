@@ -49,7 +49,7 @@ if lease > 0 then
   err = check_lease(keys, turn_id, lease)
   if err then return err end
 end
-local id = emit_event(keys, limits, nil, {'k', 'delta', 't', turn_id, 'l', lease, 'd', delta})
+local id = emit_event(keys, limits, nil, event_fields('delta', '', '', turn_id, 'l', lease, 'd', delta))
 if id then record_call(keys, deltas, calls, call_id, id) end
 apply_expiry(keys)
 return id

@@ -95,6 +95,6 @@ if removed > 0 then
   redis.call('HINCRBY', keys.meta, 'tokens', -tokens)
   redis.call('HINCRBY', keys.meta, 'gen', 1)
 end
-if removed > 0 or remaining == 0 then emit_event(keys, limits, nil, {'k', 'turn_removed', 't', turn_id, 'n', removed, 'r', remaining}) end
+if removed > 0 or remaining == 0 then emit_event(keys, limits, nil, event_fields('turn_removed', '', '', turn_id, 'n', removed, 'r', remaining)) end
 apply_expiry(keys)
 return {removed, remaining}

@@ -72,6 +72,6 @@ write_replacement(keys, message, entry, sequence, record, media, tokens)
 redis.call('HINCRBY', keys.meta, 'bytes', #record - old_bytes)
 if media ~= old_media then redis.call('HINCRBY', keys.meta, 'media', media - old_media) end
 if tokens ~= old_tokens then redis.call('HINCRBY', keys.meta, 'tokens', tokens - old_tokens) end
-emit_event(keys, limits, nil, {'k', 'replaced', 'a', sequence, 'i', id})
+emit_event(keys, limits, nil, event_fields('replaced', sequence, '', '', 'i', id))
 apply_expiry(keys)
 return sequence

@@ -61,7 +61,7 @@ end
 if started or lease > 0 then
   -- The event's sequence is the thread's last, as for every event: a take-over's turn may
   -- have replies past its start already.
-  emit_event(keys, limits, nil, {'k', 'turn_started', 't', turn_id, 'a', turn.start, 'l', lease})
+  emit_event(keys, limits, nil, event_fields('turn_started', turn.start, '', turn_id, 'l', lease))
 end
 apply_expiry(keys)
 if mode == 'hold' then return {turn.start, lease} end

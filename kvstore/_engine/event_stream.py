@@ -296,12 +296,15 @@ class _Watching:
         if kind == "added":
             if b <= caught_up:
                 return None
-            ids = tuple(_text(fields.get("i")).split(" ")) if fields.get("i") else ()
             found = (
                 (yield Run(_new_messages(thread, max(a, caught_up + 1), b, incarnation)))
                 if self.messages
                 else []
             )
+            # The event names its messages by sequence; their ids come with them (an event
+            # written before this version also lists them: i).
+            listed = fields.get("i")
+            ids = tuple(_text(listed).split(" ")) if listed else tuple(m.id for m in found)
             return MessagesAdded(cursor, found, a, b, turn_id, message_ids=ids)
         if kind == "delta":
             message = parse_message(fields["d"])

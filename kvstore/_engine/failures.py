@@ -174,6 +174,9 @@ def batch_error(exc: Exception, call: Call) -> errors.KVStoreError:
         return _not_sent(call, exc, "the read") or errors.ServerError(
             f"the read could not reach the server: {exc}"
         )
+    if "WRONGTYPE" in str(exc):
+        # A key of the thread holds another type than kvstore keeps there, as a write would say.
+        return errors.LayoutError(f"the read met a key of another type than kvstore keeps: {exc}")
     return errors.ServerError(f"the read failed: {exc}")
 
 

@@ -1,5 +1,5 @@
 """The writes that change what a thread already holds: compact, replace, remove_turn, delete
-and migrate (a layout-1 thread into chunks)."""
+and migrate (a thread of an older layout into the current one)."""
 
 from __future__ import annotations
 
@@ -213,20 +213,25 @@ def delete(thread: ThreadRef) -> Operation[None]:
 
 
 def migrate(thread: ThreadRef, max_calls: int | None = None) -> Operation[int]:
-    """Moves a layout-1 thread into chunks, one bounded call at a time; returns the calls made.
+    """Moves a thread to the current layout, one bounded call at a time; returns the calls made.
 
-    Stops when the thread is in layout 2 or after `max_calls` calls (None: until done).
+    A layout-1 thread's legacy hash moves into chunks (it is then in layout 2); a layout-2
+    thread becomes layout 3 and its window drains into closed chunks. Stops when the thread is in
+    the current layout with an empty window (a missing thread: at once), or after `max_calls`
+    calls (None: until done). Each call is one step: stopped anywhere and run again, it goes on
+    from where the thread is.
     """
     calls = 0
     while max_calls is None or calls < max_calls:
         step = yield from migrate_step(thread)
         calls += 1
-        if step.layout == 2:
+        if step.done:
             if step.fields_left:
                 log.warning(
-                    "thread %s is in layout 2; %d legacy fields that are not sequences were not"
+                    "thread %s is in layout %d; %d legacy fields that are not sequences were not"
                     " migrated and stay in %s",
                     thread.keys.meta,
+                    step.layout,
                     step.fields_left,
                     thread.keys.legacy,
                 )

@@ -72,7 +72,7 @@ class ThreadRef:
     config: StoreConfig
     keys: ThreadKeys
     script_keys: tuple[str, ...]  # KEYS[1..14] of every script (lua/includes/layout.lua)
-    limits_args: tuple[Any, ...]  # the `limits` argument of every writing script
+    limits_args: str  # the `limits` argument of every writing script: the values joined by ':'
     # The store's token counter (MessageStore(count_tokens=...)); None: estimated_tokens.
     count_tokens: Any = None
 
@@ -94,14 +94,14 @@ class ThreadRef:
             *event_limits(config),
             1 if config.history_checks == "strict" else 0,
         )
-        # Then their key, the values joined by ':' (the server parses a key's limits once).
+        # Sent as one argument, the values joined by ':' (the server parses a key's limits once).
         limits_key = ":".join(map(str, limits))
         script_keys = tuple(getattr(keys, field.name) for field in dataclasses.fields(keys))
-        return cls(config, keys, script_keys, (*limits, limits_key), count_tokens)
+        return cls(config, keys, script_keys, limits_key, count_tokens)
 
-    def limits(self) -> tuple[Any, ...]:
-        """The `limits` argument of every writing script (script_args.py: LIMIT_NAMES, then
-        their key)."""
+    def limits(self) -> str:
+        """The `limits` argument of every writing script: script_args.py's LIMIT_NAMES' values
+        joined by ':'."""
         return self.limits_args
 
 

@@ -17,7 +17,7 @@ from ..models import MessagesPage
 from .bounds import MAX_CURSOR
 from .layout.plan import Bound, plan_reads, plan_walk
 from .layout.reader import cut, decode, fetch
-from .layout.v2 import newest_page
+from .layout.v3 import newest_page
 from .operation import (
     ITER_PAGE,
     MAX_LIMIT,

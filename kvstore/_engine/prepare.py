@@ -20,6 +20,7 @@ from pydantic import BaseModel
 from .. import errors
 from ..config import StoreConfig
 from ..messages import (
+    BaseMessage,
     Message,
     check_inline_parts,
     inline_media_bytes,
@@ -152,6 +153,16 @@ def prepare_batch(
     """Validates what it encodes, fills ids and dates, counts tokens (the caller's `tokens`, one
     per message, else `counter`'s, else estimated_tokens); every limit is enforced here, before
     the socket."""
+    if isinstance(messages, BaseMessage) and tokens is None:
+        # One message model, the common append: the steps below without the batch's lists.
+        if turn_id is not None:
+            check_token("turn_id", turn_id)
+        item = PreparedMessage.of(
+            config, messages, turn_id, _stamper(stored_date()), "message 0", None, counter
+        )
+        _check_batch_bytes(config, len(item.record))
+        _give_id(messages, item.message.id)
+        return [item]
     # One message may come as JSON text too (parse_message takes it); never as its characters.
     if isinstance(messages, (dict, BaseModel, str, bytes, bytearray)) or not isinstance(
         messages, Iterable
@@ -164,10 +175,27 @@ def prepare_batch(
     counts = given_tokens(tokens, len(given))
     if turn_id is not None:
         check_token("turn_id", turn_id)
-    now = stored_date()
+    stamp = _stamper(stored_date())
+    prepared = [
+        PreparedMessage.of(
+            config, message, turn_id, stamp, f"message {position}", counts[position], counter
+        )
+        for position, message in enumerate(given)
+    ]
+    _check_batch_bytes(config, sum(len(item.record) for item in prepared))
+    # The ids are the call's token: the caller's own messages carry them from now on, so that
+    # sending the same messages again after any interruption is a replay.
+    for original, item in zip(given, prepared, strict=True):
+        _give_id(original, item.message.id)
+    return prepared
+
+
+def _stamper(now: str) -> Callable[[dict[str, Any]], None]:
+    """What prepare_batch does to each message's dump: its id (checked, or a new one), its otid
+    checked, its date (`now`) when it has none."""
 
     def stamp(body: dict[str, Any]) -> None:
-        # On the dump that is stored; the caller's own message gets only the id (below).
+        # On the dump that is stored; the caller's own message gets only the id (_give_id).
         if "id" in body:
             check_token("message id", body["id"])
         else:
@@ -176,22 +204,14 @@ def prepare_batch(
             check_token("otid", body["otid"])
         body.setdefault("date", now)
 
-    prepared = [
-        PreparedMessage.of(
-            config, message, turn_id, stamp, f"message {position}", counts[position], counter
-        )
-        for position, message in enumerate(given)
-    ]
-    total = sum(len(item.record) for item in prepared)
+    return stamp
+
+
+def _check_batch_bytes(config: StoreConfig, total: int) -> None:
     if total > config.max_batch_bytes:
         raise errors.BatchTooLarge(
             f"the batch encodes to {total} bytes; max_batch_bytes is {config.max_batch_bytes}"
         )
-    # The ids are the call's token: the caller's own messages carry them from now on, so that
-    # sending the same messages again after any interruption is a replay.
-    for original, item in zip(given, prepared, strict=True):
-        _give_id(original, item.message.id)
-    return prepared
 
 
 def _refuse_unknown_fields(message: Message, what: str) -> None:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import errors
+from .layout import CURRENT
 from .text import text as _text
 
 _STORED_INT = re.compile(r"-?[0-9]{1,19}")
@@ -181,19 +182,26 @@ class DeleteReply:
 
 @dataclass(slots=True)
 class MigrateReply:
-    """lua/migrate.lua: one migration step. `scanning` while the legacy range is still being
-    scanned (writes are refused until it ends); `fields_left`, once the layout is 2, counts the
-    legacy fields that were not sequences and stay."""
+    """lua/migrate.lua: one migration step. `scanning` while a layout-1 thread's legacy range is
+    still being scanned (writes are refused until it ends); `fields_left`, once the layout is 2
+    or 3, counts the legacy fields that were not sequences and stay; `window_left` the messages
+    still in the window (the layout-2 leftover a layout-3 thread drains)."""
 
     chunks_written: int
     layout: int
     scanning: bool
     fields_left: int
+    window_left: int
 
     @classmethod
     def decode(cls, reply: Any) -> MigrateReply:
-        chunks, layout, scanning, left = _list("migrate", reply, 4)
-        return cls(int(chunks), int(layout), bool(int(scanning)), int(left))
+        chunks, layout, scanning, left, window = _list("migrate", reply, 5)
+        return cls(int(chunks), int(layout), bool(int(scanning)), int(left), int(window))
+
+    @property
+    def done(self) -> bool:
+        """Whether the thread is in the current layout with an empty window."""
+        return self.layout == CURRENT and self.window_left == 0
 
 
 def score_pairs(reply: list[Any]) -> list[tuple[Any, Any]]:

@@ -12,7 +12,7 @@ headers"):
 
 An entry goes on over the lines that follow it with `---` and two or more spaces. The kinds are
 `int` (a number in Lua), `str` and `bytes` (strings in Lua), `str: 'a' | 'b'` (one of those
-values) and `limits`: the store's limits, LIMIT_NAMES then their key (lua/includes/args.lua,
+values) and `limits`: the store's limits, LIMIT_NAMES' values joined by ':' (lua/includes/args.lua,
 read_limits). An entry `name[]` is a group repeated over every argument left (so it comes last):
 its fields' names and kinds, one row per repetition; Lua reads it as one list per field and `n`.
 """
@@ -24,8 +24,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-# The store's limits as the scripts take them, in order, then their key (lua/includes/args.lua:
-# LIMIT_NAMES, read_limits; kvstore/_engine/operation.py: ThreadRef.of).
+# The store's limits as the scripts take them: one argument, these values in this order joined by
+# ':' (lua/includes/args.lua: LIMIT_NAMES, read_limits; kvstore/_engine/operation.py: ThreadRef.of).
 LIMIT_NAMES = (
     "window_size",
     "chunk_size",
@@ -40,7 +40,6 @@ LIMIT_NAMES = (
     "events_age_ms",
     "strict_history",
 )
-LIMITS_WIDTH = len(LIMIT_NAMES) + 1
 
 _ENTRY = re.compile(r"^--- ARGV (\w+)(\[\])?\s+(.*)$")
 _GOES_ON = re.compile(r"^---\s{2,}(\S.*)$")
@@ -133,7 +132,7 @@ class ScriptArgs:
 
     def encode(self, values: dict[str, Any]) -> tuple[Any, ...]:
         """ARGV from the arguments by name: a group is a sequence of rows (tuples of its fields),
-        the limits the tuple ThreadRef.limits() gives. A name missing or not declared is refused."""
+        the limits the key ThreadRef.limits() gives. A name missing or not declared is refused."""
         if values.keys() != self.names:
             missing = sorted(self.names - values.keys())
             unknown = sorted(values.keys() - self.names)
@@ -153,16 +152,16 @@ class ScriptArgs:
                         )
                     argv += row
             elif arg.kind == "limits":
-                if len(value) != LIMITS_WIDTH:
-                    raise ScriptArgsError(f"{self.script}.lua: limits of {len(value)} values")
-                argv += value
+                if not isinstance(value, str) or len(value.split(":")) != len(LIMIT_NAMES):
+                    raise ScriptArgsError(f"{self.script}.lua: limits {value!r} are not the key")
+                argv.append(value)
             else:
                 argv.append(value)
         return tuple(argv)
 
     def decode(self, argv: Sequence[Any]) -> dict[str, Any]:
         """The arguments by name from ARGV, as the Lua prologue reads them (a group as a list of
-        rows, the limits as their tuple); for checks and tests."""
+        rows, the limits as their key); for checks and tests."""
         named: dict[str, Any] = {}
         at = 0
         for arg in self.args:
@@ -172,8 +171,8 @@ class ScriptArgs:
                 named[arg.name] = [tuple(rest[i : i + width]) for i in range(0, len(rest), width)]
                 at = len(argv)
             elif arg.kind == "limits":
-                named[arg.name] = tuple(argv[at : at + LIMITS_WIDTH])
-                at += LIMITS_WIDTH
+                named[arg.name] = argv[at]
+                at += 1
             else:
                 named[arg.name] = argv[at] if at < len(argv) else None
                 at += 1
@@ -186,7 +185,7 @@ class ScriptArgs:
         for arg in self.args:
             if arg.kind == "limits":
                 items.append(f"{arg.name} = read_limits(ARGV, {at})")
-                at += LIMITS_WIDTH
+                at += 1
             elif arg.kind != "group":
                 items.append(f"{arg.name} = {_lua_value(arg, f'ARGV[{at}]')}")
                 at += 1

@@ -10,6 +10,7 @@ from typing import IO, Literal
 import redis
 
 from .. import admin, errors
+from ..admin import CURRENT_LAYOUT as CURRENT
 from ..admin import ChunkEntry, LargeEntry, check_thread_id
 from ..config import StoreConfig
 from ..store import MessageStore, Thread
@@ -177,9 +178,9 @@ def _span(low: int, high: int) -> str:
     return f"{low:,}" if low == high else f"{low:,} to {high:,}"
 
 
-def layout_1_threads(store: MessageStore) -> list[str]:
-    """Thread ids of the namespace that still hold a layout-1 legacy hash (admin: needs +scan)."""
-    return admin.layout_1_threads(store)
+def unmigrated_threads(store: MessageStore) -> list[str]:
+    """Thread ids of the namespace migrate has work on (admin: needs +scan)."""
+    return admin.unmigrated_threads(store)
 
 
 def thread_ids_from(lines: Iterable[str]) -> list[str]:
@@ -198,36 +199,40 @@ def thread_ids_from(lines: Iterable[str]) -> list[str]:
 
 
 def migrate_all(store: MessageStore, out: IO[str] = sys.stdout) -> int:
-    """Migrates the layout-1 threads SCAN finds (needs +scan)."""
-    threads = layout_1_threads(store)
+    """Migrates the threads SCAN finds not yet in the current layout with an empty window
+    (needs +scan)."""
+    threads = unmigrated_threads(store)
     if not threads:
-        print("no layout-1 threads in this namespace", file=out)
+        print(f"no threads to migrate in this namespace (all in layout {CURRENT})", file=out)
         return 0
     _migrate(store, threads, out)
-    print(f"migrated {len(threads)} threads to layout 2", file=out)
+    print(f"migrated {len(threads)} threads to layout {CURRENT}", file=out)
     return len(threads)
 
 
 def migrate_named(store: MessageStore, thread_ids: list[str], out: IO[str] = sys.stdout) -> int:
     """Migrates the named threads without SCAN: the app user's ACL is enough.
 
-    Threads already in layout 2 are counted and left alone; threads not found are named in one
-    error once the others are done.
+    Threads already in the current layout with an empty window are counted and left alone;
+    threads not found are named in one error once the others are done.
     """
     for thread_id in thread_ids:
         check_thread_id(thread_id)
     todo, current, missing = [], 0, []
     for thread_id in dict.fromkeys(thread_ids):
         found = admin.presence(store, thread_id)
-        if found.legacy:
-            todo.append(thread_id)
-        elif found.meta:
+        if not found.exists:
+            missing.append(thread_id)
+        elif found.current:
             current += 1
         else:
-            missing.append(thread_id)
+            todo.append(thread_id)
     if todo:
         _migrate(store, todo, out)
-    print(f"migrated {len(todo)} threads to layout 2 ({current} already in layout 2)", file=out)
+    print(
+        f"migrated {len(todo)} threads to layout {CURRENT} ({current} already in layout {CURRENT})",
+        file=out,
+    )
     if missing:
         names = ", ".join(missing[:5]) + (
             f" and {len(missing) - 5} more" if len(missing) > 5 else ""

@@ -150,7 +150,9 @@ def _add_thread_commands(commands: argparse._SubParsersAction[argparse.ArgumentP
     fork.add_argument(
         "--history-checks", choices=("off", "strict"), default="off", help=CHECKS_HELP
     )
-    migrate = _with_store(commands, "migrate", "migrate layout-1 threads to layout 2 (resumable)")
+    migrate = _with_store(
+        commands, "migrate", "migrate threads of older layouts to the current one (resumable)"
+    )
     migrate.add_argument(
         "threads",
         nargs="*",

@@ -1,4 +1,3 @@
---- @include "includes/layout"
 --- @include "includes/turns"
 --- @include "includes/numbers"
 --- @include "includes/layout2_format"
@@ -19,7 +18,8 @@
 -- rollover (chunk_size, chunk_max_bytes, at most max_move_chunks chunks and max_move_bytes per
 -- call); `meta.migrated` is the last sequence moved and `meta.legacy_last` the last one the
 -- legacy hash held. A moved message is HDEL'd from the legacy hash; when the range is done,
--- `layout` becomes 2, and a field that is not a sequence stays where it is.
+-- `layout` becomes 2 (then 3, as any layout-2 thread), and a field that is not a sequence stays
+-- where it is. The chunks it writes are layout-3 ones (write_chunk).
 --
 -- This is the one place a script opens a record: a version-1 record is JSON, and its `id` and
 -- `otid` are read with cjson for the chunk manifest. Version-2 records are never opened.
@@ -68,7 +68,7 @@ end
 -- may go on.
 local function check_migration(keys)
   local state = redis.call('HMGET', keys.meta, 'layout', 'legacy_last')
-  if state[1] == '2' or state[2] then return nil end
+  if state[1] == '2' or state[1] == '3' or state[2] then return nil end
   if state[1] ~= '1' and redis.call('EXISTS', keys.legacy) == 0 then return nil end
   return redis.error_reply('KVS_MIGRATING the layout-1 thread\'s legacy hash is being scanned: run migrate steps, then send the call again')
 end
@@ -130,7 +130,8 @@ local function migrate_oversized(keys, record, sequence, turn_from, turn_id)
 end
 
 -- Records how far a migration step went; once the legacy range is moved whole, the thread is
--- in the current layout.
+-- in layout 2 (not the current layout: its next write makes it layout 3, and its window, if any,
+-- then drains step by step, includes/layout3_migration.lua).
 local function end_migration_step(keys, migrated, legacy_last)
   redis.call('HSET', keys.meta, 'migrated', fmt(migrated))
   if migrated >= legacy_last then
@@ -138,7 +139,7 @@ local function end_migration_step(keys, migrated, legacy_last)
     -- in `stored` by begin_migration, and not stored as a message): it stays, uncounted.
     local left = redis.call('HLEN', keys.legacy)
     if left > 0 then redis.call('HINCRBY', keys.meta, 'stored', -left) end
-    redis.call('HSET', keys.meta, 'layout', CURRENT_LAYOUT)
+    redis.call('HSET', keys.meta, 'layout', '2')
     redis.call('HDEL', keys.meta, 'migrated', 'legacy_last', 'legacy_turn', 'legacy_turn_seq')
   end
   redis.call('HINCRBY', keys.meta, 'gen', 1)

@@ -30,12 +30,13 @@ end
 -- chunk of records up to this size fills the 64 KiB class (an allocation past 64 KiB takes 80).
 local CLOSE_BYTES = 65520
 
--- Whether the open chunk, holding `bytes` of records (16 KiB and up), closes before a record of
+-- Whether the open chunk, holding `bytes` of records (48 KiB and up), closes before a record of
 -- `size` joins it because it fills its size class within 1/16 and the record would take it into
--- the next class (where it would close wasting up to a fifth of that class).
+-- the next class (where it would close wasting up to a fifth of that class). Not below 48 KiB:
+-- a chunk of fewer records means more closes, and a newest page (50) that needs more chunks.
 local function close_here(bytes, size)
   local now = bytes + VALUE_HEADROOM
-  if now <= FIT_FROM then return false end
+  if now <= 3 * FIT_FROM then return false end
   local class = size_classes(now)
   return now + size > class and (class - now) * 16 < class
 end
@@ -98,7 +99,8 @@ end
 -- An edited chunk, written back in its own kind (read_chunk's is_hash).
 local function rewrite_chunk(keys, first, is_hash, manifest, data)
   if is_hash then
-    redis.call('HSET', chunk_key(keys, first), '_m', manifest, 'd', data)
+    local chunk = chunk_key(keys, first)
+    redis.call('HSET', chunk, '_m', manifest, 'd', data)
     return
   end
   -- SET drops a key's time to live: KEEPTTL holds the thread's deadline.

@@ -1,19 +1,20 @@
 --- @include "includes/numbers"
 --- @include "includes/layout2_format"
 --- @include "includes/layout2"
---- @include "includes/layout"
--- Layout 2's reads for the read-only scripts (docs/LAYOUT.md): a chunk's records in a range, the
+--- @include "includes/layout2_chunks"
+-- Layout 2's and layout 3's reads for the read-only scripts (docs/LAYOUT.md): a chunk's records in a range, the
 -- walk over every container of a range (window, oversized messages, chunks, and the legacy
 -- hash of a thread migrating from layout 1: lua/read_range.lua), the index reads of a page plan
 -- (lua/page_plan.lua), a snapshot's container sizes, and a lookup's keys and container
 -- (lua/locate.lua). Apart from includes/layout2.lua so that the writing scripts, which include
 -- that, do not define these on each call (EVALSHA runs the whole script).
 
--- Appends to `out` the records of chunk `first` (normal or oversized) inside (lo, hi), as
+-- Appends to `out` the records of chunk `first` (normal or oversized, layout-3 strings or a
+-- layout-2 hash; the open chunk when `first` is 'open') inside (lo, hi), as
 -- {sequence, record, tokens}; returns how many and their tokens (0, 0 for no chunk).
 local function chunk_records(keys, first, lo, hi, out)
-  local found = redis.call('HMGET', chunk_key(keys, first), '_m', 'd')
-  local manifest, data = found[1], found[2]
+  local manifest, data
+  if first == 'open' then manifest, data = read_open(keys) else manifest, data = read_chunk(keys, first) end
   if not manifest or not data then return 0, 0 end
   local offset, count, tokens = 1, 0, 0
   for line_sequence, side in manifest_lines(manifest) do
@@ -82,6 +83,12 @@ local function range_units(keys, lo, hi, up, need, max_tokens, legacy_first, leg
   end
   local a, b = math.max(legacy_first, lo + 1), math.min(legacy_last, hi - 1)
   if legacy_last > 0 and a <= b then units[#units + 1] = {first = a, last = b, kind = 'h'} end
+  -- Layout 3's open chunk (the newest messages but oversized ones).
+  local open = redis.call('HMGET', keys.meta, 'open_first', 'open_last', 'open_count')
+  local open_first, open_last = tonumber(open[1] or '0'), tonumber(open[2] or '0')
+  if tonumber(open[3] or '0') > 0 and open_last > lo and open_first < hi then
+    units[#units + 1] = {first = open_first, last = open_last, kind = 'o'}
+  end
   if up then
     table.sort(units, function(x, y) return x.first < y.first end)
   else
@@ -92,10 +99,10 @@ end
 
 -- The records of a walk over (lo, hi), in walk order, as {sequence, record, tokens}: the one
 -- read of whole containers (lua/read_range.lua). Units (window messages, oversized messages,
--- chunks, the legacy range legacy_first..legacy_last, 0..0 for none) are taken in walk order until their records in the range
--- hold `need` (or pass max_tokens); chunks are disjoint and older than the window, so every
--- record not taken lies past the units taken, but for an oversized message inside a taken
--- chunk's span, which is taken too.
+-- chunks, the open chunk, the legacy range legacy_first..legacy_last, 0..0 for none) are taken
+-- in walk order until their records in the range hold `need` (or pass max_tokens); all but
+-- oversized messages hold disjoint spans, so every record not taken lies past the units taken,
+-- but for an oversized message inside a taken unit's span, which is taken too.
 local function walk_range(keys, lo, hi, walk, need, max_tokens, legacy_first, legacy_last)
   local records = {}
   if hi - lo <= 1 then return records end
@@ -121,6 +128,8 @@ local function walk_range(keys, lo, hi, walk, need, max_tokens, legacy_first, le
           end
         end
       end
+    elseif unit.kind == 'o' then
+      n, t = chunk_records(keys, 'open', lo, hi, taken)
     else
       n, t = chunk_records(keys, unit.first, lo, hi, taken)
     end
@@ -146,26 +155,31 @@ local function walk_range(keys, lo, hi, walk, need, max_tokens, legacy_first, le
   return taken
 end
 
--- What a page plan over (lo, hi) reads of layout 2's containers (lua/page_plan.lua): the
--- window's count in the range (walking down), the chunk index member at or below lo (walking
--- up; '' for none), the chunk index members inside the range (at most max_chunks + 1, in walk
--- order) and the large index members inside it (at most `need`).
+-- What a page plan over (lo, hi) reads of the containers (lua/page_plan.lua): the chunk index
+-- member at or below lo (walking up; '' for none), the chunk index members inside the range (at
+-- most max_chunks + 1, in walk order), the large index members inside it (at most `need`), and
+-- the window's part in the range: its lowest and highest sequence there and its count (0, 0, 0
+-- for none).
 local function plan_containers(keys, lo, hi, walk, need, max_chunks)
-  local window_count, below, above, large = 0, '', {}, {}
+  local below, above, large, window = '', {}, {}, {0, 0, 0}
   if hi - lo > 1 then
+    local l, h = '(' .. fmt(lo), '(' .. fmt(hi)
     if walk == 'up' then
       below = redis.call('ZRANGE', keys.chunk_index, lo, '-inf', 'BYSCORE', 'REV', 'LIMIT', 0, 1)[1] or ''
-      above = redis.call('ZRANGE', keys.chunk_index, '(' .. fmt(lo), '(' .. fmt(hi), 'BYSCORE', 'LIMIT', 0, max_chunks + 1)
-      large = redis.call('ZRANGE', keys.large_index, '(' .. fmt(lo), '(' .. fmt(hi), 'BYSCORE', 'LIMIT', 0, need)
+      above = redis.call('ZRANGE', keys.chunk_index, l, h, 'BYSCORE', 'LIMIT', 0, max_chunks + 1)
+      large = redis.call('ZRANGE', keys.large_index, l, h, 'BYSCORE', 'LIMIT', 0, need)
     else
-      window_count = redis.call('ZCOUNT', keys.window, '(' .. fmt(lo), '(' .. fmt(hi))
-      if window_count < need then
-        above = redis.call('ZRANGE', keys.chunk_index, '(' .. fmt(hi), '-inf', 'BYSCORE', 'REV', 'LIMIT', 0, max_chunks + 1)
-      end
-      large = redis.call('ZRANGE', keys.large_index, '(' .. fmt(hi), '(' .. fmt(lo), 'BYSCORE', 'REV', 'LIMIT', 0, need)
+      above = redis.call('ZRANGE', keys.chunk_index, h, '-inf', 'BYSCORE', 'REV', 'LIMIT', 0, max_chunks + 1)
+      large = redis.call('ZRANGE', keys.large_index, h, l, 'BYSCORE', 'REV', 'LIMIT', 0, need)
+    end
+    local count = redis.call('ZCOUNT', keys.window, l, h)
+    if count > 0 then
+      local low = redis.call('ZRANGE', keys.window, l, h, 'BYSCORE', 'LIMIT', 0, 1, 'WITHSCORES')
+      local high = redis.call('ZRANGE', keys.window, h, l, 'BYSCORE', 'REV', 'LIMIT', 0, 1, 'WITHSCORES')
+      window = {tonumber(low[2]), tonumber(high[2]), count}
     end
   end
-  return window_count, below, above, large
+  return below, above, large, window
 end
 
 -- Appends to `reply` the sizes of the thread's containers, for a snapshot (lua/read_range.lua):
@@ -184,6 +198,7 @@ local function located_key_types(keys, by_otid)
   local checked = {
     {keys.meta, 'hash'}, {keys.window_side, 'hash'}, {keys.chunk_index, 'zset'},
     {keys.large_index, 'zset'}, {keys.ids, 'hash'}, {keys.legacy, 'hash'},
+    {keys.open_manifest, 'string'},
   }
   if by_otid then checked[#checked + 1] = {keys.otids, 'hash'} end
   return checked

@@ -4,6 +4,7 @@
 --- @include "includes/layout2_index"
 --- @include "includes/numbers"
 --- @include "includes/layout2_format"
+--- @include "includes/events"
 -- Retention: after a compaction, the oldest chunk (of either kind: includes/layout2_chunks.lua,
 -- delete_chunk) is deleted while its last sequence is at or before the summary's last sequence
 -- AND at least `retained_limit` messages are stored after it, and no window or open-chunk
@@ -108,6 +109,11 @@ local function retain(keys, retained_limit, max_chunks)
   -- While a layout-1 thread migrates, chunks past the part moved are newer than the legacy
   -- messages still waiting: nothing past the moved part goes.
   local until_sequence = math.min(summary_last, tonumber(state[2] or summary_last))
+  -- While a layout-3 thread's window drains (includes/layout3_migration.lua), chunks closed
+  -- since are newer than the window's messages: nothing past the window's oldest goes. (In
+  -- layout 2 every chunk is older than the window: no limit.)
+  local oldest = redis.call('ZRANGE', keys.window, 0, 0, 'WITHSCORES')[2]
+  if oldest then until_sequence = math.min(until_sequence, tonumber(oldest) - 1) end
   local deleted, deleted_before, touched_turns = 0, nil, {}
   while deleted < max_chunks do
     local last, count, unit = oldest_unit(keys)
@@ -129,6 +135,7 @@ local function retain(keys, retained_limit, max_chunks)
   end
   if deleted > 0 then
     redis.call('HSET', keys.meta, 'deleted_before', fmt(deleted_before))
+    trim_events(keys, deleted_before)
     trim_history(keys, deleted_before)
     for turn in pairs(touched_turns) do trim_turn(keys, turn, deleted_before) end
     drop_idle_turns(keys, deleted_before)

@@ -7,6 +7,8 @@
 --- @include "includes/layout1_migration"
 --- @include "includes/layout2_index"
 --- @include "includes/layout2_chunks"
+--- @include "includes/expiry"
+--- @include "includes/layout3_migration"
 -- Stores a batch of messages into the thread's open chunk (layout 3): the shared body of
 -- append, compact and restore.
 --
@@ -23,8 +25,7 @@
 -- ids, otids) are checked by those reads themselves.
 
 local META_FIELDS = {'layout', 'last_seq', 'stored', 'bytes', 'media', 'window_bytes', 'deleting', 'checked', 'tokens',
-  'restoring', 'open_first', 'open_last', 'open_count', 'open_bytes', 'open_media', 'open_tokens', 'born'}
-local TOKENS_FIELD = 9
+  'restoring', 'open_first', 'open_last', 'open_count', 'open_bytes', 'open_media', 'open_tokens', 'events', 'born'}
 
 local function wrong_type(key)
   return redis.error_reply('KVS_WRONGTYPE ' .. key .. ' does not hold the type kvstore keeps there')
@@ -48,16 +49,22 @@ end
 -- The meta fields the store path needs, as numbers (layout as a string or nil); refuses a
 -- thread being deleted, or restored (unless `restoring_ok`: lua/restore.lua).
 local function load_meta(keys, restoring_ok)
-  local values, err = checked_read(keys.meta, 'HMGET', keys.meta, unpack(META_FIELDS))
+  local v, err = checked_read(keys.meta, 'HMGET', keys.meta, unpack(META_FIELDS))
   if err then return nil, err end
-  local meta = {layout = values[1] or nil}
-  for i = 2, #META_FIELDS - 1 do meta[META_FIELDS[i]] = tonumber(values[i] or '0') end
-  -- The incarnation, as text (includes/events.lua); false for none yet.
-  meta.born = values[#META_FIELDS] or false
-  if meta.deleting > 0 then return nil, deleting_error() end
-  if meta.restoring > 0 and not restoring_ok then return nil, restoring_error() end
-  -- A thread written before meta kept a token total (store_batch counts it once).
-  meta.tokens_missing = not values[TOKENS_FIELD] and (meta.stored > 0 or meta.layout ~= nil)
+  -- One constructor (a table sized once: this runs on every write), in META_FIELDS' order; the
+  -- incarnation stays text (includes/events.lua), false for none yet.
+  local meta = {
+    layout = v[1] or nil, last_seq = tonumber(v[2] or 0), stored = tonumber(v[3] or 0), bytes = tonumber(v[4] or 0),
+    media = tonumber(v[5] or 0), window_bytes = tonumber(v[6] or 0), deleting = v[7], checked = tonumber(v[8] or 0),
+    tokens = tonumber(v[9] or 0), restoring = v[10], open_first = tonumber(v[11] or 0),
+    open_last = tonumber(v[12] or 0), open_count = tonumber(v[13] or 0), open_bytes = tonumber(v[14] or 0),
+    open_media = tonumber(v[15] or 0), open_tokens = tonumber(v[16] or 0), events = tonumber(v[17] or 0),
+    born = v[18] or false,
+    -- A thread written before meta kept a token total (store_batch counts it once).
+    tokens_missing = not v[9] and (tonumber(v[3] or 0) > 0 or v[1] ~= false),
+  }
+  if meta.deleting then return nil, deleting_error() end
+  if meta.restoring and not restoring_ok then return nil, restoring_error() end
   return meta
 end
 
@@ -87,17 +94,21 @@ local function plan_store(batch, limits, meta)
 end
 
 -- Checks the layout and the types of the keys this batch may write, before any write: the open
--- chunk's two strings by STRLEN, the others with TYPE; no key may be where a chunk this call
+-- chunk's two strings by STRLEN (or by their own APPENDs: flush_open), the others with TYPE; no key may be where a chunk this call
 -- makes goes (COPY does not overwrite, and the open chunk is deleted after it). Returns the plan
 -- (plan_store), or nil and an error reply.
 local function check_store_keys(keys, batch, limits, meta)
   local unreadable = unreadable_layout(meta.layout)
   if unreadable then return nil, unreadable end
-  for _, key in ipairs({keys.open_manifest, keys.open_data}) do
-    local _, err = checked_read(key, 'STRLEN', key)
-    if err then return nil, err end
-  end
   local plan = plan_store(batch, limits, meta)
+  if #plan.closes > 0 or #plan.oversized > 0 or meta.layout ~= CURRENT_LAYOUT then
+    -- Writes come before the open chunk's: its two strings are checked now (on the common
+    -- path, their APPENDs are the call's first writes, and check themselves: flush_open).
+    for _, key in ipairs({keys.open_manifest, keys.open_data}) do
+      local _, err = checked_read(key, 'STRLEN', key)
+      if err then return nil, err end
+    end
+  end
   local expected = {}
   if batch.turn_id ~= '' then expected[#expected + 1] = {keys.turns, 'hash'} end
   if meta.layout ~= CURRENT_LAYOUT then expected[#expected + 1] = {keys.legacy, 'hash'} end
@@ -240,20 +251,28 @@ local function open_writer(meta)
   }
 end
 
--- Writes the records the open chunk holds but the server does not yet: appended to the open
--- pair, or SET when the server holds none (an exact string: no growth slack).
+-- Writes the records the open chunk holds but the server does not yet, appended to the open pair
+-- (APPEND to a missing key writes an exact string: no growth slack). Returns an error reply, and
+-- writes nothing, when either key holds another type (on the common path these are the call's
+-- first writes, so the call then wrote nothing).
 local function flush_open(keys, open)
-  if #open.data == 0 then return end
-  local data, lines = table.concat(open.data), table.concat(open.lines)
-  if open.on_server then
-    redis.call('APPEND', keys.open_manifest, lines)
-    redis.call('APPEND', keys.open_data, data)
-  else
-    redis.call('SET', keys.open_manifest, lines)
-    redis.call('SET', keys.open_data, data)
-    open.on_server = true
+  if #open.data == 0 then return nil end
+  local lines = table.concat(open.lines)
+  local reply = redis.pcall('APPEND', keys.open_manifest, lines)
+  if type(reply) == 'table' and reply.err then return call_error(keys.open_manifest, reply) end
+  local failed = redis.pcall('APPEND', keys.open_data, table.concat(open.data))
+  if type(failed) == 'table' and failed.err then
+    -- The manifest's new lines go again (KEEPTTL: the thread's deadline stays).
+    local kept = reply - #lines
+    if kept > 0 then
+      redis.call('SET', keys.open_manifest, redis.call('GETRANGE', keys.open_manifest, 0, kept - 1), 'KEEPTTL')
+    else
+      redis.call('DEL', keys.open_manifest)
+    end
+    return call_error(keys.open_data, failed)
   end
-  open.data, open.lines = {}, {}
+  open.on_server, open.data, open.lines = true, {}, {}
+  return nil
 end
 
 -- Closes the open chunk: its records and manifest become the chunk's keys (COPY on the server,
@@ -312,7 +331,8 @@ local function store_ids(keys, batch, first)
 end
 
 -- Writes a checked batch as `plan` (check_store_keys) says; returns its first sequence and the
--- number of chunks closed. `meta` (from load_meta, read after any migration step) is updated in
+-- number of chunks closed, or nil, nil and an error reply when the open chunk's keys hold another
+-- type (then nothing was written: flush_open). `meta` (from load_meta, read after any migration step) is updated in
 -- place and written back in one call.
 local function store_batch(keys, batch, limits, meta, plan)
   local count, first = #batch.ids, meta.last_seq + 1
@@ -333,27 +353,39 @@ local function store_batch(keys, batch, limits, meta, plan)
     end
     total_bytes, total_media, total_tokens = total_bytes + #record, total_media + media, total_tokens + tokens
   end
-  flush_open(keys, open)
+  local failure = flush_open(keys, open)
+  if failure then return nil, nil, failure end
   store_ids(keys, batch, first)
 
-  if meta.layout == nil or meta.layout == '2' then meta.layout = CURRENT_LAYOUT end  -- a layout-1 thread stays at 1 until migrated
-  meta.last_seq, meta.stored = meta.last_seq + count, meta.stored + count
-  meta.bytes, meta.media = meta.bytes + total_bytes, meta.media + total_media
   if meta.tokens_missing then
     meta.tokens, meta.tokens_missing = thread_tokens(keys) - total_tokens, false  -- the batch is stored already
   end
-  meta.tokens = meta.tokens + total_tokens
-  -- Numbers go to the server as they are: it writes an integer's digits exactly (to 2^53).
-  redis.call('HSET', keys.meta, 'layout', meta.layout, 'last_seq', meta.last_seq, 'stored', meta.stored,
-    'bytes', meta.bytes, 'media', meta.media, 'tokens', meta.tokens, 'open_first', open.first, 'open_last', open.last,
-    'open_count', open.count, 'open_bytes', open.bytes, 'open_media', open.media, 'open_tokens', open.tokens)
+  -- Only the fields that change: every field costs the call. Numbers go to the server as they
+  -- are: it writes an integer's digits exactly (to 2^53).
+  local fields = {'last_seq', meta.last_seq + count, 'stored', meta.stored + count, 'bytes', meta.bytes + total_bytes,
+    'tokens', meta.tokens + total_tokens, 'open_last', open.last, 'open_count', open.count, 'open_bytes', open.bytes,
+    'open_tokens', open.tokens}
+  if meta.layout == nil or meta.layout == '2' then  -- a layout-1 thread stays at 1 until migrated
+    fields[#fields + 1], fields[#fields + 2] = 'layout', CURRENT_LAYOUT
+  end
+  if total_media > 0 then fields[#fields + 1], fields[#fields + 2] = 'media', meta.media + total_media end
+  if open.media ~= meta.open_media then fields[#fields + 1], fields[#fields + 2] = 'open_media', open.media end
+  if open.first ~= meta.open_first then fields[#fields + 1], fields[#fields + 2] = 'open_first', open.first end
+  -- The event this call will make, counted here rather than by its own write (includes/events.lua).
+  if meta.events_counted then fields[#fields + 1], fields[#fields + 2] = 'events', meta.events end
+  redis.call('HSET', keys.meta, unpack(fields))
   if closed > 0 then redis.call('HINCRBY', keys.meta, 'gen', 1) end
   return first, closed
 end
 
--- A layout-1 thread moves a bounded step before the batch is stored. Returns meta as it is now.
+-- A layout-1 thread moves a bounded step before the batch is stored, and so does the window a
+-- layout-2 thread left (meta's window_bytes > 0: includes/layout3_migration.lua). Returns meta
+-- as it is now.
 local function migrate_first(keys, limits, meta)
-  if meta.layout == CURRENT_LAYOUT or meta.layout == '2' or meta.layout == nil then return meta end
+  if meta.layout == CURRENT_LAYOUT or meta.layout == '2' or meta.layout == nil then
+    if meta.window_bytes <= 0 or drain_window(keys, limits) == 0 then return meta end
+    return load_meta(keys)
+  end
   migrate_step(keys, limits)
   return load_meta(keys)
 end

@@ -356,10 +356,10 @@ def test_migrate_finds_layout_1_threads_and_finishes_them(server, namespace, ser
     assert "  migrated: 2/2 threads (100%)\n" in result.stdout
     for thread_id, messages in expected.items():
         thread = store.thread(thread_id)
-        assert thread.stats().layout_version == 2
+        assert thread.stats().layout_version == 3
         assert list(thread.iter()) == messages
     result = kvstore("migrate", "--url", server.url, "--namespace", namespace)
-    assert "no layout-1 threads" in result.stdout
+    assert "no threads to migrate" in result.stdout
 
 
 def test_errors_print_one_line_and_exit_non_zero(server, namespace, server_only):
@@ -827,10 +827,10 @@ def test_migrate_named_threads_as_the_least_privileged_user(
             namespace,
         )
         assert result.returncode == 0, result.stdout + result.stderr
-        assert "migrated 3 threads to layout 2 (1 already in layout 2)" in result.stdout
+        assert "migrated 3 threads to layout 3 (1 already in layout 3)" in result.stdout
         for thread_id, messages in expected.items():
             thread = store.thread(thread_id)
-            assert thread.stats().layout_version == 2
+            assert thread.stats().layout_version == 3
             assert list(thread.iter()) == messages
         denials = [d for d in _denials(admin) if d != "command client|setinfo"]
         assert not denials, denials

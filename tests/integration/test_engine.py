@@ -297,14 +297,28 @@ def test_turn_reply_count_falls_back_when_another_turn_started(make_thread):
 
 
 @pytest.mark.parametrize(
-    "part", ["meta", "window", "window_side", "chunk_index", "large_index", "ids", "otids", "turns"]
+    "part",
+    [
+        "meta",
+        "window_side",
+        "chunk_index",
+        "large_index",
+        "ids",
+        "otids",
+        "turns",
+        "open_data",
+        "open_manifest",
+    ],
 )
 def test_wrong_type_key_is_refused_and_nothing_changes(make_thread, raw_client, part):
     thread = make_thread(**SMALL)
     thread.append([UserMessage(content=f"m{i}") for i in range(20)])
     key = getattr(thread.keys, part)
     raw_client.delete(key)
-    raw_client.set(key, "planted")
+    if part.startswith("open_"):  # strings themselves: a hash is another type there
+        raw_client.hset(key, "planted", "1")
+    else:
+        raw_client.set(key, "planted")
     before = {k: raw_client.dump(k) for k in thread.keys.fixed()}
     # Enough messages to cut a chunk, with an otid, a turn and an oversized one: every key is
     # written, so every key is checked (a write checks the keys it writes, before writing).
@@ -314,6 +328,18 @@ def test_wrong_type_key_is_refused_and_nothing_changes(make_thread, raw_client, 
     with pytest.raises(errors.LayoutError, match=re.escape(key)):
         thread.append(batch, turn_id="t")
     assert before == {k: raw_client.dump(k) for k in thread.keys.fixed()}
+
+
+def test_a_window_of_another_type_fails_reads_typed_and_writes_leave_it(make_thread, raw_client):
+    # Layout 3 writes no window (only a thread from layout 2 has one, until it drains): a write
+    # leaves a foreign key there alone, and a read that looks for a window names it.
+    thread = make_thread(**SMALL)
+    thread.append([UserMessage(content=f"m{i}") for i in range(20)])
+    raw_client.set(thread.keys.window, "planted")
+    thread.append(UserMessage(content="after"))
+    assert raw_client.get(thread.keys.window) == b"planted"
+    with pytest.raises(errors.LayoutError):
+        thread.list(limit=5, order="desc")
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,5 @@
-"""Layout-1 threads: read as they are, migrated by bounded steps on write, correct throughout."""
+"""Layout-1 threads: read as they are, migrated by bounded steps on write (to layout 2, then 3:
+tests/integration/test_migration_2_to_3.py), correct throughout."""
 
 from __future__ import annotations
 
@@ -97,7 +98,7 @@ def test_a_50_message_layout_1_thread_reads_as_it_is_and_migrates_on_write(
     assert raw_client.zcard(thread.keys.chunk_index) == 4  # the first write moved exactly 4 chunks
     check_reads(thread, expected)
     thread.migrate()
-    assert thread.stats().layout_version == 2
+    assert thread.stats().layout_version == 3  # through 2: the migration ends in the current one
     assert not raw_client.exists(thread.keys.legacy)
     check_reads(thread, expected)
     check_layout(
@@ -114,12 +115,12 @@ def test_a_5000_message_layout_1_thread_with_a_turn_in_progress(
     thread = make_thread("big-old-thread")
     expected = write_layout_1(raw_client, thread.keys, 5000, turn=("turn-old", 4990))
     check_reads(thread, expected, limits=(1, 50, 200))
-    # The first new write moves exactly 4 chunks (4 x 32 messages), and nothing more.
+    # The first new write moves exactly 4 chunks (4 x chunk_size messages), and nothing more.
     expected += thread.append(
         AssistantMessage(content="reply after the upgrade"), turn_id="turn-old"
     )
     assert raw_client.zcard(thread.keys.chunk_index) == 4
-    assert raw_client.hlen(thread.keys.legacy) == 5000 - 128
+    assert raw_client.hlen(thread.keys.legacy) == 5000 - 4 * StoreConfig().chunk_size
     check_reads(thread, expected, limits=(1, 50, 200))
     # Later writes go on moving; a half-moved thread pages and loads its context correctly.
     for i in range(5):
@@ -133,7 +134,7 @@ def test_a_5000_message_layout_1_thread_with_a_turn_in_progress(
     assert calls == 3 and thread.stats().layout_version == 1
     thread.migrate()
     stats = thread.stats()
-    assert stats.layout_version == 2 and stats.stored_messages == 5006
+    assert stats.layout_version == 3 and stats.stored_messages == 5006
     check_reads(thread, expected, limits=(1, 50, 200))
     check_layout(raw_client, thread.keys, StoreConfig(namespace=namespace))
 
@@ -143,11 +144,11 @@ def test_replace_and_remove_turn_finish_the_migration_first(make_thread, raw_cli
     expected = write_layout_1(raw_client, thread.keys, 60)
     new = thread.replace(expected[5].id, UserMessage(content="replaced"))
     assert new.seq_id == 6 and thread.get(new.id) == new
-    assert thread.stats().layout_version == 2
+    assert thread.stats().layout_version == 3
     assert [m.seq_id for m in thread.iter()] == list(range(1, 61))
 
 
-@pytest.mark.parametrize("layout", ["3", "banana"])
+@pytest.mark.parametrize("layout", ["4", "banana"])
 def test_an_unknown_layout_is_refused(make_thread, raw_client, layout):
     from kvstore import errors
 
@@ -260,12 +261,12 @@ def test_a_malformed_manifest_is_a_record_error_and_retention_stops_before_it(
 
     thread = make_thread("malformed", window_size=8, chunk_size=4, retained_message_limit=4)
     stored = thread.append([UserMessage(content=f"m{i}") for i in range(1, 31)])
-    key = thread.keys.chunk(5)
-    manifest = raw_client.hget(key, "_m")
+    key = thread.keys.chunk_manifest(5)
+    manifest = raw_client.get(key)
     broken = manifest.replace(
         stored[5].id.encode(), stored[5].id.encode()[:10] + byte.encode() + b"x"
     )
-    raw_client.hset(key, "_m", broken)
+    raw_client.set(key, broken)
     with pytest.raises(errors.RecordError):
         list(thread.iter())
     with pytest.raises(errors.RecordError):
@@ -275,13 +276,13 @@ def test_a_malformed_manifest_is_a_record_error_and_retention_stops_before_it(
     # partial write, and the same on the next call.
     summary = thread.compact("summary", 24)
     assert summary.seq_id == 31
-    assert not raw_client.exists(thread.keys.chunk(1)) and raw_client.hget(key, "_m") == broken
+    assert not raw_client.exists(*thread.keys.chunk_keys(1)) and raw_client.get(key) == broken
     assert raw_client.hget(thread.keys.ids, stored[0].id) is None
     assert thread.stats().deleted_before_sequence == 5
     assert thread.stats().stored_messages == 27
     # Sent again, the compaction is a replay (same last_sequence) whose retention stops the same way.
     assert thread.compact("summary again", 24) == summary
-    assert raw_client.hget(key, "_m") == broken
+    assert raw_client.get(key) == broken
     assert thread.stats().stored_messages == 27
     assert thread.stats().deleted_before_sequence == 5
 
@@ -310,7 +311,7 @@ def test_the_legacy_range_comes_from_the_hash_not_meta(
     for message in expected:
         assert thread.get(message.id) == message
     stats = thread.stats()
-    assert (stats.stored_messages, stats.next_sequence, stats.layout_version) == (51, 52, 2)
+    assert (stats.stored_messages, stats.next_sequence, stats.layout_version) == (51, 52, 3)
 
 
 def test_a_large_lagging_thread_is_scanned_over_several_calls_before_any_write(
@@ -364,7 +365,7 @@ def test_legacy_fields_that_are_not_sequences_stay_and_are_reported(
     check_layout(raw_client, thread.keys, config)
     assert sorted(raw_client.hkeys(thread.keys.legacy)) == sorted(j.encode() for j in junk)
     stats = thread.stats()
-    assert (stats.stored_messages, stats.layout_version, stats.next_sequence) == (21, 2, 22)
+    assert (stats.stored_messages, stats.layout_version, stats.next_sequence) == (21, 3, 22)
     check_reads(thread, expected)
 
 
@@ -391,7 +392,8 @@ def test_a_migrated_layout_1_turn_is_trimmed_when_retained_away(
     # Every moved message the legacy turn record covers names the turn in its manifest.
     for member in raw_client.zrange(thread.keys.chunk_index, 0, -1):
         first = int(member.split(b":")[0])
-        for line in raw_client.hget(thread.keys.chunk(first), "_m").decode()[:-1].split("\n"):
+        manifest = raw_client.get(thread.keys.chunk_manifest(first))  # a layout-3 chunk
+        for line in manifest.decode()[:-1].split("\n"):
             sequence, turn = int(line.split("\t")[0]), line.split("\t")[5]
             assert turn == ("turn-old" if sequence >= 26 else ""), line
     thread.compact("summary", 36)

@@ -49,17 +49,23 @@ def is_plan(request, ref) -> bool:
 
 
 @pytest.mark.parametrize("total", [1, 30, 51, 400])
-def test_the_newest_page_is_one_native_read_without_scores(backend, namespace, total):
+def test_the_newest_page_is_native_reads_one_round_trip_from_the_open_chunk(
+    backend, namespace, total
+):
+    """Layout 3: the newest page is read from the open chunk in one round trip when it holds the
+    page (or the whole thread), from it and the newest closed chunk in two otherwise; no
+    script."""
     config = StoreConfig(namespace=namespace)
     store = make_sync_store(backend, config)
     stored = store.thread("t").append([UserMessage(content=f"m{i}") for i in range(total)])
-    page, requests = drive(store, list_page(ThreadRef.of(config, "t"), limit=50, order="desc"))
+    ref = ThreadRef.of(config, "t")
+    page, requests = drive(store, list_page(ref, limit=50, order="desc"))
     assert page.messages == stored[::-1][:50]
     assert page.has_more == (total > 50) and page.next_cursor == (
         stored[-50].seq_id if total > 50 else None
     )
-    ((window_read, *_),) = [r.commands for r in requests]
-    assert "WITHSCORES" not in window_read
+    assert all(isinstance(r, Batch) for r in requests)
+    assert len(requests) == (1 if total <= config.chunk_size else 2)
     store.close()
 
 
@@ -163,7 +169,8 @@ def test_an_append_between_the_newest_page_reads_is_not_misnumbered(backend, nam
     appended = []
 
     def append_inside_the_read(index, position):
-        if index == 0 and position == 1 and not appended:
+        # Between the window's two reads (layout 2), before meta's second read (layout 3).
+        if index == 0 and position == 5 and not appended:
             appended.extend(thread.append(UserMessage(content="late")))
 
     page, requests = drive(

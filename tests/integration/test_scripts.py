@@ -50,6 +50,9 @@ ALLOWED_GLOBALS = frozenset(
         "unpack",
         "select",
         "pcall",
+        # Raises an error reply: read_limits' refusal of a malformed limits argument, in the
+        # prologue, before anything is read or written.
+        "error",
     }
 )
 

@@ -357,11 +357,13 @@ def test_watch_runs_on_every_backend_the_in_process_tier_too(backend, namespace)
     store.close()
 
 
-def test_a_watcher_without_messages_gets_their_ids_and_sequences(store):
+def test_a_watcher_without_messages_gets_their_sequences(store):
+    # Layout 3: an added event names its messages by sequence only (issue 27: the ids made up
+    # most of the stream's bytes); the ids come with the messages, when they are read.
     thread = store.thread("t")
     stored = thread.append([UserMessage(content="a"), UserMessage(content="b")])
     (event,) = take(thread.watch(after="0-0", messages=False), 1)
-    assert (event.messages, event.message_ids) == ([], tuple(m.id for m in stored))
+    assert (event.messages, event.message_ids) == ([], ())
     assert (event.first_sequence, event.last_sequence) == (1, 2)
     (full,) = take(thread.watch(after="0-0"), 1)
-    assert [m.id for m in full.messages] == list(full.message_ids)
+    assert list(full.message_ids) == [m.id for m in full.messages] == [m.id for m in stored]

@@ -1,6 +1,6 @@
 """Multi-step operations stopped after each of their steps, then run again, end as if never
-stopped (issue #25, item 3): a fork, an import, a delete, a migration, a remove_turn and a
-compaction's retention backlog.
+stopped (issue #25, item 3): a fork, an import, a delete, a migration (1 -> 3 and 2 -> 3), a
+remove_turn and a compaction's retention backlog.
 
 Each operation is first run whole into a reference thread while a hook (executor.record) counts
 its requests; then, for every k, the same operation is stopped as it is about to send request k
@@ -347,6 +347,44 @@ def test_a_migration_stopped_after_any_step_and_run_again_is_whole(
     assert stop_at_every_step(store, raw_client, build, migrate, how=how, turns=("turn-l",)) > 3
 
 
+def layout_2_template(server, namespace: str, raw_client, store: Side) -> object:
+    """A layout-2 thread ("template") the previous release wrote, with a window of 13 messages
+    (turns, otids) for SMALL's steps to drain two at a time; returns build(target), which
+    copies it byte for byte to a thread of that name."""
+    from ..support.old_release import copy_thread, run_previous
+
+    code = """
+t = store.thread("template")
+for i in range(1, 16):
+    t.append(UserMessage(content="old " + str(i), id="message-old-" + str(i), date="{date}",
+                         otid="otid-" + str(i) if i % 3 == 0 else None), turn_id="turn-" + str(i // 6))
+result = len(list(t.iter()))
+""".replace("{date}", DATE)
+    config = {"namespace": namespace, "window_size": 12, "chunk_size": 2}
+    assert run_previous(server.url, config, code) == 15
+    template = store.thread("template").keys
+    assert raw_client.zcard(template.window) >= 12
+
+    def build(target: str) -> None:
+        copy_thread(raw_client, template, store.thread(target).keys)
+
+    return build
+
+
+@STOPS
+def test_a_2_to_3_migration_stopped_after_any_step_and_run_again_is_whole(
+    side, raw_client, how, server, server_only, namespace
+):
+    store = side(**SMALL)
+    build = layout_2_template(server, namespace, raw_client, store)
+
+    def migrate(target: str) -> None:
+        store.thread(target).migrate()
+
+    turns = ("turn-0", "turn-1", "turn-2")
+    assert stop_at_every_step(store, raw_client, build, migrate, how=how, turns=turns) >= 6
+
+
 @STOPS
 def test_a_compaction_with_a_retention_backlog_stopped_after_any_step_and_run_again_is_whole(
     side, raw_client, how, server_only, monkeypatch
@@ -392,6 +430,47 @@ def _killed_before(k: int, url: str, config: StoreConfig, operation) -> None:
 
 
 KILLED = 9
+
+
+@pytest.mark.parametrize("layout", [1, 2])
+def test_a_migration_whose_process_is_killed_after_any_step_is_finished_by_another(
+    backend, server, server_only, namespace, raw_client, layout
+):
+    from ..integration.test_migration import write_layout_1
+
+    config = StoreConfig(namespace=namespace, **SMALL)
+    store = Side(backend, "sync", config)
+    try:
+        if layout == 2:
+            build = layout_2_template(server, namespace, raw_client, store)
+            turns: tuple[str, ...] = ("turn-0", "turn-1", "turn-2")
+        else:
+
+            def build(target: str) -> None:
+                write_layout_1(raw_client, store.thread(target).keys, 40, turn=("turn-l", 30))
+
+            turns = ("turn-l",)
+        build("reference")
+        with store.stopped_at(None) as sent:
+            store.thread("reference").migrate()
+        expected = whole(raw_client, store.thread("reference"), turns)
+        processes = multiprocessing.get_context("fork")
+        for k in range(len(sent)):
+            target = f"killed-{k}"
+            build(target)
+            child = processes.Process(
+                target=_killed_before,
+                args=(k, server.url, config, lambda on, t=target: on.thread(t).migrate()),
+            )
+            child.start()
+            child.join(30)
+            assert child.exitcode == KILLED, f"stopped before request {k} with {child.exitcode}"
+            store.thread(target).migrate()
+            assert whole(raw_client, store.thread(target), turns) == expected, (
+                f"killed before request {k}"
+            )
+    finally:
+        store.close()
 
 
 @pytest.mark.parametrize("operation", ["fork", "import"])

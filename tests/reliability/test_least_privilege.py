@@ -97,6 +97,11 @@ def commands_kvstore_sends() -> set[str]:
         sent |= {
             c.lower() for c in re.findall(r"redis\.p?call\(\s*['\"]([A-Za-z]+)['\"]", script.source)
         }
+        # A read that doubles as its key's type check (lua/includes/layout3_store.lua) names its
+        # command as checked_read's second argument.
+        sent |= {
+            c.lower() for c in re.findall(r"checked_read\([^,()]+,\s*'([A-Z]+)'", script.source)
+        }
     # The store and the engine's operations and executor (health checks and the command line's
     # maintenance commands are not the app user's).
     modules = [

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
-from kvstore._engine.script_args import LIMIT_NAMES, LIMITS_WIDTH, Arg, arg_problems, read_args
+from kvstore._engine.script_args import LIMIT_NAMES, Arg, arg_problems, read_args
 
 _KEYS = re.compile(r"^--- KEYS\[(\d+)(?:\.\.(\d+))?\]\s+(.*)$")
 _GOES_ON = re.compile(r"^---\s{2,}\S")
@@ -87,18 +87,19 @@ def _value_mismatch(arg: Arg, value: Any) -> str | None:
     return Kind(arg.kind, arg.values).mismatch(value)
 
 
-def _limits_mismatches(arg: Arg, values: list[Any]) -> list[str]:
-    if len(values) != LIMITS_WIDTH:
-        return [f"{arg.name}: {len(values)} values sent, not {LIMITS_WIDTH}"]
-    *numbers, key = values
-    found = [
+def _limits_mismatches(arg: Arg, value: Any) -> list[str]:
+    if not isinstance(value, str):
+        return [f"{arg.name}: {value!r} is not the limits' key"]
+    numbers = value.split(":")
+    if len(numbers) != len(LIMIT_NAMES):
+        return [f"{arg.name}: {len(numbers)} values sent, not {len(LIMIT_NAMES)}"]
+    return [
         f"{arg.name}.{name} {problem}"
-        for name, value in zip(LIMIT_NAMES, numbers, strict=True)
-        if (problem := Kind("int").mismatch(value))
+        for name, number in zip(LIMIT_NAMES, numbers, strict=True)
+        if (
+            problem := Kind("int").mismatch(int(number) if number.lstrip("-").isdigit() else number)
+        )
     ]
-    if key != ":".join(map(str, numbers)):
-        found.append(f"{arg.name}: key {key!r} does not name the values sent")
-    return found
 
 
 def call_mismatches(header: Header, keys: list[Any], args: list[Any]) -> list[str]:
@@ -115,8 +116,8 @@ def call_mismatches(header: Header, keys: list[Any], args: list[Any]) -> list[st
     at = 0
     for arg in header.argv:
         if arg.kind == "limits":
-            found += _limits_mismatches(arg, args[at : at + LIMITS_WIDTH])
-            at += LIMITS_WIDTH
+            found += _limits_mismatches(arg, args[at] if at < len(args) else None)
+            at += 1
         elif arg.kind == "group":
             rest, width = args[at:], len(arg.fields)
             if len(rest) % width:

@@ -1,5 +1,6 @@
 """A thread laid out as docs/LAYOUT.md describes it, held in plain dicts, answering the native
-reads a page sends (ZRANGE, ZCOUNT, ZCARD, HMGET, HGET, HGETALL, HLEN, EXISTS) and lua/locate.lua
+reads a page sends (ZRANGE, ZCOUNT, ZCARD, HMGET, HGET, HGETALL, HLEN, EXISTS, MGET, GET) and
+lua/locate.lua
 as a server would: replies in the shapes redis-py returns with decode_responses=False (bytes
 values, RESP2 scores as bytes, flat WITHSCORES lists).
 
@@ -89,6 +90,8 @@ class FakeThread:
         self.ids: dict[str, int] = {}
         self.otids: dict[str, int] = {}
         self.id_of: dict[int, str] = {}
+        # Layout 3: the open chunk's records; its closed chunks are strings, not hashes.
+        self.open: dict[int, bytes] = {}
 
     # ------------------------------------------------------------------ building the state
 
@@ -153,18 +156,49 @@ class FakeThread:
             raise AssertionError(f"the fake holds no sorted set {key}")
         return sorted(pairs, key=lambda pair: (pair[1], pair[0]))
 
+    @property
+    def strings(self) -> bool:
+        return self.meta.get("layout") == "3"
+
+    def _meta(self) -> dict[str, str]:
+        meta = dict(self.meta)
+        if self.open:
+            meta.update(
+                open_first=str(min(self.open)),
+                open_last=str(max(self.open)),
+                open_count=str(len(self.open)),
+            )
+        if self.strings:
+            stored = len(self.window) + len(self.large) + len(self.open)
+            meta["stored"] = str(stored + sum(len(r) for r in self.chunks.values()))
+        return meta
+
+    def _chunk(self, first: int) -> dict[bytes, bytes] | None:
+        if first in self.chunks:
+            return chunk_hash(self.chunks[first], self.id_of)
+        if first in self.large:
+            return chunk_hash({first: self.large[first]}, self.id_of)
+        return None
+
+    def _string(self, key: str) -> bytes | None:
+        keys = self.keys
+        if key in (keys.open_manifest, keys.open_data):
+            if not self.open:
+                return None
+            field = b"_m" if key == keys.open_manifest else b"d"
+            return chunk_hash(self.open, self.id_of)[field]
+        if key.startswith(keys.chunk_prefix) and key[-2:] in (":m", ":d") and self.strings:
+            chunk = self._chunk(int(key[len(keys.chunk_prefix) : -2]))
+            return None if chunk is None else chunk[b"_m" if key.endswith(":m") else b"d"]
+        return None
+
     def _hash(self, key: str) -> dict[bytes, bytes] | None:
         if key == self.keys.meta:
-            return {k.encode(): v.encode() for k, v in self.meta.items()} or None
+            return {k.encode(): v.encode() for k, v in self._meta().items()} or None
         if key == self.keys.legacy:
             return {str(s).encode(): r for s, r in self.legacy.items()} or None
         if key.startswith(self.keys.chunk_prefix):
-            first = int(key[len(self.keys.chunk_prefix) :])
-            if first in self.chunks:
-                return chunk_hash(self.chunks[first], self.id_of)
-            if first in self.large:
-                return chunk_hash({first: self.large[first]}, self.id_of)
-            return None
+            return None if self.strings else self._chunk(int(key[len(self.keys.chunk_prefix) :]))
         raise AssertionError(f"the fake holds no hash {key}")
 
     # ------------------------------------------------------------------ commands
@@ -178,6 +212,10 @@ class FakeThread:
             return (self._hash(key) or {}).get(_bytes(args[0]))
         if name == "HGETALL":
             return dict(self._hash(key) or {})
+        if name == "MGET":
+            return [self._string(k) for k in (key, *args)]
+        if name == "GET":
+            return self._string(key)
         if name == "HLEN":
             return len(self._hash(key) or {})
         if name == "EXISTS":
@@ -229,9 +267,12 @@ class FakeThread:
         return replies
 
     def where(self, seq: int) -> int:
-        """Where lua/locate.lua says a sequence lives: -1 window, -2 legacy, a chunk's first, 0."""
+        """Where lua/locate.lua says a sequence lives: -1 window, -2 legacy, -3 the open chunk, a
+        chunk's first, 0."""
         if seq in self.window:
             return -1
+        if seq in self.open:
+            return -3
         if seq in self.legacy:
             return -2
         if seq in self.large:
@@ -265,17 +306,20 @@ class FakeThread:
     # from this thread unless given another reply.
 
     def newest(self, reply: Any = None) -> Step:
-        """The newest page's one Batch: window members by rank, one with its score, then meta."""
+        """The newest page's one Batch: meta, the open chunk, the newest oversized and closed
+        chunk members, window members by rank, one with its score, then meta again."""
         keys = self.keys
 
         def check(commands: list[tuple]) -> bool:
             return (
-                len(commands) == 3
-                and commands[0][:2] == ("ZRANGE", keys.window)
-                and commands[0][-1] == "REV"
-                and commands[1][:2] == ("ZRANGE", keys.window)
-                and commands[1][-1] == "WITHSCORES"
-                and commands[2] == ("HMGET", keys.meta, "deleted_before", "deleting", "last_seq")
+                len(commands) == 7
+                and commands[0][:3] == ("HMGET", keys.meta, "deleted_before")
+                and commands[1] == ("MGET", keys.open_manifest, keys.open_data)
+                and commands[4][:2] == ("ZRANGE", keys.window)
+                and commands[4][-1] == "REV"
+                and commands[5][:2] == ("ZRANGE", keys.window)
+                and commands[5][-1] == "WITHSCORES"
+                and commands[6] == ("HMGET", keys.meta, "gen", "last_seq")
             )
 
         return batch(check, reply=reply or self.reply)

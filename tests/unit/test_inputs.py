@@ -131,6 +131,30 @@ def test_prepare_batch_gives_each_message_an_id_and_a_date(config):
     assert all(item.media == 0 for item in prepared)
 
 
+def test_one_message_alone_is_prepared_as_a_batch_of_one(config):
+    """A single message model (prepare_batch's shortcut) is checked, stamped and refused exactly
+    as the same message in a list."""
+    alone, listed = UserMessage(content="a", otid="o-1"), UserMessage(content="a", otid="o-1")
+    ((one,), (same,)) = (
+        prepare_batch(config, alone, "turn-1"),
+        prepare_batch(config, [listed], "turn-1"),
+    )
+    assert alone.id == one.message.id and listed.id == same.message.id
+    assert len(one.record) == len(same.record) and one.media == same.media
+    assert one.tokens == same.tokens and one.message.date is not None
+    small = StoreConfig(max_message_bytes=64, max_batch_bytes=64)
+    for given in (UserMessage(content="x" * 100), [UserMessage(content="x" * 100)]):
+        with pytest.raises(errors.MessageTooLarge, match="message 0"):
+            prepare_batch(small, given, None)
+    for given in (UserMessage(content="a"), [UserMessage(content="a")]):
+        with pytest.raises(errors.InvalidMessage, match="turn_id"):
+            prepare_batch(config, given, "bad\tturn")
+        assert (given if isinstance(given, UserMessage) else given[0]).id is None
+    for given in (UserMessage(id="bad\nid", content="a"), [UserMessage(id="bad\nid", content="a")]):
+        with pytest.raises(errors.InvalidMessage, match="message id"):
+            prepare_batch(config, given, None)
+
+
 def test_unknown_fields_takes_keep_or_refuse():
     assert StoreConfig().unknown_fields == "keep"
     for value in ("strict", "", None, True):

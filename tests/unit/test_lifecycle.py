@@ -19,9 +19,11 @@ from .driver import call, drive, repeat
 from .layout import DATE, FakeThread, message, summary
 
 
-def migrate_reply(layout: int, scanning: bool = False, chunks: int = 0, left: int = 0) -> list[int]:
-    """lua/migrate.lua: {chunks_written, layout_version, scanning, fields_left}."""
-    return [chunks, layout, int(scanning), left]
+def migrate_reply(
+    layout: int, scanning: bool = False, chunks: int = 0, left: int = 0, window: int = 0
+) -> list[int]:
+    """lua/migrate.lua: {chunks_written, layout_version, scanning, fields_left, window_left}."""
+    return [chunks, layout, int(scanning), left, window]
 
 
 # ------------------------------------------------------------------------------ compact
@@ -37,8 +39,8 @@ def test_compact_runs_retention_again_while_each_call_hits_the_cap(thread, fake)
     cap = thread.config.max_chunks_per_call
     store = call("compact", {"summary_last": 12}, reply=[1, 13, cap])
     first, last = (
-        call("retain", thread.limits(), reply=cap),
-        call("retain", thread.limits(), reply=cap - 1),
+        call("retain", (thread.limits(),), reply=cap),
+        call("retain", (thread.limits(),), reply=cap - 1),
     )
     result = drive(
         core.compact(thread, "what happened", 12),
@@ -167,9 +169,9 @@ def test_finishing_deletes_returns_what_a_read_returns(thread, fake):
 def test_a_write_refused_while_the_legacy_scan_runs_runs_migrate_steps_then_is_sent_again(thread):
     refused = call("append", error=errors.MigrationPending("scanning"))
     steps = [
-        call("migrate", thread.limits(), reply=migrate_reply(1, scanning=True)),
-        call("migrate", thread.limits(), reply=migrate_reply(1, scanning=True)),
-        call("migrate", thread.limits(), reply=migrate_reply(1, scanning=False)),
+        call("migrate", (thread.limits(),), reply=migrate_reply(1, scanning=True)),
+        call("migrate", (thread.limits(),), reply=migrate_reply(1, scanning=True)),
+        call("migrate", (thread.limits(),), reply=migrate_reply(1, scanning=False)),
     ]
     again = call("append", reply=[1, 501])
     result = drive(core.append(thread, UserMessage(content="hi"), None), refused, *steps, again)
@@ -198,7 +200,9 @@ def test_every_write_through_the_scan_check_waits_for_it(
         operation(thread),
         *(boundary(fake) if name == "compact" else []),
         call(name, error=errors.MigrationPending("scanning")),
-        call("migrate", reply=migrate_reply(2)),  # the scan ended, and the migration with it
+        call(
+            "migrate", reply=migrate_reply(2)
+        ),  # the scan ended (layout 2 then 3 at its next write)
         call(name, reply=reply),
     )
     got = {
@@ -209,13 +213,15 @@ def test_every_write_through_the_scan_check_waits_for_it(
     assert got == expected
 
 
-def test_migrate_runs_until_layout_2_or_max_calls(thread, caplog):
+def test_migrate_runs_until_layout_3_with_an_empty_window_or_max_calls(thread, caplog):
     calls = drive(
         core.migrate(thread),
-        repeat(call("migrate", thread.limits(), reply=migrate_reply(1, chunks=4)), times=3),
+        repeat(call("migrate", (thread.limits(),), reply=migrate_reply(1, chunks=4)), times=3),
         call("migrate", reply=migrate_reply(2, chunks=1, left=2)),
+        call("migrate", reply=migrate_reply(3, chunks=4, left=2, window=5)),
+        call("migrate", reply=migrate_reply(3, chunks=1, left=2)),
     )
-    assert calls == 4
+    assert calls == 6
     assert "2 legacy fields" in caplog.text
     assert (
         drive(
@@ -243,7 +249,7 @@ def test_delete_starts_then_continues_until_done(thread):
 def test_remove_turn_migrates_first_and_calls_until_nothing_remains(thread):
     removed = drive(
         core.remove_turn(thread, "turn-1"),
-        call("migrate", reply=migrate_reply(2)),
+        call("migrate", reply=migrate_reply(3)),
         call("remove_turn", {"turn_id": "turn-1"}, reply=[500, 120]),
         call("remove_turn", {"turn_id": "turn-1"}, reply=[120, 0]),
     )
@@ -266,7 +272,7 @@ def test_replace_keeps_the_originals_id_otid_date_and_turn(thread):
     step = call("replace", {"id": "m4"}, reply=4)
     result = drive(
         core.replace(thread, "m4", UserMessage(content="edited", otid="o-other", id="other")),
-        call("migrate", reply=migrate_reply(2)),
+        call("migrate", reply=migrate_reply(3)),
         fake.located("m4", kind="id"),
         fake.fetch(),
         step,
@@ -295,7 +301,7 @@ def test_replace_of_an_unreadable_message_keeps_what_salvage_reads(thread):
     step = call("replace", reply=2)
     drive(
         core.replace(thread, "m2", UserMessage(content="fixed")),
-        call("migrate", reply=migrate_reply(2)),
+        call("migrate", reply=migrate_reply(3)),
         fake.located("m2", kind="id"),
         fake.fetch(),
         step,
@@ -310,7 +316,7 @@ def test_replace_of_an_unknown_id_raises_before_any_write(thread, fake):
     with pytest.raises(errors.MessageNotFound):
         drive(
             core.replace(thread, "nope", UserMessage(content="x")),
-            call("migrate", reply=migrate_reply(2)),
+            call("migrate", reply=migrate_reply(3)),
             fake.located("nope", kind="id"),
             fake.fetch(),
         )
@@ -325,7 +331,7 @@ def test_replace_over_the_media_budget_resends_with_its_parts_replaced(thread):
     over, again = call("replace", error=errors.InlineMediaBudget(100)), call("replace", reply=3)
     result = drive(
         core.replace(thread, "m3", UserMessage(content=[picture])),
-        call("migrate", reply=migrate_reply(2)),
+        call("migrate", reply=migrate_reply(3)),
         fake.located("m3", kind="id"),
         fake.fetch(),
         over,
@@ -345,7 +351,7 @@ def test_replace_refitted_to_the_media_budget_still_keeps_the_originals_id_otid_
     over, again = call("replace", error=errors.InlineMediaBudget(0)), call("replace", reply=4)
     result = drive(
         core.replace(thread, "m4", UserMessage(content=[picture], otid="o-other", id="other")),
-        call("migrate", reply=migrate_reply(2)),
+        call("migrate", reply=migrate_reply(3)),
         fake.located("m4", kind="id"),
         fake.fetch(),
         over,
@@ -406,7 +412,8 @@ def test_small_configs_change_the_limits_sent(thread):
     )
     step = call("start_turn", reply=1)
     drive(core.start_turn(small, "t"), step)
-    *values, key = step.request.named()["limits"]
+    key = step.request.named()["limits"]
+    values = [int(v) for v in key.split(":")]
     limits = dict(zip(LIMIT_NAMES, values, strict=True))
     assert (limits["window_size"], limits["chunk_size"], limits["retained_limit"]) == (8, 4, -1)
     # The event limits and the history checks are limits too, and the key names them all
@@ -418,7 +425,7 @@ def test_small_configs_change_the_limits_sent(thread):
     )
     assert key == ":".join(str(v) for v in values)
     strict = ThreadRef.of(StoreConfig(namespace="unit", history_checks="strict"), "t-1")
-    assert strict.limits()[-1].endswith(":1000:3600000:1")
+    assert strict.limits().endswith(":1000:3600000:1")
 
 
 def test_a_write_refused_as_deleting_again_and_again_gives_up_with_a_server_error(thread):

@@ -37,10 +37,25 @@ def test_the_newest_page_is_one_batch_with_one_score(thread, fake):
     keys = thread.keys
     step = batch(
         [
-            # limit + 1 members without scores, the (limit + 1)-th again with its score, then meta
+            # Meta, the open chunk (layout 3), the newest oversized and closed chunk members;
+            # limit + 1 window members without scores, the (limit + 1)-th again with its score,
+            # then meta again.
+            (
+                "HMGET",
+                keys.meta,
+                "deleted_before",
+                "deleting",
+                "last_seq",
+                "gen",
+                "layout",
+                "stored",
+            ),
+            ("MGET", keys.open_manifest, keys.open_data),
+            ("ZRANGE", keys.large_index, "+inf", "-inf", "BYSCORE", "REV", "LIMIT", 0, 11),
+            ("ZRANGE", keys.chunk_index, "+inf", "-inf", "BYSCORE", "REV", "LIMIT", 0, 1),
             ("ZRANGE", keys.window, 0, 10, "REV"),
             ("ZRANGE", keys.window, 10, 10, "REV", "WITHSCORES"),
-            ("HMGET", keys.meta, "deleted_before", "deleting", "last_seq"),
+            ("HMGET", keys.meta, "gen", "last_seq"),
         ],
         reply=fake.reply,
     )
@@ -89,7 +104,7 @@ def test_an_oversized_message_among_the_newest_falls_back_to_the_plan(thread, fa
     assert contents(page) == [f"message {s}" for s in range(26, 18, -1)]
 
 
-@pytest.mark.parametrize("position", [1, 2], ids=["before-the-score", "before-meta"])
+@pytest.mark.parametrize("position", [5, 6], ids=["before-the-score", "before-meta"])
 def test_an_append_between_the_newest_reads_falls_back_to_the_plan(thread, fake, position):
     fake.append(30)
 
@@ -200,7 +215,7 @@ def test_a_walk_plans_on_past_short_chunks_and_keeps_the_first_plans_deleted_bef
     assert page.has_more and page.next_cursor == 5
     # What the page holds was read as of the first plan, before retention.
     assert page.deleted_before_sequence is None
-    read = [{c[1] for c in f.request.commands[:-1]} for f in fetches]
+    read = [{c[1] for c in f.request.commands[:-1] if c[0] != "MGET"} for f in fetches]
     assert read[0] == {thread.keys.chunk(1), thread.keys.chunk(2)}
     assert read[1] == {thread.keys.chunk(3), thread.keys.chunk(4), thread.keys.window}
 
@@ -216,7 +231,7 @@ def test_a_legacy_hash_is_read_only_at_the_walks_end(thread, order):
     gen = int(fake.meta["gen"])
     walk = "up" if order == "asc" else "down"
     # lua/page_plan.lua: nothing in the window or chunks; the legacy range 1..500, 500 fields.
-    plan_reply = [gen, 0, 0, 501, 0, b"", 0, 0, 1, 500, 500]
+    plan_reply = [gen, 0, 0, 501, 1, b"", 0, 0, 1, 500, 500, 0, 0, 0, 0, 0, 0]
     wanted = list(range(1, 12)) if order == "asc" else list(range(490, 501))
 
     def reads_the_walks_end(commands):
@@ -246,8 +261,9 @@ def test_an_id_cursor_is_planned_by_the_script(thread, fake):
     chunked(fake)
     gen = int(fake.meta["gen"])
     members = fake.command("ZRANGE", thread.keys.chunk_index, 0, -1)
-    # page_plan resolved m5 to sequence 5: chunk:5 holds it, no chunk follows, the window does.
-    reply = [gen, 0, 5, 13, 0, members[1], 0, 0, 0, 0, 0]
+    # page_plan resolved m5 to sequence 5: chunk:5 holds it, no chunk follows, the window does
+    # (9..12, 4 messages); layout 2, no legacy range, no open chunk.
+    reply = [gen, 0, 5, 13, 2, members[1], 0, 0, 0, 0, 0, 9, 12, 4, 0, 0, 0]
     fetch = fake.fetch()
     page = drive(
         core.list_page(thread, after="m5", limit=3),
@@ -302,7 +318,14 @@ def test_get_reads_the_chunk_locate_names(thread, fake):
     found = drive(
         core.get(thread, "m6"),
         fake.located("m6", kind="id"),
-        batch([("HMGET", keys.chunk(5), "_m", "d"), ("HGET", keys.meta, "gen")], reply=fake.reply),
+        batch(
+            [
+                ("MGET", keys.chunk_manifest(5), keys.chunk_data(5)),
+                ("HMGET", keys.chunk(5), "_m", "d"),
+                ("HGET", keys.meta, "gen"),
+            ],
+            reply=fake.reply,
+        ),
     )
     assert found.id == "m6" and found.seq_id == 6 and found.content == "message 6"
 
@@ -339,7 +362,7 @@ def test_a_locate_reads_again_when_gen_moves(thread, fake):
         fake.located("2", "5"),
         fake.fetch(rolled_meanwhile),
         fake.located("2", "5"),
-        fake.fetch(commands=lambda c: c[0] == ("HMGET", thread.keys.chunk(1), "_m", "d")),
+        fake.fetch(commands=lambda c: ("HMGET", thread.keys.chunk(1), "_m", "d") in c),
     )
     assert seqs(found) == [2, 5] and [m.id for m in found] == ["m2", "m5"]
 

@@ -268,7 +268,8 @@ def test_a_snapshot_reads_the_newest_snapshot_size_messages(thread, fake):
     steps = snapshot_pass(fake)
     snap = drive(core.snapshot(thread), *steps)
     assert len(snap.messages) == SNAPSHOT_SIZE and snap.messages[-1].seq_id == SNAPSHOT_SIZE + 10
-    assert steps[1].request.commands[0][3] == SNAPSHOT_SIZE  # ranks 0..limit: limit + 1 members
+    window_read = steps[1].request.commands[4]  # ranks 0..limit: limit + 1 members
+    assert window_read[:2] == ("ZRANGE", thread.keys.window) and window_read[3] == SNAPSHOT_SIZE
 
 
 def test_a_snapshot_reads_again_when_an_append_lands_in_between(thread, fake):

@@ -48,6 +48,17 @@ def thread_of_legacy_key(namespace: str, key: bytes | str) -> str:
     return text[len(f"{namespace}:{{") : text.rindex("}:messages")]
 
 
+def meta_pattern(namespace: str) -> str:
+    """The SCAN pattern of every thread's meta hash of a namespace (layouts 2 and 3)."""
+    return f"{namespace}:{{*}}:meta"
+
+
+def thread_of_meta_key(namespace: str, key: bytes | str) -> str:
+    """The thread id of a meta hash's key (one meta_pattern matched)."""
+    text = key.decode() if isinstance(key, bytes) else key
+    return text[len(f"{namespace}:{{") : text.rindex("}:meta")]
+
+
 @dataclass(frozen=True, slots=True)
 class ThreadKeys:
     """The keys of one thread. ``chunk_prefix`` + first sequence names a chunk."""

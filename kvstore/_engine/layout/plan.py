@@ -25,24 +25,31 @@ from . import CURRENT, version
 from .formats import ChunkEntry, LargeEntry
 from .reader import Containers
 from .v2 import WindowRead
+from .v3 import window_bounds
 
 # A cursor bound: ("", "") none, ("seq", "<sequence>") or ("id", "<message id>").
 Bound = tuple[str, str]
 
 
+# A container of a plan: (first, last, count, kind), kind one of these.
+CHUNK, LEGACY, WINDOW, OPEN = 0, 1, 2, 3
+Unit = tuple[int, int, int, int]
+
+
 @dataclass(frozen=True, slots=True)
 class _Facts:
     """What a page plan reads (lua/page_plan.lua's reply, or _native_facts): the range
-    (exclusive bounds, clamped), index members near it and the legacy range of a layout-1 thread."""
+    (exclusive bounds, clamped), the containers overlapping it (chunk index members near it, the
+    window's part in it, the open chunk, the legacy range of a layout-1 thread) and the
+    oversized messages in it, in walk order, at most `need`."""
 
     gen: int
     deleted_before: int
     lo: int
     hi: int
-    window_count: int  # walk down: the window's messages in the range
-    chunks: list[tuple[int, int, int, int]]  # (first, last, count, kind) in walk order
-    large: list[int]  # oversized messages in the range, in walk order, at most `need`
-    legacy: tuple[int, int, int, int] | None
+    layout: int
+    units: list[Unit]
+    large: list[int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,15 +63,18 @@ class Plan:
     hi: int
     bound: int
     window: bool
-    chunks: list[tuple[int, int, int]]  # (first, last, kind): kind 0 a chunk, 1 the legacy hash
+    chunks: list[tuple[int, int, int]]  # (first, last, kind): kind CHUNK or LEGACY
     large: list[int]
+    open: bool = False
+    layout: int = CURRENT
 
 
 def plan_walk(
     thread: ThreadRef, low: Bound, high: Bound, walk: str, need: int, max_chunks: int
 ) -> Operation:
     """Plans the walk's next `need` messages: with native reads for sequence cursors on a
-    layout-2 thread, through lua/page_plan.lua for an id cursor or a layout-1 thread."""
+    layout-2 or layout-3 thread, through lua/page_plan.lua for an id cursor or a layout-1
+    thread."""
     facts = None
     if low[0] != "id" and high[0] != "id":
         facts = yield from _native_facts(thread, low, high, walk, need, max_chunks)
@@ -86,6 +96,18 @@ def plan_walk(
     return _select(facts, walk, need, max_chunks)
 
 
+_META = (
+    "gen",
+    "deleted_before",
+    "last_seq",
+    "deleting",
+    "layout",
+    "open_first",
+    "open_last",
+    "open_count",
+)
+
+
 def _native_facts(
     thread: ThreadRef, low: Bound, high: Bound, walk: str, need: int, max_chunks: int
 ) -> Operation:
@@ -101,18 +123,18 @@ def _native_facts(
     keys = thread.keys
     reads = _index_reads(thread, low, high, walk, need, max_chunks)
     for _ in range(OPTIMISTIC_READS):
-        meta, legacy, near, chunks, large, again = yield Batch(
+        meta, legacy, *found, again = yield Batch(
             [
-                ("HMGET", keys.meta, "gen", "deleted_before", "last_seq", "deleting", "layout"),
+                ("HMGET", keys.meta, *_META),
                 ("EXISTS", keys.legacy),
                 *reads,
                 ("HMGET", keys.meta, "gen", "last_seq"),
             ]
         )
-        gen, deleted_before, last_seq, deleting, layout = meta
+        gen, deleted_before, last_seq, deleting, layout, open_first, open_last, open_count = meta
         if deleting is not None:  # an interrupted delete(): the thread reads as empty
-            return _Facts(int_or_zero(gen), 0, 0, 1, 0, [], [], None)
-        if version(layout, legacy) != CURRENT:  # lua/page_plan.lua plans the other layouts
+            return _Facts(int_or_zero(gen), 0, 0, 1, CURRENT, [], [])
+        if version(layout, legacy) not in (2, 3):  # lua/page_plan.lua plans the other layouts
             return None
         if [gen, last_seq] != again:
             continue
@@ -121,23 +143,20 @@ def _native_facts(
         if deleted_before > 0 and lo < deleted_before - 1:
             lo = deleted_before - 1
         hi = min(int(high[1]) if high[0] else last + 1, last + 1)
-        # Walk up: `near` is the chunk at or before the cursor; walk down: the window's count.
         if walk == "up":
-            window_count, members = 0, near + chunks
+            near, chunks, large, window_count, window_low, window_high = found
+            members = near + chunks
         else:
-            window_count = int(near)
-            members = chunks if window_count < need else []
+            members, large, window_count, window_low, window_high = found
+        units = [_chunk_unit(m) for m in members]
+        window = window_bounds(window_low, window_high)
+        if window is not None:
+            units.append((*window, int(window_count), WINDOW))
+        if int_or_zero(open_count) > 0:
+            units.append((int(open_first), int(open_last), int(open_count), OPEN))
         large_in_range = [s for s in map(_large_sequence, large) if lo < s < hi][:need]
-        chunk_candidates = [_chunk_candidate(m) for m in members]
         return _Facts(
-            int_or_zero(gen),
-            deleted_before,
-            lo,
-            hi,
-            window_count,
-            chunk_candidates,
-            large_in_range,
-            None,
+            int_or_zero(gen), deleted_before, lo, hi, version(layout, legacy), units, large_in_range
         )
     raise changed_under_reads()
 
@@ -145,12 +164,29 @@ def _native_facts(
 def _index_reads(
     thread: ThreadRef, low: Bound, high: Bound, walk: str, need: int, max_chunks: int
 ) -> list[tuple[Any, ...]]:
-    """The native reads of a plan's indexes, from the sequence cursors as they are. Walk up: the
-    chunk at or before `low`, the chunks above it, the oversized messages; walk down: the
-    window's count in the range, the chunks from `high` down, the oversized messages."""
+    """The native reads of a plan's indexes and window, from the sequence cursors as they are.
+    Walk up: the chunk at or before `low`, the chunks above it, the oversized messages; walk
+    down: the chunks from `high` down, the oversized messages. Then the window's count in the
+    range and its lowest and highest member there."""
     keys = thread.keys
     lo_arg = low[1] if low[0] else "0"
     hi_arg = f"({high[1]}" if high[0] else "+inf"
+    window = [
+        ("ZCOUNT", keys.window, f"({lo_arg}", hi_arg),
+        ("ZRANGE", keys.window, f"({lo_arg}", hi_arg, "BYSCORE", "LIMIT", 0, 1, "WITHSCORES"),
+        (
+            "ZRANGE",
+            keys.window,
+            hi_arg,
+            f"({lo_arg}",
+            "BYSCORE",
+            "REV",
+            "LIMIT",
+            0,
+            1,
+            "WITHSCORES",
+        ),
+    ]
     if walk == "up":
         return [
             ("ZRANGE", keys.chunk_index, lo_arg, "-inf", "BYSCORE", "REV", "LIMIT", 0, 1),
@@ -165,37 +201,45 @@ def _index_reads(
                 max_chunks + 1,
             ),
             ("ZRANGE", keys.large_index, f"({lo_arg}", hi_arg, "BYSCORE", "LIMIT", 0, need),
+            *window,
         ]
     return [
-        ("ZCOUNT", keys.window, f"({lo_arg}", hi_arg),
         ("ZRANGE", keys.chunk_index, hi_arg, "-inf", "BYSCORE", "REV", "LIMIT", 0, max_chunks + 1),
         ("ZRANGE", keys.large_index, hi_arg, f"({lo_arg}", "BYSCORE", "REV", "LIMIT", 0, need),
+        *window,
     ]
 
 
 def _script_facts(reply: list[Any]) -> _Facts:
     """The facts lua/page_plan.lua replies."""
-    gen, deleted_before, lo, hi, window_count, below, above_count = reply[:7]
+    gen, deleted_before, lo, hi, layout, below, above_count = reply[:7]
     above_end = 7 + int(above_count)
     members = ([below] if below else []) + reply[7:above_end]
     large_end = above_end + 1 + int(reply[above_end])
-    legacy_first, legacy_last, legacy_count = (int(v) for v in reply[large_end : large_end + 3])
+    tail = [int(v) for v in reply[large_end : large_end + 9]]
+    legacy_first, legacy_last, legacy_count = tail[0:3]
+    units = [_chunk_unit(m) for m in members]
+    if legacy_last:
+        units.append((legacy_first, legacy_last, legacy_count, LEGACY))
+    if tail[5]:  # the window's count in the range
+        units.append((tail[3], tail[4], tail[5], WINDOW))
+    if tail[8]:  # the open chunk's count
+        units.append((tail[6], tail[7], tail[8], OPEN))
     return _Facts(
         int(gen),
         int(deleted_before),
         int(lo),
         int(hi),
-        int(window_count),
-        [_chunk_candidate(m) for m in members],
+        int(layout),
+        units,
         [_large_sequence(m) for m in reply[above_end + 1 : large_end]],
-        (legacy_first, legacy_last, legacy_count, 1) if legacy_last else None,
     )
 
 
-def _chunk_candidate(member: bytes) -> tuple[int, int, int, int]:
-    """(first, last, count, kind 0) of a chunk index member."""
+def _chunk_unit(member: bytes) -> Unit:
+    """(first, last, count, CHUNK) of a chunk index member."""
     entry = ChunkEntry.parse(member)
-    return entry.first, entry.last, entry.count, 0
+    return entry.first, entry.last, entry.count, CHUNK
 
 
 def _large_sequence(member: bytes) -> int:
@@ -203,71 +247,48 @@ def _large_sequence(member: bytes) -> int:
 
 
 def _select(facts: _Facts, walk: str, need: int, max_chunks: int) -> Plan:
-    """Names the containers holding the next `need` messages of the walk: chunks by their index
-    counts, then the window if the walk reaches it (walk down starts from the window)."""
-    lo, hi = facts.lo, facts.hi
-    if hi - lo <= 1:
-        return Plan(
-            facts.gen, facts.deleted_before, lo, hi, hi if walk == "up" else lo, False, [], []
-        )
-    candidates = facts.chunks
-    if facts.legacy is not None:
-        # The legacy hash, put among the chunks in walk order.
-        at = next(
-            (i for i, c in enumerate(candidates) if (facts.legacy[0] < c[0]) == (walk == "up")),
-            len(candidates),
-        )
-        candidates = [*candidates[:at], facts.legacy, *candidates[at:]]
-    if walk == "up":
-        window, bound, chunks = _select_up(candidates, lo, hi, need, max_chunks)
-        return Plan(facts.gen, facts.deleted_before, lo, hi, bound, window, chunks, facts.large)
-    bound, chunks = _select_down(candidates, lo, hi, need - facts.window_count, max_chunks)
-    return Plan(facts.gen, facts.deleted_before, lo, hi, bound, True, chunks, facts.large)
-
-
-def _select_up(
-    candidates: list[tuple[int, int, int, int]], lo: int, hi: int, need: int, max_chunks: int
-) -> tuple[bool, int, list[tuple[int, int, int]]]:
-    """Walk up: chunks from the lowest on until they hold `need` messages, then the window if
-    they fall short. Returns (window, bound, chunks)."""
+    """Names the containers holding the next `need` messages of the walk: the units in walk
+    order (they are disjoint but for oversized messages, read apart) until they hold `need`,
+    at most `max_chunks` chunks among them."""
+    lo, hi, up = facts.lo, facts.hi, walk == "up"
     chunks: list[tuple[int, int, int]] = []
-    acc, bound = 0, hi
-    for first, last, count, kind in candidates:
-        n = _in_range(first, last, count, lo, hi)
-        if n == 0:
-            continue
-        if acc >= need or len(chunks) >= max_chunks:
-            return False, bound, chunks
-        chunks.append((first, last, kind))
-        acc += n
-        bound = last
-    if acc < need:
-        return True, hi, chunks
-    return False, bound, chunks
-
-
-def _select_down(
-    candidates: list[tuple[int, int, int, int]], lo: int, hi: int, need: int, max_chunks: int
-) -> tuple[int, list[tuple[int, int, int]]]:
-    """Walk down: the window first (`need` is what it leaves), then chunks from the highest
-    down until they hold the rest. Returns (bound, chunks)."""
-    chunks: list[tuple[int, int, int]] = []
-    acc = 0
-    for first, last, count, kind in candidates:
-        if last <= lo:
-            break
-        n = _in_range(first, last, count, lo, hi)
-        if n == 0:
-            continue
-        if acc >= need or len(chunks) >= max_chunks:
-            return (chunks[-1][0] if chunks else lo), chunks
-        chunks.append((first, last, kind))
-        acc += n
-    return lo, chunks
+    window = in_open = False
+    bound = hi if up else lo
+    if hi - lo > 1:
+        units = sorted(facts.units, key=lambda u: u[0] if up else -u[1])
+        acc = 0
+        for first, last, count, kind in units:
+            n = _in_range(first, last, count, lo, hi)
+            if n == 0:
+                continue
+            if acc >= need or (kind in (CHUNK, LEGACY) and len(chunks) >= max_chunks):
+                break
+            if kind == WINDOW:
+                window = True
+            elif kind == OPEN:
+                in_open = True
+            else:
+                chunks.append((first, last, kind))
+            acc += n
+            bound = last if up else first
+        else:
+            bound = hi if up else lo
+    return Plan(
+        facts.gen,
+        facts.deleted_before,
+        lo,
+        hi,
+        bound,
+        window,
+        chunks,
+        facts.large if hi - lo > 1 else [],
+        in_open,
+        facts.layout,
+    )
 
 
 def _in_range(first: int, last: int, count: int, lo: int, hi: int) -> int:
-    """How many of a chunk's messages can lie inside (lo, hi): at most its count and span."""
+    """How many of a unit's messages can lie inside (lo, hi): at most its count and span."""
     a, b = max(first, lo + 1), min(last, hi - 1)
     return 0 if b < a else min(count, b - a + 1)
 
@@ -280,7 +301,7 @@ def plan_reads(plan: Plan, upward: bool, need: int) -> tuple[Containers, int]:
     chunks: list[int] = []
     legacy: list[int] = []
     for first, last, kind in plan.chunks:
-        if kind == 0:
+        if kind == CHUNK:
             chunks.append(first)
             continue
         # The legacy hash of a layout-1 thread can span more than a page: read only the
@@ -289,4 +310,7 @@ def plan_reads(plan: Plan, upward: bool, need: int) -> tuple[Containers, int]:
         if len(legacy) > need:
             legacy = legacy[:need] if upward else legacy[-need:]
             bound = min(bound, legacy[-1]) if upward else max(bound, legacy[0])
-    return Containers(windows, [*chunks, *plan.large], legacy), bound
+    containers = Containers(
+        windows, [*chunks, *plan.large], legacy, open=plan.open, hashes=plan.layout < 3
+    )
+    return containers, bound

@@ -19,7 +19,7 @@ from ... import errors
 from ...messages import Message
 from ..operation import Batch, Operation, ThreadRef
 from ..record import decode_records
-from . import v1, v2
+from . import v1, v2, v3
 from .v2 import WindowRead
 
 log = logging.getLogger("kvstore")
@@ -28,42 +28,60 @@ log = logging.getLogger("kvstore")
 @dataclass(frozen=True, slots=True)
 class Containers:
     """What one read fetches: ranges of the window, chunks (a chunk, or an oversized message's
-    own chunk) by first sequence, and a layout-1 thread's legacy fields by sequence."""
+    own chunk) by first sequence, a layout-1 thread's legacy fields by sequence, and the open
+    chunk (layout 3).
+
+    A chunk is read as layout 3's two strings, and with `hashes` as a layout-2 hash beside them
+    in the same round trip; without, a chunk found in neither string is read as a hash in a
+    second one (fetch)."""
 
     windows: Sequence[WindowRead] = ()
     chunks: Sequence[int] = ()
     legacy: Sequence[int] = ()
     # Keep each chunk's token counts from its manifest (Found.tokens).
     tokens: bool = False
+    open: bool = False
+    hashes: bool = True
+    # Only the records of sequences keep[0]..keep[1] (the open chunk holds others).
+    keep: tuple[int, int] | None = None
 
     def __bool__(self) -> bool:
-        return bool(self.windows or self.chunks or self.legacy)
+        return bool(self.windows or self.chunks or self.legacy or self.open)
 
     @classmethod
     def located(cls, places: Sequence[Any]) -> tuple[Containers, list[int]]:
         """The reads of the messages lua/locate.lua found, and their sequences in its order,
-        from its (sequence, where) pairs: where -1 is the window, -2 the legacy hash, a positive
-        number the chunk starting there, 0 nowhere."""
+        from its (sequence, where) pairs: where -1 is the window, -2 the legacy hash, -3 the
+        open chunk, a positive number the chunk starting there, 0 nowhere."""
         wanted: list[int] = []
         windows: list[WindowRead] = []
         chunks: list[int] = []
         legacy: list[int] = []
+        in_open = False
         for i in range(0, len(places), 2):
             sequence, where = int(places[i]), int(places[i + 1])
             if where == -1:
                 windows.append(WindowRead(sequence, sequence, scores=False))
             elif where == -2:
                 legacy.append(sequence)
+            elif where == -3:
+                in_open = True
             elif where > 0:
                 chunks.append(where)
             else:
                 continue
             wanted.append(sequence)
-        return cls(windows, chunks, legacy), wanted
+        return cls(windows, chunks, legacy, open=in_open), wanted
 
     def commands(self, thread: ThreadRef) -> list[tuple[Any, ...]]:
         keys = thread.keys
-        commands = [v2.chunk_read(keys, first) for first in dict.fromkeys(self.chunks)]
+        commands: list[tuple[Any, ...]] = []
+        for first in dict.fromkeys(self.chunks):
+            commands.append(v3.chunk_read(keys, first))
+            if self.hashes:
+                commands.append(v2.chunk_read(keys, first))
+        if self.open:
+            commands.append(v3.open_read(keys))
         commands += [v2.window_read(keys, w) for w in self.windows]
         if self.legacy:
             commands.append(v1.legacy_read(keys, self.legacy))
@@ -73,34 +91,53 @@ class Containers:
         """The records (and with `tokens` the counts) of the replies to :meth:`commands`."""
         found = Found()
         at = 0
-        for _first in dict.fromkeys(self.chunks):
+        for first in dict.fromkeys(self.chunks):
             manifest, data = replies[at]
-            found.records.update(v2.chunk_records(manifest, data))
-            if self.tokens:
-                found.tokens.update(v2.manifest_tokens(manifest))
+            at += 1
+            if self.hashes:
+                if manifest is None or data is None:
+                    manifest, data = replies[at]
+                at += 1
+            elif manifest is None or data is None:
+                found.hashes.append(first)
+                continue
+            self._add(found, manifest, data)
+        if self.open:
+            self._add(found, *replies[at])
             at += 1
         for window in self.windows:
             found.records.update(v2.window_records(window, replies[at]))
             at += 1
         if self.legacy:
             found.records.update(v1.legacy_records(self.legacy, replies[at]))
+        if self.keep is not None:
+            a, b = self.keep
+            found.records = {s: r for s, r in found.records.items() if a <= s <= b}
         return found
+
+    def _add(self, found: Found, manifest: Any, data: Any) -> None:
+        found.records.update(v2.chunk_records(manifest, data))
+        if self.tokens:
+            found.tokens.update(v2.manifest_tokens(manifest))
 
 
 @dataclass(slots=True)
 class Found:
     """What a read found: records by sequence, the token counts its chunks' manifests list (with
-    Containers.tokens), and the replies to the caller's checks, in order."""
+    Containers.tokens), and the replies to the caller's checks, in order. `hashes`: the chunks
+    found in no layout-3 string, to read as layout-2 hashes (fetch does)."""
 
     records: dict[int, bytes] = field(default_factory=dict)
     tokens: dict[int, int] = field(default_factory=dict)
     checks: list[Any] = field(default_factory=list)
+    hashes: list[int] = field(default_factory=list)
 
 
 def just_appended(first: int, last: int) -> Containers:
-    """Where messages first..last are while they are the newest: the window (layout 2). Found
-    holds all of them, or none when some moved on meanwhile."""
-    return Containers([WindowRead(first, last, scores=False)])
+    """Where messages first..last are while they are the newest: the open chunk (layout 3), or
+    the window (a layout-2 thread). Found holds all of them, or not all when some moved on
+    meanwhile (a close of the open chunk, retention, remove_turn)."""
+    return Containers([WindowRead(first, last, scores=False)], open=True, keep=(first, last))
 
 
 def fetch(
@@ -111,6 +148,17 @@ def fetch(
     replies = yield Batch([*commands, *checks])
     found = containers.found(replies[: len(commands)])
     found.checks = list(replies[len(commands) :])
+    if found.hashes:
+        # Chunks found in no layout-3 string: layout-2 hashes (read with the checks again; a
+        # caller's gen read after both rounds covers the first round too: gen only grows).
+        hashes = Containers(chunks=found.hashes, tokens=containers.tokens, keep=containers.keep)
+        commands = hashes.commands(thread)
+        replies = yield Batch([*commands, *checks])
+        more = hashes.found(replies[: len(commands)])
+        found.records.update(more.records)
+        found.tokens.update(more.tokens)
+        found.checks = list(replies[len(commands) :])
+        found.hashes = []
     return found
 
 

@@ -10,6 +10,7 @@ from typing import Any
 from ..operation import Batch, Operation, ThreadRef
 from ..replies import hash_pairs, score_pairs
 from ..text import text as _text
+from . import CURRENT, version
 from .formats import ChunkEntry, LargeEntry
 
 # Index members read per ZRANGE: a thread of millions of messages is listed without one huge reply.
@@ -18,10 +19,12 @@ INDEX_PAGE = 5000
 
 @dataclass(frozen=True, slots=True)
 class Presence:
-    """Which of a thread's roots exist: its meta hash, a layout-1 legacy hash."""
+    """Which of a thread's roots exist: its meta hash, a layout-1 legacy hash; and whether the
+    thread is in the current layout with no window left (nothing for migrate to do)."""
 
     meta: bool
     legacy: bool
+    current: bool = True
 
     @property
     def exists(self) -> bool:
@@ -43,8 +46,16 @@ class Containers:
 
 def presence(thread: ThreadRef) -> Operation:
     keys = thread.keys
-    meta, legacy = yield Batch([("EXISTS", keys.meta), ("EXISTS", keys.legacy)])
-    return Presence(bool(meta), bool(legacy))
+    meta, legacy, layout, window = yield Batch(
+        [
+            ("EXISTS", keys.meta),
+            ("EXISTS", keys.legacy),
+            ("HGET", keys.meta, "layout"),
+            ("EXISTS", keys.window),
+        ]
+    )
+    current = version(layout, legacy) == CURRENT and not window
+    return Presence(bool(meta), bool(legacy), current or not (meta or legacy))
 
 
 def containers(thread: ThreadRef) -> Operation:

@@ -1,5 +1,6 @@
 """What layout 1 still needs: a thread not yet migrated keeps its records in one legacy hash,
-field = sequence (lua/migrate.lua moves them into layout 2's chunks)."""
+field = sequence (lua/migrate.lua moves them into chunks; the thread is then in layout 2, and
+becomes layout 3 as any layout-2 thread does)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ def is_layout_1(layout: Any, legacy_exists: Any) -> bool:
 def untouched_layout_1(layout: int | None, legacy_fields: int, legacy_last: int | None) -> bool:
     """Whether a thread is in layout 1 and no write has touched it yet (meta's `layout` and
     `legacy_last`, and the legacy hash's size): then meta counts none of its messages."""
-    return bool(legacy_fields) and layout != 2 and legacy_last is None
+    return bool(legacy_fields) and layout in (None, 1) and legacy_last is None
 
 
 def legacy_read(keys: ThreadKeys, sequences: Sequence[int]) -> tuple[Any, ...]:

@@ -26,12 +26,12 @@ __all__ = [
     "index_newest",
     "manifest_read",
     "manifest_tokens",
-    "newest_page",
     "older_members",
     "only_layout_2",
     "size_reads",
     "stored_counts",
     "stored_tokens",
+    "window_page",
     "window_read",
     "window_records",
 ]
@@ -177,29 +177,23 @@ def size_reads(keys: ThreadKeys) -> list[tuple[Any, ...]]:
     ]
 
 
-def newest_page(thread: ThreadRef, need: int) -> Operation:
-    """The newest `need` - 1 records newest first (entries, has_more, deleted_before) in one round
-    trip of native reads, or None when the page must be planned.
+def window_page(
+    members: list[Any], bottom: Any, last_seq: Any, deleted_before: Any, need: int
+) -> tuple[list[tuple[int, bytes]], bool, int] | None:
+    """The newest `need` - 1 records of a layout-2 thread newest first (entries, has_more,
+    deleted_before), from its window's `need` newest members (ZRANGE window 0 need-1 REV), the
+    `need`-th newest with its score (`bottom`) and meta's last_seq, read after the window; None
+    when the page must be planned.
 
     The window holds the newest messages (docs/LAYOUT.md, "Invariants"). Its members are read
     without their scores (Redis 7.0 prints each score of a WITHSCORES reply as a double: 51 of
     them cost twice the records), and the sequences follow from two numbers: the score of the
-    `need`-th newest member and meta's last_seq, read after the window. Window messages have
-    distinct sequences, none above last_seq, so `need` of them from that score up to a last_seq
-    `need - 1` above it are every sequence in between. A window shorter than `need` that holds
-    last_seq messages is the whole thread. Anything else (an oversized or removed message among
-    the newest, an append in between) is read through the plan.
+    `need`-th newest member and last_seq. Window messages have distinct sequences, none above
+    last_seq, so `need` of them from that score up to a last_seq `need - 1` above it are every
+    sequence in between. A window shorter than `need` that holds last_seq messages is the whole
+    thread. Anything else (an oversized or removed message among the newest, an append in
+    between) is read through the plan.
     """
-    keys = thread.keys
-    members, bottom, (deleted_before, deleting, last_seq) = yield Batch(
-        [
-            ("ZRANGE", keys.window, 0, need - 1, "REV"),
-            ("ZRANGE", keys.window, need - 1, need - 1, "REV", "WITHSCORES"),
-            ("HMGET", keys.meta, "deleted_before", "deleting", "last_seq"),
-        ]
-    )
-    if deleting is not None:  # an interrupted delete(): the thread reads as empty
-        return [], False, 0
     last = int_or_zero(last_seq)
     if len(members) == need:
         (member, score), *_ = score_pairs(bottom) or [(None, 0)]

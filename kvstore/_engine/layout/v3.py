@@ -1,0 +1,141 @@
+"""Layout 3 (written now): the newest messages in the open chunk (two strings: `open:m` its
+manifest, `open:d` its records, appended to in place), older ones in closed chunks (two strings
+each, `chunk:<first>:m` and `:d`, or a layout-2 hash kept from before), an oversized message in
+a chunk of its own; the two indexes as in layout 2 (docs/LAYOUT.md). A thread migrating from
+layout 2 may still hold a window, older than its open chunk. The native reads of those
+containers: a chunk's and the open chunk's, and the newest page in one round trip (two when the
+page reaches into the newest closed chunk)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..operation import Batch, Operation, ThreadRef, int_or_zero
+from ..replies import score_pairs
+from . import v2
+from .formats import ChunkEntry, LargeEntry, split_chunk
+from .keys import ThreadKeys
+
+__all__ = ["chunk_read", "manifest_read", "newest_page", "open_read"]
+
+# (sequence, record) pairs, newest first; has_more; deleted_before.
+Page = tuple[list[tuple[int, bytes]], bool, int]
+
+
+def chunk_read(keys: ThreadKeys, first: int) -> tuple[Any, ...]:
+    """A closed chunk's manifest and records (layout-3 strings): both nil for none, or for a
+    layout-2 hash (v2.chunk_read reads that)."""
+    return ("MGET", keys.chunk_manifest(first), keys.chunk_data(first))
+
+
+def open_read(keys: ThreadKeys) -> tuple[Any, ...]:
+    """The open chunk's manifest and records, in one atomic command."""
+    return ("MGET", keys.open_manifest, keys.open_data)
+
+
+def manifest_read(keys: ThreadKeys, first: int) -> tuple[Any, ...]:
+    """A closed chunk's manifest alone (layout-3 string; nil for a hash chunk)."""
+    return ("GET", keys.chunk_manifest(first))
+
+
+_META = ("deleted_before", "deleting", "last_seq", "gen", "layout", "stored")
+
+
+def newest_page(thread: ThreadRef, need: int) -> Operation:
+    """The newest `need` - 1 records newest first (entries, has_more, deleted_before) from native
+    reads, or None when the page must be planned.
+
+    One round trip reads meta, the open chunk, the newest oversized members and the newest
+    closed chunk's member, and meta's gen and last_seq again: equal, nothing moved, went or came
+    in between. Every message from the open chunk's first sequence on is in the open chunk or
+    oversized; every closed chunk and the window (of a thread migrating from layout 2) hold older
+    ones. So the newest `need` messages are the open chunk's when no oversized one is among
+    them. Else, with no window left and no oversized message in the way, the newest closed chunk
+    adds what it holds (a second round trip, its gen compared). Anything else is planned.
+    A layout-2 thread reads its window (v2.newest_page) in the same round trip.
+    """
+    keys = thread.keys
+    replies = yield Batch(
+        [
+            ("HMGET", keys.meta, *_META),
+            open_read(keys),
+            ("ZRANGE", keys.large_index, "+inf", "-inf", "BYSCORE", "REV", "LIMIT", 0, need),
+            ("ZRANGE", keys.chunk_index, "+inf", "-inf", "BYSCORE", "REV", "LIMIT", 0, 1),
+            ("ZRANGE", keys.window, 0, need - 1, "REV"),
+            ("ZRANGE", keys.window, need - 1, need - 1, "REV", "WITHSCORES"),
+            ("HMGET", keys.meta, "gen", "last_seq"),
+        ]
+    )
+    meta, (manifest, data), large, newest_chunk, members, bottom, again = replies
+    deleted_before, deleting, last_seq, gen, layout, stored = meta
+    if deleting is not None:  # an interrupted delete(): the thread reads as empty
+        return [], False, 0
+    if layout != b"3":
+        # Layout 2: last_seq as read after the window.
+        return v2.window_page(members, bottom, again[1], deleted_before, need)
+    if [gen, last_seq] != list(again):
+        return None
+    records = split_chunk(manifest, data)
+    oversized = sorted((LargeEntry.parse(m).sequence for m in large), reverse=True)
+    floor = min(records) if records else int_or_zero(last_seq) + 1
+    newest = sorted([*records, *(s for s in oversized if s >= floor)], reverse=True)
+    page = _page(newest, records, need, int_or_zero(stored), int_or_zero(deleted_before))
+    if page is not None or members or not newest_chunk:
+        return page
+    # The newest closed chunk holds the next older messages, unless an oversized one is newer.
+    entry = ChunkEntry.parse(newest_chunk[0])
+    if any(s >= entry.first for s in oversized) or len(newest) >= need:
+        return None
+    return (yield from _with_chunk(thread, entry, records, need, gen, stored, deleted_before))
+
+
+def _page(
+    newest: list[int], records: dict[int, bytes], need: int, stored: int, deleted_before: int
+) -> Page | None:
+    """The page of the `newest` sequences (newest first) when they make it and `records` holds
+    every one it shows: `need` of them, or every stored message."""
+    if len(newest) >= need:
+        shown = newest[: need - 1]
+        has_more = True
+    elif len(newest) == stored:
+        shown, has_more = newest, False
+    else:
+        return None
+    if any(s not in records for s in shown):
+        return None
+    return [(s, records[s]) for s in shown], has_more, deleted_before
+
+
+def _with_chunk(
+    thread: ThreadRef,
+    entry: ChunkEntry,
+    records: dict[int, bytes],
+    need: int,
+    gen: Any,
+    stored: Any,
+    deleted_before: Any,
+) -> Operation:
+    """The page from the open chunk's `records` and the newest closed chunk's (second round
+    trip, gen compared; the chunk as strings or as a layout-2 hash), or None."""
+    keys = thread.keys
+    strings, hashed, again = yield Batch(
+        [
+            chunk_read(keys, entry.first),
+            v2.chunk_read(keys, entry.first),
+            ("HGET", keys.meta, "gen"),
+        ]
+    )
+    if again != gen:
+        return None
+    manifest, data = strings if strings[0] is not None and strings[1] is not None else hashed
+    both = {**split_chunk(manifest, data), **records}
+    newest = sorted(both, reverse=True)
+    return _page(newest, both, need, int_or_zero(stored), int_or_zero(deleted_before))
+
+
+def window_bounds(reply_low: Any, reply_high: Any) -> tuple[int, int] | None:
+    """The lowest and highest window sequence of two ZRANGE ... LIMIT 0 1 WITHSCORES replies."""
+    low, high = score_pairs(reply_low), score_pairs(reply_high)
+    if not low or not high:
+        return None
+    return int(float(low[0][1])), int(float(high[0][1]))
