@@ -211,6 +211,12 @@ def test_a_read_in_flight_when_the_delete_starts_plans_again(
     assert isinstance(request, Batch) and request.commands[-1] == ("HGET", ref.keys.meta, "gen")
     run_one(store, delete_call(ref, 3))  # lands between the plan and the fetch
     request = operation.send(send_request(store, request))
+    if not _is_plan(request, ref):
+        # Chunks found in no layout-3 string are looked for once more as layout-2 hashes, with
+        # the gen check again (kvstore/_engine/layout/reader.py, fetch).
+        assert isinstance(request, Batch) and request.commands[-1] == ("HGET", ref.keys.meta, "gen")
+        assert all(c[1].startswith(ref.keys.chunk_prefix) for c in request.commands[:-1])
+        request = operation.send(send_request(store, request))
     assert _is_plan(request, ref)  # planned again
     if cursor == "id":
         with pytest.raises(errors.MessageNotFound):
