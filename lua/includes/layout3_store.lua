@@ -122,7 +122,7 @@ local function check_store_keys(keys, batch, limits, meta)
   end
   if #plan.closes > 0 then
     -- A close writes the chunk index and may run retention, which touches these too.
-    for _, pair in ipairs({{keys.chunk_index, 'zset'}, {keys.window, 'zset'}, {keys.window_side, 'hash'}, {keys.large_index, 'zset'},
+    for _, pair in ipairs({{keys.chunk_index, 'zset'}, {keys.window_side, 'hash'}, {keys.large_index, 'zset'},
                            {keys.otids, 'hash'}, {keys.turns, 'hash'}, {keys.pairs, 'zset'}}) do
       expected[#expected + 1] = pair
     end
