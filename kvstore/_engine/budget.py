@@ -74,7 +74,7 @@ def budgeted_context(thread: ThreadRef, max_tokens: int) -> Operation:
                 thread.keys.meta,
                 deleted_before.decode(),
             )
-        plan.window = counts.window
+        plan.window, plan.open = counts.window, counts.open
         done = yield from _select(
             thread, plan, max_tokens, counts.chunks, counts.large, [gen, last_seq]
         )
@@ -124,7 +124,9 @@ class _Plan:
     last_seq: int
     after: int | None
     summary_seq: int | None
+    # The counts of the window's and the open chunk's messages (layout 3: `open`).
     window: dict[int, int] = field(default_factory=dict)
+    open: bool = False
     # What the second read fetches: the window from this sequence up, these chunks and
     # oversized messages.
     window_from: int | None = None
@@ -220,9 +222,10 @@ def _fetch(thread: ThreadRef, plan: _Plan, gen: bytes, summary_seq: bytes | None
         containers.append(plan.summary_where[1].first)
     elif plan.summary_where and plan.summary_where[0] == "large":
         containers.append(plan.summary_where[1].sequence)
+    # The open chunk's messages are among the window's counts: read with the window's range.
     found = yield from fetch(
         thread,
-        Containers(windows, containers, tokens=True),
+        Containers(windows, containers, tokens=True, open=plan.open and window_low is not None),
         [("HMGET", thread.keys.meta, "gen", "summary_seq")],
     )
     if list(found.checks[0]) != [gen, summary_seq]:

@@ -65,7 +65,8 @@ def _stats_from(meta: dict[bytes, bytes], window: int, chunks: int, legacy: int)
         layout = 1
     return ThreadStats(
         stored_messages=stored,
-        window_messages=window,
+        # Layout 3's open chunk is its window: the messages not yet in closed chunks.
+        window_messages=window + (number("open_count") or 0),
         chunks=chunks,
         stored_bytes=number("bytes") or 0,
         media_bytes=number("media") or 0,

@@ -109,6 +109,12 @@ def inspect(
         )
     else:
         print("  window            empty", file=out)
+    if int(meta.get("open_count", "0")) > 0:  # layout 3
+        print(
+            f"  open chunk        {meta['open_count']} messages, {meta['open_first']}..{meta['open_last']},"
+            f" {int(meta.get('open_bytes', '0')):,} bytes",
+            file=out,
+        )
     if found.legacy_messages:
         print(f"  legacy (layout 1) {found.legacy_messages} messages not yet migrated", file=out)
     chunk_entries = admin.chunk_entries(store, thread_id)

@@ -236,10 +236,11 @@ def store_unchecked(
 
 @pytest.fixture(params=["window", "chunk"])
 def poisoned(request, make_thread, monkeypatch, raw_client):
-    """A thread with one bad record in turn t-2, in the window or already rolled into a chunk."""
+    """A thread with one bad record in turn t-2, in the open chunk (layout 3's window) or
+    already closed into a chunk."""
 
     def build(kind: str):
-        thread = make_thread(**SMALL)
+        thread = make_thread(**{**SMALL, "chunk_size": 8})
         good = thread.append([UserMessage(content=f"good {i}") for i in range(3)], turn_id="t-1")
         make_record = BAD_RECORDS[kind]
         (bad_seq,) = store_unchecked(
@@ -253,8 +254,9 @@ def poisoned(request, make_thread, monkeypatch, raw_client):
         good += thread.append(UserMessage(content="after the bad one"), turn_id="t-2")
         if request.param == "chunk":
             good += thread.append([UserMessage(content=f"later {i}") for i in range(8)])
-        window = {int(s) for _, s in raw_client.zrange(thread.keys.window, 0, -1, withscores=True)}
-        assert (bad_seq in window) == (request.param == "window")
+        manifest = raw_client.get(thread.keys.open_manifest) or b""
+        in_open = {int(line.split(b"\t")[0]) for line in manifest.split(b"\n")[:-1]}
+        assert (bad_seq in in_open) == (request.param == "window")
         return thread, good, bad_seq
 
     return build

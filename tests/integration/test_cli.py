@@ -167,7 +167,7 @@ def test_demo_tells_its_story_and_each_scene_holds(tmp_path):
             assert stats.next_sequence > 600 and stats.stored_messages < 400, (t, stats)
         result = kvstore(*next_command)  # uses the running server
         assert result.returncode == 0, result.stderr
-        assert result.stdout.startswith("thread demo-0 (namespace demo, layout 2)")
+        assert result.stdout.startswith("thread demo-0 (namespace demo, layout 3)")
         assert "--chunks lists each chunk" in result.stdout
     finally:
         stop(process)

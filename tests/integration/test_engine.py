@@ -45,7 +45,7 @@ def test_rollover_keeps_index_exact_after_every_step(make_thread, raw_client, na
     layout = read_layout(raw_client, thread.keys)
     counts = [len(fields) for fields in layout.chunks.values()]
     assert layout.chunks and min(counts) < SMALL["chunk_size"]
-    assert len(layout.window) >= SMALL["window_size"]
+    assert layout.open  # layout 3: the newest messages are in the open chunk
     assert list(thread.iter()) == stored
 
 
@@ -146,7 +146,8 @@ def test_chunk_edges_as_anchors(make_thread, raw_client):
     edges = set()
     for first, fields in layout.chunks.items():
         edges |= {first - 1, first, max(fields), max(fields) + 1}
-    edges |= {min(layout.window) - 1, min(layout.window)}
+    newest = layout.window or layout.open  # layout 3: the open chunk
+    edges |= {min(newest) - 1, min(newest)}
     sequences = [m.seq_id for m in stored]
     for anchor in sorted(edges):
         for limit in (1, 8, 9, 50):
@@ -169,7 +170,7 @@ def test_snapshot_returns_the_newest_200(make_thread):
     assert snapshot.messages == stored[-200:]
     assert snapshot.stats.stored_messages == 260
     assert snapshot.stats.next_sequence == 261
-    assert snapshot.stats.layout_version == 2
+    assert snapshot.stats.layout_version == 3
 
 
 def test_stats_count_window_and_chunks(make_thread, raw_client):
@@ -178,11 +179,12 @@ def test_stats_count_window_and_chunks(make_thread, raw_client):
     stats = thread.stats()
     layout = read_layout(raw_client, thread.keys)
     assert stats.stored_messages == 30
-    assert stats.window_messages == len(layout.window)
+    # Layout 3's open chunk counts as its window.
+    assert stats.window_messages == len(layout.window) + len(layout.open)
     assert stats.chunks == len(layout.chunks) + len(layout.large)
-    assert stats.stored_bytes == sum(len(r) for r in layout.window.values()) + sum(
-        len(r) for f in layout.chunks.values() for r in f.values()
-    )
+    assert stats.stored_bytes == sum(
+        len(r) for r in [*layout.window.values(), *layout.open.values()]
+    ) + sum(len(r) for f in layout.chunks.values() for r in f.values())
     assert stats.deleted_before_sequence is None
     assert [m.seq_id for m in stored] == list(range(1, 31))
 

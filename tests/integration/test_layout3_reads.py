@@ -216,3 +216,34 @@ def test_a_migrated_thread_is_planned_by_the_script_from_an_id_cursor(migrated):
     assert [m.seq_id for m in page.messages] == [10, 11, 12, 13, 14, 15, 16, 17, 18]
     assert page.has_more
     assert isinstance(requests[0], Eval) and requests[0].script.name == "page_plan"
+
+
+def test_inspect_shows_the_open_chunk_and_stats_count_it_in_the_window(backend, namespace):
+    from io import StringIO
+
+    from kvstore.cli.commands import inspect
+
+    config = StoreConfig(namespace=namespace, chunk_size=8)
+    store = make_sync_store(backend, config)
+    thread = store.thread("t")
+    thread.append([UserMessage(content=f"m{i}") for i in range(20)])  # chunks 1-8, 9-16; 17-20
+    stats = thread.stats()
+    assert (stats.window_messages, stats.chunks, stats.stored_messages) == (4, 2, 20)
+    out = StringIO()
+    inspect(store, "t", out=out)
+    assert "  open chunk        4 messages, 17..20," in out.getvalue()
+    store.close()
+
+
+@pytest.mark.parametrize("budget", [1, 20, 39, 40, 100, 10**6])
+def test_a_migrated_thread_budgets_by_the_counts_of_every_kind_of_container(migrated, budget):
+    store, _ = migrated
+    # Each crafted message counts its own sequence.
+    kept, left = [], budget
+    for seq in reversed(KEPT):
+        if seq > left:
+            break
+        left -= seq
+        kept.append(seq)
+    context = store.thread("t").context(max_tokens=budget)
+    assert [m.seq_id for m in context] == kept[::-1]

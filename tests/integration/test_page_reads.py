@@ -137,24 +137,26 @@ def test_sequence_and_id_cursors_read_the_same_pages(make_thread, backend):
 
 def test_an_append_between_the_native_plan_reads_makes_it_plan_again(backend, namespace):
     """The plan's pipeline is not atomic. Messages appended after it read meta and before it
-    counts the window would make the window look like enough: the plan reads meta's gen and
-    last_seq again at its end, and plans again when they moved."""
-    config = StoreConfig(namespace=namespace, window_size=64, chunk_size=32)
+    reads the rest would make the open chunk's count from meta stale: the plan reads meta's gen
+    and last_seq again at its end, and plans again when they moved."""
+    config = StoreConfig(namespace=namespace, chunk_size=128)
     store = make_sync_store(backend, config)
     thread = store.thread("t")
-    thread.append([UserMessage(content=f"m{i}") for i in range(96)])  # leaves 64 in the window
+    thread.append([UserMessage(content=f"m{i}") for i in range(96)])  # all in the open chunk
     ref = ThreadRef.of(config, "t")
     appended = []
 
     def append_inside_the_plan(index, position):
-        if index == 1 and position == 1 and not appended:  # after the plan's first read of meta
+        if index == 0 and position == 1 and not appended:  # after the plan's first read of meta
             appended.extend(thread.append([UserMessage(content=f"late{i}") for i in range(31)]))
 
-    page, requests = drive(store, list_page(ref, limit=80, order="desc"), append_inside_the_plan)
-    assert appended and thread.stats().window_messages == 95  # no rollover: gen did not move
+    # A sequence cursor: the page is planned (the newest page would read the open chunk alone).
+    operation = list_page(ref, after=10**6, limit=80, order="desc")
+    page, requests = drive(store, operation, append_inside_the_plan)
+    assert appended and thread.stats().window_messages == 127  # no close: gen did not move
     assert page.messages == thread.list(limit=80, order="desc").messages and page.has_more
     assert page.messages[0].seq_id == 127
-    assert [is_plan(r, ref) for r in requests[1:]] == [True, True, False]
+    assert [is_plan(r, ref) for r in requests] == [True, True, False]
     store.close()
 
 

@@ -36,11 +36,18 @@ def users(n: int, start: int = 0) -> list[UserMessage]:
 
 
 def stored_counts(client, keys) -> dict[int, int]:
-    """Each stored sequence's count, read with raw commands from the side infos."""
+    """Each stored sequence's count, read with raw commands from the side infos: the window's
+    (layout 2), the open chunk's manifest (layout 3) and each chunk's, a layout-3 string or a
+    layout-2 hash's field."""
     counts = {int(s): side_tokens(v) for s, v in client.hgetall(keys.window_side).items()}
+    manifests = [client.get(keys.open_manifest) or b""]
     for member in client.zrange(keys.chunk_index, 0, -1) + client.zrange(keys.large_index, 0, -1):
         first = int(member.split(b":")[0])
-        for line in client.hget(keys.chunk(first), "_m").split(b"\n")[:-1]:
+        manifests.append(
+            client.get(keys.chunk_manifest(first)) or client.hget(keys.chunk(first), "_m")
+        )
+    for manifest in manifests:
+        for line in manifest.split(b"\n")[:-1]:
             sequence, _, side = line.partition(b"\t")
             counts[int(sequence)] = side_tokens(side)
     return counts
@@ -202,27 +209,37 @@ def strip_counts(client, keys) -> None:
         fields = fields[:5] + ([b"%"] if escaped else [])
         return b"\t".join(fields)
 
+    def old_manifest(manifest: bytes) -> bytes:
+        lines = [line.partition(b"\t") for line in manifest.split(b"\n")[:-1]]
+        return b"".join(s + b"\t" + old_side(side) + b"\n" for s, _, side in lines)
+
     for sequence, side in client.hgetall(keys.window_side).items():
         client.hset(keys.window_side, sequence, old_side(side))
+    if client.exists(keys.open_manifest):  # layout 3's open chunk, its sum by the rule
+        opened = old_manifest(client.get(keys.open_manifest))
+        client.set(keys.open_manifest, opened)
+        rule = sum(math.ceil(int(line.split(b"\t")[4]) / 4) for line in opened.split(b"\n")[:-1])
+        client.hset(keys.meta, "open_tokens", rule)
     for index, width in ((keys.chunk_index, 5), (keys.large_index, 3)):
         for member, score in client.zrange(index, 0, -1, withscores=True):
             client.zrem(index, member)
             client.zadd(index, {b":".join(member.split(b":")[:width]): score})
             first = int(member.split(b":")[0])
-            manifest = client.hget(keys.chunk(first), "_m")
-            lines = [line.partition(b"\t") for line in manifest.split(b"\n")[:-1]]
-            client.hset(
-                keys.chunk(first),
-                "_m",
-                b"".join(s + b"\t" + old_side(side) + b"\n" for s, _, side in lines),
-            )
+            if client.exists(keys.chunk_manifest(first)):  # a layout-3 chunk's string
+                manifest = client.get(keys.chunk_manifest(first))
+                client.set(keys.chunk_manifest(first), old_manifest(manifest))
+            else:
+                manifest = client.hget(keys.chunk(first), "_m")
+                client.hset(keys.chunk(first), "_m", old_manifest(manifest))
     client.hdel(keys.meta, "tokens")
 
 
 def old_rule_total(client, keys) -> int:
     """What the documented rule counts for a thread without counts: ceil(bytes / 4) per window
-    message and per index member."""
+    and open chunk message and per index member."""
     total = sum(math.ceil(int(v.split(b"\t")[3]) / 4) for v in client.hvals(keys.window_side))
+    opened = (client.get(keys.open_manifest) or b"").split(b"\n")[:-1]
+    total += sum(math.ceil(int(line.split(b"\t")[4]) / 4) for line in opened)
     total += sum(
         math.ceil(int(m.split(b":")[3]) / 4) for m in client.zrange(keys.chunk_index, 0, -1)
     )
@@ -240,7 +257,13 @@ def test_side_infos_and_members_written_without_counts_still_read(make_thread, r
     thread.append(UserMessage(content="y" * 5000))  # oversized
     before = list(thread.iter())
     strip_counts(raw_client, keys)
-    assert raw_client.hget(keys.window_side, before[-2].seq_id).count(b"\t") == 4
+    # Every manifest line (layout 3: the open chunk's and the chunks') has five side fields.
+    firsts = [int(m.split(b":")[0]) for m in raw_client.zrange(keys.chunk_index, 0, -1)]
+    manifests = [raw_client.get(keys.open_manifest) or b""] + [
+        raw_client.get(keys.chunk_manifest(f)) or raw_client.hget(keys.chunk(f), "_m")
+        for f in firsts
+    ]
+    assert all(line.count(b"\t") == 5 for m in manifests for line in m.split(b"\n")[:-1])
     # Read as they are: pages, stats by the rule, a budgeted context.
     assert list(thread.iter()) == before
     by_rule = old_rule_total(raw_client, keys)
@@ -302,12 +325,17 @@ def test_an_old_escaped_side_info_reads(make_thread, raw_client):
     thread = make_thread()
     keys = keys_of(thread)
     thread.append(users(2), tokens=[3, 4])
-    # An id holding a tab, as a layout-1 migration wrote it before counts: escaped, no count.
-    raw_client.hset(keys.window_side, 1, b"a%09b\t\t0\t40\t\t%")
+    # An id holding a tab, as a layout-1 migration wrote it before counts: escaped, no count
+    # (layout 3: in the open chunk's manifest, its record's true size).
+    manifest = raw_client.get(keys.open_manifest)
+    first, rest = manifest.split(b"\n", 1)
+    size = int(first.split(b"\t")[4])
+    raw_client.set(keys.open_manifest, b"1\ta%%09b\t\t0\t%d\t\t%%\n" % size + rest)
     raw_client.hdel(keys.meta, "tokens")
-    # The next write counts it: 40 record bytes by the rule, the other message's stored count.
+    # The next write counts it: its record bytes by the rule, the other message's stored count.
     thread.append(UserMessage(content="c"), tokens=[1])
-    assert int(raw_client.hget(keys.meta, "tokens")) == 10 + 4 + 1 == thread.stats().tokens
+    expected = math.ceil(size / 4) + 4 + 1
+    assert int(raw_client.hget(keys.meta, "tokens")) == expected == thread.stats().tokens
 
 
 # --- context(max_tokens) from the stored counts ------------------------------------------------

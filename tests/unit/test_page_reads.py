@@ -52,7 +52,7 @@ def test_the_newest_page_is_one_batch_with_one_score(thread, fake):
             ),
             ("MGET", keys.open_manifest, keys.open_data),
             ("ZRANGE", keys.large_index, "+inf", "-inf", "BYSCORE", "REV", "LIMIT", 0, 11),
-            ("ZRANGE", keys.chunk_index, "+inf", "-inf", "BYSCORE", "REV", "LIMIT", 0, 1),
+            ("ZRANGE", keys.chunk_index, "+inf", "-inf", "BYSCORE", "REV", "LIMIT", 0, 2),
             ("ZRANGE", keys.window, 0, 10, "REV"),
             ("ZRANGE", keys.window, 10, 10, "REV", "WITHSCORES"),
             ("HMGET", keys.meta, "gen", "last_seq"),
@@ -389,3 +389,42 @@ def test_the_largest_limit_is_accepted(thread, fake):
     fake.append(3)
     page = drive(core.list_page(thread, limit=MAX_LIMIT, order="desc"), fake.newest())
     assert seqs(page.messages) == [3, 2, 1]
+
+
+# ------------------------------------------------------------------- layout 3
+
+
+def layout_3(thread, total: int, closed: int) -> FakeThread:
+    """Messages 1..total: 1..closed in string chunks of 4, the rest in the open chunk."""
+    fake = FakeThread(thread.keys, layout=3)
+    fake.append(total)
+    for first in range(1, closed + 1, 4):
+        fake.roll(first, min(first + 3, closed))
+    fake.open = {s: fake.window.pop(s) for s in list(fake.window)}
+    return fake
+
+
+def test_a_layout_3_newest_page_is_the_open_chunks_tail_in_one_round_trip(thread):
+    fake = layout_3(thread, 12, 8)
+    page = drive(core.list_page(thread, limit=3, order="desc"), fake.newest())
+    assert seqs(page.messages) == [12, 11, 10] and page.has_more and page.next_cursor == 10
+    whole = layout_3(thread, 3, 0)
+    page = drive(core.list_page(thread, limit=5, order="desc"), whole.newest())
+    assert seqs(page.messages) == [3, 2, 1] and not page.has_more
+
+
+def test_a_layout_3_newest_page_reads_the_newest_closed_chunks_second(thread):
+    fake = layout_3(thread, 12, 8)
+    page = drive(core.list_page(thread, limit=7, order="desc"), fake.newest(), fake.fetch())
+    assert seqs(page.messages) == [12, 11, 10, 9, 8, 7, 6] and page.has_more
+    assert contents(page) == [f"message {s}" for s in range(12, 5, -1)]
+
+
+def test_a_layout_3_plan_reads_the_open_chunk_and_string_chunks(thread):
+    fake = layout_3(thread, 12, 8)
+    fetch = fake.fetch()
+    page = drive(core.list_page(thread, after=6, limit=4), fake.plan(), fetch)
+    assert seqs(page.messages) == [7, 8, 9, 10] and page.has_more
+    read = {c[1] for c in fetch.request.commands}
+    assert thread.keys.open_manifest in read and thread.keys.chunk_manifest(5) in read
+    assert thread.keys.chunk(5) not in read  # no hash read beside a layout-3 thread's strings

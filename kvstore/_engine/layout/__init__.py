@@ -13,13 +13,17 @@ keys.py is imported by the config and by operation.py, which reader.py imports i
   the caller's checks), cut (in order, inside a range), decode.
 - plan.py: which containers hold a page walk's next messages (plan_walk), and their reads
   (plan_reads).
-- v2.py: layout 2's native reads: the newest page in one round trip (newest_page), index and
-  manifest reads, the sizes stats() reads.
+- v3.py: layout 3's native reads: a closed chunk's two strings, the open chunk, the newest
+  page in one round trip from the open chunk (two with the newest closed chunks; newest_page,
+  which reads a layout-2 thread's window in the same round trip).
+- v2.py: layout 2's native reads: the newest page of a window (window_page), chunk hashes,
+  index and manifest reads (stored_counts, stored_tokens: of layout 3's containers too), the
+  sizes stats() reads.
 - v1.py: what layout 1 still needs: its legacy hash's reads, and telling such a thread apart
   (is_layout_1).
 
 The layout version is meta's `layout` field (absent beside a legacy hash: 1, never written).
-A reader asks :func:`version`; a new layout is a new module beside v2.py behind the same calls
+A reader asks :func:`version`; a new layout is a new module beside v2.py and v3.py behind the same calls
 (reader.py and plan.py dispatch to it), plus its migration (lua/migrate.lua, lifecycle.migrate).
 """
 

@@ -3,8 +3,9 @@ records by sequence, cut to a range, and decoded.
 
 Every read of stored messages comes here (pages, get, budgets, watch catch-up, views, fork,
 backup and the CLI's export): :class:`Containers` names what to read (ranges of the window,
-chunks by their first sequence, a layout-1 thread's legacy fields), :func:`fetch` reads them in
-one round trip with the caller's checks (meta's gen, mostly) and returns :class:`Found`,
+chunks by their first sequence, layout 3's open chunk, a layout-1 thread's legacy fields),
+:func:`fetch` reads them in one round trip with the caller's checks (meta's gen, mostly; one
+more for chunks that turn out to be layout-2 hashes on a layout-3 thread) and returns :class:`Found`,
 :func:`cut` orders what was found inside a range, :func:`decode` makes the messages.
 """
 

@@ -92,9 +92,9 @@ def index_newest(key: str, below: int | None, count: int) -> tuple[Any, ...]:
 
 
 def only_layout_2(layout: Any, legacy_exists: Any) -> bool:
-    """Whether meta records layout 2 and no legacy hash is left beside it (a migration leaves
-    one holding the fields that were not sequences)."""
-    return layout == b"2" and not legacy_exists
+    """Whether meta records layout 2 or 3 and no legacy hash is left beside it (a migration
+    leaves one holding the fields that were not sequences)."""
+    return layout in (b"2", b"3") and not legacy_exists
 
 
 @dataclass(slots=True)
@@ -102,7 +102,8 @@ class StoredCounts:
     """What a budget plans from (budget.py), read in one round trip: meta's gen, last_seq,
     summary_last, summary_seq and deleted_before; whether the thread can be planned from stored
     counts (layout 2, not being deleted) and was the same throughout the reads; and, when both,
-    the window's counts by sequence and the newest chunk and oversized index members."""
+    the counts by sequence of the window's and the open chunk's messages (`window`; `open`: the
+    open chunk holds some, layout 3) and the newest chunk and oversized index members."""
 
     meta: list[Any]
     plannable: bool
@@ -110,12 +111,13 @@ class StoredCounts:
     window: dict[int, int] = field(default_factory=dict)
     chunks: list[ChunkEntry] = field(default_factory=list)
     large: list[LargeEntry] = field(default_factory=list)
+    open: bool = False
 
 
 def stored_counts(thread: ThreadRef, members: int) -> Operation:
     """The StoredCounts of the thread, with the `members` newest members of each index."""
     keys = thread.keys
-    meta, sides, chunk_members, large_members, legacy, again = yield Batch(
+    meta, sides, open_manifest, chunk_members, large_members, legacy, again = yield Batch(
         [
             (
                 "HMGET",
@@ -129,6 +131,7 @@ def stored_counts(thread: ThreadRef, members: int) -> Operation:
                 "deleted_before",
             ),
             ("HGETALL", keys.window_side),
+            ("GET", keys.open_manifest),
             index_newest(keys.chunk_index, None, members),
             index_newest(keys.large_index, None, members),
             ("EXISTS", keys.legacy),
@@ -143,6 +146,8 @@ def stored_counts(thread: ThreadRef, members: int) -> Operation:
     )
     if counts.plannable and counts.unchanged:
         counts.window = {int(s): side_tokens(v) for s, v in hash_pairs(sides)}
+        counts.window.update(manifest_tokens(open_manifest))
+        counts.open = bool(open_manifest)
         counts.chunks = [ChunkEntry.parse(m) for m in chunk_members]
         counts.large = [LargeEntry.parse(m) for m in large_members]
     return counts
@@ -211,17 +216,19 @@ def window_page(
 
 
 def stored_tokens(thread: ThreadRef, sequences: list[int]) -> Operation:
-    """The stored token counts of these sequences, from their side infos (the window's, or their
-    chunks' manifests): two round trips. A sequence not stored is left out."""
+    """The stored token counts of these sequences, from their side infos (the window's, the open
+    chunk's manifest, or their chunks' manifests, strings or hashes): two round trips. A
+    sequence not stored is left out."""
     if not sequences:
         return {}
     keys = thread.keys
     low, high = min(sequences), max(sequences)
     for _ in range(OPTIMISTIC_READS):
-        gen, sides, below, within, large, again = yield Batch(
+        gen, sides, open_manifest, below, within, large, again = yield Batch(
             [
                 ("HGET", keys.meta, "gen"),
                 ("HMGET", keys.window_side, *sequences),
+                ("GET", keys.open_manifest),
                 ("ZRANGE", keys.chunk_index, low, "-inf", "BYSCORE", "REV", "LIMIT", 0, 1),
                 ("ZRANGE", keys.chunk_index, f"({low}", high, "BYSCORE"),
                 ("ZRANGE", keys.large_index, low, high, "BYSCORE"),
@@ -236,6 +243,8 @@ def stored_tokens(thread: ThreadRef, sequences: list[int]) -> Operation:
             if side is not None
         }
         wanted = set(sequences) - set(tokens)
+        tokens.update((s, t) for s, t in manifest_tokens(open_manifest).items() if s in wanted)
+        wanted -= set(tokens)
         for entry in map(LargeEntry.parse, large):
             if entry.sequence in wanted:
                 tokens[entry.sequence] = entry.tokens
@@ -247,12 +256,13 @@ def stored_tokens(thread: ThreadRef, sequences: list[int]) -> Operation:
         ]
         if not chunks:
             return tokens
-        replies = yield Batch(
-            [*(manifest_read(keys, first) for first in chunks), ("HGET", keys.meta, "gen")]
-        )
+        # Each chunk's manifest as a layout-3 string and as a layout-2 hash's field.
+        reads = [(("GET", keys.chunk_manifest(f)), manifest_read(keys, f)) for f in chunks]
+        replies = yield Batch([*(r for pair in reads for r in pair), ("HGET", keys.meta, "gen")])
         if replies[-1] != gen:
             continue
-        for manifest in replies[:-1]:
+        for string, hashed in zip(replies[:-1:2], replies[1:-1:2], strict=True):
+            manifest = string if string is not None else hashed
             tokens.update((s, t) for s, t in manifest_tokens(manifest).items() if s in wanted)
         return tokens
     raise changed_under_reads()

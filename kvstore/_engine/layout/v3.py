@@ -4,7 +4,7 @@ each, `chunk:<first>:m` and `:d`, or a layout-2 hash kept from before), an overs
 a chunk of its own; the two indexes as in layout 2 (docs/LAYOUT.md). A thread migrating from
 layout 2 may still hold a window, older than its open chunk. The native reads of those
 containers: a chunk's and the open chunk's, and the newest page in one round trip (two when the
-page reaches into the newest closed chunk)."""
+page reaches into the newest closed chunks)."""
 
 from __future__ import annotations
 
@@ -46,33 +46,35 @@ def newest_page(thread: ThreadRef, need: int) -> Operation:
     reads, or None when the page must be planned.
 
     One round trip reads meta, the open chunk, the newest oversized members and the newest
-    closed chunk's member, and meta's gen and last_seq again: equal, nothing moved, went or came
+    closed chunks' members, and meta's gen and last_seq again: equal, nothing moved, went or came
     in between. Every message from the open chunk's first sequence on is in the open chunk or
     oversized; every closed chunk and the window (of a thread migrating from layout 2) hold older
     ones. So the newest `need` messages are the open chunk's when no oversized one is among
-    them. Else, with no window left and no oversized message in the way, the newest closed chunk
-    adds what it holds (a second round trip, its gen compared). Anything else is planned.
+    them. Else, with no window left and no oversized message in the way, the newest closed
+    chunks add what they hold (a second round trip, gen compared). Anything else is planned.
     A layout-2 thread reads its window (v2.newest_page) in the same round trip.
     """
     keys = thread.keys
+    # Closed chunk members enough for the page when they are full.
+    members = need // thread.config.chunk_size + 2
     replies = yield Batch(
         [
             ("HMGET", keys.meta, *_META),
             open_read(keys),
             ("ZRANGE", keys.large_index, "+inf", "-inf", "BYSCORE", "REV", "LIMIT", 0, need),
-            ("ZRANGE", keys.chunk_index, "+inf", "-inf", "BYSCORE", "REV", "LIMIT", 0, 1),
+            ("ZRANGE", keys.chunk_index, "+inf", "-inf", "BYSCORE", "REV", "LIMIT", 0, members),
             ("ZRANGE", keys.window, 0, need - 1, "REV"),
             ("ZRANGE", keys.window, need - 1, need - 1, "REV", "WITHSCORES"),
             ("HMGET", keys.meta, "gen", "last_seq"),
         ]
     )
-    meta, (manifest, data), large, newest_chunk, members, bottom, again = replies
+    meta, (manifest, data), large, newest_chunks, window, bottom, again = replies
     deleted_before, deleting, last_seq, gen, layout, stored = meta
     if deleting is not None:  # an interrupted delete(): the thread reads as empty
         return [], False, 0
     if layout != b"3":
         # Layout 2: last_seq as read after the window.
-        return v2.window_page(members, bottom, again[1], deleted_before, need)
+        return v2.window_page(window, bottom, again[1], deleted_before, need)
     if [gen, last_seq] != list(again):
         return None
     records = split_chunk(manifest, data)
@@ -80,13 +82,20 @@ def newest_page(thread: ThreadRef, need: int) -> Operation:
     floor = min(records) if records else int_or_zero(last_seq) + 1
     newest = sorted([*records, *(s for s in oversized if s >= floor)], reverse=True)
     page = _page(newest, records, need, int_or_zero(stored), int_or_zero(deleted_before))
-    if page is not None or members or not newest_chunk:
+    if page is not None or window or not newest_chunks or len(newest) >= need:
         return page
-    # The newest closed chunk holds the next older messages, unless an oversized one is newer.
-    entry = ChunkEntry.parse(newest_chunk[0])
-    if any(s >= entry.first for s in oversized) or len(newest) >= need:
+    # The newest closed chunks hold the next older messages, unless an oversized one is newer.
+    chosen: list[ChunkEntry] = []
+    for entry in map(ChunkEntry.parse, newest_chunks):
+        chosen.append(entry)
+        if len(newest) + sum(e.count for e in chosen) >= need:
+            break
+    else:
+        if len(newest_chunks) == members:  # more chunks may be needed than were listed
+            return None
+    if any(s >= chosen[-1].first for s in oversized):
         return None
-    return (yield from _with_chunk(thread, entry, records, need, gen, stored, deleted_before))
+    return (yield from _with_chunks(thread, chosen, records, need, gen, stored, deleted_before))
 
 
 def _page(
@@ -106,29 +115,26 @@ def _page(
     return [(s, records[s]) for s in shown], has_more, deleted_before
 
 
-def _with_chunk(
+def _with_chunks(
     thread: ThreadRef,
-    entry: ChunkEntry,
+    chosen: list[ChunkEntry],
     records: dict[int, bytes],
     need: int,
     gen: Any,
     stored: Any,
     deleted_before: Any,
 ) -> Operation:
-    """The page from the open chunk's `records` and the newest closed chunk's (second round
-    trip, gen compared; the chunk as strings or as a layout-2 hash), or None."""
+    """The page from the open chunk's `records` and the `chosen` newest closed chunks' (second
+    round trip, gen compared; each chunk as strings or as a layout-2 hash), or None."""
     keys = thread.keys
-    strings, hashed, again = yield Batch(
-        [
-            chunk_read(keys, entry.first),
-            v2.chunk_read(keys, entry.first),
-            ("HGET", keys.meta, "gen"),
-        ]
-    )
-    if again != gen:
+    reads = [(chunk_read(keys, e.first), v2.chunk_read(keys, e.first)) for e in chosen]
+    replies = yield Batch([*(r for pair in reads for r in pair), ("HGET", keys.meta, "gen")])
+    if replies[-1] != gen:
         return None
-    manifest, data = strings if strings[0] is not None and strings[1] is not None else hashed
-    both = {**split_chunk(manifest, data), **records}
+    both = dict(records)
+    for strings, hashed in zip(replies[:-1:2], replies[1:-1:2], strict=True):
+        manifest, data = strings if strings[0] is not None and strings[1] is not None else hashed
+        both.update(split_chunk(manifest, data))
     newest = sorted(both, reverse=True)
     return _page(newest, both, need, int_or_zero(stored), int_or_zero(deleted_before))
 
