@@ -68,7 +68,7 @@ local err = check_thread(keys, true)
 if err then return err end
 local current = redis.call('HMGET', keys.meta, 'layout', 'last_seq')
 if current[1] == '1' or legacy_exists(keys) then
-  return redis.error_reply('KVS_LAYOUT thread is stored in layout 1, a restore writes into layout 2 only')
+  return redis.error_reply('KVS_LAYOUT thread is stored in layout 1, a restore writes into layout 3 only')
 end
 if tonumber(current[2] or '0') > last_seq then
   return redis.error_reply(string.format('KVS_RESTORE_CONFLICT the thread holds sequences up to %s, past the backup\'s %d',

@@ -67,9 +67,10 @@ local function drop_chunk(keys, first, index_key, member, bytes, tokens, content
 end
 
 -- Whether a unit from `first` to `last` is older than every message of the window (a layout-2
--- leftover) and of the open chunk: only such a unit may go.
+-- leftover; keys.has_window, set by retain: a key of another type there is not a window, and
+-- layout 3 leaves it alone) and of the open chunk: only such a unit may go.
 local function older_than_window_and_open(keys, first, last)
-  if redis.call('ZCOUNT', keys.window, '-inf', '(' .. fmt(first)) > 0 then return false end
+  if keys.has_window and redis.call('ZCOUNT', keys.window, '-inf', '(' .. fmt(first)) > 0 then return false end
   local open_first = tonumber(redis.call('HGET', keys.meta, 'open_first') or '0')
   return open_first == 0 or last < open_first
 end
@@ -112,7 +113,8 @@ local function retain(keys, retained_limit, max_chunks)
   -- While a layout-3 thread's window drains (includes/layout3_migration.lua), chunks closed
   -- since are newer than the window's messages: nothing past the window's oldest goes. (In
   -- layout 2 every chunk is older than the window: no limit.)
-  local oldest = redis.call('ZRANGE', keys.window, 0, 0, 'WITHSCORES')[2]
+  keys.has_window = redis.call('TYPE', keys.window)['ok'] == 'zset'
+  local oldest = keys.has_window and redis.call('ZRANGE', keys.window, 0, 0, 'WITHSCORES')[2]
   if oldest then until_sequence = math.min(until_sequence, tonumber(oldest) - 1) end
   local deleted, deleted_before, touched_turns = 0, nil, {}
   while deleted < max_chunks do

@@ -10,6 +10,8 @@ import pytest
 
 from kvstore import UserMessage
 
+from ..support.layout_check import to_hash_chunk
+
 SMALL = dict(window_size=4, chunk_size=2, chunk_max_bytes=2048)
 TTL_MS = 60_000
 
@@ -66,3 +68,28 @@ def test_thread_ttl_follows_the_servers_clock(
     thread.append([UserMessage(content=f"p{i} " + "x" * 200) for i in range(4)])
     assert raw_client.zcard(thread.keys.chunk_index) > chunks
     assert assert_one_deadline(raw_client, namespace, 60_000, 70_000) == deadline
+
+
+def test_every_chunk_of_either_kind_keeps_the_threads_deadline(
+    make_thread, raw_client, namespace, server_only
+):
+    """A chunk closed by COPY carries the open chunk's deadline; the pass that moves the deadline
+    reaches a layout-2 hash chunk (a thread migrated from layout 2) as well as the strings."""
+    thread = make_thread(thread_ttl=TTL_MS // 1000, **SMALL)
+    for i in range(9):  # one message a call: each close copies the open chunk the server holds
+        thread.append(UserMessage(content=f"m{i} " + "x" * 200))
+    assert raw_client.zcard(thread.keys.chunk_index) >= 3
+    assert raw_client.exists(thread.keys.open_data)
+    assert_one_deadline(raw_client, namespace, TTL_MS - 5_000, TTL_MS * 3 // 2)
+    to_hash_chunk(raw_client, thread.keys, 1)
+    assert raw_client.type(thread.keys.chunk(1)) == b"hash"
+    # More than ttl left: the closes keep the deadline.
+    deadline = server_ms(raw_client) + 70_000
+    expire_all_at(raw_client, namespace, deadline)
+    for i in range(3):
+        thread.append(UserMessage(content=f"n{i} " + "x" * 200))
+    assert assert_one_deadline(raw_client, namespace, 60_000, 70_000) == deadline
+    # Less than ttl left: the next write moves every key's deadline, the hash chunk's too.
+    expire_all_at(raw_client, namespace, server_ms(raw_client) + 50_000)
+    thread.append(UserMessage(content="moves the deadline"))
+    assert_one_deadline(raw_client, namespace, TTL_MS * 3 // 2 - 5_000, TTL_MS * 3 // 2)

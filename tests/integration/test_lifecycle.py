@@ -220,7 +220,9 @@ def test_an_image_over_the_part_limit_is_refused_before_the_socket(namespace):
 # ---------------------------------------------------------------------------------- replace
 
 
-def test_replace_in_window_chunk_and_oversized_chunk(make_thread, raw_client, namespace):
+def test_replace_in_the_open_chunk_a_chunk_and_an_oversized_chunk(
+    make_thread, raw_client, namespace
+):
     config = StoreConfig(namespace=namespace, **SMALL)
     thread = make_thread(**SMALL)
     stored = fill(thread, 20, size=100)
@@ -228,10 +230,10 @@ def test_replace_in_window_chunk_and_oversized_chunk(make_thread, raw_client, na
     stored += fill(thread, 3, size=100)
     layout = read_layout(raw_client, thread.keys)
     in_chunk = stored[0]
-    in_window = stored[-1]
+    in_open = stored[-1]  # layout 2's window message: the open chunk's in layout 3
     oversized = stored[20]
-    assert in_chunk.seq_id not in layout.window and in_window.seq_id in layout.window
-    for original in (in_chunk, in_window, oversized):
+    assert in_chunk.seq_id in layout.chunks[1] and in_open.seq_id in layout.open
+    for original in (in_chunk, in_open, oversized):
         new = thread.replace(original.id, AssistantMessage(content=f"replaced {original.seq_id}"))
         assert (new.id, new.seq_id, new.message_type) == (
             original.id,
@@ -241,7 +243,7 @@ def test_replace_in_window_chunk_and_oversized_chunk(make_thread, raw_client, na
         assert thread.get(original.id) == new
         check_layout(raw_client, thread.keys, config)
     assert [m.seq_id for m in thread.iter()] == [m.seq_id for m in stored]
-    # A window message whose replacement is oversized moves into its own chunk.
+    # An open-chunk message whose replacement is oversized moves into its own chunk.
     grown = thread.replace(stored[-2].id, UserMessage(content="G" * 6000))
     assert grown.seq_id in read_layout(raw_client, thread.keys).large
     check_layout(raw_client, thread.keys, config)
@@ -269,7 +271,7 @@ def test_remove_turn_retracts_its_messages_everywhere(make_thread, raw_client, n
         )
     stored += thread.append(UserMessage(content="B" * 5000), turn_id="t3")  # an oversized one
     assert thread.remove_turn("t3") == 4
-    assert thread.remove_turn("t11") == 3  # in the window
+    assert thread.remove_turn("t11") == 3  # in the open chunk
     assert thread.remove_turn("t11") == 0
     kept = [
         m

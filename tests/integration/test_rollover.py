@@ -1,37 +1,48 @@
-"""The rollover keeps the window bounded whatever the batch size: every call moves out at least
-as many messages as it adds, plus up to the per-call cap of what was there before it."""
+"""The open chunk stays bounded whatever the batch size: it closes by count (chunk_size) and by
+bytes (before a record would take it past min(chunk_max_bytes, 65520), or where it fills an
+allocator size class), on the server, into a chunk key that is never overwritten; the layout-2
+window takes no new message."""
 
 from __future__ import annotations
 
 import random
 
-from kvstore import StoreConfig, UserMessage
+import pytest
 
-from ..support.layout_check import check_layout
+from kvstore import StoreConfig, UserMessage, errors
+
+from ..support.layout_check import check_layout, read_layout
 from .test_migration import check_reads, write_layout_1
 
 DEFAULT = StoreConfig()
-BOUND = DEFAULT.window_size + DEFAULT.chunk_size - 1  # the most a window holds after a call
-CAP = DEFAULT.max_chunks_per_call * DEFAULT.chunk_size  # what a call moves beyond its own messages
+CAP = DEFAULT.max_chunks_per_call * DEFAULT.chunk_size  # what a migration step moves
 
 
 def batch(tag: str, count: int) -> list[UserMessage]:
     return [UserMessage(content=f"{tag}.{i}") for i in range(count)]
 
 
-def window_sizes(raw_client, keys) -> tuple[int, int]:
-    return raw_client.zcard(keys.window), raw_client.hlen(keys.window_side)
+def open_chunk(raw_client, keys) -> tuple[int, int]:
+    """The open chunk's count and bytes, as meta frames them."""
+    count, nbytes = raw_client.hmget(keys.meta, "open_count", "open_bytes")
+    return int(count or 0), int(nbytes or 0)
 
 
-def test_batches_of_500_keep_the_window_within_its_bound(make_thread, raw_client, namespace):
+def assert_bounded(raw_client, keys, config: StoreConfig) -> None:
+    """The open chunk within its bounds, the window empty."""
+    count, nbytes = open_chunk(raw_client, keys)
+    assert 0 < count <= config.chunk_size, count
+    assert count == 1 or nbytes <= min(config.chunk_max_bytes, 65520), (count, nbytes)
+    assert raw_client.zcard(keys.window) == raw_client.hlen(keys.window_side) == 0
+
+
+def test_batches_of_500_keep_the_open_chunk_bounded(make_thread, raw_client, namespace):
     thread = make_thread()
     config = StoreConfig(namespace=namespace)
     stored = 0
     for step in range(60):
         stored += len(thread.append(batch(str(step), 500)))
-        window, side = window_sizes(raw_client, thread.keys)
-        assert DEFAULT.window_size <= window <= BOUND, (step, window)
-        assert side == window
+        assert_bounded(raw_client, thread.keys, config)
         if step % 20 == 19:
             check_layout(raw_client, thread.keys, config)
     assert thread.stats().stored_messages == stored == 30_000
@@ -42,9 +53,7 @@ def test_batches_of_500_keep_the_window_within_its_bound(make_thread, raw_client
     ]
 
 
-def test_batches_of_chunks_cut_on_bytes_keep_the_window_within_its_bound(
-    make_thread, raw_client, namespace
-):
+def test_chunks_close_by_count_and_by_bytes(make_thread, raw_client, namespace):
     small = dict(window_size=8, chunk_size=4, chunk_max_bytes=2048, max_bytes_per_call=2048)
     thread = make_thread(**small)
     config = StoreConfig(namespace=namespace, **small)
@@ -55,39 +64,57 @@ def test_batches_of_chunks_cut_on_bytes_keep_the_window_within_its_bound(
         expected += thread.append(
             [UserMessage(content=f"{step}.{i} " + "x" * n) for i, n in enumerate(sizes)]
         )
-        window, side = window_sizes(raw_client, thread.keys)
-        assert small["window_size"] <= window <= small["window_size"] + small["chunk_size"] - 1, (
-            step,
-            window,
-        )
-        assert side == window
-        check_layout(raw_client, thread.keys, config)
+        assert_bounded(raw_client, thread.keys, config)
+        layout = check_layout(raw_client, thread.keys, config)
+    # Each chunk closed because it was full, or because the next record would take it past
+    # the cap: by count, or by bytes.
+    chunks = [layout.chunks[first] for first in sorted(layout.chunks)]
+    following = [*chunks[1:], layout.open]
+    by_count = by_bytes = 0
+    for records, after in zip(chunks, following, strict=True):
+        nbytes = sum(map(len, records.values()))
+        if len(records) == config.chunk_size:
+            by_count += 1
+        else:
+            assert nbytes + len(after[min(after)]) > config.chunk_max_bytes, (records, after)
+            by_bytes += 1
+    assert by_count and by_bytes
     assert list(thread.iter()) == expected
 
 
-def test_a_window_grown_past_its_bound_drains_back(make_thread, raw_client, namespace):
-    # A window of 1,000 messages, as an older version left it after a few big batches.
-    grown = make_thread(window_size=1000)
+def test_a_chunk_key_is_never_overwritten(make_thread, raw_client, namespace):
+    """COPY does not overwrite (it replies 0): an append that would close the open chunk onto a
+    key that exists is refused before it writes anything."""
+    small = dict(window_size=8, chunk_size=4, chunk_max_bytes=2048)
+    thread = make_thread(**small)
+    expected = thread.append(batch("a", 4))
+    taken = thread.keys.chunk_data(1)
+    raw_client.set(taken, b"not kvstore's")
+    before = read_layout(raw_client, thread.keys)
+    with pytest.raises(errors.LayoutError):
+        thread.append(UserMessage(content="the fifth closes the open chunk"))
+    assert raw_client.get(taken) == b"not kvstore's"
+    after = read_layout(raw_client, thread.keys)
+    assert (after.open, after.chunks, after.meta) == (before.open, before.chunks, before.meta)
+    raw_client.delete(taken)
+    expected += thread.append(UserMessage(content="now it closes"))
+    check_layout(raw_client, thread.keys, StoreConfig(namespace=namespace, **small))
+    assert list(thread.iter()) == expected
+
+
+def test_a_thread_after_big_batches_keeps_its_open_chunk_bounded(
+    make_thread, raw_client, namespace
+):
+    thread = make_thread()
+    config = StoreConfig(namespace=namespace)
     expected = []
     for step in range(2):
-        expected += grown.append(batch(f"old{step}", 500))
-    assert window_sizes(raw_client, grown.keys) == (1000, 1000)
-
-    thread = make_thread()
-    before, calls = 1000, 0
-    while before > BOUND:
-        expected += thread.append(batch(f"new{calls}", 200))
-        calls += 1
-        after, side = window_sizes(raw_client, thread.keys)
-        # Each call moves its own 200 messages and up to a full cap more.
-        assert after <= max(BOUND, before - CAP), (calls, before, after)
-        assert side == after
-        before = after
-    assert calls <= -(-(1000 - BOUND) // CAP)
+        expected += thread.append(batch(f"old{step}", 500))
+        assert_bounded(raw_client, thread.keys, config)
     for i in range(40):
         expected += thread.append(UserMessage(content=f"single {i}"))
-        assert DEFAULT.window_size <= raw_client.zcard(thread.keys.window) <= BOUND
-    check_layout(raw_client, thread.keys, StoreConfig(namespace=namespace))
+        assert_bounded(raw_client, thread.keys, config)
+    check_layout(raw_client, thread.keys, config)
     assert list(thread.iter()) == expected
 
 
@@ -97,8 +124,7 @@ def test_a_layout_1_thread_receiving_batches_while_it_migrates(make_thread, raw_
     legacy = 1500
     while thread.stats().layout_version == 1:
         expected += thread.append(batch(f"b{len(expected)}", 500))
-        window, side = window_sizes(raw_client, thread.keys)
-        assert window <= BOUND and side == window, window
+        assert raw_client.zcard(thread.keys.window) == 0
         # The migration goes on at its own pace.
         now = raw_client.hlen(thread.keys.legacy)
         assert now == max(0, legacy - CAP)
@@ -109,7 +135,7 @@ def test_a_layout_1_thread_receiving_batches_while_it_migrates(make_thread, raw_
 
 
 def test_retention_while_migrating_keeps_what_is_not_moved(make_thread, raw_client, namespace):
-    # Window messages roll into chunks newer than the legacy part; retention must not delete
+    # New messages close into chunks newer than the legacy part; retention must not delete
     # past the part already moved.
     thread = make_thread(retained_message_limit=10)
     expected = write_layout_1(raw_client, thread.keys, 1000)
@@ -132,32 +158,43 @@ def test_retention_while_migrating_keeps_what_is_not_moved(make_thread, raw_clie
 
 def chunk_data_sizes(raw_client, keys) -> list[int]:
     return [
-        raw_client.hstrlen(keys.chunk(int(score)), "d")
+        raw_client.strlen(keys.chunk_data(int(score)))
         for _, score in raw_client.zrange(keys.chunk_index, 0, -1, withscores=True)
     ]
+
+
+def size_class(size: int) -> int:
+    """jemalloc's size class of an allocation of `size` bytes, from 16 KiB up: four per power
+    of two."""
+    step = 1 << (max(size - 1, 1).bit_length() - 3)
+    return -(-size // step) * step
 
 
 def test_a_chunk_of_large_records_ends_where_its_data_fills_a_size_class(
     make_thread, raw_client, namespace
 ):
-    # 32 records of ~1.1 KB are 35.9 KB, which jemalloc rounds up to 40 KiB; the chunk ends
-    # instead where its data fills the 32 KiB class, and the next one takes the records after it.
+    # Records of ~1.1 KB: each chunk closes where its data (and the string's 16 bytes of header)
+    # fills its size class to within one record, never a record into the next class.
     thread = make_thread()
     stored = thread.append([UserMessage(content=f"{i:04d} " + "x" * 995) for i in range(400)])
     stats = thread.stats()
     record = stats.stored_bytes // stats.stored_messages
     sizes = chunk_data_sizes(raw_client, thread.keys)
-    assert len(sizes) >= 10
-    assert all(32 * 1024 - 16 - record < size <= 32 * 1024 - 16 for size in sizes), (record, sizes)
+    assert len(sizes) >= 6
+    assert all(size_class(s + 16) - record < s + 16 <= size_class(s + 16) for s in sizes), (
+        record,
+        sizes,
+    )
+    assert all(s <= 65520 for s in sizes)
     check_layout(raw_client, thread.keys, StoreConfig(namespace=namespace))
     assert list(thread.iter()) == stored
     assert thread.get(stored[100].id) == stored[100]
 
 
 def test_a_chunk_under_16_kib_keeps_chunk_size_messages(make_thread, raw_client):
-    # 32 records of ~420 bytes: 13.4 KB of data, under the sizes whose classes are fitted.
+    # 64 records of ~225 bytes: 14.4 KB of data, under the sizes whose classes are fitted.
     thread = make_thread()
-    thread.append([UserMessage(content=f"{i:04d} " + "x" * 295) for i in range(300)])
+    thread.append([UserMessage(content=f"{i:04d} " + "x" * 100) for i in range(500)])
     counts = [
         int(member.split(b":")[2]) for member in raw_client.zrange(thread.keys.chunk_index, 0, -1)
     ]
@@ -178,7 +215,7 @@ def test_a_chunk_index_entry_counts_the_inline_media_its_messages_carry(
         content = [{"type": "text", "text": f"m{i}"}] + ([image(size)] if size else [])
         thread.append(UserMessage(content=content))
     layout = check_layout(raw_client, thread.keys, config)
-    assert layout.chunks, "nothing rolled into a chunk"
+    assert layout.chunks, "nothing closed into a chunk"
     from kvstore._engine.layout.formats import ChunkEntry
 
     entries = [ChunkEntry.parse(m) for m in raw_client.zrange(thread.keys.chunk_index, 0, -1)]

@@ -108,7 +108,7 @@ def populate(make_store, raw, **overrides) -> Setup:
         thread.compact("the first two", 2)
     )  # a summary: retention now runs on every rollover
     layout = check_layout(raw, thread.keys, config)
-    assert layout.chunks and layout.large and layout.window
+    assert layout.chunks and layout.large and layout.open
     chunk_seq = min(min(fields) for fields in layout.chunks.values())
     by_seq = {m.seq_id: m for m in stored}
     return Setup(
@@ -117,7 +117,7 @@ def populate(make_store, raw, **overrides) -> Setup:
         namespace,
         config,
         thread,
-        window_id=by_seq[max(layout.window)].id,
+        window_id=by_seq[max(layout.open)].id,  # the open chunk's (layout 2: the window's)
         chunk_id=by_seq[chunk_seq].id,
         otid="o1",
     )
@@ -363,14 +363,14 @@ def test_a_wrong_type_at_a_chunk_key_the_call_would_write_refuses_it_and_changes
     name, make_store, raw = target
     failures = []
 
-    # 1. The rollover of this append writes chunk:<oldest window sequence>.
+    # 1. The close of the open chunk this append makes writes chunk:<open_first>:d (and :m).
     s = populate(make_store, raw)
-    window = [int(score) for _, score in raw.zrange(s.thread.keys.window, 0, -1, withscores=True)]
-    raw.set(s.thread.keys.chunk(min(window)), "planted")
+    open_first = int(raw.hget(s.thread.keys.meta, "open_first"))
+    raw.set(s.thread.keys.chunk_data(open_first), "planted")
     batch = [UserMessage(content=f"roll {i}") for i in range(s.config.chunk_size)]
     why = refused_unchanged(s, lambda: s.thread.append(batch), errors.LayoutError)
     if why:
-        failures.append(f"append whose rollover writes chunk:{min(window)}: {why}")
+        failures.append(f"append whose close writes chunk:{open_first}:d: {why}")
 
     # 2. An oversized message goes to chunk:<its sequence>; here it follows a small one.
     s = populate(make_store, raw)
