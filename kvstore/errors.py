@@ -263,6 +263,14 @@ class LayoutError(KVStoreError):
     http_status = 500
 
 
+class MalformedChunk(RecordError, LayoutError):
+    """A chunk's manifest does not frame its records (a line that does not parse, or sizes that
+    do not add up to the records): the thread's keys hold something kvstore did not write, so it
+    is a :class:`LayoutError` as much as a :class:`RecordError`, and either catches it."""
+
+    http_status = 500
+
+
 class DataDirInUse(KVStoreError):
     """Another process owns the embedded server's data dir (see kvstore/cli/server.py)."""
 

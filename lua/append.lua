@@ -44,8 +44,7 @@ if failure then return failure end
 begin_expiry(keys, limits.ttl_ms)
 meta = migrate_first(keys, limits, meta)
 local counted = count_event(meta, limits)
-local first, closed, store_failure = store_batch(keys, batch, limits, meta, plan)
-if store_failure then return store_failure end
+local first, closed = store_batch(keys, batch, limits, meta, plan)
 apply_history(keys, batch, first)
 if closed > 0 then
   -- A new chunk may make the oldest one deletable: retention keeps the thread bounded.

@@ -111,8 +111,7 @@ if failure then return failure end
 
 begin_expiry(keys, limits.ttl_ms)
 if meta.layout == nil then begin_incarnation(keys) end  -- a new thread (includes/events.lua)
-local _, closed, store_failure = store_batch(keys, new, limits, meta, plan)
-if store_failure then return store_failure end
+local _, closed = store_batch(keys, new, limits, meta, plan)
 redis.call('HSET', keys.meta, 'restoring', '1')
 apply_history(keys, new, new_first)
 if closed > 0 then

@@ -76,13 +76,24 @@ local function check_layout(meta_key, restoring_ok)
   return unreadable_layout(meta[1])
 end
 
--- Fails unless every key is missing or of its type, and the thread's layout is one this version
--- reads (and the thread writable: check_layout).
+-- Fails unless every key is missing or of its type, the open chunk's two strings hold what meta
+-- accounts for (a foreign value of the right type at their names is refused too), and the
+-- thread's layout is one this version reads (and the thread writable: check_layout).
 local function check_thread(keys, restoring_ok)
-  return check_key_types({
+  local err = check_key_types({
     {keys.meta, 'hash'}, {keys.window, 'zset'}, {keys.window_side, 'hash'},
     {keys.chunk_index, 'zset'}, {keys.large_index, 'zset'}, {keys.ids, 'hash'},
     {keys.otids, 'hash'}, {keys.turns, 'hash'}, {keys.legacy, 'hash'}, {keys.pairs, 'zset'},
     {keys.open_data, 'string'}, {keys.open_manifest, 'string'},
-  }) or check_layout(keys.meta, restoring_ok)
+  })
+  if err then return err end
+  local accounted = redis.call('HMGET', keys.meta, 'open_bytes', 'open_manifest_bytes')
+  for i, key in ipairs({keys.open_data, keys.open_manifest}) do
+    local length, expected = redis.call('STRLEN', key), tonumber(accounted[i] or '0')
+    if length ~= expected then
+      return redis.error_reply(string.format('KVS_WRONGTYPE %s holds %d bytes where the thread accounts for %d',
+        key, length, expected))
+    end
+  end
+  return check_layout(keys.meta, restoring_ok)
 end

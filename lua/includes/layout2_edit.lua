@@ -83,11 +83,12 @@ local function write_open_chunk(keys, manifest, data)
   write_open(keys, manifest, data)
   local first, last, count, bytes, media, tokens = manifest_sums(manifest)
   if count == 0 then
-    redis.call('HDEL', keys.meta, 'open_first', 'open_last', 'open_count', 'open_bytes', 'open_media', 'open_tokens')
+    redis.call('HDEL', keys.meta, 'open_first', 'open_last', 'open_count', 'open_bytes', 'open_media', 'open_tokens',
+      'open_manifest_bytes')
     return
   end
   redis.call('HSET', keys.meta, 'open_first', fmt(first), 'open_last', fmt(last), 'open_count', fmt(count),
-    'open_bytes', fmt(bytes), 'open_media', fmt(media), 'open_tokens', fmt(tokens))
+    'open_bytes', fmt(bytes), 'open_media', fmt(media), 'open_tokens', fmt(tokens), 'open_manifest_bytes', #manifest)
 end
 
 -- Writes the message's replacement into its own chunk (an oversized one), listed in the large

@@ -25,7 +25,8 @@
 -- ids, otids) are checked by those reads themselves.
 
 local META_FIELDS = {'layout', 'last_seq', 'stored', 'bytes', 'media', 'window_bytes', 'deleting', 'checked', 'tokens',
-  'restoring', 'open_first', 'open_last', 'open_count', 'open_bytes', 'open_media', 'open_tokens', 'events', 'born'}
+  'restoring', 'open_first', 'open_last', 'open_count', 'open_bytes', 'open_media', 'open_tokens', 'events', 'born',
+  'open_manifest_bytes'}
 
 local function wrong_type(key)
   return redis.error_reply('KVS_WRONGTYPE ' .. key .. ' does not hold the type kvstore keeps there')
@@ -59,7 +60,7 @@ local function load_meta(keys, restoring_ok)
     tokens = tonumber(v[9] or 0), restoring = v[10], open_first = tonumber(v[11] or 0),
     open_last = tonumber(v[12] or 0), open_count = tonumber(v[13] or 0), open_bytes = tonumber(v[14] or 0),
     open_media = tonumber(v[15] or 0), open_tokens = tonumber(v[16] or 0), events = tonumber(v[17] or 0),
-    born = v[18] or false,
+    born = v[18] or false, open_manifest_bytes = tonumber(v[19] or 0),
     -- A thread written before meta kept a token total (store_batch counts it once).
     tokens_missing = not v[9] and (tonumber(v[3] or 0) > 0 or v[1] ~= false),
   }
@@ -94,21 +95,23 @@ local function plan_store(batch, limits, meta)
 end
 
 -- Checks the layout and the types of the keys this batch may write, before any write: the open
--- chunk's two strings by STRLEN (or by their own APPENDs: flush_open), the others with TYPE; no key may be where a chunk this call
+-- chunk's two strings by STRLEN (type and length), the others with TYPE; no key may be where a chunk this call
 -- makes goes (COPY does not overwrite, and the open chunk is deleted after it). Returns the plan
 -- (plan_store), or nil and an error reply.
 local function check_store_keys(keys, batch, limits, meta)
   local unreadable = unreadable_layout(meta.layout)
   if unreadable then return nil, unreadable end
-  local plan = plan_store(batch, limits, meta)
-  if #plan.closes > 0 or #plan.oversized > 0 or meta.layout ~= CURRENT_LAYOUT then
-    -- Writes come before the open chunk's: its two strings are checked now (on the common
-    -- path, their APPENDs are the call's first writes, and check themselves: flush_open).
-    for _, key in ipairs({keys.open_manifest, keys.open_data}) do
-      local _, err = checked_read(key, 'STRLEN', key)
-      if err then return nil, err end
+  -- The open chunk's two strings hold what meta accounts for (nothing when it is empty): STRLEN
+  -- checks their type and their length, so a foreign value there is refused before any write.
+  for _, pair in ipairs({{keys.open_data, meta.open_bytes}, {keys.open_manifest, meta.open_manifest_bytes}}) do
+    local length, err = checked_read(pair[1], 'STRLEN', pair[1])
+    if err then return nil, err end
+    if length ~= pair[2] then
+      return nil, redis.error_reply(string.format('KVS_WRONGTYPE %s holds %d bytes where the thread accounts for %d',
+        pair[1], length, pair[2]))
     end
   end
+  local plan = plan_store(batch, limits, meta)
   local expected = {}
   if batch.turn_id ~= '' then expected[#expected + 1] = {keys.turns, 'hash'} end
   if meta.layout ~= CURRENT_LAYOUT then expected[#expected + 1] = {keys.legacy, 'hash'} end
@@ -247,32 +250,21 @@ end
 local function open_writer(meta)
   return {
     first = meta.open_first, last = meta.open_last, count = meta.open_count, bytes = meta.open_bytes,
-    media = meta.open_media, tokens = meta.open_tokens, on_server = meta.open_count > 0, data = {}, lines = {},
+    media = meta.open_media, tokens = meta.open_tokens, manifest_bytes = meta.open_manifest_bytes,
+    on_server = meta.open_count > 0, data = {}, lines = {},
   }
 end
 
 -- Writes the records the open chunk holds but the server does not yet, appended to the open pair
--- (APPEND to a missing key writes an exact string: no growth slack). Returns an error reply, and
--- writes nothing, when either key holds another type (on the common path these are the call's
--- first writes, so the call then wrote nothing).
+-- (APPEND to a missing key writes an exact string: no growth slack); check_store_keys checked
+-- both keys.
 local function flush_open(keys, open)
-  if #open.data == 0 then return nil end
+  if #open.data == 0 then return end
   local lines = table.concat(open.lines)
-  local reply = redis.pcall('APPEND', keys.open_manifest, lines)
-  if type(reply) == 'table' and reply.err then return call_error(keys.open_manifest, reply) end
-  local failed = redis.pcall('APPEND', keys.open_data, table.concat(open.data))
-  if type(failed) == 'table' and failed.err then
-    -- The manifest's new lines go again (KEEPTTL: the thread's deadline stays).
-    local kept = reply - #lines
-    if kept > 0 then
-      redis.call('SET', keys.open_manifest, redis.call('GETRANGE', keys.open_manifest, 0, kept - 1), 'KEEPTTL')
-    else
-      redis.call('DEL', keys.open_manifest)
-    end
-    return call_error(keys.open_data, failed)
-  end
+  redis.call('APPEND', keys.open_manifest, lines)
+  redis.call('APPEND', keys.open_data, table.concat(open.data))
+  open.manifest_bytes = open.manifest_bytes + #lines
   open.on_server, open.data, open.lines = true, {}, {}
-  return nil
 end
 
 -- Closes the open chunk: its records and manifest become the chunk's keys (COPY on the server,
@@ -295,7 +287,7 @@ local function close_open(keys, open)
   redis.call('ZADD', keys.chunk_index, first,
     chunk_index_member(first, open.last, open.count, open.bytes, open.media, open.tokens))
   open.first, open.last, open.count, open.bytes, open.media, open.tokens = 0, 0, 0, 0, 0, 0
-  open.on_server, open.data, open.lines = false, {}, {}
+  open.manifest_bytes, open.on_server, open.data, open.lines = 0, false, {}, {}
 end
 
 -- One record joins the open chunk (written by flush_open).
@@ -331,8 +323,7 @@ local function store_ids(keys, batch, first)
 end
 
 -- Writes a checked batch as `plan` (check_store_keys) says; returns its first sequence and the
--- number of chunks closed, or nil, nil and an error reply when the open chunk's keys hold another
--- type (then nothing was written: flush_open). `meta` (from load_meta, read after any migration step) is updated in
+-- number of chunks closed. `meta` (from load_meta, read after any migration step) is updated in
 -- place and written back in one call.
 local function store_batch(keys, batch, limits, meta, plan)
   local count, first = #batch.ids, meta.last_seq + 1
@@ -353,8 +344,7 @@ local function store_batch(keys, batch, limits, meta, plan)
     end
     total_bytes, total_media, total_tokens = total_bytes + #record, total_media + media, total_tokens + tokens
   end
-  local failure = flush_open(keys, open)
-  if failure then return nil, nil, failure end
+  flush_open(keys, open)
   store_ids(keys, batch, first)
 
   if meta.tokens_missing then
@@ -364,7 +354,7 @@ local function store_batch(keys, batch, limits, meta, plan)
   -- are: it writes an integer's digits exactly (to 2^53).
   local fields = {'last_seq', meta.last_seq + count, 'stored', meta.stored + count, 'bytes', meta.bytes + total_bytes,
     'tokens', meta.tokens + total_tokens, 'open_last', open.last, 'open_count', open.count, 'open_bytes', open.bytes,
-    'open_tokens', open.tokens}
+    'open_tokens', open.tokens, 'open_manifest_bytes', open.manifest_bytes}
   if meta.layout == nil or meta.layout == '2' then  -- a layout-1 thread stays at 1 until migrated
     fields[#fields + 1], fields[#fields + 2] = 'layout', CURRENT_LAYOUT
   end

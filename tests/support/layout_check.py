@@ -151,12 +151,14 @@ def check_open(config: StoreConfig, layout: Layout) -> None:
     it is newer than every closed chunk and every window message."""
     fields = ("open_first", "open_last", "open_count", "open_bytes", "open_media", "open_tokens")
     framed = tuple(int(layout.meta.get(name, 0)) for name in fields)
+    manifest_bytes = int(layout.meta.get("open_manifest_bytes", 0))
     if not layout.open:
-        assert framed == (0,) * 6, framed
+        assert framed == (0,) * 6 and manifest_bytes == 0, (framed, manifest_bytes)
         return
     media, nbytes, tokens = manifest_sums(layout.manifests[0])
     sequences = sorted(layout.open)
     assert framed == (sequences[0], sequences[-1], len(sequences), nbytes, media, tokens), framed
+    assert manifest_bytes == len(layout.manifests[0]), (manifest_bytes, len(layout.manifests[0]))
     assert nbytes == sum(map(len, layout.open.values()))
     assert len(sequences) <= config.chunk_size
     assert len(sequences) == 1 or nbytes <= config.chunk_max_bytes, framed

@@ -166,7 +166,7 @@ def split_chunk(manifest: bytes | None, data: bytes | None) -> dict[int, bytes]:
         if offset != len(data):
             raise ValueError(f"it lists {offset} bytes, the chunk holds {len(data)}")
     except ValueError as exc:
-        raise errors.RecordError(f"a chunk manifest is malformed: {exc}") from None
+        raise errors.MalformedChunk(f"a chunk manifest is malformed: {exc}") from None
     return records
 
 
