@@ -49,8 +49,12 @@ def text_numbers(client, keys) -> list[bytes]:
     numbers = []
     for member in client.zrange(keys.chunk_index, 0, -1) + client.zrange(keys.large_index, 0, -1):
         numbers += member.split(b":")
-        manifest = client.hget(keys.chunk(int(member.split(b":")[0])), "_m")
+        manifest = client.get(keys.chunk_manifest(int(member.split(b":")[0])))
         numbers += [line.split(b"\t")[0] for line in manifest.split(b"\n")[:-1]]
+    # The open chunk's manifest lines: the sequence, then media, bytes and tokens of the side info.
+    for line in (client.get(keys.open_manifest) or b"").split(b"\n")[:-1]:
+        sequence, side = line.split(b"\t", 1)
+        numbers += [sequence, *side.split(b"\t")[2:4], side.split(b"\t")[5]]
     numbers += [
         m[1:].split(b"\t")[0] for m in client.zrange(keys.pairs, 0, -1) if m.startswith(b"m")
     ]

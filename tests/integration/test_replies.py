@@ -76,7 +76,7 @@ def test_what_the_scripts_store_parses(make_thread, raw_client):
             sum(map(len, records.values())),
             0,
         )
-        manifest = raw_client.hget(thread.keys.chunk(chunk.first), "_m")
+        manifest = raw_client.get(thread.keys.chunk_manifest(chunk.first))
         assert chunk.tokens == sum(manifest_tokens(manifest).values()) > 0
     (large,) = [LargeEntry.parse(m) for m in raw_client.zrange(thread.keys.large_index, 0, -1)]
     assert (large.sequence, large.bytes, large.media) == (
@@ -164,7 +164,7 @@ def test_replies_decode_by_name():
     )
     assert RemoveTurnReply.decode([3, 0]) == RemoveTurnReply(3, 0)
     assert DeleteReply.decode(0) == DeleteReply(False)
-    assert MigrateReply.decode([1, 1, 0, 0]) == MigrateReply(1, 1, False, 0)
+    assert MigrateReply.decode([1, 3, 0, 0, 0]) == MigrateReply(1, 3, False, 0, 0)
 
 
 @pytest.mark.parametrize(
@@ -203,7 +203,9 @@ def test_a_chunk_written_by_the_scripts_splits_into_the_records_it_was_given(
     ]
     assert len(firsts) >= 2
     for first in firsts:
-        manifest, data = raw_client.hmget(thread.keys.chunk(first), "_m", "d")
+        manifest, data = raw_client.mget(
+            thread.keys.chunk_manifest(first), thread.keys.chunk_data(first)
+        )
         records = split_chunk(manifest, data)
         assert sorted(records) == list(range(first, first + len(records)))
         decoded = decode_records(sorted(records.items()))
