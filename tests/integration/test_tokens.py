@@ -219,7 +219,7 @@ def strip_counts(client, keys) -> None:
         opened = old_manifest(client.get(keys.open_manifest))
         client.set(keys.open_manifest, opened)
         rule = sum(math.ceil(int(line.split(b"\t")[4]) / 4) for line in opened.split(b"\n")[:-1])
-        client.hset(keys.meta, "open_tokens", rule)
+        client.hset(keys.meta, mapping={"open_tokens": rule, "open_manifest_bytes": len(opened)})
     for index, width in ((keys.chunk_index, 5), (keys.large_index, 3)):
         for member, score in client.zrange(index, 0, -1, withscores=True):
             client.zrem(index, member)
@@ -331,6 +331,8 @@ def test_an_old_escaped_side_info_reads(make_thread, raw_client):
     first, rest = manifest.split(b"\n", 1)
     size = int(first.split(b"\t")[4])
     raw_client.set(keys.open_manifest, b"1\ta%%09b\t\t0\t%d\t\t%%\n" % size + rest)
+    # As the writer of that line would have accounted for it (meta frames the open chunk).
+    raw_client.hset(keys.meta, "open_manifest_bytes", raw_client.strlen(keys.open_manifest))
     raw_client.hdel(keys.meta, "tokens")
     # The next write counts it: its record bytes by the rule, the other message's stored count.
     thread.append(UserMessage(content="c"), tokens=[1])
