@@ -166,6 +166,7 @@ def craft_migrated(raw, keys) -> None:
             "open_bytes": len(_data(OPEN)),
             "open_media": 0,
             "open_tokens": sum(OPEN),
+            "open_manifest_bytes": len(_manifest(OPEN)),
         },
     )
 
