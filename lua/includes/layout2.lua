@@ -4,9 +4,9 @@
 -- Layout 2's finding of a message (docs/LAYOUT.md): a chunk's manifest, which container holds
 -- a sequence, where a record lies in a chunk. The reads of the read-only scripts (walks, page
 -- plans, lookups) are includes/layout2_reads.lua's; the member formats
--- includes/layout2_format.lua's; writing a chunk includes/layout2_chunks.lua's; the window
--- writes (layout 2; layout 3 stores into the open chunk: includes/layout3_store.lua); moving the window into chunks
--- includes/layout2_rollover.lua's; deleting the oldest chunks includes/layout2_retention.lua's;
+-- includes/layout2_format.lua's; writing a chunk includes/layout2_chunks.lua's; storing into
+-- the open chunk (layout 3) includes/layout3_store.lua's; moving a layout-2 window into chunks
+-- includes/layout3_migration.lua's; deleting the oldest chunks includes/layout2_retention.lua's;
 -- the index token totals includes/layout2_index.lua's; edits in place
 -- includes/layout2_edit.lua's.
 
