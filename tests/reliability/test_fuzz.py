@@ -732,7 +732,7 @@ bombs = st.one_of(
 
 @pytest.fixture(scope="module")
 def bomb_site(target):
-    """A thread with a window message, a chunk message and an oversized one to overwrite."""
+    """A thread with an open-chunk message, a closed-chunk one and an oversized one to overwrite."""
     thread = target.store.thread("bombs")
     stored = []
     for i in range(12):
@@ -740,11 +740,15 @@ def bomb_site(target):
             UserMessage(content=f"b{i} " + ("Z" * 1600 if i == 4 else "y" * 100))
         )
     keys = thread.keys
-    window = {int(s) for _, s in target.raw.zrange(keys.window, 0, -1, withscores=True)}
+    opened = {
+        int(line.split(b"\t")[0])
+        for line in (target.raw.get(keys.open_manifest) or b"").split(b"\n")[:-1]
+    }
     large = {int(s) for _, s in target.raw.zrange(keys.large_index, 0, -1, withscores=True)}
-    chunked = [m for m in stored if m.seq_id not in window and m.seq_id not in large]
+    chunked = [m for m in stored if m.seq_id not in opened and m.seq_id not in large]
     sites = {
-        "window": next(m for m in reversed(stored) if m.seq_id in window),  # on the newest page
+        # "window": the open chunk, where the newest page is read from.
+        "window": next(m for m in reversed(stored) if m.seq_id in opened),
         "chunk": chunked[0],
         "oversized chunk": next(m for m in stored if m.seq_id in large),
     }
@@ -756,25 +760,10 @@ def bomb_site(target):
     return thread, sites, first_of
 
 
-def plant(target: Target, thread, where: str, message, first_of, bomb: bytes) -> None:
-    """Puts `bomb` where the message's record is, with raw commands (docs/LAYOUT.md), and keeps
-    the byte counts true to it, as if the store had written it (an older version, a bug)."""
-    keys, sequence = thread.keys, message.seq_id
-    if where == "window":
-        (old,) = target.raw.zrangebyscore(keys.window, sequence, sequence)
-        target.raw.zremrangebyscore(keys.window, sequence, sequence)
-        target.raw.zadd(keys.window, {bomb: sequence})
-        side = target.raw.hget(keys.window_side, sequence).split(b"\t")
-        side[3] = str(len(bomb)).encode()
-        target.raw.hset(keys.window_side, sequence, b"\t".join(side))
-        target.raw.hincrby(keys.meta, "window_bytes", len(bomb) - len(old))
-        target.raw.hincrby(keys.meta, "bytes", len(bomb) - len(old))
-        return
-    # A chunk's records are cut from its data `d` by the sizes its manifest `_m` lists: splice
-    # the bomb in and give its manifest line the bomb's size.
-    first = first_of[sequence] if where == "chunk" else sequence
-    key = keys.chunk(first)
-    manifest, data = target.raw.hmget(key, "_m", "d")
+def _splice(target: Target, manifest_key: str, data_key: str, sequence: int, bomb: bytes):
+    """The bomb in place of the record at `sequence` in a chunk's two strings, its manifest line
+    given the bomb's size; returns the change of the records' and of the manifest's lengths."""
+    manifest, data = target.raw.mget(manifest_key, data_key)
     lines, records, offset, delta = [], [], 0, 0
     for line in manifest.split(b"\n")[:-1]:
         seq, *side = line.split(b"\t")
@@ -785,7 +774,25 @@ def plant(target: Target, thread, where: str, message, first_of, bomb: bytes) ->
             record, side[3], delta = bomb, str(len(bomb)).encode(), len(bomb) - size
         lines.append(b"\t".join([seq, *side]) + b"\n")
         records.append(record)
-    target.raw.hset(key, mapping={"_m": b"".join(lines), "d": b"".join(records)})
+    new_manifest = b"".join(lines)
+    target.raw.set(manifest_key, new_manifest, keepttl=True)
+    target.raw.set(data_key, b"".join(records), keepttl=True)
+    return delta, len(new_manifest) - len(manifest)
+
+
+def plant(target: Target, thread, where: str, message, first_of, bomb: bytes) -> None:
+    """Puts `bomb` where the message's record is, with raw commands (docs/LAYOUT.md), and keeps
+    the byte counts true to it, as if the store had written it (an older version, a bug)."""
+    keys, sequence = thread.keys, message.seq_id
+    if where == "window":  # the open chunk: meta frames it
+        delta, manifest_delta = _splice(target, keys.open_manifest, keys.open_data, sequence, bomb)
+        target.raw.hincrby(keys.meta, "open_bytes", delta)
+        target.raw.hincrby(keys.meta, "open_manifest_bytes", manifest_delta)
+        target.raw.hincrby(keys.meta, "bytes", delta)
+        return
+    # A closed chunk's records are cut from its data by the sizes its manifest lists.
+    first = first_of[sequence] if where == "chunk" else sequence
+    delta, _ = _splice(target, keys.chunk_manifest(first), keys.chunk_data(first), sequence, bomb)
     index = keys.chunk_index if where == "chunk" else keys.large_index
     (member,) = target.raw.zrangebyscore(index, first, first)
     fields = member.split(b":")
