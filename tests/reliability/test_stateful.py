@@ -112,7 +112,7 @@ class ThreadMachine(RuleBasedStateMachine):
     def _retention_is_complete(self) -> None:
         """After a compaction the oldest stored message is not deletable (SPEC §3): it is in the
         window, or its chunk ends after the summary's last sequence, or fewer than
-        retained_message_limit messages are stored after that chunk."""
+        retained_message_limit messages are stored after that chunk (or it is in the open chunk)."""
         if not self.kept or not self.summary_last:
             return
         keys, oldest = self.thread.keys, self.kept[0].seq_id
@@ -120,6 +120,9 @@ class ThreadMachine(RuleBasedStateMachine):
             keys.window_side, oldest
         ):
             return
+        opened = (self.raw.get(keys.open_manifest) or b"").split(b"\n")[:-1]
+        if oldest in {int(line.split(b"\t")[0]) for line in opened}:
+            return  # in the open chunk (layout 3), which retention never deletes
         last = oldest  # an oversized message's own chunk
         for member in self.raw.zrange(keys.chunk_index, "-inf", oldest, byscore=True):
             chunk = ChunkEntry.parse(member)
