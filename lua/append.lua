@@ -44,7 +44,8 @@ if failure then return failure end
 begin_expiry(keys, limits.ttl_ms)
 meta = migrate_first(keys, limits, meta)
 local counted = count_event(meta, limits)
-local first, closed = store_batch(keys, batch, limits, meta, plan)
+local first, closed, refused = store_batch(keys, batch, limits, meta, plan)
+if refused then return refused end
 apply_history(keys, batch, first)
 if closed > 0 then
   -- A new chunk may make the oldest one deletable: retention keeps the thread bounded.

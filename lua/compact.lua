@@ -57,7 +57,8 @@ end
 
 begin_expiry(keys, limits.ttl_ms)
 meta = migrate_first(keys, limits, meta)
-local sequence = store_batch(keys, batch, limits, meta, plan)
+local sequence, _, refused = store_batch(keys, batch, limits, meta, plan)
+if refused then return refused end
 redis.call('HSET', keys.meta, 'summary_last', summary_last, 'summary_seq', sequence)
 local deleted = retain(keys, limits.retained_limit, limits.max_move_chunks)
 emit_event(keys, limits, sequence, event_fields('compacted', sequence, summary_last, ''))

@@ -111,7 +111,8 @@ if failure then return failure end
 
 begin_expiry(keys, limits.ttl_ms)
 if meta.layout == nil then begin_incarnation(keys) end  -- a new thread (includes/events.lua)
-local _, closed = store_batch(keys, new, limits, meta, plan)
+local _, closed, refused = store_batch(keys, new, limits, meta, plan)
+if refused then return refused end
 redis.call('HSET', keys.meta, 'restoring', '1')
 apply_history(keys, new, new_first)
 if closed > 0 then

@@ -94,24 +94,30 @@ local function plan_store(batch, limits, meta)
   return plan
 end
 
+-- The refusal of an open-chunk string that does not hold what meta accounts for (a foreign value
+-- at its name).
+local function unaccounted(key, length, expected)
+  return redis.error_reply(string.format('KVS_WRONGTYPE %s holds %d bytes where the thread accounts for %d',
+    key, length, expected))
+end
+
 -- Checks the layout and the types of the keys this batch may write, before any write: the open
--- chunk's two strings by STRLEN (type and length), the others with TYPE; no key may be where a chunk this call
--- makes goes (COPY does not overwrite, and the open chunk is deleted after it). Returns the plan
+-- chunk's two strings by STRLEN (type and length) where other writes come before theirs, the
+-- others with TYPE; no key may be where a chunk this call makes goes (COPY does not overwrite, and the open chunk is deleted after it). Returns the plan
 -- (plan_store), or nil and an error reply.
 local function check_store_keys(keys, batch, limits, meta)
   local unreadable = unreadable_layout(meta.layout)
   if unreadable then return nil, unreadable end
-  -- The open chunk's two strings hold what meta accounts for (nothing when it is empty): STRLEN
-  -- checks their type and their length, so a foreign value there is refused before any write.
-  for _, pair in ipairs({{keys.open_data, meta.open_bytes}, {keys.open_manifest, meta.open_manifest_bytes}}) do
-    local length, err = checked_read(pair[1], 'STRLEN', pair[1])
-    if err then return nil, err end
-    if length ~= pair[2] then
-      return nil, redis.error_reply(string.format('KVS_WRONGTYPE %s holds %d bytes where the thread accounts for %d',
-        pair[1], length, pair[2]))
+  local plan = plan_store(batch, limits, meta)
+  if #plan.closes > 0 or #plan.oversized > 0 or meta.layout ~= CURRENT_LAYOUT or meta.window_bytes > 0 then
+    -- Other writes come first on this path: the open chunk's strings are checked now. (On the
+    -- common path their own APPENDs are the call's first writes and check them: flush_open.)
+    for _, pair in ipairs({{keys.open_data, meta.open_bytes}, {keys.open_manifest, meta.open_manifest_bytes}}) do
+      local length, err = checked_read(pair[1], 'STRLEN', pair[1])
+      if err then return nil, err end
+      if length ~= pair[2] then return nil, unaccounted(pair[1], length, pair[2]) end
     end
   end
-  local plan = plan_store(batch, limits, meta)
   local expected = {}
   if batch.turn_id ~= '' then expected[#expected + 1] = {keys.turns, 'hash'} end
   if meta.layout ~= CURRENT_LAYOUT then expected[#expected + 1] = {keys.legacy, 'hash'} end
@@ -251,20 +257,44 @@ local function open_writer(meta)
   return {
     first = meta.open_first, last = meta.open_last, count = meta.open_count, bytes = meta.open_bytes,
     media = meta.open_media, tokens = meta.open_tokens, manifest_bytes = meta.open_manifest_bytes,
-    on_server = meta.open_count > 0, data = {}, lines = {},
+    server_bytes = meta.open_bytes, on_server = meta.open_count > 0, data = {}, lines = {},
   }
 end
 
+-- Takes back an APPEND of `added` bytes that made `key` `length` bytes long (KEEPTTL: the
+-- thread's deadline stays).
+local function take_back(key, length, added)
+  if length > added then
+    redis.call('SET', key, redis.call('GETRANGE', key, 0, length - added - 1), 'KEEPTTL')
+  else
+    redis.call('DEL', key)
+  end
+end
+
 -- Writes the records the open chunk holds but the server does not yet, appended to the open pair
--- (APPEND to a missing key writes an exact string: no growth slack); check_store_keys checked
--- both keys.
+-- (APPEND to a missing key writes an exact string: no growth slack). Each APPEND's reply (the
+-- new length) is its check: a key of another type, or a string meta does not account for, takes
+-- back what this call appended and refuses (on the common path these are the call's first
+-- writes, so the call then wrote nothing; on the others check_store_keys checked both first).
 local function flush_open(keys, open)
-  if #open.data == 0 then return end
-  local lines = table.concat(open.lines)
-  redis.call('APPEND', keys.open_manifest, lines)
-  redis.call('APPEND', keys.open_data, table.concat(open.data))
-  open.manifest_bytes = open.manifest_bytes + #lines
+  if #open.data == 0 then return nil end
+  local lines, data = table.concat(open.lines), table.concat(open.data)
+  local manifest_length = redis.pcall('APPEND', keys.open_manifest, lines)
+  if type(manifest_length) == 'table' then return call_error(keys.open_manifest, manifest_length) end
+  if manifest_length ~= open.manifest_bytes + #lines then
+    take_back(keys.open_manifest, manifest_length, #lines)
+    return unaccounted(keys.open_manifest, manifest_length - #lines, open.manifest_bytes)
+  end
+  local data_length = redis.pcall('APPEND', keys.open_data, data)
+  if type(data_length) == 'table' or data_length ~= open.server_bytes + #data then
+    take_back(keys.open_manifest, manifest_length, #lines)
+    if type(data_length) == 'table' then return call_error(keys.open_data, data_length) end
+    take_back(keys.open_data, data_length, #data)
+    return unaccounted(keys.open_data, data_length - #data, open.server_bytes)
+  end
+  open.manifest_bytes, open.server_bytes = manifest_length, data_length
   open.on_server, open.data, open.lines = true, {}, {}
+  return nil
 end
 
 -- Closes the open chunk: its records and manifest become the chunk's keys (COPY on the server,
@@ -274,7 +304,8 @@ local function close_open(keys, open)
   local first = open.first
   local data_key, manifest_key = chunk_data_key(keys, first), chunk_manifest_key(keys, first)
   if open.on_server then
-    flush_open(keys, open)
+    local refused = flush_open(keys, open)
+    if refused then error(refused) end  -- check_store_keys checked both strings on this path
     redis.call('COPY', keys.open_data, data_key)
     redis.call('COPY', keys.open_manifest, manifest_key)
     redis.call('DEL', keys.open_data, keys.open_manifest)
@@ -287,7 +318,7 @@ local function close_open(keys, open)
   redis.call('ZADD', keys.chunk_index, first,
     chunk_index_member(first, open.last, open.count, open.bytes, open.media, open.tokens))
   open.first, open.last, open.count, open.bytes, open.media, open.tokens = 0, 0, 0, 0, 0, 0
-  open.manifest_bytes, open.on_server, open.data, open.lines = 0, false, {}, {}
+  open.manifest_bytes, open.server_bytes, open.on_server, open.data, open.lines = 0, 0, false, {}, {}
 end
 
 -- One record joins the open chunk (written by flush_open).
@@ -323,7 +354,7 @@ local function store_ids(keys, batch, first)
 end
 
 -- Writes a checked batch as `plan` (check_store_keys) says; returns its first sequence and the
--- number of chunks closed. `meta` (from load_meta, read after any migration step) is updated in
+-- number of chunks closed, or nil, nil and flush_open's refusal (then nothing was written). `meta` (from load_meta, read after any migration step) is updated in
 -- place and written back in one call.
 local function store_batch(keys, batch, limits, meta, plan)
   local count, first = #batch.ids, meta.last_seq + 1
@@ -344,7 +375,8 @@ local function store_batch(keys, batch, limits, meta, plan)
     end
     total_bytes, total_media, total_tokens = total_bytes + #record, total_media + media, total_tokens + tokens
   end
-  flush_open(keys, open)
+  local refused = flush_open(keys, open)
+  if refused then return nil, nil, refused end
   store_ids(keys, batch, first)
 
   if meta.tokens_missing then
