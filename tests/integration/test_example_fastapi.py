@@ -254,3 +254,16 @@ def test_a_server_outage_ends_the_stream_with_one_error_event_and_one_log_line(o
     assert [m["seq_id"] for m in resumed] == [5, 6, 7, 8]  # the message the outage refused: none
     assert resumed[0]["content"] == "weather in Rome?" and rest[0]["data"]["paged"]
     assert "Traceback" not in app.log_text()
+
+
+def test_a_graceful_stop_with_a_stream_open_ends_it(own_app):
+    """uvicorn waits for open connections on SIGTERM; an SSE stream never ends by itself, so the
+    README's command bounds the wait (--timeout-graceful-shutdown) and the stream is cut."""
+    with (
+        httpx.Client(timeout=30) as client,
+        client.stream("GET", f"{own_app.url}/threads/chat-6/events") as response,
+    ):
+        read_events(response, [], until="messages_added")
+        assert own_app.stop_app() < 15
+    assert own_app.app.returncode == 0
+    assert "Traceback" not in own_app.log_text()

@@ -82,16 +82,25 @@ class Deployment:
             "KVSTORE_URL": self.db_url,
             "FAKE_MODEL_DELAY": str(self.model_delay),
         }
-        command = [sys.executable, "-m", "uvicorn", "examples.fastapi_chat.app:app"]
+        # The README's command: two workers, and a bounded wait for open streams on SIGTERM.
+        command = [sys.executable, "-m", "uvicorn", "examples.fastapi_chat.app:app", "--workers"]
+        command += ["2", "--timeout-graceful-shutdown", "3"]
         with self.log.open("ab") as log:
             self.app = subprocess.Popen(
-                [*command, "--workers", "2", "--port", str(self.app_port)],
+                [*command, "--port", str(self.app_port)],
                 cwd=ROOT,
                 env=env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )
         wait_until(lambda: httpx.get(f"{self.url}/openapi.json").status_code == 200)
+
+    def stop_app(self) -> float:
+        """Stops the app as an operator does (SIGTERM); returns the seconds it took."""
+        assert self.app is not None
+        started = time.monotonic()
+        stop(self.app)
+        return time.monotonic() - started
 
     def workers(self) -> list[int]:
         """The pids of the app's worker processes."""
