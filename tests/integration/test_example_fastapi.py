@@ -267,3 +267,26 @@ def test_a_graceful_stop_with_a_stream_open_ends_it(own_app):
         assert own_app.stop_app() < 15
     assert own_app.app.returncode == 0
     assert "Traceback" not in own_app.log_text()
+
+
+def test_the_examples_extra_is_what_the_example_imports():
+    """`pip install -e ".[examples]"` (kvstore and FastAPI, uvicorn) is enough to run it."""
+    import ast
+    import sys
+    import tomllib
+
+    from ..support.example_app import ROOT
+
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    named = {r.split(">")[0].split("[")[0] for r in extra["examples"]}
+    assert named == {"fastapi", "uvicorn"}
+    imported = set()
+    for path in (ROOT / "examples" / "fastapi_chat").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                imported |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                imported.add(node.module.split(".")[0])
+    third_party = imported - set(sys.stdlib_module_names) - {"__future__"}
+    # pydantic comes with kvstore, starlette with fastapi.
+    assert third_party <= {"kvstore", "fastapi", "pydantic"}, third_party
