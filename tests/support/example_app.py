@@ -5,6 +5,7 @@ chromium."""
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import signal
@@ -33,6 +34,12 @@ def wait_until(check: Callable[[], object], timeout: float = 60) -> None:
         if time.monotonic() > deadline:
             raise TimeoutError("not up in time")
         time.sleep(0.1)
+
+
+def die_with_pytest() -> None:
+    """preexec_fn: Linux sends the process SIGTERM when pytest dies (even of SIGKILL), so that
+    neither the server nor the app outlives the run."""
+    ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def stop(process: subprocess.Popen, sig: int = signal.SIGTERM) -> None:
@@ -64,6 +71,7 @@ class Deployment:
             [*command, "--port", str(self.db_port)],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
+            preexec_fn=die_with_pytest,
         )
         client = redis.Redis(port=self.db_port)
         try:
@@ -92,6 +100,7 @@ class Deployment:
                 env=env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
+                preexec_fn=die_with_pytest,
             )
         wait_until(lambda: httpx.get(f"{self.url}/openapi.json").status_code == 200)
 
