@@ -14,7 +14,7 @@ import shutil
 
 import pytest
 
-from kvstore import MessageStore
+from kvstore import MessageStore, UserMessage
 
 from ..support.example_app import deployment
 
@@ -143,3 +143,19 @@ def test_a_server_restart_loses_nothing_and_shows_nothing_twice(tab, app):
     assert [kind for kind, _ in bubbles(page)] == TURN * 2
     shown_once(page, app, "chat-b3")
     assert "Traceback" not in app.log_text()
+
+
+def test_a_long_thread_opens_at_its_newest_page_and_pages_back(tab, app):
+    with MessageStore.from_url(app.db_url) as store:
+        thread = store.thread("chat-b4")
+        thread.append([UserMessage(content=f"message {i}") for i in range(1, 121)])
+    page = tab("chat-b4")
+    settled(page, 50)
+    texts = [text for _, text in bubbles(page)]
+    assert texts == [f"message {i}" for i in range(71, 121)]
+    for shown in (100, 120):
+        page.click("#older")
+        settled(page, shown)
+    assert [text for _, text in bubbles(page)] == [f"message {i}" for i in range(1, 121)]
+    expect(page.locator("#older")).to_be_hidden()
+    shown_once(page, app, "chat-b4")
