@@ -20,7 +20,7 @@ from contextlib import asynccontextmanager, suppress
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI, Header, Request
+from fastapi import FastAPI, Header, Query, Request
 from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
 from pydantic import BaseModel, Field
 
@@ -103,7 +103,7 @@ async def older_messages(thread_id: str, before: int, limit: int = 50) -> dict[s
 async def stream_events(
     thread_id: str,
     after: str | None = None,
-    limit: int = 50,
+    limit: int = Query(50, ge=1, le=200),
     last_event_id: str | None = Header(default=None),
 ) -> StreamingResponse:
     """The thread as Server-Sent Events. A new stream starts with the newest `limit` messages
@@ -120,8 +120,9 @@ async def stream_events(
 
 
 async def sse(thread_id: str, thread: Any, cursor: str | None, limit: int) -> AsyncIterator[str]:
-    """The stream's lines. A server error ends it with an `error` event and one log line (the
-    browser reconnects after RETRY_MS with its Last-Event-ID)."""
+    """The stream's lines. An error ends it with an `error` event and one log line: the browser
+    reconnects after RETRY_MS with its Last-Event-ID; the page stops on a request's own error
+    (`status` below 500: a malformed cursor, say)."""
     yield f"retry: {RETRY_MS}\n: connected\n\n"
     try:
         if cursor is None:
@@ -134,7 +135,8 @@ async def sse(thread_id: str, thread: Any, cursor: str | None, limit: int) -> As
                 yield frame(event.kind, event_data(event), event.cursor)
     except KVStoreError as exc:
         log.warning("stream of %s ended: %s: %s", thread_id, type(exc).__name__, exc)
-        yield frame("error", {"error": type(exc).__name__, "detail": str(exc)})
+        error = {"error": type(exc).__name__, "status": exc.http_status, "detail": str(exc)}
+        yield frame("error", error)
 
 
 def frame(kind: str, data: dict[str, Any], cursor: str | None = None) -> str:

@@ -290,3 +290,17 @@ def test_the_examples_extra_is_what_the_example_imports():
     third_party = imported - set(sys.stdlib_module_names) - {"__future__"}
     # pydantic comes with kvstore, starlette with fastapi.
     assert third_party <= {"kvstore", "fastapi", "pydantic"}, third_party
+
+
+def test_a_malformed_cursor_ends_the_stream_with_the_requests_error(app):
+    with httpx.Client(timeout=30) as client:
+        with client.stream(
+            "GET", f"{app.url}/threads/chat-7/events", params={"after": "not a cursor"}
+        ) as response:
+            events: list[dict] = []
+            read_events(response, events, until="error")
+        assert events[-1]["data"]["status"] == 400  # the page stops: no reconnect loop
+        assert events[-1]["data"]["error"] == "InvalidCursor"
+        too_long = client.get(f"{app.url}/threads/chat-7/events", params={"limit": 5000})
+        assert too_long.status_code == 422
+    assert "Traceback" not in app.log_text()
