@@ -26,6 +26,7 @@ from .messages import (
     parse_message,
 )
 from .models import AppendResult, MessagesPage, ThreadSnapshot, ThreadStats, TurnResult, TurnState
+from .request_turns import RequestTurn
 from .store import AsyncMessageStore, MessageStore
 from .thread import Thread
 
@@ -45,6 +46,7 @@ __all__ = [
     "MessageStore",
     "MessagesPage",
     "ReasoningMessage",
+    "RequestTurn",
     "StoreConfig",
     "SummaryMessage",
     "SystemMessage",

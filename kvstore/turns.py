@@ -14,6 +14,7 @@ from .models import (
     TurnOutcome,
     TurnResult,
 )
+from .request_turns import RequestTurn, hold_request_turn, hold_request_turn_async
 from .thread_base import (
     AwaitsOperations,
     RunsOperations,
@@ -50,6 +51,25 @@ class ThreadTurns(ThreadBase):
             thread.finish_turn(lease)
         """
         return self._store.run(core.hold_turn(self._ref, turn_id, call_id))
+
+    def hold_turn_for(self, request: Message | dict[str, Any]) -> RequestTurn:
+        """The idempotent turn (docs/EVENTS.md): stores `request`, a client's message carrying
+        the client's otid for this send, and holds the turn that answers it, ``turn-<otid>``. A
+        request sent again (a retry: the same otid) is the same turn: the request is stored once;
+        a finished turn is not run again (``lease`` None, ``result`` its stored result); an open
+        one is taken over (``taken_over``), and its earlier producer's writes are refused with
+        TurnFenced from then on.
+
+        Raises InvalidMessage (nothing written) for a request without an otid.
+
+        Example::
+
+            turn = thread.hold_turn_for(UserMessage(content="hi", otid="send-7"))
+            if turn.lease is not None:
+                thread.append(AssistantMessage(content="hello"), turn_id=turn.lease)
+                turn_result = thread.finish_turn(turn.lease)
+        """
+        return hold_request_turn(self, request)
 
     def publish(
         self,
@@ -148,6 +168,15 @@ class AsyncThreadTurns(ThreadBase):
         """The awaited :meth:`Thread.hold_turn`. To retry a call that was cancelled, pass the
         same `call_id` both times."""
         return await self._store.run(core.hold_turn(self._ref, turn_id, call_id))
+
+    async def hold_turn_for(self, request: Message | dict[str, Any]) -> RequestTurn:
+        """The awaited :meth:`Thread.hold_turn_for`: same argument, result and errors.
+
+        Example::
+
+            turn = await thread.hold_turn_for(UserMessage(content="hi", otid="send-7"))
+        """
+        return await hold_request_turn_async(self, request)
 
     async def publish(
         self,

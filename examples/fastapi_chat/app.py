@@ -1,7 +1,9 @@
-"""A chat backend on kvstore: POST runs a (fake) model turn, GET streams the thread as
-Server-Sent Events, resumable with Last-Event-ID. Any worker serves any request: the model's
-output reaches every watcher through the thread's event stream (docs/EVENTS.md).
+"""A chat on kvstore: `GET /` is the page, POST runs a (fake) model's turn for a message, and GET
+.../events streams the thread as Server-Sent Events: the newest page first, then every change,
+resumable with Last-Event-ID. Any worker serves any request: the model's output reaches every
+watcher through the thread's event stream (docs/EVENTS.md).
 
+    pip install -e ".[examples]"
     python -m kvstore server & uvicorn examples.fastapi_chat.app:app --workers 2
 
 KVSTORE_URL names the server (default: the one `python -m kvstore server` starts).
@@ -9,35 +11,31 @@ KVSTORE_URL names the server (default: the one `python -m kvstore server` starts
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import json
+import logging
 import os
-import uuid
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
+from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI, Header, Request
-from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel
+from fastapi import FastAPI, Header, Query, Request
+from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
+from pydantic import BaseModel, Field
 
-from kvstore import (
-    AssistantMessage,
-    AsyncMessageStore,
-    ToolCall,
-    ToolCallMessage,
-    ToolReturn,
-    ToolReturnMessage,
-    UserMessage,
-)
-from kvstore.errors import KVStoreError
+from kvstore import AsyncMessageStore, UserMessage
+from kvstore.errors import KVStoreError, TurnFenced
 from kvstore.events import ThreadEvent
-from kvstore.messages import BaseMessage, ToolCallDelta
+from kvstore.messages import BaseMessage
+
+from .model import fake_model
 
 URL = os.environ.get("KVSTORE_URL", "redis://127.0.0.1:6390/0")
-# The pause between two fragments of the fake model's output.
-TOKEN_DELAY = float(os.environ.get("FAKE_MODEL_DELAY", "0.01"))
+PAGE = Path(__file__).with_name("index.html")
+# How long a browser waits before it reconnects a stream that ended (SSE `retry`).
+RETRY_MS = 1000
+log = logging.getLogger("uvicorn.error")
 
 
 @asynccontextmanager
@@ -62,66 +60,89 @@ async def worker_header(request: Request, call_next: Any) -> Any:
     return response
 
 
+@app.get("/", include_in_schema=False)
+async def page() -> FileResponse:
+    return FileResponse(PAGE, headers={"Cache-Control": "no-store"})
+
+
 class UserInput(BaseModel):
-    content: str
+    content: str = Field(min_length=1)
+    # The client's id for this send, sent again when it retries: the same otid is the same turn.
+    otid: str = Field(min_length=1, max_length=256)
 
 
 @app.post("/threads/{thread_id}/messages")
 async def post_message(thread_id: str, body: UserInput) -> dict[str, Any]:
-    """Stores the user's message and runs the model's turn: its output is streamed as deltas
-    while it is produced, its messages stored as they are complete."""
+    """Stores the user's message and runs the model's turn for it, once per otid: a retry of a
+    finished turn answers its result; a retry of an open one takes it over (the earlier
+    request, if it still runs, is fenced off and answers 409)."""
     thread = app.state.store.thread(thread_id)
-    turn_id = f"turn-{uuid.uuid4().hex[:12]}"
-    await thread.append(UserMessage(content=body.content), turn_id=turn_id)
-    lease = await thread.hold_turn(turn_id)
+    turn = await thread.hold_turn_for(UserMessage(content=body.content, otid=body.otid))
+    result = turn.result
+    if turn.lease is not None:
+        try:
+            await fake_model(thread, turn.lease, body.content)
+        except TurnFenced:
+            raise  # a retry holds the turn now: it finishes it
+        except BaseException:
+            with suppress(KVStoreError):
+                await thread.finish_turn(turn.lease, outcome="failed")
+            raise
+        result = await thread.finish_turn(turn.lease)
+    return {"retried": turn.lease is None, **result.model_dump(mode="json")}
+
+
+@app.get("/threads/{thread_id}/messages")
+async def older_messages(thread_id: str, before: int, limit: int = 50) -> dict[str, Any]:
+    """The `limit` messages before sequence `before`, oldest first (the page's "older")."""
+    page = await app.state.store.thread(thread_id).list(after=before, limit=limit, order="desc")
+    return {"messages": [m.to_dict() for m in reversed(page.messages)], "has_more": page.has_more}
+
+
+@app.get("/threads/{thread_id}/events")
+async def stream_events(
+    thread_id: str,
+    after: str | None = None,
+    limit: int = Query(50, ge=1, le=200),
+    last_event_id: str | None = Header(default=None),
+) -> StreamingResponse:
+    """The thread as Server-Sent Events. A new stream starts with the newest `limit` messages
+    (one `messages_added` event), then every change after them. Each event carries its cursor
+    as `id`, so a browser that reconnects (Last-Event-ID) goes on right after the last event it
+    got; `after` (a cursor or a sequence) does the same for a client that opens a new stream."""
+    thread = app.state.store.thread(thread_id)
+    cursor = last_event_id or after
+    return StreamingResponse(
+        sse(thread_id, thread, cursor, limit),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-store"},
+    )
+
+
+async def sse(thread_id: str, thread: Any, cursor: str | None, limit: int) -> AsyncIterator[str]:
+    """The stream's lines. An error ends it with an `error` event and one log line: the browser
+    reconnects after RETRY_MS with its Last-Event-ID; the page stops on a request's own error
+    (`status` below 500: a malformed cursor, say)."""
+    yield f"retry: {RETRY_MS}\n: connected\n\n"
     try:
-        await fake_model(thread, lease, body.content)
-    except BaseException:
-        await thread.finish_turn(lease, outcome="failed")
-        raise
-    result = await thread.finish_turn(lease)
-    return {"turn_id": turn_id, "reply_count": result.reply_count}
+        if cursor is None:
+            page = await thread.list(limit=limit, order="desc")
+            cursor = str(page.messages[0].seq_id) if page.messages else "0"
+            messages = [m.to_dict() for m in reversed(page.messages)]
+            yield frame("messages_added", {"messages": messages, "paged": True}, cursor)
+        async with thread.watch(after=cursor) as events:
+            async for event in events:
+                yield frame(event.kind, event_data(event), event.cursor)
+    except KVStoreError as exc:
+        log.warning("stream of %s ended: %s: %s", thread_id, type(exc).__name__, exc)
+        error = {"error": type(exc).__name__, "status": exc.http_status, "detail": str(exc)}
+        yield frame("error", error)
 
 
-async def fake_model(thread: Any, lease: Any, question: str) -> None:
-    """A model that calls a weather tool, then answers, streaming each part as it goes."""
-    call_id = f"call-{uuid.uuid4().hex[:8]}"
-    arguments = json.dumps({"city": question.split()[-1].strip("?") or "Paris"})
-    for i in range(0, len(arguments), 6):
-        await thread.publish(
-            lease,
-            ToolCallMessage(
-                tool_call=ToolCallDelta(
-                    name="weather" if i == 0 else None,
-                    tool_call_id=call_id if i == 0 else None,
-                    arguments=arguments[i : i + 6],
-                )
-            ),
-        )
-        await asyncio.sleep(TOKEN_DELAY)
-    await thread.append(
-        ToolCallMessage(
-            tool_call=ToolCall(name="weather", arguments=arguments, tool_call_id=call_id)
-        ),
-        turn_id=lease,
-    )
-    await thread.append(
-        ToolReturnMessage(
-            tool_return="sunny, 21 C",
-            status="success",
-            tool_call_id=call_id,
-            tool_returns=[
-                ToolReturn(tool_call_id=call_id, status="success", tool_return="sunny, 21 C")
-            ],
-        ),
-        turn_id=lease,
-    )
-    answer_id = f"message-{uuid.uuid4()}"
-    answer = "It is sunny and 21 degrees."
-    for word in answer.split(" "):
-        await thread.publish(lease, AssistantMessage(id=answer_id, content=word + " "))
-        await asyncio.sleep(TOKEN_DELAY)
-    await thread.append(AssistantMessage(id=answer_id, content=answer), turn_id=lease)
+def frame(kind: str, data: dict[str, Any], cursor: str | None = None) -> str:
+    """One Server-Sent Event."""
+    head = f"id: {cursor}\n" if cursor is not None else ""
+    return f"{head}event: {kind}\ndata: {json.dumps(data)}\n\n"
 
 
 def event_data(event: ThreadEvent) -> dict[str, Any]:
@@ -129,8 +150,8 @@ def event_data(event: ThreadEvent) -> dict[str, Any]:
 
     def plain(value: Any) -> Any:
         if isinstance(value, BaseMessage):
-            return value.model_dump(mode="json", exclude_none=True)
-        if isinstance(value, list):
+            return value.to_dict()
+        if isinstance(value, list | tuple):
             return [plain(v) for v in value]
         return value
 
@@ -139,24 +160,3 @@ def event_data(event: ThreadEvent) -> dict[str, Any]:
         for f in dataclasses.fields(event)
         if f.name != "cursor"
     }
-
-
-@app.get("/threads/{thread_id}/events")
-async def stream_events(
-    thread_id: str, after: str | None = None, last_event_id: str | None = Header(default=None)
-) -> StreamingResponse:
-    """The thread's events as Server-Sent Events: each carries its cursor as `id`, so a client
-    that reconnects with Last-Event-ID goes on right after the last event it got. Without one,
-    `after` (a cursor or a sequence; "0" for the whole thread) or from now on."""
-    thread = app.state.store.thread(thread_id)
-    cursor = last_event_id or after
-
-    async def lines() -> AsyncIterator[str]:
-        yield ": connected\n\n"
-        async with thread.watch(after=cursor) as events:
-            async for event in events:
-                yield f"id: {event.cursor}\nevent: {event.kind}\ndata: {json.dumps(event_data(event))}\n\n"
-
-    return StreamingResponse(
-        lines(), media_type="text/event-stream", headers={"Cache-Control": "no-store"}
-    )
