@@ -17,6 +17,7 @@ another.
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ from ..events import (
 )
 from ..messages import parse_message
 from ..models import TurnOutcome
+from .held_turns import expire_turn
 from .layout.reader import decode, fetch, just_appended
 from .operation import ITER_PAGE, Batch, Operation, ThreadRef
 from .pages import list_page
@@ -115,6 +117,7 @@ class _State:
     born: str | None  # meta `born`
     oldest: tuple[int, int] | None  # the stream's oldest and newest events (n, s)
     newest: tuple[int, int] | None
+    turn_open: bool = False  # the thread's current turn (meta turn_id) is open
 
     @property
     def incarnation(self) -> str | None:
@@ -136,7 +139,7 @@ def _state(thread: ThreadRef) -> Operation:
     keys = thread.keys
     meta, oldest, newest = yield Batch(
         [
-            ("HMGET", keys.meta, "events", "last_seq", "born"),
+            ("HMGET", keys.meta, "events", "last_seq", "born", "turn_id", "turn_outcome"),
             ("XRANGE", keys.events, "-", "+", "COUNT", 1),
             ("XREVRANGE", keys.events, "+", "-", "COUNT", 1),
         ]
@@ -147,7 +150,18 @@ def _state(thread: ThreadRef) -> Operation:
         _text(meta[2]) if meta[2] is not None else None,
         _id_numbers(oldest[0][0]) if oldest else None,
         _id_numbers(newest[0][0]) if newest else None,
+        meta[3] is not None and meta[4] in (b"open", "open"),
     )
+
+
+def _expire_turn(thread: ThreadRef) -> Operation:
+    """Finishes the thread's current turn as abandoned if its lease ended (its event then
+    reaches every watcher). A watcher that may not write, or a thread being deleted or restored,
+    leaves it to another call."""
+    with contextlib.suppress(
+        errors.PermissionDenied, errors.ThreadDeleting, errors.RestoreIncomplete
+    ):
+        yield from expire_turn(thread)
 
 
 def _born(thread: ThreadRef) -> Operation:
@@ -226,6 +240,9 @@ class _Watching:
                 _check(self.incarnation, state.born)
                 if state.count < self.n:
                     raise _Gone
+                if state.turn_open:
+                    # A producer that died mid-turn renews no lease: its turn ends here.
+                    yield Run(_expire_turn(thread))
             for entry_id, raw in entries:
                 fields = {(k.decode() if isinstance(k, bytes) else k): v for k, v in raw.items()}
                 tag = fields.get("g")
