@@ -34,6 +34,10 @@ if turn.start == 0 then
   return redis.error_reply('KVS_TURN_NOT_FOUND turn ' .. turn_id .. ' was never started in this thread')
 end
 
+if turn.outcome == 'abandoned' and lease ~= 0 then
+  apply_expiry(keys)
+  return ended_lease(turn_id, lease)
+end
 if turn.outcome == 'open' and lease ~= 0 then
   local ended
   err, ended = check_lease(keys, turn_id, lease, limits.turn_lease_ms)

@@ -45,6 +45,7 @@ if not turn or turn.start == 0 then
   end
   turn = {outcome = current[2] or 'open'}
 end
+if turn.outcome == 'abandoned' and lease > 0 then return ended_lease(turn_id, lease) end
 if turn.outcome ~= 'open' then
   return redis.error_reply('KVS_TURN_FINISHED turn ' .. turn_id .. ' was finished (' .. turn.outcome .. ')')
 end

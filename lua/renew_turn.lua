@@ -39,6 +39,7 @@ if turn.start == 0 then
 end
 if turn.outcome ~= 'open' then
   apply_expiry(keys)
+  if lease > 0 and turn.outcome == 'abandoned' then return ended_lease(turn_id, lease) end
   if lease > 0 then
     return redis.error_reply('KVS_TURN_FINISHED turn ' .. turn_id .. ' was finished (' .. turn.outcome .. ')')
   end

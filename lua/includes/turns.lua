@@ -237,6 +237,11 @@ end
 -- Checks a call's lease before any write. Returns nil, false and the lease's new end (the
 -- caller writes it with its other writes, expires_field), or an error reply and whether the
 -- lease ended (then the caller finishes the turn as abandoned).
+local function ended_lease(turn_id, lease)
+  return redis.error_reply(string.format('KVS_TURN_FENCED turn %s: lease %d ended (no call renewed it in time); the turn is finished as abandoned',
+    turn_id, lease))
+end
+
 local function check_lease(keys, turn_id, lease, lease_ms)
   local state = redis.call('HMGET', keys.turns, lease_field(turn_id), expires_field(turn_id))
   local held = tonumber(state[1] or '0')
@@ -245,10 +250,7 @@ local function check_lease(keys, turn_id, lease, lease_ms)
   end
   if not state[2] then return nil, false, nil end
   local now = server_ms()
-  if now >= tonumber(state[2]) then
-    return redis.error_reply(string.format('KVS_TURN_FENCED turn %s: lease %d ended (no call renewed it for %.0f ms); the turn is finished as abandoned',
-      turn_id, lease, lease_ms)), true
-  end
+  if now >= tonumber(state[2]) then return ended_lease(turn_id, lease), true end
   return nil, false, now + lease_ms
 end
 
@@ -332,6 +334,7 @@ end
 local function check_turn(keys, batch, meta, limits)
   if batch.turn_id == '' then return nil end
   local turn = read_turn(keys, batch.turn_id)
+  if turn and turn.outcome == 'abandoned' and batch.lease then return ended_lease(batch.turn_id, batch.lease) end
   if turn and turn.outcome ~= 'open' then
     return redis.error_reply('KVS_TURN_FINISHED turn ' .. batch.turn_id .. ' was finished (' .. turn.outcome .. ')')
   end
