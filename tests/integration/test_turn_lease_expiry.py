@@ -4,15 +4,18 @@ in the server's time, with its event, and the dead lease is fenced (StoreConfig.
 from __future__ import annotations
 
 import asyncio
+import io
 import os
 import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 
 import pytest
 
-from kvstore import AssistantMessage, StoreConfig, UserMessage, errors
+from kvstore import AssistantMessage, MessageStore, StoreConfig, UserMessage, errors
+from kvstore.cli import backup
 from kvstore.events import TurnFinished
 
 from ..conftest import make_async_store, make_sync_store
@@ -213,3 +216,26 @@ def test_a_killed_producers_turn_is_abandoned_for_every_watcher(
         assert finished.reply_count == stored >= 4
     assert thread.snapshot().turn.outcome == "abandoned"
     store.close()
+
+
+def test_an_abandoned_turn_is_backed_up_and_restored_as_abandoned(server_only, server, namespace):
+    config = StoreConfig(namespace=namespace, turn_lease=LEASE)
+    source = MessageStore.from_url(server.url, config)
+    target = MessageStore.from_url(server.url, replace(config, namespace=namespace + "r"))
+    thread = source.thread("chat")
+    lease = thread.hold_turn("turn-1")
+    thread.append(AssistantMessage(content="cut off"), turn_id=lease)
+    time.sleep(LEASE + 0.2)
+    assert thread.expire_turn() == "abandoned"
+    out = io.StringIO()
+    backup.export(source, "chat", out, progress_out=io.StringIO())
+    progress = backup.ImportProgress()
+    backup.import_lines(
+        target, "chat", io.StringIO(out.getvalue()), progress, progress_out=io.StringIO()
+    )
+    restored = target.thread("chat")
+    assert restored.snapshot().turn == thread.snapshot().turn
+    assert restored.finish_turn("turn-1") == thread.finish_turn("turn-1")
+    assert restored.finish_turn("turn-1").outcome == "abandoned"
+    source.close()
+    target.close()
