@@ -64,15 +64,21 @@ def expire_turn(thread: ThreadRef, turn_id: str | None = None) -> Operation[str 
     """Finishes the turn (the thread's current one for None) as abandoned if its lease ended;
     returns its outcome after the call ("open" while not held or its lease has time left), None
     when the thread has no turn."""
+    outcome, _left = yield from lease_left(thread, turn_id)
+    return outcome or None
+
+
+def lease_left(thread: ThreadRef, turn_id: str | None = None) -> Operation[tuple[str, int]]:
+    """expire_turn's call: the turn's outcome after it ('' for no turn) and the ms its lease has
+    left (-1 for an open turn no lease bounds, 0 once finished)."""
     if turn_id is not None:
         check_token("turn_id", turn_id)
-    outcome, _left = yield from write(
+    outcome, left = yield from write(
         thread,
         SCRIPTS["renew_turn"],
         SCRIPTS["renew_turn"].args(limits=thread.limits(), turn_id=turn_id or "", lease=0),
     )
-    text = outcome.decode() if isinstance(outcome, bytes) else str(outcome)
-    return text or None
+    return (outcome.decode() if isinstance(outcome, bytes) else str(outcome)), int(left)
 
 
 def encode_delta(delta: Message | dict[str, Any] | str) -> bytes:

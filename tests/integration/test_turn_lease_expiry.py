@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import replace
 
@@ -128,8 +129,8 @@ def test_a_sync_watcher_of_a_quiet_thread_ends_a_dead_producers_turn(
     store = make_sync_store(backend, StoreConfig(namespace=namespace, turn_lease=LEASE))
     thread = store.thread("t")
     lease = thread.hold_turn("turn-1")
-    thread.append(AssistantMessage(content="half"), turn_id=lease)
     started = time.monotonic()
+    thread.append(AssistantMessage(content="half"), turn_id=lease)  # its last renewal
     got = []
     with thread.watch(block_ms=200) as watch:  # from now on
         for event in watch:  # nothing else writes: only the watcher can end the turn
@@ -138,7 +139,8 @@ def test_a_sync_watcher_of_a_quiet_thread_ends_a_dead_producers_turn(
                 break
     (finished,) = _abandoned(got)
     assert (finished.turn_id, finished.reply_count) == ("turn-1", 1)
-    assert LEASE <= time.monotonic() - started < LEASE + 3
+    # Not before the lease's end (the server's ms, floored), nor long after it.
+    assert LEASE - 0.01 <= time.monotonic() - started < LEASE + 3
     assert thread.snapshot().turn.outcome == "abandoned"
     store.close()
 
@@ -154,10 +156,11 @@ def test_an_async_watcher_of_a_quiet_thread_ends_a_dead_producers_turn(
         got = []
 
         async def consume():
-            async for event in thread.watch(block_ms=200):
-                got.append(event)
-                if _abandoned(got):
-                    return
+            async with thread.watch(block_ms=200) as events:
+                async for event in events:
+                    got.append(event)
+                    if _abandoned(got):
+                        return
 
         await asyncio.wait_for(consume(), timeout=10)
         outcome = (await thread.snapshot()).turn.outcome
@@ -239,3 +242,27 @@ def test_an_abandoned_turn_is_backed_up_and_restored_as_abandoned(server_only, s
     assert restored.finish_turn("turn-1").outcome == "abandoned"
     source.close()
     target.close()
+
+
+def test_a_watcher_asks_again_only_when_a_lease_could_have_ended(
+    server_only, backend, namespace, raw_client
+):
+    store = make_sync_store(backend, StoreConfig(namespace=namespace, turn_lease=60))
+    thread = store.thread("t")
+    thread.start_turn("unleased")  # open, and no lease to end
+    held = store.thread("held")
+    held.hold_turn("turn-1")  # open, its lease 60 s away
+
+    def fcalls() -> int:
+        return raw_client.info("commandstats").get("cmdstat_fcall", {}).get("calls", 0)
+
+    for watched in (thread, held):
+        before = fcalls()
+        timer = threading.Timer(1.0, lambda w=watched: w.append(UserMessage(content="wake")))
+        timer.start()
+        with watched.watch(block_ms=100) as watch:  # about ten quiet periods, then the append
+            next(watch)
+        timer.join()
+        # One expire_turn call (the first quiet period) and the append: not one per period.
+        assert fcalls() - before == 2, watched
+    store.close()
