@@ -57,6 +57,11 @@ class StoreConfig:
         approval requests in the same atomic step, and an answer to nothing open is refused with
         HistoryConflict (docs/HISTORY.md, "Checked updates"). Only threads whose every message
         was written with checks on are checked. "off" (the default): no check and no cost.
+    turn_lease: seconds a held turn's lease lasts after its holder's last call under it
+        (hold_turn, and each append, publish and renew_turn with the lease). A turn whose lease
+        ended is finished as "abandoned" by the first call that meets it, and a watcher of a quiet
+        thread sends that call: a producer that died mid-turn does not leave it open (docs/EVENTS.md,
+        "Held turns").
 
     Raises ConfigError (a ValueError) naming the value when one is out of range (each int's
     largest is in docs/LAYOUT.md, "Number bounds") or the values are inconsistent; the namespace is 1-64 characters of letters, digits and ``. _ : -``.
@@ -89,6 +94,7 @@ class StoreConfig:
     events_max_len: int = 1000
     events_max_age: int = 3600
     history_checks: Literal["off", "strict"] = "off"
+    turn_lease: int = 60
 
     def __post_init__(self) -> None:
         check_namespace(self.namespace)
@@ -118,7 +124,12 @@ class StoreConfig:
                 f"durability must be 'default', 'fsync' or 'replicated', got {self.durability!r}"
             )
         _positive(
-            self, "durability_replicas", "durability_timeout_ms", "events_max_len", "events_max_age"
+            self,
+            "durability_replicas",
+            "durability_timeout_ms",
+            "events_max_len",
+            "events_max_age",
+            "turn_lease",
         )
         if not isinstance(self.events, bool):
             raise ConfigError(f"events must be True or False, got {self.events!r}")

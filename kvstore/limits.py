@@ -20,7 +20,7 @@ GiB = 1024 * MiB
 MAX_SEQUENCE = 2**50
 # Milliseconds a call may wait on the server (watch's block_ms, durability_timeout_ms).
 MAX_WAIT_MS = 2**31 - 1
-# Seconds of thread_ttl and events_max_age (136 years): in milliseconds, 1.5 times over, far
+# Seconds of thread_ttl, events_max_age and turn_lease (136 years): in milliseconds, 1.5 times over, far
 # inside what PEXPIRE takes.
 MAX_SECONDS = 2**32
 
@@ -44,6 +44,7 @@ CONFIG_MAXIMA: dict[str, int] = {
     "durability_timeout_ms": MAX_WAIT_MS,
     "events_max_len": 2**32,
     "events_max_age": MAX_SECONDS,
+    "turn_lease": MAX_SECONDS,
 }
 
 _NAMESPACE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,63}")

@@ -9,7 +9,9 @@ from pydantic import BaseModel, ConfigDict
 
 from .messages import Message, SummaryMessage
 
-TurnOutcome = Literal["completed", "steered", "cancelled", "failed"]
+# How a turn ended: "abandoned" is the server's, for a held turn whose lease ended
+# (StoreConfig.turn_lease); finish_turn takes the others.
+TurnOutcome = Literal["completed", "steered", "cancelled", "failed", "abandoned"]
 """How a turn ended, as ``Thread.finish_turn`` records it."""
 
 
@@ -105,14 +107,15 @@ class TurnResult(_Result):
 class TurnState(_Result):
     """The turn reply sequence: the current turn and where its replies start.
 
-    `outcome` is "open" until ``Thread.finish_turn`` records how the turn ended.
+    `outcome` is "open" until ``Thread.finish_turn`` records how the turn ended, or until a held
+    turn's lease ends ("abandoned").
 
     Example: ``thread.snapshot().turn`` is one (None before the first ``start_turn``).
     """
 
     turn_id: str
     sequence: int
-    outcome: Literal["open", "completed", "steered", "cancelled", "failed"]
+    outcome: Literal["open", "completed", "steered", "cancelled", "failed", "abandoned"]
 
 
 class ThreadSnapshot(_Result):

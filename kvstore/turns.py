@@ -71,6 +71,33 @@ class ThreadTurns(ThreadBase):
         """
         return hold_request_turn(self, request)
 
+    def renew_turn(self, lease: TurnLease) -> None:
+        """A held turn's heartbeat: its lease lasts ``StoreConfig.turn_lease`` again from now.
+        Every append, publish and finish_turn under the lease renews it too; call this when the
+        producer works longer than that without writing (a long tool call).
+
+        Raises TurnFenced once another worker holds the turn, or once the lease ended (the turn
+        is then finished as "abandoned"), TurnFinished once the turn is finished.
+
+        Example::
+
+            lease = thread.hold_turn("turn-1")
+            thread.renew_turn(lease)
+        """
+        self._store.run(core.renew_turn(self._ref, lease))
+
+    def expire_turn(self, turn_id: str | None = None) -> str | None:
+        """Finishes turn `turn_id` (the thread's current turn for None) as "abandoned" if it is
+        held and its lease ended, with its TurnFinished event; returns the turn's outcome after
+        the call: "open" while it is not held or its lease has time left, None when the thread
+        has no turn. Watchers send it by themselves when the thread is quiet.
+
+        Example::
+
+            thread.expire_turn()  # "abandoned": the producer stopped renewing its lease
+        """
+        return self._store.run(core.expire_turn(self._ref, turn_id))
+
     def publish(
         self,
         turn: str | TurnLease,
@@ -177,6 +204,24 @@ class AsyncThreadTurns(ThreadBase):
             turn = await thread.hold_turn_for(UserMessage(content="hi", otid="send-7"))
         """
         return await hold_request_turn_async(self, request)
+
+    async def renew_turn(self, lease: TurnLease) -> None:
+        """The awaited :meth:`Thread.renew_turn`: same argument and errors.
+
+        Example::
+
+            await thread.renew_turn(lease)
+        """
+        await self._store.run(core.renew_turn(self._ref, lease))
+
+    async def expire_turn(self, turn_id: str | None = None) -> str | None:
+        """The awaited :meth:`Thread.expire_turn`: same argument, result and errors.
+
+        Example::
+
+            await thread.expire_turn()
+        """
+        return await self._store.run(core.expire_turn(self._ref, turn_id))
 
     async def publish(
         self,

@@ -4,7 +4,9 @@
 --- KEYS[1..14]  the thread's keys (includes/layout.lua: thread_keys; docs/LAYOUT.md)
 --- ARGV limits (limits): the store's limits (includes/args.lua: read_limits)
 --- ARGV turn_id (str): '' for none
---- ARGV lease (int): the caller's lease of the turn (start_turn 'hold'), 0 for none
+--- ARGV lease (int): the caller's lease of the turn (start_turn 'hold'), 0 for none: renewed by
+---      the call; refused once another holds the turn or once the lease ended (the turn is then
+---      finished as 'abandoned')
 --- ARGV pairs (str): what each message opens and answers, with strict history checks
 ---      (includes/history.lua: read_batch_pairs); '' when none does, and without them
 --- ARGV messages[] id (str), otid (str): '' for none, media (int): the message's inline
@@ -27,6 +29,7 @@
 --- @include "includes/layout3_store"
 --- @include "includes/layout1_migration"
 --- @include "includes/layout2_retention"
+--- @include "includes/turn_finish"
 
 local keys = thread_keys(KEYS)
 local limits = args.limits
@@ -36,10 +39,18 @@ read_batch_pairs(args.pairs, batch, limits)
 local meta, failure = load_meta(keys)
 local plan
 if not failure then plan, failure = check_store_keys(keys, batch, limits, meta) end
-failure = failure or check_batch(keys, batch, limits, meta) or check_turn(keys, batch, meta)
+failure = failure or check_batch(keys, batch, limits, meta) or check_turn(keys, batch, meta, limits)
   or check_history(keys, batch, limits, meta)
 if not failure and meta.layout ~= CURRENT_LAYOUT then failure = check_migration(keys) end
-if failure then return failure end
+if failure then
+  if batch.lease_ended then
+    -- The lease ended before this call: the turn is finished as abandoned, and the call refused.
+    begin_expiry(keys, limits.ttl_ms)
+    finish_open_turn(keys, limits, batch.turn_id, nil, 'abandoned')
+    apply_expiry(keys)
+  end
+  return failure
+end
 
 begin_expiry(keys, limits.ttl_ms)
 meta = migrate_first(keys, limits, meta)

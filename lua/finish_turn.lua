@@ -5,7 +5,8 @@
 --- ARGV limits (limits): the store's limits (includes/args.lua: read_limits)
 --- ARGV turn_id (str)
 --- ARGV lease (int): the caller's lease of the turn (start_turn 'hold'), 0 for none: refused
----      once another worker holds the turn
+---      once another worker holds the turn, or once the lease ended (the turn is then finished
+---      as 'abandoned')
 --- ARGV outcome (str: 'completed' | 'steered' | 'cancelled' | 'failed')
 ---
 --- The counts are kept in the turn's record (includes/turns.lua). The first call records the
@@ -20,7 +21,7 @@
 --- @include "includes/turns"
 --- @include "includes/expiry"
 --- @include "includes/turn_call"
---- @include "includes/events"
+--- @include "includes/turn_finish"
 
 local keys = thread_keys(KEYS)
 local limits = args.limits
@@ -33,24 +34,19 @@ if turn.start == 0 then
   return redis.error_reply('KVS_TURN_NOT_FOUND turn ' .. turn_id .. ' was never started in this thread')
 end
 
+if turn.outcome == 'abandoned' and lease ~= 0 then
+  apply_expiry(keys)
+  return ended_lease(turn_id, lease)
+end
 if turn.outcome == 'open' and lease ~= 0 then
-  err = check_lease(keys, turn_id, lease)
+  local ended
+  err, ended = check_lease(keys, turn_id, lease, limits.turn_lease_ms)
+  if ended then finish_open_turn(keys, limits, turn_id, turn, 'abandoned') end
   if err then
     apply_expiry(keys)
     return err
   end
 end
-if turn.outcome == 'open' then
-  turn.outcome, turn.count, turn.first_seq = outcome, turn.replies, turn.first
-  turn.last_seq = 0
-  if turn.replies > 0 then turn.last_seq = turn.b end
-  write_turn(keys, turn_id, turn)
-  -- Without retention (a retained limit of -1) nothing would drop it: not listed.
-  if turn.kept == 0 and limits.retained_limit >= 0 then note_idle_turn(keys, turn_id) end
-  emit_event(keys, limits, nil, event_fields('turn_finished', turn.first_seq, turn.last_seq, turn_id, 'o', outcome, 'n', turn.count))
-  if redis.call('HGET', keys.meta, 'turn_id') == turn_id then
-    redis.call('HSET', keys.meta, 'turn_outcome', outcome)
-  end
-end
+finish_open_turn(keys, limits, turn_id, turn, outcome)
 apply_expiry(keys)
 return {turn.count, turn.first_seq, turn.last_seq, turn.start, turn.outcome}

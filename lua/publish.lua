@@ -5,7 +5,8 @@
 --- KEYS[1..14]  the thread's keys (includes/layout.lua: thread_keys; docs/LAYOUT.md)
 --- ARGV limits (limits): the store's limits (includes/args.lua: read_limits)
 --- ARGV turn_id (str)
---- ARGV lease (int): the caller's lease of the turn (start_turn 'hold'), 0 for none
+--- ARGV lease (int): the caller's lease of the turn (start_turn 'hold'), 0 for none: renewed by
+---      the call; once it ended, the call is refused and the turn finished as 'abandoned'
 --- ARGV delta (bytes): as the client encoded it
 --- ARGV call_id (str): the id the client made for this call ('' for none)
 ---
@@ -22,6 +23,8 @@
 --- @include "includes/turns"
 --- @include "includes/expiry"
 --- @include "includes/events"
+--- @include "includes/turn_finish"
+--- @include "includes/numbers"
 
 local limits = args.limits
 local keys, err = begin_thread_call(KEYS, limits)
@@ -42,12 +45,19 @@ if not turn or turn.start == 0 then
   end
   turn = {outcome = current[2] or 'open'}
 end
+if turn.outcome == 'abandoned' and lease > 0 then return ended_lease(turn_id, lease) end
 if turn.outcome ~= 'open' then
   return redis.error_reply('KVS_TURN_FINISHED turn ' .. turn_id .. ' was finished (' .. turn.outcome .. ')')
 end
 if lease > 0 then
-  err = check_lease(keys, turn_id, lease)
+  local ended, renewed
+  err, ended, renewed = check_lease(keys, turn_id, lease, limits.turn_lease_ms)
+  if ended then
+    finish_open_turn(keys, limits, turn_id, nil, 'abandoned')
+    apply_expiry(keys)
+  end
   if err then return err end
+  if renewed then redis.call('HSET', keys.turns, expires_field(turn_id), fmt(renewed)) end
 end
 local id = emit_event(keys, limits, nil, event_fields('delta', '', '', turn_id, 'l', lease, 'd', delta))
 if id then record_call(keys, deltas, calls, call_id, id) end

@@ -11,7 +11,9 @@
 --- A turn is started once: starting a started turn (open or finished, current or not) returns
 --- the sequence recorded then and changes nothing, so a retried call is harmless. 'hold' starts
 --- the turn if it is not started and takes a new lease of it (includes/turns.lua, lease_field):
---- the holder of any earlier lease is refused from then on (KVS_TURN_FENCED). A finished turn
+--- the holder of any earlier lease is refused from then on (KVS_TURN_FENCED). A lease ends
+--- turn_lease_ms after its holder's last call under it (includes/turns.lua, check_lease); a hold
+--- of a turn whose lease ended but that no call finished yet takes it over. A finished turn
 --- cannot be held. A hold whose call id took one of the turn's latest leases is a re-send:
 --- it answers that lease again and writes nothing (includes/turns.lua, recorded_call), so a
 --- retried hold never fences its own caller.
@@ -56,6 +58,7 @@ end
 local lease = 0
 if mode == 'hold' then
   lease = redis.call('HINCRBY', keys.turns, lease_field(turn_id), 1)
+  redis.call('HSET', keys.turns, expires_field(turn_id), fmt(server_ms() + limits.turn_lease_ms))
   record_call(keys, holds, calls, call_id, fmt(lease))
 end
 if started or lease > 0 then

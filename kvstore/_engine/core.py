@@ -20,7 +20,7 @@ The operations live by concern; this module names them for the rest of the code:
 - lifecycle.py: compact, replace, remove_turn, delete, migrate
 - fork.py: fork (a new thread holding a thread's history up to a message)
 - backup.py: backup_state, restore_run(s), restore_state: a thread's backup and its restore
-- held_turns.py: hold_turn, publish; event_stream.py: watch
+- held_turns.py: hold_turn, renew_turn, expire_turn, publish; event_stream.py: watch
 """
 
 from .append import append, finish_turn, start_turn
@@ -36,7 +36,7 @@ from .backup import (
 )
 from .event_stream import watch
 from .fork import fork
-from .held_turns import hold_turn, publish
+from .held_turns import expire_turn, hold_turn, publish, renew_turn
 from .layout.formats import TurnRecord
 from .layout.keys import ThreadKeys
 from .layout.v2 import stored_tokens
@@ -79,6 +79,7 @@ __all__ = [
     "compact",
     "context",
     "delete",
+    "expire_turn",
     "fetch_sequences",
     "finish_turn",
     "finishing_deletes",
@@ -94,6 +95,7 @@ __all__ = [
     "prepare_batch",
     "publish",
     "remove_turn",
+    "renew_turn",
     "replace",
     "restore_run",
     "restore_runs",

@@ -17,7 +17,10 @@ another.
 
 from __future__ import annotations
 
+import contextlib
+import math
 import re
+import time
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
@@ -36,6 +39,7 @@ from ..events import (
 )
 from ..messages import parse_message
 from ..models import TurnOutcome
+from .held_turns import lease_left
 from .layout.reader import decode, fetch, just_appended
 from .operation import ITER_PAGE, Batch, Operation, ThreadRef
 from .pages import list_page
@@ -115,6 +119,7 @@ class _State:
     born: str | None  # meta `born`
     oldest: tuple[int, int] | None  # the stream's oldest and newest events (n, s)
     newest: tuple[int, int] | None
+    open_turn: str | None = None  # the thread's current turn (meta turn_id) while it is open
 
     @property
     def incarnation(self) -> str | None:
@@ -136,7 +141,7 @@ def _state(thread: ThreadRef) -> Operation:
     keys = thread.keys
     meta, oldest, newest = yield Batch(
         [
-            ("HMGET", keys.meta, "events", "last_seq", "born"),
+            ("HMGET", keys.meta, "events", "last_seq", "born", "turn_id", "turn_outcome"),
             ("XRANGE", keys.events, "-", "+", "COUNT", 1),
             ("XREVRANGE", keys.events, "+", "-", "COUNT", 1),
         ]
@@ -147,7 +152,20 @@ def _state(thread: ThreadRef) -> Operation:
         _text(meta[2]) if meta[2] is not None else None,
         _id_numbers(oldest[0][0]) if oldest else None,
         _id_numbers(newest[0][0]) if newest else None,
+        _text(meta[3]) if meta[3] is not None and meta[4] in (b"open", "open") else None,
     )
+
+
+def _expire_turn(thread: ThreadRef, turn_id: str) -> Operation:
+    """Finishes the turn as abandoned if its lease ended (its event then reaches every watcher);
+    returns the seconds before its lease could end (inf for a turn no lease bounds). A watcher
+    that may not write, or a thread being deleted or restored, leaves it to another call."""
+    with contextlib.suppress(
+        errors.PermissionDenied, errors.ThreadDeleting, errors.RestoreIncomplete
+    ):
+        _outcome, left = yield from lease_left(thread, turn_id)
+        return math.inf if left < 0 else left / 1000
+    return 0.0
 
 
 def _born(thread: ThreadRef) -> Operation:
@@ -204,9 +222,16 @@ class _Watching:
     def __init__(self, thread: ThreadRef, incarnation: str | None, messages: bool) -> None:
         self.thread, self.incarnation, self.messages = thread, incarnation, messages
         self.n = self.last_s = self.caught_up = 0
+        self.lease_checked: tuple[str, float] | None = None  # (turn id, no end before this)
 
     def cursor(self) -> str:
         return _cursor(f"{self.n}-{self.last_s}", self.incarnation)
+
+    def lease_may_have_ended(self, turn_id: str) -> bool:
+        """Whether the turn's lease may have ended since this watcher last asked: a lease only
+        moves later, so not before the time it had left then (a hold resets this)."""
+        checked = self.lease_checked
+        return checked is None or checked[0] != turn_id or time.monotonic() >= checked[1]
 
     def run(self, start: tuple[int, int] | int | None, state: _State, block_ms: int) -> WatchStep:
         thread = self.thread
@@ -226,6 +251,10 @@ class _Watching:
                 _check(self.incarnation, state.born)
                 if state.count < self.n:
                     raise _Gone
+                if state.open_turn and self.lease_may_have_ended(state.open_turn):
+                    # A producer that died mid-turn renews no lease: its turn ends here.
+                    left = yield Run(_expire_turn(thread, state.open_turn))
+                    self.lease_checked = (state.open_turn, time.monotonic() + left)
             for entry_id, raw in entries:
                 fields = {(k.decode() if isinstance(k, bytes) else k): v for k, v in raw.items()}
                 tag = fields.get("g")
@@ -310,6 +339,7 @@ class _Watching:
             message = parse_message(fields["d"])
             return Delta(cursor, turn_id or "", message, _int(fields.get("l")))
         if kind == "turn_started":
+            self.lease_checked = None  # a hold: the turn may have a lease now, or a new one
             return TurnStarted(cursor, turn_id or "", a, _int(fields.get("l")))
         if kind == "turn_finished":
             return TurnFinished(

@@ -1,6 +1,7 @@
-"""Held turns and their deltas: hold_turn (start a turn under a lease) and publish (a delta on
-the thread's event stream), and what they share: the call id that makes a re-sent call a replay,
-and a delta's encoding (docs/EVENTS.md)."""
+"""Held turns and their deltas: hold_turn (start a turn under a lease), renew_turn and
+expire_turn (the lease's heartbeat and end), publish (a delta on the thread's event stream), and
+what they share: the call id that makes a re-sent call a replay, and a delta's encoding
+(docs/EVENTS.md)."""
 
 from __future__ import annotations
 
@@ -45,6 +46,39 @@ def hold_turn(thread: ThreadRef, turn_id: str, call_id: str | None = None) -> Op
         raise
     start, lease = reply
     return TurnLease(turn_id=turn_id, lease=int(lease), reply_start=int(start))
+
+
+def renew_turn(thread: ThreadRef, lease: TurnLease) -> Operation[None]:
+    """A held turn's heartbeat: its lease lasts the store's turn_lease again from now."""
+    check_token("turn_id", lease.turn_id)
+    yield from write(
+        thread,
+        SCRIPTS["renew_turn"],
+        SCRIPTS["renew_turn"].args(
+            limits=thread.limits(), turn_id=lease.turn_id, lease=check_lease(lease.lease)
+        ),
+    )
+
+
+def expire_turn(thread: ThreadRef, turn_id: str | None = None) -> Operation[str | None]:
+    """Finishes the turn (the thread's current one for None) as abandoned if its lease ended;
+    returns its outcome after the call ("open" while not held or its lease has time left), None
+    when the thread has no turn."""
+    outcome, _left = yield from lease_left(thread, turn_id)
+    return outcome or None
+
+
+def lease_left(thread: ThreadRef, turn_id: str | None = None) -> Operation[tuple[str, int]]:
+    """expire_turn's call: the turn's outcome after it ('' for no turn) and the ms its lease has
+    left (-1 for an open turn no lease bounds, 0 once finished)."""
+    if turn_id is not None:
+        check_token("turn_id", turn_id)
+    outcome, left = yield from write(
+        thread,
+        SCRIPTS["renew_turn"],
+        SCRIPTS["renew_turn"].args(limits=thread.limits(), turn_id=turn_id or "", lease=0),
+    )
+    return (outcome.decode() if isinstance(outcome, bytes) else str(outcome)), int(left)
 
 
 def encode_delta(delta: Message | dict[str, Any] | str) -> bytes:

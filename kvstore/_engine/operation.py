@@ -93,6 +93,7 @@ class ThreadRef:
             (config.thread_ttl or 0) * 1000,
             *event_limits(config),
             1 if config.history_checks == "strict" else 0,
+            config.turn_lease * 1000,
         )
         # Sent as one argument, the values joined by ':' (the server parses a key's limits once).
         limits_key = ":".join(map(str, limits))

@@ -39,6 +39,7 @@ LIMIT_NAMES = (
     "events_len",
     "events_age_ms",
     "strict_history",
+    "turn_lease_ms",
 )
 
 _ENTRY = re.compile(r"^--- ARGV (\w+)(\[\])?\s+(.*)$")

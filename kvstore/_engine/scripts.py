@@ -175,6 +175,7 @@ SCRIPT_NAMES = (
     "restore",
     "restore_state",
     "read_range",
+    "renew_turn",
 )
 SCRIPTS_BY_FILE: dict[str, Script] = {name: Script.load(name) for name in SCRIPT_NAMES}
 LIBRARY, SCRIPTS = Library.build(SCRIPT_NAMES)

@@ -350,6 +350,7 @@ local function store_ids(keys, batch, first)
     turn = turn or new_turn()
     extend_turn(turn, first, first + #batch.ids - 1)
     write_turn(keys, batch.turn_id, turn)
+    if batch.lease_renewed then redis.call('HSET', keys.turns, expires_field(batch.turn_id), fmt(batch.lease_renewed)) end
   end
 end
 

@@ -146,7 +146,7 @@ local function write_turn(keys, turn_id, turn)
 end
 
 -- The fields of a turn beside its record (lease_field, calls_field below): they go with it.
-local TURN_EXTRAS = {'lease', 'holds', 'deltas'}
+local TURN_EXTRAS = {'lease', 'holds', 'deltas', 'expires'}
 
 -- Deletes a turn's record. It holds no range (kept is 0): its range fields are in `gone`.
 local function delete_turn(keys, turn_id, turn)
@@ -219,12 +219,39 @@ local function lease_field(turn_id)
   return turn_id .. '\tlease'
 end
 
-local function check_lease(keys, turn_id, lease)
-  local held = tonumber(redis.call('HGET', keys.turns, lease_field(turn_id)) or '0')
+-- A lease lasts `turn_lease_ms` (the store's limits) from its holder's last call under it: the
+-- hold, and each append, publish and renew_turn that sends it. Field `<turn_id>\texpires` holds
+-- when it ends, in the server's time (ms); a hold made before leases ended has none and never
+-- ends. A turn whose lease ended is finished as 'abandoned' (includes/turn_finish.lua) by the
+-- first call that meets it: a call under that lease (which is then refused), or renew_turn.
+local function expires_field(turn_id)
+  return turn_id .. '\texpires'
+end
+
+-- The server's time in ms.
+local function server_ms()
+  local now = redis.call('TIME')
+  return tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+end
+
+-- Checks a call's lease before any write. Returns nil, false and the lease's new end (the
+-- caller writes it with its other writes, expires_field), or an error reply and whether the
+-- lease ended (then the caller finishes the turn as abandoned).
+local function ended_lease(turn_id, lease)
+  return redis.error_reply(string.format('KVS_TURN_FENCED turn %s: lease %d ended (no call renewed it in time); the turn is finished as abandoned',
+    turn_id, lease))
+end
+
+local function check_lease(keys, turn_id, lease, lease_ms)
+  local state = redis.call('HMGET', keys.turns, lease_field(turn_id), expires_field(turn_id))
+  local held = tonumber(state[1] or '0')
   if held ~= lease then
-    return redis.error_reply(string.format('KVS_TURN_FENCED turn %s is held under lease %d, not %d', turn_id, held, lease))
+    return redis.error_reply(string.format('KVS_TURN_FENCED turn %s is held under lease %d, not %d', turn_id, held, lease)), false
   end
-  return nil
+  if not state[2] then return nil, false, nil end
+  local now = server_ms()
+  if now >= tonumber(state[2]) then return ended_lease(turn_id, lease), true end
+  return nil, false, now + lease_ms
 end
 
 -- Finished turns that hold no message (finished before their first, or after retention took
@@ -304,14 +331,16 @@ end
 -- A new message of a finished turn is refused before anything is written (a replay of a
 -- stored one was answered before this check). In layout 2 the turn read here is kept for
 -- store_batch; a layout-1 thread's migration step may write the record in between.
-local function check_turn(keys, batch, meta)
+local function check_turn(keys, batch, meta, limits)
   if batch.turn_id == '' then return nil end
   local turn = read_turn(keys, batch.turn_id)
+  if turn and turn.outcome == 'abandoned' and batch.lease then return ended_lease(batch.turn_id, batch.lease) end
   if turn and turn.outcome ~= 'open' then
     return redis.error_reply('KVS_TURN_FINISHED turn ' .. batch.turn_id .. ' was finished (' .. turn.outcome .. ')')
   end
   if batch.lease then
-    local err = check_lease(keys, batch.turn_id, batch.lease)
+    local err, ended, renewed = check_lease(keys, batch.turn_id, batch.lease, limits.turn_lease_ms)
+    batch.lease_ended, batch.lease_renewed = ended, renewed
     if err then return err end
   end
   if meta.layout == CURRENT_LAYOUT then batch.turn = turn or false end

@@ -85,6 +85,8 @@ def run_every_script(store: Recorder, raw_client) -> None:
     lease = thread.hold_turn("held")  # start_turn's 'hold'
     thread.publish(lease, "a delta")
     thread.append(AssistantMessage(content="held"), turn_id=lease)
+    thread.renew_turn(lease)  # renew_turn, with a lease and without
+    thread.expire_turn()
     thread.finish_turn(lease)
     thread.snapshot()
     thread.context()
@@ -187,7 +189,7 @@ def test_the_lua_prologue_names_what_the_encoder_sends(server_only, raw_client):
 def _sample(arg, i: int) -> Any:
     """A value of the argument's kind (distinct per argument)."""
     if arg.kind == "limits":
-        numbers = (4, 2, 2048, 1, 4096, 1000, 500, -1, 0, 7, 8, 1)
+        numbers = (4, 2, 2048, 1, 4096, 1000, 500, -1, 0, 7, 8, 1, 9000)
         return ":".join(map(str, numbers))
     if arg.kind == "group":
         return [
@@ -300,7 +302,7 @@ def test_the_check_finds_each_kind_of_mismatch():
         "messages[1].record 'r' is a str, the header says bytes"
     ]
     assert call_mismatches(header, ["k"] * 10, ["0", b"t", "failed", 1]) == [
-        "limits: 1 values sent, not 12"
+        "limits: 1 values sent, not 13"
     ]
     assert call_mismatches(header, ["k"] * 10, [(1, 2), b"t", "failed", 1]) == [
         "limits: (1, 2) is not the limits' key"

@@ -263,13 +263,17 @@ def check_turns(client, keys: ThreadKeys) -> None:
         for k, v in fields.items()
         if re.fullmatch(r"(?s)(.*)\t\d+", k) and k.rpartition("\t")[0] in fields
     }
-    # A turn's lease and the calls it remembers (`<turn id>\tlease`, `\tholds`, `\tdeltas`) live
-    # and go with its header.
+    # A turn's lease, when it ends and the calls it remembers (`<turn id>\tlease`, `\texpires`,
+    # `\tholds`, `\tdeltas`) live and go with its header.
     extras = {
-        k for k in fields if k not in ranges and re.fullmatch(r"(?s).*\t(lease|holds|deltas)", k)
+        k
+        for k in fields
+        if k not in ranges and re.fullmatch(r"(?s).*\t(lease|expires|holds|deltas)", k)
     }
     for field in extras:
         assert field.rpartition("\t")[0] in fields, ("a turn's field outlives its record", field)
+        if field.endswith("\texpires"):
+            assert fields[field].isdigit(), ("a lease's end is the server's ms", field)
     headers = {k: v for k, v in fields.items() if k not in ranges and k not in extras}
     named = set()
     for turn_id, header in headers.items():

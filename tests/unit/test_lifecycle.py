@@ -423,9 +423,12 @@ def test_small_configs_change_the_limits_sent(thread):
         3600000,
         0,
     )
+    assert limits["turn_lease_ms"] == 60_000
     assert key == ":".join(str(v) for v in values)
-    strict = ThreadRef.of(StoreConfig(namespace="unit", history_checks="strict"), "t-1")
-    assert strict.limits().endswith(":1000:3600000:1")
+    strict = ThreadRef.of(
+        StoreConfig(namespace="unit", history_checks="strict", turn_lease=5), "t-1"
+    )
+    assert strict.limits().endswith(":1000:3600000:1:5000")
 
 
 def test_a_write_refused_as_deleting_again_and_again_gives_up_with_a_server_error(thread):
