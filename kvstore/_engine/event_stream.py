@@ -17,8 +17,6 @@ another.
 
 from __future__ import annotations
 
-import contextlib
-import math
 import re
 import time
 from collections.abc import Generator, Sequence
@@ -39,7 +37,7 @@ from ..events import (
 )
 from ..messages import parse_message
 from ..models import TurnOutcome
-from .held_turns import lease_left
+from .held_turns import expire_turn_quietly
 from .layout.reader import decode, fetch, just_appended
 from .operation import ITER_PAGE, Batch, Operation, ThreadRef
 from .pages import list_page
@@ -156,18 +154,6 @@ def _state(thread: ThreadRef) -> Operation:
     )
 
 
-def _expire_turn(thread: ThreadRef, turn_id: str) -> Operation:
-    """Finishes the turn as abandoned if its lease ended (its event then reaches every watcher);
-    returns the seconds before its lease could end (inf for a turn no lease bounds). A watcher
-    that may not write, or a thread being deleted or restored, leaves it to another call."""
-    with contextlib.suppress(
-        errors.PermissionDenied, errors.ThreadDeleting, errors.RestoreIncomplete
-    ):
-        _outcome, left = yield from lease_left(thread, turn_id)
-        return math.inf if left < 0 else left / 1000
-    return 0.0
-
-
 def _born(thread: ThreadRef) -> Operation:
     (born,) = yield Batch([("HGET", thread.keys.meta, "born")])
     return born
@@ -253,7 +239,7 @@ class _Watching:
                     raise _Gone
                 if state.open_turn and self.lease_may_have_ended(state.open_turn):
                     # A producer that died mid-turn renews no lease: its turn ends here.
-                    left = yield Run(_expire_turn(thread, state.open_turn))
+                    left = yield Run(expire_turn_quietly(thread, state.open_turn))
                     self.lease_checked = (state.open_turn, time.monotonic() + left)
             for entry_id, raw in entries:
                 fields = {(k.decode() if isinstance(k, bytes) else k): v for k, v in raw.items()}

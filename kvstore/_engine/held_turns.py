@@ -5,6 +5,8 @@ what they share: the call id that makes a re-sent call a replay, and a delta's e
 
 from __future__ import annotations
 
+import contextlib
+import math
 import os
 from typing import Any
 
@@ -79,6 +81,19 @@ def lease_left(thread: ThreadRef, turn_id: str | None = None) -> Operation[tuple
         SCRIPTS["renew_turn"].args(limits=thread.limits(), turn_id=turn_id or "", lease=0),
     )
     return (outcome.decode() if isinstance(outcome, bytes) else str(outcome)), int(left)
+
+
+def expire_turn_quietly(thread: ThreadRef, turn_id: str) -> Operation[float]:
+    """A watcher's expire_turn: finishes the turn as abandoned if its lease ended (its event
+    then reaches every watcher); returns the seconds before its lease could end (inf for a turn
+    no lease bounds). A watcher that may not write, or a thread being deleted or restored,
+    leaves it to another call."""
+    with contextlib.suppress(
+        errors.PermissionDenied, errors.ThreadDeleting, errors.RestoreIncomplete
+    ):
+        _outcome, left = yield from lease_left(thread, turn_id)
+        return math.inf if left < 0 else left / 1000
+    return 0.0
 
 
 def encode_delta(delta: Message | dict[str, Any] | str) -> bytes:
