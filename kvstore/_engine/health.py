@@ -85,8 +85,7 @@ class HealthReport(BaseModel):
             f"maxmemory        {show(self.maxmemory)} (policy {show(self.maxmemory_policy)})",
             f"appendonly       {show(self.appendonly)} (appendfsync {show(self.appendfsync)})",
             f"save             {show(self.save if self.save is None else repr(self.save))}",
-            f"library          {self.library} loaded: {show(self.library_loaded)}",
-            f"scripts cached   {show(self.scripts_loaded)} of {self.scripts_total} (for scripting='eval')",
+            *self._script_lines(),
         ]
         lines += [f"warning: {w}" for w in self.warnings]
         lines += [f"unchecked: {u}" for u in self.unchecked]
@@ -98,11 +97,34 @@ class HealthReport(BaseModel):
             )
         return "\n".join(lines)
 
+    def _script_lines(self) -> list[str]:
+        """How kvstore's scripts reach the server: the function library, loaded by the first
+        write that needs it; on the EVAL path (scripting='eval', a server without functions)
+        each script, loaded by its first call. Neither is missing before that call."""
+        if self.library_loaded is None:
+            library = f"{self.library} loaded: unknown"
+        elif self.library_loaded:
+            library = f"{self.library} loaded"
+        else:
+            library = f"{self.library} not loaded yet: the first write loads it (FUNCTION LOAD)"
+        if self.scripts_loaded is None:
+            scripts = "unknown (SCRIPT EXISTS could not be read)"
+        elif self.scripts_loaded:
+            scripts = (
+                f"{self.scripts_loaded} of {self.scripts_total} cached, for stores with"
+                " scripting='eval' (each of the others loads on its first call)"
+            )
+        elif self.library_loaded:
+            scripts = "none cached: the function library serves the calls"
+        else:
+            scripts = "none cached: each loads on its first call (stores with scripting='eval')"
+        return [f"library          {library}", f"eval scripts     {scripts}"]
+
 
 def health(client: Any) -> HealthReport:
     """Reads the server behind a synchronous client (redis.Redis, or fakeredis) and reports.
 
-    Raises ServerError only when the server cannot be reached at all.
+    Raises ConnectionFailed (a ServerError) only when the server cannot be reached at all.
     """
     run = _Run(client)
     while (call := run.next_call()) is not None:
@@ -148,7 +170,7 @@ class _Run:
         try:
             yield
         except (redis.ConnectionError, redis.TimeoutError) as exc:
-            raise errors.ServerError(f"cannot reach the server: {exc}") from exc
+            raise errors.ConnectionFailed(f"cannot reach the server: {exc}") from exc
         except redis.RedisError as exc:
             self.reply = exc
 
