@@ -16,7 +16,8 @@ import redis.asyncio
 from ._engine.core import Operation, ThreadRef
 from ._engine.drivers import AsyncDriver, SyncDriver
 from ._engine.executor import Executor, operate
-from ._engine.health import HealthReport, health, health_async
+from ._engine.health import health, health_async
+from ._engine.health_report import HealthReport
 from .async_thread import AsyncThread
 from .config import StoreConfig
 from .thread import Thread
