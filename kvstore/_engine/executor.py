@@ -20,6 +20,7 @@ executors (measured with a client that answers at once), under 1 % of a sync app
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING, Any
 
@@ -104,6 +105,8 @@ class Executor:
         self._durability_checked = False
         self._tracks_sends = track_sends(client)
         self._on_request: Callable[[Eval | Batch], Any] | None = None
+        # The store's open watchers (watch_drivers.py), which close() stops.
+        self._watchers: weakref.WeakSet[Any] = weakref.WeakSet()
         if self.config.durability != "default" and is_cluster(client):
             raise errors.ConfigError(
                 "durability modes need a standalone client: WAIT and WAITAOF must follow the write"
