@@ -61,7 +61,8 @@ def _failed(exc: Exception) -> errors.KVStoreError:
 
 class Watch:
     """The sync iterator of a thread's events (:meth:`Thread.watch`). Close it (``close()`` or
-    ``with``) to close its connection; the iteration ends after a ThreadDeleted event."""
+    ``with``) to close its connection; the iteration ends after a ThreadDeleted event, and when
+    its store is closed (from any thread: a blocked read is cut off)."""
 
     def __init__(self, store: Any, steps: WatchStep, block_ms: int) -> None:
         self._store, self._steps, self._block_ms = store, steps, block_ms
@@ -151,7 +152,7 @@ def _cancelling() -> bool:
 class AsyncWatch:
     """The async iterator of a thread's events (:meth:`AsyncThread.watch`). Close it
     (``await aclose()`` or ``async with``); cancelling the task that awaits it closes its
-    connection too."""
+    connection too. The iteration ends, with no error, when its store is closed."""
 
     def __init__(self, store: Any, steps: WatchStep, block_ms: int) -> None:
         self._store, self._steps, self._block_ms = store, steps, block_ms
