@@ -1,7 +1,7 @@
 """kvstore: chat and agent conversations in Redis or Valkey, one atomic Lua script per write."""
 
 from . import errors, events
-from ._engine.health import HealthReport
+from ._engine.health_report import HealthReport
 from .async_thread import AsyncThread
 from .config import StoreConfig
 from .events import TurnLease

@@ -43,7 +43,8 @@ from ._engine.backup import check_restore_target as _check_restore_target
 from ._engine.backup import restore_run as _restore_run
 from ._engine.backup import restore_state as _restore_state
 from ._engine.backup import stored_ids as _stored_ids
-from ._engine.health import HealthReport, health, health_async
+from ._engine.health import health, health_async
+from ._engine.health_report import HealthReport
 from ._engine.layout import CURRENT, survey
 from ._engine.layout.formats import ChunkEntry, LargeEntry, TurnRecord
 from ._engine.layout.keys import (

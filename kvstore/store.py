@@ -7,6 +7,7 @@ error a failure is, is decided there once; a store only makes the steps, sync or
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable, Generator, Iterator
 from typing import Any, Self
 
@@ -16,12 +17,16 @@ import redis.asyncio
 from ._engine.core import Operation, ThreadRef
 from ._engine.drivers import AsyncDriver, SyncDriver
 from ._engine.executor import Executor, operate
-from ._engine.health import HealthReport, health, health_async
+from ._engine.health import health, health_async
+from ._engine.health_report import HealthReport
 from .async_thread import AsyncThread
 from .config import StoreConfig
 from .thread import Thread
 
 __all__ = ["AsyncMessageStore", "AsyncThread", "MessageStore", "Thread"]
+
+# How long an async store's close() waits for its watchers' cancelled reads to end.
+WATCHER_STOP_SECONDS = 1.0
 
 
 class MessageStore(SyncDriver, Executor):
@@ -121,7 +126,13 @@ class MessageStore(SyncDriver, Executor):
 
     def close(self) -> None:
         """Closes the store's client and its connections: the one from_url made, or the client you
-        passed in. A store is also a context manager (``with`` / ``async with``) that closes it."""
+        passed in. A store is also a context manager (``with`` / ``async with``) that closes it.
+
+        Its open watchers (:meth:`Thread.watch`) end first, also one blocked in another thread
+        right now: their iteration stops, with no error, and no event is handed out after close()
+        returns (docs/EVENTS.md, "Shutting down")."""
+        for watcher in list(self._watchers):
+            watcher.stop()
         self.client.close()
 
     def __enter__(self) -> Self:
@@ -199,7 +210,14 @@ class AsyncMessageStore(AsyncDriver, Executor):
         return self._outputs(operate(self, operation))
 
     async def close(self) -> None:
-        """See :meth:`MessageStore.close`."""
+        """See :meth:`MessageStore.close`: the open watchers end first (a read one awaits now is
+        cancelled; its ``async for`` ends with no error), then the client closes."""
+        watchers = list(self._watchers)
+        pending = [read for watcher in watchers if (read := watcher.stop()) is not None]
+        if pending:
+            await asyncio.wait(pending, timeout=WATCHER_STOP_SECONDS)
+        for watcher in watchers:
+            await watcher.aclose()
         await self.client.aclose()
 
     async def __aenter__(self) -> Self:

@@ -167,14 +167,17 @@ class Thread(ThreadTurns):
         self, max_tokens: int | None = None, count_tokens: Callable[[Message], int] | None = None
     ) -> _MessageList:
         """The model input: the latest summary (if any) and every message after the sequence it
-        covers, oldest first. Without a compaction, every stored message.
+        covers, oldest first. Without a compaction, every stored message. The system messages
+        the thread starts with come first in every context, also when a summary covers them,
+        and are counted against `max_tokens` first (docs/HISTORY.md, "The system prompt").
 
         With `max_tokens`, the summary and the newest messages whose tokens fit what the summary
         leaves. Without `count_tokens` the counts stored with the messages decide (given to
         :meth:`append`, or counted when written), planned in two round trips whatever the
         thread's length; with `count_tokens` (your tokenizer) each message read is counted by
         it, pages read newest first (one or two round trips for a budget of a few hundred
-        messages). The summary is always included, even alone over the budget.
+        messages). The system messages the thread starts with and the summary are always
+        included, even alone over the budget.
 
         A tool-call pair is never split (docs/HISTORY.md): a tool return or approval response
         whose call the summary covers brings that call (and what lies between) back in when it

@@ -16,7 +16,8 @@ The operations live by concern; this module names them for the rest of the code:
 - reads.py: messages by sequence, id or otid; the consistent read (read_range)
 - pages.py: list_page and its walk, the one page loop (pages)
 - budget.py: a budgeted context planned from stored token counts
-- views.py: stats, snapshot, context
+- views.py: stats, snapshot, the history part of context
+- system_prompt.py: context (the thread's leading system messages, then views.py's)
 - lifecycle.py: compact, replace, remove_turn, delete, migrate
 - fork.py: fork (a new thread holding a thread's history up to a message)
 - backup.py: backup_state, restore_run(s), restore_state: a thread's backup and its restore
@@ -56,7 +57,8 @@ from .operation import (
 from .pages import gathering, list_page, pages
 from .prepare import PreparedMessage, fit_media, prepare_batch
 from .reads import fetch_sequences, get, get_by_otid
-from .views import context, snapshot, stats
+from .system_prompt import context
+from .views import snapshot, stats
 
 __all__ = [
     "DELETE_STEP",

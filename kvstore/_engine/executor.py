@@ -20,6 +20,7 @@ executors (measured with a client that answers at once), under 1 % of a sync app
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING, Any
 
@@ -44,6 +45,7 @@ from .failures import (
     check_durable,
     decodes_responses,
     durability_unavailable,
+    failed_on_stale_connection,
     is_cluster,
     is_fakeredis,
     script_error,
@@ -59,6 +61,15 @@ CLUSTER_REFUSAL_SECONDS = 10.0
 # The server reads a library that large apart from the call after it, so a FUNCTION FLUSH can
 # still run between the two (nothing ran then): the pair is sent up to this many times.
 LOAD_ATTEMPTS = 10
+# The writing scripts a call of which, sent again after it ran, is a replay: an append carries
+# its messages' ids (made by the client when the caller gave none), a compact its summary's id
+# (made from the summary and its range); start_turn and finish_turn return what the first call
+# recorded, a held turn's start and a publish carry their call id; retain and migrate do what is
+# left to do. Only these are sent again after a stale pooled connection failed (and reads):
+# replace, remove_turn, delete and the restores are not.
+RETRY_SAFE_WRITES = frozenset(
+    {"append", "compact", "start_turn", "finish_turn", "publish", "retain", "migrate"}
+)
 
 # ------------------------------------------------------------------- what a store keeps
 
@@ -94,6 +105,8 @@ class Executor:
         self._durability_checked = False
         self._tracks_sends = track_sends(client)
         self._on_request: Callable[[Eval | Batch], Any] | None = None
+        # The store's open watchers (watch_drivers.py), which close() stops.
+        self._watchers: weakref.WeakSet[Any] = weakref.WeakSet()
         if self.config.durability != "default" and is_cluster(client):
             raise errors.ConfigError(
                 "durability modes need a standalone client: WAIT and WAITAOF must follow the write"
@@ -176,22 +189,27 @@ def operate(store: Executor, operation: Generator[Any, Any, Any]) -> Steps:
 
 
 def execute(store: Executor, request: Eval | Batch) -> Steps:
-    """The steps of one request, sent again, backing off, while a cluster refuses it."""
+    """The steps of one request, sent again, backing off, while a cluster refuses it; sent again
+    once, on a fresh connection, where it is retry-safe and failed on a stale pooled one."""
     if store._on_request is not None:
         store._on_request(request)
     deadline, delay = None, 0.02
+    stale: errors.KVStoreError | None = None  # the failure the fresh attempt follows
     while True:
-        call = Call(store._tracks_sends)
+        call = Call(store._tracks_sends, fresh=stale is not None)
         token = CALL.set(call)
         try:
-            if isinstance(request, Batch):
-                try:
-                    return (yield Pipeline(request.commands))
-                except (ResponseError, RedisConnectionError, RedisTimeoutError) as exc:
-                    raise batch_error(exc, call) from exc
-            return (yield from _script_call(store, request, call))
+            return (yield from _attempt(store, request, call))
         except ClusterError as exc:  # every attempt was refused: nothing ran
             refused = exc
+        except errors.KVStoreError as exc:
+            if stale is None and retry_safe(request) and failed_on_stale_connection(exc, call):
+                stale = exc
+                continue
+            # A fresh attempt that could not connect says less than the first attempt's error.
+            if stale is not None and isinstance(exc, errors.ConnectionFailed):
+                raise stale from exc.__cause__
+            raise
         except BaseException as exc:
             if not isinstance(exc, Exception):  # KeyboardInterrupt, a signal, cancellation
                 for connection in call.sent_on:
@@ -208,6 +226,23 @@ def execute(store: Executor, request: Eval | Batch) -> Steps:
             ) from refused
         yield Sleep(delay)
         delay = min(delay * 2, 0.25)
+
+
+def _attempt(store: Executor, request: Eval | Batch, call: Call) -> Steps:
+    if isinstance(request, Batch):
+        try:
+            return (yield Pipeline(request.commands))
+        except (ResponseError, RedisConnectionError, RedisTimeoutError) as exc:
+            raise batch_error(exc, call) from exc
+    return (yield from _script_call(store, request, call))
+
+
+def retry_safe(request: Eval | Batch) -> bool:
+    """Whether sending `request` again after it ran is a replay: a read, or a write in
+    RETRY_SAFE_WRITES."""
+    if isinstance(request, Batch):
+        return True  # native reads
+    return not request.script.writes or request.script.name in RETRY_SAFE_WRITES
 
 
 def _script_call(store: Executor, request: Eval, call: Call) -> Steps:

@@ -29,14 +29,17 @@ from .scripts import Script, error_from_reply
 
 
 class Call:
-    """What the current call did: used one of the tracked connections, wrote its command on
-    the connections in `sent_on`. Only a `tracked` client's connections record it."""
+    """What the current call did: used one of the tracked connections, opened the connections
+    in `opened`, wrote its command on the connections in `sent_on`. Only a `tracked` client's
+    connections record it. A `fresh` call reconnects a connection opened before it before
+    sending on it (the one re-sending after a stale connection failed)."""
 
-    __slots__ = ("sent_on", "touched", "tracked")
+    __slots__ = ("fresh", "opened", "sent_on", "touched", "tracked")
 
-    def __init__(self, tracked: bool = False) -> None:
-        self.tracked = tracked
+    def __init__(self, tracked: bool = False, fresh: bool = False) -> None:
+        self.tracked, self.fresh = tracked, fresh
         self.touched = False
+        self.opened: list[Any] = []
         self.sent_on: list[Any] = []
 
 
@@ -47,6 +50,18 @@ def _touched() -> None:
     call = CALL.get()
     if call is not None:
         call.touched = True
+
+
+def _opened(connection: Any) -> None:
+    call = CALL.get()
+    if call is not None:
+        call.opened.append(connection)
+
+
+def _stale(connection: Any) -> bool:
+    """Whether the current call re-sends on fresh connections and `connection` is older."""
+    call = CALL.get()
+    return call is not None and call.fresh and connection not in call.opened
 
 
 def _sent(connection: Any) -> None:
@@ -78,6 +93,8 @@ class TracksSends(_SyncConnection):
 
     def connect_check_health(self, *args: Any, **kwargs: Any) -> None:
         _touched()
+        if not self._sock:
+            _opened(self)
         self._kvstore_internal += 1
         try:
             super().connect_check_health(*args, **kwargs)
@@ -89,6 +106,8 @@ class TracksSends(_SyncConnection):
             # Connect and check health first, as super() would: what they send is not the call.
             self._kvstore_internal += 1
             try:
+                if _stale(self):
+                    self.disconnect()  # type: ignore[no-untyped-call]  # unannotated in redis-py
                 if not self._sock:
                     self.connect_check_health(check_health=False)
                 if check_health:
@@ -110,6 +129,8 @@ class AsyncTracksSends(_AsyncConnection):
 
     async def connect_check_health(self, *args: Any, **kwargs: Any) -> None:
         _touched()
+        if not self.is_connected:
+            _opened(self)
         self._kvstore_internal += 1
         try:
             await super().connect_check_health(*args, **kwargs)
@@ -120,6 +141,8 @@ class AsyncTracksSends(_AsyncConnection):
         if not self._kvstore_internal:
             self._kvstore_internal += 1
             try:
+                if _stale(self):
+                    await self.disconnect()
                 if not self.is_connected:
                     await self.connect_check_health(check_health=False)
                 if check_health:
@@ -210,6 +233,21 @@ def lost_connection(exc: BaseException) -> bool:
     """Whether a read's error is its connection failing after the read was sent."""
     return isinstance(exc.__cause__, (RedisConnectionError, RedisTimeoutError)) and not isinstance(
         exc, errors.ConnectionFailed
+    )
+
+
+def failed_on_stale_connection(exc: BaseException, call: Call) -> bool:
+    """Whether a call failed because the server closed the connection it was sent on, and every
+    connection it was sent on was opened before the call: a pooled connection the server had
+    closed (a restart, a failover, an idle timeout), most likely before the command reached it.
+    (A timeout is not that: the server may be running the command still.)"""
+    cause = exc.__cause__ if isinstance(exc, errors.KVStoreError) else exc
+    return (
+        call.tracked
+        and bool(call.sent_on)
+        and isinstance(cause, RedisConnectionError)
+        and not isinstance(cause, MaxConnectionsError)
+        and all(connection not in call.opened for connection in call.sent_on)
     )
 
 

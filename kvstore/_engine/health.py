@@ -22,87 +22,26 @@ from contextlib import contextmanager
 from typing import Any, TypedDict
 
 import redis
-from pydantic import BaseModel, ConfigDict, computed_field
 
 from .. import errors
 from .failures import is_fakeredis
+from .health_report import HealthReport
 from .scripts import LIBRARY, SCRIPTS
 from .text import text as _text
 
 # The oldest servers whose scripts honour the `#!lua` shebang flags (checked before a write runs).
 MIN_REDIS = (7, 0)
 MIN_VALKEY = (7, 2)
-# What a setting that cannot be read needs: the README's application user has neither.
-ADMIN_HINT = "run the check as a user allowed INFO and CONFIG GET (an admin) to read them"
-
 # One client call: a method of redis.Redis / redis.asyncio.Redis and its arguments. Its reply
 # comes back in, or the redis error it raised (a refusal is an answer here); only a connection
 # that fails ends the probe.
 Probe = Generator[tuple[str, tuple[Any, ...]], Any, Any]
 
 
-class HealthReport(BaseModel):
-    """The server's relevant settings; `warnings` names each one that voids a guarantee, and
-    `unchecked` each one that could not be read, with why."""
-
-    model_config = ConfigDict(frozen=True)
-
-    server: str
-    version: str | None = None
-    lua: bool | None = None
-    maxmemory: int | None = None
-    maxmemory_policy: str | None = None
-    appendonly: bool | None = None
-    appendfsync: str | None = None
-    save: str | None = None
-    aof_last_write_ok: bool | None = None
-    library: str = LIBRARY.name
-    library_loaded: bool | None = None
-    scripts_loaded: int | None = None
-    scripts_total: int = len(SCRIPTS)
-    warnings: tuple[str, ...] = ()
-    unchecked: tuple[str, ...] = ()
-
-    @computed_field  # type: ignore[prop-decorator]  # pydantic's documented form; mypy rejects it
-    @property
-    def ok(self) -> bool:
-        """Every setting was read and none voids a guarantee."""
-        return not self.warnings and not self.unchecked
-
-    @computed_field  # type: ignore[prop-decorator]  # pydantic's documented form; mypy rejects it
-    @property
-    def complete(self) -> bool:
-        """Every setting kvstore's guarantees depend on was read."""
-        return not self.unchecked
-
-    def __str__(self) -> str:
-        def show(value: Any) -> str:
-            return "unknown" if value is None else str(value)
-
-        lines = [
-            f"server           {self.server} {show(self.version)}",
-            f"lua              {show(self.lua)}",
-            f"maxmemory        {show(self.maxmemory)} (policy {show(self.maxmemory_policy)})",
-            f"appendonly       {show(self.appendonly)} (appendfsync {show(self.appendfsync)})",
-            f"save             {show(self.save if self.save is None else repr(self.save))}",
-            f"library          {self.library} loaded: {show(self.library_loaded)}",
-            f"scripts cached   {show(self.scripts_loaded)} of {self.scripts_total} (for scripting='eval')",
-        ]
-        lines += [f"warning: {w}" for w in self.warnings]
-        lines += [f"unchecked: {u}" for u in self.unchecked]
-        if self.ok:
-            lines.append("ok: no setting voids kvstore's guarantees")
-        elif not self.warnings:
-            lines.append(
-                f"no setting read voids kvstore's guarantees; {len(self.unchecked)} unchecked: {ADMIN_HINT}"
-            )
-        return "\n".join(lines)
-
-
 def health(client: Any) -> HealthReport:
     """Reads the server behind a synchronous client (redis.Redis, or fakeredis) and reports.
 
-    Raises ServerError only when the server cannot be reached at all.
+    Raises ConnectionFailed (a ServerError) only when the server cannot be reached at all.
     """
     run = _Run(client)
     while (call := run.next_call()) is not None:
@@ -148,7 +87,7 @@ class _Run:
         try:
             yield
         except (redis.ConnectionError, redis.TimeoutError) as exc:
-            raise errors.ServerError(f"cannot reach the server: {exc}") from exc
+            raise errors.ConnectionFailed(f"cannot reach the server: {exc}") from exc
         except redis.RedisError as exc:
             self.reply = exc
 

@@ -8,6 +8,8 @@ the store, as any read.
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from typing import Any
 
 import redis
@@ -44,6 +46,13 @@ def _xread(key: str, after: str, count: int, block_ms: int) -> tuple[Any, ...]:
     return ("XREAD", "COUNT", count, "BLOCK", block_ms, "STREAMS", key, after)
 
 
+def _register(store: Any, watcher: Any) -> None:
+    """Has the store's close() stop `watcher` (Executor keeps a weak set of its watchers)."""
+    watchers = getattr(store, "_watchers", None)
+    if watchers is not None:
+        watchers.add(watcher)
+
+
 def _failed(exc: Exception) -> errors.KVStoreError:
     return errors.ConnectionFailed(
         f"watch: the event stream could not be read ({exc}); resume from the last cursor"
@@ -52,14 +61,22 @@ def _failed(exc: Exception) -> errors.KVStoreError:
 
 class Watch:
     """The sync iterator of a thread's events (:meth:`Thread.watch`). Close it (``close()`` or
-    ``with``) to close its connection; the iteration ends after a ThreadDeleted event."""
+    ``with``) to close its connection; the iteration ends after a ThreadDeleted event, and when
+    its store is closed (from any thread: a blocked read is cut off)."""
 
     def __init__(self, store: Any, steps: WatchStep, block_ms: int) -> None:
         self._store, self._steps, self._block_ms = store, steps, block_ms
         self._client: redis.Redis | None = None
-        self._closed = False
+        self._closed = self._stopped = False
+        # close() of the store may run in another thread: an event is handed out under this
+        # lock, so none is handed out once stop() returned.
+        self._lock = threading.Lock()
+        _register(store, self)
 
     def _read(self, key: str, after: str, count: int) -> Any:
+        with self._lock:
+            if self._stopped:
+                raise StopIteration
         if self._client is None:
             connection_class, kwargs = _settings(
                 _node_client(self._store.client, key), self._block_ms
@@ -86,14 +103,29 @@ class Watch:
                 step = self._steps.send(reply)
                 reply = None
                 if isinstance(step, Emit):
-                    return step.event
+                    with self._lock:
+                        if self._stopped:
+                            raise StopIteration
+                        return step.event
                 if isinstance(step, Run):
                     reply = self._store.run(step.operation)
                 else:
                     reply = stream_entries(self._read(step.key, step.after, step.count))
-        except BaseException:
+        except BaseException as exc:
             self.close()
+            if self._stopped and isinstance(exc, Exception):
+                # The store was closed: whatever its reads met then, the iteration just ends.
+                raise StopIteration from None
             raise
+
+    def stop(self) -> None:
+        """Ends the iteration from any thread (the store's close()): a read blocked now is cut
+        off at once, and no event is handed out after this returns."""
+        with self._lock:
+            self._stopped = self._closed = True
+            client = self._client
+        if client is not None:
+            client.connection_pool.disconnect()  # wakes the read blocked in another thread
 
     def close(self) -> None:
         """Closes the watcher's connection; the iteration ends."""
@@ -111,15 +143,23 @@ class Watch:
         self.close()
 
 
+def _cancelling() -> bool:
+    """Whether the current task itself is being cancelled (not only a task it awaited)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
 class AsyncWatch:
     """The async iterator of a thread's events (:meth:`AsyncThread.watch`). Close it
     (``await aclose()`` or ``async with``); cancelling the task that awaits it closes its
-    connection too."""
+    connection too. The iteration ends, with no error, when its store is closed."""
 
     def __init__(self, store: Any, steps: WatchStep, block_ms: int) -> None:
         self._store, self._steps, self._block_ms = store, steps, block_ms
         self._client: redis.asyncio.Redis | None = None
-        self._closed = False
+        self._closed = self._stopped = False
+        self._pending: asyncio.Future[Any] | None = None  # the XREAD awaited now
+        _register(store, self)
 
     async def _read(self, key: str, after: str, count: int) -> Any:
         if self._client is None:
@@ -130,11 +170,15 @@ class AsyncWatch:
                 connection_class=connection_class, max_connections=1, **kwargs
             )
             self._client = redis.asyncio.Redis(connection_pool=pool)
+        command = _xread(key, after, count, self._block_ms)
+        # A task of its own, so that the store's close() can cancel the read alone.
+        self._pending = asyncio.ensure_future(self._client.execute_command(*command))  # type: ignore[no-untyped-call]  # unannotated in redis-py
         try:
-            command = _xread(key, after, count, self._block_ms)
-            return await self._client.execute_command(*command)  # type: ignore[no-untyped-call]  # unannotated in redis-py
+            return await self._pending
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             raise _failed(exc) from exc
+        finally:
+            self._pending = None
 
     def __aiter__(self) -> AsyncWatch:
         return self
@@ -150,15 +194,29 @@ class AsyncWatch:
                 except StopIteration:
                     raise StopAsyncIteration from None
                 reply = None
+                if self._stopped:
+                    raise StopAsyncIteration
                 if isinstance(step, Emit):
                     return step.event
                 if isinstance(step, Run):
                     reply = await self._store.run(step.operation)
                 else:
                     reply = stream_entries(await self._read(step.key, step.after, step.count))
-        except BaseException:  # cancellation too: the connection goes with the watcher
+        except BaseException as exc:  # cancellation too: the connection goes with the watcher
             await self.aclose()
+            if self._stopped and not _cancelling() and not isinstance(exc, KeyboardInterrupt):
+                # The store was closed (its read cancelled, its reads failing): the end.
+                raise StopAsyncIteration from None
             raise
+
+    def stop(self) -> asyncio.Future[Any] | None:
+        """Ends the iteration (the store's close()): the read awaited now, if any, is
+        cancelled (returned, to be waited for), and no event is handed out from now on."""
+        self._stopped = self._closed = True
+        pending = self._pending
+        if pending is not None:
+            pending.cancel()
+        return pending
 
     async def aclose(self) -> None:
         """Closes the watcher's connection; the iteration ends."""

@@ -1,7 +1,9 @@
 """Token counts stored with each message (docs/HISTORY.md, "Counting tokens"; docs/LAYOUT.md,
 "Token counts"): given by the caller, counted by the store's counter or by the default rule;
 kept in the side infos, the index members and meta through every write; read back by stats()
-and by context(max_tokens=N), which plans from them in two round trips."""
+and by context(max_tokens=N), which plans from them in two round trips (and reads the system
+messages the thread starts with in one more where the context does not reach its start:
+test_system_prompt.py counts that one; the round trips here are the planner's)."""
 
 from __future__ import annotations
 
@@ -19,9 +21,10 @@ from kvstore import (
     UserMessage,
     errors,
 )
-from kvstore._engine.core import Batch, ThreadRef, context, snapshot, stats
+from kvstore._engine.core import Batch, ThreadRef, snapshot, stats
 from kvstore._engine.layout.formats import ChunkEntry, LargeEntry, side_tokens
 from kvstore._engine.tokens import estimated_tokens
+from kvstore._engine.views import context as history_context  # context() but its system prompt
 
 from ..conftest import make_sync_store
 from ..support.layout_check import check_layout
@@ -278,7 +281,7 @@ def test_side_infos_and_members_written_without_counts_still_read(make_thread, r
         rule = thread.context(max_tokens=budget, count_tokens=lambda m: by_seq[m.seq_id])
         assert thread.context(max_tokens=budget) == rule
         if store is not None:
-            _, requests = drive(store, context(thread._ref, budget))
+            _, requests = drive(store, history_context(thread._ref, budget))
             assert len(requests) == 2
     counts = stored_counts(raw_client, keys)
     window = {int(s) for s in raw_client.hkeys(keys.window_side)}
@@ -375,7 +378,7 @@ def test_a_budget_is_planned_from_stored_counts_in_two_round_trips(backend, name
     full = thread.context()
     body = full[1:] if compacted else full
     for budget in (1, 5, 60, 400, 2500, 10**6):
-        result, requests = drive(store, context(ref, budget))
+        result, requests = drive(store, history_context(ref, budget))
         assert len(requests) == 2 and all(isinstance(r, Batch) for r in requests), requests
         # The same as counting on the client with the stored counts.
         assert result == thread.context(
@@ -391,7 +394,7 @@ def test_a_budget_past_the_newest_members_reads_more_of_the_index(backend, names
     thread = store.thread("t")
     for start in range(0, 400, 100):
         thread.append(users(100, start), tokens=[1] * 100)
-    result, requests = drive(store, context(ThreadRef.of(config, "t"), 350))
+    result, requests = drive(store, history_context(ThreadRef.of(config, "t"), 350))
     assert result == list(thread.iter())[-350:]
     assert len(requests) == 3  # the plan, the next 128 index members, the fetch
 

@@ -54,6 +54,17 @@ def test_a_well_configured_server_reports_no_warning(kind, mode):
         assert report.ok and report.warnings == ()
         assert report.library == LIBRARY.name and report.library_loaded is False
         assert report.scripts_loaded == 0 and report.scripts_total == len(SCRIPTS)
+        # The text says how scripts load, not "0 of N cached" as if something were missing.
+        text = str(report)
+        assert "scripts cached" not in text and f"0 of {len(SCRIPTS)}" not in text
+        assert f"library          {LIBRARY.name} not loaded yet: the first write loads it" in text
+        assert "eval scripts     none cached: each loads on its first call" in text
+        store = MessageStore.from_url(server.url)
+        store.thread("t").append(UserMessage(content="loads the library"))
+        store.close()
+        loaded = str(store_health(mode, server.port))
+        assert f"library          {LIBRARY.name} loaded" in loaded
+        assert "eval scripts     none cached: the function library serves the calls" in loaded
 
 
 SETTINGS = [
@@ -171,9 +182,11 @@ def test_fakeredis_is_reported_as_in_process_by_the_async_store():
     assert after.library_loaded is True and not after.ok and "fakeredis" in after.warnings[0]
 
 
-def test_an_unreachable_server_raises_server_error(mode):
+def test_an_unreachable_server_raises_connection_failed(mode):
+    """As every other call does when no connection can be used (a ServerError too, so the CLI's
+    exit status 1 stays)."""
     client = free_port_client(socket_connect_timeout=0.2, retry=Retry(NoBackoff(), 0))
-    with pytest.raises(errors.ServerError, match="cannot reach"):
+    with pytest.raises(errors.ConnectionFailed, match="cannot reach"):
         if mode == "sync":
             MessageStore(client).health()
         else:

@@ -21,6 +21,7 @@ from kvstore._engine.core import (
 from kvstore._engine.operation import OPTIMISTIC_READS
 from kvstore._engine.record import encode_record
 from kvstore._engine.scripts import SCRIPTS
+from kvstore._engine.system_prompt import LEADING_SYSTEM_LIMIT
 from kvstore._engine.tool_pairs import PAIR_LOOKBACK
 
 from .driver import batch, call, collect, drive, repeat
@@ -137,9 +138,21 @@ def context_pass(fake: FakeThread, summary_seq: str, last_check=None):
     ]
 
 
+def start_read(deleted_before: int):
+    """context()'s read of the system messages the thread starts with (system_prompt.py), sent
+    when what it read does not reach sequence 1: here retention deleted the thread's start
+    (`deleted_before`), so none are kept."""
+    limit = LEADING_SYSTEM_LIMIT
+    return call(
+        "read_range",
+        ("", "", "seq", str(limit + 1), "up", limit, 0, 0, ""),
+        reply=[deleted_before, 0, 0, b"", 0, 0, 0],
+    )
+
+
 def test_context_is_the_summary_then_what_follows_it_without_the_summary_again(thread, fake):
     with_summary(fake)
-    messages = drive(core.context(thread), *context_pass(fake, "9"))
+    messages = drive(core.context(thread), *context_pass(fake, "9"), start_read(5))
     assert seqs(messages) == [9, 7, 8, 10, 11]
     assert isinstance(messages[0], SummaryMessage)
     assert [m.id for m in messages] == ["m9", "m7", "m8", "m10", "m11"]
@@ -148,7 +161,7 @@ def test_context_is_the_summary_then_what_follows_it_without_the_summary_again(t
 def test_context_reads_from_the_summarys_last_sequence_at_max_limit(thread, fake):
     with_summary(fake)
     steps = context_pass(fake, "9")
-    drive(core.context(thread), *steps)
+    drive(core.context(thread), *steps, start_read(5))
     plan = steps[3].request.commands
     # Walk up from summary_last: the chunk at or before 6, those after it, and max_limit + 1 large.
     assert plan[2][:4] == ("ZRANGE", thread.keys.chunk_index, "6", "-inf")
@@ -169,6 +182,7 @@ def test_context_reads_again_when_a_compaction_lands_in_between(thread, fake):
         core.context(thread),
         *context_pass(fake, "9", compacted_meanwhile),
         *context_pass(fake, "12"),
+        start_read(9),
     )
     assert seqs(messages) == [12, 11]
     assert messages[0].summary == "the newer summary"
@@ -203,7 +217,7 @@ def test_context_reads_in_one_step_when_every_pass_is_compacted_under_it(thread,
         reply=[5, 6, 9, summary_record, 1, len(body), *[v for r in body for v in r], 0],
     )
     passes.times = OPTIMISTIC_READS
-    messages = drive(core.context(thread), passes, one_step)
+    messages = drive(core.context(thread), passes, one_step, start_read(5))
     assert seqs(messages) == [9, 7, 8, 10, 11]
 
 
@@ -222,6 +236,7 @@ def test_context_without_a_summary_is_every_message_and_warns_of_retention(threa
             fake.plan(),
             fake.fetch(),
             batch([("HGET", keys.meta, "summary_seq")], reply=fake.reply),
+            start_read(5),
         )
     assert seqs(messages) == [5, 6, 7, 8, 9, 10, 11, 12]
     assert "no summary" in caplog.text
