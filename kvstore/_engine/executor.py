@@ -68,7 +68,7 @@ LOAD_ATTEMPTS = 10
 # left to do. Only these are sent again after a stale pooled connection failed (and reads):
 # replace, remove_turn, delete and the restores are not.
 RETRY_SAFE_WRITES = frozenset(
-    {"append", "compact", "start_turn", "finish_turn", "publish", "retain", "migrate"}
+    {"append", "compact", "start_turn", "finish_turn", "publish", "retain", "migrate", "renew_turn"}
 )
 
 # ------------------------------------------------------------------- what a store keeps
