@@ -234,8 +234,9 @@ def _import_from(args: argparse.Namespace) -> int:
     from ..config import StoreConfig
     from ..store import MessageStore
     from .commands import connect
-    from .import_from import import_from
+    from .import_from import checked_renames, import_from, read_renames
 
+    renames = checked_renames(read_renames(args.rename, args.rename_file))  # before connecting
     source = connect(args.url)
     target = connect(args.to_url) if args.to_url else source
     try:
@@ -252,6 +253,7 @@ def _import_from(args: argparse.Namespace) -> int:
             sys.stdout,
             sys.stderr,
             every=args.progress_every,
+            renames=renames,
         )
     except KeyboardInterrupt:
         print(
