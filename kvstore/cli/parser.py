@@ -248,11 +248,3 @@ def _add_admin_commands(commands: argparse._SubParsersAction[argparse.ArgumentPa
         "preload-scripts",
         "load kvstore's function library and scripts (as an admin) for users denied loading them",
     )
-
-
-def _terminate(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
-
-
-class _ReaderGone(Exception):
-    """Standard output's reader went away (a closed pipe), as opposed to a socket's EPIPE."""

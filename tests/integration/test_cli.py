@@ -1087,3 +1087,71 @@ def test_an_import_of_a_backup_cut_at_a_line_end_fails_and_serves_no_thread(
     result = kvstore("import", "old", str(old), "--allow-untrailed", *common)
     assert result.returncode == 0, result.stderr
     assert [m.to_dict() for m in store.thread("old").iter()] == [m.to_dict() for m in thread.iter()]
+
+
+def _into_a_closed_pipe(*args: str) -> subprocess.CompletedProcess:
+    """`kvstore ARGS | head -0`: standard output a pipe whose reader is gone before a line."""
+    reader, writer = os.pipe()
+    os.close(reader)
+    try:
+        return subprocess.run(
+            [sys.executable, "-m", "kvstore", *args],
+            stdout=writer,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        os.close(writer)
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["inspect", "long"],
+        ["inspect", "long", "--chunks"],
+        ["health"],
+        ["preload-scripts"],
+        ["migrate", "long"],
+        ["export", "long"],
+        ["export", "long", "--format", "langchain"],
+    ],
+)
+def test_every_command_into_a_closed_pipe_ends_quietly(server, namespace, server_only, command):
+    """`kvstore inspect … | head` and the like: the command ends as a tool cut by SIGPIPE does
+    (status 141, not a word on standard error), whichever command it is."""
+    store = open_store(server.url, StoreConfig(namespace=namespace))
+    store.thread("long").append([UserMessage(content=f"m{n}") for n in range(30)])
+    result = _into_a_closed_pipe(*command, "--url", server.url, "--namespace", namespace)
+    assert (result.returncode, result.stderr) == (141, ""), result.stderr
+
+
+def test_import_from_into_a_closed_pipe_ends_quietly(server, namespace, server_only):
+    connect(server.url).rpush(f"{namespace}:chat", '{"role": "user", "content": "hi"}')
+    result = _into_a_closed_pipe(
+        "import-from", "llamaindex", "--url", server.url, "--pattern", f"{namespace}:chat"
+    )
+    assert result.returncode == 141 and "Traceback" not in result.stderr, result.stderr
+
+
+def test_a_command_without_url_says_it_runs_the_embedded_server(tmp_path):
+    """Without --url a command runs on the data dir's embedded server, which may hold nothing
+    yet: one line on standard error says which server, where its data lives, and for how long."""
+    data = tmp_path / "data"
+    result = kvstore("inspect", "chat", "--data-dir", str(data))
+    assert result.returncode == 1  # an empty server: no such thread
+    first, *rest = result.stderr.splitlines()
+    assert first.startswith("kvstore: no --url: started the embedded Valkey on redis://127.0.0.1:")
+    assert f"data in {data} (AOF on, 0 keys)" in first and "stops when this command ends" in first
+    assert rest == ["kvstore: thread 'chat' not found in namespace 'kv'"]
+
+    process, url = start_server(data)
+    try:
+        result = kvstore("inspect", "chat", "--data-dir", str(data))
+        first = result.stderr.splitlines()[0]
+        assert first.startswith(f"kvstore: no --url: using the embedded Valkey on {url}")
+        assert f"serving {data}" in first
+    finally:
+        stop(process)
+    with_url = kvstore("inspect", "chat", "--url", url.replace("/0", "/0"), "--data-dir", str(data))
+    assert "no --url" not in with_url.stderr
