@@ -289,11 +289,13 @@ def _import_from(args: argparse.Namespace) -> int:
 
 
 def _line_count(path: str) -> int | None:
-    """The lines of a regular file (the progress total of a plain import), or None."""
+    """The message lines of a regular file (the progress total of a plain import), or None:
+    those that are not blank, the last one counted with or without its newline (as the
+    import reads them, so that its progress ends at N/N)."""
     if not os.path.isfile(path):
         return None
     with open(path, "rb") as lines:
-        return sum(chunk.count(b"\n") for chunk in iter(lambda: lines.read(1 << 20), b""))
+        return sum(1 for line in lines if line.strip())
 
 
 def _named_threads(args: argparse.Namespace) -> list[str] | None:

@@ -1206,3 +1206,23 @@ def test_the_demo_says_when_retention_held_too_briefly_to_check_memory(server, s
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert re.search(r"memory under retention +not checked: ", result.stdout), result.stdout
+
+
+def test_a_plain_import_progress_ends_at_its_message_count(
+    server, namespace, tmp_path, server_only
+):
+    """A file whose last line has no newline, with blank lines: the progress total counts its
+    messages, so the last line says N/N."""
+    lines = [json.dumps({"message_type": "user_message", "content": f"m{n}"}) for n in range(7)]
+    for name, text in (
+        ("unterminated", "\n".join(lines)),  # no newline at the end
+        ("blank lines", "\n".join(lines[:3]) + "\n\n" + "\n".join(lines[3:]) + "\n\n\n"),
+    ):
+        path = tmp_path / f"{name}.jsonl"
+        path.write_text(text)
+        result = kvstore(
+            *("import", name.replace(" ", "-"), str(path), "--url", server.url),
+            *("--namespace", namespace, "--progress-every", "0"),
+        )
+        assert result.returncode == 0, result.stderr
+        assert "  imported: 7/7 messages (100%)" in result.stderr.splitlines(), result.stderr
