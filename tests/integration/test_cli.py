@@ -1174,8 +1174,10 @@ def test_the_demo_fails_when_memory_does_not_hold_flat(server, server_only):
 
     writer = threading.Thread(target=keep_growing)
     process = subprocess.Popen(
-        [sys.executable, "-m", "kvstore", "demo", "--url", server.url]
-        + ["--workers", "2", "--threads", "2", "--turns", "200"],
+        [
+            *(sys.executable, "-m", "kvstore", "demo", "--url", server.url),
+            *("--workers", "2", "--threads", "2", "--turns", "200"),
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
