@@ -239,7 +239,8 @@ class Thread(ThreadTurns):
         finished one returns at once.
 
         Raises MessageNotFound when `at` is not stored (or retention deleted it),
-        RestoreConflict when `new_thread_id` already holds other messages, ServerError when a
+        RestoreConflict when `new_thread_id` already holds other messages or is a finished
+        fork with another point or source (a fork keeps its point), ServerError when a
         compaction ran during the copy (call it again).
 
         Example::

@@ -6,6 +6,15 @@ hash slots, so no one step can write both. Each step is idempotent (a message st
 sequence is skipped), so a fork interrupted anywhere is finished by running it again. The last
 step writes the fork's state (summary, retention and turns as of the fork point) and its origin
 (``fork_of``, ``fork_at`` in meta), which also marks the fork finished.
+
+A finished fork keeps its point: the same fork again (the same source and point, by id or
+sequence) is a replay, and any other fork into it is refused (RestoreConflict) before a write.
+The check reads the target's origin once, at the start: it holds for every call that starts
+after the fork finished (a retry, a second call with a later point). Two calls with different
+points into one new thread id, both started before either finished, are not told apart: each
+copies the source's own messages at their own sequences, so the target ends a whole fork at
+the later point, never a mix; the earlier call is refused (restore_state.lua refuses a thread
+holding sequences past its last) unless it finished first.
 """
 
 from __future__ import annotations
@@ -41,8 +50,16 @@ def fork(source: ThreadRef, source_id: str, target: ThreadRef, at: str | int) ->
     yield from migrate(source)
     at_seq = yield from _fork_point(source, at)
     (done,) = yield Batch([("HMGET", target.keys.meta, "fork_of", "fork_at")])
-    if [_text(v) for v in done] == [source_id, str(at_seq)]:
+    fork_of, fork_at = (_text(v) if v is not None else None for v in done)
+    if (fork_of, fork_at) == (source_id, str(at_seq)):
         return at_seq  # finished before: a retried or repeated fork
+    if fork_of is not None:
+        # A finished fork keeps its point: copying on would silently extend it (or leave it
+        # holding messages past its point), and another source would rewrite its origin.
+        raise errors.RestoreConflict(
+            f"the thread is already a fork of {fork_of} at sequence {fork_at}; a fork of"
+            f" {source_id} at sequence {at_seq} goes into a new thread id (or delete this one first)"
+        )
     state = yield from backup_state(source)
     if at_seq > state.last_seq or at_seq < state.deleted_before:
         raise errors.MessageNotFound(

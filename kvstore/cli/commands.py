@@ -15,7 +15,7 @@ from ..admin import ChunkEntry, LargeEntry, check_thread_id
 from ..config import StoreConfig
 from ..store import MessageStore, Thread
 from .progress import Progress
-from .server import data_dir_server
+from .server import DataDirServer, data_dir_server
 
 
 @contextmanager
@@ -38,9 +38,25 @@ def open_store(
     with data_dir_server(data_dir) as server:
         client = connect(server.url)
         try:
+            print(f"kvstore: no --url: {_which(server, client)}", file=sys.stderr, flush=True)
             yield MessageStore(client, config)
         finally:
             client.close()
+
+
+def _which(server: DataDirServer, client: redis.Redis) -> str:
+    """The data dir's server, where its data lives and how long it runs: one line, so that a
+    command meant for another server does not read an empty one without a word."""
+    keys = f"{client.dbsize():,} keys"
+    if server.started:
+        return (
+            f"started the embedded Valkey on {server.url}, data in {server.data_dir} (AOF on,"
+            f" {keys}); it stops when this command ends (give --url for another server)"
+        )
+    return (
+        f"using the embedded Valkey on {server.url} serving {server.data_dir} (pid {server.pid},"
+        f" {keys}; give --url for another server)"
+    )
 
 
 def connect(url: str) -> redis.Redis:

@@ -6,18 +6,23 @@ file (one JSON array, as LangChain's `messages_to_dict` makes)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import IO
 
 import redis
 
+from .. import errors
+from ..admin import check_thread_id
 from ..importers import (
     SessionImport,
+    default_thread_id,
     find_sessions,
     import_langchain,
     import_llamaindex,
     langchain_left_out,
     to_langchain,
 )
+from ..importers.records import Source
 from ..store import MessageStore
 from .commands import existing_thread
 from .progress import Progress, TextOut
@@ -35,10 +40,14 @@ def import_from(
     out: IO[str],
     progress_out: IO[str],
     every: float = 5.0,
+    renames: dict[str, str] | None = None,
 ) -> int:
     """Imports every session of `source` matching `pattern`, with a progress bar (source
-    messages) and a summary table; returns the exit status (1 if a session failed). An import
-    that a failed server or connection (or Ctrl-C) ends shows the sessions done, then raises."""
+    messages) and a summary table; returns the exit status (1 if a session failed, or a
+    session `renames` names was not found). `renames` maps a source key to the thread id it
+    is stored as (the others keep their default one). An import that a failed server or
+    connection (or Ctrl-C) ends shows the sessions done, then raises."""
+    renames = checked_renames(renames or {})
     pattern = pattern or (f"{key_prefix}*" if kind == "langchain" else "*")
     keys = find_sessions(source, pattern)
     total = _total(source, keys)
@@ -46,25 +55,7 @@ def import_from(
     done = lambda key, count: bar.update(count)  # noqa: E731
     results: list[SessionImport] = []
     try:
-        if kind == "langchain":
-            import_langchain(
-                store,
-                source,
-                pattern,
-                key_prefix=key_prefix,
-                batch_messages=batch_messages,
-                progress=done,
-                sessions=results,
-            )
-        else:
-            import_llamaindex(
-                store,
-                source,
-                pattern,
-                batch_messages=batch_messages,
-                progress=done,
-                sessions=results,
-            )
+        _run(store, source, kind, pattern, key_prefix, batch_messages, renames, done, results)
     except BaseException as exc:
         bar.close()
         if results:  # what was done; main() says why it ended
@@ -79,7 +70,90 @@ def import_from(
         raise
     bar.close()
     _table(results, store.config.namespace, out)
-    return 1 if any(result.error for result in results) else 0
+    unknown = sorted(set(renames) - {result.source_key for result in results})
+    if unknown:
+        print(
+            f"kvstore: --rename names {len(unknown)} key(s) no session matching the pattern has:"
+            f" {', '.join(map(repr, unknown[:5]))}",
+            file=progress_out,
+        )
+    return 1 if unknown or any(result.error for result in results) else 0
+
+
+def _run(
+    store: MessageStore,
+    source: redis.Redis,
+    kind: str,
+    pattern: str,
+    key_prefix: str,
+    batch_messages: int,
+    renames: dict[str, str],
+    progress: Callable[[str, int], None],
+    results: list[SessionImport],
+) -> None:
+    source_kind: Source = "langchain" if kind == "langchain" else "llamaindex"
+
+    def thread_id(key: str) -> str:
+        return renames[key] if key in renames else default_thread_id(source_kind, key, key_prefix)
+
+    if kind == "langchain":
+        import_langchain(
+            store,
+            source,
+            pattern,
+            key_prefix=key_prefix,
+            thread_id=thread_id,
+            batch_messages=batch_messages,
+            progress=progress,
+            sessions=results,
+        )
+    else:
+        import_llamaindex(
+            store,
+            source,
+            pattern,
+            thread_id=thread_id,
+            batch_messages=batch_messages,
+            progress=progress,
+            sessions=results,
+        )
+
+
+def checked_renames(renames: dict[str, str]) -> dict[str, str]:
+    """`renames` checked before anything is read: each new name a thread id, no two the same."""
+    seen: dict[str, str] = {}
+    for key, thread_id in renames.items():
+        try:
+            check_thread_id(thread_id)
+        except errors.InvalidThreadId as exc:
+            raise errors.InvalidThreadId(f"--rename {key!r}: {exc}") from None
+        if thread_id in seen:
+            raise errors.ConfigError(
+                f"--rename gives {seen[thread_id]!r} and {key!r} the same thread id {thread_id!r}"
+            )
+        seen[thread_id] = key
+    return renames
+
+
+def read_renames(pairs: list[list[str]] | None, path: str | None) -> dict[str, str]:
+    """The renames of `--rename KEY THREAD` (each pair) and of `--rename-file` (a JSON object of
+    source key to thread id), the pairs winning."""
+    renames: dict[str, str] = {}
+    if path:
+        with open(path, encoding="utf-8") as file:
+            try:
+                loaded = json.load(file)
+            except ValueError as exc:
+                raise errors.ConfigError(f"--rename-file {path}: not JSON ({exc})") from None
+        if not isinstance(loaded, dict) or not all(
+            isinstance(key, str) and isinstance(value, str) for key, value in loaded.items()
+        ):
+            raise errors.ConfigError(
+                f"--rename-file {path}: not a JSON object of source key to thread id"
+            )
+        renames.update(loaded)
+    renames.update({key: thread_id for key, thread_id in pairs or []})
+    return renames
 
 
 def _total(source: redis.Redis, keys: list[str]) -> int:
@@ -105,7 +179,13 @@ def _table(results: list[SessionImport], namespace: str, out: IO[str]) -> None:
         file=out,
     )
     for result in results[:TABLE_ROWS]:
-        status = f"failed: {result.error}" if result.error else "ok"
+        status = (
+            f"failed: {result.error}"
+            if result.error
+            else f"left alone: {result.skipped}"
+            if result.skipped
+            else "ok"
+        )
         print(
             f"{_cut(result.source_key, width):<{width}}  {_cut(result.thread_id or '-', width):<{width}}"
             f"  {result.source_messages:>9,}  {result.imported:>9,}  {result.already:>9,}  {status}",
@@ -114,13 +194,22 @@ def _table(results: list[SessionImport], namespace: str, out: IO[str]) -> None:
     if len(results) > TABLE_ROWS:
         print(f"... and {len(results) - TABLE_ROWS} more sessions", file=out)
     failed = sum(1 for r in results if r.error)
+    skipped = sum(1 for r in results if r.skipped)
     print(
         f"{len(results)} sessions into namespace {namespace}, {sum(r.source_messages for r in results):,} source"
         f" messages: {sum(r.imported for r in results):,} imported, {sum(r.already for r in results):,} already"
         f" stored ({sum(r.stored_messages for r in results):,} kvstore messages written)"
+        + (f"; {skipped} left alone (not chats)" if skipped else "")
         + (f"; {failed} failed" if failed else ""),
         file=out,
     )
+    misnamed = sum(1 for r in results if r.error_type == "InvalidThreadId")
+    if misnamed:
+        print(
+            f"{misnamed} session(s) named by no valid thread id: import them under another name"
+            " with --rename SOURCE_KEY THREAD_ID (or --rename-file FILE, a JSON object)",
+            file=out,
+        )
 
 
 def _cut(text: str, width: int) -> str:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import sys
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import IO, Any, Literal
 
 import redis
 
@@ -19,6 +20,21 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     # SIGTERM unwinds like Ctrl-C, so an embedded server this command started is stopped too.
     signal.signal(signal.SIGTERM, _terminate)
+    streams = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = _Guarded(sys.stdout), _Guarded(sys.stderr)
+    try:
+        return _run(args)
+    except _ReaderGone as gone:
+        # `kvstore inspect ... | head`: end as a tool cut by SIGPIPE does, without a word (what
+        # is still buffered goes nowhere, not into a traceback at exit).
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), gone.stream.fileno())
+        return 128 + signal.SIGPIPE
+    finally:
+        sys.stdout, sys.stderr = streams
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
         if args.command == "demo":
             return _demo(args)
@@ -27,11 +43,6 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "import-from":
             return _import_from(args)
         return _store_command(args)
-    except _ReaderGone:
-        # `kvstore export ... | head`: end as a tool cut by SIGPIPE does, without a word (what is
-        # still buffered goes nowhere, not into a traceback at exit).
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 128 + signal.SIGPIPE
     except errors.KVStoreError as exc:
         print(f"kvstore: {exc}", file=sys.stderr)
         return 1
@@ -50,23 +61,34 @@ def _terminate(signum: int, frame: object) -> None:
 
 
 class _ReaderGone(Exception):
-    """Standard output's reader went away (a closed pipe), as opposed to a socket's EPIPE."""
+    """A standard stream's reader went away (a closed pipe), as opposed to a socket's EPIPE."""
+
+    def __init__(self, stream: IO[str]) -> None:
+        super().__init__("the reader of a standard stream went away")
+        self.stream = stream
 
 
-class _Stdout:
-    """Standard output, with a closed pipe raised as _ReaderGone."""
+class _Guarded:
+    """A standard stream, with a closed pipe raised as _ReaderGone (every command prints
+    through it: print() writes to sys.stdout and sys.stderr as they are when it runs)."""
+
+    def __init__(self, stream: IO[str]) -> None:
+        self._stream = stream
 
     def write(self, text: str) -> int:
         try:
-            return sys.stdout.write(text)
+            return self._stream.write(text)
         except BrokenPipeError:
-            raise _ReaderGone from None
+            raise _ReaderGone(self._stream) from None
 
     def flush(self) -> None:
         try:
-            sys.stdout.flush()
+            self._stream.flush()
         except BrokenPipeError:
-            raise _ReaderGone from None
+            raise _ReaderGone(self._stream) from None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
 
 
 def _store_command(args: argparse.Namespace) -> int:
@@ -97,9 +119,8 @@ def _export_langchain(store: Any, args: argparse.Namespace) -> int:
         with open(args.output, "w", encoding="utf-8") as out:
             written, left_out = export_langchain(store, args.thread, out)
     else:
-        stdout = _Stdout()
-        written, left_out = export_langchain(store, args.thread, stdout)
-        stdout.flush()
+        written, left_out = export_langchain(store, args.thread, sys.stdout)
+        sys.stdout.flush()
     skipped = (
         f"; {left_out} left out (reasoning, events, approvals: no LangChain type)"
         if left_out
@@ -121,9 +142,8 @@ def _export(store: Any, args: argparse.Namespace) -> int:
                 count = backup.export(store, args.thread, out, every=args.progress_every)
             print(f"exported {count} messages to {args.output}", file=sys.stderr)
         else:
-            stdout = _Stdout()
-            backup.export(store, args.thread, stdout, every=args.progress_every)
-            stdout.flush()
+            backup.export(store, args.thread, sys.stdout, every=args.progress_every)
+            sys.stdout.flush()
     except KeyboardInterrupt:
         print(
             f"kvstore: export of {args.thread} interrupted: the backup is incomplete",
@@ -234,8 +254,9 @@ def _import_from(args: argparse.Namespace) -> int:
     from ..config import StoreConfig
     from ..store import MessageStore
     from .commands import connect
-    from .import_from import import_from
+    from .import_from import checked_renames, import_from, read_renames
 
+    renames = checked_renames(read_renames(args.rename, args.rename_file))  # before connecting
     source = connect(args.url)
     target = connect(args.to_url) if args.to_url else source
     try:
@@ -252,6 +273,7 @@ def _import_from(args: argparse.Namespace) -> int:
             sys.stdout,
             sys.stderr,
             every=args.progress_every,
+            renames=renames,
         )
     except KeyboardInterrupt:
         print(
@@ -267,11 +289,13 @@ def _import_from(args: argparse.Namespace) -> int:
 
 
 def _line_count(path: str) -> int | None:
-    """The lines of a regular file (the progress total of a plain import), or None."""
+    """The message lines of a regular file (the progress total of a plain import), or None:
+    those that are not blank, the last one counted with or without its newline (as the
+    import reads them, so that its progress ends at N/N)."""
     if not os.path.isfile(path):
         return None
     with open(path, "rb") as lines:
-        return sum(chunk.count(b"\n") for chunk in iter(lambda: lines.read(1 << 20), b""))
+        return sum(1 for line in lines if line.strip())
 
 
 def _named_threads(args: argparse.Namespace) -> list[str] | None:

@@ -191,6 +191,19 @@ def _add_import_from(commands: argparse._SubParsersAction[argparse.ArgumentParse
         help="langchain: the prefix cut from a key to make its thread id (default: message_store:)",
     )
     import_from.add_argument(
+        "--rename",
+        nargs=2,
+        action="append",
+        metavar=("SOURCE_KEY", "THREAD_ID"),
+        help="store the session at SOURCE_KEY (its whole key) as thread THREAD_ID; for a session"
+        " whose name is no valid thread id, or to pick another (repeatable)",
+    )
+    import_from.add_argument(
+        "--rename-file",
+        metavar="FILE",
+        help="renames as a JSON object of source key to thread id (--rename wins over it)",
+    )
+    import_from.add_argument(
         "--to-url", help="the kvstore server to import into (default: the --url server)"
     )
     import_from.add_argument(
@@ -235,11 +248,3 @@ def _add_admin_commands(commands: argparse._SubParsersAction[argparse.ArgumentPa
         "preload-scripts",
         "load kvstore's function library and scripts (as an admin) for users denied loading them",
     )
-
-
-def _terminate(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
-
-
-class _ReaderGone(Exception):
-    """Standard output's reader went away (a closed pipe), as opposed to a socket's EPIPE."""

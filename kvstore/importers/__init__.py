@@ -9,7 +9,8 @@ Sources
     [...]}``), pushed with RPUSH: oldest first.
 
     :func:`import_langchain` and :func:`import_llamaindex` find the sessions with SCAN (lists
-    only, matching ``pattern``), and store each as a thread of the store (its namespace). The
+    only, matching ``pattern``), count each (LLEN) and store it as a thread of the store (its
+    namespace); a LlamaIndex source's list that is no chat is left alone (``skipped``). The
     thread id is the session id (LangChain: the key without ``message_store:``) or the key
     (LlamaIndex), or what ``thread_id(key)`` returns. Source keys are only read (LLEN, LRANGE).
 
@@ -18,8 +19,9 @@ Types
     source                              kvstore
     ==================================  ======================================================
     human / user                        user_message (text; image parts as images)
-    ai / assistant (chatbot, model)     assistant_message for its text, then one
-                                        tool_call_message per tool call
+    ai / assistant (chatbot, model)     assistant_message for its text (none for a step
+                                        that only calls tools: its empty text block makes
+                                        none), then one tool_call_message per tool call
     tool (and function)                 tool_return_message (``status`` error kept)
     system (and developer)              system_message
     LlamaIndex thinking block           reasoning_message, before the assistant's text
@@ -75,6 +77,7 @@ from ..errors import SourceChanged
 from .api import (
     append_missing,
     append_missing_async,
+    default_thread_id,
     find_sessions,
     import_langchain,
     import_langchain_async,
@@ -93,6 +96,7 @@ __all__ = [
     "SourceChanged",
     "append_missing",
     "append_missing_async",
+    "default_thread_id",
     "find_sessions",
     "import_langchain",
     "import_langchain_async",

@@ -11,6 +11,7 @@ from .._engine.drivers import AsyncDriver, SyncDriver
 from ..messages import (
     Message,
 )
+from .records import Source
 from .session import Progress, SessionImport, _append_new, _find, _import
 
 _LANGCHAIN_PREFIX = "message_store:"
@@ -145,6 +146,16 @@ def find_sessions(source: redis.Redis, pattern: str) -> list[str]:
     return _drive(_find(pattern), None, source)
 
 
+def default_thread_id(kind: Source, key: str, key_prefix: str = _LANGCHAIN_PREFIX) -> str:
+    """The thread id an import gives the session at ``key`` without ``thread_id=``: LangChain's
+    session id (the key without ``key_prefix``), LlamaIndex's key.
+
+    Example: ``default_thread_id("langchain", "message_store:s1") == "s1"``"""
+    if kind == "langchain" and key.startswith(key_prefix) and len(key) > len(key_prefix):
+        return key[len(key_prefix) :]
+    return key
+
+
 def append_missing(thread: Any, messages: list[Message]) -> tuple[int, int]:
     """Appends, in one call, those of ``messages`` (each with its id set) that the thread does not
     hold yet; returns (stored, already). Made for messages whose ids are made from their source
@@ -199,11 +210,7 @@ def _langchain(
     results: list[SessionImport],
 ) -> Generator[Any, Any, list[SessionImport]]:
     def thread_of(key: str) -> str:
-        return (
-            key[len(key_prefix) :]
-            if key.startswith(key_prefix) and len(key) > len(key_prefix)
-            else key
-        )
+        return default_thread_id("langchain", key, key_prefix)
 
     return _import(
         store,

@@ -138,6 +138,10 @@ def _messages(
                 arguments=str(function.get("arguments") or "{}"),
             )
         )
+    if calls:
+        # A tool-calling step without text carries an empty text block (LlamaIndex turns
+        # ``content=""`` into one): it is no assistant message of its own.
+        text_only = [text for text in text_only if text]
     made: list[Message] = list(reasoning)
     if text_only or not calls:
         made.append(

@@ -3,8 +3,7 @@ does not hold yet (the package docstring says how)."""
 
 from __future__ import annotations
 
-import hashlib
-import json
+import contextlib
 from collections.abc import Callable, Generator
 from typing import Any
 
@@ -20,9 +19,17 @@ from ..errors import SourceChanged
 from ..messages import (
     Message,
 )
-from .langchain import _from_langchain
-from .llamaindex import _from_llamaindex
-from .records import Source, message_id, split_fields
+from .records import Source, message_id
+from .source import (
+    SourceRead,
+    _chain,
+    _ids,
+    _is_llamaindex,
+    _map,
+    _page,
+    _parse,
+    _source_position,
+)
 
 SOURCE_PAGE = 500
 """Source messages read per LRANGE."""
@@ -51,8 +58,12 @@ class SessionImport(BaseModel):
     before the error stay stored."""
     error_type: str | None = None
     """The class of that error: ``SourceChanged``, ``HistoryConflict``, ``InvalidMessage``,
-    ``MessageTooLarge``, ``InvalidThreadId``, ``ResponseError`` (the source key is not a list
-    any more) …"""
+    ``MessageTooLarge``, ``InvalidThreadId`` (the session's name is no thread id: rename it with
+    ``thread_id=``), ``ResponseError`` (the source key is not a list any more) …"""
+    skipped: str | None = None
+    """Why the session was left alone, or None: a list that is no chat of the source (LlamaIndex:
+    its first element is not a ChatMessage). Nothing is read past that element, nothing is
+    written, and it is no error."""
 
 
 Progress = Callable[[str, int], None]
@@ -73,18 +84,6 @@ _ABORTS = (
 #
 # Each generator below yields a SourceRead (a read of the source client) or a StoreRun (a core
 # operation for the store to run), and receives its reply, or has its exception thrown in.
-
-
-class SourceRead(Step):
-    """A read of the import's source client: ``source.<command>(*args)``."""
-
-    __slots__ = ("args", "command")
-
-    def __init__(self, command: str, args: tuple[Any, ...]) -> None:
-        self.command, self.args = command, args
-
-    def __call__(self, driver: Any) -> Any:
-        return getattr(driver.source, self.command)(*self.args)
 
 
 class StoreRun(Step):
@@ -146,11 +145,9 @@ def _import(
     for key in (yield from _find(pattern)):
         result = SessionImport(source_key=key)
         results.append(result)
+        counted = _Counted(progress)
         try:
-            result.thread_id = check_thread_id(_named(thread_id, key))
-            yield from _import_session(
-                store.thread(result.thread_id)._ref, kind, key, result, batch_messages, progress
-            )
+            yield from _session(store, kind, key, thread_id, result, batch_messages, counted)
         except (errors.KVStoreError, redis.RedisError) as exc:
             result.error, result.error_type = str(exc), type(exc).__name__
             if isinstance(exc, _ABORTS):
@@ -163,7 +160,47 @@ def _import(
                 type(exc).__name__,
             )
             raise
+        # A session failed or left alone is done with too: the progress reaches the total.
+        counted(key, result.source_messages - counted.reported)
     return results
+
+
+def _session(
+    store: Any,
+    kind: Source,
+    key: str,
+    thread_id: Callable[[str], str],
+    result: SessionImport,
+    batch_messages: int,
+    progress: Progress,
+) -> Generator[Any, Any, None]:
+    """One session: counted first (so a session refused below still says what it holds), left
+    alone if it is no chat of this source, else stored into its thread."""
+    name = _named(thread_id, key)
+    with contextlib.suppress(errors.InvalidThreadId):  # refused below, once the session is read
+        result.thread_id = check_thread_id(name)
+    result.source_messages = total = yield SourceRead("llen", (key,))
+    if total == 0:
+        return
+    if kind == "llamaindex" and not _is_llamaindex((yield SourceRead("lindex", (key, 0)))):
+        # Another list on the server (a LangChain session, a queue ...): not a chat to import.
+        result.thread_id = None
+        result.skipped = "not a LlamaIndex chat (its first element is not a ChatMessage)"
+        return
+    ref = store.thread(check_thread_id(name))._ref
+    yield from _import_session(ref, kind, key, total, result, batch_messages, progress)
+
+
+class _Counted:
+    """A session's progress callback, counting what it reported."""
+
+    def __init__(self, progress: Progress | None) -> None:
+        self.progress, self.reported = progress, 0
+
+    def __call__(self, key: str, count: int) -> None:
+        self.reported += count
+        if self.progress and count > 0:
+            self.progress(key, count)
 
 
 def _named(thread_id: Callable[[str], str], key: str) -> str:
@@ -179,20 +216,13 @@ def _import_session(
     ref: Any,
     kind: Source,
     key: str,
+    total: int,
     result: SessionImport,
     batch_messages: int,
     progress: Progress | None,
 ) -> Generator[Any, Any, None]:
     """Stores the session's messages the thread does not hold, after checking that those it holds
     are the session's as it is now (SourceChanged if not)."""
-    total = yield SourceRead("llen", (key,))
-    result.source_messages = total
-    if total == 0:
-        return
-    if kind == "llamaindex" and not _is_llamaindex((yield SourceRead("lindex", (key, 0)))):
-        raise errors.InvalidMessage(
-            "not a LlamaIndex chat (its first element is not a ChatMessage)"
-        )
     newest, resume, verified = yield from _resume_point(ref, kind, key, result, total)
     batch = _Batch(ref, key, result, batch_messages, progress)
     digest = b""
@@ -201,7 +231,7 @@ def _import_session(
         for position, raw in enumerate(page_records, start):
             digest = _chain(digest, raw)
             if verified:
-                yield from batch.add(_map(kind, key, position, _parse(key, position, raw), digest))
+                yield from batch.add((yield from _mapped(batch, kind, key, position, raw, digest)))
             elif resume is not None and position >= resume:
                 if newest is None or newest.id not in _ids(kind, key, position, raw, digest):
                     raise SourceChanged(
@@ -218,6 +248,18 @@ def _import_session(
     if not verified:  # the thread's newest message is not the session's: fine if all is stored
         yield from _check_all_stored(ref, kind, key, total, digest, result)
         _covered(result, progress, key, total)
+
+
+def _mapped(
+    batch: _Batch, kind: Source, key: str, position: int, raw: bytes, digest: bytes
+) -> Generator[Any, Any, list[Message]]:
+    """The source message at `position` as kvstore messages; one that is none ends the session,
+    the messages before it stored first (the report says they are)."""
+    try:
+        return _map(kind, key, position, _parse(key, position, raw), digest)
+    except errors.InvalidMessage:
+        yield from batch.flush()
+        raise
 
 
 def _resume_point(
@@ -319,77 +361,5 @@ def _changed(key: str, result: SessionImport, why: str) -> str:
     )
 
 
-def _source_position(message: Message | None, kind: Source) -> int | None:
-    metadata = (message.metadata or {}) if message is not None else {}
-    position = metadata.get("source_position", "")
-    return int(position) if metadata.get("source") == kind and position.isdigit() else None
-
-
-def _ids(kind: Source, key: str, position: int, raw: bytes, digest: bytes) -> set[str]:
-    """The ids an import gives the source message at `position` (none if it is not one)."""
-    try:
-        mapped = _map(kind, key, position, _parse(key, position, raw), digest)
-        return {message.id for message in mapped if message.id is not None}
-    except errors.InvalidMessage:
-        return set()
-
-
 def _sources_in(messages: list[Message]) -> int:
     return len({(message.metadata or {})["source_position"] for message in messages})
-
-
-def _page(
-    kind: Source, key: str, start: int, end: int, total: int
-) -> Generator[Any, Any, list[bytes]]:
-    """The session's messages at positions start..end-1, oldest first, as stored (JSON bytes)."""
-    if kind == "langchain":  # newest first: position p is index -(p + 1), stable under LPUSH
-        page: list[bytes] = (yield SourceRead("lrange", (key, -end, -start - 1)))[::-1]
-    else:
-        page = yield SourceRead("lrange", (key, start, end - 1))
-    if len(page) != end - start:
-        raise SourceChanged(f"{key} changed while it was read (LLEN {total}, then fewer)")
-    return page
-
-
-def _parse(key: str, position: int, raw: bytes) -> Any:
-    try:
-        return json.loads(raw)
-    except ValueError as exc:
-        raise errors.InvalidMessage(f"{key}, message {position}: not JSON ({exc})") from None
-
-
-def _chain(digest: bytes, raw: bytes) -> bytes:
-    """The digest of a session up to a message: of the one before it and of its record."""
-    return hashlib.blake2b(digest + raw, digest_size=16).digest()
-
-
-def _is_llamaindex(raw: bytes | None) -> bool:
-    try:
-        record = json.loads(raw) if raw is not None else None
-    except ValueError:
-        return False
-    return (
-        isinstance(record, dict)
-        and "role" in record
-        and ("blocks" in record or "content" in record)
-    )
-
-
-def _map(kind: Source, key: str, position: int, record: Any, digest: bytes) -> list[Message]:
-    try:
-        made, fields = (_from_langchain if kind == "langchain" else _from_llamaindex)(record)
-    except (ValueError, TypeError, KeyError, AttributeError) as exc:  # ValidationError included
-        raise errors.InvalidMessage(
-            f"{key}, message {position}: cannot be read as a {kind} message ({exc})"
-        ) from None
-    out = []
-    for part, message in enumerate(made):
-        metadata = {"source": kind, "source_position": str(position)}
-        if part == 0 and fields:
-            metadata.update(split_fields(fields, key, position))
-        out.append(
-            message.model_copy(
-                update={"id": message_id(kind, key, position, part, digest), "metadata": metadata}
-            )
-        )
-    return out

@@ -303,7 +303,8 @@ def test_llamaindex_import_compares_message_by_message(store, server, raw_client
 
     assert source_dump(raw_client, f"{namespace}:chat:*") == before
     assert set(results) == {f"{namespace}:chat:a", f"{namespace}:chat:other-list"}
-    assert "not a LlamaIndex chat" in results[f"{namespace}:chat:other-list"].error
+    other = results[f"{namespace}:chat:other-list"]
+    assert "not a LlamaIndex chat" in other.skipped and other.error is None
     result = results[f"{namespace}:chat:a"]
     assert (result.thread_id, result.imported, result.error) == (f"{namespace}:chat:a", 7, None)
     stored = list(store.thread(f"{namespace}:chat:a").iter())
@@ -605,9 +606,10 @@ def test_each_session_a_strict_store_refuses_is_reported_and_the_others_go_on(
     results = run_import("llamaindex", strict, pattern=f"{namespace}:chat:*")
     assert [(r.imported, r.error_type) for r in results] == [
         (0, "HistoryConflict"),
-        (0, "InvalidMessage"),
+        (0, None),  # no chat: left alone
         (1, None),
     ]
+    assert "not a LlamaIndex chat" in results[1].skipped
 
 
 def test_a_connection_failure_ends_the_import_and_the_next_run_finishes_it(
@@ -910,3 +912,132 @@ def test_append_missing_of_a_batch_that_repeats_an_id_says_so_at_once(store, ser
             run_async(messages)
         )
     assert store.thread("repeats").stats().stored_messages == 0
+
+
+# --- the command line's reports: names, lists of other kinds, progress ------------------------------
+
+
+def test_cli_counts_a_misnamed_session_and_renames_it(
+    store, server, raw_client, namespace, tmp_path, capsys
+):
+    """A session whose id is no thread id is reported with the messages it holds and why, and
+    `--rename` (or `--rename-file`) imports it under another name."""
+    prefix = f"message_store:{namespace}-"
+    write_langchain(
+        server.url,
+        prefix,
+        {"has space": [lc.HumanMessage("hi"), lc.AIMessage("hello"), lc.HumanMessage("bye")]},
+    )
+    args = ["import-from", "langchain", "--url", server.url, "--pattern", f"{prefix}*"]
+    args += ["--namespace", namespace, "--key-prefix", prefix]
+    assert cli(args) == 1
+    out = capsys.readouterr().out.splitlines()
+    row = next(line for line in out if line.startswith(f"{prefix}has space"))
+    assert row.split()[3:5] == ["3", "0"] and "failed: " in row and "may hold only" in row
+    assert "--rename SOURCE_KEY THREAD_ID" in out[-1]
+
+    assert cli([*args, "--rename", f"{prefix}has space", f"{namespace}-has-space"]) == 0
+    out = capsys.readouterr().out
+    assert f"{namespace}-has-space" in out and out.splitlines()[-1].startswith(
+        "1 sessions into namespace"
+    )
+    assert contents(store, f"{namespace}-has-space") == ["hi", "hello", "bye"]
+
+    renames = tmp_path / "renames.json"
+    renames.write_text(json.dumps({f"{prefix}has space": f"{namespace}-other"}))
+    assert cli([*args, "--rename-file", str(renames)]) == 0
+    assert contents(store, f"{namespace}-other") == ["hi", "hello", "bye"]
+    capsys.readouterr()
+    # A rename that names no session found, or a name that is no thread id, says so.
+    assert cli([*args, "--rename", f"{prefix}nobody", "x"]) == 1
+    assert f"{prefix}nobody" in capsys.readouterr().err
+    assert cli([*args, "--rename", f"{prefix}has space", "still bad"]) == 1
+    assert "may hold only" in capsys.readouterr().err
+
+
+def test_cli_llamaindex_leaves_other_lists_alone_and_exits_0(
+    store, server, raw_client, namespace, capsys
+):
+    """LlamaIndex's default pattern finds every list: a LangChain session among them is reported
+    as left alone, and the import succeeds (docs/MIGRATING.md)."""
+    db = 9  # a database of this test's own, for the default pattern `*`
+    source = redis.Redis.from_url(server.url, db=db)
+    url = server.url.rsplit("/", 1)[0] + f"/{db}"
+    try:
+        source.flushdb()
+        RedisChatStore(redis_url=url).set_messages(
+            f"{namespace}:chat", [ChatMessage(role="user", content="hi")]
+        )
+        write_langchain(url, "message_store:", {f"{namespace}-s": [lc.HumanMessage("hi")]})
+        args = ["import-from", "llamaindex", "--url", url, "--to-url", server.url]
+        assert cli([*args, "--namespace", namespace]) == 0
+        out = capsys.readouterr().out.splitlines()
+        row = next(line for line in out if line.startswith(f"message_store:{namespace}-s"))
+        assert "left alone: not a LlamaIndex chat" in row and "failed" not in row
+        assert out[-1].endswith(
+            "1 imported, 0 already stored (1 kvstore messages written); 1 left alone (not chats)"
+        )
+        assert contents(store, f"{namespace}:chat") == ["hi"]
+    finally:
+        source.flushdb()
+        source.close()
+
+
+def test_cli_progress_ends_at_the_total_whatever_the_sessions_did(
+    store, server, raw_client, namespace, capsys
+):
+    """The progress counts every source message: those of a session that failed part way, of one
+    named by no thread id and of a list left alone too, so its last line is N/N."""
+    chat = [ChatMessage(role="user", content=f"m{n}").model_dump_json() for n in range(508)]
+    raw_client.rpush(f"{namespace}:chat:a", *chat, b"not JSON")  # fails at its last message
+    raw_client.rpush(f"{namespace}:chat:bad id", *chat[:3])  # no thread id
+    raw_client.rpush(f"{namespace}:chat:queue", b"job-1", b"job-2")  # no chat: left alone
+    args = ["import-from", "llamaindex", "--url", server.url, "--pattern", f"{namespace}:chat:*"]
+    assert cli([*args, "--namespace", namespace, "--progress-every", "0"]) == 1
+    captured = capsys.readouterr()
+    assert captured.err.splitlines()[-1] == "  imported: 514/514 messages (100%)", captured.err
+    rows = {
+        line.split()[0]: line for line in captured.out.splitlines() if line.startswith(namespace)
+    }
+    assert rows[f"{namespace}:chat:a"].split()[2:4] == ["509", "508"]
+    assert "left alone" in rows[f"{namespace}:chat:queue"]
+
+
+def test_llamaindex_tool_calls_make_no_empty_assistant_message(
+    run_import, store, raw_client, namespace
+):
+    """A tool-calling step LlamaIndex wrote with ``content=""`` (an empty text block) is its tool
+    calls only, as one written with ``content=None`` is."""
+    calls = [
+        {"id": "c1", "type": "function", "function": {"name": "weather", "arguments": "{}"}},
+        {"id": "c2", "type": "function", "function": {"name": "time", "arguments": "{}"}},
+    ]
+    conversation = [
+        ChatMessage(role="user", content="Weather and time?"),
+        ChatMessage(role="assistant", content="", additional_kwargs={"tool_calls": calls}),
+        ChatMessage(role="tool", content="cloudy", additional_kwargs={"tool_call_id": "c1"}),
+        ChatMessage(role="tool", content="noon", additional_kwargs={"tool_call_id": "c2"}),
+        ChatMessage(
+            role="assistant",
+            blocks=[
+                TextBlock(text=""),
+                ToolCallBlock(tool_call_id="c3", tool_name="w", tool_kwargs={}),
+            ],
+        ),
+        ChatMessage(role="tool", content="rain", additional_kwargs={"tool_call_id": "c3"}),
+        ChatMessage(role="assistant", content=""),  # no tool calls: an (empty) answer, kept
+    ]
+    for message in conversation:
+        raw_client.rpush(f"{namespace}:tools", message.model_dump_json())
+    (result,) = run_import("llamaindex", pattern=f"{namespace}:tools")
+    assert (result.imported, result.error) == (7, None)
+    assert [m.message_type for m in store.thread(f"{namespace}:tools").iter()] == [
+        "user_message",
+        "tool_call_message",
+        "tool_call_message",
+        "tool_return_message",
+        "tool_return_message",
+        "tool_call_message",
+        "tool_return_message",
+        "assistant_message",
+    ]

@@ -6,8 +6,9 @@
    again stores nothing twice.
 4. Worker processes chatting on shared threads while summaries and retention hold memory flat.
 
-Scenes 1 to 3 check what they claim on the server, scene 4 that every thread is gap-free; the
-demo exits 1 if a check fails.
+Scenes 1 to 3 check what they claim on the server, scene 4 that every thread is gap-free and
+that memory held flat once retention held every thread (workers.memory_verdict); the demo
+prints FAILED and exits 1 if a check fails.
 """
 
 from __future__ import annotations

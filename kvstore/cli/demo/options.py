@@ -14,6 +14,11 @@ JOB_THREAD = "job"
 JOB_REPLIES = 30
 KILLED_AFTER = 12  # replies the server has stored when the worker dies
 MEMORY_SAMPLES = 24
+# Memory is flat if, once retention holds every thread, the mean of the samples in the second
+# half of that stretch is at most this much above the first half's (unbounded, it would grow
+# with the messages: about +40 % over the stretch of the default run).
+FLAT_GROWTH = 0.15
+MIN_HALF_SAMPLES = 3  # the fewest samples a mean is taken over
 SPARKS = "▁▂▃▄▅▆▇█"
 
 
