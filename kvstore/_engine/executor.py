@@ -65,8 +65,8 @@ LOAD_ATTEMPTS = 10
 # its messages' ids (made by the client when the caller gave none), a compact its summary's id
 # (made from the summary and its range); start_turn and finish_turn return what the first call
 # recorded, a held turn's start and a publish carry their call id; retain and migrate do what is
-# left to do. Only these are sent again after a stale pooled connection failed (and reads):
-# replace, remove_turn, delete and the restores are not.
+# left to do, and renew_turn renews or expires again. Only these are sent again after a stale
+# pooled connection failed (and reads): replace, remove_turn, delete and the restores are not.
 RETRY_SAFE_WRITES = frozenset(
     {"append", "compact", "start_turn", "finish_turn", "publish", "retain", "migrate", "renew_turn"}
 )
