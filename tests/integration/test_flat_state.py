@@ -143,7 +143,13 @@ def test_a_turn_finished_after_retention_took_its_messages_goes_with_the_next(
     thread.publish(lease, "thinking")
     thread.append([AssistantMessage(content=f"r{i}") for i in range(3)], turn_id=lease)
     assert compact_all() > 3
-    assert sorted(fields_of("t")) == [b"t", b"t\tdeltas", b"t\tholds", b"t\tlease"]  # open: kept
+    assert sorted(fields_of("t")) == [
+        b"t",
+        b"t\tdeltas",
+        b"t\texpires",
+        b"t\tholds",
+        b"t\tlease",
+    ]  # open: kept
     assert thread.finish_turn(lease).reply_count == 0  # nothing of it is left
     assert fields_of("t")
     compact_all()
@@ -155,7 +161,12 @@ def test_a_turn_finished_after_retention_took_its_messages_goes_with_the_next(
 def test_without_retention_no_turn_is_listed_for_it(make_thread, raw_client):
     thread = make_thread(retained_message_limit=None)
     thread.finish_turn(thread.hold_turn("t"), outcome="cancelled")
-    assert sorted(raw_client.hkeys(thread.keys.turns)) == [b"t", b"t\tholds", b"t\tlease"]
+    assert sorted(raw_client.hkeys(thread.keys.turns)) == [
+        b"t",
+        b"t\texpires",
+        b"t\tholds",
+        b"t\tlease",
+    ]
 
 
 def test_a_forked_turn_without_messages_goes_with_the_forks_retention(

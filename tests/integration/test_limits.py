@@ -1,7 +1,7 @@
 """Each call's limits are its own: the library remembers a store's parsed limits by the `limits`
 argument itself (the values joined by ':', lua/includes/args.lua), so stores with other limits
 on the same server, called in turn, each get exactly what they sent, and an argument that is not
-the twelve values is refused before anything is written."""
+the thirteen values is refused before anything is written."""
 
 from __future__ import annotations
 
@@ -36,8 +36,8 @@ def test_stores_with_other_limits_called_in_turn_keep_their_own(make_thread, raw
     assert [m.content for m in large.list(limit=60).messages] == [f"l{i}" for i in range(60)]
 
 
-@pytest.mark.parametrize("limits", ["1:2:3", "", "a:b:c:d:e:f:g:h:i:j:k:l", "1:" * 12 + "1"])
-def test_a_limits_argument_that_is_not_the_twelve_values_is_refused(
+@pytest.mark.parametrize("limits", ["1:2:3", "", "a:b:c:d:e:f:g:h:i:j:k:l:m", "1:" * 13 + "1"])
+def test_a_limits_argument_that_is_not_the_thirteen_values_is_refused(
     backend, namespace, raw_client, limits
 ):
     store = make_sync_store(backend, StoreConfig(namespace=namespace))
@@ -45,7 +45,7 @@ def test_a_limits_argument_that_is_not_the_twelve_values_is_refused(
     ref = thread._ref
     message = UserMessage(content="m").model_copy(update={"id": f"message-{namespace}"})
     try:
-        with pytest.raises(errors.ServerError, match="the limits argument must be 12 numbers"):
+        with pytest.raises(errors.ServerError, match="the limits argument must be 13 numbers"):
             run_one(
                 store,
                 Eval(
