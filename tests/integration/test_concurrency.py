@@ -61,14 +61,20 @@ def test_sigkill_mid_append_leaves_no_partial_batch_and_replay_stores_nothing_tw
 ):
     context = multiprocessing.get_context("spawn")
     rng = random.Random(3)
-    for _ in range(3):
-        process = context.Process(target=_batch_worker, args=(server.url, namespace, 400))
-        process.start()
-        time.sleep(rng.uniform(0.8, 1.6))  # the child spends ~0.5 s importing
-        os.kill(process.pid, signal.SIGKILL)
-        process.join()
     store = MessageStore.from_url(server.url, StoreConfig(namespace=namespace, **SMALL))
     thread = store.thread("killed")
+    for _ in range(3):
+        before = thread.stats().stored_messages
+        process = context.Process(target=_batch_worker, args=(server.url, namespace, 400))
+        process.start()
+        # Killed while it appends: once it stored a new batch (past its replays of the batches
+        # an earlier worker stored), at a random point of the appends that follow. Bounded.
+        deadline = time.monotonic() + 60
+        while thread.stats().stored_messages == before and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(rng.uniform(0, 0.4))
+        os.kill(process.pid, signal.SIGKILL)
+        process.join()
     stored = list(thread.iter())
     assert stored, "the worker was killed before it stored anything; raise the sleep"
     batches: dict[str, int] = {}
