@@ -20,6 +20,8 @@ import uvicorn  # noqa: F401  # the test extra's: the example runs under it
 
 from kvstore.cli.process import free_port
 
+from ..support import lifetime
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -56,7 +58,7 @@ def app_url(tmp_path):
     db_port, app_port = free_port(), free_port()
     started = []
     try:
-        server = subprocess.Popen(
+        server = lifetime.Popen(
             [
                 sys.executable,
                 "-m",
@@ -79,7 +81,7 @@ def app_url(tmp_path):
             "KVSTORE_URL": f"redis://127.0.0.1:{db_port}/0",
             "FAKE_MODEL_DELAY": "0.02",
         }
-        app = subprocess.Popen(
+        app = lifetime.Popen(
             [
                 sys.executable,
                 "-m",
