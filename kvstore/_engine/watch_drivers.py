@@ -15,6 +15,7 @@ import redis.asyncio
 
 from .. import errors
 from ..events import ThreadEvent
+from .drivers import wire
 from .event_stream import Emit, Run, WatchStep, stream_entries
 
 # A blocking read waits this long at most before it blocks again; the socket waits this much
@@ -70,7 +71,7 @@ class Watch:
             self._client = redis.Redis(connection_pool=pool)
         try:
             command = _xread(key, after, count, self._block_ms)
-            return self._client.execute_command(*command)  # type: ignore[no-untyped-call]  # unannotated in redis-py
+            return self._client.execute_command(*wire(command))  # type: ignore[no-untyped-call]  # unannotated in redis-py
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             raise _failed(exc) from exc
 
@@ -132,7 +133,7 @@ class AsyncWatch:
             self._client = redis.asyncio.Redis(connection_pool=pool)
         try:
             command = _xread(key, after, count, self._block_ms)
-            return await self._client.execute_command(*command)  # type: ignore[no-untyped-call]  # unannotated in redis-py
+            return await self._client.execute_command(*wire(command))  # type: ignore[no-untyped-call]  # unannotated in redis-py
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             raise _failed(exc) from exc
 
