@@ -5,6 +5,7 @@ in-process tier). Each test gets a fresh random namespace, never FLUSHALL."""
 from __future__ import annotations
 
 import asyncio
+import os
 import uuid
 from pathlib import Path
 
@@ -67,8 +68,15 @@ SERVER_PARAMS = {"backend", "kind", "cluster_kind"}
 
 
 def pytest_collection_modifyitems(config, items):
-    """A run that picks its backends (KVSTORE_SERVERS, as CI's run on the matrix's other majors)
-    keeps only the tests parametrized by a server kind: the others would repeat the main run."""
+    """Tests marked `slow` run with KVSTORE_LONG=1 only: any other run deselects them (never a
+    skip). A run that picks its backends (KVSTORE_SERVERS, as CI's run on the matrix's other
+    majors) keeps only the tests parametrized by a server kind: the others would repeat the main
+    run."""
+    if os.environ.get("KVSTORE_LONG") != "1":
+        slow = [item for item in items if item.get_closest_marker("slow")]
+        if slow:
+            config.hook.pytest_deselected(items=slow)
+            items[:] = [item for item in items if not item.get_closest_marker("slow")]
     if selected_backends() is None:
         return
     keep, drop = [], []

@@ -18,6 +18,14 @@ Result = TypeVar("Result")  # what the steps return
 # ------------------------------------------------------------------- the steps
 
 
+def wire(command: Sequence[Any]) -> list[Any]:
+    """The command with each int as its decimal bytes, made here in Python. hiredis's packer
+    turns an int into text with a call that runs pending signal handlers and uses its result
+    unchecked: a handler raising there (KeyboardInterrupt, a timer's) crashed the process
+    (docs/RELIABILITY.md, "Signals"). Made here, the handler's exception reaches the caller."""
+    return [b"%d" % arg if type(arg) is int else arg for arg in command]
+
+
 class Step:
     """One IO step: ``step(store)`` makes it on the store's client and returns the reply, or on
     an asyncio store an awaitable of it. Plain slotted classes: one is made per request."""
@@ -37,7 +45,7 @@ class Send(Step):
         self.command = command
 
     def __call__(self, store: Any) -> Any:
-        return store.client.execute_command(*self.command)
+        return store.client.execute_command(*wire(self.command))
 
 
 class Pipeline(Step):
@@ -52,7 +60,7 @@ class Pipeline(Step):
     def __call__(self, store: Any) -> Any:
         pipe = store.client.pipeline(transaction=False)
         for command in self.commands:
-            pipe.execute_command(*command)
+            pipe.execute_command(*wire(command))
         return pipe.execute(raise_on_error=self.raise_on_error)
 
 

@@ -17,6 +17,7 @@ import redis.asyncio
 
 from .. import errors
 from ..events import ThreadEvent
+from .drivers import wire
 from .event_stream import Emit, Run, WatchStep, stream_entries
 
 # A blocking read waits this long at most before it blocks again; the socket waits this much
@@ -87,7 +88,7 @@ class Watch:
             self._client = redis.Redis(connection_pool=pool)
         try:
             command = _xread(key, after, count, self._block_ms)
-            return self._client.execute_command(*command)  # type: ignore[no-untyped-call]  # unannotated in redis-py
+            return self._client.execute_command(*wire(command))  # type: ignore[no-untyped-call]  # unannotated in redis-py
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             raise _failed(exc) from exc
 
@@ -172,7 +173,7 @@ class AsyncWatch:
             self._client = redis.asyncio.Redis(connection_pool=pool)
         command = _xread(key, after, count, self._block_ms)
         # A task of its own, so that the store's close() can cancel the read alone.
-        self._pending = asyncio.ensure_future(self._client.execute_command(*command))  # type: ignore[no-untyped-call]  # unannotated in redis-py
+        self._pending = asyncio.ensure_future(self._client.execute_command(*wire(command)))  # type: ignore[no-untyped-call]  # unannotated in redis-py
         try:
             return await self._pending
         except (redis.ConnectionError, redis.TimeoutError) as exc:

@@ -29,10 +29,9 @@ from redis.cluster import ClusterNode as ClientNode
 from redis.cluster import RedisCluster
 from redis.crc import key_slot
 
-from kvstore.cli.process import ServerProcess
 from kvstore.errors import KVStoreError
 
-from ..support.servers import server_binaries
+from ..support.servers import ServerProcess, server_binaries
 
 HOST = "127.0.0.1"
 SLOTS = 16384
@@ -40,16 +39,11 @@ SLOTS = 16384
 NODE_TIMEOUT_MS = 1000
 
 
-# Every node's settings beyond its port, address, dir and log (kvstore.cli.process.ServerProcess).
+# Every node's settings beyond its port, address, dir and log and those of every test server
+# (tests/support/servers.py: no persistence, no protected mode; it dies with the tests).
 def _cluster_args(bus_port: int) -> list[str]:
     return [
-        "--protected-mode",
-        "no",
         "--daemonize",
-        "no",
-        "--save",
-        "",
-        "--appendonly",
         "no",
         "--cluster-enabled",
         "yes",

@@ -28,6 +28,7 @@ from kvstore._engine.tokens import estimated_tokens
 from kvstore.cli.process import _can_listen
 from kvstore.cli.server import DEFAULT_PORT, EmbeddedServer, data_dir_server
 
+from ..support import lifetime
 from .test_migration import write_layout_1
 
 _opened: list[redis.Redis | MessageStore] = []
@@ -204,7 +205,7 @@ def test_demo_says_when_it_cannot_read_the_durability(server, server_only):
 
 
 def test_server_runs_in_the_foreground_and_prints_its_url(tmp_path):
-    process = subprocess.Popen(
+    process = lifetime.Popen(
         [sys.executable, "-m", "kvstore", "server", "--data-dir", str(tmp_path), "--port", "0"],
         stdout=subprocess.PIPE,
         text=True,
@@ -470,7 +471,7 @@ def test_server_listens_on_its_documented_port_and_runs_appendfsync_always(tmp_p
 
 
 def test_server_with_appendfsync_everysec_says_so_and_health_warns(tmp_path):
-    process = subprocess.Popen(
+    process = lifetime.Popen(
         [
             sys.executable,
             "-m",
@@ -573,7 +574,7 @@ def start_server(data_dir, *extra: str) -> tuple[subprocess.Popen, str]:
     """`kvstore server` as a subprocess (on a free port unless `extra` gives one); returns it and
     the URL it printed."""
     port = () if "--port" in extra else ("--port", "0")
-    process = subprocess.Popen(
+    process = lifetime.Popen(
         [sys.executable, "-m", "kvstore", "server", "--data-dir", str(data_dir), *port, *extra],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -721,7 +722,7 @@ def test_a_locked_data_dir_whose_server_does_not_answer_is_refused(tmp_path):
 def test_two_commands_starting_at_once_share_one_server(tmp_path):
     data = tmp_path / "data"
     servers = [
-        subprocess.Popen(
+        lifetime.Popen(
             [sys.executable, "-m", "kvstore", "server", "--data-dir", str(data), "--port", "0"],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -741,7 +742,7 @@ def test_two_commands_starting_at_once_share_one_server(tmp_path):
     # Two imports at once on a dir with no server: the first starts one, the second uses it, and
     # the first, done first, keeps its server up until the second is done too.
     def importer(name: str) -> subprocess.Popen:
-        return subprocess.Popen(
+        return lifetime.Popen(
             [sys.executable, "-m", "kvstore", "import", name, "-", "--data-dir", str(data)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -856,7 +857,7 @@ def test_export_into_a_closed_pipe_ends_quietly(server, namespace, server_only):
     thread = store.thread("long")
     for start in range(0, 2000, 100):  # ~0.5 MB of JSON lines: more than a pipe holds
         thread.append([UserMessage(content=f"m{start + i} " + "x" * 200) for i in range(100)])
-    process = subprocess.Popen(
+    process = lifetime.Popen(
         [
             sys.executable,
             "-m",
@@ -880,7 +881,7 @@ def test_export_into_a_closed_pipe_ends_quietly(server, namespace, server_only):
 
 
 def test_ctrl_c_during_import_says_what_was_stored(server, namespace, server_only):
-    process = subprocess.Popen(
+    process = lifetime.Popen(
         [
             sys.executable,
             "-m",
@@ -931,7 +932,7 @@ def test_ctrl_c_during_a_restore_then_the_same_import_finishes_it(
     common = ("--url", server.url, "--namespace", namespace)
     assert kvstore("export", "source", "-o", str(out), *common).returncode == 0
     lines = out.read_text().splitlines(keepends=True)
-    process = subprocess.Popen(
+    process = lifetime.Popen(
         [sys.executable, "-m", "kvstore", "import", "copy", "-", *common],
         stdin=subprocess.PIPE,
         stderr=subprocess.PIPE,

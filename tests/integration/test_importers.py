@@ -459,6 +459,8 @@ def test_cli_import_killed_midway_is_finished_by_the_next_run(
     import sys
     import time
 
+    from ..support import lifetime
+
     key = f"message_store:{namespace}-killed"
     total = 20_000
     records = [
@@ -480,7 +482,7 @@ def test_cli_import_killed_midway_is_finished_by_the_next_run(
         "--batch",
         "10",
     ]
-    process = subprocess.Popen(
+    process = lifetime.Popen(
         [sys.executable, "-m", "kvstore", *args],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

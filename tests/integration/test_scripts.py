@@ -1,10 +1,11 @@
 """The Lua sources as built: each compiles, names only the globals the server provides, and each
 file includes exactly the includes it uses; every error code a script raises is mapped.
 
-Compiled with Debian's Lua 5.1 compiler (`luac5.1 -p -l -l`, package `lua5.1`; .ci/run installs
-it and sets KVSTORE_REQUIRE_LUAC=1, so there a missing compiler fails the run; elsewhere these
-checks are skipped with that reason): Redis and Valkey run Lua 5.1, and its listing names every
-global a chunk reads or writes.
+Compiled with Lua 5.1 (Redis and Valkey run Lua 5.1) from lupa, which the test extra installs
+(tests/support/lua_bytecode.py): the bytecode names every global a chunk reads or writes and the
+locals of its main function. Where Debian's Lua 5.1 compiler is installed (`luac5.1`, package
+`lua5.1`), its listing (`luac5.1 -p -l -l`) is a second opinion that must read the same; .ci/run
+installs it and sets KVSTORE_REQUIRE_LUAC=1, so there a missing compiler fails the run.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from kvstore._engine.scripts import (
     error_from_reply,
 )
 
+from ..support.lua_bytecode import Chunk, LuaSyntaxError, compile_chunk
 from ..support.script_headers import script_header
 
 # The globals Redis/Valkey's Lua gives a script that kvstore's scripts use; a new one is a
@@ -65,36 +67,22 @@ INCLUDE_NAMES = sorted(
 )
 _INCLUDE_LINE = re.compile(r'^--- @include "([a-z0-9_/]+)"\s*$', re.MULTILINE)
 _GLOBAL_OP = re.compile(r"\s(GETGLOBAL|SETGLOBAL)\s.*;\s*(\S+)\s*$")
+REQUIRE_LUAC = os.environ.get("KVSTORE_REQUIRE_LUAC") == "1"
 
 
-def _listing(source: str) -> str:
-    """`luac5.1 -p -l -l` of the source; a failure to compile fails the test."""
-    if shutil.which(LUAC) is None:
-        message = (
-            f"{LUAC} is not installed: the Lua checks need Debian's lua5.1 package "
-            "(apt-get install lua5.1; .ci/run installs it)"
-        )
-        if os.environ.get("KVSTORE_REQUIRE_LUAC") == "1":  # CI: never skipped
-            pytest.fail(message)
-        pytest.skip(message)
+def _compiled(source: str) -> Chunk:
+    """The source compiled by Lua 5.1; a failure to compile fails the test."""
     if source.startswith("#!"):
         source = "--" + source[2:]  # the shebang is the server's, not Lua's: keep line numbers
-    done = subprocess.run(
-        [LUAC, "-p", "-l", "-l", "-"], input=source, capture_output=True, text=True, check=False
-    )
-    if done.returncode != 0:
-        pytest.fail(f"{LUAC} does not compile it: {done.stderr.strip()}")
-    return done.stdout
+    try:
+        return compile_chunk(source)
+    except LuaSyntaxError as exc:
+        pytest.fail(f"Lua 5.1 does not compile it: {exc}")
 
 
 def globals_of(source: str) -> set[tuple[str, str]]:
     """Every (GETGLOBAL|SETGLOBAL, name) in the compiled source, nested functions included."""
-    found = set()
-    for line in _listing(source).splitlines():
-        match = _GLOBAL_OP.search(line)
-        if match:
-            found.add((match.group(1), match.group(2)))
-    return found
+    return _compiled(source).globals
 
 
 def unexpected_globals(source: str) -> list[str]:
@@ -108,14 +96,7 @@ def unexpected_globals(source: str) -> list[str]:
 
 def top_level_locals(source: str) -> set[str]:
     """The locals of the chunk's main function: the names a file defines for its users."""
-    lines = _listing(source).splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith("locals ("))
-    names = set()
-    for line in lines[start + 1 :]:
-        if not line.startswith("\t"):
-            break
-        names.add(line.split("\t")[2])
-    return names
+    return _compiled(source).main_locals
 
 
 def _file_text(name: str) -> str:
@@ -204,6 +185,51 @@ def test_file_includes_exactly_what_it_uses(name):
     )
     unused = sorted(include for include in included if not used & defined_by[include])
     assert (not_included, unused) == ([], [])
+
+
+# The second opinion: Debian's luac5.1 reads the same from the same sources. Collected where it
+# is installed, and always in CI (KVSTORE_REQUIRE_LUAC=1: there a missing compiler fails).
+
+
+def _luac_listing(source: str) -> str:
+    """`luac5.1 -p -l -l` of the source."""
+    if shutil.which(LUAC) is None:
+        pytest.fail(f"KVSTORE_REQUIRE_LUAC=1 but {LUAC} is not installed (apt-get install lua5.1)")
+    if source.startswith("#!"):
+        source = "--" + source[2:]
+    done = subprocess.run(
+        [LUAC, "-p", "-l", "-l", "-"], input=source, capture_output=True, text=True, check=False
+    )
+    if done.returncode != 0:
+        pytest.fail(f"{LUAC} does not compile it: {done.stderr.strip()}")
+    return done.stdout
+
+
+def luac_reading(source: str) -> Chunk:
+    """What luac5.1's listing names: the globals, and the main function's locals."""
+    lines = _luac_listing(source).splitlines()
+    chunk = Chunk()
+    for line in lines:
+        match = _GLOBAL_OP.search(line)
+        if match:
+            chunk.globals.add((match.group(1), match.group(2)))
+    start = next(i for i, line in enumerate(lines) if line.startswith("locals ("))
+    for line in lines[start + 1 :]:
+        if not line.startswith("\t"):
+            break
+        chunk.main_locals.add(line.split("\t")[2])
+    return chunk
+
+
+if shutil.which(LUAC) or REQUIRE_LUAC:
+
+    @pytest.mark.parametrize("name", [*SCRIPT_NAMES, *INCLUDE_NAMES])
+    def test_luac_reads_what_the_bytecode_check_reads(name):
+        sources = [_own_text(name), build_source(name)]
+        if name in SCRIPTS:
+            sources.append(SCRIPTS[name].source)
+        for source in sources:
+            assert luac_reading(source) == _compiled(source)
 
 
 # The error codes.

@@ -3,23 +3,25 @@
 asyncio code bounds a call with `asyncio.wait_for`, `asyncio.timeout` or `task.cancel()`; sync
 code meets KeyboardInterrupt or a signal. The call raises, its script may still run, and the
 caller has nothing but its own message objects: re-sending them must store every message once.
-The server is paused (`CLIENT PAUSE WRITE`, `DEBUG SLEEP`) at random so that many calls are
-cut off after their command was sent and before the reply came back.
+
+asyncio's cut-offs come from the clock: the server is paused (`CLIENT PAUSE WRITE`, `DEBUG
+SLEEP`) at random so that many calls are cut off after their command was sent and before the
+reply came back. A sync call is interrupted at chosen points of its script call instead (before,
+during and after the write, before the read): an exception raised by a timer's signal handler at a
+random moment inside redis-py and hiredis can crash the interpreter (docs/RELIABILITY.md,
+"Signals"), and a test must not.
 """
 
 from __future__ import annotations
 
 import asyncio
-import gc
 import random
-import signal
 import threading
 import time
 from collections import Counter
 
 import pytest
 import redis
-from redis.connection import HiredisRespSerializer
 
 from kvstore import AsyncMessageStore, MessageStore, StoreConfig, UserMessage
 
@@ -32,6 +34,8 @@ pytestmark = pytest.mark.filterwarnings("ignore:Pydantic serializer warnings:Use
 
 CALLS = 600
 WORKERS = 16
+# Sync appends, each interrupted at one of POINTS in turn.
+SYNC_CALLS = 200
 
 
 def _delay(rng: random.Random) -> float:
@@ -112,36 +116,6 @@ async def _bounded(thread, batch, how: str, delay: float):
     return await task
 
 
-def _interrupted_sync(thread, batch, delay: float):
-    """One append that a signal interrupts after `delay` seconds, wherever the call then is."""
-    signal.setitimer(signal.ITIMER_REAL, delay)
-    try:
-        return thread.append(batch)
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-
-
-def _inside_hiredis_pack(frame) -> bool:
-    """Whether the interrupted code runs inside hiredis's packer, at any depth of the stack."""
-    while frame is not None:
-        if frame.f_code is HiredisRespSerializer.pack.__code__:
-            return True
-        frame = frame.f_back
-    return False
-
-
-def _inside_gc_callback(frame) -> bool:
-    """Whether the interrupted code is a garbage collector's callback (one a library installed):
-    Python reports an exception raised there as unraisable and drops it, so the interruption
-    would reach neither the call nor the test."""
-    callbacks = {getattr(callback, "__code__", None) for callback in gc.callbacks}
-    while frame is not None:
-        if frame.f_code in callbacks:
-            return True
-        frame = frame.f_back
-    return False
-
-
 def _check_stored_once(sent: list[list], stored: list) -> list[str]:
     copies = Counter(_text(m) for m in stored)
     expected = [_content(m) for batch in sent for m in batch]
@@ -150,88 +124,40 @@ def _check_stored_once(sent: list[list], stored: list) -> list[str]:
     return failures
 
 
-# The test's own signal may land in a finalizer (a socket's or a generator's __del__), where
-# Python drops the exception as unraisable: that call simply was not interrupted. Not kvstore's
-# warning, so not an error here; every other warning still is.
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
-def test_an_interrupted_append_re_sent_as_the_caller_holds_it_stores_once(kind, mode):
+def test_a_cancelled_append_re_sent_as_the_caller_holds_it_stores_once(kind):
+    """asyncio's own ways to cut a call off (no signal): re-sending the same objects stores once."""
     with dedicated_server(kind, "--enable-debug-command", "yes") as server:
         config = StoreConfig(namespace=fresh_namespace(), window_size=8, chunk_size=4)
         rng = random.Random(7)
         sent: list[list] = []
         outcomes: Counter = Counter()
 
-        def record(batch, first, resent) -> None:
-            sent.append(batch)
-            if first is not None:
-                outcomes["completed"] += 1
-            else:
-                outcomes[
-                    "re-sent: a replay"
-                    if getattr(resent, "replayed", False)
-                    else "re-sent: stored now"
-                ] += 1
+        async def worker(thread, w: int) -> None:
+            for i in range(w, CALLS, WORKERS):
+                batch, how = _batch(i, rng), ("wait_for", "timeout", "cancel")[i % 3]
+                first = resent = None
+                try:
+                    first = await _bounded(thread, batch, how, _delay(rng))
+                except (TimeoutError, asyncio.CancelledError):
+                    outcomes[f"cut off by {how}"] += 1
+                    resent = await thread.append(batch)  # the same objects, no timeout
+                sent.append(batch)
+                outcomes[_outcome(first, resent)] += 1
 
-        if mode == "async":
+        async def run() -> list:
+            store = AsyncMessageStore.from_url(server.url, config)
+            thread = store.thread("cancelled")
+            await thread.append(UserMessage(content="warm up"))  # loads the script
+            sent.append([{"content": "warm up"}])
+            with Pauser(server.port) as pauser:
+                # Concurrent requests, as in a server: one pause holds several calls at once.
+                await asyncio.gather(*(worker(thread, w) for w in range(WORKERS)))
+            outcomes.update({f"pauses: {k}": v for k, v in pauser.pauses.items()})
+            stored = [m async for m in thread.iter()]
+            await store.close()
+            return stored
 
-            async def run() -> list:
-                store = AsyncMessageStore.from_url(server.url, config)
-                thread = store.thread("cancelled")
-                await thread.append(UserMessage(content="warm up"))  # loads the script
-                sent.append([{"content": "warm up"}])
-
-                async def worker(w: int) -> None:
-                    for i in range(w, CALLS, WORKERS):
-                        batch, how = _batch(i, rng), ("wait_for", "timeout", "cancel")[i % 3]
-                        first = resent = None
-                        try:
-                            first = await _bounded(thread, batch, how, _delay(rng))
-                        except (TimeoutError, asyncio.CancelledError):
-                            outcomes[f"cut off by {how}"] += 1
-                            resent = await thread.append(batch)  # the same objects, no timeout
-                        record(batch, first, resent)
-
-                with Pauser(server.port) as pauser:
-                    # Concurrent requests, as in a server: one pause holds several calls at once.
-                    await asyncio.gather(*(worker(w) for w in range(WORKERS)))
-                outcomes.update({f"pauses: {k}": v for k, v in pauser.pauses.items()})
-                stored = [m async for m in thread.iter()]
-                await store.close()
-                return stored
-
-            stored = asyncio.run(run())
-        else:
-
-            def interrupt(signum, frame):
-                if _inside_hiredis_pack(frame) or _inside_gc_callback(frame):
-                    # hiredis's packer crashes the interpreter when an exception is raised inside
-                    # it, or inside anything it calls back (a hiredis bug); a gc callback would
-                    # swallow it: let this signal land a moment later.
-                    signal.setitimer(signal.ITIMER_REAL, 0.00005)
-                    return
-                raise Interrupted()
-
-            previous = signal.signal(signal.SIGALRM, interrupt)
-            try:
-                store = MessageStore.from_url(server.url, config)
-                thread = store.thread("cancelled")
-                thread.append(UserMessage(content="warm up"))
-                sent.append([{"content": "warm up"}])
-                with Pauser(server.port) as pauser:
-                    for i in range(CALLS):
-                        batch = _batch(i, rng)
-                        first = resent = None
-                        try:
-                            first = _interrupted_sync(thread, batch, max(_delay(rng), 0.00001))
-                        except Interrupted:
-                            outcomes["cut off by a signal"] += 1
-                            resent = thread.append(batch)
-                        record(batch, first, resent)
-                outcomes.update({f"pauses: {k}": v for k, v in pauser.pauses.items()})
-            finally:
-                signal.signal(signal.SIGALRM, previous)
-            stored = list(thread.iter())
-
+        stored = asyncio.run(run())
         failures = _check_stored_once(sent, stored)
         check_layout(
             redis.Redis(port=server.port),
@@ -239,7 +165,7 @@ def test_an_interrupted_append_re_sent_as_the_caller_holds_it_stores_once(kind, 
             config,
         )
         print(
-            f"\ncancellation [{kind}, {mode}]: {CALLS} appends of 1-3 messages without otids, cut off"
+            f"\ncancellation [{kind}, async]: {CALLS} appends of 1-3 messages without otids, cut off"
             f" at random 0-6 ms (most within 0.4 ms) under 5-40 ms pauses every 1-10 ms: {dict(outcomes)};"
             f" {len(stored)} messages stored, {len(failures)} not exactly once"
         )
@@ -249,6 +175,105 @@ def test_an_interrupted_append_re_sent_as_the_caller_holds_it_stores_once(kind, 
             outcomes
         )
         assert outcomes["re-sent: a replay"] > 0, outcomes
+
+
+def _outcome(first, resent) -> str:
+    if first is not None:
+        return "completed"
+    return "re-sent: a replay" if getattr(resent, "replayed", False) else "re-sent: stored now"
+
+
+# Where a sync call is interrupted (a KeyboardInterrupt, a signal's handler raising) in the life
+# of its script call on its connection, and whether the script has then run on the server.
+POINTS = {
+    "before its command is written": False,
+    "halfway through writing its command": False,
+    "after its command is written": True,
+    "as its reply is about to be read": True,
+}
+SCRIPT_COMMANDS = (b"\r\nFCALL\r\n", b"\r\nEVALSHA\r\n", b"\r\nEVAL\r\n")
+
+
+class Interrupter:
+    """The point at which the next script call is interrupted (None: not armed)."""
+
+    def __init__(self) -> None:
+        self.point: str | None = None
+        self.reading: redis.Connection | None = None
+
+    def take(self, data: bytes) -> str | None:
+        """The armed point if `data` is a script call; disarms."""
+        if self.point is None or not any(command in data for command in SCRIPT_COMMANDS):
+            return None
+        point, self.point = self.point, None
+        return point
+
+
+def _interrupted_client(port: int, interrupter: Interrupter) -> redis.Redis:
+    """A client whose connections raise Interrupted where `interrupter` says, as a handler of a
+    signal landing there would, at a point chosen rather than at a moment on the clock."""
+
+    class Connection(redis.Connection):
+        def send_packed_command(self, packed, check_health=True):
+            data = packed if isinstance(packed, bytes) else b"".join(packed)
+            point = interrupter.take(data)
+            if point == "before its command is written":
+                raise Interrupted()
+            if point == "halfway through writing its command":
+                self._sock.sendall(data[: len(data) // 2])
+                self.disconnect()  # what redis-py does when its send is cut off
+                raise Interrupted()
+            super().send_packed_command(packed, check_health)
+            if point == "after its command is written":
+                raise Interrupted()
+            if point is not None:
+                interrupter.reading = self
+
+        def read_response(self, *args, **kwargs):
+            if interrupter.reading is self:
+                interrupter.reading = None
+                raise Interrupted()
+            return super().read_response(*args, **kwargs)
+
+    return redis.Redis(connection_pool=redis.ConnectionPool(port=port, connection_class=Connection))
+
+
+def test_an_interrupted_append_re_sent_as_the_caller_holds_it_stores_once(plain_server):
+    """A sync append interrupted at each point of its script call (in turn, SYNC_CALLS times),
+    then re-sent with the same objects: a replay exactly when the script had run, stored once.
+
+    The interruption is raised where it is chosen, not by a timer: a signal's handler raising
+    at a random moment inside redis-py and hiredis can crash the interpreter (docs/RELIABILITY.md,
+    "Signals")."""
+    config = StoreConfig(namespace=fresh_namespace(), window_size=8, chunk_size=4)
+    interrupter = Interrupter()
+    store = MessageStore(_interrupted_client(plain_server.port, interrupter), config)
+    thread = store.thread("interrupted")
+    thread.append(UserMessage(content="warm up"))  # loads the script
+    rng = random.Random(7)
+    sent: list[list] = [[{"content": "warm up"}]]
+    outcomes: Counter = Counter()
+    for i in range(SYNC_CALLS):
+        batch, point = _batch(i, rng), list(POINTS)[i % len(POINTS)]
+        interrupter.point = point
+        with pytest.raises(Interrupted):
+            thread.append(batch)
+        assert interrupter.point is None and interrupter.reading is None, point  # it was reached
+        resent = thread.append(batch)  # the same objects
+        sent.append(batch)
+        outcomes[point, resent.replayed] += 1
+    stored = list(thread.iter())
+    failures = _check_stored_once(sent, stored)
+    check_layout(redis.Redis(port=plain_server.port), thread.keys, config)
+    store.close()
+    print(
+        f"\ninterrupted sync appends [{plain_server.name}]: {SYNC_CALLS} appends of 1-3 messages"
+        f" without otids, each interrupted once then re-sent: {dict(outcomes)};"
+        f" {len(stored)} messages stored, {len(failures)} not exactly once"
+    )
+    assert not failures, "\n".join(failures[:20])
+    each = SYNC_CALLS // len(POINTS)
+    assert outcomes == Counter({(point, ran): each for point, ran in POINTS.items()})
 
 
 def _interrupting_client(port: int, command: bytes) -> tuple[redis.Redis, list[bool]]:

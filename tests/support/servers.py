@@ -18,11 +18,21 @@ a run uses every server above and fakeredis. The processes are kvstore's own Ser
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Sequence
 from typing import Any
 
 from kvstore.cli import process
-from kvstore.cli.process import NO_PERSISTENCE, free_port, redis_binary, valkey_binary
+from kvstore.cli.process import (
+    NO_PERSISTENCE,
+    START_TIMEOUT,
+    STOP_TIMEOUT,
+    free_port,
+    redis_binary,
+    valkey_binary,
+)
+
+from . import lifetime
 
 __all__ = [
     "ServerProcess",
@@ -42,7 +52,8 @@ SELECTED = "KVSTORE_SERVERS"
 class ServerProcess(process.ServerProcess):
     """A test server in a temporary dir: nothing written to disk unless `extra_args` asks for it.
 
-    `restart()` keeps its port and data dir; `cleanup()` stops it and removes the dir.
+    `restart()` keeps its port and data dir; `cleanup()` stops it and removes the dir. It dies
+    with the test process, however that ends (tests/support/lifetime.py).
     """
 
     def __init__(
@@ -51,6 +62,30 @@ class ServerProcess(process.ServerProcess):
         super().__init__(
             name, binary, [*NO_PERSISTENCE, "--protected-mode", "no", *extra_args], **options
         )
+
+    def start(self, timeout: float = START_TIMEOUT) -> ServerProcess:
+        # Linux's parent-death signal follows the thread that started the server: asked for from
+        # the main thread only (the reaper covers the others).
+        self.die_with_parent = threading.current_thread() is threading.main_thread()
+        super().start(timeout)
+        return self
+
+    def _wait_ready(self, timeout: float) -> str:
+        assert self.process is not None  # just started
+        lifetime.watch(self.process.pid)  # first thing once it runs
+        return super()._wait_ready(timeout)
+
+    def stop(self, timeout: float = STOP_TIMEOUT) -> None:
+        super().stop(timeout)
+        self._forget()
+
+    def kill(self) -> None:
+        super().kill()
+        self._forget()
+
+    def _forget(self) -> None:
+        if self.process is not None and self.process.returncode is not None:
+            lifetime.forget(self.process.pid)
 
 
 def require_redis() -> bool:
