@@ -5,6 +5,7 @@ in-process tier). Each test gets a fresh random namespace, never FLUSHALL."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import uuid
 from pathlib import Path
@@ -61,6 +62,14 @@ def pytest_sessionfinish(session, exitstatus):
     for server in _servers.values():
         server.cleanup()
     _servers.clear()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _collect_what_the_module_left():
+    """A connection a test module leaves open warns (an error here) when it is collected: collect
+    at the module's end, so the warning fails that module's last test, not a later module's."""
+    yield
+    gc.collect()
 
 
 # The parameters that name a server kind: a test with none of them runs the same on any matrix.
