@@ -38,11 +38,18 @@ def test_hiredis_dereferences_the_repr_a_raising_handler_cut_off():
         "    except Interrupted:\n"
         "        pass\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120)
+    # The handler also fires outside the try (an uncaught Interrupted ends the child with status
+    # 1, not the fault): a few children, the fault shown by any of them.
+    exits = []
+    for _ in range(5):
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120)
+        exits.append(done.returncode)
+        if done.returncode == -11:
+            break
     print(
-        f"\nhiredis {hiredis.__version__}: pack_command((b'SET', b'k', 1)) under a raising handler: exit {done.returncode}"
+        f"\nhiredis {hiredis.__version__}: pack_command((b'SET', b'k', 1)) under a raising handler: exits {exits}"
     )
-    assert done.returncode == -11, done.stderr.decode(errors="replace")[-2000:]
+    assert exits[-1] == -11, done.stderr.decode(errors="replace")[-2000:]
 
 
 HANDSHAKE = {"HELLO", "AUTH", "SELECT", "CLIENT"}
