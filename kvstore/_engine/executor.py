@@ -100,7 +100,8 @@ class Executor:
             # fakeredis's Lua does not parse the shebang line.
             self._scripts = {name: s.without_shebang() for name, s in SCRIPTS.items()}
         # FCALL needs the server's functions (Redis 7, Valkey 7.2); a RedisCluster client finds
-        # an FCALL's slot with COMMAND GETKEYS round trips, an EVALSHA's from its arguments.
+        # an FCALL's slot with COMMAND GETKEYS round trips (redis-py before 8.2), an EVALSHA's from
+        # its arguments.
         self.functions = self.config.scripting == "functions" and not is_cluster(client)
         self._durability_checked = False
         self._tracks_sends = track_sends(client)
