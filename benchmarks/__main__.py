@@ -39,6 +39,7 @@ from ._machine import cpu_snapshot, machine
 BENCHMARKS = (
     "append",
     "server_cost",
+    "floor",
     "aof",
     "memory",
     "throughput",
