@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import os
+import signal
 import uuid
 from pathlib import Path
 
@@ -25,6 +26,13 @@ from .support.servers import (
 )
 
 _servers: dict[str, ServerProcess] = {}
+
+# A run started in the background by a script (`pytest &`) inherits SIGINT ignored, and so would
+# every process the tests start; the tests that stop a child with SIGINT, as Ctrl-C in a
+# terminal would, need it delivered. A handler is not inherited: the children start with the
+# default.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _start_servers() -> dict[str, ServerProcess]:

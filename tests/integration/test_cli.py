@@ -907,8 +907,8 @@ def test_ctrl_c_during_import_says_what_was_stored(server, namespace, server_onl
         time.sleep(0.05)
     time.sleep(0.3)
     process.send_signal(signal.SIGINT)
-    stderr = process.stderr.read()
-    assert process.wait(30) == 130
+    _, stderr = process.communicate(timeout=30)
+    assert process.returncode == 130
     stop(process)
     assert stderr.count("\n") == 1 and stderr.startswith("kvstore: interrupted"), stderr
     assert (
@@ -946,8 +946,8 @@ def test_ctrl_c_during_a_restore_then_the_same_import_finishes_it(
         time.sleep(0.05)
     time.sleep(0.3)
     process.send_signal(signal.SIGINT)
-    stderr = process.stderr.read()
-    assert process.wait(30) == 130
+    _, stderr = process.communicate(timeout=30)
+    assert process.returncode == 130
     stop(process)
     assert stderr.startswith("kvstore: interrupted") and "200 messages stored in copy" in stderr, (
         stderr
