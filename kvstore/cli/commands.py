@@ -118,19 +118,23 @@ def inspect(
         )
     else:
         print("  turn              -", file=out)
+    # Layout 3 has no window but the one a layout-2 thread left, drained by its next writes.
     if window:
         print(
-            f"  window            {len(window)} messages, {window[0]}..{window[-1]}, {found.window_bytes:,} bytes",
+            f"  window            {len(window)} messages, {window[0]}..{window[-1]}, {found.window_bytes:,} bytes"
+            f"{' (from layout 2, moved by the next writes)' if stats.layout_version == 3 else ''}",
             file=out,
         )
-    else:
+    elif stats.layout_version != 3:
         print("  window            empty", file=out)
-    if int(meta.get("open_count", "0")) > 0:  # layout 3
+    if int(meta.get("open_count", "0")) > 0:
         print(
             f"  open chunk        {meta['open_count']} messages, {meta['open_first']}..{meta['open_last']},"
             f" {int(meta.get('open_bytes', '0')):,} bytes",
             file=out,
         )
+    elif stats.layout_version == 3:
+        print("  open chunk        empty", file=out)
     if found.legacy_messages:
         print(f"  legacy (layout 1) {found.legacy_messages} messages not yet migrated", file=out)
     chunk_entries = admin.chunk_entries(store, thread_id)

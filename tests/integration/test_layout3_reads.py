@@ -233,6 +233,13 @@ def test_inspect_shows_the_open_chunk_and_stats_count_it_in_the_window(backend, 
     out = StringIO()
     inspect(store, "t", out=out)
     assert "  open chunk        4 messages, 17..20," in out.getvalue()
+    # A layout-3 thread has no window: no line names one.
+    assert "window" not in out.getvalue(), out.getvalue()
+    big = store.thread("big")
+    big.append(UserMessage(content="B" * (config.chunk_max_bytes + 1)))  # a chunk of its own
+    out = StringIO()
+    inspect(store, "big", out=out)
+    assert "  open chunk        empty\n" in out.getvalue() and "window" not in out.getvalue()
     store.close()
 
 
