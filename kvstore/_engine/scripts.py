@@ -138,11 +138,13 @@ class Library:
             m.group(0) for body in bodies.values() for m in _INCLUDE.finditer(body)
         )
         shared = _expand(include_lines, ("library",))
-        parts = []
-        for name, body in bodies.items():
-            own = _INCLUDE.sub("", body.split("\n", 1)[1])  # the shebang line is the library's
-            parts.append(f"local function {name}_body(KEYS, ARGV)\n{own.rstrip()}\nend")
-        digest = hashlib.sha1("\n".join((shared, *parts)).encode()).hexdigest()[:12]
+        # Each body is the callback itself, not a local naming it: the library's main function
+        # holds at most 200 locals (Lua 5.1), and the includes take most of them.
+        bodies_code = {
+            name: f"function(KEYS, ARGV)\n{_INCLUDE.sub('', body.split(chr(10), 1)[1]).rstrip()}\nend"
+            for name, body in bodies.items()  # the shebang line is the library's
+        }
+        digest = hashlib.sha1("\n".join((shared, *bodies_code.values())).encode()).hexdigest()[:12]
         library = f"kvstore_{digest}"
         scripts = {}
         registrations = []
@@ -152,9 +154,9 @@ class Library:
             flags = ", ".join(f"'{flag}'" for flag in script.flags)
             registrations.append(
                 f"redis.register_function{{function_name = '{script.function}',"
-                f" callback = {name}_body, flags = {{{flags}}}}}"
+                f" callback = {bodies_code[name]}, flags = {{{flags}}}}}"
             )
-        source = "\n".join((f"#!lua name={library}", shared, *parts, *registrations)) + "\n"
+        source = "\n".join((f"#!lua name={library}", shared, *registrations)) + "\n"
         return cls(library, source), scripts
 
 

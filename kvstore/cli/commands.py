@@ -88,7 +88,7 @@ def inspect(
     thread = existing_thread(store, thread_id)
     stats = thread.stats()
     found = admin.containers(store, thread_id)
-    meta, window = found.meta, found.window_sequences
+    meta = found.meta
     print(
         f"thread {thread_id} (namespace {store.config.namespace}, layout {stats.layout_version})",
         file=out,
@@ -118,23 +118,7 @@ def inspect(
         )
     else:
         print("  turn              -", file=out)
-    # Layout 3 has no window but the one a layout-2 thread left, drained by its next writes.
-    if window:
-        print(
-            f"  window            {len(window)} messages, {window[0]}..{window[-1]}, {found.window_bytes:,} bytes"
-            f"{' (from layout 2, moved by the next writes)' if stats.layout_version == 3 else ''}",
-            file=out,
-        )
-    elif stats.layout_version != 3:
-        print("  window            empty", file=out)
-    if int(meta.get("open_count", "0")) > 0:
-        print(
-            f"  open chunk        {meta['open_count']} messages, {meta['open_first']}..{meta['open_last']},"
-            f" {int(meta.get('open_bytes', '0')):,} bytes",
-            file=out,
-        )
-    elif stats.layout_version == 3:
-        print("  open chunk        empty", file=out)
+    _print_buffers(found, stats.layout_version, out)
     if found.legacy_messages:
         print(f"  legacy (layout 1) {found.legacy_messages} messages not yet migrated", file=out)
     chunk_entries = admin.chunk_entries(store, thread_id)
@@ -144,6 +128,29 @@ def inspect(
         _list_chunks(chunk_entries, large_entries, out)
     else:
         _sum_chunks(chunk_entries, large_entries, out)
+
+
+def _print_buffers(found: admin.Containers, layout: int | None, out: IO[str]) -> None:
+    """The window and the open chunk: where a thread's newest messages wait to be rolled up."""
+    meta, window = found.meta, found.window_sequences
+    # Layout 3 has no window but the one a layout-2 thread left, drained by its next writes.
+    if window:
+        print(
+            f"  window            {len(window)} messages, {window[0]}..{window[-1]},"
+            f" {found.window_bytes:,} bytes"
+            f"{' (from layout 2, moved by the next writes)' if layout == 3 else ''}",
+            file=out,
+        )
+    elif layout != 3:
+        print("  window            empty", file=out)
+    if int(meta.get("open_count", "0")) > 0:
+        print(
+            f"  open chunk        {meta['open_count']} messages, {meta['open_first']}..{meta['open_last']},"
+            f" {int(meta.get('open_bytes', '0')):,} bytes",
+            file=out,
+        )
+    elif layout == 3:
+        print("  open chunk        empty", file=out)
 
 
 def _list_chunks(
