@@ -14,6 +14,7 @@ from typing import Any, Self
 import redis
 import redis.asyncio
 
+from . import errors
 from ._engine.core import Operation, ThreadRef
 from ._engine.drivers import AsyncDriver, SyncDriver
 from ._engine.executor import Executor, operate
@@ -27,6 +28,30 @@ __all__ = ["AsyncMessageStore", "AsyncThread", "MessageStore", "Thread"]
 
 # How long an async store's close() waits for its watchers' cancelled reads to end.
 WATCHER_STOP_SECONDS = 1.0
+
+
+def _client_from_url(client_class: Any, url: str, client_kwargs: dict[str, Any]) -> Any:
+    """A client for `url` whose arguments were checked now: redis-py takes any keyword and fails
+    on the first call, deep in its pool, where a misplaced one (a StoreConfig field) is hard to
+    read. ConfigError instead, before anything is sent."""
+    misplaced = sorted(set(client_kwargs) & set(StoreConfig.__dataclass_fields__))
+    if misplaced:
+        raise errors.ConfigError(
+            f"{', '.join(misplaced)}: a StoreConfig setting, not the client's: pass"
+            f" from_url(url, StoreConfig({misplaced[0]}=...))"
+        )
+    if client_kwargs.pop("decode_responses", False):
+        raise errors.ConfigError("the client must return bytes: decode_responses must be False")
+    try:
+        client = client_class.from_url(url, decode_responses=False, **client_kwargs)
+    except ValueError as exc:  # redis-py's word for a URL it cannot read
+        raise errors.ConfigError(f"cannot use {url!r}: {exc}") from None
+    pool = client.connection_pool
+    try:
+        pool.connection_class(**pool.connection_kwargs)  # no socket yet: the arguments' check
+    except TypeError as exc:
+        raise errors.ConfigError(f"from_url: {exc}") from None
+    return client
 
 
 class MessageStore(SyncDriver, Executor):
@@ -59,15 +84,14 @@ class MessageStore(SyncDriver, Executor):
     ) -> MessageStore:
         """A store over a new ``redis.Redis`` client for `url` (``redis://``, ``rediss://``,
         ``unix://``); `client_kwargs` go to ``redis.Redis.from_url`` (``decode_responses`` is
-        always False). Nothing is sent until the first call.
+        always False). Nothing is sent until the first call; an argument the client cannot take
+        (a StoreConfig field among them) or a URL it cannot read is ConfigError at once.
 
         Example::
 
             store = MessageStore.from_url("redis://localhost:6379/0", socket_timeout=5)
         """
-        return cls(
-            redis.Redis.from_url(url, decode_responses=False, **client_kwargs), config, count_tokens
-        )
+        return cls(_client_from_url(redis.Redis, url, client_kwargs), config, count_tokens)
 
     @classmethod
     def in_memory(
@@ -169,11 +193,7 @@ class AsyncMessageStore(AsyncDriver, Executor):
 
             store = AsyncMessageStore.from_url("redis://localhost:6379/0")
         """
-        return cls(
-            redis.asyncio.Redis.from_url(url, decode_responses=False, **client_kwargs),
-            config,
-            count_tokens,
-        )
+        return cls(_client_from_url(redis.asyncio.Redis, url, client_kwargs), config, count_tokens)
 
     @classmethod
     def in_memory(

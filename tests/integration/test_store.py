@@ -4,6 +4,7 @@ surface (the executor's decisions are private)."""
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 
 import pytest
@@ -107,3 +108,39 @@ def test_the_public_surface_is_small(store_class):
 def test_health_report_is_exported():
     assert "HealthReport" in kvstore.__all__
     assert kvstore.HealthReport is type(MessageStore.in_memory().health())
+
+
+@pytest.mark.parametrize("store_class", [MessageStore, AsyncMessageStore])
+@pytest.mark.parametrize(
+    ("kwargs", "says"),
+    [
+        ({"namespace": "chat"}, "StoreConfig(namespace=...)"),
+        ({"chunk_size": 32}, "a StoreConfig setting"),
+        ({"socket_timeot": 5}, "socket_timeot"),
+        ({"decode_responses": True}, "decode_responses must be False"),
+    ],
+)
+def test_from_url_refuses_an_argument_the_client_cannot_take_before_sending_anything(
+    server, server_only, store_class, kwargs, says
+):
+    """redis-py takes any keyword and fails on the first call, deep in its pool; the store says
+    at once which argument, and where a StoreConfig field belongs."""
+    admin = redis.Redis.from_url(server.url)
+    before = admin.info("stats")["total_connections_received"]
+    with pytest.raises(kvstore.errors.ConfigError, match=re.escape(says)):
+        store_class.from_url(server.url, **kwargs)
+    assert admin.info("stats")["total_connections_received"] == before
+    admin.close()
+
+
+@pytest.mark.parametrize("store_class", [MessageStore, AsyncMessageStore])
+def test_from_url_refuses_a_url_it_cannot_read_as_a_config_error(store_class):
+    with pytest.raises(kvstore.errors.ConfigError, match="http://"):
+        store_class.from_url("http://localhost:6379/0")
+
+
+def test_from_url_passes_the_client_its_own_arguments(server, server_only, namespace):
+    config = StoreConfig(namespace=namespace)
+    with MessageStore.from_url(server.url, config, socket_timeout=7, decode_responses=False) as s:
+        assert s.client.connection_pool.connection_kwargs["socket_timeout"] == 7
+        assert s.thread("t").append(UserMessage(content="hi"))[0].seq_id == 1
