@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 import weakref
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from redis.exceptions import (
@@ -51,6 +51,7 @@ from .failures import (
     script_error,
     track_sends,
 )
+from .primary import OnPrimary
 from .scripts import LIBRARY, SCRIPTS, Script
 
 # A cluster refuses a thread's calls while its slot migrates (TRYAGAIN, ASK, MOVED): redis-py
@@ -108,11 +109,6 @@ class Executor:
         self._on_request: Callable[[Eval | Batch], Any] | None = None
         # The store's open watchers (watch_drivers.py), which close() stops.
         self._watchers: weakref.WeakSet[Any] = weakref.WeakSet()
-        if self.config.durability != "default" and is_cluster(client):
-            raise errors.ConfigError(
-                "durability modes need a standalone client: WAIT and WAITAOF must follow the write"
-                " on its own connection, which a cluster pipeline does not guarantee"
-            )
 
     if TYPE_CHECKING:
         # A store's driver (kvstore/_engine/drivers.py), mixed in beside this class, makes steps.
@@ -270,19 +266,32 @@ def _durable_call(store: Executor, script: Script, request: Eval) -> Steps:
     """The write and, on the same connection, WAIT or WAITAOF."""
     if not store._durability_checked and store.config.durability == "fsync":
         # Refuse before the first write where WAITAOF cannot work (no command, no AOF).
-        try:
-            yield Send(("WAITAOF", 1, 0, 1))
-        except ResponseError as exc:
-            raise durability_unavailable(store.config, exc) from exc
+        (probe,) = yield _on_thread_primary(store, request, [("WAITAOF", 1, 0, 1)])
+        if isinstance(probe, ResponseError):
+            raise durability_unavailable(store.config, probe) from probe
+        if isinstance(probe, Exception):
+            raise probe
     store._durability_checked = True
     wait = store._wait_command()
-    reply, waited = yield Pipeline((request_command(store, request), wait), raise_on_error=False)
+    reply, waited = yield _on_thread_primary(
+        store, request, (request_command(store, request), wait)
+    )
     if store._missed(reply):
         return (yield from _reloaded_call(store, script, request, wait))
     if isinstance(reply, Exception):
         raise reply
     check_durable(store.config, script, waited)
     return reply
+
+
+def _on_thread_primary(
+    store: Executor, request: Eval, commands: Sequence[Sequence[Any]]
+) -> Pipeline | OnPrimary:
+    """A durable write's commands on one connection: the client's own pipeline, or on a cluster
+    the connection of the primary that owns the thread's slot (kvstore/_engine/primary.py)."""
+    if is_cluster(store.client):
+        return OnPrimary(request.keys[0], commands)
+    return Pipeline(commands, raise_on_error=False)
 
 
 def _reloaded_call(
@@ -296,7 +305,12 @@ def _reloaded_call(
             commands = [("FUNCTION LOAD", LIBRARY.source), request_command(store, request)]
         else:
             commands = [_eval_command(script, request)]
-        replies = yield Pipeline([*commands, *([wait] if wait else [])], raise_on_error=False)
+        sent = [*commands, *([wait] if wait else [])]
+        replies = yield (
+            _on_thread_primary(store, request, sent)
+            if wait
+            else Pipeline(sent, raise_on_error=False)
+        )
         reply = replies[len(commands) - 1]
         if store._missed(reply):
             failed = store._load_failed(script, replies[0]) if len(commands) > 1 else None
