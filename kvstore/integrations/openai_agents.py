@@ -178,9 +178,16 @@ class KvstoreSession(SessionABC):
         return found
 
     async def _all_items(self) -> AsyncIterator[Any]:
-        async for message in self.thread.iter():
-            if not _hidden(message):
-                yield _item(message)
+        # Pages of the most kvstore lists at once: one round trip per 1,000 items.
+        after: int | None = None
+        while True:
+            page = await self.thread.list(after=after, limit=_PAGE)
+            for message in page.messages:
+                if not _hidden(message):
+                    yield _item(message)
+            if not page.has_more or not page.messages:
+                return
+            after = page.messages[-1].seq_id
 
 
 def _hidden(message: Message) -> bool:
