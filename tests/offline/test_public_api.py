@@ -80,6 +80,7 @@ PUBLIC_MODULES = [
     "kvstore.importers.records",
     "kvstore.importers.langchain",
     "kvstore.integrations.openai_agents",
+    "kvstore.integrations.langchain",
     "kvstore.admin",
 ]
 

@@ -1,0 +1,121 @@
+"""LangChain's chat message history on kvstore: :class:`KvstoreChatMessageHistory`.
+
+Needs ``pip install "kvstore[langchain]"``. Messages go through the importer's conversions
+(kvstore/importers/langchain.py), so what LangChain stores round-trips equal.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from langchain_core.chat_history import BaseChatMessageHistory
+from langchain_core.messages import BaseMessage, message_to_dict, messages_from_dict
+
+from .. import errors
+from ..importers.langchain import to_langchain
+from ..importers.source import _map
+from ..messages import Message
+from ..store import AsyncMessageStore, MessageStore
+
+# Ids of the messages the adapter stores: uuid5 in this namespace of (thread, key).
+_ADAPTER_IDS = uuid.UUID("9b3e54a0-2f1d-4c7e-8a65-0d4f7c2e91b3")
+
+
+class KvstoreChatMessageHistory(BaseChatMessageHistory):
+    """A LangChain ``BaseChatMessageHistory`` on one kvstore thread.
+
+    `store` is a :class:`MessageStore` (sync methods) or an :class:`AsyncMessageStore`
+    (``a``-prefixed methods). ``messages`` is bounded: the newest `max_messages`, or with
+    `max_tokens` the thread's ``context(max_tokens)`` (the compaction's summary first, as a
+    system message). ``add_messages`` is one atomic, idempotent append (see docs/INTEGRATIONS.md).
+
+    Example::
+
+        history = KvstoreChatMessageHistory(store, "user-42:chat-7", max_messages=100)
+        history.add_messages([HumanMessage("hi")])
+    """
+
+    def __init__(
+        self,
+        store: MessageStore | AsyncMessageStore,
+        thread_id: str,
+        max_messages: int = 50,
+        max_tokens: int | None = None,
+    ) -> None:
+        if not 1 <= max_messages <= 1000:
+            raise errors.InvalidCursor(f"max_messages must be 1..1000, got {max_messages!r}")
+        self.store = store
+        self.thread_id = thread_id
+        self.max_messages = max_messages
+        self.max_tokens = max_tokens
+
+    def _sync(self) -> MessageStore:
+        if not isinstance(self.store, MessageStore):
+            raise TypeError("this history's store is async: use the a-prefixed methods")
+        return self.store
+
+    def _async(self) -> AsyncMessageStore:
+        if not isinstance(self.store, AsyncMessageStore):
+            raise TypeError("this history's store is sync: use the methods without the a prefix")
+        return self.store
+
+    @property
+    def messages(self) -> list[BaseMessage]:  # type: ignore[override]
+        """The newest `max_messages` messages, oldest first (or ``context(max_tokens)``)."""
+        thread = self._sync().thread(self.thread_id)
+        if self.max_tokens is not None:
+            return _to_lc(list(thread.context(self.max_tokens)))
+        page = thread.list(limit=self.max_messages, order="desc")
+        return _to_lc(page.messages[::-1])
+
+    async def aget_messages(self) -> list[BaseMessage]:
+        """:attr:`messages` read through the async store."""
+        thread = self._async().thread(self.thread_id)
+        if self.max_tokens is not None:
+            return _to_lc(list(await thread.context(self.max_tokens)))
+        page = await thread.list(limit=self.max_messages, order="desc")
+        return _to_lc(page.messages[::-1])
+
+    def add_messages(self, messages: Sequence[BaseMessage]) -> None:
+        """Stores the messages in one atomic, idempotent append."""
+        if messages:
+            self._sync().thread(self.thread_id).append(self._converted(messages))
+
+    async def aadd_messages(self, messages: Sequence[BaseMessage]) -> None:
+        """:meth:`add_messages` through the async store."""
+        if messages:
+            await self._async().thread(self.thread_id).append(self._converted(messages))
+
+    def clear(self) -> None:
+        """Deletes the thread (every message, summary and turn)."""
+        self._sync().thread(self.thread_id).delete()
+
+    async def aclear(self) -> None:
+        """:meth:`clear` through the async store."""
+        await self._async().thread(self.thread_id).delete()
+
+    def _converted(self, messages: Sequence[BaseMessage]) -> list[Message]:
+        records = [message_to_dict(message) for message in messages]
+        batch = hashlib.sha256(json.dumps(records, sort_keys=True, default=str).encode()).digest()
+        out: list[Message] = []
+        for index, (message, record) in enumerate(zip(messages, records, strict=True)):
+            # The message's own id when set; else one derived from the batch and its place in
+            # it, so the same batch sent again is a replay.
+            key = message.id or f"batch:{batch.hex()}:{index}"
+            name = uuid.uuid5(_ADAPTER_IDS, f"{self.thread_id}\x00{key}")
+            position = name.int >> 80  # unique per message: groups never merge on the way out
+            parts = _map("langchain", self.thread_id, position, record, batch)
+            out.extend(
+                part.model_copy(update={"id": f"message-{name}" + (f"-{n}" if n else "")})
+                for n, part in enumerate(parts)
+            )
+        return out
+
+
+def _to_lc(messages: list[Message]) -> list[BaseMessage]:
+    records: list[dict[str, Any]] = to_langchain(messages)
+    return messages_from_dict(records)
