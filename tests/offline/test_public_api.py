@@ -79,6 +79,7 @@ PUBLIC_MODULES = [
     "kvstore.importers.session",
     "kvstore.importers.records",
     "kvstore.importers.langchain",
+    "kvstore.integrations.llamaindex",
     "kvstore.admin",
 ]
 
