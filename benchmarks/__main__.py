@@ -46,6 +46,7 @@ BENCHMARKS = (
     "encode",
     "history",
     "live_tail",
+    "integration_llamaindex",
     "peers",
 )
 DEFAULT_SET = BENCHMARKS[:-1]  # peers only with --peers

@@ -52,11 +52,11 @@ def to_kvstore(record: dict[str, Any], key: str = "") -> Message:
     kwargs = record.get("additional_kwargs") or {}
     blocks = record.get("blocks") or []
     parts: list[TextContent | ImageContent] = []
-    kept: list[list[Any]] = []
+    kept: list[dict[str, Any]] = []
     for index, block in enumerate(blocks):
         native = _native_part(block, kind)
         if native is None:
-            kept.append([index, block])
+            kept.append({"index": index, "block": block})  # as the importer keeps them
         else:
             parts.append(native)
     fields: dict[str, Any] = {}
@@ -142,13 +142,17 @@ def to_chat(message: Message) -> dict[str, Any] | None:
     fields = joined_fields(metadata)
     kind = message.message_type
     role = fields.get("role") or _ROLE_OF.get(kind, "assistant")
-    kwargs = fields.get("additional_kwargs") or _native_kwargs(message)
+    kwargs = fields.get("additional_kwargs") or {}
+    if not kwargs or metadata.get("source") == "llamaindex":  # type: ignore[union-attr]
+        # The importer kept only what the native fields do not hold (tool calls, their ids and
+        # the name are native there).
+        kwargs = {**_native_kwargs(message), **kwargs}
     if "all_blocks" in fields:
         blocks = fields["all_blocks"]
     else:
         blocks = _native_blocks(message)
-        for index, block in fields.get("blocks") or []:
-            blocks.insert(index, block)
+        for kept in fields.get("blocks") or []:
+            blocks.insert(kept["index"], kept["block"])
     return {"role": role, "additional_kwargs": kwargs, "blocks": blocks}
 
 
@@ -169,9 +173,10 @@ def _native_kwargs(message: Message) -> dict[str, Any]:
                 for call in calls
             ]
         }
-    if isinstance(message, ToolReturnMessage):
-        return {"tool_call_id": message.tool_call_id}
-    return {}
+    named = {"name": message.name} if message.name else {}
+    if isinstance(message, ToolReturnMessage) and message.tool_call_id:
+        return {"tool_call_id": message.tool_call_id, **named}
+    return named
 
 
 def _native_blocks(message: Message) -> list[dict[str, Any]]:

@@ -12,9 +12,11 @@ from llama_index.core.chat_engine import SimpleChatEngine
 from llama_index.core.llms import CompletionResponse, CustomLLM, LLMMetadata
 from llama_index.core.llms.callbacks import llm_completion_callback
 from llama_index.core.memory import ChatMemoryBuffer
+from llama_index.storage.chat_store.redis import RedisChatStore
 from pydantic import Field
 
 from kvstore import AssistantMessage, AsyncMessageStore, MessageStore, StoreConfig, errors
+from kvstore.importers import import_llamaindex
 from kvstore.integrations.llamaindex import KvstoreChatStore
 
 pytestmark = pytest.mark.usefixtures("server_only")
@@ -74,6 +76,7 @@ def conversation() -> list[ChatMessage]:
             role="tool", content="09:00", additional_kwargs={"tool_call_id": "call-2", "x": [1]}
         ),
         ChatMessage(role="assistant", content="Cloudy at nine."),
+        ChatMessage(role="tool", content="no call id"),
     ]
 
 
@@ -214,3 +217,16 @@ def test_async_chat_engine_with_the_async_store(server, namespace, store):
     stored = asyncio.run(run())
     assert [m.content for m in stored[::2]] == [f"async question {n}" for n in range(3)]
     assert [m.content for m in stored[1::2]] == [f"answer {n + 1}" for n in range(3)]
+
+
+def test_a_chat_imported_from_redis_chat_store_reads_back_equal(
+    store, server, raw_client, namespace
+):
+    peer = RedisChatStore(redis_url=server.url)
+    key = f"{namespace}:chat:imported"
+    messages = [m for m in conversation() if m.role.value != "assistant" or m.content]
+    peer.set_messages(key, messages)
+    peer._redis_client.close()
+    (result,) = import_llamaindex(store, raw_client, pattern=key)
+    assert result.error is None
+    assert KvstoreChatStore(store).get_messages(key) == messages
