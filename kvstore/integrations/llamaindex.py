@@ -87,8 +87,13 @@ class KvstoreChatStore(BaseChatStore):
         if self.max_tokens is not None:
             return _chat(thread.context(max_tokens=self.max_tokens))
         if self.max_messages is not None:
+            newest: list[ChatMessage] = []
             page = thread.list(limit=self.max_messages, order="desc")
-            return _chat(reversed(page.messages))
+            while True:  # deleted messages in the page: older pages fill their places
+                newest = _chat(reversed(page.messages)) + newest
+                if len(newest) >= self.max_messages or not page.has_more:
+                    return newest[-self.max_messages :]
+                page = thread.list(after=page.next_cursor, limit=self.max_messages, order="desc")
         return _chat(thread.iter())
 
     def add_message(self, key: str, message: ChatMessage) -> None:
@@ -153,8 +158,14 @@ class KvstoreChatStore(BaseChatStore):
         if self.max_tokens is not None:
             return _chat(await thread.context(max_tokens=self.max_tokens))
         if self.max_messages is not None:
-            page = await thread.list(limit=self.max_messages, order="desc")
-            return _chat(reversed(page.messages))
+            newest: list[ChatMessage] = []
+            limit = self.max_messages
+            page = await thread.list(limit=limit, order="desc")
+            while True:
+                newest = _chat(reversed(page.messages)) + newest
+                if len(newest) >= limit or not page.has_more:
+                    return newest[-limit:]
+                page = await thread.list(after=page.next_cursor, limit=limit, order="desc")
         return _chat([message async for message in thread.iter()])
 
     async def async_add_message(self, key: str, message: ChatMessage) -> None:

@@ -4,7 +4,9 @@ engine, and the chat-store contract, on the real servers, sync and async."""
 from __future__ import annotations
 
 import asyncio
+import shlex
 import threading
+from pathlib import Path
 
 import pytest
 from llama_index.core.base.llms.types import ChatMessage, ImageBlock, TextBlock
@@ -123,11 +125,15 @@ def test_bounded_reads_give_the_newest_page_or_the_context(store):
     messages = [ChatMessage(role="user", content=f"message {n}") for n in range(120)]
     KvstoreChatStore(store).set_messages("long", messages)
     assert KvstoreChatStore(store, max_messages=50).get_messages("long") == messages[-50:]
+    KvstoreChatStore(store).delete_message("long", 100)  # a deleted message's place is filled
+    assert KvstoreChatStore(store, max_messages=50).get_messages("long") == (
+        messages[-51:-20] + messages[-19:]
+    )
     thread = store.thread("long")
     thread.compact("They counted to 99.", thread.stats().next_sequence - 21)
     history = KvstoreChatStore(store, max_tokens=10_000).get_messages("long")
     assert history[0].role == "system" and history[0].content == "They counted to 99."
-    assert history[1:] == messages[-20:]
+    assert history[1:] == messages[-19:]  # after the summary: message 100 was deleted
     with pytest.raises(errors.ConfigError):
         KvstoreChatStore(store, max_messages=0)
 
@@ -230,3 +236,29 @@ def test_a_chat_imported_from_redis_chat_store_reads_back_equal(
     (result,) = import_llamaindex(store, raw_client, pattern=key)
     assert result.error is None
     assert KvstoreChatStore(store).get_messages(key) == messages
+
+
+def readme_acl_rules(namespace: str, password: str) -> list[str]:
+    """The README's application user's rules (its ACL SETUSER line), for `namespace`."""
+    text = (Path(__file__).parents[2] / "README.md").read_text(encoding="utf-8")
+    (line,) = [ln.strip() for ln in text.splitlines() if "ACL SETUSER kvstore-app " in ln]
+    line = line.replace("<password>", password).replace("<namespace>", namespace)
+    return shlex.split(line)[3:]
+
+
+def test_every_method_but_get_keys_runs_as_the_least_privileged_user(server, raw_client, namespace):
+    user, password = f"app-{namespace}", "pw-llamaindex"
+    raw_client.execute_command("ACL", "SETUSER", user, *readme_acl_rules(namespace, password))
+    try:
+        url = server.url.replace("redis://", f"redis://{user}:{password}@")
+        with MessageStore.from_url(url, StoreConfig(namespace=namespace)) as app:
+            chat = KvstoreChatStore(app, max_messages=3)
+            chat.set_messages("acl", conversation())
+            chat.add_message("acl", ChatMessage(role="user", content="one more"))
+            assert chat.delete_last_message("acl").content == "one more"
+            assert chat.delete_message("acl", 0) == conversation()[0]
+            assert chat.get_messages("acl") == conversation()[-3:]
+            with pytest.raises(errors.PermissionDenied):
+                chat.get_keys()
+    finally:
+        raw_client.execute_command("ACL", "DELUSER", user)
