@@ -47,6 +47,7 @@ BENCHMARKS = (
     "history",
     "live_tail",
     "integration_openai_agents",
+    "integration_llamaindex",
     "peers",
 )
 DEFAULT_SET = BENCHMARKS[:-1]  # peers only with --peers

@@ -81,6 +81,7 @@ PUBLIC_MODULES = [
     "kvstore.importers.langchain",
     "kvstore.integrations.openai_agents",
     "kvstore.integrations.langchain",
+    "kvstore.integrations.llamaindex",
     "kvstore.admin",
 ]
 

@@ -1,0 +1,199 @@
+"""LlamaIndex ChatMessage dicts and kvstore messages, one for one, both ways.
+
+One ChatMessage is one kvstore message, so a chat store's positions are the thread's: text and
+images are stored natively, a tool-calling step as a tool_call_message, and what has no kvstore
+field (``additional_kwargs``, another role's name, other blocks) in the message's metadata as
+the importers keep it (kvstore/importers/records.py: ``split_fields``)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ..importers.llamaindex import _LLAMA_ROLES, _llama_image
+from ..importers.records import joined_fields, split_fields
+from ..messages import (
+    AssistantMessage,
+    Base64Image,
+    ImageContent,
+    Message,
+    SystemMessage,
+    TextContent,
+    ToolCall,
+    ToolCallMessage,
+    ToolReturnMessage,
+    URLImage,
+    UserMessage,
+)
+
+DELETED = "llamaindex_deleted"
+"""The metadata key of a message delete_message retracted: reads leave it out."""
+
+_ROLE_OF = {
+    "system_message": "system",
+    "user_message": "user",
+    "assistant_message": "assistant",
+    "tool_call_message": "assistant",
+    "tool_return_message": "tool",
+    "reasoning_message": "assistant",
+    "summary_message": "system",
+}
+
+
+def tombstone() -> AssistantMessage:
+    """What a deleted message is replaced by (same id and sequence; reads skip it)."""
+    return AssistantMessage(content=[], metadata={DELETED: "1"})
+
+
+def to_kvstore(record: dict[str, Any], key: str = "") -> Message:
+    """The kvstore message of one ChatMessage (``ChatMessage.model_dump(mode="json")``)."""
+    role = str(record.get("role"))
+    kind = _LLAMA_ROLES.get(role, "user")
+    kwargs = record.get("additional_kwargs") or {}
+    blocks = record.get("blocks") or []
+    parts: list[TextContent | ImageContent] = []
+    kept: list[dict[str, Any]] = []
+    for index, block in enumerate(blocks):
+        native = _native_part(block, kind)
+        if native is None:
+            kept.append({"index": index, "block": block})  # as the importer keeps them
+        else:
+            parts.append(native)
+    fields: dict[str, Any] = {}
+    if kind != role:
+        fields["role"] = role
+    if kwargs:
+        fields["additional_kwargs"] = kwargs
+    texts = [part.text for part in parts if isinstance(part, TextContent)]
+    calls = _tool_calls(kwargs) if kind == "assistant" else []
+    whole = calls or (kind in ("system", "tool") and (len(blocks) != 1 or kept))
+    if whole:  # no native field holds these blocks as they are: kept whole
+        fields["all_blocks"] = blocks
+    elif kept:
+        fields["blocks"] = kept
+    meta = split_fields(fields, key, 0) if fields else None
+    text = "\n".join(texts)
+    if kind == "system":
+        return SystemMessage(content=text, metadata=meta)
+    if kind == "tool":
+        call_id = str(kwargs.get("tool_call_id") or "")
+        return ToolReturnMessage(
+            status="success", tool_call_id=call_id, tool_return=text, metadata=meta
+        )
+    if calls:
+        many = calls if len(calls) > 1 else None
+        return ToolCallMessage(tool_call=calls[0], tool_calls=many, metadata=meta)
+    if kind == "user":
+        content: Any = texts[0] if len(parts) == 1 and texts else parts
+        return UserMessage(content=content, metadata=meta)
+    content = texts[0] if len(parts) == 1 and texts else parts
+    return AssistantMessage(content=content, metadata=meta)
+
+
+def _native_part(block: Any, kind: str) -> TextContent | ImageContent | None:
+    """A block as a content part when reading it back gives the same block, else None."""
+    if not isinstance(block, dict):
+        return None
+    if block.get("block_type") == "text" and set(block) == {"block_type", "text"}:
+        return TextContent(text=str(block["text"]))
+    if block.get("block_type") == "image" and kind == "user":
+        image = _llama_image(block)
+        if image is not None and _image_block(image) == block:
+            return image
+    return None
+
+
+def _tool_calls(kwargs: dict[str, Any]) -> list[ToolCall]:
+    calls = []
+    for call in kwargs.get("tool_calls") or []:
+        function = (call.get("function") or {}) if isinstance(call, dict) else {}
+        calls.append(
+            ToolCall(
+                name=str(function.get("name") or ""),
+                tool_call_id=str(call.get("id") or "") if isinstance(call, dict) else "",
+                arguments=str(function.get("arguments") or "{}"),
+            )
+        )
+    return calls
+
+
+def _image_block(image: ImageContent) -> dict[str, Any]:
+    source = image.source
+    if isinstance(source, Base64Image):
+        image_b64, url, mime, detail = source.data, None, source.media_type, source.detail
+    else:
+        image_b64, url, mime, detail = None, getattr(source, "url", None), None, None
+    return {
+        "block_type": "image",
+        "image": image_b64,
+        "path": None,
+        "url": url,
+        "image_mimetype": mime,
+        "detail": detail,
+    }
+
+
+def to_chat(message: Message) -> dict[str, Any] | None:
+    """The ChatMessage dict of a stored message (None for a deleted one): the fields kept in
+    its metadata first, then its native fields."""
+    metadata = getattr(message, "metadata", None)
+    if metadata and DELETED in metadata:
+        return None
+    fields = joined_fields(metadata)
+    kind = message.message_type
+    role = fields.get("role") or _ROLE_OF.get(kind, "assistant")
+    kwargs = fields.get("additional_kwargs") or {}
+    if not kwargs or metadata.get("source") == "llamaindex":  # type: ignore[union-attr]
+        # The importer kept only what the native fields do not hold (tool calls, their ids and
+        # the name are native there).
+        kwargs = {**_native_kwargs(message), **kwargs}
+    if "all_blocks" in fields:
+        blocks = fields["all_blocks"]
+    else:
+        blocks = _native_blocks(message)
+        for kept in fields.get("blocks") or []:
+            blocks.insert(kept["index"], kept["block"])
+    return {"role": role, "additional_kwargs": kwargs, "blocks": blocks}
+
+
+def _native_kwargs(message: Message) -> dict[str, Any]:
+    """additional_kwargs of a message stored by another writer (no kept fields)."""
+    if isinstance(message, ToolCallMessage):
+        calls = message.tool_calls if isinstance(message.tool_calls, list) else [message.tool_call]
+        return {
+            "tool_calls": [
+                {
+                    "id": getattr(call, "tool_call_id", None),
+                    "type": "function",
+                    "function": {
+                        "name": getattr(call, "name", None),
+                        "arguments": getattr(call, "arguments", None),
+                    },
+                }
+                for call in calls
+            ]
+        }
+    named = {"name": message.name} if message.name else {}
+    if isinstance(message, ToolReturnMessage) and message.tool_call_id:
+        return {"tool_call_id": message.tool_call_id, **named}
+    return named
+
+
+def _native_blocks(message: Message) -> list[dict[str, Any]]:
+    content: Any = getattr(message, "content", None)
+    if content is None:
+        text = getattr(message, "reasoning", None) or getattr(message, "summary", None)
+        if text is None and isinstance(message, ToolReturnMessage):
+            text = message.tool_return
+        if text is None:
+            return []
+        content = text if isinstance(text, str) else json.dumps(text)
+    if isinstance(content, str):
+        return [{"block_type": "text", "text": content}]
+    blocks = []
+    for part in content:
+        if isinstance(part, ImageContent) and isinstance(part.source, Base64Image | URLImage):
+            blocks.append(_image_block(part))
+        elif isinstance(part, TextContent):
+            blocks.append({"block_type": "text", "text": part.text})
+    return blocks

@@ -1,0 +1,256 @@
+"""kvstore as LlamaIndex's chat store: ``KvstoreChatStore``, a ``BaseChatStore`` whose keys are
+thread ids (docs/INTEGRATIONS.md, "LlamaIndex").
+
+Needs the ``llamaindex`` extra (``pip install "kvstore[llamaindex]"``). Every add is one atomic,
+idempotent append; ``max_messages`` or ``max_tokens`` bound what ``get_messages`` reads (the
+newest page, or ``Thread.context(max_tokens)``), so a LlamaIndex memory built on this store
+hands its model a bounded history however long the thread runs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis
+from llama_index.core.base.llms.types import ChatMessage
+from llama_index.core.storage.chat_store.base import BaseChatStore
+from pydantic import PrivateAttr
+
+from .. import errors
+from .._engine.layout.keys import meta_pattern, thread_of_meta_key
+from ..messages import Message
+from ..store import AsyncMessageStore, MessageStore
+from ._llamaindex_convert import to_chat, to_kvstore, tombstone
+
+__all__ = ["KvstoreChatStore"]
+
+_BATCH = 100  # messages per append of set_messages
+_SCAN_PAGE = 200  # a delete_message's read, a page at a time
+
+
+class KvstoreChatStore(BaseChatStore):
+    """LlamaIndex's ``BaseChatStore`` on kvstore threads: a key is a thread id.
+
+    `store` serves the sync methods, `async_store` (optional) the ``a*`` ones (without it they
+    run the sync ones in a worker thread, as LlamaIndex's default does). ``max_messages``: reads
+    return the newest that many (one page, at most 1000); ``max_tokens``: reads return
+    ``Thread.context(max_tokens)`` (the summary a compaction stored and the newest messages
+    that fit). Neither: the whole history, read a page at a time.
+
+    Example::
+
+        store = MessageStore.from_url("redis://localhost:6379/0")
+        chat_store = KvstoreChatStore(store, max_messages=50)
+        memory = ChatMemoryBuffer.from_defaults(chat_store=chat_store, chat_store_key="user-42")
+    """
+
+    max_messages: int | None = None
+    max_tokens: int | None = None
+    _store: MessageStore = PrivateAttr()
+    _async_store: AsyncMessageStore | None = PrivateAttr(default=None)
+
+    def __init__(
+        self,
+        store: MessageStore,
+        async_store: AsyncMessageStore | None = None,
+        *,
+        max_messages: int | None = None,
+        max_tokens: int | None = None,
+    ) -> None:
+        if max_messages is not None and not 1 <= max_messages <= 1000:
+            raise errors.ConfigError(f"max_messages must be 1..1000, not {max_messages!r}")
+        if max_tokens is not None and max_tokens < 1:
+            raise errors.ConfigError(f"max_tokens must be a positive int, not {max_tokens!r}")
+        super().__init__(max_messages=max_messages, max_tokens=max_tokens)
+        self._store = store
+        self._async_store = async_store
+
+    @classmethod
+    def class_name(cls) -> str:
+        """LlamaIndex's name of this component."""
+        return "KvstoreChatStore"
+
+    # --- sync ---------------------------------------------------------------------------------
+
+    def set_messages(self, key: str, messages: list[ChatMessage]) -> None:
+        """Replaces the thread's messages: a delete, then appends of at most 100 messages
+        (each atomic). A concurrent reader may see the thread empty or holding a prefix."""
+        thread = self._store.thread(key)
+        thread.delete()
+        converted = [to_kvstore(_dump(message), key) for message in messages]
+        for start in range(0, len(converted), _BATCH):
+            thread.append(converted[start : start + _BATCH])
+
+    def get_messages(self, key: str) -> list[ChatMessage]:
+        """The thread's history: bounded by ``max_messages`` / ``max_tokens`` when set."""
+        thread = self._store.thread(key)
+        if self.max_tokens is not None:
+            return _chat(thread.context(max_tokens=self.max_tokens))
+        if self.max_messages is not None:
+            newest: list[ChatMessage] = []
+            page = thread.list(limit=self.max_messages, order="desc")
+            while True:  # deleted messages in the page: older pages fill their places
+                newest = _chat(reversed(page.messages)) + newest
+                if len(newest) >= self.max_messages or not page.has_more:
+                    return newest[-self.max_messages :]
+                page = thread.list(after=page.next_cursor, limit=self.max_messages, order="desc")
+        return _chat(thread.iter())
+
+    def add_message(self, key: str, message: ChatMessage) -> None:
+        """Appends one message: one atomic, idempotent script call."""
+        self._store.thread(key).append(to_kvstore(_dump(message), key))
+
+    def delete_messages(self, key: str) -> list[ChatMessage] | None:
+        """Deletes the thread. Returns None: the deleted history is not read first (it may be
+        long; LlamaIndex's memories ignore the value)."""
+        self._store.thread(key).delete()
+        return None
+
+    def delete_message(self, key: str, idx: int) -> ChatMessage | None:
+        """Deletes the message at position `idx` (0: the oldest kept), None when there is none.
+
+        Reads up to `idx` + 1 messages oldest first, then replaces the one found, by its id, with
+        a tombstone reads leave out: one atomic script. Appends never move a position, so a
+        concurrent append cannot make it delete another message."""
+        if idx < 0:
+            return None
+        thread = self._store.thread(key)
+        found = _nth(thread.iter(), idx)
+        if found is None:
+            return None
+        thread.replace(str(found[0].id), tombstone())
+        return ChatMessage.model_validate(found[1])
+
+    def delete_last_message(self, key: str) -> ChatMessage | None:
+        """Deletes the newest message (None on an empty thread), read from the newest page and
+        replaced by its id: a message appended meanwhile is not the one deleted."""
+        thread = self._store.thread(key)
+        found = _nth(thread.iter(order="desc"), 0)
+        if found is None:
+            return None
+        thread.replace(str(found[0].id), tombstone())
+        return ChatMessage.model_validate(found[1])
+
+    def get_keys(self) -> list[str]:
+        """Every thread id of the store's namespace: a SCAN of the whole keyspace (its cost
+        grows with every key of the database, not with the answer), which needs ``+scan``
+        (the application user's ACL does not grant it: PermissionDenied then)."""
+        return _keys(self._store)
+
+    # --- async --------------------------------------------------------------------------------
+
+    async def aset_messages(self, key: str, messages: list[ChatMessage]) -> None:
+        """See :meth:`set_messages`."""
+        if self._async_store is None:
+            return await super().aset_messages(key, messages)
+        thread = self._async_store.thread(key)
+        await thread.delete()
+        converted = [to_kvstore(_dump(message), key) for message in messages]
+        for start in range(0, len(converted), _BATCH):
+            await thread.append(converted[start : start + _BATCH])
+        return None
+
+    async def aget_messages(self, key: str) -> list[ChatMessage]:
+        """See :meth:`get_messages`."""
+        if self._async_store is None:
+            return await super().aget_messages(key)
+        thread = self._async_store.thread(key)
+        if self.max_tokens is not None:
+            return _chat(await thread.context(max_tokens=self.max_tokens))
+        if self.max_messages is not None:
+            newest: list[ChatMessage] = []
+            limit = self.max_messages
+            page = await thread.list(limit=limit, order="desc")
+            while True:
+                newest = _chat(reversed(page.messages)) + newest
+                if len(newest) >= limit or not page.has_more:
+                    return newest[-limit:]
+                page = await thread.list(after=page.next_cursor, limit=limit, order="desc")
+        return _chat([message async for message in thread.iter()])
+
+    async def async_add_message(self, key: str, message: ChatMessage) -> None:
+        """See :meth:`add_message`."""
+        if self._async_store is None:
+            return await super().async_add_message(key, message)
+        await self._async_store.thread(key).append(to_kvstore(_dump(message), key))
+        return None
+
+    async def adelete_messages(self, key: str) -> list[ChatMessage] | None:
+        """See :meth:`delete_messages`."""
+        if self._async_store is None:
+            return await super().adelete_messages(key)
+        await self._async_store.thread(key).delete()
+        return None
+
+    async def adelete_message(self, key: str, idx: int) -> ChatMessage | None:
+        """See :meth:`delete_message`."""
+        if self._async_store is None:
+            return await super().adelete_message(key, idx)
+        return await self._adelete_at(key, idx, "asc")
+
+    async def adelete_last_message(self, key: str) -> ChatMessage | None:
+        """See :meth:`delete_last_message`."""
+        if self._async_store is None:
+            return await super().adelete_last_message(key)
+        return await self._adelete_at(key, 0, "desc")
+
+    async def aget_keys(self) -> list[str]:
+        """See :meth:`get_keys` (SCAN runs on the sync store's client)."""
+        return await super().aget_keys()
+
+    async def _adelete_at(self, key: str, idx: int, order: Any) -> ChatMessage | None:
+        assert self._async_store is not None
+        if idx < 0:
+            return None
+        thread = self._async_store.thread(key)
+        seen = 0
+        async for message in thread.iter(order=order):
+            record = to_chat(message)
+            if record is None:
+                continue
+            if seen == idx:
+                await thread.replace(str(message.id), tombstone())
+                return ChatMessage.model_validate(record)
+            seen += 1
+        return None
+
+
+def _dump(message: ChatMessage) -> dict[str, Any]:
+    dumped: dict[str, Any] = message.model_dump(mode="json")
+    return dumped
+
+
+def _chat(messages: Any) -> list[ChatMessage]:
+    """ChatMessages of stored messages, deleted ones left out."""
+    made = []
+    for message in messages:
+        record = to_chat(message)
+        if record is not None:
+            made.append(ChatMessage.model_validate(record))
+    return made
+
+
+def _nth(messages: Any, idx: int) -> tuple[Message, dict[str, Any]] | None:
+    """The `idx`-th message not deleted (and its ChatMessage dict), or None."""
+    seen = 0
+    for message in messages:
+        record = to_chat(message)
+        if record is None:
+            continue
+        if seen == idx:
+            return message, record
+        seen += 1
+    return None
+
+
+def _keys(store: MessageStore) -> list[str]:
+    namespace = store.config.namespace
+    try:
+        found = store.client.scan_iter(match=meta_pattern(namespace), count=1000)
+        ids = {thread_of_meta_key(namespace, key) for key in found}
+    except redis.exceptions.NoPermissionError:
+        raise errors.PermissionDenied(
+            "get_keys lists threads with SCAN, which this user may not run: grant +scan, or"
+            " keep the thread ids in your application"
+        ) from None
+    return sorted(t for t in ids if store.thread(t).stats().stored_messages > 0)
