@@ -1,4 +1,4 @@
-"""`kvstore import-from {langchain,llamaindex}` and `kvstore export --format langchain`.
+"""`kvstore import-from {langchain,llamaindex,openai-agents}` and `kvstore export --format langchain`.
 
 The work is kvstore.importers'; here are the progress bar, the summary table and the export's
 file (one JSON array, as LangChain's `messages_to_dict` makes)."""
@@ -19,9 +19,11 @@ from ..importers import (
     find_sessions,
     import_langchain,
     import_llamaindex,
+    import_openai_agents,
     langchain_left_out,
     to_langchain,
 )
+from ..importers.openai_agents import MESSAGES_SUFFIX, SESSION_KEY_PREFIX
 from ..importers.records import Source
 from ..store import MessageStore
 from .commands import existing_thread
@@ -35,7 +37,7 @@ def import_from(
     source: redis.Redis,
     kind: str,
     pattern: str | None,
-    key_prefix: str,
+    key_prefix: str | None,
     batch_messages: int,
     out: IO[str],
     progress_out: IO[str],
@@ -48,7 +50,9 @@ def import_from(
     is stored as (the others keep their default one). An import that a failed server or
     connection (or Ctrl-C) ends shows the sessions done, then raises."""
     renames = checked_renames(renames or {})
-    pattern = pattern or (f"{key_prefix}*" if kind == "langchain" else "*")
+    source_kind = _SOURCES[kind]
+    key_prefix = key_prefix if key_prefix is not None else _KEY_PREFIXES.get(source_kind, "")
+    pattern = pattern or _default_pattern(source_kind, key_prefix)
     keys = find_sessions(source, pattern)
     total = _total(source, keys)
     bar = Progress("imported", total, progress_out, every)
@@ -70,6 +74,7 @@ def import_from(
         raise
     bar.close()
     _table(results, store.config.namespace, out)
+    _say_ttl(results, store, progress_out)
     unknown = sorted(set(renames) - {result.source_key for result in results})
     if unknown:
         print(
@@ -78,6 +83,37 @@ def import_from(
             file=progress_out,
         )
     return 1 if unknown or any(result.error for result in results) else 0
+
+
+_SOURCES: dict[str, Source] = {
+    "langchain": "langchain",
+    "llamaindex": "llamaindex",
+    "openai-agents": "openai_agents",
+}
+_KEY_PREFIXES: dict[Source, str] = {
+    "langchain": "message_store:",
+    "openai_agents": SESSION_KEY_PREFIX,
+}
+
+
+def _default_pattern(kind: Source, key_prefix: str) -> str:
+    if kind == "langchain":
+        return f"{key_prefix}*"
+    if kind == "openai_agents":
+        return f"{key_prefix}:*{MESSAGES_SUFFIX}"
+    return "*"
+
+
+def _say_ttl(results: list[SessionImport], store: MessageStore, out: IO[str]) -> None:
+    """Sources that expire keep expiring here only with the store's thread_ttl: said when unset."""
+    ttls = [r.source_ttl_ms for r in results if r.source_ttl_ms is not None]
+    if ttls and store.config.thread_ttl is None:
+        print(
+            f"kvstore: {len(ttls)} source session(s) had a time to live (up to"
+            f" {max(ttls) // 1000:,} s left); the imported threads have none: pass --thread-ttl"
+            " SECONDS (an idle expiry, as the source's) to carry it over",
+            file=out,
+        )
 
 
 def _run(
@@ -91,13 +127,24 @@ def _run(
     progress: Callable[[str, int], None],
     results: list[SessionImport],
 ) -> None:
-    source_kind: Source = "langchain" if kind == "langchain" else "llamaindex"
+    source_kind = _SOURCES[kind]
 
     def thread_id(key: str) -> str:
         return renames[key] if key in renames else default_thread_id(source_kind, key, key_prefix)
 
     if kind == "langchain":
         import_langchain(
+            store,
+            source,
+            pattern,
+            key_prefix=key_prefix,
+            thread_id=thread_id,
+            batch_messages=batch_messages,
+            progress=progress,
+            sessions=results,
+        )
+    elif kind == "openai-agents":
+        import_openai_agents(
             store,
             source,
             pattern,

@@ -261,7 +261,12 @@ def _import_from(args: argparse.Namespace) -> int:
     target = connect(args.to_url) if args.to_url else source
     try:
         store = MessageStore(
-            target, StoreConfig(namespace=args.namespace, history_checks=args.history_checks)
+            target,
+            StoreConfig(
+                namespace=args.namespace,
+                history_checks=args.history_checks,
+                thread_ttl=args.thread_ttl,
+            ),
         )
         return import_from(
             store,

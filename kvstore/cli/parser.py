@@ -167,29 +167,43 @@ def _add_thread_commands(commands: argparse._SubParsersAction[argparse.ArgumentP
 
 
 def _add_import_from(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """import-from: LangChain's or LlamaIndex's Redis chat histories in."""
+    """import-from: LangChain's, LlamaIndex's or the OpenAI Agents SDK's Redis histories in."""
     import_from = commands.add_parser(
         "import-from",
-        help="import the sessions of a LangChain or LlamaIndex Redis chat history (resumable)",
-        description="Find the sessions of LangChain's RedisChatMessageHistory (lists message_store:<session>) or"
-        " LlamaIndex's RedisChatStore (one list per key) on the server at --url with SCAN, and store"
+        help="import the sessions of a LangChain, LlamaIndex or OpenAI Agents SDK Redis history"
+        " (resumable)",
+        description="Find the sessions of LangChain's RedisChatMessageHistory (lists message_store:<session>),"
+        " LlamaIndex's RedisChatStore (one list per key) or the OpenAI Agents SDK's RedisSession"
+        " (lists agents:session:<session>:messages) on the server at --url with SCAN, and store"
         " each as a kvstore thread. Run again, it stores nothing twice and finishes an interrupted"
         " run; the source keys are only read.",
     )
-    import_from.add_argument("source", choices=("langchain", "llamaindex"))
+    import_from.add_argument("source", choices=("langchain", "llamaindex", "openai-agents"))
     import_from.add_argument(
         "--url", required=True, help="the Redis/Valkey URL of the chat history to import"
     )
     import_from.add_argument(
         "--pattern",
         help="the keys to import, a SCAN pattern (default: message_store:* for"
-        " langchain, * for llamaindex)",
+        " langchain, * for llamaindex, agents:session:*:messages for openai-agents)",
     )
     import_from.add_argument(
         "--key-prefix",
-        default="message_store:",
-        help="langchain: the prefix cut from a key to make its thread id (default: message_store:)",
+        help="the prefix cut from a key to make its thread id: langchain's (default:"
+        " message_store:), or the Agents SDK's key_prefix (default: agents:session)",
     )
+    import_from.add_argument(
+        "--thread-ttl",
+        type=int,
+        metavar="SECONDS",
+        help="the store's idle expiry for the threads written (default: none); give the source's"
+        " TTL to carry it over",
+    )
+    _add_import_from_options(import_from)
+
+
+def _add_import_from_options(import_from: argparse.ArgumentParser) -> None:
+    """import-from's options past the source's own: renames, the target store, batches."""
     import_from.add_argument(
         "--rename",
         nargs=2,

@@ -6,13 +6,17 @@ Sources
     (``{"type": "human", "data": {...}}``), pushed with LPUSH: newest first. LlamaIndex's
     ``RedisChatStore`` keeps a chat in one list per key (the key as the caller named it), each
     element a ``ChatMessage`` as JSON (``{"role": "user", "additional_kwargs": {}, "blocks":
-    [...]}``), pushed with RPUSH: oldest first.
+    [...]}``), pushed with RPUSH: oldest first. The OpenAI Agents SDK's ``RedisSession`` keeps a
+    session's Responses input items in the list ``agents:session:<session>:messages`` (its
+    ``key_prefix``), each item as JSON, pushed with RPUSH: oldest first.
 
-    :func:`import_langchain` and :func:`import_llamaindex` find the sessions with SCAN (lists
+    :func:`import_langchain`, :func:`import_llamaindex` and :func:`import_openai_agents` find the sessions with SCAN (lists
     only, matching ``pattern``), count each (LLEN) and store it as a thread of the store (its
     namespace); a LlamaIndex source's list that is no chat is left alone (``skipped``). The
     thread id is the session id (LangChain: the key without ``message_store:``) or the key
-    (LlamaIndex), or what ``thread_id(key)`` returns. Source keys are only read (LLEN, LRANGE).
+    (LlamaIndex), the session id (the Agents SDK), or what ``thread_id(key)`` returns. Source
+    keys are only read (LLEN, LRANGE, PTTL); a source key's time to live is reported
+    (``SessionImport.source_ttl_ms``) for the store's ``thread_ttl`` to carry on.
 
 Types
     ==================================  ======================================================
@@ -29,8 +33,12 @@ Types
                                         user_message named after an unknown role
     ==================================  ======================================================
 
+    An Agents SDK item is the message ``kvstore.integrations.openai_agents`` makes of it (module
+    ``kvstore.importers.openai_agents``): of the type that means the same, the item itself kept
+    whole in its ``openai_item`` field.
+
     Nothing is dropped. Every imported message carries ``metadata``: ``source``
-    (``langchain`` / ``llamaindex``), ``source_position`` (the message's position in the
+    (``langchain`` / ``llamaindex`` / ``openai_agents``), ``source_position`` (the message's position in the
     session, the oldest 0) and, when the source message holds anything the kvstore messages do
     not (its LangChain ``id``, ``response_metadata``, ``usage_metadata``, an ``artifact``, a
     content block of another kind, a LlamaIndex audio or document block …), ``source_fields``:
@@ -83,6 +91,8 @@ from .api import (
     import_langchain_async,
     import_llamaindex,
     import_llamaindex_async,
+    import_openai_agents,
+    import_openai_agents_async,
 )
 from .langchain import langchain_left_out, to_langchain
 from .records import SOURCE_FIELDS_MAX
@@ -102,6 +112,8 @@ __all__ = [
     "import_langchain_async",
     "import_llamaindex",
     "import_llamaindex_async",
+    "import_openai_agents",
+    "import_openai_agents_async",
     "langchain_left_out",
     "to_langchain",
 ]

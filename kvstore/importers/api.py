@@ -11,6 +11,7 @@ from .._engine.drivers import AsyncDriver, SyncDriver
 from ..messages import (
     Message,
 )
+from .openai_agents import MESSAGES_SUFFIX, SESSION_KEY_PREFIX, session_id_of
 from .records import Source
 from .session import Progress, SessionImport, _append_new, _find, _import
 
@@ -141,16 +142,70 @@ async def import_llamaindex_async(
     )
 
 
+def import_openai_agents(
+    store: Any,
+    source: redis.Redis,
+    pattern: str | None = None,
+    key_prefix: str = SESSION_KEY_PREFIX,
+    thread_id: Callable[[str], str] | None = None,
+    batch_messages: int = 100,
+    progress: Progress | None = None,
+    *,
+    sessions: list[SessionImport] | None = None,
+) -> list[SessionImport]:
+    """Imports every OpenAI Agents SDK ``RedisSession`` of ``source`` (its items, the list at
+    ``<key_prefix>:<session_id>:messages``; default pattern ``<key_prefix>:*:messages``) into
+    ``store``; the thread id is the session id (or ``thread_id(key)``). Each item becomes the
+    message ``KvstoreSession`` makes of it, so the adapter gives the items back as the SDK
+    stored them. Otherwise as :func:`import_langchain`.
+
+    Example: ``import_openai_agents(store, redis.Redis.from_url("redis://old:6379/0"))``"""
+    return _drive(
+        _openai_agents(
+            store, pattern, key_prefix, thread_id, batch_messages, progress, _list(sessions)
+        ),
+        store,
+        source,
+    )
+
+
+async def import_openai_agents_async(
+    store: Any,
+    source: Any,
+    pattern: str | None = None,
+    key_prefix: str = SESSION_KEY_PREFIX,
+    thread_id: Callable[[str], str] | None = None,
+    batch_messages: int = 100,
+    progress: Progress | None = None,
+    *,
+    sessions: list[SessionImport] | None = None,
+) -> list[SessionImport]:
+    """:func:`import_openai_agents` into an AsyncMessageStore, from a ``redis.asyncio`` client.
+
+    Example: ``await import_openai_agents_async(store, redis.asyncio.Redis.from_url(old_url))``"""
+    return await _drive_async(
+        _openai_agents(
+            store, pattern, key_prefix, thread_id, batch_messages, progress, _list(sessions)
+        ),
+        store,
+        source,
+    )
+
+
 def find_sessions(source: redis.Redis, pattern: str) -> list[str]:
     """The keys of ``source`` that match ``pattern`` and hold lists, sorted (SCAN, bounded replies)."""
     return _drive(_find(pattern), None, source)
 
 
-def default_thread_id(kind: Source, key: str, key_prefix: str = _LANGCHAIN_PREFIX) -> str:
+def default_thread_id(kind: Source, key: str, key_prefix: str | None = None) -> str:
     """The thread id an import gives the session at ``key`` without ``thread_id=``: LangChain's
-    session id (the key without ``key_prefix``), LlamaIndex's key.
+    session id (the key without ``key_prefix``), LlamaIndex's key, the Agents SDK's session id
+    (``<key_prefix>:<session_id>:messages``; its ``key_prefix`` defaults to ``agents:session``).
 
     Example: ``default_thread_id("langchain", "message_store:s1") == "s1"``"""
+    if kind == "openai_agents":
+        return session_id_of(key, SESSION_KEY_PREFIX if key_prefix is None else key_prefix)
+    key_prefix = _LANGCHAIN_PREFIX if key_prefix is None else key_prefix
     if kind == "langchain" and key.startswith(key_prefix) and len(key) > len(key_prefix):
         return key[len(key_prefix) :]
     return key
@@ -216,6 +271,29 @@ def _langchain(
         store,
         "langchain",
         pattern or f"{_glob_escape(key_prefix)}*",
+        thread_id or thread_of,
+        batch_messages,
+        progress,
+        results,
+    )
+
+
+def _openai_agents(
+    store: Any,
+    pattern: str | None,
+    key_prefix: str,
+    thread_id: Callable[[str], str] | None,
+    batch_messages: int,
+    progress: Progress | None,
+    results: list[SessionImport],
+) -> Generator[Any, Any, list[SessionImport]]:
+    def thread_of(key: str) -> str:
+        return session_id_of(key, key_prefix)
+
+    return _import(
+        store,
+        "openai_agents",
+        pattern or f"{_glob_escape(key_prefix)}:*{MESSAGES_SUFFIX}",
         thread_id or thread_of,
         batch_messages,
         progress,

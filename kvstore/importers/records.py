@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from .. import errors
 
-Source = Literal["langchain", "llamaindex"]
+Source = Literal["langchain", "llamaindex", "openai_agents"]
 """The chat histories an import reads."""
 
 _FIELD_PIECE = 512  # messages.MAX_METADATA_VALUE_CHARS

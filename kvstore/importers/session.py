@@ -60,6 +60,11 @@ class SessionImport(BaseModel):
     """The class of that error: ``SourceChanged``, ``HistoryConflict``, ``InvalidMessage``,
     ``MessageTooLarge``, ``InvalidThreadId`` (the session's name is no thread id: rename it with
     ``thread_id=``), ``ResponseError`` (the source key is not a list any more) …"""
+    source_ttl_ms: int | None = None
+    """The source key's time to live when it was read, in milliseconds; None when it has none.
+    The thread takes the store's ``thread_ttl`` (an idle expiry, as the sources' TTLs are: set
+    again on each write), not this: a caller carrying a source's TTL over sets ``thread_ttl`` to
+    it (``kvstore import-from --thread-ttl``)."""
     skipped: str | None = None
     """Why the session was left alone, or None: a list that is no chat of the source (LlamaIndex:
     its first element is not a ChatMessage). Nothing is read past that element, nothing is
@@ -180,6 +185,8 @@ def _session(
     with contextlib.suppress(errors.InvalidThreadId):  # refused below, once the session is read
         result.thread_id = check_thread_id(name)
     result.source_messages = total = yield SourceRead("llen", (key,))
+    ttl = yield SourceRead("pttl", (key,))
+    result.source_ttl_ms = int(ttl) if int(ttl) > 0 else None
     if total == 0:
         return
     if kind == "llamaindex" and not _is_llamaindex((yield SourceRead("lindex", (key, 0)))):

@@ -14,6 +14,7 @@ from ..errors import SourceChanged
 from ..messages import Message
 from .langchain import _from_langchain
 from .llamaindex import _from_llamaindex
+from .openai_agents import _from_openai_agents
 from .records import Source, message_id, split_fields
 
 
@@ -81,9 +82,16 @@ def _is_llamaindex(raw: bytes | None) -> bool:
     )
 
 
+_CONVERTERS = {
+    "langchain": _from_langchain,
+    "llamaindex": _from_llamaindex,
+    "openai_agents": _from_openai_agents,
+}
+
+
 def _map(kind: Source, key: str, position: int, record: Any, digest: bytes) -> list[Message]:
     try:
-        made, fields = (_from_langchain if kind == "langchain" else _from_llamaindex)(record)
+        made, fields = _CONVERTERS[kind](record)
     except (ValueError, TypeError, KeyError, AttributeError) as exc:  # ValidationError included
         raise errors.InvalidMessage(
             f"{key}, message {position}: cannot be read as a {kind} message ({exc})"

@@ -22,25 +22,9 @@ from agents.memory.session import SessionABC
 from agents.memory.session_settings import SessionSettings
 
 from kvstore.config import StoreConfig
-from kvstore.convert import to_responses_input
-from kvstore.messages import (
-    AssistantMessage,
-    HiddenReasoningMessage,
-    Message,
-    ReasoningMessage,
-    SystemMessage,
-    ToolCall,
-    ToolCallMessage,
-    ToolReturnMessage,
-    UserMessage,
-)
+from kvstore.importers.openai_agents import POPPED_FIELD, item_message, message_item
+from kvstore.messages import HiddenReasoningMessage, Message
 from kvstore.store import AsyncMessageStore
-
-ITEM_FIELD = "openai_item"
-"""The message field that holds the Responses item as the SDK gave it."""
-
-POPPED_FIELD = "openai_popped"
-"""The field of a message ``pop_item`` retracted: reads skip it."""
 
 _PAGE = 1000  # the largest page kvstore lists in one call
 
@@ -137,7 +121,7 @@ class KvstoreSession(SessionABC):
         tombstone = HiddenReasoningMessage(state="omitted", otid=newest.otid)
         setattr(tombstone, POPPED_FIELD, True)
         await self.thread.replace(newest.id, tombstone)
-        return _item(newest)
+        return message_item(newest)
 
     async def clear_session(self) -> None:
         """Deletes the session's thread (every key of it, in bounded steps)."""
@@ -184,7 +168,7 @@ class KvstoreSession(SessionABC):
             page = await self.thread.list(after=after, limit=_PAGE)
             for message in page.messages:
                 if not _hidden(message):
-                    yield _item(message)
+                    yield message_item(message)
             if not page.has_more or not page.messages:
                 return
             after = page.messages[-1].seq_id
@@ -228,68 +212,11 @@ def _is_replay(items: list[Any], tail: list[Message]) -> bool:
 
 
 def _messages(items: list[Any], anchor: str | None) -> list[Message]:
-    return [_message(item, otid) for item, otid in zip(items, _otids(items, anchor), strict=True)]
-
-
-def _message(item: Any, otid: str) -> Message:
-    """The kvstore message an item means, carrying the item (its string content once)."""
-    kept = dict(item)
-    kind = item.get("type", "message" if "role" in item else None)
-    message: Message
-    if kind == "message":
-        content = item.get("content")
-        text = content if isinstance(content, str) else _text(content)
-        if isinstance(content, str):
-            del kept["content"]
-        role = item.get("role")
-        if role == "user":
-            message = UserMessage(content=text)
-        elif role == "assistant":
-            message = AssistantMessage(content=text)
-        else:
-            message = SystemMessage(content=text)
-    elif kind == "function_call":
-        call = ToolCall(
-            name=str(item.get("name", "")),
-            arguments=str(item.get("arguments", "")),
-            tool_call_id=str(item.get("call_id", "")),
-        )
-        message = ToolCallMessage(tool_call=call)
-    elif kind == "function_call_output":
-        output = item.get("output")
-        text = output if isinstance(output, str) else _text(output)
-        message = ToolReturnMessage(
-            status="success", tool_call_id=str(item.get("call_id", "")), tool_return=text
-        )
-    elif kind == "reasoning":
-        message = ReasoningMessage(reasoning=_text(item.get("summary")))
-    else:
-        # Any other item (hosted tools, computer calls, references, ...) is kept as it was.
-        message = HiddenReasoningMessage(state="omitted", hidden_reasoning=str(kind))
-    message.otid = otid
-    setattr(message, ITEM_FIELD, kept)
-    return message
-
-
-def _text(parts: Any) -> str:
-    if not isinstance(parts, list):
-        return "" if parts is None else str(parts)
-    texts = [p.get("text") for p in parts if isinstance(p, dict)]
-    return "\n".join(t for t in texts if isinstance(t, str))
-
-
-def _item(message: Message) -> Any:
-    extra = message.__pydantic_extra__ or {}
-    kept = extra.get(ITEM_FIELD)
-    if not isinstance(kept, dict):
-        # Written by other kvstore code (a summary, an import): its Responses form.
-        converted = to_responses_input([message])
-        return converted[0] if converted else None
-    if "content" not in kept and kept.get("type", "message") == "message" and "role" in kept:
-        return {**kept, "content": getattr(message, "content", "")}
-    return dict(kept)
+    return [
+        item_message(item, otid) for item, otid in zip(items, _otids(items, anchor), strict=True)
+    ]
 
 
 def _items(messages: list[Message]) -> list[Any]:
-    items = (_item(m) for m in messages)
+    items = (message_item(m) for m in messages)
     return [item for item in items if item is not None]
