@@ -48,6 +48,7 @@ BENCHMARKS = (
     "live_tail",
     "integration_openai_agents",
     "integration_llamaindex",
+    "integration_langchain",
     "peers",
 )
 DEFAULT_SET = BENCHMARKS[:-1]  # peers only with --peers
