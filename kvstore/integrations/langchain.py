@@ -65,20 +65,19 @@ class KvstoreChatMessageHistory(BaseChatMessageHistory):
 
     @property
     def messages(self) -> list[BaseMessage]:  # type: ignore[override]
-        """The newest `max_messages` messages, oldest first (or ``context(max_tokens)``)."""
+        """The newest `max_messages` messages, oldest first, a compaction's summaries left out
+        (or ``context(max_tokens)``, which starts at the summary)."""
         thread = self._sync().thread(self.thread_id)
         if self.max_tokens is not None:
             return _to_lc(list(thread.context(self.max_tokens)))
-        page = thread.list(limit=self.max_messages, order="desc")
-        return _to_lc(page.messages[::-1])
+        return _to_lc(_newest(thread, self.max_messages))
 
     async def aget_messages(self) -> list[BaseMessage]:
         """:attr:`messages` read through the async store."""
         thread = self._async().thread(self.thread_id)
         if self.max_tokens is not None:
             return _to_lc(list(await thread.context(self.max_tokens)))
-        page = await thread.list(limit=self.max_messages, order="desc")
-        return _to_lc(page.messages[::-1])
+        return _to_lc(await _anewest(thread, self.max_messages))
 
     def add_messages(self, messages: Sequence[BaseMessage]) -> None:
         """Stores the messages in one atomic, idempotent append."""
@@ -98,6 +97,26 @@ class KvstoreChatMessageHistory(BaseChatMessageHistory):
         """:meth:`clear` through the async store."""
         await self._async().thread(self.thread_id).delete()
 
+    def compact(self, summary: str, keep_last: int = 0) -> bool:
+        """Stores `summary` of every message but the newest `keep_last` (``thread.compact``);
+        with `max_tokens` the history handed to the model then starts at it. False (nothing
+        written) when the thread holds no more than `keep_last` messages."""
+        thread = self._sync().thread(self.thread_id)
+        last = _oldest_summarized(_newest(thread, keep_last + 1), keep_last)
+        if last is None:
+            return False
+        thread.compact(summary, last_sequence=last)
+        return True
+
+    async def acompact(self, summary: str, keep_last: int = 0) -> bool:
+        """:meth:`compact` through the async store."""
+        thread = self._async().thread(self.thread_id)
+        last = _oldest_summarized(await _anewest(thread, keep_last + 1), keep_last)
+        if last is None:
+            return False
+        await thread.compact(summary, last_sequence=last)
+        return True
+
     def _converted(self, messages: Sequence[BaseMessage]) -> list[Message]:
         records = [message_to_dict(message) for message in messages]
         batch = hashlib.sha256(json.dumps(records, sort_keys=True, default=str).encode()).digest()
@@ -114,6 +133,36 @@ class KvstoreChatMessageHistory(BaseChatMessageHistory):
                 for n, part in enumerate(parts)
             )
         return out
+
+
+def _newest(thread: Any, count: int) -> list[Message]:
+    """The newest `count` messages but summaries, oldest first: one page unless the page holds
+    summaries (a compaction's summary is stored after what it summarizes)."""
+    found: list[Message] = []
+    page = thread.list(limit=count, order="desc")
+    while True:
+        found.extend(m for m in page.messages if m.message_type != "summary_message")
+        if len(found) >= count or not page.has_more:
+            return found[:count][::-1]
+        page = thread.list(after=page.next_cursor, limit=count - len(found), order="desc")
+
+
+async def _anewest(thread: Any, count: int) -> list[Message]:
+    """:func:`_newest` on an AsyncThread."""
+    found: list[Message] = []
+    page = await thread.list(limit=count, order="desc")
+    while True:
+        found.extend(m for m in page.messages if m.message_type != "summary_message")
+        if len(found) >= count or not page.has_more:
+            return found[:count][::-1]
+        page = await thread.list(after=page.next_cursor, limit=count - len(found), order="desc")
+
+
+def _oldest_summarized(newest: list[Message], keep_last: int) -> int | None:
+    """The sequence a compaction keeping the last `keep_last` of `newest` ends at (counted without
+    summaries, so the same call again names the same range and is a replay); None when there
+    is nothing before them."""
+    return newest[0].seq_id if len(newest) > keep_last else None
 
 
 def _to_lc(messages: list[Message]) -> list[BaseMessage]:

@@ -130,10 +130,12 @@ class KvstoreSession(SessionABC):
     async def compact(self, summary: str, keep_last: int = 0) -> None:
         """Stores `summary` of every item but the newest `keep_last`; the context (and with
         ``history="context"`` the history the model gets) then starts at it."""
-        page = await self.thread.list(limit=keep_last + 1, order="desc")
-        if len(page.messages) <= keep_last:
+        # Counted in items (summaries and retracted items are none), so the same call again
+        # names the same range and is a replay.
+        newest = await self._tail(keep_last + 1)
+        if len(newest) <= keep_last:
             return
-        last = page.messages[keep_last].seq_id
+        last = newest[-keep_last - 1].seq_id
         assert last is not None
         await self.thread.compact(summary, last_sequence=last)
 

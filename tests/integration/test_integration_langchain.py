@@ -15,6 +15,7 @@ from langchain_core.runnables.history import RunnableWithMessageHistory
 
 from kvstore import AsyncMessageStore, MessageStore, StoreConfig, errors
 from kvstore.integrations.langchain import KvstoreChatMessageHistory
+from tests.support.acl import app_user_url
 
 
 @pytest.fixture
@@ -173,3 +174,49 @@ def test_async_round_trip_and_sync_store_refuses_async(backend, server_only, ser
             return await history.aget_messages()
 
     assert asyncio.run(run()) == conversation()
+
+
+def test_compaction_is_the_history_a_budgeted_reader_gets(store):
+    history = KvstoreChatMessageHistory(store, "c", max_tokens=100_000)
+    asked = [lc.HumanMessage(f"q{n}") for n in range(6)]
+    history.add_messages(asked)
+    assert history.compact("q0 to q3 were asked", keep_last=2) is True
+    assert history.compact("again", keep_last=50) is False  # nothing older than the kept
+    model_sees = history.messages
+    assert isinstance(model_sees[0], lc.SystemMessage) and "q0 to q3" in model_sees[0].content
+    assert model_sees[1:] == asked[-2:]
+    assert history.compact("q0 to q3 were asked", keep_last=2) is True  # the same, a replay
+    assert store.thread("c").stats().stored_messages == 7
+    newest = KvstoreChatMessageHistory(store, "c", max_messages=3).messages
+    assert [m.content for m in newest][-2:] == ["q4", "q5"]
+
+
+def test_async_compaction(backend, server_only, server, namespace):
+    async def run() -> list[lc.BaseMessage]:
+        async with AsyncMessageStore.from_url(server.url, StoreConfig(namespace=namespace)) as s:
+            history = KvstoreChatMessageHistory(s, "c", max_tokens=100_000)
+            await history.aadd_messages([lc.HumanMessage(f"q{n}") for n in range(4)])
+            assert await history.acompact("before q3", keep_last=1) is True
+            return await history.aget_messages()
+
+    seen = asyncio.run(run())
+    assert [type(m).__name__ for m in seen] == ["SystemMessage", "HumanMessage"]
+    assert seen[1].content == "q3"
+
+
+def test_every_method_runs_as_the_least_privileged_user(server_only, server, raw_client, namespace):
+    with (
+        app_user_url(server.url, raw_client, namespace) as url,
+        MessageStore.from_url(url, StoreConfig(namespace=namespace)) as app,
+    ):
+        history = KvstoreChatMessageHistory(app, "acl", max_messages=4)
+        history.add_messages(conversation())
+        history.add_messages(conversation())  # a replay
+        assert history.messages == conversation()[-4:]
+        assert history.compact("so far", keep_last=1)
+        assert (
+            KvstoreChatMessageHistory(app, "acl", max_tokens=10_000).messages[-1]
+            == conversation()[-1]
+        )
+        history.clear()
+        assert history.messages == []

@@ -4,9 +4,7 @@ engine, and the chat-store contract, on the real servers, sync and async."""
 from __future__ import annotations
 
 import asyncio
-import shlex
 import threading
-from pathlib import Path
 
 import pytest
 from llama_index.core.base.llms.types import ChatMessage, ImageBlock, TextBlock
@@ -20,6 +18,7 @@ from pydantic import Field
 from kvstore import AssistantMessage, AsyncMessageStore, MessageStore, StoreConfig, errors
 from kvstore.importers import import_llamaindex
 from kvstore.integrations.llamaindex import KvstoreChatStore
+from tests.support.acl import app_user_url
 
 pytestmark = pytest.mark.usefixtures("server_only")
 
@@ -238,27 +237,16 @@ def test_a_chat_imported_from_redis_chat_store_reads_back_equal(
     assert KvstoreChatStore(store).get_messages(key) == messages
 
 
-def readme_acl_rules(namespace: str, password: str) -> list[str]:
-    """The README's application user's rules (its ACL SETUSER line), for `namespace`."""
-    text = (Path(__file__).parents[2] / "README.md").read_text(encoding="utf-8")
-    (line,) = [ln.strip() for ln in text.splitlines() if "ACL SETUSER kvstore-app " in ln]
-    line = line.replace("<password>", password).replace("<namespace>", namespace)
-    return shlex.split(line)[3:]
-
-
 def test_every_method_but_get_keys_runs_as_the_least_privileged_user(server, raw_client, namespace):
-    user, password = f"app-{namespace}", "pw-llamaindex"
-    raw_client.execute_command("ACL", "SETUSER", user, *readme_acl_rules(namespace, password))
-    try:
-        url = server.url.replace("redis://", f"redis://{user}:{password}@")
-        with MessageStore.from_url(url, StoreConfig(namespace=namespace)) as app:
-            chat = KvstoreChatStore(app, max_messages=3)
-            chat.set_messages("acl", conversation())
-            chat.add_message("acl", ChatMessage(role="user", content="one more"))
-            assert chat.delete_last_message("acl").content == "one more"
-            assert chat.delete_message("acl", 0) == conversation()[0]
-            assert chat.get_messages("acl") == conversation()[-3:]
-            with pytest.raises(errors.PermissionDenied):
-                chat.get_keys()
-    finally:
-        raw_client.execute_command("ACL", "DELUSER", user)
+    with (
+        app_user_url(server.url, raw_client, namespace) as url,
+        MessageStore.from_url(url, StoreConfig(namespace=namespace)) as app,
+    ):
+        chat = KvstoreChatStore(app, max_messages=3)
+        chat.set_messages("acl", conversation())
+        chat.add_message("acl", ChatMessage(role="user", content="one more"))
+        assert chat.delete_last_message("acl").content == "one more"
+        assert chat.delete_message("acl", 0) == conversation()[0]
+        assert chat.get_messages("acl") == conversation()[-3:]
+        with pytest.raises(errors.PermissionDenied):
+            chat.get_keys()

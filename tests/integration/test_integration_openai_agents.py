@@ -23,6 +23,7 @@ from openai.types.responses import (
 from kvstore import StoreConfig
 from kvstore.integrations.openai_agents import KvstoreSession
 from tests.conftest import make_async_store
+from tests.support.acl import app_user_url
 
 # The scripted model needs no tracing; the SDK would otherwise try to export its traces.
 set_tracing_disabled(True)
@@ -287,3 +288,23 @@ def test_history_must_be_known(backend, server_only, namespace):
     with pytest.raises(ValueError, match="history"):
         KvstoreSession("s", store, history="everything")
     run(store.close())
+
+
+def test_every_method_runs_as_the_least_privileged_user(server_only, server, raw_client, namespace):
+    async def main(url: str) -> None:
+        session = KvstoreSession.from_url("acl", url, StoreConfig(namespace=namespace))
+        try:
+            await session.add_items(copy.deepcopy(EVERY_ITEM))
+            await session.add_items(copy.deepcopy(EVERY_ITEM[-3:]))  # a replay
+            assert await session.get_items() == EVERY_ITEM
+            assert await session.get_items(limit=2) == EVERY_ITEM[-2:]
+            assert await session.pop_item() == EVERY_ITEM[-1]
+            await session.compact("so far", keep_last=2)
+            assert (await session.context_items())[-2:] == EVERY_ITEM[-3:-1]
+            await session.clear_session()
+            assert await session.get_items() == []
+        finally:
+            await session.close()
+
+    with app_user_url(server.url, raw_client, namespace) as url:
+        run(main(url))
