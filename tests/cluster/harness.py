@@ -257,6 +257,10 @@ class Cluster:
             )
         for node in self.nodes:
             node.start()
+        self._form(primaries, replicas, timeout)
+
+    def _form(self, primaries: int, replicas: int, timeout: float) -> None:
+        """Forms the cluster of the started nodes, primaries first, as redis-cli --cluster create."""
         # Distinct config epochs before the nodes meet, as redis-cli --cluster create does, so no
         # epoch collision has to be resolved and failover elections start from a clean state.
         for epoch, node in enumerate(self.nodes, start=1):
@@ -267,7 +271,7 @@ class Cluster:
             node.admin.execute_command("CLUSTER", "ADDSLOTSRANGE", first, last)
         seed = self.nodes[0]
         for node in self.nodes[1:]:
-            seed.admin.execute_command("CLUSTER", "MEET", HOST, node.port, node.bus_port)
+            self._meet(seed, node)
         ids = {n.node_id for n in self.nodes}
         for node in self.nodes:
             wait_until(
@@ -280,6 +284,9 @@ class Cluster:
                 replica = self.nodes[primaries + r * primaries + i]
                 replica.admin.execute_command("CLUSTER", "REPLICATE", primary.node_id)
         self.wait_healthy(timeout)
+
+    def _meet(self, seed: Node, node: Node) -> None:
+        seed.admin.execute_command("CLUSTER", "MEET", HOST, node.port, node.bus_port)
 
     def wait_healthy(self, timeout: float = 30, dead: tuple[Node, ...] = ()) -> None:
         """Waits until every live node says cluster_state:ok, all live nodes hold the same view

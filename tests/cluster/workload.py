@@ -38,8 +38,16 @@ def _write(path: Path, record: dict) -> None:
         out.write(json.dumps(record) + "\n")
 
 
+def _address(node: int | str) -> tuple[str, int]:
+    """A node as (host, port): a port on loopback, or "host:port"."""
+    if isinstance(node, int):
+        return "127.0.0.1", node
+    host, _, port = node.rpartition(":")
+    return host, int(port)
+
+
 def append_worker(
-    ports: list[int],
+    ports: list[int] | list[str],
     namespace: str,
     config: dict[str, Any],
     thread_ids: list[str],
@@ -62,7 +70,7 @@ def append_worker(
         run = loop.run_until_complete
         store = AsyncMessageStore(
             RedisCluster(
-                startup_nodes=[ClusterNode("127.0.0.1", p) for p in ports], decode_responses=False
+                startup_nodes=[ClusterNode(*_address(p)) for p in ports], decode_responses=False
             ),
             store_config,
         )
@@ -74,7 +82,7 @@ def append_worker(
 
         store = MessageStore(
             RedisCluster(
-                startup_nodes=[ClusterNode("127.0.0.1", p) for p in ports], decode_responses=False
+                startup_nodes=[ClusterNode(*_address(p)) for p in ports], decode_responses=False
             ),
             store_config,
         )
@@ -250,7 +258,7 @@ def _gaps(sequences: list[int]) -> str:
 def start_workers(
     name: str,
     count: int,
-    ports: list[int],
+    ports: list[int] | list[str],
     namespace: str,
     limits: dict,
     thread_ids: list[str],
