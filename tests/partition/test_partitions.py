@@ -21,6 +21,7 @@ docs/SCALING.md quotes.
 
 from __future__ import annotations
 
+import itertools
 import time
 import uuid
 from collections.abc import Callable
@@ -112,6 +113,7 @@ class Outcome:
     cut_at: float
     healed_at: float
     recovered_s: float  # heal to the first acknowledged append after it on every thread
+    stalled_s: float  # the longest time P's threads went without an acknowledged append
     errors: dict[str, int]
     layout_problems: list[str]
 
@@ -119,7 +121,7 @@ class Outcome:
         return (
             f"| {self.kind} | {self.scenario} | {self.durability} | {self.report.acknowledged} |"
             f" {len(self.report.lost)} | {sum('stored twice' in p for p in self.report.problems)} |"
-            f" {self.recovered_s:.1f} s |"
+            f" {self.stalled_s:.1f} s | {self.recovered_s:.1f} s |"
         )
 
 
@@ -187,6 +189,7 @@ def _run(kind: str, lab: NetLab, scenario: str, durability: str, out) -> Outcome
             cut_at,
             healed_at,
             recovered - healed_at,
+            _longest_stall(out, shard_threads),
             errors_by_type(read_jsonl("errors-*.jsonl", out), 50),
             layout_problems,
         )
@@ -220,6 +223,11 @@ def _recovered(out, thread_ids: list[str], healed_at: float) -> float | None:
             thread = entry["thread"]
             firsts[thread] = min(firsts.get(thread, entry["acked"]), entry["acked"])
     return max(firsts.values()) if set(firsts) == set(thread_ids) else None
+
+
+def _longest_stall(out, threads: list[str]) -> float:
+    acked = sorted(e["acked"] for e in read_jsonl("ledger-*.jsonl", out) if e["thread"] in threads)
+    return max((b - a for a, b in itertools.pairwise(acked)), default=0.0)
 
 
 def _worker_errors(out) -> str:
