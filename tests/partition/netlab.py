@@ -1,9 +1,9 @@
 """Test hosts of our own: network namespaces joined by veth pairs, links cut by taking one down.
 
 ``NetLab(hosts=6)`` makes one namespace per host, each with an address of its own on its
-loopback (10.213.0.1, .2, …), and a full mesh of veth pairs: one link between every two hosts,
+loopback (10.213.N.1, .2, …, N of this run), and a full mesh of veth pairs: one link between every two hosts,
 and one between each host and this process's namespace (the clients' side, which has the address
-10.213.0.254 on each of its link ends). Every address is reached over the one link to its
+10.213.N.254 on each of its link ends). Every address is reached over the one link to its
 host (a /32 route per link), so taking a link down cuts exactly those two ends apart and nothing
 else: `cut(a, b)`, `heal(a, b)`, `isolate(a)`. No route leads anywhere but to these addresses (this namespace's
 route to them all is `unreachable` but over their links);
@@ -21,7 +21,7 @@ import subprocess
 from itertools import combinations
 
 PREFIX = "kvp"  # every namespace and root-side interface a lab makes starts with this
-NETWORK = "10.213.0"
+NETWORKS = "10.213"  # a lab takes the /24 10.213.<20 + its pid % 200>.0: two runs can coexist
 CLIENTS = -1  # the clients' side, as a host index
 
 
@@ -72,6 +72,7 @@ class NetLab:
             raise ValueError("1..20 hosts")
         remove_stale()
         self.tag = str(os.getpid())
+        self.network = f"{NETWORKS}.{20 + os.getpid() % 200}"
         self.hosts = hosts
         self.namespaces = [f"{PREFIX}{self.tag}h{i}" for i in range(hosts)]
         self._links: dict[tuple[int, int], tuple[str, str]] = {}  # (a, b) -> (ns, dev) of a's end
@@ -82,12 +83,12 @@ class NetLab:
             raise
 
     def address(self, host: int) -> str:
-        return f"{NETWORK}.{254 if host == CLIENTS else host + 1}"
+        return f"{self.network}.{254 if host == CLIENTS else host + 1}"
 
     def _build(self) -> None:
         # Nothing for the lab's addresses ever leaves by this namespace's default route: a cut
         # link's address is unreachable, not sent to the gateway.
-        _ip("route", "replace", "unreachable", f"{NETWORK}.0/24")
+        _ip("route", "replace", "unreachable", f"{self.network}.0/24")
         for i, ns in enumerate(self.namespaces):
             _ip("netns", "add", ns)
             _ip("-n", ns, "link", "set", "lo", "up")
@@ -176,7 +177,7 @@ class NetLab:
         return ["ip", "netns", "exec", self.namespaces[host]]
 
     def close(self) -> None:
-        _ip("route", "del", "unreachable", f"{NETWORK}.0/24", check=False)
+        _ip("route", "del", "unreachable", f"{self.network}.0/24", check=False)
         for ns in self.namespaces:  # deleting a namespace deletes the veth ends inside it
             _ip("netns", "del", ns, check=False)
         for i in range(self.hosts):
