@@ -4,34 +4,70 @@ Each watcher has its own connection, made from its store's client's settings and
 its blocking XREAD, so a watcher never holds one of the store's pooled connections while it
 waits, and closing the watcher closes its connection. The messages an event names are read by
 the store, as any read.
+
+On a cluster client the watcher follows the thread's slot: a read refused (MOVED when the slot
+moved or its primary was failed over, ASK, TRYAGAIN, CLUSTERDOWN, UNBLOCKED) or a connection
+lost (a failover, a dead primary) drops the watcher's connection, reads the client's slot map
+again and sends the same XREAD, from the same cursor, to the slot's primary then: no event is
+lost or repeated. It backs off while the slot has no primary that answers, for RECOVERY_SECONDS at most,
+then raises ConnectionFailed. A standalone client's watcher does not retry: its read's failure
+is raised at once, as ConnectionFailed (the connection) or ServerError (a refusal).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
+import time
 from typing import Any
 
 import redis
 import redis.asyncio
+from redis.exceptions import (
+    AskError,
+    ClusterDownError,
+    ReadOnlyError,
+    RedisClusterException,
+    RedisError,
+    ResponseError,
+    TryAgainError,
+)
 
 from .. import errors
 from ..events import ThreadEvent
 from .drivers import wire
 from .event_stream import Emit, Run, WatchStep, stream_entries
+from .failures import is_cluster
 
 # A blocking read waits this long at most before it blocks again; the socket waits this much
 # longer, so that a dead server is noticed.
 DEFAULT_BLOCK_MS = 5000
 _SOCKET_SLACK_S = 10
+# How long a cluster watcher looks for its slot's primary (after a move, a failover, a dead
+# primary) before it raises ConnectionFailed; more than a failover takes after the default
+# cluster-node-timeout (15 s). The pauses between its attempts double from the first to the last.
+RECOVERY_SECONDS = 30.0
+_FIRST_PAUSE_S, _LAST_PAUSE_S = 0.05, 1.0
+# What a cluster watcher recovers from: the slot is elsewhere or unserved, or its node is lost.
+# MovedError is an AskError; BusyLoadingError (a node loading its data) a ConnectionError.
+_RECOVERABLE = (
+    AskError,
+    TryAgainError,
+    ClusterDownError,
+    ReadOnlyError,
+    redis.ConnectionError,
+    redis.TimeoutError,
+    RedisClusterException,  # SlotNotCoveredError: the map names no owner of the slot
+)
 
 
 def _node_client(client: Any, key: str) -> Any:
     """The client of the server that owns `key`: `client` itself unless it is a cluster client."""
     if hasattr(client, "get_node_from_key"):
         node = client.get_node_from_key(key)
-        if getattr(node, "redis_connection", None) is not None:
-            return node.redis_connection
+        if hasattr(client, "get_redis_connection"):  # sync: the node's client, made if need be
+            return client.get_redis_connection(node)
         return node  # asyncio cluster node: has connection_class and connection_kwargs
     return client
 
@@ -54,10 +90,53 @@ def _register(store: Any, watcher: Any) -> None:
         watchers.add(watcher)
 
 
-def _failed(exc: Exception) -> errors.KVStoreError:
-    return errors.ConnectionFailed(
-        f"watch: the event stream could not be read ({exc}); resume from the last cursor"
-    )
+def _failed(exc: BaseException) -> errors.KVStoreError:
+    """The kvstore error of a read that failed for good (never a raw redis-py exception)."""
+    if isinstance(exc, (redis.ConnectionError, redis.TimeoutError, RedisClusterException)):
+        return errors.ConnectionFailed(
+            f"watch: the event stream could not be read ({exc}); resume from the last cursor"
+        )
+    return errors.ServerError(f"watch: the server refused the event stream's read: {exc}")
+
+
+class _Recovery:
+    """The bounded retry of one read of a cluster watcher: pause() says how long to wait before
+    the next attempt, or raises ConnectionFailed once RECOVERY_SECONDS passed since the first
+    failure. The first attempt after a failure goes at once (a moved slot's owner is known)."""
+
+    def __init__(self) -> None:
+        self._deadline: float | None = None
+        self._pause = 0.0
+
+    def pause(self, exc: BaseException) -> float:
+        now = time.monotonic()
+        if self._deadline is None:
+            self._deadline = now + RECOVERY_SECONDS
+        if now >= self._deadline:
+            raise errors.ConnectionFailed(
+                f"watch: the thread's slot had no primary that answered for"
+                f" {RECOVERY_SECONDS:g} s ({exc}); resume from the last cursor"
+            ) from exc
+        pause = min(self._pause, self._deadline - now)
+        self._pause = min(max(self._pause * 2, _FIRST_PAUSE_S), _LAST_PAUSE_S)
+        return pause
+
+
+def _recoverable(client: Any, exc: BaseException) -> bool:
+    # UNBLOCKED: Redis ends a blocked read so when its node turns replica (a failover).
+    unblocked = isinstance(exc, ResponseError) and str(exc).startswith("UNBLOCKED")
+    return is_cluster(client) and (unblocked or isinstance(exc, _RECOVERABLE))
+
+
+def _refresh(client: Any) -> None:
+    """The cluster client's slot map read again; one that cannot be read stays as it was."""
+    with contextlib.suppress(RedisError, RedisClusterException):
+        client.nodes_manager.initialize()
+
+
+async def _refresh_async(client: Any) -> None:
+    with contextlib.suppress(RedisError, RedisClusterException):
+        await client.nodes_manager.initialize()
 
 
 class Watch:
@@ -74,10 +153,8 @@ class Watch:
         self._lock = threading.Lock()
         _register(store, self)
 
-    def _read(self, key: str, after: str, count: int) -> Any:
-        with self._lock:
-            if self._stopped:
-                raise StopIteration
+    def _connect(self, key: str) -> redis.Redis:
+        """The watcher's client, on the server that owns `key` now (made if it has none)."""
         if self._client is None:
             connection_class, kwargs = _settings(
                 _node_client(self._store.client, key), self._block_ms
@@ -85,12 +162,35 @@ class Watch:
             pool = redis.ConnectionPool(
                 connection_class=connection_class, max_connections=1, **kwargs
             )
-            self._client = redis.Redis(connection_pool=pool)
-        try:
-            command = _xread(key, after, count, self._block_ms)
-            return self._client.execute_command(*wire(command))  # type: ignore[no-untyped-call]  # unannotated in redis-py
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
-            raise _failed(exc) from exc
+            with self._lock:  # stop() disconnects the client it finds
+                if self._stopped:
+                    raise StopIteration
+                self._client = redis.Redis(connection_pool=pool)
+        return self._client
+
+    def _read(self, key: str, after: str, count: int) -> Any:
+        """The XREAD's reply; on a cluster, sent again (see the module's doc) until it is read."""
+        recovery = _Recovery()
+        while True:
+            with self._lock:
+                if self._stopped:
+                    raise StopIteration
+            try:
+                command = _xread(key, after, count, self._block_ms)
+                return self._connect(key).execute_command(*wire(command))  # type: ignore[no-untyped-call]  # unannotated in redis-py
+            except (RedisError, RedisClusterException) as exc:
+                if self._stopped or not _recoverable(self._store.client, exc):
+                    raise _failed(exc) from exc
+                self._drop()
+                time.sleep(recovery.pause(exc))
+                _refresh(self._store.client)
+
+    def _drop(self) -> None:
+        """Closes the watcher's connection (the next read makes one)."""
+        client, self._client = self._client, None
+        if client is not None:
+            client.close()
+            client.connection_pool.disconnect()
 
     def __iter__(self) -> Watch:
         return self
@@ -132,10 +232,7 @@ class Watch:
         """Closes the watcher's connection; the iteration ends."""
         self._closed = True
         self._steps.close()
-        if self._client is not None:
-            client, self._client = self._client, None
-            client.close()
-            client.connection_pool.disconnect()
+        self._drop()
 
     def __enter__(self) -> Watch:
         return self
@@ -162,24 +259,50 @@ class AsyncWatch:
         self._pending: asyncio.Future[Any] | None = None  # the XREAD awaited now
         _register(store, self)
 
-    async def _read(self, key: str, after: str, count: int) -> Any:
+    async def _connect(self, key: str) -> redis.asyncio.Redis:
+        """The watcher's client, on the server that owns `key` now (made if it has none)."""
         if self._client is None:
-            connection_class, kwargs = _settings(
-                _node_client(self._store.client, key), self._block_ms
-            )
+            client = self._store.client
+            if is_cluster(client):
+                await client.initialize()  # the slot map, read on the client's first call
+            connection_class, kwargs = _settings(_node_client(client, key), self._block_ms)
             pool = redis.asyncio.ConnectionPool(
                 connection_class=connection_class, max_connections=1, **kwargs
             )
             self._client = redis.asyncio.Redis(connection_pool=pool)
-        command = _xread(key, after, count, self._block_ms)
-        # A task of its own, so that the store's close() can cancel the read alone.
-        self._pending = asyncio.ensure_future(self._client.execute_command(*wire(command)))  # type: ignore[no-untyped-call]  # unannotated in redis-py
+        return self._client
+
+    async def _pend(self, awaitable: Any) -> Any:
+        """Awaits `awaitable` as a task of its own, so that the store's close() can cancel it."""
+        self._pending = asyncio.ensure_future(awaitable)
         try:
             return await self._pending
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
-            raise _failed(exc) from exc
         finally:
             self._pending = None
+
+    async def _read(self, key: str, after: str, count: int) -> Any:
+        """The XREAD's reply; on a cluster, sent again (see the module's doc) until it is read."""
+        recovery = _Recovery()
+        while True:
+            if self._stopped:
+                raise StopAsyncIteration
+            try:
+                client = await self._connect(key)
+                command = _xread(key, after, count, self._block_ms)
+                return await self._pend(client.execute_command(*wire(command)))  # type: ignore[no-untyped-call]  # unannotated in redis-py
+            except (RedisError, RedisClusterException) as exc:
+                if self._stopped or not _recoverable(self._store.client, exc):
+                    raise _failed(exc) from exc
+                await self._drop()
+                await self._pend(asyncio.sleep(recovery.pause(exc)))
+                await _refresh_async(self._store.client)
+
+    async def _drop(self) -> None:
+        """Closes the watcher's connection (the next read makes one)."""
+        client, self._client = self._client, None
+        if client is not None:
+            await client.aclose()
+            await client.connection_pool.disconnect()
 
     def __aiter__(self) -> AsyncWatch:
         return self
@@ -223,10 +346,7 @@ class AsyncWatch:
         """Closes the watcher's connection; the iteration ends."""
         self._closed = True
         self._steps.close()
-        if self._client is not None:
-            client, self._client = self._client, None
-            await client.aclose()
-            await client.connection_pool.disconnect()
+        await self._drop()
 
     async def __aenter__(self) -> AsyncWatch:
         return self
