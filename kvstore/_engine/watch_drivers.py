@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import threading
 import time
+from collections.abc import Generator
 from typing import Any
 
 import redis
@@ -36,9 +37,10 @@ from redis.exceptions import (
 
 from .. import errors
 from ..events import ThreadEvent
-from .drivers import wire
+from .drivers import Sleep, Step, wire
 from .event_stream import Emit, Run, WatchStep, stream_entries
 from .failures import is_cluster
+from .operation import Batch, Operation
 
 # A blocking read waits this long at most before it blocks again; the socket waits this much
 # longer, so that a dead server is noticed.
@@ -139,6 +141,55 @@ async def _refresh_async(client: Any) -> None:
         await client.nodes_manager.initialize()
 
 
+class _RefreshMap(Step):
+    """The store's cluster client's slot map read again, as a step of an operation."""
+
+    __slots__ = ()
+
+    def __call__(self, store: Any) -> Any:
+        if isinstance(store.client, redis.asyncio.RedisCluster):
+            return _refresh_async(store.client)
+        _refresh(store.client)
+        return None
+
+
+def _reads(store: Any, operation: Operation[Any]) -> Generator[Any, Any, Any]:
+    """A watcher's operation (its reads of the messages its events name) as the store runs it:
+    on a cluster, a native read whose connection was lost is sent again on a fresh slot map,
+    backing off as the watcher's XREAD does (its node may have died after the XREAD)."""
+    return _patient(operation) if is_cluster(store.client) else operation
+
+
+def _patient(operation: Operation[Any]) -> Generator[Any, Any, Any]:
+    recovery = _Recovery()
+    reply: Any = None
+    failure: BaseException | None = None
+    while True:
+        try:
+            item = operation.send(reply) if failure is None else operation.throw(failure)
+        except StopIteration as done:
+            return done.value
+        reply = failure = None
+        while True:
+            try:
+                reply = yield item
+                break
+            except errors.ConnectionFailed as exc:
+                if not isinstance(item, Batch):  # a script: the operation decides
+                    failure = exc
+                    break
+                try:
+                    pause = recovery.pause(exc)
+                except errors.ConnectionFailed as final:
+                    failure = final
+                    break
+                yield Sleep(pause)
+                yield _RefreshMap()
+            except errors.KVStoreError as exc:
+                failure = exc
+                break
+
+
 class Watch:
     """The sync iterator of a thread's events (:meth:`Thread.watch`). Close it (``close()`` or
     ``with``) to close its connection; the iteration ends after a ThreadDeleted event, and when
@@ -209,7 +260,7 @@ class Watch:
                             raise StopIteration
                         return step.event
                 if isinstance(step, Run):
-                    reply = self._store.run(step.operation)
+                    reply = self._store.run(_reads(self._store, step.operation))
                 else:
                     reply = stream_entries(self._read(step.key, step.after, step.count))
         except BaseException as exc:
@@ -323,7 +374,7 @@ class AsyncWatch:
                 if isinstance(step, Emit):
                     return step.event
                 if isinstance(step, Run):
-                    reply = await self._store.run(step.operation)
+                    reply = await self._store.run(_reads(self._store, step.operation))
                 else:
                     reply = stream_entries(await self._read(step.key, step.after, step.count))
         except BaseException as exc:  # cancellation too: the connection goes with the watcher

@@ -198,8 +198,10 @@ def _disrupted_watch(fresh_cluster, namespace, mode, disrupt) -> dict:
     writer.close()  # the killed primary's replica has none of its own now: plain writes go on
     writer = MessageStore(cluster.client(), StoreConfig(namespace=namespace))
     thread = writer.thread(thread_id)
+    acked = []
     for i in range(HALF, 2 * HALF):
         _append(thread, i)
+        acked.append(time.monotonic())
     watcher.wait_for(2 * HALF, 30)
     watcher.join(5)
     writer.close()
@@ -208,6 +210,7 @@ def _disrupted_watch(fresh_cluster, namespace, mode, disrupt) -> dict:
     return {
         "disruption_s": round(agreed - started, 3),
         "first_after_s": round(watcher.times[HALF] - agreed, 3),
+        "first_latency_s": round(watcher.times[HALF] - acked[0], 3),
         "delivered": len(watcher.contents),
     }
 
@@ -259,3 +262,34 @@ def test_a_watcher_of_an_unreachable_cluster_raises_a_kvstore_error_within_the_b
     assert isinstance(watcher.error, errors.ConnectionFailed), repr(watcher.error)
     assert not isinstance(watcher.error, redis.RedisError)
     assert 1.5 < elapsed < 6
+
+
+@pytest.mark.parametrize("disrupt", [_move, _failover], ids=["move", "failover"])
+def test_a_watcher_follows_the_thread_while_appends_go_on_during_the_change(
+    fresh_cluster, namespace, mode, disrupt
+):
+    """The same, with the writer appending all along (every 20 ms), through the change."""
+    cluster = fresh_cluster(primaries=3, replicas=1)
+    owner, thread_id = thread_ids_on_each_primary(cluster, "busy")[0]
+    writer = MessageStore(cluster.client(), StoreConfig(namespace=namespace))
+    thread = writer.thread(thread_id)
+    total = 4 * HALF
+    watcher = _Watcher(cluster, namespace, thread_id, mode, total)
+
+    def append_all():
+        for i in range(total):
+            _append(thread, i)
+            time.sleep(0.02)
+
+    appender = threading.Thread(target=append_all, daemon=True)
+    appender.start()
+    watcher.wait_for(HALF // 2, 20)
+    disrupt(cluster, owner, key_slot(thread.keys.meta.encode()))
+    appender.join(40)
+    watcher.wait_for(total, 30)
+    watcher.join(5)
+    writer.close()
+    assert watcher.error is None, repr(watcher.error)
+    assert watcher.contents == [f"m{i}" for i in range(total)]
+    gaps = [b - a for a, b in zip(watcher.times, watcher.times[1:], strict=False)]
+    print(f"\n{mode} {disrupt.__name__} with appends: longest gap {max(gaps):.3f}s")
