@@ -5,63 +5,37 @@ its blocking XREAD, so a watcher never holds one of the store's pooled connectio
 waits, and closing the watcher closes its connection. The messages an event names are read by
 the store, as any read.
 
-On a cluster client the watcher follows the thread's slot: a read refused (MOVED when the slot
-moved or its primary was failed over, ASK, TRYAGAIN, CLUSTERDOWN, UNBLOCKED) or a connection
-lost (a failover, a dead primary) drops the watcher's connection, reads the client's slot map
-again and sends the same XREAD, from the same cursor, to the slot's primary then: no event is
-lost or repeated. It backs off while the slot has no primary that answers, for RECOVERY_SECONDS at most,
-then raises ConnectionFailed. A standalone client's watcher does not retry: its read's failure
-is raised at once, as ConnectionFailed (the connection) or ServerError (a refusal).
+On a cluster client the watcher follows the thread's slot (kvstore/_engine/watch_recovery.py):
+a read refused (MOVED when the slot moved or its primary was failed over, ASK, TRYAGAIN,
+CLUSTERDOWN, UNBLOCKED) or a connection lost (a failover, a dead primary) drops the watcher's
+connection, reads the client's slot map again and sends the same XREAD, from the same cursor, to
+the slot's primary then: no event is lost or repeated. It backs off while the slot has no
+primary that answers, for RECOVERY_SECONDS at most, then raises ConnectionFailed. A standalone
+client's watcher does not retry: its read's failure is raised at once, as ConnectionFailed (the
+connection) or ServerError (a refusal).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import threading
 import time
-from collections.abc import Generator
 from typing import Any
 
 import redis
 import redis.asyncio
-from redis.exceptions import (
-    AskError,
-    ClusterDownError,
-    ReadOnlyError,
-    RedisClusterException,
-    RedisError,
-    ResponseError,
-    TryAgainError,
-)
+from redis.exceptions import RedisClusterException, RedisError
 
-from .. import errors
 from ..events import ThreadEvent
-from .drivers import Sleep, Step, wire
+from .drivers import wire
 from .event_stream import Emit, Run, WatchStep, stream_entries
 from .failures import is_cluster
-from .operation import Batch, Operation
+from .watch_recovery import Recovery, failed, reads, recoverable, refresh, refresh_async
 
 # A blocking read waits this long at most before it blocks again; the socket waits this much
 # longer, so that a dead server is noticed.
 DEFAULT_BLOCK_MS = 5000
 _SOCKET_SLACK_S = 10
-# How long a cluster watcher looks for its slot's primary (after a move, a failover, a dead
-# primary) before it raises ConnectionFailed; more than a failover takes after the default
-# cluster-node-timeout (15 s). The pauses between its attempts double from the first to the last.
-RECOVERY_SECONDS = 30.0
-_FIRST_PAUSE_S, _LAST_PAUSE_S = 0.05, 1.0
-# What a cluster watcher recovers from: the slot is elsewhere or unserved, or its node is lost.
-# MovedError is an AskError; BusyLoadingError (a node loading its data) a ConnectionError.
-_RECOVERABLE = (
-    AskError,
-    TryAgainError,
-    ClusterDownError,
-    ReadOnlyError,
-    redis.ConnectionError,
-    redis.TimeoutError,
-    RedisClusterException,  # SlotNotCoveredError: the map names no owner of the slot
-)
 
 
 def _node_client(client: Any, key: str) -> Any:
@@ -90,104 +64,6 @@ def _register(store: Any, watcher: Any) -> None:
     watchers = getattr(store, "_watchers", None)
     if watchers is not None:
         watchers.add(watcher)
-
-
-def _failed(exc: BaseException) -> errors.KVStoreError:
-    """The kvstore error of a read that failed for good (never a raw redis-py exception)."""
-    if isinstance(exc, (redis.ConnectionError, redis.TimeoutError, RedisClusterException)):
-        return errors.ConnectionFailed(
-            f"watch: the event stream could not be read ({exc}); resume from the last cursor"
-        )
-    return errors.ServerError(f"watch: the server refused the event stream's read: {exc}")
-
-
-class _Recovery:
-    """The bounded retry of one read of a cluster watcher: pause() says how long to wait before
-    the next attempt, or raises ConnectionFailed once RECOVERY_SECONDS passed since the first
-    failure. The first attempt after a failure goes at once (a moved slot's owner is known)."""
-
-    def __init__(self) -> None:
-        self._deadline: float | None = None
-        self._pause = 0.0
-
-    def pause(self, exc: BaseException) -> float:
-        now = time.monotonic()
-        if self._deadline is None:
-            self._deadline = now + RECOVERY_SECONDS
-        if now >= self._deadline:
-            raise errors.ConnectionFailed(
-                f"watch: the thread's slot had no primary that answered for"
-                f" {RECOVERY_SECONDS:g} s ({exc}); resume from the last cursor"
-            ) from exc
-        pause = min(self._pause, self._deadline - now)
-        self._pause = min(max(self._pause * 2, _FIRST_PAUSE_S), _LAST_PAUSE_S)
-        return pause
-
-
-def _recoverable(client: Any, exc: BaseException) -> bool:
-    # UNBLOCKED: Redis ends a blocked read so when its node turns replica (a failover).
-    unblocked = isinstance(exc, ResponseError) and str(exc).startswith("UNBLOCKED")
-    return is_cluster(client) and (unblocked or isinstance(exc, _RECOVERABLE))
-
-
-def _refresh(client: Any) -> None:
-    """The cluster client's slot map read again; one that cannot be read stays as it was."""
-    with contextlib.suppress(RedisError, RedisClusterException):
-        client.nodes_manager.initialize()
-
-
-async def _refresh_async(client: Any) -> None:
-    with contextlib.suppress(RedisError, RedisClusterException):
-        await client.nodes_manager.initialize()
-
-
-class _RefreshMap(Step):
-    """The store's cluster client's slot map read again, as a step of an operation."""
-
-    __slots__ = ()
-
-    def __call__(self, store: Any) -> Any:
-        if isinstance(store.client, redis.asyncio.RedisCluster):
-            return _refresh_async(store.client)
-        _refresh(store.client)
-        return None
-
-
-def _reads(store: Any, operation: Operation[Any]) -> Generator[Any, Any, Any]:
-    """A watcher's operation (its reads of the messages its events name) as the store runs it:
-    on a cluster, a native read whose connection was lost is sent again on a fresh slot map,
-    backing off as the watcher's XREAD does (its node may have died after the XREAD)."""
-    return _patient(operation) if is_cluster(store.client) else operation
-
-
-def _patient(operation: Operation[Any]) -> Generator[Any, Any, Any]:
-    recovery = _Recovery()
-    reply: Any = None
-    failure: BaseException | None = None
-    while True:
-        try:
-            item = operation.send(reply) if failure is None else operation.throw(failure)
-        except StopIteration as done:
-            return done.value
-        reply = failure = None
-        while True:
-            try:
-                reply = yield item
-                break
-            except errors.ConnectionFailed as exc:
-                if not isinstance(item, Batch):  # a script: the operation decides
-                    failure = exc
-                    break
-                try:
-                    pause = recovery.pause(exc)
-                except errors.ConnectionFailed as final:
-                    failure = final
-                    break
-                yield Sleep(pause)
-                yield _RefreshMap()
-            except errors.KVStoreError as exc:
-                failure = exc
-                break
 
 
 class Watch:
@@ -221,7 +97,7 @@ class Watch:
 
     def _read(self, key: str, after: str, count: int) -> Any:
         """The XREAD's reply; on a cluster, sent again (see the module's doc) until it is read."""
-        recovery = _Recovery()
+        recovery = Recovery()
         while True:
             with self._lock:
                 if self._stopped:
@@ -230,11 +106,11 @@ class Watch:
                 command = _xread(key, after, count, self._block_ms)
                 return self._connect(key).execute_command(*wire(command))  # type: ignore[no-untyped-call]  # unannotated in redis-py
             except (RedisError, RedisClusterException) as exc:
-                if self._stopped or not _recoverable(self._store.client, exc):
-                    raise _failed(exc) from exc
+                if self._stopped or not recoverable(self._store.client, exc):
+                    raise failed(exc) from exc
                 self._drop()
                 time.sleep(recovery.pause(exc))
-                _refresh(self._store.client)
+                refresh(self._store.client)
 
     def _drop(self) -> None:
         """Closes the watcher's connection (the next read makes one)."""
@@ -260,7 +136,7 @@ class Watch:
                             raise StopIteration
                         return step.event
                 if isinstance(step, Run):
-                    reply = self._store.run(_reads(self._store, step.operation))
+                    reply = self._store.run(reads(self._store, step.operation))
                 else:
                     reply = stream_entries(self._read(step.key, step.after, step.count))
         except BaseException as exc:
@@ -333,7 +209,7 @@ class AsyncWatch:
 
     async def _read(self, key: str, after: str, count: int) -> Any:
         """The XREAD's reply; on a cluster, sent again (see the module's doc) until it is read."""
-        recovery = _Recovery()
+        recovery = Recovery()
         while True:
             if self._stopped:
                 raise StopAsyncIteration
@@ -342,11 +218,11 @@ class AsyncWatch:
                 command = _xread(key, after, count, self._block_ms)
                 return await self._pend(client.execute_command(*wire(command)))  # type: ignore[no-untyped-call]  # unannotated in redis-py
             except (RedisError, RedisClusterException) as exc:
-                if self._stopped or not _recoverable(self._store.client, exc):
-                    raise _failed(exc) from exc
+                if self._stopped or not recoverable(self._store.client, exc):
+                    raise failed(exc) from exc
                 await self._drop()
                 await self._pend(asyncio.sleep(recovery.pause(exc)))
-                await _refresh_async(self._store.client)
+                await refresh_async(self._store.client)
 
     async def _drop(self) -> None:
         """Closes the watcher's connection (the next read makes one)."""
@@ -374,7 +250,7 @@ class AsyncWatch:
                 if isinstance(step, Emit):
                     return step.event
                 if isinstance(step, Run):
-                    reply = await self._store.run(_reads(self._store, step.operation))
+                    reply = await self._store.run(reads(self._store, step.operation))
                 else:
                     reply = stream_entries(await self._read(step.key, step.after, step.count))
         except BaseException as exc:  # cancellation too: the connection goes with the watcher

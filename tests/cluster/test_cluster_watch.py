@@ -20,7 +20,7 @@ from kvstore import (
     UserMessage,
     errors,
 )
-from kvstore._engine import watch_drivers
+from kvstore._engine import watch_recovery
 
 from .harness import thread_ids_on_each_primary
 
@@ -245,7 +245,7 @@ def test_a_watch_only_store_follows_the_thread_across_the_topology(
 def test_a_watcher_of_an_unreachable_cluster_raises_a_kvstore_error_within_the_bound(
     fresh_cluster, namespace, mode, monkeypatch
 ):
-    monkeypatch.setattr(watch_drivers, "RECOVERY_SECONDS", 2.0)
+    monkeypatch.setattr(watch_recovery, "RECOVERY_SECONDS", 2.0)
     cluster = fresh_cluster(primaries=3, replicas=0)
     _, thread_id = thread_ids_on_each_primary(cluster, "lost")[0]
     writer = MessageStore(cluster.client(), StoreConfig(namespace=namespace))

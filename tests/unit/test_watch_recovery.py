@@ -1,4 +1,4 @@
-"""A cluster watcher's bounded retry (kvstore/_engine/watch_drivers.py), without a server: which
+"""A cluster watcher's bounded retry (kvstore/_engine/watch_recovery.py), without a server: which
 failures it recovers from, the pauses and their bound, the typed errors it raises, and the
 store's reads of the messages an event names sent again after their connection was lost."""
 
@@ -16,7 +16,7 @@ from redis.exceptions import (
 )
 
 from kvstore import errors
-from kvstore._engine import watch_drivers
+from kvstore._engine import watch_recovery
 from kvstore._engine.drivers import Sleep
 from kvstore._engine.operation import Batch
 
@@ -42,33 +42,33 @@ RECOVERABLE = [
 
 @pytest.mark.parametrize("exc", RECOVERABLE, ids=lambda e: type(e).__name__)
 def test_a_cluster_watcher_recovers_from_moves_failovers_and_lost_nodes(exc):
-    assert watch_drivers._recoverable(CLUSTER, exc)
-    assert not watch_drivers._recoverable(STANDALONE, exc)
+    assert watch_recovery.recoverable(CLUSTER, exc)
+    assert not watch_recovery.recoverable(STANDALONE, exc)
 
 
 def test_other_refusals_are_not_retried_and_every_failure_is_typed():
     wrongtype = ResponseError("WRONGTYPE Operation against a key holding the wrong kind of value")
-    assert not watch_drivers._recoverable(CLUSTER, wrongtype)
-    assert type(watch_drivers._failed(wrongtype)) is errors.ServerError
+    assert not watch_recovery.recoverable(CLUSTER, wrongtype)
+    assert type(watch_recovery.failed(wrongtype)) is errors.ServerError
     for exc in RECOVERABLE:
-        failed = watch_drivers._failed(exc)
+        failed = watch_recovery.failed(exc)
         assert isinstance(failed, errors.KVStoreError)
         assert not isinstance(failed, redis.RedisError)
-    assert isinstance(watch_drivers._failed(redis.ConnectionError()), errors.ConnectionFailed)
+    assert isinstance(watch_recovery.failed(redis.ConnectionError()), errors.ConnectionFailed)
 
 
 def test_the_pauses_start_at_once_double_and_end_at_the_bound(monkeypatch):
     now = [100.0]
-    monkeypatch.setattr(watch_drivers.time, "monotonic", lambda: now[0])
-    monkeypatch.setattr(watch_drivers, "RECOVERY_SECONDS", 3.0)
-    recovery = watch_drivers._Recovery()
+    monkeypatch.setattr(watch_recovery.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(watch_recovery, "RECOVERY_SECONDS", 3.0)
+    recovery = watch_recovery.Recovery()
     pauses = []
     with pytest.raises(errors.ConnectionFailed, match="3 s"):
         while True:
             pauses.append(recovery.pause(redis.ConnectionError("refused")))
             now[0] += pauses[-1] + 0.01
     assert pauses[:5] == [0.0, 0.05, 0.1, 0.2, 0.4]
-    assert max(pauses) <= watch_drivers._LAST_PAUSE_S
+    assert max(pauses) <= watch_recovery._LAST_PAUSE_S
     assert now[0] - 100.0 <= 3.0 + 0.01 * len(pauses)
 
 
@@ -78,10 +78,10 @@ def _read_one():
 
 
 def test_a_read_that_lost_its_connection_is_sent_again_on_a_fresh_map():
-    steps = watch_drivers._patient(_read_one())
+    steps = watch_recovery.patient(_read_one())
     read = next(steps)
     assert isinstance(steps.throw(errors.ConnectionFailed("reset")), Sleep)
-    assert isinstance(steps.send(None), watch_drivers._RefreshMap)
+    assert isinstance(steps.send(None), watch_recovery.RefreshMap)
     assert steps.send(None) is read
     with pytest.raises(StopIteration) as done:
         steps.send([b"v"])
@@ -89,12 +89,12 @@ def test_a_read_that_lost_its_connection_is_sent_again_on_a_fresh_map():
 
 
 def test_a_read_still_failing_at_the_bound_raises_connection_failed(monkeypatch):
-    monkeypatch.setattr(watch_drivers, "RECOVERY_SECONDS", 0.0)
-    steps = watch_drivers._patient(_read_one())
+    monkeypatch.setattr(watch_recovery, "RECOVERY_SECONDS", 0.0)
+    steps = watch_recovery.patient(_read_one())
     next(steps)
     with pytest.raises(errors.ConnectionFailed, match="no primary that answered"):
         steps.throw(errors.ConnectionFailed("reset"))
-    other = watch_drivers._patient(_read_one())
+    other = watch_recovery.patient(_read_one())
     next(other)
     with pytest.raises(errors.MessageNotFound):  # any other typed error goes to the operation
         other.throw(errors.MessageNotFound("gone"))
