@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from typing import Any
 
 import redis
@@ -78,6 +77,7 @@ class Watch:
         # close() of the store may run in another thread: an event is handed out under this
         # lock, so none is handed out once stop() returned.
         self._lock = threading.Lock()
+        self._woken = threading.Event()  # set by stop(): a pause between attempts ends
         _register(store, self)
 
     def _connect(self, key: str) -> redis.Redis:
@@ -109,7 +109,7 @@ class Watch:
                 if self._stopped or not recoverable(self._store.client, exc):
                     raise failed(exc) from exc
                 self._drop()
-                time.sleep(recovery.pause(exc))
+                self._woken.wait(recovery.pause(exc))
                 refresh(self._store.client)
 
     def _drop(self) -> None:
@@ -152,6 +152,7 @@ class Watch:
         with self._lock:
             self._stopped = self._closed = True
             client = self._client
+        self._woken.set()
         if client is not None:
             client.connection_pool.disconnect()  # wakes the read blocked in another thread
 
