@@ -110,7 +110,7 @@ class Watch:
                     raise failed(exc) from exc
                 self._drop()
                 self._woken.wait(recovery.pause(exc))
-                refresh(self._store.client)
+                refresh(self._store.client, recovery.failed_at)
 
     def _drop(self) -> None:
         """Closes the watcher's connection (the next read makes one)."""
@@ -223,7 +223,7 @@ class AsyncWatch:
                     raise failed(exc) from exc
                 await self._drop()
                 await self._pend(asyncio.sleep(recovery.pause(exc)))
-                await refresh_async(self._store.client)
+                await refresh_async(self._store.client, recovery.failed_at)
 
     async def _drop(self) -> None:
         """Closes the watcher's connection (the next read makes one)."""

@@ -10,8 +10,11 @@ raw redis-py one. patient() does the same for the store's reads of the messages 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import threading
 import time
+import weakref
 from collections.abc import Generator
 from typing import Any
 
@@ -67,9 +70,10 @@ class Recovery:
     def __init__(self) -> None:
         self._deadline: float | None = None
         self._pause = 0.0
+        self.failed_at = 0.0  # when the last attempt failed
 
     def pause(self, exc: BaseException) -> float:
-        now = time.monotonic()
+        now = self.failed_at = time.monotonic()
         if self._deadline is None:
             self._deadline = now + RECOVERY_SECONDS
         if now >= self._deadline:
@@ -88,26 +92,66 @@ def recoverable(client: Any, exc: BaseException) -> bool:
     return is_cluster(client) and (unblocked or isinstance(exc, _RECOVERABLE))
 
 
-def refresh(client: Any) -> None:
-    """The cluster client's slot map read again; one that cannot be read stays as it was."""
-    with contextlib.suppress(RedisError, RedisClusterException):
-        client.nodes_manager.initialize()
+class _MapReads:
+    """One cluster client's reads of its slot map by its watchers: one at a time, and none for
+    a watcher whose read failed before the last one began (that one found what it needs)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.async_lock: asyncio.Lock | None = None  # made on the client's loop
+        self.began = float("-inf")
 
 
-async def refresh_async(client: Any) -> None:
-    with contextlib.suppress(RedisError, RedisClusterException):
-        await client.nodes_manager.initialize()
+_map_reads: weakref.WeakKeyDictionary[Any, _MapReads] = weakref.WeakKeyDictionary()
+_map_reads_lock = threading.Lock()
+
+
+def _reads_of(client: Any) -> _MapReads:
+    with _map_reads_lock:
+        state = _map_reads.get(client)
+        if state is None:
+            state = _map_reads[client] = _MapReads()
+        return state
+
+
+def refresh(client: Any, failed_at: float) -> None:
+    """The cluster client's slot map read again, unless it was since `failed_at` (so that the
+    watchers of a store that all lose their node at once read it once); a map that cannot be
+    read stays as it was."""
+    state = _reads_of(client)
+    with state.lock:
+        if state.began >= failed_at:
+            return
+        state.began = time.monotonic()
+        with contextlib.suppress(RedisError, RedisClusterException):
+            client.nodes_manager.initialize()
+
+
+async def refresh_async(client: Any, failed_at: float) -> None:
+    state = _reads_of(client)
+    if state.async_lock is None:
+        state.async_lock = asyncio.Lock()
+    async with state.async_lock:
+        if state.began >= failed_at:
+            return
+        state.began = time.monotonic()
+        with contextlib.suppress(RedisError, RedisClusterException):
+            await client.nodes_manager.initialize()
 
 
 class RefreshMap(Step):
-    """The store's cluster client's slot map read again, as a step of an operation."""
+    """The store's cluster client's slot map read again (see refresh), as a step of an
+    operation."""
 
-    __slots__ = ()
+    __slots__ = ("failed_at",)
+
+    def __init__(self, failed_at: float) -> None:
+        self.failed_at = failed_at
 
     def __call__(self, store: Any) -> Any:
         if isinstance(store.client, redis.asyncio.RedisCluster):
-            return refresh_async(store.client)
-        refresh(store.client)
+            return refresh_async(store.client, self.failed_at)
+        refresh(store.client, self.failed_at)
         return None
 
 
@@ -142,7 +186,7 @@ def patient(operation: Operation[Any]) -> Generator[Any, Any, Any]:
                     failure = final
                     break
                 yield Sleep(pause)
-                yield RefreshMap()
+                yield RefreshMap(recovery.failed_at)
             except errors.KVStoreError as exc:
                 failure = exc
                 break

@@ -81,7 +81,8 @@ def test_a_read_that_lost_its_connection_is_sent_again_on_a_fresh_map():
     steps = watch_recovery.patient(_read_one())
     read = next(steps)
     assert isinstance(steps.throw(errors.ConnectionFailed("reset")), Sleep)
-    assert isinstance(steps.send(None), watch_recovery.RefreshMap)
+    refresh = steps.send(None)
+    assert isinstance(refresh, watch_recovery.RefreshMap) and refresh.failed_at > 0
     assert steps.send(None) is read
     with pytest.raises(StopIteration) as done:
         steps.send([b"v"])
@@ -98,3 +99,49 @@ def test_a_read_still_failing_at_the_bound_raises_connection_failed(monkeypatch)
     next(other)
     with pytest.raises(errors.MessageNotFound):  # any other typed error goes to the operation
         other.throw(errors.MessageNotFound("gone"))
+
+
+class CountingCluster:
+    __module__ = "redis.cluster"
+
+    def __init__(self):
+        self.reads = 0
+        self.nodes_manager = self
+
+    def initialize(self):
+        self.reads += 1
+
+
+def test_watchers_that_lost_their_node_at_once_read_the_slot_map_once():
+    client = CountingCluster()
+    recoveries = [watch_recovery.Recovery() for _ in range(5)]
+    for recovery in recoveries:
+        recovery.pause(redis.ConnectionError("reset"))
+    for recovery in recoveries:
+        watch_recovery.refresh(client, recovery.failed_at)
+    assert client.reads == 1
+    recoveries[0].pause(redis.ConnectionError("reset again"))  # failed after that read
+    watch_recovery.refresh(client, recoveries[0].failed_at)
+    assert client.reads == 2
+
+
+def test_asyncio_watchers_share_their_reads_of_the_slot_map_too():
+    import asyncio
+
+    class AsyncCounting(CountingCluster):
+        async def initialize(self):
+            self.reads += 1
+            await asyncio.sleep(0.01)
+
+    client = AsyncCounting()
+
+    async def main():
+        recoveries = [watch_recovery.Recovery() for _ in range(5)]
+        for recovery in recoveries:
+            recovery.pause(redis.ConnectionError("reset"))
+        await asyncio.gather(
+            *(watch_recovery.refresh_async(client, r.failed_at) for r in recoveries)
+        )
+
+    asyncio.run(main())
+    assert client.reads == 1
