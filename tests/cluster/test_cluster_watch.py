@@ -136,7 +136,7 @@ class _Watcher:
 
     def _sync(self):
         cluster, config, thread_id, _, block_ms = self._args
-        store = MessageStore(cluster.client(), config)
+        store = self.store = MessageStore(cluster.client(), config)
         with store.thread(thread_id).watch(after=0, block_ms=block_ms) as watch:
             for event in watch:
                 if self._take(event):
@@ -144,7 +144,8 @@ class _Watcher:
 
     async def _async(self):
         cluster, config, thread_id, _, block_ms = self._args
-        store = AsyncMessageStore(cluster.async_client(), config)
+        store = self.store = AsyncMessageStore(cluster.async_client(), config)
+        self.loop = asyncio.get_running_loop()
         try:
             async with store.thread(thread_id).watch(after=0, block_ms=block_ms) as watch:
                 async for event in watch:
@@ -162,6 +163,17 @@ class _Watcher:
 
     def join(self, timeout: float) -> None:
         self._thread.join(timeout)
+
+    def close_store(self) -> None:
+        """Closes the watcher's store from this thread (as a server shutting down does)."""
+        if isinstance(self.store, MessageStore):
+            self.store.close()
+        else:
+            asyncio.run_coroutine_threadsafe(self.store.close(), self.loop).result(10)
+
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive()
 
 
 def _append(thread, i: int) -> None:
@@ -293,3 +305,26 @@ def test_a_watcher_follows_the_thread_while_appends_go_on_during_the_change(
     assert watcher.contents == [f"m{i}" for i in range(total)]
     gaps = [b - a for a, b in zip(watcher.times, watcher.times[1:], strict=False)]
     print(f"\n{mode} {disrupt.__name__} with appends: longest gap {max(gaps):.3f}s")
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_closing_the_store_ends_a_watcher_looking_for_its_primary_at_once(
+    fresh_cluster, namespace, mode
+):
+    cluster = fresh_cluster(primaries=3, replicas=0)
+    _, thread_id = thread_ids_on_each_primary(cluster, "closed")[0]
+    writer = MessageStore(cluster.client(), StoreConfig(namespace=namespace))
+    _append(writer.thread(thread_id), 0)
+    watcher = _Watcher(cluster, namespace, thread_id, mode, 2)
+    watcher.wait_for(1, 20)
+    for node in cluster.nodes:
+        cluster.kill(node)
+    time.sleep(1.5)  # the watcher is between attempts (30 s allowed)
+    assert watcher.running and watcher.error is None
+    started = time.monotonic()
+    watcher.close_store()
+    watcher.join(5)
+    elapsed = time.monotonic() - started
+    print(f"\n{mode}: ended {elapsed:.3f}s after its store's close()")
+    assert not watcher.running and watcher.error is None, repr(watcher.error)
+    assert elapsed < 1.5
