@@ -402,9 +402,12 @@ def test_a_refused_read_on_a_standalone_server_is_a_kvstore_error_at_once(
                 asyncio.run(watch_async())
                 return
             store = make_sync_store(backend, config)
-            with store.thread("t").watch(block_ms=20000) as events:
-                for _ in events:
-                    pass
+            try:
+                with store.thread("t").watch(block_ms=20000) as events:
+                    for _ in events:
+                        pass
+            finally:
+                store.close()
         except Exception as exc:
             outcome.append(exc)
 
