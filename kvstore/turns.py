@@ -136,6 +136,11 @@ class ThreadTurns(ThreadBase):
         watcher (``with`` or ``close()``) to close its connection. ``messages=False``: events of
         new messages carry their sequences but not the messages (no read per event).
 
+        On a cluster client the watcher follows the thread's slot through a move or a failover
+        by itself, with no event lost or repeated; it raises ConnectionFailed when no primary of
+        the slot answers for 30 s, or at once when a standalone server's connection fails (then
+        resume with a new watcher from the last cursor).
+
         Example::
 
             with thread.watch(after=last_cursor) as events:

@@ -4,6 +4,15 @@ Each watcher has its own connection, made from its store's client's settings and
 its blocking XREAD, so a watcher never holds one of the store's pooled connections while it
 waits, and closing the watcher closes its connection. The messages an event names are read by
 the store, as any read.
+
+On a cluster client the watcher follows the thread's slot (kvstore/_engine/watch_recovery.py):
+a read refused (MOVED when the slot moved or its primary was failed over, ASK, TRYAGAIN,
+CLUSTERDOWN, UNBLOCKED) or a connection lost (a failover, a dead primary) drops the watcher's
+connection, reads the client's slot map again and sends the same XREAD, from the same cursor, to
+the slot's primary then: no event is lost or repeated. It backs off while the slot has no
+primary that answers, for RECOVERY_SECONDS at most, then raises ConnectionFailed. A standalone
+client's watcher does not retry: its read's failure is raised at once, as ConnectionFailed (the
+connection) or ServerError (a refusal).
 """
 
 from __future__ import annotations
@@ -14,11 +23,13 @@ from typing import Any
 
 import redis
 import redis.asyncio
+from redis.exceptions import RedisClusterException, RedisError
 
-from .. import errors
 from ..events import ThreadEvent
 from .drivers import wire
 from .event_stream import Emit, Run, WatchStep, stream_entries
+from .failures import is_cluster
+from .watch_recovery import Recovery, failed, reads, recoverable, refresh, refresh_async
 
 # A blocking read waits this long at most before it blocks again; the socket waits this much
 # longer, so that a dead server is noticed.
@@ -30,8 +41,8 @@ def _node_client(client: Any, key: str) -> Any:
     """The client of the server that owns `key`: `client` itself unless it is a cluster client."""
     if hasattr(client, "get_node_from_key"):
         node = client.get_node_from_key(key)
-        if getattr(node, "redis_connection", None) is not None:
-            return node.redis_connection
+        if hasattr(client, "get_redis_connection"):  # sync: the node's client, made if need be
+            return client.get_redis_connection(node)
         return node  # asyncio cluster node: has connection_class and connection_kwargs
     return client
 
@@ -54,12 +65,6 @@ def _register(store: Any, watcher: Any) -> None:
         watchers.add(watcher)
 
 
-def _failed(exc: Exception) -> errors.KVStoreError:
-    return errors.ConnectionFailed(
-        f"watch: the event stream could not be read ({exc}); resume from the last cursor"
-    )
-
-
 class Watch:
     """The sync iterator of a thread's events (:meth:`Thread.watch`). Close it (``close()`` or
     ``with``) to close its connection; the iteration ends after a ThreadDeleted event, and when
@@ -72,12 +77,11 @@ class Watch:
         # close() of the store may run in another thread: an event is handed out under this
         # lock, so none is handed out once stop() returned.
         self._lock = threading.Lock()
+        self._woken = threading.Event()  # set by stop(): a pause between attempts ends
         _register(store, self)
 
-    def _read(self, key: str, after: str, count: int) -> Any:
-        with self._lock:
-            if self._stopped:
-                raise StopIteration
+    def _connect(self, key: str) -> redis.Redis:
+        """The watcher's client, on the server that owns `key` now (made if it has none)."""
         if self._client is None:
             connection_class, kwargs = _settings(
                 _node_client(self._store.client, key), self._block_ms
@@ -85,12 +89,35 @@ class Watch:
             pool = redis.ConnectionPool(
                 connection_class=connection_class, max_connections=1, **kwargs
             )
-            self._client = redis.Redis(connection_pool=pool)
-        try:
-            command = _xread(key, after, count, self._block_ms)
-            return self._client.execute_command(*wire(command))  # type: ignore[no-untyped-call]  # unannotated in redis-py
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
-            raise _failed(exc) from exc
+            with self._lock:  # stop() disconnects the client it finds
+                if self._stopped:
+                    raise StopIteration
+                self._client = redis.Redis(connection_pool=pool)
+        return self._client
+
+    def _read(self, key: str, after: str, count: int) -> Any:
+        """The XREAD's reply; on a cluster, sent again (see the module's doc) until it is read."""
+        recovery = Recovery()
+        while True:
+            with self._lock:
+                if self._stopped:
+                    raise StopIteration
+            try:
+                command = _xread(key, after, count, self._block_ms)
+                return self._connect(key).execute_command(*wire(command))  # type: ignore[no-untyped-call]  # unannotated in redis-py
+            except (RedisError, RedisClusterException) as exc:
+                if self._stopped or not recoverable(self._store.client, exc):
+                    raise failed(exc) from exc
+                self._drop()
+                self._woken.wait(recovery.pause(exc))
+                refresh(self._store.client, recovery.failed_at)
+
+    def _drop(self) -> None:
+        """Closes the watcher's connection (the next read makes one)."""
+        client, self._client = self._client, None
+        if client is not None:
+            client.close()
+            client.connection_pool.disconnect()
 
     def __iter__(self) -> Watch:
         return self
@@ -109,7 +136,7 @@ class Watch:
                             raise StopIteration
                         return step.event
                 if isinstance(step, Run):
-                    reply = self._store.run(step.operation)
+                    reply = self._store.run(reads(self._store, step.operation))
                 else:
                     reply = stream_entries(self._read(step.key, step.after, step.count))
         except BaseException as exc:
@@ -125,6 +152,7 @@ class Watch:
         with self._lock:
             self._stopped = self._closed = True
             client = self._client
+        self._woken.set()
         if client is not None:
             client.connection_pool.disconnect()  # wakes the read blocked in another thread
 
@@ -132,10 +160,7 @@ class Watch:
         """Closes the watcher's connection; the iteration ends."""
         self._closed = True
         self._steps.close()
-        if self._client is not None:
-            client, self._client = self._client, None
-            client.close()
-            client.connection_pool.disconnect()
+        self._drop()
 
     def __enter__(self) -> Watch:
         return self
@@ -162,24 +187,50 @@ class AsyncWatch:
         self._pending: asyncio.Future[Any] | None = None  # the XREAD awaited now
         _register(store, self)
 
-    async def _read(self, key: str, after: str, count: int) -> Any:
+    async def _connect(self, key: str) -> redis.asyncio.Redis:
+        """The watcher's client, on the server that owns `key` now (made if it has none)."""
         if self._client is None:
-            connection_class, kwargs = _settings(
-                _node_client(self._store.client, key), self._block_ms
-            )
+            client = self._store.client
+            if is_cluster(client):
+                await client.initialize()  # the slot map, read on the client's first call
+            connection_class, kwargs = _settings(_node_client(client, key), self._block_ms)
             pool = redis.asyncio.ConnectionPool(
                 connection_class=connection_class, max_connections=1, **kwargs
             )
             self._client = redis.asyncio.Redis(connection_pool=pool)
-        command = _xread(key, after, count, self._block_ms)
-        # A task of its own, so that the store's close() can cancel the read alone.
-        self._pending = asyncio.ensure_future(self._client.execute_command(*wire(command)))  # type: ignore[no-untyped-call]  # unannotated in redis-py
+        return self._client
+
+    async def _pend(self, awaitable: Any) -> Any:
+        """Awaits `awaitable` as a task of its own, so that the store's close() can cancel it."""
+        self._pending = asyncio.ensure_future(awaitable)
         try:
             return await self._pending
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
-            raise _failed(exc) from exc
         finally:
             self._pending = None
+
+    async def _read(self, key: str, after: str, count: int) -> Any:
+        """The XREAD's reply; on a cluster, sent again (see the module's doc) until it is read."""
+        recovery = Recovery()
+        while True:
+            if self._stopped:
+                raise StopAsyncIteration
+            try:
+                client = await self._connect(key)
+                command = _xread(key, after, count, self._block_ms)
+                return await self._pend(client.execute_command(*wire(command)))  # type: ignore[no-untyped-call]  # unannotated in redis-py
+            except (RedisError, RedisClusterException) as exc:
+                if self._stopped or not recoverable(self._store.client, exc):
+                    raise failed(exc) from exc
+                await self._drop()
+                await self._pend(asyncio.sleep(recovery.pause(exc)))
+                await refresh_async(self._store.client, recovery.failed_at)
+
+    async def _drop(self) -> None:
+        """Closes the watcher's connection (the next read makes one)."""
+        client, self._client = self._client, None
+        if client is not None:
+            await client.aclose()
+            await client.connection_pool.disconnect()
 
     def __aiter__(self) -> AsyncWatch:
         return self
@@ -200,7 +251,7 @@ class AsyncWatch:
                 if isinstance(step, Emit):
                     return step.event
                 if isinstance(step, Run):
-                    reply = await self._store.run(step.operation)
+                    reply = await self._store.run(reads(self._store, step.operation))
                 else:
                     reply = stream_entries(await self._read(step.key, step.after, step.count))
         except BaseException as exc:  # cancellation too: the connection goes with the watcher
@@ -223,10 +274,7 @@ class AsyncWatch:
         """Closes the watcher's connection; the iteration ends."""
         self._closed = True
         self._steps.close()
-        if self._client is not None:
-            client, self._client = self._client, None
-            await client.aclose()
-            await client.connection_pool.disconnect()
+        await self._drop()
 
     async def __aenter__(self) -> AsyncWatch:
         return self

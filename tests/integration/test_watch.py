@@ -367,3 +367,53 @@ def test_a_watcher_without_messages_gets_their_sequences(store):
     assert (event.first_sequence, event.last_sequence) == (1, 2)
     (full,) = take(thread.watch(after="0-0"), 1)
     assert list(full.message_ids) == [m.id for m in full.messages] == [m.id for m in stored]
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_refused_read_on_a_standalone_server_is_a_kvstore_error_at_once(
+    server_only, backend, namespace, raw_client, mode
+):
+    """CLIENT UNBLOCK ... ERROR ends the watcher's blocked XREAD with an UNBLOCKED reply: a
+    standalone watcher does not retry, and raises ServerError, never redis-py's ResponseError."""
+    config = StoreConfig(namespace=namespace)
+    outcome: list = []
+
+    def unblock() -> None:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            for client in raw_client.client_list():
+                if client.get("cmd") == "xread":
+                    raw_client.execute_command("CLIENT", "UNBLOCK", client["id"], "ERROR")
+                    return
+            time.sleep(0.01)
+
+    async def watch_async() -> None:
+        store = make_async_store(backend, config)
+        try:
+            async with store.thread("t").watch(block_ms=20000) as watch:
+                async for _ in watch:
+                    pass
+        finally:
+            await store.close()
+
+    def watch() -> None:
+        try:
+            if mode == "async":
+                asyncio.run(watch_async())
+                return
+            store = make_sync_store(backend, config)
+            try:
+                with store.thread("t").watch(block_ms=20000) as events:
+                    for _ in events:
+                        pass
+            finally:
+                store.close()
+        except Exception as exc:
+            outcome.append(exc)
+
+    reader = threading.Thread(target=watch, daemon=True)
+    reader.start()
+    unblock()
+    reader.join(5)
+    assert len(outcome) == 1 and type(outcome[0]) is errors.ServerError, outcome
+    assert "UNBLOCKED" in str(outcome[0])
