@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Generator, Sequence
+from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -39,11 +39,14 @@ from ..messages import parse_message
 from ..models import TurnOutcome
 from .held_turns import expire_turn_quietly
 from .layout.reader import decode, fetch, just_appended
-from .operation import ITER_PAGE, Batch, Operation, ThreadRef
+from .operation import ITER_PAGE, Operation, ThreadRef
 from .pages import list_page
 from .reads import fetch_sequences
 from .replies import stored_int
+from .stream_replies import AfterRecovery
 from .text import text as _text
+from .watch_rollback import RECENT, Delivered
+from .watch_state import NO_BORN, State, id_numbers, read_born, read_state
 
 # Events one XREAD returns at most.
 READ_COUNT = 100
@@ -101,68 +104,8 @@ def parse_cursor(after: int | str | None) -> tuple[tuple[int, int] | int | None,
     )
 
 
-# The incarnation of a thread made before incarnations were kept (meta without `born`, events
-# without `g`); made ones are the server's time in microseconds.
-_NO_BORN = "0"
-
-
 def _cursor(text: str, incarnation: str | None) -> str:
     return f"{text}@{incarnation}" if incarnation is not None else text
-
-
-@dataclass(frozen=True, slots=True)
-class _State:
-    count: int  # the thread's event count
-    last_seq: int
-    born: str | None  # meta `born`
-    oldest: tuple[int, int] | None  # the stream's oldest and newest events (n, s)
-    newest: tuple[int, int] | None
-    open_turn: str | None = None  # the thread's current turn (meta turn_id) while it is open
-
-    @property
-    def incarnation(self) -> str | None:
-        """The thread's incarnation; None for a thread that had no event yet (the watcher takes
-        the incarnation of the first event it reads)."""
-        if self.born is not None:
-            return self.born
-        return _NO_BORN if self.count or self.newest else None
-
-    def position(self) -> tuple[int, int]:
-        """The thread's newest event (n, s)."""
-        if self.newest and self.newest[0] >= self.count:
-            return self.newest
-        return self.count, self.last_seq
-
-
-def _state(thread: ThreadRef) -> Operation:
-    """The thread's event count, last sequence and incarnation, and the stream's ends."""
-    keys = thread.keys
-    meta, oldest, newest = yield Batch(
-        [
-            ("HMGET", keys.meta, "events", "last_seq", "born", "turn_id", "turn_outcome"),
-            ("XRANGE", keys.events, "-", "+", "COUNT", 1),
-            ("XREVRANGE", keys.events, "+", "-", "COUNT", 1),
-        ]
-    )
-    return _State(
-        stored_int(meta[0] or 0, "meta field events"),
-        stored_int(meta[1] or 0, "meta field last_seq"),
-        _text(meta[2]) if meta[2] is not None else None,
-        _id_numbers(oldest[0][0]) if oldest else None,
-        _id_numbers(newest[0][0]) if newest else None,
-        _text(meta[3]) if meta[3] is not None and meta[4] in (b"open", "open") else None,
-    )
-
-
-def _born(thread: ThreadRef) -> Operation:
-    (born,) = yield Batch([("HGET", thread.keys.meta, "born")])
-    return born
-
-
-def _id_numbers(entry_id: bytes | str) -> tuple[int, int]:
-    text = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
-    n, _, s = text.partition("-")
-    return int(n), int(s)
 
 
 class _Gone(Exception):
@@ -174,7 +117,7 @@ def _check(incarnation: str | None, born: bytes | str | None) -> None:
     thread's: incarnations never come back, so the read before was of the watched thread."""
     if incarnation is None:
         return
-    current = (born.decode() if isinstance(born, bytes) else born) if born is not None else _NO_BORN
+    current = (born.decode() if isinstance(born, bytes) else born) if born is not None else NO_BORN
     if current != incarnation:
         raise _Gone
 
@@ -187,7 +130,7 @@ def watch(
     if not thread.config.events:
         raise errors.ConfigError("watch() needs StoreConfig(events=True)")
     start, born = parse_cursor(after)
-    state = yield Run(_state(thread))
+    state = yield Run(read_state(thread))
     if born is not None and state.incarnation != born:
         # The thread the cursor names is gone (another holds its id now, or none does).
         yield Emit(ThreadDeleted(str(after)))
@@ -209,6 +152,7 @@ class _Watching:
         self.thread, self.incarnation, self.messages = thread, incarnation, messages
         self.n = self.last_s = self.caught_up = 0
         self.lease_checked: tuple[str, float] | None = None  # (turn id, no end before this)
+        self.delivered = Delivered()
 
     def cursor(self) -> str:
         return _cursor(f"{self.n}-{self.last_s}", self.incarnation)
@@ -219,7 +163,7 @@ class _Watching:
         checked = self.lease_checked
         return checked is None or checked[0] != turn_id or time.monotonic() >= checked[1]
 
-    def run(self, start: tuple[int, int] | int | None, state: _State, block_ms: int) -> WatchStep:
+    def run(self, start: tuple[int, int] | int | None, state: State, block_ms: int) -> WatchStep:
         thread = self.thread
         if start is None:
             self.n, self.last_s = state.position()
@@ -230,13 +174,16 @@ class _Watching:
             self.n, self.last_s = start
         while True:
             entries = yield ReadStream(thread.keys.events, _after_id(self.n), READ_COUNT, block_ms)
+            if isinstance(entries, AfterRecovery) and (yield from self.resync()):
+                continue  # read again after the events of the thread as it is now
             if not entries:
                 # Quiet for block_ms: the thread is gone if another holds its id, or if its
                 # event count went back (deleted, or expired, since this watcher's cursor).
-                state = yield Run(_state(thread))
+                state = yield Run(read_state(thread))
                 _check(self.incarnation, state.born)
                 if state.count < self.n:
-                    raise _Gone
+                    yield from self.resync(state)
+                    continue
                 if state.open_turn and self.lease_may_have_ended(state.open_turn):
                     # A producer that died mid-turn renews no lease: its turn ends here.
                     left = yield Run(expire_turn_quietly(thread, state.open_turn))
@@ -250,7 +197,7 @@ class _Watching:
                     if self.incarnation is None:
                         self.incarnation = _text(tag)
                     _check(self.incarnation, tag)
-                entry_n, entry_s = _id_numbers(entry_id)
+                entry_n, entry_s = id_numbers(entry_id)
                 if entry_n != self.n + 1:
                     # Events n + 1 .. entry_n - 1 are gone (trimmed, or the stream expired): page
                     # the stored messages from the last sequence delivered, then read on.
@@ -262,13 +209,40 @@ class _Watching:
                 event = yield from self.event(
                     _cursor(f"{entry_n}-{entry_s}", self.incarnation), fields
                 )
+                if isinstance(event, MessagesAdded):
+                    self.delivered.add(event.messages)
                 if event is not None:
                     yield Emit(event)
                 if isinstance(event, ThreadDeleted):
                     return
 
+    def resync(self, state: State | None = None) -> Generator[Any, Any, bool]:
+        """After the slot's primary changed, or the thread counts fewer events than were
+        delivered: pages the thread again from the first delivered message it no longer holds
+        (a failover took it back: watch_rollback.py), so the consumer gets each sequence from
+        there as it is now; True if it did. A thread without an incarnation (written by an
+        older version) whose count went back cannot be told from one deleted since: gone."""
+        state = state or (yield Run(read_state(self.thread)))
+        _check(self.incarnation, state.born)
+        if state.count < self.n and self.incarnation in (None, NO_BORN):
+            raise _Gone
+        changed = None
+        if self.delivered.oldest is not None:
+            held = yield Run(
+                list_page(self.thread, self.delivered.oldest - 1, None, RECENT, "asc", None)
+            )
+            changed = self.delivered.first_changed(held.messages, state.last_seq)
+        if changed is None:
+            if state.count >= self.n:
+                return False
+            changed = min(self.last_s, state.last_seq) + 1
+        self.delivered.forget_from(changed)
+        self.n, self.caught_up = yield from self.catch_up(changed - 1, state)
+        self.last_s = self.caught_up
+        return True
+
     def catch_up(
-        self, sequence: int, state: _State | None = None
+        self, sequence: int, state: State | None = None
     ) -> Generator[Any, Any, tuple[int, int]]:
         """Pages the stored messages after `sequence` (as MessagesAdded, paged), then says where
         the stream goes on: returns (the event to read after, the last sequence paged).
@@ -281,14 +255,15 @@ class _Watching:
         be of the watched thread (meta's `born`, read after it)."""
         thread = self.thread
         if state is None:
-            state = yield Run(_state(thread))
+            state = yield Run(read_state(thread))
         _check(self.incarnation, state.born)
         resume = max(state.count, state.oldest[0] - 1) if state.oldest else state.count
         last = sequence
         while True:
             page = yield Run(list_page(thread, after=last, limit=ITER_PAGE, order="asc"))
             if page.messages:
-                _check(self.incarnation, (yield Run(_born(thread))))
+                _check(self.incarnation, (yield Run(read_born(thread))))
+                self.delivered.add(page.messages)
                 first_seq, last = page.messages[0].seq_id, page.messages[-1].seq_id
                 yield Emit(
                     MessagesAdded(
@@ -379,16 +354,5 @@ def _checked_sequences(
     thread: ThreadRef, sequences: list[int], incarnation: str | None
 ) -> Operation:
     found = list((yield from fetch_sequences(thread, sequences, missing_ok=True)))
-    _check(incarnation, (yield from _born(thread)))
+    _check(incarnation, (yield from read_born(thread)))
     return found
-
-
-def stream_entries(reply: Any) -> Sequence[tuple[Any, dict[bytes, bytes]]]:
-    """XREAD's reply as a list of (id, fields), for RESP2 and RESP3 clients."""
-    if not reply:
-        return []
-    if isinstance(reply, dict):  # RESP3: {key: [entries]}
-        (entries,) = reply.values()
-        return entries[0] if len(entries) == 1 and isinstance(entries[0], list) else entries
-    resp2: Sequence[tuple[Any, dict[bytes, bytes]]] = reply[0][1]  # [[key, entries]]
-    return resp2

@@ -27,8 +27,9 @@ from redis.exceptions import RedisClusterException, RedisError
 
 from ..events import ThreadEvent
 from .drivers import wire
-from .event_stream import Emit, Run, WatchStep, stream_entries
+from .event_stream import Emit, Run, WatchStep
 from .failures import is_cluster
+from .stream_replies import AfterRecovery, stream_entries
 from .watch_recovery import Recovery, failed, reads, recoverable, refresh, refresh_async
 
 # A blocking read waits this long at most before it blocks again; the socket waits this much
@@ -54,8 +55,18 @@ def _settings(client: Any, block_ms: int) -> tuple[Any, dict[str, Any]]:
     return source.connection_class, kwargs
 
 
-def _xread(key: str, after: str, count: int, block_ms: int) -> tuple[Any, ...]:
+def _xread(key: str, after: str, count: int, block_ms: int | None) -> tuple[Any, ...]:
+    """The watcher's read; without `block_ms` it does not wait: the first read on the node a
+    recovery found returns at once, so that the watcher checks the thread there (a failover
+    may have taken back events it delivered: event_stream.py, `taken_back`) before it blocks."""
+    if block_ms is None:
+        return ("XREAD", "COUNT", count, "STREAMS", key, after)
     return ("XREAD", "COUNT", count, "BLOCK", block_ms, "STREAMS", key, after)
+
+
+def _entries(reply: Any, recovered: bool) -> Any:
+    entries = stream_entries(reply)
+    return AfterRecovery(entries) if recovered else entries
 
 
 def _register(store: Any, watcher: Any) -> None:
@@ -98,19 +109,22 @@ class Watch:
     def _read(self, key: str, after: str, count: int) -> Any:
         """The XREAD's reply; on a cluster, sent again (see the module's doc) until it is read."""
         recovery = Recovery()
+        block: int | None = self._block_ms
         while True:
             with self._lock:
                 if self._stopped:
                     raise StopIteration
             try:
-                command = _xread(key, after, count, self._block_ms)
-                return self._connect(key).execute_command(*wire(command))  # type: ignore[no-untyped-call]  # unannotated in redis-py
+                command = _xread(key, after, count, block)
+                reply = self._connect(key).execute_command(*wire(command))  # type: ignore[no-untyped-call]  # unannotated in redis-py
+                return _entries(reply, recovered=block is None)
             except (RedisError, RedisClusterException) as exc:
                 if self._stopped or not recoverable(self._store.client, exc):
                     raise failed(exc) from exc
                 self._drop()
                 self._woken.wait(recovery.pause(exc))
                 refresh(self._store.client, recovery.failed_at)
+                block = None
 
     def _drop(self) -> None:
         """Closes the watcher's connection (the next read makes one)."""
@@ -138,7 +152,7 @@ class Watch:
                 if isinstance(step, Run):
                     reply = self._store.run(reads(self._store, step.operation))
                 else:
-                    reply = stream_entries(self._read(step.key, step.after, step.count))
+                    reply = self._read(step.key, step.after, step.count)
         except BaseException as exc:
             self.close()
             if self._stopped and isinstance(exc, Exception):
@@ -211,19 +225,22 @@ class AsyncWatch:
     async def _read(self, key: str, after: str, count: int) -> Any:
         """The XREAD's reply; on a cluster, sent again (see the module's doc) until it is read."""
         recovery = Recovery()
+        block: int | None = self._block_ms
         while True:
             if self._stopped:
                 raise StopAsyncIteration
             try:
                 client = await self._connect(key)
-                command = _xread(key, after, count, self._block_ms)
-                return await self._pend(client.execute_command(*wire(command)))  # type: ignore[no-untyped-call]  # unannotated in redis-py
+                command = _xread(key, after, count, block)
+                reply = await self._pend(client.execute_command(*wire(command)))  # type: ignore[no-untyped-call]  # unannotated in redis-py
+                return _entries(reply, recovered=block is None)
             except (RedisError, RedisClusterException) as exc:
                 if self._stopped or not recoverable(self._store.client, exc):
                     raise failed(exc) from exc
                 await self._drop()
                 await self._pend(asyncio.sleep(recovery.pause(exc)))
                 await refresh_async(self._store.client, recovery.failed_at)
+                block = None
 
     async def _drop(self) -> None:
         """Closes the watcher's connection (the next read makes one)."""
@@ -253,7 +270,7 @@ class AsyncWatch:
                 if isinstance(step, Run):
                     reply = await self._store.run(reads(self._store, step.operation))
                 else:
-                    reply = stream_entries(await self._read(step.key, step.after, step.count))
+                    reply = await self._read(step.key, step.after, step.count)
         except BaseException as exc:  # cancellation too: the connection goes with the watcher
             await self.aclose()
             if self._stopped and not _cancelling() and not isinstance(exc, KeyboardInterrupt):

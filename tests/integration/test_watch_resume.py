@@ -11,7 +11,8 @@ import pytest
 
 from kvstore import StoreConfig, UserMessage, errors
 from kvstore._engine.core import watch as core_watch
-from kvstore._engine.event_stream import Emit, ReadStream, Run, stream_entries
+from kvstore._engine.event_stream import Emit, ReadStream, Run
+from kvstore._engine.stream_replies import stream_entries
 from kvstore._engine.watch_drivers import AsyncWatch
 from kvstore.events import ThreadDeleted
 

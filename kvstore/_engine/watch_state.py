@@ -1,0 +1,69 @@
+"""The thread's state a watcher reads: its event count, last sequence and incarnation, and its
+event stream's ends (event_stream.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .operation import Batch, Operation, ThreadRef
+from .replies import stored_int
+from .text import text as _text
+
+# The incarnation of a thread made before incarnations were kept (meta without `born`, events
+# without `g`); made ones are the server's time in microseconds.
+NO_BORN = "0"
+
+
+@dataclass(frozen=True, slots=True)
+class State:
+    count: int  # the thread's event count
+    last_seq: int
+    born: str | None  # meta `born`
+    oldest: tuple[int, int] | None  # the stream's oldest and newest events (n, s)
+    newest: tuple[int, int] | None
+    open_turn: str | None = None  # the thread's current turn (meta turn_id) while it is open
+
+    @property
+    def incarnation(self) -> str | None:
+        """The thread's incarnation; None for a thread that had no event yet (the watcher takes
+        the incarnation of the first event it reads)."""
+        if self.born is not None:
+            return self.born
+        return NO_BORN if self.count or self.newest else None
+
+    def position(self) -> tuple[int, int]:
+        """The thread's newest event (n, s)."""
+        if self.newest and self.newest[0] >= self.count:
+            return self.newest
+        return self.count, self.last_seq
+
+
+def read_state(thread: ThreadRef) -> Operation:
+    """The thread's event count, last sequence and incarnation, and the stream's ends."""
+    keys = thread.keys
+    meta, oldest, newest = yield Batch(
+        [
+            ("HMGET", keys.meta, "events", "last_seq", "born", "turn_id", "turn_outcome"),
+            ("XRANGE", keys.events, "-", "+", "COUNT", 1),
+            ("XREVRANGE", keys.events, "+", "-", "COUNT", 1),
+        ]
+    )
+    return State(
+        stored_int(meta[0] or 0, "meta field events"),
+        stored_int(meta[1] or 0, "meta field last_seq"),
+        _text(meta[2]) if meta[2] is not None else None,
+        id_numbers(oldest[0][0]) if oldest else None,
+        id_numbers(newest[0][0]) if newest else None,
+        _text(meta[3]) if meta[3] is not None and meta[4] in (b"open", "open") else None,
+    )
+
+
+def read_born(thread: ThreadRef) -> Operation:
+    (born,) = yield Batch([("HGET", thread.keys.meta, "born")])
+    return born
+
+
+def id_numbers(entry_id: bytes | str) -> tuple[int, int]:
+    text = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+    n, _, s = text.partition("-")
+    return int(n), int(s)
