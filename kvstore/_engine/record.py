@@ -52,8 +52,6 @@ from kvstore.messages import (
     parse_message,
 )
 
-from .trusted import trusted_message
-
 __all__ = [
     "RECORD_VERSION",
     "Salvaged",
@@ -149,42 +147,17 @@ def decode_records(
     skipped instead and its error appended there (in entry order): the other messages are read.
     """
     failed: dict[int, RecordError] = {}  # entry position -> error
-    read: list[Any] = [None] * len(entries)  # entry position -> message (None: not read)
     bodies, positions = [], []
     for position, (sequence, record) in enumerate(entries):
         try:
-            body = _record_body(sequence, record)
+            bodies.append(_record_body(sequence, record))
         except RecordError as exc:
             exc.sequence = sequence
             if unreadable is None:
                 raise
             failed[position] = exc
-            continue
-        # A version-2 record was validated when written: the trusted read builds most messages
-        # (trusted.py); what it does not take is validated below.
-        message = None if record[:1] == _JSON_RECORD_START else trusted_message(body)
-        if message is None:
-            bodies.append(body)
-            positions.append(position)
         else:
-            read[position] = message
-    if bodies:
-        _validate(entries, bodies, positions, read, failed, unreadable is None)
-    if unreadable is not None:
-        unreadable.extend(failed[position] for position in sorted(failed))
-    return [message for message in read if message is not None]
-
-
-def _validate(
-    entries: Sequence[tuple[int, bytes]],
-    bodies: list[dict[str, Any]],
-    positions: list[int],
-    read: list[Any],
-    failed: dict[int, RecordError],
-    raising: bool,
-) -> None:
-    """Validates the `bodies` of the entries at `positions` into `read`; each failing one raises
-    its RecordError, or (not `raising`) is dropped and its error kept in `failed`."""
+            positions.append(position)
     while True:
         try:
             # One validation call per page: the per-call overhead dominates for small messages.
@@ -195,13 +168,14 @@ def _validate(
             bad = _failing_indexes(exc) or set(range(len(bodies)))
             for index in sorted(bad):
                 error = _invalid_record(entries[positions[index]][0], bodies[index], exc)
-                if raising:
+                if unreadable is None:
                     raise error from exc
                 failed[positions[index]] = error
             bodies = [b for i, b in enumerate(bodies) if i not in bad]
             positions = [p for i, p in enumerate(positions) if i not in bad]
-    for position, message in zip(positions, messages, strict=True):
-        read[position] = message
+    if unreadable is not None:
+        unreadable.extend(failed[position] for position in sorted(failed))
+    return messages
 
 
 class Salvaged(NamedTuple):
