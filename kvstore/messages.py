@@ -212,6 +212,8 @@ def _check_json(value: Any, field: str) -> None:
     Walks with an explicit stack: a recursive walk would itself hit RecursionError on the input it
     is meant to reject. Only JSON values are allowed, so the dump reads back identical.
     """
+    if _plain_json(value, 1):
+        return
     stack: list[tuple[Any, int]] = [(value, 1)]
     while stack:
         node, depth = stack.pop()
@@ -236,6 +238,38 @@ def _check_json(value: Any, field: str) -> None:
             )
         elif node is not None and not isinstance(node, (str, int, bool)):
             raise ValueError(f"{field} holds a {type(node).__name__}, which is not a JSON value")
+
+
+def _plain_json(node: Any, depth: int) -> bool:
+    """Whether ``node`` is a JSON value within the bounds, built of the exact builtin types only.
+
+    The quick check every read runs (unknown fields are validated on each page): False is no
+    verdict, only "walk it" (_check_json then finds the error, or accepts a subclass). Recursive,
+    as deep as MAX_JSON_DEPTH at most.
+    """
+    kind = type(node)
+    if kind is str or kind is bool or node is None:
+        return True
+    if kind is dict:
+        if depth > MAX_JSON_DEPTH:
+            return False
+        for key, item in node.items():
+            if type(key) is not str:
+                return False
+            if type(item) is not str and not _plain_json(item, depth + 1):
+                return False
+        return True
+    if kind is list:
+        if depth > MAX_JSON_DEPTH:
+            return False
+        for item in node:
+            if type(item) is not str and not _plain_json(item, depth + 1):
+                return False
+        return True
+    if kind is int:
+        bits: int = node.bit_length()
+        return bits <= MAX_JSON_INT_BITS
+    return kind is float and math.isfinite(node)
 
 
 def _check_json_tree(value: dict[str, Any]) -> dict[str, Any]:

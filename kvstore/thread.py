@@ -34,7 +34,8 @@ from .turns import ThreadTurns
 
 
 class Thread(ThreadTurns):
-    """One conversation. Cheap to make; holds no state beyond its keys.
+    """One conversation. Cheap to make; holds no state beyond its keys (and a read hint: which
+    closed chunks its last newest page needed, checked by every read that uses it).
 
     Made by :meth:`MessageStore.thread`. Every method is one call to the store, safe to run
     from any number of processes on the same thread at once: each write is one atomic script
@@ -116,7 +117,8 @@ class Thread(ThreadTurns):
         return self._store.run(core.list_page(self._ref, after, before, limit, order, turn_id))
 
     def iter(self, order: Order = "asc") -> Iterator[Message]:
-        """Every kept message of the thread, in `order`, read a page (200 messages) at a time.
+        """Every kept message of the thread, in `order`, read a page at a time: 200 messages
+        first, then twice as many each page, up to 1,000 (a long thread in few round trips).
 
         It is not one state of the thread: messages appended while it runs appear when their
         place has not been passed yet; use :meth:`snapshot` or :meth:`context` for one state.

@@ -75,6 +75,9 @@ class ThreadRef:
     limits_args: str  # the `limits` argument of every writing script: the values joined by ':'
     # The store's token counter (MessageStore(count_tokens=...)); None: estimated_tokens.
     count_tokens: Any = None
+    # What this handle's last reads learnt, for the next to read ahead (layout/v3.py's newest
+    # page: the closed chunks it needed). A hint only: every read checks what it read ahead.
+    hints: dict[str, Any] = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def of(cls, config: StoreConfig, thread_id: str, count_tokens: Any = None) -> ThreadRef:

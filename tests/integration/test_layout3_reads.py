@@ -89,6 +89,52 @@ def test_the_newest_page_takes_one_round_trip_from_the_open_chunk_two_with_a_clo
     store.close()
 
 
+def test_the_next_newest_page_reads_the_closed_chunk_ahead_in_one_round_trip(backend, namespace):
+    config = StoreConfig(namespace=namespace, chunk_size=8)
+    store = make_sync_store(backend, config)
+    thread = store.thread("t")
+    thread.append([UserMessage(content=f"m{i}") for i in range(20)])  # chunks 1-8, 9-16; 17-20
+    ref = ThreadRef.of(config, "t")
+    page, requests = drive(store, list_page(ref, limit=6, order="desc"))
+    assert len(requests) == 2  # the first read of this handle learns the chunk it needs
+    again, requests = drive(store, list_page(ref, limit=6, order="desc"))
+    assert again == page and len(requests) == 1
+    assert ("MGET", ref.keys.chunk_manifest(9), ref.keys.chunk_data(9)) in requests[0].commands
+    # The open chunk fills: the same chunk is read ahead, one round trip still.
+    thread.append([UserMessage(content="m20")])
+    page, requests = drive(store, list_page(ref, limit=6, order="desc"))
+    assert [m.seq_id for m in page.messages] == [21, 20, 19, 18, 17, 16] and len(requests) == 1
+    store.close()
+
+
+@pytest.mark.parametrize("change", ["close", "replace", "retention", "enough", "delete"])
+def test_a_page_read_ahead_is_the_page_a_fresh_handle_reads(backend, namespace, change):
+    """Whatever happened since the hint was left, the page is what a handle without one reads."""
+    config = StoreConfig(namespace=namespace, chunk_size=8, retained_message_limit=4)
+    store = make_sync_store(backend, config)
+    thread = store.thread("t")
+    thread.append([UserMessage(id=f"m{i}", content=f"m{i}") for i in range(1, 21)])
+    ref = ThreadRef.of(config, "t")
+    drive(store, list_page(ref, limit=6, order="desc"))  # leaves the hint: chunk 9
+    if change == "close":  # the open chunk closes: chunk 17 is now the newest closed one
+        thread.append([UserMessage(content=f"n{i}") for i in range(6)])
+    elif change == "replace":  # the chunk read ahead changes
+        thread.replace("m16", UserMessage(content="replaced " * 20))
+    elif change == "retention":  # retention deletes the chunks the summary covers
+        thread.compact("summary", last_sequence=16)
+    elif change == "enough":  # the open chunk alone holds the page now
+        thread.append([UserMessage(content=f"n{i}") for i in range(3)])
+    else:
+        thread.delete()
+        thread.append([UserMessage(content=f"n{i}") for i in range(3)])
+    for limit in (1, 3, 6, 7, 12):
+        page, _ = drive(store, list_page(ref, limit=limit, order="desc"))
+        fresh, _ = drive(store, list_page(ThreadRef.of(config, "t"), limit=limit, order="desc"))
+        assert page == fresh, limit
+        assert page == thread.list(limit=limit, order="desc"), limit
+    store.close()
+
+
 def test_an_oversized_message_among_the_newest_is_read_through_the_plan(backend, namespace):
     config = StoreConfig(namespace=namespace, chunk_size=8, chunk_max_bytes=2048)
     store = make_sync_store(backend, config)

@@ -69,6 +69,13 @@ def test_pages_of_an_empty_thread_is_one_empty_page(thread, fake):
     assert len(pages) == 1 and pages[0].messages == [] and not pages[0].has_more
 
 
+def test_pages_without_a_limit_grow_to_the_largest_page(thread, fake):
+    fake.append(ITER_PAGE * 3 + 5)
+    _, pages = collect(core.pages(thread), repeat(fake.plan(), fake.fetch(), times=3))
+    assert [len(p.messages) for p in pages] == [ITER_PAGE, 2 * ITER_PAGE, 5]
+    assert [m.seq_id for p in pages for m in p.messages] == list(range(1, ITER_PAGE * 3 + 6))
+
+
 def test_pages_reads_iter_page_messages_at_a_time(thread, fake):
     fake.append(ITER_PAGE + 5)
     plan = fake.plan()

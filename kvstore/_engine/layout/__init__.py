@@ -14,8 +14,9 @@ keys.py is imported by the config and by operation.py, which reader.py imports i
 - plan.py: which containers hold a page walk's next messages (plan_walk), and their reads
   (plan_reads).
 - v3.py: layout 3's native reads: a closed chunk's two strings, the open chunk, the newest
-  page in one round trip from the open chunk (two with the newest closed chunks; newest_page,
-  which reads a layout-2 thread's window in the same round trip).
+  page in one round trip from the open chunk (two with the newest closed chunks, one again when
+  the handle's hint read them ahead; newest_page, which reads a layout-2 thread's window in the
+  same round trip).
 - v2.py: layout 2's native reads: the newest page of a window (window_page), chunk hashes,
   index and manifest reads (stored_counts, stored_tokens: of layout 3's containers too), the
   sizes stats() reads.

@@ -51,12 +51,15 @@ def newest_page(thread: ThreadRef, need: int) -> Operation:
     oversized; every closed chunk and the window (of a thread migrating from layout 2) hold older
     ones. So the newest `need` messages are the open chunk's when no oversized one is among
     them. Else, with no window left and no oversized message in the way, the newest closed
-    chunks add what they hold (a second round trip, gen compared). Anything else is planned.
-    A layout-2 thread reads its window (v2.newest_page) in the same round trip.
+    chunks add what they hold: read ahead in that round trip when it is the one chunk this
+    handle's last newest page needed (its hint: the same while the open chunk fills), else in a
+    second round trip (gen compared). Anything else is planned. A layout-2 thread reads its
+    window (v2.newest_page) in the same round trip.
     """
     keys = thread.keys
     # Closed chunk members enough for the page when they are full.
     members = need // thread.config.chunk_size + 2
+    ahead = thread.hints.get(_AHEAD, ())
     replies = yield Batch(
         [
             ("HMGET", keys.meta, *_META),
@@ -65,11 +68,13 @@ def newest_page(thread: ThreadRef, need: int) -> Operation:
             ("ZRANGE", keys.chunk_index, "+inf", "-inf", "BYSCORE", "REV", "LIMIT", 0, members),
             ("ZRANGE", keys.window, 0, need - 1, "REV"),
             ("ZRANGE", keys.window, need - 1, need - 1, "REV", "WITHSCORES"),
+            *(chunk_read(keys, first) for first in ahead),
             ("HMGET", keys.meta, "gen", "last_seq"),
         ]
     )
-    meta, (manifest, data), large, newest_chunks, window, bottom, again = replies
+    meta, (manifest, data), large, newest_chunks, window, bottom, *read_ahead, again = replies
     deleted_before, deleting, last_seq, gen, layout, stored = meta
+    thread.hints.pop(_AHEAD, None)
     if deleting is not None:  # an interrupted delete(): the thread reads as empty
         return [], False, 0
     if layout != b"3":
@@ -84,18 +89,50 @@ def newest_page(thread: ThreadRef, need: int) -> Operation:
     page = _page(newest, records, need, int_or_zero(stored), int_or_zero(deleted_before))
     if page is not None or window or not newest_chunks or len(newest) >= need:
         return page
+    chosen = _newest_chunks(newest_chunks, len(newest), need, members)
     # The newest closed chunks hold the next older messages, unless an oversized one is newer.
-    chosen: list[ChunkEntry] = []
-    for entry in map(ChunkEntry.parse, newest_chunks):
-        chosen.append(entry)
-        if len(newest) + sum(e.count for e in chosen) >= need:
-            break
-    else:
-        if len(newest_chunks) == members:  # more chunks may be needed than were listed
-            return None
-    if any(s >= chosen[-1].first for s in oversized):
+    if chosen is None or any(s >= chosen[-1].first for s in oversized):
         return None
+    if len(chosen) == 1:  # read ahead one chunk at most: a wrong guess costs one chunk's read
+        thread.hints[_AHEAD] = (chosen[0].first,)
+    # Read ahead between meta's two reads, which are equal: as of the same state as the rest.
+    found = dict(zip(ahead, read_ahead, strict=True))
+    if all(None not in found.get(entry.first, (None,)) for entry in chosen):
+        return _with_read(chosen, found, records, need, stored, deleted_before)
     return (yield from _with_chunks(thread, chosen, records, need, gen, stored, deleted_before))
+
+
+def _with_read(
+    chosen: list[ChunkEntry],
+    found: dict[int, Any],
+    records: dict[int, bytes],
+    need: int,
+    stored: Any,
+    deleted_before: Any,
+) -> Page | None:
+    """The page from the open chunk's `records` and the `chosen` chunks' strings as `found`."""
+    both = dict(records)
+    for entry in chosen:
+        both.update(split_chunk(*found[entry.first]))
+    newest = sorted(both, reverse=True)
+    return _page(newest, both, need, int_or_zero(stored), int_or_zero(deleted_before))
+
+
+# The hint newest_page leaves: the first sequence of the one closed chunk it needed.
+_AHEAD = "newest_page_chunks"
+
+
+def _newest_chunks(
+    members: list[Any], have: int, need: int, listed: int
+) -> list[ChunkEntry] | None:
+    """The newest closed chunks (index members, newest first) that add up to `need` with the
+    `have` newer messages, or all of them; None when more may be needed than were listed."""
+    chosen: list[ChunkEntry] = []
+    for entry in map(ChunkEntry.parse, members):
+        chosen.append(entry)
+        if have + sum(e.count for e in chosen) >= need:
+            return chosen
+    return None if len(members) == listed else chosen
 
 
 def _page(
