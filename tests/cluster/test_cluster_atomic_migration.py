@@ -5,7 +5,8 @@ The source streams the slot to the target and hands it over in one step, so clie
 ASK/TRYAGAIN window of half-moved keys as with the SETSLOT/MIGRATE resharding
 (test_cluster_resharding.py): a script on the slot runs wholly on the source or wholly on the
 target. Checked: every acknowledged message stored exactly once, no batch in part, layout
-invariants, every key on the target, no error reaching a worker untyped; measured: the
+invariants, every key on the target, no error reaching a worker untyped, a watch-only store's
+watcher of one of the threads delivering each message once and in order; measured: the
 migration's time and the longest append. Runs on the server kinds that have the command (the
 embedded Valkey 9 does; Redis has its own, CLUSTER MIGRATION, from 8.4).
 """
@@ -24,6 +25,7 @@ from kvstore import MessageStore, StoreConfig, UserMessage
 from ..support.layout_check import check_layout
 from .harness import Cluster, cluster_binaries, thread_ids_in_slot, wait_until
 from .workload import (
+    WatchOnly,
     acked_count,
     check_ledger,
     errors_by_type,
@@ -72,6 +74,7 @@ def test_a_busy_slot_moved_by_atomic_migration_loses_nothing(kind, tmp_path):
             long_thread.append(
                 [UserMessage(content=f"long {b}.{i}", otid=f"long-{b}-{i}") for i in range(10)]
             )
+        watcher = WatchOnly(cluster.client(), config, worker_threads[0])
         ports = [n.port for n in cluster.nodes]
         processes += start_workers(
             "atomic", WORKERS, ports, namespace, SMALL, worker_threads, tmp_path, BATCH
@@ -85,6 +88,8 @@ def test_a_busy_slot_moved_by_atomic_migration_loses_nothing(kind, tmp_path):
         stop_workers(tmp_path, processes)
 
         report = check_ledger(store, worker_threads, tmp_path, BATCH)
+        stored = [(m.seq_id, m.otid) for m in store.thread(worker_threads[0]).iter()]
+        watched = watcher.stop_at(stored[-1][0])
         worker_errors = errors_by_type(read_jsonl("errors-*.jsonl", tmp_path), 60)
         ledger = read_jsonl("ledger-*.jsonl", tmp_path)
         longest = max(e["acked"] - e["sent"] for e in ledger)
@@ -93,6 +98,7 @@ def test_a_busy_slot_moved_by_atomic_migration_loses_nothing(kind, tmp_path):
             f" meanwhile; longest append {longest:.2f}s; worker errors {worker_errors}"
         )
         assert report.problems == [] and report.lost == [], (report.problems, report.lost)
+        assert watched == stored, "the watch-only store's watcher: each message once, in order"
         assert [k for k in worker_errors if "kvstore.errors" not in k] == [], worker_errors
         for thread_id in (*worker_threads, long_id):
             check_layout(store.client, store.thread(thread_id).keys, config)

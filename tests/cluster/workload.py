@@ -18,6 +18,7 @@ import asyncio
 import json
 import multiprocessing
 import os
+import threading
 import time
 import traceback
 from collections import Counter
@@ -298,3 +299,36 @@ def wait_for_acks(out_dir: Path, count: int, processes: list, timeout: float = 6
             return False
         time.sleep(0.02)
     return True
+
+
+class WatchOnly:
+    """A watch-only store's watcher of one thread, from its start, in a thread of its own."""
+
+    def __init__(self, client: Any, config: StoreConfig, thread_id: str) -> None:
+        self.store = MessageStore(client, config)
+        self.delivered: list[tuple[int, str | None]] = []
+        self.failure: BaseException | None = None
+        self._events = self.store.thread(thread_id).watch(after=0, block_ms=500)
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            for event in self._events:
+                for message in getattr(event, "messages", None) or ():
+                    self.delivered.append((message.seq_id, message.otid))
+        except BaseException as exc:  # the test reports it
+            self.failure = exc
+
+    def stop_at(self, last_sequence: int, timeout: float = 30) -> list[tuple[int, str | None]]:
+        """Once the watcher delivered `last_sequence` (or `timeout` passed): stops it, returns
+        what it delivered."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and not self.failure:
+            if self.delivered and self.delivered[-1][0] >= last_sequence:
+                break
+            time.sleep(0.05)
+        self.store.close()
+        self._thread.join(10)
+        assert self.failure is None, repr(self.failure)
+        return list(self.delivered)
