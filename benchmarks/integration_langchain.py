@@ -23,9 +23,7 @@ from __future__ import annotations
 
 import argparse
 import random
-import statistics
 import sys
-import time
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -35,7 +33,8 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, messag
 from kvstore.importers import to_langchain
 from kvstore.integrations.langchain import KvstoreChatMessageHistory
 
-from ._common import Fixture, collect_per_server, ratio, render_ratios, standalone_main
+from ._adapters import adapter_ratios, interleaved_medians, render
+from ._common import Fixture, collect_per_server, standalone_main
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)  # langchain-community announces its sunset
@@ -74,12 +73,6 @@ def conversation(count: int, seed: int = 3) -> list[BaseMessage]:
     return made
 
 
-def timed(call: Any) -> float:
-    began = time.perf_counter_ns()
-    call()
-    return (time.perf_counter_ns() - began) / 1000
-
-
 def _variants(fixture: Histories, url: str) -> tuple[dict[str, Any], Any]:
     messages = conversation(fixture.params.messages)
     peer = RedisChatMessageHistory("peer", url=url, key_prefix=f"{fixture.ns}:message_store:")
@@ -108,47 +101,10 @@ def _variants(fixture: Histories, url: str) -> tuple[dict[str, Any], Any]:
 def run_server(url: str, params: Params, own: bool) -> dict[str, Any]:
     with Histories(url, params, own) as fixture:
         variants, peer = _variants(fixture, url)
-        samples: dict[str, list[float]] = {name: [] for name in variants}
-        order = list(variants)
-        rng = random.Random(1)
-        for round_ in range(params.warmup + params.rounds):
-            rng.shuffle(order)
-            for name in order:
-                spent = timed(variants[name])
-                if round_ >= params.warmup:
-                    samples[name].append(spent)
+        medians = interleaved_medians(variants, params.warmup, params.rounds)
         peer.redis_client.close()
-        medians = {name: statistics.median(values) for name, values in samples.items()}
-        ratios = [
-            ratio(
-                "newest_50",
-                "newest 50: kvstore / RedisChatMessageHistory",
-                medians["kvstore_newest_50"] / medians["peer_newest_50"],
-                1.0,
-            ),
-            ratio(
-                "whole",
-                "whole history: kvstore / RedisChatMessageHistory",
-                medians["kvstore_whole"] / medians["peer_whole"],
-                1.2,
-            ),
-            ratio(
-                "context",
-                "model's history: RedisChatMessageHistory whole / kvstore context",
-                medians["peer_whole"] / medians["kvstore_context"],
-                10.0,
-                higher=True,
-            ),
-        ]
+        ratios = adapter_ratios(medians, "RedisChatMessageHistory")
         return {"server": fixture.version, "medians_us": medians, "ratios": ratios}
-
-
-def render(result: dict[str, Any]) -> str:
-    lines = [f"{result['name']} ({result['server']})"]
-    lines += [f"  {name:<20} {value:>10.0f} us" for name, value in result["medians_us"].items()]
-    lines.append("")
-    lines += render_ratios(result["ratios"], "ratios")
-    return "\n".join(lines)
 
 
 def collect(args: argparse.Namespace) -> dict[str, Any]:

@@ -20,9 +20,7 @@ from __future__ import annotations
 
 import argparse
 import random
-import statistics
 import sys
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +29,8 @@ from llama_index.storage.chat_store.redis import RedisChatStore
 
 from kvstore.integrations.llamaindex import KvstoreChatStore
 
-from ._common import Fixture, collect_per_server, ratio, render_ratios, standalone_main
+from ._adapters import adapter_ratios, interleaved_medians, render
+from ._common import Fixture, collect_per_server, standalone_main
 
 
 @dataclass(frozen=True)
@@ -76,12 +75,6 @@ def conversation(count: int, seed: int = 3) -> list[ChatMessage]:
     return made
 
 
-def timed(call: Any) -> float:
-    began = time.perf_counter_ns()
-    call()
-    return (time.perf_counter_ns() - began) / 1000
-
-
 def run_server(url: str, params: Params, own: bool) -> dict[str, Any]:
     with Chats(url, params, own) as fixture:
         messages = conversation(params.messages)
@@ -103,47 +96,10 @@ def run_server(url: str, params: Params, own: bool) -> dict[str, Any]:
             "kvstore_whole": lambda: whole.get_messages("chat"),
             "kvstore_context": lambda: budget.get_messages("chat"),
         }
-        samples: dict[str, list[float]] = {name: [] for name in variants}
-        order = list(variants)
-        rng = random.Random(1)
-        for round_ in range(params.warmup + params.rounds):
-            rng.shuffle(order)
-            for name in order:
-                spent = timed(variants[name])
-                if round_ >= params.warmup:
-                    samples[name].append(spent)
+        medians = interleaved_medians(variants, params.warmup, params.rounds)
         peer._redis_client.close()
-        medians = {name: statistics.median(values) for name, values in samples.items()}
-        ratios = [
-            ratio(
-                "newest_50",
-                "newest 50: kvstore / RedisChatStore",
-                medians["kvstore_newest_50"] / medians["peer_newest_50"],
-                1.0,
-            ),
-            ratio(
-                "whole",
-                "whole history: kvstore / RedisChatStore",
-                medians["kvstore_whole"] / medians["peer_whole"],
-                1.2,
-            ),
-            ratio(
-                "context",
-                "model's history: RedisChatStore whole / kvstore context",
-                medians["peer_whole"] / medians["kvstore_context"],
-                10.0,
-                higher=True,
-            ),
-        ]
+        ratios = adapter_ratios(medians, "RedisChatStore")
         return {"server": fixture.version, "medians_us": medians, "ratios": ratios}
-
-
-def render(result: dict[str, Any]) -> str:
-    lines = [f"{result['name']} ({result['server']})"]
-    lines += [f"  {name:<20} {value:>10.0f} us" for name, value in result["medians_us"].items()]
-    lines.append("")
-    lines += render_ratios(result["ratios"], "ratios")
-    return "\n".join(lines)
 
 
 def collect(args: argparse.Namespace) -> dict[str, Any]:
