@@ -1,0 +1,192 @@
+"""The direct append (lua/includes/append_direct.lua) against the general path it skips.
+
+Every append call a store sends to one thread is sent again, argument for argument, to a second
+thread on the same server through the library without the direct path. Replies and every key the
+two threads hold must be equal: the direct path makes exactly the writes the general path makes,
+and refuses (by handing over) everything it does not cover. The workload mixes what takes the
+direct path (single appends and batches into the open chunk, with and without otids) with what
+must not (closes, oversized records, turns, replays, conflicts, repeats, a foreign value at the
+open chunk's name)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import redis
+
+from kvstore import AssistantMessage, StoreConfig, UserMessage
+from kvstore._engine.scripts import LIBRARY, SCRIPTS
+
+from ..conftest import make_sync_store
+
+DIRECT_CALL = "local stored = append_direct(keys, limits, args)\nif stored then return stored end\n"
+GENERAL_NAME = LIBRARY.name + "_general"
+GENERAL_APPEND = SCRIPTS["append"].function.replace(LIBRARY.name, GENERAL_NAME)
+DATE = "2024-05-01T12:00:00Z"
+SEND = redis.Redis.execute_command  # unrecorded, whatever the test patches
+
+
+def load_general_library(client: redis.Redis) -> None:
+    assert DIRECT_CALL in LIBRARY.source, "the append body no longer calls append_direct this way"
+    source = LIBRARY.source.replace(DIRECT_CALL, "").replace(LIBRARY.name, GENERAL_NAME)
+    client.function_load(source, replace=True)
+
+
+class Twin:
+    """Sends each append call the store makes to thread A again to thread B, through the
+    general path; keeps both replies."""
+
+    def __init__(self, client: redis.Redis, a: str, b: str) -> None:
+        self.client, self.a, self.b = client, "{" + a + "}", "{" + b + "}"
+        self.calls: list[tuple] = []
+
+    def on_b(self, command: tuple) -> tuple:
+        keys = int(command[2])
+        renamed = [str(key).replace(self.a, self.b) for key in command[3 : 3 + keys]]
+        return ("FCALL", GENERAL_APPEND, keys, *renamed, *command[3 + keys :])
+
+    def send_b(self, command: tuple):
+        try:
+            return SEND(self.client, *self.on_b(command))
+        except redis.ResponseError as error:
+            return ("error", str(error).replace(self.b, self.a))
+
+
+def run_a(send, command):
+    try:
+        return send()
+    except redis.ResponseError as error:
+        return ("error", str(error))
+
+
+def state(client: redis.Redis, tag: str) -> dict:
+    """Every key of the thread by its name without the tag: type and value. The incarnation (set
+    from the server's clock at the first event) is compared by presence only."""
+    found = {}
+    for key in client.scan_iter(match=f"*{tag}*", count=1000):
+        name = key.decode().replace(tag, "{}")
+        kind = client.type(key).decode()
+        if kind == "string":
+            value = client.get(key)
+        elif kind == "hash":
+            value = client.hgetall(key)
+            if name.endswith(":meta") and b"born" in value:
+                value[b"born"] = b"<set>"
+        elif kind == "zset":
+            value = client.zrange(key, 0, -1, withscores=True)
+        elif kind == "stream":
+            value = [
+                (entry_id, {f: (b"<set>" if f == b"g" else v) for f, v in fields.items()})
+                for entry_id, fields in client.xrange(key)
+            ]
+        else:
+            value = kind
+        found[name] = (kind, value)
+    return found
+
+
+def text(rng: random.Random, size: int) -> str:
+    return "".join(rng.choice("abcdefgh ") for _ in range(size))
+
+
+def message(rng: random.Random, n: int, otid: str | None = None, size: int | None = None):
+    cls = UserMessage if n % 2 else AssistantMessage
+    body = text(rng, size if size is not None else rng.randint(5, 500))
+    return cls(id=f"message-d{n}", date=DATE, content=body, otid=otid)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_the_direct_append_writes_what_the_general_path_writes(
+    backend, server_only, namespace, raw_client, monkeypatch, seed
+):
+    load_general_library(raw_client)
+    config = StoreConfig(
+        namespace=namespace, chunk_size=8, chunk_max_bytes=3000, retained_message_limit=30
+    )
+    store = make_sync_store(backend, config)
+    store.thread("direct-warm").append(UserMessage(content="loads the library"))  # not piped
+    thread = store.thread("direct-a")
+    twin = Twin(raw_client, "direct-a", "direct-b")
+    sent: list[tuple] = []
+    real = SEND
+
+    def recording(client, *command, **options):
+        reply = real(client, *command, **options)
+        if command and str(command[0]).upper() == "FCALL" and str(command[1]).endswith("_append"):
+            sent.append((command, reply))
+        return reply
+
+    rng = random.Random(seed)
+    n = 0
+    hsetnx_before = raw_client.info("commandstats").get("cmdstat_hsetnx", {}).get("calls", 0)
+    monkeypatch.setattr(redis.Redis, "execute_command", recording)
+    try:
+        for step in range(160):
+            roll = rng.random()
+            sent.clear()
+            if roll < 0.1 and twin.calls:
+                # A call sent again (a retry): a replay on both paths.
+                command, _ = rng.choice(twin.calls)
+                a_reply = run_a(lambda c=command: real(raw_client, *c), command)
+                twin.calls.append((command, a_reply))
+                assert a_reply == twin.send_b(command), step
+                continue
+            if roll < 0.45:
+                batch = [message(rng, n)]
+            elif roll < 0.6:
+                batch = [message(rng, n + i, otid=f"otid-{n + i}") for i in range(rng.randint(1, 4))]
+            elif roll < 0.75:
+                batch = [message(rng, n + i) for i in range(rng.randint(2, 7))]
+            elif roll < 0.8:
+                batch = [message(rng, n, size=rng.randint(2500, 4000))]  # past chunk_max_bytes
+            elif roll < 0.85:
+                # A repeated otid, or an otid stored already: refused on both paths.
+                batch = [message(rng, n, otid="otid-0"), message(rng, n + 1, otid="otid-0")]
+            elif roll < 0.9:
+                batch = [message(rng, n, otid=f"otid-{rng.randint(0, max(n, 1))}")]
+            else:
+                turn = f"turn-{step // 20}"
+                batch = [message(rng, n + i) for i in range(rng.randint(1, 3))]
+                try:
+                    thread.append(batch, turn_id=turn)
+                except Exception:  # noqa: BLE001 - a finished turn refuses: compared below
+                    pass
+                batch = None
+            if batch is not None:
+                try:
+                    thread.append(batch)
+                except Exception:  # noqa: BLE001 - refusals are compared below
+                    pass
+            n += 8
+            for command, reply in sent:
+                twin.calls.append((command, reply))
+                assert twin.send_b(command) == reply, step
+            if step % 20 == 19:
+                assert state(raw_client, "{direct-a}") == state(raw_client, "{direct-b}"), step
+    finally:
+        monkeypatch.undo()
+        store.close()
+    assert state(raw_client, "{direct-a}") == state(raw_client, "{direct-b}")
+    hsetnx = raw_client.info("commandstats").get("cmdstat_hsetnx", {}).get("calls", 0)
+    assert hsetnx - hsetnx_before >= 20, "the single appends did not take the direct path"
+
+
+def test_a_foreign_value_at_the_open_chunk_is_refused_and_nothing_written(
+    backend, server_only, namespace, raw_client
+):
+    """The direct path's first writes (the id's HSETNX, then the APPENDs) are taken back when the
+    open chunk's string is not what meta accounts for."""
+    store = make_sync_store(backend, StoreConfig(namespace=namespace))
+    try:
+        thread = store.thread("foreign")
+        thread.append(UserMessage(content="first"))
+        data_key = f"{namespace}:{{foreign}}:open:d"
+        raw_client.append(data_key, b"planted")
+        before = state(raw_client, "{foreign}")
+        with pytest.raises(Exception, match="holds"):
+            thread.append(UserMessage(id="message-refused", date=DATE, content="second"))
+        assert state(raw_client, "{foreign}") == before
+        assert raw_client.hget(f"{namespace}:{{foreign}}:ids", "message-refused") is None
+    finally:
+        store.close()
