@@ -75,9 +75,9 @@ local function append_direct(keys, limits, args)
   if args.turn_id ~= '' or args.lease ~= 0 or limits.strict_history or limits.ttl_ms > 0 then return nil end
   local v = redis.pcall('HMGET', keys.meta, unpack(direct.META))
   if v.err or not direct.plain(v, limits) then return nil end
-  local last_seq, count, bytes = tonumber(v[2]), tonumber(v[11]), tonumber(v[12])
+  local last_seq, count, bytes = tonumber(v[2] or 0), tonumber(v[11] or 0), tonumber(v[12] or 0)
   local total, tokens = direct.fit(m, limits, count, bytes)
-  if not total or last_seq + m.n > MAX_SEQUENCE or tonumber(v[8]) + tokens > MAX_THREAD_TOKENS then return nil end
+  if not total or last_seq + m.n > MAX_SEQUENCE or tonumber(v[8] or 0) + tokens > MAX_THREAD_TOKENS then return nil end
   if not direct.new(keys, m) then return nil end
   local first, n = last_seq + 1, m.n
   if n == 1 then
@@ -101,12 +101,14 @@ local function append_direct(keys, limits, args)
   if n > 1 then redis.call('HSET', keys.ids, unpack(id_fields)) end
   if #otid_fields > 0 then redis.call('HSET', keys.otids, unpack(otid_fields)) end
   local last, events = last_seq + n, tonumber(v[14] or 0) + 1
-  local fields = {'last_seq', last, 'stored', tonumber(v[3]) + n, 'bytes', tonumber(v[4]) + total,
-    'tokens', tonumber(v[8]) + tokens, 'open_first', count == 0 and first or tonumber(v[10]), 'open_last', last,
-    'open_count', count + n, 'open_bytes', bytes + total, 'open_tokens', tonumber(v[13]) + tokens,
-    'open_manifest_bytes', open.manifest_bytes}
+  -- Only the fields that change, as store_batch writes them (every field costs the call, and
+  -- its bytes in the AOF).
+  local fields = {'last_seq', last, 'stored', tonumber(v[3] or 0) + n, 'bytes', tonumber(v[4] or 0) + total,
+    'tokens', tonumber(v[8] or 0) + tokens, 'open_last', last, 'open_count', count + n, 'open_bytes', bytes + total,
+    'open_tokens', tonumber(v[13] or 0) + tokens, 'open_manifest_bytes', open.manifest_bytes}
+  if count == 0 and first ~= tonumber(v[10] or 0) then fields[19], fields[20] = 'open_first', first end
   local events_on = limits.events_len > 0
-  if events_on then fields[21], fields[22] = 'events', events end
+  if events_on then fields[#fields + 1], fields[#fields + 2] = 'events', events end
   redis.call('HSET', keys.meta, unpack(fields))
   emit_event(keys, limits, last, event_fields('added', first, last, ''), v[15] or false, events_on and events or nil)
   return {1, first}

@@ -10,6 +10,7 @@ open chunk's name)."""
 
 from __future__ import annotations
 
+import contextlib
 import random
 
 import pytest
@@ -17,6 +18,7 @@ import redis
 
 from kvstore import AssistantMessage, StoreConfig, UserMessage
 from kvstore._engine.scripts import LIBRARY, SCRIPTS
+from kvstore.errors import KVStoreError
 
 from ..conftest import make_sync_store
 
@@ -53,9 +55,9 @@ class Twin:
             return ("error", str(error).replace(self.b, self.a))
 
 
-def run_a(send, command):
+def run_a(client: redis.Redis, command: tuple):
     try:
-        return send()
+        return SEND(client, *command)
     except redis.ResponseError as error:
         return ("error", str(error))
 
@@ -96,6 +98,30 @@ def message(rng: random.Random, n: int, otid: str | None = None, size: int | Non
     return cls(id=f"message-d{n}", date=DATE, content=body, otid=otid)
 
 
+def one_call(thread, rng: random.Random, n: int, step: int) -> None:
+    """One append of the workload's mix (a refusal is compared like a reply)."""
+    roll = rng.random()
+    turn = None
+    if roll < 0.45:
+        batch = [message(rng, n)]
+    elif roll < 0.6:
+        batch = [message(rng, n + i, otid=f"otid-{n + i}") for i in range(rng.randint(1, 4))]
+    elif roll < 0.75:
+        batch = [message(rng, n + i) for i in range(rng.randint(2, 7))]
+    elif roll < 0.8:
+        batch = [message(rng, n, size=rng.randint(2500, 4000))]  # past chunk_max_bytes
+    elif roll < 0.85:
+        # A repeated otid, or an otid stored already: refused on both paths.
+        batch = [message(rng, n, otid="otid-0"), message(rng, n + 1, otid="otid-0")]
+    elif roll < 0.9:
+        batch = [message(rng, n, otid=f"otid-{rng.randint(0, max(n, 1))}")]
+    else:
+        turn = f"turn-{step // 20}"
+        batch = [message(rng, n + i) for i in range(rng.randint(1, 3))]
+    with contextlib.suppress(KVStoreError):
+        thread.append(batch, turn_id=turn)
+
+
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_the_direct_append_writes_what_the_general_path_writes(
     backend, server_only, namespace, raw_client, monkeypatch, seed
@@ -109,56 +135,25 @@ def test_the_direct_append_writes_what_the_general_path_writes(
     thread = store.thread("direct-a")
     twin = Twin(raw_client, "direct-a", "direct-b")
     sent: list[tuple] = []
-    real = SEND
 
     def recording(client, *command, **options):
-        reply = real(client, *command, **options)
+        reply = SEND(client, *command, **options)
         if command and str(command[0]).upper() == "FCALL" and str(command[1]).endswith("_append"):
             sent.append((command, reply))
         return reply
 
     rng = random.Random(seed)
-    n = 0
     hsetnx_before = raw_client.info("commandstats").get("cmdstat_hsetnx", {}).get("calls", 0)
     monkeypatch.setattr(redis.Redis, "execute_command", recording)
     try:
         for step in range(160):
-            roll = rng.random()
             sent.clear()
-            if roll < 0.1 and twin.calls:
+            if rng.random() < 0.1 and twin.calls:
                 # A call sent again (a retry): a replay on both paths.
                 command, _ = rng.choice(twin.calls)
-                a_reply = run_a(lambda c=command: real(raw_client, *c), command)
-                twin.calls.append((command, a_reply))
-                assert a_reply == twin.send_b(command), step
-                continue
-            if roll < 0.45:
-                batch = [message(rng, n)]
-            elif roll < 0.6:
-                batch = [message(rng, n + i, otid=f"otid-{n + i}") for i in range(rng.randint(1, 4))]
-            elif roll < 0.75:
-                batch = [message(rng, n + i) for i in range(rng.randint(2, 7))]
-            elif roll < 0.8:
-                batch = [message(rng, n, size=rng.randint(2500, 4000))]  # past chunk_max_bytes
-            elif roll < 0.85:
-                # A repeated otid, or an otid stored already: refused on both paths.
-                batch = [message(rng, n, otid="otid-0"), message(rng, n + 1, otid="otid-0")]
-            elif roll < 0.9:
-                batch = [message(rng, n, otid=f"otid-{rng.randint(0, max(n, 1))}")]
+                sent.append((command, run_a(raw_client, command)))
             else:
-                turn = f"turn-{step // 20}"
-                batch = [message(rng, n + i) for i in range(rng.randint(1, 3))]
-                try:
-                    thread.append(batch, turn_id=turn)
-                except Exception:  # noqa: BLE001 - a finished turn refuses: compared below
-                    pass
-                batch = None
-            if batch is not None:
-                try:
-                    thread.append(batch)
-                except Exception:  # noqa: BLE001 - refusals are compared below
-                    pass
-            n += 8
+                one_call(thread, rng, 8 * step, step)
             for command, reply in sent:
                 twin.calls.append((command, reply))
                 assert twin.send_b(command) == reply, step
