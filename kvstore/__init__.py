@@ -25,7 +25,18 @@ from .messages import (
     UserMessage,
     parse_message,
 )
-from .models import AppendResult, MessagesPage, ThreadSnapshot, ThreadStats, TurnResult, TurnState
+from .models import (
+    AppendResult,
+    ErasureReceipt,
+    MessagesPage,
+    OwnerUsage,
+    ThreadInfo,
+    ThreadSnapshot,
+    ThreadsPage,
+    ThreadStats,
+    TurnResult,
+    TurnState,
+)
 from .request_turns import RequestTurn
 from .store import AsyncMessageStore, MessageStore
 from .thread import Thread
@@ -38,6 +49,7 @@ __all__ = [
     "AsyncMessageStore",
     "AsyncThread",
     "CompactionStats",
+    "ErasureReceipt",
     "EventMessage",
     "HealthReport",
     "HiddenReasoningMessage",
@@ -45,6 +57,7 @@ __all__ = [
     "Message",
     "MessageStore",
     "MessagesPage",
+    "OwnerUsage",
     "ReasoningMessage",
     "RequestTurn",
     "StoreConfig",
@@ -52,8 +65,10 @@ __all__ = [
     "SystemMessage",
     "TextContent",
     "Thread",
+    "ThreadInfo",
     "ThreadSnapshot",
     "ThreadStats",
+    "ThreadsPage",
     "ToolCall",
     "ToolCallMessage",
     "ToolReturn",

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
-from ._engine import core
+from ._engine import core, owners
 from ._engine.core import Cursor
 from .events import TurnLease
 from .messages import CompactionStats, Message, SummaryMessage
 from .models import (
     AppendResult,
     MessagesPage,
+    ThreadInfo,
     ThreadSnapshot,
     ThreadStats,
 )
@@ -137,7 +138,7 @@ class AsyncThread(AsyncThreadTurns):
 
             draft = await thread.fork("user-42:session-7:edit-1", at=user_message_id)
         """
-        new = self._store.thread(new_thread_id)
+        new = self._store.thread(new_thread_id, self._ref.owner)
         await self._store.run(core.fork(self._ref, thread_id_of(self._ref), new._ref, at))
         return new
 
@@ -178,6 +179,16 @@ class AsyncThread(AsyncThreadTurns):
             stats = await thread.stats()
         """
         return await self._store.run(core.stats(self._ref))
+
+    async def info(self) -> ThreadInfo | None:
+        """See :meth:`Thread.info`."""
+        return await self._store.run(owners.thread_info(self._ref))
+
+    async def set_info(
+        self, *, title: str | None = None, metadata: Mapping[str, str] | None = None
+    ) -> bool:
+        """See :meth:`Thread.set_info`."""
+        return await self._store.run(owners.set_info(self._ref, title, metadata))
 
     async def delete(self) -> None:
         """The awaited :meth:`Thread.delete`: same arguments, result and errors.

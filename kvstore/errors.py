@@ -44,6 +44,33 @@ class InvalidThreadId(KVStoreError, ValueError):
     http_status = 400
 
 
+class InvalidOwnerId(KVStoreError, ValueError):
+    """An owner id is empty, too long, or holds characters a thread id may not hold."""
+
+    http_status = 400
+
+
+class QuotaExceeded(KVStoreError):
+    """A write would pass its owner's quota of threads or of messages a minute
+    (``store.set_owner_quota``); nothing was written. Try again later, or raise the quota."""
+
+    http_status = 429
+
+
+class StorageQuotaExceeded(QuotaExceeded):
+    """A write would pass its owner's quota of stored bytes; nothing was written. Delete or
+    compact some of the owner's threads, or raise the quota."""
+
+    http_status = 413
+
+
+class OwnerErasing(KVStoreError):
+    """The thread's owner is being erased (``store.erase_owner``): writes are refused until
+    the erasure finishes; nothing was written."""
+
+    http_status = 409
+
+
 class InvalidMessage(KVStoreError, ValueError):
     """A message failed validation (wraps pydantic's ValidationError, naming the field)."""
 

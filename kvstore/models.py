@@ -157,3 +157,69 @@ class AppendResult(list[Message]):
 
     def __repr__(self) -> str:
         return f"AppendResult({list.__repr__(self)}, replayed={self.replayed})"
+
+
+class ThreadInfo(_Result):
+    """An owned thread as its owner's directory holds it (docs/OWNERS.md): read without
+    touching its messages.
+
+    created_at, last_activity_at: the server's time in ms when the thread was made (its first
+    write, or its first ``set_info``) and when a write last changed it.
+    messages, stored_bytes, tokens: its counts as its last write left them.
+
+    Example::
+
+        for info in store.threads(owner="user-42").threads:
+            print(info.thread_id, info.title, info.last_activity_at)
+    """
+
+    thread_id: str
+    owner: str
+    title: str | None = None
+    metadata: dict[str, str] = {}
+    created_at: int = 0
+    last_activity_at: int = 0
+    messages: int = 0
+    stored_bytes: int = 0
+    tokens: int = 0
+
+
+class ThreadsPage(_Result):
+    """One page of an owner's threads (``MessageStore.threads``).
+
+    next_cursor: pass it as ``after=`` for the next page (same order and filter); None when
+        the listing is done. A filtered page may hold fewer than ``limit`` threads and still
+        have a cursor.
+    """
+
+    threads: list[ThreadInfo]
+    next_cursor: str | None = None
+
+
+class OwnerUsage(_Result):
+    """An owner's totals over its threads and its quotas (None: no quota), in one call.
+
+    Example::
+
+        usage = store.owner_usage("user-42")
+        usage.threads, usage.messages, usage.stored_bytes
+    """
+
+    owner: str
+    threads: int
+    messages: int
+    stored_bytes: int
+    tokens: int
+    max_threads: int | None = None
+    max_bytes: int | None = None
+    max_messages_per_minute: int | None = None
+    erasing: bool = False
+
+
+class ErasureReceipt(_Result):
+    """What ``MessageStore.erase_owner`` erased: threads and messages (over every call of an
+    erasure that was stopped and run again)."""
+
+    owner: str
+    threads: int
+    messages: int

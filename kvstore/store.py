@@ -22,6 +22,7 @@ from ._engine.health import health, health_async
 from ._engine.health_report import HealthReport
 from .async_thread import AsyncThread
 from .config import StoreConfig
+from .owners import AsyncOwnerMethods, OwnerMethods
 from .thread import Thread
 
 __all__ = ["AsyncMessageStore", "AsyncThread", "MessageStore", "Thread"]
@@ -54,7 +55,7 @@ def _client_from_url(client_class: Any, url: str, client_kwargs: dict[str, Any])
     return client
 
 
-class MessageStore(SyncDriver, Executor):
+class MessageStore(OwnerMethods, SyncDriver, Executor):
     """A store over a synchronous client (redis.Redis, RedisCluster or fakeredis).
 
     ``MessageStore(client, config=None, count_tokens=None)`` takes a client made with
@@ -110,17 +111,23 @@ class MessageStore(SyncDriver, Executor):
         """
         return cls(_fakeredis().FakeRedis(), config, count_tokens)
 
-    def thread(self, thread_id: str) -> Thread:
+    def thread(self, thread_id: str, owner: str | None = None) -> Thread:
         """The thread `thread_id`: cheap, sends nothing; an unknown thread reads as empty.
 
+        With `owner`, the thread is `owner`'s (docs/OWNERS.md): it lives in the owner's hash slot,
+        is listed by ``store.threads(owner)``, counts in the owner's usage and quotas, and goes
+        with ``erase_owner``. The same id under another owner (or none) is another thread.
+
         Raises InvalidThreadId unless the id is 1-200 characters of letters, digits and
-        ``. _ : @ / + = -``, starting with a letter or digit.
+        ``. _ : @ / + = -``, starting with a letter or digit (InvalidOwnerId: the same for
+        `owner`).
 
         Example::
 
             thread = store.thread("user-42:session-7")
+            chat = store.thread("session-7", owner="user-42")
         """
-        return Thread(self, ThreadRef.of(self.config, thread_id, self._count_tokens))
+        return Thread(self, ThreadRef.of(self.config, thread_id, self._count_tokens, owner))
 
     def health(self) -> HealthReport:
         """The server's settings that kvstore's guarantees depend on: a warning for each that
@@ -166,7 +173,7 @@ class MessageStore(SyncDriver, Executor):
         self.close()
 
 
-class AsyncMessageStore(AsyncDriver, Executor):
+class AsyncMessageStore(AsyncOwnerMethods, AsyncDriver, Executor):
     """A store over an asyncio client (redis.asyncio.Redis or RedisCluster).
 
     The asyncio twin of :class:`MessageStore`: same constructor, same methods, awaited, and
@@ -207,15 +214,15 @@ class AsyncMessageStore(AsyncDriver, Executor):
         """
         return cls(_fakeredis().FakeAsyncRedis(), config, count_tokens)
 
-    def thread(self, thread_id: str) -> AsyncThread:
-        """The thread `thread_id`: see :meth:`MessageStore.thread`.
+    def thread(self, thread_id: str, owner: str | None = None) -> AsyncThread:
+        """The thread `thread_id` (of `owner`): see :meth:`MessageStore.thread`.
 
         Example::
 
             thread = store.thread("user-42:session-7")
             await thread.append(UserMessage(content="hi"))
         """
-        return AsyncThread(self, ThreadRef.of(self.config, thread_id, self._count_tokens))
+        return AsyncThread(self, ThreadRef.of(self.config, thread_id, self._count_tokens, owner))
 
     async def health(self) -> HealthReport:
         """See :meth:`MessageStore.health`."""

@@ -8,10 +8,10 @@ in kvstore/turns.py, what both threads share in kvstore/thread_base.py.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-from ._engine import core
+from ._engine import core, owners
 from ._engine.core import Cursor
 from .async_thread import AsyncThread as AsyncThread  # kvstore.thread.AsyncThread, as before
 from .events import TurnLease
@@ -19,6 +19,7 @@ from .messages import CompactionStats, Message, SummaryMessage
 from .models import (
     AppendResult,
     MessagesPage,
+    ThreadInfo,
     ThreadSnapshot,
     ThreadStats,
 )
@@ -250,7 +251,7 @@ class Thread(ThreadTurns):
             draft = thread.fork("user-42:session-7:edit-1", at=user_message_id)
             draft.append(UserMessage(content="Actually, Bergen."))
         """
-        new = self._store.thread(new_thread_id)
+        new = self._store.thread(new_thread_id, self._ref.owner)
         self._store.run(core.fork(self._ref, thread_id_of(self._ref), new._ref, at))
         return new
 
@@ -316,6 +317,33 @@ class Thread(ThreadTurns):
             stats.stored_messages, stats.next_sequence, stats.deleted_before_sequence
         """
         return self._store.run(core.stats(self._ref))
+
+    def info(self) -> ThreadInfo | None:
+        """An owned thread's title, metadata, times and counts, from its owner's directory
+        (no message is read); None when it is not listed (nothing written yet, or deleted) or
+        has no owner.
+
+        Example::
+
+            info = store.thread("session-7", owner="user-42").info()
+        """
+        return self._store.run(owners.thread_info(self._ref))
+
+    def set_info(
+        self, *, title: str | None = None, metadata: Mapping[str, str] | None = None
+    ) -> bool:
+        """Sets an owned thread's title and/or its metadata (a map of at most 16 str keys to str
+        values, replaced whole; None keeps what is there, an empty title removes it). A thread
+        not listed yet is listed from now on, before its first message: checked against the
+        owner's thread quota (QuotaExceeded). Not activity: the thread keeps its place. Returns
+        True when this call listed the thread.
+
+        Example::
+
+            chat = store.thread("session-7", owner="user-42")
+            chat.set_info(title="Weather in Oslo", metadata={"model": "small"})
+        """
+        return self._store.run(owners.set_info(self._ref, title, metadata))
 
     def delete(self) -> None:
         """Deletes the thread: every key it has, a bounded number per call.

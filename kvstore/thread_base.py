@@ -32,7 +32,7 @@ class RunsOperations(Protocol[_Thread]):
     def stream(self, operation: Any) -> Iterator[Any]:
         """Runs a core operation, handing out its outputs (pages) as they come."""
 
-    def thread(self, thread_id: str) -> _Thread:
+    def thread(self, thread_id: str, owner: str | None = None) -> _Thread:
         """The thread `thread_id` of this store."""
 
 
@@ -45,7 +45,7 @@ class AwaitsOperations(Protocol[_Thread]):
     def stream(self, operation: Any) -> AsyncIterator[Any]:
         """Runs a core operation, handing out its outputs (pages) as they come."""
 
-    def thread(self, thread_id: str) -> _Thread:
+    def thread(self, thread_id: str, owner: str | None = None) -> _Thread:
         """The thread `thread_id` of this store."""
 
 
@@ -61,11 +61,20 @@ class ThreadBase:
         """The names of the thread's keys (docs/LAYOUT.md), all under one hash tag."""
         return self._ref.keys
 
+    @property
+    def thread_id(self) -> str:
+        """The thread's id."""
+        return self._ref.thread_id
+
+    @property
+    def owner(self) -> str | None:
+        """The thread's owner (docs/OWNERS.md), None for a thread of its own."""
+        return self._ref.owner
+
 
 def thread_id_of(ref: ThreadRef) -> str:
-    """The thread id inside its keys' hash tag (a thread id holds no braces)."""
-    meta = ref.keys.meta
-    return meta[meta.rindex("{") + 1 : meta.rindex("}")]
+    """The thread's id (within its owner's, for an owned thread)."""
+    return ref.thread_id
 
 
 _Between = TypeVar("_Between")  # what comes between a turn's id and its lease

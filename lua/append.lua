@@ -19,7 +19,8 @@
 ---                                     replay); an id is '' where no side info names it
 --- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_DELETING, KVS_RESTORING, KVS_MIGRATING, KVS_TOO_LARGE, KVS_MEDIA_OVER,
 ---         KVS_OTID_CONFLICT, KVS_OTID_REPEATED, KVS_DUPLICATE_ID, KVS_ID_REPEATED,
----         KVS_TURN_FINISHED, KVS_TURN_FENCED, KVS_HISTORY
+---         KVS_TURN_FINISHED, KVS_TURN_FENCED, KVS_HISTORY,
+---         KVS_QUOTA, KVS_QUOTA_BYTES, KVS_OWNER_ERASING (an owned thread: includes/owner.lua)
 --- @include "includes/layout"
 --- @include "includes/thread"
 --- @include "includes/events"

@@ -17,7 +17,8 @@
 ---
 --- Reply: {1, summary_sequence, chunks_deleted}, or {0, summary_sequence, 0} for a replay
 --- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_DELETING, KVS_RESTORING, KVS_MIGRATING, KVS_TOO_LARGE, KVS_MEDIA_OVER,
----         KVS_BAD_SUMMARY
+---         KVS_BAD_SUMMARY,
+---         KVS_QUOTA, KVS_QUOTA_BYTES, KVS_OWNER_ERASING (an owned thread: includes/owner.lua)
 --- @include "includes/layout"
 --- @include "includes/thread"
 --- @include "includes/events"

@@ -16,7 +16,8 @@
 --- listed for retention to drop (includes/turns.lua, note_idle_turn).
 ---
 --- Reply: {reply_count, first_sequence or 0, last_sequence or 0, reply_start, outcome}
---- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_DELETING, KVS_RESTORING, KVS_MIGRATING, KVS_TURN_NOT_FOUND, KVS_TURN_FENCED
+--- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_DELETING, KVS_RESTORING, KVS_MIGRATING, KVS_TURN_NOT_FOUND, KVS_TURN_FENCED,
+---         KVS_QUOTA, KVS_QUOTA_BYTES, KVS_OWNER_ERASING (an owned thread: includes/owner.lua)
 --- @include "includes/layout"
 --- @include "includes/turns"
 --- @include "includes/expiry"

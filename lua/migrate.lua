@@ -12,7 +12,8 @@
 ---   KVS_MIGRATING until it is 0); fields_left, once the layout is 2 or 3, counts the legacy
 ---   fields that were not sequences and stay in the legacy hash; window_left the messages still
 ---   in the window (0 with layout 3: the migration is done).
---- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_DELETING, KVS_RESTORING
+--- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_DELETING, KVS_RESTORING,
+---         KVS_QUOTA, KVS_QUOTA_BYTES, KVS_OWNER_ERASING (an owned thread: includes/owner.lua)
 --- @include "includes/layout"
 --- @include "includes/thread"
 --- @include "includes/expiry"

@@ -18,7 +18,8 @@
 ---
 --- Reply: the event's id ("<n>-<s>")
 --- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_DELETING, KVS_RESTORING, KVS_TURN_NOT_FOUND, KVS_TURN_FINISHED,
----         KVS_TURN_FENCED
+---         KVS_TURN_FENCED,
+---         KVS_QUOTA, KVS_QUOTA_BYTES, KVS_OWNER_ERASING (an owned thread: includes/owner.lua)
 --- @include "includes/thread"
 --- @include "includes/turns"
 --- @include "includes/expiry"

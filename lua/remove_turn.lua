@@ -13,7 +13,8 @@
 --- answering a call the turn made is refused; the calls the turn's messages answered that were
 --- made before it are open again (includes/history.lua).
 ---
---- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_DELETING, KVS_RESTORING, KVS_MIGRATING, KVS_HISTORY
+--- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_DELETING, KVS_RESTORING, KVS_MIGRATING, KVS_HISTORY,
+---         KVS_QUOTA, KVS_QUOTA_BYTES, KVS_OWNER_ERASING (an owned thread: includes/owner.lua)
 --- @include "includes/layout"
 --- @include "includes/events"
 --- @include "includes/turns"

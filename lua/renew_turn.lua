@@ -16,7 +16,8 @@
 ---        turn), and the ms its lease has left: -1 for an open turn no lease bounds, 0 for a
 ---        finished one
 --- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_DELETING, KVS_RESTORING, KVS_TURN_NOT_FOUND, KVS_TURN_FINISHED,
----         KVS_TURN_FENCED
+---         KVS_TURN_FENCED,
+---         KVS_QUOTA, KVS_QUOTA_BYTES, KVS_OWNER_ERASING (an owned thread: includes/owner.lua)
 --- @include "includes/thread"
 --- @include "includes/turns"
 --- @include "includes/expiry"

@@ -18,7 +18,8 @@
 ---
 --- Reply: the message's sequence
 --- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_DELETING, KVS_RESTORING, KVS_MIGRATING, KVS_NOT_FOUND, KVS_TOO_LARGE,
----         KVS_MEDIA_OVER, KVS_HISTORY
+---         KVS_MEDIA_OVER, KVS_HISTORY,
+---         KVS_QUOTA, KVS_QUOTA_BYTES, KVS_OWNER_ERASING (an owned thread: includes/owner.lua)
 --- @include "includes/layout"
 --- @include "includes/events"
 --- @include "includes/expiry"

@@ -21,7 +21,8 @@
 ---
 --- Reply: {restored, already_stored}
 --- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_DELETING, KVS_TOO_LARGE, KVS_MEDIA_OVER,
----         KVS_OTID_REPEATED, KVS_ID_REPEATED, KVS_RESTORE_CONFLICT, KVS_HISTORY
+---         KVS_OTID_REPEATED, KVS_ID_REPEATED, KVS_RESTORE_CONFLICT, KVS_HISTORY,
+---         KVS_QUOTA, KVS_QUOTA_BYTES, KVS_OWNER_ERASING (an owned thread: includes/owner.lua)
 --- @include "includes/layout"
 --- @include "includes/thread"
 --- @include "includes/expiry"

@@ -30,7 +30,8 @@
 --- header it cannot parse would be read back as an empty turn.
 ---
 --- Reply: the number of turn records written
---- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_DELETING, KVS_RESTORE_CONFLICT, KVS_BAD_BACKUP
+--- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_DELETING, KVS_RESTORE_CONFLICT, KVS_BAD_BACKUP,
+---         KVS_QUOTA, KVS_QUOTA_BYTES, KVS_OWNER_ERASING (an owned thread: includes/owner.lua)
 --- @include "includes/layout"
 --- @include "includes/turns"
 --- @include "includes/expiry"

@@ -5,7 +5,8 @@
 --- ARGV limits (limits): the store's limits (includes/args.lua: read_limits)
 ---
 --- Reply: the number of chunks deleted (at most max_move_chunks)
---- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_DELETING, KVS_RESTORING
+--- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_DELETING, KVS_RESTORING,
+---         KVS_QUOTA, KVS_QUOTA_BYTES, KVS_OWNER_ERASING (an owned thread: includes/owner.lua)
 --- @include "includes/thread"
 --- @include "includes/expiry"
 --- @include "includes/layout2_retention"

@@ -19,7 +19,8 @@
 --- retried hold never fences its own caller.
 ---
 --- Reply: 'start': the sequence the turn's replies start at; 'hold': {that sequence, lease}
---- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_DELETING, KVS_RESTORING, KVS_MIGRATING, KVS_TURN_FINISHED
+--- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_DELETING, KVS_RESTORING, KVS_MIGRATING, KVS_TURN_FINISHED,
+---         KVS_QUOTA, KVS_QUOTA_BYTES, KVS_OWNER_ERASING (an owned thread: includes/owner.lua)
 --- @include "includes/layout"
 --- @include "includes/turns"
 --- @include "includes/expiry"

@@ -19,7 +19,7 @@ from typing_extensions import TypeVar  # a default (PEP 696) before Python 3.13
 from .. import errors
 from ..config import StoreConfig
 from ..messages import Message
-from .layout.keys import ThreadKeys
+from .layout.keys import OwnerKeys, ThreadKeys
 from .replies import DeleteReply, MigrateReply, stored_int
 from .scripts import SCRIPTS, Script
 
@@ -71,17 +71,27 @@ class ThreadRef:
 
     config: StoreConfig
     keys: ThreadKeys
-    script_keys: tuple[str, ...]  # KEYS[1..14] of every script (lua/includes/layout.lua)
+    # KEYS[1..14] of every script (lua/includes/layout.lua), and an owned thread's owner's keys
+    # as KEYS[15..18] (lua/includes/owner.lua)
+    script_keys: tuple[str, ...]
     limits_args: str  # the `limits` argument of every writing script: the values joined by ':'
     # The store's token counter (MessageStore(count_tokens=...)); None: estimated_tokens.
     count_tokens: Any = None
+    thread_id: str = ""
+    owner: str | None = None  # the thread's owner (docs/OWNERS.md); None: a thread of its own
     # What this handle's last reads learnt, for the next to read ahead (layout/v3.py's newest
     # page: the closed chunks it needed). A hint only: every read checks what it read ahead.
     hints: dict[str, Any] = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
-    def of(cls, config: StoreConfig, thread_id: str, count_tokens: Any = None) -> ThreadRef:
-        keys = ThreadKeys.of(config.namespace, thread_id)
+    def of(
+        cls,
+        config: StoreConfig,
+        thread_id: str,
+        count_tokens: Any = None,
+        owner: str | None = None,
+    ) -> ThreadRef:
+        keys = ThreadKeys.of(config.namespace, thread_id, owner)
         retained = config.retained_message_limit
         # In the order of script_args.py's LIMIT_NAMES (lua/includes/args.lua: read_limits).
         limits = (
@@ -101,7 +111,9 @@ class ThreadRef:
         # Sent as one argument, the values joined by ':' (the server parses a key's limits once).
         limits_key = ":".join(map(str, limits))
         script_keys = tuple(getattr(keys, field.name) for field in dataclasses.fields(keys))
-        return cls(config, keys, script_keys, limits_key, count_tokens)
+        if owner is not None:
+            script_keys += OwnerKeys.of(config.namespace, owner).script_keys()
+        return cls(config, keys, script_keys, limits_key, count_tokens, thread_id, owner)
 
     def limits(self) -> str:
         """The `limits` argument of every writing script: script_args.py's LIMIT_NAMES' values

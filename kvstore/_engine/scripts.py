@@ -57,9 +57,46 @@ def _read_script(name: str) -> str:
     return "\n".join((*lines[:body], *include, arguments.lua_prologue(), *lines[body:]))
 
 
+_OWNER_INCLUDE = '--- @include "includes/owner"'
+# The writing scripts that do not take a thread's keys (an owner's own scripts).
+_OWNER_SCRIPTS = ("owner_list", "owner_info", "owner_usage", "owner_erase")
+
+
+def owner_hook(name: str) -> tuple[str, str] | None:
+    """A writing thread script's wrapper for owned threads (lua/includes/owner.lua:
+    owner.hooked): the opening, with where the call's records are in its ARGV, and the closing
+    around the body as a function of (KEYS, ARGV); None for a script that reads, or an owner's
+    own script."""
+    script_args = ScriptArgs.of(name, _read(name))
+    if name in _OWNER_SCRIPTS or "no-writes" in _read(name).split("\n", 1)[0]:
+        return None
+    first, stride, at = 0, 0, 1
+    for arg in script_args.args:
+        if arg.kind == "group":
+            names = [field.name for field in arg.fields]
+            if "record" in names:
+                first, stride = at + names.index("record"), len(names)
+            break
+        if arg.name == "record":
+            first = at
+        at += 1
+    return f"owner.hooked('{name}', {first}, {stride}, function(KEYS, ARGV)\n", "\nend)"
+
+
 def build_source(name: str) -> str:
-    """Returns the script's source (or an include's, built alone) with every include inlined."""
-    text = _read(name) if name.startswith("includes/") else _read_script(name)
+    """Returns the script's source (or an include's, built alone) with every include inlined;
+    a writing thread script's body wrapped by owner.hooked."""
+    if name.startswith("includes/"):
+        return _expand(_read(name), (name,))
+    text = _read_script(name)
+    hook = owner_hook(name)
+    if hook is not None:
+        lines = text.split("\n")
+        body = next(i for i, line in enumerate(lines) if i and not line.startswith("---"))
+        head = (*lines[:body], _OWNER_INCLUDE)
+        text = "\n".join(
+            (*head, f"return {hook[0]}{chr(10).join(lines[body:])}{hook[1]}(KEYS, ARGV)")
+        )
     return _expand(text, (name,))
 
 
@@ -121,6 +158,16 @@ class Script:
         return replace(self, source=body, sha=hashlib.sha1(body.encode()).hexdigest())
 
 
+def _hooked(name: str, function: str) -> str:
+    """A library callback: the body's function, wrapped by owner.hooked for a writing thread
+    script."""
+    hook = owner_hook(name)
+    if hook is None:
+        return function
+    opening = hook[0].rsplit("function(KEYS, ARGV)", 1)[0]
+    return f"{opening}{function})"
+
+
 @dataclass(frozen=True)
 class Library:
     """Every script as one function library: includes defined once, one function per script."""
@@ -135,13 +182,19 @@ class Library:
         # Every include any script uses, each once, in an order that defines a name before its
         # users (build_source's expansion of all the include lines, in the scripts' order).
         include_lines = "\n".join(
-            m.group(0) for body in bodies.values() for m in _INCLUDE.finditer(body)
+            (
+                *(m.group(0) for body in bodies.values() for m in _INCLUDE.finditer(body)),
+                _OWNER_INCLUDE,
+            )
         )
         shared = _expand(include_lines, ("library",))
         # Each body is the callback itself, not a local naming it: the library's main function
         # holds at most 200 locals (Lua 5.1), and the includes take most of them.
         bodies_code = {
-            name: f"function(KEYS, ARGV)\n{_INCLUDE.sub('', body.split(chr(10), 1)[1]).rstrip()}\nend"
+            name: _hooked(
+                name,
+                f"function(KEYS, ARGV)\n{_INCLUDE.sub('', body.split(chr(10), 1)[1]).rstrip()}\nend",
+            )
             for name, body in bodies.items()  # the shebang line is the library's
         }
         digest = hashlib.sha1("\n".join((shared, *bodies_code.values())).encode()).hexdigest()[:12]
@@ -178,6 +231,7 @@ SCRIPT_NAMES = (
     "restore_state",
     "read_range",
     "renew_turn",
+    *_OWNER_SCRIPTS,
 )
 SCRIPTS_BY_FILE: dict[str, Script] = {name: Script.load(name) for name in SCRIPT_NAMES}
 LIBRARY, SCRIPTS = Library.build(SCRIPT_NAMES)
@@ -208,6 +262,9 @@ ERROR_CODES: dict[str, type[errors.KVStoreError]] = {
     "KVS_RESTORE_CONFLICT": errors.RestoreConflict,
     "KVS_RESTORING": errors.RestoreIncomplete,
     "KVS_BAD_BACKUP": errors.InvalidMessage,
+    "KVS_QUOTA": errors.QuotaExceeded,
+    "KVS_QUOTA_BYTES": errors.StorageQuotaExceeded,
+    "KVS_OWNER_ERASING": errors.OwnerErasing,
 }
 
 _KVS_CODE = re.compile(r"(KVS_[A-Z_]+) ?(.*)", re.DOTALL)

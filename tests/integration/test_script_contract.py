@@ -20,7 +20,7 @@ from kvstore import AssistantMessage, MessageStore, StoreConfig, UserMessage
 from kvstore._engine import scripts as _scripts
 from kvstore._engine.core import Batch, Eval, ThreadRef
 from kvstore._engine.executor import record
-from kvstore._engine.layout.keys import ThreadKeys
+from kvstore._engine.layout.keys import OwnerKeys, ThreadKeys
 from kvstore._engine.script_args import LIMIT_NAMES, ScriptArgsError
 from kvstore._engine.scripts import SCRIPT_NAMES, SCRIPTS
 from kvstore.cli import backup as cli_backup
@@ -125,6 +125,16 @@ def run_every_script(store: Recorder, raw_client) -> None:
     legacy.append(UserMessage(content="new"))  # refused until the scan is done: migrate, again
     legacy.migrate()
 
+    # An owner's threads: its own scripts, and thread scripts with the owner's four keys after.
+    owned = store.thread("contract-owned", owner="contract-owner")
+    owned.set_info(title="a title", metadata={"k": "v"})
+    owned.append([UserMessage(content="o1"), UserMessage(content="o2")])
+    store.set_owner_quota("contract-owner", threads=5, stored_bytes=10**6, messages_per_minute=100)
+    first = store.threads("contract-owner", limit=1, where={"k": "v"})
+    store.threads("contract-owner", order="created", after=first.next_cursor)
+    store.owner_usage("contract-owner")
+    store.erase_owner("contract-owner")
+
 
 def iter_once(request: Eval):
     """An operation of one request, returning its reply."""
@@ -137,11 +147,14 @@ def test_every_call_matches_its_script_header(server_only, server, raw_client, n
     ref = ThreadRef.of(store.config, "contract")
     headers = {name: script_header(name) for name in SCRIPT_NAMES}
     mismatches: dict[str, set[str]] = defaultdict(set)
+    owner_keys = OwnerKeys.of(namespace, "contract-owner").script_keys()
     for request in store.calls:
         name = request.script.name
-        mismatches[name] |= set(
-            call_mismatches(headers[name], list(request.keys), list(request.args))
-        )
+        keys = list(request.keys)
+        if len(keys) == 18:  # an owned thread: its fourteen keys, then its owner's four
+            assert tuple(keys[14:]) == owner_keys, name
+            keys = keys[:14]
+        mismatches[name] |= set(call_mismatches(headers[name], keys, list(request.args)))
         if request.keys[0].endswith("{contract}:meta"):
             assert tuple(request.keys) == ref.script_keys, name
     assert {name: sorted(found) for name, found in mismatches.items() if found} == {}
@@ -232,8 +245,9 @@ def test_the_encoder_refuses_a_missing_or_unknown_name():
 def test_each_header_is_a_contract(name):
     header = script_header(name)
     assert header_problems(header) == []
-    # Every script takes the same fourteen keys (includes/layout.lua: thread_keys).
-    assert header.keys == ((1, 14),)
+    # Every thread script takes the same fourteen keys (includes/layout.lua: thread_keys), an
+    # owner's script its owner's four (includes/owner.lua).
+    assert header.keys == (((1, 4),) if name.startswith("owner_") else ((1, 14),))
 
 
 def test_the_fourteen_keys_are_the_thread_keys_in_order():

@@ -17,6 +17,8 @@ from kvstore import AsyncMessageStore, MessageStore, StoreConfig, UserMessage
 # `stream` are the one door every Thread method goes through; `client`, `config` and `functions`
 # are what it keeps.
 PUBLIC = {"from_url", "in_memory", "thread", "health", "close", "run", "stream"}
+# An owner's threads (docs/OWNERS.md).
+PUBLIC |= {"threads", "owner_usage", "set_owner_quota", "erase_owner"}
 ATTRIBUTES = {"client", "config", "functions"}
 
 

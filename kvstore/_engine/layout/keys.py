@@ -1,8 +1,10 @@
 """Every Redis key kvstore uses is named here, and only here.
 
 A thread's keys share one Redis Cluster hash tag, ``{<thread id>}``, under the store's namespace,
-so a thread lives in one slot and every script touches one slot. docs/LAYOUT.md describes what
-each key holds; this module and that page must say the same thing.
+so a thread lives in one slot and every script touches one slot. A thread that belongs to an
+owner lives in its owner's slot instead (``{#<owner>}``), beside the owner's directory: its
+listing, usage and quotas (docs/OWNERS.md). docs/LAYOUT.md describes what each key holds; this
+module and that page must say the same thing.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ...errors import InvalidThreadId
+from ...errors import InvalidOwnerId, InvalidThreadId
 
 MAX_THREAD_ID_LENGTH = 200
 
@@ -35,6 +37,15 @@ def check_thread_id(thread_id: str) -> str:
             " and must start with a letter or digit"
         )
     return thread_id
+
+
+def check_owner_id(owner: str) -> str:
+    """`owner` if it can name an owner's hash tag (the characters and length of a thread id),
+    else InvalidOwnerId."""
+    try:
+        return check_thread_id(owner)
+    except InvalidThreadId as error:
+        raise InvalidOwnerId(str(error).replace("thread id", "owner id")) from None
 
 
 def legacy_pattern(namespace: str) -> str:
@@ -79,8 +90,14 @@ class ThreadKeys:
     open_manifest: str
 
     @classmethod
-    def of(cls, namespace: str, thread_id: str) -> ThreadKeys:
-        base = f"{namespace}:{{{check_thread_id(thread_id)}}}:"
+    def of(cls, namespace: str, thread_id: str, owner: str | None = None) -> ThreadKeys:
+        check_thread_id(thread_id)
+        if owner is None:
+            base = f"{namespace}:{{{thread_id}}}:"
+        else:
+            # '|' is in no thread id, so the owner's threads' key sets are disjoint, and none
+            # is named like the owner's own keys (OwnerKeys: no '|').
+            base = f"{OwnerKeys.of(namespace, owner).prefix}{thread_id}|"
         return cls(
             meta=base + "meta",
             window=base + "window",
@@ -135,3 +152,30 @@ class ThreadKeys:
             self.open_data,
             self.open_manifest,
         )
+
+
+@dataclass(frozen=True, slots=True)
+class OwnerKeys:
+    """The keys of an owner's directory, in the owner's hash tag ``{#<owner>}`` ('#' is in no
+    thread id, so no unowned thread shares the tag). Its threads' keys are ``prefix`` + the
+    thread id + ``|`` + part (ThreadKeys.of)."""
+
+    prefix: str
+    recent: str  # sorted set: thread id -> last activity (ms)
+    created: str  # sorted set: thread id -> creation time (ms)
+    info: str  # hash: thread id -> the thread's title and metadata (JSON)
+    usage: str  # hash: totals, quotas, and per thread "t:<id>" -> its counts (docs/OWNERS.md)
+
+    @classmethod
+    def of(cls, namespace: str, owner: str) -> OwnerKeys:
+        prefix = f"{namespace}:{{#{check_owner_id(owner)}}}:"
+        return cls(prefix, prefix + "recent", prefix + "created", prefix + "info", prefix + "usage")
+
+    def script_keys(self) -> tuple[str, str, str, str]:
+        """KEYS[15..18] of a thread's script, KEYS[1..4] of an owner's (lua/includes/owner.lua)."""
+        return (self.recent, self.created, self.info, self.usage)
+
+    def pattern(self) -> str:
+        """The SCAN pattern of every key of the owner and its threads (an owner id holds no
+        glob characters)."""
+        return self.prefix + "*"

@@ -1,0 +1,190 @@
+-- An owned thread's writes keep its owner's directory right in the same atomic step
+-- (docs/OWNERS.md). A thread of an owner has the owner's four keys after its own fourteen:
+-- KEYS[15..18] = recent, created, info, usage (kvstore/_engine/layout/keys.py: OwnerKeys), all
+-- in the owner's hash tag. A thread without an owner has fourteen keys and pays one table index.
+--
+-- The owner's `usage` hash holds the totals (`threads`, `messages`, `bytes`, `tokens`), the
+-- quotas (`max_threads`, `max_bytes`, `max_per_minute`), the append rate's window (`minute`,
+-- `minute_count`), an erasure's state (`erasing`, `erased_threads`, `erased_messages`), and per
+-- thread `t:<thread id>` -> "messages:bytes:tokens:deadline": the thread's counts as its last
+-- write left them, and when its keys expire (0: never). A thread is in the directory exactly
+-- while it has that field.
+--
+-- Everything is in one table: the library's main function holds at most 200 locals.
+local owner = {}
+
+-- meta's fields whose change is the thread's activity (any write that stores, moves, removes
+-- or turns), the first three also its counts.
+owner.SNAPSHOT = {'stored', 'bytes', 'tokens', 'last_seq', 'gen', 'events', 'turn_id',
+                  'turn_outcome', 'summary_seq', 'deleting', 'restoring', 'fork_of'}
+-- The writing scripts that can make a thread: the thread quota is checked before them.
+owner.CREATES = {append = true, restore = true, restore_state = true, start_turn = true,
+                 publish = true, compact = true, info = true}
+owner.TOTALS = {'threads', 'messages', 'bytes', 'tokens', 'max_threads', 'max_bytes',
+                'max_per_minute', 'minute', 'minute_count', 'erasing', 'erased_threads',
+                'erased_messages'}
+
+function owner.now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- The owner's keys from KEYS[first..first+3]; `prefix` names its threads' keys.
+function owner.keys(KEYS, first)
+  local usage = KEYS[first + 3]
+  return {recent = KEYS[first], created = KEYS[first + 1], info = KEYS[first + 2], usage = usage,
+          prefix = string.sub(usage, 1, #usage - #'usage')}
+end
+
+-- A thread's meta key, named like kvstore/_engine/layout/keys.py names it.
+function owner.meta_key(dir, thread_id)
+  return dir.prefix .. thread_id .. '|meta'
+end
+
+-- "messages:bytes:tokens:deadline" as four numbers (zeros for a thread not in the directory).
+function owner.parse_record(record)
+  if not record then return 0, 0, 0, 0 end
+  local m, b, t, d = string.match(record, '^(%-?%d+):(%-?%d+):(%-?%d+):(%-?%d+)$')
+  return tonumber(m) or 0, tonumber(b) or 0, tonumber(t) or 0, tonumber(d) or 0
+end
+
+-- The usage hash's totals as a table of numbers (absent: 0).
+function owner.totals(dir, thread_id)
+  local fields = {unpack(owner.TOTALS)}
+  if thread_id then fields[#fields + 1] = 't:' .. thread_id end
+  local values = redis.call('HMGET', dir.usage, unpack(fields))
+  local totals = {}
+  for i, name in ipairs(owner.TOTALS) do totals[name] = tonumber(values[i]) or 0 end
+  totals.record = thread_id and values[#fields] or nil
+  return totals
+end
+
+-- The bytes and count of the records a call brings: its ARGV from `first`, every `stride`
+-- (0: one record).
+function owner.incoming(ARGV, first, stride)
+  if first == 0 then return 0, 0 end
+  local bytes, count = 0, 0
+  local i = first
+  while ARGV[i] do
+    bytes, count = bytes + #ARGV[i], count + 1
+    if stride == 0 then break end
+    i = i + stride
+  end
+  return bytes, count
+end
+
+-- The refusal of a call the owner's quotas or erasure forbid, checked before any write; nil
+-- when the call may go on. `minute` is the rate window the call falls in.
+function owner.refusal(kind, totals, registered, bytes, count, minute)
+  if totals.erasing > 0 and kind ~= 'delete' then
+    return redis.error_reply('KVS_OWNER_ERASING the owner is being erased: finish the erasure, then write again')
+  end
+  if not registered and owner.CREATES[kind] and totals.max_threads > 0
+      and totals.threads >= totals.max_threads then
+    return redis.error_reply('KVS_QUOTA threads: the owner has ' .. totals.threads
+      .. ' threads, its quota is ' .. totals.max_threads)
+  end
+  if bytes > 0 and totals.max_bytes > 0 and totals.bytes + bytes > totals.max_bytes then
+    return redis.error_reply('KVS_QUOTA_BYTES the owner stores ' .. totals.bytes .. ' bytes, '
+      .. bytes .. ' more would pass its quota of ' .. totals.max_bytes)
+  end
+  if kind == 'append' and count > 0 and totals.max_per_minute > 0 then
+    local used = totals.minute == minute and totals.minute_count or 0
+    if used + count > totals.max_per_minute then
+      return redis.error_reply('KVS_QUOTA rate: ' .. used .. ' messages appended this minute, '
+        .. count .. ' more would pass the quota of ' .. totals.max_per_minute .. ' a minute')
+    end
+  end
+  return nil
+end
+
+-- Takes a thread out of the directory: its entries, and its counts out of the totals.
+function owner.unregister(dir, totals, thread_id, updates)
+  local m, b, t = owner.parse_record(totals.record)
+  redis.call('ZREM', dir.recent, thread_id)
+  redis.call('ZREM', dir.created, thread_id)
+  redis.call('HDEL', dir.info, thread_id)
+  redis.call('HDEL', dir.usage, 't:' .. thread_id)
+  updates.threads = totals.threads - 1
+  updates.messages, updates.bytes = totals.messages - m, totals.bytes - b
+  updates.tokens = totals.tokens - t
+  if totals.erasing > 0 then
+    updates.erased_threads = totals.erased_threads + 1
+    updates.erased_messages = totals.erased_messages + m
+  end
+end
+
+-- The thread's counts after the call, into its record and the totals; registers a new thread.
+function owner.account(dir, totals, thread_id, after, now, updates)
+  local m0, b0, t0 = owner.parse_record(totals.record)
+  local m, b, t = tonumber(after[1]) or 0, tonumber(after[2]) or 0, tonumber(after[3]) or 0
+  local deadline = redis.call('PEXPIRETIME', dir.thread_meta)
+  if deadline < 0 then deadline = 0 end
+  if not totals.record then
+    redis.call('ZADD', dir.created, now, thread_id)
+    updates.threads = totals.threads + 1
+  end
+  updates['t:' .. thread_id] = m .. ':' .. b .. ':' .. t .. ':' .. deadline
+  if m ~= m0 then updates.messages = totals.messages + m - m0 end
+  if b ~= b0 then updates.bytes = totals.bytes + b - b0 end
+  if t ~= t0 then updates.tokens = totals.tokens + t - t0 end
+  if totals.erasing > 0 and m < m0 then
+    updates.erased_messages = totals.erased_messages + m0 - m
+  end
+end
+
+local function changed(before, after)
+  for i = 1, #owner.SNAPSHOT do
+    if before[i] ~= after[i] then return true end
+  end
+  return false
+end
+
+-- Runs a thread's writing script `body` for an owned thread: the owner's quotas and erasure
+-- checked first, the directory brought up to date after (an error reply changes nothing of it).
+function owner.call(kind, first, stride, body, KEYS, ARGV)
+  local dir = owner.keys(KEYS, 15)
+  dir.thread_meta = KEYS[1]
+  local thread_id = string.sub(KEYS[1], #dir.prefix + 1, -#'|meta' - 1)
+  local totals = owner.totals(dir, thread_id)
+  local now = owner.now_ms()
+  local minute = math.floor(now / 60000)
+  local bytes, count = owner.incoming(ARGV, first, stride)
+  local refused = owner.refusal(kind, totals, totals.record ~= nil, bytes, count, minute)
+  if refused then return refused end
+
+  local before = redis.call('HMGET', KEYS[1], unpack(owner.SNAPSHOT))
+  local reply = body(KEYS, ARGV)
+  if type(reply) == 'table' and reply.err then return reply end
+  local after = redis.call('HMGET', KEYS[1], unpack(owner.SNAPSHOT))
+  local exists = redis.call('EXISTS', KEYS[1]) == 1
+  local updates = {}
+  if not exists then
+    if totals.record and (kind == 'delete' or before[1] ~= false or before[5] ~= false) then
+      owner.unregister(dir, totals, thread_id, updates)
+    end
+  elseif changed(before, after) or not totals.record then
+    owner.account(dir, totals, thread_id, after, now, updates)
+    redis.call('ZADD', dir.recent, now, thread_id)
+  end
+  if kind == 'append' and type(reply) == 'table' and reply[1] == 1 and count > 0 then
+    local used = totals.minute == minute and totals.minute_count or 0
+    updates.minute, updates.minute_count = minute, used + count
+  end
+  local flat = {}
+  for field, value in pairs(updates) do
+    flat[#flat + 1] = field
+    flat[#flat + 1] = value
+  end
+  if #flat > 0 then redis.call('HSET', dir.usage, unpack(flat)) end
+  return reply
+end
+
+-- The callback of a thread's writing script: `body` as it is for a thread without an owner.
+-- `first` and `stride` find the records the call brings in its ARGV (owner.incoming).
+function owner.hooked(kind, first, stride, body)
+  return function(KEYS, ARGV)
+    if not KEYS[15] then return body(KEYS, ARGV) end
+    return owner.call(kind, first, stride, body, KEYS, ARGV)
+  end
+end

@@ -1,0 +1,153 @@
+#!lua
+--- A page of an owner's threads, newest activity (or newest made) first: the sidebar's read
+--- (docs/OWNERS.md). Its cost is the page's, whatever the number of threads: a range of the
+--- owner's index from the cursor, and the listed threads' info and counts by one HMGET each.
+--- A listed thread whose keys expired (its recorded deadline passed and its meta is gone) leaves
+--- the directory here, with its counts: that is the one write this script makes.
+---
+--- KEYS[1..4]  the owner's keys: recent, created, info, usage (includes/owner.lua)
+--- ARGV order (str: 'recent' | 'created')
+--- ARGV after_score (str): the cursor's score, '' for the first page
+--- ARGV after_id (str): the cursor's thread id ('' for the first page)
+--- ARGV limit (int): the most threads in the page
+--- ARGV where_key (str): a metadata key the threads must have with where_value, '' for none
+--- ARGV where_value (str)
+--- ARGV max_examined (int): the most threads one call looks at (a filtered page may come
+---      back short, with a cursor to go on from)
+---
+--- Reply: {next_score, next_id, id_1, activity_1, created_1, info_1, record_1, ...}: next_score
+---        '' when the listing is done; info '' for none; record the thread's
+---        "messages:bytes:tokens:deadline"
+--- Errors: none
+--- @include "includes/owner"
+
+local dir = owner.keys(KEYS, 1)
+local index, other = dir.recent, dir.created
+if args.order == 'created' then index, other = dir.created, dir.recent end
+local limit, cap = args.limit, args.max_examined
+local now = owner.now_ms()
+
+-- a < b in byte order, as a sorted set orders its members (Lua's '<' follows the locale).
+local function bytes_before(a, b)
+  for i = 1, math.min(#a, #b) do
+    local x, y = string.byte(a, i), string.byte(b, i)
+    if x ~= y then return x < y end
+  end
+  return #a < #b
+end
+
+local page, ghosts = {}, {}
+local examined, done = 0, false
+local last_score, last_id = nil, nil
+
+-- Looks at one batch of (id, score) pairs, in order; true once the page is full or the cap hit.
+local function take(batch)
+  local ids = {}
+  for i = 1, #batch, 2 do ids[#ids + 1] = batch[i] end
+  if #ids == 0 then return false end
+  local infos = redis.call('HMGET', dir.info, unpack(ids))
+  local fields = {}
+  for i, id in ipairs(ids) do fields[i] = 't:' .. id end
+  local records = redis.call('HMGET', dir.usage, unpack(fields))
+  for i, id in ipairs(ids) do
+    local score = batch[2 * i]
+    examined, last_score, last_id = examined + 1, score, id
+    local _, _, _, deadline = owner.parse_record(records[i] or nil)
+    local gone = not records[i]
+      or (deadline > 0 and deadline <= now and redis.call('EXISTS', owner.meta_key(dir, id)) == 0)
+    if gone then
+      ghosts[#ghosts + 1] = id
+    else
+      local wanted = true
+      if args.where_key ~= '' then
+        local ok, info = pcall(cjson.decode, infos[i] or '{}')
+        local metadata = ok and type(info) == 'table' and info.metadata
+        wanted = type(metadata) == 'table' and metadata[args.where_key] == args.where_value
+      end
+      if wanted then
+        page[#page + 1] = {id, score, infos[i] or ''}
+        if #page >= limit then return true, i < #ids end
+      end
+    end
+    if examined >= cap then return true, true end
+  end
+  return false
+end
+
+local BATCH = math.max(limit, 16)
+local full = false
+if args.after_score ~= '' then
+  -- The rest of the cursor's score: its members after the cursor's id (byte order, descending).
+  local offset = 0
+  while not full do
+    local batch = redis.call('ZRANGE', index, args.after_score, args.after_score, 'BYSCORE', 'REV',
+                             'LIMIT', offset, BATCH, 'WITHSCORES')
+    offset = offset + #batch / 2
+    local kept = {}
+    for i = 1, #batch, 2 do
+      if bytes_before(batch[i], args.after_id) then
+        kept[#kept + 1] = batch[i]
+        kept[#kept + 1] = batch[i + 1]
+      end
+    end
+    full = take(kept)
+    if #batch < 2 * BATCH then break end
+  end
+end
+local max = args.after_score ~= '' and '(' .. args.after_score or '+inf'
+local offset = 0
+while not full and not done do
+  local batch = redis.call('ZRANGE', index, max, '-inf', 'BYSCORE', 'REV', 'LIMIT', offset, BATCH,
+                           'WITHSCORES')
+  offset = offset + #batch / 2
+  local more
+  full, more = take(batch)
+  -- A page that ends with the index ends the listing: no cursor to an empty page.
+  if #batch < 2 * BATCH and not more then done = true end
+end
+
+-- Expired threads leave the directory, with their counts.
+if #ghosts > 0 then
+  local updates = {}
+  for _, id in ipairs(ghosts) do
+    local totals = owner.totals(dir, id)
+    if totals.record then
+      owner.unregister(dir, totals, id, updates)
+      local flat = {}
+      for field, value in pairs(updates) do
+        flat[#flat + 1] = field
+        flat[#flat + 1] = value
+      end
+      redis.call('HSET', dir.usage, unpack(flat))
+      updates = {}
+    else
+      redis.call('ZREM', dir.recent, id)
+      redis.call('ZREM', dir.created, id)
+      redis.call('HDEL', dir.info, id)
+    end
+  end
+end
+
+local reply = {'', ''}
+if not done and last_score then
+  -- Go on after the last thread listed, or the last one looked at when the page is short.
+  local cursor = page[#page]
+  if #page < limit or not cursor then cursor = {last_id, last_score} end
+  reply = {cursor[2], cursor[1]}
+end
+if #page > 0 then
+  local ids = {}
+  for i, item in ipairs(page) do ids[i] = item[1] end
+  local others = redis.call('ZMSCORE', other, unpack(ids))
+  local fields = {}
+  for i, id in ipairs(ids) do fields[i] = 't:' .. id end
+  local records = redis.call('HMGET', dir.usage, unpack(fields))
+  for i, item in ipairs(page) do
+    local activity, created = item[2], others[i] or ''
+    if index == dir.created then activity, created = created, item[2] end
+    local n = #reply
+    reply[n + 1], reply[n + 2], reply[n + 3] = item[1], activity, created
+    reply[n + 4], reply[n + 5] = item[3], records[i] or ''
+  end
+end
+return reply
