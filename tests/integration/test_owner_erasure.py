@@ -1,0 +1,114 @@
+"""An owner's erasure stopped after every one of its calls and run again (a caller that died
+mid-way), writes refused while it runs, and threads that expire leaving the owner's directory
+(docs/OWNERS.md)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from kvstore import StoreConfig, UserMessage, errors
+from kvstore._engine.layout.keys import OwnerKeys
+from kvstore._engine.owners import erase_owner
+
+from ..conftest import make_sync_store
+
+SMALL = dict(chunk_size=2, window_size=2)
+
+
+class Stopped(Exception):
+    """The caller died here."""
+
+
+def cut_after(operation, calls: int):
+    """`operation` as a caller that dies after sending `calls` requests would run it."""
+    reply = None
+    for i in range(calls):
+        request = next(operation) if i == 0 else operation.send(reply)
+        reply = yield request
+    raise Stopped
+
+
+def counted(operation, seen: list):
+    """`operation`, counting its requests into `seen`."""
+    reply = None
+    request = next(operation)
+    while True:
+        seen.append(request)
+        reply = yield request
+        try:
+            request = operation.send(reply)
+        except StopIteration as done:
+            return done.value
+
+
+def fill(store, owner: str) -> int:
+    """Four threads of `owner` (one with many chunks, one titled without messages); the count of
+    messages stored."""
+    total = 0
+    for i, count in enumerate((1, 9, 30)):
+        store.thread(f"chat-{i}", owner=owner).append(
+            [UserMessage(content=f"m{j} " + "x" * 200) for j in range(count)]
+        )
+        total += count
+    store.thread("titled", owner=owner).set_info(title="empty")
+    return total
+
+
+@pytest.fixture
+def store(backend, namespace):
+    made = make_sync_store(backend, StoreConfig(namespace=namespace, **SMALL))
+    yield made
+    made.close()
+
+
+def test_an_erasure_stopped_after_any_call_finishes_when_run_again(
+    store, raw_client, namespace, monkeypatch
+):
+    # Deletes of one chunk a call: a thread's deletion takes several calls, so the erasure
+    # can be stopped inside one.
+    monkeypatch.setattr("kvstore._engine.operation.DELETE_STEP", 1)
+    seen: list = []
+    total = fill(store, "whole")
+    receipt = store.run(counted(erase_owner(store.config, "whole"), seen))
+    assert (receipt.threads, receipt.messages) == (4, total)
+    assert len(seen) > 8
+    for calls in range(1, len(seen)):
+        owner = f"cut-{calls}"
+        assert fill(store, owner) == total
+        with pytest.raises(Stopped):
+            store.run(cut_after(erase_owner(store.config, owner), calls))
+        # Once it started, the owner's threads take no write but a delete.
+        with pytest.raises(errors.OwnerErasing):
+            store.thread("chat-9", owner=owner).append(UserMessage(content="late"))
+        with pytest.raises(errors.OwnerErasing):
+            store.thread("titled", owner=owner).set_info(title="late")
+        receipt = store.erase_owner(owner)
+        assert (receipt.threads, receipt.messages) == (4, total), calls
+        assert list(raw_client.scan_iter(match=OwnerKeys.of(namespace, owner).pattern())) == []
+        assert store.erase_owner(owner).threads == 0
+
+
+def test_expired_threads_leave_the_directory(backend, namespace, raw_client):
+    store = make_sync_store(backend, StoreConfig(namespace=namespace, thread_ttl=1))
+    try:
+        old = store.thread("old", owner="ann")
+        old.append([UserMessage(content="soon gone"), UserMessage(content="also")])
+        store.thread("titled", owner="ann").set_info(title="never written")
+        assert store.owner_usage("ann").threads == 2
+        time.sleep(1.0)
+        kept = store.thread("kept", owner="ann")
+        kept.append(UserMessage(content="stays"))
+        deadline = time.monotonic() + 10
+        while raw_client.exists(old.keys.meta) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not raw_client.exists(old.keys.meta)
+        time.sleep(0.1)  # the titled thread's listing ends with its ttl too
+        page = store.threads("ann")
+        assert [info.thread_id for info in page.threads] == ["kept"]
+        usage = store.owner_usage("ann")
+        assert (usage.threads, usage.messages) == (1, 1)
+        assert old.info() is None
+    finally:
+        store.close()

@@ -1,0 +1,258 @@
+"""Threads that belong to an owner (docs/OWNERS.md), sync and async, on each server: the listing
+by activity and by creation, titles and metadata, counts that follow every write, quotas
+refused before any write, and the erasure (nothing of the owner left, by a keyspace scan)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from kvstore import AssistantMessage, StoreConfig, UserMessage, errors
+from kvstore._engine.layout.keys import OwnerKeys
+
+from ..conftest import make_async_store, make_sync_store
+from ..support.facade import SyncFacade
+
+
+class StoreFacade:
+    """An async store's methods run to completion, its threads SyncFacades: one test body for
+    both modes."""
+
+    def __init__(self, store, loop) -> None:
+        self._store, self._loop = store, loop
+
+    def thread(self, thread_id, owner=None):
+        return SyncFacade(self._store.thread(thread_id, owner), self._loop)
+
+    def __getattr__(self, name):
+        attr = getattr(self._store, name)
+        if not callable(attr):
+            return attr
+        return lambda *args, **kwargs: self._loop.run_until_complete(attr(*args, **kwargs))
+
+
+@pytest.fixture
+def make_store(backend, mode, namespace):
+    loop = asyncio.new_event_loop() if mode == "async" else None
+    made = []
+
+    def make(**config_values):
+        config = StoreConfig(namespace=namespace, **config_values)
+        if mode == "sync":
+            store = make_sync_store(backend, config)
+            made.append(store)
+            return store
+        store = make_async_store(backend, config)
+        made.append(store)
+        return StoreFacade(store, loop)
+
+    yield make
+    for store in made:
+        if mode == "sync":
+            store.close()
+        else:
+            loop.run_until_complete(store.close())
+    if loop:
+        loop.close()
+
+
+def owner_keys(raw_client, namespace: str, owner: str) -> list[bytes]:
+    return sorted(raw_client.scan_iter(match=OwnerKeys.of(namespace, owner).pattern()))
+
+
+def keyspace(raw_client, namespace: str) -> dict[bytes, bytes]:
+    """Every key of the namespace with its dump: equal before and after means nothing written."""
+    return {key: raw_client.dump(key) for key in raw_client.scan_iter(match=f"{namespace}:*")}
+
+
+def listed(store, owner: str, **kwargs) -> list[str]:
+    """Every thread id of the owner's listing, paged 2 at a time."""
+    ids, page = [], store.threads(owner, limit=2, **kwargs)
+    ids += [info.thread_id for info in page.threads]
+    while page.next_cursor:
+        page = store.threads(owner, limit=2, after=page.next_cursor, **kwargs)
+        ids += [info.thread_id for info in page.threads]
+    return ids
+
+
+def test_listing_follows_activity_and_creation(make_store):
+    store = make_store()
+    for i in range(5):
+        store.thread(f"chat-{i}", owner="ann").append(UserMessage(content=f"hello {i}"))
+        time.sleep(0.003)  # distinct milliseconds, so the order is the writes' order
+    assert listed(store, "ann") == [f"chat-{i}" for i in (4, 3, 2, 1, 0)]
+    store.thread("chat-1", owner="ann").append(AssistantMessage(content="back"))
+    assert listed(store, "ann") == [f"chat-{i}" for i in (1, 4, 3, 2, 0)]
+    assert listed(store, "ann", order="created") == [f"chat-{i}" for i in (4, 3, 2, 1, 0)]
+    # A write that stores nothing (a replay) is no activity.
+    store.thread("chat-0", owner="ann").append(UserMessage(content="x", otid="o-1"))
+    time.sleep(0.003)
+    store.thread("chat-2", owner="ann").append(UserMessage(content="y"))
+    store.thread("chat-0", owner="ann").append(UserMessage(content="x", otid="o-1"))
+    assert listed(store, "ann")[:2] == ["chat-2", "chat-0"]
+    # Another owner, and the same id without an owner, are other threads.
+    store.thread("chat-1", owner="bob").append(UserMessage(content="bob's"))
+    store.thread("chat-1").append(UserMessage(content="nobody's"))
+    assert listed(store, "bob") == ["chat-1"]
+    assert store.thread("chat-1", owner="ann").stats().stored_messages == 2
+    assert store.thread("chat-1").stats().stored_messages == 1
+
+
+def test_a_thread_moving_while_paging_is_never_listed_twice(make_store):
+    store = make_store()
+    for i in range(6):
+        store.thread(f"c{i}", owner="ann").append(UserMessage(content="m"))
+        time.sleep(0.003)
+    first = store.threads("ann", limit=3)
+    assert [t.thread_id for t in first.threads] == ["c5", "c4", "c3"]
+    store.thread("c1", owner="ann").append(UserMessage(content="moves up"))
+    store.thread("c4", owner="ann").append(UserMessage(content="moves up too"))
+    rest = listed_after(store, "ann", first.next_cursor)
+    seen = [t.thread_id for t in first.threads] + rest
+    assert len(seen) == len(set(seen))
+    assert rest == ["c2", "c0"]  # c1 moved above the cursor: the next listing has it first
+    assert [t.thread_id for t in store.threads("ann", limit=2).threads] == ["c4", "c1"]
+
+
+def listed_after(store, owner: str, cursor: str) -> list[str]:
+    ids = []
+    while cursor:
+        page = store.threads(owner, limit=2, after=cursor)
+        ids += [t.thread_id for t in page.threads]
+        cursor = page.next_cursor
+    return ids
+
+
+def test_titles_and_metadata(make_store, raw_client, namespace):
+    store = make_store()
+    chat = store.thread("chat", owner="ann")
+    assert chat.info() is None
+    assert chat.set_info(title="Weather", metadata={"model": "small", "topic": "oslo"}) is True
+    info = chat.info()
+    assert (info.title, info.metadata, info.messages) == (
+        "Weather",
+        {"model": "small", "topic": "oslo"},
+        0,
+    )
+    assert listed(store, "ann") == ["chat"]  # listed before its first message
+    chat.append(UserMessage(content="and tomorrow?"))
+    assert chat.set_info(title="Weather in Oslo") is False
+    info = chat.info()
+    assert (info.title, info.metadata["topic"], info.messages) == ("Weather in Oslo", "oslo", 1)
+    other = store.thread("other", owner="ann")
+    other.set_info(metadata={"model": "large"})
+    assert listed(store, "ann", where={"model": "large"}) == ["other"]
+    assert listed(store, "ann", where={"model": "small"}) == ["chat"]
+    assert listed(store, "ann", where={"absent": "x"}) == []
+    chat.set_info(title="", metadata={})
+    assert (chat.info().title, chat.info().metadata) == (None, {})
+    # Bad input: typed, and nothing written.
+    before = keyspace(raw_client, namespace)
+    for title, metadata in (
+        ("x" * 201, None),
+        (None, {f"k{i}": "v" for i in range(17)}),
+        (None, {"k": 1}),
+        (None, {"": "v"}),
+        (None, {"k": "v" * 513}),
+        (7, None),
+    ):
+        with pytest.raises(errors.InvalidMessage):
+            chat.set_info(title=title, metadata=metadata)
+    with pytest.raises(errors.InvalidMessage):
+        store.thread("plain").set_info(title="no owner")
+    with pytest.raises(errors.InvalidOwnerId):
+        store.thread("chat", owner="bad owner")
+    with pytest.raises(errors.InvalidOwnerId):
+        store.threads("{ann}")
+    with pytest.raises(errors.InvalidCursor):
+        store.threads("ann", after="created:1:chat")  # a cursor of the other order
+    assert keyspace(raw_client, namespace) == before
+
+
+def test_counts_follow_every_write(make_store):
+    store = make_store(chunk_size=4, window_size=4, retained_message_limit=6)
+    chat = store.thread("chat", owner="ann")
+    chat.start_turn("t1")
+    chat.append([UserMessage(content=f"m{i} " + "x" * 50) for i in range(5)], turn_id="t1")
+    chat.finish_turn("t1")
+    stored = chat.append([AssistantMessage(content=f"a{i}") for i in range(6)])
+    chat.replace(stored[0].id, AssistantMessage(content="longer " * 40))
+    chat.compact("summary", last_sequence=stored[2].seq_id)
+    chat.remove_turn("t1")
+    other = store.thread("other", owner="ann")
+    other.append(UserMessage(content="hi"))
+    for thread in (chat, other):
+        stats, info = thread.stats(), thread.info()
+        assert (info.messages, info.stored_bytes, info.tokens) == (
+            stats.stored_messages,
+            stats.stored_bytes,
+            stats.tokens,
+        )
+    usage = store.owner_usage("ann")
+    infos = store.threads("ann").threads
+    assert usage.threads == 2
+    assert usage.messages == sum(i.messages for i in infos)
+    assert usage.stored_bytes == sum(i.stored_bytes for i in infos)
+    assert usage.tokens == sum(i.tokens for i in infos)
+    fork = chat.fork("chat-fork", at=stored[-1].id)
+    assert fork.owner == "ann" and fork.info().messages == fork.stats().stored_messages
+    chat.delete()
+    assert chat.info() is None
+    assert sorted(listed(store, "ann")) == ["chat-fork", "other"]
+    assert store.owner_usage("ann").messages == other.info().messages + fork.info().messages
+
+
+def test_quotas_refuse_before_writing(make_store, raw_client, namespace):
+    store = make_store()
+    usage = store.set_owner_quota("ann", threads=2, stored_bytes=2_000, messages_per_minute=8)
+    assert (usage.max_threads, usage.max_bytes, usage.max_messages_per_minute) == (2, 2_000, 8)
+    a, b, c = (store.thread(name, owner="ann") for name in "abc")
+    a.append(UserMessage(content="one"))
+    b.set_info(title="second")
+    before = keyspace(raw_client, namespace)
+    with pytest.raises(errors.QuotaExceeded) as refused:
+        c.append(UserMessage(content="a third thread"))
+    assert refused.value.http_status == 429
+    with pytest.raises(errors.QuotaExceeded):
+        c.set_info(title="a third thread")
+    with pytest.raises(errors.StorageQuotaExceeded) as too_big:
+        a.append(UserMessage(content="x" * 2_100))
+    assert too_big.value.http_status == 413
+    assert keyspace(raw_client, namespace) == before
+    a.append([UserMessage(content=f"r{i}") for i in range(7)])  # 8 this minute: at the quota
+    with pytest.raises(errors.QuotaExceeded, match="a minute"):
+        b.append(UserMessage(content="the ninth"))
+    store.set_owner_quota("ann", threads=3)  # the others removed: None is no quota
+    c.append([UserMessage(content=f"c{i}") for i in range(20)])
+    usage = store.owner_usage("ann")
+    assert (usage.threads, usage.messages) == (3, 28)
+    assert (usage.max_bytes, usage.max_messages_per_minute) == (None, None)
+    with pytest.raises(errors.ConfigError):
+        store.set_owner_quota("ann", threads=0)
+
+
+def test_erasure_leaves_nothing_of_the_owner(make_store, raw_client, namespace):
+    store = make_store(chunk_size=4, window_size=4)
+    messages = 0
+    for i in range(20):
+        thread = store.thread(f"chat-{i}", owner="ann")
+        count = 1 + i % 7
+        thread.append([UserMessage(content=f"m{j} " + "x" * 300) for j in range(count)])
+        messages += count
+    store.thread("titled", owner="ann").set_info(title="no message yet")
+    keep = store.thread("chat-1", owner="bob")
+    keep.append(UserMessage(content="bob stays"))
+    store.thread("chat-1").append(UserMessage(content="no owner stays"))
+    receipt = store.erase_owner("ann")
+    assert (receipt.threads, receipt.messages) == (21, messages)
+    assert owner_keys(raw_client, namespace, "ann") == []
+    assert store.threads("ann").threads == []
+    assert store.owner_usage("ann").threads == 0
+    assert keep.stats().stored_messages == 1
+    assert store.thread("chat-1").stats().stored_messages == 1
+    again = store.erase_owner("ann")
+    assert (again.threads, again.messages) == (0, 0)
+    store.thread("chat-0", owner="ann").append(UserMessage(content="a new life"))
+    assert listed(store, "ann") == ["chat-0"]
