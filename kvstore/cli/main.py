@@ -13,6 +13,7 @@ from typing import IO, Any, Literal
 import redis
 
 from .. import errors
+from . import owners
 from .parser import DATA_DIR, build_parser
 
 
@@ -247,6 +248,8 @@ _STORE_COMMANDS: dict[str, Callable[[Any, argparse.Namespace], int]] = {
     "fork": _fork,
     "health": _health,
     "preload-scripts": _preload_scripts,
+    "threads": owners.list_threads,
+    "erase-owner": owners.erase_owner,
 }
 
 

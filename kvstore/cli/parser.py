@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from .owners import add_owner_commands
+
 DATA_DIR = ".kvstore-data"
 
 CHECKS_HELP = (
@@ -65,6 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_thread_commands(commands)
     _add_import_from(commands)
     _add_admin_commands(commands)
+    add_owner_commands(commands, _with_store)
     return parser
 
 

@@ -4,6 +4,7 @@ mid-way), writes refused while it runs, and threads that expire leaving the owne
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -13,6 +14,7 @@ from kvstore._engine.layout.keys import OwnerKeys
 from kvstore._engine.owners import erase_owner
 
 from ..conftest import make_sync_store
+from .test_cli import kvstore
 
 SMALL = dict(chunk_size=2, window_size=2)
 
@@ -112,3 +114,26 @@ def test_expired_threads_leave_the_directory(backend, namespace, raw_client):
         assert old.info() is None
     finally:
         store.close()
+
+
+def test_the_command_line_lists_and_erases_an_owner(
+    backend, server, server_only, namespace, raw_client
+):
+    store = make_sync_store(backend, StoreConfig(namespace=namespace))
+    try:
+        for i in range(3):
+            store.thread(f"c{i}", owner="ann").append(UserMessage(content=f"hi {i}"))
+            time.sleep(0.003)
+        store.thread("c0", owner="ann").set_info(title="The first")
+    finally:
+        store.close()
+    common = ("--url", server.url, "--namespace", namespace)
+    listed = kvstore("threads", "ann", "--limit", "2", *common)
+    assert listed.returncode == 0, listed.stderr
+    assert [line.split("\t")[0] for line in listed.stdout.splitlines()] == ["c2", "c1"]
+    cursor = listed.stderr.strip().removeprefix("next: --after ")
+    rest = json.loads(kvstore("threads", "ann", "--after", cursor, "--json", *common).stdout)
+    assert [(t["thread_id"], t["title"]) for t in rest["threads"]] == [("c0", "The first")]
+    erased = kvstore("erase-owner", "ann", *common)
+    assert json.loads(erased.stdout) == {"owner": "ann", "threads": 3, "messages": 3}
+    assert list(raw_client.scan_iter(match=OwnerKeys.of(namespace, "ann").pattern())) == []

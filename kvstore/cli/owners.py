@@ -1,0 +1,47 @@
+"""`kvstore threads OWNER` and `kvstore erase-owner OWNER`: an owner's threads listed, and the
+owner erased (docs/OWNERS.md)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+
+def add_owner_commands(commands: Any, with_store: Any) -> None:
+    """The parsers of the two commands (`with_store` adds the store options)."""
+    threads = with_store(commands, "threads", "list an owner's threads, most recent activity first")
+    threads.add_argument("owner")
+    threads.add_argument("--order", choices=("recent", "created"), default="recent")
+    threads.add_argument("--limit", type=int, default=50, help="threads a page (default: 50)")
+    threads.add_argument("--after", help="the next_cursor a previous page printed")
+    threads.add_argument("--json", action="store_true", help="print the page as JSON")
+    erase = with_store(
+        commands,
+        "erase-owner",
+        "delete every thread, message and index entry of an owner (resumable: run again to"
+        " finish an interrupted erasure); prints the receipt",
+    )
+    erase.add_argument("owner")
+
+
+def list_threads(store: Any, args: argparse.Namespace) -> int:
+    """Prints a page of the owner's threads, and the cursor of the next."""
+    page = store.threads(args.owner, order=args.order, after=args.after, limit=args.limit)
+    if args.json:
+        print(page.model_dump_json())
+        return 0
+    for info in page.threads:
+        title = info.title if info.title is not None else "-"
+        print(f"{info.thread_id}\t{info.messages} messages\t{info.last_activity_at}\t{title}")
+    if page.next_cursor:
+        print(f"next: --after {page.next_cursor}", file=sys.stderr)
+    return 0
+
+
+def erase_owner(store: Any, args: argparse.Namespace) -> int:
+    """Erases the owner; prints the receipt as JSON."""
+    receipt = store.erase_owner(args.owner)
+    print(json.dumps(receipt.model_dump()))
+    return 0
