@@ -42,7 +42,8 @@ if registered then return 0 end
 local now = owner.now_ms()
 local deadline = redis.call('PEXPIRETIME', owner.meta_key(dir, thread_id))
 if deadline < 0 then deadline = args.ttl_ms > 0 and now + args.ttl_ms or 0 end
-redis.call('ZADD', dir.created, now, thread_id)
+local updates = {}
+owner.register(dir, thread_id, now, updates, totals)
 redis.call('ZADD', dir.recent, now, thread_id)
-redis.call('HSET', dir.usage, 'threads', totals.threads + 1, 't:' .. thread_id, '0:0:0:' .. deadline)
+redis.call('HSET', dir.usage, 'threads', updates.threads, 't:' .. thread_id, '0:0:0:' .. deadline)
 return 1

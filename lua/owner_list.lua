@@ -65,7 +65,7 @@ local function take(batch)
         wanted = type(metadata) == 'table' and metadata[args.where_key] == args.where_value
       end
       if wanted then
-        page[#page + 1] = {id, score, infos[i] or ''}
+        page[#page + 1] = {id, score, infos[i] or '', records[i]}
         if #page >= limit then return true, i < #ids end
       end
     end
@@ -139,15 +139,12 @@ if #page > 0 then
   local ids = {}
   for i, item in ipairs(page) do ids[i] = item[1] end
   local others = redis.call('ZMSCORE', other, unpack(ids))
-  local fields = {}
-  for i, id in ipairs(ids) do fields[i] = 't:' .. id end
-  local records = redis.call('HMGET', dir.usage, unpack(fields))
   for i, item in ipairs(page) do
     local activity, created = item[2], others[i] or ''
     if index == dir.created then activity, created = created, item[2] end
     local n = #reply
     reply[n + 1], reply[n + 2], reply[n + 3] = item[1], activity, created
-    reply[n + 4], reply[n + 5] = item[3], records[i] or ''
+    reply[n + 4], reply[n + 5] = item[3], item[4]
   end
 end
 return reply

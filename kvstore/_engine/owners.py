@@ -69,41 +69,50 @@ def _owner_keys(config: StoreConfig, owner: str) -> tuple[str, ...]:
 
 
 def _number(value: Any, what: str) -> int:
+    """A score or count the directory replied (a score of a whole number of ms comes as its
+    digits; anything else is RecordError)."""
     if value in (None, b"", ""):
         return 0
     try:
-        return int(float(_text(value)))  # a sorted set's score comes back as a float's text
+        return int(value)
     except ValueError:
-        return stored_int(value, what)
-
-
-def _record(owner: str, thread_id: str, fields: list[Any]) -> ThreadInfo:
-    """A ThreadInfo from owner_list.lua's five values of a thread."""
-    _, activity, created, info, record = fields
-    decoded: dict[str, Any] = {}
-    if info not in (None, b"", ""):
         try:
-            decoded = json.loads(_text(info))
+            return int(float(value))
         except ValueError:
-            raise errors.RecordError(
-                f"the directory's info of thread {thread_id!r} is not JSON"
-            ) from None
-    metadata = decoded.get("metadata") if isinstance(decoded, dict) else None
-    counts = _text(record).split(":") if record not in (None, b"", "") else ["0"] * 4
+            raise errors.RecordError(f"{what} holds {value!r:.80}, not a number") from None
+
+
+def _record(owner: str, fields: list[Any]) -> dict[str, Any]:
+    """A ThreadInfo's fields from owner_list.lua's five values of a thread (id, activity,
+    creation, info, counts); a page validates them all in one call."""
+    thread_id, activity, created, info, record = fields
+    thread_id = _text(thread_id)
+    title, metadata = None, {}
+    if info:
+        try:
+            decoded = json.loads(info)
+        except ValueError:
+            decoded = None
+        if not isinstance(decoded, dict):
+            raise errors.RecordError(f"the directory's info of thread {thread_id!r} is not JSON")
+        title, metadata = decoded.get("title"), decoded.get("metadata") or {}
+        if not (title is None or isinstance(title, str)) or not isinstance(metadata, dict):
+            raise errors.RecordError(f"the directory's info of thread {thread_id!r} is malformed")
+    counts = record.split(b":" if isinstance(record, bytes) else ":") if record else ()
     if len(counts) != 4:
         raise errors.RecordError(f"the directory's counts of thread {thread_id!r} are malformed")
-    messages, stored, tokens, _ = (stored_int(c, "an owner's thread record") for c in counts)
-    return ThreadInfo(
-        thread_id=thread_id,
-        owner=owner,
-        title=decoded.get("title") if isinstance(decoded, dict) else None,
-        metadata=metadata if isinstance(metadata, dict) else {},
-        created_at=_number(created, "a thread's creation time"),
-        last_activity_at=_number(activity, "a thread's last activity"),
-        messages=messages,
-        stored_bytes=stored,
-        tokens=tokens,
-    )
+    what = "an owner's thread record"
+    return {
+        "thread_id": thread_id,
+        "owner": owner,
+        "title": title,
+        "metadata": metadata,
+        "created_at": _number(created, "a thread's creation time"),
+        "last_activity_at": _number(activity, "a thread's last activity"),
+        "messages": _number(counts[0], what),
+        "stored_bytes": _number(counts[1], what),
+        "tokens": _number(counts[2], what),
+    }
 
 
 def _cursor(order: ListOrder, after: str | None) -> tuple[str, str]:
@@ -156,12 +165,17 @@ def list_threads(
     )
     if not isinstance(reply, list) or len(reply) < 2 or (len(reply) - 2) % 5:
         raise errors.ServerError(f"script owner_list.lua replied {reply!r:.200}")
-    threads = [_record(owner, _text(reply[i]), reply[i : i + 5]) for i in range(2, len(reply), 5)]
+    threads = [_record(owner, reply[i : i + 5]) for i in range(2, len(reply), 5)]
     next_score = _text(reply[0])
     cursor = None
     if next_score:
         cursor = f"{order}:{_number(next_score, 'a cursor score')}:{_text(reply[1])}"
-    return ThreadsPage(threads=threads, next_cursor=cursor)
+    try:
+        return ThreadsPage.model_validate({"threads": threads, "next_cursor": cursor})
+    except ValueError as error:  # a title or metadata value no set_info writes
+        raise errors.RecordError(
+            f"the directory of {owner!r} holds a malformed entry: {error}"
+        ) from None
 
 
 def set_info(
@@ -204,7 +218,7 @@ def thread_info(thread: ThreadRef) -> Operation[ThreadInfo | None]:
     )
     if record is None:
         return None
-    return _record(thread.owner, tid, [tid, activity, created, info, record])
+    return ThreadInfo.model_validate(_record(thread.owner, [tid, activity, created, info, record]))
 
 
 def _usage(owner: str, reply: Any) -> OwnerUsage:
