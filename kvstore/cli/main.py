@@ -248,9 +248,7 @@ _STORE_COMMANDS: dict[str, Callable[[Any, argparse.Namespace], int]] = {
     "fork": _fork,
     "health": _health,
     "preload-scripts": _preload_scripts,
-    "threads": owners.list_threads,
-    "erase-owner": owners.erase_owner,
-}
+} | owners.COMMANDS
 
 
 def _import_from(args: argparse.Namespace) -> int:

@@ -45,3 +45,6 @@ def erase_owner(store: Any, args: argparse.Namespace) -> int:
     receipt = store.erase_owner(args.owner)
     print(json.dumps(receipt.model_dump()))
     return 0
+
+
+COMMANDS = {"threads": list_threads, "erase-owner": erase_owner}
