@@ -1,7 +1,9 @@
 """A chat on kvstore: `GET /` is the page, POST runs a (fake) model's turn for a message, and GET
 .../events streams the thread as Server-Sent Events: the newest page first, then every change,
 resumable with Last-Event-ID. Any worker serves any request: the model's output reaches every
-watcher through the thread's event stream (docs/EVENTS.md).
+watcher through the thread's event stream (docs/EVENTS.md). With `?user=`, threads are that
+user's (docs/OWNERS.md): `GET /threads` is the sidebar, most recent first, with titles; a thread
+can be deleted and forked. (A real app takes the user from its session, not from the URL.)
 
     pip install -e ".[examples]"
     python -m kvstore server & uvicorn examples.fastapi_chat.app:app --workers 2
@@ -71,13 +73,54 @@ class UserInput(BaseModel):
     otid: str = Field(min_length=1, max_length=256)
 
 
+def thread_of(thread_id: str, user: str | None) -> Any:
+    """The thread `thread_id`, of `user` when one is given."""
+    return app.state.store.thread(thread_id, owner=user)
+
+
+@app.get("/threads")
+async def list_threads(
+    user: str, after: str | None = None, limit: int = Query(30, ge=1, le=100)
+) -> dict[str, Any]:
+    """The sidebar: the user's threads, most recent activity first, with their titles."""
+    page = await app.state.store.threads(user, after=after, limit=limit)
+    return page.model_dump(mode="json")
+
+
+@app.delete("/threads/{thread_id}", status_code=204)
+async def delete_thread(thread_id: str, user: str | None = None) -> None:
+    await thread_of(thread_id, user).delete()
+
+
+class ForkInput(BaseModel):
+    at: int = Field(ge=1)  # the sequence the fork keeps up to
+    new_thread_id: str = Field(min_length=1, max_length=200)
+
+
+@app.post("/threads/{thread_id}/fork")
+async def fork_thread(thread_id: str, body: ForkInput, user: str | None = None) -> dict[str, Any]:
+    """A new thread holding this one's history up to `at`, titled after it."""
+    thread = thread_of(thread_id, user)
+    fork = await thread.fork(body.new_thread_id, at=body.at)
+    if user is not None:
+        info = await thread.info()
+        title = info.title if info and info.title else thread_id
+        await fork.set_info(title=f"{title} (fork)"[:200])
+    return {"thread_id": body.new_thread_id}
+
+
 @app.post("/threads/{thread_id}/messages")
-async def post_message(thread_id: str, body: UserInput) -> dict[str, Any]:
+async def post_message(thread_id: str, body: UserInput, user: str | None = None) -> dict[str, Any]:
     """Stores the user's message and runs the model's turn for it, once per otid: a retry of a
     finished turn answers its result; a retry of an open one takes it over (the earlier
-    request, if it still runs, is fenced off and answers 409)."""
-    thread = app.state.store.thread(thread_id)
+    request, if it still runs, is fenced off and answers 409). A user's thread is titled after
+    its first message."""
+    thread = thread_of(thread_id, user)
     turn = await thread.hold_turn_for(UserMessage(content=body.content, otid=body.otid))
+    if user is not None and turn.lease is not None:
+        info = await thread.info()
+        if info is None or info.title is None:
+            await thread.set_info(title=body.content[:60])
     result = turn.result
     if turn.lease is not None:
         try:
@@ -93,9 +136,11 @@ async def post_message(thread_id: str, body: UserInput) -> dict[str, Any]:
 
 
 @app.get("/threads/{thread_id}/messages")
-async def older_messages(thread_id: str, before: int, limit: int = 50) -> dict[str, Any]:
+async def older_messages(
+    thread_id: str, before: int, limit: int = 50, user: str | None = None
+) -> dict[str, Any]:
     """The `limit` messages before sequence `before`, oldest first (the page's "older")."""
-    page = await app.state.store.thread(thread_id).list(after=before, limit=limit, order="desc")
+    page = await thread_of(thread_id, user).list(after=before, limit=limit, order="desc")
     return {"messages": [m.to_dict() for m in reversed(page.messages)], "has_more": page.has_more}
 
 
@@ -105,12 +150,13 @@ async def stream_events(
     after: str | None = None,
     limit: int = Query(50, ge=1, le=200),
     last_event_id: str | None = Header(default=None),
+    user: str | None = None,
 ) -> StreamingResponse:
     """The thread as Server-Sent Events. A new stream starts with the newest `limit` messages
     (one `messages_added` event), then every change after them. Each event carries its cursor
     as `id`, so a browser that reconnects (Last-Event-ID) goes on right after the last event it
     got; `after` (a cursor or a sequence) does the same for a client that opens a new stream."""
-    thread = app.state.store.thread(thread_id)
+    thread = thread_of(thread_id, user)
     cursor = last_event_id or after
     return StreamingResponse(
         sse(thread_id, thread, cursor, limit),

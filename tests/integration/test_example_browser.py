@@ -36,6 +36,7 @@ MODEL_DELAY = 0.2
 TURN = ["user_message", "tool_call_message", "tool_return_message", "assistant_message"]
 ANSWER = "It is sunny and 21 degrees."
 WAIT = 30_000  # ms
+USER = "guest"  # the page's user until one is typed in: its threads are this owner's
 
 
 @pytest.fixture(scope="module")
@@ -85,10 +86,10 @@ def settled(page, count: int) -> None:
     assert page.evaluate("window.chat.duplicates") == 0
 
 
-def shown_once(page, app, thread_id: str) -> None:
+def shown_once(page, app, thread_id: str, owner: str = USER) -> None:
     """Every stored message is on the page once, in order, and nothing else is."""
     with MessageStore.from_url(app.db_url) as store:
-        stored = list(store.thread(thread_id).iter())
+        stored = list(store.thread(thread_id, owner=owner).iter())
     ids = page.eval_on_selector_all("#messages .msg", "els => els.map(e => e.dataset.id)")
     assert ids == [m.id for m in stored]
 
@@ -125,7 +126,7 @@ def test_a_web_tier_killed_in_the_middle_of_a_turn_is_taken_over_by_the_retry(ta
         shown_once(each, app, "chat-b2")
         assert each.evaluate("window.chat.takeovers") == 1  # the retry's producer: lease 2
     with MessageStore.from_url(app.db_url) as store:
-        turn = store.thread("chat-b2").snapshot().turn
+        turn = store.thread("chat-b2", owner=USER).snapshot().turn
     assert turn.outcome == "completed"
 
 
@@ -147,7 +148,7 @@ def test_a_server_restart_loses_nothing_and_shows_nothing_twice(tab, app):
 
 def test_a_long_thread_opens_at_its_newest_page_and_pages_back(tab, app):
     with MessageStore.from_url(app.db_url) as store:
-        thread = store.thread("chat-b4")
+        thread = store.thread("chat-b4", owner=USER)
         thread.append([UserMessage(content=f"message {i}") for i in range(1, 121)])
     page = tab("chat-b4")
     settled(page, 50)
@@ -159,3 +160,49 @@ def test_a_long_thread_opens_at_its_newest_page_and_pages_back(tab, app):
     assert [text for _, text in bubbles(page)] == [f"message {i}" for i in range(1, 121)]
     expect(page.locator("#older")).to_be_hidden()
     shown_once(page, app, "chat-b4")
+
+
+def sidebar(page) -> list[str]:
+    return page.eval_on_selector_all("#threads li .title", "els => els.map(e => e.textContent)")
+
+
+def test_the_sidebar_lists_the_users_threads_by_activity_and_deletes_and_forks(tab, app):
+    page = tab("chat-s1")
+    page.fill("#user", "sidebar-user")  # a user of this test's own: a new chat opens
+    page.press("#user", "Enter")
+    expect(page.locator("#threads li")).to_have_count(0, timeout=WAIT)
+    expect(page.locator("#status")).to_have_text("live", timeout=WAIT)
+    send(page, "weather in Oslo?")
+    settled(page, 4)
+    expect(page.locator("#threads li.current .title")).to_have_text(
+        "weather in Oslo?", timeout=WAIT
+    )
+    page.click("#new")
+    expect(page.locator("#status")).to_have_text("live", timeout=WAIT)
+    send(page, "weather in Rome?")
+    settled(page, 4)
+    expect(page.locator("#threads li").first).to_have_text(re.compile("Rome"), timeout=WAIT)
+    assert sidebar(page)[:2] == ["weather in Rome?", "weather in Oslo?"]
+    # Back to the first: a new message moves it to the top.
+    page.locator("#threads li", has_text="Oslo").locator(".title").click()
+    settled(page, 4)
+    send(page, "and in Bergen?")
+    settled(page, 8)
+    expect(page.locator("#threads li").first).to_have_text(re.compile("Oslo"), timeout=WAIT)
+    # Fork it: the fork opens with the whole history, listed first.
+    page.click("#fork")
+    expect(page.locator("#threads li.current .title")).to_have_text(
+        "weather in Oslo? (fork)", timeout=WAIT
+    )
+    settled(page, 8)
+    fork_id = page.input_value("#thread")
+    shown_once(page, app, fork_id, owner="sidebar-user")
+    # Delete the Rome thread: gone from the sidebar and from the store.
+    page.locator("#threads li", has_text="Rome").locator("button").click()
+    expect(page.locator("#threads li", has_text="Rome")).to_have_count(0, timeout=WAIT)
+    with MessageStore.from_url(app.db_url) as store:
+        listed = [t.title for t in store.threads("sidebar-user").threads]
+    assert "weather in Rome?" not in listed and listed[0] == "weather in Oslo? (fork)"
+    # A reload keeps the sidebar: it is the store's, not the page's.
+    page.reload()
+    expect(page.locator("#threads li").first).to_have_text(re.compile("fork"), timeout=WAIT)

@@ -304,3 +304,34 @@ def test_a_malformed_cursor_ends_the_stream_with_the_requests_error(app):
         too_long = client.get(f"{app.url}/threads/chat-7/events", params={"limit": 5000})
         assert too_long.status_code == 422
     assert "Traceback" not in app.log_text()
+
+
+def test_a_users_sidebar_titles_deletes_and_forks(app):
+    url, user = app.url, {"user": "http-user"}
+    for thread, content in (("u-1", "weather in Oslo?"), ("u-2", "weather in Rome?")):
+        body = {"content": content, "otid": uuid.uuid4().hex}
+        response = httpx.post(
+            f"{url}/threads/{thread}/messages", json=body, params=user, timeout=30
+        )
+        assert response.status_code == 200, response.text
+        time.sleep(0.005)
+    listed = httpx.get(f"{url}/threads", params=user).json()
+    assert [(t["thread_id"], t["title"], t["messages"]) for t in listed["threads"]] == [
+        ("u-2", "weather in Rome?", 4),
+        ("u-1", "weather in Oslo?", 4),
+    ]
+    fork = httpx.post(
+        f"{url}/threads/u-1/fork", params=user, json={"at": 2, "new_thread_id": "u-1b"}
+    )
+    assert fork.status_code == 200, fork.text
+    assert httpx.delete(f"{url}/threads/u-2", params=user).status_code == 204
+    listed = httpx.get(f"{url}/threads", params={**user, "limit": 1}).json()
+    assert [t["title"] for t in listed["threads"]] == ["weather in Oslo? (fork)"]
+    rest = httpx.get(f"{url}/threads", params={**user, "after": listed["next_cursor"]}).json()
+    assert [t["thread_id"] for t in rest["threads"]] == ["u-1"] and rest["next_cursor"] is None
+    with MessageStore.from_url(app.db_url) as store:
+        assert store.thread("u-1b", owner="http-user").stats().stored_messages == 2
+        assert store.thread("u-2", owner="http-user").stats().stored_messages == 0
+        assert store.thread("u-1").stats().stored_messages == 0  # another user's id: not this
+    bad = httpx.get(f"{url}/threads", params={"user": "no spaces"})
+    assert bad.status_code == 400
