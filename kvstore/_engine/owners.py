@@ -98,8 +98,9 @@ def _record(owner: str, fields: list[Any]) -> dict[str, Any]:
         title, metadata = decoded.get("title"), decoded.get("metadata") or {}
         if not (title is None or isinstance(title, str)) or not isinstance(metadata, dict):
             raise errors.RecordError(f"the directory's info of thread {thread_id!r} is malformed")
-    counts = record.split(b":" if isinstance(record, bytes) else ":") if record else ()
-    if len(counts) != 4:
+    # "messages:bytes:tokens:deadline:fingerprint" (lua/includes/owner.lua)
+    counts = record.split(b":" if isinstance(record, bytes) else ":", 4) if record else ()
+    if len(counts) < 4:
         raise errors.RecordError(f"the directory's counts of thread {thread_id!r} are malformed")
     what = "an owner's thread record"
     return {

@@ -6,15 +6,17 @@
 -- The owner's `usage` hash holds the totals (`threads`, `messages`, `bytes`, `tokens`), the
 -- quotas (`max_threads`, `max_bytes`, `max_per_minute`), the append rate's window (`minute`,
 -- `minute_count`), an erasure's state (`erasing`, `erased_threads`, `erased_messages`), and per
--- thread `t:<thread id>` -> "messages:bytes:tokens:deadline": the thread's counts as its last
--- write left them, and when its keys expire (0: never). A thread is in the directory exactly
--- while it has that field.
+-- thread `t:<thread id>` -> "messages:bytes:tokens:deadline:fingerprint": the thread's counts as
+-- its last write left them, when its keys expire (0: never), and meta's other SNAPSHOT fields
+-- then (comma-joined; empty for a thread listed before its first write). A thread is in the
+-- directory exactly while it has that field.
 --
 -- Everything is in one table: the library's main function holds at most 200 locals.
 local owner = {}
 
--- meta's fields whose change is the thread's activity (any write that stores, moves, removes
--- or turns), the first three also its counts.
+-- meta's counts, then the fields whose change is the thread's activity (any write that stores,
+-- moves, removes or turns): the thread's record keeps them as its fingerprint, so a call reads
+-- meta once, after its body.
 owner.SNAPSHOT = {'stored', 'bytes', 'tokens', 'last_seq', 'gen', 'events', 'turn_id',
                   'turn_outcome', 'summary_seq', 'deleting', 'restoring', 'fork_of'}
 -- The writing scripts that can make a thread: the thread quota is checked before them.
@@ -41,11 +43,12 @@ function owner.meta_key(dir, thread_id)
   return dir.prefix .. thread_id .. '|meta'
 end
 
--- "messages:bytes:tokens:deadline" as four numbers (zeros for a thread not in the directory).
+-- A thread's record as four numbers and its fingerprint (zeros and '' for a thread not in the
+-- directory).
 function owner.parse_record(record)
-  if not record then return 0, 0, 0, 0 end
-  local m, b, t, d = string.match(record, '^(%-?%d+):(%-?%d+):(%-?%d+):(%-?%d+)$')
-  return tonumber(m) or 0, tonumber(b) or 0, tonumber(t) or 0, tonumber(d) or 0
+  if not record then return 0, 0, 0, 0, '' end
+  local m, b, t, d, f = string.match(record, '^(%-?%d+):(%-?%d+):(%-?%d+):(%-?%d+):?(.*)$')
+  return tonumber(m) or 0, tonumber(b) or 0, tonumber(t) or 0, tonumber(d) or 0, f or ''
 end
 
 -- The usage hash's totals as a table of numbers (absent: 0).
@@ -129,14 +132,15 @@ function owner.unregister(dir, totals, thread_id, updates)
   end
 end
 
--- The thread's counts after the call, into its record and the totals; registers a new thread.
-function owner.account(dir, totals, thread_id, after, now, updates)
+-- The thread's counts and fingerprint after the call, into its record and the totals; registers
+-- a new thread. `ttl_ms` > 0: the thread's keys expire, and the record keeps when.
+function owner.account(dir, totals, thread_id, after, fingerprint, now, ttl_ms, updates)
   local m0, b0, t0 = owner.parse_record(totals.record)
   local m, b, t = tonumber(after[1]) or 0, tonumber(after[2]) or 0, tonumber(after[3]) or 0
-  local deadline = redis.call('PEXPIRETIME', dir.thread_meta)
-  if deadline < 0 then deadline = 0 end
+  local deadline = 0
+  if ttl_ms > 0 then deadline = math.max(redis.call('PEXPIRETIME', dir.thread_meta), 0) end
   if not totals.record then owner.register(dir, thread_id, now, updates, totals) end
-  updates['t:' .. thread_id] = m .. ':' .. b .. ':' .. t .. ':' .. deadline
+  updates['t:' .. thread_id] = m .. ':' .. b .. ':' .. t .. ':' .. deadline .. ':' .. fingerprint
   if m ~= m0 then updates.messages = totals.messages + m - m0 end
   if b ~= b0 then updates.bytes = totals.bytes + b - b0 end
   if t ~= t0 then updates.tokens = totals.tokens + t - t0 end
@@ -145,15 +149,29 @@ function owner.account(dir, totals, thread_id, after, now, updates)
   end
 end
 
-local function changed(before, after)
+-- meta's SNAPSHOT after a call: whether meta exists, and the fingerprint of its fields but the
+-- counts.
+function owner.fingerprint_of(after)
+  local exists, parts = false, {}
   for i = 1, #owner.SNAPSHOT do
-    if before[i] ~= after[i] then return true end
+    local value = after[i]
+    if value then exists = true end
+    if i > 3 then parts[i - 3] = value or '' end
   end
-  return false
+  return exists, table.concat(parts, ',')
+end
+
+-- The store's thread_ttl in ms, from a writing script's limits argument (includes/args.lua:
+-- its ninth number); 0 for none, or for a call without limits (delete).
+function owner.ttl_of(kind, ARGV)
+  if kind == 'delete' then return 0 end
+  return tonumber(string.match(ARGV[1], '^[^:]*:[^:]*:[^:]*:[^:]*:[^:]*:[^:]*:[^:]*:[^:]*:([^:]*)')) or 0
 end
 
 -- Runs a thread's writing script `body` for an owned thread: the owner's quotas and erasure
 -- checked first, the directory brought up to date after (an error reply changes nothing of it).
+-- Its own commands: the owner's totals and the time before the body; meta, the activity and
+-- the owner's hash after it.
 function owner.call(kind, first, stride, body, KEYS, ARGV)
   local dir = owner.keys(KEYS, 15)
   dir.thread_meta = KEYS[1]
@@ -165,19 +183,26 @@ function owner.call(kind, first, stride, body, KEYS, ARGV)
   local refused = owner.refusal(kind, totals, totals.record ~= nil, bytes, count, minute)
   if refused then return refused end
 
-  local before = redis.call('HMGET', KEYS[1], unpack(owner.SNAPSHOT))
   local reply = body(KEYS, ARGV)
   if type(reply) == 'table' and reply.err then return reply end
   local after = redis.call('HMGET', KEYS[1], unpack(owner.SNAPSHOT))
-  local exists = redis.call('EXISTS', KEYS[1]) == 1
+  local exists, fingerprint = owner.fingerprint_of(after)
   local updates = {}
   if not exists then
-    if totals.record and (kind == 'delete' or before[1] ~= false or before[5] ~= false) then
+    local _, _, _, _, was = owner.parse_record(totals.record)
+    -- Gone: deleted (or a thread that had written before and is no more). A thread listed by
+    -- set_info alone has no meta yet, and stays.
+    if totals.record and (kind == 'delete' or was ~= '') then
       owner.unregister(dir, totals, thread_id, updates)
     end
-  elseif changed(before, after) or not totals.record then
-    owner.account(dir, totals, thread_id, after, now, updates)
-    redis.call('ZADD', dir.recent, now, thread_id)
+  else
+    local m0, b0, t0, _, was = owner.parse_record(totals.record)
+    local counts = (tonumber(after[1]) or 0) .. ':' .. (tonumber(after[2]) or 0) .. ':'
+      .. (tonumber(after[3]) or 0)
+    if not totals.record or was ~= fingerprint or counts ~= m0 .. ':' .. b0 .. ':' .. t0 then
+      owner.account(dir, totals, thread_id, after, fingerprint, now, owner.ttl_of(kind, ARGV), updates)
+      redis.call('ZADD', dir.recent, now, thread_id)
+    end
   end
   if kind == 'append' and type(reply) == 'table' and reply[1] == 1 and count > 0 then
     local used = totals.minute == minute and totals.minute_count or 0
