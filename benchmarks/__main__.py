@@ -46,6 +46,7 @@ BENCHMARKS = (
     "encode",
     "history",
     "live_tail",
+    "owners",
     "integration_openai_agents",
     "integration_llamaindex",
     "integration_langchain",

@@ -5,6 +5,7 @@ CROSSSLOT and nothing left on any node."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 from redis.crc import key_slot
@@ -55,9 +56,11 @@ def test_owners_on_every_primary(cluster, cluster_store, namespace):
         for i in range(5):
             chat = store.thread(f"chat-{i}", owner=owner)
             chat.append([UserMessage(content=f"m{j} " + "x" * 100) for j in range(3 + i)])
+            time.sleep(0.003)  # distinct milliseconds: the listing's order is the writes'
         store.thread("chat-2", owner=owner).set_info(title="second", metadata={"k": "v"})
         chat = store.thread("chat-1", owner=owner)
         chat.append(UserMessage(content="latest"))
+        time.sleep(0.003)
         fork = chat.fork("chat-1-fork", at=2)
         page = store.threads(owner, limit=3)
         assert [t.thread_id for t in page.threads] == ["chat-1-fork", "chat-1", "chat-4"]

@@ -137,3 +137,29 @@ def test_the_command_line_lists_and_erases_an_owner(
     erased = kvstore("erase-owner", "ann", *common)
     assert json.loads(erased.stdout) == {"owner": "ann", "threads": 3, "messages": 3}
     assert list(raw_client.scan_iter(match=OwnerKeys.of(namespace, "ann").pattern())) == []
+
+
+def test_an_owned_fork_stopped_after_any_call_is_listed_once_when_run_again(store, monkeypatch):
+    from kvstore._engine.fork import fork
+
+    monkeypatch.setattr("kvstore._engine.fork.RESTORE_RUN", 4)  # a run of 4 messages a call
+    source = store.thread("source", owner="ann")
+    source.append([UserMessage(content=f"m{j} " + "x" * 200) for j in range(17)])
+    seen: list = []
+    whole = store.thread("whole", owner="ann")
+    store.run(counted(fork(source._ref, "source", whole._ref, 17), seen))
+    scripts = sum(1 for request in seen if hasattr(request, "script"))
+    assert scripts > 4
+    for calls in range(1, len(seen)):
+        target = store.thread(f"fork-{calls}", owner="ann")
+        with pytest.raises(Stopped):
+            store.run(cut_after(fork(source._ref, "source", target._ref, 17), calls))
+        source.fork(f"fork-{calls}", at=17)
+        info, stats = target.info(), target.stats()
+        assert (info.messages, info.stored_bytes) == (17, stats.stored_bytes), calls
+    listed = [t.thread_id for t in store.threads("ann", limit=1000).threads]
+    assert sorted(listed) == sorted(
+        ["source", "whole", *(f"fork-{c}" for c in range(1, len(seen)))]
+    )
+    usage = store.owner_usage("ann")
+    assert (usage.threads, usage.messages) == (len(listed), 17 * len(listed))
