@@ -492,3 +492,51 @@ def test_the_live_tail_forks_and_budgets_run_as_the_least_privileged_user(kind):
             f"\nleast privilege, live tail, fork and history checks [{kind}]: denials logged: {denials or 'none'}"
         )
         assert not denials
+
+
+@pytest.mark.parametrize("scripting", ["functions", "eval"])
+def test_owners_run_as_the_least_privileged_user(kind, scripting):
+    """An owner's directory (listing, usage, quota, an owned fork, erasure), sync and async, as
+    the documented user: the owner's keys match `<namespace>:{*` and nothing is denied."""
+    import asyncio
+
+    from kvstore import AsyncMessageStore, MessageStore
+
+    with dedicated_server(kind) as server:
+        admin = redis.Redis(port=server.port)
+        namespace = fresh_namespace()
+        make_user(admin, namespace)
+        if scripting == "eval":
+            add_documented(admin, EVAL_RULE)
+        admin.execute_command("ACL", "LOG", "RESET")
+        config = StoreConfig(namespace=namespace, scripting=scripting, **CONFIG)
+        with MessageStore(app_client(server), config) as store:
+            chat = store.thread("a", owner="user-1")
+            chat.set_info(title="first", metadata={"model": "small"})
+            chat.append(UserMessage(content="hi"))
+            chat.fork("b", at=1)
+            store.set_owner_quota("user-1", threads=5)
+            page = store.threads("user-1", where={"model": "small"})
+            assert [t.thread_id for t in page.threads] == ["a"]
+            assert store.owner_usage("user-1").threads == 2
+            assert store.erase_owner("user-1").threads == 2
+
+        async def async_side() -> int:
+            client = redis.asyncio.Redis(
+                port=server.port, username="kvstore-app", password=PASSWORD
+            )
+            async with AsyncMessageStore(client, config) as store:
+                chat = store.thread("c", owner="user-2")
+                await chat.append(UserMessage(content="hi"))
+                assert (await chat.info()).messages == 1
+                listed = await store.threads("user-2", order="created")
+                assert [t.thread_id for t in listed.threads] == ["c"]
+                return (await store.erase_owner("user-2")).messages
+
+        assert asyncio.run(async_side()) == 1
+        assert keyspace(admin, namespace) == {}
+        denials = [d for d in _denials(admin) if d != "command client|setinfo"]
+        print(
+            f"\nleast privilege, owners [{kind}, {scripting}]: denials logged: {denials or 'none'}"
+        )
+        assert not denials
