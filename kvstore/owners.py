@@ -6,12 +6,15 @@ the two classes here; the operations are kvstore/_engine/owners.py's.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from ._engine import owners
 from ._engine.layout.keys import check_owner_id
+from ._engine.operation import Operation
 from ._engine.owners import ListOrder
 from .models import ErasureReceipt, OwnerUsage, ThreadsPage
+
+T = TypeVar("T")
 
 
 def _quotas(
@@ -30,7 +33,7 @@ class OwnerMethods:
     config: Any
     _count_tokens: Any
 
-    def run(self, operation: Any) -> Any:  # MessageStore.run
+    def run(self, operation: Operation[T]) -> T:  # MessageStore.run
         raise NotImplementedError
 
     def threads(
@@ -106,7 +109,7 @@ class AsyncOwnerMethods:
     config: Any
     _count_tokens: Any
 
-    async def run(self, operation: Any) -> Any:  # AsyncMessageStore.run
+    async def run(self, operation: Operation[T]) -> T:  # AsyncMessageStore.run
         raise NotImplementedError
 
     async def threads(

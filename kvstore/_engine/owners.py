@@ -87,7 +87,8 @@ def _record(owner: str, fields: list[Any]) -> dict[str, Any]:
     creation, info, counts); a page validates them all in one call."""
     thread_id, activity, created, info, record = fields
     thread_id = _text(thread_id)
-    title, metadata = None, {}
+    title: Any = None
+    metadata: Any = {}
     if info:
         try:
             decoded = json.loads(info)
@@ -99,7 +100,9 @@ def _record(owner: str, fields: list[Any]) -> dict[str, Any]:
         if not (title is None or isinstance(title, str)) or not isinstance(metadata, dict):
             raise errors.RecordError(f"the directory's info of thread {thread_id!r} is malformed")
     # "messages:bytes:tokens:deadline:fingerprint" (lua/includes/owner.lua)
-    counts = record.split(b":" if isinstance(record, bytes) else ":", 4) if record else ()
+    counts: list[Any] = (
+        record.split(b":" if isinstance(record, bytes) else ":", 4) if record else []
+    )
     if len(counts) < 4:
         raise errors.RecordError(f"the directory's counts of thread {thread_id!r} are malformed")
     what = "an owner's thread record"
@@ -199,7 +202,7 @@ def set_info(
             ttl_ms=(thread.config.thread_ttl or 0) * 1000,
         ),
     )
-    return reply == 1
+    return bool(reply == 1)
 
 
 def thread_info(thread: ThreadRef) -> Operation[ThreadInfo | None]:

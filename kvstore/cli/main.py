@@ -241,7 +241,7 @@ def _preload_scripts(store: Any, args: argparse.Namespace) -> int:
     return 0
 
 
-_STORE_COMMANDS: dict[str, Callable[[Any, argparse.Namespace], int]] = {
+_STORE_COMMANDS: dict[str, Callable[..., int]] = {
     "inspect": _inspect,
     "export": _export,
     "import": _import,
