@@ -1,7 +1,8 @@
 """The adapters' reads from stored dicts (kvstore/integrations/_dicts.py) against their typed
 reads: the same items, messages and ChatMessages for every kind of message a thread may hold
 (written by the adapter, by other kvstore code, compacted, retracted), a bad record skipped and
-named as every page read does, and the newest page in one round trip once a handle knows it."""
+named as every page read does, and the newest page in one round trip once a handle knows it
+(LangChain's and LlamaIndex's adapters keep their handles for that)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,9 @@ import logging
 from typing import Any
 
 import pytest
+from langchain_core import messages as lc
+from langchain_core.messages import messages_from_dict
+from llama_index.core.base.llms.types import ChatMessage
 
 from kvstore import (
     EventMessage,
@@ -24,8 +28,12 @@ from kvstore import (
     UserMessage,
 )
 from kvstore._engine import executor
+from kvstore.importers.langchain import to_langchain
 from kvstore.importers.openai_agents import message_item
 from kvstore.integrations import _dicts
+from kvstore.integrations._llamaindex_convert import to_chat
+from kvstore.integrations.langchain import KvstoreChatMessageHistory, _newest
+from kvstore.integrations.llamaindex import KvstoreChatStore
 from kvstore.integrations.openai_agents import KvstoreSession, _hidden
 from tests.conftest import make_async_store, make_sync_store
 from tests.integration.test_bad_records import _invalid_v2, store_unchecked
@@ -134,3 +142,58 @@ def test_get_items_after_an_add_is_one_round_trip(backend, server_only, namespac
         await store.close()
 
     asyncio.run(main())
+
+
+def test_langchain_and_llamaindex_read_what_their_typed_reads_make(backend, server_only, namespace):
+    config = StoreConfig(namespace=namespace, chunk_size=8)
+    store = make_sync_store(backend, config)
+    history = KvstoreChatMessageHistory(store, "lc", max_messages=1000)
+    history.add_messages([lc.HumanMessage(f"h{n} ✓") for n in range(5)])
+    store.thread("lc").append(FOREIGN)
+    history.add_messages([lc.AIMessage("a", tool_calls=[{"name": "w", "args": {}, "id": "c"}])])
+    history.add_messages([lc.AIMessage(f"a{n}") for n in range(12)])
+    for limit in (1, 5, 20, 1000):
+        history.max_messages = limit
+        typed = messages_from_dict(to_langchain(_newest(store.thread("lc"), limit)))
+        assert history.messages == typed
+    chat = KvstoreChatStore(store)
+    for n in range(12):
+        chat.add_message("li", ChatMessage(role="user" if n % 2 else "assistant", content=f"c{n}"))
+    store.thread("li").append(FOREIGN)
+    chat.delete_message("li", 3)
+    typed_chat = [
+        ChatMessage.model_validate(r) for r in map(to_chat, store.thread("li").iter()) if r
+    ]
+    assert chat.get_messages("li") == typed_chat
+    assert KvstoreChatStore(store, max_messages=7).get_messages("li") == typed_chat[-7:]
+
+    async def main() -> None:
+        async_store = make_async_store(backend, config)
+        history = KvstoreChatMessageHistory(async_store, "lc", max_messages=20)
+        assert await history.aget_messages() == messages_from_dict(
+            to_langchain(_newest(store.thread("lc"), 20))
+        )
+        chat = KvstoreChatStore(store, async_store, max_messages=7)
+        assert await chat.aget_messages("li") == typed_chat[-7:]
+        assert await KvstoreChatStore(store, async_store).aget_messages("li") == typed_chat
+        await async_store.close()
+
+    asyncio.run(main())
+    store.close()
+
+
+def test_langchain_and_llamaindex_keep_their_thread_handle(backend, server_only, namespace):
+    """Their newest page reads ahead the closed chunk it needed last: one round trip."""
+    store = make_sync_store(backend, StoreConfig(namespace=namespace, chunk_size=8))
+    history = KvstoreChatMessageHistory(store, "lc", max_messages=10)
+    history.add_messages([lc.HumanMessage(f"h{n}") for n in range(20)])
+    chat = KvstoreChatStore(store, max_messages=10)
+    for n in range(20):
+        chat.add_message("li", ChatMessage(role="user", content=f"c{n}"))
+    for read in (lambda: history.messages, lambda: chat.get_messages("li")):
+        first = read()
+        requests: list[Any] = []
+        executor.record(store, requests.append)
+        assert read() == first and len(requests) == 1
+        executor.record(store, None)
+    store.close()
