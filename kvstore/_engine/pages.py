@@ -227,8 +227,11 @@ def _optimistic_walk(thread: ThreadRef, low: Bound, high: Bound, walk: str, need
     attempts, deleted_before = 0, 0
     while True:
         remaining = need - len(collected)
-        # Enough chunks for the page when they are full; short ones make the walk plan again.
-        max_chunks = min(PLAN_MAX_CHUNKS, remaining // thread.config.chunk_size + 2)
+        # Enough chunks for the page when they are half full (a chunk closed for its size, of
+        # 1 KB messages, holds ~48 of 64): the plan names only those that hold the page, and
+        # emptier ones make the walk plan again.
+        per_chunk = max(1, thread.config.chunk_size // 2)
+        max_chunks = min(PLAN_MAX_CHUNKS, remaining // per_chunk + 2)
         plan = yield from plan_walk(thread, low, high, walk, remaining, max_chunks)
         # A page planned again may meet a later retention; what it collected before is as of
         # the first plan, so the page reports the first plan's deleted_before.
