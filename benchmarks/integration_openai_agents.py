@@ -4,7 +4,7 @@
 
 A conversation at turn 1,000 (2,000 items of 0.2–1 KB, user and assistant in turns) is written
 through each session's ``add_items``; then, alternating the two, each read is timed: the newest
-50 (``get_items(50)``), the same right after an ``add_items`` of one turn (the Runner's pattern:
+50 (``get_items(50)``), the same right after an ``add_items`` of one item (the Runner's pattern:
 the add is not timed; it reads the tail first), the whole history (``get_items()``), and what
 kvstore hands the model after a compaction (``context_items()``: the summary and the newest 100)
 against the peer's whole read. Ratios are kvstore / peer (the last one peer / kvstore, a
@@ -88,7 +88,7 @@ async def _timed(read: Any, rounds: int) -> list[int]:
 
 
 async def _after_adds(session: Any, rounds: int) -> list[int]:
-    """get_items(50) timed right after each add_items of one turn (not timed)."""
+    """get_items(50) timed right after each add_items of one item (not timed)."""
     samples = []
     for n in range(rounds):
         await session.add_items([{"role": "user", "content": f"one more turn {n}"}])
