@@ -194,9 +194,9 @@ class KvstoreSession(SessionABC):
 
 def _hidden(message: Stored) -> bool:
     """Not one of the session's items: retracted, or a summary ``compact`` stored."""
-    if type(message) is dict:
+    if isinstance(message, dict):
         return message.get("message_type") == "summary_message" or bool(message.get(POPPED_FIELD))
-    return message.message_type == "summary_message" or _retracted(message)  # type: ignore[union-attr]  # a model
+    return message.message_type == "summary_message" or _retracted(message)
 
 
 def _retracted(message: Message) -> bool:
