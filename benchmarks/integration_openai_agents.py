@@ -4,9 +4,11 @@
 
 A conversation at turn 1,000 (2,000 items of 0.2–1 KB, user and assistant in turns) is written
 through each session's ``add_items``; then, alternating the two, each read is timed: the newest
-50 (``get_items(50)``), the whole history (``get_items()``), and what kvstore hands the model
-after a compaction (``context_items()``: the summary and the newest 100) against the peer's
-whole read. Ratios are kvstore / peer (the last one peer / kvstore, a speed-up).
+50 (``get_items(50)``), the same right after an ``add_items`` of one item (the Runner's pattern:
+the add is not timed; it reads the tail first), the whole history (``get_items()``), and what
+kvstore hands the model after a compaction (``context_items()``: the summary and the newest 100)
+against the peer's whole read. Ratios are kvstore / peer (the last one peer / kvstore, a
+speed-up).
 """
 
 from __future__ import annotations
@@ -85,6 +87,17 @@ async def _timed(read: Any, rounds: int) -> list[int]:
     return samples
 
 
+async def _after_adds(session: Any, rounds: int) -> list[int]:
+    """get_items(50) timed right after each add_items of one item (not timed)."""
+    samples = []
+    for n in range(rounds):
+        await session.add_items([{"role": "user", "content": f"one more turn {n}"}])
+        began = time.perf_counter_ns()
+        await session.get_items(50)
+        samples.append(time.perf_counter_ns() - began)
+    return samples
+
+
 async def _run(url: str, params: Params) -> dict[str, Any]:
     from agents.extensions.memory import RedisSession
 
@@ -109,6 +122,8 @@ async def _run(url: str, params: Params) -> dict[str, Any]:
                 await theirs()
             a, b = await _timed(mine, params.rounds), await _timed(theirs, params.rounds)
             samples[f"{name}_kvstore"], samples[f"{name}_peer"] = a, b
+        a, b = await _after_adds(ours, params.rounds), await _after_adds(peer, params.rounds)
+        samples["after_add_kvstore"], samples["after_add_peer"] = a, b
         await ours.compact("The conversation so far, in brief.", keep_last=params.keep_last)
         await ours.context_items()
         samples["context_kvstore"] = await _timed(ours.context_items, params.rounds)
@@ -129,6 +144,12 @@ def run_server(url: str, params: Params, own: bool) -> dict[str, Any]:
             "newest_50",
             "get_items(50), kvstore / RedisSession",
             m["newest_50_kvstore"] / m["newest_50_peer"],
+            1.0,
+        ),
+        ratio(
+            "after_add",
+            "get_items(50) after an add, kvstore / RedisSession",
+            m["after_add_kvstore"] / m["after_add_peer"],
             1.0,
         ),
         ratio(

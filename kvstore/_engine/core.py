@@ -14,7 +14,8 @@ The operations live by concern; this module names them for the rest of the code:
 - layout/: the stored layout (keys, formats, the page plans, the one container reader, where
   records are decoded), asked by every read below
 - reads.py: messages by sequence, id or otid; the consistent read (read_range)
-- pages.py: list_page and its walk, the one page loop (pages)
+- pages.py: list_page and its walk, list_dicts (the same page as dicts), the one page loop
+  (pages)
 - budget.py: a budgeted context planned from stored token counts
 - views.py: stats, snapshot, the history part of context
 - system_prompt.py: context (the thread's leading system messages, then views.py's)
@@ -54,7 +55,7 @@ from .operation import (
     ThreadRef,
     finishing_deletes,
 )
-from .pages import gathering, list_page, pages
+from .pages import DictsPage, gathering, list_dicts, list_page, pages
 from .prepare import PreparedMessage, fit_media, prepare_batch
 from .reads import fetch_sequences, get, get_by_otid
 from .system_prompt import context
@@ -69,6 +70,7 @@ __all__ = [
     "BackupState",
     "Batch",
     "Cursor",
+    "DictsPage",
     "Eval",
     "Operation",
     "PreparedMessage",
@@ -91,6 +93,7 @@ __all__ = [
     "get",
     "get_by_otid",
     "hold_turn",
+    "list_dicts",
     "list_page",
     "migrate",
     "pages",

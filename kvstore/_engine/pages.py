@@ -10,7 +10,7 @@ turn's record (lua/turn_page.lua), then the messages by sequence.
 from __future__ import annotations
 
 from collections.abc import Callable, Generator
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from .. import errors
 from ..messages import Message
@@ -35,6 +35,7 @@ from .operation import (
 )
 from .prepare import check_token
 from .reads import fetch_sequences, read_range
+from .record_dicts import decode_dicts
 from .scripts import SCRIPTS
 
 # (sequence, record) pairs, in walk order.
@@ -49,14 +50,55 @@ def list_page(
     order: Literal["asc", "desc"] = "asc",
     turn_id: str | None = None,
 ) -> Operation[MessagesPage]:
+    if turn_id is not None:
+        _check_page(limit, order)
+        check_token("turn_id", turn_id)
+        after_c, before_c = _cursor(after, "after"), _cursor(before, "before")
+        return (yield from _turn_page(thread, after_c, before_c, limit, order, turn_id))
+    entries, has_more, deleted_before, next_cursor = yield from _entries(
+        thread, after, before, limit, order
+    )
+    unreadable: list[int] = []
+    messages = decode(thread, entries, unreadable)
+    return _page(messages, has_more, deleted_before, next_cursor, unreadable)
+
+
+class DictsPage(NamedTuple):
+    """A page of :func:`list_dicts`: `messages` holds each message as its stored dict where
+    record_dicts.decode_dicts vouches for it, else as its model; the rest as in MessagesPage."""
+
+    messages: list[dict[str, Any] | Message]
+    has_more: bool
+    next_cursor: int | None
+    unreadable: list[int]
+
+
+def list_dicts(
+    thread: ThreadRef,
+    after: Cursor = None,
+    before: Cursor = None,
+    limit: int = 50,
+    order: Literal["asc", "desc"] = "asc",
+) -> Operation[DictsPage]:
+    """:func:`list_page` (no turn) for readers that want dicts: the same records, cursors and
+    unreadable records, each message decoded by record_dicts.decode_dicts."""
+    entries, has_more, _, next_cursor = yield from _entries(thread, after, before, limit, order)
+    unreadable: list[int] = []
+    messages = decode(thread, entries, unreadable, decode_dicts)
+    return DictsPage(messages, bool(has_more), next_cursor, unreadable)
+
+
+def _check_page(limit: int, order: str) -> None:
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
         raise errors.InvalidCursor(f"limit must be an int from 1 to {MAX_LIMIT}, got {limit!r}")
     if order not in ("asc", "desc"):
         raise errors.InvalidCursor(f"order must be 'asc' or 'desc', got {order!r}")
+
+
+def _entries(thread: ThreadRef, after: Cursor, before: Cursor, limit: int, order: str) -> Operation:
+    """A page's records in page order: (entries, has_more, deleted_before, next_cursor)."""
+    _check_page(limit, order)
     after_c, before_c = _cursor(after, "after"), _cursor(before, "before")
-    if turn_id is not None:
-        check_token("turn_id", turn_id)
-        return (yield from _turn_page(thread, after_c, before_c, limit, order, turn_id))
     # In ascending order `after` is the lower bound; in descending order it is the upper one.
     # With only `before`, the page is the one next to the cursor, so the walk starts there.
     if order == "asc":
@@ -70,9 +112,7 @@ def list_page(
     next_cursor = entries[-1][0] if has_more else None
     if (walk == "up") != (order == "asc"):
         entries.reverse()
-    unreadable: list[int] = []
-    messages = decode(thread, entries, unreadable)
-    return _page(messages, has_more, deleted_before, next_cursor, unreadable)
+    return entries, has_more, deleted_before, next_cursor
 
 
 def _page(
@@ -114,18 +154,19 @@ def pages(
     order: Literal["asc", "desc"] = "asc",
     after: Cursor = None,
     limit: int | None = None,
-) -> Generator[Eval | Batch | MessagesPage, Any, None]:
+    read: Callable[..., Operation] = list_page,
+) -> Generator[Eval | Batch | MessagesPage | DictsPage, Any, None]:
     """Every kept message from `after` on, a page at a time: the one page loop, used by
     ``iter`` (sync and async) and by ``context``. Pages of `limit` messages; without one, the
     first holds ITER_PAGE and each next one twice as many, up to MAX_LIMIT: a short read stays
-    small, a long one takes few round trips.
+    small, a long one takes few round trips. `read` is list_page, or list_dicts for dicts.
 
     Besides its requests, it yields each page as it is read: an output, which the executor
     hands to its caller (``stream``) and answers with None.
     """
     size = ITER_PAGE if limit is None else limit
     while True:
-        page = yield from list_page(thread, after=after, limit=size, order=order)
+        page = yield from read(thread, after=after, limit=size, order=order)
         yield page
         if page.next_cursor is None:
             return
@@ -186,8 +227,11 @@ def _optimistic_walk(thread: ThreadRef, low: Bound, high: Bound, walk: str, need
     attempts, deleted_before = 0, 0
     while True:
         remaining = need - len(collected)
-        # Enough chunks for the page when they are full; short ones make the walk plan again.
-        max_chunks = min(PLAN_MAX_CHUNKS, remaining // thread.config.chunk_size + 2)
+        # Enough chunks for the page when they are half full (a chunk closed for its size, of
+        # 1 KB messages, holds ~48 of 64): the plan names only those that hold the page, and
+        # emptier ones make the walk plan again.
+        per_chunk = max(1, thread.config.chunk_size // 2)
+        max_chunks = min(PLAN_MAX_CHUNKS, remaining // per_chunk + 2)
         plan = yield from plan_walk(thread, low, high, walk, remaining, max_chunks)
         # A page planned again may meet a later retention; what it collected before is as of
         # the first plan, so the page reports the first plan's deleted_before.

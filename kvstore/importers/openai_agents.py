@@ -102,6 +102,21 @@ def message_item(message: Message) -> Any:
     return dict(kept)
 
 
+def dict_item(message: dict[str, Any]) -> tuple[bool, Any]:
+    """:func:`message_item` of a stored message's dict, without building the message: (True,
+    the item) when the dict holds its item as the adapter stores it (the same item
+    :func:`message_item` gives its model), else (False, None): convert the model then."""
+    kept = message.get(ITEM_FIELD)
+    if type(kept) is not dict:
+        return False, None
+    if "content" not in kept and kept.get("type", "message") == "message" and "role" in kept:
+        content = message.get("content", "")
+        if type(content) is not str:
+            return False, None  # parts: message_item hands the model's parts
+        return True, {**kept, "content": content}
+    return True, kept  # a fresh dict of the record: nothing else holds it
+
+
 def _from_openai_agents(record: Any) -> tuple[list[Message], dict[str, Any]]:
     """The kvstore message of one stored item (the import's form: no field left over, the item
     is the message's ``openai_item``)."""

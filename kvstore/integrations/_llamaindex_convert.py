@@ -156,6 +156,34 @@ def to_chat(message: Message) -> dict[str, Any] | None:
     return {"role": role, "additional_kwargs": kwargs, "blocks": blocks}
 
 
+# The types whose ChatMessage chat_dict makes from a stored dict: a string content is one block.
+_PLAIN_ROLES = {
+    "user_message": "user",
+    "assistant_message": "assistant",
+    "system_message": "system",
+}
+
+
+def chat_dict(message: dict[str, Any]) -> tuple[bool, dict[str, Any] | None]:
+    """:func:`to_chat` of a stored message's dict, without building the message: (True, the
+    ChatMessage dict, or None for a deleted message) for a user, assistant or system message
+    with a string content and no fields kept in its metadata, else (False, None)."""
+    metadata = message.get("metadata")
+    if metadata and DELETED in metadata:
+        return True, None
+    role = _PLAIN_ROLES.get(message.get("message_type"))  # type: ignore[arg-type]  # any value
+    content = message.get("content")
+    if role is None or type(content) is not str or (metadata and "source_fields" in metadata):
+        return False, None
+    name = message.get("name")
+    kwargs = {"name": name} if name else {}
+    return True, {"role": role, "additional_kwargs": kwargs, "blocks": [_text_block(content)]}
+
+
+def _text_block(text: str) -> dict[str, Any]:
+    return {"block_type": "text", "text": text}
+
+
 def _native_kwargs(message: Message) -> dict[str, Any]:
     """additional_kwargs of a message stored by another writer (no kept fields)."""
     if isinstance(message, ToolCallMessage):

@@ -20,12 +20,14 @@ from .. import errors
 from .._engine.layout.keys import meta_pattern, thread_of_meta_key
 from ..messages import Message
 from ..store import AsyncMessageStore, MessageStore
-from ._llamaindex_convert import to_chat, to_kvstore, tombstone
+from . import _dicts
+from ._llamaindex_convert import chat_dict, to_chat, to_kvstore, tombstone
 
 __all__ = ["KvstoreChatStore"]
 
 _BATCH = 100  # messages per append of set_messages
 _SCAN_PAGE = 200  # a delete_message's read, a page at a time
+_HANDLES = 256  # thread handles kept (their newest-page hints with them)
 
 
 class KvstoreChatStore(BaseChatStore):
@@ -48,6 +50,7 @@ class KvstoreChatStore(BaseChatStore):
     max_tokens: int | None = None
     _store: MessageStore = PrivateAttr()
     _async_store: AsyncMessageStore | None = PrivateAttr(default=None)
+    _handles: dict[tuple[bool, str], Any] = PrivateAttr(default_factory=dict)
 
     def __init__(
         self,
@@ -83,18 +86,19 @@ class KvstoreChatStore(BaseChatStore):
 
     def get_messages(self, key: str) -> list[ChatMessage]:
         """The thread's history: bounded by ``max_messages`` / ``max_tokens`` when set."""
-        thread = self._store.thread(key)
+        thread = self._thread(key)
         if self.max_tokens is not None:
             return _chat(thread.context(max_tokens=self.max_tokens))
         if self.max_messages is not None:
             newest: list[ChatMessage] = []
-            page = thread.list(limit=self.max_messages, order="desc")
+            limit = self.max_messages
+            page = _dicts.page(thread, limit=limit, order="desc")
             while True:  # deleted messages in the page: older pages fill their places
                 newest = _chat(reversed(page.messages)) + newest
-                if len(newest) >= self.max_messages or not page.has_more:
-                    return newest[-self.max_messages :]
-                page = thread.list(after=page.next_cursor, limit=self.max_messages, order="desc")
-        return _chat(thread.iter())
+                if len(newest) >= limit or not page.has_more:
+                    return newest[-limit:]
+                page = _dicts.page(thread, page.next_cursor, limit, "desc")
+        return _chat(_dicts.iterate(thread))
 
     def add_message(self, key: str, message: ChatMessage) -> None:
         """Appends one message: one atomic, idempotent script call."""
@@ -154,19 +158,19 @@ class KvstoreChatStore(BaseChatStore):
         """See :meth:`get_messages`."""
         if self._async_store is None:
             return await super().aget_messages(key)
-        thread = self._async_store.thread(key)
+        thread = self._thread(key, asynchronous=True)
         if self.max_tokens is not None:
             return _chat(await thread.context(max_tokens=self.max_tokens))
         if self.max_messages is not None:
             newest: list[ChatMessage] = []
             limit = self.max_messages
-            page = await thread.list(limit=limit, order="desc")
+            page = await _dicts.apage(thread, limit=limit, order="desc")
             while True:
                 newest = _chat(reversed(page.messages)) + newest
                 if len(newest) >= limit or not page.has_more:
                     return newest[-limit:]
-                page = await thread.list(after=page.next_cursor, limit=limit, order="desc")
-        return _chat([message async for message in thread.iter()])
+                page = await _dicts.apage(thread, page.next_cursor, limit, "desc")
+        return _chat([message async for message in _dicts.aiterate(thread)])
 
     async def async_add_message(self, key: str, message: ChatMessage) -> None:
         """See :meth:`add_message`."""
@@ -198,6 +202,16 @@ class KvstoreChatStore(BaseChatStore):
         """See :meth:`get_keys` (SCAN runs on the sync store's client)."""
         return await super().aget_keys()
 
+    def _thread(self, key: str, asynchronous: bool = False) -> Any:
+        """The thread handle of `key` (kept: its newest page reads ahead what it needed last)."""
+        handle = self._handles.get((asynchronous, key))
+        if handle is None:
+            if len(self._handles) >= _HANDLES:
+                self._handles.clear()
+            store: Any = self._async_store if asynchronous else self._store
+            handle = self._handles[(asynchronous, key)] = store.thread(key)
+        return handle
+
     async def _adelete_at(self, key: str, idx: int, order: Any) -> ChatMessage | None:
         assert self._async_store is not None
         if idx < 0:
@@ -221,10 +235,15 @@ def _dump(message: ChatMessage) -> dict[str, Any]:
 
 
 def _chat(messages: Any) -> list[ChatMessage]:
-    """ChatMessages of stored messages, deleted ones left out."""
+    """ChatMessages of stored messages (models, or dicts as _dicts reads them), deleted ones
+    left out."""
     made = []
     for message in messages:
-        record = to_chat(message)
+        found = False
+        if type(message) is dict:
+            found, record = chat_dict(message)
+        if not found:
+            record = to_chat(_dicts.as_model(message))
         if record is not None:
             made.append(ChatMessage.model_validate(record))
     return made

@@ -22,9 +22,11 @@ from agents.memory.session import SessionABC
 from agents.memory.session_settings import SessionSettings
 
 from kvstore.config import StoreConfig
-from kvstore.importers.openai_agents import POPPED_FIELD, item_message, message_item
+from kvstore.importers.openai_agents import POPPED_FIELD, dict_item, item_message, message_item
 from kvstore.messages import HiddenReasoningMessage, Message
 from kvstore.store import AsyncMessageStore
+
+from ._dicts import Stored, apage, as_model
 
 _PAGE = 1000  # the largest page kvstore lists in one call
 
@@ -145,7 +147,19 @@ class KvstoreSession(SessionABC):
             yield event
 
     async def _newest(self, limit: int) -> list[Any]:
-        return _items(await self._tail(limit))
+        """The newest `limit` items, oldest first, from the stored dicts (no model built where
+        a record's shape allows): the same items as ``_items(await self._tail(limit))``."""
+        found: list[Stored] = []
+        after: int | None = None
+        while len(found) < limit:
+            read = await apage(self.thread, after, min(_PAGE, limit - len(found)), "desc")
+            found.extend(m for m in read.messages if not _hidden(m))
+            if not read.has_more or not read.messages:
+                break
+            after = read.next_cursor
+        found = found[:limit]
+        found.reverse()
+        return _items(found)
 
     async def _tail(self, count: int) -> list[Message]:
         """The newest `count` live messages, oldest first: pages back past retracted ones."""
@@ -164,26 +178,39 @@ class KvstoreSession(SessionABC):
         return found
 
     async def _all_items(self) -> AsyncIterator[Any]:
-        # Pages of the most kvstore lists at once: one round trip per 1,000 items.
+        # Pages of the most kvstore lists at once, as stored dicts where a record allows.
         after: int | None = None
         while True:
-            page = await self.thread.list(after=after, limit=_PAGE)
-            for message in page.messages:
+            read = await apage(self.thread, after, _PAGE)
+            for message in read.messages:
                 if not _hidden(message):
-                    yield message_item(message)
-            if not page.has_more or not page.messages:
+                    item = _item(message)
+                    if item is not None:
+                        yield item
+            if not read.has_more or not read.messages:
                 return
-            after = page.messages[-1].seq_id
+            after = read.next_cursor
 
 
-def _hidden(message: Message) -> bool:
+def _hidden(message: Stored) -> bool:
     """Not one of the session's items: retracted, or a summary ``compact`` stored."""
+    if isinstance(message, dict):
+        return message.get("message_type") == "summary_message" or bool(message.get(POPPED_FIELD))
     return message.message_type == "summary_message" or _retracted(message)
 
 
 def _retracted(message: Message) -> bool:
     extra = message.__pydantic_extra__ or {}
     return bool(extra.get(POPPED_FIELD))
+
+
+def _item(message: Stored) -> Any:
+    """The item of a stored message: from its dict where it holds one, else its model's."""
+    if type(message) is dict:
+        found, item = dict_item(message)
+        if found:
+            return item
+    return message_item(as_model(message))
 
 
 def _canonical(item: Any) -> bytes:
@@ -219,6 +246,6 @@ def _messages(items: list[Any], anchor: str | None) -> list[Message]:
     ]
 
 
-def _items(messages: list[Message]) -> list[Any]:
-    items = (message_item(m) for m in messages)
+def _items(messages: list[Any]) -> list[Any]:
+    items = (_item(m) for m in messages)
     return [item for item in items if item is not None]

@@ -107,6 +107,26 @@ def test_the_next_newest_page_reads_the_closed_chunk_ahead_in_one_round_trip(bac
     store.close()
 
 
+def test_a_short_newest_read_keeps_the_hint_and_reads_no_chunk_ahead(backend, namespace):
+    """An append's look at the tail (a page the open chunk answers) between two long pages: it
+    reads no closed chunk, and the next long page is still one round trip."""
+    config = StoreConfig(namespace=namespace, chunk_size=8)
+    store = make_sync_store(backend, config)
+    thread = store.thread("t")
+    thread.append([UserMessage(content=f"m{i}") for i in range(20)])  # chunks 1-8, 9-16; 17-20
+    ref = ThreadRef.of(config, "t")
+    page, requests = drive(store, list_page(ref, limit=6, order="desc"))
+    assert len(requests) == 2
+    chunk_9 = ("MGET", ref.keys.chunk_manifest(9), ref.keys.chunk_data(9))
+    for limit in (1, 3):  # the open chunk holds 4: no chunk read ahead
+        short, requests = drive(store, list_page(ref, limit=limit, order="desc"))
+        assert short.messages == page.messages[:limit] and len(requests) == 1
+        assert chunk_9 not in requests[0].commands
+    again, requests = drive(store, list_page(ref, limit=6, order="desc"))
+    assert again == page and len(requests) == 1 and chunk_9 in requests[0].commands
+    store.close()
+
+
 @pytest.mark.parametrize("change", ["close", "replace", "retention", "enough", "delete"])
 def test_a_page_read_ahead_is_the_page_a_fresh_handle_reads(backend, namespace, change):
     """Whatever happened since the hint was left, the page is what a handle without one reads."""

@@ -183,3 +183,22 @@ def test_an_append_between_the_newest_page_reads_is_not_misnumbered(backend, nam
     assert [m.seq_id for m in page.messages] == list(range(71, 21, -1))
     assert len(requests) > 1
     store.close()
+
+
+def test_a_page_over_chunks_closed_for_their_size_is_planned_once(backend, namespace):
+    """Chunks of 8 that close at 2 KiB hold ~5 messages of 350 bytes: the plan reads enough of
+    the index for the page anyway (one plan, one fetch), and names only what the page needs."""
+    config = StoreConfig(namespace=namespace, chunk_size=8, chunk_max_bytes=2048)
+    store = make_sync_store(backend, config)
+    thread = store.thread("t")
+    for n in range(1, 61):
+        thread.append(UserMessage(content=f"{n:03d} " + "x" * 340))
+    ref = ThreadRef.of(config, "t")
+    full = [int(m.content[:3]) for m in thread.iter()]
+    assert full == list(range(1, 61)) and store.client.zcard(ref.keys.chunk_index) >= 10
+    page, requests = drive(store, list_page(ref, after=0, limit=40))
+    assert [m.seq_id for m in page.messages] == list(range(1, 41)) and page.has_more
+    assert len(requests) == 2
+    fetched = [c for c in requests[1].commands if c[0] == "MGET"]
+    assert len(fetched) <= 40 // 4 + 1  # the chunks that hold the page, not every one listed
+    store.close()

@@ -12,12 +12,11 @@ more for chunks that turn out to be layout-2 hashes on a layout-3 thread) and re
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ... import errors
-from ...messages import Message
 from ..operation import Batch, Operation, ThreadRef
 from ..record import decode_records
 from . import v1, v2, v3
@@ -170,19 +169,24 @@ def cut(records: dict[int, bytes], lo: int, hi: int, descending: bool = False) -
 
 
 def decode(
-    thread: ThreadRef, entries: list[tuple[int, bytes]], unreadable: list[int] | None = None
-) -> list[Message]:
+    thread: ThreadRef,
+    entries: list[tuple[int, bytes]],
+    unreadable: list[int] | None = None,
+    decoder: Callable[..., list[Any]] = decode_records,
+) -> list[Any]:
     """The messages of `entries`; every read decodes here (docs/RELIABILITY.md, "One bad record").
 
     An unreadable record raises RecordError naming its sequence. Given `unreadable` (a page
     read), it is skipped instead, logged, and its sequence appended there in page order.
+    `decoder` is record.decode_records (models), or record_dicts.decode_dicts (dicts where a
+    record's shape allows), which report unreadable records alike.
     """
     if not entries:
         return []
     if unreadable is None:
-        return decode_records(entries)
+        return decoder(entries)
     failed: list[errors.RecordError] = []
-    messages = decode_records(entries, failed)
+    messages = decoder(entries, failed)
     for error in failed:
         log.warning(
             "thread %s: skipped an unreadable record: %s",

@@ -52,14 +52,14 @@ def newest_page(thread: ThreadRef, need: int) -> Operation:
     ones. So the newest `need` messages are the open chunk's when no oversized one is among
     them. Else, with no window left and no oversized message in the way, the newest closed
     chunks add what they hold: read ahead in that round trip when it is the one chunk this
-    handle's last newest page needed (its hint: the same while the open chunk fills), else in a
-    second round trip (gen compared). Anything else is planned. A layout-2 thread reads its
+    handle's last newest page needed (its hint: the same while the open chunk fills; kept by
+    pages the open chunk answers alone), else in a second round trip (gen compared). Anything else is planned. A layout-2 thread reads its
     window (v2.newest_page) in the same round trip.
     """
     keys = thread.keys
     # Closed chunk members enough for the page when they are full.
     members = need // thread.config.chunk_size + 2
-    ahead = thread.hints.get(_AHEAD, ())
+    ahead = _ahead(thread, need)
     replies = yield Batch(
         [
             ("HMGET", keys.meta, *_META),
@@ -74,7 +74,8 @@ def newest_page(thread: ThreadRef, need: int) -> Operation:
     )
     meta, (manifest, data), large, newest_chunks, window, bottom, *read_ahead, again = replies
     deleted_before, deleting, last_seq, gen, layout, stored = meta
-    thread.hints.pop(_AHEAD, None)
+    if deleting is not None or layout != b"3":
+        thread.hints.pop(_AHEAD, None)
     if deleting is not None:  # an interrupted delete(): the thread reads as empty
         return [], False, 0
     if layout != b"3":
@@ -92,9 +93,9 @@ def newest_page(thread: ThreadRef, need: int) -> Operation:
     chosen = _newest_chunks(newest_chunks, len(newest), need, members)
     # The newest closed chunks hold the next older messages, unless an oversized one is newer.
     if chosen is None or any(s >= chosen[-1].first for s in oversized):
+        thread.hints.pop(_AHEAD, None)
         return None
-    if len(chosen) == 1:  # read ahead one chunk at most: a wrong guess costs one chunk's read
-        thread.hints[_AHEAD] = (chosen[0].first,)
+    _remember(thread, chosen, len(newest))
     # Read ahead between meta's two reads, which are equal: as of the same state as the rest.
     found = dict(zip(ahead, read_ahead, strict=True))
     if all(None not in found.get(entry.first, (None,)) for entry in chosen):
@@ -118,8 +119,29 @@ def _with_read(
     return _page(newest, both, need, int_or_zero(stored), int_or_zero(deleted_before))
 
 
-# The hint newest_page leaves: the first sequence of the one closed chunk it needed.
+# The hint newest_page leaves: the first sequence of the one closed chunk it needed, and how
+# many newer messages (the open chunk's, oversized ones) there were then.
 _AHEAD = "newest_page_chunks"
+
+
+def _ahead(thread: ThreadRef, need: int) -> tuple[int, ...]:
+    """The closed chunk to read ahead: the hint's, unless the `need` newest messages were all
+    newer than it when it was left (the open chunk only grows until it closes, and then the
+    hint names a chunk the index no longer puts first). A page that needed no closed chunk
+    keeps the hint: a short read of the newest (an append's look at the tail) reads no chunk
+    ahead, and the next long one still reads its chunk in one round trip."""
+    hint = thread.hints.get(_AHEAD)
+    if hint is None or need <= hint[1]:
+        return ()
+    return (hint[0],)
+
+
+def _remember(thread: ThreadRef, chosen: list[ChunkEntry], newer: int) -> None:
+    # One chunk at most: a wrong guess costs one chunk's read.
+    if len(chosen) == 1:
+        thread.hints[_AHEAD] = (chosen[0].first, newer)
+    else:
+        thread.hints.pop(_AHEAD, None)
 
 
 def _newest_chunks(

@@ -1,0 +1,60 @@
+"""The adapters' reads of stored message dicts (the engine's ``list_dicts``), sync and async.
+
+A framework that is handed dicts (or builds its own objects from dicts) need not have kvstore's
+message models built first: these reads return each message as its stored dict where
+kvstore/_engine/record_dicts.py vouches that validation would keep it as it is, else as the
+validated model; unreadable records are skipped, logged and named as every page read does. An
+adapter converts a dict it knows the shape of directly and any other message through its typed
+conversion (:func:`as_model` first).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from typing import Any, Literal
+
+from .._engine import core
+from ..messages import MESSAGE_ADAPTER, Message
+
+Stored = dict[str, Any] | Message
+"""A message as these reads return it: its stored dict, or its model."""
+
+
+def as_model(message: Stored) -> Message:
+    """The model of a message these reads returned (a dict was vouched for: it validates)."""
+    if type(message) is dict:
+        return MESSAGE_ADAPTER.validate_python(message)
+    return message  # type: ignore[return-value]  # not a dict: a model
+
+
+def page(
+    thread: Any, after: int | None = None, limit: int = 50, order: Literal["asc", "desc"] = "asc"
+) -> core.DictsPage:
+    """``thread.list(after=..., limit=..., order=...)`` of a sync Thread, as dicts."""
+    result: core.DictsPage = thread._store.run(
+        core.list_dicts(thread._ref, after, None, limit, order)
+    )
+    return result
+
+
+async def apage(
+    thread: Any, after: int | None = None, limit: int = 50, order: Literal["asc", "desc"] = "asc"
+) -> core.DictsPage:
+    """:func:`page` of an AsyncThread."""
+    result: core.DictsPage = await thread._store.run(
+        core.list_dicts(thread._ref, after, None, limit, order)
+    )
+    return result
+
+
+def iterate(thread: Any, order: Literal["asc", "desc"] = "asc") -> Iterator[Stored]:
+    """``thread.iter(order)`` of a sync Thread (the same pages), as dicts."""
+    for read in thread._store.stream(core.pages(thread._ref, order, read=core.list_dicts)):
+        yield from read.messages
+
+
+async def aiterate(thread: Any, order: Literal["asc", "desc"] = "asc") -> AsyncIterator[Stored]:
+    """:func:`iterate` of an AsyncThread."""
+    async for read in thread._store.stream(core.pages(thread._ref, order, read=core.list_dicts)):
+        for message in read.messages:
+            yield message
