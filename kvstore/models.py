@@ -70,6 +70,10 @@ class ThreadStats(_Result):
     restore_unfinished: a restore into the thread (``kvstore import``, ``Thread.fork``) has not
     run its last step: it holds a part of the backup, and every write is refused
     (``RestoreIncomplete``) until the same import or fork is run again (docs/RELIABILITY.md).
+    owner, title, metadata, created_at, last_activity_at: an owned thread's entry in its owner's
+    directory (docs/OWNERS.md), read in the same round trip as the counts (None, and an empty
+    metadata, for a thread without an owner or one its owner's directory does not list);
+    created_at and last_activity_at are the server's time in ms.
 
     Example: ``thread.stats().next_sequence - 1`` is the last sequence given out.
     """
@@ -88,6 +92,11 @@ class ThreadStats(_Result):
     tokens: int = 0
     history_checked: bool = False
     restore_unfinished: bool = False
+    owner: str | None = None
+    title: str | None = None
+    metadata: dict[str, str] = {}
+    created_at: int | None = None
+    last_activity_at: int | None = None
 
 
 class TurnResult(_Result):

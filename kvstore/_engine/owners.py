@@ -205,24 +205,54 @@ def set_info(
     return bool(reply == 1)
 
 
+def directory_reads(thread: ThreadRef) -> list[tuple[Any, ...]]:
+    """The reads of an owned thread's entry in its owner's directory (its last activity, its
+    creation, its info, its counts), for a Batch; none for a thread without an owner."""
+    if thread.owner is None:
+        return []
+    keys = OwnerKeys.of(thread.config.namespace, thread.owner)
+    tid = thread.thread_id
+    return [
+        ("ZSCORE", keys.recent, tid),
+        ("ZSCORE", keys.created, tid),
+        ("HGET", keys.info, tid),
+        ("HGET", keys.usage, f"t:{tid}"),
+    ]
+
+
+def directory_entry(thread: ThreadRef, replies: list[Any]) -> ThreadInfo | None:
+    """The ThreadInfo from directory_reads' replies; None when the thread is not listed."""
+    if thread.owner is None or not replies or replies[3] is None:
+        return None
+    activity, created, info, record = replies
+    return ThreadInfo.model_validate(
+        _record(thread.owner, [thread.thread_id, activity, created, info, record])
+    )
+
+
+def owned_stats(thread: ThreadRef, replies: list[Any]) -> dict[str, Any]:
+    """ThreadStats' owner fields from directory_reads' replies (none without an owner)."""
+    if thread.owner is None:
+        return {}
+    entry = directory_entry(thread, replies)
+    if entry is None:
+        return {"owner": thread.owner}
+    return {
+        "owner": thread.owner,
+        "title": entry.title,
+        "metadata": entry.metadata,
+        "created_at": entry.created_at or None,
+        "last_activity_at": entry.last_activity_at or None,
+    }
+
+
 def thread_info(thread: ThreadRef) -> Operation[ThreadInfo | None]:
     """An owned thread's entry in its owner's directory; None when it is not listed (or the
     thread has no owner)."""
     if thread.owner is None:
         return None
-    keys = OwnerKeys.of(thread.config.namespace, thread.owner)
-    tid = thread.thread_id
-    activity, created, info, record = yield Batch(
-        [
-            ("ZSCORE", keys.recent, tid),
-            ("ZSCORE", keys.created, tid),
-            ("HGET", keys.info, tid),
-            ("HGET", keys.usage, f"t:{tid}"),
-        ]
-    )
-    if record is None:
-        return None
-    return ThreadInfo.model_validate(_record(thread.owner, [tid, activity, created, info, record]))
+    replies = yield Batch(directory_reads(thread))
+    return directory_entry(thread, replies)
 
 
 def _usage(owner: str, reply: Any) -> OwnerUsage:

@@ -7,6 +7,7 @@ the thread changed in between, so that what it returns is as of one state of the
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from .. import errors
 from ..messages import Message, SummaryMessage
@@ -27,6 +28,7 @@ from .operation import (
     Operation,
     ThreadRef,
 )
+from .owners import directory_reads, owned_stats
 from .pages import gathering, list_page, pages
 from .reads import RangeRead, fetch_sequences, read_range
 from .replies import stored_int
@@ -44,11 +46,19 @@ log = logging.getLogger("kvstore")
 
 
 def stats(thread: ThreadRef) -> Operation[ThreadStats]:
-    meta, window, chunks, large, legacy = yield Batch(size_reads(thread.keys))
-    return _stats_from(meta, window, chunks + large, legacy)
+    replies = yield Batch(size_reads(thread.keys) + directory_reads(thread))
+    meta, window, chunks, large, legacy = replies[:5]
+    return _stats_from(meta, window, chunks + large, legacy, owned_stats(thread, replies[5:]))
 
 
-def _stats_from(meta: dict[bytes, bytes], window: int, chunks: int, legacy: int) -> ThreadStats:
+def _stats_from(
+    meta: dict[bytes, bytes],
+    window: int,
+    chunks: int,
+    legacy: int,
+    owned: dict[str, Any] | None = None,
+) -> ThreadStats:
+    """`owned`: the owner's fields (owners.owned_stats), for an owned thread."""
     fields = {(k.decode() if isinstance(k, bytes) else k): v for k, v in meta.items()}
     if "deleting" in fields:  # an interrupted delete(): the thread reads as empty
         fields, window, chunks, legacy = {}, 0, 0, 0
@@ -81,6 +91,7 @@ def _stats_from(meta: dict[bytes, bytes], window: int, chunks: int, legacy: int)
         # (its first write counts each chunk and message, lua/includes/layout2_index.lua: ensure_tokens).
         tokens=number("tokens") if "tokens" in fields else record_tokens(number("bytes") or 0),
         restore_unfinished="restoring" in fields,
+        **(owned or {}),
     )
 
 
@@ -92,7 +103,9 @@ def snapshot(thread: ThreadRef) -> Operation[ThreadSnapshot]:
     """
     keys = thread.keys
     for _ in range(OPTIMISTIC_READS):
-        meta, window, chunks, large, legacy = yield Batch(size_reads(keys))
+        replies = yield Batch(size_reads(keys) + directory_reads(thread))
+        meta, window, chunks, large, legacy = replies[:5]
+        owned = owned_stats(thread, replies[5:])
         page = yield from list_page(thread, limit=SNAPSHOT_SIZE, order="desc")
         fields = {_text(k): _text(v) for k, v in meta.items()}
         (now,) = yield Batch([("HMGET", keys.meta, "last_seq", "gen", "summary_seq")])
@@ -108,6 +121,7 @@ def snapshot(thread: ThreadRef) -> Operation[ThreadSnapshot]:
             list(reversed(page.messages)),
             summary,
             unreadable,
+            owned,
         )
     # Appends or moves landed under every try: one read-only step reads it all (read_range.lua).
     read = yield from read_range(
@@ -119,8 +133,16 @@ def snapshot(thread: ThreadRef) -> Operation[ThreadSnapshot]:
     newest_first = [(sequence, record) for sequence, record, _ in read.records[:SNAPSHOT_SIZE]]
     messages = decode(thread, list(reversed(newest_first)), unreadable)
     summary = _read_summary(thread, read, unreadable)
+    # The owner's entry is read after the range: it moves with every write, and is not part of
+    # what the consistent read checks.
+    directory = (yield Batch(directory_reads(thread))) if thread.owner is not None else []
     return _snapshot_of(
-        dict(zip(flat[::2], flat[1::2], strict=False)), tuple(sizes), messages, summary, unreadable
+        dict(zip(flat[::2], flat[1::2], strict=False)),
+        tuple(sizes),
+        messages,
+        summary,
+        unreadable,
+        owned_stats(thread, directory),
     )
 
 
@@ -140,6 +162,7 @@ def _snapshot_of(
     messages: list[Message],
     summary: SummaryMessage | None,
     unreadable: list[int],
+    owned: dict[str, Any] | None = None,
 ) -> ThreadSnapshot:
     """A snapshot from what one state of the thread holds: meta, the sizes stats() reads
     (window, chunk index, large index, legacy hash), the newest messages oldest first, the
@@ -157,7 +180,7 @@ def _snapshot_of(
         messages=messages,
         summary=summary,
         turn=turn,
-        stats=_stats_from(meta, window, chunks + large, legacy),
+        stats=_stats_from(meta, window, chunks + large, legacy, owned),
         unreadable=sorted(set(unreadable)),
     )
 

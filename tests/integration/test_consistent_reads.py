@@ -159,28 +159,33 @@ def test_context_answers_with_a_compaction_after_every_round_trip(backend, names
     store.close()
 
 
-def test_snapshot_answers_with_an_append_after_every_round_trip(backend, namespace):
+@pytest.mark.parametrize("owner", [None, "ann"])
+def test_snapshot_answers_with_an_append_after_every_round_trip(backend, namespace, owner):
     """An append between each two round trips of snapshot() (its stats never match what it read
-    after them): it still answers one state of the thread, read in one step."""
+    after them): it still answers one state of the thread, read in one step; an owned thread's
+    stats carry its directory entry on that path too."""
     config = StoreConfig(namespace=namespace, **SMALL)
     store = make_sync_store(backend, config)
-    other = make_sync_store(backend, config).thread("t")
-    fill(store.thread("t"), 40)
-    store.thread("t").compact("up to 30", last_sequence=30)
-    store.thread("t").start_turn("turn")
+    other = make_sync_store(backend, config).thread("t", owner)
+    fill(store.thread("t", owner), 40)
+    store.thread("t", owner).compact("up to 30", last_sequence=30)
+    store.thread("t", owner).start_turn("turn")
+    if owner:
+        store.thread("t", owner).set_info(title="the chat")
     appended = [40]
 
     def append_one():
         fill(other, 1, start=appended[0])
         appended[0] += 1
 
-    snap, steps = every_step(store, snapshot(ThreadRef.of(config, "t")), append_one)
+    snap, steps = every_step(store, snapshot(ThreadRef.of(config, "t", owner=owner)), append_one)
     assert steps > 3
     kept = [m.seq_id for m in snap.messages]
     assert kept == list(range(kept[0], snap.stats.next_sequence))
     assert kept[0] == snap.stats.deleted_before_sequence or kept[0] == 1
     assert snap.summary is not None and snap.summary.summary == "up to 30"
     assert snap.turn is not None and snap.turn.turn_id == "turn"
+    assert (snap.stats.owner, snap.stats.title) == ((owner, "the chat") if owner else (None, None))
     store.close()
 
 

@@ -171,6 +171,40 @@ def test_titles_and_metadata(make_store, raw_client, namespace):
     assert keyspace(raw_client, namespace) == before
 
 
+def test_stats_and_snapshot_carry_the_directory_entry(make_store):
+    """stats() and snapshot() read an owned thread's title, metadata and times in the round trip
+    that reads its counts; a thread without an owner, or not listed, has none."""
+    store = make_store()
+    chat = store.thread("chat", owner="ann")
+    stats = chat.stats()
+    assert (stats.owner, stats.title, stats.metadata, stats.created_at) == ("ann", None, {}, None)
+    chat.set_info(title="Weather", metadata={"model": "small"})
+    chat.append(UserMessage(content="and tomorrow?"))
+    first = chat.stats()
+    info = chat.info()
+    assert (first.owner, first.title, first.metadata) == ("ann", "Weather", {"model": "small"})
+    assert (first.created_at, first.last_activity_at) == (info.created_at, info.last_activity_at)
+    assert first.created_at <= first.last_activity_at and first.stored_messages == 1
+    time.sleep(0.005)
+    chat.append(AssistantMessage(content="sunny"))
+    snapshot = chat.snapshot()
+    assert snapshot.stats.title == "Weather" and snapshot.stats.stored_messages == 2
+    assert snapshot.stats.created_at == first.created_at
+    assert snapshot.stats.last_activity_at > first.last_activity_at
+    plain = store.thread("chat")
+    plain.append(UserMessage(content="no owner"))
+    for unowned in (plain.stats(), plain.snapshot().stats):
+        assert (unowned.owner, unowned.title, unowned.created_at) == (None, None, None)
+    chat.delete()
+    gone = chat.stats()
+    assert (gone.owner, gone.title, gone.last_activity_at, gone.stored_messages) == (
+        "ann",
+        None,
+        None,
+        0,
+    )
+
+
 def test_counts_follow_every_write(make_store):
     store = make_store(chunk_size=4, window_size=4, retained_message_limit=6)
     chat = store.thread("chat", owner="ann")
