@@ -84,22 +84,51 @@ def _number(value: Any, what: str) -> int:
 
 def _record(owner: str, fields: list[Any]) -> dict[str, Any]:
     """A ThreadInfo's fields from owner_list.lua's five values of a thread (id, activity,
-    creation, info, counts); a page validates them all in one call."""
+    creation, info, counts); a page validates them all in one call. The common reply (bytes,
+    whole numbers) is read straight; anything else by _checked_record, which names what is
+    wrong."""
+    thread_id, activity, created, info, record = fields
+    try:
+        # "messages:bytes:tokens:deadline:fingerprint" (lua/includes/owner.lua)
+        messages, stored, tokens, _ = record.split(b":", 3)
+        row = {
+            "thread_id": thread_id.decode(),
+            "owner": owner,
+            "title": None,
+            "metadata": {},
+            "created_at": int(created or 0),
+            "last_activity_at": int(activity or 0),
+            "messages": int(messages),
+            "stored_bytes": int(stored),
+            "tokens": int(tokens),
+        }
+    except (AttributeError, TypeError, ValueError, UnicodeDecodeError):
+        return _checked_record(owner, fields)
+    if info:
+        row["title"], row["metadata"] = _info(row["thread_id"], info)
+    return row
+
+
+def _info(thread_id: str, info: Any) -> tuple[Any, Any]:
+    """The title and metadata of a thread's info JSON; RecordError when it is not that."""
+    try:
+        decoded = json.loads(info)
+    except ValueError:
+        decoded = None
+    if not isinstance(decoded, dict):
+        raise errors.RecordError(f"the directory's info of thread {thread_id!r} is not JSON")
+    title, metadata = decoded.get("title"), decoded.get("metadata") or {}
+    if not (title is None or isinstance(title, str)) or not isinstance(metadata, dict):
+        raise errors.RecordError(f"the directory's info of thread {thread_id!r} is malformed")
+    return title, metadata
+
+
+def _checked_record(owner: str, fields: list[Any]) -> dict[str, Any]:
+    """_record's fields from values of any shape the server may reply (str, a score with a
+    fraction), or RecordError."""
     thread_id, activity, created, info, record = fields
     thread_id = _text(thread_id)
-    title: Any = None
-    metadata: Any = {}
-    if info:
-        try:
-            decoded = json.loads(info)
-        except ValueError:
-            decoded = None
-        if not isinstance(decoded, dict):
-            raise errors.RecordError(f"the directory's info of thread {thread_id!r} is not JSON")
-        title, metadata = decoded.get("title"), decoded.get("metadata") or {}
-        if not (title is None or isinstance(title, str)) or not isinstance(metadata, dict):
-            raise errors.RecordError(f"the directory's info of thread {thread_id!r} is malformed")
-    # "messages:bytes:tokens:deadline:fingerprint" (lua/includes/owner.lua)
+    title, metadata = _info(thread_id, info) if info else (None, {})
     counts: list[Any] = (
         record.split(b":" if isinstance(record, bytes) else ":", 4) if record else []
     )

@@ -205,6 +205,31 @@ def test_stats_and_snapshot_carry_the_directory_entry(make_store):
     )
 
 
+def test_a_malformed_directory_entry_is_a_record_error(make_store, raw_client, namespace):
+    """The listing reads what the directory holds straight when it is what the scripts write,
+    and names anything else: counts that are not numbers, info that is not the JSON object,
+    a score with a fraction (read as its whole ms)."""
+    store = make_store()
+    store.thread("a", owner="ann").append(UserMessage(content="hi"))
+    keys = OwnerKeys.of(namespace, "ann")
+    raw_client.zadd(keys.recent, {"a": 1700000000000.5})
+    (info,) = store.threads("ann").threads
+    assert (info.thread_id, info.last_activity_at, info.messages) == ("a", 1700000000000, 1)
+    record = raw_client.hget(keys.usage, "t:a")
+    for field, key, value in (
+        ("t:a", keys.usage, b"many:1:1:0:"),
+        ("t:a", keys.usage, b"1:1"),
+        ("a", keys.info, b"[1, 2]"),
+        ("a", keys.info, b'{"title": 7}'),
+    ):
+        raw_client.hset(key, field, value)
+        with pytest.raises(errors.RecordError):
+            store.threads("ann")
+        raw_client.hset(keys.usage, "t:a", record)
+        raw_client.hdel(keys.info, "a")
+    assert [t.thread_id for t in store.threads("ann").threads] == ["a"]
+
+
 def test_counts_follow_every_write(make_store):
     store = make_store(chunk_size=4, window_size=4, retained_message_limit=6)
     chat = store.thread("chat", owner="ann")
