@@ -7,8 +7,9 @@
 -- The common append, straight through (lua/append.lua tries it first). The general path is
 -- written for every case, and its tables, checks and calls cost more Lua time than its server
 -- commands; this one takes only the batch that needs none of them: no turn, lease, inline media
--- or history checks, a layout-3 thread without a ttl that counts its events already, every
--- record joining the open chunk without closing it, no id or otid stored yet. Anything else
+-- or history checks, a layout-3 thread that counts its events already (with a ttl, one whose
+-- deadline need not move), every record joining the open chunk without closing it, no id or
+-- otid stored yet. Anything else
 -- returns nil before any write, and the general path runs. Both make the same writes, so a thread
 -- cannot tell which path stored a batch (tests/integration/test_append_direct.py).
 
@@ -68,11 +69,30 @@ function direct.new(keys, m)
   return true
 end
 
+-- With a ttl, the keys this call may have made get meta's deadline: every key the thread had
+-- before carries it already (the general path's apply_expiry: every write that moves it sets it
+-- on all). The open chunk's strings are new when it held nothing, the id map when the thread
+-- stored nothing (each stored message has its id there), the otid map may be whenever an otid
+-- is written; the event stream sees to itself (emit_event).
+function direct.expire_made(keys, open_new, ids_new, otids_written)
+  local made = {}
+  if open_new then made[1], made[2] = keys.open_data, keys.open_manifest end
+  if ids_new then made[#made + 1] = keys.ids end
+  if otids_written then made[#made + 1] = keys.otids end
+  if #made == 0 then return end
+  local deadline = redis.call('PEXPIRETIME', keys.meta)
+  for _, key in ipairs(made) do redis.call('PEXPIREAT', key, deadline) end
+end
+
 -- The append of `args` (the append script's arguments) when it is the common case, else nil with
 -- nothing written.
 local function append_direct(keys, limits, args)
   local m = args.messages
-  if args.turn_id ~= '' or args.lease ~= 0 or limits.strict_history or limits.ttl_ms > 0 then return nil end
+  if args.turn_id ~= '' or args.lease ~= 0 or limits.strict_history then return nil end
+  -- With a ttl, only while meta's deadline stays (a write that moves it sets it on every key of
+  -- the thread, which the general path does).
+  local ttl = limits.ttl_ms > 0
+  if ttl and redis.call('PTTL', keys.meta) < limits.ttl_ms then return nil end
   local v = redis.pcall('HMGET', keys.meta, unpack(direct.META))
   if v.err or not direct.plain(v, limits) then return nil end
   local last_seq, count, bytes = tonumber(v[2] or 0), tonumber(v[11] or 0), tonumber(v[12] or 0)
@@ -110,6 +130,7 @@ local function append_direct(keys, limits, args)
   local events_on = limits.events_len > 0
   if events_on then fields[#fields + 1], fields[#fields + 2] = 'events', events end
   redis.call('HSET', keys.meta, unpack(fields))
-  emit_event(keys, limits, last, event_fields('added', first, last, ''), v[15] or false, events_on and events or nil)
+  emit_event(keys, limits, last, event_fields('added', first, last, ''), v[15] or false, events_on and events or nil, ttl)
+  if ttl then direct.expire_made(keys, count == 0, tonumber(v[3] or 0) == 0, #otid_fields > 0) end
   return {1, first}
 end

@@ -75,8 +75,9 @@ end
 -- Returns the event's id (false when events are off). `born`: the incarnation when the caller
 -- read meta already (false for none), else nil and it is read here. `counted`: the event's
 -- number when the caller wrote it to meta already (count_event), else nil and it is counted
--- here.
-local function emit_event(keys, limits, last_seq, fields, born, counted)
+-- here. `own_deadline`: the caller sets no deadline after the event (the direct append on a
+-- thread with a ttl), so a stream the event makes gets meta's here.
+local function emit_event(keys, limits, last_seq, fields, born, counted, own_deadline)
   if limits.events_len <= 0 then return false end
   local n = counted or redis.call('HINCRBY', keys.meta, 'events', 1)
   if n == 1 then
@@ -97,7 +98,17 @@ local function emit_event(keys, limits, last_seq, fields, born, counted)
     fields[#fields + 1] = 'g'
     fields[#fields + 1] = born
   end
-  redis.pcall('XADD', keys.events, 'MAXLEN', '~', events_cap(limits), id, unpack(fields))
+  if own_deadline then
+    -- The stream is there (it carries meta's deadline) but for a thread whose stream expired
+    -- before it had a ttl, or whose keys a store without a ttl wrote in between.
+    local added = redis.pcall('XADD', keys.events, 'NOMKSTREAM', 'MAXLEN', '~', events_cap(limits), id, unpack(fields))
+    if added == false then
+      redis.pcall('XADD', keys.events, 'MAXLEN', '~', events_cap(limits), id, unpack(fields))
+      redis.call('PEXPIREAT', keys.events, redis.call('PEXPIRETIME', keys.meta))
+    end
+  else
+    redis.pcall('XADD', keys.events, 'MAXLEN', '~', events_cap(limits), id, unpack(fields))
+  end
   if limits.ttl_ms <= 0 then
     -- As for a thread's ttl (includes/expiry.lua): a PTTL on most calls, a PEXPIRE of 1.5 age
     -- only when less than the age is left, so it expires 1 to 1.5 age after the last event.

@@ -63,11 +63,18 @@ def run_a(client: redis.Redis, command: tuple):
 
 
 def state(client: redis.Redis, tag: str) -> dict:
-    """Every key of the thread by its name without the tag: type and value. The incarnation (set
-    from the server's clock at the first event) is compared by presence only."""
+    """Every key of the thread by its name without the tag: type, value and deadline (meta's,
+    none, or one of its own). The incarnation (set from the server's clock at the first event) is
+    compared by presence only."""
     found = {}
     for key in client.scan_iter(match=f"*{tag}*", count=1000):
         name = key.decode().replace(tag, "{}")
+        deadline = client.execute_command("PEXPIRETIME", key)
+        meta_deadline = client.execute_command("PEXPIRETIME", name.split("{}")[0] + tag + ":meta")
+        expiry = (
+            "meta's" if deadline == meta_deadline else ("none" if deadline == -1 else "its own")
+        )
+        found[name + " deadline"] = expiry
         kind = client.type(key).decode()
         if kind == "string":
             value = client.get(key)
@@ -122,13 +129,18 @@ def one_call(thread, rng: random.Random, n: int, step: int) -> None:
         thread.append(batch, turn_id=turn)
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3])
+@pytest.mark.parametrize(("seed", "ttl"), [(1, None), (2, None), (3, None), (4, 3600), (5, 3600)])
 def test_the_direct_append_writes_what_the_general_path_writes(
-    backend, server_only, namespace, raw_client, monkeypatch, seed
+    backend, server_only, namespace, raw_client, monkeypatch, seed, ttl
 ):
+    """With a ttl, every key of both threads carries meta's deadline after every call."""
     load_general_library(raw_client)
     config = StoreConfig(
-        namespace=namespace, chunk_size=8, chunk_max_bytes=3000, retained_message_limit=30
+        namespace=namespace,
+        chunk_size=8,
+        chunk_max_bytes=3000,
+        retained_message_limit=30,
+        thread_ttl=ttl,
     )
     store = make_sync_store(backend, config)
     store.thread("direct-warm").append(UserMessage(content="loads the library"))  # not piped
@@ -183,5 +195,49 @@ def test_a_foreign_value_at_the_open_chunk_is_refused_and_nothing_written(
             thread.append(UserMessage(id="message-refused", date=DATE, content="second"))
         assert state(raw_client, "{foreign}") == before
         assert raw_client.hget(f"{namespace}:{{foreign}}:ids", "message-refused") is None
+    finally:
+        store.close()
+
+
+def test_keys_the_direct_path_makes_on_a_thread_with_a_ttl_carry_its_deadline(
+    backend, server_only, namespace, raw_client
+):
+    """The direct path sets no deadline on keys it did not make: the ones it makes (the otid
+    map, a new open chunk, the id map of a thread that stored nothing, a stream gone) get
+    meta's, and every key of the thread carries it after each call."""
+    store = make_sync_store(
+        backend, StoreConfig(namespace=namespace, chunk_size=4, thread_ttl=3600)
+    )
+    prefix = f"{namespace}:{{ttl}}"
+
+    def every_key_carries_meta_deadline() -> None:
+        meta = raw_client.execute_command("PEXPIRETIME", f"{prefix}:meta")
+        assert meta > 0
+        for key in raw_client.scan_iter(match=f"{prefix}*", count=1000):
+            assert raw_client.execute_command("PEXPIRETIME", key) == meta, key
+
+    def direct_appends() -> int:
+        stats = raw_client.info("commandstats").get("cmdstat_hsetnx", {})
+        return stats.get("calls", 0)
+
+    try:
+        thread = store.thread("ttl")
+        thread.append(UserMessage(content="in a turn"), turn_id="t1")  # the general path
+        assert thread.remove_turn("t1") == 1
+        assert raw_client.exists(f"{prefix}:ids") == 0  # the thread stores nothing now
+        before = direct_appends()
+        thread.append(UserMessage(content="first again"))  # makes the id map
+        every_key_carries_meta_deadline()
+        thread.append(UserMessage(content="with an otid", otid="o-1"))  # makes the otid map
+        every_key_carries_meta_deadline()
+        for i in range(4):  # the last closes the open chunk (the general path)
+            thread.append(UserMessage(content=f"m{i}"))
+        thread.append(UserMessage(content="opens a chunk"))  # makes the open chunk's strings
+        every_key_carries_meta_deadline()
+        raw_client.delete(f"{prefix}:events")
+        thread.append(UserMessage(content="makes the stream again"))
+        every_key_carries_meta_deadline()
+        assert raw_client.xlen(f"{prefix}:events") == 1
+        assert direct_appends() - before >= 4, "the appends did not take the direct path"
     finally:
         store.close()
