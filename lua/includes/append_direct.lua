@@ -6,10 +6,11 @@
 --- @include "includes/layout3_store"
 -- The common append, straight through (lua/append.lua tries it first). The general path is
 -- written for every case, and its tables, checks and calls cost more Lua time than its server
--- commands; this one takes only the batch that needs none of them: no turn, lease, inline media
--- or history checks, a layout-3 thread that counts its events already (with a ttl, one whose
--- deadline need not move), every record joining the open chunk without closing it, no id or
--- otid stored yet. Anything else
+-- commands; this one takes only the batch that needs none of them: no inline media or history
+-- checks, a layout-3 thread that counts its events already (with a ttl, one whose deadline need
+-- not move), every record joining the open chunk without closing it, no id or otid stored yet,
+-- and with a turn id an open turn started in today's format, under its live lease when the call
+-- sends one. Anything else
 -- returns nil before any write, and the general path runs. Both make the same writes, so a thread
 -- cannot tell which path stored a batch (tests/integration/test_append_direct.py).
 
@@ -84,11 +85,42 @@ function direct.expire_made(keys, open_new, ids_new, otids_written)
   for _, key in ipairs(made) do redis.call('PEXPIREAT', key, deadline) end
 end
 
+-- The call's turn, as check_turn and check_lease read it, in one HMGET of its header, lease and
+-- lease end: the turn and the lease's new end (nil: none to write), or nil when the general
+-- path must take the call (no header in today's format: a turn not started, or one to convert;
+-- a finished turn; a lease that is not the turn's, or that ended; turns of another type).
+function direct.turn(keys, turn_id, lease, lease_ms)
+  local got = redis.pcall('HMGET', keys.turns, turn_id, lease_field(turn_id), expires_field(turn_id))
+  if got.err or not got[1] then return nil end
+  local values = {string.match(got[1], TURN_HEADER)}
+  if #values == 0 or values[2] ~= 'open' then return nil end
+  local turn = {outcome = values[2], writes = {}, gone = {}}
+  for i, name in pairs(TURN_NUMBERS) do turn[name] = tonumber(values[i]) end
+  if lease == 0 then return turn, nil end
+  if tonumber(got[2] or '0') ~= lease then return nil end
+  if not got[3] then return turn, nil end
+  local now = server_ms()
+  if now >= tonumber(got[3]) then return nil end
+  return turn, now + lease_ms
+end
+
+-- The turn's sequences first..last, and its lease's new end, in one HSET (store_ids writes the
+-- same fields).
+function direct.write_turn(keys, turn_id, turn, first, last, renewed)
+  extend_turn(turn, first, last)
+  local fields = {turn_id, turn_header(turn)}
+  for k, range in pairs(turn.writes) do
+    fields[#fields + 1], fields[#fields + 2] = range_field(turn_id, k), range
+  end
+  if renewed then fields[#fields + 1], fields[#fields + 2] = expires_field(turn_id), fmt(renewed) end
+  redis.call('HSET', keys.turns, unpack(fields))
+end
+
 -- The append of `args` (the append script's arguments) when it is the common case, else nil with
 -- nothing written.
 local function append_direct(keys, limits, args)
   local m = args.messages
-  if args.turn_id ~= '' or args.lease ~= 0 or limits.strict_history then return nil end
+  if limits.strict_history or (args.lease ~= 0 and args.turn_id == '') then return nil end
   -- With a ttl, only while meta's deadline stays (a write that moves it sets it on every key of
   -- the thread, which the general path does).
   local ttl = limits.ttl_ms > 0
@@ -99,6 +131,11 @@ local function append_direct(keys, limits, args)
   local total, tokens = direct.fit(m, limits, count, bytes)
   if not total or last_seq + m.n > MAX_SEQUENCE or tonumber(v[8] or 0) + tokens > MAX_THREAD_TOKENS then return nil end
   if not direct.new(keys, m) then return nil end
+  local turn_id, turn, renewed = args.turn_id, nil, nil
+  if turn_id ~= '' then
+    turn, renewed = direct.turn(keys, turn_id, args.lease, limits.turn_lease_ms)
+    if not turn then return nil end
+  end
   local first, n = last_seq + 1, m.n
   if n == 1 then
     local claimed = redis.pcall('HSETNX', keys.ids, m.id[1], first)
@@ -109,7 +146,7 @@ local function append_direct(keys, limits, args)
   local id_fields, otid_fields = {}, {}
   for i = 1, n do
     local sequence = first + i - 1
-    open.lines[i] = manifest_line(sequence, side_info(m.id[i], m.otid[i], 0, #m.record[i], '', m.tokens[i]))
+    open.lines[i] = manifest_line(sequence, side_info(m.id[i], m.otid[i], 0, #m.record[i], turn_id, m.tokens[i]))
     if n > 1 then id_fields[#id_fields + 1], id_fields[#id_fields + 2] = m.id[i], sequence end
     if m.otid[i] ~= '' then otid_fields[#otid_fields + 1], otid_fields[#otid_fields + 2] = m.otid[i], sequence end
   end
@@ -121,6 +158,7 @@ local function append_direct(keys, limits, args)
   if n > 1 then redis.call('HSET', keys.ids, unpack(id_fields)) end
   if #otid_fields > 0 then redis.call('HSET', keys.otids, unpack(otid_fields)) end
   local last, events = last_seq + n, tonumber(v[14] or 0) + 1
+  if turn then direct.write_turn(keys, turn_id, turn, first, last, renewed) end
   -- Only the fields that change, as store_batch writes them (every field costs the call, and
   -- its bytes in the AOF).
   local fields = {'last_seq', last, 'stored', tonumber(v[3] or 0) + n, 'bytes', tonumber(v[4] or 0) + total,
@@ -130,7 +168,7 @@ local function append_direct(keys, limits, args)
   local events_on = limits.events_len > 0
   if events_on then fields[#fields + 1], fields[#fields + 2] = 'events', events end
   redis.call('HSET', keys.meta, unpack(fields))
-  emit_event(keys, limits, last, event_fields('added', first, last, ''), v[15] or false, events_on and events or nil, ttl)
+  emit_event(keys, limits, last, event_fields('added', first, last, turn_id), v[15] or false, events_on and events or nil, ttl)
   if ttl then direct.expire_made(keys, count == 0, tonumber(v[3] or 0) == 0, #otid_fields > 0) end
   return {1, first}
 end

@@ -12,21 +12,23 @@ from __future__ import annotations
 
 import contextlib
 import random
+import time
 
 import pytest
 import redis
 
 from kvstore import AssistantMessage, StoreConfig, UserMessage
-from kvstore._engine.scripts import LIBRARY, SCRIPTS
+from kvstore._engine.scripts import LIBRARY
 from kvstore.errors import KVStoreError
 
 from ..conftest import make_sync_store
 
 DIRECT_CALL = "local stored = append_direct(keys, limits, args)\nif stored then return stored end\n"
 GENERAL_NAME = LIBRARY.name + "_general"
-GENERAL_APPEND = SCRIPTS["append"].function.replace(LIBRARY.name, GENERAL_NAME)
 DATE = "2024-05-01T12:00:00Z"
 SEND = redis.Redis.execute_command  # unrecorded, whatever the test patches
+# The calls sent to both threads: appends, and the turns' holds and finishes they run under.
+MIRRORED = ("_append", "_start_turn", "_finish_turn")
 
 
 def load_general_library(client: redis.Redis) -> None:
@@ -46,7 +48,8 @@ class Twin:
     def on_b(self, command: tuple) -> tuple:
         keys = int(command[2])
         renamed = [str(key).replace(self.a, self.b) for key in command[3 : 3 + keys]]
-        return ("FCALL", GENERAL_APPEND, keys, *renamed, *command[3 + keys :])
+        function = str(command[1]).replace(LIBRARY.name, GENERAL_NAME)
+        return ("FCALL", function, keys, *renamed, *command[3 + keys :])
 
     def send_b(self, command: tuple):
         try:
@@ -82,6 +85,9 @@ def state(client: redis.Redis, tag: str) -> dict:
             value = client.hgetall(key)
             if name.endswith(":meta") and b"born" in value:
                 value[b"born"] = b"<set>"
+            for field in value:
+                if field.endswith(b"\texpires"):  # a lease's end, in each call's server time
+                    value[field] = b"<set>"
         elif kind == "zset":
             value = client.zrange(key, 0, -1, withscores=True)
         elif kind == "stream":
@@ -105,10 +111,16 @@ def message(rng: random.Random, n: int, otid: str | None = None, size: int | Non
     return cls(id=f"message-d{n}", date=DATE, content=body, otid=otid)
 
 
-def one_call(thread, rng: random.Random, n: int, step: int) -> None:
-    """One append of the workload's mix (a refusal is compared like a reply)."""
+def one_call(thread, rng: random.Random, n: int, step: int, lease=None) -> None:
+    """One append of the workload's mix (a refusal is compared like a reply); `lease`: the turn
+    the workload holds now, if any."""
     roll = rng.random()
     turn = None
+    if lease is not None and roll < 0.3:
+        batch = [message(rng, n + i) for i in range(rng.randint(1, 2))]
+        with contextlib.suppress(KVStoreError):
+            thread.append(batch, turn_id=lease)
+        return
     if roll < 0.45:
         batch = [message(rng, n)]
     elif roll < 0.6:
@@ -150,11 +162,12 @@ def test_the_direct_append_writes_what_the_general_path_writes(
 
     def recording(client, *command, **options):
         reply = SEND(client, *command, **options)
-        if command and str(command[0]).upper() == "FCALL" and str(command[1]).endswith("_append"):
+        if command and str(command[0]).upper() == "FCALL" and str(command[1]).endswith(MIRRORED):
             sent.append((command, reply))
         return reply
 
     rng = random.Random(seed)
+    lease = None
     hsetnx_before = raw_client.info("commandstats").get("cmdstat_hsetnx", {}).get("calls", 0)
     monkeypatch.setattr(redis.Redis, "execute_command", recording)
     try:
@@ -164,8 +177,13 @@ def test_the_direct_append_writes_what_the_general_path_writes(
                 # A call sent again (a retry): a replay on both paths.
                 command, _ = rng.choice(twin.calls)
                 sent.append((command, run_a(raw_client, command)))
+            elif step % 40 == 5:
+                lease = thread.hold_turn(f"held-{step}")
+            elif step % 40 == 30 and lease is not None:
+                thread.finish_turn(lease)
+                lease = None
             else:
-                one_call(thread, rng, 8 * step, step)
+                one_call(thread, rng, 8 * step, step, lease)
             for command, reply in sent:
                 twin.calls.append((command, reply))
                 assert twin.send_b(command) == reply, step
@@ -239,5 +257,35 @@ def test_keys_the_direct_path_makes_on_a_thread_with_a_ttl_carry_its_deadline(
         every_key_carries_meta_deadline()
         assert raw_client.xlen(f"{prefix}:events") == 1
         assert direct_appends() - before >= 4, "the appends did not take the direct path"
+    finally:
+        store.close()
+
+
+def test_an_append_under_a_held_turn_takes_the_direct_path_and_renews_the_lease(
+    backend, server_only, namespace, raw_client
+):
+    """A single append under a live lease is stored by the direct path (its id's HSETNX) and
+    moves the lease's end, as the general path does; a stale lease is still fenced."""
+    from kvstore import errors
+
+    store = make_sync_store(backend, StoreConfig(namespace=namespace, turn_lease=30))
+    turns = f"{namespace}:{{held}}:turns"
+    try:
+        thread = store.thread("held")
+        thread.append(UserMessage(content="counts the first event"))
+        lease = thread.hold_turn("t1")
+        ends = int(raw_client.hget(turns, "t1\texpires"))
+        hsetnx = raw_client.info("commandstats").get("cmdstat_hsetnx", {}).get("calls", 0)
+        time.sleep(0.01)
+        (stored,) = thread.append(AssistantMessage(content="under the lease"), turn_id=lease)
+        assert raw_client.info("commandstats")["cmdstat_hsetnx"]["calls"] == hsetnx + 1
+        assert int(raw_client.hget(turns, "t1\texpires")) > ends
+        assert [m.id for m in thread.list(turn_id="t1").messages] == [stored.id]
+        newer = thread.hold_turn("t1")  # another worker takes the turn over
+        with pytest.raises(errors.TurnFenced):
+            thread.append(AssistantMessage(content="from the old holder"), turn_id=lease)
+        thread.append(AssistantMessage(content="from the new holder"), turn_id=newer)
+        thread.finish_turn(newer)
+        assert thread.finish_turn("t1").reply_count == 2
     finally:
         store.close()
