@@ -51,9 +51,11 @@ def list_page(
     turn_id: str | None = None,
 ) -> Operation[MessagesPage]:
     if turn_id is not None:
+        # In the order a caller sees the checks: the page's size and order, the cursors' form,
+        # the turn id's form (tests/reliability/test_fuzz.py holds every call to it).
         _check_page(limit, order)
-        check_token("turn_id", turn_id)
         after_c, before_c = _cursor(after, "after"), _cursor(before, "before")
+        check_token("turn_id", turn_id)
         return (yield from _turn_page(thread, after_c, before_c, limit, order, turn_id))
     entries, has_more, deleted_before, next_cursor = yield from _entries(
         thread, after, before, limit, order

@@ -31,6 +31,15 @@ def test_a_bad_cursor(thread, side, cursor):
         drive(core.list_page(thread, **{side: cursor}))
 
 
+@pytest.mark.parametrize("side", ["after", "before"])
+@pytest.mark.parametrize("turn_id", ["turn-1", ""])
+def test_a_bad_cursor_is_named_before_the_turn_id(thread, side, turn_id):
+    """The checks go in the order the caller reads the arguments: a page's cursors, then its
+    turn id, with or without a turn."""
+    with pytest.raises(errors.InvalidCursor, match=side):
+        drive(core.list_page(thread, turn_id=turn_id, **{side: -1}))
+
+
 @pytest.mark.parametrize("turn_id", ["", "a\tb", "a\nb", "a\0b", "t" * 257, 7])
 def test_a_bad_turn_id(thread, turn_id):
     with pytest.raises(errors.InvalidMessage, match="turn_id"):
