@@ -9,13 +9,14 @@ writing script). The operations here are the owner's own scripts: lua/owner_*.lu
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from typing import Any, Literal
 
 from .. import errors
 from ..config import StoreConfig
 from ..models import ErasureReceipt, OwnerUsage, ThreadInfo, ThreadsPage
-from .layout.keys import OwnerKeys, check_thread_id
+from .layout.keys import OwnerKeys, check_owner_id, check_thread_id
 from .lifecycle import delete
 from .operation import MAX_LIMIT, Batch, Eval, Operation, ThreadRef
 from .replies import stored_int
@@ -34,11 +35,21 @@ MAX_EXAMINED = 1000
 ERASE_STEP = 16
 
 
+def _encodable(value: str) -> bool:
+    """Whether `value` can go to the server (UTF-8: no lone surrogate)."""
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def check_title(title: Any) -> str:
     """`title` if a thread can carry it (a str of at most 200 characters), else InvalidMessage."""
-    if not isinstance(title, str) or len(title) > MAX_TITLE_LENGTH:
+    if not isinstance(title, str) or len(title) > MAX_TITLE_LENGTH or not _encodable(title):
         raise errors.InvalidMessage(
             f"a thread's title must be a str of at most {MAX_TITLE_LENGTH} characters"
+            " (UTF-8: no lone surrogate)"
         )
     return title
 
@@ -51,14 +62,23 @@ def check_metadata(metadata: Any) -> str:
             f"a thread's metadata must be a mapping of at most {MAX_METADATA_KEYS} keys"
         )
     for key, value in metadata.items():
-        if not isinstance(key, str) or not 1 <= len(key) <= MAX_METADATA_KEY_LENGTH:
+        if (
+            not isinstance(key, str)
+            or not 1 <= len(key) <= MAX_METADATA_KEY_LENGTH
+            or not _encodable(key)
+        ):
             raise errors.InvalidMessage(
                 f"metadata key {key!r:.80} must be a str of 1-{MAX_METADATA_KEY_LENGTH} characters"
+                " (UTF-8: no lone surrogate)"
             )
-        if not isinstance(value, str) or len(value) > MAX_METADATA_VALUE_LENGTH:
+        if (
+            not isinstance(value, str)
+            or len(value) > MAX_METADATA_VALUE_LENGTH
+            or not _encodable(value)
+        ):
             raise errors.InvalidMessage(
                 f"metadata value of {key!r} must be a str of at most"
-                f" {MAX_METADATA_VALUE_LENGTH} characters"
+                f" {MAX_METADATA_VALUE_LENGTH} characters (UTF-8: no lone surrogate)"
             )
     # Lua's JSON encoder writes an empty table as {}, so an empty map round-trips as one.
     return json.dumps(dict(metadata), ensure_ascii=False, separators=(",", ":"))
@@ -119,18 +139,67 @@ def _record(owner: str, fields: list[Any]) -> dict[str, Any]:
     }
 
 
-def _cursor(order: ListOrder, after: str | None) -> tuple[str, str]:
+# A cursor's score: the ms time of a thread's activity or creation, as its digits.
+_SCORE = re.compile(r"[0-9]{1,16}")
+
+
+def _cursor(order: str, after: Any) -> tuple[str, str]:
+    """The score and thread id of a next_cursor of a listing in `order`, else InvalidCursor."""
     if after is None:
         return "", ""
     if not isinstance(after, str):
         raise errors.InvalidCursor("a threads cursor is the str a page's next_cursor gave")
     kind, _, rest = after.partition(":")
     score, _, thread_id = rest.partition(":")
-    if kind != order or not score.isdigit():
+    try:
+        check_thread_id(thread_id)
+    except errors.InvalidThreadId:
+        thread_id = ""
+    if kind != order or not _SCORE.fullmatch(score) or int(score) > 2**53 or not thread_id:
         raise errors.InvalidCursor(
             f"cursor {after!r:.80} is not a next_cursor of a listing in order {order!r}"
         )
-    return score, check_thread_id(thread_id)
+    return str(int(score)), thread_id
+
+
+def _where(where: Any) -> tuple[str, str]:
+    """The metadata key and value of a listing's filter ("", "" for none), else InvalidMessage."""
+    if where is None:
+        return "", ""
+    if not isinstance(where, Mapping):
+        raise errors.InvalidMessage(
+            f"where= is a mapping of one metadata key to its value, not {type(where).__name__}"
+        )
+    if not where:
+        return "", ""
+    if len(where) != 1:
+        raise errors.InvalidMessage("where= names one metadata key and its value")
+    check_metadata(where)
+    ((key, value),) = where.items()
+    return key, value
+
+
+def listing(
+    owner: Any, order: Any = "recent", after: Any = None, limit: Any = 50, where: Any = None
+) -> dict[str, Any]:
+    """owner_list.lua's arguments of a listing, every one checked before anything is sent:
+    InvalidOwnerId, InvalidCursor (order, after, limit) or InvalidMessage (where)."""
+    check_owner_id(owner)
+    if not isinstance(order, str) or order not in ("recent", "created"):
+        raise errors.InvalidCursor(f"order must be 'recent' or 'created', not {order!r:.80}")
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
+        raise errors.InvalidCursor(f"limit must be an int of 1-{MAX_LIMIT}, not {limit!r:.80}")
+    where_key, where_value = _where(where)
+    score, thread_id = _cursor(order, after)
+    return {
+        "order": order,
+        "after_score": score,
+        "after_id": thread_id,
+        "limit": limit,
+        "where_key": where_key,
+        "where_value": where_value,
+        "max_examined": MAX_EXAMINED,
+    }
 
 
 def list_threads(
@@ -142,30 +211,9 @@ def list_threads(
     where: Mapping[str, str] | None = None,
 ) -> Operation[ThreadsPage]:
     """A page of `owner`'s threads, most recent activity (or newest made) first."""
-    keys = _owner_keys(config, owner)
-    if order not in ("recent", "created"):
-        raise errors.InvalidCursor(f"order must be 'recent' or 'created', not {order!r}")
-    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
-        raise errors.InvalidCursor(f"limit must be an int of 1-{MAX_LIMIT}")
-    where_key, where_value = "", ""
-    if where:
-        if len(where) != 1:
-            raise errors.InvalidMessage("where= names one metadata key and its value")
-        check_metadata(where)
-        ((where_key, where_value),) = where.items()
-    score, thread_id = _cursor(order, after)
+    arguments = listing(owner, order, after, limit, where)
     reply = yield Eval(
-        SCRIPTS["owner_list"],
-        keys,
-        SCRIPTS["owner_list"].args(
-            order=order,
-            after_score=score,
-            after_id=thread_id,
-            limit=limit,
-            where_key=where_key,
-            where_value=where_value,
-            max_examined=MAX_EXAMINED,
-        ),
+        SCRIPTS["owner_list"], _owner_keys(config, owner), SCRIPTS["owner_list"].args(**arguments)
     )
     if not isinstance(reply, list) or len(reply) < 2 or (len(reply) - 2) % 5:
         raise errors.ServerError(f"script owner_list.lua replied {reply!r:.200}")

@@ -26,6 +26,19 @@ def add_owner_commands(commands: Any, with_store: Any) -> None:
     erase.add_argument("owner")
 
 
+def check(args: argparse.Namespace) -> None:
+    """An owner command's owner id (and a listing's cursor and limit) checked before a store
+    is opened or an embedded server started: InvalidOwnerId, InvalidCursor. Other commands:
+    nothing to check."""
+    from .._engine.layout.keys import check_owner_id
+    from .._engine.owners import listing
+
+    if args.command == "threads":
+        listing(args.owner, args.order, args.after, args.limit)
+    elif args.command == "erase-owner":
+        check_owner_id(args.owner)
+
+
 def list_threads(store: Any, args: argparse.Namespace) -> int:
     """Prints a page of the owner's threads, and the cursor of the next."""
     page = store.threads(args.owner, order=args.order, after=args.after, limit=args.limit)

@@ -1,0 +1,164 @@
+"""Bad input to the owner methods, sync and async, on each server: every refusal is kvstore's
+typed error, raised before anything is sent, and the keyspace is what it was (docs/OWNERS.md).
+The command line refuses a bad owner id, cursor or limit in one line, before it starts the
+embedded server."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvstore import UserMessage, errors
+
+from ..support.owners import keyspace, stores
+from .test_cli import kvstore
+
+BAD_OWNERS = ["", "x" * 201, "{", "}", "#", "|", "a b", "ann\n", "a\x00", "ünï", "-a", "a*"]
+BAD_OWNERS += [7, b"ann"]
+
+
+@pytest.fixture
+def make_store(backend, mode, namespace):
+    yield from stores(backend, mode, namespace)
+
+
+def sent_nothing(store, raw_client, namespace, calls, expected):
+    """Each call raises `expected` (kvstore's class, never the server's or a codec's) and the
+    keyspace is unchanged."""
+    before = keyspace(raw_client, namespace)
+    for call in calls:
+        with pytest.raises(expected) as refused:
+            call()
+        assert type(refused.value).__module__ == "kvstore.errors", refused.value
+    assert keyspace(raw_client, namespace) == before
+
+
+def populated(make_store):
+    store = make_store()
+    chat = store.thread("chat", owner="ann")
+    chat.append(UserMessage(content="hello"))
+    chat.set_info(title="Hello", metadata={"model": "small"})
+    return store, chat
+
+
+def test_bad_owner_ids_are_refused_typed(make_store, raw_client, namespace):
+    store, _ = populated(make_store)
+    calls = []
+    for owner in BAD_OWNERS:
+        calls += [
+            lambda owner=owner: store.threads(owner),
+            lambda owner=owner: store.owner_usage(owner),
+            lambda owner=owner: store.set_owner_quota(owner, threads=1),
+            lambda owner=owner: store.erase_owner(owner),
+            lambda owner=owner: store.thread("chat", owner=owner),
+        ]
+    sent_nothing(store, raw_client, namespace, calls, errors.InvalidOwnerId)
+
+
+FORGED = [
+    "",
+    "garbage",
+    "recent",
+    "recent:",
+    "recent:1",
+    "recent:1:",
+    "recent:abc:chat",
+    "recent:-1:chat",
+    "recent:+1:chat",
+    "recent:1.5:chat",
+    "recent:1e3:chat",
+    "recent:inf:chat",
+    "recent:\u0661\u0662:chat",  # Arabic-Indic digits: str.isdigit() says digits
+    "recent:\u00b2:chat",  # a superscript two
+    "recent:" + "9" * 400 + ":chat",
+    "recent:1:{chat}",
+    "recent:1:chat\n",
+    "recent:1:" + "c" * 201,
+    "created:1:chat",  # a cursor of the other order
+]
+
+
+def test_bad_listing_arguments_are_refused_typed(make_store, raw_client, namespace):
+    store, _ = populated(make_store)
+    cursors = [lambda after=after: store.threads("ann", after=after) for after in FORGED]
+    cursors += [lambda after=after: store.threads("ann", after=after) for after in (5, b"x")]
+    limits = [lambda v=v: store.threads("ann", limit=v) for v in (0, -1, 1001, 10**9, "5", 2.0)]
+    limits += [lambda v=v: store.threads("ann", limit=v) for v in (True, None)]
+    orders = [lambda v=v: store.threads("ann", order=v) for v in ("x", "RECENT", None, 1, [])]
+    sent_nothing(store, raw_client, namespace, cursors + limits + orders, errors.InvalidCursor)
+    wheres = [
+        lambda v=v: store.threads("ann", where=v)
+        for v in (
+            [],
+            "",
+            "model=small",
+            ["model"],
+            {"model": 1},
+            {1: "small"},
+            {"": "small"},
+            {"m" * 65: "x"},
+            {"model": "x" * 513},
+            {"a": "b", "c": "d"},
+            {"model": "\ud800"},
+        )
+    ]
+    sent_nothing(store, raw_client, namespace, wheres, errors.InvalidMessage)
+    # A cursor's well-formed parts still page: the listing goes on below it.
+    page = store.threads("ann", after="recent:9007199254740992:chat")
+    assert [info.thread_id for info in page.threads] == ["chat"]
+
+
+def test_titles_and_metadata_that_cannot_be_stored_are_refused_typed(
+    make_store, raw_client, namespace
+):
+    store, chat = populated(make_store)
+    calls = [
+        lambda title=title, metadata=metadata: chat.set_info(title=title, metadata=metadata)
+        for title, metadata in (
+            ("\ud800", None),  # a lone surrogate: no UTF-8 for it
+            (None, {"k": "\udfff"}),
+            (None, {"\ud800": "v"}),
+            ("x" * 201, None),
+            (b"title", None),
+            (None, []),
+            (None, "model=small"),
+            (None, {f"k{i}": "v" for i in range(17)}),
+            (None, {"k": None}),
+            (None, {"k": True}),
+        )
+    ]
+    calls.append(lambda: store.thread("plain").set_info(title="no owner"))
+    sent_nothing(store, raw_client, namespace, calls, errors.InvalidMessage)
+    info = chat.info()
+    assert (info.title, info.metadata) == ("Hello", {"model": "small"})
+
+
+def test_bad_quotas_are_refused_typed(make_store, raw_client, namespace):
+    store, _ = populated(make_store)
+    calls = [
+        lambda kind=kind, value=value: store.set_owner_quota("ann", **{kind: value})
+        for kind in ("threads", "stored_bytes", "messages_per_minute")
+        for value in (0, -1, 1.5, True, "5", 2**53 + 1, 2**64)
+    ]
+    sent_nothing(store, raw_client, namespace, calls, errors.ConfigError)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (("threads", "a b"), "kvstore: owner id 'a b' may hold only"),
+        (("threads", "x" * 201), "kvstore: owner id must be 1-200 characters"),
+        (("erase-owner", "{ann}"), "kvstore: owner id '{ann}' may hold only"),
+        (("erase-owner", "ann|x"), "kvstore: owner id 'ann|x' may hold only"),
+        (("threads", "ann", "--after", "recent:1"), "kvstore: cursor 'recent:1' is not"),
+        (("threads", "ann", "--after", "recent:\u0661:x"), "kvstore: cursor"),
+        (("threads", "ann", "--limit", "0"), "kvstore: limit must be an int of 1-1000"),
+    ],
+)
+def test_the_command_line_refuses_bad_input_before_starting_a_server(tmp_path, args, message):
+    data = tmp_path / "data"
+    result = kvstore(*args, "--data-dir", str(data))
+    assert result.returncode == 1, result
+    assert result.stdout == ""
+    assert result.stderr.startswith(message), result.stderr
+    assert len(result.stderr.splitlines()) == 1, result.stderr  # no server was started
+    assert not data.exists() or not any(data.iterdir())
