@@ -27,29 +27,7 @@ end
 
 -- The least recently active threads are the first to expire: those whose deadline passed and
 -- whose meta is gone leave, with their counts.
-local now = owner.now_ms()
-local oldest = redis.call('ZRANGE', dir.recent, 0, 15)
-for _, id in ipairs(oldest) do
-  local totals = owner.totals(dir, id)
-  local _, _, _, deadline = owner.parse_record(totals.record)
-  if not totals.record
-      or (deadline > 0 and deadline <= now and redis.call('EXISTS', owner.meta_key(dir, id)) == 0) then
-    local updates = {}
-    if totals.record then
-      owner.unregister(dir, totals, id, updates)
-    else
-      redis.call('ZREM', dir.recent, id)
-      redis.call('ZREM', dir.created, id)
-      redis.call('HDEL', dir.info, id)
-    end
-    local flat = {}
-    for field, value in pairs(updates) do
-      flat[#flat + 1] = field
-      flat[#flat + 1] = value
-    end
-    if #flat > 0 then redis.call('HSET', dir.usage, unpack(flat)) end
-  end
-end
+owner.sweep(dir, owner.now_ms(), owner.SWEEP)
 
 local totals = owner.totals(dir, nil)
 return {totals.threads, totals.messages, totals.bytes, totals.tokens, totals.max_threads,

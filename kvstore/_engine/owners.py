@@ -253,22 +253,35 @@ def set_info(
     return bool(reply == 1)
 
 
+def _expired(record: Any, meta_exists: Any) -> bool:
+    """Whether a thread's directory record is of a thread whose keys expired: it was written
+    (its record has meta's fingerprint), it had a deadline, and its meta is gone."""
+    parts = _text(record).split(":", 4)
+    return (
+        not meta_exists
+        and len(parts) == 5
+        and parts[4] != ""
+        and _number(parts[3], "an owner's thread record") > 0
+    )
+
+
 def thread_info(thread: ThreadRef) -> Operation[ThreadInfo | None]:
     """An owned thread's entry in its owner's directory; None when it is not listed (or the
-    thread has no owner)."""
+    thread has no owner, or its keys expired)."""
     if thread.owner is None:
         return None
     keys = OwnerKeys.of(thread.config.namespace, thread.owner)
     tid = thread.thread_id
-    activity, created, info, record = yield Batch(
+    activity, created, info, record, meta_exists = yield Batch(
         [
             ("ZSCORE", keys.recent, tid),
             ("ZSCORE", keys.created, tid),
             ("HGET", keys.info, tid),
             ("HGET", keys.usage, f"t:{tid}"),
+            ("EXISTS", thread.keys.meta),
         ]
     )
-    if record is None:
+    if record is None or _expired(record, meta_exists):
         return None
     return ThreadInfo.model_validate(_record(thread.owner, [tid, activity, created, info, record]))
 

@@ -76,6 +76,65 @@ function owner.incoming(ARGV, first, stride)
   return bytes, count
 end
 
+-- Whether a listed thread went with its keys' expiry (thread_ttl): its record's deadline passed
+-- and its meta is gone (a thread listed by set_info alone has no meta: its deadline decides).
+function owner.expired(dir, thread_id, record, now)
+  local _, _, _, deadline = owner.parse_record(record)
+  return deadline > 0 and deadline <= now
+    and redis.call('EXISTS', owner.meta_key(dir, thread_id)) == 0
+end
+
+-- The fields and values of `updates` into the owner's usage hash.
+function owner.save(dir, updates)
+  local flat = {}
+  for field, value in pairs(updates) do
+    flat[#flat + 1] = field
+    flat[#flat + 1] = value
+  end
+  if #flat > 0 then redis.call('HSET', dir.usage, unpack(flat)) end
+end
+
+-- A thread out of the directory now, with its counts (an expired thread, or an index entry
+-- without a record).
+function owner.forget(dir, thread_id)
+  local totals = owner.totals(dir, thread_id)
+  if totals.record then
+    local updates = {}
+    owner.unregister(dir, totals, thread_id, updates)
+    owner.save(dir, updates)
+  else
+    redis.call('ZREM', dir.recent, thread_id)
+    redis.call('ZREM', dir.created, thread_id)
+    redis.call('HDEL', dir.info, thread_id)
+  end
+end
+
+-- The expired threads among the owner's `count` least recently active (the first to expire)
+-- leave the directory, with their counts; how many left.
+function owner.sweep(dir, now, count)
+  local left = 0
+  for _, id in ipairs(redis.call('ZRANGE', dir.recent, 0, count - 1)) do
+    local record = redis.call('HGET', dir.usage, 't:' .. id)
+    if not record or owner.expired(dir, id, record, now) then
+      owner.forget(dir, id)
+      left = left + 1
+    end
+  end
+  return left
+end
+
+-- The owner's totals for a write of `thread_id`, with the thread's record forgotten first when
+-- the thread expired (a write to it makes a new thread: its old title, counts and creation are
+-- gone with it). Not while the owner is being erased: a refused call writes nothing.
+function owner.current(dir, thread_id, now)
+  local totals = owner.totals(dir, thread_id)
+  if totals.erasing == 0 and totals.record and owner.expired(dir, thread_id, totals.record, now) then
+    owner.forget(dir, thread_id)
+    totals = owner.totals(dir, thread_id)
+  end
+  return totals
+end
+
 -- The refusal of a call the owner's quotas or erasure forbid, checked before any write; nil
 -- when the call may go on. `minute` is the rate window the call falls in.
 function owner.refusal(kind, totals, registered, bytes, count, minute)
@@ -99,6 +158,22 @@ function owner.refusal(kind, totals, registered, bytes, count, minute)
     end
   end
   return nil
+end
+
+-- How many of the least recently active threads a usage read, or a write a quota would refuse,
+-- looks at for expired ones.
+owner.SWEEP = 16
+
+-- The refusal of a call (owner.refusal) once the expired ones among the owner's least recently
+-- active threads have left, and the owner's totals then: a quota is not taken by threads whose
+-- keys expired. A call no quota refuses looks at none.
+function owner.checked(kind, dir, thread_id, totals, bytes, count, minute, now)
+  local refused = owner.refusal(kind, totals, totals.record ~= nil, bytes, count, minute)
+  if refused and totals.erasing == 0 and owner.sweep(dir, now, owner.SWEEP) > 0 then
+    totals = owner.totals(dir, thread_id)
+    refused = owner.refusal(kind, totals, totals.record ~= nil, bytes, count, minute)
+  end
+  return refused, totals
 end
 
 -- A long value in a field no thread id can name ('~'): a hash holding one is a hash table from
@@ -176,11 +251,12 @@ function owner.call(kind, first, stride, body, KEYS, ARGV)
   local dir = owner.keys(KEYS, 15)
   dir.thread_meta = KEYS[1]
   local thread_id = string.sub(KEYS[1], #dir.prefix + 1, -#'|meta' - 1)
-  local totals = owner.totals(dir, thread_id)
   local now = owner.now_ms()
+  local totals = owner.current(dir, thread_id, now)
   local minute = math.floor(now / 60000)
   local bytes, count = owner.incoming(ARGV, first, stride)
-  local refused = owner.refusal(kind, totals, totals.record ~= nil, bytes, count, minute)
+  local refused
+  refused, totals = owner.checked(kind, dir, thread_id, totals, bytes, count, minute, now)
   if refused then return refused end
 
   local reply = body(KEYS, ARGV)
@@ -208,12 +284,7 @@ function owner.call(kind, first, stride, body, KEYS, ARGV)
     local used = totals.minute == minute and totals.minute_count or 0
     updates.minute, updates.minute_count = minute, used + count
   end
-  local flat = {}
-  for field, value in pairs(updates) do
-    flat[#flat + 1] = field
-    flat[#flat + 1] = value
-  end
-  if #flat > 0 then redis.call('HSET', dir.usage, unpack(flat)) end
+  owner.save(dir, updates)
   return reply
 end
 
