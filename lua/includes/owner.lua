@@ -234,9 +234,10 @@ end
 -- The thread's counts and fingerprint after the call, into its record and the totals; registers
 -- a new thread. `ttl_ms` > 0: the thread's keys expire, and the record keeps when.
 function owner.account(dir, totals, thread_id, after, fingerprint, now, ttl_ms, updates)
-  local m0, b0, t0 = owner.parse_record(totals.record)
+  local m0, b0, t0, deadline = owner.parse_record(totals.record)
   local m, b, t = tonumber(after[1]) or 0, tonumber(after[2]) or 0, tonumber(after[3]) or 0
-  local deadline = 0
+  -- A store without a ttl neither sets nor clears one: the keys keep the deadline they had (one
+  -- passed while they still exist only costs a listing an EXISTS).
   if ttl_ms > 0 then deadline = math.max(redis.call('PEXPIRETIME', dir.thread_meta), 0) end
   if not totals.record then owner.register(dir, thread_id, now, updates, totals) end
   updates['t:' .. thread_id] = m .. ':' .. b .. ':' .. t .. ':' .. deadline .. ':' .. fingerprint

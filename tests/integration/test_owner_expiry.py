@@ -60,3 +60,17 @@ def test_a_thread_written_after_its_expiry_starts_afresh(make_store, raw_client)
     usage = store.owner_usage("ann")
     assert (usage.threads, usage.messages) == (2, 1)
     totals_match(store, "ann")
+
+
+def test_a_write_by_a_store_without_a_ttl_keeps_the_deadline_its_keys_have(make_store, raw_client):
+    with_ttl, without = make_store(thread_ttl=1), make_store()
+    chat = with_ttl.thread("chat", owner="ann")
+    chat.append(UserMessage(content="from the app"))
+    # An admin tool without thread_ttl writes too: the keys keep their deadline.
+    without.thread("chat", owner="ann").append(UserMessage(content="from a tool"))
+    assert raw_client.pttl(chat.keys.meta) > 0
+    wait_expired(raw_client, chat.keys.meta)
+    assert chat.info() is None
+    assert listed(with_ttl, "ann") == []
+    usage = without.owner_usage("ann")
+    assert (usage.threads, usage.messages) == (0, 0)
