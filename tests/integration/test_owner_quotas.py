@@ -9,7 +9,7 @@ import pytest
 
 from kvstore import AssistantMessage, UserMessage, errors
 
-from ..support.owners import keyspace, stores, totals_match
+from ..support.owners import early_in_a_minute, keyspace, stores, totals_match
 
 
 @pytest.fixture
@@ -27,6 +27,7 @@ def refused_unchanged(raw_client, namespace, calls, expected):
 
 def test_a_retried_append_at_the_edge_of_a_quota_is_a_replay(make_store, raw_client, namespace):
     store = make_store()
+    early_in_a_minute(raw_client)
     store.set_owner_quota("ann", messages_per_minute=3)
     chat = store.thread("chat", owner="ann")
     batch = [UserMessage(content=f"m{i}", otid=f"o{i}") for i in range(3)]
@@ -98,6 +99,7 @@ def test_the_byte_quota_refuses_every_write_that_would_pass_it(make_store, raw_c
 
 def test_the_rate_quota_refuses_a_batch_past_it_whole(make_store, raw_client, namespace):
     store = make_store()
+    early_in_a_minute(raw_client)
     store.set_owner_quota("ann", messages_per_minute=10)
     chat = store.thread("chat", owner="ann")
     chat.append([UserMessage(content=f"m{i}") for i in range(7)])

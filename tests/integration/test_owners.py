@@ -10,7 +10,7 @@ import pytest
 
 from kvstore import AssistantMessage, UserMessage, errors
 
-from ..support.owners import keyspace, listed, owner_keys, stores
+from ..support.owners import early_in_a_minute, keyspace, listed, owner_keys, stores
 
 
 @pytest.fixture
@@ -147,6 +147,7 @@ def test_counts_follow_every_write(make_store):
 
 def test_quotas_refuse_before_writing(make_store, raw_client, namespace):
     store = make_store()
+    early_in_a_minute(raw_client)  # the rate's window is the server's minute
     usage = store.set_owner_quota("ann", threads=2, stored_bytes=2_000, messages_per_minute=8)
     assert (usage.max_threads, usage.max_bytes, usage.max_messages_per_minute) == (2, 2_000, 8)
     a, b, c = (store.thread(name, owner="ann") for name in "abc")

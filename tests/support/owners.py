@@ -122,3 +122,13 @@ def totals_match(store: Any, owner: str) -> tuple[Any, ...]:
         sum(i.tokens for i in infos),
     )
     return got
+
+
+def early_in_a_minute(raw_client: Any, margin: float = 20) -> None:
+    """Waits, when the server's clock is less than `margin` seconds before a whole minute, for
+    the minute to turn: a test of the rate quota (messages in the server's current minute)
+    must not see its window end midway."""
+    seconds, micros = raw_client.time()
+    into = seconds % 60 + micros / 1e6
+    if into > 60 - margin:
+        time.sleep(60 - into + 0.05)
