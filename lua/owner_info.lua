@@ -15,14 +15,17 @@
 ---      a message stays listed
 ---
 --- Reply: 1 when the call put the thread in the directory, 0 when it was there
---- Errors: KVS_QUOTA, KVS_OWNER_ERASING
+--- Errors: KVS_QUOTA, KVS_OWNER_ERASING, KVS_WRONGTYPE (one of the owner's keys holds another type)
 --- @include "includes/owner"
 
 local dir = owner.keys(KEYS, 1)
 local thread_id = args.thread_id
 local now = owner.now_ms()
+local totals, wrong = owner.read_totals(dir, thread_id)
+wrong = wrong or owner.wrong_type(dir, {'recent', 'created', 'info'})
+if wrong then return wrong end
 -- A thread whose keys expired is listed anew, without what it had.
-local totals = owner.current(dir, thread_id, now)
+totals = owner.current(dir, thread_id, totals, now)
 local refused
 refused, totals = owner.checked('info', dir, thread_id, totals, 0, 0, 0, now)
 if refused then return refused end

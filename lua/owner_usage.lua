@@ -9,10 +9,12 @@
 --- ARGV max_per_minute (int): the most messages appended a minute (0: no quota, -1: keep it)
 ---
 --- Reply: {threads, messages, bytes, tokens, max_threads, max_bytes, max_per_minute, erasing}
---- Errors: none
+--- Errors: KVS_WRONGTYPE (one of the owner's keys holds another type)
 --- @include "includes/owner"
 
 local dir = owner.keys(KEYS, 1)
+local wrong = owner.wrong_type(dir, {'usage', 'recent', 'created', 'info'})
+if wrong then return wrong end
 if args.mode == 'quota' then
   local quotas = {max_threads = args.max_threads, max_bytes = args.max_bytes,
                   max_per_minute = args.max_per_minute}

@@ -62,6 +62,30 @@ function owner.totals(dir, thread_id)
   return totals
 end
 
+-- The type kvstore keeps at each of the owner's keys.
+owner.TYPES = {recent = 'zset', created = 'zset', info = 'hash', usage = 'hash'}
+
+-- The refusal of a call when one of the owner's keys `names` holds another type than kvstore
+-- keeps there (something else wrote it); nil when each is missing or of its type. Checked
+-- before a call's first write: a Lua error after a write does not roll the write back.
+function owner.wrong_type(dir, names)
+  for _, name in ipairs(names) do
+    local actual = redis.call('TYPE', dir[name])['ok']
+    if actual ~= 'none' and actual ~= owner.TYPES[name] then
+      return redis.error_reply('KVS_WRONGTYPE ' .. dir[name] .. ' holds a ' .. actual
+        .. ', expected a ' .. owner.TYPES[name])
+    end
+  end
+  return nil
+end
+
+-- The owner's totals (owner.totals), or the refusal of a usage hash of another type.
+function owner.read_totals(dir, thread_id)
+  local ok, totals = pcall(owner.totals, dir, thread_id)
+  if ok then return totals, nil end
+  return nil, owner.wrong_type(dir, {'usage'}) or error(totals)
+end
+
 -- The bytes and count of the records a call brings: its ARGV from `first`, every `stride`
 -- (0: one record).
 function owner.incoming(ARGV, first, stride)
@@ -123,11 +147,10 @@ function owner.sweep(dir, now, count)
   return left
 end
 
--- The owner's totals for a write of `thread_id`, with the thread's record forgotten first when
+-- The owner's `totals` for a write of `thread_id`, with the thread's record forgotten first when
 -- the thread expired (a write to it makes a new thread: its old title, counts and creation are
 -- gone with it). Not while the owner is being erased: a refused call writes nothing.
-function owner.current(dir, thread_id, now)
-  local totals = owner.totals(dir, thread_id)
+function owner.current(dir, thread_id, totals, now)
   if totals.erasing == 0 and totals.record and owner.expired(dir, thread_id, totals.record, now) then
     owner.forget(dir, thread_id)
     totals = owner.totals(dir, thread_id)
@@ -193,7 +216,8 @@ owner.SWEEP = 16
 -- keys expired. A call no quota refuses looks at none.
 function owner.checked(kind, dir, thread_id, totals, bytes, count, minute, now)
   local refused = owner.refusal(kind, totals, totals.record ~= nil, bytes, count, minute)
-  if refused and totals.erasing == 0 and owner.sweep(dir, now, owner.SWEEP) > 0 then
+  if refused and totals.erasing == 0 and not owner.wrong_type(dir, {'created', 'info'})
+      and owner.sweep(dir, now, owner.SWEEP) > 0 then
     totals = owner.totals(dir, thread_id)
     refused = owner.refusal(kind, totals, totals.record ~= nil, bytes, count, minute)
   end
@@ -268,6 +292,16 @@ function owner.ttl_of(kind, ARGV)
   return tonumber(string.match(ARGV[1], '^[^:]*:[^:]*:[^:]*:[^:]*:[^:]*:[^:]*:[^:]*:[^:]*:([^:]*)')) or 0
 end
 
+-- The owner's keys a thread's write may write besides `usage`: `recent` (its activity), and
+-- `created` and `info` too when it makes the thread, deletes it or finds it expired.
+function owner.written(kind, totals, now)
+  local _, _, _, deadline = owner.parse_record(totals.record)
+  if totals.record and kind ~= 'delete' and (deadline == 0 or deadline > now) then
+    return {'recent'}
+  end
+  return {'recent', 'created', 'info'}
+end
+
 -- Runs a thread's writing script `body` for an owned thread: the owner's quotas and erasure
 -- checked first, the directory brought up to date after (an error reply changes nothing of it).
 -- Its own commands: the owner's totals and the time before the body; meta, the activity and
@@ -277,7 +311,10 @@ function owner.call(kind, at, body, KEYS, ARGV)
   dir.thread_meta = KEYS[1]
   local thread_id = string.sub(KEYS[1], #dir.prefix + 1, -#'|meta' - 1)
   local now = owner.now_ms()
-  local totals = owner.current(dir, thread_id, now)
+  local totals, wrong = owner.read_totals(dir, thread_id)
+  wrong = wrong or owner.wrong_type(dir, owner.written(kind, totals, now))
+  if wrong then return wrong end
+  totals = owner.current(dir, thread_id, totals, now)
   local minute = math.floor(now / 60000)
   local bytes, count = owner.incoming(ARGV, at.first, at.stride)
   local refused

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from kvstore import UserMessage, errors
+from kvstore._engine.layout.keys import OwnerKeys
 
 from ..support.owners import keyspace, stores
 from .test_cli import kvstore
@@ -162,3 +163,36 @@ def test_the_command_line_refuses_bad_input_before_starting_a_server(tmp_path, a
     assert result.stderr.startswith(message), result.stderr
     assert len(result.stderr.splitlines()) == 1, result.stderr  # no server was started
     assert not data.exists() or not any(data.iterdir())
+
+
+@pytest.mark.parametrize("part", ["recent", "created", "info", "usage"])
+def test_a_foreign_value_at_an_owners_key_is_refused_or_left_alone_whole(
+    make_store, raw_client, namespace, part
+):
+    """A key of the owner's directory holding a type kvstore does not keep there (something
+    else wrote it): each write either refuses (LayoutError) with nothing written, or is made
+    whole without touching that key; never a write made and then a Lua error."""
+    store, chat = populated(make_store)
+    stored = chat.append(UserMessage(content="second"))
+    key = getattr(OwnerKeys.of(namespace, "ann"), part)
+    raw_client.delete(key)
+    raw_client.set(key, "foreign")
+    writes = {
+        "append": lambda: chat.append(UserMessage(content="more")),
+        "append a new thread": lambda: store.thread("new", owner="ann").append(
+            UserMessage(content="hi")
+        ),
+        "set_info": lambda: chat.set_info(title="renamed"),
+        "set_info a new thread": lambda: store.thread("other", owner="ann").set_info(title="t"),
+        "start_turn a new thread": lambda: store.thread("turned", owner="ann").start_turn("t1"),
+        "replace": lambda: chat.replace(stored[0].id, UserMessage(content="replaced")),
+        "quota": lambda: store.set_owner_quota("ann", threads=5),
+        "delete": chat.delete,
+    }
+    for name, write in writes.items():
+        before = keyspace(raw_client, namespace)
+        try:
+            write()
+        except errors.LayoutError:
+            assert keyspace(raw_client, namespace) == before, name
+        assert raw_client.get(key) == b"foreign", name
