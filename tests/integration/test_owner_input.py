@@ -5,11 +5,14 @@ embedded server."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from kvstore import UserMessage, errors
+from kvstore import StoreConfig, UserMessage, errors
 from kvstore._engine.layout.keys import OwnerKeys
 
+from ..conftest import make_sync_store
 from ..support.owners import keyspace, stores
 from .test_cli import kvstore
 
@@ -196,3 +199,28 @@ def test_a_foreign_value_at_an_owners_key_is_refused_or_left_alone_whole(
         except errors.LayoutError:
             assert keyspace(raw_client, namespace) == before, name
         assert raw_client.get(key) == b"foreign", name
+
+
+def test_the_command_line_prints_each_title_on_its_own_line_escaped(
+    backend, server, server_only, namespace
+):
+    """A title is what the thread's user typed: a newline, a tab or a terminal escape in it
+    must not forge a line of the listing or reach the terminal."""
+    store = make_sync_store(backend, StoreConfig(namespace=namespace))
+    try:
+        forged = "evil\nc9\t999 messages\t0\tforged\x1b[31m red\x1b[0m\r\u2028"
+        store.thread("c1", owner="ann").set_info(title=forged)
+    finally:
+        store.close()
+    common = ("--url", server.url, "--namespace", namespace)
+    printed = kvstore("threads", "ann", *common)
+    assert printed.returncode == 0, printed.stderr
+    (line,) = printed.stdout.splitlines()
+    assert line.split("\t") == [
+        "c1",
+        "0 messages",
+        line.split("\t")[2],
+        "evil\\nc9\\t999 messages\\t0\\tforged\\x1b[31m red\\x1b[0m\\r\\u2028",
+    ]
+    as_json = kvstore("threads", "ann", "--json", *common)
+    assert json.loads(as_json.stdout)["threads"][0]["title"] == forged
