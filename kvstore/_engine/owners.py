@@ -283,7 +283,14 @@ def thread_info(thread: ThreadRef) -> Operation[ThreadInfo | None]:
     )
     if record is None or _expired(record, meta_exists):
         return None
-    return ThreadInfo.model_validate(_record(thread.owner, [tid, activity, created, info, record]))
+    try:
+        return ThreadInfo.model_validate(
+            _record(thread.owner, [tid, activity, created, info, record])
+        )
+    except ValueError as error:  # a title or metadata value no set_info writes
+        raise errors.RecordError(
+            f"the directory of {thread.owner!r} holds a malformed entry of {tid!r}: {error}"
+        ) from None
 
 
 def _usage(owner: str, reply: Any) -> OwnerUsage:

@@ -224,3 +224,18 @@ def test_the_command_line_prints_each_title_on_its_own_line_escaped(
     ]
     as_json = kvstore("threads", "ann", "--json", *common)
     assert json.loads(as_json.stdout)["threads"][0]["title"] == forged
+
+
+def test_a_malformed_directory_entry_reads_as_a_record_error(make_store, raw_client, namespace):
+    store, chat = populated(make_store)
+    keys = OwnerKeys.of(namespace, "ann")
+    for planted in ('{"metadata": {"model": 1}}', '{"title": 7}', "[1, 2]", "not json"):
+        raw_client.hset(keys.info, "chat", planted)
+        with pytest.raises(errors.RecordError):
+            chat.info()
+        with pytest.raises(errors.RecordError):
+            store.threads("ann")
+    raw_client.hset(keys.usage, "t:chat", "garbage")
+    raw_client.hdel(keys.info, "chat")
+    with pytest.raises(errors.RecordError):
+        chat.info()
