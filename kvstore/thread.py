@@ -244,7 +244,9 @@ class Thread(ThreadTurns):
         Raises MessageNotFound when `at` is not stored (or retention deleted it),
         RestoreConflict when `new_thread_id` already holds other messages or is a finished
         fork with another point or source (a fork keeps its point), ServerError when a
-        compaction ran during the copy (call it again).
+        compaction ran during the copy (call it again). An owned thread's fork is its owner's
+        (docs/OWNERS.md): QuotaExceeded or StorageQuotaExceeded when the owner's quotas refuse
+        it, at any of its steps, and then no thread is left (the copy so far is deleted).
 
         Example::
 

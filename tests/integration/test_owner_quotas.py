@@ -112,3 +112,23 @@ def test_the_rate_quota_refuses_a_batch_past_it_whole(make_store, raw_client, na
     refused_unchanged(raw_client, namespace, calls, errors.QuotaExceeded)
     chat.append([UserMessage(content=f"d{i}") for i in range(3)])
     assert store.owner_usage("ann").messages == 10
+
+
+def test_a_fork_the_byte_quota_refuses_midway_leaves_no_thread(
+    make_store, raw_client, namespace, monkeypatch
+):
+    monkeypatch.setattr("kvstore._engine.fork.RESTORE_RUN", 4)  # a run of 4 messages a call
+    store = make_store()
+    source = store.thread("source", owner="ann")
+    stored = source.append([UserMessage(content=f"m{i} " + "x" * 200) for i in range(16)])
+    used = store.owner_usage("ann").stored_bytes
+    store.set_owner_quota("ann", stored_bytes=used + used // 2)  # room for half a copy
+    before = keyspace(raw_client, namespace)
+    with pytest.raises(errors.StorageQuotaExceeded):
+        source.fork("copy", at=stored[-1].id)
+    assert keyspace(raw_client, namespace) == before
+    assert store.thread("copy", owner="ann").info() is None
+    # Half the history fits: that fork is made whole.
+    half = source.fork("half", at=stored[5].id)
+    assert half.info().messages == half.stats().stored_messages == 6
+    totals_match(store, "ann")
