@@ -334,6 +334,10 @@ function owner.call(kind, at, body, KEYS, ARGV)
     -- set_info alone has no meta yet, and stays.
     if totals.record and (kind == 'delete' or was ~= '') then
       owner.unregister(dir, totals, thread_id, updates)
+    elseif kind == 'delete' and not totals.record then
+      -- Index entries without a record (something else wrote them): a delete takes them too,
+      -- so an erasure that names them ends.
+      owner.forget(dir, thread_id)
     end
   else
     local m0, b0, t0, _, was = owner.parse_record(totals.record)
