@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
-from ._engine import core, owners
+from ._engine import core, owner_entries, owners
 from ._engine.core import Cursor
 from .events import TurnLease
 from .messages import CompactionStats, Message, SummaryMessage
@@ -182,7 +182,7 @@ class AsyncThread(AsyncThreadTurns):
 
     async def info(self) -> ThreadInfo | None:
         """See :meth:`Thread.info`."""
-        return await self._store.run(owners.thread_info(self._ref))
+        return await self._store.run(owner_entries.thread_info(self._ref))
 
     async def set_info(
         self, *, title: str | None = None, metadata: Mapping[str, str] | None = None

@@ -57,7 +57,7 @@ class OwnerMethods:
             while page.next_cursor:
                 page = store.threads("user-42", after=page.next_cursor, limit=20)
         """
-        check_owner_id(owner)
+        owners.listing(owner, order, after, limit, where)  # checked before the store is used
         return self.run(owners.list_threads(self.config, owner, order, after, limit, where))
 
     def owner_usage(self, owner: str) -> OwnerUsage:
@@ -122,7 +122,7 @@ class AsyncOwnerMethods:
         where: Mapping[str, str] | None = None,
     ) -> ThreadsPage:
         """See :meth:`OwnerMethods.threads`."""
-        check_owner_id(owner)
+        owners.listing(owner, order, after, limit, where)  # checked before the store is used
         return await self.run(owners.list_threads(self.config, owner, order, after, limit, where))
 
     async def owner_usage(self, owner: str) -> OwnerUsage:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-from ._engine import core, owners
+from ._engine import core, owner_entries, owners
 from ._engine.core import Cursor
 from .async_thread import AsyncThread as AsyncThread  # kvstore.thread.AsyncThread, as before
 from .events import TurnLease
@@ -244,7 +244,9 @@ class Thread(ThreadTurns):
         Raises MessageNotFound when `at` is not stored (or retention deleted it),
         RestoreConflict when `new_thread_id` already holds other messages or is a finished
         fork with another point or source (a fork keeps its point), ServerError when a
-        compaction ran during the copy (call it again).
+        compaction ran during the copy (call it again). An owned thread's fork is its owner's
+        (docs/OWNERS.md): QuotaExceeded or StorageQuotaExceeded when the owner's quotas refuse
+        it, at any of its steps, and then no thread is left (the copy so far is deleted).
 
         Example::
 
@@ -327,7 +329,7 @@ class Thread(ThreadTurns):
 
             info = store.thread("session-7", owner="user-42").info()
         """
-        return self._store.run(owners.thread_info(self._ref))
+        return self._store.run(owner_entries.thread_info(self._ref))
 
     def set_info(
         self, *, title: str | None = None, metadata: Mapping[str, str] | None = None

@@ -1,7 +1,8 @@
 #!lua
 --- Sets an owned thread's title and metadata (docs/OWNERS.md), and puts the thread in its
 --- owner's directory if it is not there yet (a new chat is listed before its first message),
---- checked against the owner's thread quota and erasure first. A title or metadata change is not
+--- checked against the owner's thread quota and erasure first. A thread whose keys expired
+--- leaves the directory first, with its old title and metadata, and is listed anew. A title or metadata change is not
 --- activity: the thread keeps its place in the listing.
 ---
 --- KEYS[1..4]  the owner's keys: recent, created, info, usage (includes/owner.lua)
@@ -14,15 +15,21 @@
 ---      a message stays listed
 ---
 --- Reply: 1 when the call put the thread in the directory, 0 when it was there
---- Errors: KVS_QUOTA, KVS_OWNER_ERASING
+--- Errors: KVS_QUOTA, KVS_OWNER_ERASING, KVS_WRONGTYPE (one of the owner's keys holds another type)
 --- @include "includes/owner"
 
 local dir = owner.keys(KEYS, 1)
 local thread_id = args.thread_id
-local totals = owner.totals(dir, thread_id)
-local registered = totals.record ~= nil
-local refused = owner.refusal('info', totals, registered, 0, 0, 0)
+local now = owner.now_ms()
+local totals, wrong = owner.read_totals(dir, thread_id)
+wrong = wrong or owner.wrong_type(dir, {'recent', 'created', 'info'})
+if wrong then return wrong end
+-- A thread whose keys expired is listed anew, without what it had.
+totals = owner.current(dir, thread_id, totals, now)
+local refused
+refused, totals = owner.checked('info', dir, thread_id, totals, 0, 0, 0, now)
 if refused then return refused end
+local registered = totals.record ~= nil
 
 local info = {}
 local stored = redis.call('HGET', dir.info, thread_id)
@@ -39,7 +46,6 @@ else
 end
 if registered then return 0 end
 
-local now = owner.now_ms()
 local deadline = redis.call('PEXPIRETIME', owner.meta_key(dir, thread_id))
 if deadline < 0 then deadline = args.ttl_ms > 0 and now + args.ttl_ms or 0 end
 local updates = {}

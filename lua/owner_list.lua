@@ -18,7 +18,7 @@
 --- Reply: {next_score, next_id, id_1, activity_1, created_1, info_1, record_1, ...}: next_score
 ---        '' when the listing is done; info '' for none; record the thread's
 ---        "messages:bytes:tokens:deadline"
---- Errors: none
+--- Errors: KVS_WRONGTYPE (an owner's index holds another type)
 --- @include "includes/owner"
 
 local dir = owner.keys(KEYS, 1)
@@ -52,9 +52,7 @@ local function take(batch)
   for i, id in ipairs(ids) do
     local score = batch[2 * i]
     examined, last_score, last_id = examined + 1, score, id
-    local _, _, _, deadline = owner.parse_record(records[i] or nil)
-    local gone = not records[i]
-      or (deadline > 0 and deadline <= now and redis.call('EXISTS', owner.meta_key(dir, id)) == 0)
+    local gone = not records[i] or owner.expired(dir, id, records[i], now)
     if gone then
       ghosts[#ghosts + 1] = id
     else
@@ -106,27 +104,13 @@ while not full and not done do
   if #batch < 2 * BATCH and not more then done = true end
 end
 
--- Expired threads leave the directory, with their counts.
+-- Expired threads leave the directory, with their counts (the indexes of the kvstore's types:
+-- every other key this writes was read above).
 if #ghosts > 0 then
-  local updates = {}
-  for _, id in ipairs(ghosts) do
-    local totals = owner.totals(dir, id)
-    if totals.record then
-      owner.unregister(dir, totals, id, updates)
-      local flat = {}
-      for field, value in pairs(updates) do
-        flat[#flat + 1] = field
-        flat[#flat + 1] = value
-      end
-      redis.call('HSET', dir.usage, unpack(flat))
-      updates = {}
-    else
-      redis.call('ZREM', dir.recent, id)
-      redis.call('ZREM', dir.created, id)
-      redis.call('HDEL', dir.info, id)
-    end
-  end
+  local wrong = owner.wrong_type(dir, {'recent', 'created'})
+  if wrong then return wrong end
 end
+for _, id in ipairs(ghosts) do owner.forget(dir, id) end
 
 local reply = {'', ''}
 if not done and last_score then

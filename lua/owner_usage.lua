@@ -9,10 +9,12 @@
 --- ARGV max_per_minute (int): the most messages appended a minute (0: no quota, -1: keep it)
 ---
 --- Reply: {threads, messages, bytes, tokens, max_threads, max_bytes, max_per_minute, erasing}
---- Errors: none
+--- Errors: KVS_WRONGTYPE (one of the owner's keys holds another type)
 --- @include "includes/owner"
 
 local dir = owner.keys(KEYS, 1)
+local wrong = owner.wrong_type(dir, {'usage', 'recent', 'created', 'info'})
+if wrong then return wrong end
 if args.mode == 'quota' then
   local quotas = {max_threads = args.max_threads, max_bytes = args.max_bytes,
                   max_per_minute = args.max_per_minute}
@@ -27,29 +29,7 @@ end
 
 -- The least recently active threads are the first to expire: those whose deadline passed and
 -- whose meta is gone leave, with their counts.
-local now = owner.now_ms()
-local oldest = redis.call('ZRANGE', dir.recent, 0, 15)
-for _, id in ipairs(oldest) do
-  local totals = owner.totals(dir, id)
-  local _, _, _, deadline = owner.parse_record(totals.record)
-  if not totals.record
-      or (deadline > 0 and deadline <= now and redis.call('EXISTS', owner.meta_key(dir, id)) == 0) then
-    local updates = {}
-    if totals.record then
-      owner.unregister(dir, totals, id, updates)
-    else
-      redis.call('ZREM', dir.recent, id)
-      redis.call('ZREM', dir.created, id)
-      redis.call('HDEL', dir.info, id)
-    end
-    local flat = {}
-    for field, value in pairs(updates) do
-      flat[#flat + 1] = field
-      flat[#flat + 1] = value
-    end
-    if #flat > 0 then redis.call('HSET', dir.usage, unpack(flat)) end
-  end
-end
+owner.sweep(dir, owner.now_ms(), owner.SWEEP)
 
 local totals = owner.totals(dir, nil)
 return {totals.threads, totals.messages, totals.bytes, totals.tokens, totals.max_threads,

@@ -35,7 +35,7 @@ from .backup import (
 from .bounds import MAX_SEQUENCE
 from .layout.formats import TurnRecord
 from .layout.v2 import stored_tokens
-from .lifecycle import migrate
+from .lifecycle import delete, migrate
 from .operation import Batch, Operation, ThreadRef
 from .pages import list_page
 from .reads import locate_records
@@ -65,6 +65,21 @@ def fork(source: ThreadRef, source_id: str, target: ThreadRef, at: str | int) ->
         raise errors.MessageNotFound(
             f"sequence {at_seq} is not stored in the thread (deleted by retention, or not given out yet)"
         )
+    try:
+        yield from _copy(source, source_id, target, state, at_seq)
+    except errors.QuotaExceeded:
+        if target.owner is not None:
+            # A fork its owner's quota refuses leaves no thread: the copy so far (this call's
+            # or an interrupted one's: the target holds nothing else) goes, and its counts.
+            yield from delete(target)
+        raise
+    return at_seq
+
+
+def _copy(
+    source: ThreadRef, source_id: str, target: ThreadRef, state: BackupState, at_seq: int
+) -> Operation[None]:
+    """The fork's runs of messages up to `at_seq`, then its state: the steps of fork()."""
     copied = 0
     cursor: int | None = None
     while True:
@@ -99,7 +114,6 @@ def fork(source: ThreadRef, source_id: str, target: ThreadRef, at: str | int) ->
         # messages it deleted. The steps already taken stand; the next run finishes the fork.
         raise errors.ServerError("the thread was compacted during the fork; run the fork again")
     yield from restore_state(target, forked_state(state, at_seq), source_id, at_seq)
-    return at_seq
 
 
 def _fork_point(source: ThreadRef, at: str | int) -> Operation:

@@ -9,15 +9,17 @@ writing script). The operations here are the owner's own scripts: lua/owner_*.lu
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from typing import Any, Literal
 
 from .. import errors
 from ..config import StoreConfig
-from ..models import ErasureReceipt, OwnerUsage, ThreadInfo, ThreadsPage
-from .layout.keys import OwnerKeys, check_thread_id
+from ..models import ErasureReceipt, OwnerUsage, ThreadsPage
+from .layout.keys import OwnerKeys, check_owner_id, check_thread_id
 from .lifecycle import delete
-from .operation import MAX_LIMIT, Batch, Eval, Operation, ThreadRef
+from .operation import MAX_LIMIT, Eval, Operation, ThreadRef
+from .owner_entries import entry_fields, number
 from .replies import stored_int
 from .scripts import SCRIPTS
 from .text import text as _text
@@ -34,11 +36,21 @@ MAX_EXAMINED = 1000
 ERASE_STEP = 16
 
 
+def _encodable(value: str) -> bool:
+    """Whether `value` can go to the server (UTF-8: no lone surrogate)."""
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def check_title(title: Any) -> str:
     """`title` if a thread can carry it (a str of at most 200 characters), else InvalidMessage."""
-    if not isinstance(title, str) or len(title) > MAX_TITLE_LENGTH:
+    if not isinstance(title, str) or len(title) > MAX_TITLE_LENGTH or not _encodable(title):
         raise errors.InvalidMessage(
             f"a thread's title must be a str of at most {MAX_TITLE_LENGTH} characters"
+            " (UTF-8: no lone surrogate)"
         )
     return title
 
@@ -51,14 +63,23 @@ def check_metadata(metadata: Any) -> str:
             f"a thread's metadata must be a mapping of at most {MAX_METADATA_KEYS} keys"
         )
     for key, value in metadata.items():
-        if not isinstance(key, str) or not 1 <= len(key) <= MAX_METADATA_KEY_LENGTH:
+        if (
+            not isinstance(key, str)
+            or not 1 <= len(key) <= MAX_METADATA_KEY_LENGTH
+            or not _encodable(key)
+        ):
             raise errors.InvalidMessage(
                 f"metadata key {key!r:.80} must be a str of 1-{MAX_METADATA_KEY_LENGTH} characters"
+                " (UTF-8: no lone surrogate)"
             )
-        if not isinstance(value, str) or len(value) > MAX_METADATA_VALUE_LENGTH:
+        if (
+            not isinstance(value, str)
+            or len(value) > MAX_METADATA_VALUE_LENGTH
+            or not _encodable(value)
+        ):
             raise errors.InvalidMessage(
                 f"metadata value of {key!r} must be a str of at most"
-                f" {MAX_METADATA_VALUE_LENGTH} characters"
+                f" {MAX_METADATA_VALUE_LENGTH} characters (UTF-8: no lone surrogate)"
             )
     # Lua's JSON encoder writes an empty table as {}, so an empty map round-trips as one.
     return json.dumps(dict(metadata), ensure_ascii=False, separators=(",", ":"))
@@ -68,98 +89,67 @@ def _owner_keys(config: StoreConfig, owner: str) -> tuple[str, ...]:
     return OwnerKeys.of(config.namespace, owner).script_keys()
 
 
-def _number(value: Any, what: str) -> int:
-    """A score or count the directory replied (a score of a whole number of ms comes as its
-    digits; anything else is RecordError)."""
-    if value in (None, b"", ""):
-        return 0
-    try:
-        return int(value)
-    except ValueError:
-        try:
-            return int(float(value))
-        except ValueError:
-            raise errors.RecordError(f"{what} holds {value!r:.80}, not a number") from None
+# A cursor's score: the ms time of a thread's activity or creation, as its digits.
+_SCORE = re.compile(r"[0-9]{1,16}")
 
 
-def _record(owner: str, fields: list[Any]) -> dict[str, Any]:
-    """A ThreadInfo's fields from owner_list.lua's five values of a thread (id, activity,
-    creation, info, counts); a page validates them all in one call. The common reply (bytes,
-    whole numbers) is read straight; anything else by _checked_record, which names what is
-    wrong."""
-    thread_id, activity, created, info, record = fields
-    try:
-        # "messages:bytes:tokens:deadline:fingerprint" (lua/includes/owner.lua)
-        messages, stored, tokens, _ = record.split(b":", 3)
-        row = {
-            "thread_id": thread_id.decode(),
-            "owner": owner,
-            "title": None,
-            "metadata": {},
-            "created_at": int(created or 0),
-            "last_activity_at": int(activity or 0),
-            "messages": int(messages),
-            "stored_bytes": int(stored),
-            "tokens": int(tokens),
-        }
-    except (AttributeError, TypeError, ValueError, UnicodeDecodeError):
-        return _checked_record(owner, fields)
-    if info:
-        row["title"], row["metadata"] = _info(row["thread_id"], info)
-    return row
-
-
-def _info(thread_id: str, info: Any) -> tuple[Any, Any]:
-    """The title and metadata of a thread's info JSON; RecordError when it is not that."""
-    try:
-        decoded = json.loads(info)
-    except ValueError:
-        decoded = None
-    if not isinstance(decoded, dict):
-        raise errors.RecordError(f"the directory's info of thread {thread_id!r} is not JSON")
-    title, metadata = decoded.get("title"), decoded.get("metadata") or {}
-    if not (title is None or isinstance(title, str)) or not isinstance(metadata, dict):
-        raise errors.RecordError(f"the directory's info of thread {thread_id!r} is malformed")
-    return title, metadata
-
-
-def _checked_record(owner: str, fields: list[Any]) -> dict[str, Any]:
-    """_record's fields from values of any shape the server may reply (str, a score with a
-    fraction), or RecordError."""
-    thread_id, activity, created, info, record = fields
-    thread_id = _text(thread_id)
-    title, metadata = _info(thread_id, info) if info else (None, {})
-    counts: list[Any] = (
-        record.split(b":" if isinstance(record, bytes) else ":", 4) if record else []
-    )
-    if len(counts) < 4:
-        raise errors.RecordError(f"the directory's counts of thread {thread_id!r} are malformed")
-    what = "an owner's thread record"
-    return {
-        "thread_id": thread_id,
-        "owner": owner,
-        "title": title,
-        "metadata": metadata,
-        "created_at": _number(created, "a thread's creation time"),
-        "last_activity_at": _number(activity, "a thread's last activity"),
-        "messages": _number(counts[0], what),
-        "stored_bytes": _number(counts[1], what),
-        "tokens": _number(counts[2], what),
-    }
-
-
-def _cursor(order: ListOrder, after: str | None) -> tuple[str, str]:
+def _cursor(order: str, after: Any) -> tuple[str, str]:
+    """The score and thread id of a next_cursor of a listing in `order`, else InvalidCursor."""
     if after is None:
         return "", ""
     if not isinstance(after, str):
         raise errors.InvalidCursor("a threads cursor is the str a page's next_cursor gave")
     kind, _, rest = after.partition(":")
     score, _, thread_id = rest.partition(":")
-    if kind != order or not score.isdigit():
+    try:
+        check_thread_id(thread_id)
+    except errors.InvalidThreadId:
+        thread_id = ""
+    if kind != order or not _SCORE.fullmatch(score) or int(score) > 2**53 or not thread_id:
         raise errors.InvalidCursor(
             f"cursor {after!r:.80} is not a next_cursor of a listing in order {order!r}"
         )
-    return score, check_thread_id(thread_id)
+    return str(int(score)), thread_id
+
+
+def _where(where: Any) -> tuple[str, str]:
+    """The metadata key and value of a listing's filter ("", "" for none), else InvalidMessage."""
+    if where is None:
+        return "", ""
+    if not isinstance(where, Mapping):
+        raise errors.InvalidMessage(
+            f"where= is a mapping of one metadata key to its value, not {type(where).__name__}"
+        )
+    if not where:
+        return "", ""
+    if len(where) != 1:
+        raise errors.InvalidMessage("where= names one metadata key and its value")
+    check_metadata(where)
+    ((key, value),) = where.items()
+    return key, value
+
+
+def listing(
+    owner: Any, order: Any = "recent", after: Any = None, limit: Any = 50, where: Any = None
+) -> dict[str, Any]:
+    """owner_list.lua's arguments of a listing, every one checked before anything is sent:
+    InvalidOwnerId, InvalidCursor (order, after, limit) or InvalidMessage (where)."""
+    check_owner_id(owner)
+    if not isinstance(order, str) or order not in ("recent", "created"):
+        raise errors.InvalidCursor(f"order must be 'recent' or 'created', not {order!r:.80}")
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
+        raise errors.InvalidCursor(f"limit must be an int of 1-{MAX_LIMIT}, not {limit!r:.80}")
+    where_key, where_value = _where(where)
+    score, thread_id = _cursor(order, after)
+    return {
+        "order": order,
+        "after_score": score,
+        "after_id": thread_id,
+        "limit": limit,
+        "where_key": where_key,
+        "where_value": where_value,
+        "max_examined": MAX_EXAMINED,
+    }
 
 
 def list_threads(
@@ -171,38 +161,17 @@ def list_threads(
     where: Mapping[str, str] | None = None,
 ) -> Operation[ThreadsPage]:
     """A page of `owner`'s threads, most recent activity (or newest made) first."""
-    keys = _owner_keys(config, owner)
-    if order not in ("recent", "created"):
-        raise errors.InvalidCursor(f"order must be 'recent' or 'created', not {order!r}")
-    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
-        raise errors.InvalidCursor(f"limit must be an int of 1-{MAX_LIMIT}")
-    where_key, where_value = "", ""
-    if where:
-        if len(where) != 1:
-            raise errors.InvalidMessage("where= names one metadata key and its value")
-        check_metadata(where)
-        ((where_key, where_value),) = where.items()
-    score, thread_id = _cursor(order, after)
+    arguments = listing(owner, order, after, limit, where)
     reply = yield Eval(
-        SCRIPTS["owner_list"],
-        keys,
-        SCRIPTS["owner_list"].args(
-            order=order,
-            after_score=score,
-            after_id=thread_id,
-            limit=limit,
-            where_key=where_key,
-            where_value=where_value,
-            max_examined=MAX_EXAMINED,
-        ),
+        SCRIPTS["owner_list"], _owner_keys(config, owner), SCRIPTS["owner_list"].args(**arguments)
     )
     if not isinstance(reply, list) or len(reply) < 2 or (len(reply) - 2) % 5:
         raise errors.ServerError(f"script owner_list.lua replied {reply!r:.200}")
-    threads = [_record(owner, reply[i : i + 5]) for i in range(2, len(reply), 5)]
+    threads = [entry_fields(owner, reply[i : i + 5]) for i in range(2, len(reply), 5)]
     next_score = _text(reply[0])
     cursor = None
     if next_score:
-        cursor = f"{order}:{_number(next_score, 'a cursor score')}:{_text(reply[1])}"
+        cursor = f"{order}:{number(next_score, 'a cursor score')}:{_text(reply[1])}"
     try:
         return ThreadsPage.model_validate({"threads": threads, "next_cursor": cursor})
     except ValueError as error:  # a title or metadata value no set_info writes
@@ -232,56 +201,6 @@ def set_info(
         ),
     )
     return bool(reply == 1)
-
-
-def directory_reads(thread: ThreadRef) -> list[tuple[Any, ...]]:
-    """The reads of an owned thread's entry in its owner's directory (its last activity, its
-    creation, its info, its counts), for a Batch; none for a thread without an owner."""
-    if thread.owner is None:
-        return []
-    keys = OwnerKeys.of(thread.config.namespace, thread.owner)
-    tid = thread.thread_id
-    return [
-        ("ZSCORE", keys.recent, tid),
-        ("ZSCORE", keys.created, tid),
-        ("HGET", keys.info, tid),
-        ("HGET", keys.usage, f"t:{tid}"),
-    ]
-
-
-def directory_entry(thread: ThreadRef, replies: list[Any]) -> ThreadInfo | None:
-    """The ThreadInfo from directory_reads' replies; None when the thread is not listed."""
-    if thread.owner is None or not replies or replies[3] is None:
-        return None
-    activity, created, info, record = replies
-    return ThreadInfo.model_validate(
-        _record(thread.owner, [thread.thread_id, activity, created, info, record])
-    )
-
-
-def owned_stats(thread: ThreadRef, replies: list[Any]) -> dict[str, Any]:
-    """ThreadStats' owner fields from directory_reads' replies (none without an owner)."""
-    if thread.owner is None:
-        return {}
-    entry = directory_entry(thread, replies)
-    if entry is None:
-        return {"owner": thread.owner}
-    return {
-        "owner": thread.owner,
-        "title": entry.title,
-        "metadata": entry.metadata,
-        "created_at": entry.created_at or None,
-        "last_activity_at": entry.last_activity_at or None,
-    }
-
-
-def thread_info(thread: ThreadRef) -> Operation[ThreadInfo | None]:
-    """An owned thread's entry in its owner's directory; None when it is not listed (or the
-    thread has no owner)."""
-    if thread.owner is None:
-        return None
-    replies = yield Batch(directory_reads(thread))
-    return directory_entry(thread, replies)
 
 
 def _usage(owner: str, reply: Any) -> OwnerUsage:

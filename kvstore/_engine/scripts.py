@@ -70,17 +70,21 @@ def owner_hook(name: str) -> tuple[str, str] | None:
     script_args = ScriptArgs.of(name, _read(name))
     if name in _OWNER_SCRIPTS or "no-writes" in _read(name).split("\n", 1)[0]:
         return None
-    first, stride, at = 0, 0, 1
+    # `ids`: where a record's message id (and after it its otid) is, from the record (0: none):
+    # a retried call's check (owner.replay).
+    first, stride, ids, at = 0, 0, 0, 1
     for arg in script_args.args:
         if arg.kind == "group":
             names = [field.name for field in arg.fields]
             if "record" in names:
                 first, stride = at + names.index("record"), len(names)
+                if "id" in names and names[names.index("id") + 1 :][:1] == ["otid"]:
+                    ids = names.index("id") - names.index("record")
             break
         if arg.name == "record":
             first = at
         at += 1
-    return f"owner.hooked('{name}', {first}, {stride}, function(KEYS, ARGV)\n", "\nend)"
+    return f"owner.hooked('{name}', {first}, {stride}, {ids}, function(KEYS, ARGV)\n", "\nend)"
 
 
 def build_source(name: str) -> str:

@@ -28,7 +28,7 @@ from .operation import (
     Operation,
     ThreadRef,
 )
-from .owners import directory_reads, owned_stats
+from .owner_entries import directory_reads, owned_stats
 from .pages import gathering, list_page, pages
 from .reads import RangeRead, fetch_sequences, read_range
 from .replies import stored_int
@@ -58,7 +58,7 @@ def _stats_from(
     legacy: int,
     owned: dict[str, Any] | None = None,
 ) -> ThreadStats:
-    """`owned`: the owner's fields (owners.owned_stats), for an owned thread."""
+    """`owned`: the owner's fields (owner_entries.owned_stats), for an owned thread."""
     fields = {(k.decode() if isinstance(k, bytes) else k): v for k, v in meta.items()}
     if "deleting" in fields:  # an interrupted delete(): the thread reads as empty
         fields, window, chunks, legacy = {}, 0, 0, 0

@@ -96,6 +96,7 @@ def _store_command(args: argparse.Namespace) -> int:
     from .commands import open_store
 
     threads = _named_threads(args) if args.command == "migrate" else None  # checked first
+    owners.check(args)  # an owner command's owner, cursor and limit, before a server starts
     # The parser's choices are StoreConfig's; a command without the option has its default.
     checks: Literal["off", "strict"] = getattr(args, "history_checks", "off")
     with open_store(args.url, args.namespace, args.data_dir, history_checks=checks) as store:
@@ -386,8 +387,6 @@ def _server(args: argparse.Namespace) -> int:
 
 
 def _check_reachable(url: str) -> None:
-    import redis
-
     try:
         redis.Redis.from_url(url, socket_connect_timeout=2).ping()
     except ValueError as exc:

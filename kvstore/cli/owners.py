@@ -26,6 +26,26 @@ def add_owner_commands(commands: Any, with_store: Any) -> None:
     erase.add_argument("owner")
 
 
+def check(args: argparse.Namespace) -> None:
+    """An owner command's owner id (and a listing's cursor and limit) checked before a store
+    is opened or an embedded server started: InvalidOwnerId, InvalidCursor. Other commands:
+    nothing to check."""
+    from .._engine.layout.keys import check_owner_id
+    from .._engine.owners import listing
+
+    if args.command == "threads":
+        listing(args.owner, args.order, args.after, args.limit)
+    elif args.command == "erase-owner":
+        check_owner_id(args.owner)
+
+
+def _one_line(text: str) -> str:
+    """A title as one field of a line: each character that is not printable (a newline, a tab,
+    a terminal escape's ESC, a line separator) as its Python escape. A title is what a thread's
+    user typed: it must not forge a line of the listing, or reach the terminal as a control."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def list_threads(store: Any, args: argparse.Namespace) -> int:
     """Prints a page of the owner's threads, and the cursor of the next."""
     page = store.threads(args.owner, order=args.order, after=args.after, limit=args.limit)
@@ -33,7 +53,7 @@ def list_threads(store: Any, args: argparse.Namespace) -> int:
         print(page.model_dump_json())
         return 0
     for info in page.threads:
-        title = info.title if info.title is not None else "-"
+        title = _one_line(info.title) if info.title is not None else "-"
         print(f"{info.thread_id}\t{info.messages} messages\t{info.last_activity_at}\t{title}")
     if page.next_cursor:
         print(f"next: --after {page.next_cursor}", file=sys.stderr)

@@ -62,6 +62,30 @@ function owner.totals(dir, thread_id)
   return totals
 end
 
+-- The type kvstore keeps at each of the owner's keys.
+owner.TYPES = {recent = 'zset', created = 'zset', info = 'hash', usage = 'hash'}
+
+-- The refusal of a call when one of the owner's keys `names` holds another type than kvstore
+-- keeps there (something else wrote it); nil when each is missing or of its type. Checked
+-- before a call's first write: a Lua error after a write does not roll the write back.
+function owner.wrong_type(dir, names)
+  for _, name in ipairs(names) do
+    local actual = redis.call('TYPE', dir[name])['ok']
+    if actual ~= 'none' and actual ~= owner.TYPES[name] then
+      return redis.error_reply('KVS_WRONGTYPE ' .. dir[name] .. ' holds a ' .. actual
+        .. ', expected a ' .. owner.TYPES[name])
+    end
+  end
+  return nil
+end
+
+-- The owner's totals (owner.totals), or the refusal of a usage hash of another type.
+function owner.read_totals(dir, thread_id)
+  local ok, totals = pcall(owner.totals, dir, thread_id)
+  if ok then return totals, nil end
+  return nil, owner.wrong_type(dir, {'usage'}) or error(totals)
+end
+
 -- The bytes and count of the records a call brings: its ARGV from `first`, every `stride`
 -- (0: one record).
 function owner.incoming(ARGV, first, stride)
@@ -74,6 +98,64 @@ function owner.incoming(ARGV, first, stride)
     i = i + stride
   end
   return bytes, count
+end
+
+-- Whether a listed thread went with its keys' expiry (thread_ttl): its record's deadline passed
+-- and its meta is gone (a thread listed by set_info alone has no meta: its deadline decides).
+function owner.expired(dir, thread_id, record, now)
+  local _, _, _, deadline = owner.parse_record(record)
+  return deadline > 0 and deadline <= now
+    and redis.call('EXISTS', owner.meta_key(dir, thread_id)) == 0
+end
+
+-- The fields and values of `updates` into the owner's usage hash.
+function owner.save(dir, updates)
+  local flat = {}
+  for field, value in pairs(updates) do
+    flat[#flat + 1] = field
+    flat[#flat + 1] = value
+  end
+  if #flat > 0 then redis.call('HSET', dir.usage, unpack(flat)) end
+end
+
+-- A thread out of the directory now, with its counts (an expired thread, or an index entry
+-- without a record).
+function owner.forget(dir, thread_id)
+  local totals = owner.totals(dir, thread_id)
+  if totals.record then
+    local updates = {}
+    owner.unregister(dir, totals, thread_id, updates)
+    owner.save(dir, updates)
+  else
+    redis.call('ZREM', dir.recent, thread_id)
+    redis.call('ZREM', dir.created, thread_id)
+    redis.call('HDEL', dir.info, thread_id)
+  end
+end
+
+-- The expired threads among the owner's `count` least recently active (the first to expire)
+-- leave the directory, with their counts; how many left.
+function owner.sweep(dir, now, count)
+  local left = 0
+  for _, id in ipairs(redis.call('ZRANGE', dir.recent, 0, count - 1)) do
+    local record = redis.call('HGET', dir.usage, 't:' .. id)
+    if not record or owner.expired(dir, id, record, now) then
+      owner.forget(dir, id)
+      left = left + 1
+    end
+  end
+  return left
+end
+
+-- The owner's `totals` for a write of `thread_id`, with the thread's record forgotten first when
+-- the thread expired (a write to it makes a new thread: its old title, counts and creation are
+-- gone with it). Not while the owner is being erased: a refused call writes nothing.
+function owner.current(dir, thread_id, totals, now)
+  if totals.erasing == 0 and totals.record and owner.expired(dir, thread_id, totals.record, now) then
+    owner.forget(dir, thread_id)
+    totals = owner.totals(dir, thread_id)
+  end
+  return totals
 end
 
 -- The refusal of a call the owner's quotas or erasure forbid, checked before any write; nil
@@ -99,6 +181,47 @@ function owner.refusal(kind, totals, registered, bytes, count, minute)
     end
   end
   return nil
+end
+
+-- Whether a call's records are all stored already (a retried append): their message ids all in
+-- the thread's `ids` (KEYS[6]), or their otids, every record carrying one, all in its `otids`
+-- (KEYS[7]); the body then replies the stored messages and writes nothing.
+function owner.replay(KEYS, ARGV, at)
+  if at.ids == 0 or at.first == 0 then return false end
+  local ids, otids = {}, {}
+  local i = at.first
+  while ARGV[i] do
+    ids[#ids + 1], otids[#otids + 1] = ARGV[i + at.ids], ARGV[i + at.ids + 1]
+    i = i + at.stride
+  end
+  local function stored(key, names)
+    if #names == 0 then return false end
+    for _, name in ipairs(names) do
+      if name == '' then return false end
+    end
+    for _, value in ipairs(redis.call('HMGET', key, unpack(names))) do
+      if not value then return false end
+    end
+    return true
+  end
+  return stored(KEYS[6], ids) or stored(KEYS[7], otids)
+end
+
+-- How many of the least recently active threads a usage read, or a write a quota would refuse,
+-- looks at for expired ones.
+owner.SWEEP = 16
+
+-- The refusal of a call (owner.refusal) once the expired ones among the owner's least recently
+-- active threads have left, and the owner's totals then: a quota is not taken by threads whose
+-- keys expired. A call no quota refuses looks at none.
+function owner.checked(kind, dir, thread_id, totals, bytes, count, minute, now)
+  local refused = owner.refusal(kind, totals, totals.record ~= nil, bytes, count, minute)
+  if refused and totals.erasing == 0 and not owner.wrong_type(dir, {'created', 'info'})
+      and owner.sweep(dir, now, owner.SWEEP) > 0 then
+    totals = owner.totals(dir, thread_id)
+    refused = owner.refusal(kind, totals, totals.record ~= nil, bytes, count, minute)
+  end
+  return refused, totals
 end
 
 -- A long value in a field no thread id can name ('~'): a hash holding one is a hash table from
@@ -135,9 +258,10 @@ end
 -- The thread's counts and fingerprint after the call, into its record and the totals; registers
 -- a new thread. `ttl_ms` > 0: the thread's keys expire, and the record keeps when.
 function owner.account(dir, totals, thread_id, after, fingerprint, now, ttl_ms, updates)
-  local m0, b0, t0 = owner.parse_record(totals.record)
+  local m0, b0, t0, deadline = owner.parse_record(totals.record)
   local m, b, t = tonumber(after[1]) or 0, tonumber(after[2]) or 0, tonumber(after[3]) or 0
-  local deadline = 0
+  -- A store without a ttl neither sets nor clears one: the keys keep the deadline they had (one
+  -- passed while they still exist only costs a listing an EXISTS).
   if ttl_ms > 0 then deadline = math.max(redis.call('PEXPIRETIME', dir.thread_meta), 0) end
   if not totals.record then owner.register(dir, thread_id, now, updates, totals) end
   updates['t:' .. thread_id] = m .. ':' .. b .. ':' .. t .. ':' .. deadline .. ':' .. fingerprint
@@ -168,19 +292,35 @@ function owner.ttl_of(kind, ARGV)
   return tonumber(string.match(ARGV[1], '^[^:]*:[^:]*:[^:]*:[^:]*:[^:]*:[^:]*:[^:]*:[^:]*:([^:]*)')) or 0
 end
 
+-- The owner's keys a thread's write may write besides `usage`: `recent` (its activity), and
+-- `created` and `info` too when it makes the thread, deletes it or finds it expired.
+function owner.written(kind, totals, now)
+  local _, _, _, deadline = owner.parse_record(totals.record)
+  if totals.record and kind ~= 'delete' and (deadline == 0 or deadline > now) then
+    return {'recent'}
+  end
+  return {'recent', 'created', 'info'}
+end
+
 -- Runs a thread's writing script `body` for an owned thread: the owner's quotas and erasure
 -- checked first, the directory brought up to date after (an error reply changes nothing of it).
 -- Its own commands: the owner's totals and the time before the body; meta, the activity and
 -- the owner's hash after it.
-function owner.call(kind, first, stride, body, KEYS, ARGV)
+function owner.call(kind, at, body, KEYS, ARGV)
   local dir = owner.keys(KEYS, 15)
   dir.thread_meta = KEYS[1]
   local thread_id = string.sub(KEYS[1], #dir.prefix + 1, -#'|meta' - 1)
-  local totals = owner.totals(dir, thread_id)
   local now = owner.now_ms()
+  local totals, wrong = owner.read_totals(dir, thread_id)
+  wrong = wrong or owner.wrong_type(dir, owner.written(kind, totals, now))
+  if wrong then return wrong end
+  totals = owner.current(dir, thread_id, totals, now)
   local minute = math.floor(now / 60000)
-  local bytes, count = owner.incoming(ARGV, first, stride)
-  local refused = owner.refusal(kind, totals, totals.record ~= nil, bytes, count, minute)
+  local bytes, count = owner.incoming(ARGV, at.first, at.stride)
+  local refused
+  refused, totals = owner.checked(kind, dir, thread_id, totals, bytes, count, minute, now)
+  -- A retry of a stored batch writes nothing: no quota refuses it (its reply is the stored one).
+  if refused and totals.erasing == 0 and owner.replay(KEYS, ARGV, at) then refused = nil end
   if refused then return refused end
 
   local reply = body(KEYS, ARGV)
@@ -194,6 +334,10 @@ function owner.call(kind, first, stride, body, KEYS, ARGV)
     -- set_info alone has no meta yet, and stays.
     if totals.record and (kind == 'delete' or was ~= '') then
       owner.unregister(dir, totals, thread_id, updates)
+    elseif kind == 'delete' and not totals.record then
+      -- Index entries without a record (something else wrote them): a delete takes them too,
+      -- so an erasure that names them ends.
+      owner.forget(dir, thread_id)
     end
   else
     local m0, b0, t0, _, was = owner.parse_record(totals.record)
@@ -208,20 +352,17 @@ function owner.call(kind, first, stride, body, KEYS, ARGV)
     local used = totals.minute == minute and totals.minute_count or 0
     updates.minute, updates.minute_count = minute, used + count
   end
-  local flat = {}
-  for field, value in pairs(updates) do
-    flat[#flat + 1] = field
-    flat[#flat + 1] = value
-  end
-  if #flat > 0 then redis.call('HSET', dir.usage, unpack(flat)) end
+  owner.save(dir, updates)
   return reply
 end
 
 -- The callback of a thread's writing script: `body` as it is for a thread without an owner.
--- `first` and `stride` find the records the call brings in its ARGV (owner.incoming).
-function owner.hooked(kind, first, stride, body)
+-- `first` and `stride` find the records the call brings in its ARGV (owner.incoming), `ids` a
+-- record's message id and otid after it from its record (0: the call brings no ids).
+function owner.hooked(kind, first, stride, ids, body)
+  local at = {first = first, stride = stride, ids = ids}
   return function(KEYS, ARGV)
     if not KEYS[15] then return body(KEYS, ARGV) end
-    return owner.call(kind, first, stride, body, KEYS, ARGV)
+    return owner.call(kind, at, body, KEYS, ARGV)
   end
 end

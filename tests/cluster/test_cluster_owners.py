@@ -13,7 +13,7 @@ from redis.crc import key_slot
 from kvstore import AsyncMessageStore, MessageStore, StoreConfig, UserMessage, errors
 from kvstore._engine.layout.keys import OwnerKeys
 
-from ..integration.test_owners import StoreFacade
+from ..support.owners import StoreFacade
 from .harness import Cluster
 
 

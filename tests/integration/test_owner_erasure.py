@@ -163,3 +163,33 @@ def test_an_owned_fork_stopped_after_any_call_is_listed_once_when_run_again(stor
     )
     usage = store.owner_usage("ann")
     assert (usage.threads, usage.messages) == (len(listed), 17 * len(listed))
+
+
+def bounded(operation, most: int):
+    """`operation`, failing once it has sent `most` requests (an erasure that never ends)."""
+    sent = 0
+    request = next(operation)
+    while True:
+        sent += 1
+        assert sent <= most, f"still going after {most} requests"
+        reply = yield request
+        try:
+            request = operation.send(reply)
+        except StopIteration as done:
+            return done.value
+
+
+def test_an_erasure_ends_with_index_entries_that_have_no_thread(store, raw_client, namespace):
+    """Entries of the owner's indexes with no thread record (something else wrote them, or a
+    write stopped by the server midway): each is named, deleted and gone, not named forever."""
+    total = fill(store, "ann")
+    keys = OwnerKeys.of(namespace, "ann")
+    raw_client.zadd(keys.recent, {"stray": 5, "both": 6})
+    raw_client.zadd(keys.created, {"stray-2": 5, "both": 6})
+    raw_client.hset(keys.info, "stray", '{"title": "stray"}')
+    stray = store.thread("both", owner="ann")
+    raw_client.hset(stray.keys.meta, "foreign", "1")  # keys of a thread the directory lost
+    receipt = store.run(bounded(erase_owner(store.config, "ann"), 100))
+    # The lost thread had keys: the erasure counts it with the owner's four.
+    assert (receipt.threads, receipt.messages) == (5, total)
+    assert list(raw_client.scan_iter(match=keys.pattern())) == []

@@ -4,77 +4,19 @@ refused before any write, and the erasure (nothing of the owner left, by a keysp
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 import pytest
 
-from kvstore import AssistantMessage, StoreConfig, UserMessage, errors
+from kvstore import AssistantMessage, UserMessage, errors
 from kvstore._engine.layout.keys import OwnerKeys
 
-from ..conftest import make_async_store, make_sync_store
-from ..support.facade import SyncFacade
-
-
-class StoreFacade:
-    """An async store's methods run to completion, its threads SyncFacades: one test body for
-    both modes."""
-
-    def __init__(self, store, loop) -> None:
-        self._store, self._loop = store, loop
-
-    def thread(self, thread_id, owner=None):
-        return SyncFacade(self._store.thread(thread_id, owner), self._loop)
-
-    def __getattr__(self, name):
-        attr = getattr(self._store, name)
-        if not callable(attr):
-            return attr
-        return lambda *args, **kwargs: self._loop.run_until_complete(attr(*args, **kwargs))
+from ..support.owners import early_in_a_minute, keyspace, listed, owner_keys, stores
 
 
 @pytest.fixture
 def make_store(backend, mode, namespace):
-    loop = asyncio.new_event_loop() if mode == "async" else None
-    made = []
-
-    def make(**config_values):
-        config = StoreConfig(namespace=namespace, **config_values)
-        if mode == "sync":
-            store = make_sync_store(backend, config)
-            made.append(store)
-            return store
-        store = make_async_store(backend, config)
-        made.append(store)
-        return StoreFacade(store, loop)
-
-    yield make
-    for store in made:
-        if mode == "sync":
-            store.close()
-        else:
-            loop.run_until_complete(store.close())
-    if loop:
-        loop.close()
-
-
-def owner_keys(raw_client, namespace: str, owner: str) -> list[bytes]:
-    return sorted(raw_client.scan_iter(match=OwnerKeys.of(namespace, owner).pattern()))
-
-
-def keyspace(raw_client, namespace: str) -> dict[bytes, bytes]:
-    """Every key of the namespace with its dump: equal before and after means nothing written."""
-    return {key: raw_client.dump(key) for key in raw_client.scan_iter(match=f"{namespace}:*")}
-
-
-def listed(store, owner: str, **kwargs) -> list[str]:
-    """Every thread id of the owner's listing, paged 2 at a time."""
-    ids, page = [], store.threads(owner, limit=2, **kwargs)
-    ids += [info.thread_id for info in page.threads]
-    while page.next_cursor:
-        page = store.threads(owner, limit=2, after=page.next_cursor, **kwargs)
-        ids += [info.thread_id for info in page.threads]
-    return ids
+    yield from stores(backend, mode, namespace)
 
 
 def test_listing_follows_activity_and_creation(make_store):
@@ -265,6 +207,7 @@ def test_counts_follow_every_write(make_store):
 
 def test_quotas_refuse_before_writing(make_store, raw_client, namespace):
     store = make_store()
+    early_in_a_minute(raw_client)  # the rate's window is the server's minute
     usage = store.set_owner_quota("ann", threads=2, stored_bytes=2_000, messages_per_minute=8)
     assert (usage.max_threads, usage.max_bytes, usage.max_messages_per_minute) == (2, 2_000, 8)
     a, b, c = (store.thread(name, owner="ann") for name in "abc")
