@@ -6,25 +6,21 @@ Needs ``pip install "kvstore[langchain]"``. Messages go through the importer's c
 
 from __future__ import annotations
 
-import hashlib
-import json
-import uuid
-from collections.abc import Sequence
+from collections.abc import Iterable
 from typing import Any
 
 from langchain_core.chat_history import BaseChatMessageHistory
-from langchain_core.messages import BaseMessage, message_to_dict, messages_from_dict
+from langchain_core.messages import BaseMessage
 
 from .. import errors
-from ..importers.langchain import _LC_LEFT_OUT, to_langchain
-from ..importers.source import _map
+from .._engine.layout.keys import check_thread_id
 from ..messages import Message
 from ..store import AsyncMessageStore, MessageStore
 from . import _dicts
 from ._dicts import Stored
+from ._langchain_convert import converted, is_replay, stored, to_lc
 
-# Ids of the messages the adapter stores: uuid5 in this namespace of (thread, key).
-_ADAPTER_IDS = uuid.UUID("9b3e54a0-2f1d-4c7e-8a65-0d4f7c2e91b3")
+_PAGE = 1000  # the largest page kvstore lists in one call
 
 
 class KvstoreChatMessageHistory(BaseChatMessageHistory):
@@ -48,8 +44,11 @@ class KvstoreChatMessageHistory(BaseChatMessageHistory):
         max_messages: int = 50,
         max_tokens: int | None = None,
     ) -> None:
-        if not 1 <= max_messages <= 1000:
+        if isinstance(max_messages, bool) or not 1 <= max_messages <= 1000:
             raise errors.InvalidCursor(f"max_messages must be 1..1000, got {max_messages!r}")
+        if max_tokens is not None and (isinstance(max_tokens, bool) or max_tokens < 1):
+            raise errors.InvalidCursor(f"max_tokens must be a positive int, got {max_tokens!r}")
+        check_thread_id(thread_id)  # InvalidThreadId now, not at the first call
         self.store = store
         self.thread_id = thread_id
         self.max_messages = max_messages
@@ -71,25 +70,45 @@ class KvstoreChatMessageHistory(BaseChatMessageHistory):
         (or ``context(max_tokens)``, which starts at the summary)."""
         thread = self._handle(self._sync())
         if self.max_tokens is not None:
-            return _to_lc(list(thread.context(self.max_tokens)))
-        return _to_lc(_newest_dicts(thread, self.max_messages))
+            return to_lc(thread.context(self.max_tokens), thread)
+        return to_lc(_newest_dicts(thread, self.max_messages), thread)
 
     async def aget_messages(self) -> list[BaseMessage]:
         """:attr:`messages` read through the async store."""
         thread = self._handle(self._async())
         if self.max_tokens is not None:
-            return _to_lc(list(await thread.context(self.max_tokens)))
-        return _to_lc(await _anewest_dicts(thread, self.max_messages))
+            return to_lc(await thread.context(self.max_tokens), thread)
+        return to_lc(await _anewest_dicts(thread, self.max_messages), thread)
 
-    def add_messages(self, messages: Sequence[BaseMessage]) -> None:
-        """Stores the messages in one atomic, idempotent append."""
-        if messages:
-            self._sync().thread(self.thread_id).append(self._converted(messages))
+    def add_messages(self, messages: Iterable[BaseMessage]) -> None:
+        """Stores the messages in one atomic, idempotent append: sent again right after it
+        ran, it stores nothing. A message that is not a LangChain message or holds a value
+        JSON cannot carry raises InvalidMessage, and nothing is written."""
+        thread = self._handle(self._sync())
+        batch = converted(messages, self.thread_id)
+        if not batch.groups:
+            return
+        anchor = None
+        if batch.chained:
+            tail = _dicts.newest(thread, batch.size + 1)
+            if is_replay(batch, self.thread_id, tail):
+                return
+            anchor = _dicts.field(tail[0], "id") if tail else None
+        thread.append(stored(batch, self.thread_id, anchor))
 
-    async def aadd_messages(self, messages: Sequence[BaseMessage]) -> None:
+    async def aadd_messages(self, messages: Iterable[BaseMessage]) -> None:
         """:meth:`add_messages` through the async store."""
-        if messages:
-            await self._async().thread(self.thread_id).append(self._converted(messages))
+        thread = self._handle(self._async())
+        batch = converted(messages, self.thread_id)
+        if not batch.groups:
+            return
+        anchor = None
+        if batch.chained:
+            tail = await _dicts.anewest(thread, batch.size + 1)
+            if is_replay(batch, self.thread_id, tail):
+                return
+            anchor = _dicts.field(tail[0], "id") if tail else None
+        await thread.append(stored(batch, self.thread_id, anchor))
 
     def clear(self) -> None:
         """Deletes the thread (every message, summary and turn)."""
@@ -103,6 +122,7 @@ class KvstoreChatMessageHistory(BaseChatMessageHistory):
         """Stores `summary` of every message but the newest `keep_last` (``thread.compact``);
         with `max_tokens` the history handed to the model then starts at it. False (nothing
         written) when the thread holds no more than `keep_last` messages."""
+        _check_keep_last(keep_last)
         thread = self._sync().thread(self.thread_id)
         last = _oldest_summarized(_newest(thread, keep_last + 1), keep_last)
         if last is None:
@@ -112,6 +132,7 @@ class KvstoreChatMessageHistory(BaseChatMessageHistory):
 
     async def acompact(self, summary: str, keep_last: int = 0) -> bool:
         """:meth:`compact` through the async store."""
+        _check_keep_last(keep_last)
         thread = self._async().thread(self.thread_id)
         last = _oldest_summarized(await _anewest(thread, keep_last + 1), keep_last)
         if last is None:
@@ -127,45 +148,30 @@ class KvstoreChatMessageHistory(BaseChatMessageHistory):
             handle = self._thread = store.thread(self.thread_id)
         return handle
 
-    def _converted(self, messages: Sequence[BaseMessage]) -> list[Message]:
-        records = [message_to_dict(message) for message in messages]
-        batch = hashlib.sha256(json.dumps(records, sort_keys=True, default=str).encode()).digest()
-        out: list[Message] = []
-        for index, (message, record) in enumerate(zip(messages, records, strict=True)):
-            # The message's own id when set; else one derived from the batch and its place in
-            # it, so the same batch sent again is a replay.
-            key = message.id or f"batch:{batch.hex()}:{index}"
-            name = uuid.uuid5(_ADAPTER_IDS, f"{self.thread_id}\x00{key}")
-            position = name.int >> 80  # unique per message: groups never merge on the way out
-            parts = _map("langchain", self.thread_id, position, record, batch)
-            out.extend(
-                part.model_copy(update={"id": f"message-{name}" + (f"-{n}" if n else "")})
-                for n, part in enumerate(parts)
-            )
-        return out
-
 
 def _newest(thread: Any, count: int) -> list[Message]:
     """The newest `count` messages but summaries, oldest first: one page unless the page holds
     summaries (a compaction's summary is stored after what it summarizes)."""
     found: list[Message] = []
-    page = thread.list(limit=count, order="desc")
+    page = thread.list(limit=min(_PAGE, count), order="desc")
     while True:
         found.extend(m for m in page.messages if m.message_type != "summary_message")
         if len(found) >= count or not page.has_more:
             return found[:count][::-1]
-        page = thread.list(after=page.next_cursor, limit=count - len(found), order="desc")
+        size = min(_PAGE, count - len(found))
+        page = thread.list(after=page.next_cursor, limit=size, order="desc")
 
 
 async def _anewest(thread: Any, count: int) -> list[Message]:
     """:func:`_newest` on an AsyncThread."""
     found: list[Message] = []
-    page = await thread.list(limit=count, order="desc")
+    page = await thread.list(limit=min(_PAGE, count), order="desc")
     while True:
         found.extend(m for m in page.messages if m.message_type != "summary_message")
         if len(found) >= count or not page.has_more:
             return found[:count][::-1]
-        page = await thread.list(after=page.next_cursor, limit=count - len(found), order="desc")
+        size = min(_PAGE, count - len(found))
+        page = await thread.list(after=page.next_cursor, limit=size, order="desc")
 
 
 def _newest_dicts(thread: Any, count: int) -> list[Stored]:
@@ -203,71 +209,6 @@ def _oldest_summarized(newest: list[Message], keep_last: int) -> int | None:
     return newest[0].seq_id if len(newest) > keep_last else None
 
 
-def _to_lc(messages: list[Any]) -> list[BaseMessage]:
-    return messages_from_dict(_langchain_dicts(messages))
-
-
-# LangChain's type of each kvstore type whose one message _plain_record writes from its dict.
-_PLAIN_TYPES = {"user_message": "human", "system_message": "system", "assistant_message": "ai"}
-_LEFT_OUT = frozenset(cls.model_fields["message_type"].default for cls in _LC_LEFT_OUT)
-
-
-def _langchain_dicts(messages: list[Any]) -> list[dict[str, Any]]:
-    """``to_langchain`` of stored messages (models, or dicts as _dicts reads them): a plain
-    message alone in its LangChain message (:func:`_plain_record`) from its dict, every other
-    run of messages through to_langchain, which groups them as it always does."""
-    # What to_langchain leaves out it skips before grouping: leaving it out first changes no group.
-    messages = [m for m in messages if _kind(m) not in _LEFT_OUT]
-    out: list[dict[str, Any]] = []
-    run: list[Message] = []
-    origins = [_origin_of(m) for m in messages]
-    for index, message in enumerate(messages):
-        record = None
-        if type(message) is dict:
-            alone = all(
-                origins[index] is None or origins[index] != origins[near]
-                for near in (index - 1, index + 1)
-                if 0 <= near < len(messages)
-            )
-            following = messages[index + 1] if index + 1 < len(messages) else None
-            record = _plain_record(message, following) if alone else None
-        if record is None:
-            run.append(_dicts.as_model(message))
-            continue
-        if run:
-            out.extend(to_langchain(run))
-            run = []
-        out.append(record)
-    out.extend(to_langchain(run))
-    return out
-
-
-def _origin_of(message: Stored) -> tuple[str, str] | None:
-    """The LangChain record a message came from (importers.langchain._origin), dict or model."""
-    metadata = message.get("metadata") if type(message) is dict else message.metadata  # type: ignore[union-attr]
-    if metadata and metadata.get("source") == "langchain" and "source_position" in metadata:
-        return metadata["source"], metadata["source_position"]
-    return None
-
-
-def _plain_record(message: dict[str, Any], following: Stored | None) -> dict[str, Any] | None:
-    """The LangChain record of a user, system or assistant message with a string content and no
-    source fields kept, as to_langchain writes it alone; None for any other (or for an
-    assistant message a tool call follows: to_langchain may join them)."""
-    kind = _PLAIN_TYPES.get(message.get("message_type"))  # type: ignore[arg-type]  # any value
-    content = message.get("content")
-    metadata = message.get("metadata")
-    if kind is None or type(content) is not str or (metadata and "source_fields" in metadata):
-        return None
-    if kind == "ai" and following is not None and _kind(following) == "tool_call_message":
-        return None
-    data: dict[str, Any] = {"content": content, "type": kind}
-    if message.get("name"):
-        data["name"] = message["name"]
-    if kind == "ai":
-        data["tool_calls"] = []
-    return {"type": kind, "data": data}
-
-
-def _kind(message: Stored) -> Any:
-    return message.get("message_type") if type(message) is dict else message.message_type  # type: ignore[union-attr]
+def _check_keep_last(keep_last: int) -> None:
+    if isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 0:
+        raise ValueError(f"keep_last must be an int from 0 up, got {keep_last!r}")
