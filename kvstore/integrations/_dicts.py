@@ -21,6 +21,10 @@ log = logging.getLogger("kvstore")
 
 _PAGE = 1000  # the largest page kvstore lists in one call
 
+CONVERSION_ERRORS = (ValueError, TypeError, KeyError, AttributeError, IndexError)
+"""What converting a stored message another writer broke may raise (pydantic's ValidationError
+and json's JSONDecodeError are ValueErrors): the adapters skip and log such a message."""
+
 Stored = dict[str, Any] | Message
 """A message as these reads return it: its stored dict, or its model."""
 
@@ -101,10 +105,11 @@ def skipped(thread: Any, messages: Iterable[Stored], error: Exception) -> None:
     """Logs the messages a read leaves out because the adapter can make no framework message
     of them (a stored message whose kept fields another writer broke), naming the thread and
     each sequence, as a page read logs a record it cannot read (docs/RELIABILITY.md)."""
+    name = thread._ref.keys.meta.rpartition(":")[0] if thread is not None else "?"
     for message in messages:
         log.warning(
             "thread %s: skipped a message the adapter cannot convert: sequence %s: %s: %s",
-            thread._ref.keys.meta.rpartition(":")[0],
+            name,
             field(message, "seq_id"),
             type(error).__name__,
             error,

@@ -30,10 +30,6 @@ from ._dicts import Stored
 # Ids of the messages the adapter stores: uuid5 in this namespace of (thread, key).
 _ADAPTER_IDS = uuid.UUID("9b3e54a0-2f1d-4c7e-8a65-0d4f7c2e91b3")
 
-# What a conversion of a stored message another writer broke may raise (pydantic's
-# ValidationError and json's JSONDecodeError are ValueErrors).
-_CONVERSION_ERRORS = (ValueError, TypeError, KeyError, AttributeError, IndexError)
-
 
 class Batch(NamedTuple):
     """An add's messages converted, their ids not yet made: each LangChain message's own id
@@ -114,7 +110,7 @@ def to_lc(messages: Iterable[Stored], thread: Any) -> list[BaseMessage]:
     for run in _runs(m for m in messages if _kind(m) not in _LEFT_OUT):
         try:
             out.extend(messages_from_dict(_records(run)))
-        except _CONVERSION_ERRORS as exc:
+        except _dicts.CONVERSION_ERRORS as exc:
             _dicts.skipped(thread, run, exc)
     return out
 
