@@ -35,7 +35,8 @@ from kvstore.importers.openai_agents import (
 from kvstore.messages import HiddenReasoningMessage, Message
 from kvstore.store import AsyncMessageStore
 
-from ._dicts import Stored, apage, as_model
+from ._dicts import Stored, anewest, apage, as_model
+from ._dicts import field as _field
 
 _PAGE = 1000  # the largest page kvstore lists in one call
 
@@ -120,7 +121,7 @@ class KvstoreSession(SessionABC):
         made = _prepared(items)
         if not made:
             return
-        tail = await self._newest_stored(len(made) + 1)
+        tail = await anewest(self.thread, len(made) + 1)
         if _is_replay(made, tail):
             return
         anchor = _mark(tail[0]) if tail else None
@@ -178,18 +179,6 @@ class KvstoreSession(SessionABC):
             after = read.next_cursor
         return found
 
-    async def _newest_stored(self, count: int) -> list[Stored]:
-        """The newest `count` stored messages of any kind (retracted ones too), newest first."""
-        found: list[Stored] = []
-        after: int | None = None
-        while len(found) < count:
-            read = await apage(self.thread, after, min(_PAGE, count - len(found)), "desc")
-            found.extend(read.messages)
-            if not read.has_more or not read.messages:
-                break
-            after = read.next_cursor
-        return found[:count]
-
     async def _all_items(self) -> AsyncIterator[Any]:
         # Pages of the most kvstore lists at once, as stored dicts where a record allows.
         after: int | None = None
@@ -224,10 +213,6 @@ def _item(message: Stored) -> Any:
         if found:
             return item
     return message_item(as_model(message))
-
-
-def _field(message: Stored, name: str) -> Any:
-    return message.get(name) if type(message) is dict else getattr(message, name, None)
 
 
 def _mark(message: Stored) -> str | None:
