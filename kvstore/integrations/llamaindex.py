@@ -18,7 +18,7 @@ from llama_index.core.storage.chat_store.base import BaseChatStore
 from pydantic import PrivateAttr, ValidationError
 
 from .. import errors
-from .._engine.layout.keys import meta_pattern, thread_of_meta_key
+from .._engine.layout.keys import check_thread_id, meta_pattern, thread_of_meta_key
 from .._engine.prepare import prepare_batch
 from ..config import StoreConfig
 from ..messages import Message
@@ -311,4 +311,19 @@ def _keys(store: MessageStore) -> list[str]:
             "get_keys lists threads with SCAN, which this user may not run: grant +scan, or"
             " keep the thread ids in your application"
         ) from None
-    return sorted(t for t in ids if store.thread(t).stats().stored_messages > 0)
+    return sorted(t for t in ids if _holds_messages(store, t))
+
+
+def _holds_messages(store: MessageStore, thread_id: str) -> bool:
+    """Whether a meta key's thread holds messages: False for a key no thread is made of (an id
+    kvstore refuses, another writer's key of another type; the latter is logged)."""
+    try:
+        check_thread_id(thread_id)
+        return store.thread(thread_id).stats().stored_messages > 0
+    except errors.InvalidThreadId:
+        return False
+    except errors.MigrationPending:
+        raise
+    except errors.LayoutError as exc:
+        _dicts.log.warning("get_keys: passed over thread %r: %s", thread_id, exc)
+        return False

@@ -115,3 +115,14 @@ def test_a_position_must_be_an_int(call):
             call("delete_message", "k", idx)
     assert call("delete_message", "k", True) == said("m1")  # a bool is an int, as in a list
     assert call("get_messages", "k") == [said("m0")]
+
+
+def test_get_keys_passes_over_keys_no_thread_is_made_of(store, raw_client, namespace, caplog):
+    chat = KvstoreChatStore(store)
+    chat.add_message("kept", said("x"))
+    raw_client.hset(f"{namespace}:{{not an id}}:meta", "x", "1")
+    raw_client.hset(f"{namespace}:{{a}}:b}}:meta", "x", "1")
+    raw_client.set(f"{namespace}:{{wrongtype}}:meta", "not a hash")
+    caplog.set_level(logging.WARNING, logger="kvstore")
+    assert chat.get_keys() == ["kept"]
+    assert "wrongtype" in " ".join(r.getMessage() for r in caplog.records)
