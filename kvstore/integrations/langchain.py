@@ -11,6 +11,7 @@ from typing import Any
 
 from langchain_core.chat_history import BaseChatMessageHistory
 from langchain_core.messages import BaseMessage
+from langchain_core.runnables.config import run_in_executor
 
 from .. import errors
 from .._engine.layout.keys import check_thread_id
@@ -26,10 +27,11 @@ _PAGE = 1000  # the largest page kvstore lists in one call
 class KvstoreChatMessageHistory(BaseChatMessageHistory):
     """A LangChain ``BaseChatMessageHistory`` on one kvstore thread.
 
-    `store` is a :class:`MessageStore` (sync methods) or an :class:`AsyncMessageStore`
-    (``a``-prefixed methods). ``messages`` is bounded: the newest `max_messages`, or with
-    `max_tokens` the thread's ``context(max_tokens)`` (the compaction's summary first, as a
-    system message). ``add_messages`` is one atomic, idempotent append (see docs/INTEGRATIONS.md).
+    `store` is a :class:`MessageStore` (every method; the ``a``-prefixed ones run the sync ones
+    in an executor, as the base class does) or an :class:`AsyncMessageStore` (the ``a``-prefixed
+    methods; the sync ones raise TypeError). ``messages`` is bounded: the newest
+    `max_messages`, or with `max_tokens` the thread's ``context(max_tokens)`` (the compaction's
+    summary first, as a system message). ``add_messages`` is one atomic, idempotent append (see docs/INTEGRATIONS.md).
 
     Example::
 
@@ -61,7 +63,7 @@ class KvstoreChatMessageHistory(BaseChatMessageHistory):
 
     def _async(self) -> AsyncMessageStore:
         if not isinstance(self.store, AsyncMessageStore):
-            raise TypeError("this history's store is sync: use the methods without the a prefix")
+            raise TypeError("this history's store is neither a MessageStore nor an async one")
         return self.store
 
     @property
@@ -74,7 +76,10 @@ class KvstoreChatMessageHistory(BaseChatMessageHistory):
         return to_lc(_newest_dicts(thread, self.max_messages), thread)
 
     async def aget_messages(self) -> list[BaseMessage]:
-        """:attr:`messages` read through the async store."""
+        """:attr:`messages` read through the async store (with a sync store, :attr:`messages`
+        in an executor, as the base class runs it)."""
+        if isinstance(self.store, MessageStore):
+            return await run_in_executor(None, lambda: self.messages)
         thread = self._handle(self._async())
         if self.max_tokens is not None:
             return to_lc(await thread.context(self.max_tokens), thread)
@@ -97,7 +102,10 @@ class KvstoreChatMessageHistory(BaseChatMessageHistory):
         thread.append(stored(batch, self.thread_id, anchor))
 
     async def aadd_messages(self, messages: Iterable[BaseMessage]) -> None:
-        """:meth:`add_messages` through the async store."""
+        """:meth:`add_messages` through the async store (or in an executor, see
+        :meth:`aget_messages`)."""
+        if isinstance(self.store, MessageStore):
+            return await run_in_executor(None, self.add_messages, list(messages))
         thread = self._handle(self._async())
         batch = converted(messages, self.thread_id)
         if not batch.groups:
@@ -115,7 +123,9 @@ class KvstoreChatMessageHistory(BaseChatMessageHistory):
         self._sync().thread(self.thread_id).delete()
 
     async def aclear(self) -> None:
-        """:meth:`clear` through the async store."""
+        """:meth:`clear` through the async store (or in an executor, see :meth:`aget_messages`)."""
+        if isinstance(self.store, MessageStore):
+            return await run_in_executor(None, self.clear)
         await self._async().thread(self.thread_id).delete()
 
     def compact(self, summary: str, keep_last: int = 0) -> bool:
@@ -131,7 +141,9 @@ class KvstoreChatMessageHistory(BaseChatMessageHistory):
         return True
 
     async def acompact(self, summary: str, keep_last: int = 0) -> bool:
-        """:meth:`compact` through the async store."""
+        """:meth:`compact` through the async store (or in an executor, see :meth:`aget_messages`)."""
+        if isinstance(self.store, MessageStore):
+            return await run_in_executor(None, self.compact, summary, keep_last)
         _check_keep_last(keep_last)
         thread = self._async().thread(self.thread_id)
         last = _oldest_summarized(await _anewest(thread, keep_last + 1), keep_last)

@@ -131,3 +131,40 @@ def test_compaction_keeps_any_number_and_refuses_a_negative_one(store):
     assert "q0 to q99" in seen[0].content and len(seen) == 1101  # type: ignore[operator]
     with pytest.raises(ValueError, match="keep_last"):
         history.compact("x", keep_last=-1)
+
+
+@pytest.mark.filterwarnings(
+    "ignore:RunnableWithMessageHistory is deprecated:langchain_core._api.deprecation.LangChainDeprecationWarning"
+)
+def test_the_async_methods_run_on_a_sync_store_as_the_base_class_runs_them(store):
+    """BaseChatMessageHistory's a-methods run the sync ones in an executor: an async chain
+    (RunnableWithMessageHistory.ainvoke) works on a history made with a sync store."""
+    from langchain_core.language_models import GenericFakeChatModel
+    from langchain_core.prompts import ChatPromptTemplate, MessagesPlaceholder
+    from langchain_core.runnables.history import RunnableWithMessageHistory
+
+    model = GenericFakeChatModel(messages=iter(["Hello!", "Sunny."]))
+    prompt = ChatPromptTemplate.from_messages(
+        [MessagesPlaceholder("history"), ("human", "{question}")]
+    )
+    chain = RunnableWithMessageHistory(
+        prompt | model,
+        lambda session_id: KvstoreChatMessageHistory(store, session_id),
+        input_messages_key="question",
+        history_messages_key="history",
+    )
+
+    async def main() -> list[str]:
+        for question in ("hi", "weather?"):
+            await chain.ainvoke({"question": question}, {"configurable": {"session_id": "s"}})
+        history = KvstoreChatMessageHistory(store, "s", max_tokens=10_000)
+        await history.aadd_messages([lc.HumanMessage("bye")])
+        assert await history.acompact("greetings", keep_last=1) is True
+        seen = [m.content for m in await history.aget_messages()]
+        await history.aclear()
+        assert await history.aget_messages() == []
+        return seen  # type: ignore[return-value]
+
+    seen = asyncio.run(main())
+    assert "greetings" in seen[0] and seen[1:] == ["bye"]
+    assert contents(KvstoreChatMessageHistory(store, "s")) == []
