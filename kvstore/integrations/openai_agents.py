@@ -66,6 +66,11 @@ class KvstoreSession(SessionABC):
     ) -> None:
         if history not in ("all", "context"):
             raise ValueError(f"history must be 'all' or 'context', not {history!r}")
+        if not isinstance(store, AsyncMessageStore):
+            raise TypeError(
+                "the SDK's session is async: KvstoreSession takes an AsyncMessageStore,"
+                f" not {type(store).__name__}"
+            )
         self.session_id = session_id
         self.session_settings = session_settings
         self.store = store

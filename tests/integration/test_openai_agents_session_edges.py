@@ -210,3 +210,13 @@ def test_limits_and_keep_last_out_of_range(backend, server_only, namespace):
         await store.close()
 
     run(main())
+
+
+def test_a_sync_store_is_refused_when_the_session_is_made(backend, server_only, server, namespace):
+    from kvstore import MessageStore
+
+    with (
+        MessageStore.from_url(server.url, StoreConfig(namespace=namespace)) as sync,
+        pytest.raises(TypeError, match="AsyncMessageStore"),
+    ):
+        KvstoreSession("s", sync)  # type: ignore[arg-type]
