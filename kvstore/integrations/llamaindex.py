@@ -64,9 +64,15 @@ class KvstoreChatStore(BaseChatStore):
         max_messages: int | None = None,
         max_tokens: int | None = None,
     ) -> None:
-        if max_messages is not None and not 1 <= max_messages <= 1000:
+        if not isinstance(store, MessageStore):
+            raise TypeError(f"store must be a MessageStore, not {type(store).__name__}")
+        if async_store is not None and not isinstance(async_store, AsyncMessageStore):
+            raise TypeError(
+                f"async_store must be an AsyncMessageStore, not {type(async_store).__name__}"
+            )
+        if max_messages is not None and not (_is_int(max_messages) and 1 <= max_messages <= 1000):
             raise errors.ConfigError(f"max_messages must be 1..1000, not {max_messages!r}")
-        if max_tokens is not None and max_tokens < 1:
+        if max_tokens is not None and not (_is_int(max_tokens) and max_tokens >= 1):
             raise errors.ConfigError(f"max_tokens must be a positive int, not {max_tokens!r}")
         super().__init__(max_messages=max_messages, max_tokens=max_tokens)
         self._store = store
@@ -233,6 +239,10 @@ class KvstoreChatStore(BaseChatStore):
                 return made
             seen += 1
         return None
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _dump(message: Any, position: int = 0) -> dict[str, Any]:

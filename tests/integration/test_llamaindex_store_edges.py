@@ -126,3 +126,15 @@ def test_get_keys_passes_over_keys_no_thread_is_made_of(store, raw_client, names
     caplog.set_level(logging.WARNING, logger="kvstore")
     assert chat.get_keys() == ["kept"]
     assert "wrongtype" in " ".join(r.getMessage() for r in caplog.records)
+
+
+def test_stores_and_bounds_of_the_wrong_kind_are_refused_when_it_is_made(store, server, namespace):
+    async_store = AsyncMessageStore.from_url(server.url, StoreConfig(namespace=namespace))
+    with pytest.raises(TypeError, match="MessageStore"):
+        KvstoreChatStore(async_store)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="AsyncMessageStore"):
+        KvstoreChatStore(store, store)  # type: ignore[arg-type]
+    for bound in ({"max_messages": True}, {"max_tokens": True}, {"max_messages": 2.5}):
+        with pytest.raises(errors.ConfigError):
+            KvstoreChatStore(store, **bound)  # type: ignore[arg-type]
+    asyncio.run(async_store.close())
