@@ -122,26 +122,114 @@ def langchain_records(messages: Iterable[Stored]) -> list[dict[str, Any]]:
     return [record for run in runs for record in _records(run)]
 
 
-def _runs(messages: Iterable[Stored]) -> Iterator[list[Stored]]:
-    """The messages cut where ``to_langchain`` never joins two: each of its groups lies in one
-    run, so converting run by run makes the same LangChain messages as the whole at once."""
-    run: list[Stored] = []
-    for message in messages:
-        if run and not _joins(run[-1], message):
+def _runs(items: Iterable[Any], message_of: Any = None) -> Iterator[list[Any]]:
+    """The messages (or the items `message_of` gives the message of) cut into to_langchain's
+    groups: converting run by run makes the same LangChain messages as the whole at once."""
+    run: list[Any] = []
+    for item in items:
+        if run and not _joins(_of(run[-1], message_of), _of(item, message_of)):
             yield run
             run = []
-        run.append(message)
+        run.append(item)
     if run:
         yield run
 
 
+def _of(item: Any, message_of: Any) -> Stored:
+    found: Stored = item if message_of is None else message_of(item)
+    return found
+
+
 def _joins(previous: Stored, message: Stored) -> bool:
-    """Whether to_langchain may make one LangChain message of `message` and the one before:
-    the same LangChain record's parts, or a tool call following its step's text or call."""
+    """Whether to_langchain makes one LangChain message of `message` and the one before (its
+    grouping, exactly): the same LangChain record's parts, or a tool call following the text or
+    call of its step."""
     origin = _origin_of(message)
     if origin is not None:
         return origin == _origin_of(previous)
-    return _origin_of(previous) is None and _kind(message) == "tool_call_message"
+    if _origin_of(previous) is not None or _kind(message) != "tool_call_message":
+        return False
+    if _kind(previous) not in ("assistant_message", "tool_call_message"):
+        return False
+    steps = (_dicts.field(previous, "step_id"), _dicts.field(message, "step_id"))
+    return None in steps or steps[0] == steps[1]
+
+
+def _made(run: list[Stored]) -> int:
+    """How many LangChain messages to_langchain makes of a run: one, but a tool return of
+    several tools (``tool_returns``, stored by another writer) makes one per tool."""
+    if len(run) == 1 and _origin_of(run[0]) is None and _kind(run[0]) == "tool_return_message":
+        returns = _dicts.field(run[0], "tool_returns")
+        if returns:
+            return len(returns)
+    return 1
+
+
+def newest_start(
+    messages: list[Stored], count: int, complete: bool, before: bool = False
+) -> int | None:
+    """Where the newest `count` LangChain messages start in `messages` (the thread's newest
+    messages, oldest first, summaries out; `complete` when they reach its start): the index of
+    the first message of the oldest run they need, never inside a LangChain message (past the
+    end for 0). None when older messages must be read first: the oldest run read may begin
+    before them, or (`before`) no message before the start was read yet."""
+    kept = [n for n, message in enumerate(messages) if _kind(message) not in _LEFT_OUT]
+    runs = list(_runs(kept, lambda n: messages[n]))
+    made, start, oldest = 0, len(messages), False
+    for number, run in enumerate(reversed(runs), 1):
+        if made >= count:
+            break
+        made += _made([messages[n] for n in run])
+        start, oldest = run[0], number == len(runs)
+    if complete:
+        return start
+    if made < count or oldest or (before and start == 0):
+        return None
+    return start
+
+
+def whole_pairs(messages: list[Stored], start: int, complete: bool) -> int | None:
+    """`start` (in :func:`newest_start`'s `messages`) moved back until every tool answer from
+    it on has the whole LangChain message of its call with it: kvstore's compaction never
+    covers half of a pair, and would move back to just before the call, inside that message.
+    None when a call is older than the messages read (and `complete` is false)."""
+    while True:
+        answered = {i for m in messages[start:] for i in _ids(m, "tool_return", "tool_returns")}
+        answered -= {i for m in messages[start:] for i in _ids(m, "tool_call", "tool_calls")}
+        if not answered:
+            return start
+        calls = [n for n in range(start) if answered & _ids(messages[n], "tool_call", "tool_calls")]
+        found = set().union(*(_ids(messages[n], "tool_call", "tool_calls") for n in calls))
+        if not complete and not answered <= found:
+            return None  # a call before the messages read
+        if not calls:
+            return start  # calls the thread no longer holds: nothing to keep
+        kept = [n for n, message in enumerate(messages) if _kind(message) not in _LEFT_OUT]
+        runs = list(_runs(kept, lambda n: messages[n]))
+        start = next(run[0] for run in runs if calls[0] in run)
+        if runs[0][0] == start and not complete:
+            return None  # the call's message may begin before the messages read
+
+
+def _ids(message: Stored, one: str, many: str) -> set[str]:
+    """The tool call ids a tool call message calls (``tool_call``, ``tool_calls``) or a tool
+    return message answers (``tool_return`` / ``tool_returns``), dict or model."""
+    kind = _kind(message)
+    if kind != f"{one}_message":
+        return set()
+    own = _dicts.field(message, "tool_call_id") if one == "tool_return" else None
+    items = [_dicts.field(message, one) if one == "tool_call" else None]
+    items += list(_dicts.field(message, many) or [])
+    found = {own} if isinstance(own, str) else set()
+    for item in items:
+        value = (
+            item.get("tool_call_id")
+            if isinstance(item, dict)
+            else getattr(item, "tool_call_id", None)
+        )
+        if isinstance(value, str):
+            found.add(value)
+    return found
 
 
 def _records(run: list[Stored]) -> list[dict[str, Any]]:

@@ -19,7 +19,14 @@ from ..messages import Message
 from ..store import AsyncMessageStore, MessageStore
 from . import _dicts
 from ._dicts import Stored
-from ._langchain_convert import converted, is_replay, stored, to_lc
+from ._langchain_convert import (
+    converted,
+    is_replay,
+    newest_start,
+    stored,
+    to_lc,
+    whole_pairs,
+)
 
 _PAGE = 1000  # the largest page kvstore lists in one call
 
@@ -73,7 +80,7 @@ class KvstoreChatMessageHistory(BaseChatMessageHistory):
         thread = self._handle(self._sync())
         if self.max_tokens is not None:
             return to_lc(thread.context(self.max_tokens), thread)
-        return to_lc(_newest_dicts(thread, self.max_messages), thread)
+        return to_lc(_newest_dicts(thread, self.max_messages), thread)[-self.max_messages :]
 
     async def aget_messages(self) -> list[BaseMessage]:
         """:attr:`messages` read through the async store (with a sync store, :attr:`messages`
@@ -83,7 +90,7 @@ class KvstoreChatMessageHistory(BaseChatMessageHistory):
         thread = self._handle(self._async())
         if self.max_tokens is not None:
             return to_lc(await thread.context(self.max_tokens), thread)
-        return to_lc(await _anewest_dicts(thread, self.max_messages), thread)
+        return to_lc(await _anewest_dicts(thread, self.max_messages), thread)[-self.max_messages :]
 
     def add_messages(self, messages: Iterable[BaseMessage]) -> None:
         """Stores the messages in one atomic, idempotent append: sent again right after it
@@ -134,7 +141,8 @@ class KvstoreChatMessageHistory(BaseChatMessageHistory):
         written) when the thread holds no more than `keep_last` messages."""
         _check_keep_last(keep_last)
         thread = self._sync().thread(self.thread_id)
-        last = _oldest_summarized(_newest(thread, keep_last + 1), keep_last)
+        read = lambda after, size: thread.list(after, None, size, "desc")  # noqa: E731
+        last = _last_summarized(*_selected(read, keep_last, before=True))
         if last is None:
             return False
         thread.compact(summary, last_sequence=last)
@@ -146,7 +154,8 @@ class KvstoreChatMessageHistory(BaseChatMessageHistory):
             return await run_in_executor(None, self.compact, summary, keep_last)
         _check_keep_last(keep_last)
         thread = self._async().thread(self.thread_id)
-        last = _oldest_summarized(await _anewest(thread, keep_last + 1), keep_last)
+        read = lambda after, size: thread.list(after, None, size, "desc")  # noqa: E731
+        last = _last_summarized(*await _aselected(read, keep_last, before=True))
         if last is None:
             return False
         await thread.compact(summary, last_sequence=last)
@@ -162,50 +171,63 @@ class KvstoreChatMessageHistory(BaseChatMessageHistory):
 
 
 def _newest(thread: Any, count: int) -> list[Message]:
-    """The newest `count` messages but summaries, oldest first: one page unless the page holds
-    summaries (a compaction's summary is stored after what it summarizes)."""
-    found: list[Message] = []
-    page = thread.list(limit=min(_PAGE, count), order="desc")
-    while True:
-        found.extend(m for m in page.messages if m.message_type != "summary_message")
-        if len(found) >= count or not page.has_more:
-            return found[:count][::-1]
-        size = min(_PAGE, count - len(found))
-        page = thread.list(after=page.next_cursor, limit=size, order="desc")
+    """The thread's messages that make its newest `count` LangChain messages (a compaction's
+    summaries left out), oldest first; read a page of `count` + 1 at a time, newest first."""
+    found, start = _selected(lambda after, size: thread.list(after, None, size, "desc"), count)
+    return found[start:]  # type: ignore[return-value]  # models, from thread.list
 
 
 async def _anewest(thread: Any, count: int) -> list[Message]:
     """:func:`_newest` on an AsyncThread."""
-    found: list[Message] = []
-    page = await thread.list(limit=min(_PAGE, count), order="desc")
-    while True:
-        found.extend(m for m in page.messages if m.message_type != "summary_message")
-        if len(found) >= count or not page.has_more:
-            return found[:count][::-1]
-        size = min(_PAGE, count - len(found))
-        page = await thread.list(after=page.next_cursor, limit=size, order="desc")
+    read = lambda after, size: thread.list(after, None, size, "desc")  # noqa: E731
+    found, start = await _aselected(read, count)
+    return found[start:]  # type: ignore[return-value]  # models, from thread.list
 
 
 def _newest_dicts(thread: Any, count: int) -> list[Stored]:
     """:func:`_newest` read as stored dicts where a record allows (kvstore/integrations/_dicts.py)."""
-    found: list[Stored] = []
-    page = _dicts.page(thread, limit=count, order="desc")
-    while True:
-        found.extend(m for m in page.messages if not _summary(m))
-        if len(found) >= count or not page.has_more:
-            return found[:count][::-1]
-        page = _dicts.page(thread, page.next_cursor, count - len(found), "desc")
+    found, start = _selected(lambda after, size: _dicts.page(thread, after, size, "desc"), count)
+    return found[start:]
 
 
 async def _anewest_dicts(thread: Any, count: int) -> list[Stored]:
     """:func:`_newest_dicts` on an AsyncThread."""
+    found, start = await _aselected(lambda a, size: _dicts.apage(thread, a, size, "desc"), count)
+    return found[start:]
+
+
+def _selected(read: Any, count: int, before: bool = False) -> tuple[list[Stored], int]:
+    """The newest messages read (oldest first, summaries out) and where the newest `count`
+    LangChain messages start among them (`before`: with a message before that start, when the
+    thread holds one); `read(after, size)` is a page, newest first."""
     found: list[Stored] = []
-    page = await _dicts.apage(thread, limit=count, order="desc")
-    while True:
-        found.extend(m for m in page.messages if not _summary(m))
-        if len(found) >= count or not page.has_more:
-            return found[:count][::-1]
-        page = await _dicts.apage(thread, page.next_cursor, count - len(found), "desc")
+    page = read(None, min(_PAGE, count + 1))
+    while (start := _settle(found, page, count, before)) is None:
+        page = read(page.next_cursor, min(_PAGE, count + 1))
+    return found[::-1], start
+
+
+async def _aselected(read: Any, count: int, before: bool = False) -> tuple[list[Stored], int]:
+    """:func:`_selected` of an async `read`."""
+    found: list[Stored] = []
+    page = await read(None, min(_PAGE, count + 1))
+    while (start := _settle(found, page, count, before)) is None:
+        page = await read(page.next_cursor, min(_PAGE, count + 1))
+    return found[::-1], start
+
+
+def _settle(found: list[Stored], page: Any, count: int, before: bool = False) -> int | None:
+    """Adds a page (newest first) to `found`; the start of the newest `count` LangChain
+    messages in ``found[::-1]`` (`before`, for a compaction: with a message before it, and
+    every tool answer after it with its call's message), or None when an older page is needed."""
+    found.extend(m for m in page.messages if not _summary(m))
+    complete = not page.has_more or not page.messages
+    start = newest_start(found[::-1], count, complete, before)
+    if before and start is not None:
+        start = whole_pairs(found[::-1], start, complete)
+        if start == 0 and not complete:
+            return None
+    return start
 
 
 def _summary(message: Stored) -> bool:
@@ -214,11 +236,11 @@ def _summary(message: Stored) -> bool:
     return message.message_type == "summary_message"  # type: ignore[union-attr]  # a model
 
 
-def _oldest_summarized(newest: list[Message], keep_last: int) -> int | None:
-    """The sequence a compaction keeping the last `keep_last` of `newest` ends at (counted without
-    summaries, so the same call again names the same range and is a replay); None when there
-    is nothing before them."""
-    return newest[0].seq_id if len(newest) > keep_last else None
+def _last_summarized(found: list[Stored], start: int) -> int | None:
+    """The sequence a compaction keeping ``found[start:]`` ends at: the message just before
+    them (counted in LangChain messages without summaries, so the same call again names the
+    same range and is a replay); None when there is none."""
+    return _dicts.field(found[start - 1], "seq_id") if start > 0 else None
 
 
 def _check_keep_last(keep_last: int) -> None:

@@ -168,3 +168,40 @@ def test_the_async_methods_run_on_a_sync_store_as_the_base_class_runs_them(store
     seen = asyncio.run(main())
     assert "greetings" in seen[0] and seen[1:] == ["bye"]
     assert contents(KvstoreChatMessageHistory(store, "s")) == []
+
+
+def _with_calls() -> list[lc.BaseMessage]:
+    """A conversation whose AI message with text and two tool calls is three kvstore messages."""
+    calls = [{"name": "a", "args": {}, "id": "c1"}, {"name": "b", "args": {"x": 1}, "id": "c2"}]
+    return [
+        lc.HumanMessage("q"),
+        lc.AIMessage("let me look", tool_calls=calls),
+        lc.ToolMessage("r1", tool_call_id="c1"),
+        lc.ToolMessage("r2", tool_call_id="c2"),
+        lc.AIMessage("done"),
+    ]
+
+
+@pytest.mark.parametrize("count", [1, 2, 3, 4, 5, 6])
+def test_the_newest_page_counts_langchain_messages_and_never_cuts_one(store, count):
+    conversation = _with_calls()
+    KvstoreChatMessageHistory(store, "t").add_messages(conversation)
+    assert store.thread("t").stats().stored_messages == 7
+    assert (
+        KvstoreChatMessageHistory(store, "t", max_messages=count).messages
+        == (conversation[-count:])
+    )
+
+
+@pytest.mark.parametrize(("keep_last", "kept"), [(1, 1), (2, 4), (3, 4), (4, 4)])
+def test_compaction_keeps_whole_langchain_messages(store, keep_last, kept):
+    """keep_last counts LangChain messages; a tool answer kept keeps its call's whole message
+    (kvstore's compaction never covers half of a pair)."""
+    conversation = _with_calls()
+    history = KvstoreChatMessageHistory(store, "c", max_tokens=100_000)
+    history.add_messages(conversation)
+    assert history.compact("earlier", keep_last=keep_last) is True
+    seen = history.messages
+    assert "earlier" in seen[0].content and seen[1:] == conversation[-kept:]  # type: ignore[operator]
+    assert history.compact("earlier", keep_last=keep_last) is True  # the same range: a replay
+    assert history.compact("all", keep_last=5) is False
