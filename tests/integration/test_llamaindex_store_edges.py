@@ -138,3 +138,33 @@ def test_stores_and_bounds_of_the_wrong_kind_are_refused_when_it_is_made(store, 
         with pytest.raises(errors.ConfigError):
             KvstoreChatStore(store, **bound)  # type: ignore[arg-type]
     asyncio.run(async_store.close())
+
+
+def test_tool_calls_with_long_arguments_round_trip(call):
+    """An agent's tool call with long arguments (a tool writing a file) is held by the stored
+    tool call itself: only what has no kvstore field counts against metadata's 7 KB."""
+    big = "x = 1\n" * 5_000  # 30 KB of arguments
+    calls = [
+        {"id": "c1", "type": "function", "function": {"name": "write", "arguments": big}},
+        {"id": "c2", "type": "function", "function": {"name": "read", "arguments": "{}"}},
+    ]
+    messages = [
+        ChatMessage(role="assistant", content="", additional_kwargs={"tool_calls": calls[:1]}),
+        ChatMessage(role="assistant", content="both", additional_kwargs={"tool_calls": calls}),
+        ChatMessage(
+            role="assistant", content=None, additional_kwargs={"tool_calls": calls, "other": 1}
+        ),
+        ChatMessage(role="tool", content=big, additional_kwargs={"tool_call_id": "c1"}),
+    ]
+    for message in messages:
+        call("add_message", "big", message)
+    assert call("get_messages", "big") == messages
+    call("set_messages", "big2", messages)
+    assert call("get_messages", "big2") == messages
+    other = {"id": "c3", "type": "function", "function": {"name": "w", "arguments": big}, "x": 1}
+    with pytest.raises(errors.InvalidMessage):  # a shape kvstore has no field for: kept, 7 KB
+        call(
+            "add_message",
+            "big",
+            ChatMessage(role="assistant", additional_kwargs={"tool_calls": [other]}),
+        )
