@@ -37,8 +37,9 @@ class KvstoreChatMessageHistory(BaseChatMessageHistory):
     `store` is a :class:`MessageStore` (every method; the ``a``-prefixed ones run the sync ones
     in an executor, as the base class does) or an :class:`AsyncMessageStore` (the ``a``-prefixed
     methods; the sync ones raise TypeError). ``messages`` is bounded: the newest
-    `max_messages`, or with `max_tokens` the thread's ``context(max_tokens)`` (the compaction's
-    summary first, as a system message). ``add_messages`` is one atomic, idempotent append (see docs/INTEGRATIONS.md).
+    `max_messages` LangChain messages, or with `max_tokens` the thread's
+    ``context(max_tokens)`` (the compaction's summary first, as a system message).
+    ``add_messages`` is one atomic, idempotent append (see docs/INTEGRATIONS.md).
 
     Example::
 
@@ -53,9 +54,9 @@ class KvstoreChatMessageHistory(BaseChatMessageHistory):
         max_messages: int = 50,
         max_tokens: int | None = None,
     ) -> None:
-        if isinstance(max_messages, bool) or not 1 <= max_messages <= 1000:
+        if not _is_int(max_messages) or not 1 <= max_messages <= 1000:
             raise errors.InvalidCursor(f"max_messages must be 1..1000, got {max_messages!r}")
-        if max_tokens is not None and (isinstance(max_tokens, bool) or max_tokens < 1):
+        if max_tokens is not None and (not _is_int(max_tokens) or max_tokens < 1):
             raise errors.InvalidCursor(f"max_tokens must be a positive int, got {max_tokens!r}")
         check_thread_id(thread_id)  # InvalidThreadId now, not at the first call
         self.store = store
@@ -177,13 +178,6 @@ def _newest(thread: Any, count: int) -> list[Message]:
     return found[start:]  # type: ignore[return-value]  # models, from thread.list
 
 
-async def _anewest(thread: Any, count: int) -> list[Message]:
-    """:func:`_newest` on an AsyncThread."""
-    read = lambda after, size: thread.list(after, None, size, "desc")  # noqa: E731
-    found, start = await _aselected(read, count)
-    return found[start:]  # type: ignore[return-value]  # models, from thread.list
-
-
 def _newest_dicts(thread: Any, count: int) -> list[Stored]:
     """:func:`_newest` read as stored dicts where a record allows (kvstore/integrations/_dicts.py)."""
     found, start = _selected(lambda after, size: _dicts.page(thread, after, size, "desc"), count)
@@ -243,6 +237,10 @@ def _last_summarized(found: list[Stored], start: int) -> int | None:
     return _dicts.field(found[start - 1], "seq_id") if start > 0 else None
 
 
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _check_keep_last(keep_last: int) -> None:
-    if isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 0:
+    if not _is_int(keep_last) or keep_last < 0:
         raise ValueError(f"keep_last must be an int from 0 up, got {keep_last!r}")
