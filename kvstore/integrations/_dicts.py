@@ -10,11 +10,20 @@ conversion (:func:`as_model` first).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+import logging
+from collections.abc import AsyncIterator, Iterable, Iterator
 from typing import Any, Literal
 
 from .._engine import core
 from ..messages import MESSAGE_ADAPTER, Message
+
+log = logging.getLogger("kvstore")
+
+_PAGE = 1000  # the largest page kvstore lists in one call
+
+CONVERSION_ERRORS = (ValueError, TypeError, KeyError, AttributeError, IndexError)
+"""What converting a stored message another writer broke may raise (pydantic's ValidationError
+and json's JSONDecodeError are ValueErrors): the adapters skip and log such a message."""
 
 Stored = dict[str, Any] | Message
 """A message as these reads return it: its stored dict, or its model."""
@@ -58,3 +67,50 @@ async def aiterate(thread: Any, order: Literal["asc", "desc"] = "asc") -> AsyncI
     async for read in thread._store.stream(core.pages(thread._ref, order, read=core.list_dicts)):
         for message in read.messages:
             yield message
+
+
+def newest(thread: Any, count: int) -> list[Stored]:
+    """The newest `count` stored messages of a sync Thread (any kind), newest first, a page of
+    at most 1,000 at a time."""
+    found: list[Stored] = []
+    after: int | None = None
+    while len(found) < count:
+        read = page(thread, after, min(_PAGE, count - len(found)), "desc")
+        found.extend(read.messages)
+        if not read.has_more or not read.messages:
+            break
+        after = read.next_cursor
+    return found[:count]
+
+
+async def anewest(thread: Any, count: int) -> list[Stored]:
+    """:func:`newest` of an AsyncThread."""
+    found: list[Stored] = []
+    after: int | None = None
+    while len(found) < count:
+        read = await apage(thread, after, min(_PAGE, count - len(found)), "desc")
+        found.extend(read.messages)
+        if not read.has_more or not read.messages:
+            break
+        after = read.next_cursor
+    return found[:count]
+
+
+def field(message: Stored, name: str) -> Any:
+    """A field of a stored message, dict or model (None when it has none)."""
+    return message.get(name) if type(message) is dict else getattr(message, name, None)
+
+
+def skipped(thread: Any, messages: Iterable[Stored], error: Exception) -> None:
+    """Logs the messages a read leaves out because the adapter can make no framework message
+    of them (a stored message whose kept fields another writer broke), naming the thread and
+    each sequence, as a page read logs a record it cannot read (docs/RELIABILITY.md)."""
+    name = thread._ref.keys.meta.rpartition(":")[0] if thread is not None else "?"
+    for message in messages:
+        log.warning(
+            "thread %s: skipped a message the adapter cannot convert: sequence %s: %s: %s",
+            name,
+            field(message, "seq_id"),
+            type(error).__name__,
+            error,
+        )

@@ -29,6 +29,10 @@ from ..messages import (
 DELETED = "llamaindex_deleted"
 """The metadata key of a message delete_message retracted: reads leave it out."""
 
+NATIVE_CALLS = "native_tool_calls"
+"""The kept field saying a tool call message's ``additional_kwargs["tool_calls"]`` is its
+native calls (kept once there, beside the other kwargs kept)."""
+
 _ROLE_OF = {
     "system_message": "system",
     "user_message": "user",
@@ -62,10 +66,16 @@ def to_kvstore(record: dict[str, Any], key: str = "") -> Message:
     fields: dict[str, Any] = {}
     if kind != role:
         fields["role"] = role
+    calls = _tool_calls(kwargs) if kind == "assistant" else []
+    if calls and kwargs.get("tool_calls") == _call_dicts(calls):
+        # The stored calls give these back as they are: kept once, in the native fields (so
+        # long arguments do not count against the metadata's bound).
+        kwargs = {name: value for name, value in kwargs.items() if name != "tool_calls"}
+        if kwargs:
+            fields[NATIVE_CALLS] = True
     if kwargs:
         fields["additional_kwargs"] = kwargs
     texts = [part.text for part in parts if isinstance(part, TextContent)]
-    calls = _tool_calls(kwargs) if kind == "assistant" else []
     whole = calls or (kind in ("system", "tool") and (len(blocks) != 1 or kept))
     if whole:  # no native field holds these blocks as they are: kept whole
         fields["all_blocks"] = blocks
@@ -117,6 +127,18 @@ def _tool_calls(kwargs: dict[str, Any]) -> list[ToolCall]:
     return calls
 
 
+def _call_dicts(calls: list[ToolCall]) -> list[dict[str, Any]]:
+    """``additional_kwargs["tool_calls"]`` as a read of the stored calls gives it back."""
+    return [
+        {
+            "id": call.tool_call_id,
+            "type": "function",
+            "function": {"name": call.name, "arguments": call.arguments},
+        }
+        for call in calls
+    ]
+
+
 def _image_block(image: ImageContent) -> dict[str, Any]:
     source = image.source
     if isinstance(source, Base64Image):
@@ -143,9 +165,9 @@ def to_chat(message: Message) -> dict[str, Any] | None:
     kind = message.message_type
     role = fields.get("role") or _ROLE_OF.get(kind, "assistant")
     kwargs = fields.get("additional_kwargs") or {}
-    if not kwargs or metadata.get("source") == "llamaindex":  # type: ignore[union-attr]
-        # The importer kept only what the native fields do not hold (tool calls, their ids and
-        # the name are native there).
+    if not kwargs or fields.get(NATIVE_CALLS) or metadata.get("source") == "llamaindex":  # type: ignore[union-attr]
+        # Only what the native fields do not hold was kept (tool calls, their ids and the name
+        # are native there).
         kwargs = {**_native_kwargs(message), **kwargs}
     if "all_blocks" in fields:
         blocks = fields["all_blocks"]

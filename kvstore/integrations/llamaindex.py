@@ -9,18 +9,22 @@ hands its model a bounded history however long the thread runs.
 
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 import redis
 from llama_index.core.base.llms.types import ChatMessage
 from llama_index.core.storage.chat_store.base import BaseChatStore
-from pydantic import PrivateAttr
+from pydantic import PrivateAttr, ValidationError
 
 from .. import errors
-from .._engine.layout.keys import meta_pattern, thread_of_meta_key
+from .._engine.layout.keys import check_thread_id, meta_pattern, thread_of_meta_key
+from .._engine.prepare import prepare_batch
+from ..config import StoreConfig
 from ..messages import Message
 from ..store import AsyncMessageStore, MessageStore
 from . import _dicts
+from ._dicts import Stored
 from ._llamaindex_convert import chat_dict, to_chat, to_kvstore, tombstone
 
 __all__ = ["KvstoreChatStore"]
@@ -60,9 +64,15 @@ class KvstoreChatStore(BaseChatStore):
         max_messages: int | None = None,
         max_tokens: int | None = None,
     ) -> None:
-        if max_messages is not None and not 1 <= max_messages <= 1000:
+        if not isinstance(store, MessageStore):
+            raise TypeError(f"store must be a MessageStore, not {type(store).__name__}")
+        if async_store is not None and not isinstance(async_store, AsyncMessageStore):
+            raise TypeError(
+                f"async_store must be an AsyncMessageStore, not {type(async_store).__name__}"
+            )
+        if max_messages is not None and not (_is_int(max_messages) and 1 <= max_messages <= 1000):
             raise errors.ConfigError(f"max_messages must be 1..1000, not {max_messages!r}")
-        if max_tokens is not None and max_tokens < 1:
+        if max_tokens is not None and not (_is_int(max_tokens) and max_tokens >= 1):
             raise errors.ConfigError(f"max_tokens must be a positive int, not {max_tokens!r}")
         super().__init__(max_messages=max_messages, max_tokens=max_tokens)
         self._store = store
@@ -77,32 +87,33 @@ class KvstoreChatStore(BaseChatStore):
 
     def set_messages(self, key: str, messages: list[ChatMessage]) -> None:
         """Replaces the thread's messages: a delete, then appends of at most 100 messages
-        (each atomic). A concurrent reader may see the thread empty or holding a prefix."""
+        (each atomic). A concurrent reader may see the thread empty or holding a prefix. Every
+        message is checked first: a bad one raises, and the history is left as it was."""
         thread = self._store.thread(key)
+        batches = _batches(self._store.config, messages, key)
         thread.delete()
-        converted = [to_kvstore(_dump(message), key) for message in messages]
-        for start in range(0, len(converted), _BATCH):
-            thread.append(converted[start : start + _BATCH])
+        for batch in batches:
+            thread.append(batch)
 
     def get_messages(self, key: str) -> list[ChatMessage]:
         """The thread's history: bounded by ``max_messages`` / ``max_tokens`` when set."""
         thread = self._thread(key)
         if self.max_tokens is not None:
-            return _chat(thread.context(max_tokens=self.max_tokens))
+            return _chat(thread.context(max_tokens=self.max_tokens), thread)
         if self.max_messages is not None:
             newest: list[ChatMessage] = []
             limit = self.max_messages
             page = _dicts.page(thread, limit=limit, order="desc")
             while True:  # deleted messages in the page: older pages fill their places
-                newest = _chat(reversed(page.messages)) + newest
+                newest = _chat(reversed(page.messages), thread) + newest
                 if len(newest) >= limit or not page.has_more:
                     return newest[-limit:]
                 page = _dicts.page(thread, page.next_cursor, limit, "desc")
-        return _chat(_dicts.iterate(thread))
+        return _chat(_dicts.iterate(thread), thread)
 
     def add_message(self, key: str, message: ChatMessage) -> None:
         """Appends one message: one atomic, idempotent script call."""
-        self._store.thread(key).append(to_kvstore(_dump(message), key))
+        self._store.thread(key).append(_message(message, key))
 
     def delete_messages(self, key: str) -> list[ChatMessage] | None:
         """Deletes the thread. Returns None: the deleted history is not read first (it may be
@@ -115,25 +126,26 @@ class KvstoreChatStore(BaseChatStore):
 
         Reads up to `idx` + 1 messages oldest first, then replaces the one found, by its id, with
         a tombstone reads leave out: one atomic script. Appends never move a position, so a
-        concurrent append cannot make it delete another message."""
-        if idx < 0:
+        concurrent append cannot make it delete another message. `idx` must be an int
+        (TypeError); a negative one deletes nothing, as in LlamaIndex's Redis chat store."""
+        if operator.index(idx) < 0:
             return None
         thread = self._store.thread(key)
-        found = _nth(thread.iter(), idx)
+        found = _nth(thread.iter(), idx, thread)
         if found is None:
             return None
         thread.replace(str(found[0].id), tombstone())
-        return ChatMessage.model_validate(found[1])
+        return found[1]
 
     def delete_last_message(self, key: str) -> ChatMessage | None:
         """Deletes the newest message (None on an empty thread), read from the newest page and
         replaced by its id: a message appended meanwhile is not the one deleted."""
         thread = self._store.thread(key)
-        found = _nth(thread.iter(order="desc"), 0)
+        found = _nth(thread.iter(order="desc"), 0, thread)
         if found is None:
             return None
         thread.replace(str(found[0].id), tombstone())
-        return ChatMessage.model_validate(found[1])
+        return found[1]
 
     def get_keys(self) -> list[str]:
         """Every thread id of the store's namespace: a SCAN of the whole keyspace (its cost
@@ -148,10 +160,10 @@ class KvstoreChatStore(BaseChatStore):
         if self._async_store is None:
             return await super().aset_messages(key, messages)
         thread = self._async_store.thread(key)
+        batches = _batches(self._async_store.config, messages, key)
         await thread.delete()
-        converted = [to_kvstore(_dump(message), key) for message in messages]
-        for start in range(0, len(converted), _BATCH):
-            await thread.append(converted[start : start + _BATCH])
+        for batch in batches:
+            await thread.append(batch)
         return None
 
     async def aget_messages(self, key: str) -> list[ChatMessage]:
@@ -160,23 +172,23 @@ class KvstoreChatStore(BaseChatStore):
             return await super().aget_messages(key)
         thread = self._thread(key, asynchronous=True)
         if self.max_tokens is not None:
-            return _chat(await thread.context(max_tokens=self.max_tokens))
+            return _chat(await thread.context(max_tokens=self.max_tokens), thread)
         if self.max_messages is not None:
             newest: list[ChatMessage] = []
             limit = self.max_messages
             page = await _dicts.apage(thread, limit=limit, order="desc")
             while True:
-                newest = _chat(reversed(page.messages)) + newest
+                newest = _chat(reversed(page.messages), thread) + newest
                 if len(newest) >= limit or not page.has_more:
                     return newest[-limit:]
                 page = await _dicts.apage(thread, page.next_cursor, limit, "desc")
-        return _chat([message async for message in _dicts.aiterate(thread)])
+        return _chat([message async for message in _dicts.aiterate(thread)], thread)
 
     async def async_add_message(self, key: str, message: ChatMessage) -> None:
         """See :meth:`add_message`."""
         if self._async_store is None:
             return await super().async_add_message(key, message)
-        await self._async_store.thread(key).append(to_kvstore(_dump(message), key))
+        await self._async_store.thread(key).append(_message(message, key))
         return None
 
     async def adelete_messages(self, key: str) -> list[ChatMessage] | None:
@@ -214,50 +226,87 @@ class KvstoreChatStore(BaseChatStore):
 
     async def _adelete_at(self, key: str, idx: int, order: Any) -> ChatMessage | None:
         assert self._async_store is not None
-        if idx < 0:
+        if operator.index(idx) < 0:
             return None
         thread = self._async_store.thread(key)
         seen = 0
         async for message in thread.iter(order=order):
-            record = to_chat(message)
-            if record is None:
+            made = _chat_of(message, thread)
+            if made is None:
                 continue
             if seen == idx:
                 await thread.replace(str(message.id), tombstone())
-                return ChatMessage.model_validate(record)
+                return made
             seen += 1
         return None
 
 
-def _dump(message: ChatMessage) -> dict[str, Any]:
-    dumped: dict[str, Any] = message.model_dump(mode="json")
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _dump(message: Any, position: int = 0) -> dict[str, Any]:
+    if not isinstance(message, ChatMessage):
+        raise errors.InvalidMessage(
+            f"message {position}: a chat store takes LlamaIndex ChatMessages,"
+            f" not {type(message).__name__}"
+        )
+    try:
+        dumped: dict[str, Any] = message.model_dump(mode="json")
+    except ValueError as exc:  # pydantic's PydanticSerializationError: a value JSON cannot carry
+        raise errors.InvalidMessage(f"message {position}: {exc}") from None
     return dumped
 
 
-def _chat(messages: Any) -> list[ChatMessage]:
-    """ChatMessages of stored messages (models, or dicts as _dicts reads them), deleted ones
-    left out."""
-    made = []
-    for message in messages:
+def _message(message: Any, key: str, position: int = 0) -> Message:
+    """The kvstore message of a ChatMessage; InvalidMessage for anything it cannot store."""
+    try:
+        return to_kvstore(_dump(message, position), key)
+    except ValidationError as exc:
+        raise errors.InvalidMessage(f"{key}, message {position}: {exc}") from None
+
+
+def _batches(config: StoreConfig, messages: list[Any], key: str) -> list[list[Message]]:
+    """set_messages' appends, each message converted and every limit checked (as the append
+    will check it) before anything is deleted."""
+    converted = [_message(message, key, n) for n, message in enumerate(messages)]
+    batches = [converted[start : start + _BATCH] for start in range(0, len(converted), _BATCH)]
+    for batch in batches:
+        prepare_batch(config, batch, None)
+    return batches
+
+
+def _chat_of(message: Stored, thread: Any) -> ChatMessage | None:
+    """The ChatMessage of a stored message (a model, or a dict as _dicts reads it); None for a
+    deleted one, and for one no ChatMessage can be made of (its kept fields broken by another
+    writer), which is logged, as a page read logs a record it cannot read."""
+    try:
         found = False
         if type(message) is dict:
             found, record = chat_dict(message)
         if not found:
             record = to_chat(_dicts.as_model(message))
-        if record is not None:
-            made.append(ChatMessage.model_validate(record))
-    return made
+        return None if record is None else ChatMessage.model_validate(record)
+    except _dicts.CONVERSION_ERRORS as exc:
+        _dicts.skipped(thread, [message], exc)
+        return None
 
 
-def _nth(messages: Any, idx: int) -> tuple[Message, dict[str, Any]] | None:
-    """The `idx`-th message not deleted (and its ChatMessage dict), or None."""
+def _chat(messages: Any, thread: Any = None) -> list[ChatMessage]:
+    """ChatMessages of stored messages, deleted ones (and ones none can be made of) left out."""
+    made = (_chat_of(message, thread) for message in messages)
+    return [message for message in made if message is not None]
+
+
+def _nth(messages: Any, idx: int, thread: Any) -> tuple[Message, ChatMessage] | None:
+    """The `idx`-th message get_messages shows (and its ChatMessage), or None."""
     seen = 0
     for message in messages:
-        record = to_chat(message)
-        if record is None:
+        made = _chat_of(message, thread)
+        if made is None:
             continue
         if seen == idx:
-            return message, record
+            return message, made
         seen += 1
     return None
 
@@ -272,4 +321,19 @@ def _keys(store: MessageStore) -> list[str]:
             "get_keys lists threads with SCAN, which this user may not run: grant +scan, or"
             " keep the thread ids in your application"
         ) from None
-    return sorted(t for t in ids if store.thread(t).stats().stored_messages > 0)
+    return sorted(t for t in ids if _holds_messages(store, t))
+
+
+def _holds_messages(store: MessageStore, thread_id: str) -> bool:
+    """Whether a meta key's thread holds messages: False for a key no thread is made of (an id
+    kvstore refuses, another writer's key of another type; the latter is logged)."""
+    try:
+        check_thread_id(thread_id)
+        return store.thread(thread_id).stats().stored_messages > 0
+    except errors.InvalidThreadId:
+        return False
+    except errors.MigrationPending:
+        raise
+    except errors.LayoutError as exc:
+        _dicts.log.warning("get_keys: passed over thread %r: %s", thread_id, exc)
+        return False

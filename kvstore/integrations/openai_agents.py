@@ -5,10 +5,11 @@ system, assistant, tool-call, tool-return or reasoning message, so ``context()``
 the CLI read it), with the item itself in the message's ``openai_item`` field, so it comes back
 equal and no item type is ever dropped. A string ``content`` is stored once, in the message.
 
-Ids: an item's otid is made from its own ``id`` when it has one, else from a hash of the item and
-the otid before it (the batch's previous item, or the thread's newest message when the batch
-started). ``add_items`` is one atomic append; sent again after it ran (a retried step), it finds
-its items as the thread's newest and stores nothing (docs/INTEGRATIONS.md, "OpenAI Agents SDK").
+Ids: an item's otid is a hash of the item chained to the message before it (the batch's previous
+item, or the thread's newest message when the batch started, retracted or not). ``add_items`` is
+one atomic append; sent again after it ran (a retried step), it finds its items as the thread's
+newest and stores nothing; the same items added at any other point (after a pop, later in the
+conversation) are stored (docs/INTEGRATIONS.md, "OpenAI Agents SDK").
 """
 
 from __future__ import annotations
@@ -20,13 +21,22 @@ from typing import Any
 
 from agents.memory.session import SessionABC
 from agents.memory.session_settings import SessionSettings
+from pydantic import ValidationError
 
+from kvstore import errors
 from kvstore.config import StoreConfig
-from kvstore.importers.openai_agents import POPPED_FIELD, dict_item, item_message, message_item
+from kvstore.importers.openai_agents import (
+    ITEM_FIELD,
+    POPPED_FIELD,
+    dict_item,
+    item_message,
+    message_item,
+)
 from kvstore.messages import HiddenReasoningMessage, Message
 from kvstore.store import AsyncMessageStore
 
-from ._dicts import Stored, apage, as_model
+from ._dicts import Stored, anewest, apage, as_model
+from ._dicts import field as _field
 
 _PAGE = 1000  # the largest page kvstore lists in one call
 
@@ -56,6 +66,11 @@ class KvstoreSession(SessionABC):
     ) -> None:
         if history not in ("all", "context"):
             raise ValueError(f"history must be 'all' or 'context', not {history!r}")
+        if not isinstance(store, AsyncMessageStore):
+            raise TypeError(
+                "the SDK's session is async: KvstoreSession takes an AsyncMessageStore,"
+                f" not {type(store).__name__}"
+            )
         self.session_id = session_id
         self.session_settings = session_settings
         self.store = store
@@ -87,15 +102,14 @@ class KvstoreSession(SessionABC):
     async def get_items(self, limit: int | None = None) -> list[Any]:
         """The newest `limit` items, oldest first (one bounded page read); with no limit, the
         session settings' limit, else the whole history (or the context, see the class)."""
-        if limit is None and self.session_settings is not None:
-            limit = self.session_settings.limit
+        limit = _limit(limit, self.session_settings)
         if limit is None:
             if self._history == "context":
                 return await self.context_items(self._max_tokens)
             return [item async for item in self._all_items()]
         if limit <= 0:
             return []
-        return await self._newest(limit)
+        return [item for _, item in reversed(await self._newest_items(limit))]
 
     async def context_items(self, max_tokens: int | None = None) -> list[Any]:
         """The model input kvstore keeps: the latest summary, then the items after it, within
@@ -104,26 +118,33 @@ class KvstoreSession(SessionABC):
         return _items([m for m in context if not _retracted(m)])
 
     async def add_items(self, items: list[Any]) -> None:
-        """Appends the items in one atomic call; a call sent again after it ran stores nothing."""
-        if not items:
+        """Appends the items in one atomic call; a call sent again after it ran stores nothing.
+
+        An item that is not a JSON object, holds a value JSON cannot carry (or kvstore's bounds
+        refuse), or would not read back as it was given raises InvalidMessage; nothing is
+        written then."""
+        made = _prepared(items)
+        if not made:
             return
-        tail = await self._tail(len(items) + 1)
-        if _is_replay(items, tail):
+        tail = await anewest(self.thread, len(made) + 1)
+        if _is_replay(made, tail):
             return
-        anchor = tail[-1].otid if tail else None
-        await self.thread.append(_messages(items, anchor))
+        anchor = _mark(tail[0]) if tail else None
+        otids = _otids([canonical for _, canonical in made], anchor)
+        for (message, _), otid in zip(made, otids, strict=True):
+            message.otid = otid
+        await self.thread.append([message for message, _ in made])
 
     async def pop_item(self) -> Any | None:
-        """Retracts the newest item and returns it (None when the session is empty)."""
-        tail = await self._tail(1)
-        if not tail:
+        """Retracts the newest item and returns it (None when the session has none)."""
+        found = await self._newest_items(1)
+        if not found:
             return None
-        newest = tail[-1]
-        assert newest.id is not None  # every stored message has one
-        tombstone = HiddenReasoningMessage(state="omitted", otid=newest.otid)
+        newest, item = found[0]
+        tombstone = HiddenReasoningMessage(state="omitted", otid=_field(newest, "otid"))
         setattr(tombstone, POPPED_FIELD, True)
-        await self.thread.replace(newest.id, tombstone)
-        return message_item(newest)
+        await self.thread.replace(str(_field(newest, "id")), tombstone)
+        return item
 
     async def clear_session(self) -> None:
         """Deletes the session's thread (every key of it, in bounded steps)."""
@@ -132,49 +153,35 @@ class KvstoreSession(SessionABC):
     async def compact(self, summary: str, keep_last: int = 0) -> None:
         """Stores `summary` of every item but the newest `keep_last`; the context (and with
         ``history="context"`` the history the model gets) then starts at it."""
-        # Counted in items (summaries and retracted items are none), so the same call again
-        # names the same range and is a replay.
-        newest = await self._tail(keep_last + 1)
+        if isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 0:
+            raise ValueError(f"keep_last must be an int from 0 up, got {keep_last!r}")
+        # Counted in items (summaries, retracted messages and messages without an item are
+        # none), so the same call again names the same range and is a replay.
+        newest = await self._newest_items(keep_last + 1)
         if len(newest) <= keep_last:
             return
-        last = newest[-keep_last - 1].seq_id
-        assert last is not None
-        await self.thread.compact(summary, last_sequence=last)
+        await self.thread.compact(summary, last_sequence=_field(newest[keep_last][0], "seq_id"))
 
     async def watch(self, after: int | str | None = None) -> AsyncIterator[Any]:
         """The thread's live tail (``thread.watch``): each event as kvstore yields it."""
         async for event in self.thread.watch(after=after):
             yield event
 
-    async def _newest(self, limit: int) -> list[Any]:
-        """The newest `limit` items, oldest first, from the stored dicts (no model built where
-        a record's shape allows): the same items as ``_items(await self._tail(limit))``."""
-        found: list[Stored] = []
+    async def _newest_items(self, count: int) -> list[tuple[Stored, Any]]:
+        """The newest `count` items and their messages, newest first, read as stored dicts
+        where a record allows: messages that are no item (retracted, summaries, others'
+        messages without a Responses form) are passed over, older pages filling their places."""
+        found: list[tuple[Stored, Any]] = []
         after: int | None = None
-        while len(found) < limit:
-            read = await apage(self.thread, after, min(_PAGE, limit - len(found)), "desc")
-            found.extend(m for m in read.messages if not _hidden(m))
+        while len(found) < count:
+            read = await apage(self.thread, after, min(_PAGE, count - len(found)), "desc")
+            for message in read.messages:
+                item = None if _hidden(message) else _item(message)
+                if item is not None and len(found) < count:
+                    found.append((message, item))
             if not read.has_more or not read.messages:
                 break
             after = read.next_cursor
-        found = found[:limit]
-        found.reverse()
-        return _items(found)
-
-    async def _tail(self, count: int) -> list[Message]:
-        """The newest `count` live messages, oldest first: pages back past retracted ones."""
-        found: list[Message] = []
-        after: int | None = None  # in descending order, "after" is older
-        while len(found) < count:
-            page = await self.thread.list(
-                after=after, limit=min(_PAGE, count - len(found)), order="desc"
-            )
-            found.extend(m for m in page.messages if not _hidden(m))
-            if not page.has_more or not page.messages:
-                break
-            after = page.messages[-1].seq_id
-        found = found[:count]
-        found.reverse()
         return found
 
     async def _all_items(self) -> AsyncIterator[Any]:
@@ -213,37 +220,87 @@ def _item(message: Stored) -> Any:
     return message_item(as_model(message))
 
 
+def _mark(message: Stored) -> str | None:
+    """What the next item's otid is chained to: the message's otid, else its id (a message
+    another writer stored may have no otid; every stored message has an id)."""
+    mark: str | None = _field(message, "otid") or _field(message, "id")
+    return mark
+
+
+def _limit(limit: int | None, settings: Any) -> int | None:
+    """The limit a read takes: the one given, else the session settings' (an object or, as the
+    SDK also accepts, a dict)."""
+    if limit is not None or settings is None:
+        return limit
+    if isinstance(settings, dict):
+        return settings.get("limit")
+    found: int | None = getattr(settings, "limit", None)
+    return found
+
+
 def _canonical(item: Any) -> bytes:
-    return json.dumps(item, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    text = json.dumps(
+        item, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    )
+    return text.encode()
 
 
-def _otids(items: list[Any], anchor: str | None) -> list[str]:
+def _prepared(items: Any) -> list[tuple[Message, bytes]]:
+    """Each item's kvstore message (its otid not yet set) and canonical JSON; InvalidMessage,
+    naming the item, for one that cannot be stored as it was given."""
+    made = []
+    for position, item in enumerate(list(items)):
+        if not isinstance(item, dict):
+            raise errors.InvalidMessage(
+                f"item {position}: a Responses input item is a JSON object (a dict),"
+                f" not {type(item).__name__}"
+            )
+        try:
+            canonical = _canonical(item)
+        except (TypeError, ValueError) as exc:  # a lone surrogate's UnicodeEncodeError too
+            raise errors.InvalidMessage(f"item {position} is not plain JSON: {exc}") from None
+        made.append((_message_of(item, canonical, position), canonical))
+    return made
+
+
+def _message_of(item: dict[str, Any], canonical: bytes, position: int) -> Message:
+    """The message an item means, holding it so that it reads back equal (the item whole
+    where the usual form would not give it back), else InvalidMessage."""
+    try:
+        message = item_message(item)
+        if _canonical(message_item(message)) != canonical:
+            setattr(message, ITEM_FIELD, dict(item))  # e.g. a message item without a role
+    except ValidationError as exc:
+        details = "; ".join(str(error["msg"]) for error in exc.errors(include_url=False))
+        raise errors.InvalidMessage(f"item {position} cannot be stored: {details}") from None
+    if _canonical(message_item(message)) != canonical:
+        raise errors.InvalidMessage(
+            f"item {position} would not read back as it was given"
+            " (a message item needs its content)"
+        )
+    return message
+
+
+def _otids(canonicals: list[bytes], anchor: str | None) -> list[str]:
+    """Each item's otid: a hash of the item chained to the otid before it."""
     otids = []
-    for item in items:
-        own = item.get("id") if isinstance(item, dict) else None
-        if isinstance(own, str) and own and len(own) <= 100:
-            otid = "oa-id-" + hashlib.sha256(own.encode()).hexdigest()[:32]
-        else:
-            digest = hashlib.sha256((anchor or "").encode() + b"\n" + _canonical(item))
-            otid = "oa-h-" + digest.hexdigest()[:40]
+    for canonical in canonicals:
+        digest = hashlib.sha256((anchor or "").encode() + b"\n" + canonical)
+        otid = "oa-h-" + digest.hexdigest()[:40]
         otids.append(otid)
         anchor = otid
     return otids
 
 
-def _is_replay(items: list[Any], tail: list[Message]) -> bool:
-    """Whether the thread's newest messages are these items, stored by an earlier call."""
-    if len(tail) < len(items):
+def _is_replay(made: list[tuple[Message, bytes]], tail: list[Stored]) -> bool:
+    """Whether the thread's newest messages (`tail`, newest first) are these items, stored by
+    an earlier call and none of them retracted since."""
+    count = len(made)
+    if len(tail) < count or any(_field(m, POPPED_FIELD) for m in tail[:count]):
         return False
-    before = tail[-len(items) - 1].otid if len(tail) > len(items) else None
-    stored = [m.otid for m in tail[-len(items) :]]
-    return stored == _otids(items, before)
-
-
-def _messages(items: list[Any], anchor: str | None) -> list[Message]:
-    return [
-        item_message(item, otid) for item, otid in zip(items, _otids(items, anchor), strict=True)
-    ]
+    before = _mark(tail[count]) if len(tail) > count else None
+    stored = [_field(m, "otid") for m in reversed(tail[:count])]
+    return stored == _otids([canonical for _, canonical in made], before)
 
 
 def _items(messages: list[Any]) -> list[Any]:

@@ -33,10 +33,11 @@ from kvstore._engine.record_dicts import decode_dicts
 from kvstore.importers.langchain import to_langchain
 from kvstore.importers.openai_agents import POPPED_FIELD, dict_item, item_message, message_item
 from kvstore.integrations import _llamaindex_convert as li
-from kvstore.integrations.langchain import (
-    KvstoreChatMessageHistory,
-    _langchain_dicts,
+from kvstore.integrations._langchain_convert import (
     _plain_record,
+    converted,
+    langchain_records,
+    stored,
 )
 from kvstore.integrations.llamaindex import _chat, _dump
 from kvstore.integrations.openai_agents import _hidden, _items
@@ -69,7 +70,6 @@ FOREIGN = [  # what other kvstore code stores, each a group of its own
 
 
 def _langchain_groups() -> list[list[Any]]:
-    history = KvstoreChatMessageHistory(None, "t")  # type: ignore[arg-type]  # converts only
     said = [
         lc.SystemMessage("You are a weather bot."),
         lc.HumanMessage("Weather in Zürich? 🌦", id="h-1"),
@@ -82,7 +82,7 @@ def _langchain_groups() -> list[list[Any]]:
         lc.AIMessage("A cloud.", id="a-2"),
         lc.ChatMessage("a role", role="critic"),
     ]  # fmt: skip
-    return [history._converted([message]) for message in said]
+    return [stored(converted([message], "t"), "t", None) for message in said]
 
 
 def _llamaindex_groups() -> list[list[Any]]:
@@ -127,7 +127,7 @@ SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[Heal
 @given(threads(_langchain_groups()))
 def test_langchain_records_from_dicts_are_the_typed_ones(groups):
     dicts, models = both_reads(groups)
-    assert _langchain_dicts(dicts) == to_langchain(models)
+    assert langchain_records(dicts) == to_langchain(models)
 
 
 @SETTINGS
@@ -155,11 +155,11 @@ def test_each_adapter_converts_its_plain_messages_from_their_dicts():
     assert [li.chat_dict(m)[0] for m in dicts[:2]] == [True, True]
     dicts, _ = both_reads(_langchain_groups())
     assert all(type(m) is dict for m in dicts)
-    assert _plain_record(dicts[0], None) == {
+    assert _plain_record(dicts[0]) == {
         "type": "system",
         "data": {"content": "You are a weather bot.", "type": "system"},
     }
-    assert _plain_record(dicts[2], None) == {
+    assert _plain_record(dicts[2]) == {
         "type": "human",
         "data": {"content": "named", "type": "human", "name": "bob"},
     }

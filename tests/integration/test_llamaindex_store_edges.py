@@ -1,0 +1,170 @@
+"""LlamaIndex's chat store at its edges, on the real servers, sync and async: a bad message
+refused with a typed error and nothing written (set_messages keeping the history it would have
+replaced), a message another writer stored that no ChatMessage can be made of (skipped and
+named, positions counted as get_messages shows them), and positions that are not ints."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+from llama_index.core.base.llms.types import ChatMessage
+
+from kvstore import AsyncMessageStore, MessageStore, StoreConfig, UserMessage, errors
+from kvstore.integrations.llamaindex import KvstoreChatStore
+from tests.integration.test_integration_llamaindex import _caller
+
+pytestmark = pytest.mark.usefixtures("server_only")
+
+
+@pytest.fixture
+def store(backend, server, namespace):
+    with MessageStore.from_url(server.url, StoreConfig(namespace=namespace)) as made:
+        yield made
+
+
+@pytest.fixture
+def call(store, server, namespace, mode):
+    """call(name, *args): a chat store's method by its sync name; in async mode its a* version,
+    on an async store."""
+    loop = asyncio.new_event_loop() if mode == "async" else None
+    config = StoreConfig(namespace=namespace)
+    async_store = AsyncMessageStore.from_url(server.url, config) if loop else None
+    yield _caller(KvstoreChatStore(store, async_store), loop)
+    if loop is not None:
+        loop.run_until_complete(async_store.close())  # type: ignore[union-attr]
+        loop.close()
+
+
+def said(text: str) -> ChatMessage:
+    return ChatMessage(role="user", content=text)
+
+
+BAD = {
+    "a string": "hi",
+    "a dict": {"role": "user", "content": "x"},
+    "None": None,
+    "an object in additional_kwargs": ChatMessage(
+        role="user", content="x", additional_kwargs={"o": object()}
+    ),
+    "too many kept fields": ChatMessage(
+        role="user", content="x", additional_kwargs={f"k{n}": "v" * 500 for n in range(40)}
+    ),
+    "too large": said("x" * (17 << 20)),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(BAD))
+def test_a_bad_message_is_a_typed_error_and_nothing_is_written(call, raw_client, namespace, kind):
+    with pytest.raises((errors.InvalidMessage, errors.MessageTooLarge)):
+        call("add_message", "k", BAD[kind])
+    assert list(raw_client.scan_iter(match=f"{namespace}:*")) == []
+    kept = [said(f"m{n}") for n in range(3)]
+    call("set_messages", "k", kept)
+    for at in (0, 1, 150):  # in the first append of set_messages or a later one
+        replacement = [said(f"new {n}") for n in range(200)]
+        replacement[at] = BAD[kind]
+        with pytest.raises((errors.InvalidMessage, errors.MessageTooLarge)):
+            call("set_messages", "k", replacement)
+        assert call("get_messages", "k") == kept
+
+
+def _broken(store: MessageStore, key: str) -> list[int]:
+    """Messages another writer stored whose kept LlamaIndex fields make no ChatMessage."""
+    broken = [
+        {"source": "llamaindex", "source_fields": "{not json"},
+        {"source": "llamaindex", "source_fields": "[1]"},
+        {"source": "llamaindex", "source_fields": '{"additional_kwargs": [1]}'},
+        {"source": "llamaindex", "source_fields": '{"blocks": [{"index": 0}]}'},
+        {"source": "llamaindex", "source_fields": '{"all_blocks": [{"block_type": "zzz"}]}'},
+    ]
+    result = store.thread(key).append([UserMessage(content="bad", metadata=m) for m in broken])
+    return [m.seq_id for m in result]  # type: ignore[misc]
+
+
+def test_a_message_no_chat_message_can_be_made_of_is_skipped_and_named(call, store, caplog):
+    call("set_messages", "k", [said("m0"), said("m1")])
+    sequences = _broken(store, "k")
+    call("add_message", "k", said("m2"))
+    caplog.set_level(logging.WARNING, logger="kvstore")
+    assert call("get_messages", "k") == [said("m0"), said("m1"), said("m2")]
+    warned = " ".join(r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
+    assert all(f"sequence {n}" in warned for n in sequences)
+    # Positions are those get_messages shows: the message at 2 is m2.
+    assert call("delete_message", "k", 2) == said("m2")
+    assert call("delete_last_message", "k") == said("m1")
+    assert call("get_messages", "k") == [said("m0")]
+
+
+def test_bounded_reads_skip_it_too(store):
+    KvstoreChatStore(store).set_messages("k", [said("m0")])
+    _broken(store, "k")
+    KvstoreChatStore(store).add_message("k", said("m1"))
+    assert KvstoreChatStore(store, max_messages=2).get_messages("k") == [said("m0"), said("m1")]
+    assert KvstoreChatStore(store, max_tokens=10_000).get_messages("k") == [
+        said("m0"),
+        said("m1"),
+    ]
+
+
+def test_a_position_must_be_an_int(call):
+    call("set_messages", "k", [said("m0"), said("m1")])
+    for idx in (1.0, "1", None):
+        with pytest.raises(TypeError):
+            call("delete_message", "k", idx)
+    assert call("delete_message", "k", True) == said("m1")  # a bool is an int, as in a list
+    assert call("get_messages", "k") == [said("m0")]
+
+
+def test_get_keys_passes_over_keys_no_thread_is_made_of(store, raw_client, namespace, caplog):
+    chat = KvstoreChatStore(store)
+    chat.add_message("kept", said("x"))
+    raw_client.hset(f"{namespace}:{{not an id}}:meta", "x", "1")
+    raw_client.hset(f"{namespace}:{{a}}:b}}:meta", "x", "1")
+    raw_client.set(f"{namespace}:{{wrongtype}}:meta", "not a hash")
+    caplog.set_level(logging.WARNING, logger="kvstore")
+    assert chat.get_keys() == ["kept"]
+    assert "wrongtype" in " ".join(r.getMessage() for r in caplog.records)
+
+
+def test_stores_and_bounds_of_the_wrong_kind_are_refused_when_it_is_made(store, server, namespace):
+    async_store = AsyncMessageStore.from_url(server.url, StoreConfig(namespace=namespace))
+    with pytest.raises(TypeError, match="MessageStore"):
+        KvstoreChatStore(async_store)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="AsyncMessageStore"):
+        KvstoreChatStore(store, store)  # type: ignore[arg-type]
+    for bound in ({"max_messages": True}, {"max_tokens": True}, {"max_messages": 2.5}):
+        with pytest.raises(errors.ConfigError):
+            KvstoreChatStore(store, **bound)  # type: ignore[arg-type]
+    asyncio.run(async_store.close())
+
+
+def test_tool_calls_with_long_arguments_round_trip(call):
+    """An agent's tool call with long arguments (a tool writing a file) is held by the stored
+    tool call itself: only what has no kvstore field counts against metadata's 7 KB."""
+    big = "x = 1\n" * 5_000  # 30 KB of arguments
+    calls = [
+        {"id": "c1", "type": "function", "function": {"name": "write", "arguments": big}},
+        {"id": "c2", "type": "function", "function": {"name": "read", "arguments": "{}"}},
+    ]
+    messages = [
+        ChatMessage(role="assistant", content="", additional_kwargs={"tool_calls": calls[:1]}),
+        ChatMessage(role="assistant", content="both", additional_kwargs={"tool_calls": calls}),
+        ChatMessage(
+            role="assistant", content=None, additional_kwargs={"tool_calls": calls, "other": 1}
+        ),
+        ChatMessage(role="tool", content=big, additional_kwargs={"tool_call_id": "c1"}),
+    ]
+    for message in messages:
+        call("add_message", "big", message)
+    assert call("get_messages", "big") == messages
+    call("set_messages", "big2", messages)
+    assert call("get_messages", "big2") == messages
+    other = {"id": "c3", "type": "function", "function": {"name": "w", "arguments": big}, "x": 1}
+    with pytest.raises(errors.InvalidMessage):  # a shape kvstore has no field for: kept, 7 KB
+        call(
+            "add_message",
+            "big",
+            ChatMessage(role="assistant", additional_kwargs={"tool_calls": [other]}),
+        )
