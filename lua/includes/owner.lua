@@ -103,7 +103,8 @@ end
 -- Whether a listed thread went with its keys' expiry (thread_ttl): its record's deadline passed
 -- and its meta is gone (a thread listed by set_info alone has no meta: its deadline decides).
 function owner.expired(dir, thread_id, record, now)
-  local _, _, _, deadline = owner.parse_record(record)
+  -- The deadline alone, in one capture: a listing asks this of every thread of its page.
+  local deadline = tonumber(string.match(record, '^[^:]*:[^:]*:[^:]*:(%d+)') or 0) or 0
   return deadline > 0 and deadline <= now
     and redis.call('EXISTS', owner.meta_key(dir, thread_id)) == 0
 end
