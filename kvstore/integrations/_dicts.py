@@ -70,14 +70,15 @@ async def aiterate(thread: Any, order: Literal["asc", "desc"] = "asc") -> AsyncI
 
 
 def newest(thread: Any, count: int) -> list[Stored]:
-    """The newest `count` stored messages of a sync Thread (any kind), newest first, a page of
-    at most 1,000 at a time."""
+    """The newest `count` stored records of a sync Thread, newest first, a page of at most
+    1,000 at a time: each message (any kind), and in an unreadable record's place a stand-in
+    (:func:`unreadable`), so that what lies between two messages is never taken for nothing."""
     found: list[Stored] = []
     after: int | None = None
     while len(found) < count:
         read = page(thread, after, min(_PAGE, count - len(found)), "desc")
-        found.extend(read.messages)
-        if not read.has_more or not read.messages:
+        found.extend(_in_place(read))
+        if not read.has_more or read.next_cursor is None:  # a page of bad records goes on
             break
         after = read.next_cursor
     return found[:count]
@@ -89,11 +90,25 @@ async def anewest(thread: Any, count: int) -> list[Stored]:
     after: int | None = None
     while len(found) < count:
         read = await apage(thread, after, min(_PAGE, count - len(found)), "desc")
-        found.extend(read.messages)
-        if not read.has_more or not read.messages:
+        found.extend(_in_place(read))
+        if not read.has_more or read.next_cursor is None:  # a page of bad records goes on
             break
         after = read.next_cursor
     return found[:count]
+
+
+def unreadable(sequence: int) -> dict[str, Any]:
+    """The stand-in of the unreadable record at `sequence` in :func:`newest`: no message type
+    an adapter knows, an id of its own (what the next message is chained to), no otid."""
+    return {"message_type": "unreadable", "id": f"unreadable-{sequence}", "seq_id": sequence}
+
+
+def _in_place(read: core.DictsPage) -> list[Stored]:
+    """A newest-first page's messages with its unreadable records' stand-ins in their places."""
+    if not read.unreadable:
+        return list(read.messages)
+    merged = [*read.messages, *(unreadable(sequence) for sequence in read.unreadable)]
+    return sorted(merged, key=lambda message: -int(field(message, "seq_id")))
 
 
 def field(message: Stored, name: str) -> Any:

@@ -215,7 +215,7 @@ def _settle(found: list[Stored], page: Any, count: int, before: bool = False) ->
     messages in ``found[::-1]`` (`before`, for a compaction: with a message before it, and
     every tool answer after it with its call's message), or None when an older page is needed."""
     found.extend(m for m in page.messages if not _summary(m))
-    complete = not page.has_more or not page.messages
+    complete = not page.has_more or page.next_cursor is None  # bad records go on too
     start = newest_start(found[::-1], count, complete, before)
     if before and start is not None:
         start = whole_pairs(found[::-1], start, complete)

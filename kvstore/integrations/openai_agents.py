@@ -179,7 +179,7 @@ class KvstoreSession(SessionABC):
                 item = None if _hidden(message) else _item(message)
                 if item is not None and len(found) < count:
                     found.append((message, item))
-            if not read.has_more or not read.messages:
+            if not read.has_more or read.next_cursor is None:  # a page of bad records goes on
                 break
             after = read.next_cursor
         return found
@@ -194,7 +194,7 @@ class KvstoreSession(SessionABC):
                     item = _item(message)
                     if item is not None:
                         yield item
-            if not read.has_more or not read.messages:
+            if not read.has_more or read.next_cursor is None:  # a page of bad records goes on
                 return
             after = read.next_cursor
 
