@@ -224,15 +224,20 @@ function owner.checked(kind, dir, thread_id, totals, bytes, count, minute, now)
   return refused, totals
 end
 
--- A long value in a field no thread id can name ('~'): a hash holding one is a hash table from
--- its first write on, never a listpack, whose lookups are linear (a page's HMGET of 50 fields
--- of a 500-field listpack took 20 times a hash table's).
+-- A long value in a field no thread id can name ('~'): a hash holding one is a hash table, never
+-- a listpack, whose lookups are linear (a page's HMGET of 50 fields of a 500-field listpack took
+-- 20 times a hash table's; a server may keep hashes of 512 fields as listpacks). Set when the
+-- owner's TABLE_AT-th thread is listed: a smaller owner's hashes stay the server's compact
+-- listpacks, whose lookups cost little at that size, and whose DUMP a read does not reorder (a
+-- hash table that just grew is rehashed a step at each command, reads too).
 owner.TABLE_MARK = '~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~'
+owner.TABLE_AT = 64
 
--- A new thread into the directory: its creation, and the directory's hashes made hash tables.
+-- A new thread into the directory: its creation, and the directory's hashes made hash tables
+-- once the owner has TABLE_AT threads.
 function owner.register(dir, thread_id, now, updates, totals)
   redis.call('ZADD', dir.created, now, thread_id)
-  if totals.threads == 0 then
+  if totals.threads + 1 == owner.TABLE_AT then
     redis.call('HSETNX', dir.usage, '~', owner.TABLE_MARK)
     redis.call('HSETNX', dir.info, '~', owner.TABLE_MARK)
   end
