@@ -199,7 +199,10 @@ function owner.replay(KEYS, ARGV, at)
     for _, name in ipairs(names) do
       if name == '' then return false end
     end
-    for _, value in ipairs(redis.call('HMGET', key, unpack(names))) do
+    -- pcall: an index of another type is no replay (the body refuses it, KVS_WRONGTYPE).
+    local values = redis.pcall('HMGET', key, unpack(names))
+    if values.err then return false end
+    for _, value in ipairs(values) do
       if not value then return false end
     end
     return true
