@@ -133,18 +133,27 @@ function owner.forget(dir, thread_id)
   end
 end
 
--- The expired threads among the owner's `count` least recently active (the first to expire)
--- leave the directory, with their counts; how many left.
-function owner.sweep(dir, now, count)
-  local left = 0
-  for _, id in ipairs(redis.call('ZRANGE', dir.recent, 0, count - 1)) do
-    local record = redis.call('HGET', dir.usage, 't:' .. id)
-    if not record or owner.expired(dir, id, record, now) then
-      owner.forget(dir, id)
-      left = left + 1
+-- The expired threads among the owner's least recently active (the first to expire) leave the
+-- directory, with their counts; how many left. It looks at the SWEEP least recently active, and
+-- on while the ones it finds are expired (a mass expiry), at most SWEEP_MOST threads a call.
+function owner.sweep(dir, now)
+  local left, examined, offset = 0, 0, 0
+  while true do
+    local ids = redis.call('ZRANGE', dir.recent, offset, offset + owner.SWEEP - 1)
+    if #ids == 0 then return left end
+    for _, id in ipairs(ids) do
+      examined = examined + 1
+      local record = redis.call('HGET', dir.usage, 't:' .. id)
+      if not record or owner.expired(dir, id, record, now) then
+        owner.forget(dir, id)
+        left = left + 1
+      else
+        offset = offset + 1  -- it stays: the next range starts after it
+        if examined >= owner.SWEEP then return left end
+      end
+      if examined >= owner.SWEEP_MOST then return left end
     end
   end
-  return left
 end
 
 -- The owner's `totals` for a write of `thread_id`, with the thread's record forgotten first when
@@ -211,8 +220,9 @@ function owner.replay(KEYS, ARGV, at)
 end
 
 -- How many of the least recently active threads a usage read, or a write a quota would refuse,
--- looks at for expired ones.
+-- looks at for expired ones (owner.sweep), and the most it looks at while they are expired.
 owner.SWEEP = 16
+owner.SWEEP_MOST = 1000
 
 -- The refusal of a call (owner.refusal) once the expired ones among the owner's least recently
 -- active threads have left, and the owner's totals then: a quota is not taken by threads whose
@@ -220,7 +230,7 @@ owner.SWEEP = 16
 function owner.checked(kind, dir, thread_id, totals, bytes, count, minute, now)
   local refused = owner.refusal(kind, totals, totals.record ~= nil, bytes, count, minute)
   if refused and totals.erasing == 0 and not owner.wrong_type(dir, {'created', 'info'})
-      and owner.sweep(dir, now, owner.SWEEP) > 0 then
+      and owner.sweep(dir, now) > 0 then
     totals = owner.totals(dir, thread_id)
     refused = owner.refusal(kind, totals, totals.record ~= nil, bytes, count, minute)
   end
