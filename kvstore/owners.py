@@ -49,7 +49,9 @@ class OwnerMethods:
         newest made first (``"created"``), each with its title, metadata, times and counts.
         Costs the page, not the owner's thread count. `where` keeps the threads whose metadata
         has that one key with that value. A deleted or expired thread is not listed; a thread
-        whose activity moves while you page is not listed twice.
+        whose activity moves while you page is not listed twice. Every argument is checked
+        before anything is sent: InvalidOwnerId, InvalidCursor (an order, limit or `after`
+        that is not a next_cursor of this order), InvalidMessage (`where`).
 
         Example::
 

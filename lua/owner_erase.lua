@@ -11,10 +11,12 @@
 ---
 --- Reply: {done, threads erased, messages erased, thread id...}: done 1 when the owner's keys
 ---        are gone (its threads were erased before)
---- Errors: none
+--- Errors: KVS_WRONGTYPE (one of the owner's keys holds another type: nothing is erased)
 --- @include "includes/owner"
 
 local dir = owner.keys(KEYS, 1)
+local wrong = owner.wrong_type(dir, {'recent', 'created', 'info', 'usage'})
+if wrong then return wrong end
 local ids = redis.call('ZRANGE', dir.created, 0, args.step - 1)
 local orphans = redis.call('ZRANGE', dir.recent, 0, args.step - 1)
 local totals = owner.totals(dir, nil)

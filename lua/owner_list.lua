@@ -18,10 +18,12 @@
 --- Reply: {next_score, next_id, id_1, activity_1, created_1, info_1, record_1, ...}: next_score
 ---        '' when the listing is done; info '' for none; record the thread's
 ---        "messages:bytes:tokens:deadline"
---- Errors: KVS_WRONGTYPE (an owner's index holds another type)
+--- Errors: KVS_WRONGTYPE (one of the owner's keys holds another type)
 --- @include "includes/owner"
 
 local dir = owner.keys(KEYS, 1)
+local wrong = owner.wrong_type(dir, {'recent', 'created', 'info', 'usage'})
+if wrong then return wrong end
 local index, other = dir.recent, dir.created
 if args.order == 'created' then index, other = dir.created, dir.recent end
 local limit, cap = args.limit, args.max_examined
@@ -104,12 +106,7 @@ while not full and not done do
   if #batch < 2 * BATCH and not more then done = true end
 end
 
--- Expired threads leave the directory, with their counts (the indexes of the kvstore's types:
--- every other key this writes was read above).
-if #ghosts > 0 then
-  local wrong = owner.wrong_type(dir, {'recent', 'created'})
-  if wrong then return wrong end
-end
+-- Expired threads leave the directory, with their counts.
 for _, id in ipairs(ghosts) do owner.forget(dir, id) end
 
 local reply = {'', ''}

@@ -28,8 +28,8 @@ if args.mode == 'quota' then
 end
 
 -- The least recently active threads are the first to expire: those whose deadline passed and
--- whose meta is gone leave, with their counts.
-owner.sweep(dir, owner.now_ms(), owner.SWEEP)
+-- whose meta is gone leave, with their counts (all of a mass expiry, up to 1,000 a call).
+owner.sweep(dir, owner.now_ms())
 
 local totals = owner.totals(dir, nil)
 return {totals.threads, totals.messages, totals.bytes, totals.tokens, totals.max_threads,

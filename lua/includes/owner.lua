@@ -134,18 +134,27 @@ function owner.forget(dir, thread_id)
   end
 end
 
--- The expired threads among the owner's `count` least recently active (the first to expire)
--- leave the directory, with their counts; how many left.
-function owner.sweep(dir, now, count)
-  local left = 0
-  for _, id in ipairs(redis.call('ZRANGE', dir.recent, 0, count - 1)) do
-    local record = redis.call('HGET', dir.usage, 't:' .. id)
-    if not record or owner.expired(dir, id, record, now) then
-      owner.forget(dir, id)
-      left = left + 1
+-- The expired threads among the owner's least recently active (the first to expire) leave the
+-- directory, with their counts; how many left. It looks at the SWEEP least recently active, and
+-- on while the ones it finds are expired (a mass expiry), at most SWEEP_MOST threads a call.
+function owner.sweep(dir, now)
+  local left, examined, offset = 0, 0, 0
+  while true do
+    local ids = redis.call('ZRANGE', dir.recent, offset, offset + owner.SWEEP - 1)
+    if #ids == 0 then return left end
+    for _, id in ipairs(ids) do
+      examined = examined + 1
+      local record = redis.call('HGET', dir.usage, 't:' .. id)
+      if not record or owner.expired(dir, id, record, now) then
+        owner.forget(dir, id)
+        left = left + 1
+      else
+        offset = offset + 1  -- it stays: the next range starts after it
+        if examined >= owner.SWEEP then return left end
+      end
+      if examined >= owner.SWEEP_MOST then return left end
     end
   end
-  return left
 end
 
 -- The owner's `totals` for a write of `thread_id`, with the thread's record forgotten first when
@@ -200,7 +209,10 @@ function owner.replay(KEYS, ARGV, at)
     for _, name in ipairs(names) do
       if name == '' then return false end
     end
-    for _, value in ipairs(redis.call('HMGET', key, unpack(names))) do
+    -- pcall: an index of another type is no replay (the body refuses it, KVS_WRONGTYPE).
+    local values = redis.pcall('HMGET', key, unpack(names))
+    if values.err then return false end
+    for _, value in ipairs(values) do
       if not value then return false end
     end
     return true
@@ -209,8 +221,9 @@ function owner.replay(KEYS, ARGV, at)
 end
 
 -- How many of the least recently active threads a usage read, or a write a quota would refuse,
--- looks at for expired ones.
+-- looks at for expired ones (owner.sweep), and the most it looks at while they are expired.
 owner.SWEEP = 16
+owner.SWEEP_MOST = 1000
 
 -- The refusal of a call (owner.refusal) once the expired ones among the owner's least recently
 -- active threads have left, and the owner's totals then: a quota is not taken by threads whose
@@ -218,22 +231,27 @@ owner.SWEEP = 16
 function owner.checked(kind, dir, thread_id, totals, bytes, count, minute, now)
   local refused = owner.refusal(kind, totals, totals.record ~= nil, bytes, count, minute)
   if refused and totals.erasing == 0 and not owner.wrong_type(dir, {'created', 'info'})
-      and owner.sweep(dir, now, owner.SWEEP) > 0 then
+      and owner.sweep(dir, now) > 0 then
     totals = owner.totals(dir, thread_id)
     refused = owner.refusal(kind, totals, totals.record ~= nil, bytes, count, minute)
   end
   return refused, totals
 end
 
--- A long value in a field no thread id can name ('~'): a hash holding one is a hash table from
--- its first write on, never a listpack, whose lookups are linear (a page's HMGET of 50 fields
--- of a 500-field listpack took 20 times a hash table's).
+-- A long value in a field no thread id can name ('~'): a hash holding one is a hash table, never
+-- a listpack, whose lookups are linear (a page's HMGET of 50 fields of a 500-field listpack took
+-- 20 times a hash table's; a server may keep hashes of 512 fields as listpacks). Set when the
+-- owner's TABLE_AT-th thread is listed: a smaller owner's hashes stay the server's compact
+-- listpacks, whose lookups cost little at that size, and whose DUMP a read does not reorder (a
+-- hash table that just grew is rehashed a step at each command, reads too).
 owner.TABLE_MARK = '~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~'
+owner.TABLE_AT = 64
 
--- A new thread into the directory: its creation, and the directory's hashes made hash tables.
+-- A new thread into the directory: its creation, and the directory's hashes made hash tables
+-- once the owner has TABLE_AT threads.
 function owner.register(dir, thread_id, now, updates, totals)
   redis.call('ZADD', dir.created, now, thread_id)
-  if totals.threads == 0 then
+  if totals.threads + 1 == owner.TABLE_AT then
     redis.call('HSETNX', dir.usage, '~', owner.TABLE_MARK)
     redis.call('HSETNX', dir.info, '~', owner.TABLE_MARK)
   end

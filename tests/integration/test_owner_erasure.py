@@ -193,3 +193,13 @@ def test_an_erasure_ends_with_index_entries_that_have_no_thread(store, raw_clien
     # The lost thread had keys: the erasure counts it with the owner's four.
     assert (receipt.threads, receipt.messages) == (5, total)
     assert list(raw_client.scan_iter(match=keys.pattern())) == []
+
+
+def test_erasing_an_owner_that_never_was_writes_nothing(store, raw_client, namespace):
+    fill(store, "ann")
+    before = {key: raw_client.dump(key) for key in raw_client.scan_iter(match=f"{namespace}:*")}
+    receipt = store.erase_owner("nobody")
+    assert (receipt.owner, receipt.threads, receipt.messages) == ("nobody", 0, 0)
+    after = {key: raw_client.dump(key) for key in raw_client.scan_iter(match=f"{namespace}:*")}
+    assert after == before
+    assert store.owner_usage("nobody").threads == 0

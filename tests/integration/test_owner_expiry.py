@@ -74,3 +74,14 @@ def test_a_write_by_a_store_without_a_ttl_keeps_the_deadline_its_keys_have(make_
     assert listed(with_ttl, "ann") == []
     usage = without.owner_usage("ann")
     assert (usage.threads, usage.messages) == (0, 0)
+
+
+def test_a_usage_read_repairs_every_expired_thread_of_a_mass_expiry(make_store, raw_client):
+    store = make_store(thread_ttl=1)
+    threads = [store.thread(f"chat-{i:02d}", owner="ann") for i in range(40)]
+    for thread in threads:
+        thread.append(UserMessage(content="soon gone"))
+    wait_expired(raw_client, *(thread.keys.meta for thread in threads))
+    usage = store.owner_usage("ann")  # no listing first
+    assert (usage.threads, usage.messages, usage.stored_bytes) == (0, 0, 0)
+    assert listed(store, "ann") == []

@@ -199,6 +199,19 @@ def test_a_foreign_value_at_an_owners_key_is_refused_or_left_alone_whole(
         except errors.LayoutError:
             assert keyspace(raw_client, namespace) == before, name
         assert raw_client.get(key) == b"foreign", name
+    # The owner's reads and its erasure: refused typed, never the server's error text.
+    before = keyspace(raw_client, namespace)
+    reads = [
+        lambda: store.threads("ann"),
+        lambda: store.threads("ann", order="created"),
+        store.thread("third", owner="ann").info,
+        lambda: store.erase_owner("ann"),
+        lambda: store.owner_usage("ann"),
+    ]
+    for read in reads:
+        with pytest.raises(errors.LayoutError):
+            read()
+    assert keyspace(raw_client, namespace) == before
 
 
 def test_the_command_line_prints_each_title_on_its_own_line_escaped(

@@ -132,3 +132,27 @@ def test_a_fork_the_byte_quota_refuses_midway_leaves_no_thread(
     half = source.fork("half", at=stored[5].id)
     assert half.info().messages == half.stats().stored_messages == 6
     totals_match(store, "ann")
+
+
+def dumps(raw_client, namespace):
+    return {key: raw_client.dump(key) for key in raw_client.scan_iter(match=f"{namespace}:*")}
+
+
+def test_a_call_that_writes_nothing_leaves_every_dump_as_it_was(make_store, raw_client, namespace):
+    """Byte for byte, not only by contents: a small owner's hashes are listpacks, whose DUMP a
+    read does not reorder (a hash table that just grew is rehashed a step by each command)."""
+    store = make_store()
+    chat = store.thread("chat", owner="ann")
+    batch = [UserMessage(content="hello")]
+    chat.append(batch)  # the owner's first write makes its hashes
+    before = dumps(raw_client, namespace)
+    assert chat.append(batch).replayed
+    store.threads("ann")
+    store.owner_usage("ann")
+    chat.info()
+    assert dumps(raw_client, namespace) == before
+    store.set_owner_quota("ann", threads=1)
+    before = dumps(raw_client, namespace)
+    with pytest.raises(errors.QuotaExceeded):
+        store.thread("other", owner="ann").set_info(title="a second chat")
+    assert dumps(raw_client, namespace) == before
