@@ -4,6 +4,7 @@
 --- @include "includes/layout2_format"
 --- @include "includes/layout2_chunks"
 --- @include "includes/layout3_store"
+--- @include "includes/turns"
 -- The common append, straight through (lua/append.lua tries it first). The general path is
 -- written for every case, and its tables, checks and calls cost more Lua time than its server
 -- commands; this one takes only the batch that needs none of them: no inline media or history
