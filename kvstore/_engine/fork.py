@@ -39,6 +39,7 @@ from .lifecycle import delete, migrate
 from .operation import Batch, Operation, ThreadRef
 from .pages import list_page
 from .reads import locate_records
+from .text import sendable
 from .text import text as _text
 
 
@@ -122,6 +123,7 @@ def _fork_point(source: ThreadRef, at: str | int) -> Operation:
         or not isinstance(at, (str, int))
         or (isinstance(at, int) and not 1 <= at <= MAX_SEQUENCE)
         or at == ""
+        or (isinstance(at, str) and not sendable(at))
     ):
         raise errors.InvalidCursor(
             f"at must be a message id or a sequence from 1 to {MAX_SEQUENCE} (2**50), got {at!r:.80}"

@@ -101,7 +101,10 @@ def encode_delta(delta: Message | dict[str, Any] | str) -> bytes:
     if isinstance(delta, str):
         delta = AssistantMessage(content=delta)
     message = parse_message(delta)
-    data = message.model_dump_json(exclude_none=True).encode()
+    try:
+        data = message.model_dump_json(exclude_none=True).encode()
+    except ValueError as error:  # a lone surrogate in its text: no JSON for it
+        raise errors.InvalidMessage(f"a delta cannot be encoded: {error}") from None
     if len(data) > MAX_DELTA_BYTES:
         raise errors.MessageTooLarge(
             f"a delta is {len(data)} bytes encoded; at most {MAX_DELTA_BYTES}"

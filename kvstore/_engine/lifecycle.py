@@ -28,6 +28,7 @@ from .reads import fetch_sequences, locate_records
 from .record import salvage
 from .replies import CompactReply, RemoveTurnReply, ReplaceReply, RetainReply
 from .scripts import SCRIPTS
+from .text import sendable
 from .tokens import checked_tokens
 from .tool_pairs import (
     PAIR_LOOKBACK,
@@ -134,7 +135,7 @@ def summary_id(thread: ThreadRef, summary: str, last_sequence: int) -> str:
 def replace(
     thread: ThreadRef, message_id: str, message: Message | dict[str, Any], tokens: int | None = None
 ) -> Operation[Message]:
-    if not isinstance(message_id, str) or not message_id:
+    if not isinstance(message_id, str) or not message_id or not sendable(message_id):
         raise errors.InvalidCursor(f"message id must be a non-empty str, got {message_id!r}")
     if tokens is not None:
         checked_tokens(tokens, "the replacement")

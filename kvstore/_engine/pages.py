@@ -37,6 +37,7 @@ from .prepare import check_token
 from .reads import fetch_sequences, read_range
 from .record_dicts import decode_dicts
 from .scripts import SCRIPTS
+from .text import sendable
 
 # (sequence, record) pairs, in walk order.
 Entries = list[tuple[int, bytes]]
@@ -146,7 +147,7 @@ def _cursor(value: Cursor, name: str) -> Bound:
                 f"{name} sequence must be from 0 to {MAX_CURSOR} (2**53), got {value}"
             )
         return "seq", str(value)
-    if isinstance(value, str) and value and len(value) <= MAX_TOKEN_LENGTH:
+    if isinstance(value, str) and value and len(value) <= MAX_TOKEN_LENGTH and sendable(value):
         return "id", value
     raise errors.InvalidCursor(f"{name} must be a message id or a sequence, got {value!r}")
 

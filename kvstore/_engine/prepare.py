@@ -29,6 +29,7 @@ from ..messages import (
 )
 from .operation import MAX_TOKEN_LENGTH, Operation, Result
 from .record import encode_message
+from .text import sendable
 from .tokens import TokenCounter, checked_tokens, counted, default_tokens
 
 
@@ -258,6 +259,8 @@ def check_token(kind: str, value: str) -> None:
             f"{kind} {value[:80]!r} must be 1-{MAX_TOKEN_LENGTH} characters without tabs,"
             " newlines or NUL"
         )
+    if not sendable(value):  # a lone surrogate: no UTF-8 text for the server
+        raise errors.InvalidMessage(f"{kind} {value[:80]!r} is not valid Unicode")
 
 
 def _new_message_id() -> str:

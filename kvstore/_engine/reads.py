@@ -16,6 +16,7 @@ from ..messages import Message
 from .layout.reader import Containers, decode, fetch
 from .operation import OPTIMISTIC_READS, Eval, Operation, ThreadRef, int_or_zero
 from .scripts import SCRIPTS
+from .text import sendable
 
 
 def fetch_sequences(
@@ -42,7 +43,7 @@ def get_by_otid(thread: ThreadRef, otid: str) -> Operation[Message]:
 
 def _get_one(thread: ThreadRef, kind: Literal["id", "otid"], value: str) -> Operation[Message]:
     name = "message id" if kind == "id" else "otid"
-    if not isinstance(value, str) or not value:
+    if not isinstance(value, str) or not value or not sendable(value):
         raise errors.InvalidCursor(f"{name} must be a non-empty str, got {value!r}")
     found = yield from _fetch_located(thread, kind, [value], missing_ok=True)
     if not found:
