@@ -220,16 +220,22 @@ def _denials(admin: redis.Redis) -> list[str]:
     return [f"{text(e, 'reason')} {text(e, 'object')}" for e in admin.execute_command("ACL", "LOG")]
 
 
+def documented_user(server, scripting: str) -> tuple[redis.Redis, StoreConfig]:
+    """An admin client of `server`, its documented application user made (with the EVAL
+    addition for `scripting="eval"`) and its ACL log emptied, and the store's config."""
+    admin = redis.Redis(port=server.port)
+    namespace = fresh_namespace()
+    make_user(admin, namespace)
+    if scripting == "eval":
+        add_documented(admin, EVAL_RULE)
+    admin.execute_command("ACL", "LOG", "RESET")
+    return admin, StoreConfig(namespace=namespace, scripting=scripting, **CONFIG)
+
+
 @pytest.mark.parametrize("scripting", ["functions", "eval"])
 def test_the_integration_slice_runs_as_the_least_privileged_user(kind, mode, scripting):
     with dedicated_server(kind) as server:
-        admin = redis.Redis(port=server.port)
-        namespace = fresh_namespace()
-        make_user(admin, namespace)
-        if scripting == "eval":
-            add_documented(admin, EVAL_RULE)
-        admin.execute_command("ACL", "LOG", "RESET")
-        config = StoreConfig(namespace=namespace, scripting=scripting, **CONFIG)
+        admin, config = documented_user(server, scripting)
         with thread_in_mode(
             mode, server.url, config, "least-privilege", client=_client_for(mode, server)
         ) as thread:
@@ -503,13 +509,7 @@ def test_owners_run_as_the_least_privileged_user(kind, scripting):
     from kvstore import AsyncMessageStore, MessageStore
 
     with dedicated_server(kind) as server:
-        admin = redis.Redis(port=server.port)
-        namespace = fresh_namespace()
-        make_user(admin, namespace)
-        if scripting == "eval":
-            add_documented(admin, EVAL_RULE)
-        admin.execute_command("ACL", "LOG", "RESET")
-        config = StoreConfig(namespace=namespace, scripting=scripting, **CONFIG)
+        admin, config = documented_user(server, scripting)
         with MessageStore(app_client(server), config) as store:
             chat = store.thread("a", owner="user-1")
             chat.set_info(title="first", metadata={"model": "small"})
@@ -534,7 +534,7 @@ def test_owners_run_as_the_least_privileged_user(kind, scripting):
                 return (await store.erase_owner("user-2")).messages
 
         assert asyncio.run(async_side()) == 1
-        assert keyspace(admin, namespace) == {}
+        assert keyspace(admin, config.namespace) == {}
         denials = [d for d in _denials(admin) if d != "command client|setinfo"]
         print(
             f"\nleast privilege, owners [{kind}, {scripting}]: denials logged: {denials or 'none'}"
