@@ -46,6 +46,19 @@ def timed(
     }
 
 
+def slowlog_entries(client: redis.Redis, run: Callable[[], Any], calls: int) -> list[Any]:
+    """What SLOWLOG logged, with a 0 µs threshold, while `run()` made about `calls` calls (own
+    servers only: CONFIG SET)."""
+    client.config_set("slowlog-log-slower-than", 0)
+    # Valkey also logs the commands a script runs: room for all of them.
+    client.config_set("slowlog-max-len", calls * 40)
+    client.slowlog_reset()
+    run()
+    entries = client.slowlog_get(calls * 40)
+    client.config_set("slowlog-log-slower-than", 10000)
+    return list(entries)
+
+
 def slowlog_appends(
     client: redis.Redis, append: Callable[[int], Any], calls: int, per_chunk: int
 ) -> dict[str, Any] | None:
@@ -53,16 +66,9 @@ def slowlog_appends(
     the typical append against the one in `per_chunk` (the messages a chunk holds) that also
     moves a chunk."""
     try:
-        client.config_set("slowlog-log-slower-than", 0)
-        # Valkey also logs the commands a script runs: room for all of them.
-        client.config_set("slowlog-max-len", calls * 40)
-        client.slowlog_reset()
+        entries = slowlog_entries(client, lambda: [append(i) for i in range(calls)], calls)
     except redis.ResponseError:
         return None
-    for i in range(calls):
-        append(i)
-    entries = client.slowlog_get(calls * 40)
-    client.config_set("slowlog-log-slower-than", 10000)
     scripted = tuple(name.upper().encode() + b" " for name in SCRIPT_COMMANDS)
     durations = sorted(
         e["duration"] for e in entries if bytes(e["command"]).upper().startswith(scripted)

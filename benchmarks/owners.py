@@ -39,6 +39,7 @@ from ._common import (
     standalone_main,
     summarize,
 )
+from ._cost import slowlog_entries
 
 OWNER = "bench-owner"
 
@@ -56,13 +57,7 @@ QUICK = Params(threads=2_000, rounds=150, appends=400)
 
 def slowlog_durations(client: redis.Redis, run: Any, calls: int) -> list[list[Any]]:
     """Each command's (name + first arguments, µs) the server logged while `run()` ran."""
-    client.config_set("slowlog-log-slower-than", 0)
-    client.config_set("slowlog-max-len", calls * 40)
-    client.slowlog_reset()
-    run()
-    entries = client.slowlog_get(calls * 40)
-    client.config_set("slowlog-log-slower-than", 10000)
-    return [[bytes(e["command"]), e["duration"]] for e in entries]
+    return [[bytes(e["command"]), e["duration"]] for e in slowlog_entries(client, run, calls)]
 
 
 def median_of(entries: list[list[Any]], prefix: bytes, contains: bytes = b"") -> float | None:

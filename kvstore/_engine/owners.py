@@ -22,6 +22,7 @@ from .operation import MAX_LIMIT, Eval, Operation, ThreadRef
 from .owner_entries import entry_fields, number
 from .replies import stored_int
 from .scripts import SCRIPTS
+from .text import sendable
 from .text import text as _text
 
 ListOrder = Literal["recent", "created"]
@@ -36,18 +37,9 @@ MAX_EXAMINED = 1000
 ERASE_STEP = 16
 
 
-def _encodable(value: str) -> bool:
-    """Whether `value` can go to the server (UTF-8: no lone surrogate)."""
-    try:
-        value.encode()
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
 def check_title(title: Any) -> str:
     """`title` if a thread can carry it (a str of at most 200 characters), else InvalidMessage."""
-    if not isinstance(title, str) or len(title) > MAX_TITLE_LENGTH or not _encodable(title):
+    if not isinstance(title, str) or len(title) > MAX_TITLE_LENGTH or not sendable(title):
         raise errors.InvalidMessage(
             f"a thread's title must be a str of at most {MAX_TITLE_LENGTH} characters"
             " (UTF-8: no lone surrogate)"
@@ -66,7 +58,7 @@ def check_metadata(metadata: Any) -> str:
         if (
             not isinstance(key, str)
             or not 1 <= len(key) <= MAX_METADATA_KEY_LENGTH
-            or not _encodable(key)
+            or not sendable(key)
         ):
             raise errors.InvalidMessage(
                 f"metadata key {key!r:.80} must be a str of 1-{MAX_METADATA_KEY_LENGTH} characters"
@@ -75,7 +67,7 @@ def check_metadata(metadata: Any) -> str:
         if (
             not isinstance(value, str)
             or len(value) > MAX_METADATA_VALUE_LENGTH
-            or not _encodable(value)
+            or not sendable(value)
         ):
             raise errors.InvalidMessage(
                 f"metadata value of {key!r} must be a str of at most"
