@@ -12,8 +12,9 @@ from __future__ import annotations
 from itertools import takewhile
 
 from ..messages import Message, SummaryMessage
+from .layout.formats import manifest_tokens, split_chunk
 from .layout.reader import decode
-from .operation import Operation, ThreadRef
+from .operation import Batch, Operation, ThreadRef
 from .reads import read_range
 from .tokens import TokenCounter, counted
 from .views import context as history
@@ -47,14 +48,29 @@ def context(
 
 
 def _leading_system(thread: ThreadRef) -> Operation[list[tuple[Message, int]]]:
-    """The system messages the thread starts with and their stored counts, in one read-only
-    step (lua/read_range.lua); none once retention deleted the thread's start."""
+    """The system messages the thread starts with and their stored counts: one read-only step
+    (lua/read_range.lua), and one more once retention deleted the thread's start, for the
+    prompt it kept aside (lua/includes/prompt.lua)."""
     read = yield from read_range(
         thread, ("", ""), ("seq", str(LEADING_SYSTEM_LIMIT + 1)), "up", LEADING_SYSTEM_LIMIT
     )
+    records = [r for r in read.records if r[0] <= LEADING_SYSTEM_LIMIT]
     if read.deleted_before:
-        return []
-    records = sorted(r for r in read.records if r[0] <= LEADING_SYSTEM_LIMIT)
+        # Read after the range: retention only moves messages from it into the prompt, so
+        # none is missed; one in both is the same message.
+        (manifest, data), state = yield Batch(
+            [
+                ("MGET", thread.keys.prompt_manifest, thread.keys.prompt_data),
+                ("HGET", thread.keys.meta, "prompt"),
+            ]
+        )
+        if state != b"open":
+            records = []  # the run ended in what was deleted: a later message is not in it
+        tokens_of = manifest_tokens(manifest)
+        kept = split_chunk(manifest, data)
+        stored = {r[0] for r in records}
+        records += [(s, r, tokens_of.get(s, 0)) for s, r in kept.items() if s not in stored]
+    records.sort()
     messages = decode(thread, [r[:2] for r in records], [])
     tokens = {r[0]: r[2] for r in records}
     leading = takewhile(lambda m: m.message_type == "system_message", messages)

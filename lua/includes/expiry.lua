@@ -2,7 +2,7 @@
 -- Idle expiry (thread_ttl), on the server's clock: scripts never see a time. Every key of a
 -- thread carries one absolute deadline, meta's. A write that finds less than `ttl` left on meta
 -- (PTTL) sets 1.5 ttl on meta (PEXPIRE) and meta's new deadline (PEXPIRETIME) on every other
--- key, chunks of both kinds included: one pass over the chunks per half ttl, not per write. Each
+-- key, chunks of both kinds and the kept prompt included: one pass over the chunks per half ttl, not per write. Each
 -- write also sets the deadline on the fixed keys (the open chunk's among them), since a write may
 -- have created one, and on the chunks it wrote; a chunk closed by COPY carries the open chunk's. One absolute deadline, rather than a PEXPIRE per key, makes every key expire at the
 -- same instant: Redis 7.0 does not freeze time inside a script, so relative expiries set along a
@@ -32,6 +32,9 @@ local function apply_expiry(keys)
     redis.call('PEXPIREAT', key, deadline)
   end
   if moved then
+    local prompt_manifest, prompt_data = prompt_keys(keys)
+    redis.call('PEXPIREAT', prompt_manifest, deadline)
+    redis.call('PEXPIREAT', prompt_data, deadline)
     for _, index in ipairs(chunk_indexes(keys)) do
       local firsts = redis.call('ZRANGE', index, 0, -1, 'WITHSCORES')
       for i = 2, #firsts, 2 do

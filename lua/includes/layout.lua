@@ -39,11 +39,18 @@ local function chunk_indexes(keys)
   return {keys.chunk_index, keys.large_index}
 end
 
+-- The kept system prompt's manifest and records (includes/prompt.lua): a chunk's two strings
+-- under the chunk prefix, at no sequence.
+local function prompt_keys(keys)
+  return keys.chunk_prefix .. 'prompt:m', keys.chunk_prefix .. 'prompt:d'
+end
+
 -- The keys delete removes at its tombstone: the thread's keys but meta, the event stream, the
 -- chunk indexes and the chunks (those go step by step after it, lua/delete.lua).
 local function tombstone_keys(keys)
+  local prompt_manifest, prompt_data = prompt_keys(keys)
   return {keys.window, keys.window_side, keys.ids, keys.otids, keys.turns, keys.legacy, keys.pairs,
-          keys.open_data, keys.open_manifest}
+          keys.open_data, keys.open_manifest, prompt_manifest, prompt_data}
 end
 
 -- The chunk indexes with their type, for check_key_types.

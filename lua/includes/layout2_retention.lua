@@ -5,6 +5,7 @@
 --- @include "includes/numbers"
 --- @include "includes/layout2_format"
 --- @include "includes/events"
+--- @include "includes/prompt"
 -- Retention: after a compaction, the oldest chunk (of either kind: includes/layout2_chunks.lua,
 -- delete_chunk) is deleted while its last sequence is at or before the summary's last sequence
 -- AND at least `retained_limit` messages are stored after it, and no window or open-chunk
@@ -116,7 +117,7 @@ local function retain(keys, retained_limit, max_chunks)
   keys.has_window = redis.call('TYPE', keys.window)['ok'] == 'zset'
   local oldest = keys.has_window and redis.call('ZRANGE', keys.window, 0, 0, 'WITHSCORES')[2]
   if oldest then until_sequence = math.min(until_sequence, tonumber(oldest) - 1) end
-  local deleted, deleted_before, touched_turns = 0, nil, {}
+  local deleted, deleted_before, touched_turns, prompt = 0, nil, {}, nil
   while deleted < max_chunks do
     local last, count, unit = oldest_unit(keys)
     if not last or last > until_sequence then break end
@@ -129,6 +130,8 @@ local function retain(keys, retained_limit, max_chunks)
     end
     if #contents < #unit then break end
     if deleted == 0 then ensure_tokens(keys) end
+    prompt = prompt or prompt_state(keys)
+    if prompt == 'open' then prompt = keep_prompt(keys, unit, last, prompt) end
     for i, chunk in ipairs(unit) do
       drop_chunk(keys, chunk[1], chunk[2], chunk[3], chunk[4], chunk[5], contents[i], touched_turns)
     end

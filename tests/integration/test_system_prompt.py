@@ -93,3 +93,122 @@ def test_one_read_more_only_where_the_context_does_not_reach_the_start(backend, 
             assert [r.script.name for r in requests if isinstance(r, Eval)].count("read_range") == 1
             assert [m.content for m in found] == ["rules", *[f"m{i}" for i in range(33, 40)]]
     store.close()
+
+
+def test_retention_past_the_start_keeps_the_system_messages(make_thread):
+    """Retention deletes the chunks a compaction covers; the leading system messages among them
+    stay in every context(), budgeted or not, and the history pages still start after them."""
+    thread = make_thread(window_size=8, chunk_size=4, retained_message_limit=4)
+    thread.append([SystemMessage(content="rules"), SystemMessage(content="more")], tokens=[3, 3])
+    thread.append([UserMessage(content=f"m{i}") for i in range(40)], tokens=[1] * 40)
+    thread.compact("what was said", last_sequence=36, tokens=2)
+    assert thread.stats().deleted_before_sequence is not None
+    expected = ["rules", "more", "what was said", "m34", "m35", "m36", "m37", "m38", "m39"]
+    assert [getattr(m, "content", None) or m.summary for m in thread.context()] == expected
+    budgeted = thread.context(max_tokens=10)
+    assert [getattr(m, "content", None) or m.summary for m in budgeted] == [
+        "rules", "more", "what was said", "m38", "m39"
+    ]
+    assert all(m.message_type != "system_message" for m in thread.list(limit=50).messages)
+
+
+def contents(messages) -> list[str]:
+    return [getattr(m, "content", None) or m.summary for m in messages]
+
+
+def test_a_prompt_across_chunks_is_kept_as_retention_reaches_each(backend, namespace, raw_client):
+    """Six system messages in chunks of four: a compaction whose retention deletes the first
+    chunk only keeps the run open, and what is kept and what is still stored read as one
+    prompt; the next compaction (one chunk a call) keeps the rest."""
+    config = StoreConfig(
+        namespace=namespace,
+        window_size=8,
+        chunk_size=4,
+        retained_message_limit=4,
+        max_chunks_per_call=1,
+    )
+    store = make_sync_store(backend, config)
+    thread = store.thread("t")
+    thread.append([SystemMessage(content=f"rule {i}") for i in range(6)], tokens=[2] * 6)
+    thread.append([UserMessage(content=f"m{i}") for i in range(30)], tokens=[1] * 30)
+    rules = [f"rule {i}" for i in range(6)]
+    thread.compact("early", last_sequence=4, tokens=1)
+    keys = ThreadRef.of(config, "t").keys
+    assert thread.stats().deleted_before_sequence == 5
+    assert raw_client.hget(keys.meta, "prompt") == b"open"
+    assert contents(thread.context())[:7] == [*rules, "early"]
+    assert contents(thread.context(max_tokens=14)) == [*rules, "early", "m29"]
+    thread.compact("so far", last_sequence=32, tokens=1)
+    assert thread.stats().deleted_before_sequence > 6
+    assert raw_client.hget(keys.meta, "prompt") == b"closed"
+    # The earlier summary is a message after the range the new one covers.
+    after = ["m26", "m27", "m28", "m29", "early"]
+    assert contents(thread.context()) == [*rules, "so far", *after]
+    assert contents(thread.context(max_tokens=14)) == [*rules, "so far", "early"]
+    store.close()
+
+
+def test_a_run_ended_before_retention_keeps_only_the_leading_messages(backend, namespace, raw_client):
+    config = StoreConfig(namespace=namespace, window_size=8, chunk_size=4, retained_message_limit=4)
+    store = make_sync_store(backend, config)
+    thread = store.thread("t")
+    thread.append(SystemMessage(content="rules"))
+    thread.append(UserMessage(content="hi"))
+    thread.append(SystemMessage(content="a later note"))
+    thread.append([UserMessage(content=f"m{i}") for i in range(20)])
+    thread.compact("so far", last_sequence=19)
+    assert contents(thread.context()) == ["rules", "so far", "m16", "m17", "m18", "m19"]
+    keys = ThreadRef.of(config, "t").keys
+    assert raw_client.hget(keys.meta, "prompt") == b"closed"
+    assert raw_client.get(keys.prompt_data).count(b"system_message") == 1
+    store.close()
+
+
+def test_a_thread_starting_without_a_system_message_keeps_no_prompt(backend, namespace, raw_client):
+    config = StoreConfig(namespace=namespace, window_size=8, chunk_size=4, retained_message_limit=4)
+    store = make_sync_store(backend, config)
+    thread = store.thread("t")
+    thread.append([UserMessage(content=f"m{i}") for i in range(20)])
+    thread.compact("so far", last_sequence=16)
+    keys = ThreadRef.of(config, "t").keys
+    assert raw_client.exists(keys.prompt_manifest, keys.prompt_data) == 0
+    assert contents(thread.context())[0] == "so far"
+    store.close()
+
+
+def test_an_oversized_system_message_is_kept(backend, namespace):
+    config = StoreConfig(
+        namespace=namespace,
+        window_size=8,
+        chunk_size=4,
+        chunk_max_bytes=4096,
+        retained_message_limit=4,
+    )
+    store = make_sync_store(backend, config)
+    thread = store.thread("t")
+    big = "x" * 10_000
+    thread.append([SystemMessage(content=big), SystemMessage(content="short")])
+    thread.append([UserMessage(content=f"m{i}") for i in range(20)])
+    thread.compact("so far", last_sequence=18)
+    assert thread.stats().deleted_before_sequence is not None
+    assert contents(thread.context())[:3] == [big, "short", "so far"]
+    store.close()
+
+
+def test_the_kept_prompt_goes_with_the_thread_and_keeps_its_deadline(backend, namespace, raw_client):
+    config = StoreConfig(
+        namespace=namespace, window_size=8, chunk_size=4, retained_message_limit=4, thread_ttl=3600
+    )
+    store = make_sync_store(backend, config)
+    thread = store.thread("t")
+    thread.append(SystemMessage(content="rules"))
+    thread.append([UserMessage(content=f"m{i}") for i in range(20)])
+    thread.compact("so far", last_sequence=16)
+    keys = ThreadRef.of(config, "t").keys
+    deadline = raw_client.pexpiretime(keys.meta)
+    assert deadline > 0
+    assert raw_client.pexpiretime(keys.prompt_manifest) == deadline
+    assert raw_client.pexpiretime(keys.prompt_data) == deadline
+    thread.delete()
+    assert raw_client.keys(f"{namespace}*") == []
+    store.close()

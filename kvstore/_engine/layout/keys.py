@@ -127,6 +127,16 @@ class ThreadKeys:
         """A layout-3 chunk's manifest: one string, a line per message."""
         return f"{self.chunk_prefix}{first_sequence}:m"
 
+    @property
+    def prompt_manifest(self) -> str:
+        """The kept system prompt's manifest (lua/includes/prompt.lua), a chunk's format."""
+        return f"{self.chunk_prefix}prompt:m"
+
+    @property
+    def prompt_data(self) -> str:
+        """The kept system prompt's records."""
+        return f"{self.chunk_prefix}prompt:d"
+
     def chunk_keys(self, first_sequence: int) -> tuple[str, str, str]:
         """Every key a chunk starting at `first_sequence` may have, in either layout."""
         return (
