@@ -14,6 +14,10 @@
 --- ARGV fork_of (str): the thread this one was forked from; '' for none
 --- ARGV fork_at (int): the sequence of the fork point; 0 for none
 --- ARGV last (int): 1 for the restore's last call, 0 for one with more turn records to follow
+--- ARGV prompt_state (str): the kept system prompt's run (meta `prompt`: 'open' | 'closed'), ''
+---      for none; sent with the last call only
+--- ARGV prompt_index (str): its messages as "sequence:tokens:bytes" joined by ',', '' for none
+--- ARGV prompt_records (bytes): their records, concatenated in that order
 --- ARGV turns[] id (str), start (int), outcome (str), replies (int), first (int),
 ---      count (int): the result's, first_seq (int), last_seq (int)
 ---
@@ -27,7 +31,9 @@
 ---
 --- Every number must be a whole number from 0, every outcome a word (includes/turns.lua,
 --- TURN_HEADER): anything else is refused (KVS_BAD_BACKUP) before the first write, since a turn
---- header it cannot parse would be read back as an empty turn.
+--- header it cannot parse would be read back as an empty turn. The same for a kept prompt
+--- (includes/prompt.lua) that is not at most PROMPT_LIMIT messages below deleted_before, in
+--- order, whose bytes frame its records exactly.
 ---
 --- Reply: the number of turn records written
 --- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_DELETING, KVS_RESTORE_CONFLICT, KVS_BAD_BACKUP,
@@ -37,6 +43,7 @@
 --- @include "includes/expiry"
 --- @include "includes/events"
 --- @include "includes/layout1"
+--- @include "includes/prompt"
 
 local keys = thread_keys(KEYS)
 local limits = args.limits
@@ -63,6 +70,26 @@ for i = 1, turns.n do
   for _, number in ipairs({'start', 'replies', 'first', 'count', 'first_seq', 'last_seq'}) do
     if not whole(turns[number][i]) then return bad_backup('number', turns[number][i]) end
   end
+end
+
+-- The kept prompt as its manifest lines (the side infos carry what a reader takes: the record's
+-- bytes and its tokens).
+local prompt_lines = {}
+if args.prompt_state ~= '' then
+  if args.prompt_state ~= 'open' and args.prompt_state ~= 'closed' then
+    return bad_backup('prompt state', args.prompt_state)
+  end
+  local at, previous = 0, 0
+  for entry in string.gmatch(args.prompt_index, '[^,]+') do
+    local sequence, tokens, bytes = string.match(entry, '^(%d+):(%d+):(%d+)$')
+    sequence = tonumber(sequence)
+    if not sequence or sequence <= previous or sequence >= deleted_before or #prompt_lines >= PROMPT_LIMIT then
+      return bad_backup('prompt entry', entry)
+    end
+    prompt_lines[#prompt_lines + 1] = manifest_line(sequence, side_info('', '', 0, tonumber(bytes), '', tonumber(tokens)))
+    at, previous = at + tonumber(bytes), sequence
+  end
+  if at ~= #args.prompt_records then return bad_backup('prompt records of bytes', #args.prompt_records) end
 end
 
 local err = check_thread(keys, true)
@@ -99,6 +126,14 @@ end
 if current[1] == nil then begin_incarnation(keys) end  -- a new thread (includes/events.lua)
 redis.call('HSET', keys.meta, unpack(fields))
 if last then redis.call('HDEL', keys.meta, 'restoring') end
+if #prompt_lines > 0 then
+  local manifest_key, data_key = prompt_keys(keys)
+  redis.call('SET', manifest_key, table.concat(prompt_lines))
+  redis.call('SET', data_key, args.prompt_records)
+  expire_new_chunk(keys, manifest_key)
+  expire_new_chunk(keys, data_key)
+end
+if args.prompt_state ~= '' then redis.call('HSET', keys.meta, 'prompt', args.prompt_state) end
 for i = 1, turns.n do
   local id = turns.id[i]
   local stored = read_turn(keys, id)

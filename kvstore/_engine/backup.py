@@ -1,8 +1,8 @@
 """Backup and restore of a thread: its state as a backup header records it, and the restore.
 
 A backup holds the thread's state (:class:`BackupState`: the last sequence assigned, the
-context summary, ``deleted_before``, the turn reply sequence and every turn record's result)
-and its messages, each with its sequence and turn. A restore writes the messages AT their
+context summary, ``deleted_before``, the turn reply sequence, every turn record's result and the
+system prompt retention kept aside, lua/includes/prompt.lua) and its messages, each with its sequence and turn. A restore writes the messages AT their
 sequences (lua/restore.lua, one run of consecutive sequences of one turn per call, atomic),
 then the state (lua/restore_state.lua). A message whose id is stored at its own sequence was
 restored before and is skipped, so a restore interrupted anywhere is finished by running it
@@ -20,11 +20,13 @@ from .. import errors
 from ..messages import Message
 from .bounds import MAX_SEQUENCE, bounded, check_sequence
 from .layout import CURRENT
-from .layout.formats import TurnRecord, turn_records
+from .layout.formats import TurnRecord, manifest_tokens, split_chunk, turn_records
 from .operation import Batch, Operation, ThreadRef, write
 from .prepare import PreparedMessage
+from .record import decode_records
 from .replies import RestoreReply, stored_int
 from .scripts import SCRIPTS
+from .system_prompt import LEADING_SYSTEM_LIMIT
 from .text import text as _text
 from .tool_pairs import batch_pairs
 
@@ -50,6 +52,10 @@ class BackupState:
     turns: list[TurnRecord] = field(default_factory=list)
     # Each turn's ranges of sequences (first, last, turn id), sorted: a message's turn.
     ranges: list[tuple[int, int, str]] = field(default_factory=list)
+    # The system prompt retention kept aside (below deleted_before), and meta's `prompt`
+    # ('open' | 'closed'; '' for none).
+    prompt: list[BackedUpMessage] = field(default_factory=list)
+    prompt_state: str = ""
 
     def turn_of(self, sequence: int) -> str | None:
         """The turn whose ranges hold `sequence`, or None."""
@@ -68,8 +74,15 @@ class BackupState:
 
 
 def backup_state(thread: ThreadRef) -> Operation:
-    """The thread's state, read in one round trip (meta and the turn records)."""
-    meta, turns = yield Batch([("HGETALL", thread.keys.meta), ("HGETALL", thread.keys.turns)])
+    """The thread's state, read in one round trip (meta, the turn records, the kept prompt)."""
+    keys = thread.keys
+    meta, turns, (manifest, data) = yield Batch(
+        [
+            ("HGETALL", keys.meta),
+            ("HGETALL", keys.turns),
+            ("MGET", keys.prompt_manifest, keys.prompt_data),
+        ]
+    )
     fields = {_text(k): _text(v) for k, v in meta.items()}
     if "deleting" in fields:
         fields = {}
@@ -90,7 +103,16 @@ def backup_state(thread: ThreadRef) -> Operation:
         turn_seq=number("turn_seq"),
         turn_outcome=fields.get("turn_outcome", "") if fields.get("turn_id") else "",
         gen=number("gen"),
+        prompt_state=fields.get("prompt", "") if fields else "",
     )
+    if state.prompt_state:
+        tokens = manifest_tokens(manifest)
+        kept = sorted(split_chunk(manifest, data).items())
+        state.prompt = [
+            BackedUpMessage(m.seq_id, None, m, tokens.get(m.seq_id))
+            for m in decode_records(kept)
+            if m.seq_id is not None
+        ]
     records = {_text(k): _text(v) for k, v in turns.items()}
     for record, ranges in turn_records(records, state.turn_id, state.turn_seq, state.turn_outcome):
         state.turns.append(record)
@@ -207,8 +229,37 @@ def restore_state(
             raise errors.InvalidMessage(
                 f"number {value!r:.80} is not one a backup holds (an int from 0 to 2**50)"
             )
+    prompt = [
+        PreparedMessage.of(
+            thread.config,
+            item.message,
+            None,
+            None,
+            f"prompt message {item.sequence}",
+            item.tokens,
+            thread.count_tokens,
+        )
+        for item in state.prompt
+    ]
+    prompt_index = ",".join(
+        f"{item.sequence}:{p.tokens}:{len(p.record)}"
+        for item, p in zip(state.prompt, prompt, strict=True)
+    )
+    sequences = [item.sequence for item in state.prompt]
+    if (
+        state.prompt_state not in ("", "open", "closed")
+        or (sequences and not state.prompt_state)
+        or len(sequences) > LEADING_SYSTEM_LIMIT
+        or sequences != sorted(set(sequences))
+        or any(not 1 <= s < state.deleted_before for s in sequences)
+    ):
+        raise errors.InvalidMessage(
+            f"the kept prompt ({state.prompt_state!r}, sequences {sequences[:20]}) is not one a"
+            f" backup holds: at most {LEADING_SYSTEM_LIMIT} messages in order below deleted_before"
+        )
     starts = range(0, max(len(turns), 1), RESTORE_TURNS)
     for start in starts:
+        last = start == starts[-1]
         part = turns[start : start + RESTORE_TURNS]
         args = SCRIPTS["restore_state"].args(
             limits=thread.limits(),
@@ -221,7 +272,10 @@ def restore_state(
             turn_outcome=state.turn_outcome if state.turn_id else "",
             fork_of=fork_of,
             fork_at=fork_at,
-            last=int(start == starts[-1]),
+            last=int(last),
+            prompt_state=state.prompt_state if last else "",
+            prompt_index=prompt_index if last else "",
+            prompt_records=b"".join(p.record for p in prompt) if last else b"",
             turns=[
                 (
                     t.turn_id,

@@ -138,7 +138,7 @@ def _fork_point(source: ThreadRef, at: str | int) -> Operation:
 
 def forked_state(state: BackupState, at: int) -> BackupState:
     """The source's state as of sequence `at`: its summary only if stored by then, its retention
-    as it is, and the turns that had started by then; a turn with messages after `at` is open
+    (and the system prompt retention kept) as it is, and the turns that had started by then; a turn with messages after `at` is open
     again in the fork (its reply and result counts start over)."""
     turns: list[TurnRecord] = []
     crossing: set[str] = set()
@@ -176,4 +176,7 @@ def forked_state(state: BackupState, at: int) -> BackupState:
         turn_seq=state.turn_seq if current else 0,
         turn_outcome=("open" if current in crossing else state.turn_outcome) if current else "",
         turns=turns,
+        # The kept prompt is older than every sequence the fork may start at (deleted_before).
+        prompt=state.prompt,
+        prompt_state=state.prompt_state,
     )

@@ -8,6 +8,8 @@ import hashlib
 from typing import Any
 
 from .. import admin, errors
+from ..admin import checked_tokens
+from ..messages import parse_message
 
 BACKUP_FORMAT = 1
 # The end line's key: {"kvstore_backup_end": 1, "messages": N, "sha256": "<hex>"}.
@@ -50,7 +52,36 @@ def header_line(thread_id: str, messages: int, state: admin.BackupState) -> dict
             }
             for t in state.turns
         ],
+        # The system prompt retention kept aside (docs/HISTORY.md): its messages as message
+        # lines are written, below deleted_before.
+        "prompt": {
+            "state": state.prompt_state,
+            "messages": [_prompt_line(item) for item in state.prompt],
+        }
+        if state.prompt_state
+        else None,
     }
+
+
+def _prompt_line(item: admin.BackedUpMessage) -> dict[str, Any]:
+    line = item.message.to_dict()
+    if item.tokens is not None:
+        line["tokens"] = item.tokens
+    return line
+
+
+def _prompt_item(body: object) -> admin.BackedUpMessage:
+    """A kept prompt's message of a backup's header (as _prompt_line wrote it)."""
+    if not isinstance(body, dict):
+        raise ValueError(f"{body!r:.80} is not a message")
+    body = dict(body)
+    tokens = body.pop("tokens", None)
+    if tokens is not None:
+        checked_tokens(tokens, "the prompt message")
+    message = parse_message(body)
+    if message.seq_id is None:
+        raise ValueError("a kept prompt's message must have its seq_id")
+    return admin.BackedUpMessage(message.seq_id, None, message, tokens)
 
 
 def check_whole(
@@ -134,8 +165,10 @@ def header_state(head: dict[str, Any]) -> admin.BackupState:
                 )
                 for t in head.get("turns", [])
             ],
+            prompt=[_prompt_item(m) for m in (head.get("prompt") or {}).get("messages", [])],
+            prompt_state=text((head.get("prompt") or {}).get("state", "")),
         )
-    except (KeyError, TypeError, AttributeError, ValueError) as exc:
+    except (KeyError, TypeError, AttributeError, ValueError, errors.InvalidMessage) as exc:
         raise errors.InvalidMessage(
             f"line 1: the backup's header is not one export wrote ({exc!r})"
         ) from None

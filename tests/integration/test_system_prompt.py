@@ -3,11 +3,19 @@ the summary (docs/HISTORY.md, "The system prompt"); every backend, sync and asyn
 
 from __future__ import annotations
 
-from kvstore import AssistantMessage, StoreConfig, SystemMessage, UserMessage
+import io
+import json
+
+import pytest
+
+from kvstore import AssistantMessage, StoreConfig, SystemMessage, UserMessage, errors
+from kvstore._engine.backup import BackedUpMessage, BackupState, restore_state
 from kvstore._engine.core import Eval, ThreadRef, context
 from kvstore._engine.views import context as history_context
+from kvstore.cli import backup
 
 from ..conftest import make_sync_store
+from ..support.layout_check import check_layout
 from .test_page_reads import drive
 
 
@@ -107,7 +115,11 @@ def test_retention_past_the_start_keeps_the_system_messages(make_thread):
     assert [getattr(m, "content", None) or m.summary for m in thread.context()] == expected
     budgeted = thread.context(max_tokens=10)
     assert [getattr(m, "content", None) or m.summary for m in budgeted] == [
-        "rules", "more", "what was said", "m38", "m39"
+        "rules",
+        "more",
+        "what was said",
+        "m38",
+        "m39",
     ]
     assert all(m.message_type != "system_message" for m in thread.list(limit=50).messages)
 
@@ -148,7 +160,9 @@ def test_a_prompt_across_chunks_is_kept_as_retention_reaches_each(backend, names
     store.close()
 
 
-def test_a_run_ended_before_retention_keeps_only_the_leading_messages(backend, namespace, raw_client):
+def test_a_run_ended_before_retention_keeps_only_the_leading_messages(
+    backend, namespace, raw_client
+):
     config = StoreConfig(namespace=namespace, window_size=8, chunk_size=4, retained_message_limit=4)
     store = make_sync_store(backend, config)
     thread = store.thread("t")
@@ -195,7 +209,9 @@ def test_an_oversized_system_message_is_kept(backend, namespace):
     store.close()
 
 
-def test_the_kept_prompt_goes_with_the_thread_and_keeps_its_deadline(backend, namespace, raw_client):
+def test_the_kept_prompt_goes_with_the_thread_and_keeps_its_deadline(
+    backend, namespace, raw_client
+):
     config = StoreConfig(
         namespace=namespace, window_size=8, chunk_size=4, retained_message_limit=4, thread_ttl=3600
     )
@@ -211,4 +227,72 @@ def test_the_kept_prompt_goes_with_the_thread_and_keeps_its_deadline(backend, na
     assert raw_client.pexpiretime(keys.prompt_data) == deadline
     thread.delete()
     assert raw_client.keys(f"{namespace}*") == []
+    store.close()
+
+
+def prompt_thread(store, thread_id: str = "t"):
+    thread = store.thread(thread_id)
+    thread.append([SystemMessage(content="rules"), SystemMessage(content="more")], tokens=[3, 3])
+    thread.append([UserMessage(content=f"m{i}") for i in range(20)], tokens=[1] * 20)
+    thread.compact("so far", last_sequence=18, tokens=2)
+    assert thread.stats().deleted_before_sequence is not None
+    return thread
+
+
+def test_a_fork_past_retention_keeps_the_prompt(backend, namespace, raw_client):
+    config = StoreConfig(namespace=namespace, window_size=8, chunk_size=4, retained_message_limit=4)
+    store = make_sync_store(backend, config)
+    source = prompt_thread(store)
+    fork = source.fork("f", source.stats().next_sequence - 1)  # at the summary
+    assert contents(fork.context()) == ["rules", "more", "so far", "m16", "m17", "m18", "m19"]
+    assert contents(fork.context(max_tokens=9)) == ["rules", "more", "so far", "m19"]
+    check_layout(raw_client, fork.keys, config)
+    fork.delete()
+    assert raw_client.keys(f"{namespace}:{{f}}*") == []
+    store.close()
+
+
+def test_an_export_and_import_past_retention_keeps_the_prompt(backend, namespace, raw_client):
+    config = StoreConfig(namespace=namespace, window_size=8, chunk_size=4, retained_message_limit=4)
+    store = make_sync_store(backend, config)
+    source = prompt_thread(store)
+    out = io.StringIO()
+    backup.export(store, "t", out, progress_out=io.StringIO())
+    header = json.loads(out.getvalue().splitlines()[0])
+    assert header["prompt"]["state"] == "closed"
+    assert [m["content"] for m in header["prompt"]["messages"]] == ["rules", "more"]
+    progress = backup.ImportProgress()
+    backup.import_lines(
+        store, "r", io.StringIO(out.getvalue()), progress, progress_out=io.StringIO()
+    )
+    restored = store.thread("r")
+    assert contents(restored.context()) == contents(source.context())
+    assert [m.to_dict() for m in restored.context(max_tokens=9)] == [
+        m.to_dict() for m in source.context(max_tokens=9)
+    ]
+    check_layout(raw_client, restored.keys, config)
+    store.close()
+
+
+def test_a_restore_with_a_prompt_it_cannot_hold_is_refused_before_the_socket(backend, namespace):
+    config = StoreConfig(namespace=namespace)
+    store = make_sync_store(backend, config)
+    ref = ThreadRef.of(config, "t")
+    state = BackupState(last_seq=5, deleted_before=3, prompt_state="open")
+    requests = []
+    store._on_request = requests.append
+    for prompt in (
+        [BackedUpMessage(3, None, SystemMessage(content="at deleted_before"))],
+        [
+            BackedUpMessage(2, None, SystemMessage(content="b")),
+            BackedUpMessage(1, None, SystemMessage(content="a")),
+        ],
+    ):
+        state.prompt = prompt
+        with pytest.raises(errors.InvalidMessage):
+            store.run(restore_state(ref, state))
+    state.prompt, state.prompt_state = [BackedUpMessage(1, None, SystemMessage(content="a"))], ""
+    with pytest.raises(errors.InvalidMessage):
+        store.run(restore_state(ref, state))
+    assert requests == []
     store.close()

@@ -187,9 +187,28 @@ def check_containers(client, keys: ThreadKeys, config: StoreConfig, layout: Layo
         kind = (keys.chunk(first),) if first in layout.hash_chunks else keys.chunk_keys(first)[1:]
         listed |= {key.encode() for key in kind}
     present = set(client.scan_iter(match=keys.chunk_prefix + "*", count=1000))
+    prompt = {keys.prompt_manifest.encode(), keys.prompt_data.encode()}
+    if present & prompt:
+        check_prompt(client, keys, layout)
+        listed |= prompt
     assert present == listed, present ^ listed
     # Window side info covers exactly the window.
     assert {int(f) for f in client.hkeys(keys.window_side)} == set(layout.window)
+
+
+def check_prompt(client, keys: ThreadKeys, layout: Layout) -> None:
+    """The kept system prompt (lua/includes/prompt.lua): both strings, the manifest framing the
+    records, at most 16 system messages in order below deleted_before, its run's state in meta."""
+    manifest, data = client.get(keys.prompt_manifest), client.get(keys.prompt_data)
+    assert manifest and data is not None, "the kept prompt has one string of two"
+    records = split_records(keys.prompt_manifest, manifest, data)
+    assert layout.meta.get("prompt") in ("open", "closed"), layout.meta.get("prompt")
+    sequences = list(records)
+    assert sequences == sorted(sequences) and len(sequences) <= 16, sequences
+    assert sequences[-1] < int(layout.meta["deleted_before"]), sequences
+    assert not set(sequences) & set(layout.all_sequences()), sequences
+    for record in records.values():
+        assert b"\xacmessage_type\xaesystem_message" in record[:40], record[:40]
 
 
 def check_counters(client, keys: ThreadKeys, layout: Layout) -> None:
