@@ -247,3 +247,31 @@ def finishing_deletes(operation: Operation) -> Operation:
             refusals = 0
     except StopIteration as done:
         return done.value
+
+
+def riding(
+    operation: Operation[Result], extra: Sequence[tuple[Any, ...]]
+) -> Operation[tuple[Result, list[Any]]]:
+    """Drives `operation`, sending the `extra` commands in its first Batch (a round trip saved;
+    alone after it when it sends none). Returns its result and the extra commands' replies.
+    Errors thrown in go to `operation`, as finishing_deletes passes them."""
+    ridden: list[Any] | None = None
+    try:
+        request = next(operation)
+        while True:
+            commands = None
+            if ridden is None and isinstance(request, Batch):
+                commands = list(request.commands)
+                request = Batch([*commands, *extra])
+            try:
+                reply = yield request
+            except errors.KVStoreError as exc:
+                request = operation.throw(exc)
+                continue
+            if commands is not None:
+                reply, ridden = list(reply[: len(commands)]), list(reply[len(commands) :])
+            request = operation.send(reply)
+    except StopIteration as done:
+        if ridden is None:
+            ridden = list((yield Batch(list(extra))))
+        return done.value, ridden

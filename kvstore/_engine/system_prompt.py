@@ -10,11 +10,12 @@ that covers them, or a budget that cuts them away, leaves them in all the same.
 from __future__ import annotations
 
 from itertools import takewhile
+from typing import Any
 
 from ..messages import Message, SummaryMessage
 from .layout.formats import manifest_tokens, split_chunk
 from .layout.reader import decode
-from .operation import Batch, Operation, ThreadRef
+from .operation import Batch, Operation, ThreadRef, riding
 from .reads import read_range
 from .tokens import TokenCounter, counted
 from .views import context as history
@@ -29,12 +30,17 @@ def context(
     """The model input: the thread's leading system messages, then views.context's (the summary
     and the messages after it, with `max_tokens` the newest that fit what the system messages
     leave). A budget they fill or exceed alone leaves them and the summary, as a summary over
-    the budget is kept alone."""
-    found = yield from history(thread, max_tokens, count_tokens)
+    the budget is kept alone.
+
+    The kept prompt (once retention passed the thread's start) is read in views.context's first
+    round trip; the stored start, when that read did not reach it, in one more."""
+    found, kept = yield from riding(
+        history(thread, max_tokens, count_tokens), _prompt_reads(thread)
+    )
     if any(m.seq_id == 1 for m in found):
         # The thread's first message is in, so is every message after it: nothing is left out.
         return found
-    leading = yield from _leading_system(thread)
+    leading = yield from _leading_system(thread, kept)
     if not leading:
         return found
     if max_tokens is not None:
@@ -43,14 +49,27 @@ def context(
         if left < 1:
             found = found[:1] if found and isinstance(found[0], SummaryMessage) else []
     system = [m for m, _ in leading]
-    kept = {m.seq_id for m in system}
-    return system + [m for m in found if m.seq_id not in kept]
+    seen = {m.seq_id for m in system}
+    return system + [m for m in found if m.seq_id not in seen]
 
 
-def _leading_system(thread: ThreadRef) -> Operation[list[tuple[Message, int]]]:
-    """The system messages the thread starts with and their stored counts: one read-only step
-    (lua/read_range.lua), and one more once retention deleted the thread's start, for the
-    prompt it kept aside (lua/includes/prompt.lua)."""
+def _prompt_reads(thread: ThreadRef) -> list[tuple[Any, ...]]:
+    """The kept prompt (lua/includes/prompt.lua) and where retention stands."""
+    keys = thread.keys
+    return [
+        ("MGET", keys.prompt_manifest, keys.prompt_data),
+        ("HMGET", keys.meta, "prompt", "deleted_before"),
+    ]
+
+
+def _leading_system(thread: ThreadRef, kept: list[Any]) -> Operation[list[tuple[Message, int]]]:
+    """The system messages the thread starts with and their stored counts. `kept` is what
+    _prompt_reads read: once retention passed the thread's start and the run of them ended,
+    they are the kept prompt; else they are (also) stored, read in one read-only step
+    (lua/read_range.lua), and the kept prompt again after it when retention had begun."""
+    (manifest, data), (state, deleted_before) = kept
+    if deleted_before is not None and state != b"open":
+        return _system_of(thread, _prompt_records(manifest, data))
     read = yield from read_range(
         thread, ("", ""), ("seq", str(LEADING_SYSTEM_LIMIT + 1)), "up", LEADING_SYSTEM_LIMIT
     )
@@ -58,19 +77,25 @@ def _leading_system(thread: ThreadRef) -> Operation[list[tuple[Message, int]]]:
     if read.deleted_before:
         # Read after the range: retention only moves messages from it into the prompt, so
         # none is missed; one in both is the same message.
-        (manifest, data), state = yield Batch(
-            [
-                ("MGET", thread.keys.prompt_manifest, thread.keys.prompt_data),
-                ("HGET", thread.keys.meta, "prompt"),
-            ]
-        )
+        (manifest, data), (state, _) = yield Batch(_prompt_reads(thread))
         if state != b"open":
             records = []  # the run ended in what was deleted: a later message is not in it
-        tokens_of = manifest_tokens(manifest)
-        kept = split_chunk(manifest, data)
         stored = {r[0] for r in records}
-        records += [(s, r, tokens_of.get(s, 0)) for s, r in kept.items() if s not in stored]
-    records.sort()
+        records += [r for r in _prompt_records(manifest, data) if r[0] not in stored]
+    return _system_of(thread, records)
+
+
+def _prompt_records(manifest: bytes | None, data: bytes | None) -> list[tuple[int, bytes, int]]:
+    """The kept prompt's (sequence, record, stored count)s."""
+    tokens = manifest_tokens(manifest)
+    return [(s, r, tokens.get(s, 0)) for s, r in split_chunk(manifest, data).items()]
+
+
+def _system_of(
+    thread: ThreadRef, records: list[tuple[int, bytes, int]]
+) -> list[tuple[Message, int]]:
+    """The leading system messages among (sequence, record, count)s, with their counts."""
+    records = sorted(records)
     messages = decode(thread, [r[:2] for r in records], [])
     tokens = {r[0]: r[2] for r in records}
     leading = takewhile(lambda m: m.message_type == "system_message", messages)

@@ -296,3 +296,28 @@ def test_a_restore_with_a_prompt_it_cannot_hold_is_refused_before_the_socket(bac
         store.run(restore_state(ref, state))
     assert requests == []
     store.close()
+
+
+def test_past_retention_the_prompt_costs_no_round_trip_of_its_own(backend, namespace):
+    """Once retention passed the thread's start (and the run of system messages ended), the
+    kept prompt is read in the history's first round trip: no request more than the history's,
+    with or without a prompt kept (with one and a budget, the history is read again for what
+    the prompt leaves, as before)."""
+    config = StoreConfig(namespace=namespace, window_size=8, chunk_size=4, retained_message_limit=4)
+    store = make_sync_store(backend, config)
+    prompt_thread(store, "p")
+    plain = store.thread("n")
+    plain.append([UserMessage(content=f"m{i}") for i in range(20)], tokens=[1] * 20)
+    plain.compact("so far", last_sequence=16, tokens=2)
+    for thread_id, system in (("n", 0), ("p", 2)):
+        ref = ThreadRef.of(config, thread_id)
+        for budget in (None, 10**6, 9):
+            found, requests = drive(store, context(ref, budget))
+            _, planner = drive(store, history_context(ref, budget))
+            again = len(planner) if system and budget is not None else 0
+            assert len(requests) == len(planner) + again, (thread_id, budget)
+            assert not [
+                r for r in requests if isinstance(r, Eval) and r.script.name == "read_range"
+            ]
+            assert [m.content for m in found[:system]] == ["rules", "more"][:system]
+    store.close()
