@@ -61,32 +61,43 @@ def interleaved(store: MessageStore, operation, at_step: int, action):
         return done.value, step
 
 
-@pytest.mark.parametrize("at_step", range(5))
+def by_length(message) -> int:
+    return len(message.model_dump_json()) // 4
+
+
+@pytest.mark.parametrize(("budget", "counter"), [(None, None), (10**6, None), (10**6, by_length)])
 def test_context_sees_one_state_when_a_compaction_lands_between_its_round_trips(
-    backend, namespace, at_step
+    backend, namespace, budget, counter
 ):
+    """A compaction after each of the read's round trips, its last included (it then lands
+    after the read), however many the read takes: the planned read (stored counts), and the
+    page by page one (a counter of the caller's)."""
     config = StoreConfig(namespace=namespace, **SMALL)
-    store = make_sync_store(backend, config)
-    other = make_sync_store(backend, config).thread("t")
-    thread = store.thread("t")
-    fill(thread, 60)
-    first = thread.compact("up to 20", last_sequence=20)
+    at_step, steps = 0, 1
+    while at_step < steps:
+        store = make_sync_store(backend, config)
+        other = make_sync_store(backend, config).thread(f"t{at_step}")
+        thread = store.thread(f"t{at_step}")
+        fill(thread, 60)
+        first = thread.compact("up to 20", last_sequence=20)
 
-    def compact_meanwhile():
-        fill(other, 3, start=60)
-        other.compact("up to 50", last_sequence=50)
+        def compact_meanwhile(other=other):
+            fill(other, 3, start=60)
+            other.compact("up to 50", last_sequence=50)
 
-    messages, steps = interleaved(
-        store, context(ThreadRef.of(config, "t")), at_step, compact_meanwhile
-    )
-    assert steps > at_step  # the compaction landed inside the read
-    summary, sequences = check_context(messages)
-    assert summary is not None
-    # Whichever summary it returns, everything after that summary's range follows it.
-    covered = 20 if summary.id == first.id else 50
-    assert sequences[0] == covered + 1, (summary.summary, sequences[:5])
-    assert messages == thread.context() or covered == 20
-    store.close()
+        read = context(ThreadRef.of(config, f"t{at_step}"), budget, counter)
+        messages, steps = interleaved(store, read, at_step, compact_meanwhile)
+        assert steps > at_step  # the compaction landed inside the read, or right after it
+        summary, sequences = check_context(messages)
+        assert summary is not None
+        # Whichever summary it returns, everything after that summary's range follows it.
+        covered = 20 if summary.id == first.id else 50
+        assert sequences[0] == covered + 1, (summary.summary, sequences[:5])
+        now = thread.context(max_tokens=budget, count_tokens=counter)
+        assert messages == now or covered == 20
+        store.close()
+        at_step += 1
+    assert at_step >= 2  # a read of more than one round trip
 
 
 @pytest.mark.parametrize("at_step", range(5))
