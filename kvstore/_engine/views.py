@@ -229,8 +229,9 @@ def _optimistic_context(
     if max_tokens is None or count_tokens is None:
         # Without a budget no count matters: the whole history after the summary is a plan
         # every message fits, read in the planner's two round trips instead of page by page.
-        whole = max_tokens is None
-        planned = yield from budgeted_context(thread, MAX_THREAD_TOKENS if whole else max_tokens)
+        planned = yield from budgeted_context(
+            thread, MAX_THREAD_TOKENS if max_tokens is None else max_tokens
+        )
         if planned is not None:
             body = planned.body
             if planned.after is not None and planned.left != 0:
