@@ -229,34 +229,7 @@ def restore_state(
             raise errors.InvalidMessage(
                 f"number {value!r:.80} is not one a backup holds (an int from 0 to 2**50)"
             )
-    prompt = [
-        PreparedMessage.of(
-            thread.config,
-            item.message,
-            None,
-            None,
-            f"prompt message {item.sequence}",
-            item.tokens,
-            thread.count_tokens,
-        )
-        for item in state.prompt
-    ]
-    prompt_index = ",".join(
-        f"{item.sequence}:{p.tokens}:{len(p.record)}"
-        for item, p in zip(state.prompt, prompt, strict=True)
-    )
-    sequences = [item.sequence for item in state.prompt]
-    if (
-        state.prompt_state not in ("", "open", "closed")
-        or (sequences and not state.prompt_state)
-        or len(sequences) > LEADING_SYSTEM_LIMIT
-        or sequences != sorted(set(sequences))
-        or any(not 1 <= s < state.deleted_before for s in sequences)
-    ):
-        raise errors.InvalidMessage(
-            f"the kept prompt ({state.prompt_state!r}, sequences {sequences[:20]}) is not one a"
-            f" backup holds: at most {LEADING_SYSTEM_LIMIT} messages in order below deleted_before"
-        )
+    prompt_index, prompt_records = _prompt_args(thread, state)
     starts = range(0, max(len(turns), 1), RESTORE_TURNS)
     for start in starts:
         last = start == starts[-1]
@@ -275,7 +248,7 @@ def restore_state(
             last=int(last),
             prompt_state=state.prompt_state if last else "",
             prompt_index=prompt_index if last else "",
-            prompt_records=b"".join(p.record for p in prompt) if last else b"",
+            prompt_records=prompt_records if last else b"",
             turns=[
                 (
                     t.turn_id,
@@ -291,6 +264,40 @@ def restore_state(
             ],
         )
         yield from write(thread, SCRIPTS["restore_state"], args)
+
+
+def _prompt_args(thread: ThreadRef, state: BackupState) -> tuple[str, bytes]:
+    """restore_state's kept prompt (lua/restore_state.lua: prompt_index, prompt_records),
+    checked as the script checks it, before the socket."""
+    sequences = [item.sequence for item in state.prompt]
+    if (
+        state.prompt_state not in ("", "open", "closed")
+        or (sequences and not state.prompt_state)
+        or len(sequences) > LEADING_SYSTEM_LIMIT
+        or sequences != sorted(set(sequences))
+        or any(not 1 <= s < state.deleted_before for s in sequences)
+    ):
+        raise errors.InvalidMessage(
+            f"the kept prompt ({state.prompt_state!r}, sequences {sequences[:20]}) is not one a"
+            f" backup holds: at most {LEADING_SYSTEM_LIMIT} messages in order below deleted_before"
+        )
+    prompt = [
+        PreparedMessage.of(
+            thread.config,
+            item.message,
+            None,
+            None,
+            f"prompt message {item.sequence}",
+            item.tokens,
+            thread.count_tokens,
+        )
+        for item in state.prompt
+    ]
+    index = ",".join(
+        f"{item.sequence}:{p.tokens}:{len(p.record)}"
+        for item, p in zip(state.prompt, prompt, strict=True)
+    )
+    return index, b"".join(p.record for p in prompt)
 
 
 def stored_ids(thread: ThreadRef, ids: list[str]) -> Operation:

@@ -227,11 +227,9 @@ def _optimistic_context(
     """context() from reads of several round trips, compared after them; ChangedUnderReads
     when a compaction landed under each try."""
     if max_tokens is None or count_tokens is None:
-        # Without a budget no count matters: the whole history after the summary is a plan
-        # every message fits, read in the planner's two round trips instead of page by page.
-        planned = yield from budgeted_context(
-            thread, MAX_THREAD_TOKENS if max_tokens is None else max_tokens
-        )
+        # No budget: no count matters, a plan every message fits (two round trips, not pages).
+        planned_budget = MAX_THREAD_TOKENS if max_tokens is None else max_tokens
+        planned = yield from budgeted_context(thread, planned_budget)
         if planned is not None:
             body = planned.body
             if planned.after is not None and planned.left != 0:
