@@ -44,6 +44,7 @@
 --- @include "includes/events"
 --- @include "includes/layout1"
 --- @include "includes/prompt"
+--- @include "includes/layout2_format"
 
 local keys = thread_keys(KEYS)
 local limits = args.limits
@@ -83,7 +84,7 @@ if args.prompt_state ~= '' then
   for entry in string.gmatch(args.prompt_index, '[^,]+') do
     local sequence, tokens, bytes = string.match(entry, '^(%d+):(%d+):(%d+)$')
     sequence = tonumber(sequence)
-    if not sequence or sequence <= previous or sequence >= deleted_before or #prompt_lines >= PROMPT_LIMIT then
+    if not sequence or sequence <= previous or sequence >= deleted_before or #prompt_lines >= prompt.LIMIT then
       return bad_backup('prompt entry', entry)
     end
     prompt_lines[#prompt_lines + 1] = manifest_line(sequence, side_info('', '', 0, tonumber(bytes), '', tonumber(tokens)))
@@ -127,7 +128,7 @@ if current[1] == nil then begin_incarnation(keys) end  -- a new thread (includes
 redis.call('HSET', keys.meta, unpack(fields))
 if last then redis.call('HDEL', keys.meta, 'restoring') end
 if #prompt_lines > 0 then
-  local manifest_key, data_key = prompt_keys(keys)
+  local manifest_key, data_key = keys.prompt_manifest, keys.prompt_data
   redis.call('SET', manifest_key, table.concat(prompt_lines))
   redis.call('SET', data_key, args.prompt_records)
   expire_new_chunk(keys, manifest_key)

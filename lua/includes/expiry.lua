@@ -32,9 +32,8 @@ local function apply_expiry(keys)
     redis.call('PEXPIREAT', key, deadline)
   end
   if moved then
-    local prompt_manifest, prompt_data = prompt_keys(keys)
-    redis.call('PEXPIREAT', prompt_manifest, deadline)
-    redis.call('PEXPIREAT', prompt_data, deadline)
+    redis.call('PEXPIREAT', keys.prompt_manifest, deadline)
+    redis.call('PEXPIREAT', keys.prompt_data, deadline)
     for _, index in ipairs(chunk_indexes(keys)) do
       local firsts = redis.call('ZRANGE', index, 0, -1, 'WITHSCORES')
       for i = 2, #firsts, 2 do

@@ -23,6 +23,8 @@ local function thread_keys(KEYS)
     large_index = KEYS[5], ids = KEYS[6], otids = KEYS[7], turns = KEYS[8], legacy = KEYS[9],
     chunk_prefix = KEYS[10], events = KEYS[11], pairs = KEYS[12],
     open_data = KEYS[13], open_manifest = KEYS[14],
+    -- The kept system prompt (includes/prompt.lua): a chunk's two strings at no sequence.
+    prompt_manifest = KEYS[10] .. 'prompt:m', prompt_data = KEYS[10] .. 'prompt:d',
   }
 end
 
@@ -39,18 +41,11 @@ local function chunk_indexes(keys)
   return {keys.chunk_index, keys.large_index}
 end
 
--- The kept system prompt's manifest and records (includes/prompt.lua): a chunk's two strings
--- under the chunk prefix, at no sequence.
-local function prompt_keys(keys)
-  return keys.chunk_prefix .. 'prompt:m', keys.chunk_prefix .. 'prompt:d'
-end
-
 -- The keys delete removes at its tombstone: the thread's keys but meta, the event stream, the
 -- chunk indexes and the chunks (those go step by step after it, lua/delete.lua).
 local function tombstone_keys(keys)
-  local prompt_manifest, prompt_data = prompt_keys(keys)
   return {keys.window, keys.window_side, keys.ids, keys.otids, keys.turns, keys.legacy, keys.pairs,
-          keys.open_data, keys.open_manifest, prompt_manifest, prompt_data}
+          keys.open_data, keys.open_manifest, keys.prompt_manifest, keys.prompt_data}
 end
 
 -- The chunk indexes with their type, for check_key_types.

@@ -117,7 +117,7 @@ local function retain(keys, retained_limit, max_chunks)
   keys.has_window = redis.call('TYPE', keys.window)['ok'] == 'zset'
   local oldest = keys.has_window and redis.call('ZRANGE', keys.window, 0, 0, 'WITHSCORES')[2]
   if oldest then until_sequence = math.min(until_sequence, tonumber(oldest) - 1) end
-  local deleted, deleted_before, touched_turns, prompt = 0, nil, {}, nil
+  local deleted, deleted_before, touched_turns, run = 0, nil, {}, nil
   while deleted < max_chunks do
     local last, count, unit = oldest_unit(keys)
     if not last or last > until_sequence then break end
@@ -130,8 +130,8 @@ local function retain(keys, retained_limit, max_chunks)
     end
     if #contents < #unit then break end
     if deleted == 0 then ensure_tokens(keys) end
-    prompt = prompt or prompt_state(keys)
-    if prompt == 'open' then prompt = keep_prompt(keys, unit, last, prompt) end
+    run = run or prompt.state(keys)  -- the system prompt's run (includes/prompt.lua)
+    if run == 'open' then run = prompt.keep(keys, unit, last, run) end
     for i, chunk in ipairs(unit) do
       drop_chunk(keys, chunk[1], chunk[2], chunk[3], chunk[4], chunk[5], contents[i], touched_turns)
     end

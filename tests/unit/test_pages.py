@@ -21,7 +21,6 @@ from kvstore._engine.core import (
 from kvstore._engine.operation import OPTIMISTIC_READS
 from kvstore._engine.record import encode_record
 from kvstore._engine.scripts import SCRIPTS
-from kvstore._engine.system_prompt import LEADING_SYSTEM_LIMIT
 from kvstore._engine.tool_pairs import PAIR_LOOKBACK
 
 from .driver import batch, call, collect, drive, repeat
@@ -128,13 +127,21 @@ def with_summary(fake: FakeThread) -> FakeThread:
     return fake
 
 
-def context_pass(fake: FakeThread, summary_seq: str, last_check=None):
+def context_pass(fake: FakeThread, summary_seq: str, last_check=None, first=True):
     """The round trips of one pass of context(): the meta read, the summary by sequence, the
-    pages after what it covers, and summary_seq read again."""
+    pages after what it covers, and summary_seq read again. The first pass's first round trip
+    also reads the kept system prompt (system_prompt.py: _prompt_reads)."""
     keys = fake.keys
+    prompt = [
+        ("MGET", keys.prompt_manifest, keys.prompt_data),
+        ("HMGET", keys.meta, "prompt", "deleted_before"),
+    ]
     return [
         batch(
-            [("HMGET", keys.meta, "summary_last", "summary_seq", "deleted_before")],
+            [
+                ("HMGET", keys.meta, "summary_last", "summary_seq", "deleted_before"),
+                *(prompt if first else []),
+            ],
             reply=fake.reply,
         ),
         fake.located(summary_seq),
@@ -145,21 +152,9 @@ def context_pass(fake: FakeThread, summary_seq: str, last_check=None):
     ]
 
 
-def start_read(deleted_before: int):
-    """context()'s read of the system messages the thread starts with (system_prompt.py), sent
-    when what it read does not reach sequence 1: here retention deleted the thread's start
-    (`deleted_before`), so none are kept."""
-    limit = LEADING_SYSTEM_LIMIT
-    return call(
-        "read_range",
-        ("", "", "seq", str(limit + 1), "up", limit, 0, 0, ""),
-        reply=[deleted_before, 0, 0, b"", 0, 0, 0],
-    )
-
-
 def test_context_is_the_summary_then_what_follows_it_without_the_summary_again(thread, fake):
     with_summary(fake)
-    messages = drive(core.context(thread), *context_pass(fake, "9"), start_read(5))
+    messages = drive(core.context(thread), *context_pass(fake, "9"))
     assert seqs(messages) == [9, 7, 8, 10, 11]
     assert isinstance(messages[0], SummaryMessage)
     assert [m.id for m in messages] == ["m9", "m7", "m8", "m10", "m11"]
@@ -168,7 +163,7 @@ def test_context_is_the_summary_then_what_follows_it_without_the_summary_again(t
 def test_context_reads_from_the_summarys_last_sequence_at_max_limit(thread, fake):
     with_summary(fake)
     steps = context_pass(fake, "9")
-    drive(core.context(thread), *steps, start_read(5))
+    drive(core.context(thread), *steps)
     plan = steps[3].request.commands
     # Walk up from summary_last: the chunk at or before 6, those after it, and max_limit + 1 large.
     assert plan[2][:4] == ("ZRANGE", thread.keys.chunk_index, "6", "-inf")
@@ -188,8 +183,7 @@ def test_context_reads_again_when_a_compaction_lands_in_between(thread, fake):
     messages = drive(
         core.context(thread),
         *context_pass(fake, "9", compacted_meanwhile),
-        *context_pass(fake, "12"),
-        start_read(9),
+        *context_pass(fake, "12", first=False),
     )
     assert seqs(messages) == [12, 11]
     assert messages[0].summary == "the newer summary"
@@ -202,18 +196,13 @@ def test_context_reads_in_one_step_when_every_pass_is_compacted_under_it(thread,
         fake.meta["summary_seq"] = str(int(fake.meta["summary_seq"]) + 100)
         return fake.answer(request)
 
-    keys = fake.keys
-    passes = repeat(
-        batch(
-            [("HMGET", keys.meta, "summary_last", "summary_seq", "deleted_before")],
-            reply=fake.reply,
-        ),
-        call("locate", reply=fake.locate),
-        fake.fetch(),
-        fake.plan(),
-        fake.fetch(),
-        batch([("HGET", keys.meta, "summary_seq")], reply=compacted_again),
-    )
+    def one_pass(first: bool) -> list:
+        steps = context_pass(fake, "9", compacted_again, first)
+        steps[1] = call("locate", reply=fake.locate)  # the summary moves on every pass
+        return steps
+
+    first_pass = one_pass(True)
+    passes = repeat(*one_pass(False))
     # After the optimistic passes, lua/read_range.lua reads the summary, what follows its range
     # and the messages before it, in one step.
     summary_record = encode_record(summary(9))
@@ -223,8 +212,8 @@ def test_context_reads_in_one_step_when_every_pass_is_compacted_under_it(thread,
         ("summary", "", "", "", "down", 0, 0, PAIR_LOOKBACK, ""),
         reply=[5, 6, 9, summary_record, 1, len(body), *[v for r in body for v in r], 0],
     )
-    passes.times = OPTIMISTIC_READS
-    messages = drive(core.context(thread), passes, one_step, start_read(5))
+    passes.times = OPTIMISTIC_READS - 1
+    messages = drive(core.context(thread), *first_pass, passes, one_step)
     assert seqs(messages) == [9, 7, 8, 10, 11]
 
 
@@ -237,13 +226,16 @@ def test_context_without_a_summary_is_every_message_and_warns_of_retention(threa
         messages = drive(
             core.context(thread),
             batch(
-                [("HMGET", keys.meta, "summary_last", "summary_seq", "deleted_before")],
+                [
+                    ("HMGET", keys.meta, "summary_last", "summary_seq", "deleted_before"),
+                    ("MGET", keys.prompt_manifest, keys.prompt_data),
+                    ("HMGET", keys.meta, "prompt", "deleted_before"),
+                ],
                 reply=fake.reply,
             ),
             fake.plan(),
             fake.fetch(),
             batch([("HGET", keys.meta, "summary_seq")], reply=fake.reply),
-            start_read(5),
         )
     assert seqs(messages) == [5, 6, 7, 8, 9, 10, 11, 12]
     assert "no summary" in caplog.text
