@@ -18,13 +18,14 @@ local READ_LAYOUTS = {['1'] = true, ['2'] = true, ['3'] = true}
 -- The thread's keys, named once from KEYS (every script takes the same fourteen). KEYS is passed
 -- in: a script's is a global, a library function's is its argument.
 local function thread_keys(KEYS)
+  local chunk_prefix = KEYS[10]
   return {
     meta = KEYS[1], window = KEYS[2], window_side = KEYS[3], chunk_index = KEYS[4],
     large_index = KEYS[5], ids = KEYS[6], otids = KEYS[7], turns = KEYS[8], legacy = KEYS[9],
-    chunk_prefix = KEYS[10], events = KEYS[11], pairs = KEYS[12],
+    chunk_prefix = chunk_prefix, events = KEYS[11], pairs = KEYS[12],
     open_data = KEYS[13], open_manifest = KEYS[14],
     -- The kept system prompt (includes/prompt.lua): a chunk's two strings at no sequence.
-    prompt_manifest = KEYS[10] .. 'prompt:m', prompt_data = KEYS[10] .. 'prompt:d',
+    prompt_manifest = chunk_prefix .. 'prompt:m', prompt_data = chunk_prefix .. 'prompt:d',
   }
 end
 

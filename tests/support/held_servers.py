@@ -39,7 +39,11 @@ def test_hold_servers() -> None:
     )
     assert cli.stdout is not None and " on " in cli.stdout.readline()
     pids += [server.process.pid for server in held] + [cli.pid, *_children(cli.pid)]
-    Path(os.environ[HELD]).write_text(" ".join(map(str, pids)) + "\n")
+    # Written aside then renamed: the outer test reads the file as soon as it exists.
+    target = Path(os.environ[HELD])
+    partial = target.with_name(target.name + ".partial")
+    partial.write_text(" ".join(map(str, pids)) + "\n")
+    partial.replace(target)
     time.sleep(600)  # killed long before
 
 
