@@ -226,8 +226,10 @@ def _optimistic_context(
 ) -> Operation[list[Message]]:
     """context() from reads of several round trips, compared after them; ChangedUnderReads
     when a compaction landed under each try."""
-    if max_tokens is not None and count_tokens is None:
-        planned = yield from budgeted_context(thread, max_tokens)
+    if max_tokens is None or count_tokens is None:
+        # No budget: no count matters, a plan every message fits (two round trips, not pages).
+        planned_budget = MAX_THREAD_TOKENS if max_tokens is None else max_tokens
+        planned = yield from budgeted_context(thread, planned_budget)
         if planned is not None:
             body = planned.body
             if planned.after is not None and planned.left != 0:

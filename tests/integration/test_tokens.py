@@ -388,6 +388,29 @@ def test_a_budget_is_planned_from_stored_counts_in_two_round_trips(backend, name
         assert result == ([summary] if compacted else []) + newest_fitting(body, counts_by_id, left)
 
 
+@pytest.mark.parametrize("compacted", [False, True])
+def test_context_without_a_budget_is_the_plan_every_message_fits(backend, namespace, compacted):
+    """No budget: the summary and every message after what it covers, in the plan's two round
+    trips however many pages they fill (up to 128 chunks, as a budget), equal to what a
+    page-by-page read gives."""
+    config = StoreConfig(namespace=namespace, window_size=8, chunk_size=16)
+    store = make_sync_store(backend, config)
+    thread = store.thread("t")
+    for start in range(0, 1200, 300):
+        thread.append(users(300, start), tokens=[0, 7, 1000] * 100)
+    thread.append(UserMessage(content="z" * 5000))  # an oversized one, counted by the rule
+    summary = thread.compact("s", 500, tokens=40) if compacted else None
+    expected = ([summary] if summary else []) + [
+        m for m in thread.iter() if m.seq_id > (500 if compacted else 0) and m != summary
+    ]
+    result, requests = drive(store, history_context(ThreadRef.of(config, "t"), None))
+    assert len(requests) == 2 and all(isinstance(r, Batch) for r in requests), requests
+    assert result == expected and len(result) > 700
+    # A counter of the caller's reads page by page, and agrees.
+    assert thread.context(max_tokens=2**52, count_tokens=lambda m: 1) == expected
+    store.close()
+
+
 def test_a_budget_past_the_newest_members_reads_more_of_the_index(backend, namespace):
     config = StoreConfig(namespace=namespace, window_size=4, chunk_size=2)
     store = make_sync_store(backend, config)

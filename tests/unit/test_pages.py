@@ -23,7 +23,7 @@ from kvstore._engine.record import encode_record
 from kvstore._engine.scripts import SCRIPTS
 from kvstore._engine.tool_pairs import PAIR_LOOKBACK
 
-from .driver import batch, call, collect, drive, repeat
+from .driver import Step, batch, call, collect, drive, repeat
 from .layout import FakeThread, message, seqs, summary
 
 
@@ -127,21 +127,60 @@ def with_summary(fake: FakeThread) -> FakeThread:
     return fake
 
 
-def context_pass(fake: FakeThread, summary_seq: str, last_check=None, first=True):
-    """The round trips of one pass of context(): the meta read, the summary by sequence, the
-    pages after what it covers, and summary_seq read again. The first pass's first round trip
-    also reads the kept system prompt (system_prompt.py: _prompt_reads)."""
+@pytest.fixture
+def unplannable(thread) -> FakeThread:
+    """A layout-2 thread whose migration left its legacy hash holding a field that is no
+    sequence: no plan counts it (layout/v2.py: only_layout_2), so context() reads page by page
+    after the plan's first round trip finds that out."""
+    fake = FakeThread(thread.keys)
+    fake.legacy[0] = b"a field the migration kept"
+    return fake
+
+
+def counts_read(fake: FakeThread) -> Step:
+    """context()'s first round trip: the stored counts a plan needs (layout/v2.py:
+    stored_counts) and the kept system prompt riding with them (system_prompt.py). The fake
+    answers meta, the legacy hash's existence and the prompt; no counts (none are planned)."""
     keys = fake.keys
-    prompt = [
-        ("MGET", keys.prompt_manifest, keys.prompt_data),
-        ("HMGET", keys.meta, "prompt", "deleted_before"),
-    ]
+
+    def check(commands: list[tuple]) -> bool:
+        return (
+            commands[0][:3] == ("HMGET", keys.meta, "gen")
+            and "layout" in commands[0]
+            and commands[1] == ("HGETALL", keys.window_side)
+            and commands[5] == ("EXISTS", keys.legacy)
+            and commands[6] == ("HMGET", keys.meta, "gen", "last_seq")
+            and commands[7:]
+            == [
+                ("MGET", keys.prompt_manifest, keys.prompt_data),
+                ("HMGET", keys.meta, "prompt", "deleted_before"),
+            ]
+        )
+
+    def reply(request: Batch) -> list:
+        commands = request.commands
+        return [
+            fake.command(*commands[0]),
+            {},
+            None,
+            [],
+            [],
+            fake.command(*commands[5]),
+            *(fake.command(*c) for c in commands[6:]),
+        ]
+
+    return batch(check, reply=reply)
+
+
+def context_pass(fake: FakeThread, summary_seq: str, last_check=None, first=True):
+    """The round trips of one pass of context() read page by page: on the first pass the plan's
+    round trip (counts_read), then the meta read, the summary by sequence, the pages after what
+    it covers, and summary_seq again."""
+    keys = fake.keys
     return [
+        *([counts_read(fake)] if first else []),
         batch(
-            [
-                ("HMGET", keys.meta, "summary_last", "summary_seq", "deleted_before"),
-                *(prompt if first else []),
-            ],
+            [("HMGET", keys.meta, "summary_last", "summary_seq", "deleted_before")],
             reply=fake.reply,
         ),
         fake.located(summary_seq),
@@ -152,26 +191,26 @@ def context_pass(fake: FakeThread, summary_seq: str, last_check=None, first=True
     ]
 
 
-def test_context_is_the_summary_then_what_follows_it_without_the_summary_again(thread, fake):
-    with_summary(fake)
+def test_context_is_the_summary_then_what_follows_it_without_the_summary_again(thread, unplannable):
+    fake = with_summary(unplannable)
     messages = drive(core.context(thread), *context_pass(fake, "9"))
     assert seqs(messages) == [9, 7, 8, 10, 11]
     assert isinstance(messages[0], SummaryMessage)
     assert [m.id for m in messages] == ["m9", "m7", "m8", "m10", "m11"]
 
 
-def test_context_reads_from_the_summarys_last_sequence_at_max_limit(thread, fake):
-    with_summary(fake)
+def test_context_reads_from_the_summarys_last_sequence_at_max_limit(thread, unplannable):
+    fake = with_summary(unplannable)
     steps = context_pass(fake, "9")
     drive(core.context(thread), *steps)
-    plan = steps[3].request.commands
+    plan = steps[4].request.commands
     # Walk up from summary_last: the chunk at or before 6, those after it, and max_limit + 1 large.
     assert plan[2][:4] == ("ZRANGE", thread.keys.chunk_index, "6", "-inf")
     assert plan[4][-1] == MAX_LIMIT + 1
 
 
-def test_context_reads_again_when_a_compaction_lands_in_between(thread, fake):
-    with_summary(fake)
+def test_context_reads_again_when_a_compaction_lands_in_between(thread, unplannable):
+    fake = with_summary(unplannable)
 
     def compacted_meanwhile(request):
         # Another caller compacts up to 10: a new summary at 12, retention deletes chunk:5.
@@ -189,8 +228,8 @@ def test_context_reads_again_when_a_compaction_lands_in_between(thread, fake):
     assert messages[0].summary == "the newer summary"
 
 
-def test_context_reads_in_one_step_when_every_pass_is_compacted_under_it(thread, fake):
-    with_summary(fake)
+def test_context_reads_in_one_step_when_every_pass_is_compacted_under_it(thread, unplannable):
+    fake = with_summary(unplannable)
 
     def compacted_again(request):
         fake.meta["summary_seq"] = str(int(fake.meta["summary_seq"]) + 100)
@@ -198,7 +237,8 @@ def test_context_reads_in_one_step_when_every_pass_is_compacted_under_it(thread,
 
     def one_pass(first: bool) -> list:
         steps = context_pass(fake, "9", compacted_again, first)
-        steps[1] = call("locate", reply=fake.locate)  # the summary moves on every pass
+        # The summary moves on every pass.
+        steps[2 if first else 1] = call("locate", reply=fake.locate)
         return steps
 
     first_pass = one_pass(True)
@@ -217,20 +257,19 @@ def test_context_reads_in_one_step_when_every_pass_is_compacted_under_it(thread,
     assert seqs(messages) == [9, 7, 8, 10, 11]
 
 
-def test_context_without_a_summary_is_every_message_and_warns_of_retention(thread, fake, caplog):
-    chunked(fake)
+def test_context_without_a_summary_is_every_message_and_warns_of_retention(
+    thread, unplannable, caplog
+):
+    fake = chunked(unplannable)
     fake.remove(1, 2, 3, 4)
     fake.meta["deleted_before"] = "5"
     keys = fake.keys
     with caplog.at_level(logging.WARNING, logger="kvstore"):
         messages = drive(
             core.context(thread),
+            counts_read(fake),
             batch(
-                [
-                    ("HMGET", keys.meta, "summary_last", "summary_seq", "deleted_before"),
-                    ("MGET", keys.prompt_manifest, keys.prompt_data),
-                    ("HMGET", keys.meta, "prompt", "deleted_before"),
-                ],
+                [("HMGET", keys.meta, "summary_last", "summary_seq", "deleted_before")],
                 reply=fake.reply,
             ),
             fake.plan(),
