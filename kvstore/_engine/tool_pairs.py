@@ -28,6 +28,9 @@ from ..messages import (
 # the answers after it need: a call and its answer are a few messages apart, not hundreds.
 PAIR_LOOKBACK = 50
 
+# The message types that open or answer ids (opened_ids, answered_ids).
+_PAIRED = (ToolCallMessage, ApprovalRequestMessage, ToolReturnMessage, ApprovalResponseMessage)
+
 
 def opened_ids(message: Message) -> tuple[str, ...]:
     """The ids later messages may answer."""
@@ -110,8 +113,11 @@ def orphans(messages: Iterable[Message], opened: Iterable[str] = ()) -> list[Mes
     """The answers in `messages` (in order) whose ids no earlier message there, nor `opened`,
     opens."""
     seen = set(opened)
-    found = []
+    found: list[Message] = []
     for message in messages:
+        # Most messages neither open nor answer: one isinstance check passes them by.
+        if not isinstance(message, _PAIRED):
+            continue
         if any(i not in seen for i in answered_ids(message)):
             found.append(message)
         seen.update(opened_ids(message))

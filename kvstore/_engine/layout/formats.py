@@ -60,6 +60,11 @@ class LargeEntry:
 
 
 def _fields(member: bytes | str, counts: tuple[int, ...], what: str) -> list[int]:
+    if type(member) is bytes:
+        # The usual reply, checked without a regex: ASCII digits only (bytes.isdigit), none empty.
+        parts = member.split(b":")
+        if len(parts) in counts and b"".join(parts).isdigit() and all(parts):
+            return [int(part) for part in parts]
     text = _text(member)
     if not re.fullmatch(r"[0-9]+(?::[0-9]+)*", text) or text.count(":") + 1 not in counts:
         raise errors.LayoutError(f"a {what} is malformed: {text[:80]!r}")
@@ -140,10 +145,13 @@ class TurnHeader:
         return cls(int(start), outcome, *(int(f) for f in rest))
 
 
-def split_chunk(manifest: bytes | None, data: bytes | None) -> dict[int, bytes]:
+def split_chunk(
+    manifest: bytes | None, data: bytes | None, tokens: dict[int, int] | None = None
+) -> dict[int, bytes]:
     """A chunk's records by sequence: its data cut by the lengths its manifest lists, in order
-    (lua/includes/layout2_format.lua). A chunk deleted meanwhile reads as empty; a manifest that does not
-    frame its data exactly is a RecordError."""
+    (lua/includes/layout2_format.lua); with `tokens`, each record's count goes there too (what
+    manifest_tokens reads, from the same pass). A chunk deleted meanwhile reads as empty; a
+    manifest that does not frame its data exactly is a MalformedChunk."""
     if manifest is None or data is None:
         return {}
     records, offset = {}, 0
@@ -155,14 +163,15 @@ def split_chunk(manifest: bytes | None, data: bytes | None) -> dict[int, bytes]:
             # sequence, id, otid, media, bytes, turn, tokens (none before counts existed), and
             # "%" when the texts are escaped
             fields = line.split(b"\t")
-            escaped = fields[-1] == b"%"
-            if len(fields) - escaped not in (6, 7) or (
-                len(fields) - escaped == 7 and not fields[6].isdigit()
-            ):
+            counted = len(fields) - (fields[-1] == b"%")
+            if counted not in (6, 7) or (counted == 7 and not fields[6].isdigit()):
                 raise ValueError(f"line {line[:80]!r} has {len(fields)} fields")
-            end = offset + int(fields[4])
-            records[int(fields[0])] = data[offset:end]
-            offset = end
+            size = int(fields[4])
+            sequence = int(fields[0])
+            records[sequence] = data[offset : offset + size]
+            offset += size
+            if tokens is not None:
+                tokens[sequence] = int(fields[6]) if counted == 7 else record_tokens(size)
         if offset != len(data):
             raise ValueError(f"it lists {offset} bytes, the chunk holds {len(data)}")
     except ValueError as exc:

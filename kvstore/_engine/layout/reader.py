@@ -20,6 +20,7 @@ from ... import errors
 from ..operation import Batch, Operation, ThreadRef
 from ..record import decode_records
 from . import v1, v2, v3
+from .formats import split_chunk
 from .v2 import WindowRead
 
 log = logging.getLogger("kvstore")
@@ -116,9 +117,7 @@ class Containers:
         return found
 
     def _add(self, found: Found, manifest: Any, data: Any) -> None:
-        found.records.update(v2.chunk_records(manifest, data))
-        if self.tokens:
-            found.tokens.update(v2.manifest_tokens(manifest))
+        found.records.update(split_chunk(manifest, data, found.tokens if self.tokens else None))
 
 
 @dataclass(slots=True)
