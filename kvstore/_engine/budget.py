@@ -23,13 +23,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import RecordError
-from ..messages import Message, SummaryMessage
+from ..messages import SummaryMessage
+from .bounds import MAX_THREAD_TOKENS
 from .layout.formats import ChunkEntry, LargeEntry
-from .layout.reader import Containers, decode, fetch
-from .layout.v2 import WindowRead, older_members, stored_counts
+from .layout.reader import Containers, Decoder, decode, fetch
+from .layout.v2 import WindowRead, older_members, stored_counts, stored_tokens
 from .operation import OPTIMISTIC_READS, Operation, ThreadRef, changed_under_reads
+from .pages import list_page
 from .record import decode_records
 from .replies import stored_int
+from .tool_pairs import PAIR_LOOKBACK, answered_ids, opened_ids, orphans, without_orphans
 
 log = logging.getLogger("kvstore")
 
@@ -45,14 +48,17 @@ class Budgeted:
 
     summary: SummaryMessage | None
     after: int | None
-    body: list[Message]
+    body: list[Any]  # Messages, or what a decoder made of the records
     left: int
 
 
-def budgeted_context(thread: ThreadRef, max_tokens: int) -> Operation:
+def budgeted_context(
+    thread: ThreadRef, max_tokens: int, decoder: Decoder = decode_records
+) -> Operation:
     """The summary and the newest messages whose stored counts fit `max_tokens` (Budgeted), in
     two round trips; None when the thread cannot be planned from stored counts. ChangedUnderReads
-    when the thread changed under each try (context() then reads in one step)."""
+    when the thread changed under each try (context() then reads in one step). `decoder` decodes
+    the messages after the summary (layout/reader.py: decode)."""
     for _ in range(OPTIMISTIC_READS):
         counts = yield from stored_counts(thread, PLAN_MEMBERS)
         if not counts.plannable:
@@ -84,8 +90,47 @@ def budgeted_context(thread: ThreadRef, max_tokens: int) -> Operation:
             return None
         fetched = yield from _fetch(thread, plan, gen, summary_seq)
         if fetched is not None:
-            return _cut(thread, plan, fetched, max_tokens)
+            return _cut(thread, plan, fetched, max_tokens, decoder)
     raise changed_under_reads()
+
+
+def planned_context(
+    thread: ThreadRef, max_tokens: int | None, decoder: Decoder = decode_records
+) -> Operation[list[Any] | None]:
+    """views.context() planned from the stored counts (no budget: one every message fits), a
+    tool-call pair the summary split kept whole where it fits; None when the thread cannot be
+    planned."""
+    budget = MAX_THREAD_TOKENS if max_tokens is None else max_tokens
+    planned = yield from budgeted_context(thread, budget, decoder)
+    if planned is None:
+        return None
+    body = planned.body
+    if planned.after is not None and planned.left != 0:
+        extra = yield from openers_before(thread, planned.after, body)
+        if extra:
+            counts = yield from stored_tokens(thread, [m.seq_id for m in extra])
+            if sum(counts.get(m.seq_id, 0) for m in extra) <= planned.left:
+                body = extra + body
+    return ([planned.summary] if planned.summary is not None else []) + without_orphans(body)
+
+
+def openers_before(thread: ThreadRef, after: int, body: list[Any]) -> Operation:
+    """The messages at and before the summary's boundary that `body`'s first answers need:
+    from the oldest call they answer (among the PAIR_LOOKBACK messages before the boundary) up
+    to the boundary; the caller keeps them when they fit what is left of its budget. A pair the
+    summary split is kept whole this way; a call no longer stored leaves its answer out."""
+    needed = {i for m in orphans(body) for i in answered_ids(m)}
+    if not needed:
+        return []
+    page = yield from list_page(thread, after=after + 1, limit=PAIR_LOOKBACK, order="desc")
+    newest_first = page.messages
+    oldest = None
+    for at, message in enumerate(newest_first):
+        if needed.intersection(opened_ids(message)):
+            oldest = at
+    if oldest is None:
+        return []
+    return list(reversed(newest_first[: oldest + 1]))
 
 
 def _select(
@@ -267,7 +312,9 @@ class _Fetched:
     tokens: dict[int, int]
 
 
-def _cut(thread: ThreadRef, plan: _Plan, fetched: _Fetched, max_tokens: int) -> Budgeted:
+def _cut(
+    thread: ThreadRef, plan: _Plan, fetched: _Fetched, max_tokens: int, decoder: Decoder
+) -> Budgeted:
     """The newest messages whose own counts fit what the summary leaves, stopping at the first
     that does not; unreadable records are left out (docs/RELIABILITY.md, "One bad record")."""
     budget = max_tokens - fetched.summary_tokens
@@ -281,5 +328,5 @@ def _cut(thread: ThreadRef, plan: _Plan, fetched: _Fetched, max_tokens: int) -> 
         left -= count
         kept.append(sequence)
     kept.reverse()
-    body = decode(thread, [(s, fetched.records[s]) for s in kept], [])
+    body = decode(thread, [(s, fetched.records[s]) for s in kept], [], decoder)
     return Budgeted(fetched.summary, plan.after, body, max(left, 0))

@@ -58,7 +58,7 @@ from .operation import (
 from .pages import DictsPage, gathering, list_dicts, list_page, pages
 from .prepare import PreparedMessage, fit_media, prepare_batch
 from .reads import fetch_sequences, get, get_by_otid
-from .system_prompt import context
+from .system_prompt import context, context_dicts
 from .views import snapshot, stats
 
 __all__ = [
@@ -82,6 +82,7 @@ __all__ = [
     "check_restore_target",
     "compact",
     "context",
+    "context_dicts",
     "delete",
     "expire_turn",
     "fetch_sequences",

@@ -14,9 +14,11 @@ from typing import Any
 
 from ..messages import Message, SummaryMessage
 from .layout.formats import manifest_tokens, split_chunk
-from .layout.reader import decode
+from .layout.reader import Decoder, decode
 from .operation import Batch, Operation, ThreadRef, riding
 from .reads import read_range
+from .record import decode_records
+from .record_dicts import decode_dicts
 from .tokens import TokenCounter, counted
 from .views import context as history
 
@@ -25,19 +27,23 @@ LEADING_SYSTEM_LIMIT = 16
 
 
 def context(
-    thread: ThreadRef, max_tokens: int | None = None, count_tokens: TokenCounter | None = None
-) -> Operation[list[Message]]:
+    thread: ThreadRef,
+    max_tokens: int | None = None,
+    count_tokens: TokenCounter | None = None,
+    decoder: Decoder = decode_records,
+) -> Operation[list[Any]]:
     """The model input: the thread's leading system messages, then views.context's (the summary
     and the messages after it, with `max_tokens` the newest that fit what the system messages
     leave). A budget they fill or exceed alone leaves them and the summary, as a summary over
     the budget is kept alone.
 
     The kept prompt (once retention passed the thread's start) is read in views.context's first
-    round trip; the stored start, when that read did not reach it, in one more."""
+    round trip; the stored start, when that read did not reach it, in one more. `decoder`:
+    views.context's (the system messages and the summary are models)."""
     found, kept = yield from riding(
-        history(thread, max_tokens, count_tokens), _prompt_reads(thread)
+        history(thread, max_tokens, count_tokens, decoder), _prompt_reads(thread)
     )
-    if any(m.seq_id == 1 for m in found):
+    if any(_sequence(m) == 1 for m in found):
         # The thread's first message is in, so is every message after it: nothing is left out.
         return found
     leading = yield from _leading_system(thread, kept)
@@ -45,12 +51,23 @@ def context(
         return found
     if max_tokens is not None:
         left = max_tokens - _tokens(leading, count_tokens)
-        found = yield from history(thread, max(left, 1), count_tokens)
+        found = yield from history(thread, max(left, 1), count_tokens, decoder)
         if left < 1:
             found = found[:1] if found and isinstance(found[0], SummaryMessage) else []
     system = [m for m, _ in leading]
     seen = {m.seq_id for m in system}
-    return system + [m for m in found if m.seq_id not in seen]
+    return system + [m for m in found if _sequence(m) not in seen]
+
+
+def _sequence(message: Any) -> Any:
+    """A message's seq_id, of its model or of its stored dict."""
+    return message["seq_id"] if type(message) is dict else message.seq_id
+
+
+def context_dicts(thread: ThreadRef, max_tokens: int | None = None) -> Operation[list[Any]]:
+    """context() with the messages after the summary as their stored dicts where
+    record_dicts.decode_dicts vouches for them (the adapters' reads: kvstore/integrations)."""
+    return (yield from context(thread, max_tokens, None, decode_dicts))
 
 
 def _prompt_reads(thread: ThreadRef) -> list[tuple[Any, ...]]:

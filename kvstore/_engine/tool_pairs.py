@@ -14,6 +14,7 @@ come yet is not an orphan: it is the newest step of a turn still running.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 from ..messages import (
     ApprovalRequestMessage,
@@ -30,10 +31,13 @@ PAIR_LOOKBACK = 50
 
 # The message types that open or answer ids (opened_ids, answered_ids).
 _PAIRED = (ToolCallMessage, ApprovalRequestMessage, ToolReturnMessage, ApprovalResponseMessage)
+_PAIRED_KINDS = frozenset(("tool_call_message", "tool_return_message"))  # of a plain dict
 
 
-def opened_ids(message: Message) -> tuple[str, ...]:
-    """The ids later messages may answer."""
+def opened_ids(message: Message | dict[str, Any]) -> tuple[str, ...]:
+    """The ids later messages may answer (of a message, or of its stored dict: _dict_ids)."""
+    if type(message) is dict:
+        return _dict_ids(message)[0]
     if not isinstance(message, (ToolCallMessage, ApprovalRequestMessage)):
         return ()
     ids = [message.tool_call.tool_call_id]
@@ -46,9 +50,11 @@ def opened_ids(message: Message) -> tuple[str, ...]:
     )  # an empty id is an id: only an exact match answers it
 
 
-def answered_ids(message: Message) -> tuple[str, ...]:
+def answered_ids(message: Message | dict[str, Any]) -> tuple[str, ...]:
     """The ids this message answers: each must be opened by an earlier message."""
     ids: list[str | None]
+    if type(message) is dict:
+        return _dict_ids(message)[1]
     if isinstance(message, ToolReturnMessage):
         ids = [message.tool_call_id, *(item.tool_call_id for item in message.tool_returns or ())]
     elif isinstance(message, ApprovalResponseMessage):
@@ -59,6 +65,19 @@ def answered_ids(message: Message) -> tuple[str, ...]:
     else:
         return ()
     return tuple(i for i in ids if i is not None)
+
+
+def _dict_ids(message: dict[str, Any]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """What a stored message dict opens and answers. Reads hand out dicts only where validation
+    would keep them as they are (record_dicts.plain_body): a tool call's ids are strs there, a
+    tool return has no `tool_returns`, approvals are always models; the rest pair nothing."""
+    kind = message.get("message_type")
+    if kind == "tool_call_message":
+        calls = [message["tool_call"], *(message.get("tool_calls") or ())]
+        return tuple(call["tool_call_id"] for call in calls), ()
+    if kind == "tool_return_message":
+        return (), (message["tool_call_id"],)
+    return (), ()
 
 
 def pair_ids(message: Message) -> tuple[list[str], list[str]]:
@@ -109,14 +128,17 @@ def batch_pairs(messages: list[Message]) -> str:
     return "".join(f"{len(spec.encode())};{spec}" for spec in each)
 
 
-def orphans(messages: Iterable[Message], opened: Iterable[str] = ()) -> list[Message]:
+def orphans(messages: Iterable[Any], opened: Iterable[str] = ()) -> list[Any]:
     """The answers in `messages` (in order) whose ids no earlier message there, nor `opened`,
     opens."""
     seen = set(opened)
-    found: list[Message] = []
+    found: list[Any] = []
     for message in messages:
-        # Most messages neither open nor answer: one isinstance check passes them by.
-        if not isinstance(message, _PAIRED):
+        # Most messages neither open nor answer: one check passes them by.
+        if type(message) is dict:
+            if message.get("message_type") not in _PAIRED_KINDS:
+                continue
+        elif not isinstance(message, _PAIRED):
             continue
         if any(i not in seen for i in answered_ids(message)):
             found.append(message)
@@ -124,7 +146,7 @@ def orphans(messages: Iterable[Message], opened: Iterable[str] = ()) -> list[Mes
     return found
 
 
-def without_orphans(messages: list[Message]) -> list[Message]:
+def without_orphans(messages: list[Any]) -> list[Any]:
     """`messages` with every orphaned answer left out."""
     dropped = {id(m) for m in orphans(messages)}
     return [m for m in messages if id(m) not in dropped] if dropped else messages

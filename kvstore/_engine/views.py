@@ -13,11 +13,11 @@ from .. import errors
 from ..messages import Message, SummaryMessage
 from ..models import MessagesPage, ThreadSnapshot, ThreadStats, TurnState
 from .bounds import MAX_THREAD_TOKENS, bounded
-from .budget import budgeted_context
+from .budget import openers_before, planned_context
 from .layout.formats import record_tokens
-from .layout.reader import decode
+from .layout.reader import Decoder, decode
 from .layout.v1 import untouched_layout_1
-from .layout.v2 import size_reads, stored_tokens
+from .layout.v2 import size_reads
 from .operation import (
     MAX_LIMIT,
     OPTIMISTIC_READS,
@@ -31,6 +31,7 @@ from .operation import (
 from .owner_entries import directory_reads, owned_stats
 from .pages import gathering, list_page, pages
 from .reads import RangeRead, fetch_sequences, read_range
+from .record import decode_records
 from .replies import stored_int
 from .text import text as _text
 from .tokens import TokenCounter, counted, estimated_tokens
@@ -200,10 +201,16 @@ def _summary(thread: ThreadRef, fields: dict[str, str], unreadable: list[int]) -
 
 
 def context(
-    thread: ThreadRef, max_tokens: int | None = None, count_tokens: TokenCounter | None = None
+    thread: ThreadRef,
+    max_tokens: int | None = None,
+    count_tokens: TokenCounter | None = None,
+    decoder: Decoder = decode_records,
 ) -> Operation[list[Message]]:
     """The model input: the context summary and every message after its last sequence (with
     `max_tokens`, the newest of them that fit), with no tool-call pair split (tool_pairs.py).
+    The messages a plan from the stored counts reads after the summary are decoded by `decoder`
+    (record_dicts.decode_dicts: stored dicts where it vouches for them); any other read, and the
+    summary, builds models.
 
     It takes several round trips; a compaction landing between them would pair the old summary
     with pages cut by the new retention. Summaries only move forward (each is a new message with
@@ -215,32 +222,25 @@ def context(
             f"max_tokens must be an int from 1 to {MAX_THREAD_TOKENS} (2**52), got {max_tokens!r:.80}"
         )
     try:
-        return (yield from _optimistic_context(thread, max_tokens, count_tokens))
+        return (yield from _optimistic_context(thread, max_tokens, count_tokens, decoder))
     except ChangedUnderReads:
         # Writes changed the thread under every try: one read-only step reads it whole.
         return (yield from _consistent_context(thread, max_tokens, count_tokens))
 
 
 def _optimistic_context(
-    thread: ThreadRef, max_tokens: int | None, count_tokens: TokenCounter | None
+    thread: ThreadRef,
+    max_tokens: int | None,
+    count_tokens: TokenCounter | None,
+    decoder: Decoder = decode_records,
 ) -> Operation[list[Message]]:
     """context() from reads of several round trips, compared after them; ChangedUnderReads
     when a compaction landed under each try."""
     if max_tokens is None or count_tokens is None:
-        # No budget: no count matters, a plan every message fits (two round trips, not pages).
-        planned_budget = MAX_THREAD_TOKENS if max_tokens is None else max_tokens
-        planned = yield from budgeted_context(thread, planned_budget)
+        # No caller's counter: planned from the stored counts (two round trips, not pages).
+        planned = yield from planned_context(thread, max_tokens, decoder)
         if planned is not None:
-            body = planned.body
-            if planned.after is not None and planned.left != 0:
-                extra = yield from _openers_before(thread, planned.after, body)
-                if extra:
-                    counts = yield from stored_tokens(thread, [m.seq_id for m in extra])
-                    if sum(counts.get(m.seq_id, 0) for m in extra) <= planned.left:
-                        body = extra + body
-            return ([planned.summary] if planned.summary is not None else []) + without_orphans(
-                body
-            )
+            return planned
     count = count_tokens or estimated_tokens
     keys = thread.keys
     for _ in range(OPTIMISTIC_READS):
@@ -274,7 +274,7 @@ def _optimistic_context(
         else:
             body, left = yield from _newest_within(thread, after, skip, budget, count)
         if after is not None and left != 0:
-            extra = yield from _openers_before(thread, after, body)
+            extra = yield from openers_before(thread, after, body)
             if left is None or sum(counted(count, m, f"message {m.id}") for m in extra) <= left:
                 body = extra + body
         (now,) = yield Batch([("HGET", keys.meta, "summary_seq")])
@@ -378,22 +378,3 @@ def _newest_within(
             newest_first.reverse()
             return newest_first, budget
         cursor = page.next_cursor
-
-
-def _openers_before(thread: ThreadRef, after: int, body: list[Message]) -> Operation:
-    """The messages at and before the summary's boundary that `body`'s first answers need:
-    from the oldest call they answer (among the PAIR_LOOKBACK messages before the boundary) up
-    to the boundary; the caller keeps them when they fit what is left of its budget. A pair the
-    summary split is kept whole this way; a call no longer stored leaves its answer out."""
-    needed = {i for m in orphans(body) for i in answered_ids(m)}
-    if not needed:
-        return []
-    page = yield from list_page(thread, after=after + 1, limit=PAIR_LOOKBACK, order="desc")
-    newest_first = page.messages
-    oldest = None
-    for at, message in enumerate(newest_first):
-        if needed.intersection(opened_ids(message)):
-            oldest = at
-    if oldest is None:
-        return []
-    return list(reversed(newest_first[: oldest + 1]))

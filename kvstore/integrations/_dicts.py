@@ -56,6 +56,19 @@ async def apage(
     return result
 
 
+def context(thread: Any, max_tokens: int | None = None) -> list[Stored]:
+    """``thread.context(max_tokens)`` of a sync Thread, the messages after the summary as dicts
+    where a plan from the stored counts reads them (the summary and system messages: models)."""
+    found: list[Stored] = thread._store.run(core.context_dicts(thread._ref, max_tokens))
+    return found
+
+
+async def acontext(thread: Any, max_tokens: int | None = None) -> list[Stored]:
+    """:func:`context` of an AsyncThread."""
+    found: list[Stored] = await thread._store.run(core.context_dicts(thread._ref, max_tokens))
+    return found
+
+
 def iterate(thread: Any, order: Literal["asc", "desc"] = "asc") -> Iterator[Stored]:
     """``thread.iter(order)`` of a sync Thread (the same pages), as dicts."""
     for read in thread._store.stream(core.pages(thread._ref, order, read=core.list_dicts)):

@@ -80,7 +80,7 @@ class KvstoreChatMessageHistory(BaseChatMessageHistory):
         (or ``context(max_tokens)``, which starts at the summary)."""
         thread = self._handle(self._sync())
         if self.max_tokens is not None:
-            return to_lc(thread.context(self.max_tokens), thread)
+            return to_lc(_dicts.context(thread, self.max_tokens), thread)
         return to_lc(_newest_dicts(thread, self.max_messages), thread)[-self.max_messages :]
 
     async def aget_messages(self) -> list[BaseMessage]:
@@ -90,7 +90,7 @@ class KvstoreChatMessageHistory(BaseChatMessageHistory):
             return await run_in_executor(None, lambda: self.messages)
         thread = self._handle(self._async())
         if self.max_tokens is not None:
-            return to_lc(await thread.context(self.max_tokens), thread)
+            return to_lc(await _dicts.acontext(thread, self.max_tokens), thread)
         return to_lc(await _anewest_dicts(thread, self.max_messages), thread)[-self.max_messages :]
 
     def add_messages(self, messages: Iterable[BaseMessage]) -> None:

@@ -99,7 +99,7 @@ class KvstoreChatStore(BaseChatStore):
         """The thread's history: bounded by ``max_messages`` / ``max_tokens`` when set."""
         thread = self._thread(key)
         if self.max_tokens is not None:
-            return _chat(thread.context(max_tokens=self.max_tokens), thread)
+            return _chat(_dicts.context(thread, self.max_tokens), thread)
         if self.max_messages is not None:
             newest: list[ChatMessage] = []
             limit = self.max_messages
@@ -172,7 +172,7 @@ class KvstoreChatStore(BaseChatStore):
             return await super().aget_messages(key)
         thread = self._thread(key, asynchronous=True)
         if self.max_tokens is not None:
-            return _chat(await thread.context(max_tokens=self.max_tokens), thread)
+            return _chat(await _dicts.acontext(thread, self.max_tokens), thread)
         if self.max_messages is not None:
             newest: list[ChatMessage] = []
             limit = self.max_messages

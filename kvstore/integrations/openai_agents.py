@@ -35,7 +35,7 @@ from kvstore.importers.openai_agents import (
 from kvstore.messages import HiddenReasoningMessage, Message
 from kvstore.store import AsyncMessageStore
 
-from ._dicts import Stored, anewest, apage, as_model
+from ._dicts import Stored, acontext, anewest, apage, as_model
 from ._dicts import field as _field
 
 _PAGE = 1000  # the largest page kvstore lists in one call
@@ -114,7 +114,7 @@ class KvstoreSession(SessionABC):
     async def context_items(self, max_tokens: int | None = None) -> list[Any]:
         """The model input kvstore keeps: the latest summary, then the items after it, within
         `max_tokens` when given (reads only the chunks after the summary)."""
-        context = await self.thread.context(max_tokens=max_tokens)
+        context = await acontext(self.thread, max_tokens)
         return _items([m for m in context if not _retracted(m)])
 
     async def add_items(self, items: list[Any]) -> None:
@@ -206,8 +206,9 @@ def _hidden(message: Stored) -> bool:
     return message.message_type == "summary_message" or _retracted(message)
 
 
-def _retracted(message: Message) -> bool:
-    extra = message.__pydantic_extra__ or {}
+def _retracted(message: Stored) -> bool:
+    """Whether pop_item retracted the message (its stored dict's or model's mark)."""
+    extra = message if isinstance(message, dict) else message.__pydantic_extra__ or {}
     return bool(extra.get(POPPED_FIELD))
 
 

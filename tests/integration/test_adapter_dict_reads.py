@@ -21,6 +21,7 @@ from kvstore import (
     ImageContent,
     ReasoningMessage,
     StoreConfig,
+    SystemMessage,
     TextContent,
     ToolCall,
     ToolCallMessage,
@@ -196,4 +197,82 @@ def test_langchain_and_llamaindex_keep_their_thread_handle(backend, server_only,
         executor.record(store, requests.append)
         assert read() == first and len(requests) == 1
         executor.record(store, None)
+    store.close()
+
+
+def _context_thread(store, monkeypatch=None) -> Any:
+    """A thread whose context holds every kind: its leading system message kept past retention,
+    a summary that splits a tool-call pair, FOREIGN messages (a call and its answer among them),
+    a retracted item, and (given `monkeypatch`) a bad record."""
+    thread = store.thread("ctx")
+    thread.append(SystemMessage(content="rules ✓"))
+    thread.append([UserMessage(content=f"u{n} " + "w" * n) for n in range(30)])
+    thread.append(ToolCallMessage(tool_call=ToolCall(name="w", arguments="{}", tool_call_id="c-1")))
+    last = thread.stats().next_sequence - 1
+    thread.append(ToolReturnMessage(status="success", tool_call_id="c-1", tool_return="sunny"))
+    thread.compact("so far ✓", last_sequence=last)  # the call before the boundary, its answer after
+    thread.append(FOREIGN)
+    if monkeypatch is not None:
+        bad = _invalid_v2("m-bad", "o-bad", "")
+        store_unchecked(thread, monkeypatch, [bad], ["m-bad"], ["o-bad"], "")
+    thread.append([UserMessage(content=f"v{n}") for n in range(10)])
+    return thread
+
+
+@pytest.mark.parametrize("bad_record", [False, True])
+def test_the_context_read_from_dicts_is_the_typed_context(
+    backend, server_only, namespace, monkeypatch, bad_record
+):
+    config = StoreConfig(namespace=namespace, window_size=8, chunk_size=4, retained_message_limit=8)
+    store = make_sync_store(backend, config)
+    thread = _context_thread(store, monkeypatch if bad_record else None)
+    assert thread.stats().deleted_before_sequence is not None  # retention passed the start
+    dicts_seen = 0
+    # Every cut: some keep a tool return without its call, which the context leaves out.
+    for budget in (None, *range(1, thread.stats().tokens + 40, 2)):
+        typed = thread.context(budget)
+        read = _dicts.context(thread, budget)
+        assert [_dicts.as_model(m) for m in read] == typed, budget
+        dicts_seen += sum(type(m) is dict for m in read)
+    assert dicts_seen > 0  # the fast path is taken
+    full = thread.context()
+    assert full[0].content == "rules ✓" and full[1].summary == "so far ✓"
+    assert [type(m).__name__ for m in full[2:4]] == ["ToolCallMessage", "ToolReturnMessage"]
+
+    async def main() -> None:
+        async_store = make_async_store(backend, config)
+        async_thread = async_store.thread("ctx")
+        for budget in (None, 60):
+            read = await _dicts.acontext(async_thread, budget)
+            assert [_dicts.as_model(m) for m in read] == thread.context(budget)
+        await async_store.close()
+
+    asyncio.run(main())
+    store.close()
+
+
+def test_each_adapters_context_is_its_typed_conversion_of_context(backend, server_only, namespace):
+    config = StoreConfig(namespace=namespace, window_size=8, chunk_size=4)
+    store = make_sync_store(backend, config)
+    thread = _context_thread(store)
+    history = KvstoreChatMessageHistory(store, "ctx", max_tokens=60)
+    assert history.messages == messages_from_dict(to_langchain(thread.context(60)))
+    chat = KvstoreChatStore(store, max_tokens=60)
+    typed_chat = [ChatMessage.model_validate(r) for r in map(to_chat, thread.context(60)) if r]
+    assert chat.get_messages("ctx") == typed_chat
+
+    async def main() -> None:
+        async_store = make_async_store(backend, config)
+        history = KvstoreChatMessageHistory(async_store, "ctx", max_tokens=60)
+        assert await history.aget_messages() == messages_from_dict(to_langchain(thread.context(60)))
+        assert (
+            await KvstoreChatStore(store, async_store, max_tokens=60).aget_messages("ctx")
+            == typed_chat
+        )
+        session = KvstoreSession("ctx", async_store)
+        typed = [message_item(m) for m in thread.context(60)]
+        assert await session.context_items(60) == [i for i in typed if i is not None]
+        await async_store.close()
+
+    asyncio.run(main())
     store.close()

@@ -167,11 +167,15 @@ def cut(records: dict[int, bytes], lo: int, hi: int, descending: bool = False) -
     return [(sequence, records[sequence]) for sequence in inside]
 
 
+Decoder = Callable[..., list[Any]]
+"""How records become messages: record.decode_records (models), or record_dicts.decode_dicts."""
+
+
 def decode(
     thread: ThreadRef,
     entries: list[tuple[int, bytes]],
     unreadable: list[int] | None = None,
-    decoder: Callable[..., list[Any]] = decode_records,
+    decoder: Decoder = decode_records,
 ) -> list[Any]:
     """The messages of `entries`; every read decodes here (docs/RELIABILITY.md, "One bad record").
 
