@@ -3,9 +3,12 @@
 Every message's count is kept in its side info, every chunk's and oversized message's in its
 index member (lua/includes/layout2_format.lua). So `context(max_tokens=N)` without a counter of the
 caller's reads, in one pipeline of native reads (layout/v2.py: stored_counts), what it needs to
-plan: meta, the window's side infos and the newest chunk and oversized index members; it names, newest first, the containers
-whose counts fit the budget and the one that does not, and reads them (and the summary) in a
-second pipeline. The cut is then made on each message's own count, newest first, stopping at
+plan: meta, the window's side infos, the open chunk and the newest chunk and oversized index
+members; it names, newest first, the containers whose counts fit the budget and the one that
+does not, and reads them (and the summary) in a second pipeline. A thread handle remembers the
+containers its last plan named (at most MAX_AHEAD) and the first pipeline reads them ahead: while
+no chunk closes and no compaction moves the summary, the plan names the same ones and the
+context takes one round trip (a wrong guess costs their bytes, and the second pipeline). The cut is then made on each message's own count, newest first, stopping at
 the first that does not fit. An index member written before counts existed sums less than its
 messages count (layout/formats.py: record_tokens), so a plan may read a container more, never
 one less.
@@ -25,9 +28,9 @@ from typing import Any
 from ..errors import RecordError
 from ..messages import SummaryMessage
 from .bounds import MAX_THREAD_TOKENS
-from .layout.formats import ChunkEntry, LargeEntry
-from .layout.reader import Containers, Decoder, decode, fetch
-from .layout.v2 import WindowRead, older_members, stored_counts, stored_tokens
+from .layout.formats import ChunkEntry, LargeEntry, split_chunk
+from .layout.reader import Containers, Decoder, Found, decode, fetch
+from .layout.v2 import StoredCounts, WindowRead, older_members, stored_counts, stored_tokens
 from .operation import OPTIMISTIC_READS, Operation, ThreadRef, changed_under_reads
 from .pages import list_page
 from .record import decode_records
@@ -38,6 +41,10 @@ log = logging.getLogger("kvstore")
 
 # Chunk (and oversized) index members one planning read takes, newest first.
 PLAN_MEMBERS = 128
+# The most containers the first read reads ahead (a wrong guess costs their bytes), and the
+# handle's hint that names them.
+MAX_AHEAD = 4
+CONTEXT_HINT = "context_containers"
 
 
 @dataclass(slots=True)
@@ -56,11 +63,11 @@ def budgeted_context(
     thread: ThreadRef, max_tokens: int, decoder: Decoder = decode_records
 ) -> Operation:
     """The summary and the newest messages whose stored counts fit `max_tokens` (Budgeted), in
-    two round trips; None when the thread cannot be planned from stored counts. ChangedUnderReads
+    two round trips (one when the handle's guess was right); None when the thread cannot be planned from stored counts. ChangedUnderReads
     when the thread changed under each try (context() then reads in one step). `decoder` decodes
     the messages after the summary (layout/reader.py: decode)."""
     for _ in range(OPTIMISTIC_READS):
-        counts = yield from stored_counts(thread, PLAN_MEMBERS)
+        counts = yield from stored_counts(thread, PLAN_MEMBERS, thread.hints.get(CONTEXT_HINT, ()))
         if not counts.plannable:
             return None
         if not counts.unchanged:
@@ -80,7 +87,7 @@ def budgeted_context(
                 thread.keys.meta,
                 deleted_before.decode(),
             )
-        plan.window, plan.open = counts.window, counts.open
+        plan.window, plan.open_records = counts.window, counts.open_records
         done = yield from _select(
             thread, plan, max_tokens, counts.chunks, counts.large, [gen, last_seq]
         )
@@ -88,8 +95,13 @@ def budgeted_context(
             continue
         if plan.summary_seq is not None and plan.summary_where is None:
             return None
-        fetched = yield from _fetch(thread, plan, gen, summary_seq)
-        if fetched is not None:
+        containers = plan.containers()
+        _remember(thread, containers)
+        found = _read_ahead(plan, counts, containers)
+        if found is None:
+            found = yield from _fetch(thread, plan, containers, gen, summary_seq)
+        if found is not None:
+            fetched = _fetched(plan, found)
             return _cut(thread, plan, fetched, max_tokens, decoder)
     raise changed_under_reads()
 
@@ -169,9 +181,10 @@ class _Plan:
     last_seq: int
     after: int | None
     summary_seq: int | None
-    # The counts of the window's and the open chunk's messages (layout 3: `open`).
+    # The counts of the window's and the open chunk's messages, and the open chunk's records
+    # (layout 3).
     window: dict[int, int] = field(default_factory=dict)
-    open: bool = False
+    open_records: dict[int, bytes] = field(default_factory=dict)
     # What the second read fetches: the window from this sequence up, these chunks and
     # oversized messages.
     window_from: int | None = None
@@ -235,6 +248,16 @@ class _Plan:
             ]
         return True
 
+    def containers(self) -> list[int]:
+        """The first sequences of the chunks (and oversized messages) the plan reads, the
+        summary's among them."""
+        found = [e.first for e in self.chunks] + [e.sequence for e in self.large]
+        if self.summary_where and self.summary_where[0] == "chunk":
+            found.append(self.summary_where[1].first)
+        elif self.summary_where and self.summary_where[0] == "large":
+            found.append(self.summary_where[1].sequence)
+        return list(dict.fromkeys(found))
+
     def _locate_summary(self, chunks: list[ChunkEntry], large: list[LargeEntry]) -> None:
         s = self.summary_seq
         if s is None:
@@ -254,27 +277,63 @@ class _Plan:
                 return
 
 
-def _fetch(thread: ThreadRef, plan: _Plan, gen: bytes, summary_seq: bytes | None) -> Operation:
-    """The second read: the planned containers and the summary, with each message's own count.
-    None when messages moved or a compaction ran in between (plan again)."""
-    window_low = plan.window_from
+def _window_low(plan: _Plan) -> int | None:
+    """The lowest sequence of the window (and open chunk) the plan reads; None: none."""
+    low = plan.window_from
     if plan.summary_where == ("window",):
         assert plan.summary_seq is not None  # located only for a summary
-        window_low = plan.summary_seq if window_low is None else min(window_low, plan.summary_seq)
+        low = plan.summary_seq if low is None else min(low, plan.summary_seq)
+    return low
+
+
+def _fetch(
+    thread: ThreadRef, plan: _Plan, containers: list[int], gen: bytes, summary_seq: bytes | None
+) -> Operation:
+    """The second read: the planned containers and the summary, with each message's own count
+    (the open chunk's records are the first read's). None when messages moved or a compaction
+    ran in between (plan again)."""
+    window_low = _window_low(plan)
     windows = [] if window_low is None else [WindowRead(window_low, plan.last_seq)]
-    containers = [e.first for e in plan.chunks] + [e.sequence for e in plan.large]
-    if plan.summary_where and plan.summary_where[0] == "chunk":
-        containers.append(plan.summary_where[1].first)
-    elif plan.summary_where and plan.summary_where[0] == "large":
-        containers.append(plan.summary_where[1].sequence)
-    # The open chunk's messages are among the window's counts: read with the window's range.
     found = yield from fetch(
         thread,
-        Containers(windows, containers, tokens=True, open=plan.open and window_low is not None),
+        Containers(windows, containers, tokens=True),
         [("HMGET", thread.keys.meta, "gen", "summary_seq")],
     )
     if list(found.checks[0]) != [gen, summary_seq]:
         return None
+    if window_low is not None:
+        found.records.update(plan.open_records)
+    return found
+
+
+def _read_ahead(plan: _Plan, counts: StoredCounts, containers: list[int]) -> Found | None:
+    """What the second read would find, when the first read it ahead: every planned container
+    (none, when the open chunk holds the plan) among the chunks it read as layout-3 strings,
+    and no layout-2 window to read. None else: the second read is needed."""
+    if counts.has_window and _window_low(plan) is not None:
+        return None
+    found = Found()
+    for first in containers:
+        manifest, data = counts.ahead.get(first, (None, None))
+        if manifest is None or data is None:
+            return None
+        found.records.update(split_chunk(manifest, data, found.tokens))
+    if _window_low(plan) is not None:
+        found.records.update(plan.open_records)
+    return found
+
+
+def _remember(thread: ThreadRef, containers: list[int]) -> None:
+    """Keeps the plan's containers as the handle's guess of the next plan's (a hint: the same
+    until a chunk closes or a compaction moves the summary); a large plan is not guessed."""
+    if 0 < len(containers) <= MAX_AHEAD:
+        thread.hints[CONTEXT_HINT] = tuple(containers)
+    else:
+        thread.hints.pop(CONTEXT_HINT, None)
+
+
+def _fetched(plan: _Plan, found: Found) -> _Fetched:
+    """The summary and the records and counts after it, of what the second read found."""
     # Each message counts its own: a chunk's from its manifest, the window's from the side
     # infos the plan read (a window member without one is left out).
     tokens = {s: plan.window[s] for s in found.records if s in plan.window}
@@ -288,10 +347,10 @@ def _fetch(thread: ThreadRef, plan: _Plan, gen: bytes, summary_seq: bytes | None
         record = records.get(plan.summary_seq)
         if record is not None:
             try:
-                (found,) = decode_records([(plan.summary_seq, record)])
+                (decoded,) = decode_records([(plan.summary_seq, record)])
             except RecordError:
-                found = None
-            summary = found if isinstance(found, SummaryMessage) else None
+                decoded = None
+            summary = decoded if isinstance(decoded, SummaryMessage) else None
 
     floor = plan.after or 0
     candidates = sorted(

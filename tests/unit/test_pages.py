@@ -149,7 +149,8 @@ def counts_read(fake: FakeThread) -> Step:
             and "layout" in commands[0]
             and commands[1] == ("HGETALL", keys.window_side)
             and commands[5] == ("EXISTS", keys.legacy)
-            and commands[6] == ("HMGET", keys.meta, "gen", "last_seq")
+            and commands[2] == ("MGET", keys.open_manifest, keys.open_data)
+            and commands[6] == ("HMGET", keys.meta, "gen", "last_seq", "summary_seq")
             and commands[7:]
             == [
                 ("MGET", keys.prompt_manifest, keys.prompt_data),
@@ -162,7 +163,7 @@ def counts_read(fake: FakeThread) -> Step:
         return [
             fake.command(*commands[0]),
             {},
-            None,
+            [None, None],
             [],
             [],
             fake.command(*commands[5]),

@@ -5,6 +5,7 @@ oversized messages (docs/LAYOUT.md). The native reads of those containers, and t
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -102,8 +103,8 @@ class StoredCounts:
     """What a budget plans from (budget.py), read in one round trip: meta's gen, last_seq,
     summary_last, summary_seq and deleted_before; whether the thread can be planned from stored
     counts (layout 2, not being deleted) and was the same throughout the reads; and, when both,
-    the counts by sequence of the window's and the open chunk's messages (`window`; `open`: the
-    open chunk holds some, layout 3) and the newest chunk and oversized index members."""
+    the counts by sequence of the window's and the open chunk's messages (`window`) and the
+    newest chunk and oversized index members."""
 
     meta: list[Any]
     plannable: bool
@@ -111,13 +112,20 @@ class StoredCounts:
     window: dict[int, int] = field(default_factory=dict)
     chunks: list[ChunkEntry] = field(default_factory=list)
     large: list[LargeEntry] = field(default_factory=list)
-    open: bool = False
+    # The open chunk's records (layout 3), and whether a layout-2 window holds messages too.
+    open_records: dict[int, bytes] = field(default_factory=dict)
+    has_window: bool = False
+    # The closed chunks read ahead, by first sequence: (manifest, records) as layout 3 keeps
+    # them, (None, None) for a chunk not found in strings.
+    ahead: dict[int, tuple[Any, Any]] = field(default_factory=dict)
 
 
-def stored_counts(thread: ThreadRef, members: int) -> Operation:
-    """The StoredCounts of the thread, with the `members` newest members of each index."""
+def stored_counts(thread: ThreadRef, members: int, ahead: Sequence[int] = ()) -> Operation:
+    """The StoredCounts of the thread, with the `members` newest members of each index, the
+    open chunk's records, and the layout-3 chunks starting at `ahead` read in the same round trip
+    (a budget's guess of what it will fetch: budget.py)."""
     keys = thread.keys
-    meta, sides, open_manifest, chunk_members, large_members, legacy, again = yield Batch(
+    meta, sides, (manifest, data), chunk_members, large_members, legacy, *read, again = yield Batch(
         [
             (
                 "HMGET",
@@ -131,25 +139,27 @@ def stored_counts(thread: ThreadRef, members: int) -> Operation:
                 "deleted_before",
             ),
             ("HGETALL", keys.window_side),
-            ("GET", keys.open_manifest),
+            ("MGET", keys.open_manifest, keys.open_data),
             index_newest(keys.chunk_index, None, members),
             index_newest(keys.large_index, None, members),
             ("EXISTS", keys.legacy),
-            ("HMGET", keys.meta, "gen", "last_seq"),
+            *(("MGET", keys.chunk_manifest(f), keys.chunk_data(f)) for f in ahead),
+            ("HMGET", keys.meta, "gen", "last_seq", "summary_seq"),
         ]
     )
     gen, last_seq, summary_last, summary_seq, layout, deleting, deleted_before = meta
     counts = StoredCounts(
         [gen, last_seq, summary_last, summary_seq, deleted_before],
         deleting is None and only_layout_2(layout, legacy),
-        list(again) == [gen, last_seq],
+        list(again) == [gen, last_seq, summary_seq],
     )
     if counts.plannable and counts.unchanged:
         counts.window = {int(s): side_tokens(v) for s, v in hash_pairs(sides)}
-        counts.window.update(manifest_tokens(open_manifest))
-        counts.open = bool(open_manifest)
+        counts.has_window = bool(counts.window)
+        counts.open_records = split_chunk(manifest, data, counts.window)
         counts.chunks = [ChunkEntry.parse(m) for m in chunk_members]
         counts.large = [LargeEntry.parse(m) for m in large_members]
+        counts.ahead = dict(zip(ahead, map(tuple, read), strict=True))
     return counts
 
 
