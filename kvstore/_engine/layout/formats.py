@@ -13,6 +13,7 @@ import builtins
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from ... import errors
 from ..replies import stored_int
@@ -35,10 +36,17 @@ class ChunkEntry:
 
     @classmethod
     def parse(cls, member: builtins.bytes | str) -> ChunkEntry:
+        # A member names an immutable chunk's range: every plan parses the same few again.
+        try:
+            return _PARSED_CHUNKS[member]
+        except (KeyError, TypeError):
+            pass
         fields = _fields(member, (6, 5), "chunk index member")
         if len(fields) == 5:
             fields.append(record_tokens(fields[3]))
-        return cls(*fields)
+        entry = cls(*fields)
+        _remember(_PARSED_CHUNKS, member, entry)
+        return entry
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +65,18 @@ class LargeEntry:
         if len(fields) == 3:
             fields.append(record_tokens(fields[1]))
         return cls(*fields)
+
+
+# Parsed index members by their bytes, bounded (cleared when full).
+_PARSED_CHUNKS: dict[Any, ChunkEntry] = {}
+_MAX_PARSED = 4096
+
+
+def _remember(memo: dict[Any, Any], member: Any, entry: Any) -> None:
+    if type(member) is bytes:
+        if len(memo) >= _MAX_PARSED:
+            memo.clear()
+        memo[member] = entry
 
 
 def _fields(member: bytes | str, counts: tuple[int, ...], what: str) -> list[int]:
