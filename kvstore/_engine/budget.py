@@ -8,8 +8,9 @@ members; it names, newest first, the containers whose counts fit the budget and 
 does not, and reads them (and the summary) in a second pipeline. A thread handle remembers the
 containers its last plan named (at most MAX_AHEAD) and the first pipeline reads them ahead: while
 no chunk closes and no compaction moves the summary, the plan names the same ones and the
-context takes one round trip (a wrong guess costs their bytes, and the second pipeline). The cut is then made on each message's own count, newest first, stopping at
-the first that does not fit. An index member written before counts existed sums less than its
+context takes one round trip (a wrong guess costs their bytes, and the second pipeline). The
+cut is then made on each message's own count, newest first, stopping at the first that does
+not fit. An index member written before counts existed sums less than its
 messages count (layout/formats.py: record_tokens), so a plan may read a container more, never
 one less.
 
@@ -30,7 +31,8 @@ from ..messages import SummaryMessage
 from .bounds import MAX_THREAD_TOKENS
 from .layout.formats import ChunkEntry, LargeEntry, split_chunk
 from .layout.reader import Containers, Decoder, Found, decode, fetch
-from .layout.v2 import StoredCounts, WindowRead, older_members, stored_counts, stored_tokens
+from .layout.v2 import WindowRead, older_members, stored_counts, stored_tokens
+from .layout.v3 import chunk_read
 from .operation import OPTIMISTIC_READS, Operation, ThreadRef, changed_under_reads
 from .pages import list_page
 from .record import decode_records
@@ -63,11 +65,14 @@ def budgeted_context(
     thread: ThreadRef, max_tokens: int, decoder: Decoder = decode_records
 ) -> Operation:
     """The summary and the newest messages whose stored counts fit `max_tokens` (Budgeted), in
-    two round trips (one when the handle's guess was right); None when the thread cannot be planned from stored counts. ChangedUnderReads
-    when the thread changed under each try (context() then reads in one step). `decoder` decodes
-    the messages after the summary (layout/reader.py: decode)."""
+    two round trips (one when the handle's guess was right); None when the thread cannot be
+    planned from stored counts. ChangedUnderReads when the thread changed under each try
+    (context() then reads in one step). `decoder` decodes the messages after the summary
+    (layout/reader.py: decode)."""
     for _ in range(OPTIMISTIC_READS):
-        counts = yield from stored_counts(thread, PLAN_MEMBERS, thread.hints.get(CONTEXT_HINT, ()))
+        guess = thread.hints.get(CONTEXT_HINT, ())
+        reads = [chunk_read(thread.keys, first) for first in guess]
+        counts = yield from stored_counts(thread, PLAN_MEMBERS, reads)
         if not counts.plannable:
             return None
         if not counts.unchanged:
@@ -95,14 +100,16 @@ def budgeted_context(
             continue
         if plan.summary_seq is not None and plan.summary_where is None:
             return None
-        containers = plan.containers()
+        containers, low = plan.containers(), _window_low(plan)
         _remember(thread, containers)
-        found = _read_ahead(plan, counts, containers)
-        if found is None:
-            found = yield from _fetch(thread, plan, containers, gen, summary_seq)
+        found = _read_ahead(containers, dict(zip(guess, counts.ahead, strict=True)))
+        if found is None or (low is not None and counts.has_window):
+            found = yield from _fetch(thread, plan, containers, low, gen, summary_seq)
         if found is not None:
-            fetched = _fetched(plan, found)
-            return _cut(thread, plan, fetched, max_tokens, decoder)
+            if low is not None:
+                # The open chunk's messages are the window's newest: read with the counts.
+                found.records.update(plan.open_records)
+            return _cut(thread, plan, _fetched(plan, found), max_tokens, decoder)
     raise changed_under_reads()
 
 
@@ -287,12 +294,16 @@ def _window_low(plan: _Plan) -> int | None:
 
 
 def _fetch(
-    thread: ThreadRef, plan: _Plan, containers: list[int], gen: bytes, summary_seq: bytes | None
+    thread: ThreadRef,
+    plan: _Plan,
+    containers: list[int],
+    window_low: int | None,
+    gen: bytes,
+    summary_seq: bytes | None,
 ) -> Operation:
-    """The second read: the planned containers and the summary, with each message's own count
-    (the open chunk's records are the first read's). None when messages moved or a compaction
-    ran in between (plan again)."""
-    window_low = _window_low(plan)
+    """The second read: the planned containers (the summary's among them) and a layout-2 window
+    from `window_low` up, with each message's own count. None when messages moved or a
+    compaction ran in between (plan again)."""
     windows = [] if window_low is None else [WindowRead(window_low, plan.last_seq)]
     found = yield from fetch(
         thread,
@@ -301,25 +312,18 @@ def _fetch(
     )
     if list(found.checks[0]) != [gen, summary_seq]:
         return None
-    if window_low is not None:
-        found.records.update(plan.open_records)
     return found
 
 
-def _read_ahead(plan: _Plan, counts: StoredCounts, containers: list[int]) -> Found | None:
-    """What the second read would find, when the first read it ahead: every planned container
-    (none, when the open chunk holds the plan) among the chunks it read as layout-3 strings,
-    and no layout-2 window to read. None else: the second read is needed."""
-    if counts.has_window and _window_low(plan) is not None:
-        return None
+def _read_ahead(containers: list[int], ahead: dict[int, Any]) -> Found | None:
+    """What the second read would find of the planned containers, when the first read each
+    ahead as layout-3 strings (`ahead`: first sequence -> the MGET's reply); None else."""
     found = Found()
     for first in containers:
-        manifest, data = counts.ahead.get(first, (None, None))
+        manifest, data = ahead.get(first, (None, None))
         if manifest is None or data is None:
             return None
         found.records.update(split_chunk(manifest, data, found.tokens))
-    if _window_low(plan) is not None:
-        found.records.update(plan.open_records)
     return found
 
 

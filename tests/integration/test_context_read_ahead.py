@@ -6,6 +6,8 @@ round trip) costs that round trip and never changes what context() returns."""
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import pytest
 
 from kvstore import StoreConfig, UserMessage
@@ -21,84 +23,88 @@ from .test_tokens import users
 CONFIG = dict(chunk_size=8, window_size=8)
 
 
+class Chat(NamedTuple):
+    store: object
+    config: StoreConfig
+    thread: object  # the public handle, for writes
+    ref: ThreadRef  # the handle whose guesses the reads keep
+
+    def context(self, budget, between=None):
+        """The context through `ref` (its guess), and the requests it sent."""
+        return drive(self.store, history_context(self.ref, budget), between)
+
+    def fresh(self, budget):
+        """The context as a new handle (no guess) reads it."""
+        return drive(self.store, history_context(ThreadRef.of(self.config, "t"), budget))[0]
+
+
 @pytest.fixture
 def chat(backend, namespace):
-    """A sync store and config, and its thread "t" of 100 messages of 10 tokens each."""
+    """A sync store's thread "t" of 100 messages of 10 tokens each."""
     config = StoreConfig(namespace=namespace, **CONFIG)
     store = make_sync_store(backend, config)
     store.thread("t").append(users(100), tokens=[10] * 100)
-    yield store, config
+    yield Chat(store, config, store.thread("t"), ThreadRef.of(config, "t"))
     store.close()
 
 
-def fresh(store, config, budget):
-    """The context as a new handle (no guess) reads it."""
-    return drive(store, history_context(ThreadRef.of(config, "t"), budget))[0]
-
-
 def test_a_handle_reads_the_chunks_its_last_plan_named_in_one_round_trip(chat):
-    store, config = chat
-    ref = ThreadRef.of(config, "t")
     # 5, 20 and 30 messages: the open chunk's 4, then one to four closed chunks of 8.
     for budget in (50, 200, 300):
-        first, requests = drive(store, history_context(ref, budget))
+        first, requests = chat.context(budget)
         assert 1 <= len(requests) <= 2
-        again, requests = drive(store, history_context(ref, budget))
+        again, requests = chat.context(budget)
         assert len(requests) == 1, requests
-        assert again == first == fresh(store, config, budget)
+        assert again == first == chat.fresh(budget)
         assert len(again) == budget // 10
     # A plan of more chunks than a guess holds keeps no guess: two round trips each time.
     wide = 10 * 8 * (MAX_AHEAD + 2)
-    drive(store, history_context(ref, wide))
-    assert CONTEXT_HINT not in ref.hints
-    again, requests = drive(store, history_context(ref, wide))
-    assert len(requests) == 2 and again == fresh(store, config, wide)
+    chat.context(wide)
+    assert CONTEXT_HINT not in chat.ref.hints
+    again, requests = chat.context(wide)
+    assert len(requests) == 2 and again == chat.fresh(wide)
 
 
 def test_a_wrong_guess_costs_a_round_trip_and_changes_nothing(chat):
-    store, config = chat
-    thread = store.thread("t")
-    ref = ThreadRef.of(config, "t")
-    budget = 250
-    drive(store, history_context(ref, budget))
+    thread, ref, budget = chat.thread, chat.ref, 250
+    chat.context(budget)
     # A chunk closed since: the plan names it, the guess does not.
     thread.append(users(8, 100), tokens=[10] * 8)
-    found, requests = drive(store, history_context(ref, budget))
-    assert len(requests) == 2 and found == fresh(store, config, budget)
+    found, requests = chat.context(budget)
+    assert len(requests) == 2 and found == chat.fresh(budget)
     # A compaction: the summary's chunk joins the plan.
     thread.compact("so far", thread.stats().next_sequence - 12, tokens=5)
-    found, requests = drive(store, history_context(ref, budget))
-    assert found == fresh(store, config, budget) and found[0].summary == "so far"
+    found, requests = chat.context(budget)
+    assert found == chat.fresh(budget) and found[0].summary == "so far"
     assert len(found) == 1 + 11
     # Deleted and written again: the guessed chunks' keys hold other messages now.
     thread.delete()
     thread.append([UserMessage(content=f"again {i}") for i in range(60)], tokens=[10] * 60)
-    found = drive(store, history_context(ref, budget))[0]
-    assert found == fresh(store, config, budget)
+    found = chat.context(budget)[0]
+    assert found == chat.fresh(budget)
     assert [m.content for m in found] == [f"again {i}" for i in range(35, 60)]
     # A guess of chunks that never were, or are no chunk's first sequence.
     for guess in [(10**9,), (3, 5, 7, 9), (1, 2)]:
         ref.hints[CONTEXT_HINT] = guess
-        assert drive(store, history_context(ref, budget))[0] == fresh(store, config, budget)
+        assert chat.context(budget)[0] == chat.fresh(budget)
 
 
 def test_a_write_inside_the_round_trip_reads_again(chat):
-    store, config = chat
-    thread = store.thread("t")
-    ref = ThreadRef.of(config, "t")
     budget = 300
-    drive(store, history_context(ref, budget))
-    assert ref.hints.get(CONTEXT_HINT)
+    chat.context(budget)
+    guess = chat.ref.hints[CONTEXT_HINT]
+    assert len(guess) == 4
     wrote = []
 
     def between(request, position):
-        # After the guessed chunks are read, before meta is read again: close a chunk.
-        if request == 0 and position == 7 and not wrote:
-            wrote.append(thread.append(users(8, 500), tokens=[10] * 8))
+        # Right after the guessed chunks are read (the six reads before them, then theirs),
+        # before meta is read again: a chunk closes.
+        if request == 0 and position == 6 + len(guess) and not wrote:
+            wrote.append(chat.thread.append(users(8, 500), tokens=[10] * 8))
 
-    found, requests = drive(store, history_context(ref, budget), between)
+    found, requests = chat.context(budget, between)
     assert wrote and len(requests) >= 2
-    assert found == fresh(store, config, budget)
+    assert found == chat.fresh(budget)
     assert found[-1].content == users(8, 500)[-1].content
 
 
@@ -130,10 +136,10 @@ def test_a_window_left_by_layout_2_is_read_beside_the_guessed_chunks(
     for i in range(14):
         thread.append(UserMessage(content=f"new {i}"))
     assert raw_client.zcard(thread.keys.window) > 50  # still draining
-    ref = ThreadRef.of(store.config, "t")
-    expected = fresh(store, store.config, 700)
+    chat = Chat(store, store.config, thread, ThreadRef.of(store.config, "t"))
+    expected = chat.fresh(700)
     assert any(m.content.startswith("message ") for m in expected)  # from the window
-    drive(store, history_context(ref, 700))
-    assert ref.hints.get(CONTEXT_HINT)
-    assert drive(store, history_context(ref, 700))[0] == expected
+    chat.context(700)
+    assert chat.ref.hints.get(CONTEXT_HINT)
+    assert chat.context(700)[0] == expected
     store.close()

@@ -36,16 +36,12 @@ class ChunkEntry:
 
     @classmethod
     def parse(cls, member: builtins.bytes | str) -> ChunkEntry:
-        # A member names an immutable chunk's range: every plan parses the same few again.
-        try:
-            return _PARSED_CHUNKS[member]
-        except (KeyError, TypeError):
-            pass
-        fields = _fields(member, (6, 5), "chunk index member")
-        if len(fields) == 5:
-            fields.append(record_tokens(fields[3]))
-        entry = cls(*fields)
-        _remember(_PARSED_CHUNKS, member, entry)
+        entry = _PARSED_CHUNKS.get(member) if type(member) is bytes else None
+        if entry is None:
+            fields = _fields(member, (6, 5), "chunk index member")
+            if len(fields) == 5:
+                fields.append(record_tokens(fields[3]))
+            entry = _parsed(_PARSED_CHUNKS, member, cls(*fields))
         return entry
 
 
@@ -61,22 +57,29 @@ class LargeEntry:
 
     @classmethod
     def parse(cls, member: builtins.bytes | str) -> LargeEntry:
-        fields = _fields(member, (4, 3), "large index member")
-        if len(fields) == 3:
-            fields.append(record_tokens(fields[1]))
-        return cls(*fields)
+        entry = _PARSED_LARGE.get(member) if type(member) is bytes else None
+        if entry is None:
+            fields = _fields(member, (4, 3), "large index member")
+            if len(fields) == 3:
+                fields.append(record_tokens(fields[1]))
+            entry = _parsed(_PARSED_LARGE, member, cls(*fields))
+        return entry
 
 
-# Parsed index members by their bytes, bounded (cleared when full).
-_PARSED_CHUNKS: dict[Any, ChunkEntry] = {}
+# Index members parsed, by their bytes (a member names an immutable range, and every plan
+# parses the newest few again); bounded: cleared when full.
+_PARSED_CHUNKS: dict[bytes, ChunkEntry] = {}
+_PARSED_LARGE: dict[bytes, LargeEntry] = {}
 _MAX_PARSED = 4096
 
 
-def _remember(memo: dict[Any, Any], member: Any, entry: Any) -> None:
+def _parsed(memo: dict[bytes, Any], member: bytes | str, entry: Any) -> Any:
+    """`entry`, kept in `memo` under `member` when it came as bytes (the usual reply)."""
     if type(member) is bytes:
         if len(memo) >= _MAX_PARSED:
             memo.clear()
         memo[member] = entry
+    return entry
 
 
 def _fields(member: bytes | str, counts: tuple[int, ...], what: str) -> list[int]:

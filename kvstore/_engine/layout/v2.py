@@ -115,15 +115,16 @@ class StoredCounts:
     # The open chunk's records (layout 3), and whether a layout-2 window holds messages too.
     open_records: dict[int, bytes] = field(default_factory=dict)
     has_window: bool = False
-    # The closed chunks read ahead, by first sequence: (manifest, records) as layout 3 keeps
-    # them, (None, None) for a chunk not found in strings.
-    ahead: dict[int, tuple[Any, Any]] = field(default_factory=dict)
+    # The replies to the caller's reads ahead, in order.
+    ahead: list[Any] = field(default_factory=list)
 
 
-def stored_counts(thread: ThreadRef, members: int, ahead: Sequence[int] = ()) -> Operation:
-    """The StoredCounts of the thread, with the `members` newest members of each index, the
-    open chunk's records, and the layout-3 chunks starting at `ahead` read in the same round trip
-    (a budget's guess of what it will fetch: budget.py)."""
+def stored_counts(
+    thread: ThreadRef, members: int, ahead: Sequence[tuple[Any, ...]] = ()
+) -> Operation:
+    """The StoredCounts of the thread, with the `members` newest members of each index and the
+    open chunk's records; the `ahead` reads (a budget's guess of what it will fetch: budget.py)
+    go between meta's two reads, so their replies are as of the same state."""
     keys = thread.keys
     meta, sides, (manifest, data), chunk_members, large_members, legacy, *read, again = yield Batch(
         [
@@ -143,7 +144,7 @@ def stored_counts(thread: ThreadRef, members: int, ahead: Sequence[int] = ()) ->
             index_newest(keys.chunk_index, None, members),
             index_newest(keys.large_index, None, members),
             ("EXISTS", keys.legacy),
-            *(("MGET", keys.chunk_manifest(f), keys.chunk_data(f)) for f in ahead),
+            *ahead,
             ("HMGET", keys.meta, "gen", "last_seq", "summary_seq"),
         ]
     )
@@ -159,7 +160,7 @@ def stored_counts(thread: ThreadRef, members: int, ahead: Sequence[int] = ()) ->
         counts.open_records = split_chunk(manifest, data, counts.window)
         counts.chunks = [ChunkEntry.parse(m) for m in chunk_members]
         counts.large = [LargeEntry.parse(m) for m in large_members]
-        counts.ahead = dict(zip(ahead, map(tuple, read), strict=True))
+        counts.ahead = read
     return counts
 
 
