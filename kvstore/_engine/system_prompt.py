@@ -9,6 +9,7 @@ that covers them, or a budget that cuts them away, leaves them in all the same.
 
 from __future__ import annotations
 
+import re
 from itertools import takewhile
 from typing import Any
 
@@ -25,6 +26,15 @@ from .views import context as history
 # The leading system messages context() keeps at most: a prompt in a few parts, not a log.
 LEADING_SYSTEM_LIMIT = 16
 
+# A record's first bytes as the client packs a version-2 record: [2, {message_type: <fixstr>,
+# ...}] (lua/includes/prompt.lua: is_system_record reads the same form); the group is the
+# fixstr's header byte. What no record of this form starts with reads as "not known".
+_RECORD_TYPE = re.compile(
+    rb"[\x92\x93]\x02(?:[\x80-\x8f]|\xde..)\xacmessage_type([\xa0-\xbf])", re.S
+)
+# Bytes enough for that form and the longest type name a fixstr holds.
+_TYPE_PREFIX = 64
+
 
 def context(
     thread: ThreadRef,
@@ -37,8 +47,10 @@ def context(
     leave). A budget they fill or exceed alone leaves them and the summary, as a summary over
     the budget is kept alone.
 
-    The kept prompt (once retention passed the thread's start) is read in views.context's first
-    round trip; the stored start, when that read did not reach it, in one more. `decoder`:
+    The kept prompt (once retention passed the thread's start) and the first bytes of the
+    thread's first record are read in views.context's first round trip; the stored start, when
+    that read did not reach it and those bytes do not settle it (_starts_plain), in one more.
+    `decoder`:
     views.context's (the system messages and the summary are models)."""
     found, kept = yield from riding(
         history(thread, max_tokens, count_tokens, decoder), _prompt_reads(thread)
@@ -71,7 +83,21 @@ def context_dicts(thread: ThreadRef, max_tokens: int | None = None) -> Operation
 
 
 def _prompt_reads(thread: ThreadRef) -> list[tuple[Any, ...]]:
-    """The kept prompt (lua/includes/prompt.lua) and where retention stands."""
+    """The kept prompt (lua/includes/prompt.lua), where retention stands, and the first bytes
+    of the two containers that hold sequence 1 while nothing was deleted (:func:`_starts_plain`):
+    the first closed chunk's and the open chunk's, each record before its manifest."""
+    keys = thread.keys
+    return [
+        *_kept_reads(thread),
+        ("GETRANGE", keys.chunk_data(1), 0, _TYPE_PREFIX - 1),
+        ("GETRANGE", keys.chunk_manifest(1), 0, 1),
+        ("GETRANGE", keys.open_data, 0, _TYPE_PREFIX - 1),
+        ("GETRANGE", keys.open_manifest, 0, 1),
+    ]
+
+
+def _kept_reads(thread: ThreadRef) -> list[tuple[Any, ...]]:
+    """The kept prompt and where retention stands."""
     keys = thread.keys
     return [
         ("MGET", keys.prompt_manifest, keys.prompt_data),
@@ -79,14 +105,40 @@ def _prompt_reads(thread: ThreadRef) -> list[tuple[Any, ...]]:
     ]
 
 
+def _starts_plain(starts: list[Any]) -> bool:
+    """Whether the first bytes _prompt_reads read show that the thread's first message (sequence
+    1: no message is older) is stored and is no system message, so no message leads the thread
+    as its prompt. A chunk's manifest lists its sequences in order, one line each, so one that
+    starts ``1\t`` holds sequence 1 first; its record was read just before it: a chunk that
+    closed or was rewritten in between shows another first line, and the answer is then "not
+    known" (False), as it is for any other form (an oversized first message, a layout-2 thread,
+    a version-1 record), which the read of the thread's start settles."""
+    closed_record, closed_manifest, open_record, open_manifest = starts
+    if closed_manifest == b"1\t":
+        return _not_system(closed_record)
+    return open_manifest == b"1\t" and _not_system(open_record)
+
+
+def _not_system(prefix: bytes) -> bool:
+    """Whether a record's first bytes name a message type other than system_message."""
+    match = _RECORD_TYPE.match(prefix)
+    if match is None:
+        return False
+    start, size = match.end(), match.group(1)[0] & 0x1F
+    kind = prefix[start : start + size]
+    return len(kind) == size and kind != b"system_message"
+
+
 def _leading_system(thread: ThreadRef, kept: list[Any]) -> Operation[list[tuple[Message, int]]]:
     """The system messages the thread starts with and their stored counts. `kept` is what
     _prompt_reads read: once retention passed the thread's start and the run of them ended,
     they are the kept prompt; else they are (also) stored, read in one read-only step
     (lua/read_range.lua), and the kept prompt again after it when retention had begun."""
-    (manifest, data), (state, deleted_before) = kept
+    (manifest, data), (state, deleted_before), *starts = kept
     if deleted_before is not None and state != b"open":
         return _system_of(thread, _prompt_records(manifest, data))
+    if deleted_before is None and _starts_plain(starts):
+        return []
     read = yield from read_range(
         thread, ("", ""), ("seq", str(LEADING_SYSTEM_LIMIT + 1)), "up", LEADING_SYSTEM_LIMIT
     )
@@ -94,7 +146,7 @@ def _leading_system(thread: ThreadRef, kept: list[Any]) -> Operation[list[tuple[
     if read.deleted_before:
         # Read after the range: retention only moves messages from it into the prompt, so
         # none is missed; one in both is the same message.
-        (manifest, data), (state, _) = yield Batch(_prompt_reads(thread))
+        (manifest, data), (state, _) = yield Batch(_kept_reads(thread))
         if state != b"open":
             records = []  # the run ended in what was deleted: a later message is not in it
         stored = {r[0] for r in records}

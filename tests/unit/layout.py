@@ -216,6 +216,9 @@ class FakeThread:
             return [self._string(k) for k in (key, *args)]
         if name == "GET":
             return self._string(key)
+        if name == "GETRANGE":
+            start, end = int(args[0]), int(args[1])
+            return (self._string(key) or b"")[start : end + 1]
         if name == "HLEN":
             return len(self._hash(key) or {})
         if name == "EXISTS":

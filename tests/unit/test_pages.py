@@ -139,8 +139,9 @@ def unplannable(thread) -> FakeThread:
 
 def counts_read(fake: FakeThread) -> Step:
     """context()'s first round trip: the stored counts a plan needs (layout/v2.py:
-    stored_counts) and the kept system prompt riding with them (system_prompt.py). The fake
-    answers meta, the legacy hash's existence and the prompt; no counts (none are planned)."""
+    stored_counts) and the kept system prompt and the first bytes of the thread's start riding
+    with them (system_prompt.py). The fake answers meta, the legacy hash's existence, the
+    prompt and the start; no counts (none are planned)."""
     keys = fake.keys
 
     def check(commands: list[tuple]) -> bool:
@@ -155,6 +156,10 @@ def counts_read(fake: FakeThread) -> Step:
             == [
                 ("MGET", keys.prompt_manifest, keys.prompt_data),
                 ("HMGET", keys.meta, "prompt", "deleted_before"),
+                ("GETRANGE", keys.chunk_data(1), 0, 63),
+                ("GETRANGE", keys.chunk_manifest(1), 0, 1),
+                ("GETRANGE", keys.open_data, 0, 63),
+                ("GETRANGE", keys.open_manifest, 0, 1),
             ]
         )
 
