@@ -84,16 +84,8 @@ def context_dicts(thread: ThreadRef, max_tokens: int | None = None) -> Operation
 
 def _prompt_reads(thread: ThreadRef) -> list[tuple[Any, ...]]:
     """The kept prompt (lua/includes/prompt.lua), where retention stands, and the first bytes
-    of the two containers that hold sequence 1 while nothing was deleted (:func:`_starts_plain`):
-    the first closed chunk's and the open chunk's, each record before its manifest."""
-    keys = thread.keys
-    return [
-        *_kept_reads(thread),
-        ("GETRANGE", keys.chunk_data(1), 0, _TYPE_PREFIX - 1),
-        ("GETRANGE", keys.chunk_manifest(1), 0, 1),
-        ("GETRANGE", keys.open_data, 0, _TYPE_PREFIX - 1),
-        ("GETRANGE", keys.open_manifest, 0, 1),
-    ]
+    of the containers that may hold sequence 1 (:func:`_start_reads`)."""
+    return [*_kept_reads(thread), *_start_reads(thread)]
 
 
 def _kept_reads(thread: ThreadRef) -> list[tuple[Any, ...]]:
@@ -105,18 +97,52 @@ def _kept_reads(thread: ThreadRef) -> list[tuple[Any, ...]]:
     ]
 
 
-def _starts_plain(starts: list[Any]) -> bool:
-    """Whether the first bytes _prompt_reads read show that the thread's first message (sequence
+# The handle's hint of where its thread's start was at its last context(): "retained" (retention
+# had begun: the kept prompt answers, no start is read), "closed" (sequence 1 was the first
+# closed chunk's: it stays there, and the open chunk need not be read), else none.
+_START_HINT = "context_start"
+
+
+def _start_reads(thread: ThreadRef) -> list[tuple[Any, ...]]:
+    """The first bytes of the first closed chunk's record and manifest, then the open chunk's
+    (while none closed, it holds sequence 1), each record before its manifest; fewer where the
+    handle's hint says they cannot be needed. A hint gone stale costs the read of the start."""
+    hint = thread.hints.get(_START_HINT)
+    if hint == "retained":
+        return []
+    keys = thread.keys
+    reads: list[tuple[Any, ...]] = [
+        ("GETRANGE", keys.chunk_data(1), 0, _TYPE_PREFIX - 1),
+        ("GETRANGE", keys.chunk_manifest(1), 0, 1),
+    ]
+    if hint != "closed":
+        reads += [
+            ("GETRANGE", keys.open_data, 0, _TYPE_PREFIX - 1),
+            ("GETRANGE", keys.open_manifest, 0, 1),
+        ]
+    return reads
+
+
+def _starts_plain(thread: ThreadRef, deleted_before: Any, starts: list[Any]) -> bool:
+    """Whether the first bytes _start_reads read show that the thread's first message (sequence
     1: no message is older) is stored and is no system message, so no message leads the thread
-    as its prompt. A chunk's manifest lists its sequences in order, one line each, so one that
-    starts ``1\t`` holds sequence 1 first; its record was read just before it: a chunk that
-    closed or was rewritten in between shows another first line, and the answer is then "not
-    known" (False), as it is for any other form (an oversized first message, a layout-2 thread,
-    a version-1 record), which the read of the thread's start settles."""
-    closed_record, closed_manifest, open_record, open_manifest = starts
-    if closed_manifest == b"1\t":
-        return _not_system(closed_record)
-    return open_manifest == b"1\t" and _not_system(open_record)
+    as its prompt; and the handle's hint for its next read. A chunk's manifest lists its
+    sequences in order, one line each, so one that starts ``1\t`` holds sequence 1 first; its
+    record was read just before it: a chunk that closed or was rewritten in between shows
+    another first line, and the answer is then "not known" (False), as it is for any other form
+    (an oversized first message, a layout-2 thread, a version-1 record), which the read of the
+    thread's start settles."""
+    if deleted_before is not None:
+        thread.hints[_START_HINT] = "retained"
+        return False
+    for at in range(0, len(starts), 2):
+        record, manifest = starts[at : at + 2]
+        if manifest == b"1\t":
+            if at == 0:
+                thread.hints[_START_HINT] = "closed"
+            return _not_system(record)
+    thread.hints.pop(_START_HINT, None)
+    return False
 
 
 def _not_system(prefix: bytes) -> bool:
@@ -135,10 +161,10 @@ def _leading_system(thread: ThreadRef, kept: list[Any]) -> Operation[list[tuple[
     they are the kept prompt; else they are (also) stored, read in one read-only step
     (lua/read_range.lua), and the kept prompt again after it when retention had begun."""
     (manifest, data), (state, deleted_before), *starts = kept
+    if _starts_plain(thread, deleted_before, starts):
+        return []
     if deleted_before is not None and state != b"open":
         return _system_of(thread, _prompt_records(manifest, data))
-    if deleted_before is None and _starts_plain(starts):
-        return []
     read = yield from read_range(
         thread, ("", ""), ("seq", str(LEADING_SYSTEM_LIMIT + 1)), "up", LEADING_SYSTEM_LIMIT
     )

@@ -179,3 +179,30 @@ result = None
     found = [m.id for m in thread.context(max_tokens=200)]
     assert found[: len(run)] == run and found[-3:] == newest and len(found) < 20
     store.close()
+
+
+def test_a_handle_past_retention_reads_no_start_and_a_stale_hint_costs_only_a_read(
+    backend, namespace
+):
+    """Once retention began the kept prompt answers: a handle's next contexts read no start. A
+    thread deleted and written again under that handle (a system message first now) is read."""
+    config = StoreConfig(namespace=namespace, chunk_size=4, window_size=8, retained_message_limit=4)
+    store = make_sync_store(backend, config)
+    thread = store.thread("t")
+    thread.append(users(20), tokens=[10] * 20)
+    thread.compact("so far", last_sequence=16, tokens=5)
+    ref = ThreadRef.of(config, "t")
+
+    def start_bytes(requests) -> int:
+        return sum(c[0] == "GETRANGE" for r in requests for c in getattr(r, "commands", ()))
+
+    _, requests = drive(store, context(ref, 30))
+    assert start_bytes(requests) == 4
+    again, requests = drive(store, context(ref, 30))
+    assert start_bytes(requests) == 0 and again[0].summary == "so far"
+    thread.delete()
+    thread.append(SystemMessage(content="rules"), tokens=[5])
+    thread.append(users(30), tokens=[10] * 30)
+    found, requests = drive(store, context(ref, 30))
+    assert found[0].content == "rules" and start_reads(requests) == 1
+    store.close()
