@@ -1,14 +1,16 @@
-"""context() looks at the thread's first record in its first round trip: when it is stored at the
-start of a chunk and is no system message, no message leads the thread as its prompt and the
-read of the thread's start (lua/read_range.lua) is not sent. Any other start is read as before,
-and the context is the same either way (docs/HISTORY.md, "The system prompt")."""
+"""context() looks at the thread's start in its first round trip (kvstore/_engine/system_start.py):
+when sequence 1 is stored at the start of a chunk and is no system message, no message leads the
+thread as its prompt and no read of the start is sent; when it is a system message, the chunk is
+read whole once and the handle keeps the run, read fresh in the first round trip from then on.
+Any other start is read as before (lua/read_range.lua), and the context is the same either way
+(docs/HISTORY.md, "The system prompt")."""
 
 from __future__ import annotations
 
 import pytest
 
 from kvstore import AssistantMessage, StoreConfig, SystemMessage, UserMessage
-from kvstore._engine.core import Eval, ThreadRef, context
+from kvstore._engine.core import Batch, Eval, ThreadRef, context
 from kvstore._engine.system_prompt import LEADING_SYSTEM_LIMIT
 from kvstore._engine.views import context as history_context
 
@@ -19,8 +21,18 @@ from .test_tokens import users
 
 
 def start_reads(requests) -> int:
-    """How many reads of the thread's start the requests hold."""
-    return sum(isinstance(r, Eval) and r.script.name == "read_range" for r in requests)
+    """How many reads of the thread's start the requests hold: lua/read_range.lua, or one
+    atomic read of the chunk holding sequence 1 (MGET of chunk:1's strings or the open chunk's)."""
+    return sum(
+        (isinstance(r, Eval) and r.script.name == "read_range")
+        or (
+            isinstance(r, Batch)
+            and len(r.commands) == 1
+            and r.commands[0][0] == "MGET"
+            and r.commands[0][1].endswith((":chunk:1:m", ":open:m"))
+        )
+        for r in requests
+    )
 
 
 def leading(thread) -> list[str]:
@@ -80,6 +92,16 @@ CASES = {
     ),
     "oversized user first": ([UserMessage(content="x" * 9000), SystemMessage(content="r")], None),
     "oversized system first": ([SystemMessage(content="x" * 9000)], None),
+    # Sequence 2 in a chunk of its own: the first chunk alone does not hold the run and what
+    # ends it.
+    "an oversized user message second": (
+        [SystemMessage(content="rules"), UserMessage(content="x" * 9000)],
+        None,
+    ),
+    "an oversized system message second": (
+        [SystemMessage(content="rules"), SystemMessage(content="x" * 9000)],
+        None,
+    ),
     "first turn removed": (
         [UserMessage(content="hi"), SystemMessage(content="r"), SystemMessage(content="s")],
         "remove",
@@ -206,3 +228,123 @@ def test_a_handle_past_retention_reads_no_start_and_a_stale_hint_costs_only_a_re
     found, requests = drive(store, context(ref, 30))
     assert found[0].content == "rules" and start_reads(requests) == 1
     store.close()
+
+
+def prompt_chat(store, length=60):
+    thread = store.thread("t")
+    thread.append([SystemMessage(content="rules"), SystemMessage(content="more")], tokens=[5, 5])
+    thread.append(users(length), tokens=[10] * length)
+    return thread
+
+
+def test_a_handle_keeps_the_run_and_reads_it_in_its_first_round_trip(sync_store):
+    """A system prompt first: the chunk holding it is read whole once; from then on the run is
+    read fresh beside the history, which is planned with what the run leaves: one round trip."""
+    store, config = sync_store
+    prompt_chat(store)
+    ref = ThreadRef.of(config, "t")
+    for budget in (40, 60, 110):
+        first, requests = drive(store, context(ref, budget))
+        again, requests = drive(store, context(ref, budget))
+        assert len(requests) == 1 and start_reads(requests) == 0, budget
+        fresh, _ = drive(store, context(ThreadRef.of(config, "t"), budget))
+        assert again == first == fresh
+        assert [m.content for m in again[:2]] == ["rules", "more"]
+        assert len(again) == 2 + (budget - 10) // 10
+
+
+# Writes that change a kept run, or what settles it: (name, what is done).
+CHANGES = [
+    (
+        "a run message rewritten, same size",
+        lambda t, ids: t.replace(ids[0], SystemMessage(content="RULES")),
+    ),
+    (
+        "a run message longer",
+        lambda t, ids: t.replace(ids[1], SystemMessage(content="more, longer")),
+    ),
+    ("a run message a user's now", lambda t, ids: t.replace(ids[1], UserMessage(content="more"))),
+    ("the next message a system one", lambda t, ids: t.replace(ids[2], SystemMessage(content="x"))),
+    ("the first turn removed", lambda t, ids: t.remove_turn("opening")),
+    (
+        "compacted, retention begun",
+        lambda t, ids: t.compact("so far", t.stats().next_sequence - 3, tokens=3),
+    ),
+    ("the open chunk closed", lambda t, ids: t.append(users(20, 100), tokens=[10] * 20)),
+]
+
+
+@pytest.mark.parametrize("change", [c[1] for c in CHANGES], ids=[c[0] for c in CHANGES])
+@pytest.mark.parametrize("length", [5, 60], ids=["open chunk", "closed chunk"])
+def test_a_kept_run_that_changed_is_read_again(backend, namespace, change, length):
+    """Whatever changed, the handle that keeps the run gives what a new handle gives, on this
+    read and the next."""
+    config = StoreConfig(namespace=namespace, chunk_size=8, window_size=8, retained_message_limit=8)
+    store = make_sync_store(backend, config)
+    thread = store.thread("t")
+    thread.append(SystemMessage(content="rules"), tokens=[5], turn_id="opening")
+    thread.append(SystemMessage(content="more"), tokens=[5])
+    thread.append(users(length), tokens=[10] * length)
+    ids = [m.id for m in thread.list(limit=3).messages]
+    ref = ThreadRef.of(config, "t")
+    for budget in (40, None):
+        drive(store, context(ref, budget))
+        drive(store, context(ref, budget))
+    change(thread, ids)
+    for budget in (40, 3, 10**6, None, 40):
+        kept, _ = drive(store, context(ref, budget))
+        fresh, _ = drive(store, context(ThreadRef.of(config, "t"), budget))
+        assert kept == fresh, budget
+    assert [m.id for m in kept[: len(leading(thread))]] == leading(thread)
+    store.close()
+
+
+def test_a_thread_written_again_under_a_kept_run_is_read(sync_store):
+    store, config = sync_store
+    prompt_chat(store)
+    ref = ThreadRef.of(config, "t")
+    drive(store, context(ref, 40))
+    store.thread("t").delete()
+    thread = store.thread("t")
+    thread.append(SystemMessage(content="other rules, of another size"), tokens=[5])
+    thread.append(users(60), tokens=[10] * 60)
+    found, _ = drive(store, context(ref, 40))
+    assert [m.content for m in found][:1] == ["other rules, of another size"]
+    assert found == drive(store, context(ThreadRef.of(config, "t"), 40))[0]
+
+
+def test_a_rewrite_between_the_runs_records_and_its_lines_reads_the_start(sync_store):
+    """The run's records are read before its manifest lines: a message of it rewritten in
+    between shows other lines, and the start is read again (never the lines of one state cut
+    over the records of another)."""
+    store, config = sync_store
+    thread = prompt_chat(store)
+    first = thread.list(limit=1).messages[0].id
+    ref = ThreadRef.of(config, "t")
+    drive(store, context(ref, 40))
+    sent, landed = [], []
+
+    def recording(operation):
+        reply = None
+        while True:
+            try:
+                request = operation.send(reply)
+            except StopIteration as done:
+                return done.value
+            sent.append(request)
+            reply = yield request
+
+    def between(index, position):
+        commands = sent[index].commands
+        if (
+            not landed
+            and commands[position][0] == "GETRANGE"
+            and commands[position][1].endswith(":m")
+        ):
+            thread.replace(first, SystemMessage(content="the rules, rewritten longer"))
+            landed.append(position)
+
+    found, _ = drive(store, recording(context(ref, 40)), between)
+    assert landed
+    assert [m.content for m in found[:2]] == ["the rules, rewritten longer", "more"]
+    assert found == drive(store, context(ThreadRef.of(config, "t"), 40))[0]

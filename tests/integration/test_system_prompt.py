@@ -16,6 +16,7 @@ from kvstore.cli import backup
 
 from ..conftest import make_sync_store
 from ..support.layout_check import check_layout
+from .test_context_start import start_reads
 from .test_page_reads import drive
 
 
@@ -83,7 +84,7 @@ def test_only_the_leading_system_messages_are_kept(make_thread):
 
 
 def test_one_read_more_only_where_the_context_does_not_reach_the_start(backend, namespace):
-    """The system messages are read in one more round trip (lua/read_range.lua), only when
+    """The system messages are read in one more round trip (the chunk holding them), only when
     what context() read does not hold the thread's first message."""
     config = StoreConfig(namespace=namespace, window_size=8, chunk_size=4)
     store = make_sync_store(backend, config)
@@ -102,7 +103,7 @@ def test_one_read_more_only_where_the_context_does_not_reach_the_start(backend, 
             assert len(requests) == len(planner)
         assert found[0].content == "rules"
         if extra:
-            assert [r.script.name for r in requests if isinstance(r, Eval)].count("read_range") == 1
+            assert start_reads(requests) == 1
             assert [m.content for m in found] == ["rules", *[f"m{i}" for i in range(33, 40)]]
     store.close()
 
