@@ -15,7 +15,7 @@ import redis
 import redis.asyncio
 
 from . import errors
-from ._engine.core import Operation, ThreadRef
+from ._engine.core import Operation
 from ._engine.drivers import AsyncDriver, SyncDriver
 from ._engine.executor import Executor, operate
 from ._engine.health import health, health_async
@@ -127,7 +127,7 @@ class MessageStore(OwnerMethods, SyncDriver, Executor):
             thread = store.thread("user-42:session-7")
             chat = store.thread("session-7", owner="user-42")
         """
-        return Thread(self, ThreadRef.of(self.config, thread_id, self._count_tokens, owner))
+        return Thread(self, self.thread_ref(thread_id, owner))
 
     def health(self) -> HealthReport:
         """The server's settings that kvstore's guarantees depend on: a warning for each that
@@ -222,7 +222,7 @@ class AsyncMessageStore(AsyncOwnerMethods, AsyncDriver, Executor):
             thread = store.thread("user-42:session-7")
             await thread.append(UserMessage(content="hi"))
         """
-        return AsyncThread(self, ThreadRef.of(self.config, thread_id, self._count_tokens, owner))
+        return AsyncThread(self, self.thread_ref(thread_id, owner))
 
     async def health(self) -> HealthReport:
         """See :meth:`MessageStore.health`."""

@@ -36,7 +36,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from .. import errors
 from ..config import StoreConfig
 from . import core
-from .core import Batch, Eval
+from .core import Batch, Eval, ThreadRef
 from .drivers import Pipeline, Send, Sleep, Steps
 from .failures import (
     CALL,
@@ -74,6 +74,9 @@ RETRY_SAFE_WRITES = frozenset(
 
 # ------------------------------------------------------------------- what a store keeps
 
+# The threads whose read hints a store keeps (a few hundred bytes each at most).
+KEPT_HINTS = 1024
+
 
 class Executor:
     """What a store keeps between calls: its client, config, script variants, whether the server
@@ -109,6 +112,19 @@ class Executor:
         self._on_request: Callable[[Eval | Batch], Any] | None = None
         # The store's open watchers (watch_drivers.py), which close() stops.
         self._watchers: weakref.WeakSet[Any] = weakref.WeakSet()
+        # Each thread's read hints (ThreadRef.hints), shared by the store's handles of it: a
+        # backend that takes a new handle per request still reads ahead. Bounded, emptied when full.
+        self._hints: dict[tuple[str, str | None], dict[str, Any]] = {}
+
+    def thread_ref(self, thread_id: str, owner: str | None = None) -> ThreadRef:
+        """A handle's ThreadRef of `thread_id` (of `owner`), with the hints this store's other
+        handles of the thread learnt."""
+        hints = self._hints.get((thread_id, owner))
+        if hints is None:
+            if len(self._hints) >= KEPT_HINTS:
+                self._hints.clear()
+            hints = self._hints[(thread_id, owner)] = {}
+        return ThreadRef.of(self.config, thread_id, self._count_tokens, owner, hints)
 
     if TYPE_CHECKING:
         # A store's driver (kvstore/_engine/drivers.py), mixed in beside this class, makes steps.

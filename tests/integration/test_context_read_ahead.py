@@ -6,16 +6,18 @@ round trip) costs that round trip and never changes what context() returns."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import NamedTuple
 
 import pytest
 
-from kvstore import StoreConfig, UserMessage
+from kvstore import StoreConfig, SystemMessage, UserMessage
 from kvstore._engine.budget import CONTEXT_HINT, MAX_AHEAD
 from kvstore._engine.core import ThreadRef
+from kvstore._engine.executor import KEPT_HINTS, record
 from kvstore._engine.views import context as history_context  # context() but its system prompt
 
-from ..conftest import make_sync_store
+from ..conftest import make_async_store, make_sync_store
 from .test_migration_2_to_3 import old_thread
 from .test_page_reads import drive
 from .test_tokens import users
@@ -142,4 +144,42 @@ def test_a_window_left_by_layout_2_is_read_beside_the_guessed_chunks(
     chat.context(700)
     assert chat.ref.hints.get(CONTEXT_HINT)
     assert chat.context(700)[0] == expected
+    store.close()
+
+
+def test_a_stores_handles_of_one_thread_share_what_their_reads_learnt(backend, namespace):
+    """A backend that takes a new handle per request (``store.thread(id)``) still reads ahead:
+    a store's handles of a thread share their hints, sync and async; a thread of the same id
+    under an owner is another thread, and what is kept is bounded."""
+    config = StoreConfig(namespace=namespace, **CONFIG)
+    store = make_sync_store(backend, config)
+    store.thread("t").append(SystemMessage(content="rules"), tokens=[5])
+    store.thread("t").append(users(100), tokens=[10] * 100)
+    requests: list = []
+    for read in (
+        lambda: store.thread("t").context(max_tokens=205),
+        lambda: store.thread("t").list(limit=10, order="desc"),
+    ):
+        first = read()
+        record(store, requests.append)
+        assert read() == first
+        record(store, None)
+        assert len(requests) == 1, requests
+        requests.clear()
+    assert store.thread("t", owner="o")._ref.hints is not store.thread("t")._ref.hints
+    for i in range(KEPT_HINTS + 1):
+        store.thread(f"t{i}")
+    assert len(store._hints) <= KEPT_HINTS
+
+    async def from_async() -> int:
+        astore = make_async_store(backend, config)
+        await astore.thread("t").context(max_tokens=205)
+        record(astore, requests.append)
+        found = await astore.thread("t").context(max_tokens=205)
+        record(astore, None)
+        await astore.close()
+        assert [m.content for m in found[:1]] == ["rules"]
+        return len(requests)
+
+    assert asyncio.run(from_async()) == 1
     store.close()
