@@ -10,9 +10,9 @@ whose packed type is not ``system_message`` means no prompt leads the thread. A 
 closed or was rewritten in between shows another first line, and any other form (an oversized
 first message, a layout-2 thread, a version-1 record) is "not known": the start is read then.
 
-A thread handle keeps what it found (its hints): that retention began (no start is read again),
-that sequence 1 is in the first closed chunk (the open chunk's bytes are not read), or the run of
-system messages itself (:class:`Run`: its manifest lines, its records' size and stored count).
+A store keeps what its handles of a thread found (ThreadRef.hints, shared): that retention
+began (no start is read again), that sequence 1 is in the first closed chunk (the open chunk's
+bytes are not read), or the run of system messages itself (:class:`Run`: its manifest lines, its records' size and stored count).
 With a run, the first round trip reads exactly the run's records and its manifest lines (and
 the next line's start and the next record's first bytes): the lines equal to the run's mean the
 same messages in the same places, read fresh; anything else drops the hint, and the start is
@@ -51,7 +51,7 @@ Records = list[tuple[int, bytes, int]]
 
 @dataclass(frozen=True, slots=True)
 class Run:
-    """The leading system messages as a handle found them: in the first closed chunk or the open
+    """The leading system messages as a read found them: in the first closed chunk or the open
     one, their manifest lines, the start of the line after them (``b""`` when the run is
     LEADING_SYSTEM_LIMIT long: nothing after it counts), their records' bytes, their stored
     count."""
