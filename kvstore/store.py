@@ -127,7 +127,7 @@ class MessageStore(OwnerMethods, SyncDriver, Executor):
             thread = store.thread("user-42:session-7")
             chat = store.thread("session-7", owner="user-42")
         """
-        return Thread(self, self.thread_ref(thread_id, owner))
+        return Thread(self, self._thread_ref(thread_id, owner))
 
     def health(self) -> HealthReport:
         """The server's settings that kvstore's guarantees depend on: a warning for each that
@@ -222,7 +222,7 @@ class AsyncMessageStore(AsyncOwnerMethods, AsyncDriver, Executor):
             thread = store.thread("user-42:session-7")
             await thread.append(UserMessage(content="hi"))
         """
-        return AsyncThread(self, self.thread_ref(thread_id, owner))
+        return AsyncThread(self, self._thread_ref(thread_id, owner))
 
     async def health(self) -> HealthReport:
         """See :meth:`MessageStore.health`."""

@@ -116,7 +116,7 @@ class Executor:
         # backend that takes a new handle per request still reads ahead. Bounded, emptied when full.
         self._hints: dict[tuple[str, str | None], dict[str, Any]] = {}
 
-    def thread_ref(self, thread_id: str, owner: str | None = None) -> ThreadRef:
+    def _thread_ref(self, thread_id: str, owner: str | None = None) -> ThreadRef:
         """A handle's ThreadRef of `thread_id` (of `owner`), with the hints this store's other
         handles of the thread learnt."""
         hints = self._hints.get((thread_id, owner))

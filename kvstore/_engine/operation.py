@@ -81,7 +81,7 @@ class ThreadRef:
     owner: str | None = None  # the thread's owner (docs/OWNERS.md); None: a thread of its own
     # What the last reads of this thread learnt, for the next to read ahead (layout/v3.py's
     # newest page, budget.py's context, system_start.py's start). A hint only: every read checks
-    # what it read ahead. A store's handles of one thread share theirs (Executor.thread_ref).
+    # what it read ahead. A store's handles of one thread share theirs (Executor._thread_ref).
     hints: dict[str, Any] = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
