@@ -74,8 +74,8 @@ RETRY_SAFE_WRITES = frozenset(
 
 # ------------------------------------------------------------------- what a store keeps
 
-# The threads whose read hints a store keeps (a few hundred bytes each at most).
-KEPT_HINTS = 1024
+# The threads whose ThreadRef (keys, limits, read hints) a store keeps: ~2 KB each at most.
+KEPT_THREADS = 1024
 
 
 class Executor:
@@ -112,19 +112,20 @@ class Executor:
         self._on_request: Callable[[Eval | Batch], Any] | None = None
         # The store's open watchers (watch_drivers.py), which close() stops.
         self._watchers: weakref.WeakSet[Any] = weakref.WeakSet()
-        # Each thread's read hints (ThreadRef.hints), shared by the store's handles of it: a
-        # backend that takes a new handle per request still reads ahead. Bounded, emptied when full.
-        self._hints: dict[tuple[str, str | None], dict[str, Any]] = {}
+        # Each thread's ThreadRef, kept: its keys and limits are computed once (~8 us), and its
+        # read hints (ThreadRef.hints) are shared by the store's handles of it, so a backend that
+        # takes a new handle per request still reads ahead. Bounded, emptied when full.
+        self._refs: dict[tuple[str, str | None], ThreadRef] = {}
 
     def _thread_ref(self, thread_id: str, owner: str | None = None) -> ThreadRef:
-        """A handle's ThreadRef of `thread_id` (of `owner`), with the hints this store's other
-        handles of the thread learnt."""
-        hints = self._hints.get((thread_id, owner))
-        if hints is None:
-            if len(self._hints) >= KEPT_HINTS:
-                self._hints.clear()
-            hints = self._hints[(thread_id, owner)] = {}
-        return ThreadRef.of(self.config, thread_id, self._count_tokens, owner, hints)
+        """The ThreadRef of `thread_id` (of `owner`) every handle of this store shares."""
+        ref = self._refs.get((thread_id, owner))
+        if ref is None:
+            if len(self._refs) >= KEPT_THREADS:
+                self._refs.clear()
+            ref = ThreadRef.of(self.config, thread_id, self._count_tokens, owner)
+            self._refs[(thread_id, owner)] = ref
+        return ref
 
     if TYPE_CHECKING:
         # A store's driver (kvstore/_engine/drivers.py), mixed in beside this class, makes steps.

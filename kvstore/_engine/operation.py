@@ -81,7 +81,7 @@ class ThreadRef:
     owner: str | None = None  # the thread's owner (docs/OWNERS.md); None: a thread of its own
     # What the last reads of this thread learnt, for the next to read ahead (layout/v3.py's
     # newest page, budget.py's context, system_start.py's start). A hint only: every read checks
-    # what it read ahead. A store's handles of one thread share theirs (Executor._thread_ref).
+    # what it read ahead. A store's handles of one thread share its ThreadRef (Executor._thread_ref).
     hints: dict[str, Any] = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
@@ -91,7 +91,6 @@ class ThreadRef:
         thread_id: str,
         count_tokens: Any = None,
         owner: str | None = None,
-        hints: dict[str, Any] | None = None,
     ) -> ThreadRef:
         keys = ThreadKeys.of(config.namespace, thread_id, owner)
         retained = config.retained_message_limit
@@ -115,8 +114,7 @@ class ThreadRef:
         script_keys = tuple(getattr(keys, field.name) for field in dataclasses.fields(keys))
         if owner is not None:
             script_keys += OwnerKeys.of(config.namespace, owner).script_keys()
-        shared = {} if hints is None else hints
-        return cls(config, keys, script_keys, limits_key, count_tokens, thread_id, owner, shared)
+        return cls(config, keys, script_keys, limits_key, count_tokens, thread_id, owner)
 
     def limits(self) -> str:
         """The `limits` argument of every writing script: script_args.py's LIMIT_NAMES' values

@@ -9,7 +9,6 @@ that covers them, or a budget that cuts them away, leaves them in all the same.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from itertools import takewhile
 from typing import Any
 
@@ -125,9 +124,11 @@ def _leading_system(
         return _system_of(thread, _prompt_records(manifest, data))
     if isinstance(verdict, Learn):
         ((chunk_manifest, chunk_data),) = yield Batch([container_read(thread, verdict.closed)])
-        run = learn(thread, verdict.closed, chunk_manifest, chunk_data, _leading_sequences(thread))
-        if run is not None:
-            return _system_of(thread, run)
+        learnt = learn(
+            thread, verdict.closed, chunk_manifest, chunk_data, lambda r: _system_of(thread, r)
+        )
+        if learnt is not None:
+            return learnt
     read = yield from read_range(
         thread, ("", ""), ("seq", str(LEADING_SYSTEM_LIMIT + 1)), "up", LEADING_SYSTEM_LIMIT
     )
@@ -147,11 +148,6 @@ def _prompt_records(manifest: bytes | None, data: bytes | None) -> list[tuple[in
     """The kept prompt's (sequence, record, stored count)s."""
     tokens = manifest_tokens(manifest)
     return [(s, r, tokens.get(s, 0)) for s, r in split_chunk(manifest, data).items()]
-
-
-def _leading_sequences(thread: ThreadRef) -> Callable[[Records], list[int]]:
-    """The sequences of the leading system messages among records, as _system_of finds them."""
-    return lambda records: [m.seq_id for m, _ in _system_of(thread, records) if m.seq_id]
 
 
 def _system_of(thread: ThreadRef, records: Records) -> list[tuple[Message, int]]:

@@ -12,8 +12,8 @@ first message, a layout-2 thread, a version-1 record) is "not known": the start 
 
 A store keeps what its handles of a thread found (ThreadRef.hints, shared): that retention
 began (no start is read again), that sequence 1 is in the first closed chunk (the open chunk's
-bytes are not read), or the run of system messages itself (:class:`Run`: its manifest lines, its records' size and stored count).
-With a run, the first round trip reads exactly the run's records and its manifest lines (and
+bytes are not read), or the run of system messages itself (:class:`Run`: its manifest lines,
+its records' size and stored count). With a run, the first round trip reads exactly the run's records and its manifest lines (and
 the next line's start and the next record's first bytes): the lines equal to the run's mean the
 same messages in the same places, read fresh; anything else drops the hint, and the start is
 read again. A run is learnt from one atomic read of the chunk that holds it (``MGET``).
@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import errors
+from .layout import v3
 from .layout.formats import manifest_tokens, split_chunk
 from .operation import ThreadRef
 
@@ -88,8 +89,7 @@ def not_system(prefix: bytes) -> bool:
 
 def container_read(thread: ThreadRef, closed: bool) -> tuple[Any, ...]:
     """The atomic read of the first closed chunk (`closed`) or of the open one."""
-    data, manifest = _container(thread, closed)
-    return ("MGET", manifest, data)
+    return v3.chunk_read(thread.keys, 1) if closed else v3.open_read(thread.keys)
 
 
 def _container(thread: ThreadRef, closed: bool) -> tuple[str, str]:
@@ -160,13 +160,13 @@ def learn(
     closed: bool,
     manifest: bytes | None,
     data: bytes | None,
-    leading: Callable[[Records], list[int]],
-) -> Records | None:
-    """The run's records from one atomic read of the chunk that holds sequence 1 (its manifest
-    and records), kept as the handle's Run; None where that chunk alone cannot tell (a gap in
-    its sequences: another container may hold one; the chunk ending within the run; a record
-    after the run whose first bytes do not tell it is no system message). `leading(records)`:
-    the sequences of the leading system messages among records, as context() decodes them."""
+    leading: Callable[[Records], list[tuple[Any, int]]],
+) -> list[tuple[Any, int]] | None:
+    """The leading system messages from one atomic read of the chunk that holds sequence 1 (its
+    manifest and records), as `leading(records)` decodes them ((message, stored count)s); the
+    run is kept as the handle's Run. None where that chunk alone cannot tell (a gap in its
+    sequences: another container may hold one; the chunk ending within the run; a record after
+    the run whose first bytes do not tell it is no system message)."""
     try:
         records = split_chunk(manifest, data)
         tokens = manifest_tokens(manifest)
@@ -178,7 +178,7 @@ def learn(
     candidates = [(s, records[s], tokens[s]) for s in first[:LEADING_SYSTEM_LIMIT]]
     found = leading(candidates)
     count = len(found)
-    if count == 0 or found != list(range(1, count + 1)):
+    if count == 0 or [m.seq_id for m, _ in found] != list(range(1, count + 1)):
         return None
     after = b""
     if count < LEADING_SYSTEM_LIMIT:
@@ -192,4 +192,4 @@ def learn(
     thread.hints[HINT] = Run(
         closed, b"".join(lines), after, sum(len(r) for _, r, _ in run), sum(t for _, _, t in run)
     )
-    return run
+    return found

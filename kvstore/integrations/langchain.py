@@ -163,12 +163,9 @@ class KvstoreChatMessageHistory(BaseChatMessageHistory):
         return True
 
     def _handle(self, store: MessageStore | AsyncMessageStore) -> Any:
-        """The thread's handle, kept while the store is the same (its newest page reads ahead
-        the closed chunk it needed last)."""
-        handle = getattr(self, "_thread", None)
-        if handle is None or handle._store is not store:
-            handle = self._thread = store.thread(self.thread_id)
-        return handle
+        """The thread's handle (a store's handles of a thread share what its reads learnt: the
+        newest page reads ahead the closed chunk it needed last)."""
+        return store.thread(self.thread_id)
 
 
 def _newest(thread: Any, count: int) -> list[Message]:

@@ -31,7 +31,6 @@ __all__ = ["KvstoreChatStore"]
 
 _BATCH = 100  # messages per append of set_messages
 _SCAN_PAGE = 200  # a delete_message's read, a page at a time
-_HANDLES = 256  # thread handles kept (their newest-page hints with them)
 
 
 class KvstoreChatStore(BaseChatStore):
@@ -54,7 +53,6 @@ class KvstoreChatStore(BaseChatStore):
     max_tokens: int | None = None
     _store: MessageStore = PrivateAttr()
     _async_store: AsyncMessageStore | None = PrivateAttr(default=None)
-    _handles: dict[tuple[bool, str], Any] = PrivateAttr(default_factory=dict)
 
     def __init__(
         self,
@@ -215,14 +213,10 @@ class KvstoreChatStore(BaseChatStore):
         return await super().aget_keys()
 
     def _thread(self, key: str, asynchronous: bool = False) -> Any:
-        """The thread handle of `key` (kept: its newest page reads ahead what it needed last)."""
-        handle = self._handles.get((asynchronous, key))
-        if handle is None:
-            if len(self._handles) >= _HANDLES:
-                self._handles.clear()
-            store: Any = self._async_store if asynchronous else self._store
-            handle = self._handles[(asynchronous, key)] = store.thread(key)
-        return handle
+        """The thread handle of `key` (a store's handles of a thread share what its reads
+        learnt: the newest page reads ahead what it needed last)."""
+        store: Any = self._async_store if asynchronous else self._store
+        return store.thread(key)
 
     async def _adelete_at(self, key: str, idx: int, order: Any) -> ChatMessage | None:
         assert self._async_store is not None

@@ -14,7 +14,7 @@ import pytest
 from kvstore import StoreConfig, SystemMessage, UserMessage
 from kvstore._engine.budget import CONTEXT_HINT, MAX_AHEAD
 from kvstore._engine.core import ThreadRef
-from kvstore._engine.executor import KEPT_HINTS, record
+from kvstore._engine.executor import KEPT_THREADS, record
 from kvstore._engine.views import context as history_context  # context() but its system prompt
 
 from ..conftest import make_async_store, make_sync_store
@@ -167,9 +167,9 @@ def test_a_stores_handles_of_one_thread_share_what_their_reads_learnt(backend, n
         assert len(requests) == 1, requests
         requests.clear()
     assert store.thread("t", owner="o")._ref.hints is not store.thread("t")._ref.hints
-    for i in range(KEPT_HINTS + 1):
+    for i in range(KEPT_THREADS + 1):
         store.thread(f"t{i}")
-    assert len(store._hints) <= KEPT_HINTS
+    assert len(store._refs) <= KEPT_THREADS
 
     async def from_async() -> int:
         astore = make_async_store(backend, config)

@@ -45,6 +45,32 @@ def leading(thread) -> list[str]:
     return run
 
 
+def landing(store, operation, before, write):
+    """Drives `operation` as drive() does, its pipelines a command at a time, and runs `write`
+    once, just before the first command `before(commands, position)` picks; returns the
+    operation's result (the write must have landed)."""
+    sent, landed = [], []
+
+    def recording():
+        reply = None
+        while True:
+            try:
+                request = operation.send(reply)
+            except StopIteration as done:
+                return done.value
+            sent.append(request)
+            reply = yield request
+
+    def between(index, position):
+        if not landed and before(sent[index].commands, position):
+            write()
+            landed.append(position)
+
+    found, _ = drive(store, recording(), between)
+    assert landed
+    return found
+
+
 @pytest.fixture
 def sync_store(backend, namespace):
     config = StoreConfig(namespace=namespace, chunk_size=8, window_size=8)
@@ -153,29 +179,16 @@ def test_a_close_landing_between_the_first_bytes_and_their_line_reads_the_start(
     thread.append(SystemMessage(content="rules"), tokens=[5])
     thread.append(users(7), tokens=[10] * 7)  # the open chunk is full: the next append closes it
     ref = ThreadRef.of(config, "t")
-    sent, landed = [], []
 
-    def recording(operation):
-        """`operation`, its requests kept in `sent` as they go (drive's `between` sees indexes)."""
-        reply = None
-        while True:
-            try:
-                request = operation.send(reply)
-            except StopIteration as done:
-                return done.value
-            sent.append(request)
-            reply = yield request
+    def last_start_read(commands, position) -> bool:
+        starts = [i for i, c in enumerate(commands) if c[0] == "GETRANGE"]
+        if position != max(starts, default=-1):
+            return False
+        assert commands[position][1] in (ref.keys.open_manifest, ref.keys.open_data)
+        return True
 
-    def between(index, position):
-        commands = sent[index].commands
-        last_start_read = max((i for i, c in enumerate(commands) if c[0] == "GETRANGE"), default=-1)
-        if not landed and position == last_start_read:
-            assert commands[position][1] in (ref.keys.open_manifest, ref.keys.open_data)
-            thread.append(users(1, 7), tokens=[10])  # closes the open chunk
-            landed.append(position)
-
-    found, _ = drive(store, recording(context(ref, 30)), between)
-    assert landed
+    # The append closes the open chunk.
+    found = landing(store, context(ref, 30), last_start_read, lambda: thread.append(users(1, 7)))
     assert found[0].content == "rules"
 
 
@@ -313,38 +326,29 @@ def test_a_thread_written_again_under_a_kept_run_is_read(sync_store):
     assert found == drive(store, context(ThreadRef.of(config, "t"), 40))[0]
 
 
-def test_a_rewrite_between_the_runs_records_and_its_lines_reads_the_start(sync_store):
+@pytest.mark.parametrize("rewritten", ["r", "the rule, rewritten longer"])
+def test_a_rewrite_between_the_runs_records_and_its_lines_reads_the_start(
+    backend, namespace, rewritten
+):
     """The run's records are read before its manifest lines: a message of it rewritten in
     between shows other lines, and the start is read again (never the lines of one state cut
-    over the records of another)."""
-    store, config = sync_store
-    thread = prompt_chat(store)
-    first = thread.list(limit=1).messages[0].id
+    over the records of another). The run is 16 long, so no record after it is looked at."""
+    config = StoreConfig(namespace=namespace, chunk_size=32, window_size=32)
+    store = make_sync_store(backend, config)
+    thread = store.thread("t")
+    thread.append([SystemMessage(content=f"rule {i}") for i in range(16)], tokens=[2] * 16)
+    thread.append(users(40), tokens=[10] * 40)
+    last = thread.list(limit=16).messages[-1].id
     ref = ThreadRef.of(config, "t")
-    drive(store, context(ref, 40))
-    sent, landed = [], []
+    drive(store, context(ref, 80))
+    assert ref.hints["context_start"].next_line == b""  # the run kept, 16 long
 
-    def recording(operation):
-        reply = None
-        while True:
-            try:
-                request = operation.send(reply)
-            except StopIteration as done:
-                return done.value
-            sent.append(request)
-            reply = yield request
+    def between_the_runs_reads(commands, position) -> bool:
+        starts = [i for i, c in enumerate(commands) if c[0] == "GETRANGE"]
+        return len(starts) == 2 and position == starts[1]
 
-    def between(index, position):
-        commands = sent[index].commands
-        if (
-            not landed
-            and commands[position][0] == "GETRANGE"
-            and commands[position][1].endswith(":m")
-        ):
-            thread.replace(first, SystemMessage(content="the rules, rewritten longer"))
-            landed.append(position)
-
-    found, _ = drive(store, recording(context(ref, 40)), between)
-    assert landed
-    assert [m.content for m in found[:2]] == ["the rules, rewritten longer", "more"]
-    assert found == drive(store, context(ThreadRef.of(config, "t"), 40))[0]
+    rewrite = lambda: thread.replace(last, SystemMessage(content=rewritten))  # noqa: E731
+    found = landing(store, context(ref, 80), between_the_runs_reads, rewrite)
+    assert [m.content for m in found[:16]] == [f"rule {i}" for i in range(15)] + [rewritten]
+    assert found == drive(store, context(ThreadRef.of(config, "t"), 80))[0]
+    store.close()
