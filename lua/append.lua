@@ -32,12 +32,12 @@
 --- @include "includes/layout2_retention"
 --- @include "includes/turn_finish"
 --- @include "includes/append_direct"
+--- @first append_direct
 
+-- The common case went straight through before the prologue (`@first`: append_direct, which
+-- writes nothing when the batch needs this general path).
 local keys = thread_keys(KEYS)
 local limits = args.limits
--- The common case straight through; nil (nothing written) when the batch needs the general path.
-local stored = append_direct(keys, limits, args)
-if stored then return stored end
 
 local batch = read_batch(args.messages, args.turn_id, args.lease)
 read_batch_pairs(args.pairs, batch, limits)

@@ -18,7 +18,9 @@ ever calls the library it was built with; two versions can be loaded side by sid
 
 Every script's arguments are named in its header: a script's ARGV is built by name
 (:meth:`Script.args`) and its body reads them by name, from the table `args` a prologue written
-from the same header fills (kvstore/_engine/script_args.py).
+from the same header fills (kvstore/_engine/script_args.py). A ``--- @first name`` line after a
+script's includes runs ``name(KEYS, ARGV)`` before that prologue, and a reply it returns is the
+call's: a common case can skip the prologue's tables (append: lua/includes/append_direct.lua).
 """
 
 from __future__ import annotations
@@ -44,17 +46,24 @@ def _read(name: str) -> str:
 
 
 _ARGS_INCLUDE = '--- @include "includes/args"'
+_FIRST = re.compile(r"^--- @first (\w+)\s*$", re.MULTILINE)
 
 
 def _read_script(name: str) -> str:
     """A script's file with the prologue that names its arguments (and the include it needs to
-    read limits) put before its first code line, after its header and its includes."""
+    read limits) put before its first code line, after its header and its includes; on the same
+    line before it, the call of the script's ``--- @first`` function."""
     text = _read(name)
     lines = text.split("\n")
     body = next(i for i, line in enumerate(lines) if i and not line.startswith("---"))
     arguments = ScriptArgs.of(name, text)
     include = (_ARGS_INCLUDE,) if any(arg.kind == "limits" for arg in arguments.args) else ()
-    return "\n".join((*lines[:body], *include, arguments.lua_prologue(), *lines[body:]))
+    first = tuple(
+        f"do local reply = {found.group(1)}(KEYS, ARGV); if reply then return reply end end"
+        for found in _FIRST.finditer("\n".join(lines[:body]))
+    )
+    prologue = " ".join((*first, arguments.lua_prologue()))
+    return "\n".join((*lines[:body], *include, prologue, *lines[body:]))
 
 
 _OWNER_INCLUDE = '--- @include "includes/owner"'

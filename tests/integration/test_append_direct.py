@@ -23,7 +23,7 @@ from kvstore.errors import KVStoreError
 
 from ..conftest import make_sync_store
 
-DIRECT_CALL = "local stored = append_direct(keys, limits, args)\nif stored then return stored end\n"
+DIRECT_CALL = "do local reply = append_direct(KEYS, ARGV); if reply then return reply end end "
 GENERAL_NAME = LIBRARY.name + "_general"
 DATE = "2024-05-01T12:00:00Z"
 SEND = redis.Redis.execute_command  # unrecorded, whatever the test patches
@@ -288,4 +288,61 @@ def test_an_append_under_a_held_turn_takes_the_direct_path_and_renews_the_lease(
         thread.finish_turn(newer)
         assert thread.finish_turn("t1").reply_count == 2
     finally:
+        store.close()
+
+
+def test_closes_take_the_direct_path_and_write_what_the_general_path_writes(
+    backend, server_only, namespace, raw_client, monkeypatch
+):
+    """Without a ttl or retention to run, an append that closes the open chunk (a single message,
+    or a batch split by the close) is stored by the direct path: no general path's `gen`
+    HINCRBY, and both threads equal after each call. A key of another kind where the chunk goes
+    hands the call to the general path, which refuses it with nothing written."""
+    load_general_library(raw_client)
+    store = make_sync_store(backend, StoreConfig(namespace=namespace, chunk_size=4))
+    store.thread("close-warm").append(UserMessage(content="loads the library"))
+    thread = store.thread("close-a")
+    twin = Twin(raw_client, "close-a", "close-b")
+    sent: list[tuple] = []
+
+    def recording(client, *command, **options):
+        reply = SEND(client, *command, **options)
+        if command and str(command[0]).upper() == "FCALL" and str(command[1]).endswith(MIRRORED):
+            sent.append((command, reply))
+        return reply
+
+    def hincrby_calls() -> int:
+        return raw_client.info("commandstats").get("cmdstat_hincrby", {}).get("calls", 0)
+
+    rng = random.Random(7)
+    monkeypatch.setattr(redis.Redis, "execute_command", recording)
+    try:
+        direct_closes = 0
+        for step in range(40):
+            sent.clear()
+            count = 1 if step % 3 else rng.randint(2, 3)
+            batch = [message(rng, 10 * step + i, size=rng.randint(5, 200)) for i in range(count)]
+            chunks = raw_client.zcard(f"{namespace}:{{close-a}}:chunks")
+            before = hincrby_calls()
+            thread.append(batch)
+            closed = raw_client.zcard(f"{namespace}:{{close-a}}:chunks") - chunks
+            direct_closes += closed
+            # (The thread's first append takes the general path: it makes the thread.)
+            assert closed <= 1 and (step == 0 or hincrby_calls() == before), step
+            for command, reply in sent:
+                assert twin.send_b(command) == reply, step
+            assert state(raw_client, "{close-a}") == state(raw_client, "{close-b}"), step
+        assert direct_closes >= 10
+        meta = raw_client.hgetall(f"{namespace}:{{close-a}}:meta")
+        for _ in range(4 - int(meta[b"open_count"])):
+            thread.append(UserMessage(content="fills the open chunk"))
+        meta = raw_client.hgetall(f"{namespace}:{{close-a}}:meta")
+        planted = f"{namespace}:{{close-a}}:chunk:{int(meta[b'open_first'])}:d"
+        raw_client.set(planted, b"foreign")
+        before = state(raw_client, "{close-a}")
+        with pytest.raises(KVStoreError, match="must create a new key"):
+            thread.append(UserMessage(content="would close the open chunk"))
+        assert state(raw_client, "{close-a}") == before
+    finally:
+        monkeypatch.undo()
         store.close()
