@@ -261,6 +261,29 @@ def test_the_fourteen_keys_are_the_thread_keys_in_order():
     assert ThreadRef.of(StoreConfig(), "t").script_keys == tuple(getattr(keys, f) for f in fields)
 
 
+def test_the_direct_append_reads_its_keys_and_arguments_where_the_header_puts_them():
+    """lua/includes/append_direct.lua runs before append's prologue and reads KEYS and ARGV by
+    position (direct.KEY, direct.AT): those positions are the thread keys' and the header's."""
+    read = resources.files("kvstore.lua").joinpath
+    source = read("includes/append_direct.lua").read_text(encoding="utf-8")
+    layout = read("includes/layout.lua").read_text(encoding="utf-8")
+
+    def table(name: str) -> dict[str, int]:
+        found = re.search(rf"^direct\.{name} = \{{([^}}]*)\}}", source, re.MULTILINE)
+        assert found, name
+        return {k: int(v) for k, v in re.findall(r"(\w+) = (\d+)", found.group(1))}
+
+    thread_keys = {name: int(i) for name, i in re.findall(r"(\w+) = KEYS\[(\d+)\]", layout)}
+    assert table("KEY") == {name: thread_keys[name] for name in table("KEY")}
+    args = SCRIPTS["append"].arguments.args
+    group = args[-1]
+    expected = {arg.name: at for at, arg in enumerate(args[:-1], 1)}
+    expected |= {group.name: len(args), "width": len(group.fields)}
+    assert table("AT") == expected
+    # Within a message's row the path reads id, otid, media, tokens and record at +0 .. +4.
+    assert [field.name for field in group.fields] == ["id", "otid", "media", "tokens", "record"]
+
+
 # The check itself: a header that says something else than what is sent is caught.
 
 WRONG = """#!lua
