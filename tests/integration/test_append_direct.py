@@ -315,6 +315,7 @@ def test_closes_take_the_direct_path_and_write_what_the_general_path_writes(
         return raw_client.info("commandstats").get("cmdstat_hincrby", {}).get("calls", 0)
 
     rng = random.Random(7)
+    commands: list[list] = []
     monkeypatch.setattr(redis.Redis, "execute_command", recording)
     try:
         direct_closes = 0
@@ -331,8 +332,21 @@ def test_closes_take_the_direct_path_and_write_what_the_general_path_writes(
             assert closed <= 1 and (step == 0 or hincrby_calls() == before), step
             for command, reply in sent:
                 assert twin.send_b(command) == reply, step
+                commands.append(list(command))
             assert state(raw_client, "{close-a}") == state(raw_client, "{close-b}"), step
         assert direct_closes >= 10
+        # Ids and otids with the manifest's framing characters (no kvstore client sends
+        # them; the scripts escape them): both paths write the same lines.
+        at = 3 + int(commands[-1][2])
+        single = next(c for c in reversed(commands) if len(c) == at + 9)
+        batch = next(c for c in reversed(commands) if len(c) > at + 9)
+        for n, command in enumerate((single, batch)):
+            for q in range((len(command) - at - 4) // 5):
+                command[at + 4 + 5 * q] = f"tab\t{n}.{q}"
+                command[at + 5 + 5 * q] = f"new\nline\r{n}.{q}\x00" if q % 2 == 0 else ""
+            assert run_a(raw_client, tuple(command)) == twin.send_b(tuple(command))
+            assert state(raw_client, "{close-a}") == state(raw_client, "{close-b}")
+            assert f"tab%09{n}.0".encode() in raw_client.get(f"{namespace}:{{close-a}}:open:m")
         meta = raw_client.hgetall(f"{namespace}:{{close-a}}:meta")
         for _ in range(4 - int(meta[b"open_count"])):
             thread.append(UserMessage(content="fills the open chunk"))
