@@ -1,4 +1,5 @@
 --- @include "includes/layout"
+--- @include "includes/checks"
 --- @include "includes/numbers"
 --- @include "includes/events"
 --- @include "includes/layout2_format"
