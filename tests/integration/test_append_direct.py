@@ -58,6 +58,19 @@ class Twin:
             return ("error", str(error).replace(self.b, self.a))
 
 
+def recorder(sent: list[tuple]):
+    """A stand-in for redis.Redis.execute_command that keeps each mirrored call and its reply in
+    `sent`."""
+
+    def recording(client, *command, **options):
+        reply = SEND(client, *command, **options)
+        if command and str(command[0]).upper() == "FCALL" and str(command[1]).endswith(MIRRORED):
+            sent.append((command, reply))
+        return reply
+
+    return recording
+
+
 def run_a(client: redis.Redis, command: tuple):
     try:
         return SEND(client, *command)
@@ -159,12 +172,7 @@ def test_the_direct_append_writes_what_the_general_path_writes(
     thread = store.thread("direct-a")
     twin = Twin(raw_client, "direct-a", "direct-b")
     sent: list[tuple] = []
-
-    def recording(client, *command, **options):
-        reply = SEND(client, *command, **options)
-        if command and str(command[0]).upper() == "FCALL" and str(command[1]).endswith(MIRRORED):
-            sent.append((command, reply))
-        return reply
+    recording = recorder(sent)
 
     rng = random.Random(seed)
     lease = None
@@ -304,12 +312,7 @@ def test_closes_take_the_direct_path_and_write_what_the_general_path_writes(
     thread = store.thread("close-a")
     twin = Twin(raw_client, "close-a", "close-b")
     sent: list[tuple] = []
-
-    def recording(client, *command, **options):
-        reply = SEND(client, *command, **options)
-        if command and str(command[0]).upper() == "FCALL" and str(command[1]).endswith(MIRRORED):
-            sent.append((command, reply))
-        return reply
+    recording = recorder(sent)
 
     def hincrby_calls() -> int:
         return raw_client.info("commandstats").get("cmdstat_hincrby", {}).get("calls", 0)
