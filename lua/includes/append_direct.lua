@@ -201,13 +201,14 @@ end
 -- The close of the open chunk a call makes before ARGV message `split` (direct.fit), read and
 -- checked before any write as the general path checks it (check_store_keys): the close's
 -- state, or nil when the general path must take the call (a thread with a ttl, retention that
--- may run, a key of another type, a chunk already where this one goes). `v` is direct.META's.
-function direct.close_plan(KEYS, limits, v, split)
+-- may run, a key of another type, a chunk already where this one goes). `v` is direct.META's;
+-- `first`, where the open chunk starts: open_first, or the call's first sequence when the chunk
+-- is empty (meta's open_first is then absent, or left by a chunk closed before).
+function direct.close_plan(KEYS, limits, v, split, first)
   if limits.ttl_ms > 0 or split == nil then return nil end
   local meta = redis.call('HMGET', KEYS[direct.KEY.meta], 'open_last', 'open_media', 'summary_last', 'gen')
   if limits.retained_limit >= 0 and tonumber(meta[3] or '0') > 0 then return nil end
   local keys = thread_keys(KEYS)
-  local first = tonumber(v[10] or 0)
   for _, pair in ipairs({{keys.open_data, tonumber(v[12] or 0)}, {keys.open_manifest, tonumber(v[16] or 0)}}) do
     local length = redis.pcall('STRLEN', pair[1])
     if type(length) ~= 'number' or length ~= pair[2] then return nil end
@@ -327,7 +328,8 @@ local function append_direct(KEYS, ARGV)
   local total, tokens, split = direct.fit(ARGV, at, n, limits, count, bytes)
   if not total or last_seq + n > MAX_SEQUENCE or tonumber(v[8] or 0) + tokens > MAX_THREAD_TOKENS then return nil end
   if not direct.new(KEYS, ARGV, at, n) then return nil end
-  local close = split and direct.close_plan(KEYS, limits, v, split)
+  local open_first = count > 0 and tonumber(v[10] or 0) or last_seq + 1
+  local close = split and direct.close_plan(KEYS, limits, v, split, open_first)
   if split and not close then return nil end
   local turn, renewed
   if turn_id ~= '' then
@@ -340,7 +342,7 @@ local function append_direct(KEYS, ARGV)
     if claimed ~= 1 then return nil end  -- stored already, or not a hash: the general path says which
   end
 
-  local open = {first = tonumber(v[10] or 0), count = count, bytes = bytes, tokens = tonumber(v[13] or 0),
+  local open = {first = open_first, count = count, bytes = bytes, tokens = tonumber(v[13] or 0),
     manifest_bytes = tonumber(v[16] or 0)}
   local refused = direct.store(KEYS, ARGV, at, n, first, turn_id, open, close, split)
   if refused then

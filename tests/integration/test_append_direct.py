@@ -58,13 +58,13 @@ class Twin:
             return ("error", str(error).replace(self.b, self.a))
 
 
-def recorder(sent: list[tuple]):
-    """A stand-in for redis.Redis.execute_command that keeps each mirrored call and its reply in
-    `sent`."""
+def recorder(sent: list[tuple], names: tuple[str, ...] = MIRRORED):
+    """A stand-in for redis.Redis.execute_command that keeps each call of the functions `names`
+    ends (the mirrored ones) and its reply in `sent`."""
 
     def recording(client, *command, **options):
         reply = SEND(client, *command, **options)
-        if command and str(command[0]).upper() == "FCALL" and str(command[1]).endswith(MIRRORED):
+        if command and str(command[0]).upper() == "FCALL" and str(command[1]).endswith(names):
             sent.append((command, reply))
         return reply
 
@@ -363,3 +363,36 @@ def test_closes_take_the_direct_path_and_write_what_the_general_path_writes(
     finally:
         monkeypatch.undo()
         store.close()
+
+
+def test_a_batch_that_opens_the_open_chunk_and_closes_it_writes_what_the_general_path_writes(
+    backend, server_only, namespace, raw_client, monkeypatch
+):
+    """A call that finds the open chunk empty (its messages removed with their turn: meta keeps no
+    open_* field) opens it at the call's first sequence; when the same batch fills and closes it,
+    the closed chunk starts there."""
+    load_general_library(raw_client)
+    store = make_sync_store(backend, StoreConfig(namespace=namespace, chunk_size=4))
+    store.thread("reopen-warm").append(UserMessage(content="loads the library"))
+    thread = store.thread("reopen-a")
+    twin = Twin(raw_client, "reopen-a", "reopen-b")
+    sent: list[tuple] = []
+    monkeypatch.setattr(redis.Redis, "execute_command", recorder(sent, (*MIRRORED, "_remove_turn")))
+    rng = random.Random(11)
+    try:
+        thread.append([message(rng, i, size=100) for i in range(4)])
+        for round in range(3):
+            n = 100 * (round + 1)
+            thread.append([message(rng, n + i, size=100) for i in range(2)], turn_id=f"gone-{n}")
+            thread.remove_turn(f"gone-{n}")
+            meta = raw_client.hgetall(f"{namespace}:{{reopen-a}}:meta")
+            assert b"open_count" not in meta and b"open_first" not in meta, meta
+            thread.append([message(rng, n + 10 + i, size=100) for i in range(8)])
+        for command, reply in sent:
+            assert twin.send_b(command) == reply
+    finally:
+        monkeypatch.undo()
+        store.close()
+    assert state(raw_client, "{reopen-a}") == state(raw_client, "{reopen-b}")
+    index = raw_client.zrange(f"{namespace}:{{reopen-a}}:chunks", 0, -1, withscores=True)
+    assert [int(m.split(b":")[0]) for m, _ in index] == [int(score) for _, score in index]
