@@ -396,3 +396,88 @@ def test_a_batch_that_opens_the_open_chunk_and_closes_it_writes_what_the_general
     assert state(raw_client, "{reopen-a}") == state(raw_client, "{reopen-b}")
     index = raw_client.zrange(f"{namespace}:{{reopen-a}}:chunks", 0, -1, withscores=True)
     assert [int(m.split(b":")[0]) for m, _ in index] == [int(score) for _, score in index]
+
+
+WRITES = (*MIRRORED, "_remove_turn", "_replace", "_compact", "_retain", "_renew_turn")
+
+
+def mixed_write(
+    thread, rng: random.Random, n: int, stored: list[str], turns: list[str], compact: bool
+) -> None:
+    """One write of any kind the store makes: appends of every shape (into the open chunk,
+    closing it, past chunk_max_bytes, under a turn), a turn removed (or retracted and written
+    again, which can leave the open chunk empty for the batch after it), a message replaced, and when `compact`
+    says so a compaction (retention runs after it: the direct path closes no chunk from then
+    on)."""
+    roll = rng.random()
+    with contextlib.suppress(KVStoreError):
+        if roll < 0.55:
+            size = rng.choice([5, 120, 600, 1700]) if rng.random() < 0.3 else None
+            count = 1 if rng.random() < 0.5 else rng.randint(2, 6)
+            batch = [
+                message(rng, n + i, otid=f"otid-{n + i}" if rng.random() < 0.3 else None, size=size)
+                for i in range(count)
+            ]
+            turn = rng.choice([None, None, f"turn-{n % 3}", f"turn-{n}"])
+            thread.append(batch, turn_id=turn)
+            stored += [m.id for m in batch]
+            if turn:
+                turns.append(turn)
+        elif roll < 0.65:
+            # A regenerated answer: the turn just written retracted, and written again.
+            turn = f"regenerated-{n}"
+            thread.append([message(rng, n + i) for i in range(rng.randint(1, 3))], turn_id=turn)
+            thread.remove_turn(turn)
+            batch = [message(rng, n + 10 + i) for i in range(rng.randint(1, 6))]
+            thread.append(batch, turn_id=rng.choice([turn, None]))
+            stored += [m.id for m in batch]
+        elif roll < 0.75 and turns:
+            thread.remove_turn(rng.choice(turns))
+        elif roll < 0.95 and stored:
+            thread.replace(
+                rng.choice(stored[-12:]), message(rng, n, size=rng.choice([5, 300, 1700]))
+            )
+        elif stored and compact:
+            last = thread.stats().next_sequence - 1
+            thread.compact(f"summary {n}", rng.randint(max(1, last - 12), last), tokens=10)
+
+
+@pytest.mark.parametrize(
+    ("seed", "options"),
+    [(21, {}), (23, {"events": False}), (24, {"thread_ttl": 3600})],
+)
+def test_every_write_sent_to_both_paths_leaves_the_threads_equal(
+    backend, server_only, namespace, raw_client, monkeypatch, seed, options
+):
+    """Every write call (appends, turns, removals, replacements, compactions and the retention
+    they start) sent to thread A through the library and to thread B through the general path
+    alone: after each call, replies and every key of both threads are equal, whatever state the
+    edits leave the open chunk in."""
+    load_general_library(raw_client)
+    config = StoreConfig(
+        namespace=namespace,
+        window_size=4,
+        chunk_size=3,
+        chunk_max_bytes=1500,
+        retained_message_limit=5,
+        **options,
+    )
+    store = make_sync_store(backend, config)
+    store.thread("mixed-warm").append(UserMessage(content="loads the library"))
+    thread = store.thread("mixed-a")
+    twin = Twin(raw_client, "mixed-a", "mixed-b")
+    sent: list[tuple] = []
+    monkeypatch.setattr(redis.Redis, "execute_command", recorder(sent, WRITES))
+    rng = random.Random(seed)
+    stored: list[str] = []
+    turns: list[str] = []
+    try:
+        for step in range(120):
+            sent.clear()
+            mixed_write(thread, rng, 10 * step, stored, turns, compact=step >= 80)
+            for command, reply in sent:
+                assert twin.send_b(command) == reply, step
+            assert state(raw_client, "{mixed-a}") == state(raw_client, "{mixed-b}"), step
+    finally:
+        monkeypatch.undo()
+        store.close()
