@@ -41,9 +41,16 @@ class Twin:
     """Sends each append call the store makes to thread A again to thread B, through the
     general path; keeps both replies."""
 
-    def __init__(self, client: redis.Redis, a: str, b: str) -> None:
+    def __init__(self, client: redis.Redis, namespace: str, a: str, b: str) -> None:
         self.client, self.a, self.b = client, "{" + a + "}", "{" + b + "}"
+        self.namespace = namespace
         self.calls: list[tuple] = []
+
+    def states(self) -> tuple[dict, dict]:
+        """Both threads' keys (:func:`state`)."""
+        return state(self.client, f"{self.namespace}:{self.a}"), state(
+            self.client, f"{self.namespace}:{self.b}"
+        )
 
     def on_b(self, command: tuple) -> tuple:
         keys = int(command[2])
@@ -79,11 +86,11 @@ def run_a(client: redis.Redis, command: tuple):
 
 
 def state(client: redis.Redis, tag: str) -> dict:
-    """Every key of the thread by its name without the tag: type, value and deadline (meta's,
-    none, or one of its own). The incarnation (set from the server's clock at the first event) is
+    """Every key of the thread (`tag`: its namespace and hash tag, the prefix of its keys' names)
+    by its name without the tag: type, value and deadline (meta's, none, or one of its own). The incarnation (set from the server's clock at the first event) is
     compared by presence only."""
     found = {}
-    for key in client.scan_iter(match=f"*{tag}*", count=1000):
+    for key in client.scan_iter(match=f"{tag}*", count=1000):
         name = key.decode().replace(tag, "{}")
         deadline = client.execute_command("PEXPIRETIME", key)
         meta_deadline = client.execute_command("PEXPIRETIME", name.split("{}")[0] + tag + ":meta")
@@ -170,7 +177,7 @@ def test_the_direct_append_writes_what_the_general_path_writes(
     store = make_sync_store(backend, config)
     store.thread("direct-warm").append(UserMessage(content="loads the library"))  # not piped
     thread = store.thread("direct-a")
-    twin = Twin(raw_client, "direct-a", "direct-b")
+    twin = Twin(raw_client, namespace, "direct-a", "direct-b")
     sent: list[tuple] = []
     recording = recorder(sent)
 
@@ -196,11 +203,13 @@ def test_the_direct_append_writes_what_the_general_path_writes(
                 twin.calls.append((command, reply))
                 assert twin.send_b(command) == reply, step
             if step % 20 == 19:
-                assert state(raw_client, "{direct-a}") == state(raw_client, "{direct-b}"), step
+                a, b = twin.states()
+                assert a == b, step
     finally:
         monkeypatch.undo()
         store.close()
-    assert state(raw_client, "{direct-a}") == state(raw_client, "{direct-b}")
+    a, b = twin.states()
+    assert a == b
     hsetnx = raw_client.info("commandstats").get("cmdstat_hsetnx", {}).get("calls", 0)
     assert hsetnx - hsetnx_before >= 20, "the single appends did not take the direct path"
 
@@ -216,10 +225,10 @@ def test_a_foreign_value_at_the_open_chunk_is_refused_and_nothing_written(
         thread.append(UserMessage(content="first"))
         data_key = f"{namespace}:{{foreign}}:open:d"
         raw_client.append(data_key, b"planted")
-        before = state(raw_client, "{foreign}")
+        before = state(raw_client, f"{namespace}:{{foreign}}")
         with pytest.raises(Exception, match="holds"):
             thread.append(UserMessage(id="message-refused", date=DATE, content="second"))
-        assert state(raw_client, "{foreign}") == before
+        assert state(raw_client, f"{namespace}:{{foreign}}") == before
         assert raw_client.hget(f"{namespace}:{{foreign}}:ids", "message-refused") is None
     finally:
         store.close()
@@ -310,7 +319,7 @@ def test_closes_take_the_direct_path_and_write_what_the_general_path_writes(
     store = make_sync_store(backend, StoreConfig(namespace=namespace, chunk_size=4))
     store.thread("close-warm").append(UserMessage(content="loads the library"))
     thread = store.thread("close-a")
-    twin = Twin(raw_client, "close-a", "close-b")
+    twin = Twin(raw_client, namespace, "close-a", "close-b")
     sent: list[tuple] = []
     recording = recorder(sent)
 
@@ -336,7 +345,8 @@ def test_closes_take_the_direct_path_and_write_what_the_general_path_writes(
             for command, reply in sent:
                 assert twin.send_b(command) == reply, step
                 commands.append(list(command))
-            assert state(raw_client, "{close-a}") == state(raw_client, "{close-b}"), step
+            a, b = twin.states()
+            assert a == b, step
         assert direct_closes >= 10
         # Ids and otids with the manifest's framing characters (no kvstore client sends
         # them; the scripts escape them): both paths write the same lines.
@@ -348,7 +358,8 @@ def test_closes_take_the_direct_path_and_write_what_the_general_path_writes(
                 command[at + 4 + 5 * q] = f"tab\t{n}.{q}"
                 command[at + 5 + 5 * q] = f"new\nline\r{n}.{q}\x00" if q % 2 == 0 else ""
             assert run_a(raw_client, tuple(command)) == twin.send_b(tuple(command))
-            assert state(raw_client, "{close-a}") == state(raw_client, "{close-b}")
+            a, b = twin.states()
+            assert a == b
             assert f"tab%09{n}.0".encode() in raw_client.get(f"{namespace}:{{close-a}}:open:m")
         meta = raw_client.hgetall(f"{namespace}:{{close-a}}:meta")
         for _ in range(4 - int(meta[b"open_count"])):
@@ -356,10 +367,10 @@ def test_closes_take_the_direct_path_and_write_what_the_general_path_writes(
         meta = raw_client.hgetall(f"{namespace}:{{close-a}}:meta")
         planted = f"{namespace}:{{close-a}}:chunk:{int(meta[b'open_first'])}:d"
         raw_client.set(planted, b"foreign")
-        before = state(raw_client, "{close-a}")
+        before = state(raw_client, f"{namespace}:{{close-a}}")
         with pytest.raises(KVStoreError, match="must create a new key"):
             thread.append(UserMessage(content="would close the open chunk"))
-        assert state(raw_client, "{close-a}") == before
+        assert state(raw_client, f"{namespace}:{{close-a}}") == before
     finally:
         monkeypatch.undo()
         store.close()
@@ -375,7 +386,7 @@ def test_a_batch_that_opens_the_open_chunk_and_closes_it_writes_what_the_general
     store = make_sync_store(backend, StoreConfig(namespace=namespace, chunk_size=4))
     store.thread("reopen-warm").append(UserMessage(content="loads the library"))
     thread = store.thread("reopen-a")
-    twin = Twin(raw_client, "reopen-a", "reopen-b")
+    twin = Twin(raw_client, namespace, "reopen-a", "reopen-b")
     sent: list[tuple] = []
     monkeypatch.setattr(redis.Redis, "execute_command", recorder(sent, (*MIRRORED, "_remove_turn")))
     rng = random.Random(11)
@@ -393,7 +404,8 @@ def test_a_batch_that_opens_the_open_chunk_and_closes_it_writes_what_the_general
     finally:
         monkeypatch.undo()
         store.close()
-    assert state(raw_client, "{reopen-a}") == state(raw_client, "{reopen-b}")
+    a, b = twin.states()
+    assert a == b
     index = raw_client.zrange(f"{namespace}:{{reopen-a}}:chunks", 0, -1, withscores=True)
     assert [int(m.split(b":")[0]) for m, _ in index] == [int(score) for _, score in index]
 
@@ -454,18 +466,17 @@ def test_every_write_sent_to_both_paths_leaves_the_threads_equal(
     alone: after each call, replies and every key of both threads are equal, whatever state the
     edits leave the open chunk in."""
     load_general_library(raw_client)
-    config = StoreConfig(
-        namespace=namespace,
-        window_size=4,
-        chunk_size=3,
-        chunk_max_bytes=1500,
-        retained_message_limit=5,
-        **options,
-    )
+    sizes = {
+        "window_size": 4,
+        "chunk_size": 3,
+        "chunk_max_bytes": 1500,
+        "retained_message_limit": 5,
+    }
+    config = StoreConfig(namespace=namespace, **{**sizes, **options})
     store = make_sync_store(backend, config)
     store.thread("mixed-warm").append(UserMessage(content="loads the library"))
     thread = store.thread("mixed-a")
-    twin = Twin(raw_client, "mixed-a", "mixed-b")
+    twin = Twin(raw_client, namespace, "mixed-a", "mixed-b")
     sent: list[tuple] = []
     monkeypatch.setattr(redis.Redis, "execute_command", recorder(sent, WRITES))
     rng = random.Random(seed)
@@ -477,7 +488,8 @@ def test_every_write_sent_to_both_paths_leaves_the_threads_equal(
             mixed_write(thread, rng, 10 * step, stored, turns, compact=step >= 80)
             for command, reply in sent:
                 assert twin.send_b(command) == reply, step
-            assert state(raw_client, "{mixed-a}") == state(raw_client, "{mixed-b}"), step
+            a, b = twin.states()
+            assert a == b, step
     finally:
         monkeypatch.undo()
         store.close()
