@@ -26,7 +26,15 @@ import redis.asyncio
 from kvstore import AsyncMessageStore, StoreConfig
 from kvstore.integrations.openai_agents import KvstoreSession
 
-from ._common import collect_per_server, log, ratio, render_ratios, standalone_main, summarize
+from ._common import (
+    collect_per_server,
+    log,
+    ratio,
+    render_ratios,
+    server_version,
+    standalone_main,
+    summarize,
+)
 
 
 @dataclass(frozen=True)
@@ -166,7 +174,10 @@ def run_server(url: str, params: Params, own: bool) -> dict[str, Any]:
             higher=True,
         ),
     ]
-    return {"server": url, "medians": medians, "ratios": ratios}
+    client = redis.Redis.from_url(url)
+    version = server_version(client)
+    client.close()
+    return {"server": version, "medians": medians, "ratios": ratios}
 
 
 def render(result: dict[str, Any]) -> str:
