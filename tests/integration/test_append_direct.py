@@ -78,6 +78,16 @@ def recorder(sent: list[tuple], names: tuple[str, ...] = MIRRORED):
     return recording
 
 
+def twin_threads(backend, raw_client: redis.Redis, config: StoreConfig, name: str):
+    """A store (its library loaded by a first append elsewhere), its thread `name`-a, and the
+    Twin that sends its calls to `name`-b through the general path."""
+    load_general_library(raw_client)
+    store = make_sync_store(backend, config)
+    store.thread(f"{name}-warm").append(UserMessage(content="loads the library"))
+    twin = Twin(raw_client, config.namespace, f"{name}-a", f"{name}-b")
+    return store, store.thread(f"{name}-a"), twin
+
+
 def run_a(client: redis.Redis, command: tuple):
     try:
         return SEND(client, *command)
@@ -315,11 +325,9 @@ def test_closes_take_the_direct_path_and_write_what_the_general_path_writes(
     or a batch split by the close) is stored by the direct path: no general path's `gen`
     HINCRBY, and both threads equal after each call. A key of another kind where the chunk goes
     hands the call to the general path, which refuses it with nothing written."""
-    load_general_library(raw_client)
-    store = make_sync_store(backend, StoreConfig(namespace=namespace, chunk_size=4))
-    store.thread("close-warm").append(UserMessage(content="loads the library"))
-    thread = store.thread("close-a")
-    twin = Twin(raw_client, namespace, "close-a", "close-b")
+    store, thread, twin = twin_threads(
+        backend, raw_client, StoreConfig(namespace=namespace, chunk_size=4), "close"
+    )
     sent: list[tuple] = []
     recording = recorder(sent)
 
@@ -382,11 +390,9 @@ def test_a_batch_that_opens_the_open_chunk_and_closes_it_writes_what_the_general
     """A call that finds the open chunk empty (its messages removed with their turn: meta keeps no
     open_* field) opens it at the call's first sequence; when the same batch fills and closes it,
     the closed chunk starts there."""
-    load_general_library(raw_client)
-    store = make_sync_store(backend, StoreConfig(namespace=namespace, chunk_size=4))
-    store.thread("reopen-warm").append(UserMessage(content="loads the library"))
-    thread = store.thread("reopen-a")
-    twin = Twin(raw_client, namespace, "reopen-a", "reopen-b")
+    store, thread, twin = twin_threads(
+        backend, raw_client, StoreConfig(namespace=namespace, chunk_size=4), "reopen"
+    )
     sent: list[tuple] = []
     monkeypatch.setattr(redis.Redis, "execute_command", recorder(sent, (*MIRRORED, "_remove_turn")))
     rng = random.Random(11)
