@@ -23,6 +23,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .. import errors
 from ..config import StoreConfig
+from .packing import QuickPacking
 from .scripts import Script, error_from_reply
 
 # ------------------------------------------------------------------- what a call sent
@@ -156,14 +157,17 @@ class AsyncTracksSends(_AsyncConnection):
 
 def track_sends(client: Any) -> bool:
     """Makes the connections a standalone client's pool opens from now on record what each call
-    sent. A RedisCluster (its nodes' pools come and go) and fakeredis are not tracked."""
+    sent, and pack commands of bytes and str with hiredis directly (packing.py). A RedisCluster
+    (its nodes' pools come and go) and fakeredis are not tracked."""
     pool = getattr(client, "connection_pool", None)
     if pool is None or is_cluster(client) or is_fakeredis(client):
         return False
     mixin = AsyncTracksSends if isinstance(client, redis.asyncio.Redis) else TracksSends
     if not issubclass(pool.connection_class, mixin):
         base = pool.connection_class
-        pool.connection_class = type(base.__name__, (mixin, base), {"__module__": base.__module__})
+        pool.connection_class = type(
+            base.__name__, (mixin, QuickPacking, base), {"__module__": base.__module__}
+        )
     return True
 
 
