@@ -23,7 +23,7 @@ import redis
 from kvstore import MessageStore, StoreConfig, UserMessage
 
 from . import _plots, _servers
-from ._engine import request_command
+from ._engine import request_command, sent_command
 from ._machine import headline, machine
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -94,7 +94,7 @@ def send_script(client: Any, store: Any, request: Any) -> Any:
     """Sends a core Eval request on `client` as `store`'s executor sends it: FCALL / FCALL_RO of
     its function, or EVALSHA on the EVAL path. The function or script must be loaded already
     (any call of the store's loads it)."""
-    return client.execute_command(*request_command(store, request))
+    return client.execute_command(*sent_command(store, request))
 
 
 def script_command(store: Any, request: Any) -> list[Any]:
@@ -117,10 +117,12 @@ class Fixture:
         self.params = params
         self.own = own
         self.client = redis.Redis.from_url(url, decode_responses=False)
-        self.version = server_version(self.client)
         self.ns = f"bench-{uuid.uuid4().hex[:8]}"
         self.config = StoreConfig(namespace=self.ns)
+        # The store before any command: the connections its client's pool opens from then on
+        # are the store's kind (kvstore/_engine/failures.py, track_sends), as from_url's are.
         self.store = store_class(self.client, self.config)
+        self.version = server_version(self.client)
         self.texts = make_texts()
 
     def cleanup(self) -> None:

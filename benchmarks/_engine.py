@@ -17,15 +17,24 @@ names below. The core and these are imported here and nowhere else in benchmarks
   server_cost knows how many messages a chunk holds (one append in that many also moves a chunk);
 - ``record`` and ``request_command`` (kvstore/_engine/executor.py, the executor's hooks): the
   requests an operation sends, recorded so that each can be replayed and timed alone, and the
-  command a store sends for one (FCALL, FCALL_RO or EVALSHA), for redis-benchmark.
+  command a store sends for one (FCALL, FCALL_RO or EVALSHA), for redis-benchmark;
+  ``sent_command`` is that command as the store's driver hands it to redis-py (``wire``:
+  kvstore/_engine/drivers.py), so a replay is packed as the store packs it.
 """
 
 from kvstore._engine import core
 from kvstore._engine.core import Batch, Eval
+from kvstore._engine.drivers import wire
 from kvstore._engine.executor import record, request_command
 from kvstore._engine.layout.formats import ChunkEntry
 from kvstore._engine.record import _record_body as record_body
 from kvstore._engine.record import decode_records, encode_record
+
+
+def sent_command(store: object, request: Eval) -> list[object]:
+    """The command `store` sends for `request`, as its driver hands it to redis-py."""
+    return wire(request_command(store, request))
+
 
 __all__ = [
     "Batch",
@@ -37,4 +46,5 @@ __all__ = [
     "record",
     "record_body",
     "request_command",
+    "sent_command",
 ]

@@ -54,7 +54,7 @@ from ._common import (
     standalone_main,
     summarize,
 )
-from ._engine import core, decode_records, encode_record, record, record_body, request_command
+from ._engine import core, decode_records, encode_record, record, record_body, sent_command
 
 PAGE = 50
 MESSAGES = 1_000
@@ -78,7 +78,7 @@ ROWS = (
     ("append", "prepare", "prepare_batch (copy, ids, date, encode, checks)"),
     ("append", "dict_packb", "msgpack.packb of the message dict (the floor)"),
     ("append", "client", "client side before the socket (prepare, args, command, packing)"),
-    ("append", "pack", "  of which redis-py packing the command (pack_command)"),
+    ("append", "pack", "  of which packing the command (its connection's pack_command)"),
     ("append", "ping", "PING round trip"),
     ("append", "bare", "bare 4-write EVALSHA round trip"),
     ("append", "script", "kvstore's append script alone (args pre-built)"),
@@ -210,13 +210,13 @@ class Encode(Fixture):
         ref = core.ThreadRef.of(self.config, "encode")
         connection = self.client.connection_pool.get_connection()
         self.client.connection_pool.release(connection)
-        command = request_command(self.store, self.script_requests[0])
+        command = sent_command(self.store, self.script_requests[0])
 
         def client_side() -> None:
             operation = core.append(ref, pool.take(), None)
             request = next(operation)
             operation.close()
-            connection.pack_command(*request_command(self.store, request))
+            connection.pack_command(*sent_command(self.store, request))
 
         return connection, command, client_side
 
