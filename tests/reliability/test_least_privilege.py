@@ -152,8 +152,28 @@ def make_user(
     admin.execute_command("ACL", "SETUSER", name, *args)
 
 
+# The sync clients the running test made, closed when it ends.
+OPENED: list[redis.Redis] = []
+
+
+@pytest.fixture(autouse=True)
+def _close_clients():
+    """Every sync client a test here makes is closed when the test ends. One left to the garbage
+    collector (a client a caught exception's traceback holds is in a cycle) may have its socket
+    finalized before the client closes it: a ResourceWarning, an error at the module's end."""
+    yield
+    while OPENED:
+        OPENED.pop().close()
+
+
+def _client(**kwargs) -> redis.Redis:
+    client = redis.Redis(**kwargs)
+    OPENED.append(client)
+    return client
+
+
 def app_client(server, name: str = "kvstore-app") -> redis.Redis:
-    return redis.Redis(port=server.port, username=name, password=PASSWORD)
+    return _client(port=server.port, username=name, password=PASSWORD)
 
 
 def integration_slice(thread) -> dict:
@@ -223,7 +243,7 @@ def _denials(admin: redis.Redis) -> list[str]:
 def documented_user(server, scripting: str) -> tuple[redis.Redis, StoreConfig]:
     """An admin client of `server`, its documented application user made (with the EVAL
     addition for `scripting="eval"`) and its ACL log emptied, and the store's config."""
-    admin = redis.Redis(port=server.port)
+    admin = _client(port=server.port)
     namespace = fresh_namespace()
     make_user(admin, namespace)
     if scripting == "eval":
@@ -261,7 +281,7 @@ def _client_for(mode: str, server, name: str = "kvstore-app"):
 
 def test_denied_keys_and_commands_raise_permission_denied(kind):
     with dedicated_server(kind) as server:
-        admin = redis.Redis(port=server.port)
+        admin = _client(port=server.port)
         namespace = fresh_namespace()
         make_user(admin, namespace)
         client = app_client(server)
@@ -311,11 +331,13 @@ def test_a_command_denied_inside_a_script_raises_permission_denied(kind):
     from kvstore import MessageStore
 
     with dedicated_server(kind) as server:
-        admin = redis.Redis(port=server.port)
+        admin = _client(port=server.port)
         failures = []
         for denied, turn_id in (("+hmget", None), ("+type", "turn-1")):
             namespace = fresh_namespace()
-            thread = MessageStore.from_url(server.url, StoreConfig(namespace=namespace)).thread("t")
+            thread = MessageStore(
+                _client(port=server.port), StoreConfig(namespace=namespace)
+            ).thread("t")
             thread.append(UserMessage(content="first"))
             make_user(admin, namespace, without=(denied,))
             limited = MessageStore(app_client(server), StoreConfig(namespace=namespace)).thread("t")
@@ -339,7 +361,7 @@ def test_a_command_denied_inside_a_script_raises_permission_denied(kind):
 def test_durability_fsync_runs_as_the_user_with_the_documented_addition():
     """WAITAOF exists from Redis 7.2 and Valkey 8: this runs on Valkey (Debian's Redis is 7.0)."""
     with dedicated_server("valkey", "--appendonly", "yes", "--appendfsync", "always") as server:
-        admin = redis.Redis(port=server.port)
+        admin = _client(port=server.port)
         namespace = fresh_namespace()
         make_user(admin, namespace)
         line = documented_additions()["+waitaof"]
@@ -391,7 +413,7 @@ def test_preloaded_scripts_serve_a_user_without_load_permissions(kind, mode, scr
         )
 
     with dedicated_server(kind) as server:
-        admin = redis.Redis(port=server.port)
+        admin = _client(port=server.port)
         namespace = fresh_namespace()
         limited_user(admin)
         getattr(admin, flush)()
@@ -434,7 +456,7 @@ def test_the_live_tail_forks_and_budgets_run_as_the_least_privileged_user(kind):
     from kvstore.events import MessagesAdded, TurnFinished
 
     with dedicated_server(kind) as server:
-        admin = redis.Redis(port=server.port)
+        admin = _client(port=server.port)
         namespace = fresh_namespace()
         make_user(admin, namespace)
         admin.execute_command("ACL", "LOG", "RESET")
