@@ -2,7 +2,8 @@
 
 redis-py's hiredis packer looks at every argument in Python before hiredis packs them (a
 memoryview anywhere, a bytearray, then its encoder's chain of type checks and ``str.encode``):
-~0.6 µs an argument, ~15 µs of an append's 27 (docs/BENCHMARKS.md, "encode"). The commands a
+22-34 µs for an append's command of 27 arguments, where hiredis alone takes 3-4
+(docs/BENCHMARKS.md, "Commands packed by hiredis directly"). The commands a
 store sends are all bytes and str (kvstore/_engine/drivers.py: ``wire`` makes every int bytes),
 which hiredis packs itself exactly as that encoder would: bytes as they are, str as UTF-8 with
 a lone surrogate refused (UnicodeEncodeError). So a connection whose encoder is UTF-8 and
