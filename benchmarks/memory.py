@@ -1,4 +1,4 @@
-"""Memory per stored message, and a thread's memory over 2,000 turns with compaction.
+"""Memory per stored message, and a thread's memory over 600 turns with compaction.
 
     python -m benchmarks.memory [--quick] [--url URL] [--json PATH]
 
@@ -10,11 +10,13 @@ On each server:
   indexes, meta, ...), divided by the messages stored; against the msgpack record size and
   against the JSON-list layout (one Redis list holding the same messages as JSON, as the popular
   chat-history stores keep them), measured the same way.
-- **Bounded state**: one thread with ``retained_message_limit=100`` over 2,000 turns (a user
+- **Bounded state**: one thread with ``retained_message_limit=100`` over 600 turns (a user
   message with an otid, ``start_turn``, an assistant reply, ``finish_turn``, each message ~1 KB),
-  compacted every 10 turns with a ~500-character summary covering everything so far; its memory
-  and stored messages sampled every 50 turns, against a JSON list that receives the same
-  messages.
+  compacted every 20 turns with a ~500-character summary covering everything so far; its memory
+  and stored messages sampled after every turn (a chunk closes about every 25 turns here, and
+  retention drops one: sampled at that period, every sample would fall at the same point of
+  the cycle, and the samples would drift with it), against a JSON list that receives the same
+  messages; then the same turns with events off.
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ class Params:
 
 
 # The retained chat of issue 27: 600 turns, the newest 100 messages kept, compaction every 20.
-DEFAULT = Params(sizes=(1_000, 10_000), turns=600, compact_every=20, retained=100, sample_every=25)
+DEFAULT = Params(sizes=(1_000, 10_000), turns=600, compact_every=20, retained=100, sample_every=1)
 QUICK = DEFAULT
 
 

@@ -63,5 +63,7 @@ if refused then return refused end
 redis.call('HSET', keys.meta, 'summary_last', summary_last, 'summary_seq', sequence)
 local deleted = retain(keys, limits.retained_limit, limits.max_move_chunks)
 emit_event(keys, limits, sequence, event_fields('compacted', sequence, summary_last, ''))
+-- A compaction is where a thread rests: its open chunk without APPEND's slack.
+open_chunk.trim(keys)
 apply_expiry(keys)
 return {1, sequence, deleted}

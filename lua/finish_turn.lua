@@ -13,7 +13,8 @@
 --- outcome and the result; finishing a finished turn returns that recorded result, whatever
 --- outcome it passes. The outcome is also recorded in the turn reply sequence when it names this
 --- turn, so a reader sees a failed turn as unfinished. A turn finished with no message stored is
---- listed for retention to drop (includes/turns.lua, note_idle_turn).
+--- listed for retention to drop (includes/turns.lua, note_idle_turn). The open chunk's strings are
+--- left exact (includes/layout3_store.lua: open_chunk.trim).
 ---
 --- Reply: {reply_count, first_sequence or 0, last_sequence or 0, reply_start, outcome}
 --- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_DELETING, KVS_RESTORING, KVS_MIGRATING, KVS_TURN_NOT_FOUND, KVS_TURN_FENCED,
@@ -23,6 +24,7 @@
 --- @include "includes/expiry"
 --- @include "includes/turn_call"
 --- @include "includes/turn_finish"
+--- @include "includes/layout3_store"
 
 local keys = thread_keys(KEYS)
 local limits = args.limits
@@ -49,5 +51,7 @@ if turn.outcome == 'open' and lease ~= 0 then
   end
 end
 finish_open_turn(keys, limits, turn_id, turn, outcome)
+-- The thread goes quiet until its next message: its open chunk without APPEND's slack.
+open_chunk.trim(keys)
 apply_expiry(keys)
 return {turn.count, turn.first_seq, turn.last_seq, turn.start, turn.outcome}
