@@ -90,7 +90,14 @@ if args.after_score ~= '' then
         kept[#kept + 1] = batch[i + 1]
       end
     end
-    full = take(kept)
+    local more
+    full, more = take(kept)
+    -- A page filled in the cursor's own score ends the listing when nothing follows it, there
+    -- or below (as the loop below decides for the scores after it).
+    if full and not more and #batch < 2 * BATCH
+      and #redis.call('ZRANGE', index, '(' .. args.after_score, '-inf', 'BYSCORE', 'REV', 'LIMIT', 0, 1) == 0 then
+      done = true
+    end
     if #batch < 2 * BATCH then break end
   end
 end

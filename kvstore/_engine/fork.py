@@ -20,6 +20,7 @@ holding sequences past its last) unless it finished first.
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 from .. import errors
 from .backup import (
@@ -34,6 +35,7 @@ from .backup import (
 )
 from .bounds import MAX_SEQUENCE
 from .layout.formats import TurnRecord
+from .layout.keys import OwnerKeys
 from .layout.v2 import stored_tokens
 from .lifecycle import delete, migrate
 from .operation import Batch, Operation, ThreadRef
@@ -50,8 +52,11 @@ def fork(source: ThreadRef, source_id: str, target: ThreadRef, at: str | int) ->
         raise errors.InvalidCursor("a thread cannot be forked into itself")
     yield from migrate(source)
     at_seq = yield from _fork_point(source, at)
-    (done,) = yield Batch([("HMGET", target.keys.meta, "fork_of", "fork_at")])
-    fork_of, fork_at = (_text(v) if v is not None else None for v in done)
+    replies = yield Batch(_target_reads(target))
+    fork_of, fork_at, last_seq = (_text(v) if v is not None else None for v in replies[0])
+    # What the target holds of its own, which a fork does not write: a turn started before any
+    # message (meta without one), or an owned thread's title or metadata.
+    held = (bool(replies[1]) and last_seq in (None, "0")) or (len(replies) > 2 and bool(replies[2]))
     if (fork_of, fork_at) == (source_id, str(at_seq)):
         return at_seq  # finished before: a retried or repeated fork
     if fork_of is not None:
@@ -69,12 +74,27 @@ def fork(source: ThreadRef, source_id: str, target: ThreadRef, at: str | int) ->
     try:
         yield from _copy(source, source_id, target, state, at_seq)
     except errors.QuotaExceeded:
-        if target.owner is not None:
-            # A fork its owner's quota refuses leaves no thread: the copy so far (this call's
-            # or an interrupted one's: the target holds nothing else) goes, and its counts.
+        # A fork its owner's quota refuses leaves no thread: the copy so far (this call's or an
+        # interrupted one's) goes, with its counts. Unless the target held something of its own
+        # before any message (a title or metadata, a turn started): that stays, and so does
+        # what the fork copied, which the fork run again finishes.
+        if target.owner is not None and not held:
             yield from delete(target)
         raise
     return at_seq
+
+
+def _target_reads(target: ThreadRef) -> list[tuple[Any, ...]]:
+    """The fork's first read of `target`: its fork marks and last sequence, whether its meta
+    exists, and for an owned thread whether its owner's info hash has its title or metadata."""
+    reads: list[tuple[Any, ...]] = [
+        ("HMGET", target.keys.meta, "fork_of", "fork_at", "last_seq"),
+        ("EXISTS", target.keys.meta),
+    ]
+    if target.owner is not None:
+        info = OwnerKeys.of(target.config.namespace, target.owner).info
+        reads.append(("HEXISTS", info, target.thread_id))
+    return reads
 
 
 def _copy(

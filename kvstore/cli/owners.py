@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from typing import Any
 
@@ -13,8 +14,9 @@ def add_owner_commands(commands: Any, with_store: Any) -> None:
     """The parsers of the two commands (`with_store` adds the store options)."""
     threads = with_store(commands, "threads", "list an owner's threads, most recent activity first")
     threads.add_argument("owner")
-    threads.add_argument("--order", choices=("recent", "created"), default="recent")
-    threads.add_argument("--limit", type=int, default=50, help="threads a page (default: 50)")
+    # Taken as text: a bad order or limit is refused by `check` in one line, as a bad cursor is.
+    threads.add_argument("--order", default="recent", help="recent (default) or created")
+    threads.add_argument("--limit", default="50", help="threads a page, 1-1000 (default: 50)")
     threads.add_argument("--after", help="the next_cursor a previous page printed")
     threads.add_argument("--json", action="store_true", help="print the page as JSON")
     erase = with_store(
@@ -34,6 +36,8 @@ def check(args: argparse.Namespace) -> None:
     from .._engine.owners import listing
 
     if args.command == "threads":
+        text = args.limit
+        args.limit = int(text) if re.fullmatch(r"[0-9]{1,7}", text) else text
         listing(args.owner, args.order, args.after, args.limit)
     elif args.command == "erase-owner":
         check_owner_id(args.owner)

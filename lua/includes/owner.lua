@@ -283,7 +283,9 @@ function owner.account(dir, totals, thread_id, after, fingerprint, now, ttl_ms, 
   -- passed while they still exist only costs a listing an EXISTS).
   if ttl_ms > 0 then deadline = math.max(redis.call('PEXPIRETIME', dir.thread_meta), 0) end
   if not totals.record then owner.register(dir, thread_id, now, updates, totals) end
-  updates['t:' .. thread_id] = m .. ':' .. b .. ':' .. t .. ':' .. deadline .. ':' .. fingerprint
+  -- '%.0f': a number joined with '..' is written with 14 digits (1e14 tokens as '1e+14'), which
+  -- parse_record would not read back.
+  updates['t:' .. thread_id] = string.format('%.0f:%.0f:%.0f:%.0f:', m, b, t, deadline) .. fingerprint
   if m ~= m0 then updates.messages = totals.messages + m - m0 end
   if b ~= b0 then updates.bytes = totals.bytes + b - b0 end
   if t ~= t0 then updates.tokens = totals.tokens + t - t0 end
@@ -360,9 +362,8 @@ function owner.call(kind, at, body, KEYS, ARGV)
     end
   else
     local m0, b0, t0, _, was = owner.parse_record(totals.record)
-    local counts = (tonumber(after[1]) or 0) .. ':' .. (tonumber(after[2]) or 0) .. ':'
-      .. (tonumber(after[3]) or 0)
-    if not totals.record or was ~= fingerprint or counts ~= m0 .. ':' .. b0 .. ':' .. t0 then
+    local m, b, t = tonumber(after[1]) or 0, tonumber(after[2]) or 0, tonumber(after[3]) or 0
+    if not totals.record or was ~= fingerprint or m ~= m0 or b ~= b0 or t ~= t0 then
       owner.account(dir, totals, thread_id, after, fingerprint, now, owner.ttl_of(kind, ARGV), updates)
       redis.call('ZADD', dir.recent, now, thread_id)
     end

@@ -46,3 +46,23 @@ def test_the_totals_are_the_sum_of_the_threads_after_every_write(make_store):
     assert totals_match(store, "ann")[0] == 1
     fork.delete()
     assert totals_match(store, "ann") == (0, 0, 0, 0)
+
+
+@pytest.mark.parametrize("mode", ["sync"])
+def test_counts_past_ten_to_the_fourteen_tokens_stay_exact(make_store, server_only):
+    """A thread may hold up to 2**52 tokens (docs/LAYOUT.md, "Number bounds"): its directory
+    record keeps every digit past 10**14 (where Lua's own number format turns to exponents),
+    so the next write reads it back and the owner's totals stay the thread's."""
+    store = make_store(max_batch_messages=500)
+    chat = store.thread("chat", owner="ann")
+    per_message, batch = 2**31, 500
+    while chat.stats().tokens <= 10**14:
+        chat.append([UserMessage(content="x") for _ in range(batch)], tokens=[per_message] * batch)
+    chat.append(UserMessage(content="one more"), tokens=7)
+    stats = chat.stats()
+    assert stats.tokens > 10**14 and stats.tokens % 10 == 7
+    totals_match(store, "ann")
+    assert chat.info().tokens == stats.tokens
+    chat.delete()
+    usage = store.owner_usage("ann")
+    assert (usage.threads, usage.messages, usage.stored_bytes, usage.tokens) == (0, 0, 0, 0)

@@ -156,6 +156,11 @@ def test_bad_quotas_are_refused_typed(make_store, raw_client, namespace):
         (("threads", "ann", "--after", "recent:1"), "kvstore: cursor 'recent:1' is not"),
         (("threads", "ann", "--after", "recent:\u0661:x"), "kvstore: cursor"),
         (("threads", "ann", "--limit", "0"), "kvstore: limit must be an int of 1-1000"),
+        (("threads", "ann", "--limit", "abc"), "kvstore: limit must be an int of 1-1000"),
+        (("threads", "ann", "--limit", "2.5"), "kvstore: limit must be an int of 1-1000"),
+        (("threads", "ann", "--limit", "-3"), "kvstore: limit must be an int of 1-1000"),
+        (("threads", "ann", "--limit", "٥"), "kvstore: limit must be an int of 1-1000"),
+        (("threads", "ann", "--order", "oldest"), "kvstore: order must be 'recent' or 'created'"),
     ],
 )
 def test_the_command_line_refuses_bad_input_before_starting_a_server(tmp_path, args, message):

@@ -134,6 +134,38 @@ def test_a_fork_the_byte_quota_refuses_midway_leaves_no_thread(
     totals_match(store, "ann")
 
 
+def test_a_refused_fork_keeps_a_target_that_was_there_before_it(
+    make_store, raw_client, namespace, monkeypatch
+):
+    """A thread listed by set_info, or with a turn started, holds what the fork did not write:
+    a fork its quota refuses takes none of it away (only a target the fork made is deleted)."""
+    monkeypatch.setattr("kvstore._engine.fork.RESTORE_RUN", 4)
+    store = make_store()
+    source = store.thread("source", owner="ann")
+    stored = source.append([UserMessage(content=f"m{i} " + "x" * 200) for i in range(16)])
+    draft = store.thread("draft", owner="ann")
+    draft.set_info(title="My draft", metadata={"model": "small"})
+    started = store.thread("started", owner="ann")
+    started.start_turn("turn-1")
+    used = store.owner_usage("ann").stored_bytes
+    store.set_owner_quota("ann", stored_bytes=used + used // 2)  # room for half a copy
+    for target in (draft, started):
+        with pytest.raises(errors.StorageQuotaExceeded):
+            source.fork(target.thread_id, at=stored[-1].id)
+    info = draft.info()
+    assert info is not None and (info.title, info.metadata) == ("My draft", {"model": "small"})
+    turn = started.snapshot().turn
+    assert turn is not None and (turn.turn_id, turn.outcome) == ("turn-1", "open")
+    assert {"draft", "started"} <= {t.thread_id for t in store.threads("ann").threads}
+    totals_match(store, "ann")
+    # What the refused fork copied stays: run again once the quota allows, it finishes.
+    store.set_owner_quota("ann", stored_bytes=10 * used)
+    source.fork("draft", at=stored[-1].id)
+    assert [m.seq_id for m in draft.list(limit=50).messages] == list(range(1, 17))
+    assert draft.info().title == "My draft"
+    totals_match(store, "ann")
+
+
 def dumps(raw_client, namespace):
     return {key: raw_client.dump(key) for key in raw_client.scan_iter(match=f"{namespace}:*")}
 

@@ -67,6 +67,31 @@ def listed_after(store, owner: str, cursor: str) -> list[str]:
     return ids
 
 
+@pytest.mark.parametrize("order", ["recent", "created"])
+def test_a_page_ending_the_listing_in_its_cursors_own_score_has_no_cursor(
+    make_store, raw_client, namespace, order
+):
+    """Threads written in the same millisecond share a score: a page filled among the cursor's
+    ties, whose last thread is the index's last, ends the listing as any last page does."""
+    store = make_store()
+    ids = [f"t{i}" for i in range(4)]
+    for thread_id in ids:
+        store.thread(thread_id, owner="ann").append(UserMessage(content="x"))
+    index = getattr(OwnerKeys.of(namespace, "ann"), order)
+    raw_client.zadd(index, {thread_id: 1_800_000_000_000 for thread_id in ids}, xx=True)
+    first = store.threads("ann", order=order, limit=2)
+    second = store.threads("ann", order=order, after=first.next_cursor, limit=2)
+    assert [t.thread_id for t in first.threads + second.threads] == ["t3", "t2", "t1", "t0"]
+    assert first.next_cursor is not None and second.next_cursor is None
+    # One thread below the tie: the page filled in the tie goes on to it.
+    store.thread("t9", owner="ann").append(UserMessage(content="x"))
+    raw_client.zadd(index, {"t9": 1_700_000_000_000}, xx=True)
+    second = store.threads("ann", order=order, after=first.next_cursor, limit=2)
+    assert second.next_cursor is not None
+    third = store.threads("ann", order=order, after=second.next_cursor, limit=2)
+    assert [t.thread_id for t in third.threads] == ["t9"] and third.next_cursor is None
+
+
 def test_titles_and_metadata(make_store, raw_client, namespace):
     store = make_store()
     chat = store.thread("chat", owner="ann")
