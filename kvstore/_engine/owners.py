@@ -18,7 +18,7 @@ from ..config import StoreConfig
 from ..models import ErasureReceipt, OwnerUsage, ThreadsPage
 from .layout.keys import OwnerKeys, check_owner_id, check_thread_id
 from .lifecycle import delete
-from .operation import MAX_LIMIT, Eval, Operation, ThreadRef
+from .operation import MAX_LIMIT, Batch, Eval, Operation, ThreadRef
 from .owner_entries import entry_fields, number
 from .replies import stored_int
 from .scripts import SCRIPTS
@@ -251,4 +251,23 @@ def erase_owner(
         if done:
             return ErasureReceipt(owner=owner, threads=threads, messages=messages)
         for thread_id in reply[3:]:
-            yield from delete(ThreadRef.of(config, _text(thread_id), count_tokens, owner))
+            try:
+                thread = ThreadRef.of(config, _text(thread_id), count_tokens, owner)
+            except errors.InvalidThreadId:
+                # Something else wrote it, and no thread's keys can carry it: only the entry goes.
+                yield Batch(_entry_removal(keys, thread_id))
+                continue
+            yield from delete(thread)
+
+
+def _entry_removal(keys: tuple[str, ...], entry: bytes | str) -> list[tuple[Any, ...]]:
+    """The commands that take `entry` out of an owner's directory (`keys`: recent, created,
+    info, usage): its index members, its info and its usage record."""
+    recent, created, info, usage = keys
+    record = b"t:" + entry if isinstance(entry, bytes) else "t:" + entry
+    return [
+        ("ZREM", recent, entry),
+        ("ZREM", created, entry),
+        ("HDEL", info, entry),
+        ("HDEL", usage, record),
+    ]

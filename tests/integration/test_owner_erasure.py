@@ -195,6 +195,23 @@ def test_an_erasure_ends_with_index_entries_that_have_no_thread(store, raw_clien
     assert list(raw_client.scan_iter(match=keys.pattern())) == []
 
 
+def test_an_erasure_ends_with_index_entries_no_thread_can_be_named_by(store, raw_client, namespace):
+    """An entry that is not a thread id at all (no thread's keys can carry it): the erasure
+    takes the entry out of the directory and ends, it does not fail on it forever."""
+    total = fill(store, "ann")
+    keys = OwnerKeys.of(namespace, "ann")
+    bad = ["not a thread id", "x" * 300, "a|b", "\u00e9\n"]
+    raw_client.zadd(keys.created, {name: 1 for name in bad[:2]})
+    raw_client.zadd(keys.recent, {name: 1 for name in bad[2:]})
+    raw_client.hset(keys.info, bad[0], '{"title": "foreign"}')
+    raw_client.hset(keys.usage, "t:" + bad[1], "1:2:3:0:")
+    receipt = store.run(bounded(erase_owner(store.config, "ann"), 100))
+    assert (receipt.threads, receipt.messages) == (4, total)
+    assert list(raw_client.scan_iter(match=keys.pattern())) == []
+    store.thread("again", owner="ann").append(UserMessage(content="a new start"))
+    assert store.owner_usage("ann").threads == 1
+
+
 def test_erasing_an_owner_that_never_was_writes_nothing(store, raw_client, namespace):
     fill(store, "ann")
     before = {key: raw_client.dump(key) for key in raw_client.scan_iter(match=f"{namespace}:*")}
