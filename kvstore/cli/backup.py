@@ -134,7 +134,7 @@ def import_lines(
     number, text = first
     try:
         head = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # nested past the parser's depth: not a header
         head = None
     bar_out = progress_out or sys.stderr
     if isinstance(head, dict) and "kvstore_backup" in head:
@@ -223,6 +223,8 @@ def _backup_items(
             if tokens is not None:
                 checked_tokens(tokens, "the message")
             message = parse_message(body)
+        except RecursionError:
+            raise errors.InvalidMessage(f"line {number}: nested too deep to read") from None
         except (ValueError, errors.InvalidMessage) as exc:
             raise errors.InvalidMessage(f"line {number}: {exc}") from None
         if message.seq_id is None or message.id is None:

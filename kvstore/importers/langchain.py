@@ -255,7 +255,7 @@ def _lc_content(content: str | list[Any]) -> str | list[dict[str, Any]]:
 def _arguments(text: str) -> Any:
     try:
         value = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         return {"arguments": text}
     return value if isinstance(value, dict) else {"arguments": value}
 

@@ -61,6 +61,8 @@ def _page(
 def _parse(key: str, position: int, raw: bytes) -> Any:
     try:
         return json.loads(raw)
+    except RecursionError:
+        raise errors.InvalidMessage(f"{key}, message {position}: nested too deep to read") from None
     except ValueError as exc:
         raise errors.InvalidMessage(f"{key}, message {position}: not JSON ({exc})") from None
 
@@ -73,7 +75,7 @@ def _chain(digest: bytes, raw: bytes) -> bytes:
 def _is_llamaindex(raw: bytes | None) -> bool:
     try:
         record = json.loads(raw) if raw is not None else None
-    except ValueError:
+    except (ValueError, RecursionError):
         return False
     return (
         isinstance(record, dict)

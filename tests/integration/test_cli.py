@@ -1049,6 +1049,36 @@ def test_fork_from_the_command_line(server, namespace, server_only):
     assert [m.content for m in store.thread("taken").iter()] == ["other"]
 
 
+@pytest.mark.parametrize("kind", ["plain", "backup"])
+def test_an_import_of_a_line_nested_too_deep_is_one_line_and_writes_nothing(
+    server, namespace, tmp_path, server_only, kind
+):
+    """Valid JSON nested past what the parser reads (a RecursionError in json.loads): the
+    line is refused like any malformed line, in one line of stderr."""
+    deep = '{"message_type": "user_message", "content": "x", "metadata": {"a": ' + "[" * 5000
+    deep += "]" * 5000 + "}}"
+    lines = [deep]
+    if kind == "backup":
+        store = open_store(server.url, StoreConfig(namespace=namespace))
+        store.thread("source").append(UserMessage(content="hello"))
+        out = tmp_path / "backup.jsonl"
+        common = ("--url", server.url, "--namespace", namespace)
+        assert kvstore("export", "source", "-o", str(out), *common).returncode == 0
+        lines = out.read_text().splitlines()
+        lines.insert(1, deep)
+    path = tmp_path / "deep.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    result = kvstore("import", "copy", str(path), "--url", server.url, "--namespace", namespace)
+    assert result.returncode == 1, result
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert "line" in result.stderr and "Traceback" not in result.stderr
+    client = redis.Redis.from_url(server.url)
+    try:
+        assert list(client.scan_iter(match=f"{namespace}:{{copy}}:*")) == []
+    finally:
+        client.close()
+
+
 def test_an_import_of_a_backup_cut_at_a_line_end_fails_and_serves_no_thread(
     server, namespace, tmp_path, server_only
 ):

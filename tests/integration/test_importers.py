@@ -103,13 +103,19 @@ def test_langchain_import_compares_message_by_message(store, server, raw_client,
     sessions = {"s-1": langchain_conversation(1), "s-2": langchain_conversation(2)[:3], "empty": []}
     write_langchain(server.url, prefix, sessions)
     raw_client.rpush(f"{prefix}not-json", b"{oops")
+    # Valid JSON, nested past the parser's depth: a session's error, not a RecursionError.
+    raw_client.rpush(
+        f"{prefix}too-deep", b'{"type": "human", "data": ' + b"[" * 5000 + b"]" * 5000 + b"}"
+    )
     before = source_dump(raw_client, f"{prefix}*")
 
     results = {r.thread_id: r for r in import_langchain(store, raw_client, key_prefix=prefix)}
 
     assert source_dump(raw_client, f"{prefix}*") == before  # the source keys are untouched
-    assert set(results) == {"s-1", "s-2", "not-json"}  # an empty list is no key: nothing to find
+    assert set(results) == {"s-1", "s-2", "not-json", "too-deep"}  # an empty list is no key
     assert "not JSON" in results["not-json"].error and results["not-json"].imported == 0
+    assert "too deep" in results["too-deep"].error and results["too-deep"].imported == 0
+    assert store.thread("too-deep").stats().stored_messages == 0
     one = results["s-1"]
     assert (one.error, one.source_messages, one.imported, one.already) == (None, 14, 14, 0)
     assert one.stored_messages == 16  # an AI message with text and two calls makes three
