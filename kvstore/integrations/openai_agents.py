@@ -5,11 +5,12 @@ system, assistant, tool-call, tool-return or reasoning message, so ``context()``
 the CLI read it), with the item itself in the message's ``openai_item`` field, so it comes back
 equal and no item type is ever dropped. A string ``content`` is stored once, in the message.
 
-Ids: an item's otid is a hash of the item chained to the message before it (the batch's previous
-item, or the thread's newest message when the batch started, retracted or not). ``add_items`` is
-one atomic append; sent again after it ran (a retried step), it finds its items as the thread's
-newest and stores nothing; the same items added at any other point (after a pop, later in the
-conversation) are stored (docs/INTEGRATIONS.md, "OpenAI Agents SDK").
+Ids: an item's otid is a hash of the item, its place in the batch and the batch's length, chained
+to the message before it (the batch's previous item, or the thread's newest message when the batch
+started, retracted or not). ``add_items`` is one atomic append; sent again after it ran (a retried
+step), it finds its whole batch as the thread's newest and stores nothing; the same items added
+at any other point (after a pop, later in the conversation, or the end or start of a longer batch
+just stored) are stored (docs/INTEGRATIONS.md, "OpenAI Agents SDK").
 """
 
 from __future__ import annotations
@@ -283,10 +284,14 @@ def _message_of(item: dict[str, Any], canonical: bytes, position: int) -> Messag
 
 
 def _otids(canonicals: list[bytes], anchor: str | None) -> list[str]:
-    """Each item's otid: a hash of the item chained to the otid before it."""
+    """Each item's otid: a hash of the item, its place in the batch and the batch's length,
+    chained to the otid before it. The place and length make a stored batch whole: only the
+    same items in a batch of the same length match it, not its first or last items alone."""
     otids = []
-    for canonical in canonicals:
-        digest = hashlib.sha256((anchor or "").encode() + b"\n" + canonical)
+    count = len(canonicals)
+    for position, canonical in enumerate(canonicals):
+        place = f"{position}/{count}".encode()
+        digest = hashlib.sha256((anchor or "").encode() + b"\n" + place + b"\n" + canonical)
         otid = "oa-h-" + digest.hexdigest()[:40]
         otids.append(otid)
         anchor = otid
@@ -295,7 +300,9 @@ def _otids(canonicals: list[bytes], anchor: str | None) -> list[str]:
 
 def _is_replay(made: list[tuple[Message, bytes]], tail: list[Stored]) -> bool:
     """Whether the thread's newest messages (`tail`, newest first) are these items, stored by
-    an earlier call and none of them retracted since."""
+    an earlier call as one whole batch (each otid holds its place in its batch and the batch's
+    length, so the end or start of a longer batch is no match) and none of them retracted
+    since."""
     count = len(made)
     if len(tail) < count or any(_field(m, POPPED_FIELD) for m in tail[:count]):
         return False

@@ -220,3 +220,70 @@ def test_a_sync_store_is_refused_when_the_session_is_made(backend, server_only, 
         pytest.raises(TypeError, match="AsyncMessageStore"),
     ):
         KvstoreSession("s", sync)  # type: ignore[arg-type]
+
+
+def test_a_batch_equal_to_the_end_of_the_batch_before_is_stored(backend, server_only, namespace):
+    """Only the whole previous batch is a replay: its last items alone are a new batch."""
+
+    async def main() -> None:
+        store = make_async_store(backend, StoreConfig(namespace=namespace))
+        session = KvstoreSession("suffix", store)
+        await session.add_items([said("What is 2+2?"), {"role": "assistant", "content": "4"}])
+        await session.add_items([said("ok"), said("ok"), said("fine")])
+        await session.add_items([said("ok"), said("fine")])
+        await session.add_items([said("fine")])
+        assert texts(await session.get_items()) == [
+            "What is 2+2?",
+            "4",
+            "ok",
+            "ok",
+            "fine",
+            "ok",
+            "fine",
+            "fine",
+        ]
+        await session.thread.delete()
+        await session.add_items([said("yes"), said("yes")])
+        await session.add_items([said("yes")])
+        assert texts(await session.get_items()) == ["yes"] * 3
+        await store.close()
+
+    run(main())
+
+
+def test_a_batch_equal_to_the_start_of_the_batch_before_is_stored(backend, server_only, namespace):
+    async def main() -> None:
+        store = make_async_store(backend, StoreConfig(namespace=namespace))
+        session = KvstoreSession("prefix", store)
+        await session.add_items([said("a"), said("b"), said("c")])
+        await session.add_items([said("a"), said("b")])
+        assert texts(await session.get_items()) == ["a", "b", "c", "a", "b"]
+        await session.thread.delete()
+        await session.add_items([said("yes")] * 3)
+        await session.add_items([said("yes")] * 2)
+        assert texts(await session.get_items()) == ["yes"] * 5
+        await store.close()
+
+    run(main())
+
+
+def test_the_same_batch_sent_again_right_after_is_a_replay(backend, server_only, namespace):
+    async def main() -> None:
+        store = make_async_store(backend, StoreConfig(namespace=namespace))
+        session = KvstoreSession("again", store)
+        await session.add_items([said("first")])
+        batch = [said("a"), {"role": "assistant", "content": "b"}, said("a")]
+        await session.add_items(copy.deepcopy(batch))
+        await session.add_items(copy.deepcopy(batch))  # a retried step: stored once
+        assert texts(await session.get_items()) == ["first", "a", "b", "a"]
+        await session.add_items([said("yes")] * 2)
+        await session.add_items([said("yes")] * 2)
+        assert texts(await session.get_items()) == ["first", "a", "b", "a", "yes", "yes"]
+        # One item, as the batch of one before it: taken for a replay (documented limit).
+        await session.add_items([said("one")])
+        await session.add_items([said("one")])
+        assert texts(await session.get_items())[-2:] == ["yes", "one"]
+        assert len(await session.get_items()) == 7
+        await store.close()
+
+    run(main())
