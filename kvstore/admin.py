@@ -55,9 +55,9 @@ from ._engine.layout.keys import (
     thread_of_meta_key,
 )
 from ._engine.layout.survey import Containers, Presence
-from ._engine.layout.v2 import stored_tokens as _stored_tokens
 from ._engine.operation import ThreadRef
 from ._engine.pages import pages as _pages
+from ._engine.reads import stored_tokens as _stored_tokens
 from ._engine.scripts import LIBRARY, SCRIPTS
 from ._engine.tokens import checked_tokens
 from .models import MessagesPage

@@ -31,10 +31,11 @@ from ..messages import SummaryMessage
 from .bounds import MAX_THREAD_TOKENS
 from .layout.formats import ChunkEntry, LargeEntry, split_chunk
 from .layout.reader import Containers, Decoder, Found, decode, fetch
-from .layout.v2 import WindowRead, older_members, stored_counts, stored_tokens
+from .layout.v2 import WindowRead, older_members, stored_counts
 from .layout.v3 import chunk_read
 from .operation import OPTIMISTIC_READS, Operation, ThreadRef, changed_under_reads
 from .pages import list_page
+from .reads import stored_tokens
 from .record import decode_records
 from .replies import stored_int
 from .tool_pairs import PAIR_LOOKBACK, answered_ids, opened_ids, orphans, without_orphans

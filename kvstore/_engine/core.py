@@ -41,7 +41,6 @@ from .fork import fork
 from .held_turns import expire_turn, hold_turn, publish, renew_turn
 from .layout.formats import TurnRecord
 from .layout.keys import ThreadKeys
-from .layout.v2 import stored_tokens
 from .lifecycle import compact, delete, migrate, remove_turn, replace
 from .operation import (
     DELETE_STEP,
@@ -57,7 +56,7 @@ from .operation import (
 )
 from .pages import DictsPage, gathering, list_dicts, list_page, pages
 from .prepare import PreparedMessage, fit_media, prepare_batch
-from .reads import fetch_sequences, get, get_by_otid
+from .reads import fetch_sequences, get, get_by_otid, stored_tokens
 from .system_prompt import context, context_dicts
 from .views import snapshot, stats
 

@@ -36,11 +36,10 @@ from .backup import (
 from .bounds import MAX_SEQUENCE
 from .layout.formats import TurnRecord
 from .layout.keys import OwnerKeys
-from .layout.v2 import stored_tokens
 from .lifecycle import delete, migrate
 from .operation import Batch, Operation, ThreadRef
 from .pages import list_page
-from .reads import locate_records
+from .reads import locate_records, stored_tokens
 from .text import sendable
 from .text import text as _text
 

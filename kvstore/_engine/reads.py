@@ -14,7 +14,15 @@ from typing import Any, Literal
 from .. import errors
 from ..messages import Message
 from .layout.reader import Containers, decode, fetch
-from .operation import OPTIMISTIC_READS, Eval, Operation, ThreadRef, int_or_zero
+from .layout.v2 import stored_tokens as side_tokens
+from .operation import (
+    OPTIMISTIC_READS,
+    ChangedUnderReads,
+    Eval,
+    Operation,
+    ThreadRef,
+    int_or_zero,
+)
 from .scripts import SCRIPTS
 from .text import sendable
 
@@ -88,6 +96,25 @@ def locate_records(thread: ThreadRef, kind: str, targets: list[str]) -> Operatio
         read = yield from read_range(thread, ("seq", str(first - 1)), ("seq", str(last + 1)), "up")
         found.update((sequence, record) for sequence, record, _ in read.records)
     return [(sequence, found[sequence]) for sequence in sequences if sequence in found]
+
+
+def stored_tokens(thread: ThreadRef, sequences: list[int]) -> Operation[dict[int, int]]:
+    """The stored token counts of these sequences (a sequence not stored is left out): read
+    from their side infos (layout.v2.side_tokens, two round trips), or, when every attempt met
+    a writer moving messages (small chunks close every few appends), in one step each run of
+    them (lua/read_range.lua), as locate_records reads records."""
+    try:
+        counted: dict[int, int] = yield from side_tokens(thread, sequences)
+        return counted
+    except ChangedUnderReads:
+        pass
+    wanted, counts = set(sequences), dict[int, int]()
+    for first, last in _runs(sorted(wanted)):
+        read = yield from read_range(thread, ("seq", str(first - 1)), ("seq", str(last + 1)), "up")
+        counts.update(
+            (sequence, tokens) for sequence, _, tokens in read.records if sequence in wanted
+        )
+    return counts
 
 
 # Sequences this close together are read by one read_range call (the gap's records with them).
