@@ -173,6 +173,7 @@ def prepare_batch(
             tokens = [tokens]
     given = list(messages)
     _check_batch_count(config, given)
+    _check_each_object_once(given)
     counts = given_tokens(tokens, len(given))
     if turn_id is not None:
         check_token("turn_id", turn_id)
@@ -228,6 +229,21 @@ def _refuse_unknown_fields(message: Message, what: str) -> None:
         error.fields = list(found)
         error.errors = []  # type: ignore[attr-defined]  # same surface as other InvalidMessage
         raise error
+
+
+def _check_each_object_once(batch: list[Any]) -> None:
+    """A message object (a model or a dict) appears once in a batch: the store gives the
+    caller's object the id of its message, so that sending it again is a replay, and one
+    object cannot hold the ids of two messages."""
+    seen: dict[int, int] = {}
+    for position, message in enumerate(batch):
+        if isinstance(message, (BaseModel, dict)):
+            first = seen.setdefault(id(message), position)
+            if first != position:
+                raise errors.MessageIdRepeated(
+                    f"message {position} is the same object as message {first}: an object holds"
+                    " the id of one message (pass a copy: message.model_copy(), dict(message))"
+                )
 
 
 def _check_batch_count(config: StoreConfig, batch: list[Any]) -> None:

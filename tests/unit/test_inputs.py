@@ -72,6 +72,18 @@ def test_an_empty_batch(thread):
         drive(core.append(thread, [], None))
 
 
+def test_one_message_object_twice_in_a_batch(thread):
+    """The store gives the caller's message (a model or a dict) its id, so that sending it again
+    is a replay: one object cannot hold the ids of two messages. Refused before anything is
+    sent, the objects left as they were."""
+    model = UserMessage(content="same")
+    body = {"message_type": "user_message", "content": "same"}
+    for batch in ([model, model], [body, UserMessage(content="other"), body]):
+        with pytest.raises(errors.MessageIdRepeated, match="same object as message 0"):
+            drive(core.append(thread, batch, None))
+    assert model.id is None and "id" not in body
+
+
 def test_a_batch_of_too_many_messages():
     thread = ThreadRef.of(StoreConfig(namespace="unit", max_batch_messages=3), "t")
     with pytest.raises(errors.BatchTooLarge, match="4 messages"):
