@@ -47,7 +47,8 @@ def item_message(item: Any, otid: str | None = None) -> Message:
     if kind == "message":
         content = item.get("content")
         text = content if isinstance(content, str) else _text(content)
-        if isinstance(content, str):
+        if isinstance(content, str) and "role" in item:
+            # Held once, by the message (message_item gives it back to an item with a role).
             del kept["content"]
         message = _said(item.get("role"), text)
     elif kind == "function_call":

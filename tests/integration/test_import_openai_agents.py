@@ -66,7 +66,8 @@ def conversation(n: int) -> list[Any]:
             },
         )
     ]
-    return EVERY_ITEM + turns
+    # A message item without a role: its content is all it says, and comes back with it.
+    return [*EVERY_ITEM, {"type": "message", "content": "hello, no role"}, *turns]
 
 
 def test_every_item_comes_back_through_the_adapter_as_the_sdk_stored_it(
