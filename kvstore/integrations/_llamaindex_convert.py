@@ -1,9 +1,10 @@
 """LlamaIndex ChatMessage dicts and kvstore messages, one for one, both ways.
 
 One ChatMessage is one kvstore message, so a chat store's positions are the thread's: text and
-images are stored natively, a tool-calling step as a tool_call_message, and what has no kvstore
-field (``additional_kwargs``, another role's name, other blocks) in the message's metadata as
-the importers keep it (kvstore/importers/records.py: ``split_fields``)."""
+images are stored natively, a tool-calling step as a tool_call_message (its text in a
+``content`` field), and what has no kvstore field (``additional_kwargs``, another role's name,
+other blocks, how several text blocks split) in the message's metadata as the importers keep it
+(kvstore/importers/records.py: ``split_fields``)."""
 
 from __future__ import annotations
 
@@ -33,6 +34,11 @@ NATIVE_CALLS = "native_tool_calls"
 """The kept field saying a tool call message's ``additional_kwargs["tool_calls"]`` is its
 native calls (kept once there, beside the other kwargs kept)."""
 
+TEXTS = "texts"
+"""The kept field giving the lengths of the text blocks joined (by newlines) in the text of a
+system, tool or tool call message, when reading that text back as one block would not give them
+(several blocks, none, or a tool call step's empty one)."""
+
 _ROLE_OF = {
     "system_message": "system",
     "user_message": "user",
@@ -49,8 +55,12 @@ def tombstone() -> AssistantMessage:
     return AssistantMessage(content=[], metadata={DELETED: "1"})
 
 
-def to_kvstore(record: dict[str, Any], key: str = "") -> Message:
-    """The kvstore message of one ChatMessage (``ChatMessage.model_dump(mode="json")``)."""
+def to_kvstore(record: dict[str, Any], key: str = "", text_field: bool = True) -> Message:
+    """The kvstore message of one ChatMessage (``ChatMessage.model_dump(mode="json")``).
+
+    A tool-calling step's text is held by a ``content`` field of the tool_call_message, which
+    kvstore keeps as an unknown field; `text_field` False (a store refusing unknown fields)
+    keeps its blocks in the metadata instead."""
     role = str(record.get("role"))
     kind = _LLAMA_ROLES.get(role, "user")
     kwargs = record.get("additional_kwargs") or {}
@@ -76,13 +86,19 @@ def to_kvstore(record: dict[str, Any], key: str = "") -> Message:
     if kwargs:
         fields["additional_kwargs"] = kwargs
     texts = [part.text for part in parts if isinstance(part, TextContent)]
-    whole = calls or (kind in ("system", "tool") and (len(blocks) != 1 or kept))
-    if whole:  # no native field holds these blocks as they are: kept whole
+    text = "\n".join(texts)
+    if calls and not text_field:  # the store refuses unknown fields: no field for the text
         fields["all_blocks"] = blocks
+    elif calls or kind in ("system", "tool"):
+        # The text is in the message's own field (joined by newlines); what it is split into,
+        # when reading it back as one block would not give the blocks, is kept as the lengths.
+        if texts != ([text] if text or not calls else []):
+            fields[TEXTS] = [len(part) for part in texts]
+        if kept:
+            fields["blocks"] = kept
     elif kept:
         fields["blocks"] = kept
     meta = split_fields(fields, key, 0) if fields else None
-    text = "\n".join(texts)
     if kind == "system":
         return SystemMessage(content=text, metadata=meta)
     if kind == "tool":
@@ -92,7 +108,8 @@ def to_kvstore(record: dict[str, Any], key: str = "") -> Message:
         )
     if calls:
         many = calls if len(calls) > 1 else None
-        return ToolCallMessage(tool_call=calls[0], tool_calls=many, metadata=meta)
+        said: dict[str, Any] = {"content": text} if text and text_field else {}
+        return ToolCallMessage(tool_call=calls[0], tool_calls=many, metadata=meta, **said)
     if kind == "user":
         content: Any = texts[0] if len(parts) == 1 and texts else parts
         return UserMessage(content=content, metadata=meta)
@@ -169,10 +186,11 @@ def to_chat(message: Message) -> dict[str, Any] | None:
         # Only what the native fields do not hold was kept (tool calls, their ids and the name
         # are native there).
         kwargs = {**_native_kwargs(message), **kwargs}
-    if "all_blocks" in fields:
+    if "all_blocks" in fields:  # as this adapter kept blocks before TEXTS
         blocks = fields["all_blocks"]
     else:
-        blocks = _native_blocks(message)
+        lengths = fields.get(TEXTS)
+        blocks = _native_blocks(message) if lengths is None else _split(message, lengths)
         for kept in fields.get("blocks") or []:
             blocks.insert(kept["index"], kept["block"])
     return {"role": role, "additional_kwargs": kwargs, "blocks": blocks}
@@ -227,6 +245,21 @@ def _native_kwargs(message: Message) -> dict[str, Any]:
     if isinstance(message, ToolReturnMessage) and message.tool_call_id:
         return {"tool_call_id": message.tool_call_id, **named}
     return named
+
+
+def _split(message: Message, lengths: list[int]) -> list[dict[str, Any]]:
+    """The text blocks to_kvstore joined into the message's text, by their kept lengths."""
+    text = getattr(message, "content", None)
+    if isinstance(message, ToolReturnMessage):
+        text = message.tool_return
+    text = text or ""
+    if not isinstance(text, str) or sum(lengths) + max(len(lengths) - 1, 0) != len(text):
+        raise ValueError(f"the kept text lengths {lengths} do not split the message's text")
+    blocks, start = [], 0
+    for length in lengths:
+        blocks.append(_text_block(text[start : start + length]))
+        start += length + 1
+    return blocks
 
 
 def _native_blocks(message: Message) -> list[dict[str, Any]]:

@@ -9,19 +9,20 @@ hands its model a bounded history however long the thread runs.
 
 from __future__ import annotations
 
+import math
 import operator
 from typing import Any
 
 import redis
 from llama_index.core.base.llms.types import ChatMessage
 from llama_index.core.storage.chat_store.base import BaseChatStore
-from pydantic import PrivateAttr, ValidationError
+from pydantic import BaseModel, PrivateAttr, ValidationError
 
 from .. import errors
 from .._engine.layout.keys import check_thread_id, meta_pattern, thread_of_meta_key
 from .._engine.prepare import prepare_batch
 from ..config import StoreConfig
-from ..messages import Message
+from ..messages import MAX_JSON_DEPTH, Message
 from ..store import AsyncMessageStore, MessageStore
 from . import _dicts
 from ._dicts import Stored
@@ -111,7 +112,8 @@ class KvstoreChatStore(BaseChatStore):
 
     def add_message(self, key: str, message: ChatMessage) -> None:
         """Appends one message: one atomic, idempotent script call."""
-        self._store.thread(key).append(_message(message, key))
+        text_field = self._store.config.unknown_fields == "keep"
+        self._store.thread(key).append(_message(message, key, text_field))
 
     def delete_messages(self, key: str) -> list[ChatMessage] | None:
         """Deletes the thread. Returns None: the deleted history is not read first (it may be
@@ -186,7 +188,8 @@ class KvstoreChatStore(BaseChatStore):
         """See :meth:`add_message`."""
         if self._async_store is None:
             return await super().async_add_message(key, message)
-        await self._async_store.thread(key).append(_message(message, key))
+        text_field = self._async_store.config.unknown_fields == "keep"
+        await self._async_store.thread(key).append(_message(message, key, text_field))
         return None
 
     async def adelete_messages(self, key: str) -> list[ChatMessage] | None:
@@ -245,6 +248,12 @@ def _dump(message: Any, position: int = 0) -> dict[str, Any]:
             f"message {position}: a chat store takes LlamaIndex ChatMessages,"
             f" not {type(message).__name__}"
         )
+    problem = _not_json(message.additional_kwargs, "additional_kwargs", 0)
+    if problem is not None:
+        raise errors.InvalidMessage(
+            f"message {position}: {problem}, which JSON cannot carry as it is (it would read back"
+            " changed)"
+        )
     try:
         dumped: dict[str, Any] = message.model_dump(mode="json")
     except ValueError as exc:  # pydantic's PydanticSerializationError: a value JSON cannot carry
@@ -252,10 +261,39 @@ def _dump(message: Any, position: int = 0) -> dict[str, Any]:
     return dumped
 
 
-def _message(message: Any, key: str, position: int = 0) -> Message:
+def _not_json(value: Any, path: str, depth: int) -> str | None:
+    """Where `value` holds what JSON cannot carry exactly (a non-finite float, bytes, a set, a
+    tuple, a datetime, a dict key that is not a string, any other type), or None. A pydantic
+    model is taken as LlamaIndex serializes it (its ``model_dump()``), which is checked too."""
+    if depth > MAX_JSON_DEPTH:
+        return f"{path} nests deeper than {MAX_JSON_DEPTH} levels"
+    if value is None or isinstance(value, str | bool | int):
+        return None
+    if isinstance(value, float):
+        return None if math.isfinite(value) else f"{path} is {value!r}"
+    if isinstance(value, BaseModel):
+        return _not_json(value.model_dump(), path, depth + 1)
+    if isinstance(value, list):
+        for n, item in enumerate(value):
+            problem = _not_json(item, f"{path}[{n}]", depth + 1)
+            if problem is not None:
+                return problem
+        return None
+    if isinstance(value, dict):
+        for name, item in value.items():
+            if not isinstance(name, str):
+                return f"{path} has the key {name!r}, not a string"
+            problem = _not_json(item, f"{path}[{name!r}]", depth + 1)
+            if problem is not None:
+                return problem
+        return None
+    return f"{path} holds a value of type {type(value).__name__}"
+
+
+def _message(message: Any, key: str, text_field: bool, position: int = 0) -> Message:
     """The kvstore message of a ChatMessage; InvalidMessage for anything it cannot store."""
     try:
-        return to_kvstore(_dump(message, position), key)
+        return to_kvstore(_dump(message, position), key, text_field)
     except ValidationError as exc:
         raise errors.InvalidMessage(f"{key}, message {position}: {exc}") from None
 
@@ -263,7 +301,8 @@ def _message(message: Any, key: str, position: int = 0) -> Message:
 def _batches(config: StoreConfig, messages: list[Any], key: str) -> list[list[Message]]:
     """set_messages' appends, each message converted and every limit checked (as the append
     will check it) before anything is deleted."""
-    converted = [_message(message, key, n) for n, message in enumerate(messages)]
+    text_field = config.unknown_fields == "keep"
+    converted = [_message(message, key, text_field, n) for n, message in enumerate(messages)]
     batches = [converted[start : start + _BATCH] for start in range(0, len(converted), _BATCH)]
     for batch in batches:
         prepare_batch(config, batch, None)

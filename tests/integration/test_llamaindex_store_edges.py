@@ -6,10 +6,13 @@ named, positions counted as get_messages shows them), and positions that are not
 from __future__ import annotations
 
 import asyncio
+import datetime
+import json
 import logging
 
 import pytest
-from llama_index.core.base.llms.types import ChatMessage
+from llama_index.core.base.llms.types import ChatMessage, ImageBlock, TextBlock
+from pydantic import BaseModel
 
 from kvstore import AsyncMessageStore, MessageStore, StoreConfig, UserMessage, errors
 from kvstore.integrations.llamaindex import KvstoreChatStore
@@ -53,6 +56,167 @@ BAD = {
     ),
     "too large": said("x" * (17 << 20)),
 }
+# Values JSON cannot carry exactly (they would read back as None, a base64 string, a list …).
+NOT_JSON = {
+    "nan": float("nan"),
+    "inf": float("inf"),
+    "-inf": float("-inf"),
+    "bytes": b"x",
+    "a set": {1, 2},
+    "a tuple": (1, 2),
+    "a datetime": datetime.datetime(2024, 1, 1),
+    "a nan in a list": [1, float("nan")],
+    "bytes in a dict": {"a": {"b": b"\xff"}},
+    "an int key": {1: "one"},
+    "a pydantic model holding bytes": ImageBlock(image=b"\x89PNG"),  # dumps bytes
+    "too deep": [
+        [
+            [
+                [
+                    [
+                        [
+                            [
+                                [
+                                    [
+                                        [
+                                            [
+                                                [
+                                                    [
+                                                        [
+                                                            [
+                                                                [
+                                                                    [
+                                                                        [
+                                                                            [
+                                                                                [
+                                                                                    [
+                                                                                        [
+                                                                                            [
+                                                                                                [
+                                                                                                    [
+                                                                                                        [
+                                                                                                            [
+                                                                                                                [
+                                                                                                                    [
+                                                                                                                        [
+                                                                                                                            [
+                                                                                                                                [
+                                                                                                                                    [
+                                                                                                                                        [
+                                                                                                                                            [
+                                                                                                                                                [
+                                                                                                                                                    [
+                                                                                                                                                        [
+                                                                                                                                                            [
+                                                                                                                                                                [
+                                                                                                                                                                    [
+                                                                                                                                                                        [
+                                                                                                                                                                            [
+                                                                                                                                                                                [
+                                                                                                                                                                                    [
+                                                                                                                                                                                        [
+                                                                                                                                                                                            [
+                                                                                                                                                                                                [
+                                                                                                                                                                                                    [
+                                                                                                                                                                                                        [
+                                                                                                                                                                                                            [
+                                                                                                                                                                                                                [
+                                                                                                                                                                                                                    [
+                                                                                                                                                                                                                        [
+                                                                                                                                                                                                                            [
+                                                                                                                                                                                                                                [
+                                                                                                                                                                                                                                    [
+                                                                                                                                                                                                                                        [
+                                                                                                                                                                                                                                            [
+                                                                                                                                                                                                                                                [
+                                                                                                                                                                                                                                                    [
+                                                                                                                                                                                                                                                        [
+                                                                                                                                                                                                                                                            [
+                                                                                                                                                                                                                                                                [
+                                                                                                                                                                                                                                                                    [
+                                                                                                                                                                                                                                                                        [
+                                                                                                                                                                                                                                                                            []
+                                                                                                                                                                                                                                                                        ]
+                                                                                                                                                                                                                                                                    ]
+                                                                                                                                                                                                                                                                ]
+                                                                                                                                                                                                                                                            ]
+                                                                                                                                                                                                                                                        ]
+                                                                                                                                                                                                                                                    ]
+                                                                                                                                                                                                                                                ]
+                                                                                                                                                                                                                                            ]
+                                                                                                                                                                                                                                        ]
+                                                                                                                                                                                                                                    ]
+                                                                                                                                                                                                                                ]
+                                                                                                                                                                                                                            ]
+                                                                                                                                                                                                                        ]
+                                                                                                                                                                                                                    ]
+                                                                                                                                                                                                                ]
+                                                                                                                                                                                                            ]
+                                                                                                                                                                                                        ]
+                                                                                                                                                                                                    ]
+                                                                                                                                                                                                ]
+                                                                                                                                                                                            ]
+                                                                                                                                                                                        ]
+                                                                                                                                                                                    ]
+                                                                                                                                                                                ]
+                                                                                                                                                                            ]
+                                                                                                                                                                        ]
+                                                                                                                                                                    ]
+                                                                                                                                                                ]
+                                                                                                                                                            ]
+                                                                                                                                                        ]
+                                                                                                                                                    ]
+                                                                                                                                                ]
+                                                                                                                                            ]
+                                                                                                                                        ]
+                                                                                                                                    ]
+                                                                                                                                ]
+                                                                                                                            ]
+                                                                                                                        ]
+                                                                                                                    ]
+                                                                                                                ]
+                                                                                                            ]
+                                                                                                        ]
+                                                                                                    ]
+                                                                                                ]
+                                                                                            ]
+                                                                                        ]
+                                                                                    ]
+                                                                                ]
+                                                                            ]
+                                                                        ]
+                                                                    ]
+                                                                ]
+                                                            ]
+                                                        ]
+                                                    ]
+                                                ]
+                                            ]
+                                        ]
+                                    ]
+                                ]
+                            ]
+                        ]
+                    ]
+                ]
+            ]
+        ]
+    ],
+}
+for label, value in NOT_JSON.items():
+    BAD[f"{label} in additional_kwargs"] = ChatMessage(
+        role="user", content="x", additional_kwargs={"v": value}
+    )
+BAD["nan in a tool call's kwargs"] = ChatMessage(
+    role="assistant",
+    content="",
+    additional_kwargs={
+        "tool_calls": [
+            {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+        ],
+        "score": float("nan"),
+    },
+)
 
 
 @pytest.mark.parametrize("kind", sorted(BAD))
@@ -78,6 +242,8 @@ def _broken(store: MessageStore, key: str) -> list[int]:
         {"source": "llamaindex", "source_fields": '{"additional_kwargs": [1]}'},
         {"source": "llamaindex", "source_fields": '{"blocks": [{"index": 0}]}'},
         {"source": "llamaindex", "source_fields": '{"all_blocks": [{"block_type": "zzz"}]}'},
+        {"source": "llamaindex", "source_fields": '{"texts": [5]}'},  # "bad" is 3 characters
+        {"source": "llamaindex", "source_fields": '{"texts": "3"}'},
     ]
     result = store.thread(key).append([UserMessage(content="bad", metadata=m) for m in broken])
     return [m.seq_id for m in result]  # type: ignore[misc]
@@ -168,3 +334,101 @@ def test_tool_calls_with_long_arguments_round_trip(call):
             "big",
             ChatMessage(role="assistant", additional_kwargs={"tool_calls": [other]}),
         )
+
+
+class _Usage(BaseModel):
+    tokens: int
+    detail: dict[str, float]
+
+
+def test_json_values_in_additional_kwargs_read_back_equal(call):
+    kwargs = {"n": [1, -2.5, 1e300, None, True, "ü"], "d": {"e": {}, "f": []}, "big": 2**70}
+    message = ChatMessage(role="user", content="x", additional_kwargs=kwargs)
+    call("add_message", "k", message)
+    call("set_messages", "k2", [message])
+    assert call("get_messages", "k") == call("get_messages", "k2") == [message]
+    assert call("get_messages", "k")[0].additional_kwargs == kwargs
+    # A pydantic model reads back as LlamaIndex serializes it: its model_dump().
+    usage = _Usage(tokens=3, detail={"cached": 0.5})
+    call("add_message", "k3", ChatMessage(role="user", additional_kwargs={"usage": usage}))
+    assert call("get_messages", "k3")[0].additional_kwargs == {"usage": usage.model_dump()}
+
+
+def _long_steps() -> list[ChatMessage]:
+    """Steps whose text is over metadata's 7 KB but whose other fields are small."""
+    calls = [{"id": "c1", "type": "function", "function": {"name": "search", "arguments": "{}"}}]
+    two = [{"id": "c2", "type": "function", "function": {"name": "f", "arguments": "{}"}}, *calls]
+    long = "t" * 8_000
+    return [
+        ChatMessage(
+            role="system", blocks=[TextBlock(text="s" * 4_000), TextBlock(text="s\n" * 2_000)]
+        ),
+        ChatMessage(role="system", blocks=[]),
+        ChatMessage(role="system", blocks=[TextBlock(text=""), TextBlock(text="")]),
+        ChatMessage(role="assistant", content=long, additional_kwargs={"tool_calls": calls}),
+        ChatMessage(
+            role="assistant",
+            blocks=[TextBlock(text=long), TextBlock(text="\n"), TextBlock(text="tail")],
+            additional_kwargs={"tool_calls": two, "other": 1},
+        ),
+        ChatMessage(
+            role="assistant",
+            blocks=[
+                TextBlock(text=long),
+                ImageBlock(url="https://example.com/a.png"),  # no kvstore field: kept, small
+                TextBlock(text="after"),
+            ],
+            additional_kwargs={"tool_calls": calls},
+        ),
+        ChatMessage(role="assistant", content="", additional_kwargs={"tool_calls": calls}),
+        ChatMessage(
+            role="tool",
+            blocks=[TextBlock(text="r" * 5_000), TextBlock(text="r" * 5_000)],
+            additional_kwargs={"tool_call_id": "c1"},
+        ),
+        ChatMessage(role="tool", blocks=[], additional_kwargs={"tool_call_id": "c2"}),
+        ChatMessage(
+            role="tool",
+            blocks=[ImageBlock(url="https://example.com/b.png"), TextBlock(text="r" * 9_000)],
+            additional_kwargs={"tool_call_id": "c1"},
+        ),
+    ]
+
+
+def test_long_text_of_steps_kept_in_blocks_is_stored_natively_and_reads_back_equal(call, store):
+    """Only what has no kvstore field counts against metadata's 7 KB: the text of a tool-calling
+    step, or of a system or tool message of several blocks, is in the message's own fields."""
+    messages = _long_steps()
+    for message in messages:
+        call("add_message", "long", message)
+    assert call("get_messages", "long") == messages
+    call("set_messages", "long2", messages)
+    assert call("get_messages", "long2") == messages
+    for stored in store.thread("long").iter():
+        kept = {k: v for k, v in (stored.metadata or {}).items() if k.startswith("source_fields")}
+        assert len(json.dumps(kept)) < 1_000
+    assert KvstoreChatStore(store, max_messages=3).get_messages("long") == messages[-3:]
+    assert call("delete_message", "long", 3) == messages[3]
+    assert call("get_messages", "long") == messages[:3] + messages[4:]
+
+
+def test_a_store_refusing_unknown_fields_keeps_a_tool_calling_steps_text(server, namespace):
+    """Such a store has no field for a tool call step's text: it is kept in metadata then."""
+    config = StoreConfig(namespace=namespace, unknown_fields="refuse")
+    calls = [{"id": "c1", "type": "function", "function": {"name": "search", "arguments": "{}"}}]
+    with MessageStore.from_url(server.url, config) as refusing:
+        chat = KvstoreChatStore(refusing)
+        short = ChatMessage(
+            role="assistant", content="let me look", additional_kwargs={"tool_calls": calls}
+        )
+        chat.add_message("k", short)
+        chat.set_messages("k2", [short])
+        assert chat.get_messages("k") == chat.get_messages("k2") == [short]
+        with pytest.raises(errors.InvalidMessage):
+            chat.add_message(
+                "k",
+                ChatMessage(
+                    role="assistant", content="t" * 8_000, additional_kwargs={"tool_calls": calls}
+                ),
+            )
+        assert chat.get_messages("k") == [short]
