@@ -12,10 +12,12 @@ import json
 from typing import Any
 
 from ..importers.llamaindex import _LLAMA_ROLES, _llama_image
+from ..importers.openai_agents import POPPED_FIELD
 from ..importers.records import joined_fields, split_fields
 from ..messages import (
     AssistantMessage,
     Base64Image,
+    HiddenReasoningMessage,
     ImageContent,
     Message,
     SystemMessage,
@@ -50,9 +52,20 @@ _ROLE_OF = {
 }
 
 
-def tombstone() -> AssistantMessage:
-    """What a deleted message is replaced by (same id and sequence; reads skip it)."""
-    return AssistantMessage(content=[], metadata={DELETED: "1"})
+def tombstone() -> HiddenReasoningMessage:
+    """What a deleted message is replaced by (same id and sequence; reads skip it): a hidden
+    reasoning step, which kvstore's converters and the other adapters leave out too, as the
+    Agents session's retraction is. (Tombstones written before were empty assistant messages
+    with the same mark: this store still skips them.)"""
+    return HiddenReasoningMessage(state="omitted", metadata={DELETED: "1"})
+
+
+def _retracted(message: Any) -> bool:
+    """Whether the Agents session's pop_item retracted this stored message (its model's extra
+    field, or its dict's key)."""
+    if isinstance(message, dict):
+        return bool(message.get(POPPED_FIELD))
+    return bool((message.__pydantic_extra__ or {}).get(POPPED_FIELD))
 
 
 def to_kvstore(record: dict[str, Any], key: str = "", text_field: bool = True) -> Message:
@@ -176,7 +189,7 @@ def to_chat(message: Message) -> dict[str, Any] | None:
     """The ChatMessage dict of a stored message (None for a deleted one): the fields kept in
     its metadata first, then its native fields."""
     metadata = getattr(message, "metadata", None)
-    if metadata and DELETED in metadata:
+    if (metadata and DELETED in metadata) or _retracted(message):
         return None
     fields = joined_fields(metadata)
     kind = message.message_type
@@ -209,7 +222,7 @@ def chat_dict(message: dict[str, Any]) -> tuple[bool, dict[str, Any] | None]:
     ChatMessage dict, or None for a deleted message) for a user, assistant or system message
     with a string content and no fields kept in its metadata, else (False, None)."""
     metadata = message.get("metadata")
-    if metadata and DELETED in metadata:
+    if (metadata and DELETED in metadata) or _retracted(message):
         return True, None
     role = _PLAIN_ROLES.get(message.get("message_type"))  # type: ignore[arg-type]  # any value
     content = message.get("content")

@@ -15,7 +15,10 @@ from llama_index.core.base.llms.types import ChatMessage, ImageBlock, TextBlock
 from pydantic import BaseModel
 
 from kvstore import AsyncMessageStore, MessageStore, StoreConfig, UserMessage, errors
+from kvstore.convert import to_chat_completions, to_responses_input
+from kvstore.integrations.langchain import KvstoreChatMessageHistory
 from kvstore.integrations.llamaindex import KvstoreChatStore
+from kvstore.integrations.openai_agents import KvstoreSession
 from tests.integration.test_integration_llamaindex import _caller
 
 pytestmark = pytest.mark.usefixtures("server_only")
@@ -432,3 +435,32 @@ def test_a_store_refusing_unknown_fields_keeps_a_tool_calling_steps_text(server,
                 ),
             )
         assert chat.get_messages("k") == [short]
+
+
+def test_a_deleted_message_is_left_out_by_every_reader_of_the_thread(call, store, server):
+    """delete_message leaves a tombstone in the message's place (its sequence is never reused):
+    the thread's own context, kvstore's converters and the other adapters leave it out too, and
+    this store leaves out an item the Agents session retracted (pop_item)."""
+    gone = ChatMessage(role="assistant", content="gone")
+    call("set_messages", "k", [said("u1"), gone, said("u2")])
+    call("delete_message", "k", 1)
+    call("add_message", "k", ChatMessage(role="assistant", content="a2"))
+    call("delete_last_message", "k")
+    context = store.thread("k").context()
+    said_in_context = [m for m in context if m.message_type != "hidden_reasoning_message"]
+    assert [m.content for m in said_in_context] == ["u1", "u2"]
+    assert [m["content"] for m in to_chat_completions(context)] == ["u1", "u2"]
+    assert [item["content"] for item in to_responses_input(context)] == ["u1", "u2"]
+    assert [m.content for m in KvstoreChatMessageHistory(store, "k").messages] == ["u1", "u2"]
+
+    async def agents_pop() -> None:
+        agents_store = AsyncMessageStore.from_url(server.url, store.config)
+        try:
+            session = KvstoreSession("k", agents_store)
+            await session.add_items([{"role": "user", "content": "u3"}])
+            assert await session.pop_item() == {"role": "user", "content": "u3"}
+        finally:
+            await agents_store.close()
+
+    asyncio.run(agents_pop())
+    assert call("get_messages", "k") == [said("u1"), said("u2")]
