@@ -13,7 +13,7 @@
 --- outcome and the result; finishing a finished turn returns that recorded result, whatever
 --- outcome it passes. The outcome is also recorded in the turn reply sequence when it names this
 --- turn, so a reader sees a failed turn as unfinished. A turn finished with no message stored is
---- listed for retention to drop (includes/turns.lua, note_idle_turn). The open chunk's strings are
+--- listed for retention to drop (includes/turns.lua, note_idle_turn). The open chunk's records are
 --- left exact (includes/layout3_store.lua: open_chunk.trim).
 ---
 --- Reply: {reply_count, first_sequence or 0, last_sequence or 0, reply_start, outcome}
