@@ -138,7 +138,8 @@ def watch(
     # incarnation: the thread's this watcher follows (None until it reads the first event of a
     # thread that had none). n: the last event delivered (the next must be n + 1); caught_up:
     # messages through this sequence were delivered by paging, so an 'added' event at or before
-    # it is skipped. last_s: the thread's last sequence at event n (every message up to it was
+    # it is skipped, and so is a 'compacted' one whose summary is (a replacement is not: the
+    # page may have read the message before it). last_s: the thread's last sequence at event n (every message up to it was
     # delivered, or came before the watch began).
     watching = _Watching(thread, state.incarnation, messages)
     try:
@@ -320,6 +321,9 @@ class _Watching:
                 cursor, turn_id or "", _int(fields.get("n")), _int(fields.get("r")) == 0
             )
         if kind == "compacted":
+            if a <= caught_up:
+                # Its summary (stored at a) came in a page: delivered once, as a paged message.
+                return None
             found = yield Run(_checked_sequences(thread, [a], incarnation))
             return Compacted(cursor, found[0] if found else None, a, b)
         if kind == "deleted":

@@ -18,6 +18,8 @@ connection) or ServerError (a refusal).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
 import threading
 from typing import Any
 
@@ -36,6 +38,8 @@ from .watch_recovery import Recovery, failed, reads, recoverable, refresh, refre
 # longer, so that a dead server is noticed.
 DEFAULT_BLOCK_MS = 5000
 _SOCKET_SLACK_S = 10
+# aclose() waits this long at most for the read it cancels (as the store's close() does).
+_STOP_WAIT_S = 1.0
 
 
 def _node_client(client: Any, key: str) -> Any:
@@ -85,6 +89,8 @@ class Watch:
         self._store, self._steps, self._block_ms = store, steps, block_ms
         self._client: redis.Redis | None = None
         self._closed = self._stopped = False
+        self._reading = False  # a read is sent or awaited now (in the iterating thread)
+        self._connection: Any = None  # the connection of the watcher's client, once made
         # close() of the store may run in another thread: an event is handed out under this
         # lock, so none is handed out once stop() returned.
         self._lock = threading.Lock()
@@ -97,6 +103,7 @@ class Watch:
             connection_class, kwargs = _settings(
                 _node_client(self._store.client, key), self._block_ms
             )
+            kwargs["redis_connect_func"] = self._on_connect(kwargs.get("redis_connect_func"))
             pool = redis.ConnectionPool(
                 connection_class=connection_class, max_connections=1, **kwargs
             )
@@ -106,6 +113,22 @@ class Watch:
                 self._client = redis.Redis(connection_pool=pool)
         return self._client
 
+    def _on_connect(self, then: Any) -> Any:
+        """The watcher's connection's handshake: refused once the watcher is stopped, so that a
+        read that was about to be sent when close() or stop() cut the connection in another
+        thread does not connect again (and block for block_ms) but fails, and ends the watch."""
+
+        def on_connect(connection: Any) -> None:
+            if self._stopped:
+                raise redis.ConnectionError("the watcher was closed")
+            self._connection = connection
+            if then is not None:
+                then(connection)
+            else:
+                connection.on_connect()
+
+        return on_connect
+
     def _read(self, key: str, after: str, count: int) -> Any:
         """The XREAD's reply; on a cluster, sent again (see the module's doc) until it is read."""
         recovery = Recovery()
@@ -114,9 +137,14 @@ class Watch:
             with self._lock:
                 if self._stopped:
                     raise StopIteration
+                self._reading = True
             try:
                 command = _xread(key, after, count, block)
-                reply = self._connect(key).execute_command(*wire(command))  # type: ignore[no-untyped-call]  # unannotated in redis-py
+                try:
+                    reply = self._connect(key).execute_command(*wire(command))  # type: ignore[no-untyped-call]  # unannotated in redis-py
+                finally:
+                    with self._lock:
+                        self._reading = False
                 return _entries(reply, recovered=block is None)
             except (RedisError, RedisClusterException) as exc:
                 if self._stopped or not recoverable(self._store.client, exc):
@@ -154,9 +182,11 @@ class Watch:
                 else:
                     reply = self._read(step.key, step.after, step.count)
         except BaseException as exc:
+            stopped = self._stopped  # before close(), which stops the watcher too
             self.close()
-            if self._stopped and isinstance(exc, Exception):
-                # The store was closed: whatever its reads met then, the iteration just ends.
+            if stopped and isinstance(exc, Exception):
+                # The watcher or its store was closed: whatever its reads met then, the
+                # iteration just ends.
                 raise StopIteration from None
             raise
 
@@ -165,15 +195,39 @@ class Watch:
         off at once, and no event is handed out after this returns."""
         with self._lock:
             self._stopped = self._closed = True
-            client = self._client
+            client, reading = self._client, self._reading
         self._woken.set()
-        if client is not None:
-            client.connection_pool.disconnect()  # wakes the read blocked in another thread
+        if reading:
+            self._cut()
+        elif client is not None:
+            client.connection_pool.disconnect()
+
+    def _cut(self) -> None:
+        """Wakes the read blocked now in the iterating thread: its socket is shut down, not
+        closed (a socket closed under a read in another thread may have its descriptor reused by
+        another connection, which the read then waits on); the read fails, and the iterating
+        thread closes the connection on its way out. A read not connected yet cannot connect
+        (_on_connect)."""
+        sock = getattr(self._connection, "_sock", None)
+        if sock is not None:
+            # ValueError: fakeredis's socket, whose read cannot be cut off from another thread.
+            with contextlib.suppress(OSError, ValueError):
+                sock.shutdown(socket.SHUT_RDWR)
 
     def close(self) -> None:
-        """Closes the watcher's connection; the iteration ends."""
-        self._closed = True
-        self._steps.close()
+        """Closes the watcher's connection; the iteration ends, with no error, also when it
+        is called from another thread while the watcher waits (its read is cut off, as by
+        stop())."""
+        with self._lock:
+            self._stopped = self._closed = True
+            reading = self._reading
+        self._woken.set()
+        if reading:  # in another thread: its way out (__next__) closes the rest
+            self._cut()
+            return
+        # ValueError: running in the iterating thread now; its way out (__next__) closes it.
+        with contextlib.suppress(ValueError):
+            self._steps.close()
         self._drop()
 
     def __enter__(self) -> Watch:
@@ -231,6 +285,8 @@ class AsyncWatch:
                 raise StopAsyncIteration
             try:
                 client = await self._connect(key)
+                if self._stopped:  # aclose() ran while _connect awaited
+                    raise StopAsyncIteration
                 command = _xread(key, after, count, block)
                 reply = await self._pend(client.execute_command(*wire(command)))  # type: ignore[no-untyped-call]  # unannotated in redis-py
                 return _entries(reply, recovered=block is None)
@@ -272,9 +328,11 @@ class AsyncWatch:
                 else:
                     reply = await self._read(step.key, step.after, step.count)
         except BaseException as exc:  # cancellation too: the connection goes with the watcher
+            stopped = self._stopped  # before aclose(), which stops the watcher too
             await self.aclose()
-            if self._stopped and not _cancelling() and not isinstance(exc, KeyboardInterrupt):
-                # The store was closed (its read cancelled, its reads failing): the end.
+            if stopped and not _cancelling() and not isinstance(exc, KeyboardInterrupt):
+                # The watcher or its store was closed (its read cancelled, its reads failing):
+                # the end.
                 raise StopAsyncIteration from None
             raise
 
@@ -288,8 +346,13 @@ class AsyncWatch:
         return pending
 
     async def aclose(self) -> None:
-        """Closes the watcher's connection; the iteration ends."""
-        self._closed = True
+        """Closes the watcher's connection; the iteration ends, with no error, also when it
+        is awaited in another task while the watcher waits (its read is cancelled, as by
+        stop(), and waited for up to _STOP_WAIT_S)."""
+        stopped_before = self._stopped  # the store's close() stopped it and waited already
+        pending = self.stop()
+        if pending is not None and not stopped_before:
+            await asyncio.wait([pending], timeout=_STOP_WAIT_S)
         self._steps.close()
         await self._drop()
 
