@@ -14,6 +14,9 @@ import pytest
 from kvstore import AssistantMessage, UserMessage
 
 MESSAGES = 5  # 1 KB appends: the fifth reallocates to twice the bytes, leaving slack
+# APPEND's slack is kilobytes here; an object's own header may differ from a fresh copy's by a
+# few bytes, by how the server made it (Valkey 8 embeds the key in it: 16 bytes seen), never KBs.
+EXACT = 256
 
 
 def open_strings(thread):
@@ -52,13 +55,13 @@ def test_a_finished_turn_leaves_the_open_chunk_exact(
     fill(thread, "turn-1")
     keys = open_strings(thread)
     # The condition the trim removes: without it this test would pass vacuously.
-    assert slack(raw_client, keys[0]) > 0
+    assert slack(raw_client, keys[0]) > 1024
     before = state(raw_client, keys)
     before_keys = set(raw_client.scan_iter(match=f"{namespace}:*"))
 
     thread.finish_turn("turn-1")
 
-    assert slack(raw_client, keys[0]) == 0
+    assert slack(raw_client, keys[0]) < EXACT
     after = state(raw_client, keys)
     assert [value for value, _ in after] == [value for value, _ in before]
     for (_, ttl_before), (_, ttl_after) in zip(before, after, strict=True):
@@ -74,7 +77,7 @@ def test_a_compaction_leaves_the_open_chunk_exact(make_thread, raw_client, serve
     thread = make_thread("compacted")
     last = fill(thread, None)
     thread.compact("the story so far", last_sequence=last)
-    assert slack(raw_client, open_strings(thread)[0]) == 0
+    assert slack(raw_client, open_strings(thread)[0]) < EXACT
     assert thread.stats().stored_messages == MESSAGES + 1
 
 
@@ -91,4 +94,4 @@ def test_finishing_a_turn_twice_or_an_empty_thread_trims_nothing_wrong(
     first = state(raw_client, open_strings(thread))
     thread.finish_turn("turn-2")  # a replay: the recorded result, the strings as they were
     assert state(raw_client, open_strings(thread)) == first
-    assert slack(raw_client, open_strings(thread)[0]) == 0
+    assert slack(raw_client, open_strings(thread)[0]) < EXACT
