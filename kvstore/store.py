@@ -20,15 +20,13 @@ from ._engine.drivers import AsyncDriver, SyncDriver
 from ._engine.executor import Executor, operate
 from ._engine.health import health, health_async
 from ._engine.health_report import HealthReport
+from ._engine.watch_drivers import WATCHER_STOP_SECONDS
 from .async_thread import AsyncThread
 from .config import StoreConfig
 from .owners import AsyncOwnerMethods, OwnerMethods
 from .thread import Thread
 
 __all__ = ["AsyncMessageStore", "AsyncThread", "MessageStore", "Thread"]
-
-# How long an async store's close() waits for its watchers' cancelled reads to end.
-WATCHER_STOP_SECONDS = 1.0
 
 
 def _client_from_url(client_class: Any, url: str, client_kwargs: dict[str, Any]) -> Any:

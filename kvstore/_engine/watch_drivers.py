@@ -38,8 +38,9 @@ from .watch_recovery import Recovery, failed, reads, recoverable, refresh, refre
 # longer, so that a dead server is noticed.
 DEFAULT_BLOCK_MS = 5000
 _SOCKET_SLACK_S = 10
-# aclose() waits this long at most for the read it cancels (as the store's close() does).
-_STOP_WAIT_S = 1.0
+# How long aclose(), and an async store's close() for each of its watchers, waits at most for
+# the read it cancelled to end.
+WATCHER_STOP_SECONDS = 1.0
 
 
 def _node_client(client: Any, key: str) -> Any:
@@ -193,14 +194,19 @@ class Watch:
     def stop(self) -> None:
         """Ends the iteration from any thread (the store's close()): a read blocked now is cut
         off at once, and no event is handed out after this returns."""
+        if not self._halt() and self._client is not None:
+            self._client.connection_pool.disconnect()
+
+    def _halt(self) -> bool:
+        """Marks the watcher stopped (no event is handed out after this returns) and wakes it,
+        cutting off a read blocked now in the iterating thread; whether one was."""
         with self._lock:
             self._stopped = self._closed = True
-            client, reading = self._client, self._reading
+            reading = self._reading
         self._woken.set()
         if reading:
             self._cut()
-        elif client is not None:
-            client.connection_pool.disconnect()
+        return reading
 
     def _cut(self) -> None:
         """Wakes the read blocked now in the iterating thread: its socket is shut down, not
@@ -218,12 +224,7 @@ class Watch:
         """Closes the watcher's connection; the iteration ends, with no error, also when it
         is called from another thread while the watcher waits (its read is cut off, as by
         stop())."""
-        with self._lock:
-            self._stopped = self._closed = True
-            reading = self._reading
-        self._woken.set()
-        if reading:  # in another thread: its way out (__next__) closes the rest
-            self._cut()
+        if self._halt():  # in another thread: its way out (__next__) closes the rest
             return
         # ValueError: running in the iterating thread now; its way out (__next__) closes it.
         with contextlib.suppress(ValueError):
@@ -348,11 +349,11 @@ class AsyncWatch:
     async def aclose(self) -> None:
         """Closes the watcher's connection; the iteration ends, with no error, also when it
         is awaited in another task while the watcher waits (its read is cancelled, as by
-        stop(), and waited for up to _STOP_WAIT_S)."""
+        stop(), and waited for up to WATCHER_STOP_SECONDS)."""
         stopped_before = self._stopped  # the store's close() stopped it and waited already
         pending = self.stop()
         if pending is not None and not stopped_before:
-            await asyncio.wait([pending], timeout=_STOP_WAIT_S)
+            await asyncio.wait([pending], timeout=WATCHER_STOP_SECONDS)
         self._steps.close()
         await self._drop()
 
