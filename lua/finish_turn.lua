@@ -13,8 +13,8 @@
 --- outcome and the result; finishing a finished turn returns that recorded result, whatever
 --- outcome it passes. The outcome is also recorded in the turn reply sequence when it names this
 --- turn, so a reader sees a failed turn as unfinished. A turn finished with no message stored is
---- listed for retention to drop (includes/turns.lua, note_idle_turn). The open chunk's records are
---- left exact (includes/layout3_store.lua: open_chunk.trim).
+--- listed for retention to drop (includes/turns.lua, note_idle_turn). The call that finishes the
+--- turn leaves the open chunk's records exact (includes/layout3_store.lua: open_chunk.trim).
 ---
 --- Reply: {reply_count, first_sequence or 0, last_sequence or 0, reply_start, outcome}
 --- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_DELETING, KVS_RESTORING, KVS_MIGRATING, KVS_TURN_NOT_FOUND, KVS_TURN_FENCED,
@@ -50,8 +50,10 @@ if turn.outcome == 'open' and lease ~= 0 then
     return err
   end
 end
+local finishing = turn.outcome == 'open'
 finish_open_turn(keys, limits, turn_id, turn, outcome)
--- The thread goes quiet until its next message: its open chunk without APPEND's slack.
-open_chunk.trim(keys)
+-- The thread goes quiet until its next message: its open chunk without APPEND's slack (once:
+-- a retried finish finds it trimmed already).
+if finishing then open_chunk.trim(keys) end
 apply_expiry(keys)
 return {turn.count, turn.first_seq, turn.last_seq, turn.start, turn.outcome}

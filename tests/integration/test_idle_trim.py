@@ -42,6 +42,11 @@ def fill(thread, turn_id: str | None) -> int:
     return last
 
 
+def copies_made(client) -> int:
+    """COPY commands the server ran so far (a script's own commands counted too)."""
+    return int(client.info("commandstats").get("cmdstat_copy", {}).get("calls", 0))
+
+
 def state(client, keys: tuple[str, str]) -> list[tuple[bytes, int]]:
     return [(client.get(key), client.pttl(key)) for key in keys]
 
@@ -92,6 +97,8 @@ def test_finishing_a_turn_twice_or_an_empty_thread_trims_nothing_wrong(
     fill(thread, "turn-2")
     thread.finish_turn("turn-2")
     first = state(raw_client, open_strings(thread))
-    thread.finish_turn("turn-2")  # a replay: the recorded result, the strings as they were
+    copies = copies_made(raw_client)
+    thread.finish_turn("turn-2")  # a retry: the recorded result, the strings as they were
     assert state(raw_client, open_strings(thread)) == first
+    assert copies_made(raw_client) == copies  # trimmed once, by the call that finished it
     assert slack(raw_client, open_strings(thread)[0]) < EXACT
