@@ -222,68 +222,38 @@ def test_a_sync_store_is_refused_when_the_session_is_made(backend, server_only, 
         KvstoreSession("s", sync)  # type: ignore[arg-type]
 
 
-def test_a_batch_equal_to_the_end_of_the_batch_before_is_stored(backend, server_only, namespace):
-    """Only the whole previous batch is a replay: its last items alone are a new batch."""
+# Batches added one after another to a new session, and the texts it then holds: only the
+# whole batch just before is a replay, never its first or last items alone.
+BATCHES = {
+    "the end of the batch before": (
+        [["What is 2+2?", "4"], ["ok", "ok", "fine"], ["ok", "fine"], ["fine"]],
+        ["What is 2+2?", "4", "ok", "ok", "fine", "ok", "fine", "fine"],
+    ),
+    "its last item, all alike": ([["yes", "yes"], ["yes"]], ["yes"] * 3),
+    "the start of the batch before": ([["a", "b", "c"], ["a", "b"]], ["a", "b", "c", "a", "b"]),
+    "its first items, all alike": ([["yes"] * 3, ["yes"] * 2], ["yes"] * 5),
+    "the same batch again (a retried step)": (
+        [["first"], ["a", "b", "a"], ["a", "b", "a"]],
+        ["first", "a", "b", "a"],
+    ),
+    "the same batch of alike items again": ([["yes"] * 2, ["yes"] * 2], ["yes"] * 2),
+    # One item, as the batch of one before it: taken for a replay (the documented limit).
+    "one item again": ([["zero"], ["one"], ["one"]], ["zero", "one"]),
+}
+
+
+@pytest.mark.parametrize("case", BATCHES)
+def test_only_the_whole_batch_before_is_a_replay(backend, server_only, namespace, case):
+    batches, expected = BATCHES[case]
 
     async def main() -> None:
         store = make_async_store(backend, StoreConfig(namespace=namespace))
-        session = KvstoreSession("suffix", store)
-        await session.add_items([said("What is 2+2?"), {"role": "assistant", "content": "4"}])
-        await session.add_items([said("ok"), said("ok"), said("fine")])
-        await session.add_items([said("ok"), said("fine")])
-        await session.add_items([said("fine")])
-        assert texts(await session.get_items()) == [
-            "What is 2+2?",
-            "4",
-            "ok",
-            "ok",
-            "fine",
-            "ok",
-            "fine",
-            "fine",
-        ]
-        await session.thread.delete()
-        await session.add_items([said("yes"), said("yes")])
-        await session.add_items([said("yes")])
-        assert texts(await session.get_items()) == ["yes"] * 3
-        await store.close()
-
-    run(main())
-
-
-def test_a_batch_equal_to_the_start_of_the_batch_before_is_stored(backend, server_only, namespace):
-    async def main() -> None:
-        store = make_async_store(backend, StoreConfig(namespace=namespace))
-        session = KvstoreSession("prefix", store)
-        await session.add_items([said("a"), said("b"), said("c")])
-        await session.add_items([said("a"), said("b")])
-        assert texts(await session.get_items()) == ["a", "b", "c", "a", "b"]
-        await session.thread.delete()
-        await session.add_items([said("yes")] * 3)
-        await session.add_items([said("yes")] * 2)
-        assert texts(await session.get_items()) == ["yes"] * 5
-        await store.close()
-
-    run(main())
-
-
-def test_the_same_batch_sent_again_right_after_is_a_replay(backend, server_only, namespace):
-    async def main() -> None:
-        store = make_async_store(backend, StoreConfig(namespace=namespace))
-        session = KvstoreSession("again", store)
-        await session.add_items([said("first")])
-        batch = [said("a"), {"role": "assistant", "content": "b"}, said("a")]
-        await session.add_items(copy.deepcopy(batch))
-        await session.add_items(copy.deepcopy(batch))  # a retried step: stored once
-        assert texts(await session.get_items()) == ["first", "a", "b", "a"]
-        await session.add_items([said("yes")] * 2)
-        await session.add_items([said("yes")] * 2)
-        assert texts(await session.get_items()) == ["first", "a", "b", "a", "yes", "yes"]
-        # One item, as the batch of one before it: taken for a replay (documented limit).
-        await session.add_items([said("one")])
-        await session.add_items([said("one")])
-        assert texts(await session.get_items())[-2:] == ["yes", "one"]
-        assert len(await session.get_items()) == 7
-        await store.close()
+        try:
+            session = KvstoreSession("batches", store)
+            for batch in batches:
+                await session.add_items([said(text) for text in batch])
+            assert texts(await session.get_items()) == expected
+        finally:
+            await store.close()
 
     run(main())
