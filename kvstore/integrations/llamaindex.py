@@ -9,7 +9,6 @@ hands its model a bounded history however long the thread runs.
 
 from __future__ import annotations
 
-import math
 import operator
 from typing import Any
 
@@ -22,7 +21,7 @@ from .. import errors
 from .._engine.layout.keys import check_thread_id, meta_pattern, thread_of_meta_key
 from .._engine.prepare import prepare_batch
 from ..config import StoreConfig
-from ..messages import MAX_JSON_DEPTH, Message
+from ..messages import MAX_JSON_DEPTH, Message, _check_json
 from ..store import AsyncMessageStore, MessageStore
 from . import _dicts
 from ._dicts import Stored
@@ -248,12 +247,12 @@ def _dump(message: Any, position: int = 0) -> dict[str, Any]:
             f"message {position}: a chat store takes LlamaIndex ChatMessages,"
             f" not {type(message).__name__}"
         )
-    problem = _not_json(message.additional_kwargs, "additional_kwargs", 0)
-    if problem is not None:
-        raise errors.InvalidMessage(
-            f"message {position}: {problem}, which JSON cannot carry as it is (it would read back"
-            " changed)"
-        )
+    try:
+        # The rule every message's free-form JSON is held to: what would read back changed (a
+        # NaN, bytes, a set or tuple, a datetime, a key that is no string) is refused.
+        _check_json(_models_dumped(message.additional_kwargs), "additional_kwargs")
+    except ValueError as exc:
+        raise errors.InvalidMessage(f"message {position}: {exc}") from None
     try:
         dumped: dict[str, Any] = message.model_dump(mode="json")
     except ValueError as exc:  # pydantic's PydanticSerializationError: a value JSON cannot carry
@@ -261,33 +260,19 @@ def _dump(message: Any, position: int = 0) -> dict[str, Any]:
     return dumped
 
 
-def _not_json(value: Any, path: str, depth: int) -> str | None:
-    """Where `value` holds what JSON cannot carry exactly (a non-finite float, bytes, a set, a
-    tuple, a datetime, a dict key that is not a string, any other type), or None. A pydantic
-    model is taken as LlamaIndex serializes it (its ``model_dump()``), which is checked too."""
+def _models_dumped(value: Any, depth: int = 0) -> Any:
+    """`value` with each pydantic model in it as its ``model_dump()``, as LlamaIndex serializes
+    it (its OpenAI LLM keeps tool-call objects in additional_kwargs). Past MAX_JSON_DEPTH it is
+    left as it is, for the JSON check to refuse."""
     if depth > MAX_JSON_DEPTH:
-        return f"{path} nests deeper than {MAX_JSON_DEPTH} levels"
-    if value is None or isinstance(value, str | bool | int):
-        return None
-    if isinstance(value, float):
-        return None if math.isfinite(value) else f"{path} is {value!r}"
+        return value
     if isinstance(value, BaseModel):
-        return _not_json(value.model_dump(), path, depth + 1)
+        return _models_dumped(value.model_dump(), depth + 1)
     if isinstance(value, list):
-        for n, item in enumerate(value):
-            problem = _not_json(item, f"{path}[{n}]", depth + 1)
-            if problem is not None:
-                return problem
-        return None
+        return [_models_dumped(item, depth + 1) for item in value]
     if isinstance(value, dict):
-        for name, item in value.items():
-            if not isinstance(name, str):
-                return f"{path} has the key {name!r}, not a string"
-            problem = _not_json(item, f"{path}[{name!r}]", depth + 1)
-            if problem is not None:
-                return problem
-        return None
-    return f"{path} holds a value of type {type(value).__name__}"
+        return {name: _models_dumped(item, depth + 1) for name, item in value.items()}
+    return value
 
 
 def _message(message: Any, key: str, text_field: bool, position: int = 0) -> Message:
