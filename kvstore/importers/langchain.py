@@ -123,7 +123,7 @@ def _lc_messages(base: str, data: dict[str, Any]) -> list[Message]:
                 tool_call=ToolCall(
                     name=str(call.get("name") or ""),
                     tool_call_id=str(call.get("id") or ""),
-                    arguments=json.dumps(arguments, ensure_ascii=False)
+                    arguments=json.dumps(arguments, ensure_ascii=False, allow_nan=False)
                     if isinstance(arguments, dict)
                     else "{}",
                 ),

@@ -94,7 +94,9 @@ def _blocks(
                 ToolCall(
                     name=str(block.get("tool_name") or ""),
                     tool_call_id=str(block.get("tool_call_id") or ""),
-                    arguments=arguments if isinstance(arguments, str) else json.dumps(arguments),
+                    arguments=arguments
+                    if isinstance(arguments, str)
+                    else json.dumps(arguments, allow_nan=False),
                 )
             )
         else:

@@ -30,7 +30,13 @@ def message_id(kind: Source, key: str, position: int, part: int, digest: bytes) 
 
 def split_fields(fields: dict[str, Any], key: str, position: int) -> dict[str, str]:
     """The source fields as compact JSON, split over ``source_fields``, ``source_fields_2`` …"""
-    text = json.dumps(fields, separators=(",", ":"), ensure_ascii=False)
+    try:
+        text = json.dumps(fields, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except ValueError:
+        raise errors.InvalidMessage(
+            f"{key}, message {position}: a field holds a NaN or infinite number, which JSON"
+            " cannot carry"
+        ) from None
     if len(text) > SOURCE_FIELDS_MAX:
         raise errors.InvalidMessage(
             f"{key}, message {position}: its fields without a kvstore equivalent take {len(text):,} characters"

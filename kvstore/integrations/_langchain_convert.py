@@ -62,7 +62,7 @@ def converted(messages: Iterable[Any], thread_id: str) -> Batch:
             )
     records = [message_to_dict(message) for message in given]
     try:
-        text = json.dumps(records, sort_keys=True)
+        text = json.dumps(records, sort_keys=True, allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise errors.InvalidMessage(
             f"{thread_id}: a message holds a value JSON cannot carry ({exc})"

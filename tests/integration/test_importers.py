@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import math
 import warnings
 
 import pytest
@@ -253,6 +254,47 @@ def test_invalid_session_id_and_oversized_fields_are_reported(store, server, raw
         store, raw_client, key_prefix=prefix, thread_id=lambda key: key.replace(" ", "-")[-9:]
     )
     assert {r.thread_id for r in named if r.error is None} >= {"has-space"}
+
+
+def test_a_number_json_cannot_carry_is_refused_by_message(store, server, raw_client, namespace):
+    # The peers write Python's json.dumps, which writes NaN and Infinity; kvstore keeps the
+    # source's fields as standard JSON, so such a message is refused by name, as any bad one
+    # (what came before it stays, as after any refused message).
+    prefix = f"{namespace}:message_store:"
+    write_langchain(
+        server.url,
+        prefix,
+        {
+            "nan-kwargs": [
+                lc.HumanMessage("hi"),
+                lc.AIMessage("x", additional_kwargs={"n": math.nan}),
+            ],
+            "inf-args": [
+                lc.HumanMessage("hi"),
+                lc.AIMessage("", tool_calls=[{"name": "f", "args": {"x": math.inf}, "id": "c1"}]),
+            ],
+            "fine": [lc.HumanMessage("hi")],
+        },
+    )
+    results = {
+        r.source_key[len(prefix) :]: r
+        for r in import_langchain(store, raw_client, key_prefix=prefix, batch_messages=10)
+    }
+    for name in ("nan-kwargs", "inf-args"):
+        assert results[name].error_type == "InvalidMessage", results[name]
+        assert "message 1" in results[name].error and results[name].imported == 1
+        assert [m.content for m in store.thread(name).iter()] == ["hi"]
+    assert results["fine"].imported == 1 and results["fine"].error is None
+
+    # LlamaIndex's own store writes null for them; another writer's json.dumps does not.
+    raw_client.rpush(
+        f"{namespace}:chat:inf",
+        b'{"role":"user","content":"hi"}',
+        b'{"role":"assistant","blocks":[{"block_type":"tool_call","tool_call_id":"c1",'
+        b'"tool_name":"f","tool_kwargs":{"x":-Infinity}}]}',
+    )
+    [result] = import_llamaindex(store, raw_client, pattern=f"{namespace}:chat:*")
+    assert result.error_type == "InvalidMessage" and result.imported == 1, result
 
 
 def test_llamaindex_import_compares_message_by_message(store, server, raw_client, namespace):

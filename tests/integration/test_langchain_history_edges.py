@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 
 import pytest
 from langchain_core import messages as lc
@@ -67,6 +68,15 @@ BAD = {
     "bytes in additional_kwargs": [lc.HumanMessage("x", additional_kwargs={"o": b"x"})],
     "a set in response_metadata": [lc.AIMessage("x", response_metadata={"s": {1}})],
     "too many kept fields": [lc.HumanMessage("x", additional_kwargs={"o": "y" * 10_000})],
+    # Numbers JSON cannot carry, wherever a message keeps free-form JSON.
+    "NaN in additional_kwargs": [lc.AIMessage("x", additional_kwargs={"n": math.nan})],
+    "infinity deep in additional_kwargs": [
+        lc.HumanMessage("x", additional_kwargs={"o": [{"i": -math.inf}]})
+    ],
+    "NaN in response_metadata": [lc.AIMessage("x", response_metadata={"score": math.nan})],
+    "infinity in a tool call's args": [
+        lc.AIMessage("", tool_calls=[{"name": "f", "args": {"x": math.inf}, "id": "c1"}])
+    ],
 }
 
 
