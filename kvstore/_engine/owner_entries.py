@@ -6,6 +6,7 @@ directory's values as lua/includes/owner.lua writes them.
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 from .. import errors
@@ -96,15 +97,16 @@ def _checked_record(owner: str, fields: list[Any]) -> dict[str, Any]:
 
 
 def _expired(record: Any, meta_exists: Any) -> bool:
-    """Whether a thread's directory record is of a thread whose keys expired: it was written
-    (its record has meta's fingerprint), it had a deadline, and its meta is gone."""
+    """Whether a thread's directory record is of a thread whose keys expired: it had a deadline,
+    its meta is gone, and it was written (its record has meta's fingerprint) or, listed by
+    set_info alone, its deadline passed (by this machine's clock: a listing, which drops it too,
+    goes by the server's)."""
     parts = _text(record).split(":", 4)
-    return (
-        not meta_exists
-        and len(parts) == 5
-        and parts[4] != ""
-        and number(parts[3], "an owner's thread record") > 0
-    )
+    if meta_exists or len(parts) < 4:
+        return False
+    deadline = number(parts[3], "an owner's thread record")
+    written = len(parts) == 5 and parts[4] != ""
+    return deadline > 0 and (written or deadline <= time.time() * 1000)
 
 
 def directory_reads(thread: ThreadRef) -> list[tuple[Any, ...]]:

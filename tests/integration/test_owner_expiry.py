@@ -4,6 +4,8 @@ title, counts or creation time), and its info is gone with it (docs/OWNERS.md)."
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from kvstore import UserMessage
@@ -85,3 +87,23 @@ def test_a_usage_read_repairs_every_expired_thread_of_a_mass_expiry(make_store, 
     usage = store.owner_usage("ann")  # no listing first
     assert (usage.threads, usage.messages, usage.stored_bytes) == (0, 0, 0)
     assert listed(store, "ann") == []
+
+
+def test_a_thread_listed_by_set_info_alone_is_gone_with_its_ttl(make_store, raw_client):
+    store = make_store(thread_ttl=1)
+    draft = store.thread("draft", owner="ann")
+    assert draft.set_info(title="Not yet written", metadata={"k": "v"}) is True
+    assert draft.info().title == "Not yet written"
+    assert draft.stats().title == "Not yet written"
+    time.sleep(1.2)  # past the ttl: no key of the thread was ever made to expire
+    # Every read agrees with the listing: the thread is gone, title and all.
+    assert draft.info() is None
+    never = store.thread("never-written", owner="ann").stats()
+    assert (
+        (draft.stats().title, draft.stats().metadata) == (never.title, never.metadata) == (None, {})
+    )
+    assert listed(store, "ann") == []
+    assert draft.info() is None
+    # Titled again, it is a new thread.
+    assert draft.set_info(title="Again") is True
+    assert (draft.info().title, draft.info().metadata) == ("Again", {})
