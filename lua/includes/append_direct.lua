@@ -97,14 +97,18 @@ function direct.new(KEYS, ARGV, at, n)
   return true
 end
 
--- With a ttl, the keys this call may have made get meta's deadline: every key the thread had
--- before carries it already (the general path's apply_expiry: every write that moves it sets it
--- on all). The open chunk's strings are new when it held nothing, the id map when the thread
+-- The keys this call may have made get meta's deadline when it has one (with a ttl it does; a
+-- store without one keeps a deadline another store set): every key the thread had before
+-- carries it already (the general path's apply_expiry: every write that moves it sets it on
+-- all). The open chunk's strings are new when it held nothing or closed, the id map when the thread
 -- stored nothing (each stored message has its id there), the otid map may be whenever an otid
--- is written; the event stream sees to itself (the event's XADD).
-function direct.expire_made(KEYS, open_new, ids_new, otids_written)
-  if not (open_new or ids_new or otids_written) then return end
+-- is written, the chunk index when a close makes it (`index`, the close's; a closed chunk is a
+-- COPY of the open one, deadline and all); the event stream sees to itself (direct.event).
+function direct.expire_made(KEYS, open_new, ids_new, otids_written, index)
+  if not (open_new or ids_new or otids_written or index) then return end
   local deadline = redis.call('PEXPIRETIME', KEYS[direct.KEY.meta])
+  if deadline <= 0 then return end
+  if index then redis.call('PEXPIREAT', index, deadline) end
   if open_new then
     redis.call('PEXPIREAT', KEYS[direct.KEY.open_data], deadline)
     redis.call('PEXPIREAT', KEYS[direct.KEY.open_manifest], deadline)
@@ -247,7 +251,13 @@ function direct.event(KEYS, limits, n, first, last, turn_id, born, ttl)
     end
     local age = limits.events_age_ms
     if redis.call('PTTL', events_key) < age then
-      redis.pcall('PEXPIRE', events_key, age + math.floor(age / 2))
+      -- A thread with a deadline (another store's ttl) keeps its stream to that deadline.
+      local deadline = redis.call('PEXPIRETIME', KEYS[direct.KEY.meta])
+      if deadline > 0 then
+        redis.call('PEXPIREAT', events_key, deadline)
+      else
+        redis.pcall('PEXPIRE', events_key, age + math.floor(age / 2))
+      end
     end
     return
   end
@@ -371,6 +381,6 @@ local function append_direct(KEYS, ARGV)
     redis.call('HSET', meta_key, unpack(fields))
   end
   if events_on then direct.event(KEYS, limits, events, first, last, turn_id, v[15] or false, ttl) end
-  if ttl then direct.expire_made(KEYS, count == 0, stored == 0, otids_written) end
+  direct.expire_made(KEYS, count == 0 or close ~= nil, stored == 0, otids_written, close and close.keys.chunk_index)
   return {1, first}
 end

@@ -113,7 +113,10 @@ local function emit_event(keys, limits, last_seq, fields, born, counted, own_dea
     -- As for a thread's ttl (includes/expiry.lua): a PTTL on most calls, a PEXPIRE of 1.5 age
     -- only when less than the age is left, so it expires 1 to 1.5 age after the last event.
     local age = limits.events_age_ms
-    if redis.call('PTTL', keys.events) < age then
+    if keys.deadline and keys.deadline > 0 then
+      -- A thread with a deadline another store's ttl set keeps its stream to it (begin_expiry).
+      redis.pcall('PEXPIREAT', keys.events, keys.deadline)
+    elseif redis.call('PTTL', keys.events) < age then
       redis.pcall('PEXPIRE', keys.events, age + math.floor(age / 2))
     end
   end

@@ -10,10 +10,15 @@
 
 -- Starts a writing call's expiry: sets keys.deadline, the deadline this call's writes must carry
 -- (0 when the thread has no ttl, or when it moves), and keys.ttl_moved, when the deadline moves,
--- the time to live apply_expiry sets (false otherwise).
+-- the time to live apply_expiry sets (false otherwise). A store without a ttl neither sets nor
+-- moves a deadline, but keeps the one a thread has: the keys it makes carry it too, or they
+-- would outlive the thread's meta and stand in the way of its id's next thread.
 local function begin_expiry(keys, ttl_ms)
   keys.deadline, keys.ttl_moved = 0, false
-  if ttl_ms <= 0 then return end
+  if ttl_ms <= 0 then
+    keys.deadline = math.max(redis.call('PEXPIRETIME', keys.meta), 0)
+    return
+  end
   if redis.call('PTTL', keys.meta) >= ttl_ms then
     keys.deadline = redis.call('PEXPIRETIME', keys.meta)
   else

@@ -93,3 +93,30 @@ def test_every_chunk_of_either_kind_keeps_the_threads_deadline(
     expire_all_at(raw_client, namespace, server_ms(raw_client) + 50_000)
     thread.append(UserMessage(content="moves the deadline"))
     assert_one_deadline(raw_client, namespace, TTL_MS * 3 // 2 - 5_000, TTL_MS * 3 // 2)
+
+
+def test_a_store_without_a_ttl_writing_a_thread_with_one_keeps_its_deadline_on_every_key(
+    make_thread, raw_client, namespace, server_only
+):
+    """A tool or a worker of a rolling config change without thread_ttl, writing a thread that
+    has one: it neither sets nor clears the deadline, and every key it makes carries it, or
+    they would outlive the thread and leave its id unusable."""
+    with_ttl = make_thread(thread_ttl=TTL_MS // 1000, **SMALL)
+    with_ttl.append(UserMessage(content="from the app"))
+    deadline = raw_client.pexpiretime(with_ttl.keys.meta)
+    assert deadline > 0
+    # Every path a write may take: single appends opening and closing chunks (with otids), a
+    # batch, an oversized message, a turn, a compaction, an edit.
+    without = make_thread(**SMALL)
+    for i in range(7):
+        without.append(UserMessage(content=f"m{i} " + "x" * 200, otid=f"o-{i}"))
+    without.append([UserMessage(content=f"b{i} " + "x" * 200) for i in range(5)])
+    without.append(UserMessage(content="O" * 5000))
+    without.start_turn("t")
+    without.append(UserMessage(content="in the turn"), turn_id="t")
+    without.finish_turn("t")
+    stored = without.append(UserMessage(content="to be edited"))
+    without.replace(stored[0].id, UserMessage(content="edited " + "y" * 300))
+    without.compact("a summary", last_sequence=10)
+    assert raw_client.zcard(with_ttl.keys.chunk_index) >= 3
+    assert assert_one_deadline(raw_client, namespace, 0, TTL_MS * 3 // 2) == deadline

@@ -107,3 +107,18 @@ def test_a_thread_listed_by_set_info_alone_is_gone_with_its_ttl(make_store, raw_
     # Titled again, it is a new thread.
     assert draft.set_info(title="Again") is True
     assert (draft.info().title, draft.info().metadata) == ("Again", {})
+
+
+def test_keys_a_store_without_a_ttl_made_expire_with_the_thread(make_store, raw_client, namespace):
+    with_ttl, without = make_store(thread_ttl=1, chunk_size=10), make_store(chunk_size=10)
+    with_ttl.thread("chat", owner="ann").append(UserMessage(content="from the app"))
+    # A worker without thread_ttl (a rolling config change) closes chunks and opens new ones.
+    without.thread("chat", owner="ann").append([UserMessage(content=f"n{i}") for i in range(30)])
+    chat = with_ttl.thread("chat", owner="ann")
+    wait_expired(raw_client, chat.keys.meta)
+    # Nothing of the thread outlived it, and its id starts a new thread.
+    assert [k for k in raw_client.scan_iter(match=f"{namespace}:*") if b"|" in k] == []
+    chat.append(UserMessage(content="a new conversation"))
+    assert [m.content for m in chat.iter()] == ["a new conversation"]
+    with_ttl.erase_owner("ann")
+    assert list(raw_client.scan_iter(match=f"{namespace}:*")) == []
