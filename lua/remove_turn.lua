@@ -90,10 +90,10 @@ else
   if current == turn_id then redis.call('HDEL', keys.meta, 'turn_id', 'turn_seq', 'turn_outcome') end
 end
 if removed > 0 then
-  redis.call('HINCRBY', keys.meta, 'stored', -removed)
-  redis.call('HINCRBY', keys.meta, 'bytes', -bytes)
-  if media > 0 then redis.call('HINCRBY', keys.meta, 'media', -media) end
-  redis.call('HINCRBY', keys.meta, 'tokens', -tokens)
+  redis.call('HINCRBY', keys.meta, 'stored', 0 - removed)
+  redis.call('HINCRBY', keys.meta, 'bytes', 0 - bytes)
+  if media > 0 then redis.call('HINCRBY', keys.meta, 'media', 0 - media) end
+  redis.call('HINCRBY', keys.meta, 'tokens', 0 - tokens)
   redis.call('HINCRBY', keys.meta, 'gen', 1)
 end
 if removed > 0 or remaining == 0 then emit_event(keys, limits, nil, event_fields('turn_removed', '', '', turn_id, 'n', removed, 'r', remaining)) end

@@ -138,7 +138,7 @@ local function end_migration_step(keys, migrated, legacy_last)
     -- Every sequence of the range was moved and HDEL'd; a field left is not a sequence (counted
     -- in `stored` by begin_migration, and not stored as a message): it stays, uncounted.
     local left = redis.call('HLEN', keys.legacy)
-    if left > 0 then redis.call('HINCRBY', keys.meta, 'stored', -left) end
+    if left > 0 then redis.call('HINCRBY', keys.meta, 'stored', 0 - left) end
     redis.call('HSET', keys.meta, 'layout', '2')
     redis.call('HDEL', keys.meta, 'migrated', 'legacy_last', 'legacy_turn', 'legacy_turn_seq')
   end

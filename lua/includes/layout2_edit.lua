@@ -105,7 +105,7 @@ local function replace_in_window(keys, message, sequence, side, record, media, t
   if message.moves then
     redis.call('HDEL', keys.window_side, sequence)
     write_own_chunk(keys, sequence, side, record, media, tokens)
-    redis.call('HINCRBY', keys.meta, 'window_bytes', -message.bytes)
+    redis.call('HINCRBY', keys.meta, 'window_bytes', 0 - message.bytes)
   else
     redis.call('ZADD', keys.window, sequence, record)
     redis.call('HSET', keys.window_side, sequence, side)
@@ -179,7 +179,7 @@ local function remove_stored(keys, sequence)
     redis.call('HDEL', keys.window_side, sequence)
     redis.call('ZREMRANGEBYSCORE', keys.window, sequence, sequence)
     local _, _, _, window_bytes = parse_side(side)
-    redis.call('HINCRBY', keys.meta, 'window_bytes', -window_bytes)
+    redis.call('HINCRBY', keys.meta, 'window_bytes', 0 - window_bytes)
   elseif where == 'open' then
     local _, data = read_open(keys)
     side = manifest_find(open_manifest, sequence)

@@ -61,10 +61,10 @@ local function drop_chunk(keys, first, index_key, member, bytes, tokens, content
   if #otids > 0 then redis.call('HDEL', keys.otids, unpack(otids)) end
   delete_chunk(keys, first)
   redis.call('ZREM', index_key, member)
-  redis.call('HINCRBY', keys.meta, 'stored', -#ids)
-  redis.call('HINCRBY', keys.meta, 'bytes', -bytes)
-  redis.call('HINCRBY', keys.meta, 'tokens', -tokens)
-  if contents.media > 0 then redis.call('HINCRBY', keys.meta, 'media', -contents.media) end
+  redis.call('HINCRBY', keys.meta, 'stored', 0 - #ids)
+  redis.call('HINCRBY', keys.meta, 'bytes', 0 - bytes)
+  redis.call('HINCRBY', keys.meta, 'tokens', 0 - tokens)
+  if contents.media > 0 then redis.call('HINCRBY', keys.meta, 'media', 0 - contents.media) end
 end
 
 -- Whether a unit from `first` to `last` is older than every message of the window (a layout-2

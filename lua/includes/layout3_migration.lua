@@ -70,7 +70,7 @@ local function run_drain(keys, cuts)
     redis.call('ZADD', keys.chunk_index, first, chunk_index_member(first, final, n, bytes, media, tokens))
     redis.call('ZREMRANGEBYSCORE', keys.window, first, final)
     redis.call('HDEL', keys.window_side, unpack(sequences, from, last))
-    redis.call('HINCRBY', keys.meta, 'window_bytes', -bytes)
+    redis.call('HINCRBY', keys.meta, 'window_bytes', 0 - bytes)
   end
   local left = tonumber(redis.call('HGET', keys.meta, 'window_bytes') or '0')
   if redis.call('EXISTS', keys.window) == 0 then

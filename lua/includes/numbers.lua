@@ -6,7 +6,9 @@
 -- (10^14 and up as 1e+14), and string.format('%d') goes through the platform's C long. '%.0f'
 -- writes every integer a double holds exactly (to 2^53) as its digits, everywhere; the client
 -- keeps every number the scripts take below that (kvstore/_engine/bounds.py). Numbers passed
--- to redis.call as they are, the server writes itself, as digits to 2^53 too.
+-- to redis.call as they are, the server writes itself, as digits to 2^53 too. The negation of 0
+-- is -0, which both write as "-0", and Redis takes no "-0" for an integer (Valkey does): a count
+-- taken away is written `0 - n`, never `-n` (tests/offline/test_lua_source.py).
 local function fmt(n)
   return string.format('%.0f', n)
 end
