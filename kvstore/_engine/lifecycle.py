@@ -49,6 +49,8 @@ def compact(
     tokens: int | None = None,
 ) -> Operation[SummaryMessage]:
     check_sequence(last_sequence, "last_sequence", errors.InvalidSummaryRange, low=1)
+    if isinstance(summary, str) and not sendable(summary):  # its id is made before it is checked
+        raise errors.InvalidMessage("summary must be text UTF-8 can carry (no lone surrogate)")
     message = {
         "message_type": "summary_message",
         "summary": summary,

@@ -31,6 +31,10 @@ CALLS = {
     "finish_turn": lambda t: t.finish_turn(BAD),
     "remove_turn": lambda t: t.remove_turn(BAD),
     "a published delta": lambda t: t.publish("held", "delta " + BAD),
+    "a compaction's summary": lambda t: t.compact("summary " + BAD, 1),
+    "a compaction's stats": lambda t: t.compact("summary", 1, stats={"note": BAD}),
+    "a reply's text in a turn": lambda t: t.append(AssistantMessage(content=BAD), turn_id="held"),
+    "a finished turn's outcome": lambda t: t.finish_turn("held", BAD),
 }
 
 
