@@ -140,7 +140,8 @@ def watch(
     # messages through this sequence were delivered by paging, so an 'added' event at or before
     # it is skipped, and so is a 'compacted' one whose summary is (a replacement is not: the
     # page may have read the message before it). last_s: the thread's last sequence at event n (every message up to it was
-    # delivered, or came before the watch began).
+    # delivered, or came before the watch began). A sequence an event shows stored before it
+    # past both (a fork, a restore, a migration store with no event) is paged first.
     watching = _Watching(thread, state.incarnation, messages)
     try:
         yield from watching.run(start, state, block_ms)
@@ -168,6 +169,8 @@ class _Watching:
         thread = self.thread
         if start is None:
             self.n, self.last_s = state.position()
+            # What the thread holds came before the watch, with an event or not (a fork's).
+            self.last_s = max(self.last_s, state.last_seq)
         elif isinstance(start, int):
             self.n, self.caught_up = yield from self.catch_up(start, state)
             self.last_s = self.caught_up
@@ -178,17 +181,7 @@ class _Watching:
             if isinstance(entries, AfterRecovery) and (yield from self.resync()):
                 continue  # read again after the events of the thread as it is now
             if not entries:
-                # Quiet for block_ms: the thread is gone if another holds its id, or if its
-                # event count went back (deleted, or expired, since this watcher's cursor).
-                state = yield Run(read_state(thread))
-                _check(self.incarnation, state.born)
-                if state.count < self.n:
-                    yield from self.resync(state)
-                    continue
-                if state.open_turn and self.lease_may_have_ended(state.open_turn):
-                    # A producer that died mid-turn renews no lease: its turn ends here.
-                    left = yield Run(expire_turn_quietly(thread, state.open_turn))
-                    self.lease_checked = (state.open_turn, time.monotonic() + left)
+                yield from self.quiet()
             for entry_id, raw in entries:
                 fields = {(k.decode() if isinstance(k, bytes) else k): v for k, v in raw.items()}
                 tag = fields.get("g")
@@ -206,6 +199,10 @@ class _Watching:
                         max(self.last_s, self.caught_up)
                     )
                     break
+                if _stored_before(fields, entry_s) > self.known:
+                    # Messages stored with no event (a fork, a restore) before this event: paged
+                    # first; the event then brings only what the pages did not.
+                    _, self.caught_up = yield from self.catch_up(self.known)
                 self.n, self.last_s = entry_n, entry_s
                 event = yield from self.event(
                     _cursor(f"{entry_n}-{entry_s}", self.incarnation), fields
@@ -216,6 +213,33 @@ class _Watching:
                     yield Emit(event)
                 if isinstance(event, ThreadDeleted):
                     return
+
+    @property
+    def known(self) -> int:
+        """Every message up to this sequence was delivered, or came before the watch began."""
+        return max(self.last_s, self.caught_up)
+
+    def quiet(self) -> Generator[Any, Any, None]:
+        """After block_ms with no event: the thread is gone if another holds its id, or if its
+        event count went back (deleted, or expired, since this watcher's cursor); messages
+        stored with no event since the last one delivered (a fork, a restore) are paged; the
+        open turn is finished if its lease ended."""
+        thread = self.thread
+        state = yield Run(read_state(thread))
+        _check(self.incarnation, state.born)
+        if state.count < self.n:
+            yield from self.resync(state)
+            return
+        if state.count == self.n and state.last_seq > self.known:
+            if self.incarnation is None:
+                # Made by a fork or a restore, which add no event: this watcher follows it now,
+                # so a thread made again under the id later ends the watch.
+                self.incarnation = state.born
+            _, self.caught_up = yield from self.catch_up(self.known, state)
+        if state.open_turn and self.lease_may_have_ended(state.open_turn):
+            # A producer that died mid-turn renews no lease: its turn ends here.
+            left = yield Run(expire_turn_quietly(thread, state.open_turn))
+            self.lease_checked = (state.open_turn, time.monotonic() + left)
 
     def resync(self, state: State | None = None) -> Generator[Any, Any, bool]:
         """After the slot's primary changed, or the thread counts fewer events than were
@@ -277,7 +301,8 @@ class _Watching:
                     )
                 )
             if not page.has_more:
-                return resume, last
+                # Every message up to the thread's last sequence then is paged, or was deleted.
+                return resume, max(last, state.last_seq)
 
     def event(self, cursor: str, fields: dict[str, Any]) -> Generator[Any, Any, ThreadEvent | None]:
         thread, caught_up, incarnation = self.thread, self.caught_up, self.incarnation
@@ -334,6 +359,15 @@ class _Watching:
 def _after_id(n: int) -> str:
     """The XREAD id after which event n + 1 comes: every id of event n is below (n, max)."""
     return f"{n}-18446744073709551615"
+
+
+def _stored_before(fields: dict[str, Any], s: int) -> int:
+    """The thread's last sequence before the event: an append or a compaction stores after it,
+    from `a` on; the other kinds store nothing (their `s`). 0 for a delete: nothing to page."""
+    kind = _text(fields.get("k"))
+    if kind in ("added", "compacted"):
+        return _int(fields.get("a")) - 1
+    return 0 if kind == "deleted" else s
 
 
 def _int(value: bytes | None) -> int:
