@@ -20,7 +20,9 @@ Backing up and restoring (docs/LAYOUT.md, "Backup and restore")
     is made of: :class:`BackupState`, :class:`TurnRecord`, :class:`BackedUpMessage`.
 
 Checking input
-    :func:`check_thread_id`, :func:`checked_tokens`.
+    :func:`check_thread_id`, :func:`checked_tokens`, :func:`check_token` (a message id, otid
+    or turn id as append takes it), :func:`check_restorable` (a message as the store's limits
+    take it), :data:`LEADING_SYSTEM_LIMIT` (the most messages a kept prompt holds).
 
 The server
     :func:`health` / :func:`health_async` read the server's settings kvstore's guarantees depend
@@ -57,8 +59,10 @@ from ._engine.layout.keys import (
 from ._engine.layout.survey import Containers, Presence
 from ._engine.operation import ThreadRef
 from ._engine.pages import pages as _pages
+from ._engine.prepare import PreparedMessage, check_token
 from ._engine.reads import stored_tokens as _stored_tokens
 from ._engine.scripts import LIBRARY, SCRIPTS
+from ._engine.system_prompt import LEADING_SYSTEM_LIMIT as _LEADING_SYSTEM_LIMIT
 from ._engine.tokens import checked_tokens
 from .models import MessagesPage
 
@@ -67,6 +71,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CURRENT_LAYOUT",
+    "LEADING_SYSTEM_LIMIT",
     "BackedUpMessage",
     "BackupState",
     "ChunkEntry",
@@ -76,8 +81,10 @@ __all__ = [
     "Presence",
     "TurnRecord",
     "backup_state",
+    "check_restorable",
     "check_restore_target",
     "check_thread_id",
+    "check_token",
     "checked_tokens",
     "chunk_entries",
     "containers",
@@ -100,6 +107,15 @@ __all__ = [
 
 CURRENT_LAYOUT = CURRENT
 """The layout every write leaves a thread in: `kvstore migrate` moves older threads to it."""
+
+LEADING_SYSTEM_LIMIT = _LEADING_SYSTEM_LIMIT
+"""The most system messages a thread's kept prompt holds (a restore refuses more)."""
+
+
+def check_restorable(store: MessageStore, message: Any, tokens: int | None, what: str) -> None:
+    """Refuses a message the store's limits would refuse in an append (InvalidMessage,
+    MessageTooLarge …), before a restore writes anything; `what` names it in the error."""
+    PreparedMessage.of(store.config, message, None, None, what, tokens)
 
 
 def _ref(store: MessageStore, thread_id: str) -> ThreadRef:

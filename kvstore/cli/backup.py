@@ -28,6 +28,8 @@ from .backup_file import (
     check_whole,
     header_line,
     header_state,
+    is_end_line,
+    is_header,
     line_digest,
 )
 from .commands import existing_thread
@@ -79,6 +81,17 @@ def export(
             count += 1
         progress.update(len(page.messages) + len(page.unreadable))
     progress.close()
+    _check_whole(store, thread_id, state, count, unreadable)
+    end = {BACKUP_END: BACKUP_FORMAT, "messages": count, "sha256": digest.hexdigest()}
+    out.write(json.dumps(end, separators=(",", ":")) + "\n")
+    return count
+
+
+def _check_whole(
+    store: MessageStore, thread_id: str, state: admin.BackupState, count: int, unreadable: list[int]
+) -> None:
+    """Refuses an export no end line may vouch for: records it could not read, a thread that
+    changed while it was read, or fewer messages listed than the thread stores."""
     if unreadable:
         shown = ", ".join(map(str, unreadable[:10])) + (" ..." if len(unreadable) > 10 else "")
         raise errors.RecordError(
@@ -90,9 +103,14 @@ def export(
             f"thread {thread_id!r} changed while it was exported: the file is not one state of it; export it"
             " again while nothing writes to it"
         )
-    end = {BACKUP_END: BACKUP_FORMAT, "messages": count, "sha256": digest.hexdigest()}
-    out.write(json.dumps(end, separators=(",", ":")) + "\n")
-    return count
+    # Counted after the pages: retention since the first count stores fewer, never more. A
+    # shortfall is messages stored but not listed (damaged data).
+    stored = existing_thread(store, thread_id).stats().stored_messages
+    if count < stored:
+        raise errors.RecordError(
+            f"{count} messages of {thread_id!r} were exported, it stores {stored}: the backup is"
+            " not whole (kvstore inspect, and docs/RELIABILITY.md, 'One bad record')"
+        )
 
 
 @dataclass
@@ -137,7 +155,8 @@ def import_lines(
     except (ValueError, RecursionError):  # nested past the parser's depth: not a header
         head = None
     bar_out = progress_out or sys.stderr
-    if isinstance(head, dict) and "kvstore_backup" in head:
+    if is_header(head):
+        assert isinstance(head, dict)
         if head["kvstore_backup"] != BACKUP_FORMAT:
             raise errors.InvalidMessage(
                 f"line {number}: backup format {head['kvstore_backup']!r} is not one this"
@@ -153,10 +172,45 @@ def import_lines(
 
 
 def _numbered(lines: Iterable[str], progress: ImportProgress) -> Iterator[tuple[int, str]]:
-    for number, line in enumerate(lines, 1):
+    """The non-empty lines with their numbers; a line that is not UTF-8 text refused. A file
+    opened strictly fails decoding (maybe a few lines ahead: it decodes in blocks); standard
+    input on a C locale hands its bytes over as lone surrogates."""
+    source = iter(lines)
+    number = 0
+    while True:
+        try:
+            line = next(source, None)
+        except UnicodeDecodeError as exc:
+            raise _not_utf8(number + 1, exc.reason) from None
+        if line is None:
+            return
+        number += 1
         progress.lines = number
+        if not line.isascii():
+            try:
+                line.encode("utf-8")
+            except UnicodeEncodeError:
+                raise _not_utf8(number, _undecoded(line)) from None
         if line.strip():
             yield number, line
+
+
+def _undecoded(line: str) -> str:
+    """Why the bytes standard input escaped into `line` are not UTF-8."""
+    try:
+        line.encode("utf-8", "surrogateescape").decode("utf-8")
+    except (UnicodeEncodeError, UnicodeDecodeError) as exc:
+        return str(exc.reason)
+    return "invalid text"
+
+
+def _not_utf8(number: int, reason: str) -> errors.InvalidMessage:
+    if reason == "unexpected end of data":  # only the file's last bytes can end a character early
+        return errors.BackupIncomplete(
+            f"line {number}: the file ends inside a character: it is cut short; import the whole"
+            " file (a restore stays unfinished until then)"
+        )
+    return errors.InvalidMessage(f"line {number}: the file is not UTF-8 text ({reason})")
 
 
 def _restore(
@@ -170,12 +224,17 @@ def _restore(
     allow_untrailed: bool,
 ) -> None:
     state = header_state(head)
+    for item in state.prompt:
+        # Encoded as restore_state will (its size and parts against this store's limits), so
+        # that its last step cannot refuse it after every message is written.
+        what = f"line 1: the kept prompt's message {item.sequence}"
+        admin.check_restorable(store, item.message, item.tokens, what)
     digest = line_digest()
     add_line(digest, head_text)
     read: dict[str, Any] = {"messages": 0, "end": None}
 
     checked = False
-    for run in admin.restore_runs(_backup_items(numbered, digest, read)):
+    for run in admin.restore_runs(_backup_items(numbered, digest, read, state.last_seq)):
         if not checked:
             admin.check_restore_target(store, thread_id, run[0])
             checked = True
@@ -201,10 +260,11 @@ def _restore(
 
 
 def _backup_items(
-    numbered: Iterator[tuple[int, str]], digest: Any, read: dict[str, Any]
+    numbered: Iterator[tuple[int, str]], digest: Any, read: dict[str, Any], last_seq: int
 ) -> Iterator[admin.BackedUpMessage]:
-    """A backup's message lines as messages, each line added to `digest`; `read` counts them
-    and keeps the end line (number, body) when it comes."""
+    """A backup's message lines as messages, each line added to `digest` and checked as append
+    checks its ids (before the run holding it is sent); `read` counts them and keeps the end
+    line (number, body) when it comes."""
     for number, text in numbered:
         if read["end"] is not None:
             raise errors.BackupIncomplete(
@@ -212,7 +272,7 @@ def _backup_items(
             )
         try:
             body = json.loads(text)
-            if isinstance(body, dict) and BACKUP_END in body:
+            if is_end_line(body):
                 read["end"] = (number, body)
                 continue
             add_line(digest, text)
@@ -223,16 +283,30 @@ def _backup_items(
             if tokens is not None:
                 checked_tokens(tokens, "the message")
             message = parse_message(body)
+            _check_ids(message, turn_id, last_seq)
         except RecursionError:
             raise errors.InvalidMessage(f"line {number}: nested too deep to read") from None
         except (ValueError, errors.InvalidMessage) as exc:
             raise errors.InvalidMessage(f"line {number}: {exc}") from None
-        if message.seq_id is None or message.id is None:
-            # The id is how a restore run again finds the message stored.
-            raise errors.InvalidMessage(
-                f"line {number}: a backup's message must have its seq_id and id"
-            )
+        assert message.seq_id is not None  # _check_ids
         yield admin.BackedUpMessage(message.seq_id, turn_id, message, tokens)
+
+
+def _check_ids(message: Message, turn_id: object, last_seq: int) -> None:
+    """A backed-up message's id, otid and turn id as append takes them, its sequence one of the
+    header's (restore_state refuses a thread holding sequences past its last_seq)."""
+    if message.seq_id is None or message.id is None:
+        # The id is how a restore run again finds the message stored.
+        raise errors.InvalidMessage("a backup's message must have its seq_id and id")
+    admin.check_token("message id", message.id)
+    if message.otid is not None:
+        admin.check_token("otid", message.otid)
+    if turn_id is not None:
+        admin.check_token("turn_id", turn_id)  # type: ignore[arg-type]  # refuses a non-str
+    if not 1 <= message.seq_id <= last_seq:
+        raise errors.InvalidMessage(
+            f"sequence {message.seq_id} is not from 1 to the header's last_seq {last_seq}"
+        )
 
 
 def _append_plain(

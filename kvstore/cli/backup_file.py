@@ -5,15 +5,30 @@ it), and the checks that a file read back is whole and its header is one `export
 from __future__ import annotations
 
 import hashlib
-from typing import Any
+from typing import Any, get_args
 
 from .. import admin, errors
-from ..admin import checked_tokens
+from ..admin import LEADING_SYSTEM_LIMIT, check_token, checked_tokens
+from ..limits import MAX_SEQUENCE
 from ..messages import parse_message
+from ..models import TurnOutcome
 
 BACKUP_FORMAT = 1
 # The end line's key: {"kvstore_backup_end": 1, "messages": N, "sha256": "<hex>"}.
 BACKUP_END = "kvstore_backup_end"
+# Every message line has it; the header and the end line never do. A message may hold any
+# unknown field (one named like the header's or end line's key too), never lack this one.
+MESSAGE_FIELD = "message_type"
+# A turn record's outcome: open, or what finish_turn or an ended lease recorded.
+OUTCOMES = frozenset(("open", *get_args(TurnOutcome)))
+
+
+def is_header(body: object) -> bool:
+    return isinstance(body, dict) and "kvstore_backup" in body and MESSAGE_FIELD not in body
+
+
+def is_end_line(body: object) -> bool:
+    return isinstance(body, dict) and BACKUP_END in body and MESSAGE_FIELD not in body
 
 
 def line_digest() -> Any:
@@ -81,6 +96,8 @@ def _prompt_item(body: object) -> admin.BackedUpMessage:
     message = parse_message(body)
     if message.seq_id is None:
         raise ValueError("a kept prompt's message must have its seq_id")
+    if message.id is not None:
+        check_token("message id", message.id)
     return admin.BackedUpMessage(message.seq_id, None, message, tokens)
 
 
@@ -124,39 +141,44 @@ def check_whole(
 
 
 def header_state(head: dict[str, Any]) -> admin.BackupState:
-    """The state a backup's header records, every field checked here: restore_state sends it
-    after every message is in, and a value it cannot read must not stop it there."""
+    """The state a backup's header records, every field checked here as restore_state and
+    lua/restore_state.lua check it, and for consistency: restore_state sends it after every
+    message is in, and a value it refuses must not stop the restore there, unfinishable."""
 
     def number(value: object) -> int:
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(f"{value!r} is not a sequence or count")
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_SEQUENCE:
+            raise ValueError(f"{value!r:.80} is not a sequence or count (an int from 0 to 2**50)")
         return value
 
     def text(value: object) -> str:
         if not isinstance(value, str):
-            raise ValueError(f"{value!r} is not a string")
+            raise ValueError(f"{value!r:.80} is not a string")
         return value
 
-    def word(value: object) -> str:  # a turn's outcome, as its record holds it
-        if not (isinstance(value, str) and value.isascii() and value.isalpha()):
-            raise ValueError(f"{value!r} is not an outcome")
-        return value
+    def turn_id(value: object) -> str:
+        check_token("turn id", text(value))  # as start_turn takes it
+        return text(value)
+
+    def outcome(value: object) -> str:
+        if value not in OUTCOMES:
+            raise ValueError(f"{value!r:.80} is not a turn outcome")
+        return text(value)
 
     try:
         turn = head.get("turn") or {}
-        return admin.BackupState(
+        state = admin.BackupState(
             last_seq=number(head["last_seq"]),
             summary_last=number(head.get("summary_last") or 0),
             summary_seq=number(head.get("summary_seq") or 0),
             deleted_before=number(head.get("deleted_before") or 0),
-            turn_id=text(turn.get("id", "")),
+            turn_id=turn_id(turn["id"]) if turn else "",
             turn_seq=number(turn.get("seq") or 0),
-            turn_outcome=word(turn["outcome"]) if turn else "",
+            turn_outcome=outcome(turn["outcome"]) if turn else "",
             turns=[
                 admin.TurnRecord(
-                    text(t["id"]),
+                    turn_id(t["id"]),
                     number(t["start"]),
-                    word(t["outcome"]),
+                    outcome(t["outcome"]),
                     number(t["replies"]),
                     number(t["first"]),
                     number(t["count"]),
@@ -168,7 +190,45 @@ def header_state(head: dict[str, Any]) -> admin.BackupState:
             prompt=[_prompt_item(m) for m in (head.get("prompt") or {}).get("messages", [])],
             prompt_state=text((head.get("prompt") or {}).get("state", "")),
         )
+        _check_consistent(state)
+        return state
     except (KeyError, TypeError, AttributeError, ValueError, errors.InvalidMessage) as exc:
         raise errors.InvalidMessage(
-            f"line 1: the backup's header is not one export wrote ({exc!r})"
+            f"line 1: the backup's header is not one export wrote ({exc!r:.300})"
         ) from None
+
+
+def _check_consistent(state: admin.BackupState) -> None:
+    """A header no thread could have had refused (ValueError): every sequence it names at most
+    its last (a restore past it would serve none of its messages), the kept prompt as
+    restore_state takes it."""
+    last = state.last_seq
+    beyond = [
+        ("summary_last", state.summary_last, last),
+        ("summary_seq", state.summary_seq, last),
+        ("deleted_before", state.deleted_before, last + 1),  # everything deleted
+        ("the turn's seq", state.turn_seq if state.turn_id else 0, last + 1),  # no reply yet
+    ]
+    for t in state.turns:
+        beyond += [
+            (f"turn {t.turn_id!r:.80}'s start", t.start, last + 1),
+            (f"turn {t.turn_id!r:.80}'s first", t.first, last + 1),
+            (f"turn {t.turn_id!r:.80}'s first_seq", t.first_seq, last),
+            (f"turn {t.turn_id!r:.80}'s last_seq", t.last_seq, last),
+        ]
+    for what, value, most in beyond:
+        if value > most:
+            raise ValueError(f"{what} {value} is past the backup's last_seq {last}")
+    sequences = [item.sequence for item in state.prompt]
+    # As restore_state (kvstore/_engine/backup.py, _prompt_args) refuses it.
+    if (
+        state.prompt_state not in ("", "open", "closed")
+        or (sequences and not state.prompt_state)
+        or len(sequences) > LEADING_SYSTEM_LIMIT
+        or sequences != sorted(set(sequences))
+        or any(not 1 <= s < state.deleted_before for s in sequences)
+    ):
+        raise ValueError(
+            f"the kept prompt ({state.prompt_state!r:.20}, sequences {sequences[:20]}) is not at"
+            f" most {LEADING_SYSTEM_LIMIT} messages in order below deleted_before"
+        )
