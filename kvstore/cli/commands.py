@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import secrets
+import stat
 import sys
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import IO, Literal
+from urllib.parse import urlsplit
 
 import redis
 
@@ -28,7 +33,7 @@ def open_store(
     """A store on `url`, or without a URL on the server over `data_dir`: the one already running
     there, or an embedded one this command starts and stops."""
     config = StoreConfig(namespace=namespace, history_checks=history_checks)
-    if url:
+    if url is not None:  # an empty one is refused by connect, not taken as none
         client = connect(url)
         try:
             yield MessageStore(client, config)
@@ -70,6 +75,56 @@ def connect(url: str) -> redis.Redis:
     except redis.RedisError as exc:
         raise errors.ServerError(f"cannot reach {url}: {exc}") from None
     return client
+
+
+def shown_url(url: str) -> str:
+    """The URL with its password, if any, masked."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    return parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@", 1)).geturl()
+
+
+@contextmanager
+def replaced_file(path: str) -> Iterator[IO[str]]:
+    """A text file that replaces `path` whole, or not at all: it is written beside it and takes
+    its place (its mode kept, a symlink to it followed) only once the block ends without an
+    error; an error or Ctrl-C removes it, leaving `path` as it was. A path that is no regular
+    file (a FIFO, /dev/stdout) is written in place: there is nothing there to keep."""
+    real = os.path.realpath(path)
+    if os.path.exists(real) and not os.path.isfile(real):
+        with open(real, "w", encoding="utf-8") as out:
+            yield out
+        return
+    directory, name = os.path.split(real)
+    temporary = os.path.join(directory, f".{name}.{secrets.token_hex(4)}.tmp")
+    try:  # 0o666 less the umask, as open() makes a new file
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    except OSError as exc:  # named by the file asked for, not by the temporary one
+        raise OSError(exc.errno, exc.strerror, path) from None
+    try:
+        with open(fd, "w", encoding="utf-8") as out:
+            yield out
+            out.flush()
+            os.fsync(out.fileno())  # on disk before it replaces a good file
+        with contextlib.suppress(FileNotFoundError):
+            os.chmod(temporary, stat.S_IMODE(os.stat(real).st_mode))
+        os.replace(temporary, real)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)
+        raise
+    _sync_directory(directory)
+
+
+def _sync_directory(directory: str) -> None:
+    """The rename made durable (best effort: not every file system lets a directory be fsynced)."""
+    with contextlib.suppress(OSError):
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def existing_thread(store: MessageStore, thread_id: str) -> Thread:
@@ -214,6 +269,26 @@ def _span(low: int, high: int) -> str:
 def unmigrated_threads(store: MessageStore) -> list[str]:
     """Thread ids of the namespace migrate has work on (admin: needs +scan)."""
     return admin.unmigrated_threads(store)
+
+
+def thread_ids_in(path: str) -> list[str]:
+    """The thread ids of `--threads-from`: a UTF-8 file's, or standard input's for `-`."""
+    if path == "-":
+        # Read as bytes where it can be, so that standard input is UTF-8 as a file is.
+        return thread_ids_from(_utf8_lines(getattr(sys.stdin, "buffer", sys.stdin), path))
+    with open(path, "rb") as lines:
+        return thread_ids_from(_utf8_lines(lines, path))
+
+
+def _utf8_lines(lines: Iterable[bytes | str], path: str) -> Iterator[str]:
+    for number, line in enumerate(lines, 1):
+        try:
+            text = line if isinstance(line, str) else line.decode("utf-8")
+        except UnicodeDecodeError:
+            raise errors.ConfigError(
+                f"--threads-from {path}: line {number} is not UTF-8 text"
+            ) from None
+        yield text
 
 
 def thread_ids_from(lines: Iterable[str]) -> list[str]:

@@ -187,11 +187,18 @@ def read_renames(pairs: list[list[str]] | None, path: str | None) -> dict[str, s
     source key to thread id), the pairs winning."""
     renames: dict[str, str] = {}
     if path:
-        with open(path, encoding="utf-8") as file:
-            try:
-                loaded = json.load(file)
-            except ValueError as exc:
-                raise errors.ConfigError(f"--rename-file {path}: not JSON ({exc})") from None
+        with open(path, "rb") as file:
+            data = file.read()
+        try:
+            loaded = json.loads(data.decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            raise errors.ConfigError(
+                f"--rename-file {path}: not UTF-8 text (at byte {exc.start})"
+            ) from None
+        except RecursionError:
+            raise errors.ConfigError(f"--rename-file {path}: not JSON (nested too deep)") from None
+        except ValueError as exc:
+            raise errors.ConfigError(f"--rename-file {path}: not JSON ({exc})") from None
         if not isinstance(loaded, dict) or not all(
             isinstance(key, str) and isinstance(value, str) for key, value in loaded.items()
         ):

@@ -8,13 +8,13 @@ import os
 import signal
 import sys
 from collections.abc import Callable
-from typing import IO, Any, Literal
+from typing import IO, Any, Literal, TypeVar
 
 import redis
 
 from .. import errors
 from . import owners
-from .parser import DATA_DIR, build_parser
+from .parser import DATA_DIR, build_parser, refuse_empty_values
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,6 +37,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     try:
+        refuse_empty_values(args)
         if args.command == "demo":
             return _demo(args)
         if args.command == "server":
@@ -117,43 +118,57 @@ def _inspect(store: Any, args: argparse.Namespace) -> int:
 def _export_langchain(store: Any, args: argparse.Namespace) -> int:
     from .import_from import export_langchain
 
-    if args.output:
-        with open(args.output, "w", encoding="utf-8") as out:
-            written, left_out = export_langchain(store, args.thread, out)
-    else:
-        written, left_out = export_langchain(store, args.thread, sys.stdout)
-        sys.stdout.flush()
+    written, left_out = _export_to(args, lambda out: export_langchain(store, args.thread, out))
     skipped = (
         f"; {left_out} left out (reasoning, events, approvals: no LangChain type)"
         if left_out
         else ""
     )
-    print(
-        f"exported {written} LangChain messages{' to ' + args.output if args.output else ''}{skipped}",
-        file=sys.stderr,
-    )
+    to_file = f" to {args.output}" if args.output not in (None, "-") else ""
+    print(f"exported {written} LangChain messages{to_file}{skipped}", file=sys.stderr)
     return 0
 
 
 def _export(store: Any, args: argparse.Namespace) -> int:
     from . import backup
 
+    count = _export_to(
+        args, lambda out: backup.export(store, args.thread, out, every=args.progress_every)
+    )
+    if args.output not in (None, "-"):
+        print(f"exported {count} messages to {args.output}", file=sys.stderr)
+    return 0
+
+
+_Written = TypeVar("_Written")
+
+
+def _export_to(args: argparse.Namespace, write: Callable[[IO[str]], _Written]) -> _Written:
+    """`write(out)` to standard output (no -o, or -o -) or to -o's file, which it replaces
+    whole or not at all: an export that fails leaves a good backup there as it was."""
+    from .commands import replaced_file
+
     try:
-        if args.output:
-            with open(args.output, "w", encoding="utf-8") as out:
-                count = backup.export(store, args.thread, out, every=args.progress_every)
-            print(f"exported {count} messages to {args.output}", file=sys.stderr)
-        else:
-            backup.export(store, args.thread, sys.stdout, every=args.progress_every)
+        if args.output in (None, "-"):
+            written = write(sys.stdout)
             sys.stdout.flush()
+            return written
+        with replaced_file(args.output) as out:
+            return write(out)
     except KeyboardInterrupt:
         print(
-            f"kvstore: export of {args.thread} interrupted: the backup is incomplete",
+            f"kvstore: export of {args.thread} interrupted: {_cut_short(args.output)}",
             file=sys.stderr,
             flush=True,
         )
         raise
-    return 0
+
+
+def _cut_short(output: str | None) -> str:
+    """What an interrupted export left at its output."""
+    if output in (None, "-") or (os.path.exists(output) and not os.path.isfile(output)):
+        return "the backup is incomplete"  # a stream, written as it went
+    return f"{output} is left as it was" if os.path.exists(output) else "no file was written"
 
 
 def _import(store: Any, args: argparse.Namespace) -> int:
@@ -260,7 +275,7 @@ def _import_from(args: argparse.Namespace) -> int:
 
     renames = checked_renames(read_renames(args.rename, args.rename_file))  # before connecting
     source = connect(args.url)
-    target = connect(args.to_url) if args.to_url else source
+    target = connect(args.to_url) if args.to_url is not None else source
     try:
         store = MessageStore(
             target,
@@ -309,26 +324,24 @@ def _named_threads(args: argparse.Namespace) -> list[str] | None:
     """The threads `migrate` names, or None to find them with SCAN."""
     from . import commands
 
-    if not args.threads and not args.threads_from:
+    if not args.threads and args.threads_from is None:
         return None
     threads = commands.thread_ids_from(args.threads)
-    if args.threads_from == "-":
-        threads += commands.thread_ids_from(sys.stdin)
-    elif args.threads_from:
-        with open(args.threads_from, encoding="utf-8") as lines:
-            threads += commands.thread_ids_from(lines)
+    if args.threads_from is not None:
+        threads += commands.thread_ids_in(args.threads_from)
     return threads
 
 
 def _demo(args: argparse.Namespace) -> int:
+    from .commands import connect, shown_url
     from .demo import DemoOptions, run_demo
     from .server import data_dir_server
 
     namespace = "demo"
-    if args.url:
-        _check_reachable(args.url)
-        print(f"server at {_shown_url(args.url)}", flush=True)
-        reach = f"--namespace {namespace} --url {_shown_url(args.url)}"
+    if args.url is not None:
+        connect(args.url).close()  # an unreachable server refused before the demo starts
+        print(f"server at {shown_url(args.url)}", flush=True)
+        reach = f"--namespace {namespace} --url {shown_url(args.url)}"
         return run_demo(
             DemoOptions(args.url, namespace, args.workers, args.threads, args.turns, reach)
         )
@@ -348,16 +361,6 @@ def _demo(args: argparse.Namespace) -> int:
         return run_demo(
             DemoOptions(server.url, namespace, args.workers, args.threads, args.turns, reach)
         )
-
-
-def _shown_url(url: str) -> str:
-    """The URL with its password, if any, masked."""
-    from urllib.parse import urlsplit
-
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    return parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@", 1)).geturl()
 
 
 def _server(args: argparse.Namespace) -> int:
@@ -384,15 +387,6 @@ def _server(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         pass
     return 0
-
-
-def _check_reachable(url: str) -> None:
-    try:
-        redis.Redis.from_url(url, socket_connect_timeout=2).ping()
-    except ValueError as exc:
-        raise errors.ConfigError(f"bad URL {url!r}: {exc}") from exc
-    except redis.RedisError as exc:
-        raise errors.ServerError(f"cannot reach {url}: {exc}") from exc
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from ..errors import ConfigError
 from .owners import add_owner_commands
 
 DATA_DIR = ".kvstore-data"
@@ -69,6 +70,30 @@ def build_parser() -> argparse.ArgumentParser:
     _add_admin_commands(commands)
     add_owner_commands(commands, _with_store)
     return parser
+
+
+# The options an empty value (`--url "$REDIS_URL"`, the variable unset) must not leave unset.
+_NOT_EMPTY = {
+    "url": "--url",
+    "to_url": "--to-url",
+    "output": "-o",
+    "threads_from": "--threads-from",
+    "rename_file": "--rename-file",
+}
+
+
+def refuse_empty_values(args: argparse.Namespace) -> None:
+    """An option given an empty value is refused, not taken as not given: that would send a
+    command to the embedded server, an import to its source server, a backup to standard
+    output, a migration to every thread SCAN finds."""
+    for option, flag in _NOT_EMPTY.items():
+        given = getattr(args, option, None)
+        if given is None or given.strip():
+            continue
+        wanted = "a server's URL" if option.endswith("url") else "a file"
+        if option == "url" and hasattr(args, "data_dir"):
+            wanted += "; without --url, the command uses the embedded server over --data-dir"
+        raise ConfigError(f"{flag} is empty (an unset variable?): give {wanted}")
 
 
 def _with_store(

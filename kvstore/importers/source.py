@@ -10,6 +10,7 @@ from typing import Any
 
 from .. import errors
 from .._engine.drivers import Step
+from .._engine.record import encode_message
 from ..errors import SourceChanged
 from ..messages import Message
 from .langchain import _from_langchain
@@ -103,9 +104,19 @@ def _map(kind: Source, key: str, position: int, record: Any, digest: bytes) -> l
         metadata = {"source": kind, "source_position": str(position)}
         if part == 0 and fields:
             metadata.update(split_fields(fields, key, position))
-        out.append(
-            message.model_copy(
-                update={"id": message_id(kind, key, position, part, digest), "metadata": metadata}
-            )
+        named = message.model_copy(
+            update={"id": message_id(kind, key, position, part, digest), "metadata": metadata}
         )
+        out.append(_encodable(named, key, position))
     return out
+
+
+def _encodable(message: Message, key: str, position: int) -> Message:
+    """`message`, if the store can encode it; else InvalidMessage, its session's error. A
+    source's valid JSON can still hold what no UTF-8 text can ("\\ud800", a lone surrogate,
+    in a text, a field or a key): found here, the messages before it are stored first."""
+    try:
+        encode_message(message)
+    except errors.InvalidMessage as exc:
+        raise errors.InvalidMessage(f"{key}, message {position}: {exc}") from None
+    return message
