@@ -193,7 +193,8 @@ async def import_openai_agents_async(
 
 
 def find_sessions(source: redis.Redis, pattern: str) -> list[str]:
-    """The keys of ``source`` that match ``pattern`` and hold lists, sorted (SCAN, bounded replies)."""
+    """The keys of ``source`` that match ``pattern`` and hold lists, sorted (SCAN, bounded
+    replies); a key that is not UTF-8 text is left out (an import reports it as failed)."""
     return _drive(_find(pattern), None, source)
 
 

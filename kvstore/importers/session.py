@@ -103,13 +103,22 @@ class StoreRun(Step):
         return driver.store.run(self.operation)
 
 
-def _find(pattern: str) -> Generator[Any, Any, list[str]]:
+def _find(pattern: str, not_utf8: list[str] | None = None) -> Generator[Any, Any, list[str]]:
+    """The list keys matching `pattern`, sorted; a key that is not UTF-8 text names no thread
+    and is read by no str: it goes to `not_utf8`, shown with its bad bytes escaped."""
     keys: set[str] = set()
     cursor = 0
     while True:
         cursor, found = yield SourceRead("scan", (cursor, pattern, 1000, "list"))
-        keys.update(text(key) for key in found)
+        for key in found:
+            try:
+                keys.add(text(key))
+            except UnicodeDecodeError:
+                if not_utf8 is not None:
+                    not_utf8.append(key.decode("utf-8", "backslashreplace"))
         if int(cursor) == 0:
+            if not_utf8 is not None:
+                not_utf8[:] = sorted(set(not_utf8))
             return sorted(keys)
 
 
@@ -147,7 +156,8 @@ def _import(
     """Imports every session; `results` grows as they start (so a caller sees them if the import ends early)."""
     if not 1 <= batch_messages <= store.config.max_batch_messages:
         raise errors.ConfigError(f"batch_messages must be 1..{store.config.max_batch_messages}")
-    for key in (yield from _find(pattern)):
+    not_utf8: list[str] = []
+    for key in (yield from _find(pattern, not_utf8)):
         result = SessionImport(source_key=key)
         results.append(result)
         counted = _Counted(progress)
@@ -167,6 +177,15 @@ def _import(
             raise
         # A session failed or left alone is done with too: the progress reaches the total.
         counted(key, result.source_messages - counted.reported)
+    for shown in not_utf8:
+        results.append(
+            SessionImport(
+                source_key=shown,
+                error=f"{shown}: the key is not UTF-8 text, so no thread id is made of it;"
+                " rename it (RENAME) to import it",
+                error_type="InvalidThreadId",
+            )
+        )
     return results
 
 
