@@ -241,10 +241,12 @@ class Thread(ThreadTurns):
         each idempotent: a fork interrupted anywhere is finished by calling it again, and a
         finished one returns at once.
 
-        Raises MessageNotFound when `at` is not stored (or retention deleted it),
-        RestoreConflict when `new_thread_id` already holds other messages or is a finished
-        fork with another point or source (a fork keeps its point), ServerError when a
-        compaction ran during the copy (call it again). An owned thread's fork is its owner's
+        Raises MessageNotFound when `at` is not stored (or retention deleted it), or when this
+        thread was deleted (expired, made again) during the copy, RestoreConflict when
+        `new_thread_id` already holds other messages or is a finished fork with another point
+        or source (a fork keeps its point), or was deleted or erased between two of the copy's
+        steps (call it again), ServerError when a compaction ran during the copy (call it
+        again). An owned thread's fork is its owner's
         (docs/OWNERS.md): QuotaExceeded or StorageQuotaExceeded when the owner's quotas refuse
         it, at any of its steps, and then no thread is left (the copy so far is deleted).
 

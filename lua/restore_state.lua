@@ -14,6 +14,7 @@
 --- ARGV fork_of (str): the thread this one was forked from; '' for none
 --- ARGV fork_at (int): the sequence of the fork point; 0 for none
 --- ARGV last (int): 1 for the restore's last call, 0 for one with more turn records to follow
+--- ARGV born (str): '' for none; a fork sends the incarnation (meta `born`) its copy wrote
 --- ARGV prompt_state (str): the kept system prompt's run (meta `prompt`: 'open' | 'closed'), ''
 ---      for none; sent with the last call only
 --- ARGV prompt_index (str): its messages as "sequence:tokens:bytes" joined by ',', '' for none
@@ -26,7 +27,9 @@
 --- so that a restore stopped between two calls is neither served for writes nor taken as done.
 --- Each turn keeps the ranges its restored messages gave it and takes its reply start, reply
 --- count and recorded result from the backup. Sent again it writes the same values. A thread
---- holding sequences past last_seq is refused (KVS_RESTORE_CONFLICT) and nothing is written. A
+--- holding sequences past last_seq is refused (KVS_RESTORE_CONFLICT) and nothing is written, and
+--- so is a thread that is not the incarnation `born` mid-restore (or finished as this fork): a
+--- fork whose target was deleted or erased under it is never marked finished. A
 --- finished turn with no restored message is listed for retention (includes/turns.lua, note_idle_turn).
 ---
 --- Every number must be a whole number from 0, every outcome a word (includes/turns.lua,
@@ -95,7 +98,12 @@ end
 
 local err = check_thread(keys, true)
 if err then return err end
-local current = redis.call('HMGET', keys.meta, 'layout', 'last_seq')
+local current = redis.call('HMGET', keys.meta, 'layout', 'last_seq', 'born', 'restoring', 'fork_of', 'fork_at')
+-- A call sent again after the last one finished the fork finds it finished as this fork.
+local this_fork = current[5] == fork_of and tonumber(current[6]) == fork_at
+if args.born ~= '' and (current[3] ~= args.born or not (current[4] or this_fork)) then
+  return redis.error_reply('KVS_RESTORE_CONFLICT the thread is not the fork in progress this call started: deleted, erased or made again since its first step')
+end
 if current[1] == '1' or legacy_exists(keys) then
   return redis.error_reply('KVS_LAYOUT thread is stored in layout 1, a restore writes into layout 3 only')
 end

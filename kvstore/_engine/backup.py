@@ -155,10 +155,11 @@ def restore_runs(items: Iterable[BackedUpMessage]) -> Iterator[list[BackedUpMess
         yield run
 
 
-def restore_run(thread: ThreadRef, run: list[BackedUpMessage]) -> Operation:
+def restore_run(thread: ThreadRef, run: list[BackedUpMessage], born: str = "") -> Operation:
     """Restores one run (consecutive sequences of one turn) at its sequences, in calls no larger
     than an append may be (the store's max_batch_messages and max_batch_bytes, at most
-    RESTORE_RUN_BYTES of records); returns (restored, already stored)."""
+    RESTORE_RUN_BYTES of records); returns (restored, already stored). `born`: the incarnation
+    mid-restore the calls must find (lua/restore.lua), '' for any."""
     turn_id = run[0].turn_id
     for item in run:
         check_sequence(
@@ -194,6 +195,7 @@ def restore_run(thread: ThreadRef, run: list[BackedUpMessage]) -> Operation:
             turn_id=turn_id or "",
             first=run[start].sequence,
             pairs=pairs,
+            born=born,
             messages=[
                 (i.message.id, i.message.otid or "", i.media, i.tokens, i.record)
                 for i in prepared[start:end]
@@ -207,11 +209,12 @@ def restore_run(thread: ThreadRef, run: list[BackedUpMessage]) -> Operation:
 
 
 def restore_state(
-    thread: ThreadRef, state: BackupState, fork_of: str = "", fork_at: int = 0
+    thread: ThreadRef, state: BackupState, fork_of: str = "", fork_at: int = 0, born: str = ""
 ) -> Operation:
     """Sets the thread's state as the backup recorded it (after every message is restored); a
-    fork also records the thread it was forked from and its fork point. Only the last call ends
-    the restore (and records the fork): one stopped before it is run again."""
+    fork also records the thread it was forked from and its fork point, and the incarnation its
+    copy wrote (`born`, lua/restore_state.lua). Only the last call ends the restore (and
+    records the fork): one stopped before it is run again."""
     turns = state.turns or []
     numbers = [
         state.last_seq,
@@ -246,6 +249,7 @@ def restore_state(
             fork_of=fork_of,
             fork_at=fork_at,
             last=int(last),
+            born=born,
             prompt_state=state.prompt_state if last else "",
             prompt_index=prompt_index if last else "",
             prompt_records=prompt_records if last else b"",

@@ -15,11 +15,17 @@ points into one new thread id, both started before either finished, are not told
 copies the source's own messages at their own sequences, so the target ends a whole fork at
 the later point, never a mix; the earlier call is refused (restore_state.lua refuses a thread
 holding sequences past its last) unless it finished first.
+
+Another worker may delete the source or the target (or erase their owner) between two steps.
+Each page is checked against the source's incarnation before its runs are written: a source
+gone or made again fails the fork (MessageNotFound) and takes the copy so far with it. Every
+write after the first names the target's incarnation, which the scripts check before writing:
+a target deleted, erased or made again fails the fork (RestoreConflict), never finished.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .. import errors
@@ -44,20 +50,43 @@ from .text import sendable
 from .text import text as _text
 
 
+@dataclass(slots=True)
+class _Copy:
+    """What one fork call knows as it copies: where from and to, the point, the source's state
+    and incarnation when it started, and the target's incarnation once known ('' before)."""
+
+    source: ThreadRef
+    source_id: str
+    target: ThreadRef
+    at_seq: int
+    state: BackupState
+    source_mark: tuple[Any, ...]
+    held: bool  # the target held something of its own before any message: it stays
+    born: str = ""
+
+
 def fork(source: ThreadRef, source_id: str, target: ThreadRef, at: str | int) -> Operation:
     """Copies `source`'s history up to and including message `at` (an id, or a sequence) into
     the empty thread `target`; returns the fork point's sequence."""
     if target.keys.meta == source.keys.meta:
         raise errors.InvalidCursor("a thread cannot be forked into itself")
-    yield from migrate(source)
-    at_seq = yield from _fork_point(source, at)
-    replies = yield Batch(_target_reads(target))
-    fork_of, fork_at, last_seq = (_text(v) if v is not None else None for v in replies[0])
+    _check_point(at)
+    replies = yield Batch(_target_reads(target, at))
+    fork_of, fork_at, last_seq, born, restoring = (
+        _text(v) if v is not None else None for v in replies[0]
+    )
+    # The target keeps the fork's ids: a finished fork is found by its point whatever became of
+    # the source since (deleted, expired, or retention past the point).
+    point_in_target = _text(replies[2]) if isinstance(at, str) and replies[2] else None
+    if fork_of == source_id and fork_at is not None and fork_at in (str(at), point_in_target):
+        return int(fork_at)  # finished before: a retried or repeated fork
     # What the target holds of its own, which a fork does not write: a turn started before any
     # message (meta without one), or an owned thread's title or metadata.
-    held = (bool(replies[1]) and last_seq in (None, "0")) or (len(replies) > 2 and bool(replies[2]))
-    if (fork_of, fork_at) == (source_id, str(at_seq)):
-        return at_seq  # finished before: a retried or repeated fork
+    held = (bool(replies[1]) and last_seq in (None, "0")) or (
+        target.owner is not None and bool(replies[-1])
+    )
+    yield from migrate(source)
+    at_seq = yield from _fork_point(source, at)
     if fork_of is not None:
         # A finished fork keeps its point: copying on would silently extend it (or leave it
         # holding messages past its point), and another source would rewrite its origin.
@@ -65,13 +94,18 @@ def fork(source: ThreadRef, source_id: str, target: ThreadRef, at: str | int) ->
             f"the thread is already a fork of {fork_of} at sequence {fork_at}; a fork of"
             f" {source_id} at sequence {at_seq} goes into a new thread id (or delete this one first)"
         )
+    # The mark before the state: a source made again in between is seen by the first check.
+    mark = yield from _source_mark(source)
     state = yield from backup_state(source)
     if at_seq > state.last_seq or at_seq < state.deleted_before:
         raise errors.MessageNotFound(
             f"sequence {at_seq} is not stored in the thread (deleted by retention, or not given out yet)"
         )
+    # A restore stopped mid-way (an earlier call of this fork) is continued as it is.
+    mid_restore = born if born is not None and restoring is not None else ""
+    copy = _Copy(source, source_id, target, at_seq, state, mark, held, mid_restore)
     try:
-        yield from _copy(source, source_id, target, state, at_seq)
+        yield from _copy(copy)
     except errors.QuotaExceeded:
         # A fork its owner's quota refuses leaves no thread: the copy so far (this call's or an
         # interrupted one's) goes, with its counts. Unless the target held something of its own
@@ -83,12 +117,15 @@ def fork(source: ThreadRef, source_id: str, target: ThreadRef, at: str | int) ->
     return at_seq
 
 
-def _target_reads(target: ThreadRef) -> list[tuple[Any, ...]]:
-    """The fork's first read of `target`: its fork marks and last sequence, whether its meta
-    exists, and for an owned thread whether its owner's info hash has its title or metadata."""
+def _target_reads(target: ThreadRef, at: str | int) -> list[tuple[Any, ...]]:
+    """The fork's first read of `target`: its fork marks, last sequence and incarnation,
+    whether its meta exists, where it stores message `at` (an id), and for an owned thread
+    whether its owner's info hash has its title or metadata."""
+    meta = target.keys.meta
     reads: list[tuple[Any, ...]] = [
-        ("HMGET", target.keys.meta, "fork_of", "fork_at", "last_seq"),
-        ("EXISTS", target.keys.meta),
+        ("HMGET", meta, "fork_of", "fork_at", "last_seq", "born", "restoring"),
+        ("EXISTS", meta),
+        ("HGET", target.keys.ids, at) if isinstance(at, str) else ("EXISTS", meta),
     ]
     if target.owner is not None:
         info = OwnerKeys.of(target.config.namespace, target.owner).info
@@ -96,15 +133,15 @@ def _target_reads(target: ThreadRef) -> list[tuple[Any, ...]]:
     return reads
 
 
-def _copy(
-    source: ThreadRef, source_id: str, target: ThreadRef, state: BackupState, at_seq: int
-) -> Operation[None]:
-    """The fork's runs of messages up to `at_seq`, then its state: the steps of fork()."""
+def _copy(copy: _Copy) -> Operation[None]:
+    """The fork's runs of messages up to its point, then its state: the steps of fork(). Every
+    page is checked against the source's incarnation before its runs are written, and every
+    write after the first names the target's (lua/restore.lua refuses another)."""
     copied = 0
     cursor: int | None = None
     while True:
-        page = yield from list_page(source, after=cursor, limit=RESTORE_RUN, order="asc")
-        bad = [sequence for sequence in page.unreadable if sequence <= at_seq]
+        page = yield from list_page(copy.source, after=cursor, limit=RESTORE_RUN, order="asc")
+        bad = [sequence for sequence in page.unreadable if sequence <= copy.at_seq]
         if bad:
             # A fork without them would be a different history: replace() them, then fork again.
             error = errors.RecordError(
@@ -113,30 +150,92 @@ def _copy(
             error.sequence = bad[0]
             raise error
         # A listed message has its sequence (seq_id): decode sets it.
-        kept = [(m.seq_id, m) for m in page.messages if m.seq_id is not None and m.seq_id <= at_seq]
+        kept = [
+            (m.seq_id, m) for m in page.messages if m.seq_id is not None and m.seq_id <= copy.at_seq
+        ]
         # Each message keeps its stored count (a message the source moved or removed since the
         # page was read is counted by the fork's store).
-        counts = yield from stored_tokens(source, [s for s, _ in kept])
-        items = [BackedUpMessage(s, state.turn_of(s), m, counts.get(s)) for s, m in kept]
+        counts = yield from stored_tokens(copy.source, [s for s, _ in kept])
+        yield from _check_source(copy)
+        items = [BackedUpMessage(s, copy.state.turn_of(s), m, counts.get(s)) for s, m in kept]
         if items and not copied:
-            yield from check_restore_target(target, items[0])
+            yield from check_restore_target(copy.target, items[0])
         for run in restore_runs(items):
-            yield from restore_run(target, run)
+            yield from restore_run(copy.target, run, copy.born)
+            if not copy.born:
+                copy.born = yield from _target_born(copy.target)
         copied += len(items)
         if page.next_cursor is None or len(items) < len(page.messages):
             break
         cursor = page.next_cursor
     if not copied:
-        raise errors.MessageNotFound(f"no message up to sequence {at_seq} is stored in the thread")
-    now = yield from backup_state(source)
-    if (now.deleted_before, now.summary_seq) != (state.deleted_before, state.summary_seq):
-        # A compaction (and its retention) ran while the copy read: its pages may have missed
-        # messages it deleted. The steps already taken stand; the next run finishes the fork.
+        raise errors.MessageNotFound(
+            f"no message up to sequence {copy.at_seq} is stored in the thread"
+        )
+    state = forked_state(copy.state, copy.at_seq)
+    yield from restore_state(copy.target, state, copy.source_id, copy.at_seq, copy.born)
+
+
+def _source_mark(source: ThreadRef) -> Operation:
+    """What must not change while a fork copies: the source's incarnation (absent once it is
+    deleted or expired; another once it is made again), and its retention and summary."""
+    (mark,) = yield Batch(
+        [
+            (
+                "HMGET",
+                source.keys.meta,
+                "born",
+                "last_seq",
+                "deleting",
+                "deleted_before",
+                "summary_seq",
+            )
+        ]
+    )
+    return tuple(mark)
+
+
+def _check_source(copy: _Copy) -> Operation[None]:
+    """Fails the fork unless the source is still what it was when the fork started (the page
+    just read, read since the start, is then the source's as the fork found it)."""
+    mark = yield from _source_mark(copy.source)
+    born, last_seq, deleting, *retention = mark
+    if last_seq is None or deleting is not None or born != copy.source_mark[0]:
+        # Its messages are gone, or another thread's now: the copy can never be finished.
+        if not copy.held:
+            yield from _drop_partial(copy.target, copy.born)
+        raise errors.MessageNotFound(
+            f"thread {copy.source_id} was deleted (or expired, or made again) during the fork:"
+            f" its messages up to sequence {copy.at_seq} are not stored any more"
+        )
+    if retention != list(copy.source_mark[3:]):
+        # A compaction (and its retention) ran while the copy read: its pages may miss messages
+        # it deleted. The steps already taken stand; the next run finishes the fork.
         raise errors.ServerError("the thread was compacted during the fork; run the fork again")
-    yield from restore_state(target, forked_state(state, at_seq), source_id, at_seq)
 
 
-def _fork_point(source: ThreadRef, at: str | int) -> Operation:
+def _target_born(target: ThreadRef) -> Operation[str]:
+    """The incarnation the fork's first write made (or found) mid-restore, which its later
+    writes must find; RestoreConflict when the target is already gone again."""
+    ((born, restoring),) = yield Batch([("HMGET", target.keys.meta, "born", "restoring")])
+    if restoring is None:
+        raise errors.RestoreConflict(
+            "the thread is not the fork in progress this call started: deleted, erased or made"
+            " again since its first step"
+        )
+    return _text(born) if born is not None else ""  # a thread made before `born` was kept
+
+
+def _drop_partial(target: ThreadRef, born: str) -> Operation[None]:
+    """Deletes the copy a fork of a vanished source made, if the target is still that copy."""
+    if not born:
+        return
+    ((now, restoring),) = yield Batch([("HMGET", target.keys.meta, "born", "restoring")])
+    if restoring is not None and now is not None and _text(now) == born:
+        yield from delete(target)
+
+
+def _check_point(at: str | int) -> None:
     if (
         isinstance(at, bool)
         or not isinstance(at, (str, int))
@@ -147,6 +246,9 @@ def _fork_point(source: ThreadRef, at: str | int) -> Operation:
         raise errors.InvalidCursor(
             f"at must be a message id or a sequence from 1 to {MAX_SEQUENCE} (2**50), got {at!r:.80}"
         )
+
+
+def _fork_point(source: ThreadRef, at: str | int) -> Operation:
     if isinstance(at, int):
         return at
     found = yield from locate_records(source, "id", [at])

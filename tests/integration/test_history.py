@@ -312,11 +312,11 @@ def test_an_interrupted_fork_is_finished_by_running_it_again(make_thread, monkey
     real = backup_module.restore_run
     calls = []
 
-    def failing(target, run):
+    def failing(target, run, *born):
         calls.append(len(run))
         if len(calls) == 2:
             raise errors.ConnectionFailed("the connection dropped")
-        return (yield from real(target, run))
+        return (yield from real(target, run, *born))
 
     monkeypatch.setattr("kvstore._engine.fork.restore_run", failing)
     with pytest.raises(errors.ConnectionFailed):
