@@ -22,6 +22,9 @@
 --- ARGV turns[] id (str), start (int), outcome (str), replies (int), first (int),
 ---      count (int): the result's, first_seq (int), last_seq (int)
 ---
+--- An import's call (no `born`) into a thread that exists and is not mid-restore writes nothing
+--- and replies 0: its restore was finished before (every run a replay), and the turns and state
+--- the thread has moved to since stay as they are.
 --- Only the last call finishes the restore: it clears the `restoring` mark (lua/restore.lua) and
 --- writes fork_of/fork_at (a fork found with them is finished). An earlier call sets the mark,
 --- so that a restore stopped between two calls is neither served for writes nor taken as done.
@@ -110,6 +113,11 @@ end
 if tonumber(current[2] or '0') > last_seq then
   return redis.error_reply(string.format('KVS_RESTORE_CONFLICT the thread holds sequences up to %s, past the backup\'s %d',
     current[2], last_seq))
+end
+if args.born == '' and current[2] and not current[4] then
+  -- An import whose runs stored nothing into a thread not mid-restore: the restore was finished
+  -- before (or the thread is the backup's own source); what the thread did since stays.
+  return 0
 end
 
 begin_expiry(keys, limits.ttl_ms)

@@ -344,6 +344,27 @@ def test_a_restored_thread_written_since_keeps_what_it_has(stores):
     assert view(restored) == before
 
 
+def test_a_restored_thread_whose_turns_moved_since_keeps_them_when_imported_again(stores):
+    """No new message, but a turn finished and another started since the import: importing the
+    same backup again stores nothing and sets nothing back (its restore was finished)."""
+    source, target = stores
+    build_thread(source)
+    text = export_text(source)
+    backup.import_lines(target, "chat", io.StringIO(text), progress_out=io.StringIO())
+    restored = target.thread("chat")
+    restored.finish_turn("open", "failed")
+    restored.start_turn("turn-new")
+    before = (view(restored), restored.stats())
+    assert backup.import_lines(target, "chat", io.StringIO(text), progress_out=io.StringIO()) == 0
+    assert (view(restored), restored.stats()) == before
+    with pytest.raises(errors.TurnFinished):
+        restored.append(AssistantMessage(content="late"), turn_id="open")
+    # The same backup into its own source, which it matches, changes nothing either.
+    source_before = (view(source.thread("chat")), source.thread("chat").stats())
+    backup.import_lines(source, "chat", io.StringIO(text), progress_out=io.StringIO())
+    assert (view(source.thread("chat")), source.thread("chat").stats()) == source_before
+
+
 def test_a_finished_turn_of_the_first_layout_2_form_keeps_its_result(stores, raw_client):
     source, target = stores
     thread = source.thread("old-finished")
