@@ -137,9 +137,11 @@ def existing_thread(store: MessageStore, thread_id: str) -> Thread:
 
 
 def inspect(
-    store: MessageStore, thread_id: str, out: IO[str] = sys.stdout, chunks: bool = False
+    store: MessageStore, thread_id: str, out: IO[str] | None = None, chunks: bool = False
 ) -> None:
-    """A thread's layout: a summary of its chunks, or with `chunks` one line for each."""
+    """A thread's layout: a summary of its chunks, or with `chunks` one line for each, to `out`
+    (default: sys.stdout as it is when called, the CLI's guarded stream)."""
+    out = out or sys.stdout
     thread = existing_thread(store, thread_id)
     stats = thread.stats()
     found = admin.containers(store, thread_id)

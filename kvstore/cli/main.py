@@ -217,7 +217,7 @@ def _import(store: Any, args: argparse.Namespace) -> int:
 
 def _fork(store: Any, args: argparse.Namespace) -> int:
     at: str | int = int(args.at) if args.at.isascii() and args.at.isdigit() else args.at
-    forked = store.thread(args.thread).fork(args.new_thread, at=at)
+    forked = store.thread(args.thread, owner=args.owner).fork(args.new_thread, at=at)
     stats = forked.stats()
     print(
         f"forked {args.thread} at sequence {stats.fork_sequence} into {args.new_thread}:"

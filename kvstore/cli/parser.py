@@ -149,6 +149,8 @@ def _add_backup_commands(commands: argparse._SubParsersAction[argparse.ArgumentP
         help="accept a backup written before backups had an end line (its count and checksum),"
         " if its header's message count is the file's",
     )
+    for sub in (inspect, export, import_):
+        _add_owner_option(sub)
     for sub in (export, import_):
         sub.add_argument(
             "--progress-every",
@@ -178,6 +180,7 @@ def _add_thread_commands(commands: argparse._SubParsersAction[argparse.ArgumentP
     fork.add_argument(
         "--history-checks", choices=("off", "strict"), default="off", help=CHECKS_HELP
     )
+    _add_owner_option(fork, "the new thread is the same owner's")
     migrate = _with_store(
         commands, "migrate", "migrate threads of older layouts to the current one (resumable)"
     )
@@ -191,6 +194,15 @@ def _add_thread_commands(commands: argparse._SubParsersAction[argparse.ArgumentP
         "--threads-from",
         metavar="FILE",
         help="a file of thread ids, one a line (- for standard input)",
+    )
+
+
+def _add_owner_option(sub: argparse.ArgumentParser, more: str = "") -> None:
+    """--owner: the thread named is the owner's (docs/OWNERS.md), not the unowned one of that id."""
+    sub.add_argument(
+        "--owner",
+        help="the thread's owner, as `kvstore threads OWNER` lists it (an owned thread is"
+        f" another thread than the one of the same id without an owner){'; ' + more if more else ''}",
     )
 
 
