@@ -18,19 +18,22 @@ from dataclasses import dataclass
 from typing import IO, Any
 
 from .. import admin, errors
-from ..admin import check_thread_id, checked_tokens
+from ..admin import check_thread_id
 from ..messages import Message, parse_message
 from ..store import MessageStore
 from .backup_file import (
     BACKUP_END,
     BACKUP_FORMAT,
+    READ_FORMATS,
     add_line,
     check_whole,
+    entry,
     header_line,
     header_state,
     is_end_line,
     is_header,
     line_digest,
+    read_entry,
 )
 from .commands import existing_thread
 from .progress import Progress, TextOut
@@ -47,10 +50,10 @@ def export(
 ) -> int:
     """Writes a backup of the thread: a header line with its state (BackupState), then one line
     per kept message, oldest first: the message in the list API's shape (its seq_id is its
-    sequence) with `turn_id` added for a message of a turn and `tokens`, its stored token count;
-    then the end line, written only once the whole thread was read as one state: the count of
-    message lines and the SHA-256 of every line before it. Refuses (nothing to trust, and no end
-    line) if the thread changed while it was read."""
+    sequence) under `message`, beside it `turn_id` for a message of a turn and `tokens`, its
+    stored token count; then the end line, written only once the whole thread was read as one
+    state: the count of message lines and the SHA-256 of every line before it. Refuses (nothing
+    to trust, and no end line) if the thread changed while it was read."""
     thread = existing_thread(store, thread_id)
     state = admin.backup_state(store, thread_id)
     stats = thread.stats()
@@ -71,12 +74,7 @@ def export(
         listed = [(m.seq_id, m) for m in page.messages if m.seq_id is not None]
         counts = admin.stored_tokens(store, thread_id, [sequence for sequence, _ in listed])
         for sequence, message in listed:
-            line = message.to_dict()
-            turn_id = state.turn_of(sequence)
-            if turn_id is not None:
-                line["turn_id"] = turn_id
-            if sequence in counts:
-                line["tokens"] = counts[sequence]
+            line = entry(message.to_dict(), state.turn_of(sequence), counts.get(sequence))
             write(json.dumps(line, separators=(",", ":"), ensure_ascii=False) + "\n")
             count += 1
         progress.update(len(page.messages) + len(page.unreadable))
@@ -157,10 +155,11 @@ def import_lines(
     bar_out = progress_out or sys.stderr
     if is_header(head):
         assert isinstance(head, dict)
-        if head["kvstore_backup"] != BACKUP_FORMAT:
+        form = head["kvstore_backup"]
+        if isinstance(form, bool) or not isinstance(form, int) or form not in READ_FORMATS:
             raise errors.InvalidMessage(
                 f"line {number}: backup format {head['kvstore_backup']!r} is not one this"
-                f" version reads ({BACKUP_FORMAT})"
+                f" version reads ({', '.join(map(str, READ_FORMATS))})"
             )
         bar = Progress("restored", head.get("messages"), bar_out, every)
         _restore(store, thread_id, head, text, numbered, progress, bar, allow_untrailed)
@@ -234,7 +233,8 @@ def _restore(
     read: dict[str, Any] = {"messages": 0, "end": None}
 
     checked = False
-    for run in admin.restore_runs(_backup_items(numbered, digest, read, state.last_seq)):
+    items = _backup_items(numbered, digest, read, state.last_seq, head["kvstore_backup"])
+    for run in admin.restore_runs(items):
         if not checked:
             admin.check_restore_target(store, thread_id, run[0])
             checked = True
@@ -260,11 +260,15 @@ def _restore(
 
 
 def _backup_items(
-    numbered: Iterator[tuple[int, str]], digest: Any, read: dict[str, Any], last_seq: int
+    numbered: Iterator[tuple[int, str]],
+    digest: Any,
+    read: dict[str, Any],
+    last_seq: int,
+    form: int,
 ) -> Iterator[admin.BackedUpMessage]:
-    """A backup's message lines as messages, each line added to `digest` and checked as append
-    checks its ids (before the run holding it is sent); `read` counts them and keeps the end
-    line (number, body) when it comes."""
+    """A backup's message lines (of format `form`) as messages, each line added to `digest` and
+    checked as append checks its ids (before the run holding it is sent); `read` counts them and
+    keeps the end line (number, body) when it comes."""
     for number, text in numbered:
         if read["end"] is not None:
             raise errors.BackupIncomplete(
@@ -272,17 +276,13 @@ def _backup_items(
             )
         try:
             body = json.loads(text)
-            if is_end_line(body):
+            if is_end_line(body, form):
                 read["end"] = (number, body)
                 continue
             add_line(digest, text)
             read["messages"] += 1
-            turn_id = body.pop("turn_id", None) if isinstance(body, dict) else None
-            # A backup written before counts were kept has none: the store counts them.
-            tokens = body.pop("tokens", None) if isinstance(body, dict) else None
-            if tokens is not None:
-                checked_tokens(tokens, "the message")
-            message = parse_message(body)
+            fields, turn_id, tokens = read_entry(body, form)
+            message = parse_message(fields)
             _check_ids(message, turn_id, last_seq)
         except RecursionError:
             raise errors.InvalidMessage(f"line {number}: nested too deep to read") from None
@@ -292,7 +292,7 @@ def _backup_items(
         yield admin.BackedUpMessage(message.seq_id, turn_id, message, tokens)
 
 
-def _check_ids(message: Message, turn_id: object, last_seq: int) -> None:
+def _check_ids(message: Message, turn_id: str | None, last_seq: int) -> None:
     """A backed-up message's id, otid and turn id as append takes them, its sequence one of the
     header's (restore_state refuses a thread holding sequences past its last_seq)."""
     if message.seq_id is None or message.id is None:
@@ -302,7 +302,7 @@ def _check_ids(message: Message, turn_id: object, last_seq: int) -> None:
     if message.otid is not None:
         admin.check_token("otid", message.otid)
     if turn_id is not None:
-        admin.check_token("turn_id", turn_id)  # type: ignore[arg-type]  # refuses a non-str
+        admin.check_token("turn_id", turn_id)
     if not 1 <= message.seq_id <= last_seq:
         raise errors.InvalidMessage(
             f"sequence {message.seq_id} is not from 1 to the header's last_seq {last_seq}"

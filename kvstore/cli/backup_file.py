@@ -13,22 +13,63 @@ from ..limits import MAX_SEQUENCE
 from ..messages import parse_message
 from ..models import TurnOutcome
 
-BACKUP_FORMAT = 1
-# The end line's key: {"kvstore_backup_end": 1, "messages": N, "sha256": "<hex>"}.
+# Format 2 holds each message apart from the backup's own data about it: a message may hold an
+# unknown field of any name, so format 1's `turn_id` and `tokens` beside its fields could be its.
+BACKUP_FORMAT = 2
+READ_FORMATS = (1, 2)
+# The end line's key: {"kvstore_backup_end": 2, "messages": N, "sha256": "<hex>"}.
 BACKUP_END = "kvstore_backup_end"
-# Every message line has it; the header and the end line never do. A message may hold any
-# unknown field (one named like the header's or end line's key too), never lack this one.
-MESSAGE_FIELD = "message_type"
+# A format-2 message line: {"message": {...}, "turn_id": "t9", "tokens": 34}, no other key.
+MESSAGE_KEY = "message"
+ENTRY_KEYS = frozenset((MESSAGE_KEY, "turn_id", "tokens"))
+# What every message line has and the header and end line never do: format 1's message its
+# `message_type` (it may hold an unknown field named like their keys), format 2's its wrapper.
+MESSAGE_MARK = {1: "message_type", 2: MESSAGE_KEY}
 # A turn record's outcome: open, or what finish_turn or an ended lease recorded.
 OUTCOMES = frozenset(("open", *get_args(TurnOutcome)))
 
 
 def is_header(body: object) -> bool:
-    return isinstance(body, dict) and "kvstore_backup" in body and MESSAGE_FIELD not in body
+    # A first line without a header is a plain message (with `message_type`), of any format.
+    return isinstance(body, dict) and "kvstore_backup" in body and "message_type" not in body
 
 
-def is_end_line(body: object) -> bool:
-    return isinstance(body, dict) and BACKUP_END in body and MESSAGE_FIELD not in body
+def is_end_line(body: object, form: int) -> bool:
+    return isinstance(body, dict) and BACKUP_END in body and MESSAGE_MARK[form] not in body
+
+
+def entry(message: dict[str, Any], turn_id: str | None, tokens: int | None) -> dict[str, Any]:
+    """A backed-up message as format 2 writes it (a message line, a kept prompt's message)."""
+    line: dict[str, Any] = {MESSAGE_KEY: message}
+    if turn_id is not None:
+        line["turn_id"] = turn_id
+    if tokens is not None:
+        line["tokens"] = tokens
+    return line
+
+
+def read_entry(body: object, form: int) -> tuple[dict[str, Any], str | None, int | None]:
+    """A backed-up message's fields, turn id and token count (None: none recorded), as `form`
+    wrote them; ValueError for a line of another shape."""
+    if not isinstance(body, dict):
+        raise ValueError(f"{body!r:.80} is not a message line")
+    if form == 1:  # the backup's data beside the message's fields
+        body = dict(body)
+        turn_id, tokens = body.pop("turn_id", None), body.pop("tokens", None)
+        fields = body
+    elif isinstance(body.get(MESSAGE_KEY), dict) and body.keys() <= ENTRY_KEYS:
+        fields, turn_id, tokens = body[MESSAGE_KEY], body.get("turn_id"), body.get("tokens")
+    else:
+        raise ValueError(
+            f"a message line is {{{MESSAGE_KEY!r}: {{...}}}} with at most 'turn_id' and 'tokens'"
+            f" beside it, not {body!r:.80}"
+        )
+    if turn_id is not None and not isinstance(turn_id, str):
+        raise ValueError(f"turn_id {turn_id!r:.80} is not a string")
+    # A backup written before counts were kept has none: the restoring store counts them.
+    if tokens is not None:
+        checked_tokens(tokens, "the message")
+    return fields, turn_id, tokens
 
 
 def line_digest() -> Any:
@@ -71,29 +112,18 @@ def header_line(thread_id: str, messages: int, state: admin.BackupState) -> dict
         # lines are written, below deleted_before.
         "prompt": {
             "state": state.prompt_state,
-            "messages": [_prompt_line(item) for item in state.prompt],
+            "messages": [entry(i.message.to_dict(), None, i.tokens) for i in state.prompt],
         }
         if state.prompt_state
         else None,
     }
 
 
-def _prompt_line(item: admin.BackedUpMessage) -> dict[str, Any]:
-    line = item.message.to_dict()
-    if item.tokens is not None:
-        line["tokens"] = item.tokens
-    return line
-
-
-def _prompt_item(body: object) -> admin.BackedUpMessage:
-    """A kept prompt's message of a backup's header (as _prompt_line wrote it)."""
-    if not isinstance(body, dict):
-        raise ValueError(f"{body!r:.80} is not a message")
-    body = dict(body)
-    tokens = body.pop("tokens", None)
-    if tokens is not None:
-        checked_tokens(tokens, "the prompt message")
-    message = parse_message(body)
+def _prompt_item(body: object, form: int) -> admin.BackedUpMessage:
+    """A kept prompt's message of a backup's header (as `form` writes a message line; never of
+    a turn)."""
+    fields, _, tokens = read_entry(body, form)
+    message = parse_message(fields)
     if message.seq_id is None:
         raise ValueError("a kept prompt's message must have its seq_id")
     if message.id is not None:
@@ -124,10 +154,10 @@ def check_whole(
             )
         return
     number, body = end
-    if body.get(BACKUP_END) != BACKUP_FORMAT:
+    if body.get(BACKUP_END) != head["kvstore_backup"]:
         raise errors.InvalidMessage(
-            f"line {number}: backup end line format {body.get(BACKUP_END)!r} is not one this"
-            f" version reads ({BACKUP_FORMAT})"
+            f"line {number}: backup end line format {body.get(BACKUP_END)!r} is not the"
+            f" header's ({head['kvstore_backup']!r})"
         )
     if body.get("messages") != messages:
         raise errors.BackupIncomplete(
@@ -187,7 +217,10 @@ def header_state(head: dict[str, Any]) -> admin.BackupState:
                 )
                 for t in head.get("turns", [])
             ],
-            prompt=[_prompt_item(m) for m in (head.get("prompt") or {}).get("messages", [])],
+            prompt=[
+                _prompt_item(m, head["kvstore_backup"])
+                for m in (head.get("prompt") or {}).get("messages", [])
+            ],
             prompt_state=text((head.get("prompt") or {}).get("state", "")),
         )
         _check_consistent(state)

@@ -98,7 +98,7 @@ def test_round_trip_restores_the_whole_thread(stores, raw_client):
     text = export_text(source)
     header = json.loads(text.splitlines()[0])
     assert (
-        header["kvstore_backup"] == 1
+        header["kvstore_backup"] == 2
         and header["summary_last"] > 0
         and header["deleted_before"] > 1
     )
@@ -226,7 +226,8 @@ def test_an_unreadable_record_fails_the_export_naming_it(stores, raw_client):
     out = io.StringIO()
     with pytest.raises(errors.RecordError, match="sequences 2;"):
         backup.export(source, "bad", out, progress_out=io.StringIO())
-    assert [json.loads(line).get("seq_id") for line in out.getvalue().splitlines()[1:]] == [1, 3]
+    lines = out.getvalue().splitlines()[1:]
+    assert [json.loads(line)["message"]["seq_id"] for line in lines] == [1, 3]
 
 
 def test_a_turn_record_of_the_first_layout_2_form_is_backed_up(stores, raw_client):
@@ -420,7 +421,7 @@ def test_a_backup_message_without_its_id_is_refused(stores, which):
     source.thread("chat").append([UserMessage(content=f"m{i}") for i in range(3)])
     lines = export_text(source).splitlines(keepends=True)
     body = json.loads(lines[which])
-    del body["id"]
+    del body["message"]["id"]
     lines[which] = json.dumps(body) + "\n"
     with pytest.raises(errors.InvalidMessage, match="seq_id and id"):
         backup.import_lines(target, "chat", iter(lines), progress_out=io.StringIO())
@@ -592,7 +593,7 @@ def test_a_backup_without_its_end_line_is_refused_unless_allowed_and_whole(store
     original = long_thread(source)
     lines = export_text(source, "long").splitlines(keepends=True)
     assert json.loads(lines[-1]) == {
-        "kvstore_backup_end": 1,
+        "kvstore_backup_end": 2,
         "messages": 300,
         "sha256": json.loads(lines[-1])["sha256"],
     }

@@ -246,12 +246,15 @@ def test_inspect_export_import(server, namespace, tmp_path, server_only):
     )
     assert result.returncode == 0, result.stderr
     header, *lines, end = out.read_text().splitlines()
-    assert json.loads(header)["kvstore_backup"] == 1 and json.loads(header)["turn"]["id"] == "t1"
-    assert json.loads(end)["kvstore_backup_end"] == 1 and json.loads(end)["messages"] == 21
+    assert json.loads(header)["kvstore_backup"] == 2 and json.loads(header)["turn"]["id"] == "t1"
+    assert json.loads(end)["kvstore_backup_end"] == 2 and json.loads(end)["messages"] == 21
     # Each line carries the message's stored token count (here the default rule's).
     assert [json.loads(line) for line in lines] == (
-        [{**m.to_dict(), "turn_id": "t1", "tokens": estimated_tokens(m)} for m in stored[:20]]
-        + [{**stored[20].to_dict(), "tokens": estimated_tokens(stored[20])}]
+        [
+            {"message": m.to_dict(), "turn_id": "t1", "tokens": estimated_tokens(m)}
+            for m in stored[:20]
+        ]
+        + [{"message": stored[20].to_dict(), "tokens": estimated_tokens(stored[20])}]
     )
 
     for closing in (
@@ -640,7 +643,7 @@ def test_commands_next_to_a_running_server_use_it_and_nothing_is_lost(tmp_path):
         result = kvstore("export", "chat", "--data-dir", str(data))
         assert result.returncode == 0, result.stderr
         assert (
-            json.loads(result.stdout.splitlines()[1])["content"]
+            json.loads(result.stdout.splitlines()[1])["message"]["content"]
             == "acknowledged by the first server"
         )
         result = kvstore(
@@ -679,7 +682,7 @@ def test_a_killed_owner_leaves_no_lock_behind(tmp_path):
     wait_gone(pid)
     result = kvstore("export", "chat", "--data-dir", str(data))  # the recorded address is stale
     assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout.splitlines()[1])["content"] == "before kill -9"
+    assert json.loads(result.stdout.splitlines()[1])["message"]["content"] == "before kill -9"
     process, url = start_server(data)
     try:
         # appendfsync always: what was acknowledged is on disk, however soon the server dies.
@@ -696,7 +699,7 @@ def test_a_killed_owner_leaves_no_lock_behind(tmp_path):
     result = kvstore("export", "chat", "--data-dir", str(data))
     assert result.returncode == 0, result.stderr
     _header, *lines, end = result.stdout.splitlines()  # the backup's header, messages, end line
-    assert [json.loads(line)["content"] for line in lines] == [
+    assert [json.loads(line)["message"]["content"] for line in lines] == [
         "before kill -9",
         "after the restart",
     ]
@@ -875,7 +878,7 @@ def test_export_into_a_closed_pipe_ends_quietly(server, namespace, server_only):
         stderr=subprocess.PIPE,
     )
     assert "kvstore_backup" in json.loads(process.stdout.readline())  # `| head -2`
-    assert json.loads(process.stdout.readline())["content"].startswith("m0 ")
+    assert json.loads(process.stdout.readline())["message"]["content"].startswith("m0 ")
     process.stdout.close()
     stderr = process.stderr.read().decode()
     assert process.wait(30) == 141 and stderr == ""  # as a tool cut by SIGPIPE, without a word

@@ -265,7 +265,7 @@ def test_an_export_and_import_past_retention_keeps_the_prompt(backend, namespace
     backup.export(store, "t", out, progress_out=io.StringIO())
     header = json.loads(out.getvalue().splitlines()[0])
     assert header["prompt"]["state"] == "closed"
-    assert [m["content"] for m in header["prompt"]["messages"]] == ["rules", "more"]
+    assert [m["message"]["content"] for m in header["prompt"]["messages"]] == ["rules", "more"]
     progress = backup.ImportProgress()
     backup.import_lines(
         store, "r", io.StringIO(out.getvalue()), progress, progress_out=io.StringIO()
