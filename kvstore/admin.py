@@ -1,8 +1,9 @@
 """The operator's surface: what `kvstore inspect`, `export`, `import`, `migrate`, `health` and
 `preload` need beyond the public API, on a sync :class:`~kvstore.MessageStore` or a client.
 
-Each call takes the store and a thread id and runs the engine's operations on the store's own
-client; none of them knows how a thread is laid out (kvstore/_engine/layout/ does).
+Each call takes the store and a thread id (and, keyword only, the thread's ``owner``: an owned
+thread's keys are its owner's) and runs the engine's operations on the store's own client; none
+of them knows how a thread is laid out (kvstore/_engine/layout/ does).
 
 Inspecting
     :func:`presence` (a :class:`Presence`: is the thread there, is it in layout 1),
@@ -118,30 +119,34 @@ def check_restorable(store: MessageStore, message: Any, tokens: int | None, what
     PreparedMessage.of(store.config, message, None, None, what, tokens)
 
 
-def _ref(store: MessageStore, thread_id: str) -> ThreadRef:
-    return ThreadRef.of(store.config, thread_id)
+def _ref(store: MessageStore, thread_id: str, owner: str | None = None) -> ThreadRef:
+    return ThreadRef.of(store.config, thread_id, owner=owner)
 
 
-def presence(store: MessageStore, thread_id: str) -> Presence:
+def presence(store: MessageStore, thread_id: str, *, owner: str | None = None) -> Presence:
     """Whether the thread has a meta hash, and whether it holds a layout-1 legacy hash."""
-    found: Presence = store.run(survey.presence(_ref(store, thread_id)))
+    found: Presence = store.run(survey.presence(_ref(store, thread_id, owner)))
     return found
 
 
-def containers(store: MessageStore, thread_id: str) -> Containers:
+def containers(store: MessageStore, thread_id: str, *, owner: str | None = None) -> Containers:
     """The thread's meta fields, window and container counts, in one round trip."""
-    found: Containers = store.run(survey.containers(_ref(store, thread_id)))
+    found: Containers = store.run(survey.containers(_ref(store, thread_id, owner)))
     return found
 
 
-def chunk_entries(store: MessageStore, thread_id: str) -> Iterator[ChunkEntry]:
+def chunk_entries(
+    store: MessageStore, thread_id: str, *, owner: str | None = None
+) -> Iterator[ChunkEntry]:
     """Every chunk index member of the thread, oldest first, read a page at a time."""
-    return survey.entries(store.run, _ref(store, thread_id), oversized=False)
+    return survey.entries(store.run, _ref(store, thread_id, owner), oversized=False)
 
 
-def oversized_entries(store: MessageStore, thread_id: str) -> Iterator[LargeEntry]:
+def oversized_entries(
+    store: MessageStore, thread_id: str, *, owner: str | None = None
+) -> Iterator[LargeEntry]:
     """Every oversized message's index member, oldest first, read a page at a time."""
-    return survey.entries(store.run, _ref(store, thread_id), oversized=True)
+    return survey.entries(store.run, _ref(store, thread_id, owner), oversized=True)
 
 
 def layout_1_threads(store: MessageStore) -> list[str]:
@@ -179,43 +184,55 @@ def _scan(store: MessageStore, pattern: str) -> list[Any]:
         ) from None
 
 
-def backup_state(store: MessageStore, thread_id: str) -> BackupState:
+def backup_state(store: MessageStore, thread_id: str, *, owner: str | None = None) -> BackupState:
     """The thread's state apart from its messages (LayoutError for a layout-1 thread)."""
-    state: BackupState = store.run(_backup_state(_ref(store, thread_id)))
+    state: BackupState = store.run(_backup_state(_ref(store, thread_id, owner)))
     return state
 
 
-def pages(store: MessageStore, thread_id: str) -> Iterator[MessagesPage]:
+def pages(
+    store: MessageStore, thread_id: str, *, owner: str | None = None
+) -> Iterator[MessagesPage]:
     """Every kept message of the thread, oldest first, a page at a time."""
-    return store.stream(_pages(_ref(store, thread_id)))
+    return store.stream(_pages(_ref(store, thread_id, owner)))
 
 
-def stored_tokens(store: MessageStore, thread_id: str, sequences: list[int]) -> dict[int, int]:
+def stored_tokens(
+    store: MessageStore, thread_id: str, sequences: list[int], *, owner: str | None = None
+) -> dict[int, int]:
     """The stored token count of each of these sequences that is stored."""
-    counts: dict[int, int] = store.run(_stored_tokens(_ref(store, thread_id), sequences))
+    counts: dict[int, int] = store.run(_stored_tokens(_ref(store, thread_id, owner), sequences))
     return counts
 
 
-def stored_ids(store: MessageStore, thread_id: str, ids: list[str]) -> dict[str, int]:
+def stored_ids(
+    store: MessageStore, thread_id: str, ids: list[str], *, owner: str | None = None
+) -> dict[str, int]:
     """Which of `ids` the thread holds, with their sequences."""
-    found: dict[str, int] = store.run(_stored_ids(_ref(store, thread_id), ids))
+    found: dict[str, int] = store.run(_stored_ids(_ref(store, thread_id, owner), ids))
     return found
 
 
-def check_restore_target(store: MessageStore, thread_id: str, first: BackedUpMessage) -> None:
+def check_restore_target(
+    store: MessageStore, thread_id: str, first: BackedUpMessage, *, owner: str | None = None
+) -> None:
     """RestoreConflict unless the thread is empty or a partial restore of this backup."""
-    store.run(_check_restore_target(_ref(store, thread_id), first))
+    store.run(_check_restore_target(_ref(store, thread_id, owner), first))
 
 
-def restore_run(store: MessageStore, thread_id: str, run: list[BackedUpMessage]) -> tuple[int, int]:
+def restore_run(
+    store: MessageStore, thread_id: str, run: list[BackedUpMessage], *, owner: str | None = None
+) -> tuple[int, int]:
     """Restores one run of restore_runs at its sequences: (restored now, already stored)."""
-    restored: tuple[int, int] = store.run(_restore_run(_ref(store, thread_id), run))
+    restored: tuple[int, int] = store.run(_restore_run(_ref(store, thread_id, owner), run))
     return restored
 
 
-def restore_state(store: MessageStore, thread_id: str, state: BackupState) -> None:
+def restore_state(
+    store: MessageStore, thread_id: str, state: BackupState, *, owner: str | None = None
+) -> None:
     """Sets the thread's state as the backup recorded it; the restore's last step."""
-    store.run(_restore_state(_ref(store, thread_id), state))
+    store.run(_restore_state(_ref(store, thread_id, owner), state))
 
 
 def preload_library(client: Any) -> str | None:

@@ -47,6 +47,7 @@ def export(
     out: TextOut,
     progress_out: IO[str] | None = None,
     every: float = 5.0,
+    owner: str | None = None,
 ) -> int:
     """Writes a backup of the thread: a header line with its state (BackupState), then one line
     per kept message, oldest first: the message in the list API's shape (its seq_id is its
@@ -54,8 +55,8 @@ def export(
     stored token count; then the end line, written only once the whole thread was read as one
     state: the count of message lines and the SHA-256 of every line before it. Refuses (nothing
     to trust, and no end line) if the thread changed while it was read."""
-    thread = existing_thread(store, thread_id)
-    state = admin.backup_state(store, thread_id)
+    thread = existing_thread(store, thread_id, owner)
+    state = admin.backup_state(store, thread_id, owner=owner)
     stats = thread.stats()
     header = header_line(thread_id, stats.stored_messages, state)
     digest = line_digest()
@@ -68,25 +69,32 @@ def export(
     progress = Progress("exported", stats.stored_messages, progress_out or sys.stderr, every)
     count = 0
     unreadable: list[int] = []
-    for page in admin.pages(store, thread_id):
+    for page in admin.pages(store, thread_id, owner=owner):
         unreadable += page.unreadable
         # A listed message has its sequence (seq_id).
         listed = [(m.seq_id, m) for m in page.messages if m.seq_id is not None]
-        counts = admin.stored_tokens(store, thread_id, [sequence for sequence, _ in listed])
+        counts = admin.stored_tokens(
+            store, thread_id, [sequence for sequence, _ in listed], owner=owner
+        )
         for sequence, message in listed:
             line = entry(message.to_dict(), state.turn_of(sequence), counts.get(sequence))
             write(json.dumps(line, separators=(",", ":"), ensure_ascii=False) + "\n")
             count += 1
         progress.update(len(page.messages) + len(page.unreadable))
     progress.close()
-    _check_whole(store, thread_id, state, count, unreadable)
+    _check_whole(store, thread_id, state, count, unreadable, owner)
     end = {BACKUP_END: BACKUP_FORMAT, "messages": count, "sha256": digest.hexdigest()}
     out.write(json.dumps(end, separators=(",", ":")) + "\n")
     return count
 
 
 def _check_whole(
-    store: MessageStore, thread_id: str, state: admin.BackupState, count: int, unreadable: list[int]
+    store: MessageStore,
+    thread_id: str,
+    state: admin.BackupState,
+    count: int,
+    unreadable: list[int],
+    owner: str | None,
 ) -> None:
     """Refuses an export no end line may vouch for: records it could not read, a thread that
     changed while it was read, or fewer messages listed than the thread stores."""
@@ -96,14 +104,14 @@ def _check_whole(
             f"{len(unreadable)} stored records of {thread_id!r} could not be read and are not in the backup"
             f" (sequences {shown}; docs/RELIABILITY.md, 'One bad record')"
         )
-    if not state.same_moment(admin.backup_state(store, thread_id)):
+    if not state.same_moment(admin.backup_state(store, thread_id, owner=owner)):
         raise errors.KVStoreError(
             f"thread {thread_id!r} changed while it was exported: the file is not one state of it; export it"
             " again while nothing writes to it"
         )
     # Counted after the pages: retention since the first count stores fewer, never more. A
     # shortfall is messages stored but not listed (damaged data).
-    stored = existing_thread(store, thread_id).stats().stored_messages
+    stored = existing_thread(store, thread_id, owner).stats().stored_messages
     if count < stored:
         raise errors.RecordError(
             f"{count} messages of {thread_id!r} were exported, it stores {stored}: the backup is"
@@ -130,6 +138,7 @@ def import_lines(
     every: float = 5.0,
     total: int | None = None,
     allow_untrailed: bool = False,
+    owner: str | None = None,
 ) -> int:
     """Imports a file `export` wrote (a backup: restored at its sequences, with its summary,
     turns and deleted_before) or plain JSON-lines messages (appended). Either way a message
@@ -162,10 +171,11 @@ def import_lines(
                 f" version reads ({', '.join(map(str, READ_FORMATS))})"
             )
         bar = Progress("restored", head.get("messages"), bar_out, every)
-        _restore(store, thread_id, head, text, numbered, progress, bar, allow_untrailed)
+        _restore(store, (thread_id, owner), head, text, numbered, progress, bar, allow_untrailed)
     else:
         bar = Progress("imported", total, bar_out, every)
-        _append_plain(store, thread_id, itertools.chain([first], numbered), progress, bar)
+        plain = itertools.chain([first], numbered)
+        _append_plain(store, (thread_id, owner), plain, progress, bar)
     bar.close()
     return progress.stored
 
@@ -214,7 +224,7 @@ def _not_utf8(number: int, reason: str) -> errors.InvalidMessage:
 
 def _restore(
     store: MessageStore,
-    thread_id: str,
+    target: tuple[str, str | None],
     head: dict[str, Any],
     head_text: str,
     numbered: Iterator[tuple[int, str]],
@@ -222,6 +232,7 @@ def _restore(
     bar: Progress,
     allow_untrailed: bool,
 ) -> None:
+    thread_id, owner = target  # the thread's id and owner (None: none)
     state = header_state(head)
     for item in state.prompt:
         # Encoded as restore_state will (its size and parts against this store's limits), so
@@ -236,10 +247,10 @@ def _restore(
     items = _backup_items(numbered, digest, read, state.last_seq, head["kvstore_backup"])
     for run in admin.restore_runs(items):
         if not checked:
-            admin.check_restore_target(store, thread_id, run[0])
+            admin.check_restore_target(store, thread_id, run[0], owner=owner)
             checked = True
         progress.sending = len(run)
-        new, already = admin.restore_run(store, thread_id, run)
+        new, already = admin.restore_run(store, thread_id, run, owner=owner)
         progress.sending = 0
         progress.stored += new
         progress.already += already
@@ -248,7 +259,7 @@ def _restore(
         # A backup without messages (all deleted or removed) restores over an empty thread only,
         # or over one it restored before: no message stored and the same last sequence. A
         # thread holding messages is another thread, whatever its last sequence.
-        stats = store.thread(thread_id).stats()
+        stats = store.thread(thread_id, owner=owner).stats()
         if stats.stored_messages or (
             stats.next_sequence > 1 and stats.next_sequence - 1 != state.last_seq
         ):
@@ -256,7 +267,7 @@ def _restore(
                 f"thread {thread_id!r} already holds messages: restore into an empty thread"
             )
     check_whole(head, read["messages"], read["end"], digest.hexdigest(), allow_untrailed)
-    admin.restore_state(store, thread_id, state)
+    admin.restore_state(store, thread_id, state, owner=owner)
 
 
 def _backup_items(
@@ -311,7 +322,7 @@ def _check_ids(message: Message, turn_id: str | None, last_seq: int) -> None:
 
 def _append_plain(
     store: MessageStore,
-    thread_id: str,
+    target: tuple[str, str | None],
     numbered: Iterable[tuple[int, str]],
     progress: ImportProgress,
     bar: Progress,
@@ -319,12 +330,14 @@ def _append_plain(
     """Plain message lines (an older export, or a file of your own), appended in batches. A
     message without an id gets one made from its line's text (and how many identical lines came
     before), so importing the same file again finds it stored."""
-    thread = store.thread(thread_id)
+    thread_id, owner = target
+    thread = store.thread(thread_id, owner=owner)
     seen: dict[str, int] = {}
 
     def send(batch: list[Message]) -> None:
         # Each has its id: its own, or the one made from its line below.
-        stored = admin.stored_ids(store, thread_id, [m.id for m in batch if m.id is not None])
+        ids = [m.id for m in batch if m.id is not None]
+        stored = admin.stored_ids(store, thread_id, ids, owner=owner)
         todo = [m for m in batch if m.id not in stored]
         count(0, len(batch) - len(todo))
         if not todo:

@@ -127,9 +127,9 @@ def _sync_directory(directory: str) -> None:
             os.close(fd)
 
 
-def existing_thread(store: MessageStore, thread_id: str) -> Thread:
-    thread = store.thread(thread_id)
-    if not admin.presence(store, thread_id).exists:
+def existing_thread(store: MessageStore, thread_id: str, owner: str | None = None) -> Thread:
+    thread = store.thread(thread_id, owner=owner)
+    if not admin.presence(store, thread_id, owner=owner).exists:
         raise errors.KVStoreError(
             f"thread {thread_id!r} not found in namespace {store.config.namespace!r}"
         )
@@ -137,17 +137,22 @@ def existing_thread(store: MessageStore, thread_id: str) -> Thread:
 
 
 def inspect(
-    store: MessageStore, thread_id: str, out: IO[str] | None = None, chunks: bool = False
+    store: MessageStore,
+    thread_id: str,
+    out: IO[str] | None = None,
+    chunks: bool = False,
+    owner: str | None = None,
 ) -> None:
     """A thread's layout: a summary of its chunks, or with `chunks` one line for each, to `out`
     (default: sys.stdout as it is when called, the CLI's guarded stream)."""
     out = out or sys.stdout
-    thread = existing_thread(store, thread_id)
+    thread = existing_thread(store, thread_id, owner)
     stats = thread.stats()
-    found = admin.containers(store, thread_id)
+    found = admin.containers(store, thread_id, owner=owner)
     meta = found.meta
     print(
-        f"thread {thread_id} (namespace {store.config.namespace}, layout {stats.layout_version})",
+        f"thread {thread_id}{f' of owner {owner}' if owner else ''}"
+        f" (namespace {store.config.namespace}, layout {stats.layout_version})",
         file=out,
     )
     print(
@@ -178,8 +183,8 @@ def inspect(
     _print_buffers(found, stats.layout_version, out)
     if found.legacy_messages:
         print(f"  legacy (layout 1) {found.legacy_messages} messages not yet migrated", file=out)
-    chunk_entries = admin.chunk_entries(store, thread_id)
-    large_entries = admin.oversized_entries(store, thread_id)
+    chunk_entries = admin.chunk_entries(store, thread_id, owner=owner)
+    large_entries = admin.oversized_entries(store, thread_id, owner=owner)
     if chunks:
         print(f"  chunks            {found.chunks} (+ {found.oversized} oversized)", file=out)
         _list_chunks(chunk_entries, large_entries, out)

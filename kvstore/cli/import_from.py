@@ -270,10 +270,12 @@ def _cut(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def export_langchain(store: MessageStore, thread_id: str, out: TextOut) -> tuple[int, int]:
-    """Writes the thread as LangChain's message JSON: one array, a message a line. Returns
-    (messages written, kvstore messages left out: no LangChain type)."""
-    thread = existing_thread(store, thread_id)
+def export_langchain(
+    store: MessageStore, thread_id: str, out: TextOut, owner: str | None = None
+) -> tuple[int, int]:
+    """Writes the thread (the owner's, with `owner`) as LangChain's message JSON: one array, a
+    message a line. Returns (messages written, kvstore messages left out: no LangChain type)."""
+    thread = existing_thread(store, thread_id, owner)
     messages = list(thread.iter())
     records = to_langchain(messages)
     out.write("[")

@@ -111,14 +111,16 @@ def _store_command(args: argparse.Namespace) -> int:
 def _inspect(store: Any, args: argparse.Namespace) -> int:
     from .commands import inspect
 
-    inspect(store, args.thread, chunks=args.chunks)
+    inspect(store, args.thread, chunks=args.chunks, owner=args.owner)
     return 0
 
 
 def _export_langchain(store: Any, args: argparse.Namespace) -> int:
     from .import_from import export_langchain
 
-    written, left_out = _export_to(args, lambda out: export_langchain(store, args.thread, out))
+    written, left_out = _export_to(
+        args, lambda out: export_langchain(store, args.thread, out, args.owner)
+    )
     skipped = (
         f"; {left_out} left out (reasoning, events, approvals: no LangChain type)"
         if left_out
@@ -133,7 +135,10 @@ def _export(store: Any, args: argparse.Namespace) -> int:
     from . import backup
 
     count = _export_to(
-        args, lambda out: backup.export(store, args.thread, out, every=args.progress_every)
+        args,
+        lambda out: backup.export(
+            store, args.thread, out, every=args.progress_every, owner=args.owner
+        ),
     )
     if args.output not in (None, "-"):
         print(f"exported {count} messages to {args.output}", file=sys.stderr)
@@ -184,6 +189,7 @@ def _import(store: Any, args: argparse.Namespace) -> int:
                 progress,
                 every=args.progress_every,
                 allow_untrailed=args.allow_untrailed,
+                owner=args.owner,
             )
         else:
             with open(args.file, encoding="utf-8") as lines:
@@ -195,6 +201,7 @@ def _import(store: Any, args: argparse.Namespace) -> int:
                     every=args.progress_every,
                     total=_line_count(args.file),
                     allow_untrailed=args.allow_untrailed,
+                    owner=args.owner,
                 )
     except KeyboardInterrupt:
         unknown = (

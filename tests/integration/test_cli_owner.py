@@ -83,24 +83,6 @@ def test_fork_of_an_owned_thread_without_the_owner_makes_nothing(store, server, 
     assert [info.thread_id for info in store.threads(OWNER).threads] == ["session-7"]
 
 
-@pytest.mark.parametrize("command", ["inspect", "export", "import"])
-def test_an_owner_is_refused_in_one_line_until_admin_takes_one(
-    command, store, server, namespace, tmp_path, capsys
-):
-    # kvstore.admin's calls (and kvstore/cli/backup.py) take no owner yet: refused before a
-    # store is opened rather than run on the unowned thread of the same id.
-    backup = tmp_path / "chat.jsonl"
-    backup.write_text("")
-    args = [command, "session-7", *([str(backup)] if command == "import" else [])]
-    assert cli([*args, "--owner", OWNER, "--url", "redis://127.0.0.1:1"]) == 1
-    line = _one_error_line(capsys)
-    assert f"{command} --owner" in line and "not supported yet" in line, line
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs kvstore.admin's calls and kvstore/cli/backup.py to take an owner",
-)
 @pytest.mark.parametrize("target_owner", [OWNER, "user-43"])
 def test_an_owned_backup_round_trips_into_an_owner(
     target_owner, store, server, namespace, tmp_path, capsys
@@ -113,9 +95,34 @@ def test_an_owned_backup_round_trips_into_an_owner(
     restored = [m.model_dump() for m in store.thread("restored", owner=target_owner).iter()]
     assert restored == source
     assert "restored" in {info.thread_id for info in store.threads(target_owner).threads}
+    # Nothing reached the unowned thread of either id.
+    assert not store.thread("restored").stats().stored_messages
+    # A file of plain message lines goes to the owner's thread too, once however often.
+    plain = tmp_path / "plain.jsonl"
+    plain.write_text(
+        '{"message_type":"user_message","content":"one"}\n'
+        '{"message_type":"assistant_message","content":"two"}\n'
+    )
+    for _ in range(2):
+        assert cli(["import", "plain", str(plain), "--owner", target_owner, *at]) == 0
+    assert [m.content for m in store.thread("plain", owner=target_owner).iter()] == ["one", "two"]
+    assert not store.thread("plain").stats().stored_messages
+    # The owner's thread exported as LangChain's JSON.
+    langchain = tmp_path / "chat.json"
+    export = [
+        "export",
+        "session-7",
+        "--owner",
+        OWNER,
+        "--format",
+        "langchain",
+        "-o",
+        str(langchain),
+    ]
+    assert cli([*export, *at]) == 0
+    assert "and tomorrow?" in langchain.read_text()
 
 
-@pytest.mark.xfail(strict=True, reason="needs kvstore.admin's calls to take an owner")
 def test_inspect_with_the_owner_shows_the_owned_thread(store, server, namespace, capsys):
     assert cli(["inspect", "session-7", "--owner", OWNER, *_at(server, namespace)]) == 0
     out = capsys.readouterr().out
