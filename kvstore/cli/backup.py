@@ -248,6 +248,7 @@ def _restore(
     for run in admin.restore_runs(items):
         if not checked:
             admin.check_restore_target(store, thread_id, run[0], owner=owner)
+            _check_nothing_before(store, target, run[0].sequence)
             checked = True
         progress.sending = len(run)
         new, already = admin.restore_run(store, thread_id, run, owner=owner)
@@ -268,6 +269,20 @@ def _restore(
             )
     check_whole(head, read["messages"], read["end"], digest.hexdigest(), allow_untrailed)
     admin.restore_state(store, thread_id, state, owner=owner)
+
+
+def _check_nothing_before(store: MessageStore, target: tuple[str, str | None], first: int) -> None:
+    """Refuses (RestoreConflict, before any write) a thread that lists a message before the
+    backup's first: an older restore of the same thread, say, holding what retention deleted
+    from the source since; the backup's state would leave it counted but deleted."""
+    thread_id, owner = target
+    oldest = store.thread(thread_id, owner=owner).list(limit=1).messages
+    if oldest and oldest[0].seq_id is not None and oldest[0].seq_id < first:
+        raise errors.RestoreConflict(
+            f"thread {thread_id!r} holds messages from sequence {oldest[0].seq_id}, before the"
+            f" backup's first ({first}): it is no restore of this backup; restore into an empty"
+            " thread"
+        )
 
 
 def _backup_items(

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from kvstore import AssistantMessage, MessageStore, StoreConfig, UserMessage, errors
+from kvstore import AssistantMessage, MessageStore, StoreConfig, SystemMessage, UserMessage, errors
 from kvstore.cli import backup, commands
 from kvstore.cli.progress import Progress
 
@@ -650,3 +650,33 @@ def test_every_write_to_a_thread_whose_restore_is_unfinished_is_refused_and_writ
             )
         }
         assert after == before, name
+
+
+def test_a_newer_backup_over_a_restore_of_an_older_one_is_refused_before_any_write(
+    server, namespace, server_only
+):
+    """Backup B of a thread, taken after retention deleted messages backup A holds, imported
+    over a restore of A: its first message is stored at its place, but the thread holds A's
+    older ones, which B's state would leave counted yet deleted. Refused, nothing written; B
+    into an empty thread, and again over itself, restores (its kept prompt, below its first
+    message, is no conflict)."""
+    config = StoreConfig(namespace=namespace, retained_message_limit=80)
+    with MessageStore.from_url(server.url, config) as store:
+        source = store.thread("source")
+        source.append(SystemMessage(content="You are terse."))
+        source.append([UserMessage(content=f"m{i} " + "y" * 400) for i in range(99)])
+        older = export_text(store, "source")
+        source.append([UserMessage(content=f"n{i} " + "y" * 400) for i in range(100)])
+        source.compact("summary", source.stats().next_sequence - 6)
+        assert source.stats().deleted_before_sequence > 1
+        newer = export_text(store, "source")
+        backup.import_lines(store, "copy", io.StringIO(older), progress_out=io.StringIO())
+        before = (view(store.thread("copy"), turns=()), store.thread("copy").stats())
+        with pytest.raises(errors.RestoreConflict, match="before the backup"):
+            backup.import_lines(store, "copy", io.StringIO(newer), progress_out=io.StringIO())
+        assert (view(store.thread("copy"), turns=()), store.thread("copy").stats()) == before
+        for _ in range(2):
+            backup.import_lines(store, "fresh", io.StringIO(newer), progress_out=io.StringIO())
+            fresh, original = store.thread("fresh"), store.thread("source")
+            assert view(fresh, turns=()) == view(original, turns=())
+            assert fresh.stats().stored_messages == original.stats().stored_messages
