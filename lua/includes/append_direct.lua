@@ -28,7 +28,8 @@
 -- in the order it reads them by index.
 local direct = {}
 direct.META = {'layout', 'last_seq', 'stored', 'bytes', 'window_bytes', 'deleting', 'checked', 'tokens',
-  'restoring', 'open_first', 'open_count', 'open_bytes', 'open_tokens', 'events', 'born', 'open_manifest_bytes'}
+  'restoring', 'open_first', 'open_count', 'open_bytes', 'open_tokens', 'events', 'born', 'open_manifest_bytes',
+  'expires'}
 -- ARGV: limits, turn_id, lease, pairs, then per message id, otid, media, tokens, record.
 direct.AT = {limits = 1, turn_id = 2, lease = 3, pairs = 4, messages = 5, width = 5}
 -- KEYS: the thread's keys in thread_keys' order (includes/layout.lua).
@@ -381,6 +382,10 @@ local function append_direct(KEYS, ARGV)
     redis.call('HSET', meta_key, unpack(fields))
   end
   if events_on then direct.event(KEYS, limits, events, first, last, turn_id, v[15] or false, ttl) end
-  direct.expire_made(KEYS, count == 0 or close ~= nil, stored == 0, otids_written, close and close.keys.chunk_index)
+  -- A thread without a deadline (no ttl, and meta's `expires` absent: includes/expiry.lua) pays
+  -- no PEXPIRETIME.
+  if ttl or v[17] then
+    direct.expire_made(KEYS, count == 0 or close ~= nil, stored == 0, otids_written, close and close.keys.chunk_index)
+  end
   return {1, first}
 end

@@ -31,6 +31,9 @@ local function apply_expiry(keys)
   if moved then
     redis.call('PEXPIRE', keys.meta, moved)
     deadline = redis.call('PEXPIRETIME', keys.meta)
+    -- Meta says it has a deadline (no store clears one): the direct append of a store without
+    -- a ttl reads it with meta's other fields and gives the keys it makes the deadline only then.
+    redis.call('HSET', keys.meta, 'expires', '1')
   end
   if deadline <= 0 then return end
   for _, key in ipairs(fixed_keys(keys)) do
