@@ -57,6 +57,23 @@ class BackupState:
     prompt: list[BackedUpMessage] = field(default_factory=list)
     prompt_state: str = ""
 
+    def check_prompt(self) -> None:
+        """Refuses (InvalidMessage) a kept prompt restore_state cannot hold: at most
+        LEADING_SYSTEM_LIMIT messages, in order, below deleted_before, with a state."""
+        sequences = [item.sequence for item in self.prompt]
+        if (
+            self.prompt_state not in ("", "open", "closed")
+            or (sequences and not self.prompt_state)
+            or len(sequences) > LEADING_SYSTEM_LIMIT
+            or sequences != sorted(set(sequences))
+            or any(not 1 <= s < self.deleted_before for s in sequences)
+        ):
+            raise errors.InvalidMessage(
+                f"the kept prompt ({self.prompt_state!r:.20}, sequences {sequences[:20]}) is not"
+                f" one a backup holds: at most {LEADING_SYSTEM_LIMIT} messages in order below"
+                " deleted_before"
+            )
+
     def turn_of(self, sequence: int) -> str | None:
         """The turn whose ranges hold `sequence`, or None."""
         at = bisect.bisect_right(self.ranges, (sequence, float("inf"))) - 1
@@ -273,18 +290,7 @@ def restore_state(
 def _prompt_args(thread: ThreadRef, state: BackupState) -> tuple[str, bytes]:
     """restore_state's kept prompt (lua/restore_state.lua: prompt_index, prompt_records),
     checked as the script checks it, before the socket."""
-    sequences = [item.sequence for item in state.prompt]
-    if (
-        state.prompt_state not in ("", "open", "closed")
-        or (sequences and not state.prompt_state)
-        or len(sequences) > LEADING_SYSTEM_LIMIT
-        or sequences != sorted(set(sequences))
-        or any(not 1 <= s < state.deleted_before for s in sequences)
-    ):
-        raise errors.InvalidMessage(
-            f"the kept prompt ({state.prompt_state!r}, sequences {sequences[:20]}) is not one a"
-            f" backup holds: at most {LEADING_SYSTEM_LIMIT} messages in order below deleted_before"
-        )
+    state.check_prompt()
     prompt = [
         PreparedMessage.of(
             thread.config,

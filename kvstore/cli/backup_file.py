@@ -8,7 +8,7 @@ import hashlib
 from typing import Any, get_args
 
 from .. import admin, errors
-from ..admin import LEADING_SYSTEM_LIMIT, check_token, checked_tokens
+from ..admin import check_token, checked_tokens
 from ..limits import MAX_SEQUENCE
 from ..messages import parse_message
 from ..models import TurnOutcome
@@ -252,16 +252,4 @@ def _check_consistent(state: admin.BackupState) -> None:
     for what, value, most in beyond:
         if value > most:
             raise ValueError(f"{what} {value} is past the backup's last_seq {last}")
-    sequences = [item.sequence for item in state.prompt]
-    # As restore_state (kvstore/_engine/backup.py, _prompt_args) refuses it.
-    if (
-        state.prompt_state not in ("", "open", "closed")
-        or (sequences and not state.prompt_state)
-        or len(sequences) > LEADING_SYSTEM_LIMIT
-        or sequences != sorted(set(sequences))
-        or any(not 1 <= s < state.deleted_before for s in sequences)
-    ):
-        raise ValueError(
-            f"the kept prompt ({state.prompt_state!r:.20}, sequences {sequences[:20]}) is not at"
-            f" most {LEADING_SYSTEM_LIMIT} messages in order below deleted_before"
-        )
+    state.check_prompt()  # as restore_state refuses it
