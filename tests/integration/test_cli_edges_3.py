@@ -5,6 +5,7 @@ that is not UTF-8 and an empty --url are refused in one line."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import json
 import os
@@ -142,8 +143,10 @@ def test_an_export_into_a_fifo_writes_through_it(store, server, namespace, tmp_p
         args = ["export", "chat", "-o", str(fifo), "--url", server.url, "--namespace", namespace]
         assert cli(args) == 0, capsys.readouterr().err
     finally:
+        reader.join(5)
         if reader.is_alive():  # unblock the reader if the export never opened the pipe
-            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+            with contextlib.suppress(OSError):  # ENXIO: the reader closed its end meanwhile
+                os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
         reader.join(10)
     assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
     assert b'"content":"m4"' in read[0] and b"kvstore_backup_end" in read[0]
