@@ -109,6 +109,11 @@ def test_a_layout_2_thread_reads_as_it_is_then_drains_one_step_per_write(
         after = stored(raw_client, thread.keys)
         assert {s: after[s] for s in before} == before  # nothing lost, changed or doubled
         assert len(after) == len(before) + writes
+        # The newest pages while a window is left between the open chunk and the drained
+        # chunks (the store has seen the thread at layout 3 after the first of them).
+        for limit in (3, 7, 3, 7):
+            page = thread.list(limit=limit, order="desc")
+            assert [m.id for m in page.messages] == [m.id for m in expected[::-1][:limit]]
     check_reads(thread, expected, limits=(1, 7, 50))
     check_layout(raw_client, thread.keys, StoreConfig(namespace=namespace, **config))
     assert raw_client.zcard(thread.keys.chunk_index) >= chunks + writes

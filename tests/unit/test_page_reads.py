@@ -49,6 +49,7 @@ def test_the_newest_page_is_one_batch_with_one_score(thread, fake):
                 "gen",
                 "layout",
                 "stored",
+                "window_bytes",
             ),
             ("MGET", keys.open_manifest, keys.open_data),
             ("ZRANGE", keys.large_index, "+inf", "-inf", "BYSCORE", "REV", "LIMIT", 0, 11),
@@ -409,8 +410,42 @@ def test_a_layout_3_newest_page_is_the_open_chunks_tail_in_one_round_trip(thread
     page = drive(core.list_page(thread, limit=3, order="desc"), fake.newest())
     assert seqs(page.messages) == [12, 11, 10] and page.has_more and page.next_cursor == 10
     whole = layout_3(thread, 3, 0)
-    page = drive(core.list_page(thread, limit=5, order="desc"), whole.newest())
+    # Read once at layout 3, the thread's newest page reads no layout-2 window.
+    page = drive(core.list_page(thread, limit=5, order="desc"), whole.newest(window=False))
     assert seqs(page.messages) == [3, 2, 1] and not page.has_more
+
+
+def test_a_thread_seen_at_layout_3_reads_no_window_until_it_reads_otherwise(thread):
+    fake = layout_3(thread, 12, 8)
+    drive(core.list_page(thread, limit=3, order="desc"), fake.newest())
+    # Another layout then (a thread remade by an older release): that page is planned, and
+    # the next one reads the window again.
+    older = FakeThread(thread.keys)
+    older.append(5)
+    page = drive(
+        core.list_page(thread, limit=3, order="desc"),
+        older.newest(window=False),
+        older.plan(),
+        older.fetch(),
+    )
+    assert seqs(page.messages) == [5, 4, 3] and page.has_more
+    page = drive(core.list_page(thread, limit=3, order="desc"), older.newest())
+    assert seqs(page.messages) == [5, 4, 3] and page.has_more
+
+
+def test_a_migrations_window_left_is_told_by_meta_when_it_is_not_read(thread):
+    fake = layout_3(thread, 12, 8)
+    drive(core.list_page(thread, limit=3, order="desc"), fake.newest())
+    # Messages 1..8 still in a window a migration has not moved (meta says so): the page that
+    # the open chunk cannot make alone is planned, not made from the closed chunks.
+    fake.meta["window_bytes"] = "1"
+    page = drive(
+        core.list_page(thread, limit=7, order="desc"),
+        fake.newest(window=False),
+        fake.plan(),
+        fake.fetch(),
+    )
+    assert seqs(page.messages) == [12, 11, 10, 9, 8, 7, 6] and page.has_more
 
 
 def test_a_layout_3_newest_page_reads_the_newest_closed_chunks_second(thread):

@@ -38,7 +38,7 @@ def manifest_read(keys: ThreadKeys, first: int) -> tuple[Any, ...]:
     return ("GET", keys.chunk_manifest(first))
 
 
-_META = ("deleted_before", "deleting", "last_seq", "gen", "layout", "stored")
+_META = ("deleted_before", "deleting", "last_seq", "gen", "layout", "stored", "window_bytes")
 
 
 def newest_page(thread: ThreadRef, need: int) -> Operation:
@@ -53,34 +53,34 @@ def newest_page(thread: ThreadRef, need: int) -> Operation:
     them. Else, with no window left and no oversized message in the way, the newest closed
     chunks add what they hold: read ahead in that round trip when it is the one chunk this
     handle's last newest page needed (its hint: the same while the open chunk fills; kept by
-    pages the open chunk answers alone), else in a second round trip (gen compared). Anything else is planned. A layout-2 thread reads its
-    window (v2.newest_page) in the same round trip.
+    pages the open chunk answers alone), else in a second round trip (gen compared). Anything
+    else is planned. A layout-2 thread reads its window (v2.newest_page) in the same round trip;
+    one this store has seen at layout 3 reads none (meta's window_bytes tells of a window left; a
+    read at another layout since is planned, the next reads the window). Each command costs the
+    client more than the strings it carries: the open and read-ahead chunks are one MGET.
     """
-    keys = thread.keys
     # Closed chunk members enough for the page when they are full.
     members = need // thread.config.chunk_size + 2
     ahead = _ahead(thread, need)
-    replies = yield Batch(
-        [
-            ("HMGET", keys.meta, *_META),
-            open_read(keys),
-            ("ZRANGE", keys.large_index, "+inf", "-inf", "BYSCORE", "REV", "LIMIT", 0, need),
-            ("ZRANGE", keys.chunk_index, "+inf", "-inf", "BYSCORE", "REV", "LIMIT", 0, members),
-            ("ZRANGE", keys.window, 0, need - 1, "REV"),
-            ("ZRANGE", keys.window, need - 1, need - 1, "REV", "WITHSCORES"),
-            *(chunk_read(keys, first) for first in ahead),
-            ("HMGET", keys.meta, "gen", "last_seq"),
-        ]
-    )
-    meta, (manifest, data), large, newest_chunks, window, bottom, *read_ahead, again = replies
-    deleted_before, deleting, last_seq, gen, layout, stored = meta
+    window_read = _LAYOUT_3 not in thread.hints
+    replies = yield Batch(_newest_reads(thread.keys, need, members, ahead, window_read))
+    meta, strings, large, newest_chunks, *window_replies, again = replies
+    deleted_before, deleting, last_seq, gen, layout, stored, window_bytes = meta
+    manifest, data = strings[:2]
     if deleting is not None or layout != b"3":
         thread.hints.pop(_AHEAD, None)
+        thread.hints.pop(_LAYOUT_3, None)
     if deleting is not None:  # an interrupted delete(): the thread reads as empty
         return [], False, 0
     if layout != b"3":
+        if not window_read:
+            return None  # no window read: the plan reads this thread
         # Layout 2: last_seq as read after the window.
+        window, bottom = window_replies
         return v2.window_page(window, bottom, again[1], deleted_before, need)
+    thread.hints[_LAYOUT_3] = True
+    # A migration's window not read: its bytes in meta tell whether one is left.
+    window = window_replies[0] if window_read else int_or_zero(window_bytes)
     if [gen, last_seq] != list(again):
         return None
     records = split_chunk(manifest, data)
@@ -97,7 +97,7 @@ def newest_page(thread: ThreadRef, need: int) -> Operation:
         return None
     _remember(thread, chosen, len(newest))
     # Read ahead between meta's two reads, which are equal: as of the same state as the rest.
-    found = dict(zip(ahead, read_ahead, strict=True))
+    found = {first: strings[2 + 2 * i : 4 + 2 * i] for i, first in enumerate(ahead)}
     if all(None not in found.get(entry.first, (None,)) for entry in chosen):
         return _with_read(chosen, found, records, need, stored, deleted_before)
     return (yield from _with_chunks(thread, chosen, records, need, gen, stored, deleted_before))
@@ -118,6 +118,33 @@ def _with_read(
     newest = sorted(both, reverse=True)
     return _page(newest, both, need, int_or_zero(stored), int_or_zero(deleted_before))
 
+
+def _newest_reads(
+    keys: ThreadKeys, need: int, members: int, ahead: tuple[int, ...], window: bool
+) -> list[tuple[Any, ...]]:
+    """newest_page's one round trip: meta; the open chunk's strings and those of the closed
+    chunks read `ahead`; the newest `need` oversized and `members` closed chunk members; with
+    `window`, a layout-2 window's newest `need` members and the `need`-th newest with its
+    score; meta's gen and last_seq again."""
+    return [
+        ("HMGET", keys.meta, *_META),
+        (*open_read(keys), *(key for first in ahead for key in chunk_read(keys, first)[1:])),
+        ("ZRANGE", keys.large_index, "+inf", "-inf", "BYSCORE", "REV", "LIMIT", 0, need),
+        ("ZRANGE", keys.chunk_index, "+inf", "-inf", "BYSCORE", "REV", "LIMIT", 0, members),
+        *(
+            (
+                ("ZRANGE", keys.window, 0, need - 1, "REV"),
+                ("ZRANGE", keys.window, need - 1, need - 1, "REV", "WITHSCORES"),
+            )
+            if window
+            else ()
+        ),
+        ("HMGET", keys.meta, "gen", "last_seq"),
+    ]
+
+
+# Set once this store read the thread at layout 3 (its newest page then reads no window).
+_LAYOUT_3 = "newest_page_layout_3"
 
 # The hint newest_page leaves: the first sequence of the one closed chunk it needed, and how
 # many newer messages (the open chunk's, oversized ones) there were then.
