@@ -265,8 +265,10 @@ class Thread(ThreadTurns):
         """Replaces the stored message `message_id` by `message`; returns the stored copy.
 
         The new message keeps the original's id, sequence, turn and otid (an otid it carries is
-        ignored), and its date unless it sets one. It may be of another message type. `tokens`
-        is the new message's token count (counted as append counts a message when not given).
+        ignored), and its date unless it sets one. It may be of another message type (the
+        thread's current summary replaced by a non-summary leaves the thread without one:
+        docs/HISTORY.md, "Replacing the summary"). `tokens` is the new message's token count
+        (counted as append counts a message when not given).
 
         Raises MessageNotFound when no stored message has that id, InvalidMessage /
         MessageTooLarge for the new message as append does.

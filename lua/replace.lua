@@ -9,12 +9,17 @@
 --- ARGV record (bytes): the replacement's
 --- ARGV pairs (str): the replacement's (includes/history.lua) with strict history checks, ''
 ---      without; on a checked thread they must be the stored message's
+--- ARGV summary (int): 1 when the replacement is a summary message, else 0
 ---
 --- A window message whose replacement is larger than chunk_max_bytes moves into its own chunk,
 --- as an oversized append would, and so does an open-chunk message whose replacement would grow
 --- the open chunk (of more than one message) past chunk_max_bytes. A closed chunk's message's
 --- replacement must keep its chunk within chunk_max_bytes (unless it is alone in it); the chunk
 --- is written back in its own kind (a layout-2 hash stays one).
+---
+--- The thread's current summary (meta's summary_seq) replaced by a message of another type
+--- leaves the thread without a summary (summary_last and summary_seq go): what it covered and
+--- is still stored is the context again, not hidden behind a summary that is no more.
 ---
 --- Reply: the message's sequence
 --- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_DELETING, KVS_RESTORING, KVS_MIGRATING, KVS_NOT_FOUND, KVS_TOO_LARGE,
@@ -70,6 +75,9 @@ begin_expiry(keys, limits.ttl_ms)
 if history_drop then drop_history(keys) end
 ensure_tokens(keys)
 write_replacement(keys, message, entry, sequence, record, media, tokens)
+if args.summary == 0 and tonumber(redis.call('HGET', keys.meta, 'summary_seq') or '0') == sequence then
+  redis.call('HDEL', keys.meta, 'summary_last', 'summary_seq')
+end
 redis.call('HINCRBY', keys.meta, 'bytes', #record - old_bytes)
 if media ~= old_media then redis.call('HINCRBY', keys.meta, 'media', media - old_media) end
 if tokens ~= old_tokens then redis.call('HINCRBY', keys.meta, 'tokens', tokens - old_tokens) end

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from typing import Any, cast
+from typing import Any
 
 from .. import errors
 from ..messages import CompactionStats, Message, SummaryMessage
@@ -88,9 +88,10 @@ def compact(
             )
             deleted = RetainReply.decode(retained).chunks_deleted
         if not reply.stored:
-            found = yield from fetch_sequences(thread, [reply.summary_sequence])
-            # The summary the first call stored, as stored now.
-            return cast(SummaryMessage, found[0])
+            replayed: SummaryMessage = yield from _replayed_summary(
+                thread, reply.summary_sequence, str(item.message.id)
+            )
+            return replayed
     except errors.OutcomeUnknown as unknown:
         unknown.messages = [item.message]
         raise
@@ -99,6 +100,21 @@ def compact(
     stored = item.message.model_copy(update={"seq_id": reply.summary_sequence})
     assert isinstance(stored, SummaryMessage)  # prepared from a summary_message above
     return stored
+
+
+def _replayed_summary(
+    thread: ThreadRef, sequence: int, summary_id: str
+) -> Operation[SummaryMessage]:
+    """The summary a compaction's first call stored, as stored now: unless a replace made it
+    another type since (its id, made from the range and text, is taken: docs/HISTORY.md)."""
+    found = yield from fetch_sequences(thread, [sequence])
+    if not found or not isinstance(found[0], SummaryMessage):
+        raise errors.DuplicateMessageId(
+            f"compact: this summary's id {summary_id!r} names a stored message that is no"
+            " summary now (it was replaced); nothing was written: compact with another text or"
+            " range"
+        )
+    return found[0]
 
 
 def _summary_boundary(thread: ThreadRef, last_sequence: int, item: PreparedMessage) -> Operation:
@@ -168,6 +184,7 @@ def replace(
             tokens=item.tokens,
             record=item.record,
             pairs=pairs,
+            summary=int(item.message.message_type == "summary_message"),
         )
         return ReplaceReply.decode((yield Eval(SCRIPTS["replace"], thread.script_keys, args)))
 
