@@ -221,16 +221,20 @@ class _Watching:
 
     def quiet(self) -> Generator[Any, Any, None]:
         """After block_ms with no event: the thread is gone if another holds its id, or if its
-        event count went back (deleted, or expired, since this watcher's cursor); messages
-        stored with no event since the last one delivered (a fork, a restore) are paged; the
-        open turn is finished if its lease ended."""
+        event count went back (deleted, or expired, since this watcher's cursor); messages whose
+        events the stream lost, or stored with no event (a fork, a restore), since the last one
+        delivered are paged; the open turn is finished if its lease ended."""
         thread = self.thread
         state = yield Run(read_state(thread))
         _check(self.incarnation, state.born)
         if state.count < self.n:
             yield from self.resync(state)
             return
-        if state.count == self.n and state.last_seq > self.known:
+        if state.count > self.n and (state.oldest is None or state.oldest[0] > self.n + 1):
+            # Events after n went with the stream (idle past its age, or trimmed) and no write
+            # made it again: XREAD would wait for the next one. Page what they stored.
+            self.n, self.caught_up = yield from self.catch_up(self.known, state)
+        elif state.count == self.n and state.last_seq > self.known:
             if self.incarnation is None:
                 # Made by a fork or a restore, which add no event: this watcher follows it now,
                 # so a thread made again under the id later ends the watch.

@@ -354,6 +354,42 @@ def test_a_stream_past_its_age_is_gone_and_a_watcher_pages_across_the_gap(
     store.close()
 
 
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_watcher_behind_a_stream_that_expired_pages_without_waiting_for_a_write(
+    server_only, backend, namespace, raw_client, mode
+):
+    """A cursor whose next events went with the stream (idle past events_max_age) and no write
+    since: the watcher sees the thread's count past its cursor with no stream to read, pages
+    the messages after its sequence, then reads on (no new write is needed to wake it)."""
+    config = StoreConfig(namespace=namespace, events_max_age=1)
+    store = make_sync_store(backend, config)
+    thread = store.thread("t")
+    thread.append(UserMessage(content="m1"))
+    thread.append([UserMessage(content="m2"), UserMessage(content="m3")])
+    time.sleep(1.7)
+    assert raw_client.exists(thread.keys.events) == 0  # idle past events_max_age
+    if mode == "sync":
+        with thread.watch(after="1-1", block_ms=200) as watch:
+            bound = threading.Timer(10, watch.close)  # a watcher that waits ends the test
+            bound.start()
+            paged = next(watch, None)
+            bound.cancel()
+    else:
+
+        async def first_event():
+            async_store = make_async_store(backend, config)
+            try:
+                async with async_store.thread("t").watch(after="1-1", block_ms=200) as watch:
+                    return await asyncio.wait_for(anext(watch), 10)
+            finally:
+                await async_store.close()
+
+        paged = asyncio.run(first_event())
+    assert (type(paged), position(paged.cursor), paged.paged) == (MessagesAdded, "3", True)
+    assert [m.content for m in paged.messages] == ["m2", "m3"]
+    store.close()
+
+
 def test_watch_runs_on_every_backend_the_in_process_tier_too(backend, namespace):
     store = make_sync_store(backend, StoreConfig(namespace=namespace))
     thread = store.thread("t")
