@@ -183,3 +183,35 @@ def test_a_finished_fork_called_again_by_id_replays_once_its_source_is_gone(stor
     # Another point is still refused, by id the target holds too.
     with pytest.raises((errors.RestoreConflict, errors.MessageNotFound)):
         stores.fork(owner, stored[2].id)
+
+
+@pytest.mark.parametrize("owner", [None, OWNER])
+def test_a_fork_run_again_after_retention_passed_its_copy_finishes(
+    stores, owner, backend, namespace
+):
+    """A compaction of the source while the fork copies (its retention deleting messages the
+    first run already copied) fails that run (run it again); the run again finishes the fork as
+    the source is now, instead of refusing the copy that holds what retention deleted."""
+    fill(stores, owner)
+    retaining = make_sync_store(
+        backend, StoreConfig(namespace=namespace, retained_message_limit=60)
+    )
+
+    def compact() -> None:
+        retaining.thread(SOURCE, owner=owner).compact("the first 150", last_sequence=150)
+
+    try:
+        with pytest.raises(errors.ServerError, match="compacted during the fork"):
+            stores.fork(owner, MESSAGES, before_restore=2, act=compact)
+        never_finished_with_part(stores, owner)
+        source = stores.other.thread(SOURCE, owner=owner)
+        deleted_before = source.stats().deleted_before_sequence
+        assert deleted_before is not None and deleted_before > 1  # retention passed 1-100
+        stores.fork(owner, MESSAGES)
+        target = stores.other.thread(TARGET, owner=owner)
+        kept = [m.id for m in source.iter() if m.seq_id <= MESSAGES]  # not the summary after
+        assert [m.id for m in target.iter()] == kept
+        assert target.stats().deleted_before_sequence == deleted_before
+        assert target.stats().fork_sequence == MESSAGES
+    finally:
+        retaining.close()
