@@ -5,7 +5,6 @@ or end inside a character, and an export that lists fewer messages than the thre
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import subprocess
@@ -18,7 +17,7 @@ from kvstore import AssistantMessage, MessageStore, StoreConfig, SystemMessage, 
 from kvstore.cli import backup
 from kvstore.cli.main import main
 
-DATE = "2026-01-01T00:00:00Z"
+from ..support.backup_files import DATE, header, sealed, user
 
 
 @pytest.fixture
@@ -54,35 +53,6 @@ def import_stdin(server, namespace, thread_id: str, data: bytes) -> tuple[int, s
 def refused_in_one_line(status: int, err: str) -> None:
     assert status == 1, err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
-
-
-def sealed(header: dict, messages: list[dict]) -> str:
-    """A backup file of these lines, with the end line that proves it whole."""
-    lines = [json.dumps(header)] + [json.dumps(m) for m in messages]
-    digest = hashlib.sha256("".join(line + "\n" for line in lines).encode())
-    end = {"kvstore_backup_end": 1, "messages": len(messages), "sha256": digest.hexdigest()}
-    return "\n".join([*lines, json.dumps(end)]) + "\n"
-
-
-def header(last_seq: int, **fields) -> dict:
-    return {
-        "kvstore_backup": 1,
-        "thread": "x",
-        "messages": last_seq,
-        "last_seq": last_seq,
-        "summary_last": 0,
-        "summary_seq": 0,
-        "deleted_before": 0,
-        "turn": None,
-        "turns": [],
-        "prompt": None,
-        **fields,
-    }
-
-
-def user(seq: int, **fields) -> dict:
-    body = {"message_type": "user_message", "id": f"m{seq}", "date": DATE, "seq_id": seq}
-    return body | {"content": f"c{seq}", **fields}
 
 
 def exported(capsys, server, namespace, store, tmp_path) -> tuple[dict, list[str]]:

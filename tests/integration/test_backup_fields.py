@@ -6,7 +6,6 @@ the message's fields) is still read as it was."""
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 
@@ -24,7 +23,8 @@ from kvstore.admin import stored_tokens
 from kvstore.cli import backup
 from kvstore.cli.main import main
 
-DATE = "2026-01-01T00:00:00Z"
+from ..support.backup_files import header, sealed, user
+
 # Every key a backup line of any format has outside a message's own fields.
 NAMES = (
     "tokens",
@@ -122,34 +122,6 @@ def test_the_cli_round_trips_them(stores, server, namespace, capsys, tmp_path):
     assert seen(source, "copy") == before
 
 
-def sealed(head: dict, lines: list[dict], end_format: int = 1) -> str:
-    texts = [json.dumps(head)] + [json.dumps(line) for line in lines]
-    digest = hashlib.sha256("".join(t + "\n" for t in texts).encode())
-    end = {"kvstore_backup_end": end_format, "messages": len(lines), "sha256": digest.hexdigest()}
-    return "\n".join([*texts, json.dumps(end)]) + "\n"
-
-
-def header(fmt: int, last_seq: int, **fields) -> dict:
-    return {
-        "kvstore_backup": fmt,
-        "thread": "x",
-        "messages": last_seq,
-        "last_seq": last_seq,
-        "summary_last": 0,
-        "summary_seq": 0,
-        "deleted_before": 0,
-        "turn": None,
-        "turns": [],
-        "prompt": None,
-        **fields,
-    }
-
-
-def user(seq: int, **fields) -> dict:
-    body = {"message_type": "user_message", "id": f"m{seq}", "date": DATE, "seq_id": seq}
-    return body | {"content": f"c{seq}", **fields}
-
-
 TURN = {
     "id": "t1",
     "start": 2,
@@ -167,7 +139,7 @@ def test_a_backup_of_the_format_before_is_read_as_it_was(stores):
     backup's (a message of such a file has no unknown fields named so)."""
     _, target = stores
     lines = [user(1, turn_id="t1", tokens=11), user(2, turn_id="t1", tokens=12), user(3, odd=1)]
-    text = sealed(header(1, 3, turns=[TURN]), lines)
+    text = sealed(header(3, 1, turns=[TURN]), lines)
     assert backup.import_lines(target, "old", io.StringIO(text), progress_out=io.StringIO()) == 3
     thread = target.thread("old")
     assert [m.to_dict() for m in thread.iter()] == [user(1), user(2), user(3, odd=1)]
@@ -182,7 +154,7 @@ def test_a_new_backup_line_holds_the_message_apart_from_the_backups_data(stores)
         {"message": user(2, message={"a": 1}), "turn_id": "t1", "tokens": 12},
         {"message": user(3, kvstore_backup_end=2)},
     ]
-    text = sealed(header(2, 3, turns=[TURN]), lines, end_format=2)
+    text = sealed(header(3, 2, turns=[TURN]), lines, end_format=2)
     assert backup.import_lines(target, "new", io.StringIO(text), progress_out=io.StringIO()) == 3
     thread = target.thread("new")
     assert [m.to_dict() for m in thread.iter()] == [
@@ -205,7 +177,7 @@ def test_a_new_backup_line_holds_the_message_apart_from_the_backups_data(stores)
 )
 def test_a_new_backup_line_of_another_shape_is_refused_before_any_write(stores, line):
     _, target = stores
-    text = sealed(header(2, 1), [line], end_format=2)
+    text = sealed(header(1, 2), [line], end_format=2)
     with pytest.raises(errors.InvalidMessage, match="line 2"):
         backup.import_lines(target, "bad", io.StringIO(text), progress_out=io.StringIO())
     assert target.thread("bad").stats().stored_messages == 0
@@ -213,7 +185,7 @@ def test_a_new_backup_line_of_another_shape_is_refused_before_any_write(stores, 
 
 def test_an_end_line_of_another_format_than_the_header_is_refused(stores):
     _, target = stores
-    text = sealed(header(2, 1), [{"message": user(1)}], end_format=1)
+    text = sealed(header(1, 2), [{"message": user(1)}], end_format=1)
     with pytest.raises(errors.InvalidMessage, match="end line format"):
         backup.import_lines(target, "mixed", io.StringIO(text), progress_out=io.StringIO())
 
@@ -221,7 +193,7 @@ def test_an_end_line_of_another_format_than_the_header_is_refused(stores):
 @pytest.mark.parametrize("form", [3, 0, True, 2.0, "2"])
 def test_a_header_of_a_format_it_does_not_read_is_refused(stores, form):
     _, target = stores
-    text = sealed(header(form, 1), [{"message": user(1)}], end_format=2)
+    text = sealed(header(1, form), [{"message": user(1)}], end_format=2)
     with pytest.raises(errors.InvalidMessage, match="line 1: backup format"):
         backup.import_lines(target, "other", io.StringIO(text), progress_out=io.StringIO())
     assert target.thread("other").stats().next_sequence == 1

@@ -28,6 +28,8 @@ from kvstore.importers import (
     import_openai_agents_async,
 )
 
+from ..support.backup_files import one_error_line
+
 GOOD_BACKUP = '{"kept": "a good backup made earlier"}\n'
 
 
@@ -36,14 +38,6 @@ def store(backend, server_only, server, namespace):
     with MessageStore.from_url(server.url, StoreConfig(namespace=namespace)) as made:
         made.thread("chat").append([UserMessage(content=f"m{i}") for i in range(5)])
         yield made
-
-
-def _one_error_line(capsys) -> str:
-    err = capsys.readouterr().err
-    assert "Traceback" not in err
-    lines = [line for line in err.splitlines() if not line.startswith("  ")]  # progress lines
-    assert len(lines) == 1, err
-    return lines[0]
 
 
 # --- export: the file is replaced whole, or left as it was -------------------------------------
@@ -57,7 +51,7 @@ def test_an_export_of_a_mistyped_thread_leaves_the_file_as_it_was(
     target.write_text(GOOD_BACKUP)
     args = ["export", "chta", "-o", str(target), "--url", server.url, "--namespace", namespace]
     assert cli([*args, "--format", format]) == 1
-    assert "'chta' not found" in _one_error_line(capsys)
+    assert "'chta' not found" in one_error_line(capsys)
     assert target.read_text() == GOOD_BACKUP
     assert os.listdir(tmp_path) == ["chat.jsonl"]  # no temporary file left
 
@@ -98,7 +92,7 @@ def test_an_export_failing_midway_leaves_the_file_as_it_was(
     target.write_text(GOOD_BACKUP)
     args = ["export", "chat", "-o", str(target), "--url", server.url, "--namespace", namespace]
     assert cli(args) == status
-    assert said.format(target=target) in _one_error_line(capsys)
+    assert said.format(target=target) in one_error_line(capsys)
     assert target.read_text() == GOOD_BACKUP
     assert os.listdir(tmp_path) == ["chat.jsonl"]
 
@@ -110,7 +104,7 @@ def test_an_export_to_a_new_file_that_fails_leaves_no_file(
     target = tmp_path / "new.jsonl"
     args = ["export", "chat", "-o", str(target), "--url", server.url, "--namespace", namespace]
     assert cli(args) == 130
-    assert "no file was written" in _one_error_line(capsys)
+    assert "no file was written" in one_error_line(capsys)
     assert os.listdir(tmp_path) == []
 
 
@@ -290,7 +284,7 @@ def test_threads_from_a_file_not_utf8_is_refused_in_one_line(
     path.write_bytes(NOT_UTF8)
     common = ["--url", server.url, "--namespace", namespace]
     assert cli(["migrate", "--threads-from", str(path), *common]) == 1
-    assert _one_error_line(capsys) == f"kvstore: --threads-from {path}: line 2 is not UTF-8 text"
+    assert one_error_line(capsys) == f"kvstore: --threads-from {path}: line 2 is not UTF-8 text"
 
 
 def test_threads_from_standard_input_not_utf8_is_refused_in_one_line(
@@ -299,7 +293,7 @@ def test_threads_from_standard_input_not_utf8_is_refused_in_one_line(
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(NOT_UTF8), encoding="utf-8"))
     common = ["--url", server.url, "--namespace", namespace]
     assert cli(["migrate", "--threads-from", "-", *common]) == 1
-    assert _one_error_line(capsys) == "kvstore: --threads-from -: line 2 is not UTF-8 text"
+    assert one_error_line(capsys) == "kvstore: --threads-from -: line 2 is not UTF-8 text"
 
 
 def test_a_rename_file_not_utf8_or_too_deep_is_refused_in_one_line(
@@ -309,12 +303,10 @@ def test_a_rename_file_not_utf8_or_too_deep_is_refused_in_one_line(
     common = ["import-from", "langchain", "--url", server.url, "--rename-file", str(path)]
     path.write_bytes(b'{"message_store:caf\xe9": "cafe"}')
     assert cli(common) == 1
-    assert _one_error_line(capsys) == (
-        f"kvstore: --rename-file {path}: not UTF-8 text (at byte 19)"
-    )
+    assert one_error_line(capsys) == (f"kvstore: --rename-file {path}: not UTF-8 text (at byte 19)")
     path.write_text("[" * 100_000 + "]" * 100_000)
     assert cli(common) == 1
-    assert "not JSON (nested too deep)" in _one_error_line(capsys)
+    assert "not JSON (nested too deep)" in one_error_line(capsys)
 
 
 # --- an empty --url ----------------------------------------------------------------------------
@@ -353,7 +345,7 @@ def test_an_empty_value_is_refused_in_one_line_and_starts_no_server(
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "stdin", io.StringIO(GOOD_BACKUP))
     assert cli(argv) == 1
-    assert _one_error_line(capsys).startswith(f"kvstore: {flag} is empty (an unset variable?)")
+    assert one_error_line(capsys).startswith(f"kvstore: {flag} is empty (an unset variable?)")
     assert os.listdir(tmp_path) == []  # no embedded server's data dir
 
 
@@ -364,5 +356,5 @@ def test_an_empty_to_url_is_refused_not_taken_as_the_source(
     raw_client.lpush(key, json.dumps({"type": "human", "data": {"content": "hi"}}))
     args = ["import-from", "langchain", "--url", server.url, "--pattern", key, "--to-url", ""]
     assert cli([*args, "--namespace", namespace]) == 1
-    assert _one_error_line(capsys).startswith("kvstore: --to-url is empty")
+    assert one_error_line(capsys).startswith("kvstore: --to-url is empty")
     assert not list(raw_client.scan_iter(f"{namespace}:*"))

@@ -9,6 +9,8 @@ import pytest
 from kvstore import AssistantMessage, MessageStore, StoreConfig, UserMessage
 from kvstore.cli.main import main as cli
 
+from ..support.backup_files import one_error_line
+
 OWNER = "user-42"
 # Every command that names one thread (`kvstore --help`), with the rest of its arguments.
 THREAD_COMMANDS = {
@@ -29,14 +31,6 @@ def store(backend, server_only, server, namespace):
         yield made
 
 
-def _one_error_line(capsys) -> str:
-    err = capsys.readouterr().err
-    assert "Traceback" not in err
-    lines = [line for line in err.splitlines() if not line.startswith("  ")]  # progress lines
-    assert len(lines) == 1, err
-    return lines[0]
-
-
 def _at(server, namespace) -> list[str]:
     return ["--url", server.url, "--namespace", namespace]
 
@@ -55,7 +49,7 @@ def test_a_bad_owner_is_one_line_before_a_store_is_opened(command, owner, capsys
     # An unreachable URL: a check made after connecting would say "cannot reach" instead.
     args = [*THREAD_COMMANDS[command], "--owner", owner, "--url", "redis://127.0.0.1:1"]
     assert cli(args) == 1
-    line = _one_error_line(capsys)
+    line = one_error_line(capsys)
     assert line.startswith("kvstore: ") and "owner" in line, line
     assert "cannot reach" not in line
 
@@ -63,7 +57,7 @@ def test_a_bad_owner_is_one_line_before_a_store_is_opened(command, owner, capsys
 def test_without_the_owner_the_owned_thread_is_another_thread(store, server, namespace, capsys):
     for args in (THREAD_COMMANDS["inspect"], THREAD_COMMANDS["export"]):
         assert cli([*args, *_at(server, namespace)]) == 1
-        assert "'session-7' not found" in _one_error_line(capsys)
+        assert "'session-7' not found" in one_error_line(capsys)
 
 
 def test_fork_with_the_owner_makes_a_thread_of_the_same_owner(store, server, namespace, capsys):
@@ -79,7 +73,7 @@ def test_fork_with_the_owner_makes_a_thread_of_the_same_owner(store, server, nam
 def test_fork_of_an_owned_thread_without_the_owner_makes_nothing(store, server, namespace, capsys):
     args = ["fork", "session-7", "copy", "--at", "1", *_at(server, namespace)]
     assert cli(args) == 1
-    _one_error_line(capsys)
+    one_error_line(capsys)
     assert [info.thread_id for info in store.threads(OWNER).threads] == ["session-7"]
 
 
