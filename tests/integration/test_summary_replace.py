@@ -78,3 +78,27 @@ def test_the_same_compaction_again_after_its_summary_was_replaced(make_thread):
     again = thread.compact("the first four, again", last_sequence=4)
     assert contents(thread.context())[0] == "the first four, again"
     assert again.seq_id == summary.seq_id + 1
+
+
+def test_a_withdrawn_summary_made_a_summary_again_is_no_replay_of_the_compaction(make_thread):
+    """Withdrawn (replaced by a user message), then replaced by a summary again: that message
+    is one more message of the history, not the thread's summary, so the same compact() again
+    is no replay of it (nothing in the thread is summarized by it): DuplicateMessageId."""
+    thread = make_thread()
+    stored = chat(thread, 8)
+    summary = thread.compact("the first four", last_sequence=4)
+    thread.replace(summary.id, UserMessage(content="withdrawn"))
+    thread.replace(summary.id, SummaryMessage(summary="the first four, edited"))
+    with pytest.raises(errors.DuplicateMessageId):
+        thread.compact("the first four", last_sequence=4)
+    assert thread.stats().summary_last_sequence is None
+    assert contents(thread.context()) == [*contents(stored), "the first four, edited"]
+
+
+def test_a_compaction_replayed_after_another_went_further_still_returns_its_summary(make_thread):
+    thread = make_thread()
+    chat(thread, 8)
+    first = thread.compact("the first four", last_sequence=4)
+    thread.compact("the first six", last_sequence=6)
+    again = thread.compact("the first four", last_sequence=4)
+    assert (again.id, again.seq_id, again.summary) == (first.id, first.seq_id, first.summary)

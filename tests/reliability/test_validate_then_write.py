@@ -494,6 +494,7 @@ def test_every_refusal_is_typed_and_changes_nothing(target):
                         tokens=1500,
                         record=b"\x92\x02" + b"R" * 6000,
                         pairs="",
+                        summary=0,
                     ),
                     small_ref,
                 ),
