@@ -17,7 +17,7 @@
 ---
 --- Reply: {1, summary_sequence, chunks_deleted}, or {0, summary_sequence, 0} for a replay
 --- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_DELETING, KVS_RESTORING, KVS_MIGRATING, KVS_TOO_LARGE, KVS_MEDIA_OVER,
----         KVS_BAD_SUMMARY,
+---         KVS_BAD_SUMMARY, KVS_DUPLICATE_ID (the summary's id stored, but withdrawn by a replace),
 ---         KVS_QUOTA, KVS_QUOTA_BYTES, KVS_OWNER_ERASING (an owned thread: includes/owner.lua)
 --- @include "includes/layout"
 --- @include "includes/thread"
@@ -39,7 +39,14 @@ if not failure then plan, failure = check_store_keys(keys, batch, limits, meta) 
 failure = failure or check_batch(keys, batch, limits, meta)
 if not failure and meta.layout ~= CURRENT_LAYOUT then failure = check_migration(keys) end
 if failure then
-  if type(failure) == 'table' and failure[1] == 0 then return {0, failure[2], 0} end
+  if type(failure) == 'table' and failure[1] == 0 then
+    -- Found by its id: a replay, unless a replace withdrew that summary since (the thread's
+    -- summary is none, or older than it: docs/HISTORY.md, "Replacing the summary").
+    if tonumber(redis.call('HGET', keys.meta, 'summary_seq') or '0') < failure[2] then
+      return redis.error_reply('KVS_DUPLICATE_ID the summary id names a stored message that is not the thread\'s summary now (it was replaced): compact with another text or range')
+    end
+    return {0, failure[2], 0}
+  end
   return failure
 end
 local last_seq = meta.last_seq

@@ -13,7 +13,6 @@ from .bounds import check_sequence
 from .failures import lost_connection, read_of_wrong_type
 from .operation import (
     REMOVE_TURN_STEP,
-    Batch,
     Eval,
     Operation,
     ThreadRef,
@@ -27,7 +26,7 @@ from .pages import list_page
 from .prepare import PreparedMessage, check_token, prepare_batch, stored_date, within_media_budget
 from .reads import fetch_sequences, locate_records
 from .record import salvage
-from .replies import CompactReply, RemoveTurnReply, ReplaceReply, RetainReply, stored_int
+from .replies import CompactReply, RemoveTurnReply, ReplaceReply, RetainReply
 from .scripts import SCRIPTS
 from .text import sendable
 from .tokens import checked_tokens
@@ -106,13 +105,11 @@ def compact(
 def _replayed_summary(
     thread: ThreadRef, sequence: int, summary_id: str
 ) -> Operation[SummaryMessage]:
-    """The summary a compaction's first call stored, as stored now: unless a replace made it
-    another type since, or withdrew it (the thread has no summary from it on, so it summarizes
-    nothing): its id, made from the range and text, is taken (docs/HISTORY.md)."""
-    (current,) = yield Batch([("HGET", thread.keys.meta, "summary_seq")])
+    """The summary a compaction's first call stored, as stored now (lua/compact.lua refuses a
+    replay of one a replace withdrew), unless a replace made it another type since: its id,
+    made from the range and text, is taken (docs/HISTORY.md, "Replacing the summary")."""
     found = yield from fetch_sequences(thread, [sequence])
-    withdrawn = current is None or stored_int(current, "meta field summary_seq") < sequence
-    if withdrawn or not found or not isinstance(found[0], SummaryMessage):
+    if not found or not isinstance(found[0], SummaryMessage):
         raise errors.DuplicateMessageId(
             f"compact: this summary's id {summary_id!r} names a stored message that is not the"
             " thread's summary now (it was replaced); nothing was written: compact with another"

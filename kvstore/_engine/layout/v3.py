@@ -79,8 +79,8 @@ def newest_page(thread: ThreadRef, need: int) -> Operation:
         window, bottom = window_replies
         return v2.window_page(window, bottom, again[1], deleted_before, need)
     thread.hints[_LAYOUT_3] = True
-    # A migration's window not read: its bytes in meta tell whether one is left.
-    window = window_replies[0] if window_read else int_or_zero(window_bytes)
+    # A migration's window left: read, or (not read) told by its bytes in meta.
+    window = bool(window_replies[0]) if window_read else int_or_zero(window_bytes) > 0
     if [gen, last_seq] != list(again):
         return None
     records = split_chunk(manifest, data)
