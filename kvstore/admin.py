@@ -59,6 +59,7 @@ from ._engine.layout.keys import (
 )
 from ._engine.layout.survey import Containers, Presence
 from ._engine.operation import ThreadRef
+from ._engine.owners import check_metadata, check_title
 from ._engine.pages import pages as _pages
 from ._engine.prepare import PreparedMessage, check_token
 from ._engine.reads import stored_tokens as _stored_tokens
@@ -82,9 +83,11 @@ __all__ = [
     "Presence",
     "TurnRecord",
     "backup_state",
+    "check_metadata",
     "check_restorable",
     "check_restore_target",
     "check_thread_id",
+    "check_title",
     "check_token",
     "checked_tokens",
     "chunk_entries",

@@ -28,11 +28,13 @@ from .backup_file import (
     add_line,
     check_whole,
     entry,
+    header_info,
     header_line,
     header_state,
     is_end_line,
     is_header,
     line_digest,
+    numbered_lines,
     read_entry,
 )
 from .commands import existing_thread
@@ -58,7 +60,7 @@ def export(
     thread = existing_thread(store, thread_id, owner)
     state = admin.backup_state(store, thread_id, owner=owner)
     stats = thread.stats()
-    header = header_line(thread_id, stats.stored_messages, state)
+    header = header_line(thread_id, stats.stored_messages, state, thread.info() if owner else None)
     digest = line_digest()
 
     def write(line: str) -> None:
@@ -152,7 +154,7 @@ def import_lines(
     be the file's."""
     check_thread_id(thread_id)
     progress = progress or ImportProgress()
-    numbered = _numbered(lines, progress)
+    numbered = numbered_lines(lines, progress)
     first = next(numbered, None)
     if first is None:
         return 0
@@ -180,48 +182,6 @@ def import_lines(
     return progress.stored
 
 
-def _numbered(lines: Iterable[str], progress: ImportProgress) -> Iterator[tuple[int, str]]:
-    """The non-empty lines with their numbers; a line that is not UTF-8 text refused. A file
-    opened strictly fails decoding (maybe a few lines ahead: it decodes in blocks); standard
-    input on a C locale hands its bytes over as lone surrogates."""
-    source = iter(lines)
-    number = 0
-    while True:
-        try:
-            line = next(source, None)
-        except UnicodeDecodeError as exc:
-            raise _not_utf8(number + 1, exc.reason) from None
-        if line is None:
-            return
-        number += 1
-        progress.lines = number
-        if not line.isascii():
-            try:
-                line.encode("utf-8")
-            except UnicodeEncodeError:
-                raise _not_utf8(number, _undecoded(line)) from None
-        if line.strip():
-            yield number, line
-
-
-def _undecoded(line: str) -> str:
-    """Why the bytes standard input escaped into `line` are not UTF-8."""
-    try:
-        line.encode("utf-8", "surrogateescape").decode("utf-8")
-    except (UnicodeEncodeError, UnicodeDecodeError) as exc:
-        return str(exc.reason)
-    return "invalid text"
-
-
-def _not_utf8(number: int, reason: str) -> errors.InvalidMessage:
-    if reason == "unexpected end of data":  # only the file's last bytes can end a character early
-        return errors.BackupIncomplete(
-            f"line {number}: the file ends inside a character: it is cut short; import the whole"
-            " file (a restore stays unfinished until then)"
-        )
-    return errors.InvalidMessage(f"line {number}: the file is not UTF-8 text ({reason})")
-
-
 def _restore(
     store: MessageStore,
     target: tuple[str, str | None],
@@ -233,7 +193,7 @@ def _restore(
     allow_untrailed: bool,
 ) -> None:
     thread_id, owner = target  # the thread's id and owner (None: none)
-    state = header_state(head)
+    state, info = header_state(head), header_info(head)
     for item in state.prompt:
         # Encoded as restore_state will (its size and parts against this store's limits), so
         # that its last step cannot refuse it after every message is written.
@@ -269,6 +229,8 @@ def _restore(
             )
     check_whole(head, read["messages"], read["end"], digest.hexdigest(), allow_untrailed)
     admin.restore_state(store, thread_id, state, owner=owner)
+    if info is not None and owner is not None:  # an unowned thread has no title or metadata
+        store.thread(thread_id, owner=owner).set_info(title=info[0], metadata=info[1])
 
 
 def _check_nothing_before(store: MessageStore, target: tuple[str, str | None], first: int) -> None:

@@ -1,17 +1,19 @@
 """A backup file's own format (docs/LAYOUT.md, "Backup and restore"): its header line (the
 thread's state), its end line (the count of message lines and the checksum of every line before
-it), and the checks that a file read back is whole and its header is one `export` wrote."""
+it), the checks that a file read back is whole and its header is one `export` wrote, and its
+lines read as UTF-8 text."""
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable, Iterator
 from typing import Any, get_args
 
 from .. import admin, errors
-from ..admin import check_token, checked_tokens
+from ..admin import check_metadata, check_title, check_token, checked_tokens
 from ..limits import MAX_SEQUENCE
 from ..messages import parse_message
-from ..models import TurnOutcome
+from ..models import ThreadInfo, TurnOutcome
 
 # Format 2 holds each message apart from the backup's own data about it: a message may hold an
 # unknown field of any name, so format 1's `turn_id` and `tokens` beside its fields could be its.
@@ -82,9 +84,12 @@ def add_line(digest: Any, line: str) -> None:
     digest.update(line.rstrip("\r\n").encode("utf-8") + b"\n")
 
 
-def header_line(thread_id: str, messages: int, state: admin.BackupState) -> dict[str, Any]:
-    """A backup's header line: the thread's state apart from its messages."""
-    return {
+def header_line(
+    thread_id: str, messages: int, state: admin.BackupState, info: ThreadInfo | None = None
+) -> dict[str, Any]:
+    """A backup's header line: the thread's state apart from its messages; an owned thread's
+    title and metadata (`info`) when either is set."""
+    head = {
         "kvstore_backup": BACKUP_FORMAT,
         "thread": thread_id,
         "messages": messages,
@@ -117,6 +122,37 @@ def header_line(thread_id: str, messages: int, state: admin.BackupState) -> dict
         if state.prompt_state
         else None,
     }
+    if info is not None and (info.title is not None or info.metadata):
+        carried: dict[str, Any] = {"metadata": info.metadata}
+        if info.title is not None:
+            carried["title"] = info.title
+        head["info"] = carried
+    return head
+
+
+# The header's `info`: {"title": "...", "metadata": {"key": "value"}}, either key optional.
+INFO_KEYS = frozenset(("title", "metadata"))
+
+
+def header_info(head: dict[str, Any]) -> tuple[str | None, dict[str, str]] | None:
+    """The title (None: not set) and metadata a backup's header carries, checked as set_info
+    checks them (InvalidMessage, before the restore writes anything); None when it has none."""
+    info = head.get("info")
+    if info is None:
+        return None
+    try:
+        if not isinstance(info, dict) or not info.keys() <= INFO_KEYS:
+            raise errors.InvalidMessage(
+                f"it is {{'title': ..., 'metadata': {{...}}}}, not {info!r:.80}"
+            )
+        title = info.get("title")
+        if title is not None:
+            check_title(title)
+        metadata = info.get("metadata") or {}
+        check_metadata(metadata)
+    except errors.InvalidMessage as exc:
+        raise errors.InvalidMessage(f"line 1: the backup's info is not a thread's: {exc}") from None
+    return title, dict(metadata)
 
 
 def _prompt_item(body: object, form: int) -> admin.BackedUpMessage:
@@ -253,3 +289,45 @@ def _check_consistent(state: admin.BackupState) -> None:
         if value > most:
             raise ValueError(f"{what} {value} is past the backup's last_seq {last}")
     state.check_prompt()  # as restore_state refuses it
+
+
+def numbered_lines(lines: Iterable[str], progress: Any) -> Iterator[tuple[int, str]]:
+    """The non-empty lines with their numbers (`progress.lines`: the last line's); a line that is not UTF-8 text refused. A file
+    opened strictly fails decoding (maybe a few lines ahead: it decodes in blocks); standard
+    input on a C locale hands its bytes over as lone surrogates."""
+    source = iter(lines)
+    number = 0
+    while True:
+        try:
+            line = next(source, None)
+        except UnicodeDecodeError as exc:
+            raise _not_utf8(number + 1, exc.reason) from None
+        if line is None:
+            return
+        number += 1
+        progress.lines = number
+        if not line.isascii():
+            try:
+                line.encode("utf-8")
+            except UnicodeEncodeError:
+                raise _not_utf8(number, _undecoded(line)) from None
+        if line.strip():
+            yield number, line
+
+
+def _undecoded(line: str) -> str:
+    """Why the bytes standard input escaped into `line` are not UTF-8."""
+    try:
+        line.encode("utf-8", "surrogateescape").decode("utf-8")
+    except (UnicodeEncodeError, UnicodeDecodeError) as exc:
+        return str(exc.reason)
+    return "invalid text"
+
+
+def _not_utf8(number: int, reason: str) -> errors.InvalidMessage:
+    if reason == "unexpected end of data":  # only the file's last bytes can end a character early
+        return errors.BackupIncomplete(
+            f"line {number}: the file ends inside a character: it is cut short; import the whole"
+            " file (a restore stays unfinished until then)"
+        )
+    return errors.InvalidMessage(f"line {number}: the file is not UTF-8 text ({reason})")
