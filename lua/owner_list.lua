@@ -74,6 +74,11 @@ local function take(batch)
   return false
 end
 
+-- Whether the index holds a member from score `high` down to `low` past the first `offset`.
+local function follows(high, low, offset)
+  return #redis.call('ZRANGE', index, high, low, 'BYSCORE', 'REV', 'LIMIT', offset, 1) > 0
+end
+
 local BATCH = math.max(limit, 16)
 local full = false
 if args.after_score ~= '' then
@@ -93,9 +98,10 @@ if args.after_score ~= '' then
     local more
     full, more = take(kept)
     -- A page filled in the cursor's own score ends the listing when nothing follows it, there
-    -- or below (as the loop below decides for the scores after it).
-    if full and not more and #batch < 2 * BATCH
-      and #redis.call('ZRANGE', index, '(' .. args.after_score, '-inf', 'BYSCORE', 'REV', 'LIMIT', 0, 1) == 0 then
+    -- (past a whole batch) or below (as the loop below decides for the scores after it).
+    if full and not more
+      and (#batch < 2 * BATCH or not follows(args.after_score, args.after_score, offset))
+      and not follows('(' .. args.after_score, '-inf', 0) then
       done = true
     end
     if #batch < 2 * BATCH then break end
@@ -109,8 +115,12 @@ while not full and not done do
   offset = offset + #batch / 2
   local more
   full, more = take(batch)
-  -- A page that ends with the index ends the listing: no cursor to an empty page.
-  if #batch < 2 * BATCH and not more then done = true end
+  -- A page that ends with the index ends the listing: no cursor to an empty page. A batch
+  -- shorter than asked for is the index's end; a whole one filling the page with its last
+  -- thread is when nothing follows it.
+  if not more and (#batch < 2 * BATCH or (full and not follows(max, '-inf', offset))) then
+    done = true
+  end
 end
 
 -- Expired threads leave the directory, with their counts.

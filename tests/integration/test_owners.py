@@ -92,6 +92,33 @@ def test_a_page_ending_the_listing_in_its_cursors_own_score_has_no_cursor(
     assert [t.thread_id for t in third.threads] == ["t9"] and third.next_cursor is None
 
 
+@pytest.mark.parametrize("order", ["recent", "created"])
+@pytest.mark.parametrize("limit", [16, 20])
+def test_a_page_filled_by_the_last_thread_of_a_full_batch_has_no_cursor(
+    make_store, raw_client, namespace, order, limit
+):
+    """The script reads the index in batches of the page's size (at least 16): a page filled by
+    the last thread of a whole batch ends the listing only when nothing follows that batch,
+    after the cursor's own score (ties) and below it."""
+    store = make_store()
+    ids = [f"t{i:02d}" for i in range(2 * limit)]
+    for thread_id in ids[:limit]:
+        store.thread(thread_id, owner="ann").set_info(title=thread_id)
+    only = store.threads("ann", order=order, limit=limit)
+    assert len(only.threads) == limit and only.next_cursor is None
+    for thread_id in ids[limit:]:
+        store.thread(thread_id, owner="ann").set_info(title=thread_id)
+    for tied in (False, True):
+        if tied:  # every thread in one millisecond: the second page reads the cursor's score
+            index = getattr(OwnerKeys.of(namespace, "ann"), order)
+            raw_client.zadd(index, dict.fromkeys(ids, 1_800_000_000_000), xx=True)
+        first = store.threads("ann", order=order, limit=limit)
+        second = store.threads("ann", order=order, after=first.next_cursor, limit=limit)
+        pages = [t.thread_id for t in first.threads + second.threads]
+        assert sorted(pages) == ids and len(set(pages)) == len(ids)
+        assert first.next_cursor is not None and second.next_cursor is None, tied
+
+
 def test_titles_and_metadata(make_store, raw_client, namespace):
     store = make_store()
     chat = store.thread("chat", owner="ann")
