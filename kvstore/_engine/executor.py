@@ -119,6 +119,9 @@ class Executor:
 
     def _thread_ref(self, thread_id: str, owner: str | None = None) -> ThreadRef:
         """The ThreadRef of `thread_id` (of `owner`) every handle of this store shares."""
+        if type(thread_id) is not str or not (owner is None or type(owner) is str):
+            # Not kept: ThreadRef.of refuses it typed (a list is not even a key of the dict).
+            return ThreadRef.of(self.config, thread_id, self._count_tokens, owner)
         ref = self._refs.get((thread_id, owner))
         if ref is None:
             if len(self._refs) >= KEPT_THREADS:

@@ -92,6 +92,17 @@ def test_thread_ids_that_could_escape_their_tag_are_refused(bad):
         ThreadKeys.of("kv", bad)
 
 
+@pytest.mark.parametrize("bad", [["chat"], {"chat": 1}, {"chat"}, 7, b"chat", None])
+def test_a_thread_id_that_is_not_a_str_is_refused_typed(make_thread, bad):
+    """Whatever the value (one a dict cannot hold too): InvalidThreadId before anything is sent."""
+    thread = make_thread()
+    thread.append(UserMessage(content="x"))
+    with pytest.raises(errors.InvalidThreadId):
+        thread._store.thread(bad)
+    with pytest.raises(errors.InvalidThreadId):
+        thread.fork(bad, at=1)
+
+
 def test_every_key_of_a_thread_shares_one_hash_tag():
     keys = ThreadKeys.of("kv", "user:42/session.7")
     for key in (*keys.fixed(), keys.chunk(12345)):

@@ -17,7 +17,7 @@ from ..support.owners import keyspace, stores
 from .test_cli import kvstore
 
 BAD_OWNERS = ["", "x" * 201, "{", "}", "#", "|", "a b", "ann\n", "a\x00", "ünï", "-a", "a*"]
-BAD_OWNERS += [7, b"ann"]
+BAD_OWNERS += [7, b"ann", ["ann"], {"ann": "x"}, {"ann"}, 1.5]
 
 
 @pytest.fixture
