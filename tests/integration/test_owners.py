@@ -119,6 +119,29 @@ def test_a_page_filled_by_the_last_thread_of_a_full_batch_has_no_cursor(
         assert first.next_cursor is not None and second.next_cursor is None, tied
 
 
+def test_a_streamed_reply_and_a_takeover_are_activity(make_store):
+    """docs/OWNERS.md, "What moves the directory": a chat a reply streams into (publish) or a
+    worker takes over stays at the top; set_info does not move it."""
+    store = make_store()
+    chat = store.thread("chat", owner="ann")
+    chat.append(UserMessage(content="hi"))
+    lease = chat.hold_turn("turn-1")
+    for step in ("publish", "takeover", "title"):
+        time.sleep(0.003)
+        store.thread("other", owner="ann").append(UserMessage(content="now me"))
+        before = chat.info().last_activity_at
+        time.sleep(0.003)
+        if step == "publish":
+            chat.publish(lease, "Hel")
+        elif step == "takeover":
+            lease = chat.hold_turn("turn-1")
+        else:
+            chat.set_info(title="Hello")
+        moved = chat.info().last_activity_at > before
+        assert moved == (step != "title"), step
+        assert listed(store, "ann")[0] == ("chat" if moved else "other"), step
+
+
 def test_titles_and_metadata(make_store, raw_client, namespace):
     store = make_store()
     chat = store.thread("chat", owner="ann")
