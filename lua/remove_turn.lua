@@ -1,6 +1,7 @@
 #!lua
---- Retracts a turn: removes its messages wherever they are stored. Nothing evicted by the
---- media budget is restored; removed messages give their bytes and media back.
+--- Retracts a turn: removes its messages wherever they are stored, the system prompt
+--- retention kept aside too (includes/prompt.lua). Nothing evicted by the media budget is
+--- restored; removed messages give their bytes and media back.
 ---
 --- KEYS[1..14]  the thread's keys (includes/layout.lua: thread_keys; docs/LAYOUT.md)
 --- ARGV limits (limits): the store's limits (includes/args.lua: read_limits)
@@ -23,19 +24,25 @@
 --- @include "includes/layout2_index"
 --- @include "includes/layout1"
 --- @include "includes/layout2_edit"
+--- @include "includes/checks"
+--- @include "includes/prompt"
 
 local keys = thread_keys(KEYS)
 local limits = args.limits
 local turn_id, max_messages = args.turn_id, args.max_messages
 
-local err = check_thread(keys)
+local err = check_thread(keys) or check_key_types({{keys.prompt_manifest, 'string'}, {keys.prompt_data, 'string'}})
 if err then return err end
 if is_layout_1(keys) then
   return redis.error_reply('KVS_MIGRATING the thread is still in layout 1: migrate it first')
 end
 
 local turn = read_turn(keys, turn_id)
-if not turn then return {0, 0} end
+if not turn then
+  -- Retention may have taken the turn's record with its messages, and kept some aside.
+  prompt.drop_turn(keys, turn_id)
+  return {0, 0}
+end
 -- The oldest max_messages sequences of the turn, from its oldest ranges on.
 local sequences = {}
 local k = turn.k0
@@ -60,6 +67,7 @@ if redis.call('HEXISTS', keys.meta, 'checked') == 1 then
 end
 
 begin_expiry(keys, limits.ttl_ms)
+prompt.drop_turn(keys, turn_id)
 if #sequences > 0 then ensure_tokens(keys) end
 remove_history(keys, history_plan, sequences)
 local removed, bytes, media, tokens = 0, 0, 0, 0

@@ -74,3 +74,32 @@ function prompt.keep(keys, unit, last, state)
   redis.call('HSET', keys.meta, 'prompt', state)
   return state
 end
+
+-- remove_turn: the turn's messages kept aside here leave the prompt too (retention took them
+-- from the history and its counts already). The prompt keys are strings (checked before the
+-- call's first write). Returns how many went; gen moves when any did (messages went).
+function prompt.drop_turn(keys, turn_id)
+  local manifest = redis.call('GET', keys.prompt_manifest)
+  if not manifest then return 0 end
+  local data = redis.call('GET', keys.prompt_data) or ''
+  local lines, records, at, dropped = {}, {}, 1, 0
+  for sequence, side in manifest_lines(manifest) do
+    local bytes, turn = select(4, parse_side(side))
+    if not bytes then return 0 end  -- a line no script wrote: left as it is
+    if turn == turn_id then
+      dropped = dropped + 1
+    else
+      lines[#lines + 1], records[#records + 1] = sequence .. '\t' .. side .. '\n', string.sub(data, at, at + bytes - 1)
+    end
+    at = at + bytes
+  end
+  if dropped == 0 then return 0 end
+  if #lines == 0 then
+    redis.call('DEL', keys.prompt_manifest, keys.prompt_data)
+  else
+    redis.call('SET', keys.prompt_manifest, table.concat(lines), 'KEEPTTL')
+    redis.call('SET', keys.prompt_data, table.concat(records), 'KEEPTTL')
+  end
+  redis.call('HINCRBY', keys.meta, 'gen', 1)
+  return dropped
+end

@@ -330,3 +330,44 @@ def test_past_retention_the_prompt_costs_no_round_trip_of_its_own(backend, names
             ]
             assert [m.content for m in found[:system]] == ["rules", "more"][:system]
     store.close()
+
+
+def test_a_removed_turn_leaves_the_kept_prompt(make_thread):
+    """remove_turn removes a turn's messages wherever they are stored: the ones retention kept
+    aside as the prompt too. The prompt's other messages stay."""
+    thread = make_thread(chunk_size=2, retained_message_limit=2)
+    thread.append([SystemMessage(content="secret")], turn_id="turn-1")
+    thread.append([SystemMessage(content="rules")], turn_id="turn-2")
+    thread.append([UserMessage(content=f"m{i}") for i in range(6)])
+    thread.compact("so far", last_sequence=7)
+    assert thread.stats().deleted_before_sequence is not None
+    assert contents(thread.context())[:2] == ["secret", "rules"]
+    stored = thread.stats()
+    thread.remove_turn("turn-1")
+    assert contents(thread.context()) == ["rules", "so far", "m5"]
+    assert contents(thread.context(max_tokens=1)) == ["rules", "so far"]
+    assert "secret" not in contents(thread.fork("copy", at=9).context())
+    # Retention had taken them from the history already: the counts do not move again.
+    after = thread.stats()
+    assert (after.stored_messages, after.tokens) == (stored.stored_messages, stored.tokens)
+    thread.remove_turn("turn-2")
+    assert contents(thread.context()) == ["so far", "m5"]
+
+
+def test_removing_every_kept_prompt_message_leaves_no_prompt_keys(backend, namespace, raw_client):
+    config = StoreConfig(namespace=namespace, chunk_size=2, retained_message_limit=2)
+    store = make_sync_store(backend, config)
+    thread = store.thread("t")
+    thread.append([SystemMessage(content="a"), SystemMessage(content="b")], turn_id="turn-1")
+    thread.append([UserMessage(content=f"m{i}") for i in range(6)])
+    thread.compact("so far", last_sequence=7)
+    keys = ThreadRef.of(config, "t").keys
+    assert raw_client.exists(keys.chunk_prefix + "prompt:m")
+    thread.remove_turn("turn-1")
+    assert not raw_client.exists(keys.chunk_prefix + "prompt:m", keys.chunk_prefix + "prompt:d")
+    assert contents(thread.context()) == ["so far", "m5"]
+    check_layout(raw_client, keys, config)
+    buffer = io.StringIO()
+    backup.export(store, "t", buffer, progress_out=io.StringIO())
+    assert '"a"' not in buffer.getvalue() and '"b"' not in buffer.getvalue()
+    store.close()
