@@ -23,7 +23,9 @@ Backing up and restoring (docs/LAYOUT.md, "Backup and restore")
 Checking input
     :func:`check_thread_id`, :func:`checked_tokens`, :func:`check_token` (a message id, otid
     or turn id as append takes it), :func:`check_restorable` (a message as the store's limits
-    take it), :data:`LEADING_SYSTEM_LIMIT` (the most messages a kept prompt holds).
+    take it), :func:`check_title` and :func:`check_metadata` (an owned thread's title and
+    metadata as ``set_info`` takes them), :data:`LEADING_SYSTEM_LIMIT` (the most messages a
+    kept prompt holds).
 
 The server
     :func:`health` / :func:`health_async` read the server's settings kvstore's guarantees depend

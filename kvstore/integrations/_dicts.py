@@ -82,6 +82,16 @@ async def aiterate(thread: Any, order: Literal["asc", "desc"] = "asc") -> AsyncI
             yield message
 
 
+def growing(first: int) -> Iterator[int]:
+    """The sizes of the pages a newest-first read asks for while it passes messages over
+    (retracted, deleted, summaries): `first`, then four times the last, up to the largest page.
+    Passing k of them over takes about log4(k) pages, not k / first."""
+    size = max(1, min(first, _PAGE))
+    while True:
+        yield size
+        size = min(_PAGE, 4 * size)
+
+
 def newest(thread: Any, count: int) -> list[Stored]:
     """The newest `count` stored records of a sync Thread, newest first, a page of at most
     1,000 at a time: each message (any kind), and in an unreadable record's place a stand-in

@@ -28,8 +28,6 @@ from ._langchain_convert import (
     whole_pairs,
 )
 
-_PAGE = 1000  # the largest page kvstore lists in one call
-
 
 class KvstoreChatMessageHistory(BaseChatMessageHistory):
     """A LangChain ``BaseChatMessageHistory`` on one kvstore thread.
@@ -192,18 +190,20 @@ def _selected(read: Any, count: int, before: bool = False) -> tuple[list[Stored]
     LangChain messages start among them (`before`: with a message before that start, when the
     thread holds one); `read(after, size)` is a page, newest first."""
     found: list[Stored] = []
-    page = read(None, min(_PAGE, count + 1))
+    sizes = _dicts.growing(count + 1)  # what is passed over (summaries, deleted): larger pages
+    page = read(None, next(sizes))
     while (start := _settle(found, page, count, before)) is None:
-        page = read(page.next_cursor, min(_PAGE, count + 1))
+        page = read(page.next_cursor, next(sizes))
     return found[::-1], start
 
 
 async def _aselected(read: Any, count: int, before: bool = False) -> tuple[list[Stored], int]:
     """:func:`_selected` of an async `read`."""
     found: list[Stored] = []
-    page = await read(None, min(_PAGE, count + 1))
+    sizes = _dicts.growing(count + 1)
+    page = await read(None, next(sizes))
     while (start := _settle(found, page, count, before)) is None:
-        page = await read(page.next_cursor, min(_PAGE, count + 1))
+        page = await read(page.next_cursor, next(sizes))
     return found[::-1], start
 
 

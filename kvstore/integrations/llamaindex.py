@@ -101,12 +101,13 @@ class KvstoreChatStore(BaseChatStore):
         if self.max_messages is not None:
             newest: list[ChatMessage] = []
             limit = self.max_messages
-            page = _dicts.page(thread, limit=limit, order="desc")
-            while True:  # deleted messages in the page: older pages fill their places
+            sizes = _dicts.growing(limit)
+            page = _dicts.page(thread, limit=next(sizes), order="desc")
+            while True:  # deleted messages in the page: older, larger pages fill their places
                 newest = _chat(reversed(page.messages), thread) + newest
                 if len(newest) >= limit or not page.has_more:
                     return newest[-limit:]
-                page = _dicts.page(thread, page.next_cursor, limit, "desc")
+                page = _dicts.page(thread, page.next_cursor, next(sizes), "desc")
         return _chat(_dicts.iterate(thread), thread)
 
     def add_message(self, key: str, message: ChatMessage) -> None:
@@ -175,12 +176,13 @@ class KvstoreChatStore(BaseChatStore):
         if self.max_messages is not None:
             newest: list[ChatMessage] = []
             limit = self.max_messages
-            page = await _dicts.apage(thread, limit=limit, order="desc")
+            sizes = _dicts.growing(limit)
+            page = await _dicts.apage(thread, limit=next(sizes), order="desc")
             while True:
                 newest = _chat(reversed(page.messages), thread) + newest
                 if len(newest) >= limit or not page.has_more:
                     return newest[-limit:]
-                page = await _dicts.apage(thread, page.next_cursor, limit, "desc")
+                page = await _dicts.apage(thread, page.next_cursor, next(sizes), "desc")
         return _chat([message async for message in _dicts.aiterate(thread)], thread)
 
     async def async_add_message(self, key: str, message: ChatMessage) -> None:

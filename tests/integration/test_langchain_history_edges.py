@@ -215,3 +215,27 @@ def test_compaction_keeps_whole_langchain_messages(store, keep_last, kept):
     assert "earlier" in seen[0].content and seen[1:] == conversation[-kept:]  # type: ignore[operator]
     assert history.compact("earlier", keep_last=keep_last) is True  # the same range: a replay
     assert history.compact("all", keep_last=5) is False
+
+
+def test_the_newest_page_past_many_deleted_messages_takes_few_round_trips(store, server, namespace):
+    """Messages another adapter deleted (LlamaIndex's tombstones) are passed over by older pages
+    that grow: 300 of them cost a handful of round trips, sync and async."""
+    from kvstore.integrations._llamaindex_convert import tombstone
+
+    thread = store.thread("t")
+    thread.append(UserMessage(content="keep"))
+    thread.append([tombstone() for _ in range(300)])
+    requests: list = []
+    store._on_request = requests.append
+    assert contents(KvstoreChatMessageHistory(store, "t", max_messages=1)) == ["keep"]
+    assert len(requests) <= 14, len(requests)
+
+    async def main() -> list:
+        async with AsyncMessageStore.from_url(server.url, StoreConfig(namespace=namespace)) as s:
+            s._on_request = requests.append
+            found = await KvstoreChatMessageHistory(s, "t", max_messages=1).aget_messages()
+            return [m.content for m in found]
+
+    requests.clear()
+    assert asyncio.run(main()) == ["keep"]
+    assert len(requests) <= 14, len(requests)

@@ -464,3 +464,34 @@ def test_a_deleted_message_is_left_out_by_every_reader_of_the_thread(call, store
 
     asyncio.run(agents_pop())
     assert call("get_messages", "k") == [said("u1"), said("u2")]
+
+
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_a_bounded_read_past_many_deleted_messages_takes_few_round_trips(
+    store, server, namespace, asynchronous
+):
+    """Deleted messages in the newest pages are passed over by older pages that grow: 300 of
+    them cost a handful of round trips, not one page of max_messages each."""
+    from kvstore.integrations._llamaindex_convert import tombstone
+
+    thread = store.thread("k")
+    thread.append(UserMessage(content="keep"))
+    thread.append([tombstone() for _ in range(300)])
+    requests: list = []
+    if not asynchronous:
+        store._on_request = requests.append
+        assert [m.content for m in KvstoreChatStore(store, max_messages=1).get_messages("k")] == [
+            "keep"
+        ]
+    else:
+
+        async def main() -> list[str | None]:
+            async with AsyncMessageStore.from_url(
+                server.url, StoreConfig(namespace=namespace)
+            ) as s:
+                s._on_request = requests.append
+                chat = KvstoreChatStore(store, s, max_messages=1)
+                return [m.content for m in await chat.aget_messages("k")]
+
+        assert asyncio.run(main()) == ["keep"]
+    assert len(requests) <= 14, len(requests)

@@ -257,3 +257,26 @@ def test_only_the_whole_batch_before_is_a_replay(backend, server_only, namespace
             await store.close()
 
     run(main())
+
+
+def test_reads_past_many_popped_items_take_few_round_trips(backend, server_only, namespace):
+    """Items pop_item retracted are passed over by pages that grow: after 300 pops the next pop
+    and get_items(1) take a handful of round trips, not one per retracted item."""
+
+    async def main() -> None:
+        store = make_async_store(backend, StoreConfig(namespace=namespace))
+        session = KvstoreSession("pops", store)
+        await session.add_items([said(str(i)) for i in range(400)])
+        for _ in range(300):
+            await session.pop_item()
+        requests: list[Any] = []
+        store._on_request = requests.append
+        assert texts(await session.get_items(1)) == ["99"]
+        assert len(requests) <= 14, len(requests)
+        requests.clear()
+        assert texts([await session.pop_item()]) == ["99"]
+        assert len(requests) <= 15, len(requests)
+        assert texts(await session.get_items(3)) == ["96", "97", "98"]
+        await store.close()
+
+    run(main())
