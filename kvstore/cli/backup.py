@@ -324,7 +324,9 @@ def _append_plain(
             result = thread.append(todo)
             progress.sending = 0
             count(0, len(todo)) if result.replayed else count(len(todo), 0)
-        except (errors.OtidConflict, errors.DuplicateMessageId):
+        except (errors.OtidConflict, errors.DuplicateMessageId) as exc:
+            if isinstance(exc, (errors.OtidRepeated, errors.MessageIdRepeated)):
+                raise  # two lines of the file with one id or otid: the file's own fault
             # Some of them were stored by another cut of the same messages: one at a time,
             # each is new or a replay.
             for message in todo:

@@ -23,7 +23,8 @@ from ..importers import (
     langchain_left_out,
     to_langchain,
 )
-from ..importers.openai_agents import MESSAGES_SUFFIX, SESSION_KEY_PREFIX
+from ..importers.api import default_pattern
+from ..importers.openai_agents import SESSION_KEY_PREFIX
 from ..importers.records import Source
 from ..store import MessageStore
 from .commands import existing_thread
@@ -52,7 +53,7 @@ def import_from(
     renames = checked_renames(renames or {})
     source_kind = _SOURCES[kind]
     key_prefix = key_prefix if key_prefix is not None else _KEY_PREFIXES.get(source_kind, "")
-    pattern = pattern or _default_pattern(source_kind, key_prefix)
+    pattern = pattern or default_pattern(source_kind, key_prefix)
     keys = find_sessions(source, pattern)
     total = _total(source, keys)
     bar = Progress("imported", total, progress_out, every)
@@ -94,14 +95,6 @@ _KEY_PREFIXES: dict[Source, str] = {
     "langchain": "message_store:",
     "openai_agents": SESSION_KEY_PREFIX,
 }
-
-
-def _default_pattern(kind: Source, key_prefix: str) -> str:
-    if kind == "langchain":
-        return f"{key_prefix}*"
-    if kind == "openai_agents":
-        return f"{key_prefix}:*{MESSAGES_SUFFIX}"
-    return "*"
 
 
 def _say_ttl(results: list[SessionImport], store: MessageStore, out: IO[str]) -> None:

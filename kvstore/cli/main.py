@@ -14,7 +14,7 @@ import redis
 
 from .. import errors
 from . import owners
-from .parser import DATA_DIR, build_parser, refuse_empty_values
+from .parser import DATA_DIR, build_parser, check_values
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     try:
-        refuse_empty_values(args)
+        check_values(args)
         if args.command == "demo":
             return _demo(args)
         if args.command == "server":

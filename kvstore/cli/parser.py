@@ -82,6 +82,12 @@ _NOT_EMPTY = {
 }
 
 
+def check_values(args: argparse.Namespace) -> None:
+    """The checks of a command's option values argparse cannot make, before anything starts."""
+    refuse_empty_values(args)
+    refuse_out_of_range(args)
+
+
 def refuse_empty_values(args: argparse.Namespace) -> None:
     """An option given an empty value is refused, not taken as not given: that would send a
     command to the embedded server, an import to its source server, a backup to standard
@@ -94,6 +100,31 @@ def refuse_empty_values(args: argparse.Namespace) -> None:
         if option == "url" and hasattr(args, "data_dir"):
             wanted += "; without --url, the command uses the embedded server over --data-dir"
         raise ConfigError(f"{flag} is empty (an unset variable?): give {wanted}")
+
+
+# Whole-number options with their bounds (inclusive; None: none), by their argparse name.
+_RANGES = {
+    "port": ("--port", 0, 65535),
+    "workers": ("--workers", 1, None),
+    "threads": ("--threads", 1, None),
+    "turns": ("--turns", 1, None),
+    "batch": ("--batch", 1, None),  # and at most the store's max_batch_messages: below
+}
+
+
+def refuse_out_of_range(args: argparse.Namespace) -> None:
+    """A number option outside what the command can use is refused in one line before anything
+    starts (a port no socket takes, a demo of no threads, an import batch the store refuses)."""
+    for option, (flag, low, high) in _RANGES.items():
+        given = getattr(args, option, None)
+        if option == "batch":
+            from ..config import StoreConfig  # the store's default limit, as the import's
+
+            high = StoreConfig().max_batch_messages
+        if type(given) is not int or (given >= low and (high is None or given <= high)):
+            continue
+        bounds = f"{low}..{high}" if high is not None else f"at least {low}"
+        raise ConfigError(f"{flag} must be {bounds}, got {given}")
 
 
 def _with_store(

@@ -271,7 +271,7 @@ def _langchain(
     return _import(
         store,
         "langchain",
-        pattern or f"{_glob_escape(key_prefix)}*",
+        pattern or default_pattern("langchain", key_prefix),
         thread_id or thread_of,
         batch_messages,
         progress,
@@ -294,7 +294,7 @@ def _openai_agents(
     return _import(
         store,
         "openai_agents",
-        pattern or f"{_glob_escape(key_prefix)}:*{MESSAGES_SUFFIX}",
+        pattern or default_pattern("openai_agents", key_prefix),
         thread_id or thread_of,
         batch_messages,
         progress,
@@ -308,6 +308,16 @@ def _same(key: str) -> str:
 
 def _list(sessions: list[SessionImport] | None) -> list[SessionImport]:
     return [] if sessions is None else sessions
+
+
+def default_pattern(kind: Source, key_prefix: str) -> str:
+    """The SCAN pattern of a source's sessions under `key_prefix` (taken as it is: a glob
+    character in it is escaped); LlamaIndex's keys have no prefix: every key, sniffed."""
+    if kind == "langchain":
+        return f"{_glob_escape(key_prefix)}*"
+    if kind == "openai_agents":
+        return f"{_glob_escape(key_prefix)}:*{MESSAGES_SUFFIX}"
+    return "*"
 
 
 def _glob_escape(text: str) -> str:
