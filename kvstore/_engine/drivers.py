@@ -126,6 +126,17 @@ class SyncDriver:
                 failure = exc
 
 
+def cancels() -> int:
+    """The cancellations of the running task not yet handled (``Task.cancelling``). One that
+    grows over an await that returned was swallowed below it: redis-py's asyncio connection
+    awaits ``asyncio.wait_for``, which on Python 3.11 returns the result of a command whose
+    bytes were sent as the cancellation came, and drops the cancellation. The drivers raise
+    it then, so a cancelled call ends as cancelled (docs/RELIABILITY.md, "A timed-out or
+    interrupted append is a success or a safe re-send")."""
+    task = asyncio.current_task()
+    return task.cancelling() if task is not None else 0
+
+
 class AsyncDriver:
     """Awaits each step in the calling task."""
 
@@ -144,8 +155,11 @@ class AsyncDriver:
             if not isinstance(step, Step):
                 yield step
                 continue
+            pending = cancels()
             try:
                 reply = await step(self)
+                if cancels() > pending:
+                    raise asyncio.CancelledError  # swallowed below (see cancels)
             except BaseException as exc:  # cancellation too: the steps clean up, re-raise
                 failure = exc
 
@@ -162,7 +176,10 @@ class AsyncDriver:
             reply = failure = None
             if not isinstance(step, Step):
                 continue
+            pending = cancels()
             try:
                 reply = await step(self)
+                if cancels() > pending:
+                    raise asyncio.CancelledError  # swallowed below (see cancels)
             except BaseException as exc:  # cancellation too: the steps clean up, re-raise
                 failure = exc

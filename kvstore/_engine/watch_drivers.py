@@ -28,7 +28,7 @@ import redis.asyncio
 from redis.exceptions import RedisClusterException, RedisError
 
 from ..events import ThreadEvent
-from .drivers import wire
+from .drivers import cancels, wire
 from .event_stream import Emit, Run, WatchStep
 from .failures import is_cluster
 from .stream_replies import AfterRecovery, stream_entries
@@ -324,10 +324,13 @@ class AsyncWatch:
                     raise StopAsyncIteration
                 if isinstance(step, Emit):
                     return step.event
+                pending = cancels()
                 if isinstance(step, Run):
                     reply = await self._store.run(reads(self._store, step.operation))
                 else:
                     reply = await self._read(step.key, step.after, step.count)
+                if cancels() > pending:
+                    raise asyncio.CancelledError  # swallowed below (drivers.cancels)
         except BaseException as exc:  # cancellation too: the connection goes with the watcher
             stopped = self._stopped  # before aclose(), which stops the watcher too
             await self.aclose()
