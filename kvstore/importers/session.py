@@ -208,11 +208,17 @@ def _session(
     result.source_ttl_ms = int(ttl) if int(ttl) > 0 else None
     if total == 0:
         return
-    if kind == "llamaindex" and not _is_llamaindex((yield SourceRead("lindex", (key, 0)))):
-        # Another list on the server (a LangChain session, a queue ...): not a chat to import.
-        result.thread_id = None
-        result.skipped = "not a LlamaIndex chat (its first element is not a ChatMessage)"
-        return
+    if kind == "llamaindex":
+        first = yield SourceRead("lindex", (key, 0))
+        last = (yield SourceRead("lindex", (key, -1))) if total > 1 else first
+        if not (_is_llamaindex(first) and _is_llamaindex(last)):
+            # Another list on the server (a LangChain or Agents SDK session, a queue ...): not
+            # a chat to import. Its first and last elements tell: a half import helps no one.
+            result.thread_id = None
+            result.skipped = (
+                "not a LlamaIndex chat (its first or last element is not a ChatMessage)"
+            )
+            return
     ref = store.thread(check_thread_id(name))._ref
     yield from _import_session(ref, kind, key, total, result, batch_messages, progress)
 

@@ -74,6 +74,10 @@ def _chain(digest: bytes, raw: bytes) -> bytes:
 
 
 def _is_llamaindex(raw: bytes | None) -> bool:
+    """Whether a list element is a ChatMessage as LlamaIndex dumps it: a role, blocks (or
+    content), and no `type` (what the OpenAI Agents SDK's items have where a message's role
+    and content alone would not tell them apart: function calls, outputs, reasoning, an
+    assistant's output message)."""
     try:
         record = json.loads(raw) if raw is not None else None
     except (ValueError, RecursionError):
@@ -82,6 +86,7 @@ def _is_llamaindex(raw: bytes | None) -> bool:
         isinstance(record, dict)
         and "role" in record
         and ("blocks" in record or "content" in record)
+        and "type" not in record
     )
 
 

@@ -1011,23 +1011,33 @@ def test_cli_llamaindex_leaves_other_lists_alone_and_exits_0(
     """LlamaIndex's default pattern finds every list: a LangChain session among them is reported
     as left alone, and the import succeeds (docs/MIGRATING.md)."""
     db = 9  # a database of this test's own, for the default pattern `*`
-    source = redis.Redis.from_url(server.url, db=db)
     url = server.url.rsplit("/", 1)[0] + f"/{db}"
+    source = redis.Redis.from_url(url)
     try:
         source.flushdb()
         RedisChatStore(redis_url=url).set_messages(
             f"{namespace}:chat", [ChatMessage(role="user", content="hi")]
         )
         write_langchain(url, "message_store:", {f"{namespace}-s": [lc.HumanMessage("hi")]})
+        # An Agents SDK session whose first item reads as a ChatMessage: its last does not.
+        agents = f"agents:session:{namespace}:messages"
+        source.rpush(
+            agents,
+            json.dumps({"role": "user", "content": "hi"}),
+            json.dumps({"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"}),
+            json.dumps({"type": "function_call_output", "call_id": "c1", "output": "ok"}),
+        )
         args = ["import-from", "llamaindex", "--url", url, "--to-url", server.url]
         assert cli([*args, "--namespace", namespace]) == 0
         out = capsys.readouterr().out.splitlines()
-        row = next(line for line in out if line.startswith(f"message_store:{namespace}-s"))
-        assert "left alone: not a LlamaIndex chat" in row and "failed" not in row
+        for key in (f"message_store:{namespace}-s", agents):
+            row = next(line for line in out if line.startswith(key))
+            assert "left alone: not a LlamaIndex chat" in row and "failed" not in row
         assert out[-1].endswith(
-            "1 imported, 0 already stored (1 kvstore messages written); 1 left alone (not chats)"
+            "1 imported, 0 already stored (1 kvstore messages written); 2 left alone (not chats)"
         )
         assert contents(store, f"{namespace}:chat") == ["hi"]
+        assert store.thread(agents).stats().stored_messages == 0
     finally:
         source.flushdb()
         source.close()
