@@ -211,12 +211,12 @@ def _session(
     if kind == "llamaindex":
         first = yield SourceRead("lindex", (key, 0))
         last = (yield SourceRead("lindex", (key, -1))) if total > 1 else first
-        if not (_is_llamaindex(first) and _is_llamaindex(last)):
+        if not _is_llamaindex(first, last):
             # Another list on the server (a LangChain or Agents SDK session, a queue ...): not
             # a chat to import. Its first and last elements tell: a half import helps no one.
             result.thread_id = None
             result.skipped = (
-                "not a LlamaIndex chat (its first or last element is not a ChatMessage)"
+                "not a LlamaIndex chat (its first element is no ChatMessage, or an end has a type)"
             )
             return
     ref = store.thread(check_thread_id(name))._ref

@@ -73,21 +73,29 @@ def _chain(digest: bytes, raw: bytes) -> bytes:
     return hashlib.blake2b(digest + raw, digest_size=16).digest()
 
 
-def _is_llamaindex(raw: bytes | None) -> bool:
-    """Whether a list element is a ChatMessage as LlamaIndex dumps it: a role, blocks (or
-    content), and no `type` (what the OpenAI Agents SDK's items have where a message's role
-    and content alone would not tell them apart: function calls, outputs, reasoning, an
-    assistant's output message)."""
-    try:
-        record = json.loads(raw) if raw is not None else None
-    except (ValueError, RecursionError):
-        return False
+def _is_llamaindex(first: bytes | None, last: bytes | None) -> bool:
+    """Whether a list is a LlamaIndex chat by its first and last elements: the first a
+    ChatMessage as LlamaIndex dumps it (a role, blocks or content), and neither an object with
+    a `type`, which the OpenAI Agents SDK's items have (function calls, outputs, reasoning, an
+    assistant's output message) and a ChatMessage never does: where a role and content alone
+    cannot tell the two apart. A last element that cannot be read at all does not decide: a
+    chat with a damaged record is imported up to it, and fails there."""
+    record, other = _object(first), _object(last)
     return (
-        isinstance(record, dict)
+        record is not None
         and "role" in record
         and ("blocks" in record or "content" in record)
         and "type" not in record
+        and (other is None or "type" not in other)
     )
+
+
+def _object(raw: bytes | None) -> dict[str, Any] | None:
+    try:
+        record = json.loads(raw) if raw is not None else None
+    except (ValueError, RecursionError):
+        return None
+    return record if isinstance(record, dict) else None
 
 
 _CONVERTERS = {
