@@ -67,8 +67,8 @@ class SessionImport(BaseModel):
     it (``kvstore import-from --thread-ttl``)."""
     skipped: str | None = None
     """Why the session was left alone, or None: a list that is no chat of the source (LlamaIndex:
-    its first element is not a ChatMessage). Nothing is read past that element, nothing is
-    written, and it is no error."""
+    its first element is no ChatMessage, or its first or last has a `type`). Nothing more is
+    read, nothing is written, and it is no error."""
 
 
 Progress = Callable[[str, int], None]
