@@ -45,8 +45,13 @@ read_batch_pairs(args.pairs, batch, limits)
 local meta, failure = load_meta(keys)
 local plan
 if not failure then plan, failure = check_store_keys(keys, batch, limits, meta) end
-failure = failure or check_batch(keys, batch, limits, meta) or check_turn(keys, batch, meta, limits)
-  or check_history(keys, batch, limits, meta)
+failure = failure or check_batch(keys, batch, limits, meta)
+if type(failure) == 'table' and failure[1] == 0 and batch.lease then
+  -- A replay under a lease keeps it as any append under it does (a take-over catching up
+  -- re-sends what the turn stored): renewed while it is the open turn's, live lease.
+  renew_on_replay(keys, batch, limits)
+end
+failure = failure or check_turn(keys, batch, meta, limits) or check_history(keys, batch, limits, meta)
 if not failure and meta.layout ~= CURRENT_LAYOUT then failure = check_migration(keys) end
 if failure then
   if batch.lease_ended then

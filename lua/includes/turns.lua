@@ -331,6 +331,17 @@ end
 -- A new message of a finished turn is refused before anything is written (a replay of a
 -- stored one was answered before this check). In layout 2 the turn read here is kept for
 -- store_batch; a layout-1 thread's migration step may write the record in between.
+-- A replayed batch's lease (append.lua): its end moves as an append under it would move it,
+-- when the turn is open and the lease its live one; anything else is left as it is (the replay
+-- is answered either way).
+local function renew_on_replay(keys, batch, limits)
+  local turn = read_turn(keys, batch.turn_id)
+  if not turn or turn.outcome ~= 'open' then return end
+  local err, ended, renewed = check_lease(keys, batch.turn_id, batch.lease, limits.turn_lease_ms)
+  if err or ended or not renewed then return end
+  redis.call('HSET', keys.turns, expires_field(batch.turn_id), fmt(renewed))
+end
+
 local function check_turn(keys, batch, meta, limits)
   if batch.turn_id == '' then return nil end
   local turn = read_turn(keys, batch.turn_id)

@@ -4,6 +4,7 @@ last sequence when it was written (a take-over's TurnStarted too)."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 import redis
@@ -286,3 +287,50 @@ def test_calls_cut_off_at_every_await_and_sent_again_are_taken_once(
     assert [f["t"].decode() for _, f in events] == [
         f"turn-{k}" for k in range(cuts) for _ in range(2)
     ]
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_take_over_catching_up_by_replays_keeps_its_lease(backend, namespace, mode):
+    """A worker that takes a turn over re-sends what the first stored: each replay under its
+    lease keeps the lease as any append under it does, so its next new reply is stored."""
+    config = StoreConfig(namespace=namespace, turn_lease=1)
+    replies = [AssistantMessage(content=f"part {i}", otid=f"r{i}") for i in range(4)]
+
+    async def worker_b(thread) -> list[bool]:
+        lease = await thread.hold_turn("turn-1")  # A's lease fenced: B takes over
+        replayed = []
+        for reply in replies:  # 4 x 0.4 s: past the 1 s lease unless the replays renew it
+            await asyncio.sleep(0.4)
+            replayed.append((await thread.append(reply, turn_id=lease)).replayed)
+        await thread.append(AssistantMessage(content="new", otid="r4"), turn_id=lease)
+        return replayed
+
+    async def main() -> list[bool]:
+        store = make_async_store(backend, config)
+        thread = store.thread("t")
+        lease = await thread.hold_turn("turn-1")
+        await thread.append(replies, turn_id=lease)  # worker A stores them, then dies
+        try:
+            return await worker_b(thread)
+        finally:
+            await store.close()
+
+    if mode == "sync":
+        store = make_sync_store(backend, config)
+        thread = store.thread("t")
+        thread.append(replies, turn_id=thread.hold_turn("turn-1"))
+        lease = thread.hold_turn("turn-1")
+        replayed = []
+        for reply in replies:
+            time.sleep(0.4)
+            replayed.append(thread.append(reply, turn_id=lease).replayed)
+        thread.append(AssistantMessage(content="new", otid="r4"), turn_id=lease)
+        contents = [m.content for m in thread.iter()]
+        store.close()
+    else:
+        replayed = asyncio.run(main())
+        store = make_sync_store(backend, config)
+        contents = [m.content for m in store.thread("t").iter()]
+        store.close()
+    assert replayed == [True] * 4
+    assert contents == [*(r.content for r in replies), "new"]
