@@ -9,7 +9,7 @@
 --- ARGV max_messages (int): the most sequences one call walks; the client calls again for
 ---      more
 ---
---- Reply: {removed, remaining}
+--- Reply: {removed, remaining}: removed counts the kept prompt's messages too
 --- With strict history checks on a checked thread, a removal that would leave a later message
 --- answering a call the turn made is refused; the calls the turn's messages answered that were
 --- made before it are open again (includes/history.lua).
@@ -40,8 +40,14 @@ end
 local turn = read_turn(keys, turn_id)
 if not turn then
   -- Retention may have taken the turn's record with its messages, and kept some aside.
-  prompt.drop_turn(keys, turn_id)
-  return {0, 0}
+  -- Its writes keep every deadline (SET ... KEEPTTL): the expiry step runs only for the event.
+  local dropped = prompt.drop_turn(keys, turn_id)
+  if dropped > 0 then
+    begin_expiry(keys, limits.ttl_ms)
+    emit_event(keys, limits, nil, event_fields('turn_removed', '', '', turn_id, 'n', dropped, 'r', 0))
+    apply_expiry(keys)
+  end
+  return {dropped, 0}
 end
 -- The oldest max_messages sequences of the turn, from its oldest ranges on.
 local sequences = {}
@@ -67,7 +73,7 @@ if redis.call('HEXISTS', keys.meta, 'checked') == 1 then
 end
 
 begin_expiry(keys, limits.ttl_ms)
-prompt.drop_turn(keys, turn_id)
+local dropped = prompt.drop_turn(keys, turn_id)
 if #sequences > 0 then ensure_tokens(keys) end
 remove_history(keys, history_plan, sequences)
 local removed, bytes, media, tokens = 0, 0, 0, 0
@@ -104,6 +110,8 @@ if removed > 0 then
   redis.call('HINCRBY', keys.meta, 'tokens', 0 - tokens)
   redis.call('HINCRBY', keys.meta, 'gen', 1)
 end
+-- The kept prompt's messages count as removed (the thread's counts took them with retention).
+removed = removed + dropped
 if removed > 0 or remaining == 0 then emit_event(keys, limits, nil, event_fields('turn_removed', '', '', turn_id, 'n', removed, 'r', remaining)) end
 apply_expiry(keys)
 return {removed, remaining}

@@ -343,7 +343,8 @@ def test_a_removed_turn_leaves_the_kept_prompt(make_thread):
     assert thread.stats().deleted_before_sequence is not None
     assert contents(thread.context())[:2] == ["secret", "rules"]
     stored = thread.stats()
-    thread.remove_turn("turn-1")
+    assert thread.remove_turn("turn-1") == 1  # the kept message counts as removed
+    assert thread.remove_turn("turn-1") == 0
     assert contents(thread.context()) == ["rules", "so far", "m5"]
     assert contents(thread.context(max_tokens=1)) == ["rules", "so far"]
     assert "secret" not in contents(thread.fork("copy", at=9).context())
@@ -363,7 +364,11 @@ def test_removing_every_kept_prompt_message_leaves_no_prompt_keys(backend, names
     thread.compact("so far", last_sequence=7)
     keys = ThreadRef.of(config, "t").keys
     assert raw_client.exists(keys.chunk_prefix + "prompt:m")
-    thread.remove_turn("turn-1")
+    events = len(raw_client.xrange(keys.events))
+    assert thread.remove_turn("turn-1") == 2
+    # One event tells the watchers, as for any removal.
+    (last,) = raw_client.xrange(keys.events)[events:]
+    assert (last[1][b"k"], last[1][b"t"], last[1][b"n"]) == (b"turn_removed", b"turn-1", b"2")
     assert not raw_client.exists(keys.chunk_prefix + "prompt:m", keys.chunk_prefix + "prompt:d")
     assert contents(thread.context()) == ["so far", "m5"]
     check_layout(raw_client, keys, config)
