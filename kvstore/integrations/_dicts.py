@@ -82,14 +82,12 @@ async def aiterate(thread: Any, order: Literal["asc", "desc"] = "asc") -> AsyncI
             yield message
 
 
-def growing(first: int) -> Iterator[int]:
-    """The sizes of the pages a newest-first read asks for while it passes messages over
-    (retracted, deleted, summaries): `first`, then four times the last, up to the largest page.
-    Passing k of them over takes about log4(k) pages, not k / first."""
-    size = max(1, min(first, _PAGE))
-    while True:
-        yield size
-        size = min(_PAGE, 4 * size)
+def page_size(missing: int, before: int) -> int:
+    """The size of a newest-first read's next page, which passes messages over (retracted,
+    deleted, summaries): what it still misses, four times that for each of the `before` older
+    pages it read already, up to the largest page. Passing k messages over takes about log4(k)
+    pages, and one summary in the way costs a page of what is missing, not a thousand."""
+    return min(_PAGE, max(1, missing) << (2 * min(before, 5)))
 
 
 def newest(thread: Any, count: int) -> list[Stored]:

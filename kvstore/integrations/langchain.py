@@ -190,20 +190,20 @@ def _selected(read: Any, count: int, before: bool = False) -> tuple[list[Stored]
     LangChain messages start among them (`before`: with a message before that start, when the
     thread holds one); `read(after, size)` is a page, newest first."""
     found: list[Stored] = []
-    sizes = _dicts.growing(count + 1)  # what is passed over (summaries, deleted): larger pages
-    page = read(None, next(sizes))
+    page, older = read(None, _dicts.page_size(count + 1, 0)), 0
     while (start := _settle(found, page, count, before)) is None:
-        page = read(page.next_cursor, next(sizes))
+        # The first older page as large (a message begun before the page), then larger ones
+        # past what is passed over (summaries, deleted messages).
+        page, older = read(page.next_cursor, _dicts.page_size(count + 1, older)), older + 1
     return found[::-1], start
 
 
 async def _aselected(read: Any, count: int, before: bool = False) -> tuple[list[Stored], int]:
     """:func:`_selected` of an async `read`."""
     found: list[Stored] = []
-    sizes = _dicts.growing(count + 1)
-    page = await read(None, next(sizes))
+    page, older = await read(None, _dicts.page_size(count + 1, 0)), 0
     while (start := _settle(found, page, count, before)) is None:
-        page = await read(page.next_cursor, next(sizes))
+        page, older = await read(page.next_cursor, _dicts.page_size(count + 1, older)), older + 1
     return found[::-1], start
 
 

@@ -101,13 +101,16 @@ class KvstoreChatStore(BaseChatStore):
         if self.max_messages is not None:
             newest: list[ChatMessage] = []
             limit = self.max_messages
-            sizes = _dicts.growing(limit)
-            page = _dicts.page(thread, limit=next(sizes), order="desc")
+            pages = 0
+            page = _dicts.page(thread, limit=limit, order="desc")
             while True:  # deleted messages in the page: older, larger pages fill their places
                 newest = _chat(reversed(page.messages), thread) + newest
                 if len(newest) >= limit or not page.has_more:
                     return newest[-limit:]
-                page = _dicts.page(thread, page.next_cursor, next(sizes), "desc")
+                pages += 1
+                page = _dicts.page(
+                    thread, page.next_cursor, _dicts.page_size(limit - len(newest), pages), "desc"
+                )
         return _chat(_dicts.iterate(thread), thread)
 
     def add_message(self, key: str, message: ChatMessage) -> None:
@@ -176,13 +179,16 @@ class KvstoreChatStore(BaseChatStore):
         if self.max_messages is not None:
             newest: list[ChatMessage] = []
             limit = self.max_messages
-            sizes = _dicts.growing(limit)
-            page = await _dicts.apage(thread, limit=next(sizes), order="desc")
+            pages = 0
+            page = await _dicts.apage(thread, limit=limit, order="desc")
             while True:
                 newest = _chat(reversed(page.messages), thread) + newest
                 if len(newest) >= limit or not page.has_more:
                     return newest[-limit:]
-                page = await _dicts.apage(thread, page.next_cursor, next(sizes), "desc")
+                pages += 1
+                page = await _dicts.apage(
+                    thread, page.next_cursor, _dicts.page_size(limit - len(newest), pages), "desc"
+                )
         return _chat([message async for message in _dicts.aiterate(thread)], thread)
 
     async def async_add_message(self, key: str, message: ChatMessage) -> None:

@@ -36,7 +36,7 @@ from kvstore.importers.openai_agents import (
 from kvstore.messages import HiddenReasoningMessage, Message
 from kvstore.store import AsyncMessageStore
 
-from ._dicts import Stored, acontext, anewest, apage, as_model, growing
+from ._dicts import Stored, acontext, anewest, apage, as_model, page_size
 from ._dicts import field as _field
 
 _PAGE = 1000  # the largest page kvstore lists in one call
@@ -174,9 +174,10 @@ class KvstoreSession(SessionABC):
         messages without a Responses form) are passed over, older pages filling their places."""
         found: list[tuple[Stored, Any]] = []
         after: int | None = None
-        sizes = growing(count)
+        pages = 0
         while len(found) < count:
-            read = await apage(self.thread, after, next(sizes), "desc")
+            read = await apage(self.thread, after, page_size(count - len(found), pages), "desc")
+            pages += 1
             for message in read.messages:
                 item = None if _hidden(message) else _item(message)
                 if item is not None and len(found) < count:
