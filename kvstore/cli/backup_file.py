@@ -292,9 +292,10 @@ def _check_consistent(state: admin.BackupState) -> None:
 
 
 def numbered_lines(lines: Iterable[str], progress: Any) -> Iterator[tuple[int, str]]:
-    """The non-empty lines with their numbers (`progress.lines`: the last line's); a line that is not UTF-8 text refused. A file
-    opened strictly fails decoding (maybe a few lines ahead: it decodes in blocks); standard
-    input on a C locale hands its bytes over as lone surrogates."""
+    """The non-empty lines with their numbers (`progress.lines`: the last line's); a line that
+    is not UTF-8 text refused. A file opened strictly fails decoding (maybe a few lines ahead:
+    it decodes in blocks); standard input on a C locale hands its bytes over as lone
+    surrogates."""
     source = iter(lines)
     number = 0
     while True:
