@@ -88,7 +88,7 @@ def pytest_collection_modifyitems(config, items):
     """Tests marked `slow` run with KVSTORE_LONG=1 only: any other run deselects them (never a
     skip). A run that picks its backends (KVSTORE_SERVERS, as CI's run on the matrix's other
     majors) keeps only the tests parametrized by a server kind: the others would repeat the main
-    run."""
+    run; with KVSTORE_MODES=sync also only one client mode where a test has both."""
     if os.environ.get("KVSTORE_LONG") != "1":
         slow = [item for item in items if item.get_closest_marker("slow")]
         if slow:
@@ -100,9 +100,35 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         callspec = getattr(item, "callspec", None)
         (keep if callspec and SERVER_PARAMS & set(callspec.params) else drop).append(item)
+    drop += _async_twins(keep) if os.environ.get("KVSTORE_MODES") == "sync" else []
     if drop:
         config.hook.pytest_deselected(items=drop)
-        items[:] = keep
+        dropped = set(drop)
+        items[:] = [item for item in keep if item not in dropped]
+
+
+def _async_twins(items) -> list:
+    """The async cases whose sync case is among `items`. CI's run on the other majors leaves them
+    out (KVSTORE_MODES=sync): both client modes ran on the main servers, and what a server's
+    major can change is the server's side, which a sync case reaches as its async case does."""
+    sync_cases = {_case_in_mode(item, "sync") for item in items if _mode(item) == "sync"}
+    return [
+        item
+        for item in items
+        if _mode(item) == "async" and _case_in_mode(item, "sync") in sync_cases
+    ]
+
+
+def _mode(item) -> str | None:
+    """The client mode a test case's id names, if any."""
+    parts = item.callspec.id.split("-")
+    return "async" if "async" in parts else "sync" if "sync" in parts else None
+
+
+def _case_in_mode(item, mode: str) -> str:
+    """A test case's node id with its client mode read as `mode`."""
+    parts = [mode if part in ("sync", "async") else part for part in item.callspec.id.split("-")]
+    return f"{item.nodeid.split('[')[0]}[{'-'.join(parts)}]"
 
 
 def pytest_generate_tests(metafunc):
