@@ -90,7 +90,8 @@ class ThreadTurns(ThreadBase):
         """Finishes turn `turn_id` (the thread's current turn for None) as "abandoned" if it is
         held and its lease ended, with its TurnFinished event; returns the turn's outcome after
         the call: "open" while it is not held or its lease has time left, None when the thread
-        has no turn. Watchers send it by themselves when the thread is quiet.
+        has no turn. Each held turn a newer one superseded is finished so too (docs/EVENTS.md).
+        Watchers send it by themselves when the thread is quiet.
 
         Example::
 

@@ -18,6 +18,9 @@
 --- it answers that lease again and writes nothing (includes/turns.lua, recorded_call), so a
 --- retried hold never fences its own caller.
 ---
+--- A turn started while the current one is held and open supersedes it: that turn is finished
+--- as abandoned if its lease ended, else followed until it ends (includes/older_turns.lua).
+---
 --- Reply: 'start': the sequence the turn's replies start at; 'hold': {that sequence, lease}
 --- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_DELETING, KVS_RESTORING, KVS_MIGRATING, KVS_TURN_FINISHED,
 ---         KVS_QUOTA, KVS_QUOTA_BYTES, KVS_OWNER_ERASING (an owned thread: includes/owner.lua)
@@ -25,6 +28,7 @@
 --- @include "includes/turns"
 --- @include "includes/expiry"
 --- @include "includes/turn_call"
+--- @include "includes/older_turns"
 --- @include "includes/events"
 --- @include "includes/numbers"
 
@@ -52,6 +56,7 @@ local started = turn.start == 0
 if started then
   local start = tonumber(redis.call('HGET', keys.meta, 'last_seq') or '0') + 1
   turn.start, turn.outcome, turn.replies, turn.first = start, 'open', 0, 0
+  older_turns.supersede_current(keys, limits, turn_id)
   write_turn(keys, turn_id, turn)
   redis.call('HSETNX', keys.meta, 'layout', CURRENT_LAYOUT)
   redis.call('HSET', keys.meta, 'turn_id', turn_id, 'turn_seq', start, 'turn_outcome', 'open')

@@ -46,7 +46,7 @@ from .replies import stored_int
 from .stream_replies import AfterRecovery
 from .text import text as _text
 from .watch_rollback import RECENT, Delivered
-from .watch_state import NO_BORN, State, id_numbers, read_born, read_state
+from .watch_state import NO_BORN, State, Turns, id_numbers, read_born, read_state
 
 # Events one XREAD returns at most.
 READ_COUNT = 100
@@ -153,17 +153,17 @@ class _Watching:
     def __init__(self, thread: ThreadRef, incarnation: str | None, messages: bool) -> None:
         self.thread, self.incarnation, self.messages = thread, incarnation, messages
         self.n = self.last_s = self.caught_up = 0
-        self.lease_checked: tuple[str, float] | None = None  # (turn id, no end before this)
+        self.lease_checked: tuple[Turns, float] | None = None  # (turns, no end before this)
         self.delivered = Delivered()
 
     def cursor(self) -> str:
         return _cursor(f"{self.n}-{self.last_s}", self.incarnation)
 
-    def lease_may_have_ended(self, turn_id: str) -> bool:
-        """Whether the turn's lease may have ended since this watcher last asked: a lease only
+    def lease_may_have_ended(self, turns: Turns) -> bool:
+        """Whether a lease of `turns` may have ended since this watcher last asked: a lease only
         moves later, so not before the time it had left then (a hold resets this)."""
         checked = self.lease_checked
-        return checked is None or checked[0] != turn_id or time.monotonic() >= checked[1]
+        return checked is None or checked[0] != turns or time.monotonic() >= checked[1]
 
     def run(self, start: tuple[int, int] | int | None, state: State, block_ms: int) -> WatchStep:
         thread = self.thread
@@ -240,10 +240,10 @@ class _Watching:
                 # so a thread made again under the id later ends the watch.
                 self.incarnation = state.born
             _, self.caught_up = yield from self.catch_up(self.known, state)
-        if state.open_turn and self.lease_may_have_ended(state.open_turn):
+        if (turns := state.turns_to_end) and self.lease_may_have_ended(turns):
             # A producer that died mid-turn renews no lease: its turn ends here.
             left = yield Run(expire_turn_quietly(thread, state.open_turn))
-            self.lease_checked = (state.open_turn, time.monotonic() + left)
+            self.lease_checked = (turns, time.monotonic() + left)
 
     def resync(self, state: State | None = None) -> Generator[Any, Any, bool]:
         """After the slot's primary changed, or the thread counts fewer events than were

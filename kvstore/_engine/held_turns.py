@@ -65,34 +65,36 @@ def renew_turn(thread: ThreadRef, lease: TurnLease) -> Operation[None]:
 def expire_turn(thread: ThreadRef, turn_id: str | None = None) -> Operation[str | None]:
     """Finishes the turn (the thread's current one for None) as abandoned if its lease ended;
     returns its outcome after the call ("open" while not held or its lease has time left), None
-    when the thread has no turn."""
+    when the thread has no turn. Each held turn a newer one superseded is finished so too."""
     outcome, _left = yield from lease_left(thread, turn_id)
     return outcome or None
 
 
-def lease_left(thread: ThreadRef, turn_id: str | None = None) -> Operation[tuple[str, int]]:
-    """expire_turn's call: the turn's outcome after it ('' for no turn) and the ms its lease has
-    left (-1 for an open turn no lease bounds, 0 once finished)."""
+def lease_left(thread: ThreadRef, turn_id: str | None = None) -> Operation[tuple[str, float]]:
+    """expire_turn's call: the turn's outcome after it ('' for no turn) and the seconds before
+    a lease it left open could end, the turn's or a superseded turn's (inf for none)."""
     if turn_id is not None:
         check_token("turn_id", turn_id)
-    outcome, left = yield from write(
+    outcome, left, older_left = yield from write(
         thread,
         SCRIPTS["renew_turn"],
         SCRIPTS["renew_turn"].args(limits=thread.limits(), turn_id=turn_id or "", lease=0),
     )
-    return (outcome.decode() if isinstance(outcome, bytes) else str(outcome)), int(left)
+    # -1: no lease bounds the turn (or none is open); 0: it is finished.
+    seconds = min((int(ms) / 1000 for ms in (left, older_left) if int(ms) > 0), default=math.inf)
+    return (outcome.decode() if isinstance(outcome, bytes) else str(outcome)), seconds
 
 
-def expire_turn_quietly(thread: ThreadRef, turn_id: str) -> Operation[float]:
-    """A watcher's expire_turn: finishes the turn as abandoned if its lease ended (its event
-    then reaches every watcher); returns the seconds before its lease could end (inf for a turn
-    no lease bounds). A watcher that may not write, or a thread being deleted or restored,
-    leaves it to another call."""
+def expire_turn_quietly(thread: ThreadRef, turn_id: str | None) -> Operation[float]:
+    """A watcher's expire_turn: finishes the turn (the current one for None) and each held turn
+    a newer one superseded as abandoned if its lease ended (the event then reaches every
+    watcher); returns the seconds before a lease still open could end (inf for none). A watcher
+    that may not write, or a thread being deleted or restored, leaves it to another call."""
     with contextlib.suppress(
         errors.PermissionDenied, errors.ThreadDeleting, errors.RestoreIncomplete
     ):
         _outcome, left = yield from lease_left(thread, turn_id)
-        return math.inf if left < 0 else left / 1000
+        return left
     return 0.0
 
 

@@ -14,6 +14,9 @@ from .text import text as _text
 NO_BORN = "0"
 
 
+Turns = tuple[str | None, str | None]  # State.turns_to_end
+
+
 @dataclass(frozen=True, slots=True)
 class State:
     count: int  # the thread's event count
@@ -22,6 +25,13 @@ class State:
     oldest: tuple[int, int] | None  # the stream's oldest and newest events (n, s)
     newest: tuple[int, int] | None
     open_turn: str | None = None  # the thread's current turn (meta turn_id) while it is open
+    older_turns: str | None = None  # the held turns a newer one superseded (meta older_turns)
+
+    @property
+    def turns_to_end(self) -> Turns | None:
+        """What a watcher may have to end once a lease ended: the open turn and the superseded
+        held turns (None: neither)."""
+        return (self.open_turn, self.older_turns) if self.open_turn or self.older_turns else None
 
     @property
     def incarnation(self) -> str | None:
@@ -43,7 +53,16 @@ def read_state(thread: ThreadRef) -> Operation:
     keys = thread.keys
     meta, oldest, newest = yield Batch(
         [
-            ("HMGET", keys.meta, "events", "last_seq", "born", "turn_id", "turn_outcome"),
+            (
+                "HMGET",
+                keys.meta,
+                "events",
+                "last_seq",
+                "born",
+                "turn_id",
+                "turn_outcome",
+                "older_turns",
+            ),
             ("XRANGE", keys.events, "-", "+", "COUNT", 1),
             ("XREVRANGE", keys.events, "+", "-", "COUNT", 1),
         ]
@@ -55,6 +74,7 @@ def read_state(thread: ThreadRef) -> Operation:
         id_numbers(oldest[0][0]) if oldest else None,
         id_numbers(newest[0][0]) if newest else None,
         _text(meta[3]) if meta[3] is not None and meta[4] in (b"open", "open") else None,
+        _text(meta[5]) if meta[5] else None,
     )
 
 

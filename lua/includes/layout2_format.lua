@@ -50,10 +50,9 @@ end
 -- any other is written as it is, so side infos written before the escaping read as they did. An
 -- appended id never holds those bytes (the client refuses them): the hot path pays one find.
 local FRAMING = '[\t\n\r%z]'
-local ESCAPED = '[%%\t\n\r%z]'
 
-local function escape_field(value)
-  return (string.gsub(value, ESCAPED, function(c) return string.format('%%%02X', string.byte(c)) end))
+local function escape_field(value)  -- FRAMING's bytes and '%'
+  return (string.gsub(value, '[%%\t\n\r%z]', function(c) return string.format('%%%02X', string.byte(c)) end))
 end
 
 local function unescape_field(value)
