@@ -362,12 +362,16 @@ local function append_direct(KEYS, ARGV)
   end
   local otids_written = direct.write_ids(KEYS, ARGV, at, n, first)
   local last, events = last_seq + n, tonumber(v[14] or 0) + 1
+  -- meta's `expires` (includes/expiry.lua): '1' a deadline, '0' none; a store without a ttl
+  -- learns it once for a thread whose meta does not say (new, or older than the field).
+  local expires = v[17]
+  if not (ttl or expires) then expires = redis.call('PEXPIRETIME', meta_key) > 0 and '1' or '0' end
   if turn then direct.write_turn(KEYS[direct.KEY.turns], turn_id, turn, first, last, renewed) end
   -- Only the fields that change, as store_batch writes them (every field costs the call, and
   -- its bytes in the AOF).
   local events_on, stored = limits.events_len > 0, tonumber(v[3] or 0)
   local opens = open.first ~= tonumber(v[10] or 0)
-  if events_on and not opens then
+  if events_on and not opens and expires == v[17] then
     redis.call('HSET', meta_key, 'last_seq', last, 'stored', stored + n, 'bytes', tonumber(v[4] or 0) + total,
       'tokens', tonumber(v[8] or 0) + tokens, 'open_last', last, 'open_count', open.count, 'open_bytes', open.bytes,
       'open_tokens', open.tokens, 'open_manifest_bytes', open.manifest_bytes, 'events', events)
@@ -379,12 +383,12 @@ local function append_direct(KEYS, ARGV)
     if opens then fields[#fields + 1], fields[#fields + 2] = 'open_first', open.first end
     if events_on then fields[#fields + 1], fields[#fields + 2] = 'events', events end
     if close then fields[#fields + 1], fields[#fields + 2] = 'gen', close.gen + 1 end
+    if expires ~= v[17] then fields[#fields + 1], fields[#fields + 2] = 'expires', expires end
     redis.call('HSET', meta_key, unpack(fields))
   end
   if events_on then direct.event(KEYS, limits, events, first, last, turn_id, v[15] or false, ttl) end
-  -- A thread without a deadline (no ttl, and meta's `expires` absent: includes/expiry.lua) pays
-  -- no PEXPIRETIME.
-  if ttl or v[17] then
+  -- A thread without a deadline (no ttl, meta's `expires` '0') pays no PEXPIRETIME.
+  if ttl or expires == '1' then
     direct.expire_made(KEYS, count == 0 or close ~= nil, stored == 0, otids_written, close and close.keys.chunk_index)
   end
   return {1, first}

@@ -32,7 +32,8 @@ local function apply_expiry(keys)
     redis.call('PEXPIRE', keys.meta, moved)
     deadline = redis.call('PEXPIRETIME', keys.meta)
     -- Meta says it has a deadline (no store clears one): the direct append of a store without
-    -- a ttl reads it with meta's other fields and gives the keys it makes the deadline only then.
+    -- a ttl reads it with meta's other fields and gives the keys it makes the deadline only then
+    -- ('0' says none; absent, that append asks the server once and writes the answer).
     redis.call('HSET', keys.meta, 'expires', '1')
   end
   if deadline <= 0 then return end

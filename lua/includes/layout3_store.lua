@@ -26,7 +26,7 @@
 
 local META_FIELDS = {'layout', 'last_seq', 'stored', 'bytes', 'media', 'window_bytes', 'deleting', 'checked', 'tokens',
   'restoring', 'open_first', 'open_last', 'open_count', 'open_bytes', 'open_media', 'open_tokens', 'events', 'born',
-  'open_manifest_bytes'}
+  'open_manifest_bytes', 'expires'}
 
 local function wrong_type(key)
   return redis.error_reply('KVS_WRONGTYPE ' .. key .. ' does not hold the type kvstore keeps there')
@@ -60,7 +60,7 @@ local function load_meta(keys, restoring_ok)
     tokens = tonumber(v[9] or 0), restoring = v[10], open_first = tonumber(v[11] or 0),
     open_last = tonumber(v[12] or 0), open_count = tonumber(v[13] or 0), open_bytes = tonumber(v[14] or 0),
     open_media = tonumber(v[15] or 0), open_tokens = tonumber(v[16] or 0), events = tonumber(v[17] or 0),
-    born = v[18] or false, open_manifest_bytes = tonumber(v[19] or 0),
+    born = v[18] or false, open_manifest_bytes = tonumber(v[19] or 0), expires = v[20] or false,
     -- A thread written before meta kept a token total (store_batch counts it once).
     tokens_missing = not v[9] and (tonumber(v[3] or 0) > 0 or v[1] ~= false),
   }
@@ -415,6 +415,10 @@ local function store_batch(keys, batch, limits, meta, plan)
   if open.first ~= meta.open_first then fields[#fields + 1], fields[#fields + 2] = 'open_first', open.first end
   -- The event this call will make, counted here rather than by its own write (includes/events.lua).
   if meta.events_counted then fields[#fields + 1], fields[#fields + 2] = 'events', meta.events end
+  -- Whether the thread has a deadline, where meta does not say yet (includes/expiry.lua).
+  if not meta.expires then
+    fields[#fields + 1], fields[#fields + 2] = 'expires', (keys.ttl_moved or keys.deadline > 0) and '1' or '0'
+  end
   redis.call('HSET', keys.meta, unpack(fields))
   if closed > 0 then redis.call('HINCRBY', keys.meta, 'gen', 1) end
   return first, closed

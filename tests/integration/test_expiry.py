@@ -11,6 +11,7 @@ import pytest
 from kvstore import UserMessage
 
 from ..support.layout_check import to_hash_chunk
+from .test_migration_2_to_3 import old_thread
 
 SMALL = dict(window_size=4, chunk_size=2, chunk_max_bytes=2048)
 TTL_MS = 60_000
@@ -120,3 +121,27 @@ def test_a_store_without_a_ttl_writing_a_thread_with_one_keeps_its_deadline_on_e
     without.compact("a summary", last_sequence=10)
     assert raw_client.zcard(with_ttl.keys.chunk_index) >= 3
     assert assert_one_deadline(raw_client, namespace, 0, TTL_MS * 3 // 2) == deadline
+
+
+def test_a_thread_given_its_deadline_before_meta_said_so_keeps_it_on_every_key(
+    make_thread, raw_client, namespace, server, server_only
+):
+    """A thread whose deadline an earlier release set (meta without `expires`: the previous
+    release's layout-2 thread, or a layout-3 one from before the field), then written by a store
+    without a ttl: every key those writes make carries the thread's deadline, so it expires
+    whole and its id can be used again."""
+    old_thread(server, namespace, "old", 20, thread_ttl=TTL_MS // 1000, **SMALL)
+    with_ttl = make_thread("new", thread_ttl=TTL_MS // 1000, **SMALL)
+    with_ttl.append(UserMessage(content="from the app"))
+    raw_client.hdel(with_ttl.keys.meta, "expires")
+    for tid in ("old", "new"):
+        meta = f"{namespace}:{{{tid}}}:meta"
+        assert raw_client.hget(meta, "expires") is None
+        deadline = raw_client.pexpiretime(meta)
+        without = make_thread(tid, **SMALL)
+        for i in range(12):  # single appends that open and close chunks, with otids
+            without.append(UserMessage(content=f"m{i} " + "x" * 200, otid=f"o-{i}"))
+        without.append([UserMessage(content=f"b{i} " + "x" * 200) for i in range(5)])
+        keys = list(raw_client.scan_iter(match=f"{namespace}:{{{tid}}}:*", count=1000))
+        assert len(keys) >= 8
+        assert {key: raw_client.pexpiretime(key) for key in keys} == dict.fromkeys(keys, deadline)
