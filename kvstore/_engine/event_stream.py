@@ -42,11 +42,19 @@ from .layout.reader import decode, fetch, just_appended
 from .operation import ITER_PAGE, Operation, ThreadRef
 from .pages import list_page
 from .reads import fetch_sequences
-from .replies import stored_int
 from .stream_replies import AfterRecovery
 from .text import text as _text
 from .watch_rollback import RECENT, Delivered
-from .watch_state import NO_BORN, State, Turns, id_numbers, read_born, read_state
+from .watch_state import (
+    NO_BORN,
+    State,
+    Turns,
+    event_int,
+    id_numbers,
+    read_born,
+    read_state,
+    stored_before,
+)
 
 # Events one XREAD returns at most.
 READ_COUNT = 100
@@ -174,8 +182,9 @@ class _Watching:
         elif isinstance(start, int):
             self.n, self.caught_up = yield from self.catch_up(start, state)
             self.last_s = self.caught_up
-        else:
+        else:  # an event's: a paged one's messages may have events after n (it read them live)
             self.n, self.last_s = start
+            self.caught_up = self.last_s
         while True:
             entries = yield ReadStream(thread.keys.events, _after_id(self.n), READ_COUNT, block_ms)
             if isinstance(entries, AfterRecovery) and (yield from self.resync()):
@@ -199,10 +208,10 @@ class _Watching:
                         max(self.last_s, self.caught_up)
                     )
                     break
-                if _stored_before(fields, entry_s) > self.known:
+                if stored_before(fields, entry_s) > self.known:
                     # Messages stored with no event (a fork, a restore) before this event: paged
                     # first; the event then brings only what the pages did not.
-                    _, self.caught_up = yield from self.catch_up(self.known)
+                    _, self.caught_up = yield from self.catch_up(self.known, None, self.n)
                 self.n, self.last_s = entry_n, entry_s
                 event = yield from self.event(
                     _cursor(f"{entry_n}-{entry_s}", self.incarnation), fields
@@ -239,7 +248,7 @@ class _Watching:
                 # Made by a fork or a restore, which add no event: this watcher follows it now,
                 # so a thread made again under the id later ends the watch.
                 self.incarnation = state.born
-            _, self.caught_up = yield from self.catch_up(self.known, state)
+            _, self.caught_up = yield from self.catch_up(self.known, state, self.n)
         if (turns := state.turns_to_end) and self.lease_may_have_ended(turns):
             # A producer that died mid-turn renews no lease: its turn ends here.
             left = yield Run(expire_turn_quietly(thread, state.open_turn))
@@ -271,10 +280,12 @@ class _Watching:
         return True
 
     def catch_up(
-        self, sequence: int, state: State | None = None
+        self, sequence: int, state: State | None = None, event: int | None = None
     ) -> Generator[Any, Any, tuple[int, int]]:
         """Pages the stored messages after `sequence` (as MessagesAdded, paged), then says where
-        the stream goes on: returns (the event to read after, the last sequence paged).
+        the stream goes on: returns (the event to read after, the last sequence paged). A page's
+        cursor names the event the watcher reads on after (`event` when it goes on with the one
+        it holds), so a watch resumed from it misses no later event.
 
         Where the stream goes on is read first (`state`, read before the call, or now): after
         the events counted then, or after those it lost already. Every event up to there was
@@ -296,7 +307,7 @@ class _Watching:
                 first_seq, last = page.messages[0].seq_id, page.messages[-1].seq_id
                 yield Emit(
                     MessagesAdded(
-                        _cursor(str(last), self.incarnation),
+                        _cursor(f"{resume if event is None else event}-{last}", self.incarnation),
                         list(page.messages),
                         first_seq,
                         last,
@@ -311,7 +322,7 @@ class _Watching:
     def event(self, cursor: str, fields: dict[str, Any]) -> Generator[Any, Any, ThreadEvent | None]:
         thread, caught_up, incarnation = self.thread, self.caught_up, self.incarnation
         kind = _text(fields.get("k"))
-        a, b = _int(fields.get("a")), _int(fields.get("b"))
+        a, b = event_int(fields.get("a")), event_int(fields.get("b"))
         turn_id = _text(fields.get("t")) or None
         if kind == "added":
             if b <= caught_up:
@@ -328,17 +339,17 @@ class _Watching:
             return MessagesAdded(cursor, found, a, b, turn_id, message_ids=ids)
         if kind == "delta":
             message = parse_message(fields["d"])
-            return Delta(cursor, turn_id or "", message, _int(fields.get("l")))
+            return Delta(cursor, turn_id or "", message, event_int(fields.get("l")))
         if kind == "turn_started":
             self.lease_checked = None  # a hold: the turn may have a lease now, or a new one
-            return TurnStarted(cursor, turn_id or "", a, _int(fields.get("l")))
+            return TurnStarted(cursor, turn_id or "", a, event_int(fields.get("l")))
         if kind == "turn_finished":
             return TurnFinished(
                 cursor,
                 turn_id or "",
                 # Only finish_turn.lua writes the event, with one of the four outcomes.
                 cast(TurnOutcome, _text(fields.get("o"))),
-                _int(fields.get("n")),
+                event_int(fields.get("n")),
                 a or None,
                 b or None,
             )
@@ -347,7 +358,7 @@ class _Watching:
             return MessageReplaced(cursor, _text(fields.get("i")), a, found[0] if found else None)
         if kind == "turn_removed":
             return TurnRemoved(
-                cursor, turn_id or "", _int(fields.get("n")), _int(fields.get("r")) == 0
+                cursor, turn_id or "", event_int(fields.get("n")), event_int(fields.get("r")) == 0
             )
         if kind == "compacted":
             if a <= caught_up:
@@ -363,19 +374,6 @@ class _Watching:
 def _after_id(n: int) -> str:
     """The XREAD id after which event n + 1 comes: every id of event n is below (n, max)."""
     return f"{n}-18446744073709551615"
-
-
-def _stored_before(fields: dict[str, Any], s: int) -> int:
-    """The thread's last sequence before the event: an append or a compaction stores after it,
-    from `a` on; the other kinds store nothing (their `s`). 0 for a delete: nothing to page."""
-    kind = _text(fields.get("k"))
-    if kind in ("added", "compacted"):
-        return _int(fields.get("a")) - 1
-    return 0 if kind == "deleted" else s
-
-
-def _int(value: bytes | None) -> int:
-    return stored_int(value, "an event's field") if value else 0
 
 
 def _new_messages(thread: ThreadRef, first: int, last: int, incarnation: str | None) -> Operation:

@@ -1,9 +1,10 @@
 """The thread's state a watcher reads: its event count, last sequence and incarnation, and its
-event stream's ends (event_stream.py)."""
+event stream's ends (event_stream.py); and what an event's fields say of the thread."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from .operation import Batch, Operation, ThreadRef
 from .replies import stored_int
@@ -87,3 +88,17 @@ def id_numbers(entry_id: bytes | str) -> tuple[int, int]:
     text = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
     n, _, s = text.partition("-")
     return int(n), int(s)
+
+
+def stored_before(fields: dict[str, Any], s: int) -> int:
+    """The thread's last sequence before the event: an append or a compaction stores after it,
+    from `a` on; the other kinds store nothing (their `s`). 0 for a delete: nothing to page."""
+    kind = _text(fields.get("k"))
+    if kind in ("added", "compacted"):
+        return event_int(fields.get("a")) - 1
+    return 0 if kind == "deleted" else s
+
+
+def event_int(value: bytes | None) -> int:
+    """An event's number field (0 when it has none)."""
+    return stored_int(value, "an event's field") if value else 0

@@ -342,7 +342,8 @@ def test_a_stream_past_its_age_is_gone_and_a_watcher_pages_across_the_gap(
     # that the second is gone and pages the messages after its sequence, then reads on.
     with thread.watch(after="1-1", block_ms=200) as watch:
         paged = next(watch)
-        assert (type(paged), position(paged.cursor), paged.paged) == (MessagesAdded, "3", True)
+        # Its cursor names the event it reads on after (the stream's third), and m3.
+        assert (type(paged), position(paged.cursor), paged.paged) == (MessagesAdded, "3-3", True)
         assert [m.content for m in paged.messages] == ["m2", "m3"]
         thread.append(UserMessage(content="m4"))
         after = next(watch)  # not m3's event again: m4's
@@ -385,7 +386,8 @@ def test_a_watcher_behind_a_stream_that_expired_pages_without_waiting_for_a_writ
                 await async_store.close()
 
         paged = asyncio.run(first_event())
-    assert (type(paged), position(paged.cursor), paged.paged) == (MessagesAdded, "3", True)
+    # Its cursor names the event it reads on after (the thread counted two), and m3.
+    assert (type(paged), position(paged.cursor), paged.paged) == (MessagesAdded, "2-3", True)
     assert [m.content for m in paged.messages] == ["m2", "m3"]
     store.close()
 
