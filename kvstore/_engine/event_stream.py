@@ -17,7 +17,6 @@ another.
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Generator
 from dataclasses import dataclass
@@ -44,6 +43,7 @@ from .pages import list_page
 from .reads import fetch_sequences
 from .stream_replies import AfterRecovery
 from .text import text as _text
+from .watch_cursors import after_id, event_cursor, parse_cursor
 from .watch_rollback import RECENT, Delivered
 from .watch_state import (
     NO_BORN,
@@ -58,9 +58,6 @@ from .watch_state import (
 
 # Events one XREAD returns at most.
 READ_COUNT = 100
-
-# "<n>-<s>" (an event), "<s>" (a sequence), either with "@<incarnation>".
-_CURSOR = re.compile(r"(?:(\d+)-)?(\d+)(?:@(\d+))?")
 
 
 # ----------------------------------------------------------------------------- watching
@@ -92,28 +89,6 @@ class Emit:
 
 
 WatchStep = Generator[ReadStream | Run | Emit, Any, None]
-
-
-def parse_cursor(after: int | str | None) -> tuple[tuple[int, int] | int | None, str | None]:
-    """(where, incarnation): where is (n, s) for an event's cursor, s for a sequence, None for
-    "from now on"; incarnation is the thread's the cursor names (its ``@<born>``), else None."""
-    if after is None:
-        return None, None
-    if isinstance(after, int) and not isinstance(after, bool) and after >= 0:
-        return after, None
-    if isinstance(after, str):
-        match = _CURSOR.fullmatch(after)
-        if match:
-            event, sequence, born = match.groups()
-            return ((int(event), int(sequence)) if event is not None else int(sequence)), born
-    raise errors.InvalidCursor(
-        "a watch cursor is an event's cursor ('<n>-<s>', '<n>-<s>@<incarnation>'), a sequence (an int, "
-        f"its digits, or '<s>@<incarnation>') or None; got {after!r}"
-    )
-
-
-def _cursor(text: str, incarnation: str | None) -> str:
-    return f"{text}@{incarnation}" if incarnation is not None else text
 
 
 class _Gone(Exception):
@@ -162,16 +137,20 @@ class _Watching:
         self.thread, self.incarnation, self.messages = thread, incarnation, messages
         self.n = self.last_s = self.caught_up = 0
         self.lease_checked: tuple[Turns, float] | None = None  # (turns, no end before this)
+        self.busy_check = 0.0  # when a busy thread's leases are looked at next (monotonic)
         self.delivered = Delivered()
 
     def cursor(self) -> str:
-        return _cursor(f"{self.n}-{self.last_s}", self.incarnation)
+        return event_cursor(f"{self.n}-{self.last_s}", self.incarnation)
 
-    def lease_may_have_ended(self, turns: Turns) -> bool:
-        """Whether a lease of `turns` may have ended since this watcher last asked: a lease only
-        moves later, so not before the time it had left then (a hold resets this)."""
+    def lease_may_have_ended(self, turns: Turns | None) -> bool:
+        """Whether a lease of `turns` (None: the turns last asked about) may have ended since this
+        watcher last asked: a lease only moves later, so not before the time it had left then
+        (a hold resets this: only a hold, with its event, adds a turn to end)."""
         checked = self.lease_checked
-        return checked is None or checked[0] != turns or time.monotonic() >= checked[1]
+        if checked is None:
+            return True
+        return (turns is not None and checked[0] != turns) or time.monotonic() >= checked[1]
 
     def run(self, start: tuple[int, int] | int | None, state: State, block_ms: int) -> WatchStep:
         thread = self.thread
@@ -186,11 +165,15 @@ class _Watching:
             self.n, self.last_s = start
             self.caught_up = self.last_s
         while True:
-            entries = yield ReadStream(thread.keys.events, _after_id(self.n), READ_COUNT, block_ms)
+            entries = yield ReadStream(thread.keys.events, after_id(self.n), READ_COUNT, block_ms)
             if isinstance(entries, AfterRecovery) and (yield from self.resync()):
                 continue  # read again after the events of the thread as it is now
             if not entries:
                 yield from self.quiet()
+            elif time.monotonic() >= self.busy_check and self.lease_may_have_ended(None):
+                # Other writers keep the thread from being quiet: its dead turns end all the same.
+                self.busy_check = time.monotonic() + block_ms / 1000
+                yield from self.end_dead_turns((yield Run(read_state(thread))))
             for entry_id, raw in entries:
                 fields = {(k.decode() if isinstance(k, bytes) else k): v for k, v in raw.items()}
                 tag = fields.get("g")
@@ -214,7 +197,7 @@ class _Watching:
                     _, self.caught_up = yield from self.catch_up(self.known, None, self.n)
                 self.n, self.last_s = entry_n, entry_s
                 event = yield from self.event(
-                    _cursor(f"{entry_n}-{entry_s}", self.incarnation), fields
+                    event_cursor(f"{entry_n}-{entry_s}", self.incarnation), fields
                 )
                 if isinstance(event, MessagesAdded):
                     self.delivered.add(event.messages)
@@ -249,9 +232,17 @@ class _Watching:
                 # so a thread made again under the id later ends the watch.
                 self.incarnation = state.born
             _, self.caught_up = yield from self.catch_up(self.known, state, self.n)
-        if (turns := state.turns_to_end) and self.lease_may_have_ended(turns):
-            # A producer that died mid-turn renews no lease: its turn ends here.
-            left = yield Run(expire_turn_quietly(thread, state.open_turn))
+        yield from self.end_dead_turns(state)
+
+    def end_dead_turns(self, state: State) -> Generator[Any, Any, None]:
+        """A producer that died mid-turn renews no lease: its turn ends here, and so do the held
+        turns a newer one superseded."""
+        turns = state.turns_to_end
+        if turns is None:
+            # None to end: a turn started since comes with its event, or within a lease's time.
+            self.lease_checked = ((None, None), time.monotonic() + self.thread.config.turn_lease)
+        elif self.lease_may_have_ended(turns):
+            left = yield Run(expire_turn_quietly(self.thread, state.open_turn))
             self.lease_checked = (turns, time.monotonic() + left)
 
     def resync(self, state: State | None = None) -> Generator[Any, Any, bool]:
@@ -307,7 +298,9 @@ class _Watching:
                 first_seq, last = page.messages[0].seq_id, page.messages[-1].seq_id
                 yield Emit(
                     MessagesAdded(
-                        _cursor(f"{resume if event is None else event}-{last}", self.incarnation),
+                        event_cursor(
+                            f"{resume if event is None else event}-{last}", self.incarnation
+                        ),
                         list(page.messages),
                         first_seq,
                         last,
@@ -369,11 +362,6 @@ class _Watching:
         if kind == "deleted":
             return ThreadDeleted(cursor)
         return None  # a kind this version does not know: skipped
-
-
-def _after_id(n: int) -> str:
-    """The XREAD id after which event n + 1 comes: every id of event n is below (n, max)."""
-    return f"{n}-18446744073709551615"
 
 
 def _new_messages(thread: ThreadRef, first: int, last: int, incarnation: str | None) -> Operation:

@@ -5,6 +5,7 @@ does: a request whose worker died, then the user's next message, leaves no turn 
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import pytest
@@ -122,3 +123,33 @@ def test_an_async_watcher_ends_superseded_and_current_dead_turns(server_only, ba
         return got
 
     assert sorted(_abandoned(asyncio.run(main()))) == ["turn-1", "turn-2"]
+
+
+def test_a_watcher_of_a_busy_thread_ends_a_dead_producers_turn(server_only, backend, namespace):
+    """Other writers keep the thread busy (the watcher is never quiet for block_ms): the dead
+    producer's turn still ends within about turn_lease plus block_ms of its last call."""
+    store = make_sync_store(backend, StoreConfig(namespace=namespace, turn_lease=LEASE))
+    thread = store.thread("t")
+    thread.publish(thread.hold_turn("turn-1"), "Hel")  # then its producer dies
+    started = time.monotonic()
+    stop = threading.Event()
+
+    def chatter():  # a plain append every 0.3 s, shorter than block_ms
+        while not stop.wait(0.3) and time.monotonic() - started < 8:
+            thread.append(UserMessage(content="busy"))
+
+    writer = threading.Thread(target=chatter)
+    writer.start()
+    got = []
+    try:
+        with thread.watch(block_ms=1000) as watch:
+            for event in watch:
+                got.append(event)
+                if _abandoned(got) or time.monotonic() - started > 8:
+                    break
+    finally:
+        stop.set()
+        writer.join()
+    assert _abandoned(got) == ["turn-1"]
+    assert time.monotonic() - started < LEASE + 1 + 1.5
+    store.close()
