@@ -15,11 +15,12 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from .. import errors
 from ..messages import Message
 from .bounds import MAX_SEQUENCE, bounded, check_sequence
-from .layout import CURRENT
+from .layout import CURRENT, version
 from .layout.formats import TurnRecord, manifest_tokens, split_chunk, turn_records
 from .operation import Batch, Operation, ThreadRef, write
 from .prepare import PreparedMessage
@@ -91,22 +92,21 @@ class BackupState:
 
 
 def backup_state(thread: ThreadRef) -> Operation:
-    """The thread's state, read in one round trip (meta, the turn records, the kept prompt)."""
+    """The thread's state, read in one round trip (meta, the turn records, the kept prompt);
+    LayoutError, naming its layout, for a thread not in the current one."""
     keys = thread.keys
-    meta, turns, (manifest, data) = yield Batch(
+    meta, turns, (manifest, data), legacy = yield Batch(
         [
             ("HGETALL", keys.meta),
             ("HGETALL", keys.turns),
             ("MGET", keys.prompt_manifest, keys.prompt_data),
+            ("EXISTS", keys.legacy),
         ]
     )
     fields = {_text(k): _text(v) for k, v in meta.items()}
     if "deleting" in fields:
         fields = {}
-    if fields.get("layout", str(CURRENT)) != str(CURRENT):
-        raise errors.LayoutError(
-            "the thread is in layout 1: migrate it (kvstore migrate) before a backup"
-        )
+    _check_layout(fields.get("layout"), legacy)
 
     def number(name: str) -> int:
         return stored_int(fields.get(name) or 0, f"meta field {name}")
@@ -136,6 +136,24 @@ def backup_state(thread: ThreadRef) -> Operation:
         state.ranges += [(a, b, record.turn_id) for a, b in ranges]
     state.ranges.sort()
     return state
+
+
+def _check_layout(stored: str | None, legacy: Any) -> None:
+    """Refuses (LayoutError, naming it) a thread in another layout than the current one: meta's
+    `layout`, or layout 1 for a legacy hash without it (a thread no write has touched)."""
+    try:
+        layout = version(stored.encode() if stored is not None else None, legacy)
+    except ValueError:  # not a number: no layout of kvstore's
+        layout = CURRENT + 1
+    if layout < CURRENT:
+        raise errors.LayoutError(
+            f"the thread is in layout {layout}: migrate it (kvstore migrate) before a backup"
+        )
+    if layout != CURRENT:
+        raise errors.LayoutError(
+            f"the thread's meta says layout {stored!r:.20}, which this version of kvstore does not"
+            " write: upgrade kvstore"
+        )
 
 
 @dataclass(frozen=True, slots=True)
