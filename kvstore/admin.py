@@ -18,7 +18,9 @@ Backing up and restoring (docs/LAYOUT.md, "Backup and restore")
     message, a page at a time), :func:`stored_tokens` (the stored count of each message),
     :func:`stored_ids`, :func:`check_restore_target`, :func:`restore_run` (after
     :func:`restore_runs` cut the messages) and :func:`restore_state`, with the types a backup
-    is made of: :class:`BackupState`, :class:`TurnRecord`, :class:`BackedUpMessage`.
+    is made of: :class:`BackupState`, :class:`TurnRecord`, :class:`BackedUpMessage`; and
+    :func:`restore_incarnation`, the thread's incarnation a restore's calls pass (``born=``) so
+    that none writes into a thread deleted, erased or made again since its first step.
 
 Checking input
     :func:`check_thread_id`, :func:`checked_tokens`, :func:`check_token` (a message id, otid
@@ -45,6 +47,7 @@ from . import errors
 from ._engine.backup import BackedUpMessage, BackupState, restore_runs
 from ._engine.backup import backup_state as _backup_state
 from ._engine.backup import check_restore_target as _check_restore_target
+from ._engine.backup import restore_incarnation as _restore_incarnation
 from ._engine.backup import restore_run as _restore_run
 from ._engine.backup import restore_state as _restore_state
 from ._engine.backup import stored_ids as _stored_ids
@@ -102,6 +105,7 @@ __all__ = [
     "preload_library",
     "preload_scripts",
     "presence",
+    "restore_incarnation",
     "restore_run",
     "restore_runs",
     "restore_state",
@@ -225,19 +229,45 @@ def check_restore_target(
     store.run(_check_restore_target(_ref(store, thread_id, owner), first))
 
 
+def restore_incarnation(
+    store: MessageStore, thread_id: str, *, owner: str | None = None, mid_restore: bool = False
+) -> str | None:
+    """The thread's incarnation, for a restore's calls to pass as ``born``: read before the
+    first run, the thread's (None: no thread yet, read it again after the first run with
+    `mid_restore`; '': a thread made before kvstore kept it, which is not checked). With
+    `mid_restore`, RestoreConflict unless the thread is mid-restore (deleted, its owner erased
+    or made again since that run)."""
+    born: str | None = store.run(_restore_incarnation(_ref(store, thread_id, owner), mid_restore))
+    return born
+
+
 def restore_run(
-    store: MessageStore, thread_id: str, run: list[BackedUpMessage], *, owner: str | None = None
+    store: MessageStore,
+    thread_id: str,
+    run: list[BackedUpMessage],
+    *,
+    owner: str | None = None,
+    born: str = "",
 ) -> tuple[int, int]:
-    """Restores one run of restore_runs at its sequences: (restored now, already stored)."""
-    restored: tuple[int, int] = store.run(_restore_run(_ref(store, thread_id, owner), run))
+    """Restores one run of restore_runs at its sequences: (restored now, already stored).
+    `born` (restore_incarnation's; '' for any): RestoreConflict, nothing written, when the
+    thread is another incarnation."""
+    restored: tuple[int, int] = store.run(_restore_run(_ref(store, thread_id, owner), run, born))
     return restored
 
 
 def restore_state(
-    store: MessageStore, thread_id: str, state: BackupState, *, owner: str | None = None
+    store: MessageStore,
+    thread_id: str,
+    state: BackupState,
+    *,
+    owner: str | None = None,
+    born: str = "",
 ) -> None:
-    """Sets the thread's state as the backup recorded it; the restore's last step."""
-    store.run(_restore_state(_ref(store, thread_id, owner), state))
+    """Sets the thread's state as the backup recorded it; the restore's last step. `born` as
+    for restore_run: a thread of another incarnation is refused (RestoreConflict), never
+    finished."""
+    store.run(_restore_state(_ref(store, thread_id, owner), state, born=born))
 
 
 def preload_library(client: Any) -> str | None:

@@ -17,6 +17,10 @@
 --- replacement must keep its chunk within chunk_max_bytes (unless it is alone in it); the chunk
 --- is written back in its own kind (a layout-2 hash stays one).
 ---
+--- Every replace moves meta's gen by one, moved or in place: what a reader of the message gets
+--- changed, and a read of several steps (a page's plan and fetch, snapshot, context, an export)
+--- compares gen to know it read one state.
+---
 --- The thread's current summary (meta's summary_seq) replaced by a message of another type
 --- leaves the thread without a summary (summary_last and summary_seq go): what it covered and
 --- is still stored is the context again, not hidden behind a summary that is no more.
@@ -79,6 +83,7 @@ if args.summary == 0 and tonumber(redis.call('HGET', keys.meta, 'summary_seq') o
   redis.call('HDEL', keys.meta, 'summary_last', 'summary_seq')
 end
 redis.call('HINCRBY', keys.meta, 'bytes', #record - old_bytes)
+redis.call('HINCRBY', keys.meta, 'gen', 1)
 if media ~= old_media then redis.call('HINCRBY', keys.meta, 'media', media - old_media) end
 if tokens ~= old_tokens then redis.call('HINCRBY', keys.meta, 'tokens', tokens - old_tokens) end
 emit_event(keys, limits, nil, event_fields('replaced', sequence, '', '', 'i', id))

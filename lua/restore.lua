@@ -7,8 +7,9 @@
 --- ARGV first (int): the sequence of the run's first message; the run is first..first+count-1
 --- ARGV pairs (str): what each message opens and answers, with strict history checks
 ---      (includes/history.lua: read_batch_pairs); '' when none does, and without them
---- ARGV born (str): '' for a restore's first call; a later call of a fork sends the incarnation
----      (meta `born`) its first write made or found mid-restore
+--- ARGV born (str): the incarnation (meta `born`) the call must find: '' for any (a restore's
+---      first call into no thread); a later call sends the one the restore's first write made
+---      or found, an import's first call the one of the thread it found
 --- ARGV messages[] id (str), otid (str): '' for none, media (int): the message's inline
 ---      media bytes, tokens (int): its token count, record (bytes)
 ---
@@ -20,8 +21,8 @@
 --- history is what it is): a thread restored whole by such a store is checked from then on.
 --- A call that stores anything marks the thread `restoring` in meta: every other write refuses it
 --- (KVS_RESTORING) until restore_state's last call, the restore's last step, clears the mark.
---- A call sending `born` continues that restore only: a thread that is not that incarnation
---- mid-restore (deleted, its owner erased, or made again since) is refused (KVS_RESTORE_CONFLICT)
+--- A call sending `born` writes into that incarnation only: another thread of the id (the one
+--- it wrote deleted, its owner erased, or made again since) is refused (KVS_RESTORE_CONFLICT)
 --- before anything is written, so no run lands in a thread missing the runs before it.
 ---
 --- Reply: {restored, already_stored}
@@ -47,8 +48,8 @@ read_batch_pairs(args.pairs, batch, limits)
 
 local meta, failure = load_meta(keys, true)
 if failure then return failure end
-if args.born ~= '' and (meta.born ~= args.born or not meta.restoring) then
-  return redis.error_reply('KVS_RESTORE_CONFLICT the thread is not the fork in progress this call started: deleted, erased or made again since its first step')
+if args.born ~= '' and meta.born ~= args.born then
+  return redis.error_reply('KVS_RESTORE_CONFLICT the thread is not the import or fork in progress this call started: deleted, its owner erased or made again since its first step (run it again to start over)')
 end
 if meta.layout ~= nil and meta.layout ~= CURRENT_LAYOUT then
   return redis.error_reply('KVS_LAYOUT thread is stored in layout ' .. meta.layout .. ', a restore writes into layout 3 only')

@@ -14,7 +14,8 @@
 --- ARGV fork_of (str): the thread this one was forked from; '' for none
 --- ARGV fork_at (int): the sequence of the fork point; 0 for none
 --- ARGV last (int): 1 for the restore's last call, 0 for one with more turn records to follow
---- ARGV born (str): '' for none; a fork sends the incarnation (meta `born`) its copy wrote
+--- ARGV born (str): '' for none; the incarnation (meta `born`) the restore wrote: a fork's copy,
+---      or an import's
 --- ARGV prompt_state (str): the kept system prompt's run (meta `prompt`: 'open' | 'closed'), ''
 ---      for none; sent with the last call only
 --- ARGV prompt_index (str): its messages as "sequence:tokens:bytes" joined by ',', '' for none
@@ -22,17 +23,18 @@
 --- ARGV turns[] id (str), start (int), outcome (str), replies (int), first (int),
 ---      count (int): the result's, first_seq (int), last_seq (int)
 ---
---- An import's call (no `born`) into a thread that exists and is not mid-restore writes nothing
---- and replies 0: its restore was finished before (every run a replay), and the turns and state
---- the thread has moved to since stay as they are.
+--- An import's call into a thread that exists and is not mid-restore writes nothing and replies
+--- 0: its restore was finished before (every run a replay), and the turns and state the thread
+--- has moved to since stay as they are.
 --- Only the last call finishes the restore: it clears the `restoring` mark (lua/restore.lua) and
 --- writes fork_of/fork_at (a fork found with them is finished). An earlier call sets the mark,
 --- so that a restore stopped between two calls is neither served for writes nor taken as done.
 --- Each turn keeps the ranges its restored messages gave it and takes its reply start, reply
 --- count and recorded result from the backup. Sent again it writes the same values. A thread
 --- holding sequences past last_seq is refused (KVS_RESTORE_CONFLICT) and nothing is written, and
---- so is a thread that is not the incarnation `born` mid-restore (or finished as this fork): a
---- fork whose target was deleted or erased under it is never marked finished. A
+--- so is a thread that is not the incarnation `born` (for a fork: mid-restore, or finished as
+--- this fork): an import or a fork whose thread was deleted or erased under it is never marked
+--- finished. A
 --- finished turn with no restored message is listed for retention (includes/turns.lua, note_idle_turn).
 ---
 --- Every number must be a whole number from 0, every outcome a word (includes/turns.lua,
@@ -104,8 +106,9 @@ if err then return err end
 local current = redis.call('HMGET', keys.meta, 'layout', 'last_seq', 'born', 'restoring', 'fork_of', 'fork_at')
 -- A call sent again after the last one finished the fork finds it finished as this fork.
 local this_fork = current[5] == fork_of and tonumber(current[6]) == fork_at
-if args.born ~= '' and (current[3] ~= args.born or not (current[4] or this_fork)) then
-  return redis.error_reply('KVS_RESTORE_CONFLICT the thread is not the fork in progress this call started: deleted, erased or made again since its first step')
+local import = fork_of == ''
+if args.born ~= '' and (current[3] ~= args.born or not (current[4] or this_fork or import)) then
+  return redis.error_reply('KVS_RESTORE_CONFLICT the thread is not the import or fork in progress this call started: deleted, its owner erased or made again since its first step (run it again to start over)')
 end
 if current[1] == '1' or legacy_exists(keys) then
   return redis.error_reply('KVS_LAYOUT thread is stored in layout 1, a restore writes into layout 3 only')
@@ -114,7 +117,7 @@ if tonumber(current[2] or '0') > last_seq then
   return redis.error_reply(string.format('KVS_RESTORE_CONFLICT the thread holds sequences up to %s, past the backup\'s %d',
     current[2], last_seq))
 end
-if args.born == '' and current[2] and not current[4] then
+if (args.born == '' or import) and current[2] and not current[4] then
   -- An import whose runs stored nothing into a thread not mid-restore: the restore was finished
   -- before (or the thread is the backup's own source); what the thread did since stays.
   return 0

@@ -15,11 +15,12 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from .. import errors
 from ..messages import Message
 from .bounds import MAX_SEQUENCE, bounded, check_sequence
-from .layout import CURRENT
+from .layout import CURRENT, version
 from .layout.formats import TurnRecord, manifest_tokens, split_chunk, turn_records
 from .operation import Batch, Operation, ThreadRef, write
 from .prepare import PreparedMessage
@@ -91,22 +92,21 @@ class BackupState:
 
 
 def backup_state(thread: ThreadRef) -> Operation:
-    """The thread's state, read in one round trip (meta, the turn records, the kept prompt)."""
+    """The thread's state, read in one round trip (meta, the turn records, the kept prompt);
+    LayoutError, naming its layout, for a thread not in the current one."""
     keys = thread.keys
-    meta, turns, (manifest, data) = yield Batch(
+    meta, turns, (manifest, data), legacy = yield Batch(
         [
             ("HGETALL", keys.meta),
             ("HGETALL", keys.turns),
             ("MGET", keys.prompt_manifest, keys.prompt_data),
+            ("EXISTS", keys.legacy),
         ]
     )
     fields = {_text(k): _text(v) for k, v in meta.items()}
     if "deleting" in fields:
         fields = {}
-    if fields.get("layout", str(CURRENT)) != str(CURRENT):
-        raise errors.LayoutError(
-            "the thread is in layout 1: migrate it (kvstore migrate) before a backup"
-        )
+    _check_layout(fields.get("layout"), legacy)
 
     def number(name: str) -> int:
         return stored_int(fields.get(name) or 0, f"meta field {name}")
@@ -136,6 +136,24 @@ def backup_state(thread: ThreadRef) -> Operation:
         state.ranges += [(a, b, record.turn_id) for a, b in ranges]
     state.ranges.sort()
     return state
+
+
+def _check_layout(stored: str | None, legacy: Any) -> None:
+    """Refuses (LayoutError, naming it) a thread in another layout than the current one: meta's
+    `layout`, or layout 1 for a legacy hash without it (a thread no write has touched)."""
+    try:
+        layout = version(stored.encode() if stored is not None else None, legacy)
+    except ValueError:  # not a number: no layout of kvstore's
+        layout = CURRENT + 1
+    if layout < CURRENT:
+        raise errors.LayoutError(
+            f"the thread is in layout {layout}: migrate it (kvstore migrate) before a backup"
+        )
+    if layout != CURRENT:
+        raise errors.LayoutError(
+            f"the thread's meta says layout {stored!r:.20}, which this version of kvstore does not"
+            " write: upgrade kvstore"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,7 +194,7 @@ def restore_run(thread: ThreadRef, run: list[BackedUpMessage], born: str = "") -
     """Restores one run (consecutive sequences of one turn) at its sequences, in calls no larger
     than an append may be (the store's max_batch_messages and max_batch_bytes, at most
     RESTORE_RUN_BYTES of records); returns (restored, already stored). `born`: the incarnation
-    mid-restore the calls must find (lua/restore.lua), '' for any."""
+    the calls must find (restore_incarnation, lua/restore.lua), '' for any."""
     turn_id = run[0].turn_id
     for item in run:
         check_sequence(
@@ -230,8 +248,8 @@ def restore_state(
 ) -> Operation:
     """Sets the thread's state as the backup recorded it (after every message is restored); a
     fork also records the thread it was forked from and its fork point, and the incarnation its
-    copy wrote (`born`, lua/restore_state.lua). Only the last call ends the restore (and
-    records the fork): one stopped before it is run again."""
+    copy wrote (`born`, lua/restore_state.lua; an import sends the one it restores into). Only
+    the last call ends the restore (and records the fork): one stopped before it is run again."""
     turns = state.turns or []
     numbers = [
         state.last_seq,
@@ -308,6 +326,34 @@ def _prompt_args(thread: ThreadRef, state: BackupState) -> tuple[str, bytes]:
         for item, p in zip(state.prompt, prompt, strict=True)
     )
     return index, b"".join(p.record for p in prompt)
+
+
+# Why a restore's later step finds another thread than its first step wrote (lua/restore.lua
+# words the same refusal).
+NOT_IN_PROGRESS = (
+    "the thread is not the import or fork in progress this call started: deleted, its owner"
+    " erased or made again since its first step (run it again to start over)"
+)
+
+
+def restore_incarnation(thread: ThreadRef, mid_restore: bool = False) -> Operation:
+    """The incarnation (meta `born`) a restore's calls send, so that none of them writes into
+    another thread of the same id (lua/restore.lua, lua/restore_state.lua): read before the
+    first run, the thread's; None for no thread (the first run makes one: read it again after
+    that run, with `mid_restore`); '' for a thread made before `born` was kept (not checked).
+    With `mid_restore`, RestoreConflict unless the thread is mid-restore: it was deleted, its
+    owner erased or it was made again since the run."""
+    ((born, restoring, deleting), exists) = yield Batch(
+        [
+            ("HMGET", thread.keys.meta, "born", "restoring", "deleting"),
+            ("EXISTS", thread.keys.meta),
+        ]
+    )
+    if mid_restore and (restoring is None or deleting is not None):
+        raise errors.RestoreConflict(NOT_IN_PROGRESS)
+    if deleting is not None or not exists:
+        return None  # a deletion its first run finishes: that run makes the thread
+    return _text(born) if born is not None else ""
 
 
 def stored_ids(thread: ThreadRef, ids: list[str]) -> Operation:

@@ -35,6 +35,7 @@ from .backup import (
     BackupState,
     backup_state,
     check_restore_target,
+    restore_incarnation,
     restore_run,
     restore_runs,
     restore_state,
@@ -163,7 +164,8 @@ def _copy(copy: _Copy) -> Operation[None]:
         for run in restore_runs(items):
             yield from restore_run(copy.target, run, copy.born)
             if not copy.born:
-                copy.born = yield from _target_born(copy.target)
+                # The incarnation the fork's first write made (or found) mid-restore.
+                copy.born = yield from restore_incarnation(copy.target, mid_restore=True)
         copied += len(items)
         if page.next_cursor is None or len(items) < len(page.messages):
             break
@@ -212,18 +214,6 @@ def _check_source(copy: _Copy) -> Operation[None]:
         # A compaction (and its retention) ran while the copy read: its pages may miss messages
         # it deleted. The steps already taken stand; the next run finishes the fork.
         raise errors.ServerError("the thread was compacted during the fork; run the fork again")
-
-
-def _target_born(target: ThreadRef) -> Operation[str]:
-    """The incarnation the fork's first write made (or found) mid-restore, which its later
-    writes must find; RestoreConflict when the target is already gone again."""
-    ((born, restoring),) = yield Batch([("HMGET", target.keys.meta, "born", "restoring")])
-    if restoring is None:
-        raise errors.RestoreConflict(
-            "the thread is not the fork in progress this call started: deleted, erased or made"
-            " again since its first step"
-        )
-    return _text(born) if born is not None else ""  # a thread made before `born` was kept
 
 
 def _drop_partial(target: ThreadRef, born: str) -> Operation[None]:

@@ -203,19 +203,8 @@ def _restore(
     add_line(digest, head_text)
     read: dict[str, Any] = {"messages": 0, "end": None}
 
-    checked = False
     items = _backup_items(numbered, digest, read, state.last_seq, head["kvstore_backup"])
-    for run in admin.restore_runs(items):
-        if not checked:
-            admin.check_restore_target(store, thread_id, run[0], owner=owner)
-            _check_nothing_before(store, target, run[0].sequence)
-            checked = True
-        progress.sending = len(run)
-        new, already = admin.restore_run(store, thread_id, run, owner=owner)
-        progress.sending = 0
-        progress.stored += new
-        progress.already += already
-        bar.update(new, already)
+    checked, born = _restore_runs(store, target, items, progress, bar)
     if not checked and state.last_seq:
         # A backup without messages (all deleted or removed) restores over an empty thread only,
         # or over one it restored before: no message stored and the same last sequence. A
@@ -228,9 +217,40 @@ def _restore(
                 f"thread {thread_id!r} already holds messages: restore into an empty thread"
             )
     check_whole(head, read["messages"], read["end"], digest.hexdigest(), allow_untrailed)
-    admin.restore_state(store, thread_id, state, owner=owner)
+    admin.restore_state(store, thread_id, state, owner=owner, born=born or "")
     if info is not None and owner is not None:  # an unowned thread has no title or metadata
         store.thread(thread_id, owner=owner).set_info(title=info[0], metadata=info[1])
+
+
+def _restore_runs(
+    store: MessageStore,
+    target: tuple[str, str | None],
+    items: Iterable[admin.BackedUpMessage],
+    progress: ImportProgress,
+    bar: Progress,
+) -> tuple[bool, str | None]:
+    """Restores the backup's messages, run by run: (whether there were any, the incarnation the
+    restore wrote into). Every call after the first names the thread's incarnation, the first
+    too when the thread was there before: one deleted, erased or made again under the import
+    is refused (RestoreConflict), nothing more written, never finished with part of the backup.
+    """
+    thread_id, owner = target  # the thread's id and owner (None: none)
+    checked, born = False, None
+    for run in admin.restore_runs(items):
+        if not checked:
+            admin.check_restore_target(store, thread_id, run[0], owner=owner)
+            _check_nothing_before(store, target, run[0].sequence)
+            born = admin.restore_incarnation(store, thread_id, owner=owner)
+            checked = True
+        progress.sending = len(run)
+        new, already = admin.restore_run(store, thread_id, run, owner=owner, born=born or "")
+        progress.sending = 0
+        progress.stored += new
+        progress.already += already
+        bar.update(new, already)
+        if born is None:  # the first run made the thread: its incarnation, mid-restore
+            born = admin.restore_incarnation(store, thread_id, owner=owner, mid_restore=True)
+    return checked, born
 
 
 def _check_nothing_before(store: MessageStore, target: tuple[str, str | None], first: int) -> None:

@@ -92,11 +92,10 @@ local function write_open_chunk(keys, manifest, data)
 end
 
 -- Writes the message's replacement into its own chunk (an oversized one), listed in the large
--- index; messages moved: gen + 1.
+-- index (the replace moves gen, moved or not: lua/replace.lua).
 local function write_own_chunk(keys, sequence, side, record, media, tokens)
   write_chunk(keys, sequence, manifest_line(sequence, side), record)
   redis.call('ZADD', keys.large_index, sequence, large_index_member(sequence, #record, media, tokens))
-  redis.call('HINCRBY', keys.meta, 'gen', 1)
 end
 
 -- A window message's replacement: in the window, or into its own chunk (message.moves).

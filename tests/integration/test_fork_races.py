@@ -136,7 +136,7 @@ def test_a_fork_whose_source_is_made_again_between_steps_copies_no_mix(stores, o
 def test_a_fork_whose_target_is_deleted_between_steps_fails_and_runs_again_whole(stores, owner):
     fill(stores, owner)
     delete_target = stores.other.thread(TARGET, owner=owner).delete
-    with pytest.raises(errors.RestoreConflict, match="not the fork in progress"):
+    with pytest.raises(errors.RestoreConflict, match="not the import or fork in progress"):
         stores.fork(owner, MESSAGES, before_restore=2, act=delete_target)
     never_finished_with_part(stores, owner)
     # The later runs were refused: nothing went into the emptied target.
@@ -150,7 +150,7 @@ def test_a_fork_whose_target_is_deleted_before_its_last_step_is_not_finished(sto
     fill(stores, None)
     delete_target = stores.other.thread(TARGET, owner=None).delete
     # The third restore call is the last run: the target goes before restore_state too.
-    with pytest.raises(errors.RestoreConflict, match="not the fork in progress"):
+    with pytest.raises(errors.RestoreConflict, match="not the import or fork in progress"):
         stores.fork(None, MESSAGES, before_restore=3, act=delete_target)
     never_finished_with_part(stores, None)
 

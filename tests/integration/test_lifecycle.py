@@ -380,12 +380,13 @@ def test_replace_in_the_open_chunk_in_place_or_into_its_own_chunk(
     stored = fill(thread, 7, size=200)  # a chunk closed at 1..4, the open chunk 5..7
     layout = check_layout(raw_client, thread.keys, config)
     assert sorted(layout.open) == [5, 6, 7] and list(layout.chunks) == [1]
-    # In place: the open chunk's record and its meta sums change, nothing moves.
-    gen = raw_client.hget(thread.keys.meta, "gen")
+    # In place: the open chunk's record and its meta sums change, nothing moves; gen moves
+    # (what a reader of the message gets changed).
+    gen = int(raw_client.hget(thread.keys.meta, "gen"))
     thread.replace(stored[5].id, AssistantMessage(content="replaced 6"))
     layout = check_layout(raw_client, thread.keys, config)
     assert b"replaced 6" in layout.open[6] and sorted(layout.open) == [5, 6, 7]
-    assert raw_client.hget(thread.keys.meta, "gen") == gen
+    assert int(raw_client.hget(thread.keys.meta, "gen")) == gen + 1
     # Past chunk_max_bytes: its own chunk, as an oversized append.
     thread.replace(stored[6].id, UserMessage(content="G" * 6000))
     layout = check_layout(raw_client, thread.keys, config)

@@ -114,9 +114,8 @@ def _native_facts(
     """The facts of a plan from one pipeline of native reads, or None for a layout-1 thread.
 
     The pipeline is not atomic, so it reads meta's gen and last_seq first and last: equal, no
-    message moved, went or came in between (an append moves last_seq; whatever moves or removes
-    a message moves gen; a replace in place changes no chunk's range), and the reads in between
-    saw one state. The reads take the cursors as they are: nothing is stored below
+    message moved, went, came or changed in between (an append moves last_seq; whatever moves,
+    removes or replaces a message moves gen), and the reads in between saw one state. The reads take the cursors as they are: nothing is stored below
     deleted_before (retention deletes everything there), so the clamp to it, applied after,
     changes no index read.
     """
