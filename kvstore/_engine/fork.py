@@ -316,6 +316,8 @@ def forked_state(state: BackupState, at: int) -> BackupState:
                 last_seq=0,
             )
         turns.append(turn)
+    # Meta keeps the current summary only: an older one in force at `at` is not found without
+    # reading the history back (docs/HISTORY.md, "Forks"), so the fork then carries none.
     summary = 0 < state.summary_seq <= at
     current = state.turn_id if state.turn_id and 0 < state.turn_seq <= at else ""
     return BackupState(
