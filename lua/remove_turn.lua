@@ -44,6 +44,7 @@ if not turn then
   local dropped = prompt.drop_turn(keys, turn_id)
   if dropped > 0 then
     begin_expiry(keys, limits.ttl_ms)
+    redis.call('HINCRBY', keys.meta, 'edits', 1)  -- as below
     emit_event(keys, limits, nil, event_fields('turn_removed', '', '', turn_id, 'n', dropped, 'r', 0))
     apply_expiry(keys)
   end
@@ -112,6 +113,11 @@ if removed > 0 then
 end
 -- The kept prompt's messages count as removed (the thread's counts took them with retention).
 removed = removed + dropped
-if removed > 0 or remaining == 0 then emit_event(keys, limits, nil, event_fields('turn_removed', '', '', turn_id, 'n', removed, 'r', remaining)) end
+if removed > 0 or remaining == 0 then
+  -- A fork copying the thread meanwhile compares it (kvstore/_engine/fork.py): its copy so far
+  -- may hold part of the turn.
+  redis.call('HINCRBY', keys.meta, 'edits', 1)
+  emit_event(keys, limits, nil, event_fields('turn_removed', '', '', turn_id, 'n', removed, 'r', remaining))
+end
 apply_expiry(keys)
 return {removed, remaining}

@@ -86,6 +86,9 @@ redis.call('HINCRBY', keys.meta, 'bytes', #record - old_bytes)
 redis.call('HINCRBY', keys.meta, 'gen', 1)
 if media ~= old_media then redis.call('HINCRBY', keys.meta, 'media', media - old_media) end
 if tokens ~= old_tokens then redis.call('HINCRBY', keys.meta, 'tokens', tokens - old_tokens) end
+-- A fork copying the thread meanwhile compares it (kvstore/_engine/fork.py): its copy so far may
+-- hold the message as it was.
+redis.call('HINCRBY', keys.meta, 'edits', 1)
 emit_event(keys, limits, nil, event_fields('replaced', sequence, '', '', 'i', id))
 apply_expiry(keys)
 return sequence

@@ -10,6 +10,9 @@
 --- ARGV born (str): the incarnation (meta `born`) the call must find: '' for any (a restore's
 ---      first call into no thread); a later call sends the one the restore's first write made
 ---      or found, an import's first call the one of the thread it found
+--- ARGV source (str): '' for an import; a fork sends its source's mark (what the copy so far was
+---      made from: the source's incarnation, retention, summary and edits), kept in meta
+---      `fork_source` while the fork is under way
 --- ARGV messages[] id (str), otid (str): '' for none, media (int): the message's inline
 ---      media bytes, tokens (int): its token count, record (bytes)
 ---
@@ -123,7 +126,11 @@ begin_expiry(keys, limits.ttl_ms)
 if meta.layout == nil then begin_incarnation(keys) end  -- a new thread (includes/events.lua)
 local _, closed, refused = store_batch(keys, new, limits, meta, plan)
 if refused then return refused end
-redis.call('HSET', keys.meta, 'restoring', '1')
+if args.source ~= '' then
+  redis.call('HSET', keys.meta, 'restoring', '1', 'fork_source', args.source)
+else
+  redis.call('HSET', keys.meta, 'restoring', '1')
+end
 apply_history(keys, new, new_first)
 if closed > 0 then
   retain(keys, limits.retained_limit, limits.max_move_chunks)

@@ -26,7 +26,8 @@
 --- An import's call into a thread that exists and is not mid-restore writes nothing and replies
 --- 0: its restore was finished before (every run a replay), and the turns and state the thread
 --- has moved to since stay as they are.
---- Only the last call finishes the restore: it clears the `restoring` mark (lua/restore.lua) and
+--- Only the last call finishes the restore: it clears the `restoring` mark and a fork's
+--- `fork_source` (lua/restore.lua), and
 --- writes fork_of/fork_at (a fork found with them is finished). An earlier call sets the mark,
 --- so that a restore stopped between two calls is neither served for writes nor taken as done.
 --- Each turn keeps the ranges its restored messages gave it and takes its reply start, reply
@@ -145,7 +146,7 @@ elseif fork_of ~= '' then
 end
 if current[1] == nil then begin_incarnation(keys) end  -- a new thread (includes/events.lua)
 redis.call('HSET', keys.meta, unpack(fields))
-if last then redis.call('HDEL', keys.meta, 'restoring') end
+if last then redis.call('HDEL', keys.meta, 'restoring', 'fork_source') end
 if #prompt_lines > 0 then
   local manifest_key, data_key = keys.prompt_manifest, keys.prompt_data
   redis.call('SET', manifest_key, table.concat(prompt_lines))

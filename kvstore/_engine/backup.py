@@ -190,11 +190,14 @@ def restore_runs(items: Iterable[BackedUpMessage]) -> Iterator[list[BackedUpMess
         yield run
 
 
-def restore_run(thread: ThreadRef, run: list[BackedUpMessage], born: str = "") -> Operation:
+def restore_run(
+    thread: ThreadRef, run: list[BackedUpMessage], born: str = "", source: str = ""
+) -> Operation:
     """Restores one run (consecutive sequences of one turn) at its sequences, in calls no larger
     than an append may be (the store's max_batch_messages and max_batch_bytes, at most
     RESTORE_RUN_BYTES of records); returns (restored, already stored). `born`: the incarnation
-    the calls must find (restore_incarnation, lua/restore.lua), '' for any."""
+    the calls must find (restore_incarnation, lua/restore.lua), '' for any; `source`: a fork's
+    mark of its source, which the thread keeps until the fork finishes."""
     turn_id = run[0].turn_id
     for item in run:
         check_sequence(
@@ -231,6 +234,7 @@ def restore_run(thread: ThreadRef, run: list[BackedUpMessage], born: str = "") -
             first=run[start].sequence,
             pairs=pairs,
             born=born,
+            source=source,
             messages=[
                 (i.message.id, i.message.otid or "", i.media, i.tokens, i.record)
                 for i in prepared[start:end]

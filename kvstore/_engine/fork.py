@@ -73,7 +73,7 @@ def fork(source: ThreadRef, source_id: str, target: ThreadRef, at: str | int) ->
         raise errors.InvalidCursor("a thread cannot be forked into itself")
     _check_point(at)
     replies = yield Batch(_target_reads(target, at))
-    fork_of, fork_at, last_seq, born, restoring = (
+    fork_of, fork_at, last_seq, born, restoring, copied_from = (
         _text(v) if v is not None else None for v in replies[0]
     )
     # The target keeps the fork's ids: a finished fork is found by its point whatever became of
@@ -102,8 +102,12 @@ def fork(source: ThreadRef, source_id: str, target: ThreadRef, at: str | int) ->
         raise errors.MessageNotFound(
             f"sequence {at_seq} is not stored in the thread (deleted by retention, or not given out yet)"
         )
-    # A restore stopped mid-way (an earlier call of this fork) is continued as it is.
+    # A restore stopped mid-way (an earlier call of this fork) is continued as it is, if the
+    # source is still what that call copied from.
     mid_restore = born if born is not None and restoring is not None else ""
+    if mid_restore and copied_from not in (None, _mark_text(mark)):
+        yield from _start_again(target, held)
+        mid_restore = ""
     copy = _Copy(source, source_id, target, at_seq, state, mark, held, mid_restore)
     try:
         yield from _copy(copy)
@@ -124,7 +128,7 @@ def _target_reads(target: ThreadRef, at: str | int) -> list[tuple[Any, ...]]:
     whether its owner's info hash has its title or metadata."""
     meta = target.keys.meta
     reads: list[tuple[Any, ...]] = [
-        ("HMGET", meta, "fork_of", "fork_at", "last_seq", "born", "restoring"),
+        ("HMGET", meta, "fork_of", "fork_at", "last_seq", "born", "restoring", "fork_source"),
         ("EXISTS", meta),
         ("HGET", target.keys.ids, at) if isinstance(at, str) else ("EXISTS", meta),
     ]
@@ -162,7 +166,7 @@ def _copy(copy: _Copy) -> Operation[None]:
         if items and not copied:
             yield from check_restore_target(copy.target, items[0])
         for run in restore_runs(items):
-            yield from restore_run(copy.target, run, copy.born)
+            yield from restore_run(copy.target, run, copy.born, _mark_text(copy.source_mark))
             if not copy.born:
                 # The incarnation the fork's first write made (or found) mid-restore.
                 copy.born = yield from restore_incarnation(copy.target, mid_restore=True)
@@ -180,7 +184,8 @@ def _copy(copy: _Copy) -> Operation[None]:
 
 def _source_mark(source: ThreadRef) -> Operation:
     """What must not change while a fork copies: the source's incarnation (absent once it is
-    deleted or expired; another once it is made again), and its retention and summary."""
+    deleted or expired; another once it is made again), its retention and summary, and its
+    in-place edits (meta `edits`: a replace, a remove_turn)."""
     (mark,) = yield Batch(
         [
             (
@@ -191,10 +196,31 @@ def _source_mark(source: ThreadRef) -> Operation:
                 "deleting",
                 "deleted_before",
                 "summary_seq",
+                "edits",
             )
         ]
     )
     return tuple(mark)
+
+
+def _mark_text(mark: tuple[Any, ...]) -> str:
+    """The mark a fork's runs leave in the target (meta `fork_source`): the source's
+    incarnation, retention, summary and edits, which a later call of the fork compares."""
+    born, _, _, *moving = mark
+    return ":".join(_text(v) if v is not None else "" for v in (born, *moving))
+
+
+def _start_again(target: ThreadRef, held: bool) -> Operation[None]:
+    """An earlier call's copy is of the source as it was (retention, a compaction or an edit
+    moved it since): it holds messages retention has deleted, or as they were before an edit.
+    The copy starts over, so that the fork is the one made now."""
+    if held:
+        # What the target held of its own would go with it.
+        raise errors.RestoreConflict(
+            "the fork in progress in this thread copied its source as it was before a"
+            " compaction or an edit: delete the thread, then fork again"
+        )
+    yield from delete(target)
 
 
 def _check_source(copy: _Copy) -> Operation[None]:
@@ -211,9 +237,13 @@ def _check_source(copy: _Copy) -> Operation[None]:
             f" its messages up to sequence {copy.at_seq} are not stored any more"
         )
     if retention != list(copy.source_mark[3:]):
-        # A compaction (and its retention) ran while the copy read: its pages may miss messages
-        # it deleted. The steps already taken stand; the next run finishes the fork.
-        raise errors.ServerError("the thread was compacted during the fork; run the fork again")
+        # A compaction (and its retention), a replace or a remove_turn ran while the copy read:
+        # its pages may miss messages it deleted, or mix a message's old and new text. The run
+        # again copies the source as it is then (_start_again).
+        raise errors.ServerError(
+            "the thread was compacted during the fork (or had a message replaced or a turn"
+            " removed); run the fork again"
+        )
 
 
 def _drop_partial(target: ThreadRef, born: str) -> Operation[None]:
@@ -276,6 +306,8 @@ def forked_state(state: BackupState, at: int) -> BackupState:
                 last_seq=0,
             )
         turns.append(turn)
+    # Meta keeps the current summary only: an older one in force at `at` is not found without
+    # reading the history back (docs/HISTORY.md, "Forks"), so the fork then carries none.
     summary = 0 < state.summary_seq <= at
     current = state.turn_id if state.turn_id and 0 < state.turn_seq <= at else ""
     return BackupState(

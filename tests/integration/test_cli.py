@@ -1052,6 +1052,39 @@ def test_fork_from_the_command_line(server, namespace, server_only):
     assert [m.content for m in store.thread("taken").iter()] == ["other"]
 
 
+def test_a_fork_stopped_then_resumed_from_the_command_line_after_retention(
+    server, namespace, server_only
+):
+    """A fork stopped after its first run, its source's retention then past what it copied:
+    `kvstore fork` run again finishes it as the fork of that point made after the retention."""
+    from kvstore._engine.fork import fork
+
+    from .test_fork_races import Stopped, acting, stop
+
+    store = open_store(server.url, StoreConfig(namespace=namespace))
+    source = store.thread("source")
+    for start in range(0, 250, 50):
+        source.append([UserMessage(content=f"m{j}") for j in range(start, start + 50)])
+    operation = fork(source._ref, "source", store.thread("copy")._ref, 250)
+    with pytest.raises(Stopped):
+        store.run(acting(operation, 2, stop))
+    retaining = open_store(server.url, StoreConfig(namespace=namespace, retained_message_limit=20))
+    retaining.thread("source").compact("earlier", last_sequence=240)
+    base = ("--url", server.url, "--namespace", namespace)
+    result = kvstore("fork", "source", "copy", "--at", "250", *base)
+    assert result.returncode == 0, result.stderr
+    whole = source.fork("whole", at=250)
+    copy = store.thread("copy")
+    assert list(copy.iter()) == list(whole.iter())
+    got, want = copy.stats(), whole.stats()
+    assert (got.stored_messages, got.tokens, got.deleted_before_sequence) == (
+        want.stored_messages,
+        want.tokens,
+        want.deleted_before_sequence,
+    )
+    assert not got.restore_unfinished
+
+
 @pytest.mark.parametrize("kind", ["plain", "backup"])
 def test_an_import_of_a_line_nested_too_deep_is_one_line_and_writes_nothing(
     server, namespace, tmp_path, server_only, kind

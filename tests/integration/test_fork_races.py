@@ -215,3 +215,109 @@ def test_a_fork_run_again_after_retention_passed_its_copy_finishes(
         assert target.stats().fork_sequence == MESSAGES
     finally:
         retaining.close()
+
+
+class Stopped(Exception):
+    """The fork's worker stopped between two steps (a crash, an interrupt)."""
+
+
+def stop() -> None:
+    raise Stopped
+
+
+def same_as_fork_made_now(
+    stores: Stores, owner: str | None, at: int, ids: list[str] | None = None
+) -> None:
+    """The target is what an uninterrupted fork of the source's point, made now, is: the same
+    messages, the same stats, none of `ids` (the source's, by sequence from 1) readable below
+    its deleted_before."""
+    made = stores.other.thread(SOURCE, owner=owner).fork("whole", at=at)
+    target = stores.other.thread(TARGET, owner=owner)
+    listed = [(m.seq_id, m.id, m.content) for m in target.iter()]
+    assert listed == [(m.seq_id, m.id, m.content) for m in made.iter()]
+    got, want = target.stats(), made.stats()
+    for field in (
+        "stored_messages",
+        "stored_bytes",
+        "tokens",
+        "chunks",
+        "next_sequence",
+        "deleted_before_sequence",
+        "summary_last_sequence",
+        "fork_sequence",
+        "restore_unfinished",
+    ):
+        assert getattr(got, field) == getattr(want, field), field
+    for gone in (ids or [])[: listed[0][0] - 1]:
+        with pytest.raises(errors.MessageNotFound):
+            target.get(gone)
+
+
+@pytest.mark.parametrize("owner", [None, OWNER])
+@pytest.mark.parametrize("compacted", [90, 240], ids=["into-the-copy", "past-the-copy"])
+def test_a_fork_stopped_then_resumed_after_retention_is_the_fork_made_then(
+    stores, owner, backend, namespace, compacted
+):
+    """A fork stopped after its first run, its source then compacted with retention (deleting
+    part of what the run copied, or all of it), and run again: the fork finishes, and is the
+    fork of the same point made after that retention (no message below its deleted_before, the
+    same counts); never refused for ever, never keeping what it copied before."""
+    fill(stores, owner)
+    retaining = make_sync_store(
+        backend, StoreConfig(namespace=namespace, retained_message_limit=20)
+    )
+    ids = [m.id for m in stores.other.thread(SOURCE, owner=owner).iter()]
+    try:
+        with pytest.raises(Stopped):
+            stores.fork(owner, MESSAGES, before_restore=2, act=stop)
+        retaining.thread(SOURCE, owner=owner).compact("earlier", last_sequence=compacted)
+        assert stores.other.thread(SOURCE, owner=owner).stats().deleted_before_sequence > 2
+        assert stores.fork(owner, MESSAGES) == MESSAGES
+        same_as_fork_made_now(stores, owner, MESSAGES, ids)
+        stores.other.thread(TARGET, owner=owner).append(UserMessage(content="next"))
+    finally:
+        retaining.close()
+
+
+def replace_two(stores: Stores, owner: str | None) -> None:
+    """Another worker edits one message the first run copied and one it has not."""
+    source = stores.other.thread(SOURCE, owner=owner)
+    for sequence in (50, 120):
+        (stored,) = [m for m in source.iter() if m.seq_id == sequence]
+        source.replace(stored.id, UserMessage(content=f"edited {sequence}"))
+
+
+def remove_turn(stores: Stores, owner: str | None) -> None:
+    stores.other.thread(SOURCE, owner=owner).remove_turn("crossing")
+
+
+def fill_with_turn(stores: Stores, owner: str | None) -> None:
+    """MESSAGES messages, 91-110 of them one turn (across the copy's first two runs)."""
+    source = stores.other.thread(SOURCE, owner=owner)
+    source.append([UserMessage(content=f"m{j}") for j in range(90)])
+    source.start_turn("crossing")
+    source.append([UserMessage(content=f"m{j}") for j in range(90, 110)], turn_id="crossing")
+    source.finish_turn("crossing")
+    for start in range(110, MESSAGES, 70):
+        source.append(
+            [UserMessage(content=f"m{j}") for j in range(start, min(start + 70, MESSAGES))]
+        )
+
+
+@pytest.mark.parametrize("owner", [None, OWNER])
+@pytest.mark.parametrize("edit", [replace_two, remove_turn], ids=["replace", "remove_turn"])
+def test_a_fork_meeting_an_edit_of_its_source_fails_and_runs_again_whole(stores, owner, edit):
+    """An in-place replace or a remove_turn of the source between two runs of the copy fails
+    the fork as a compaction does (ServerError, run it again), never a torn history (the old
+    message 50 with the new 120, half a removed turn); the run again is the source now."""
+    fill_with_turn(stores, owner)
+    with pytest.raises(errors.ServerError, match="run the fork again"):
+        stores.fork(owner, MESSAGES, before_restore=2, act=lambda: edit(stores, owner))
+    never_finished_with_part(stores, owner)
+    stores.fork(owner, MESSAGES)
+    source = stores.other.thread(SOURCE, owner=owner)
+    target = stores.other.thread(TARGET, owner=owner)
+    now = [(m.seq_id, m.id, m.content) for m in source.iter()]
+    assert [(m.seq_id, m.id, m.content) for m in target.iter()] == now
+    assert target.stats().stored_messages == len(now)
+    same_as_fork_made_now(stores, owner, MESSAGES)
