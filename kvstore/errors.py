@@ -195,7 +195,10 @@ class InvalidSummaryRange(KVStoreError, ValueError):
 
     It must be a positive int no later than the thread's last sequence, and not before the
     current summary's last sequence: summaries only move forward. Another compaction that
-    reached further first refuses this one (read ``stats().summary_last_sequence``)."""
+    reached further first refuses this one (read ``stats().summary_last_sequence``), and so
+    does a tool call just after the current summary's range whose answer comes after
+    `last_sequence` (moving back to keep the pair whole leaves nothing new to summarize:
+    summarize through the answer)."""
 
     http_status = 409
 

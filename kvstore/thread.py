@@ -220,7 +220,8 @@ class Thread(ThreadTurns):
 
         A `last_sequence` between a tool call (or approval request) and its answer is moved
         back to just before the call, so that the summary never covers half of a pair
-        (docs/HISTORY.md); :meth:`stats` shows where it ended.
+        (docs/HISTORY.md); :meth:`stats` shows where it ended. It never moves into the current
+        summary's range: a call just after it raises InvalidSummaryRange, nothing written.
 
         Example::
 

@@ -22,7 +22,7 @@
 --- compares gen to know it read one state.
 ---
 --- The thread's current summary (meta's summary_seq) replaced by a message of another type
---- leaves the thread without a summary (summary_last and summary_seq go): what it covered and
+--- leaves the thread without a summary (summary_last, summary_seq and summary_asked go): what it covered and
 --- is still stored is the context again, not hidden behind a summary that is no more.
 ---
 --- Reply: the message's sequence
@@ -80,7 +80,7 @@ if history_drop then drop_history(keys) end
 ensure_tokens(keys)
 write_replacement(keys, message, entry, sequence, record, media, tokens)
 if args.summary == 0 and tonumber(redis.call('HGET', keys.meta, 'summary_seq') or '0') == sequence then
-  redis.call('HDEL', keys.meta, 'summary_last', 'summary_seq')
+  redis.call('HDEL', keys.meta, 'summary_last', 'summary_seq', 'summary_asked')
 end
 redis.call('HINCRBY', keys.meta, 'bytes', #record - old_bytes)
 redis.call('HINCRBY', keys.meta, 'gen', 1)

@@ -13,6 +13,7 @@ from .bounds import check_sequence
 from .failures import lost_connection, read_of_wrong_type
 from .operation import (
     REMOVE_TURN_STEP,
+    Batch,
     Eval,
     Operation,
     ThreadRef,
@@ -26,7 +27,7 @@ from .pages import list_page
 from .prepare import PreparedMessage, check_token, prepare_batch, stored_date, within_media_budget
 from .reads import fetch_sequences, locate_records
 from .record import salvage
-from .replies import CompactReply, RemoveTurnReply, ReplaceReply, RetainReply
+from .replies import CompactReply, RemoveTurnReply, ReplaceReply, RetainReply, stored_int
 from .scripts import SCRIPTS
 from .text import sendable
 from .tokens import checked_tokens
@@ -47,6 +48,7 @@ def compact(
     last_sequence: int,
     stats: CompactionStats | dict[str, Any] | None = None,
     tokens: int | None = None,
+    moved: int | None = None,
 ) -> Operation[SummaryMessage]:
     check_sequence(last_sequence, "last_sequence", errors.InvalidSummaryRange, low=1)
     if isinstance(summary, str) and not sendable(summary):  # its id is made before it is checked
@@ -60,20 +62,21 @@ def compact(
     prepared = prepare_batch(
         thread.config, message, None, None if tokens is None else [tokens], thread.count_tokens
     )
-    last_sequence = yield from _summary_boundary(thread, last_sequence, prepared[0])
+    boundary, why = yield from _summary_boundary(thread, last_sequence, prepared[0], moved)
 
     def send(items: list[PreparedMessage]) -> Operation:
         (item,) = items
         args = SCRIPTS["compact"].args(
             limits=thread.limits(),
-            summary_last=last_sequence,
+            summary_last=boundary,
+            asked=last_sequence,
             id=item.message.id,
             otid=item.message.otid or "",
             media=item.media,
             tokens=item.tokens,
             record=item.record,
         )
-        return CompactReply.decode((yield from write(thread, SCRIPTS["compact"], args)))
+        return _sent_compact(thread, args, why)
 
     reply, (item,) = yield from within_media_budget(prepared, None, send)
     # A replay runs retention again: the first call's caller may not have finished it.
@@ -81,11 +84,8 @@ def compact(
     try:
         # Each call deletes at most max_chunks_per_call chunks; go on while that cap was reached.
         while deleted >= thread.config.max_chunks_per_call:
-            retained = yield Eval(
-                SCRIPTS["retain"],
-                thread.script_keys,
-                SCRIPTS["retain"].args(limits=thread.limits()),
-            )
+            retain = SCRIPTS["retain"].args(limits=thread.limits())
+            retained = yield Eval(SCRIPTS["retain"], thread.script_keys, retain)
             deleted = RetainReply.decode(retained).chunks_deleted
         if not reply.stored:
             replayed: SummaryMessage = yield from _replayed_summary(
@@ -100,6 +100,16 @@ def compact(
     stored = item.message.model_copy(update={"seq_id": reply.summary_sequence})
     assert isinstance(stored, SummaryMessage)  # prepared from a summary_message above
     return stored
+
+
+def _sent_compact(thread: ThreadRef, args: tuple[Any, ...], why: str) -> Operation[CompactReply]:
+    """lua/compact.lua's reply; a refusal the pair rule led to names the pair (`why`)."""
+    try:
+        return CompactReply.decode((yield from write(thread, SCRIPTS["compact"], args)))
+    except errors.InvalidSummaryRange as exc:
+        if not why:
+            raise
+        raise errors.InvalidSummaryRange(f"{exc} ({why})") from None
 
 
 def _replayed_summary(
@@ -118,10 +128,18 @@ def _replayed_summary(
     return found[0]
 
 
-def _summary_boundary(thread: ThreadRef, last_sequence: int, item: PreparedMessage) -> Operation:
+def _summary_boundary(
+    thread: ThreadRef, last_sequence: int, item: PreparedMessage, moved: int | None
+) -> Operation:
     """The summary's last sequence, moved back before a call whose answer comes after it
-    (pair_boundary); a failed read is what a failed write's caller gets."""
+    (pair_boundary); a failed read is what a failed write's caller gets. `moved`: where a caller
+    keeping its own messages whole moved it back already (kvstore.integrations.langchain), not
+    taken into the current summary's range (for calls that summary covers)."""
     try:
+        if moved is not None and moved < last_sequence:
+            (current,) = yield Batch([("HGET", thread.keys.meta, "summary_last")])
+            if moved >= stored_int(current or 0, "meta field summary_last"):
+                last_sequence = moved
         return (yield from pair_boundary(thread, last_sequence))
     except errors.ServerError as exc:
         if read_of_wrong_type(exc):
@@ -265,29 +283,42 @@ def migrate(thread: ThreadRef, max_calls: int | None = None) -> Operation[int]:
 MAX_BOUNDARY_MOVES = 4
 
 
-def pair_boundary(thread: ThreadRef, last_sequence: int) -> Operation:
+def pair_boundary(thread: ThreadRef, last_sequence: int) -> Operation[tuple[int, str]]:
     """`last_sequence`, moved back before a tool call (or approval request) whose answer comes
-    after it, so that the summary never covers half of a pair (docs/HISTORY.md). Only the
-    PAIR_LOOKBACK messages on either side of the boundary are read."""
+    after it, so that the summary never covers half of a pair (docs/HISTORY.md), and what made
+    the last move ('' for none). Only the PAIR_LOOKBACK messages on either side of the boundary
+    are read. A call the current summary covers does not move it (that pair is split already,
+    and context() mends it); a call just after that summary's range leaves the boundary on it,
+    where lua/compact.lua tells a replay from a summary that cannot be stored."""
+    current: int | None = None  # the current summary's last sequence, read at the first move
+    why = ""
     for _ in range(MAX_BOUNDARY_MOVES):
         after = yield from list_page(thread, after=last_sequence, limit=PAIR_LOOKBACK, order="asc")
-        needed = {i for m in orphans(after.messages) for i in answered_ids(m)}
-        if not needed:
+        answers = {i: m.seq_id for m in orphans(after.messages) for i in answered_ids(m)}
+        if not answers:
             break
         before = yield from list_page(
             thread, after=last_sequence + 1, limit=PAIR_LOOKBACK, order="desc"
         )
-        openers = [
-            m.seq_id
+        if current is None:
+            (summary_last,) = yield Batch([("HGET", thread.keys.meta, "summary_last")])
+            current = stored_int(summary_last or 0, "meta field summary_last")
+        openers = {
+            m.seq_id: answers[i]
             for m in before.messages
-            if needed.intersection(opened_ids(m)) and m.seq_id is not None
-        ]
+            for i in opened_ids(m)
+            if i in answers and m.seq_id is not None and m.seq_id > current
+        }
         if not openers:
-            break  # the calls are no longer stored (or never were): nothing to keep whole
-        if min(openers) <= 1:
+            break  # the calls are covered already, or no longer stored (or never were)
+        opener = min(openers)
+        why = f"the tool call at sequence {opener} is answered at {openers[opener]}"
+        if opener <= 1:
             raise errors.InvalidSummaryRange(
                 f"last_sequence {last_sequence} splits a tool call from its answer, and the call is the"
                 " thread's first message: there is nothing before it to summarize"
             )
-        last_sequence = min(openers) - 1
-    return last_sequence
+        last_sequence = opener - 1
+        if last_sequence <= current:
+            break  # nothing after the current summary is left before the call
+    return last_sequence, why

@@ -56,6 +56,17 @@ async def apage(
     return result
 
 
+def compact(thread: Any, summary: str, last_sequence: int, moved: int) -> None:
+    """``thread.compact(summary, last_sequence)`` of a sync Thread whose caller moved
+    `last_sequence` back to `moved` to keep its own messages whole (the engine's `moved`)."""
+    thread._store.run(core.compact(thread._ref, summary, last_sequence, None, None, moved))
+
+
+async def acompact(thread: Any, summary: str, last_sequence: int, moved: int) -> None:
+    """:func:`compact` of an AsyncThread."""
+    await thread._store.run(core.compact(thread._ref, summary, last_sequence, None, None, moved))
+
+
 def context(thread: Any, max_tokens: int | None = None) -> list[Stored]:
     """``thread.context(max_tokens)`` of a sync Thread, the messages after the summary as dicts
     where a plan from the stored counts reads them (the summary and system messages: models)."""

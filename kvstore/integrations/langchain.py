@@ -137,14 +137,17 @@ class KvstoreChatMessageHistory(BaseChatMessageHistory):
     def compact(self, summary: str, keep_last: int = 0) -> bool:
         """Stores `summary` of every message but the newest `keep_last` (``thread.compact``);
         with `max_tokens` the history handed to the model then starts at it. False (nothing
-        written) when the thread holds no more than `keep_last` messages."""
+        written) when the thread holds no more than `keep_last` messages. Raises
+        InvalidSummaryRange (nothing written) when keeping a tool call with its answer would
+        leave nothing new before the summary in force (docs/HISTORY.md, rule 2)."""
         _check_keep_last(keep_last)
         thread = self._sync().thread(self.thread_id)
         read = lambda after, size: thread.list(after, None, size, "desc")  # noqa: E731
-        last = _last_summarized(*_selected(read, keep_last, before=True))
+        found, start = _selected(read, keep_last, before=True)
+        last = _last_summarized(found, start)
         if last is None:
             return False
-        thread.compact(summary, last_sequence=last)
+        _dicts.compact(thread, summary, _asked(found, keep_last, last), last)
         return True
 
     async def acompact(self, summary: str, keep_last: int = 0) -> bool:
@@ -154,10 +157,11 @@ class KvstoreChatMessageHistory(BaseChatMessageHistory):
         _check_keep_last(keep_last)
         thread = self._async().thread(self.thread_id)
         read = lambda after, size: thread.list(after, None, size, "desc")  # noqa: E731
-        last = _last_summarized(*await _aselected(read, keep_last, before=True))
+        found, start = await _aselected(read, keep_last, before=True)
+        last = _last_summarized(found, start)
         if last is None:
             return False
-        await thread.compact(summary, last_sequence=last)
+        await _dicts.acompact(thread, summary, _asked(found, keep_last, last), last)
         return True
 
     def _handle(self, store: MessageStore | AsyncMessageStore) -> Any:
@@ -232,6 +236,14 @@ def _last_summarized(found: list[Stored], start: int) -> int | None:
     them (counted in LangChain messages without summaries, so the same call again names the
     same range and is a replay); None when there is none."""
     return _dicts.field(found[start - 1], "seq_id") if start > 0 else None
+
+
+def _asked(found: list[Stored], keep_last: int, last: int) -> int:
+    """The sequence the compaction keeping the newest `keep_last` ends at before whole_pairs
+    moved it back (`last`): what the caller asked for, so that a move into the current
+    summary's range is refused and the same call again is a replay (docs/HISTORY.md, rule 2)."""
+    asked = _last_summarized(found, newest_start(found, keep_last, True, True) or 0)
+    return last if asked is None else asked
 
 
 def _is_int(value: Any) -> bool:

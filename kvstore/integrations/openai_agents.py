@@ -153,7 +153,9 @@ class KvstoreSession(SessionABC):
 
     async def compact(self, summary: str, keep_last: int = 0) -> None:
         """Stores `summary` of every item but the newest `keep_last`; the context (and with
-        ``history="context"`` the history the model gets) then starts at it."""
+        ``history="context"`` the history the model gets) then starts at it. Raises
+        InvalidSummaryRange (nothing written) when keeping a tool call with its answer would
+        leave nothing new before the summary in force (docs/HISTORY.md, rule 2)."""
         if isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 0:
             raise ValueError(f"keep_last must be an int from 0 up, got {keep_last!r}")
         # Counted in items (summaries, retracted messages and messages without an item are

@@ -239,3 +239,35 @@ def test_the_newest_page_past_many_deleted_messages_takes_few_round_trips(store,
     requests.clear()
     assert asyncio.run(main()) == ["keep"]
     assert len(requests) <= 14, len(requests)
+
+
+def _long_running_call(thread) -> None:
+    """A tool call open across a compaction: [1 user] [2 call] [3 ai] [4 S1 covering 1] [5 user]
+    [6 ai] [7 return] [8 ai] [9 user]."""
+    from kvstore import AssistantMessage, ToolCallMessage, ToolReturnMessage
+
+    call = {"name": "book", "arguments": "{}", "tool_call_id": "c1"}
+    thread.append([UserMessage(content="book"), ToolCallMessage(tool_call=call)])
+    thread.append(AssistantMessage(content="searching"))
+    thread.compact("S1", 1)
+    thread.append([UserMessage(content="a hotel too"), AssistantMessage(content="noted")])
+    thread.append(ToolReturnMessage(status="success", tool_call_id="c1", tool_return="ok"))
+    thread.append([AssistantMessage(content="booked"), UserMessage(content="thanks")])
+
+
+def test_a_compaction_the_pair_rule_cannot_store_is_refused(store, backend, server, namespace):
+    """compact() whose boundary the pair rule would move onto the summary in force raises
+    InvalidSummaryRange (sync and async): the summary is never dropped while it says True."""
+    history = KvstoreChatMessageHistory(store, "c", max_tokens=100_000)
+    _long_running_call(store.thread("c"))
+    with pytest.raises(errors.InvalidSummaryRange, match="not stored"):
+        history.compact("S2", keep_last=3)
+    assert store.thread("c").stats().summary_last_sequence == 1
+
+    async def run() -> None:
+        async with AsyncMessageStore.from_url(server.url, StoreConfig(namespace=namespace)) as s:
+            with pytest.raises(errors.InvalidSummaryRange, match="not stored"):
+                await KvstoreChatMessageHistory(s, "c").acompact("S2", keep_last=3)
+
+    asyncio.run(run())
+    assert store.thread("c").stats().stored_messages == 9

@@ -280,3 +280,29 @@ def test_reads_past_many_popped_items_take_few_round_trips(backend, server_only,
         await store.close()
 
     run(main())
+
+
+def test_a_compaction_the_pair_rule_cannot_store_is_refused(backend, server_only, namespace):
+    """compact() whose boundary the pair rule would move onto the summary in force (a tool call
+    answered after it) raises InvalidSummaryRange: the summary is never dropped silently."""
+    from kvstore import AssistantMessage, ToolCallMessage, ToolReturnMessage
+
+    async def main() -> None:
+        store = make_async_store(backend, StoreConfig(namespace=namespace))
+        session = KvstoreSession("p", store)
+        call = {"name": "book", "arguments": "{}", "tool_call_id": "c1"}
+        thread = session.thread
+        await thread.append([UserMessage(content="book"), ToolCallMessage(tool_call=call)])
+        await thread.append(AssistantMessage(content="searching"))
+        await thread.compact("S1", 1)  # 4; the call (2) is still open
+        await thread.append([UserMessage(content="a hotel"), AssistantMessage(content="noted")])
+        await thread.append(
+            ToolReturnMessage(status="success", tool_call_id="c1", tool_return="ok")
+        )
+        await thread.append([AssistantMessage(content="booked"), UserMessage(content="thanks")])
+        with pytest.raises(errors.InvalidSummaryRange, match="answered at 7"):
+            await session.compact("S2", keep_last=3)
+        assert (await thread.stats()).summary_last_sequence == 1
+        await store.close()
+
+    run(main())
