@@ -69,7 +69,20 @@ def kvstore_commit() -> str | None:
         )
     except (OSError, subprocess.SubprocessError):
         return None
-    return head.stdout.strip() + ("" if clean.returncode == 0 else "+changes")
+    return head.stdout.strip() + ("" if clean.returncode == 0 else "+changes") + _elsewhere(root)
+
+
+def _elsewhere(root: Path) -> str:
+    """Where the code measured comes from when not from the checkout at `root`: an editable
+    install maps `kvstore.lua` to the checkout it was installed from, so a second worktree's
+    run measures that one's scripts unless its `kvstore/lua` links to its own `lua/`."""
+    import kvstore
+    import kvstore.lua
+
+    sources = [Path(kvstore.__file__).resolve().parent.parent]
+    sources += [Path(path).resolve().parent for path in kvstore.lua.__path__]
+    foreign = sorted({str(source) for source in sources if source != root})
+    return "".join(f"+code from {source}" for source in foreign)
 
 
 def headline(benchmark: str, info: dict[str, Any], quick: bool) -> str:
