@@ -76,8 +76,9 @@ def _elsewhere(root: Path) -> str:
     """Where the code measured comes from when not from the checkout at `root`: an editable
     install maps `kvstore.lua` to the checkout it was installed from, so a second worktree's
     run measures that one's scripts unless its `kvstore/lua` links to its own `lua/`."""
-    import kvstore
     import kvstore.lua
+
+    import kvstore
 
     sources = [Path(kvstore.__file__).resolve().parent.parent]
     sources += [Path(path).resolve().parent for path in kvstore.lua.__path__]
