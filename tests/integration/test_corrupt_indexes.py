@@ -1,0 +1,45 @@
+"""A thread's indexes changed by something else (raw commands, a bug): an `ids` or `otids` entry
+naming another message's sequence, a closed chunk the chunk index lists but whose keys are gone.
+A read never answers with another message and never drops messages silently; a write through
+the bad entry writes nothing (docs/RELIABILITY.md, "One bad record")."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvstore import UserMessage, errors
+
+SMALL = dict(window_size=4, chunk_size=4)
+
+
+def filled(make_thread, count: int = 20):
+    thread = make_thread(**SMALL)
+    messages = thread.append(
+        [UserMessage(id=f"m{i}", otid=f"o{i}", content=f"message {i}") for i in range(1, count + 1)]
+    )
+    return thread, messages
+
+
+def dump(raw_client, thread) -> dict:
+    prefix = thread.keys.meta.rpartition(":")[0]
+    return {key: raw_client.dump(key) for key in raw_client.scan_iter(match=prefix + ":*")}
+
+
+# m2 lies in a closed chunk, m19 in the open one: an entry may point from either to the other.
+@pytest.mark.parametrize(("asked", "pointed"), [(4, 2), (19, 2), (2, 19), (18, 19)])
+def test_an_id_entry_naming_another_message_is_a_record_error(
+    make_thread, raw_client, asked, pointed
+):
+    thread, messages = filled(make_thread)
+    raw_client.hset(thread.keys.ids, f"m{asked}", pointed)
+    raw_client.hset(thread.keys.otids, f"o{asked}", pointed)
+    with pytest.raises(errors.RecordError, match=f"m{asked}"):
+        thread.get(f"m{asked}")
+    with pytest.raises(errors.RecordError, match=f"o{asked}"):
+        thread.get_by_otid(f"o{asked}")
+    before = dump(raw_client, thread)
+    with pytest.raises(errors.RecordError, match=f"m{asked}"):
+        thread.replace(f"m{asked}", UserMessage(content="edited"))
+    assert dump(raw_client, thread) == before
+    assert thread.get(f"m{pointed}") == messages[pointed - 1]
+    assert list(thread.iter()) == messages
