@@ -43,3 +43,24 @@ def test_an_id_entry_naming_another_message_is_a_record_error(
     assert dump(raw_client, thread) == before
     assert thread.get(f"m{pointed}") == messages[pointed - 1]
     assert list(thread.iter()) == messages
+
+
+@pytest.mark.parametrize("part", ["d", "m", "both"])
+def test_a_closed_chunk_whose_keys_are_gone_is_named_not_dropped(make_thread, raw_client, part):
+    thread, messages = filled(make_thread)
+    prefix = thread.keys.meta.rpartition(":")[0]
+    gone = [f"{prefix}:chunk:5:{p}" for p in ("d", "m") if part in (p, "both")]
+    assert raw_client.delete(*gone) == len(gone)
+    lost = [m for m in messages if 5 <= m.seq_id <= 8]
+    kept = [m for m in messages if m not in lost]
+    page = thread.list(limit=50)
+    assert page.messages == kept and page.unreadable == [m.seq_id for m in lost]
+    assert not page.has_more
+    assert list(thread.iter()) == kept
+    assert thread.snapshot().unreadable == [m.seq_id for m in lost]
+    with pytest.raises(errors.RecordError, match="missing") as raised:
+        thread.get("m6")
+    assert raised.value.sequence == 6
+    with pytest.raises(errors.RecordError) as raised:
+        thread.fork("thread-fork", at=20)
+    assert raised.value.sequence == 5

@@ -8,6 +8,7 @@ far the plan is complete; :func:`plan_reads` names the reads of them (reader.py)
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -300,9 +301,11 @@ def plan_reads(plan: Plan, upward: bool, need: int) -> tuple[Containers, int]:
     windows = [WindowRead(f"({lo}", f"({hi}", not upward, need)] if plan.window else []
     chunks: list[int] = []
     legacy: list[int] = []
+    spans: dict[int, Sequence[int]] = {first: (first,) for first in plan.large}
     for first, last, kind in plan.chunks:
         if kind == CHUNK:
             chunks.append(first)
+            spans[first] = range(max(first, lo + 1), min(last, hi - 1) + 1)
             continue
         # The legacy hash of a layout-1 thread can span more than a page: read only the
         # walk's end of it, and trust the result only that far.
@@ -311,6 +314,11 @@ def plan_reads(plan: Plan, upward: bool, need: int) -> tuple[Containers, int]:
             legacy = legacy[:need] if upward else legacy[-need:]
             bound = min(bound, legacy[-1]) if upward else max(bound, legacy[0])
     containers = Containers(
-        windows, [*chunks, *plan.large], legacy, open=plan.open, hashes=plan.layout < 3
+        windows,
+        [*chunks, *plan.large],
+        legacy,
+        open=plan.open,
+        hashes=plan.layout < 3,
+        spans=spans,
     )
     return containers, bound
