@@ -90,6 +90,11 @@ def locate_records(thread: ThreadRef, kind: str, targets: list[str]) -> Operatio
             thread.script_keys,
             SCRIPTS["locate"].args(kind=kind, targets=[(target,) for target in targets]),
         )
+        if len(reply) % 2:
+            # Lua drops a nil from the reply's table: meta's gen or deleted_before is no number.
+            raise errors.RecordError(
+                "meta field gen or deleted_before holds a value that is not a number kvstore writes"
+            )
         gen, places = reply[0], reply[2:]
         containers, wanted = Containers.located(places)
         fetched = yield from fetch(thread, containers, [("HGET", thread.keys.meta, "gen")])

@@ -64,3 +64,42 @@ def test_a_closed_chunk_whose_keys_are_gone_is_named_not_dropped(make_thread, ra
     with pytest.raises(errors.RecordError) as raised:
         thread.fork("thread-fork", at=20)
     assert raised.value.sequence == 5
+
+
+@pytest.mark.parametrize(("field", "value"), [("layout", b"x\xff"), ("open_first", b"q")])
+def test_a_meta_number_no_client_writes_is_a_record_error_naming_it(
+    make_thread, raw_client, field, value
+):
+    thread, _ = filled(make_thread)
+    raw_client.hset(thread.keys.meta, field, value)
+    reads = [lambda: thread.list(limit=50), lambda: list(thread.iter())]
+    # A snapshot reads the open chunk whole, by no open_first.
+    for read in [*reads, thread.snapshot] if field == "layout" else reads:
+        with pytest.raises(errors.RecordError, match=field):
+            read()
+
+
+def test_a_meta_value_that_is_not_utf8_is_a_record_error(make_thread, raw_client):
+    thread, _ = filled(make_thread)
+    raw_client.hset(thread.keys.meta, "turn_id", b"\xff\xfe")
+    with pytest.raises(errors.RecordError, match="not UTF-8"):
+        thread.snapshot()
+
+
+def test_meta_numbers_the_scripts_cannot_read_are_record_errors(make_thread, raw_client):
+    """Lua drops a nil from its reply: the client names the meta field, never an IndexError
+    or an unpack ValueError, and writes nothing."""
+    thread, _ = filled(make_thread)
+    raw_client.hset(thread.keys.meta, "layout", b"x\xff")
+    with pytest.raises(errors.RecordError, match="meta field"):
+        thread.list(after="m3", limit=5)
+    raw_client.hset(thread.keys.meta, mapping={"layout": "3", "deleted_before": "x"})
+    before = dump(raw_client, thread)
+    for call in (
+        lambda: thread.get("m3"),
+        lambda: thread.get_by_otid("o3"),
+        lambda: thread.replace("m3", UserMessage(content="edited")),
+    ):
+        with pytest.raises(errors.RecordError, match="deleted_before"):
+            call()
+    assert dump(raw_client, thread) == before

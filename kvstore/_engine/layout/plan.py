@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ... import errors
 from ..operation import (
     OPTIMISTIC_READS,
     Batch,
@@ -21,6 +22,7 @@ from ..operation import (
     changed_under_reads,
     int_or_zero,
 )
+from ..replies import stored_int
 from ..scripts import SCRIPTS
 from . import CURRENT, version
 from .formats import ChunkEntry, LargeEntry
@@ -154,7 +156,11 @@ def _native_facts(
         if window is not None:
             units.append((*window, int(window_count), WINDOW))
         if int_or_zero(open_count) > 0:
-            units.append((int(open_first), int(open_last), int(open_count), OPEN))
+            open_unit = (open_first, open_last, open_count)
+            first, last, count = (
+                stored_int(v, "meta field open_first..open_count") for v in open_unit
+            )
+            units.append((first, last, count, OPEN))
         large_in_range = [s for s in map(_large_sequence, large) if lo < s < hi][:need]
         return _Facts(
             int_or_zero(gen), deleted_before, lo, hi, version(layout, legacy), units, large_in_range
@@ -213,6 +219,10 @@ def _index_reads(
 
 def _script_facts(reply: list[Any]) -> _Facts:
     """The facts lua/page_plan.lua replies."""
+    if len(reply) < 7:
+        # Lua drops a nil from the reply's table: a meta number (layout, gen, deleted_before…)
+        # holds what no client writes.
+        raise errors.RecordError(f"a meta field holds what kvstore does not write: {reply!r:.120}")
     gen, deleted_before, lo, hi, layout, below, above_count = reply[:7]
     above_end = 7 + int(above_count)
     members = ([below] if below else []) + reply[7:above_end]
