@@ -56,8 +56,9 @@ def _get_one(thread: ThreadRef, kind: Literal["id", "otid"], value: str) -> Oper
     found = yield from _fetch_located(thread, kind, [value], missing_ok=True)
     if not found:
         raise errors.MessageNotFound(f"no stored message has {kind} {value!r}")
-    if getattr(found[0], kind) != value:
-        # The index entry names another message's sequence (something else wrote it).
+    if getattr(found[0], kind) not in (value, None):
+        # The index entry names another message's sequence (something else wrote it); a record
+        # naming none (written without) is the side info's, which the index was written from.
         raise errors.RecordError(
             f"the {kind}s index names sequence {found[0].seq_id} for {kind} {value!r}, whose"
             f" record has {kind} {getattr(found[0], kind)!r}"
