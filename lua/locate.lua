@@ -7,7 +7,7 @@
 ---
 --- Reply: {gen, deleted_before, seq_1, where_1, ..., seq_n, where_n}
 ---   where = -1 in the window, -2 in a layout-1 thread's legacy hash, -3 in layout 3's open
----   chunk, 0 not stored, otherwise
+---   chunk, -4 lost (an id or otid the index keeps, in no container), 0 not stored, otherwise
 ---   the first sequence of its chunk (an oversized message's chunk is named by its own
 ---   sequence). seq = 0 for an unknown id.
 --- Errors: KVS_WRONGTYPE
@@ -38,8 +38,11 @@ for _, target in ipairs(args.targets.target) do
   if sequence > 0 and not deleting then
     where, first = locate_stored(keys, sequence)
   end
+  -- An id or otid the index keeps, above retention, yet in no container: its chunk's keys are
+  -- gone (something else deleted them), so it is lost, not absent (-4).
+  local lost = not where and not deleting and kind ~= 'seq' and sequence > 0 and sequence >= reply[2]
   reply[#reply + 1] = sequence
   reply[#reply + 1] = (where == 'window' and -1) or (where == 'legacy' and -2) or (where == 'open' and -3)
-    or first or 0
+    or (lost and -4) or first or 0
 end
 return reply

@@ -26,7 +26,7 @@
 --- is still stored is the context again, not hidden behind a summary that is no more.
 ---
 --- Reply: the message's sequence
---- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_DELETING, KVS_RESTORING, KVS_MIGRATING, KVS_NOT_FOUND, KVS_TOO_LARGE,
+--- Errors: KVS_WRONGTYPE, KVS_LAYOUT, KVS_DELETING, KVS_RESTORING, KVS_MIGRATING, KVS_NOT_FOUND, KVS_BAD_INDEX, KVS_TOO_LARGE,
 ---         KVS_MEDIA_OVER, KVS_HISTORY,
 ---         KVS_QUOTA, KVS_QUOTA_BYTES, KVS_OWNER_ERASING (an owned thread: includes/owner.lua)
 --- @include "includes/layout"
@@ -59,6 +59,11 @@ if not where then
 end
 
 local message = stored_message(keys, where, first, member, sequence)
+-- The ids entry names another message's sequence (something else wrote it): never overwrite that.
+if message.id ~= id then
+  return redis.error_reply(string.format('KVS_BAD_INDEX the ids index names sequence %.0f for id %s, whose record has id %s',
+    sequence, id, tostring(message.id)))
+end
 local old_media, old_bytes, old_tokens = message.media, message.bytes, message.tokens
 local history_refusal, history_drop = check_replacement(keys, limits, sequence, args.pairs)
 if history_refusal then return history_refusal end

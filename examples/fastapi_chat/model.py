@@ -27,12 +27,19 @@ def turn_ids(turn_id: str, part: str) -> dict[str, str]:
     }
 
 
+def city(question: str) -> str:
+    """The question's last word as the city asked about; any text has one (a question of no
+    words, blank or "?", asks about Paris)."""
+    words = question.split()
+    return (words[-1].strip("?") if words else "") or "Paris"
+
+
 async def fake_model(thread: Any, lease: TurnLease, question: str) -> None:
     """Publishes the tool call's arguments, stores the call and the tool's return, then
     publishes and stores the answer."""
     call = turn_ids(lease.turn_id, "call")
     call_id = "call-" + call["id"][-12:]
-    arguments = json.dumps({"city": question.split()[-1].strip("?") or "Paris"})
+    arguments = json.dumps({"city": city(question)})
     for i in range(0, len(arguments), 6):
         delta = ToolCallDelta(
             name="weather" if i == 0 else None,

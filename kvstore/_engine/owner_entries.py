@@ -22,12 +22,12 @@ def number(value: Any, what: str) -> int:
     if value in (None, b"", ""):
         return 0
     try:
-        return int(value)
-    except ValueError:
         try:
-            return int(float(value))
+            return int(value)
         except ValueError:
-            raise errors.RecordError(f"{what} holds {value!r:.80}, not a number") from None
+            return int(float(value))
+    except (ValueError, OverflowError):  # inf has no int
+        raise errors.RecordError(f"{what} holds {value!r:.80}, not a number") from None
 
 
 def entry_fields(owner: str, fields: list[Any]) -> dict[str, Any]:
@@ -75,7 +75,7 @@ def _checked_record(owner: str, fields: list[Any]) -> dict[str, Any]:
     """entry_fields' fields from values of any shape the server may reply (str, a score with a
     fraction), or RecordError."""
     thread_id, activity, created, info, record = fields
-    thread_id = _text(thread_id)
+    thread_id = _text(thread_id, "an owner's directory entry")
     title, metadata = _info(thread_id, info) if info else (None, {})
     counts: list[Any] = (
         record.split(b":" if isinstance(record, bytes) else ":", 4) if record else []

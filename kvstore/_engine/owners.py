@@ -253,8 +253,9 @@ def erase_owner(
         for thread_id in reply[3:]:
             try:
                 thread = ThreadRef.of(config, _text(thread_id), count_tokens, owner)
-            except errors.InvalidThreadId:
-                # Something else wrote it, and no thread's keys can carry it: only the entry goes.
+            except (errors.InvalidThreadId, errors.RecordError):
+                # Something else wrote it (not even UTF-8, perhaps), and no thread's keys can
+                # carry it: only the entry goes.
                 yield Batch(_entry_removal(keys, thread_id))
                 continue
             yield from delete(thread)

@@ -56,6 +56,13 @@ def _get_one(thread: ThreadRef, kind: Literal["id", "otid"], value: str) -> Oper
     found = yield from _fetch_located(thread, kind, [value], missing_ok=True)
     if not found:
         raise errors.MessageNotFound(f"no stored message has {kind} {value!r}")
+    if getattr(found[0], kind) not in (value, None):
+        # The index entry names another message's sequence (something else wrote it); a record
+        # naming none (written without) is the side info's, which the index was written from.
+        raise errors.RecordError(
+            f"the {kind}s index names sequence {found[0].seq_id} for {kind} {value!r}, whose"
+            f" record has {kind} {getattr(found[0], kind)!r}"
+        )
     return found[0]
 
 
@@ -84,6 +91,11 @@ def locate_records(thread: ThreadRef, kind: str, targets: list[str]) -> Operatio
             thread.script_keys,
             SCRIPTS["locate"].args(kind=kind, targets=[(target,) for target in targets]),
         )
+        if len(reply) % 2:
+            # Lua drops a nil from the reply's table: meta's gen or deleted_before is no number.
+            raise errors.RecordError(
+                "meta field gen or deleted_before holds a value that is not a number kvstore writes"
+            )
         gen, places = reply[0], reply[2:]
         containers, wanted = Containers.located(places)
         fetched = yield from fetch(thread, containers, [("HGET", thread.keys.meta, "gen")])

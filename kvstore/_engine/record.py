@@ -244,8 +244,18 @@ def record_turn_id(record: bytes) -> str | None:
     return turn_id
 
 
+# What the container reader puts at the sequences of a chunk the chunk index lists but whose keys
+# are gone: each reads as an unreadable record (0xc1 starts no msgpack), never as no message.
+MISSING_RECORD = b"\xc1 the chunk holding this record is missing"
+
+
 def _record_body(sequence: int, record: bytes) -> dict[str, Any]:
     """The message dict of one record, with its ``seq_id``, not yet validated."""
+    if record is MISSING_RECORD:
+        raise RecordError(
+            f"record at sequence {sequence} is missing: the chunk index lists its chunk,"
+            " whose keys are gone"
+        )
     if record[:1] == _JSON_RECORD_START:
         body = _version_1_body(sequence, record)
     else:

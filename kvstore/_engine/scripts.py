@@ -266,6 +266,7 @@ ERROR_CODES: dict[str, type[errors.KVStoreError]] = {
     "KVS_ID_REPEATED": errors.MessageIdRepeated,
     "KVS_BAD_SUMMARY": errors.InvalidSummaryRange,
     "KVS_NOT_FOUND": errors.MessageNotFound,
+    "KVS_BAD_INDEX": errors.RecordError,
     "KVS_CURSOR_NOT_FOUND": errors.MessageNotFound,
     "KVS_CURSOR_EXPIRED": errors.CursorExpired,
     "KVS_TURN_NOT_FOUND": errors.TurnNotFound,

@@ -5,11 +5,17 @@ from __future__ import annotations
 
 from typing import Any
 
+from .. import errors
 
-def text(value: Any) -> str:
-    """Bytes decoded (UTF-8), None as "", anything else (an int, a str) as str() gives it."""
+
+def text(value: Any, what: str = "a stored value") -> str:
+    """Bytes decoded (UTF-8), None as "", anything else (an int, a str) as str() gives it. Bytes
+    no client wrote (not UTF-8) are a RecordError naming `what`, never a UnicodeDecodeError."""
     if isinstance(value, bytes):
-        return value.decode()
+        try:
+            return value.decode()
+        except UnicodeDecodeError:
+            raise errors.RecordError(f"{what} is not UTF-8: {value!r:.80}") from None
     return "" if value is None else str(value)
 
 

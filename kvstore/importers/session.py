@@ -113,7 +113,7 @@ def _find(pattern: str, not_utf8: list[str] | None = None) -> Generator[Any, Any
         for key in found:
             try:
                 keys.add(text(key))
-            except UnicodeDecodeError:
+            except errors.RecordError:  # not UTF-8
                 if not_utf8 is not None:
                     not_utf8.append(key.decode("utf-8", "backslashreplace"))
         if int(cursor) == 0:

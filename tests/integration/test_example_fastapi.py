@@ -140,6 +140,18 @@ def test_a_message_sent_again_is_one_turn_and_answers_its_result(app):
     assert len(stored(app, "chat-2")) == 8
 
 
+@pytest.mark.parametrize("content", [" ", "\u00a0", "  \n\t ", "?"])
+def test_a_message_of_no_words_is_answered(app, content):
+    # The fake model's question has no last word: it still answers, and a retry answers the same.
+    thread = f"chat-blank-{uuid.uuid4().hex[:8]}"
+    first = post(app.url, thread, content, otid="blank-1")
+    assert first.status_code == 200, first.text
+    assert first.json()["outcome"] == "completed" and first.json()["reply_count"] == 3
+    again = post(app.url, thread, content, otid="blank-1")
+    assert again.status_code == 200 and again.json()["outcome"] == "completed"
+    assert [m.message_type for m in stored(app, thread)][-1] == "assistant_message"
+
+
 def test_a_message_without_an_otid_is_refused(app):
     response = httpx.post(f"{app.url}/threads/chat-3/messages", json={"content": "hi"})
     assert response.status_code == 422

@@ -220,3 +220,21 @@ def test_erasing_an_owner_that_never_was_writes_nothing(store, raw_client, names
     after = {key: raw_client.dump(key) for key in raw_client.scan_iter(match=f"{namespace}:*")}
     assert after == before
     assert store.owner_usage("nobody").threads == 0
+
+
+def test_an_erasure_ends_with_index_entries_that_are_not_text(store, raw_client, namespace):
+    """An entry whose bytes are not UTF-8 (something else wrote it) names no thread either: the
+    erasure takes it out and ends, and the owner takes writes again."""
+    total = fill(store, "ann")
+    keys = OwnerKeys.of(namespace, "ann")
+    raw_client.zadd(keys.recent, {b"\xff\xfe": 1})
+    raw_client.zadd(keys.created, {b"chat-\xc3": 1})
+    raw_client.hset(keys.info, b"\xff\xfe", '{"title": "foreign"}')
+    raw_client.hset(keys.usage, mapping={b"t:chat-\xc3": "1:2:3:0:", b"t:\xff\xfe": "1:2:3:0:"})
+    with pytest.raises(errors.RecordError, match="not UTF-8"):
+        store.threads("ann")
+    receipt = store.run(bounded(erase_owner(store.config, "ann"), 100))
+    assert (receipt.threads, receipt.messages) == (4, total)
+    assert list(raw_client.scan_iter(match=keys.pattern())) == []
+    store.thread("chat-0", owner="ann").append(UserMessage(content="a new start"))
+    assert store.owner_usage("ann").threads == 1

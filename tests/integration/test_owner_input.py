@@ -257,3 +257,15 @@ def test_a_malformed_directory_entry_reads_as_a_record_error(make_store, raw_cli
     raw_client.hdel(keys.info, "chat")
     with pytest.raises(errors.RecordError):
         chat.info()
+
+
+def test_a_directory_score_no_int_holds_reads_as_a_record_error(make_store, raw_client, namespace):
+    """A score something else wrote (inf, -inf): a RecordError naming the field, never an
+    OverflowError from its int()."""
+    store, chat = populated(make_store)
+    keys = OwnerKeys.of(namespace, "ann")
+    for score in (float("inf"), float("-inf")):
+        raw_client.zadd(keys.recent, {"chat": score})
+        for read in (chat.info, chat.stats, lambda: store.threads("ann")):
+            with pytest.raises(errors.RecordError, match="last activity"):
+                read()

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ... import errors
 from .v1 import is_layout_1
 
 # The layout new threads are written in.
@@ -40,7 +41,14 @@ CURRENT = 3
 
 def version(layout: Any, legacy_exists: Any) -> int:
     """The layout of a thread from meta's `layout` field and whether its legacy hash exists."""
-    return 1 if is_layout_1(layout, legacy_exists) else int(layout or CURRENT)
+    if is_layout_1(layout, legacy_exists):
+        return 1
+    try:
+        return int(layout or CURRENT)
+    except ValueError:  # something else wrote it: a RecordError naming the field
+        raise errors.RecordError(
+            f"meta field layout holds {layout!r:.80}, not a layout kvstore writes"
+        ) from None
 
 
 __all__ = ["CURRENT", "version"]

@@ -8,9 +8,11 @@ far the plan is complete; :func:`plan_reads` names the reads of them (reader.py)
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ... import errors
 from ..operation import (
     OPTIMISTIC_READS,
     Batch,
@@ -20,6 +22,7 @@ from ..operation import (
     changed_under_reads,
     int_or_zero,
 )
+from ..replies import stored_int
 from ..scripts import SCRIPTS
 from . import CURRENT, version
 from .formats import ChunkEntry, LargeEntry
@@ -152,7 +155,11 @@ def _native_facts(
         if window is not None:
             units.append((*window, int(window_count), WINDOW))
         if int_or_zero(open_count) > 0:
-            units.append((int(open_first), int(open_last), int(open_count), OPEN))
+            open_unit = (open_first, open_last, open_count)
+            first, last, count = (
+                stored_int(v, "meta field open_first..open_count") for v in open_unit
+            )
+            units.append((first, last, count, OPEN))
         large_in_range = [s for s in map(_large_sequence, large) if lo < s < hi][:need]
         return _Facts(
             int_or_zero(gen), deleted_before, lo, hi, version(layout, legacy), units, large_in_range
@@ -211,6 +218,10 @@ def _index_reads(
 
 def _script_facts(reply: list[Any]) -> _Facts:
     """The facts lua/page_plan.lua replies."""
+    if len(reply) < 7:
+        # Lua drops a nil from the reply's table: a meta number (layout, gen, deleted_before…)
+        # holds what no client writes.
+        raise errors.RecordError(f"a meta field holds what kvstore does not write: {reply!r:.120}")
     gen, deleted_before, lo, hi, layout, below, above_count = reply[:7]
     above_end = 7 + int(above_count)
     members = ([below] if below else []) + reply[7:above_end]
@@ -299,9 +310,11 @@ def plan_reads(plan: Plan, upward: bool, need: int) -> tuple[Containers, int]:
     windows = [WindowRead(f"({lo}", f"({hi}", not upward, need)] if plan.window else []
     chunks: list[int] = []
     legacy: list[int] = []
+    spans: dict[int, Sequence[int]] = {first: (first,) for first in plan.large}
     for first, last, kind in plan.chunks:
         if kind == CHUNK:
             chunks.append(first)
+            spans[first] = range(max(first, lo + 1), min(last, hi - 1) + 1)
             continue
         # The legacy hash of a layout-1 thread can span more than a page: read only the
         # walk's end of it, and trust the result only that far.
@@ -310,6 +323,11 @@ def plan_reads(plan: Plan, upward: bool, need: int) -> tuple[Containers, int]:
             legacy = legacy[:need] if upward else legacy[-need:]
             bound = min(bound, legacy[-1]) if upward else max(bound, legacy[0])
     containers = Containers(
-        windows, [*chunks, *plan.large], legacy, open=plan.open, hashes=plan.layout < 3
+        windows,
+        [*chunks, *plan.large],
+        legacy,
+        open=plan.open,
+        hashes=plan.layout < 3,
+        spans=spans,
     )
     return containers, bound

@@ -18,7 +18,7 @@ from typing import Any
 
 from ... import errors
 from ..operation import Batch, Operation, ThreadRef
-from ..record import decode_records
+from ..record import MISSING_RECORD, decode_records
 from . import v1, v2, v3
 from .formats import split_chunk
 from .v2 import WindowRead
@@ -45,22 +45,31 @@ class Containers:
     hashes: bool = True
     # Only the records of sequences keep[0]..keep[1] (the open chunk holds others).
     keep: tuple[int, int] | None = None
+    # The sequences the caller expects in each chunk, by first sequence: a chunk found in no
+    # form puts MISSING_RECORD there, so its messages read as unreadable, not as none.
+    spans: dict[int, Sequence[int]] | None = None
+    # Sequences known lost (lua/locate.lua's -4): read as MISSING_RECORD without a read.
+    lost: Sequence[int] = ()
 
     def __bool__(self) -> bool:
-        return bool(self.windows or self.chunks or self.legacy or self.open)
+        return bool(self.windows or self.chunks or self.legacy or self.open or self.lost)
 
     @classmethod
     def located(cls, places: Sequence[Any]) -> tuple[Containers, list[int]]:
         """The reads of the messages lua/locate.lua found, and their sequences in its order,
         from its (sequence, where) pairs: where -1 is the window, -2 the legacy hash, -3 the
-        open chunk, a positive number the chunk starting there, 0 nowhere."""
+        open chunk, -4 lost, a positive number the chunk starting there, 0 nowhere."""
         wanted: list[int] = []
         windows: list[WindowRead] = []
         chunks: list[int] = []
         legacy: list[int] = []
         in_open = False
+        spans: dict[int, list[int]] = {}
+        lost: list[int] = []
         for i in range(0, len(places), 2):
             sequence, where = int(places[i]), int(places[i + 1])
+            if where > 0:
+                spans.setdefault(where, []).append(sequence)
             if where == -1:
                 windows.append(WindowRead(sequence, sequence, scores=False))
             elif where == -2:
@@ -69,10 +78,12 @@ class Containers:
                 in_open = True
             elif where > 0:
                 chunks.append(where)
+            elif where == -4:  # indexed, but its chunk's keys are gone
+                lost.append(sequence)
             else:
                 continue
             wanted.append(sequence)
-        return cls(windows, chunks, legacy, open=in_open), wanted
+        return cls(windows, chunks, legacy, open=in_open, spans=dict(spans), lost=lost), wanted
 
     def commands(self, thread: ThreadRef) -> list[tuple[Any, ...]]:
         keys = thread.keys
@@ -91,6 +102,7 @@ class Containers:
     def found(self, replies: Sequence[Any]) -> Found:
         """The records (and with `tokens` the counts) of the replies to :meth:`commands`."""
         found = Found()
+        found.records.update((sequence, MISSING_RECORD) for sequence in self.lost)
         at = 0
         for first in dict.fromkeys(self.chunks):
             manifest, data = replies[at]
@@ -101,6 +113,11 @@ class Containers:
                 at += 1
             elif manifest is None or data is None:
                 found.hashes.append(first)
+                continue
+            if manifest is None or data is None:
+                # Listed by the index, yet in neither form: its messages are lost, not absent.
+                for sequence in (self.spans or {}).get(first, ()):
+                    found.records[sequence] = MISSING_RECORD
                 continue
             self._add(found, manifest, data)
         if self.open:
@@ -150,7 +167,12 @@ def fetch(
     if found.hashes:
         # Chunks found in no layout-3 string: layout-2 hashes (read with the checks again; a
         # caller's gen read after both rounds covers the first round too: gen only grows).
-        hashes = Containers(chunks=found.hashes, tokens=containers.tokens, keep=containers.keep)
+        hashes = Containers(
+            chunks=found.hashes,
+            tokens=containers.tokens,
+            keep=containers.keep,
+            spans=containers.spans,
+        )
         commands = hashes.commands(thread)
         replies = yield Batch([*commands, *checks])
         more = hashes.found(replies[: len(commands)])
