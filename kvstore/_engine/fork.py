@@ -46,7 +46,7 @@ from .layout.keys import OwnerKeys
 from .lifecycle import delete, migrate
 from .operation import Batch, Operation, ThreadRef
 from .pages import list_page
-from .reads import locate_records, stored_tokens
+from .reads import get, stored_tokens
 from .text import sendable
 from .text import text as _text
 
@@ -271,10 +271,9 @@ def _check_point(at: str | int) -> None:
 def _fork_point(source: ThreadRef, at: str | int) -> Operation:
     if isinstance(at, int):
         return at
-    found = yield from locate_records(source, "id", [at])
-    if not found:
-        raise errors.MessageNotFound(f"no stored message has id {at!r}")
-    return found[0][0]
+    # Read as get reads it: an index entry naming another message's sequence is a RecordError,
+    # never a fork at that other message.
+    return (yield from get(source, at)).seq_id
 
 
 def forked_state(state: BackupState, at: int) -> BackupState:

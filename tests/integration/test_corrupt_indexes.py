@@ -40,7 +40,10 @@ def test_an_id_entry_naming_another_message_is_a_record_error(
     before = dump(raw_client, thread)
     with pytest.raises(errors.RecordError, match=f"m{asked}"):
         thread.replace(f"m{asked}", UserMessage(content="edited"))
+    with pytest.raises(errors.RecordError, match=f"m{asked}"):
+        thread.fork("forked", at=f"m{asked}")  # not a fork at the message the entry names
     assert dump(raw_client, thread) == before
+    assert list(raw_client.scan_iter(match="*{forked}*")) == []
     assert thread.get(f"m{pointed}") == messages[pointed - 1]
     assert list(thread.iter()) == messages
 
