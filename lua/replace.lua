@@ -60,7 +60,8 @@ end
 
 local message = stored_message(keys, where, first, member, sequence)
 -- The ids entry names another message's sequence (something else wrote it): never overwrite that.
-if message.id ~= id then
+-- A side info naming no id is taken as the index names it, as get takes a record naming none.
+if message.id and message.id ~= '' and message.id ~= id then
   return redis.error_reply(string.format('KVS_BAD_INDEX the ids index names sequence %.0f for id %s, whose record has id %s',
     sequence, id, tostring(message.id)))
 end
